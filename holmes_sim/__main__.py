@@ -1,0 +1,3 @@
+from holmes_sim.cli import app
+
+app()

@@ -1,0 +1,108 @@
+"""Measure the compute time of the model's pieces on this host, under honest contention.
+
+A real run on a small host puts several ranks on few cores; a layer timed alone would be faster
+than it is during the run. So `concurrency` processes (as many as the run has ranks) time the
+same pieces at once, each with the run's thread count. A process that has its samples keeps
+computing (unrecorded) until all have theirs, so every recorded sample ran under full load.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+
+import torch
+
+from holmes_sim.backend.model import (
+    GPTConfig,
+    make_block,
+    make_embedding,
+    make_head,
+    synthetic_batch,
+)
+
+_WARMUP = 2
+_KEYS = ("embedding_forward_s", "embedding_backward_s", "block_forward_s", "block_backward_s",
+         "head_forward_s", "head_backward_s")
+
+
+def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: int = 1,
+                        repeats: int = 10, torch_threads: int = 1,
+                        timeout_s: float = 300.0) -> dict[str, float]:
+    """Median forward and backward seconds of one micro-batch through each piece.
+
+    Returns keys embedding_forward_s, embedding_backward_s, block_forward_s, block_backward_s,
+    head_forward_s, head_backward_s (median seconds per micro-batch), the same with _mean_s
+    (means), plus concurrency and samples (measurements per key, over all processes).
+    """
+    if concurrency < 1 or repeats < 1:
+        raise ValueError(f"concurrency and repeats must be >= 1, got {concurrency}, {repeats}")
+    ctx = mp.get_context("spawn")  # a fresh interpreter, like a rank; no forked torch state
+    barrier, done, results = ctx.Barrier(concurrency), ctx.Value("i", 0), ctx.Queue()
+    procs = [ctx.Process(target=_measure_one, args=(config, micro_batch_size, repeats,
+                                                    torch_threads, barrier, done, results))
+             for _ in range(concurrency)]
+    for p in procs:
+        p.start()
+    try:
+        samples = [results.get(timeout=timeout_s) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    for s in samples:
+        if isinstance(s, str):
+            raise RuntimeError(f"calibration process failed: {s}")
+    out = {k: statistics.median(v for s in samples for v in s[k]) for k in _KEYS}
+    # Means too: with more processes than cores a few samples absorb whole scheduler slices.
+    out.update({k.replace("_s", "_mean_s"): statistics.fmean(v for s in samples for v in s[k])
+                for k in _KEYS})
+    out["concurrency"] = float(concurrency)
+    out["samples"] = float(concurrency * repeats)
+    return out
+
+
+def _measure_one(config: GPTConfig, micro_batch_size: int, repeats: int, torch_threads: int,
+                 barrier, done, results) -> None:
+    try:
+        torch.set_num_threads(torch_threads)
+        emb, block, head = make_embedding(config), make_block(config, 0), make_head(config)
+        tokens, targets = synthetic_batch(config, 0, 0, micro_batch_size, 0, 1)
+        x = torch.randn(micro_batch_size, config.block_size, config.n_embd)
+        samples: dict[str, list[float]] = {k: [] for k in _KEYS}
+        for _ in range(_WARMUP):
+            _one_round(emb, block, head, tokens, targets, x)
+        barrier.wait()  # every process measures at the same time from here on
+        for _ in range(repeats):
+            for k, t in zip(_KEYS, _one_round(emb, block, head, tokens, targets, x), strict=True):
+                samples[k].append(t)
+        with done.get_lock():
+            done.value += 1
+        while done.value < barrier.parties:
+            _one_round(emb, block, head, tokens, targets, x)  # keep the load on for the others
+        results.put(samples)
+    except BaseException as e:  # reported by the parent
+        results.put(f"{type(e).__name__}: {e}")
+
+
+def _one_round(emb, block, head, tokens, targets, x) -> tuple[float, ...]:
+    """Forward and backward seconds of embedding, block and head for one micro-batch."""
+    out = []
+    for piece in ("embedding", "block", "head"):
+        t0 = time.perf_counter()
+        if piece == "embedding":
+            y = emb(tokens)
+        else:
+            inp = x.clone().requires_grad_(True)
+            y = block(inp) if piece == "block" else head(inp, targets)
+        t1 = time.perf_counter()
+        grad = None if piece == "head" else torch.ones_like(y)
+        torch.autograd.backward(y, grad)
+        t2 = time.perf_counter()
+        out += [t1 - t0, t2 - t1]
+    for m in (emb, block, head):
+        m.zero_grad(set_to_none=True)
+    return tuple(out)

@@ -1,0 +1,157 @@
+"""Process groups of a Plan, each bound to the NIC (network interface) the plan chose.
+
+Every group of the plan is a separate gloo process group whose gloo device is created on the
+member's interface, so its traffic leaves through that (rate-limited) interface. The world group
+(barriers, timing) is the default torch.distributed group.
+
+Group conventions (the policies produce the same structure):
+- DATA: one group per (pp_rank, tp_rank), members in dp_rank order.
+- PIPELINE: one 2-rank group per (sender, receiver) pair, ranks = (src, dst) in the forward
+  direction (virtual stage j -> j + 1, same dp_rank). The same group carries the gradient back.
+  For the interleaved schedule the wrap-around (stage p-1 chunk c -> stage 0 chunk c+1) is the
+  group (rank of stage p-1, rank of stage 0); for p == 2 that is a second group (1 -> 0) next
+  to (0 -> 1). Pairs repeated across chunks appear once.
+- Group rank = index of the global rank in `group.ranks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from holmes_sim.errors import TestbedError
+from holmes_sim.plan import Group, GroupKind, Plan
+
+InterfaceOf = Callable[[str], str]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOptions:
+    """What a group's gloo backend was built with.
+
+    gloo's Device object does not expose its interface, so the chosen NIC and interface are kept
+    next to the native (private) options object.
+
+    Attributes:
+        nic: the member's NIC name from the plan ("" for LOCAL).
+        interface: the interface the gloo device was created on (interface_of(nic)).
+        timeout_s: gloo operation timeout, seconds.
+        native: the `ProcessGroupGloo._Options` passed to the backend.
+    """
+
+    nic: str
+    interface: str
+    timeout_s: float
+    native: object
+
+
+@dataclass(slots=True)
+class BuiltGroup:
+    """A constructed group as seen by one member.
+
+    Attributes:
+        index: position of the group in `plan.groups`.
+        group: the plan's group.
+        group_rank: this member's index in `group.ranks`.
+        options: the options the gloo backend was built with (nic, interface, native object).
+        pg: the gloo process group backend (group-local ranks).
+    """
+
+    index: int
+    group: Group
+    group_rank: int
+    options: GroupOptions
+    pg: dist.ProcessGroupGloo
+
+    @property
+    def size(self) -> int:
+        return len(self.group.ranks)
+
+    def peer(self, global_rank: int) -> int:
+        """Group rank of `global_rank`."""
+        return self.group.ranks.index(global_rank)
+
+
+def group_name(index: int, group: Group) -> str:
+    """Store prefix of a group: unique per plan position, readable in logs."""
+    return f"g{index}-{group.kind.value}-" + "-".join(map(str, group.ranks))
+
+
+def gloo_group(store: dist.Store, name: str, group_rank: int, group_size: int, interface: str,
+               timeout_s: float) -> tuple[dist.ProcessGroupGloo, object]:
+    """A gloo process group whose device is bound to `interface`; returns (pg, native options).
+
+    The only torch-private spelling of the backend lives here: in torch 2.13,
+    `dist.new_group(backend="gloo", pg_options=...)` ignores gloo options, so the group's backend
+    is constructed directly. Blocks until every member has called it (store rendezvous).
+    """
+    try:
+        opts = dist.ProcessGroupGloo._Options()
+        device = dist.ProcessGroupGloo.create_device(interface=interface)
+        opts._devices = [device]
+        opts._timeout = timedelta(seconds=timeout_s)
+    except (AttributeError, TypeError) as e:  # a torch upgrade renamed the private API
+        raise TestbedError(f"torch {torch.__version__}: gloo private API changed ({e}); "
+                           "update holmes_sim/backend/groups.py:gloo_group") from e
+    except RuntimeError as e:  # gloo's enforce: no such interface or it has no address
+        raise TestbedError(f"group {name}: cannot bind gloo to interface {interface!r}: {e}") from e
+    pg = dist.ProcessGroupGloo(dist.PrefixStore(name, store), group_rank, group_size, opts)
+    return pg, opts
+
+
+def default_interface_of(nic: str) -> str:
+    """Testbed mapping: a node's namespace names its interfaces like the NICs; LOCAL ("") -> lo."""
+    return nic or "lo"
+
+
+def build_groups(plan: Plan, rank: int, store: dist.Store, interface_of: InterfaceOf,
+                 timeout_s: float) -> list[BuiltGroup]:
+    """Construct every plan group that holds `rank`, in plan order.
+
+    All ranks walk the groups in the same (plan) order, so a rendezvous only waits on members
+    that will reach it: no deadlock. Raises TestbedError for tp > 1 (not supported).
+    """
+    if plan.tp != 1:
+        raise TestbedError("the real-run backend supports tensor parallelism 1 only "
+                           f"(plan has tp={plan.tp})")
+    built = []
+    for index, group in enumerate(plan.groups):
+        if rank not in group.ranks:
+            continue
+        group_rank = group.ranks.index(rank)
+        nic = group.nics[group_rank]
+        interface = interface_of(nic)
+        pg, native = gloo_group(store, group_name(index, group), group_rank, len(group.ranks),
+                                interface, timeout_s)
+        options = GroupOptions(nic, interface, timeout_s, native)
+        built.append(BuiltGroup(index, group, group_rank, options, pg))
+    return built
+
+
+def init_world(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> None:
+    """The default (world) gloo group, used for barriers and nothing on the measured path.
+
+    Its interface follows GLOO_SOCKET_IFNAME (the worker sets it from the run config).
+    """
+    dist.init_process_group("gloo", store=dist.PrefixStore("world", store), rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def pipeline_group(groups: list[BuiltGroup], src: int, dst: int) -> BuiltGroup:
+    """The PIPELINE group carrying activations src -> dst (and gradients dst -> src)."""
+    for g in groups:
+        if g.group.kind is GroupKind.PIPELINE and g.group.ranks == (src, dst):
+            return g
+    raise TestbedError(f"plan has no PIPELINE group with ranks ({src}, {dst})")
+
+
+def data_group(groups: list[BuiltGroup]) -> BuiltGroup | None:
+    """This rank's DATA group, or None when the plan has none (dp == 1)."""
+    found = [g for g in groups if g.group.kind is GroupKind.DATA]
+    if len(found) > 1:
+        raise TestbedError(f"rank is in {len(found)} DATA groups; expected one")
+    return found[0] if found else None

@@ -1,0 +1,183 @@
+"""Start every rank of a plan, wait for them, and gather their results.
+
+`spawn(rank, argv) -> subprocess.Popen` starts one rank; the default runs it as a local
+subprocess in its own session. The testbed passes one that starts it inside the rank's network
+namespace. Ranks write their stderr to `rank_R.log` themselves, so any spawn works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from holmes_sim.backend.worker import RunConfig
+from holmes_sim.errors import TestbedError
+from holmes_sim.plan import Plan
+
+Spawn = Callable[[int, list[str]], subprocess.Popen]
+
+_POLL_S = 0.05
+# Runs the worker like `python -m holmes_sim.backend.worker`, but imports holmes_sim from this
+# checkout whatever the spawned process's working directory (the package may not be installed).
+_ROOT = str(Path(__file__).resolve().parents[2])
+_BOOTSTRAP = (f"import sys; sys.path.insert(0, {_ROOT!r}); "
+              "from holmes_sim.backend.worker import main; sys.exit(main())")
+_TAIL_CHARS = 3000
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Timings and losses of a real run.
+
+    Attributes:
+        iteration_times_s: per measured iteration (after warm-up): latest end minus earliest
+            start across ranks, seconds.
+        losses: mean micro-batch loss of every iteration (warm-up included), over all DP replicas.
+        op_times_s: kind -> total seconds per measured iteration, averaged over ranks and
+            iterations (kinds: forward, backward, recv, send-wait, dp-sync, optimizer).
+        ranks: each rank's raw result document (iterations, ops, losses, groups, stages).
+    """
+
+    iteration_times_s: tuple[float, ...]
+    losses: tuple[float, ...]
+    op_times_s: dict[str, float]
+    ranks: tuple[dict, ...]
+
+    @property
+    def mean_iteration_s(self) -> float:
+        return statistics.fmean(self.iteration_times_s)
+
+
+def local_spawn(rank: int, argv: list[str]) -> subprocess.Popen:
+    """Start a rank on this host, in its own session so the whole tree can be killed."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def run_plan(plan: Plan, run_config: RunConfig, spawn: Spawn | None = None,
+             timeout_s: float = 300.0) -> RunResult:
+    """Run `plan` for real and summarise it.
+
+    Raises:
+        TestbedError: a rank exited non-zero or the run passed `timeout_s` seconds; every rank is
+            killed first and the message carries the failing rank's log tail.
+    """
+    docs = _run_all(plan, replace(run_config, dry_run=False), spawn, timeout_s)
+    return summarise(docs, run_config.warmup)
+
+
+def dry_run(plan: Plan, run_config: RunConfig, spawn: Spawn | None = None,
+            timeout_s: float = 120.0) -> list[dict]:
+    """Build every group and stage on every rank without training.
+
+    Returns one summary per rank: groups (index, kind, ranks, nic, interface), stages (chunk,
+    virtual stage, first_layer, num_layers, embedding, head, parameters).
+    """
+    return _run_all(plan, replace(run_config, dry_run=True), spawn, timeout_s)
+
+
+def summarise(docs: list[dict], warmup: int) -> RunResult:
+    """RunResult from the per-rank documents."""
+    num_iters = len(docs[0]["iterations"])
+    measured = range(warmup, num_iters)
+    times = tuple(max(d["iterations"][i]["end"] for d in docs)
+                  - min(d["iterations"][i]["start"] for d in docs) for i in measured)
+    losses = []
+    for i in range(num_iters):
+        vals = [v for d in docs if d["losses"] for v in d["losses"][i]]
+        losses.append(statistics.fmean(vals))
+    totals: dict[str, float] = {}
+    for d in docs:
+        for op in d["ops"]:
+            if op["iteration"] >= warmup:
+                totals[op["kind"]] = totals.get(op["kind"], 0.0) + op["end"] - op["start"]
+    per = max(1, len(measured)) * len(docs)
+    return RunResult(times, tuple(losses), {k: v / per for k, v in sorted(totals.items())},
+                     tuple(docs))
+
+
+def _run_all(plan: Plan, cfg: RunConfig, spawn: Spawn | None, timeout_s: float) -> list[dict]:
+    spawn = spawn or local_spawn
+    tmp = Path(tempfile.mkdtemp(prefix="holmes-run-"))
+    procs: dict[int, subprocess.Popen] = {}
+    try:
+        config_path = _write_config(plan, cfg, tmp)
+        out_dir = Path(cfg.output_dir) if cfg.output_dir else tmp
+        for rank in range(plan.world_size):
+            argv = [sys.executable, "-c", _BOOTSTRAP,
+                    "--config", str(config_path), "--rank", str(rank)]
+            procs[rank] = spawn(rank, argv)
+        _wait(procs, out_dir, timeout_s)
+        return [json.loads((out_dir / f"rank_{r}.json").read_text())
+                for r in range(plan.world_size)]
+    finally:
+        # Also on KeyboardInterrupt: no rank and no temp file outlives the call.
+        _kill_all(procs)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_config(plan: Plan, cfg: RunConfig, tmp: Path) -> Path:
+    if not cfg.store:
+        cfg = replace(cfg, store={"kind": "file", "path": str(tmp / "store")})
+    if not cfg.output_dir:
+        cfg = replace(cfg, output_dir=str(tmp))
+    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    (tmp / "plan.json").write_text(plan.to_json())
+    path = tmp / "run.json"
+    doc = {"plan_path": str(tmp / "plan.json"), "run": json.loads(cfg.to_json())}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _wait(procs: dict[int, subprocess.Popen], out_dir: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        codes = {r: p.poll() for r, p in procs.items()}
+        failed = [r for r, c in codes.items() if c not in (None, 0)]
+        if failed:
+            # The first failure seen is usually the cause; peers then fail on broken sockets.
+            r = failed[0]
+            raise TestbedError(f"rank {r} exited with code {codes[r]} (ranks failed: {failed}); "
+                               f"log tail:\n{_tail(out_dir, r)}")
+        if all(c == 0 for c in codes.values()):
+            return
+        if time.monotonic() > deadline:
+            waiting = [r for r, c in codes.items() if c is None]
+            r = waiting[0]
+            raise TestbedError(f"run timed out after {timeout_s:.0f} s; ranks still running: "
+                               f"{waiting}; rank {r} log tail:\n{_tail(out_dir, r)}")
+        time.sleep(_POLL_S)
+
+
+def _tail(out_dir: Path, rank: int) -> str:
+    try:
+        return (out_dir / f"rank_{rank}.log").read_text(errors="replace")[-_TAIL_CHARS:]
+    except OSError:
+        return "(no log)"
+
+
+def _kill_all(procs: dict[int, subprocess.Popen]) -> None:
+    """SIGKILL every still-running rank (its process group when it leads one), then reap it."""
+    for p in procs.values():
+        if p.poll() is not None:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            # Only a group the rank leads: never our own group.
+            if os.getpgid(p.pid) == p.pid:
+                os.killpg(p.pid, signal.SIGKILL)
+            else:
+                p.kill()
+    for p in procs.values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=10)

@@ -1,0 +1,566 @@
+"""One rank of a real run: `python -m holmes_sim.backend.worker --config RUN.json --rank R`.
+
+The rank executes exactly `plan.schedule().stage_ops[pp_rank]`, moving activations and
+gradients over the plan's PIPELINE groups, then synchronises gradients over its DATA group as the
+plan's optimizer mode says, and steps a deterministic SGD or Adam. It writes one JSON result
+file (timestamps from time.perf_counter(), seconds; CLOCK_MONOTONIC is system-wide on Linux so
+ranks on one host share a time base).
+
+Synchronisation points (named SYNC-n in the code):
+  SYNC-1 world barrier before each iteration (all ranks start together).
+  SYNC-2 blocking receive of an activation (forward) or gradient (backward).
+  SYNC-3 wait for this iteration's outstanding non-blocking sends.
+  SYNC-4 gradient reduction on the DATA group (all-reduce or reduce-scatter).
+  SYNC-5 parameter all-gather on the DATA group (sharded optimizer modes).
+  SYNC-6 world barrier after the last iteration, before exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from holmes_sim.backend.groups import (
+    BuiltGroup,
+    build_groups,
+    data_group,
+    default_interface_of,
+    init_world,
+    pipeline_group,
+)
+from holmes_sim.backend.model import (
+    GPTConfig,
+    Stage,
+    build_full_model,
+    build_stage,
+    synthetic_batch,
+)
+from holmes_sim.errors import TestbedError
+from holmes_sim.plan import Plan
+
+
+@dataclass(slots=True)
+class RunConfig:
+    """Everything a rank needs besides the plan.
+
+    Attributes:
+        model: the GPT shape.
+        micro_batch_size: sequences per micro-batch.
+        iterations: total iterations run, warm-up included.
+        warmup: leading iterations left out of the timing summary.
+        lr: learning rate.
+        optimizer: "adam" or "sgd".
+        store: rendezvous: {"kind": "file", "path": P} or {"kind": "tcp", "host": H, "port": N};
+            empty: launch fills in a FileStore in its temp dir.
+        interface_map: plan NIC name -> interface name; key "*" maps every NIC (local tests: "lo").
+            NICs not mapped keep their name (the testbed names interfaces like NICs).
+        world_interfaces: per-rank interface of the world (barrier) group, or empty: gloo default.
+        output_dir: where rank_R.json / rank_R.log go; empty: launch fills it in.
+        timeout_s: gloo operation and rendezvous timeout, seconds.
+        bucket_numel: gradient elements per DP bucket (the overlapped mode's unit of launch).
+        torch_threads: intra-op threads per rank (1: ranks share few cores honestly).
+        dry_run: build groups and stages, then exit without training.
+    """
+
+    model: GPTConfig = field(default_factory=GPTConfig)
+    micro_batch_size: int = 2
+    iterations: int = 3
+    warmup: int = 1
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    store: dict = field(default_factory=dict)
+    interface_map: dict = field(default_factory=dict)
+    world_interfaces: list = field(default_factory=list)
+    output_dir: str = ""
+    timeout_s: float = 60.0
+    bucket_numel: int = 1 << 16
+    torch_threads: int = 1
+    dry_run: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> RunConfig:
+        d = json.loads(text)
+        d["model"] = GPTConfig(**d["model"])
+        return RunConfig(**d)
+
+    def interface_of(self, nic: str) -> str:
+        """Interface a plan NIC maps to (see `interface_map`)."""
+        if "*" in self.interface_map:
+            return self.interface_map["*"]
+        return self.interface_map.get(nic, default_interface_of(nic))
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+class FlatOptimizer:
+    """SGD or Adam (no weight decay) on flat fp32 tensors; state keyed by a caller's id.
+
+    Elementwise, so a shard of a flat parameter gets exactly the update the full tensor would.
+    """
+
+    def __init__(self, kind: str, lr: float, betas: tuple[float, float] = (0.9, 0.95),
+                 eps: float = 1e-8) -> None:
+        if kind not in ("adam", "sgd"):
+            raise TestbedError(f"optimizer must be 'adam' or 'sgd', got {kind!r}")
+        self.kind, self.lr, self.betas, self.eps = kind, lr, betas, eps
+        self.state: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+
+    @torch.no_grad()
+    def step(self, key: int, param: torch.Tensor, grad: torch.Tensor) -> None:
+        if self.kind == "sgd":
+            param.add_(grad, alpha=-self.lr)
+            return
+        m, v, t = self.state.get(key) or (torch.zeros_like(param), torch.zeros_like(param), 0)
+        b1, b2 = self.betas
+        t += 1
+        m.mul_(b1).add_(grad, alpha=1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        denom = (v / (1 - b2**t)).sqrt_().add_(self.eps)
+        param.addcdiv_(m, denom, value=-self.lr / (1 - b1**t))
+        self.state[key] = (m, v, t)
+
+
+# ----------------------------------------------------------------------------- DP buckets
+
+
+@dataclass(slots=True)
+class Bucket:
+    """Parameters whose gradients are reduced together; flat length padded to a multiple of dp."""
+
+    params: list[torch.nn.Parameter]
+    chunk: int
+    numel: int
+    padded: int
+    ready: int = 0
+
+    def flat_grad(self) -> torch.Tensor:
+        return _flat([p.grad for p in self.params], self.padded)
+
+    def flat_param(self) -> torch.Tensor:
+        return _flat([p.detach() for p in self.params], self.padded)
+
+    @torch.no_grad()
+    def write_params(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def _flat(tensors: list[torch.Tensor], padded: int) -> torch.Tensor:
+    flat = torch.zeros(padded)
+    torch.cat([t.reshape(-1) for t in tensors], out=flat[:sum(t.numel() for t in tensors)])
+    return flat
+
+
+def make_buckets(stages: list[Stage], chunk_order: list[int], dp: int,
+                 bucket_numel: int) -> list[Bucket]:
+    """Buckets in the order their gradients become final: chunks by their last backward, within
+    a chunk parameters in reverse registration order (backward reaches the last layers first)."""
+    buckets: list[Bucket] = []
+    for c in chunk_order:
+        current: list[torch.nn.Parameter] = []
+        for p in reversed(list(stages[c].parameters())):
+            current.append(p)
+            if sum(q.numel() for q in current) >= bucket_numel:
+                buckets.append(_bucket(current, c, dp))
+                current = []
+        if current:
+            buckets.append(_bucket(current, c, dp))
+    return buckets
+
+
+def _bucket(params: list[torch.nn.Parameter], chunk: int, dp: int) -> Bucket:
+    n = sum(p.numel() for p in params)
+    return Bucket(params, chunk, n, -(-n // dp) * dp)
+
+
+def ring_reduce_scatter(group: BuiltGroup, flat: torch.Tensor, tag: int) -> torch.Tensor:
+    """Sum `flat` over the group; returns this member's reduced shard (a view of `flat`).
+
+    A ring: p - 1 steps, each sending one 1/p shard, so every member sends (p-1)/p * N elements,
+    the volume the analytic model assumes. (gloo's own reduce_scatter in torch 2.13 moves an
+    all-reduce's volume, 2 (p-1)/p * N, measured on loopback.) Member i ends with shard i.
+    """
+    p, i = group.size, group.group_rank
+    shards = flat.view(p, -1)
+    right, left = (i + 1) % p, (i - 1) % p
+    incoming = torch.empty_like(shards[0])
+    for step in range(p - 1):
+        send = group.pg.send([shards[(i - step - 1) % p]], right, tag + step)
+        group.pg.recv([incoming], left, tag + step).wait()
+        shards[(i - step - 2) % p].add_(incoming)
+        send.wait()  # the next step reads the shard this step just summed into, not this one
+    return shards[i]
+
+
+def all_gather(group: BuiltGroup, flat: torch.Tensor) -> None:
+    """Fill every shard of `flat` from its owner (gloo's ring all-gather, (p-1)/p * N sent)."""
+    shards = flat.view(group.size, -1)
+    out = [torch.empty_like(shards[0]) for _ in range(group.size)]
+    group.pg.allgather([out], [shards[group.group_rank].clone()]).wait()
+    for k in range(group.size):
+        shards[k].copy_(out[k])
+
+
+# ----------------------------------------------------------------------------- the rank
+
+
+class Recorder:
+    """Per-op timing records (seconds, perf_counter)."""
+
+    def __init__(self) -> None:
+        self.ops: list[dict] = []
+        self.iteration = 0
+
+    def record(self, kind: str, start: float, end: float, microbatch: int = -1, chunk: int = -1,
+               detail: str = "") -> None:
+        self.ops.append({"iteration": self.iteration, "kind": kind, "microbatch": microbatch,
+                         "chunk": chunk, "start": start, "end": end, "detail": detail})
+
+
+class Rank:
+    """State and behaviour of one rank during a run."""
+
+    def __init__(self, plan: Plan, cfg: RunConfig, rank: int, groups: list[BuiltGroup]) -> None:
+        self.plan, self.cfg, self.rank, self.groups = plan, cfg, rank, groups
+        self.sched = plan.schedule()
+        self.pp_rank, self.dp_rank, _ = plan.coords(rank)
+        self.num_virtual = plan.pp * plan.num_chunks
+        self.stages = build_stages(plan, cfg.model, self.pp_rank)
+        self.dp_group = data_group(groups) if plan.dp > 1 else None
+        self.optimizer = FlatOptimizer(cfg.optimizer, cfg.lr)
+        ops = self.sched.stage_ops[self.pp_rank]
+        # Index of each chunk's last backward: its gradients are final after that op.
+        self.last_backward = {op.chunk: k for k, op in enumerate(ops) if op.kind == "B"}
+        chunk_order = sorted(self.last_backward, key=self.last_backward.get)
+        self.buckets = make_buckets(self.stages, chunk_order, plan.dp, cfg.bucket_numel)
+        self.rec = Recorder()
+        self.losses: list[list[float]] = []
+        self._armed: set[int] = set()
+        self._ready: queue.Queue[int] = queue.Queue()
+        if plan.optimizer.overlapped and self.dp_group is not None:
+            self._install_hooks()
+
+    # -- pipeline neighbours
+
+    def _peer(self, virtual: int) -> int:
+        stage, _ = self.sched.stage_of_virtual(virtual)
+        return self.plan.rank(stage, self.dp_rank, 0)
+
+    def _tag(self, direction: int, microbatch: int, virtual_dst: int) -> int:
+        it = self.rec.iteration
+        m, v = self.plan.num_microbatches, self.num_virtual
+        return ((it * 2 + direction) * m + microbatch) * v + virtual_dst
+
+    def run_iteration(self, iteration: int) -> None:
+        self.rec.iteration = iteration
+        for p in self._params():
+            p.grad = None
+        dist.barrier()  # SYNC-1
+        t0 = time.perf_counter()
+        inputs: dict[tuple[int, int], torch.Tensor] = {}
+        outputs: dict[tuple[int, int], torch.Tensor] = {}
+        mailbox: dict[tuple[int, int, int], torch.Tensor] = {}  # same-rank hand-over (p == 1)
+        pending: list[tuple[object, torch.Tensor]] = []
+        losses: list[float] = []
+        comm = self._start_comm_thread()
+        for k, op in enumerate(self.sched.stage_ops[self.pp_rank]):
+            if op.kind == "F":
+                self._forward(op.microbatch, op.chunk, inputs, outputs, mailbox, pending, losses)
+            else:
+                if op.chunk in self.last_backward and self.last_backward[op.chunk] == k:
+                    self._armed.add(op.chunk)
+                self._backward(op.microbatch, op.chunk, inputs, outputs, mailbox, pending)
+        t = time.perf_counter()
+        for work, _ in pending:
+            work.wait()  # SYNC-3
+        self.rec.record("send-wait", t, time.perf_counter())
+        self._armed.clear()
+        self._dp_sync_and_step(comm)
+        self.rec.ops.append({"iteration": iteration, "kind": "iteration", "microbatch": -1,
+                             "chunk": -1, "start": t0, "end": time.perf_counter(), "detail": ""})
+        if losses:
+            self.losses.append(losses)
+
+    def _forward(self, mb: int, chunk: int, inputs: dict, outputs: dict, mailbox: dict,
+                 pending: list, losses: list) -> None:
+        v = self.sched.virtual_stage(self.pp_rank, chunk)
+        stage = self.stages[chunk]
+        tokens, targets = synthetic_batch(self.cfg.model, self.rec.iteration, mb,
+                                          self.cfg.micro_batch_size, self.dp_rank, self.plan.dp)
+        # Received activations are leaves that need a gradient: it is sent back in the backward.
+        x = tokens if v == 0 else self._receive(0, mb, v, mailbox, chunk).requires_grad_(True)
+        t = time.perf_counter()
+        out = stage(x, targets if v == self.num_virtual - 1 else None)
+        if v == self.num_virtual - 1:
+            losses.append(out.item())
+            out = out / self.plan.num_microbatches
+        self.rec.record("forward", t, time.perf_counter(), mb, chunk)
+        inputs[(mb, chunk)], outputs[(mb, chunk)] = x, out
+        if v < self.num_virtual - 1:
+            self._send(0, mb, v + 1, out.detach(), mailbox, pending)
+
+    def _backward(self, mb: int, chunk: int, inputs: dict, outputs: dict, mailbox: dict,
+                  pending: list) -> None:
+        v = self.sched.virtual_stage(self.pp_rank, chunk)
+        out, x = outputs.pop((mb, chunk)), inputs.pop((mb, chunk))
+        grad = None if v == self.num_virtual - 1 else self._receive(1, mb, v, mailbox, chunk)
+        t = time.perf_counter()
+        torch.autograd.backward(out, grad)
+        self.rec.record("backward", t, time.perf_counter(), mb, chunk)
+        if v > 0:
+            self._send(1, mb, v - 1, x.grad, mailbox, pending)
+
+    def _receive(self, direction: int, mb: int, v: int, mailbox: dict, chunk: int) -> torch.Tensor:
+        """Activation (direction 0) for virtual stage v from v-1, or gradient (1) from v+1."""
+        src_v = v - 1 if direction == 0 else v + 1
+        src = self._peer(src_v)
+        if src == self.rank:
+            return mailbox.pop((direction, mb, v))
+        group = pipeline_group(self.groups, src, self.rank) if direction == 0 \
+            else pipeline_group(self.groups, self.rank, src)
+        c = self.cfg.model
+        buf = torch.empty(self.cfg.micro_batch_size, c.block_size, c.n_embd)
+        t = time.perf_counter()
+        group.pg.recv([buf], group.peer(src), self._tag(direction, mb, v)).wait()  # SYNC-2
+        self.rec.record("recv", t, time.perf_counter(), mb, chunk,
+                        "activation" if direction == 0 else "gradient")
+        return buf
+
+    def _send(self, direction: int, mb: int, v_dst: int, tensor: torch.Tensor, mailbox: dict,
+              pending: list) -> None:
+        dst = self._peer(v_dst)
+        if dst == self.rank:
+            mailbox[(direction, mb, v_dst)] = tensor.clone()
+            return
+        group = pipeline_group(self.groups, self.rank, dst) if direction == 0 \
+            else pipeline_group(self.groups, dst, self.rank)
+        tensor = tensor.contiguous()
+        # Non-blocking: a blocked send could deadlock 1F1B; waited at SYNC-3.
+        work = group.pg.send([tensor], group.peer(dst), self._tag(direction, mb, v_dst))
+        pending.append((work, tensor))  # the tensor must live until the send completes
+
+    # -- data parallelism
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for s in self.stages for p in s.parameters()]
+
+    def _install_hooks(self) -> None:
+        owner = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket.params}
+
+        def hook(p: torch.nn.Parameter, chunk: int) -> None:
+            if chunk not in self._armed:
+                return  # not this chunk's last backward: the gradient is not final yet
+            b = owner[id(p)]
+            self.buckets[b].ready += 1
+            if self.buckets[b].ready == len(self.buckets[b].params):
+                self._ready.put(b)
+
+        for c, stage in enumerate(self.stages):
+            for p in stage.parameters():
+                p.register_post_accumulate_grad_hook(lambda q, c=c: hook(q, c))
+
+    def _start_comm_thread(self) -> threading.Thread | None:
+        """Overlapped mode: a thread reduce-scatters buckets in bucket order as they turn ready."""
+        if not (self.plan.optimizer.overlapped and self.dp_group is not None):
+            return None
+        for b in self.buckets:
+            b.ready = 0
+        self._shards: dict[int, torch.Tensor] = {}
+        self._comm_error: BaseException | None = None
+        arrived: set[int] = set()
+
+        def run() -> None:
+            try:
+                for b in range(len(self.buckets)):
+                    while b not in arrived:
+                        arrived.add(self._ready.get(timeout=self.cfg.timeout_s))
+                    t = time.perf_counter()
+                    self._shards[b] = self._reduce(b)  # SYNC-4 (overlapped with backward)
+                    self.rec.record("dp-sync", t, time.perf_counter(), -1, self.buckets[b].chunk,
+                                    f"reduce-scatter bucket {b} (async)")
+            except BaseException as e:  # re-raised in the main thread
+                self._comm_error = e
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def _reduce(self, b: int) -> torch.Tensor:
+        flat = self.buckets[b].flat_grad()
+        tag = (self.rec.iteration * len(self.buckets) + b) * 64
+        return ring_reduce_scatter(self.dp_group, flat, tag).div_(self.plan.dp)
+
+    def _dp_sync_and_step(self, comm: threading.Thread | None) -> None:
+        mode, group = self.plan.optimizer, self.dp_group
+        t = time.perf_counter()
+        if group is None:
+            grads = {b: bucket.flat_grad() for b, bucket in enumerate(self.buckets)}
+        elif comm is not None:
+            comm.join()  # SYNC-4: the asynchronous reduce-scatters are done
+            if self._comm_error is not None:
+                raise TestbedError(f"overlapped gradient reduction failed: {self._comm_error}")
+            grads = self._shards
+        elif mode.sharded:
+            grads = {b: self._reduce(b) for b in range(len(self.buckets))}  # SYNC-4
+        else:
+            grads = {}
+            for b, bucket in enumerate(self.buckets):
+                flat = bucket.flat_grad()
+                group.pg.allreduce([flat]).wait()  # SYNC-4
+                grads[b] = flat.div_(self.plan.dp)
+        self.rec.record("dp-sync", t, time.perf_counter(), detail="wait gradient reduction")
+        t = time.perf_counter()
+        sharded = group is not None and mode.sharded
+        flats = {}
+        for b, bucket in enumerate(self.buckets):
+            flat = bucket.flat_param()
+            local = flat.view(group.size, -1)[group.group_rank] if sharded else flat
+            self.optimizer.step(b, local, grads[b])
+            flats[b] = flat
+        self.rec.record("optimizer", t, time.perf_counter())
+        t = time.perf_counter()
+        for b, bucket in enumerate(self.buckets):
+            if sharded:
+                all_gather(group, flats[b])  # SYNC-5
+            bucket.write_params(flats[b])
+        if sharded:
+            self.rec.record("dp-sync", t, time.perf_counter(), detail="all-gather parameters")
+
+
+def build_stages(plan: Plan, config: GPTConfig, pp_rank: int) -> list[Stage]:
+    """The stage module of every chunk pipeline rank `pp_rank` holds (chunk order)."""
+    if sum(plan.layers_per_stage) != config.n_layer:
+        raise TestbedError(f"plan places {sum(plan.layers_per_stage)} layers, "
+                           f"the model has {config.n_layer}")
+    last = plan.pp * plan.num_chunks - 1
+    stages = []
+    for c in range(plan.num_chunks):
+        v = c * plan.pp + pp_rank
+        first = sum(plan.layers_per_stage[:v])
+        stages.append(build_stage(config, first, plan.layers_per_stage[v], v == 0, v == last))
+    return stages
+
+
+def summary(rank: int, plan: Plan, groups: list[BuiltGroup], stages: list[Stage]) -> dict:
+    """What a rank built: its groups (ranks, nic, interface) and stages (layers, parameters)."""
+    pp_rank, dp_rank, _ = plan.coords(rank)
+    return {
+        "rank": rank, "pp_rank": pp_rank, "dp_rank": dp_rank,
+        "groups": [{"index": g.index, "kind": g.group.kind.value, "ranks": list(g.group.ranks),
+                    "group_rank": g.group_rank, "size": g.pg.size(), "nic": g.options.nic,
+                    "interface": g.options.interface} for g in groups],
+        "stages": [{"chunk": c, "virtual": c * plan.pp + pp_rank, "first_layer": s.first_layer,
+                    "num_layers": s.num_layers, "embedding": s.has_embedding, "head": s.has_head,
+                    "parameters": sum(p.numel() for p in s.parameters())}
+                   for c, s in enumerate(stages)],
+    }
+
+
+def train_reference(config: GPTConfig, micro_batch_size: int, num_microbatches: int, dp: int,
+                    iterations: int, lr: float, optimizer: str) -> list[float]:
+    """Single-process training on the same global batch; mean micro-batch loss per iteration."""
+    model = build_full_model(config)
+    params = list(model.parameters())
+    opt = FlatOptimizer(optimizer, lr)
+    losses = []
+    for it in range(iterations):
+        for p in params:
+            p.grad = None
+        vals = []
+        for d in range(dp):
+            for mb in range(num_microbatches):
+                tokens, targets = synthetic_batch(config, it, mb, micro_batch_size, d, dp)
+                loss = model(tokens, targets)
+                vals.append(loss.item())
+                (loss / (num_microbatches * dp)).backward()
+        bucket = _bucket(params, 0, 1)
+        flat = bucket.flat_param()
+        opt.step(0, flat, bucket.flat_grad())
+        bucket.write_params(flat)
+        losses.append(sum(vals) / len(vals))
+    return losses
+
+
+def open_store(cfg: RunConfig, rank: int, world_size: int) -> dist.Store:
+    spec = cfg.store
+    if spec.get("kind") == "file":
+        return dist.FileStore(spec["path"], world_size)
+    if spec.get("kind") == "tcp":
+        from datetime import timedelta
+        return dist.TCPStore(spec["host"], int(spec["port"]), world_size, is_master=rank == 0,
+                             timeout=timedelta(seconds=cfg.timeout_s))
+    raise TestbedError(f"run config store must be kind 'file' or 'tcp', got {spec!r}")
+
+
+def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
+    """Build everything for `rank`, train (unless dry run) and return the result document."""
+    torch.set_num_threads(cfg.torch_threads)
+    if cfg.world_interfaces:
+        os.environ["GLOO_SOCKET_IFNAME"] = cfg.world_interfaces[rank]
+    store = open_store(cfg, rank, plan.world_size)
+    init_world(store, rank, plan.world_size, cfg.timeout_s)
+    groups = build_groups(plan, rank, store, cfg.interface_of, cfg.timeout_s)
+    if cfg.dry_run:
+        result = summary(rank, plan, groups, build_stages(plan, cfg.model, plan.coords(rank)[0]))
+        dist.barrier()  # SYNC-6
+        return result
+    worker = Rank(plan, cfg, rank, groups)
+    for it in range(cfg.iterations):
+        worker.run_iteration(it)
+    dist.barrier()  # SYNC-6: no rank leaves while a peer may still talk to it
+    result = summary(rank, plan, groups, worker.stages)
+    result.update({
+        "iterations": [{"index": o["iteration"], "start": o["start"], "end": o["end"]}
+                       for o in worker.rec.ops if o["kind"] == "iteration"],
+        "ops": [o for o in worker.rec.ops if o["kind"] != "iteration"],
+        "losses": worker.losses,
+    })
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="run config JSON (with plan_path)")
+    parser.add_argument("--rank", type=int, required=True)
+    args = parser.parse_args(argv)
+    doc = json.loads(Path(args.config).read_text())
+    out_dir = Path(doc["run"]["output_dir"])
+    # Everything this rank prints, C++ aborts included, goes to its log for launch to report.
+    log = os.open(out_dir / f"rank_{args.rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(log, 2)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    try:
+        plan = Plan.from_json(Path(doc["plan_path"]).read_text())
+        cfg = RunConfig.from_json(json.dumps(doc["run"]))
+        result = run_rank(plan, cfg, args.rank)
+        tmp = out_dir / f"rank_{args.rank}.json.tmp"
+        tmp.write_text(json.dumps(result))
+        tmp.rename(out_dir / f"rank_{args.rank}.json")
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stderr.flush()
+    # Skip interpreter teardown: gloo's destructors can abort once peers have gone.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

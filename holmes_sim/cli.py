@@ -1,0 +1,139 @@
+"""The `holmes-sim` command: a thin typer layer over the library.
+
+Exit codes: 0 success, 1 a validation out of tolerance, 2 bad input (one message, no traceback).
+Flags cover input/output and run control only; what changes the modelled system belongs in the
+scenario file, so a result is reproducible from the YAML plus the seed.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from holmes_sim.errors import HolmesError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Plan, simulate and validate LLM training on GPU clusters with mixed NICs "
+                       "(Holmes, arXiv 2312.03549).")
+out = Console()
+err = Console(stderr=True)
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+def _fail(exc: HolmesError) -> typer.Exit:
+    err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def resolve_scenario(name: str) -> Path:
+    """A path as given, or the name of a bundled scenario (with or without .yaml)."""
+    path = Path(name)
+    if path.exists() or path.suffix in (".yaml", ".yml") and path.parent != Path("."):
+        return path
+    for candidate in (SCENARIO_DIR / name, SCENARIO_DIR / f"{name}.yaml"):
+        if candidate.exists():
+            return candidate
+    return path
+
+
+@app.command()
+def run(
+    scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
+    policy: Annotated[list[str] | None, typer.Option("--policy", "-p",
+                      help="Only these policies (repeatable); default: the scenario's list.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write results as JSON here.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write figures, traces and report.md here.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
+) -> None:
+    """Simulate one training iteration for every policy and print a table, fastest first."""
+    from holmes_sim.prepare import prepare
+    from holmes_sim.report.files import write_json
+    from holmes_sim.report.tables import results_table
+    from holmes_sim.runner import results_document, run_scenario
+
+    try:
+        prepared = prepare(resolve_scenario(scenario))
+        if seed is not None:
+            prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
+        outcomes = run_scenario(prepared, _check_policy_names(policy))
+        document = results_document(prepared, outcomes, prepared.scenario.seed)
+        if json_path is not None:
+            write_json(json_path, document)
+        if report is not None:
+            from holmes_sim.report.document import write_report
+
+            write_report(report, prepared, outcomes)
+    except HolmesError as exc:
+        raise _fail(exc) from None
+    if not quiet:
+        title = f"{prepared.scenario.name}: {prepared.cluster.num_gpus} GPUs, TP {prepared.tp} " \
+                f"PP {prepared.pp} DP {prepared.dp}, {prepared.num_microbatches} micro-batches " \
+                f"({prepared.scenario.parallel.schedule})"
+        out.print(results_table(title, outcomes))
+        _warn_memory(outcomes)
+
+
+def _check_policy_names(names: list[str] | None) -> list[str] | None:
+    from holmes_sim.policies import get_policy
+
+    for n in names or []:
+        get_policy(n, "--policy")
+    return names or None
+
+
+def _warn_memory(outcomes) -> None:
+    bad = [o.result.policy for o in outcomes if not o.result.memory.fits]
+    if bad:
+        err.print(f"[yellow]warning:[/yellow] {', '.join(bad)} do not fit in GPU memory; lower "
+                  "training.micro_batch_size, set training.recompute: full, or raise "
+                  "parallel.tensor / parallel.pipeline", highlight=False)
+
+
+@app.command()
+def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validate.")]) -> None:
+    """Validate a scenario and build every policy's plan, without simulating."""
+    from holmes_sim.metrics import memory_report
+    from holmes_sim.opcost import OpCosts
+    from holmes_sim.prepare import prepare
+    from holmes_sim.runner import plan_policy
+
+    try:
+        prepared = prepare(resolve_scenario(scenario))
+        for name in prepared.scenario.policies:
+            plan, cluster = plan_policy(prepared, name)
+            mem = memory_report(plan, cluster, prepared.workload,
+                                OpCosts(cluster, prepared.workload, prepared.compute, plan.tp))
+            fits = "fits" if mem.fits else "[red]does not fit[/red]"
+            out.print(f"  {name:30s} layers {'/'.join(map(str, plan.layers_per_stage))}, "
+                      f"peak {mem.peak_gib:.1f} GiB per GPU ({fits})", highlight=False)
+    except HolmesError as exc:
+        raise _fail(exc) from None
+    out.print(f"[green]ok[/green]: {prepared.source}: {prepared.cluster.num_gpus} GPUs, "
+              f"TP {prepared.tp} x PP {prepared.pp} x DP {prepared.dp}, "
+              f"{prepared.num_microbatches} micro-batches", highlight=False)
+
+
+@app.command()
+def scenarios() -> None:
+    """List the bundled scenarios, one line each."""
+    for path in sorted(SCENARIO_DIR.glob("*.yaml")):
+        out.print(f"{path.stem:22s} {_first_comment(path)}", highlight=False)
+
+
+def _first_comment(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app(prog_name="holmes-sim")
+    sys.exit(0)

@@ -1,0 +1,279 @@
+"""The hardware as the simulator sees it: nodes, their GPUs, NICs, fabrics and inter-cluster links,
+built from the scenario's specs and the catalog, in SI units."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from holmes_sim.catalog import Catalog, GpuModel, LinkModel
+from holmes_sim.errors import FieldError
+from holmes_sim.spec.hardware import ClusterSpec, FabricSpec, InterClusterLinkSpec, NicSpec
+from holmes_sim.units import gbit_per_s_to_bytes_per_s, us_to_s
+
+ETHERNET = "ethernet"
+"""Name of the one Ethernet network every Ethernet NIC joins (it spans all clusters)."""
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+_NIC_PREFIX = {"ib": "ib", "roce": "roce", "ethernet": "eth"}
+
+
+@dataclass(frozen=True, slots=True)
+class Nic:
+    """One NIC of a node.
+
+    Attributes:
+        name: node-local name, e.g. "ib0", "roce1", "eth0" (the interface name on the testbed).
+        type: ib | roce | ethernet.
+        fabric: the RDMA fabric it plugs into, or ETHERNET.
+        bandwidth_bytes_per_s: line rate, each direction.
+        latency_s: per-message latency of one collective step or send.
+        efficiency: achievable fraction of line rate.
+        gpus: local indices of the GPUs that use this NIC.
+    """
+
+    name: str
+    type: str
+    fabric: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    efficiency: float
+    gpus: tuple[int, ...]
+
+    @property
+    def effective_bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One server: its GPUs, intra-node link and NICs."""
+
+    name: str
+    cluster: str
+    gpu: GpuModel
+    num_gpus: int
+    intra_link: LinkModel
+    nics: tuple[Nic, ...]
+
+    @property
+    def rdma_fabrics(self) -> tuple[str, ...]:
+        """The RDMA fabrics this node reaches, in declaration order."""
+        return tuple(dict.fromkeys(n.fabric for n in self.nics if n.type != ETHERNET))
+
+    def nics_on(self, fabric: str) -> tuple[Nic, ...]:
+        return tuple(n for n in self.nics if n.fabric == fabric)
+
+    def nic_of_gpu(self, local_gpu: int, fabric: str) -> Nic | None:
+        """The NIC on `fabric` that GPU `local_gpu` uses, or None when the node is not on it."""
+        for nic in self.nics_on(fabric):
+            if local_gpu in nic.gpus:
+                return nic
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Uplink:
+    """The Ethernet link between two clusters (capacity each direction)."""
+
+    clusters: tuple[str, str]
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """All nodes of a scenario (possibly several physical clusters), fabrics and uplinks."""
+
+    nodes: tuple[Node, ...]
+    fabrics: dict[str, str]
+    """Fabric name -> type (ib, roce, ethernet)."""
+    uplinks: tuple[Uplink, ...]
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(n.num_gpus for n in self.nodes)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def uplink(self, cluster_a: str, cluster_b: str) -> Uplink | None:
+        """The uplink between two different clusters (None for the same cluster)."""
+        if cluster_a == cluster_b:
+            return None
+        for u in self.uplinks:
+            if set(u.clusters) == {cluster_a, cluster_b}:
+                return u
+        return None
+
+    def with_nodes(self, nodes: tuple[Node, ...], fabrics: dict[str, str] | None = None,
+                   uplinks: tuple[Uplink, ...] | None = None) -> Cluster:
+        """A copy with other nodes (used by the all-ib / all-ethernet reference policies)."""
+        return replace(self, nodes=nodes, fabrics=fabrics if fabrics is not None else self.fabrics,
+                       uplinks=uplinks if uplinks is not None else self.uplinks)
+
+
+def build_cluster(clusters: tuple[ClusterSpec, ...], fabrics: tuple[FabricSpec, ...],
+                  links: tuple[InterClusterLinkSpec, ...], catalog: Catalog) -> Cluster:
+    """Resolve specs against the catalog and check that names, fabrics and links fit together.
+
+    Raises:
+        FieldError: with the dotted path of the offending field.
+    """
+    fabric_types = _check_fabrics(fabrics)
+    nodes: list[Node] = []
+    seen_clusters: set[str] = set()
+    for ci, c in enumerate(clusters):
+        path = f"clusters[{ci}]"
+        _check_name(c.name, f"{path}.name")
+        if c.name in seen_clusters:
+            raise FieldError(f"{path}.name", f"cluster '{c.name}' is declared twice; rename one")
+        seen_clusters.add(c.name)
+        nodes.extend(_build_nodes(c, path, fabric_types, catalog, start=len(nodes)))
+    names = [n.name for n in nodes]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise FieldError("clusters", f"two node groups produce the node name '{dup}'; give the "
+                         "groups distinct `name` prefixes")
+    uplinks = _build_uplinks(links, [c.name for c in clusters])
+    return Cluster(tuple(nodes), {**fabric_types, ETHERNET: ETHERNET}, uplinks)
+
+
+def _check_name(name: str, path: str) -> None:
+    if not _NAME.match(name):
+        raise FieldError(path, f"'{name}' is not a valid name; use a letter then letters, digits, "
+                               "'-' or '_' (at most 32 characters)")
+
+
+def _check_fabrics(fabrics: tuple[FabricSpec, ...]) -> dict[str, str]:
+    types: dict[str, str] = {}
+    for i, f in enumerate(fabrics):
+        _check_name(f.name, f"fabrics[{i}].name")
+        if f.name in types or f.name == ETHERNET:
+            raise FieldError(f"fabrics[{i}].name", f"fabric name '{f.name}' is taken; rename it")
+        types[f.name] = f.type
+    return types
+
+
+def _build_nodes(c: ClusterSpec, path: str, fabric_types: dict[str, str], catalog: Catalog,
+                 start: int) -> list[Node]:
+    out = []
+    for gi, g in enumerate(c.nodes):
+        gpath = f"{path}.nodes[{gi}]"
+        gpu = catalog.gpu(g.gpu, f"{gpath}.gpu")
+        link = catalog.link(g.intra_node, f"{gpath}.intra_node")
+        if g.name is not None:
+            _check_name(g.name, f"{gpath}.name")
+        nics = _build_nics(g.nics, g.gpus_per_node, f"{gpath}.nics", fabric_types, catalog)
+        if not nics:
+            raise FieldError(f"{gpath}.nics", "a node needs at least one NIC; add e.g. "
+                                              "`- {type: ethernet, model: eth-100g}`")
+        prefix = g.name or c.name
+        for k in range(g.count):
+            index = len(out) if g.name is None else k
+            out.append(Node(f"{prefix}-{index}", c.name, gpu, g.gpus_per_node, link, nics))
+    return out
+
+
+def _build_nics(specs: tuple[NicSpec, ...], num_gpus: int, path: str,
+                fabric_types: dict[str, str], catalog: Catalog) -> tuple[Nic, ...]:
+    nics: list[Nic] = []
+    counters: dict[str, int] = {}
+    for i, s in enumerate(specs):
+        npath = f"{path}[{i}]"
+        fabric = _nic_fabric(s, npath, fabric_types)
+        bandwidth, latency, efficiency = _nic_numbers(s, npath, catalog)
+        for gpus in _gpu_split(s, num_gpus, npath):
+            n = counters.get(s.type, 0)
+            counters[s.type] = n + 1
+            nics.append(Nic(f"{_NIC_PREFIX[s.type]}{n}", s.type, fabric, bandwidth, latency,
+                            efficiency, gpus))
+    return tuple(nics)
+
+
+def _nic_fabric(s: NicSpec, path: str, fabric_types: dict[str, str]) -> str:
+    if s.type == ETHERNET:
+        if s.fabric not in (None, ETHERNET):
+            raise FieldError(f"{path}.fabric", "Ethernet NICs all join the one Ethernet network; "
+                                               "remove `fabric` (fabrics are for ib and roce)")
+        return ETHERNET
+    if s.fabric is None:
+        declared = [n for n, t in fabric_types.items() if t == s.type]
+        fix = f"one of: {', '.join(declared)}" if declared else \
+            f"declare one under `fabrics:` (e.g. `- {{name: {s.type}-a, type: {s.type}}}`)"
+        raise FieldError(f"{path}.fabric", f"a {s.type} NIC must name the fabric it plugs into; "
+                                           f"set fabric to {fix}")
+    if s.fabric not in fabric_types:
+        known = ", ".join(fabric_types) or "none declared"
+        raise FieldError(f"{path}.fabric", f"no fabric named '{s.fabric}' carries this {s.type} "
+                                           f"NIC (declared: {known}); declare it under `fabrics:`")
+    if fabric_types[s.fabric] != s.type:
+        raise FieldError(f"{path}.fabric", f"fabric '{s.fabric}' is {fabric_types[s.fabric]}, but "
+                                           f"this NIC is {s.type}; plug it into a {s.type} fabric")
+    return s.fabric
+
+
+def _nic_numbers(s: NicSpec, path: str, catalog: Catalog) -> tuple[float, float, float]:
+    """(line rate bytes/s, latency s, efficiency) from the model, overridden by the NIC's fields."""
+    if s.model is not None:
+        m = catalog.nic(s.model, f"{path}.model")
+        if m.type != s.type:
+            raise FieldError(f"{path}.model", f"model '{s.model}' is a {m.type} NIC but type is "
+                                              f"'{s.type}'; pick a {s.type} model")
+        bandwidth, latency, efficiency = m.bandwidth_bytes_per_s, m.latency_s, m.efficiency
+    elif s.bandwidth_gbit_per_s is None:
+        raise FieldError(path, "give either `model` (a catalog NIC such as ib-hdr, roce-200g, "
+                               "eth-100g) or `bandwidth_gbit_per_s`")
+    else:
+        bandwidth, latency, efficiency = 0.0, us_to_s(10 if s.type != ETHERNET else 50), \
+            (0.92 if s.type != ETHERNET else 0.6)
+    if s.bandwidth_gbit_per_s is not None:
+        bandwidth = gbit_per_s_to_bytes_per_s(s.bandwidth_gbit_per_s)
+    if s.latency_us is not None:
+        latency = us_to_s(s.latency_us)
+    if s.efficiency is not None:
+        efficiency = s.efficiency
+    return bandwidth, latency, efficiency
+
+
+def _gpu_split(s: NicSpec, num_gpus: int, path: str) -> list[tuple[int, ...]]:
+    """For each of the `count` NICs, the local GPUs using it."""
+    if s.gpus is None:
+        if num_gpus % s.count and s.count % num_gpus:
+            raise FieldError(f"{path}.count", f"{s.count} NICs cannot be shared evenly by "
+                                              f"{num_gpus} GPUs; give `gpus:` per NIC")
+        return [tuple(g for g in range(num_gpus) if g * s.count // num_gpus == k)
+                or (k * num_gpus // s.count,) for k in range(s.count)]
+    if len(s.gpus) != s.count:
+        raise FieldError(f"{path}.gpus", f"has {len(s.gpus)} entries but count is {s.count}; give "
+                                         "one list of GPU indices per NIC")
+    used = sorted(g for gs in s.gpus for g in gs)
+    if used != list(range(num_gpus)):
+        raise FieldError(f"{path}.gpus", f"must use every GPU 0..{num_gpus - 1} exactly once, got "
+                                         f"{used}")
+    return [tuple(gs) for gs in s.gpus]
+
+
+def _build_uplinks(links: tuple[InterClusterLinkSpec, ...], cluster_names: list[str]) -> tuple[Uplink, ...]:
+    out: list[Uplink] = []
+    for i, lk in enumerate(links):
+        path = f"inter_cluster_links[{i}].clusters"
+        a, b = lk.clusters
+        for name in (a, b):
+            if name not in cluster_names:
+                raise FieldError(path, f"no cluster named '{name}' (clusters: "
+                                       f"{', '.join(cluster_names)})")
+        if a == b:
+            raise FieldError(path, "an inter-cluster link joins two different clusters")
+        if any(set(u.clusters) == {a, b} for u in out):
+            raise FieldError(path, f"clusters '{a}' and '{b}' are joined twice; keep one link")
+        out.append(Uplink((a, b), gbit_per_s_to_bytes_per_s(lk.bandwidth_gbit_per_s),
+                          us_to_s(lk.latency_us)))
+    for i, a in enumerate(cluster_names):
+        for b in cluster_names[i + 1:]:
+            if not any(set(u.clusters) == {a, b} for u in out):
+                raise FieldError("inter_cluster_links", f"clusters '{a}' and '{b}' are not joined; "
+                                 f"add `- {{clusters: [{a}, {b}], bandwidth_gbit_per_s: 100}}`")
+    return tuple(out)

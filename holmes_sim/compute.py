@@ -1,0 +1,115 @@
+"""Compute time of layers on a GPU: a roofline default, or a measured profile.
+
+Both answer per micro-batch, per GPU of a TP group (the group's GPUs run in lock-step).
+The profile is the JSON `holmes-sim validate` writes (see `docs/validation.md`):
+
+    {"schema": "holmes-sim-profile/1", "provenance": {...},
+     "compute": {GPU_MODEL: {"layer_forward_s", "layer_backward_s", "embedding_forward_s",
+                             "embedding_backward_s", "head_forward_s", "head_backward_s",
+                             "optimizer_s_per_param"}},
+     "fabrics": {FABRIC: {"bandwidth_bytes_per_s", "latency_s"}}}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from holmes_sim.catalog import GpuModel
+from holmes_sim.errors import ScenarioError
+from holmes_sim.workload import Workload
+
+PROFILE_SCHEMA = "holmes-sim-profile/1"
+# Adam's update is memory-bound: per fp32 parameter it reads and writes master weight, momentum,
+# variance (3 x 4 x 2) and reads the gradient (4), then writes the bf16 weight (2): ~30 bytes.
+_ADAM_BYTES_PER_PARAM = 30.0
+
+
+class ComputeModel(Protocol):
+    """Seconds of compute per micro-batch on one GPU of a TP group of degree `tp`."""
+
+    def layer_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float: ...
+
+    def embedding_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float: ...
+
+    def head_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float: ...
+
+    def optimizer_s(self, gpu: GpuModel, params_per_gpu: float) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineCompute:
+    """time = FLOP / (peak FLOP/s x efficiency); FLOP from `Workload` [Narayanan et al. SC'21]."""
+
+    def layer_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float:
+        flop = workload.layer_forward_flop * (workload.backward_factor if backward else 1.0)
+        return flop / tp / (gpu.peak_flop_per_s * gpu.compute_efficiency)
+
+    def embedding_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float:
+        return 0.0  # a table lookup: negligible next to the layers
+
+    def head_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float:
+        flop = workload.logits_forward_flop * (2.0 if backward else 1.0)
+        return flop / tp / (gpu.peak_flop_per_s * gpu.compute_efficiency)
+
+    def optimizer_s(self, gpu: GpuModel, params_per_gpu: float) -> float:
+        return params_per_gpu * _ADAM_BYTES_PER_PARAM / gpu.memory_bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class ProfiledCompute:
+    """Measured per-micro-batch times by GPU model (TP degree 1: the validator runs no TP)."""
+
+    times: dict[str, dict[str, float]]
+    source: str
+
+    def _get(self, gpu: GpuModel, key: str) -> float:
+        entry = self.times.get(gpu.name)
+        if entry is None:
+            raise ScenarioError(f"{self.source}: profile has no compute entry for GPU model "
+                                f"'{gpu.name}' (has: {', '.join(self.times)}); re-run calibration")
+        return entry[key]
+
+    def layer_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float:
+        return self._get(gpu, "layer_backward_s" if backward else "layer_forward_s") / tp
+
+    def embedding_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float:
+        return self._get(gpu, "embedding_backward_s" if backward else "embedding_forward_s") / tp
+
+    def head_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float:
+        return self._get(gpu, "head_backward_s" if backward else "head_forward_s") / tp
+
+    def optimizer_s(self, gpu: GpuModel, params_per_gpu: float) -> float:
+        return self._get(gpu, "optimizer_s_per_param") * params_per_gpu
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A measured profile: compute times and per-fabric achieved link numbers."""
+
+    compute: ProfiledCompute
+    fabrics: dict[str, dict[str, float]]
+    raw: dict
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile JSON written by the validator's calibration.
+
+    Raises:
+        ScenarioError: when the file is missing, not JSON or of another schema.
+    """
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise ScenarioError(f"profile: cannot read {path}: {exc.strerror}; fix `profile:` or run "
+                            "`holmes-sim validate --real` to write one") from None
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(f"profile: {path} is not valid JSON (line {exc.lineno}); "
+                            "re-run calibration") from None
+    if raw.get("schema") != PROFILE_SCHEMA:
+        raise ScenarioError(f"profile: {path} has schema {raw.get('schema')!r}, expected "
+                            f"'{PROFILE_SCHEMA}'; re-run calibration")
+    return Profile(ProfiledCompute(raw.get("compute", {}), str(path)), raw.get("fabrics", {}), raw)

@@ -1,0 +1,166 @@
+"""From a Trace and its Plan: iteration time, throughput, MFU, bubble, time breakdown, memory.
+
+Throughput figures follow Megatron-LM's log so they compare with the Holmes paper's tables:
+TFLOP/s per GPU = F / (t_iter x n_gpus), F from `Workload.megatron_tflops_per_gpu`
+[Narayanan et al. SC'21, section 5.1]. MFU = model FLOP (72 form) / (t_iter x sum of GPU peaks)
+[Chowdhery et al. 2022, PaLM, appendix B].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from holmes_sim.cluster import Cluster
+from holmes_sim.opcost import OpCosts
+from holmes_sim.plan import GroupKind, Plan
+from holmes_sim.trace import OpKind, Trace
+from holmes_sim.units import GIB
+from holmes_sim.workload import Workload
+
+BREAKDOWN_KEYS = ("compute", "tp_comm", "pp_exposed", "dp_exposed", "optimizer", "bubble")
+_CATEGORY = {
+    OpKind.FORWARD: "compute", OpKind.BACKWARD: "compute", OpKind.TP_COMM: "tp_comm",
+    OpKind.WAIT_PP: "pp_exposed", OpKind.WAIT_DP: "dp_exposed", OpKind.OPTIMIZER: "optimizer",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReport:
+    """Peak bytes per GPU of each pipeline stage, against the smallest GPU memory of the stage."""
+
+    per_stage_bytes: tuple[float, ...]
+    capacity_bytes: tuple[float, ...]
+
+    @property
+    def peak_gib(self) -> float:
+        return max(self.per_stage_bytes) / GIB
+
+    @property
+    def fits(self) -> bool:
+        return all(b <= c for b, c in zip(self.per_stage_bytes, self.capacity_bytes, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """Everything reported about one policy's simulated iteration."""
+
+    policy: str
+    iteration_time_s: float
+    tflops_per_gpu: float
+    samples_per_s: float
+    tokens_per_s: float
+    mfu: float
+    bubble_fraction: float
+    breakdown_s: dict[str, float]
+    stage_busy_s: tuple[float, ...]
+    layers_per_stage: tuple[int, ...]
+    memory: MemoryReport
+    transports: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        """The `--json` record of this policy."""
+        return {
+            "policy": self.policy,
+            "iteration_time_s": self.iteration_time_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "samples_per_s": self.samples_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "bubble_fraction": self.bubble_fraction,
+            "breakdown_s": dict(self.breakdown_s),
+            "stage_busy_s": list(self.stage_busy_s),
+            "layers_per_stage": list(self.layers_per_stage),
+            "peak_memory_gib": self.memory.peak_gib,
+            "memory_per_stage_gib": [b / GIB for b in self.memory.per_stage_bytes],
+            "memory_capacity_gib": [c / GIB for c in self.memory.capacity_bytes],
+            "fits_memory": self.memory.fits,
+            "transports": dict(self.transports),
+            "notes": list(self.notes),
+        }
+
+
+def summarize(plan: Plan, trace: Trace, cluster: Cluster, workload: Workload,
+              costs: OpCosts) -> Result:
+    """Compute every reported figure of one simulated iteration."""
+    t = trace.iteration_s
+    n_gpus = plan.world_size
+    breakdown = time_breakdown(trace)
+    peak = sum(cluster.node(g.node).gpu.peak_flop_per_s for g in plan.rank_to_gpu)
+    return Result(
+        policy=plan.policy,
+        iteration_time_s=t,
+        tflops_per_gpu=workload.megatron_tflops_per_gpu(t, n_gpus),
+        samples_per_s=workload.global_batch / t,
+        tokens_per_s=workload.global_batch * workload.seq / t,
+        mfu=workload.model_flop_per_iteration() / (t * peak),
+        bubble_fraction=breakdown["bubble"] / t if t > 0 else 0.0,
+        breakdown_s=breakdown,
+        stage_busy_s=stage_busy(trace, plan.pp),
+        layers_per_stage=plan.layers_per_stage,
+        memory=memory_report(plan, cluster, workload, costs),
+        transports=transport_summary(plan),
+        notes=plan.notes,
+    )
+
+
+def time_breakdown(trace: Trace) -> dict[str, float]:
+    """Mean over entities of the time spent per category (seconds); they sum to the iteration.
+
+    bubble = everything the compute stream did not spend on the other categories: waiting for a
+    producer that had not run yet, and idling at the end while others finish."""
+    totals = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    for r in trace.records:
+        if r.stream == "compute" and r.kind in _CATEGORY:
+            totals[_CATEGORY[r.kind]] += r.duration_s
+    n = max(1, len(trace.entities))
+    out = {k: v / n for k, v in totals.items()}
+    out["bubble"] = max(0.0, trace.iteration_s - sum(out[k] for k in BREAKDOWN_KEYS if k != "bubble"))
+    return out
+
+
+def stage_busy(trace: Trace, pp: int) -> tuple[float, ...]:
+    """Per pipeline stage, the largest compute-stream busy time (F, B, TP) over its replicas (s)."""
+    stage_of = {e.name: e.stage for e in trace.entities}
+    busy: dict[str, float] = {}
+    for r in trace.records:
+        if r.kind in (OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM):
+            busy[r.entity] = busy.get(r.entity, 0.0) + r.duration_s
+    per_stage = [0.0] * pp
+    for name, b in busy.items():
+        per_stage[stage_of[name]] = max(per_stage[stage_of[name]], b)
+    return tuple(per_stage)
+
+
+def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCosts) -> MemoryReport:
+    """Peak memory per GPU of each stage: model state plus the activations the schedule holds.
+
+    state = params/t x (16 bytes, or 4 + 12/dp sharded) [Rajbhandari et al. 2020];
+    activations = (in-flight chunk-micro-batches) x (layers of the stage's largest chunk) x
+    per-layer activation bytes [Korthikanti et al. 2022, Table 2]."""
+    schedule = plan.schedule()
+    nv = schedule.num_virtual_stages
+    per_stage, capacity = [], []
+    for s in range(plan.pp):
+        chunks = [(schedule.virtual_stage(s, c), plan.layers_per_stage[schedule.virtual_stage(s, c)])
+                  for c in range(plan.num_chunks)]
+        params = sum(costs.chunk_params(n, j == 0, j == nv - 1) for j, n in chunks)
+        state = params / plan.tp * workload.state_bytes_per_param(plan.dp, plan.optimizer.sharded)
+        acts = schedule.peak_in_flight(s) * max(n for _, n in chunks) * \
+            workload.activation_bytes_per_layer(plan.tp)
+        per_stage.append(state + acts)
+        capacity.append(min(cluster.node(plan.rank_to_gpu[plan.rank(s, d, 0)].node).gpu.memory_bytes
+                            for d in range(plan.dp)))
+    return MemoryReport(tuple(per_stage), tuple(capacity))
+
+
+def transport_summary(plan: Plan) -> dict[str, str]:
+    """For each group kind, the transports its groups use and how many: 'rdma:ib-a x4, tcp x2'."""
+    out: dict[str, str] = {}
+    for kind in GroupKind:
+        counts: dict[str, int] = {}
+        for g in plan.groups_of(kind):
+            counts[str(g.transport)] = counts.get(str(g.transport), 0) + 1
+        if counts:
+            out[kind.value] = ", ".join(f"{k} x{v}" for k, v in counts.items())
+    return out

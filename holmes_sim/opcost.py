@@ -1,0 +1,59 @@
+"""Durations of the ops a plan runs, on an idle machine: compute of a model chunk, its tensor-parallel
+communication, and parameter counts. One source for the engine, the analytic estimate and the
+policies' partition search, so all three price an op the same way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from holmes_sim.cluster import Cluster, Node
+from holmes_sim.comm_model import ring_collective_time_s
+from holmes_sim.compute import ComputeModel
+from holmes_sim.workload import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class OpCosts:
+    """Prices ops of `workload` on `cluster` with `compute`. Times in seconds, per micro-batch."""
+
+    cluster: Cluster
+    workload: Workload
+    compute: ComputeModel
+    tp: int
+
+    def chunk_compute_s(self, node: Node, layers: int, first: bool, last: bool,
+                        backward: bool) -> float:
+        """Compute of a chunk of `layers` layers (plus the embedding on the first virtual stage
+        and the logits/loss on the last) for one micro-batch on one GPU of the TP group."""
+        c, w, g = self.compute, self.workload, node.gpu
+        t = layers * c.layer_s(g, w, self.tp, backward)
+        if first:
+            t += c.embedding_s(g, w, self.tp, backward)
+        if last:
+            t += c.head_s(g, w, self.tp, backward)
+        return t
+
+    def tp_comm_s(self, node: Node, layers: int, backward: bool) -> float:
+        """Exposed TP all-reduces of a chunk on the intra-node link (ring, alpha-beta)
+        [Narayanan et al. SC'21, section 3.2]. Zero when tp == 1."""
+        if self.tp == 1:
+            return 0.0
+        w, link = self.workload, node.intra_link
+        one = ring_collective_time_s("all-reduce", self.tp, w.tp_allreduce_bytes(),
+                                     link.bandwidth_bytes_per_s * link.efficiency, link.latency_s)
+        return layers * w.tp_allreduces_per_layer(backward) * one
+
+    def chunk_params(self, layers: int, first: bool, last: bool) -> int:
+        """Parameters of a chunk across its whole TP group (embedding on the first virtual
+        stage; the output head, or its tied copy, on the last)."""
+        w = self.workload
+        n = layers * w.layer_params
+        if first:
+            n += w.embedding_params
+        if last:
+            # With tied embeddings and one stage, the head reuses the input embedding.
+            n += 2 * w.hidden if (first and w.tie_embeddings) else w.head_params
+        return n
+
+    def optimizer_s(self, node: Node, params_per_gpu: float) -> float:
+        return self.compute.optimizer_s(node.gpu, params_per_gpu)

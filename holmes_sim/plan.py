@@ -1,0 +1,186 @@
+"""Plan: what a policy decides, and what the simulator, the analytic model and the real backend run.
+
+A Plan is immutable and serialises to JSON, so a real run can be replayed from it.
+
+Rank layout follows Megatron-LM's default order (tensor fastest, then data, then pipeline):
+    rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
+A policy chooses which GPU each rank runs on; the layout of ranks into groups never changes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+from holmes_sim.schedule import Schedule, ScheduleKind, build_schedule
+
+
+class TransportKind(StrEnum):
+    """How a communication group moves bytes."""
+
+    LOCAL = "local"  # every member on one node: NVLink / PCIe
+    RDMA = "rdma"  # every member on one InfiniBand or RoCE fabric
+    TCP = "tcp"  # TCP over the Ethernet fabric
+
+
+class GroupKind(StrEnum):
+    """The parallelism a communication group serves."""
+
+    TENSOR = "tp"
+    DATA = "dp"
+    PIPELINE = "pp"
+    EMBEDDING = "embedding"
+
+
+class OptimizerMode(StrEnum):
+    """How gradients are synchronised and the optimizer state is held.
+
+    - replicated: all-reduce of gradients after the backward, full Adam state on every DP rank.
+    - distributed: reduce-scatter after the backward, sharded state, all-gather of parameters
+      after the step (Megatron-LM `--use-distributed-optimizer`, no overlap).
+    - distributed-overlapped: the same, with bucketed reduce-scatter during the last backward and
+      the all-gather overlapped with the next forward (Holmes section 3.4; Megatron-LM
+      `--overlap-grad-reduce --overlap-param-gather`).
+    """
+
+    REPLICATED = "replicated"
+    DISTRIBUTED = "distributed"
+    DISTRIBUTED_OVERLAPPED = "distributed-overlapped"
+
+    @property
+    def sharded(self) -> bool:
+        return self is not OptimizerMode.REPLICATED
+
+    @property
+    def overlapped(self) -> bool:
+        return self is OptimizerMode.DISTRIBUTED_OVERLAPPED
+
+
+@dataclass(frozen=True, slots=True)
+class Transport:
+    """The transport of one group: its kind and the fabric it uses (None for LOCAL)."""
+
+    kind: TransportKind
+    fabric: str | None = None
+
+    def __str__(self) -> str:
+        return self.kind.value if self.fabric is None else f"{self.kind.value}:{self.fabric}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRef:
+    """One physical GPU: node name and local index on the node."""
+
+    node: str
+    local_index: int
+
+    def __str__(self) -> str:
+        return f"{self.node}/gpu{self.local_index}"
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A communication group: its ranks, the transport, and each member's NIC on the node.
+
+    `nics[i]` is the node-local NIC name (e.g. "ib0", "eth1") rank `ranks[i]` uses, or "" for LOCAL.
+    """
+
+    kind: GroupKind
+    ranks: tuple[int, ...]
+    transport: Transport
+    nics: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The output of a policy.
+
+    Attributes:
+        policy: the policy's name.
+        tp, pp, dp: tensor, pipeline and data parallel degrees.
+        rank_to_gpu: the GPU of every global rank.
+        layers_per_stage: transformer layers of every virtual stage (length pp * num_chunks),
+            in model order.
+        schedule_kind, num_microbatches, num_chunks: the pipeline schedule.
+        optimizer: gradient synchronisation and optimizer state mode.
+        groups: every communication group (TP, DP, PP pairs, embedding).
+        notes: human-readable decisions the policy made (shown in reports).
+    """
+
+    policy: str
+    tp: int
+    pp: int
+    dp: int
+    rank_to_gpu: tuple[GpuRef, ...]
+    layers_per_stage: tuple[int, ...]
+    schedule_kind: ScheduleKind
+    num_microbatches: int
+    num_chunks: int
+    optimizer: OptimizerMode
+    groups: tuple[Group, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def rank(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
+        """Global rank of (pipeline, data, tensor) coordinates."""
+        return pp_rank * self.dp * self.tp + dp_rank * self.tp + tp_rank
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp_rank, dp_rank, tp_rank) of a global rank."""
+        pp_rank, rest = divmod(rank, self.dp * self.tp)
+        dp_rank, tp_rank = divmod(rest, self.tp)
+        return pp_rank, dp_rank, tp_rank
+
+    def schedule(self) -> Schedule:
+        """The op order every stage executes (the same object the backend runs)."""
+        return build_schedule(self.schedule_kind, self.pp, self.num_microbatches, self.num_chunks)
+
+    def groups_of(self, kind: GroupKind) -> tuple[Group, ...]:
+        return tuple(g for g in self.groups if g.kind is kind)
+
+    def group_containing(self, kind: GroupKind, rank: int) -> Group | None:
+        """The group of `kind` that holds `rank` (PP: the pair where `rank` sends, if any)."""
+        for g in self.groups:
+            if g.kind is kind and rank in g.ranks and (kind is not GroupKind.PIPELINE or g.ranks[0] == rank):
+                return g
+        return None
+
+    def entity_gpus(self, pp_rank: int, dp_rank: int) -> tuple[GpuRef, ...]:
+        """The GPUs of the TP group at (pp_rank, dp_rank), in TP-rank order."""
+        return tuple(self.rank_to_gpu[self.rank(pp_rank, dp_rank, i)] for i in range(self.tp))
+
+    def transport_of(self, kind: GroupKind, rank: int) -> Transport | None:
+        """Transport of the group of `kind` holding `rank` (None if there is none)."""
+        g = self.group_containing(kind, rank)
+        return None if g is None else g.transport
+
+    def stage_layers(self, pp_rank: int) -> tuple[int, ...]:
+        """Layers of each model chunk held by pipeline rank `pp_rank` (chunk order)."""
+        return tuple(self.layers_per_stage[c * self.pp + pp_rank] for c in range(self.num_chunks))
+
+    def to_json(self) -> str:
+        """Deterministic JSON (sorted keys) of the whole plan."""
+        return json.dumps(asdict(self), sort_keys=True, default=str)
+
+    @staticmethod
+    def from_json(text: str) -> Plan:
+        """Inverse of `to_json`."""
+        d = json.loads(text)
+        return Plan(
+            policy=d["policy"], tp=d["tp"], pp=d["pp"], dp=d["dp"],
+            rank_to_gpu=tuple(GpuRef(**g) for g in d["rank_to_gpu"]),
+            layers_per_stage=tuple(d["layers_per_stage"]),
+            schedule_kind=ScheduleKind(d["schedule_kind"]),
+            num_microbatches=d["num_microbatches"], num_chunks=d["num_chunks"],
+            optimizer=OptimizerMode(d["optimizer"]),
+            groups=tuple(
+                Group(GroupKind(g["kind"]), tuple(g["ranks"]),
+                      Transport(TransportKind(g["transport"]["kind"]), g["transport"]["fabric"]),
+                      tuple(g["nics"]))
+                for g in d["groups"]),
+            notes=tuple(d.get("notes", ())),
+        )

@@ -1,0 +1,40 @@
+"""Scheduling policies by name. Each is a pure function from a `PlanRequest` to a `Plan`."""
+
+from __future__ import annotations
+
+from holmes_sim.errors import ScenarioError
+from holmes_sim.policies.base import Policy, PlanRequest
+from holmes_sim.policies.holmes import HolmesPolicy
+from holmes_sim.policies.megatron import MegatronPolicy
+from holmes_sim.policies.references import AllEthernetReference, AllIbReference
+
+POLICIES: dict[str, Policy] = {
+    p.name: p for p in (
+        MegatronPolicy(),
+        HolmesPolicy(),
+        HolmesPolicy(name="holmes-no-nic-aware-order", nic_aware_order=False,
+                     description="Holmes without NIC-aware rank order (listing order)"),
+        HolmesPolicy(name="holmes-no-nic-selection", nic_selection=False,
+                     description="Holmes without per-group NIC selection (job-wide transport)"),
+        HolmesPolicy(name="holmes-no-adaptive-partition", adaptive_partition=False,
+                     description="Holmes with equal layers per stage"),
+        HolmesPolicy(name="holmes-no-overlap", overlapped_optimizer=False,
+                     description="Holmes with a distributed optimizer that does not overlap"),
+        AllIbReference(),
+        AllEthernetReference(),
+    )
+}
+
+
+def get_policy(name: str, path: str = "policies") -> Policy:
+    """The policy registered as `name`.
+
+    Raises:
+        ScenarioError: listing the registered names.
+    """
+    if name not in POLICIES:
+        raise ScenarioError(f"{path}: unknown policy '{name}' (known: {', '.join(POLICIES)})")
+    return POLICIES[name]
+
+
+__all__ = ["POLICIES", "Policy", "PlanRequest", "get_policy"]

@@ -1,0 +1,109 @@
+"""What every policy shares: the request it answers, the Policy protocol, and the building blocks
+(rank-to-GPU maps, communication groups, equal partition) that policies compose."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from holmes_sim.cluster import Cluster, Node
+from holmes_sim.compute import ComputeModel
+from holmes_sim.errors import PlanError
+from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode, Plan, Transport
+from holmes_sim.schedule import ScheduleKind
+from holmes_sim.transport import member_nics
+from holmes_sim.workload import Workload
+
+TransportChooser = Callable[[Sequence[GpuRef]], Transport]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """Everything a policy needs: the hardware, the model and the parallel set-up."""
+
+    cluster: Cluster
+    workload: Workload
+    compute: ComputeModel
+    tp: int
+    pp: int
+    dp: int
+    schedule_kind: ScheduleKind
+    num_microbatches: int
+    num_chunks: int
+    distributed_optimizer: bool
+
+
+class Policy(Protocol):
+    """A named, pure function from a request to a Plan."""
+
+    name: str
+    description: str
+
+    def cluster_view(self, cluster: Cluster) -> Cluster:
+        """The hardware this policy assumes (references replace the NICs; others keep it)."""
+        ...
+
+    def plan(self, request: PlanRequest) -> Plan: ...
+
+
+def gpus_in_node_order(nodes: Sequence[Node]) -> tuple[GpuRef, ...]:
+    """Every GPU, node by node in the given order."""
+    return tuple(GpuRef(n.name, g) for n in nodes for g in range(n.num_gpus))
+
+
+def check_tp_within_nodes(rank_to_gpu: Sequence[GpuRef], tp: int) -> None:
+    """Tensor parallelism must stay inside a node (it runs on NVLink)."""
+    for start in range(0, len(rank_to_gpu), tp):
+        nodes = {g.node for g in rank_to_gpu[start:start + tp]}
+        if len(nodes) > 1:
+            raise PlanError(f"the TP group of ranks {start}..{start + tp - 1} spans nodes "
+                            f"{sorted(nodes)}; make parallel.tensor divide every node's GPU count")
+
+
+def build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: int, dp: int,
+                 num_chunks: int, tie_embeddings: bool, choose: TransportChooser) -> tuple[Group, ...]:
+    """TP, DP, PP and embedding groups for Megatron's rank layout, each with its transport.
+
+    PP groups are ordered pairs (sender, receiver) for each forward boundary of virtual stages
+    j -> j + 1 (the backward gradient uses the same pair in reverse); duplicates are dropped.
+    """
+
+    def rank(s: int, d: int, i: int) -> int:
+        return s * dp * tp + d * tp + i
+
+    def make(kind: GroupKind, ranks: tuple[int, ...]) -> Group:
+        gpus = [rank_to_gpu[r] for r in ranks]
+        transport = choose(gpus)
+        return Group(kind, ranks, transport, member_nics(cluster, gpus, transport))
+
+    groups: list[Group] = []
+    if tp > 1:
+        groups += [make(GroupKind.TENSOR, tuple(rank(s, d, i) for i in range(tp)))
+                   for s in range(pp) for d in range(dp)]
+    if dp > 1:
+        groups += [make(GroupKind.DATA, tuple(rank(s, d, i) for d in range(dp)))
+                   for s in range(pp) for i in range(tp)]
+    seen: set[tuple[int, int]] = set()
+    for j in range(pp * num_chunks - 1):
+        a, b = j % pp, (j + 1) % pp
+        for d in range(dp):
+            for i in range(tp):
+                pair = (rank(a, d, i), rank(b, d, i))
+                if pair not in seen:
+                    seen.add(pair)
+                    groups.append(make(GroupKind.PIPELINE, pair))
+    if pp > 1 and tie_embeddings:
+        groups += [make(GroupKind.EMBEDDING, (rank(0, d, i), rank(pp - 1, d, i)))
+                   for d in range(dp) for i in range(tp)]
+    return tuple(groups)
+
+
+def equal_partition(num_layers: int, num_virtual_stages: int) -> tuple[int, ...]:
+    """Megatron's uniform split; when it does not divide, the first stages get one more."""
+    base, extra = divmod(num_layers, num_virtual_stages)
+    return tuple(base + (1 if j < extra else 0) for j in range(num_virtual_stages))
+
+
+def default_optimizer(request: PlanRequest) -> OptimizerMode:
+    return OptimizerMode.DISTRIBUTED if request.distributed_optimizer else OptimizerMode.REPLICATED

@@ -1,0 +1,84 @@
+"""The Holmes policy (arXiv 2312.03549) and its ablations, composed from four switchable parts:
+
+1. NIC-aware rank order (section 3.1): nodes are ordered by NIC class (their RDMA fabric, or
+   Ethernet only), so each pipeline stage's TP x DP ranks lie on one fabric.
+2. Automatic NIC selection (section 3.3): each group uses the best transport all its members share,
+   so DP groups run on RDMA and only pipeline (and embedding) traffic crosses fabrics on Ethernet.
+3. Self-adapting pipeline partition (section 3.2): layers per stage by search (`partition.py`).
+4. Overlapped distributed optimizer (section 3.4): bucketed reduce-scatter during the last
+   backward, parameter all-gather overlapped with the next forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from holmes_sim.cluster import ETHERNET, Cluster, Node
+from holmes_sim.plan import GpuRef, OptimizerMode, Plan
+from holmes_sim.policies.base import PlanRequest, TransportChooser, build_groups, \
+    check_tp_within_nodes, equal_partition, gpus_in_node_order
+from holmes_sim.policies.partition import StageTimer, adaptive_partition
+from holmes_sim.transport import best_shared_transport, job_wide_transport
+
+
+@dataclass(frozen=True)
+class HolmesPolicy:
+    """Holmes with each mechanism switchable (all on: the full policy)."""
+
+    name: str = "holmes"
+    description: str = "Holmes: NIC-aware order, per-group NIC selection, adaptive partition, overlap"
+    nic_aware_order: bool = True
+    nic_selection: bool = True
+    adaptive_partition: bool = True
+    overlapped_optimizer: bool = True
+
+    def cluster_view(self, cluster: Cluster) -> Cluster:
+        return cluster
+
+    def plan(self, request: PlanRequest) -> Plan:
+        nodes = nic_aware_order(request.cluster.nodes) if self.nic_aware_order \
+            else list(request.cluster.nodes)
+        rank_to_gpu = gpus_in_node_order(nodes)
+        check_tp_within_nodes(rank_to_gpu, request.tp)
+        optimizer = OptimizerMode.DISTRIBUTED_OVERLAPPED if self.overlapped_optimizer \
+            else OptimizerMode.DISTRIBUTED
+        groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
+                              request.num_chunks, request.workload.tie_embeddings,
+                              self.chooser(request, rank_to_gpu))
+        if self.adaptive_partition:
+            layers = adaptive_partition(StageTimer(request, rank_to_gpu, groups, optimizer))
+        else:
+            layers = equal_partition(request.workload.num_layers, request.pp * request.num_chunks)
+        return Plan(self.name, request.tp, request.pp, request.dp, rank_to_gpu, layers,
+                    request.schedule_kind, request.num_microbatches, request.num_chunks,
+                    optimizer, groups, _notes(nodes, request))
+
+    def chooser(self, request: PlanRequest, rank_to_gpu: Sequence[GpuRef]) -> TransportChooser:
+        cluster = request.cluster
+        if self.nic_selection:
+            return lambda gpus: best_shared_transport(cluster, gpus)
+        return lambda gpus: job_wide_transport(cluster, gpus, rank_to_gpu)
+
+
+def nic_class(node: Node) -> str:
+    """A node's NIC class: its first RDMA fabric, or Ethernet when it has none."""
+    return node.rdma_fabrics[0] if node.rdma_fabrics else ETHERNET
+
+
+def nic_aware_order(nodes: Sequence[Node]) -> list[Node]:
+    """Nodes grouped by NIC class (classes in order of first appearance, stable inside a class)."""
+    classes = list(dict.fromkeys(nic_class(n) for n in nodes))
+    return [n for c in classes for n in nodes if nic_class(n) == c]
+
+
+def _notes(nodes: Sequence[Node], request: PlanRequest) -> tuple[str, ...]:
+    """Say which stages straddle NIC classes (their DP groups then cannot all use RDMA)."""
+    per_stage = request.tp * request.dp
+    gpus = [nic_class(n) for n in nodes for _ in range(n.num_gpus)]
+    notes = []
+    for s in range(request.pp):
+        classes = sorted(set(gpus[s * per_stage:(s + 1) * per_stage]))
+        if len(classes) > 1:
+            notes.append(f"stage {s} spans NIC classes {', '.join(classes)}")
+    return tuple(notes)

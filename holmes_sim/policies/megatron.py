@@ -1,0 +1,37 @@
+"""Megatron-LM's default placement, as the Holmes paper's baseline (arXiv 2312.03549, section 5).
+
+Ranks in the order the scenario lists nodes (TP fastest, then DP, then PP: Megatron's
+`RankGenerator` order "tp-dp-pp"), equal layers per stage, and one NCCL network setting for the
+whole job: RDMA only where one fabric reaches every node, otherwise TCP for every inter-node group.
+The optimizer is Megatron's distributed optimizer without overlap (`training.distributed_optimizer`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from holmes_sim.cluster import Cluster
+from holmes_sim.plan import Plan
+from holmes_sim.policies.base import PlanRequest, build_groups, check_tp_within_nodes, \
+    default_optimizer, equal_partition, gpus_in_node_order
+from holmes_sim.transport import job_wide_transport
+
+
+@dataclass(frozen=True)
+class MegatronPolicy:
+    name: str = "megatron"
+    description: str = "Megatron-LM default: listing order, equal partition, job-wide transport"
+
+    def cluster_view(self, cluster: Cluster) -> Cluster:
+        return cluster
+
+    def plan(self, request: PlanRequest) -> Plan:
+        rank_to_gpu = gpus_in_node_order(request.cluster.nodes)
+        check_tp_within_nodes(rank_to_gpu, request.tp)
+        groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
+                              request.num_chunks, request.workload.tie_embeddings,
+                              lambda gpus: job_wide_transport(request.cluster, gpus, rank_to_gpu))
+        layers = equal_partition(request.workload.num_layers, request.pp * request.num_chunks)
+        return Plan(self.name, request.tp, request.pp, request.dp, rank_to_gpu, layers,
+                    request.schedule_kind, request.num_microbatches, request.num_chunks,
+                    default_optimizer(request), groups)

@@ -1,0 +1,138 @@
+"""Holmes' self-adapting pipeline partition (arXiv 2312.03549, section 3.2), done by search.
+
+The released Holmes code takes a user ratio (its example gives an IB stage 26 of 48 layers and a
+RoCE stage 22). Here the counts are chosen to minimise the slowest pipeline stage's time, where a
+stage's time is its compute for all micro-batches (forward, backward, TP all-reduces) plus its
+exposed data-parallel and embedding communication, priced on an idle network (`stage_time_s`).
+
+With per-stage times that grow with each added layer, adding layers one at a time to the virtual
+stage whose stage stays cheapest is optimal for the min-max objective (greedy on separable
+increasing costs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from holmes_sim.comm_model import ring_collective_time_s
+from holmes_sim.errors import PlanError
+from holmes_sim.opcost import OpCosts
+from holmes_sim.paths import Path, group_path, link_capacities
+from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode
+from holmes_sim.policies.base import PlanRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _Ring:
+    """Idle-network ring: members, bottleneck rate (bytes/s) and per-step latency (s)."""
+
+    members: int
+    rate: float
+    latency_s: float
+
+    def time_s(self, kind: str, size_bytes: float) -> float:
+        if self.members < 2 or size_bytes <= 0:
+            return 0.0
+        return ring_collective_time_s(kind, self.members, size_bytes, self.rate, self.latency_s)
+
+
+class StageTimer:
+    """Prices a stage's time for a given layer split; reused across the partition search."""
+
+    def __init__(self, request: PlanRequest, rank_to_gpu: Sequence[GpuRef],
+                 groups: Sequence[Group], optimizer: OptimizerMode):
+        self.r = request
+        self.optimizer = optimizer
+        self.costs = OpCosts(request.cluster, request.workload, request.compute, request.tp)
+        caps = link_capacities(request.cluster)
+        by_rank = _groups_by_rank(groups)
+        self.dp_ring = [self._ring(s, by_rank, GroupKind.DATA, rank_to_gpu, caps)
+                        for s in range(request.pp)]
+        # The embedding group pairs stage 0 with the last stage; it is keyed by its stage-0 rank.
+        self.emb_ring = self._ring(0, by_rank, GroupKind.EMBEDDING, rank_to_gpu, caps)
+        self.nodes = [[request.cluster.node(rank_to_gpu[self._rank(s, d)].node)
+                       for d in range(request.dp)] for s in range(request.pp)]
+
+    def _rank(self, s: int, d: int) -> int:
+        return s * self.r.dp * self.r.tp + d * self.r.tp
+
+    def _ring(self, s: int, by_rank: dict, kind: GroupKind, rank_to_gpu: Sequence[GpuRef],
+              caps: dict) -> _Ring:
+        group = by_rank.get((kind, self._rank(s, 0)))
+        if group is None:
+            return _Ring(1, 1.0, 0.0)
+        tp = self.r.tp
+        entities = [tuple(rank_to_gpu[r + i] for i in range(tp)) for r in group.ranks]
+        hops: list[Path] = [group_path(self.r.cluster, group.transport, entities[k],
+                                       entities[(k + 1) % len(entities)], caps)
+                            for k in range(len(entities))]
+        return _Ring(len(entities), min(h.idle_rate_bytes_per_s for h in hops),
+                     max(h.latency_s for h in hops))
+
+    def stage_time_s(self, s: int, chunk_layers: Sequence[int]) -> float:
+        """Compute of all micro-batches plus exposed DP and embedding sync of stage `s` (s)."""
+        return max(self._replica_time_s(s, d, chunk_layers) for d in range(self.r.dp))
+
+    def _replica_time_s(self, s: int, d: int, chunk_layers: Sequence[int]) -> float:
+        r, node = self.r, self.nodes[s][d]
+        nv = r.pp * r.num_chunks
+        fwd = bwd = 0.0
+        params = 0
+        for c, n in enumerate(chunk_layers):
+            j = c * r.pp + s
+            first, last = j == 0, j == nv - 1
+            fwd += self.costs.chunk_compute_s(node, n, first, last, False) + \
+                self.costs.tp_comm_s(node, n, False)
+            bwd += self.costs.chunk_compute_s(node, n, first, last, True) + \
+                self.costs.tp_comm_s(node, n, True)
+            params += self.costs.chunk_params(n, first, last)
+        exposed = self._dp_exposed_s(s, params, fwd, bwd)
+        if s in (0, r.pp - 1) and r.pp > 1 and r.workload.tie_embeddings:
+            emb = r.workload.grad_bytes_of(r.workload.vocab * r.workload.hidden)
+            exposed += self.emb_ring.time_s("all-reduce", emb)
+        return r.num_microbatches * (fwd + bwd) + exposed
+
+    def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
+        w, ring = self.r.workload, self.dp_ring[s]
+        grads = w.grad_bytes_of(params)
+        if not self.optimizer.sharded:
+            return ring.time_s("all-reduce", grads)
+        rs = ring.time_s("reduce-scatter", grads)
+        ag = ring.time_s("all-gather", params * w.dtype_bytes)
+        if self.optimizer.overlapped:  # hidden behind one micro-batch's backward / forward
+            return max(0.0, rs - bwd_s) + max(0.0, ag - fwd_s)
+        return rs + ag
+
+
+def adaptive_partition(timer: StageTimer) -> tuple[int, ...]:
+    """Layers per virtual stage minimising the slowest stage's time (see module docstring)."""
+    r = timer.r
+    nv = r.pp * r.num_chunks
+    if r.workload.num_layers < nv:
+        raise PlanError(f"{r.workload.num_layers} layers cannot fill {nv} pipeline stages")
+    layers = [1] * nv
+    cost = [timer.stage_time_s(s, _chunks(layers, s, r.pp, r.num_chunks)) for s in range(r.pp)]
+    for _ in range(r.workload.num_layers - nv):
+        best_j, best_cost = -1, float("inf")
+        for j in range(nv):
+            s = j % r.pp
+            layers[j] += 1
+            trial = timer.stage_time_s(s, _chunks(layers, s, r.pp, r.num_chunks))
+            layers[j] -= 1
+            if trial < best_cost - 1e-15:
+                best_j, best_cost = j, trial
+        layers[best_j] += 1
+        cost[best_j % r.pp] = best_cost
+    return tuple(layers)
+
+
+def _chunks(layers: list[int], s: int, pp: int, num_chunks: int) -> list[int]:
+    return [layers[c * pp + s] for c in range(num_chunks)]
+
+
+def _groups_by_rank(groups: Sequence[Group]) -> dict[tuple[GroupKind, int], Group]:
+    out: dict[tuple[GroupKind, int], Group] = {}
+    for g in groups:
+        out.setdefault((g.kind, g.ranks[0]), g)
+    return out

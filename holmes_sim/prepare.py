@@ -1,0 +1,154 @@
+"""From a scenario file to everything a policy and the engine need, with every consistency check
+(degrees, batch, layers, fabrics, policies) reported against the file's line and field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from holmes_sim.catalog import build_catalog
+from holmes_sim.cluster import Cluster, Nic, build_cluster
+from holmes_sim.compute import ComputeModel, Profile, RooflineCompute, load_profile
+from holmes_sim.errors import FieldError, ScenarioError
+from holmes_sim.policies import POLICIES, PlanRequest
+from holmes_sim.schedule import ScheduleKind, build_schedule
+from holmes_sim.spec.load import load_scenario
+from holmes_sim.spec.scenario import Scenario
+from holmes_sim.workload import Workload, build_workload
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A checked scenario, resolved into hardware, workload, compute model and degrees."""
+
+    scenario: Scenario
+    source: str
+    cluster: Cluster
+    workload: Workload
+    compute: ComputeModel
+    tp: int
+    pp: int
+    dp: int
+    num_microbatches: int
+    profile: Profile | None
+
+    def request(self, cluster: Cluster | None = None) -> PlanRequest:
+        """The PlanRequest for a policy (on `cluster` when the policy views another one)."""
+        par = self.scenario.parallel
+        return PlanRequest(cluster or self.cluster, self.workload, self.compute, self.tp, self.pp,
+                           self.dp, ScheduleKind(par.schedule), self.num_microbatches,
+                           par.virtual_stages, self.scenario.training.distributed_optimizer)
+
+
+def prepare(path: str | Path, profile_override: str | Path | None = None) -> Prepared:
+    """Load a scenario file and check it.
+
+    Args:
+        path: the scenario YAML.
+        profile_override: a profile JSON to use instead of the scenario's `profile:`.
+
+    Raises:
+        ScenarioError: naming file, line and field.
+    """
+    path = Path(path)
+    box: list[Prepared] = []
+    load_scenario(path, check=lambda s: box.append(_resolve(s, str(path), path.parent,
+                                                            profile_override)))
+    return box[0]
+
+
+def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prepared:
+    cluster = build_cluster(s.clusters, s.fabrics, s.inter_cluster_links, build_catalog(s.catalog))
+    _check_policies(s)
+    profile = _load_profile(s, base_dir, profile_override)
+    if profile is not None:
+        cluster = apply_link_profile(cluster, profile)
+    workload = build_workload(s.model, s.training)
+    tp, pp, dp = _degrees(s, cluster)
+    m = _microbatches(s, dp)
+    _check_layers(s, pp)
+    try:
+        build_schedule(s.parallel.schedule, pp, m, s.parallel.virtual_stages)
+    except ScenarioError as exc:
+        raise FieldError("parallel.schedule", str(exc)) from None
+    compute = profile.compute if profile is not None else RooflineCompute()
+    return Prepared(s, source, cluster, workload, compute, tp, pp, dp, m, profile)
+
+
+def _check_policies(s: Scenario) -> None:
+    if not s.policies:
+        raise FieldError("policies", f"list at least one policy (known: {', '.join(POLICIES)})")
+    for i, name in enumerate(s.policies):
+        if name not in POLICIES:
+            raise FieldError(f"policies[{i}]", f"unknown policy '{name}' (known: "
+                                               f"{', '.join(POLICIES)})")
+        if s.policies.index(name) != i:
+            raise FieldError(f"policies[{i}]", f"policy '{name}' is listed twice; keep one")
+
+
+def _degrees(s: Scenario, cluster: Cluster) -> tuple[int, int, int]:
+    par, n = s.parallel, cluster.num_gpus
+    tp, pp = par.tensor, par.pipeline
+    smallest = min(node.num_gpus for node in cluster.nodes)
+    if any(node.num_gpus % tp for node in cluster.nodes):
+        raise FieldError("parallel.tensor", f"tensor={tp} must divide every node's GPU count "
+                         f"(smallest node has {smallest}); tensor parallelism stays inside a node")
+    if s.model.num_attention_heads % tp:
+        raise FieldError("parallel.tensor", f"tensor={tp} must divide model.num_attention_heads="
+                                            f"{s.model.num_attention_heads}")
+    if n % (tp * pp):
+        raise FieldError("parallel.pipeline", f"tensor={tp} x pipeline={pp} = {tp * pp} does not "
+                                              f"divide the {n} GPUs of the clusters")
+    dp = n // (tp * pp)
+    if par.data is not None and par.data != dp:
+        raise FieldError("parallel.data", f"tensor={tp} x pipeline={pp} x data={par.data} = "
+                         f"{tp * pp * par.data}, but the clusters have {n} GPUs; set data: {dp} "
+                         "or remove it")
+    return tp, pp, dp
+
+
+def _microbatches(s: Scenario, dp: int) -> int:
+    t = s.training
+    per_step = t.micro_batch_size * dp
+    if t.global_batch_size % per_step:
+        raise FieldError("training.global_batch_size",
+                         f"{t.global_batch_size} is not a multiple of micro_batch_size="
+                         f"{t.micro_batch_size} x data-parallel degree {dp} = {per_step}; use "
+                         f"e.g. {max(1, t.global_batch_size // per_step) * per_step}")
+    return t.global_batch_size // per_step
+
+
+def _check_layers(s: Scenario, pp: int) -> None:
+    stages = pp * s.parallel.virtual_stages
+    if s.model.num_layers < stages:
+        raise FieldError("model.num_layers", f"{s.model.num_layers} layers cannot fill pipeline="
+                         f"{pp} x virtual_stages={s.parallel.virtual_stages} = {stages} stages; "
+                         "lower parallel.pipeline or add layers")
+
+
+def _load_profile(s: Scenario, base_dir: Path, override) -> Profile | None:
+    if override is not None:
+        return load_profile(override)
+    if s.profile is None:
+        return None
+    path = base_dir / s.profile
+    if not path.exists():
+        raise FieldError("profile", f"no file {path}; run `holmes-sim validate --real` to write "
+                                    "one, or remove `profile:`")
+    return load_profile(path)
+
+
+def apply_link_profile(cluster: Cluster, profile: Profile) -> Cluster:
+    """Replace each profiled fabric's NIC numbers by the measured achieved rate and latency."""
+    nodes = []
+    for node in cluster.nodes:
+        nics = tuple(_profiled_nic(n, profile.fabrics.get(n.fabric)) for n in node.nics)
+        nodes.append(replace(node, nics=nics))
+    return cluster.with_nodes(tuple(nodes))
+
+
+def _profiled_nic(nic: Nic, measured: dict | None) -> Nic:
+    if measured is None:
+        return nic
+    return replace(nic, bandwidth_bytes_per_s=measured["bandwidth_bytes_per_s"], efficiency=1.0,
+                   latency_s=measured["latency_s"])

@@ -1,0 +1,76 @@
+"""Evaluate policies on a prepared scenario: plan, simulate, summarise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from holmes_sim.cluster import Cluster
+from holmes_sim.metrics import Result, summarize
+from holmes_sim.opcost import OpCosts
+from holmes_sim.plan import Plan
+from holmes_sim.policies import get_policy
+from holmes_sim.prepare import Prepared
+from holmes_sim.sim.engine import EngineOptions, simulate
+from holmes_sim.trace import Trace
+
+BASELINE = "megatron"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One policy's plan, the hardware it assumed, its simulated trace and its figures."""
+
+    plan: Plan
+    cluster: Cluster
+    trace: Trace
+    result: Result
+
+
+def plan_policy(prepared: Prepared, name: str) -> tuple[Plan, Cluster]:
+    """Ask policy `name` for its plan on the prepared scenario."""
+    policy = get_policy(name)
+    cluster = policy.cluster_view(prepared.cluster)
+    return policy.plan(prepared.request(cluster)), cluster
+
+
+def run_policy(prepared: Prepared, name: str) -> Outcome:
+    """Plan and simulate one policy."""
+    plan, cluster = plan_policy(prepared, name)
+    options = EngineOptions(step_by_step=prepared.scenario.engine.collectives == "step-by-step")
+    trace = simulate(plan, cluster, prepared.workload, prepared.compute, options)
+    costs = OpCosts(cluster, prepared.workload, prepared.compute, plan.tp)
+    return Outcome(plan, cluster, trace, summarize(plan, trace, cluster, prepared.workload, costs))
+
+
+def run_scenario(prepared: Prepared, policies: list[str] | None = None) -> list[Outcome]:
+    """Every requested policy (default: the scenario's list), fastest first."""
+    names = policies or list(prepared.scenario.policies)
+    outcomes = [run_policy(prepared, n) for n in names]
+    return sorted(outcomes, key=lambda o: (o.result.iteration_time_s, o.plan.policy))
+
+
+def speedups(outcomes: list[Outcome]) -> dict[str, float]:
+    """Speed-up of each policy over megatron (empty when megatron was not run)."""
+    base = next((o for o in outcomes if o.plan.policy == BASELINE), None)
+    if base is None:
+        return {}
+    return {o.plan.policy: base.result.iteration_time_s / o.result.iteration_time_s for o in outcomes}
+
+
+def results_document(prepared: Prepared, outcomes: list[Outcome], seed: int) -> dict:
+    """The `--json` document."""
+    ups = speedups(outcomes)
+    s = prepared.scenario
+    results = []
+    for o in outcomes:
+        record = o.result.to_json()
+        if ups:
+            record["speedup_over_megatron"] = ups[o.plan.policy]
+        results.append(record)
+    return {
+        "scenario": {"name": s.name, "file": prepared.source, "seed": seed,
+                     "gpus": prepared.cluster.num_gpus, "tp": prepared.tp, "pp": prepared.pp,
+                     "dp": prepared.dp, "num_microbatches": prepared.num_microbatches,
+                     "schedule": s.parallel.schedule, "model": s.model.name},
+        "results": results,
+    }

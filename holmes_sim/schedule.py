@@ -1,0 +1,156 @@
+"""Pipeline schedules: the per-stage order of forward and backward ops.
+
+Pure and shared: the SimPy engine, the analytic estimate and the real torch backend all execute
+the very same `Schedule`, so a validation compares like with like.
+
+Conventions (Megatron-LM, `megatron/core/pipeline_parallel/schedules.py`):
+- `p` pipeline stages (ranks), `m` micro-batches, `v` model chunks per stage (v > 1 only for the
+  interleaved schedule). Model chunk `c` of stage `s` is virtual stage `c * p + s`; activations
+  flow from virtual stage `j` to `j + 1`.
+- GPipe (Huang et al. 2019): all forwards, then all backwards.
+- 1F1B (PipeDream-Flush, Narayanan et al. 2021): `p - s - 1` warm-up forwards, then alternate
+  one forward and one backward, then the cool-down backwards.
+- Interleaved 1F1B (Narayanan et al. SC'21, section 2.2): as Megatron orders it; needs `m % p == 0`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from holmes_sim.errors import ScenarioError
+
+
+class ScheduleKind(StrEnum):
+    """The pipeline schedules holmes-sim knows."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One compute op of one stage: a forward ('F') or backward ('B') of a micro-batch's chunk."""
+
+    kind: str
+    microbatch: int
+    chunk: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """The op order of every pipeline stage.
+
+    Attributes:
+        kind: which schedule.
+        num_stages: pipeline degree p.
+        num_microbatches: micro-batches per iteration m.
+        num_chunks: model chunks per stage v (1 unless interleaved).
+        stage_ops: `stage_ops[s]` is stage s's ops in execution order.
+    """
+
+    kind: ScheduleKind
+    num_stages: int
+    num_microbatches: int
+    num_chunks: int
+    stage_ops: tuple[tuple[Op, ...], ...]
+
+    def virtual_stage(self, stage: int, chunk: int) -> int:
+        """Index of (stage, chunk) along the model's layer order."""
+        return chunk * self.num_stages + stage
+
+    def stage_of_virtual(self, virtual: int) -> tuple[int, int]:
+        """(stage, chunk) that runs virtual stage `virtual`."""
+        return virtual % self.num_stages, virtual // self.num_stages
+
+    @property
+    def num_virtual_stages(self) -> int:
+        return self.num_stages * self.num_chunks
+
+    def peak_in_flight(self, stage: int) -> int:
+        """Most (micro-batch, chunk) forwards whose activations stage `stage` holds at once."""
+        held = peak = 0
+        for op in self.stage_ops[stage]:
+            held += 1 if op.kind == "F" else -1
+            peak = max(peak, held)
+        return peak
+
+
+def build_schedule(kind: str | ScheduleKind, num_stages: int, num_microbatches: int,
+                   num_chunks: int = 1) -> Schedule:
+    """Build the per-stage op order.
+
+    Raises:
+        ScenarioError: when the numbers do not allow the schedule (e.g. interleaved with m % p != 0).
+    """
+    kind = ScheduleKind(kind)
+    p, m, v = num_stages, num_microbatches, num_chunks
+    if p < 1 or m < 1 or v < 1:
+        raise ScenarioError(f"schedule needs positive stages, micro-batches and chunks; got p={p}, m={m}, v={v}")
+    if kind != ScheduleKind.INTERLEAVED and v != 1:
+        raise ScenarioError(f"parallel.virtual_stages={v} needs schedule 'interleaved' (got '{kind}'); "
+                            "set virtual_stages: 1 or schedule: interleaved")
+    if kind == ScheduleKind.GPIPE:
+        ops = [_gpipe(m) for _ in range(p)]
+    elif kind == ScheduleKind.ONE_F_ONE_B:
+        ops = [_one_f_one_b(p, s, m) for s in range(p)]
+    else:
+        if p > 1 and m % p != 0:
+            raise ScenarioError(
+                f"interleaved schedule needs the number of micro-batches ({m}) to be a multiple of "
+                f"the pipeline degree ({p}); change training.global_batch_size or parallel.pipeline")
+        ops = [_interleaved(p, s, m, v) for s in range(p)]
+    return Schedule(kind, p, m, v, tuple(tuple(o) for o in ops))
+
+
+def _gpipe(m: int) -> list[Op]:
+    return [Op("F", i) for i in range(m)] + [Op("B", i) for i in range(m)]
+
+
+def _one_f_one_b(p: int, s: int, m: int) -> list[Op]:
+    warmup = min(p - s - 1, m)
+    ops = [Op("F", i) for i in range(warmup)]
+    next_f, next_b = warmup, 0
+    while next_f < m:
+        ops.append(Op("F", next_f))
+        ops.append(Op("B", next_b))
+        next_f += 1
+        next_b += 1
+    ops.extend(Op("B", i) for i in range(next_b, m))
+    return ops
+
+
+def _interleaved_index(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:
+    """(micro-batch, chunk) of the k-th forward or backward unit, Megatron's ordering."""
+    group, within = divmod(k, p * v)
+    chunk = within // p
+    if not forward:
+        chunk = v - 1 - chunk
+    return group * p + within % p, chunk
+
+
+def _interleaved(p: int, s: int, m: int, v: int) -> list[Op]:
+    total = m * v
+    warmup = min((p - s - 1) * 2 + (v - 1) * p, total)
+    ops: list[Op] = []
+    f = b = 0
+    for _ in range(warmup):
+        mb, c = _interleaved_index(f, p, v, True)
+        ops.append(Op("F", mb, c))
+        f += 1
+    while f < total:
+        mb, c = _interleaved_index(f, p, v, True)
+        ops.append(Op("F", mb, c))
+        f += 1
+        mb, c = _interleaved_index(b, p, v, False)
+        ops.append(Op("B", mb, c))
+        b += 1
+    while b < total:
+        mb, c = _interleaved_index(b, p, v, False)
+        ops.append(Op("B", mb, c))
+        b += 1
+    return ops

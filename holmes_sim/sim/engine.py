@@ -1,0 +1,293 @@
+"""The SimPy engine: one training iteration of a Plan on a Cluster.
+
+One simulated entity per (pipeline stage, DP replica): the TP group's GPUs run in lock-step, so
+their traffic is one flow spread over their NICs (see `paths.py`), and a 1,024-GPU job with TP 8
+has 128 entities rather than 1,024 processes.
+
+Timing assumptions (each entity):
+- its compute stream runs the schedule's ops in order; an op starts when the previous op ended and
+  its input (activation, or gradient from the next stage) has arrived; a forward or backward is
+  followed by its TP all-reduces on the same stream (exposed, as in Megatron without overlap);
+- a finished op's output is sent asynchronously (a flow); sending does not block compute;
+- data-parallel collectives run on one comm stream per stage; with the overlapped distributed
+  optimizer the last micro-batch's backward of each chunk releases gradient buckets as it goes
+  (reduce-scatter while computing) and the first forward of each chunk consumes parameter
+  buckets as their all-gather completes (the all-gather of the previous step's update);
+- the iteration ends when every entity has finished its optimizer step (and, without overlap,
+  its parameter all-gather).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import simpy
+
+from holmes_sim.cluster import Cluster
+from holmes_sim.compute import ComputeModel
+from holmes_sim.opcost import OpCosts
+from holmes_sim.paths import Path, group_path, link_capacities
+from holmes_sim.plan import GroupKind, OptimizerMode, Plan
+from holmes_sim.schedule import Op
+from holmes_sim.sim.network import FlowNetwork
+from holmes_sim.sim.sync import Collectives, RingSpec, Stream
+from holmes_sim.trace import Entity, OpKind, OpRecord, Trace
+from holmes_sim.workload import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """`step_by_step`: ring collectives as 2(p-1) rounds instead of p steady-state flows."""
+
+    step_by_step: bool = False
+
+
+def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
+             options: EngineOptions = EngineOptions()) -> Trace:
+    """Simulate one iteration of `plan`; returns its trace (iteration time in `trace.iteration_s`)."""
+    return _Simulation(plan, cluster, workload, compute, options).run()
+
+
+@dataclass(slots=True)
+class _Bucket:
+    grad_bytes: float
+    param_bytes: float
+    fraction: float  # of the chunk's compute
+
+
+class _Simulation:
+    def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
+                 options: EngineOptions):
+        self.plan, self.cluster, self.workload = plan, cluster, workload
+        self.env = simpy.Environment()
+        self.caps = link_capacities(cluster)
+        self.net = FlowNetwork(self.env, self.caps)
+        self.trace = Trace()
+        self.coll = Collectives(self.env, self.net, self.trace, options.step_by_step)
+        self.costs = OpCosts(cluster, workload, compute, plan.tp)
+        self.schedule = plan.schedule()
+        self.nv = self.schedule.num_virtual_stages
+        self.arrivals: dict[tuple, simpy.Event] = {}
+        self.send_start: dict[tuple, float] = {}
+        self._index_groups()
+        self._build_entities()
+        self._build_streams()
+        self.buckets = {(s, c): self._buckets(s, c) for s in range(plan.pp)
+                        for c in range(plan.num_chunks)}
+
+    # ---- set-up ------------------------------------------------------------------------------
+    def _index_groups(self) -> None:
+        self.group_by_first: dict[tuple[GroupKind, int], object] = {}
+        self.pp_group: dict[tuple[int, int], object] = {}
+        for g in self.plan.groups:
+            self.group_by_first.setdefault((g.kind, g.ranks[0]), g)
+            if g.kind is GroupKind.PIPELINE:
+                self.pp_group[g.ranks] = g
+
+    def _build_entities(self) -> None:
+        p = self.plan
+        self.entity: dict[tuple[int, int], Entity] = {}
+        for s in range(p.pp):
+            for d in range(p.dp):
+                gpus = p.entity_gpus(s, d)
+                node = self.cluster.node(gpus[0].node)
+                e = Entity(f"s{s}.d{d}", s, d, node.name, node.cluster, tuple(map(str, gpus)))
+                self.entity[(s, d)] = e
+                self.trace.entities.append(e)
+
+    def _entity_path(self, kind_group, a: tuple[int, int], b: tuple[int, int]) -> Path:
+        return group_path(self.cluster, kind_group.transport, self.plan.entity_gpus(*a),
+                          self.plan.entity_gpus(*b), self.caps)
+
+    def _build_streams(self) -> None:
+        p = self.plan
+        self.dp_stream: dict[int, Stream] = {}
+        for s in range(p.pp):
+            g = self.group_by_first.get((GroupKind.DATA, p.rank(s, 0, 0)))
+            if g is not None:
+                self.dp_stream[s] = Stream(self._ring([(s, d) for d in range(p.dp)], g))
+        self.emb_stream: dict[int, Stream] = {}
+        for d in range(p.dp):
+            g = self.group_by_first.get((GroupKind.EMBEDDING, p.rank(0, d, 0)))
+            if g is not None:
+                self.emb_stream[d] = Stream(self._ring([(0, d), (p.pp - 1, d)], g))
+
+    def _ring(self, members: list[tuple[int, int]], group) -> RingSpec:
+        paths = [self._entity_path(group, members[k], members[(k + 1) % len(members)])
+                 for k in range(len(members))]
+        return RingSpec(tuple(self.entity[m].name for m in members),
+                        tuple(pth.links for pth in paths), max(pth.latency_s for pth in paths))
+
+    def _buckets(self, s: int, c: int) -> list[_Bucket]:
+        """Gradient buckets of chunk c of stage s: per-GPU bucket size as Megatron sizes them."""
+        j = self.schedule.virtual_stage(s, c)
+        params = self.costs.chunk_params(self.plan.layers_per_stage[j], j == 0, j == self.nv - 1)
+        grad = self.workload.grad_bytes_of(params)
+        n = max(1, math.ceil(grad / self.plan.tp / self.workload.bucket_bytes))
+        param_bytes = params * self.workload.dtype_bytes
+        return [_Bucket(grad / n, param_bytes / n, 1.0 / n) for _ in range(n)]
+
+    # ---- run -----------------------------------------------------------------------------------
+    def run(self) -> Trace:
+        done = [self.env.process(self._entity(s, d)) for s in range(self.plan.pp)
+                for d in range(self.plan.dp)]
+        self.env.run(self.env.all_of(done))
+        self.trace.iteration_s = self.env.now
+        self.trace.flows = self.net.flows_started
+        return self.trace
+
+    def _entity(self, s: int, d: int):
+        """Process of one (stage, replica): its schedule, then its gradient sync and step."""
+        name = self.entity[(s, d)].name
+        node = self.cluster.node(self.entity[(s, d)].node)
+        overlapped = self.plan.optimizer.overlapped and s in self.dp_stream
+        gathers = self._submit_gathers(s, name) if overlapped else {}
+        last_b = self._last_backward_per_chunk(s)
+        first_f = self._first_forward_per_chunk(s)
+        reductions: list[simpy.Event] = []
+        for op in self.schedule.stage_ops[s]:
+            j = self.schedule.virtual_stage(s, op.chunk)
+            yield from self._wait_input(name, op, j, d)
+            backward = op.kind == "B"
+            dur = self.costs.chunk_compute_s(node, self.plan.layers_per_stage[j], j == 0,
+                                             j == self.nv - 1, backward)
+            kind = OpKind.BACKWARD if backward else OpKind.FORWARD
+            if overlapped and not backward and first_f[op.chunk] == op:
+                yield from self._gated_compute(name, op, kind, dur, gathers[op.chunk])
+            elif overlapped and backward and last_b[op.chunk] == op:
+                reductions += (yield from self._releasing_compute(name, s, op, kind, dur))
+            else:
+                yield from self._compute(name, op, kind, dur)
+            yield from self._tp(name, node, op, self.plan.layers_per_stage[j], backward)
+            self._send_output(op, j, d)
+        yield from self._finish(name, node, s, d, reductions)
+
+    def _wait_input(self, name: str, op: Op, j: int, d: int):
+        """Wait for the activation (F) or gradient (B) this op consumes, recording the idle time
+        split into bubble (producer not done) and exposed PP (bytes on the wire)."""
+        if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
+            return
+        key = (op.kind, j, d, op.microbatch)
+        ev = self._arrival(key)
+        if ev.processed:
+            return
+        t0 = self.env.now
+        yield ev
+        sent = self.send_start.get(key, t0)
+        split = min(max(sent, t0), self.env.now)
+        if split > t0:
+            self.trace.add(OpRecord(t0, split, name, "compute", OpKind.WAIT_BUBBLE, 0, op.microbatch, op.chunk))
+        if self.env.now > split:
+            self.trace.add(OpRecord(split, self.env.now, name, "compute", OpKind.WAIT_PP, 0, op.microbatch, op.chunk))
+
+    def _arrival(self, key: tuple) -> simpy.Event:
+        ev = self.arrivals.get(key)
+        if ev is None:
+            ev = self.arrivals[key] = self.env.event()
+        return ev
+
+    def _compute(self, name: str, op: Op, kind: OpKind, dur: float):
+        start = self.env.now
+        yield self.env.timeout(dur)
+        self.trace.add(OpRecord(start, self.env.now, name, "compute", kind, 0, op.microbatch, op.chunk))
+
+    def _gated_compute(self, name: str, op: Op, kind: OpKind, dur: float,
+                       gathers: list[tuple[simpy.Event, float]]):
+        """First forward of a chunk: each bucket's share of compute waits for its all-gather."""
+        for ev, fraction in gathers:
+            if not ev.processed:
+                t0 = self.env.now
+                yield ev
+                self.trace.add(OpRecord(t0, self.env.now, name, "compute", OpKind.WAIT_DP, 0, op.microbatch, op.chunk))
+            yield from self._compute(name, op, kind, dur * fraction)
+
+    def _releasing_compute(self, name: str, s: int, op: Op, kind: OpKind, dur: float):
+        """Last backward of a chunk: each bucket's gradients are reduced once its share is done
+        (buckets become ready in reverse layer order, Megatron's DDP bucketing)."""
+        events = []
+        for b in self.buckets[(s, op.chunk)]:
+            yield from self._compute(name, op, kind, dur * b.fraction)
+            events.append(self.coll.submit(self.dp_stream[s], name, OpKind.DP_REDUCE_SCATTER, b.grad_bytes))
+        return events
+
+    def _submit_gathers(self, s: int, name: str) -> dict[int, list[tuple[simpy.Event, float]]]:
+        """Overlapped optimizer: the previous step's parameter all-gathers, in forward order."""
+        stream = self.dp_stream[s]
+        return {c: [(self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes), b.fraction)
+                    for b in self.buckets[(s, c)]] for c in range(self.plan.num_chunks)}
+
+    def _tp(self, name: str, node, op: Op, layers: int, backward: bool):
+        dur = self.costs.tp_comm_s(node, layers, backward)
+        if dur > 0:
+            start = self.env.now
+            yield self.env.timeout(dur)
+            self.trace.add(OpRecord(start, self.env.now, name, "compute", OpKind.TP_COMM,
+                                    0, op.microbatch, op.chunk))
+
+    def _send_output(self, op: Op, j: int, d: int) -> None:
+        if op.kind == "F" and j < self.nv - 1:
+            self.env.process(self._send("F", j, j + 1, d, op))
+        elif op.kind == "B" and j > 0:
+            self.env.process(self._send("B", j, j - 1, d, op))
+
+    def _send(self, kind: str, j_from: int, j_to: int, d: int, op: Op):
+        """Point-to-point transfer of an activation or gradient between virtual stages."""
+        s_from, _ = self.schedule.stage_of_virtual(j_from)
+        s_to, _ = self.schedule.stage_of_virtual(j_to)
+        key = (kind, j_to, d, op.microbatch)
+        self.send_start[key] = self.env.now
+        fwd_pair = (j_from, j_to) if kind == "F" else (j_to, j_from)
+        group = self.pp_group[(self.plan.rank(fwd_pair[0] % self.plan.pp, d, 0),
+                               self.plan.rank(fwd_pair[1] % self.plan.pp, d, 0))]
+        path = self._entity_path(group, (s_from, d), (s_to, d))
+        size = self.workload.pp_message_bytes(self.plan.tp) * self.plan.tp
+        start = self.env.now
+        yield self.net.transfer(path.links, size, path.latency_s)
+        self.trace.add(OpRecord(start, self.env.now, self.entity[(s_from, d)].name, "pp",
+                                OpKind.PP_SEND, size, op.microbatch, op.chunk))
+        self._arrival(key).succeed()
+
+    def _last_backward_per_chunk(self, s: int) -> dict[int, Op]:
+        return {op.chunk: op for op in self.schedule.stage_ops[s] if op.kind == "B"}
+
+    def _first_forward_per_chunk(self, s: int) -> dict[int, Op]:
+        out: dict[int, Op] = {}
+        for op in self.schedule.stage_ops[s]:
+            if op.kind == "F":
+                out.setdefault(op.chunk, op)
+        return out
+
+    # ---- end of iteration ------------------------------------------------------------------------
+    def _finish(self, name: str, node, s: int, d: int, reductions: list[simpy.Event]):
+        """Gradient sync, embedding all-reduce, optimizer step, and (no overlap) all-gather."""
+        mode = self.plan.optimizer
+        stream = self.dp_stream.get(s)
+        if stream is not None and not mode.overlapped:
+            kind = OpKind.DP_REDUCE_SCATTER if mode.sharded else OpKind.DP_ALL_REDUCE
+            reductions = [self.coll.submit(stream, name, kind, b.grad_bytes)
+                          for c in range(self.plan.num_chunks) for b in self.buckets[(s, c)]]
+        yield from self._wait_all(name, reductions)
+        emb = self.emb_stream.get(d)
+        if emb is not None and s in (0, self.plan.pp - 1):
+            size = self.workload.grad_bytes_of(self.workload.vocab * self.workload.hidden)
+            yield from self._wait_all(name, [self.coll.submit(emb, name, OpKind.EMBEDDING_ALL_REDUCE, size)])
+        params = sum(self.costs.chunk_params(self.plan.layers_per_stage[self.schedule.virtual_stage(s, c)],
+                                             self.schedule.virtual_stage(s, c) == 0,
+                                             self.schedule.virtual_stage(s, c) == self.nv - 1)
+                     for c in range(self.plan.num_chunks))
+        shard = self.plan.dp if mode.sharded else 1
+        start = self.env.now
+        yield self.env.timeout(self.costs.optimizer_s(node, params / self.plan.tp / shard))
+        self.trace.add(OpRecord(start, self.env.now, name, "compute", OpKind.OPTIMIZER))
+        if stream is not None and mode is OptimizerMode.DISTRIBUTED:
+            gathers = [self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes)
+                       for c in range(self.plan.num_chunks) for b in self.buckets[(s, c)]]
+            yield from self._wait_all(name, gathers)
+
+    def _wait_all(self, name: str, events: list[simpy.Event]):
+        pending = [e for e in events if not e.processed]
+        if pending:
+            t0 = self.env.now
+            yield self.env.all_of(pending)
+            self.trace.add(OpRecord(t0, self.env.now, name, "compute", OpKind.WAIT_DP))

@@ -1,0 +1,343 @@
+"""Flow-level network: weighted max-min fair bandwidth sharing between concurrent flows.
+
+Model (fluid flows, as in flow-level simulators such as SimGrid; Bertsekas and Gallager,
+"Data Networks", 2nd ed., section 6.5.2, max-min fairness by progressive filling):
+
+- each link l has a capacity C_l in bytes/s; each active flow f has a rate r_f in bytes/s and
+  loads link l with w_{f,l} * r_f, subject to sum_f w_{f,l} * r_f <= C_l;
+- the rates are the weighted max-min fair allocation: all unfrozen flows rise at the same rate;
+  when a link saturates, the flows crossing it freeze at the current level;
+- rates are recomputed whenever flows start or end, only for the connected components of flows
+  that share links (transitively) with them; flows whose rate does not change keep their
+  scheduled completion;
+- a transfer first pays its latency (seconds), then its bytes move at the flow's rate.
+
+A weight below 1 models a group of GPUs sending one logical flow over several NICs: a flow
+spread over 2 NICs puts weight 0.5 on each NIC's link, so a rate r loads each NIC with r / 2.
+
+Mechanics: the network keeps its own agenda (a heap of flow starts and predicted completions)
+and holds a single SimPy wake-up for the earliest entry. All starts and completions due at one
+instant are applied together and followed by one recomputation. An entry made stale by a rate
+change stays in the heap and is skipped when it surfaces.
+
+Determinism: flows get a monotonically increasing id, agenda entries a sequence number, links
+an index in the order of the capacities mapping; every decision iterates lists or
+insertion-ordered dicts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import simpy
+from simpy.events import Timeout
+
+LinkId = Hashable
+PathUse = tuple[tuple[LinkId, float], ...]
+
+# A flow is finished when its remaining bytes fall below this share of its size ...
+_REL_EPS_BYTES = 1e-9
+# ... or would take less than this share of the current simulated time to drain.
+_REL_EPS_TIME = 1e-13
+# Rate changes smaller than this (relative) keep the flow's scheduled completion.
+_REL_EPS_RATE = 1e-12
+
+_PENDING, _ACTIVE, _DONE = 0, 1, 2
+
+
+class _Flow:
+    """One flow. `links` holds (link index, weight) pairs; `token` names its live agenda entry."""
+
+    __slots__ = (
+        "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
+        "mark", "new_rate",
+    )
+
+    def __init__(self, fid: int, links: tuple[tuple[int, float], ...], size: float,
+                 done: simpy.Event) -> None:
+        self.fid = fid
+        self.links = links
+        self.size = size
+        self.remaining = size  # bytes left at time `since`
+        self.rate = 0.0  # bytes/s since `since`
+        self.since = 0.0
+        self.done = done
+        self.state = _PENDING
+        self.token = 0  # the start entry has token 0; each completion entry a new one
+        self.mark = 0  # component-search stamp
+        self.new_rate = -1.0  # progressive-filling scratch; < 0 means not frozen yet
+
+
+class TransferEvent(simpy.Event):
+    """Succeeds when the last byte of a transfer arrives; `flow` is the network's handle."""
+
+    flow: _Flow | None = None
+
+
+class FlowNetwork:
+    """Links with capacities (bytes/s) shared by flows under weighted max-min fairness."""
+
+    def __init__(self, env: simpy.Environment, capacities: Mapping[LinkId, float]) -> None:
+        self._env = env
+        self._index: dict[LinkId, int] = {}
+        self._cap: list[float] = []
+        for link, cap in capacities.items():
+            if not (0.0 < cap < math.inf):
+                raise ValueError(f"link {link!r} needs a finite positive capacity, got {cap}")
+            self._index[link] = len(self._cap)
+            self._cap.append(float(cap))
+        n = len(self._cap)
+        self._members: list[dict[_Flow, float]] = [{} for _ in range(n)]
+        # Scratch per link, reused by every recomputation.
+        self._load = [0.0] * n
+        self._wsum = [0.0] * n
+        self._nfree = [0] * n
+        self._lmark = [0] * n
+        self._stamp = 0
+        self._comp_links: list[int] = []
+        self._comp_flows: list[_Flow] = []
+        self._seeds: list[int] = []  # links touched since the last recomputation
+        # Agenda: (time s, sequence, flow, token); one SimPy wake-up for its earliest entry.
+        self._agenda: list[tuple[float, int, _Flow, int]] = []
+        self._seq = 0
+        self._wake: Timeout | None = None
+        self._wake_at = math.inf
+        self._next_fid = 0
+        self._active = 0
+        self.rate_recomputations = 0
+        self.flows_started = 0
+
+    @property
+    def active_flows(self) -> int:
+        """Flows currently moving bytes (latency paid, last byte not yet arrived)."""
+        return self._active
+
+    def capacity(self, link: LinkId) -> float:
+        """Capacity of `link` in bytes/s."""
+        return self._cap[self._link_index(link)]
+
+    def current_rate(self, handle: Any) -> float:
+        """Rate in bytes/s of the transfer whose event `transfer` returned; 0 if not active."""
+        flow = getattr(handle, "flow", None)
+        return flow.rate if flow is not None and flow.state == _ACTIVE else 0.0
+
+    def transfer(self, path: PathUse, size_bytes: float, latency_s: float = 0.0) -> simpy.Event:
+        """Send `size_bytes` along `path` after `latency_s` seconds.
+
+        Returns an event that succeeds when the last byte arrives. A zero size or an empty path
+        succeeds after the latency alone. Raises KeyError for a link the network does not have.
+        Flows starting at the same instant join the network together.
+        """
+        if size_bytes < 0 or latency_s < 0:
+            raise ValueError(f"size and latency must be >= 0, got {size_bytes}, {latency_s}")
+        links = self._resolve(path)
+        if size_bytes == 0 or not links:
+            return self._env.timeout(latency_s)
+        done = TransferEvent(self._env)
+        flow = _Flow(self._next_fid, links, float(size_bytes), done)
+        self._next_fid += 1
+        done.flow = flow
+        at = self._env.now + latency_s
+        self._post(at, flow, 0)
+        self._wake_by(at)
+        return done
+
+    # -- agenda ----------------------------------------------------------------------------
+
+    def _link_index(self, link: LinkId) -> int:
+        try:
+            return self._index[link]
+        except KeyError:
+            raise KeyError(f"unknown link {link!r}") from None
+
+    def _resolve(self, path: PathUse) -> tuple[tuple[int, float], ...]:
+        """Path to (link index, weight) pairs; repeated links add their weights."""
+        out: list[tuple[int, float]] = []
+        for link, weight in path:
+            idx = self._link_index(link)
+            if not (0.0 < weight < math.inf):
+                raise ValueError(f"weight on link {link!r} must be finite and > 0, got {weight}")
+            for k, (seen, w0) in enumerate(out):
+                if seen == idx:
+                    out[k] = (idx, w0 + weight)
+                    break
+            else:
+                out.append((idx, float(weight)))
+        return tuple(out)
+
+    def _post(self, at: float, flow: _Flow, token: int) -> None:
+        """Add an agenda entry due at `at` seconds."""
+        self._seq += 1
+        heapq.heappush(self._agenda, (at, self._seq, flow, token))
+
+    def _wake_by(self, at: float) -> None:
+        """Make sure a SimPy wake-up fires no later than `at` seconds."""
+        if at < self._wake_at:
+            self._wake_at = at
+            wake = Timeout(self._env, max(at - self._env.now, 0.0))
+            wake.callbacks.append(self._on_wake)
+            self._wake = wake
+
+    def _on_wake(self, event: simpy.Event) -> None:
+        """Apply every agenda entry due now, recompute once, re-arm the wake-up."""
+        if event is not self._wake:
+            return  # superseded by an earlier wake-up
+        due = self._wake_at
+        self._wake = None
+        self._wake_at = math.inf
+        agenda, members, seeds = self._agenda, self._members, self._seeds
+        while agenda and agenda[0][0] <= due:
+            _, _, flow, token = heapq.heappop(agenda)
+            if flow.state == _PENDING:
+                self._start(flow)
+            elif flow.state == _ACTIVE and token == flow.token:
+                for link, _ in flow.links:
+                    link_members = members[link]
+                    del link_members[flow]
+                    if link_members:
+                        seeds.append(link)
+                self._finish(flow)
+                flow.done.succeed()
+        if seeds:
+            self._update()
+        while agenda:
+            at, _, flow, token = agenda[0]
+            if flow.state == _PENDING or (flow.state == _ACTIVE and token == flow.token):
+                self._wake_by(at)
+                break
+            heapq.heappop(agenda)  # stale
+
+    def _start(self, flow: _Flow) -> None:
+        flow.state = _ACTIVE
+        flow.since = self._env.now
+        members, seeds = self._members, self._seeds
+        for link, weight in flow.links:
+            members[link][flow] = weight
+            seeds.append(link)
+        self._active += 1
+        self.flows_started += 1
+
+    def _finish(self, flow: _Flow) -> None:
+        flow.state = _DONE
+        flow.remaining = 0.0
+        flow.rate = 0.0
+        self._active -= 1
+
+    # -- sharing ---------------------------------------------------------------------------
+
+    def _update(self) -> None:
+        """Retire finished flows around the touched links, then re-share their components."""
+        flows = self._component()
+        if not flows:
+            return
+        self.rate_recomputations += 1
+        now = self._env.now
+        finished = self._retire(flows, now)
+        alive = [f for f in flows if f.state == _ACTIVE] if finished else flows
+        if len(alive) == 1:
+            flow = alive[0]
+            flow.new_rate = min(self._cap[link] / w for link, w in flow.links)
+        elif alive:
+            self._fill(alive)
+        self._reschedule(alive, now)
+        for flow in finished:
+            flow.done.succeed()
+
+    def _component(self) -> list[_Flow]:
+        """Flows sharing links, transitively, with the seed links (breadth-first order)."""
+        self._stamp += 1
+        stamp = self._stamp
+        lmark, members = self._lmark, self._members
+        links = self._comp_links
+        links.clear()
+        flows = self._comp_flows
+        flows.clear()
+        for link in self._seeds:
+            if lmark[link] != stamp:
+                lmark[link] = stamp
+                links.append(link)
+        self._seeds.clear()
+        i = 0
+        while i < len(links):
+            for flow in members[links[i]]:
+                if flow.mark != stamp:
+                    flow.mark = stamp
+                    flows.append(flow)
+                    for link, _ in flow.links:
+                        if lmark[link] != stamp:
+                            lmark[link] = stamp
+                            links.append(link)
+            i += 1
+        return flows
+
+    def _retire(self, flows: list[_Flow], now: float) -> list[_Flow]:
+        """Remove the flows within epsilon of their last byte, ordered by id."""
+        finished: list[_Flow] = []
+        time_eps = now * _REL_EPS_TIME
+        for flow in flows:
+            if flow.rate > 0.0:
+                left = flow.remaining - flow.rate * (now - flow.since)
+                if left <= _REL_EPS_BYTES * flow.size or left <= flow.rate * time_eps:
+                    finished.append(flow)
+        if finished:
+            finished.sort(key=lambda f: f.fid)
+            members = self._members
+            for flow in finished:
+                for link, _ in flow.links:
+                    del members[link][flow]
+                self._finish(flow)
+        return finished
+
+    def _fill(self, alive: list[_Flow]) -> None:
+        """Progressive filling over `alive`; sets each flow's `new_rate` (bytes/s)."""
+        cap, load, wsum, nfree, members = (
+            self._cap, self._load, self._wsum, self._nfree, self._members)
+        links = self._comp_links
+        for link in links:
+            load[link] = 0.0
+            wsum[link] = 0.0
+            nfree[link] = 0
+        for flow in alive:
+            for link, w in flow.links:
+                wsum[link] += w
+                nfree[link] += 1
+        heap = [(cap[link] / wsum[link], link) for link in links if nfree[link]]
+        heapq.heapify(heap)
+        level = 0.0
+        unfrozen = len(alive)
+        while unfrozen:
+            key, link = heapq.heappop(heap)
+            if not nfree[link]:
+                continue
+            sat = (cap[link] - load[link]) / wsum[link]
+            if sat > key:  # the link gained headroom since it was pushed
+                heapq.heappush(heap, (sat, link))
+                continue
+            if sat > level:
+                level = sat
+            for flow in members[link]:
+                if flow.new_rate < 0.0:
+                    flow.new_rate = level
+                    unfrozen -= 1
+                    for other, w in flow.links:
+                        load[other] += w * level
+                        wsum[other] -= w
+                        nfree[other] -= 1
+
+    def _reschedule(self, alive: list[_Flow], now: float) -> None:
+        """Adopt each flow's `new_rate`; post a new completion only where the rate changed."""
+        for flow in alive:
+            new = flow.new_rate
+            flow.new_rate = -1.0
+            old = flow.rate
+            if old > 0.0:
+                if abs(new - old) <= _REL_EPS_RATE * old:
+                    continue
+                flow.remaining -= old * (now - flow.since)
+            flow.since = now
+            flow.rate = new
+            flow.token += 1
+            self._post(now + flow.remaining / new, flow, flow.token)

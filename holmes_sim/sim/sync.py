@@ -1,0 +1,91 @@
+"""Collective rendezvous on simulated comm streams.
+
+A collective starts when every member has submitted it and the previous collective on the same
+stream has finished (one NCCL stream per group serialises its collectives); then it runs on the
+flow network. Each member gets an event that fires when the collective ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+from holmes_sim.paths import PathUse
+from holmes_sim.sim.collectives import ring_collective
+from holmes_sim.sim.network import FlowNetwork
+from holmes_sim.trace import OpKind, OpRecord, Trace
+
+_KIND_NAME = {
+    OpKind.DP_ALL_REDUCE: "all-reduce", OpKind.DP_REDUCE_SCATTER: "reduce-scatter",
+    OpKind.DP_ALL_GATHER: "all-gather", OpKind.EMBEDDING_ALL_REDUCE: "all-reduce",
+}
+
+
+@dataclass(slots=True)
+class RingSpec:
+    """A ring group: member entity names, hop paths member i -> i+1, per-step latency (s)."""
+
+    members: tuple[str, ...]
+    hops: tuple[PathUse, ...]
+    latency_s: float
+
+
+@dataclass(slots=True)
+class _Pending:
+    arrived: int
+    done: simpy.Event
+
+
+@dataclass(slots=True)
+class Stream:
+    """One comm stream of one ring group: collectives run one after another, in submit order."""
+
+    ring: RingSpec
+    tail: simpy.Event | None = None
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    submitted: dict[str, int] = field(default_factory=dict)
+
+
+class Collectives:
+    """Rendezvous and execution of ring collectives for all streams of a simulation."""
+
+    def __init__(self, env: simpy.Environment, net: FlowNetwork, trace: Trace, step_by_step: bool):
+        self.env, self.net, self.trace, self.step_by_step = env, net, trace, step_by_step
+
+    def submit(self, stream: Stream, member: str, kind: OpKind, size_bytes: float) -> simpy.Event:
+        """Member `member` enqueues its next collective on `stream`; returns its completion event.
+
+        Members must submit the same sequence of collectives (as NCCL requires).
+        """
+        index = stream.submitted.get(member, 0)
+        stream.submitted[member] = index + 1
+        p = stream.pending.get(index)
+        if p is None:
+            p = stream.pending[index] = _Pending(0, self.env.event())
+        p.arrived += 1
+        if p.arrived == len(stream.ring.members):
+            del stream.pending[index]
+            previous, stream.tail = stream.tail, p.done
+            self.env.process(self._run(stream, previous, kind, size_bytes, p.done))
+        return p.done
+
+    def _run(self, stream: Stream, previous: simpy.Event | None, kind: OpKind, size_bytes: float,
+             done: simpy.Event):
+        """Waits for the stream's previous collective, then runs the ring; no compute overlap
+        assumption is made here (the caller decides whether to wait on `done`)."""
+        if previous is not None and not previous.processed:
+            yield previous
+        start = self.env.now
+        ring = stream.ring
+        yield self.env.process(ring_collective(self.env, self.net, _KIND_NAME[kind], ring.hops,
+                                               size_bytes, ring.latency_s, self.step_by_step))
+        per_member = _traffic(kind, len(ring.members), size_bytes)
+        for m in ring.members:
+            self.trace.add(OpRecord(start, self.env.now, m, "dp", kind, per_member))
+        done.succeed()
+
+
+def _traffic(kind: OpKind, p: int, size_bytes: float) -> float:
+    factor = 2 * (p - 1) / p if _KIND_NAME[kind] == "all-reduce" else (p - 1) / p
+    return factor * size_bytes

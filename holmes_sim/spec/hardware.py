@@ -1,0 +1,122 @@
+"""YAML-facing hardware specs: clusters, node groups, NICs, fabrics, inter-cluster links, catalog
+overrides. Frozen dataclasses; validation of values only, no behaviour. Units live in the names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+NicType = Literal["ib", "roce", "ethernet"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NicSpec:
+    """NICs of one kind on every node of a node group."""
+
+    type: NicType
+    """ib | roce | ethernet."""
+    model: str | None = None
+    """Catalog NIC model giving defaults (e.g. ib-hdr, roce-200g, eth-100g)."""
+    count: int = 1
+    """How many such NICs each node has; GPUs are split evenly across them unless `gpus` says."""
+    bandwidth_gbit_per_s: float | None = None
+    """Line rate in Gbit/s per NIC (overrides the model's)."""
+    latency_us: float | None = None
+    """Per-message latency in microseconds (overrides the model's)."""
+    efficiency: float | None = None
+    """Achievable fraction of line rate for this transport (overrides the model's)."""
+    fabric: str | None = None
+    """Name of the RDMA fabric (declared under `fabrics`) the NIC plugs into; ib and roce only.
+    Ethernet NICs all join the one Ethernet network that reaches every node."""
+    gpus: tuple[tuple[int, ...], ...] | None = None
+    """Optional: for each NIC, the local GPU indices that use it."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeGroupSpec:
+    """`count` identical nodes."""
+
+    count: int = 1
+    """Number of nodes in this group."""
+    gpu: str
+    """Catalog GPU model (a100-40gb, a100-80gb, h100-sxm, h200, or one under catalog.gpus)."""
+    gpus_per_node: int = 8
+    """GPUs per node."""
+    intra_node: str = "nvlink3"
+    """Catalog intra-node link (nvlink3, nvlink4, pcie4, pcie5, or one under catalog.links)."""
+    nics: tuple[NicSpec, ...]
+    """The node's NICs."""
+    name: str | None = None
+    """Prefix of the node names (default: the cluster's name)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterSpec:
+    """One cluster: a set of node groups in one place."""
+
+    name: str
+    nodes: tuple[NodeGroupSpec, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FabricSpec:
+    """A switched RDMA network (one InfiniBand or RoCE fabric) shared by the NICs that name it."""
+
+    name: str
+    type: Literal["ib", "roce"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InterClusterLinkSpec:
+    """The Ethernet uplink joining two clusters; all Ethernet traffic between them shares it."""
+
+    clusters: tuple[str, str]
+    bandwidth_gbit_per_s: float
+    """Capacity in Gbit/s, each direction."""
+    latency_us: float = 50.0
+    """Added one-way latency in microseconds."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuModelSpec:
+    """A GPU model for the catalog (adds to or overrides the built-in one of the same name)."""
+
+    peak_tflops: float
+    """Dense peak TFLOP/s at the training precision (bf16/fp16)."""
+    memory_gib: float
+    """HBM capacity in GiB."""
+    memory_bandwidth_gbyte_per_s: float
+    """HBM bandwidth in GB/s."""
+    compute_efficiency: float = 0.6
+    """Achieved fraction of peak for transformer layers."""
+    source: str = "user"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NicModelSpec:
+    """A NIC model for the catalog."""
+
+    type: NicType
+    bandwidth_gbit_per_s: float
+    latency_us: float
+    efficiency: float
+    source: str = "user"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkModelSpec:
+    """An intra-node link model for the catalog (per GPU, each direction)."""
+
+    bandwidth_gbyte_per_s: float
+    latency_us: float
+    efficiency: float
+    source: str = "user"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CatalogSpec:
+    """Scenario-local catalog entries, by name."""
+
+    gpus: dict[str, GpuModelSpec] = field(default_factory=dict)
+    nics: dict[str, NicModelSpec] = field(default_factory=dict)
+    links: dict[str, LinkModelSpec] = field(default_factory=dict)

@@ -1,0 +1,59 @@
+"""YAML-facing job specs: the model, the training batch, the parallel set-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """A GPT decoder (Megatron-LM conventions)."""
+
+    name: str = "gpt"
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    """Sequence length in tokens."""
+    vocab_size: int = 51200
+    """Padded vocabulary (Megatron pads GPT-2's 50,257 to 51,200 for TP up to 8)."""
+    ffn_hidden_size: int | None = None
+    """MLP width; default 4 * hidden_size."""
+    tie_embeddings: bool = True
+    """Input embedding and output head share weights (Megatron default): the first and last
+    stages then all-reduce the embedding gradient."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingSpec:
+    """One training iteration's batch and numerics."""
+
+    global_batch_size: int
+    """Sequences per iteration."""
+    micro_batch_size: int
+    """Sequences per micro-batch."""
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    recompute: Literal["none", "full"] = "none"
+    """Activation recomputation: full recomputes every layer's forward in the backward."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (divides the remaining activations by TP)."""
+    distributed_optimizer: bool = True
+    """Shard optimizer state across DP (used by the megatron policy; holmes always shards)."""
+    grad_reduce_in_fp32: bool = True
+    """Gradients are reduced in fp32 (Megatron's default for bf16), else in the training dtype."""
+    bucket_size_mb: float = 160.0
+    """Gradient bucket size in MB (Megatron: 40M fp32 elements = 160 MB)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelSpec:
+    """Parallel degrees and the pipeline schedule."""
+
+    tensor: int = 1
+    pipeline: int = 1
+    data: int | None = None
+    """Data-parallel degree; default: GPUs / (tensor * pipeline)."""
+    schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    virtual_stages: int = 1
+    """Model chunks per pipeline stage (interleaved schedule only)."""

@@ -1,0 +1,43 @@
+"""The whole scenario: hardware + job + the policies to compare + seed + engine options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from holmes_sim.spec.hardware import CatalogSpec, ClusterSpec, FabricSpec, InterClusterLinkSpec
+from holmes_sim.spec.job import ModelSpec, ParallelSpec, TrainingSpec
+
+DEFAULT_POLICIES = (
+    "megatron", "holmes", "holmes-no-nic-aware-order", "holmes-no-nic-selection",
+    "holmes-no-adaptive-partition", "holmes-no-overlap", "all-ib", "all-ethernet",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineSpec:
+    """Simulation options."""
+
+    collectives: Literal["steady-state", "step-by-step"] = "steady-state"
+    """Ring collectives as p concurrent flows (fast) or 2(p-1) rounds of flows (detailed)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Scenario:
+    """A described cluster and job, and what to compare on it."""
+
+    name: str = "scenario"
+    description: str = ""
+    seed: int = 0
+    clusters: tuple[ClusterSpec, ...]
+    fabrics: tuple[FabricSpec, ...] = ()
+    inter_cluster_links: tuple[InterClusterLinkSpec, ...] = ()
+    model: ModelSpec
+    training: TrainingSpec
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    catalog: CatalogSpec = field(default_factory=CatalogSpec)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    profile: str | None = None
+    """Path (relative to the scenario file) of a measured profile JSON that replaces catalog
+    compute and link numbers (written by `holmes-sim validate`)."""

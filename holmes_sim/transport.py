@@ -1,0 +1,83 @@
+"""Which transport a communication group can use, and which NIC each member sends through.
+
+Holmes' automatic NIC selection (arXiv 2312.03549, section 3.3): a group uses RDMA on a fabric
+every member reaches; a group whose members share no RDMA fabric (IB and RoCE cannot talk RDMA to
+each other) falls back to TCP over Ethernet. Megatron-LM launched with one NCCL configuration for
+the whole job picks one transport for every inter-node group: RDMA only when one fabric reaches
+every node of the job, TCP otherwise (`job_wide_transport`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from holmes_sim.cluster import ETHERNET, Cluster, Node
+from holmes_sim.errors import PlanError
+from holmes_sim.plan import GpuRef, Transport, TransportKind
+
+LOCAL = Transport(TransportKind.LOCAL)
+
+
+def best_shared_transport(cluster: Cluster, gpus: Sequence[GpuRef]) -> Transport:
+    """The fastest transport every member of a group can use (NIC-aware selection)."""
+    nodes = _nodes(cluster, gpus)
+    if len(nodes) == 1:
+        return LOCAL
+    common = _common_rdma_fabrics(nodes)
+    if common:
+        return Transport(TransportKind.RDMA, max(common, key=lambda f: _slowest_member_rate(nodes, f)))
+    return _tcp(nodes)
+
+
+def job_wide_transport(cluster: Cluster, gpus: Sequence[GpuRef], all_gpus: Sequence[GpuRef]) -> Transport:
+    """Megatron-LM's choice: one setting for the whole job (see module docstring)."""
+    nodes = _nodes(cluster, gpus)
+    if len(nodes) == 1:
+        return LOCAL
+    common = _common_rdma_fabrics(_nodes(cluster, all_gpus))
+    if common:
+        return Transport(TransportKind.RDMA, common[0])
+    return _tcp(nodes)
+
+
+def tcp_transport(cluster: Cluster, gpus: Sequence[GpuRef]) -> Transport:
+    """TCP over Ethernet (LOCAL when all members share a node): the all-ethernet reference."""
+    nodes = _nodes(cluster, gpus)
+    return LOCAL if len(nodes) == 1 else _tcp(nodes)
+
+
+def member_nics(cluster: Cluster, gpus: Sequence[GpuRef], transport: Transport) -> tuple[str, ...]:
+    """The node-local NIC name each member sends through ("" for LOCAL)."""
+    if transport.kind is TransportKind.LOCAL:
+        return tuple("" for _ in gpus)
+    out = []
+    for g in gpus:
+        nic = cluster.node(g.node).nic_of_gpu(g.local_index, transport.fabric or ETHERNET)
+        assert nic is not None, f"{g} has no NIC on {transport.fabric}"
+        out.append(nic.name)
+    return tuple(out)
+
+
+def _nodes(cluster: Cluster, gpus: Sequence[GpuRef]) -> list[Node]:
+    names = list(dict.fromkeys(g.node for g in gpus))
+    return [cluster.node(n) for n in names]
+
+
+def _common_rdma_fabrics(nodes: list[Node]) -> list[str]:
+    common = list(nodes[0].rdma_fabrics)
+    for n in nodes[1:]:
+        common = [f for f in common if f in n.rdma_fabrics]
+    return common
+
+
+def _slowest_member_rate(nodes: list[Node], fabric: str) -> float:
+    return min(sum(nic.effective_bandwidth_bytes_per_s for nic in n.nics_on(fabric)) for n in nodes)
+
+
+def _tcp(nodes: list[Node]) -> Transport:
+    missing = [n.name for n in nodes if not n.nics_on(ETHERNET)]
+    if missing:
+        raise PlanError(f"nodes {', '.join(missing[:4])} share no RDMA fabric with the rest of their "
+                        "group and have no Ethernet NIC to fall back to TCP; add "
+                        "`- {type: ethernet, model: eth-100g}` to their nics")
+    return Transport(TransportKind.TCP, ETHERNET)

@@ -1,0 +1,363 @@
+"""Tests of the namespace/veth/bridge/tbf testbed.
+
+Tests marked `root` build real namespaces and are skipped unless run as root with `ip` and `tc`.
+Rates are kept small (tens to hundreds of Mbit/s) so the transfers take well under a second.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from holmes_sim.backend import testbed as tbmod
+from holmes_sim.backend.testbed import (
+    Testbed,
+    TestbedNic,
+    TestbedNode,
+    cleanup_leftovers,
+    preflight,
+)
+from holmes_sim.errors import TestbedError
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = 200e6  # bit/s
+SLOW = 50e6  # bit/s
+CAN_BUILD = os.geteuid() == 0 and bool(shutil.which("ip")) and bool(shutil.which("tc"))
+
+RECEIVER = r"""
+import socket, sys
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((sys.argv[1], int(sys.argv[2])))
+srv.listen(1)
+print("ready", flush=True)
+conn, _ = srv.accept()
+want, got = int(sys.argv[3]), 0
+while got < want:
+    chunk = conn.recv(1 << 20)
+    if not chunk:
+        break
+    got += len(chunk)
+conn.sendall(b"k" if got == want else b"x")
+conn.close()
+"""
+
+SENDER = r"""
+import socket, sys, time
+src, dst, port, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+conn = socket.create_connection((dst, port), source_address=(src, 0))
+time.sleep(max(0.0, float(sys.argv[5]) - time.time()))  # common start time of all senders
+block = b"x" * (1 << 20)
+start = time.perf_counter()
+left = size
+while left > 0:
+    conn.sendall(block[: min(left, len(block))])
+    left -= min(left, len(block))
+assert conn.recv(1) == b"k", "receiver did not get every byte"
+print(size * 8 / (time.perf_counter() - start))
+"""
+
+# A child that builds a testbed, starts a long sleep in n0, reports and waits to be signalled.
+CHILD = r"""
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from holmes_sim.backend.testbed import Testbed, TestbedNic, TestbedNode
+nodes = [TestbedNode(n, (TestbedNic("eth0", "eth", 1e8),)) for n in ("n0", "n1")]
+with Testbed(nodes) as tb:
+    sleeper = tb.popen("n0", ["sleep", "300"])
+    print(tb.run_id, sleeper.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def two_nodes() -> list[TestbedNode]:
+    """Two nodes, each with a fast and a slow NIC on fabrics "fast" and "slow"."""
+    nics = (TestbedNic("fast0", "fast", FAST), TestbedNic("slow0", "slow", SLOW))
+    return [TestbedNode("n0", nics), TestbedNode("n1", nics)]
+
+
+def leftovers(run_id: str) -> list[str]:
+    """Namespaces of run `run_id` plus any host interface named hsim*."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    names = [line.split()[0] for line in netns.stdout.splitlines() if line.strip()]
+    found = [n for n in names if n.startswith(f"hsim-{run_id}-")]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    found += [line for line in links.stdout.splitlines() if ": hsim" in line]
+    return found
+
+
+def all_hsim_namespaces() -> set[str]:
+    """Every namespace whose name has the module's prefix."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.startswith("hsim-")}
+
+
+def stray_namespaces(before: set[str]) -> set[str]:
+    """hsim namespaces made since `before` whose run is over (a live run elsewhere is fine)."""
+    new = all_hsim_namespaces() - before
+    return {ns for ns in new if not tbmod._run_is_live(tbmod._run_id_of(ns))}
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def wait_dead(pid: int, timeout_s: float = 5.0) -> bool:
+    """Wait until `pid` is gone; True if it went."""
+    deadline = time.monotonic() + timeout_s
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def transfer_rate(
+    tb: Testbed, src: str, dst: str, nic: str, size: int, port: int = 5001, at: float = 0.0
+) -> subprocess.Popen:
+    """Start a TCP transfer of `size` bytes from `src` to `dst` over `nic`; return the sender.
+
+    The sender connects, then waits until time.time() reaches `at` before sending.
+    """
+    rx = tb.popen(
+        dst,
+        [sys.executable, "-c", RECEIVER, tb.address(dst, nic), str(port), str(size)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+    argv = [sys.executable, "-c", SENDER, tb.address(src, nic), tb.address(dst, nic)]
+    argv += [str(port), str(size), str(at)]
+    return tb.popen(src, argv, stdout=subprocess.PIPE, text=True)
+
+
+def measured(sender: subprocess.Popen) -> float:
+    """The rate in bit/s a sender started by `transfer_rate` reports."""
+    out, _ = sender.communicate(timeout=30)
+    assert sender.returncode == 0
+    return float(out)
+
+
+def start_child() -> tuple[subprocess.Popen, str, int]:
+    """Start CHILD; return it, its run id and the pid of the sleep it started in n0."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    line = child.stdout.readline().split()
+    if len(line) != 2:
+        child.kill()
+        pytest.fail(f"child did not start its testbed: {child.stderr.read()}")
+    return child, line[0], int(line[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation and naming (no root needed)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "needle"),
+    [
+        ([TestbedNode("n0;rm -rf", (TestbedNic("e0", "eth", 1e9),))], "'n0;rm -rf'"),
+        ([TestbedNode("n" * 40, (TestbedNic("e0", "eth", 1e9),))], "n" * 40),
+        ([TestbedNode("n0", (TestbedNic("e0\n", "eth", 1e9),))], "'e0\\n'"),
+        ([TestbedNode("n0", (TestbedNic("e0", "../x", 1e9),))], "'../x'"),
+        ([TestbedNode("-n0", (TestbedNic("e0", "eth", 1e9),))], "'-n0'"),
+    ],
+)
+def test_bad_names_are_refused_with_the_rule(nodes: list[TestbedNode], needle: str) -> None:
+    with pytest.raises(TestbedError) as err:
+        Testbed(nodes)
+    assert needle in str(err.value)
+    assert "letter" in str(err.value)  # the rule is stated
+
+
+@pytest.mark.parametrize(
+    ("nodes", "needle"),
+    [
+        ([], "at least one node"),
+        ([TestbedNode("n0", (TestbedNic("e0", "eth", 1e9),))] * 2, "repeats"),
+        ([TestbedNode("n0", (TestbedNic("e0", "eth", 0.0),))], "not positive"),
+        ([TestbedNode("n0", (TestbedNic("e0", "eth", -5.0),))], "not positive"),
+        ([TestbedNode("n0", (TestbedNic("e0", "eth", float("nan")),))], "finite"),
+        ([TestbedNode("n0", (TestbedNic("e0", "a", 1e9), TestbedNic("e0", "b", 1e9)))], "repeats"),
+        ([TestbedNode("n0", (TestbedNic("e0", "a", 1e9), TestbedNic("e1", "a", 1e9)))], "fabric"),
+        ([TestbedNode("n0", (TestbedNic("lo", "a", 1e9),))], "loopback"),
+        ([TestbedNode("n0", ())], "no NICs"),
+    ],
+)
+def test_bad_node_lists_are_refused(nodes: list[TestbedNode], needle: str) -> None:
+    with pytest.raises(TestbedError, match=needle):
+        Testbed(nodes)
+
+
+def test_bad_run_id_is_refused() -> None:
+    with pytest.raises(TestbedError, match="run id"):
+        Testbed(two_nodes(), run_id="Bad-Id")
+
+
+def test_names_and_addresses() -> None:
+    tb = Testbed(two_nodes(), run_id="abc123")
+    assert tb.namespace("n1") == "hsim-abc123-n1"
+    assert tb.exec_prefix("n0") == ["ip", "netns", "exec", "hsim-abc123-n0"]
+    assert tb.address("n0", "fast0") == "10.200.0.1"
+    assert tb.address("n1", "slow0") == "10.200.1.2"
+    with pytest.raises(TestbedError, match="no NIC"):
+        tb.address("n0", "ib0")
+    with pytest.raises(TestbedError, match="no node"):
+        tb.namespace("n9")
+    with pytest.raises(TestbedError, match="not built"):
+        tb.popen("n0", ["true"])
+
+
+def test_tbf_burst_holds_a_gso_packet_and_scales_with_rate() -> None:
+    assert tbmod.tbf_burst_bytes(50e6) == 128 * 1024
+    assert tbmod.tbf_burst_bytes(2e9) == 1_000_000  # 4 ms at 2 Gbit/s
+    argv = tbmod._tbf_argv("ns", "ib0", 2e8)
+    assert argv[argv.index("rate") + 1] == "200000000bit"
+
+
+def test_preflight_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tbmod.os, "geteuid", lambda: 1000)
+    with pytest.raises(TestbedError, match="root"):
+        preflight()
+    monkeypatch.setattr(tbmod.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(tbmod.shutil, "which", lambda tool: None)
+    with pytest.raises(TestbedError, match=r"`ip`.*`tc`"):
+        preflight()
+
+
+# ---------------------------------------------------------------------------------------------
+# Real testbeds (root)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_preflight_passes_and_leaves_no_probe() -> None:
+    before = all_hsim_namespaces()
+    preflight()
+    assert stray_namespaces(before) == set()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_each_fabric_runs_at_its_rate_and_nothing_is_left() -> None:
+    with Testbed(two_nodes()) as tb:
+        run_id = tb.run_id
+        assert len(leftovers(run_id)) == 3  # two nodes and the fabric namespace
+        fast = measured(transfer_rate(tb, "n0", "n1", "fast0", 10_000_000))
+        slow = measured(transfer_rate(tb, "n0", "n1", "slow0", 4_000_000))
+        sleeper = tb.popen("n1", ["sleep", "300"])
+    print(f"fast {fast / 1e6:.1f} of {FAST / 1e6:.0f} Mbit/s; slow {slow / 1e6:.1f} of 50")
+    # Goodput sits ~4 % under the cap (tbf counts Ethernet/IP/TCP headers); the full bucket at
+    # the start adds at most 128 KiB, i.e. 1-3 % on these sizes.
+    assert 0.85 * FAST <= fast <= 1.03 * FAST
+    assert 0.85 * SLOW <= slow <= 1.03 * SLOW
+    assert 3.4 <= fast / slow <= 4.6
+    assert leftovers(run_id) == []
+    assert wait_dead(sleeper.pid), "process started with popen survived the testbed"
+    assert not (tbmod._lock_dir() / f"{run_id}.lock").exists()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_nic_is_full_duplex() -> None:
+    with Testbed(two_nodes()) as tb:
+        at = time.time() + 0.5
+        ahead = transfer_rate(tb, "n0", "n1", "slow0", 3_000_000, port=5001, at=at)
+        back = transfer_rate(tb, "n1", "n0", "slow0", 3_000_000, port=5002, at=at)
+        rates = [measured(ahead), measured(back)]
+    print(f"slow NIC both ways at once: {[round(r / 1e6, 1) for r in rates]} Mbit/s")
+    # Each direction gets close to the line rate (the ACKs of one share the queue with the
+    # data of the other); a half-duplex link would give about half of it each.
+    assert all(0.7 * SLOW <= r <= 1.05 * SLOW for r in rates)
+    assert sum(rates) >= 1.5 * SLOW
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_exception_inside_with_cleans_up() -> None:
+    with pytest.raises(RuntimeError, match="boom"), Testbed(two_nodes()) as tb:
+        run_id = tb.run_id
+        sleeper = tb.popen("n0", ["sleep", "300"])
+        assert leftovers(run_id)
+        raise RuntimeError("boom")
+    assert leftovers(run_id) == []
+    assert wait_dead(sleeper.pid)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_failure_while_building_removes_what_was_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = tbmod._tbf_argv
+
+    def broken(ns: str, dev: str, rate: float) -> list[str]:
+        argv = real(ns, dev, rate)
+        return argv if dev != "slow0" else [*argv[:-2], "latency", "nonsense"]
+
+    monkeypatch.setattr(tbmod, "_tbf_argv", broken)
+    tb = Testbed(two_nodes())
+    with pytest.raises(TestbedError, match="nonsense"), tb:
+        pass
+    assert leftovers(tb.run_id) == []
+    assert signal.getsignal(signal.SIGTERM) is not tbmod._raise_on_sigterm
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_bad_names_create_nothing() -> None:
+    before = all_hsim_namespaces()
+    for name in ("n0;rm -rf", "x" * 40):
+        with pytest.raises(TestbedError):  # raised by the constructor, before __enter__
+            Testbed([TestbedNode(name, (TestbedNic("e0", "eth", 1e8),))]).__enter__()
+    assert stray_namespaces(before) == set()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_inside_testbed_cleans_up(sig: signal.Signals) -> None:
+    child, run_id, sleeper = start_child()
+    try:
+        assert len(leftovers(run_id)) == 3
+        child.send_signal(sig)
+        rc = child.wait(timeout=20)
+    finally:
+        child.kill()
+    assert rc == (143 if sig == signal.SIGTERM else -signal.SIGINT), rc
+    assert leftovers(run_id) == []
+    assert wait_dead(sleeper)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_cleanup_leftovers_after_sigkill_spares_live_runs() -> None:
+    child, run_id, sleeper = start_child()
+    child.kill()
+    child.wait(timeout=10)
+    left = leftovers(run_id)
+    assert len(left) == 3 and alive(sleeper)  # SIGKILL leaves the testbed behind
+    with Testbed(two_nodes()) as live:
+        removed = cleanup_leftovers()
+        assert set(left) <= set(removed)
+        assert all(name.startswith("hsim") for name in removed)
+        assert len(leftovers(live.run_id)) == 3  # a live run is not touched
+    assert leftovers(run_id) == []
+    assert wait_dead(sleeper), "process inside a leftover namespace survived"
+    assert not (tbmod._lock_dir() / f"{run_id}.lock").exists()

@@ -1,0 +1,232 @@
+"""Process groups, the per-rank worker and the launcher, on loopback with tiny models.
+
+Losses of distributed runs must match a single-process run of the same model, data and optimizer
+within a relative tolerance of 1e-5 (float32; the only differences are summation orders of the
+gradient reductions).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from holmes_sim.backend.groups import BuiltGroup, build_groups, gloo_group
+from holmes_sim.backend.launch import dry_run, local_spawn, run_plan
+from holmes_sim.backend.model import build_full_model
+from holmes_sim.backend.worker import RunConfig, ring_reduce_scatter, train_reference
+from holmes_sim.errors import TestbedError
+from holmes_sim.plan import GroupKind, OptimizerMode, Plan
+from holmes_sim.schedule import ScheduleKind
+
+LOSS_RTOL = 1e-5
+
+
+def _build_all(plan: Plan, interface_of: Callable[[str], str],
+               timeout_s: float = 20.0) -> dict[int, list[BuiltGroup]]:
+    """Every rank's groups, built in one process (one thread per rank, a shared HashStore)."""
+    store = dist.HashStore()
+    built: dict[int, list[BuiltGroup]] = {}
+    errors: list[BaseException] = []
+
+    def one(rank: int) -> None:
+        try:
+            built[rank] = build_groups(plan, rank, store, interface_of, timeout_s)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(plan.world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s + 10)
+    if errors:
+        raise errors[0]
+    return built
+
+
+def test_private_gloo_spelling_still_works() -> None:
+    # Fails loudly when a torch upgrade renames ProcessGroupGloo._Options, _devices, _timeout or
+    # create_device: the one private call of the backend.
+    pg, native = gloo_group(dist.HashStore(), "probe", 0, 1, "lo", 7.0)
+    assert isinstance(pg, dist.ProcessGroupGloo) and pg.size() == 1
+    assert len(native._devices) == 1
+    assert native._timeout == timedelta(seconds=7.0)
+
+
+def test_groups_hold_the_plans_ranks_and_interfaces(plan_factory) -> None:
+    nic = {GroupKind.PIPELINE: "ib0", GroupKind.DATA: "eth1"}
+    plan = plan_factory(pp=2, dp=2, nic_of=lambda rank, kind: nic[kind])
+    # On the host only "lo" exists: map each plan NIC to it and record the mapping used.
+    mapping = {"ib0": "lo", "eth1": "lo", "": "lo"}
+    asked: list[str] = []
+    built = _build_all(plan, lambda n: (asked.append(n), mapping[n])[1])
+    assert set(asked) == {"ib0", "eth1", ""}
+    for rank, groups in built.items():
+        expected = [i for i, g in enumerate(plan.groups) if rank in g.ranks]
+        assert [g.index for g in groups] == expected
+        for g in groups:
+            plan_group = plan.groups[g.index]
+            assert g.group == plan_group
+            assert g.pg.size() == len(plan_group.ranks) and g.pg.rank() == g.group_rank
+            assert plan_group.ranks[g.group_rank] == rank
+            assert g.options.nic == plan_group.nics[g.group_rank]
+            assert g.options.interface == mapping[g.options.nic]
+            assert len(g.options.native._devices) == 1
+    # Each rank: its TP group, one DATA group, one PIPELINE pair.
+    assert sorted(g.group.kind.value for g in built[0]) == ["dp", "pp", "tp"]
+    assert built[0][2].group.ranks == (0, 2) and built[2][2].group_rank == 1
+
+
+def test_group_on_a_missing_interface_fails_loudly(plan_factory) -> None:
+    plan = plan_factory(pp=2, nic_of=lambda rank, kind: "hsnone0")
+    with pytest.raises(TestbedError, match="hsnone0"):
+        _build_all(plan, lambda n: n or "lo", timeout_s=5.0)
+
+
+def test_interface_mapping_rules() -> None:
+    cfg = RunConfig(interface_map={"ib0": "veth-ib0"})
+    assert cfg.interface_of("ib0") == "veth-ib0"
+    assert cfg.interface_of("eth1") == "eth1"  # testbed: interfaces are named like NICs
+    assert cfg.interface_of("") == "lo"  # LOCAL group
+    assert RunConfig(interface_map={"*": "lo"}).interface_of("ib0") == "lo"
+
+
+def test_ring_reduce_scatter_sums_and_shards(plan_factory) -> None:
+    plan = plan_factory(dp=3)
+    built = _build_all(plan, lambda n: "lo")
+    flats = {r: torch.arange(6, dtype=torch.float32) * (r + 1) for r in range(3)}
+    shards: dict[int, torch.Tensor] = {}
+
+    def one(rank: int) -> None:
+        dp = next(g for g in built[rank] if g.group.kind is GroupKind.DATA)
+        shards[rank] = ring_reduce_scatter(dp, flats[rank], tag=0).clone()
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    total = torch.arange(6, dtype=torch.float32) * 6
+    for r in range(3):
+        assert torch.equal(shards[r], total[2 * r:2 * r + 2])
+
+
+def test_tensor_parallel_plans_are_rejected(plan_factory) -> None:
+    plan = replace(plan_factory(), tp=2)
+    with pytest.raises(TestbedError, match="tensor parallelism"):
+        build_groups(plan, 0, dist.HashStore(), lambda n: "lo", 5.0)
+
+
+CASES = {
+    "pp2-1f1b": dict(pp=2),
+    "pp2-gpipe": dict(pp=2, schedule=ScheduleKind.GPIPE),
+    "pp2-interleaved": dict(pp=2, schedule=ScheduleKind.INTERLEAVED, num_chunks=2,
+                            num_microbatches=4),
+    "dp2-replicated": dict(dp=2),
+    "pp2-dp2-distributed": dict(pp=2, dp=2, optimizer=OptimizerMode.DISTRIBUTED),
+    "dp2-overlapped": dict(dp=2, optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_distributed_run_matches_single_process(case, plan_factory, run_config_factory,
+                                                tiny_config) -> None:
+    plan = plan_factory(**CASES[case])
+    # Small buckets: several per rank, so the overlapped mode launches more than one.
+    cfg = run_config_factory(bucket_numel=20_000)
+    result = run_plan(plan, cfg, timeout_s=60)
+    reference = train_reference(tiny_config, cfg.micro_batch_size, plan.num_microbatches,
+                                plan.dp, cfg.iterations, cfg.lr, cfg.optimizer)
+    assert len(result.losses) == cfg.iterations
+    assert result.losses == pytest.approx(reference, rel=LOSS_RTOL)
+    assert reference[0] != pytest.approx(reference[-1], rel=1e-4)  # training changed the model
+    assert len(result.iteration_times_s) == cfg.iterations - cfg.warmup
+    assert all(t > 0 for t in result.iteration_times_s)
+    # Every rank executed exactly its schedule, in order, in every iteration.
+    schedule = plan.schedule()
+    for doc in result.ranks:
+        expected = [("forward" if op.kind == "F" else "backward", op.microbatch, op.chunk)
+                    for op in schedule.stage_ops[doc["pp_rank"]]]
+        for it in range(cfg.iterations):
+            done = [(o["kind"], o["microbatch"], o["chunk"]) for o in doc["ops"]
+                    if o["iteration"] == it and o["kind"] in ("forward", "backward")]
+            assert done == expected
+    if plan.optimizer.overlapped:
+        # Some bucket's reduce-scatter started before the rank's last backward finished.
+        for doc in result.ranks:
+            ops = [o for o in doc["ops"] if o["iteration"] == cfg.iterations - 1]
+            last_backward_end = max(o["end"] for o in ops if o["kind"] == "backward")
+            assert min(o["start"] for o in ops if "async" in o["detail"]) < last_backward_end
+    kinds = set(result.op_times_s)
+    assert {"forward", "backward", "optimizer", "dp-sync"} <= kinds
+    assert ("recv" in kinds) == (plan.pp > 1)
+
+
+def test_failing_rank_is_reported_and_every_rank_killed(plan_factory, run_config_factory,
+                                                        tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    plan = plan_factory(pp=2)
+    # Rank 1's world group binds to an interface that does not exist: it raises at start-up
+    # while rank 0 waits for it in the rendezvous.
+    cfg = run_config_factory(world_interfaces=["lo", "hsnone0"], timeout_s=60)
+    procs: list[subprocess.Popen] = []
+
+    def spawn(rank: int, argv: list[str]) -> subprocess.Popen:
+        procs.append(local_spawn(rank, argv))
+        return procs[-1]
+
+    start = time.monotonic()
+    with pytest.raises(TestbedError, match=r"rank 1 exited") as err:
+        run_plan(plan, cfg, spawn=spawn, timeout_s=40)
+    assert time.monotonic() - start < 40
+    assert "hsnone0" in str(err.value)  # the failing rank's log tail
+    assert len(procs) == 2 and all(p.poll() is not None for p in procs)
+    assert not list(Path(tmp_path).glob("holmes-run-*"))  # temp files removed
+
+
+def test_timeout_kills_every_rank(plan_factory, run_config_factory) -> None:
+    plan = plan_factory(pp=2)
+    procs: list[subprocess.Popen] = []
+
+    def spawn(rank: int, argv: list[str]) -> subprocess.Popen:
+        # Rank 1 never starts the worker: rank 0 waits for it until the run times out.
+        argv = argv if rank == 0 else ["sleep", "60"]
+        procs.append(local_spawn(rank, argv))
+        return procs[-1]
+
+    with pytest.raises(TestbedError, match=r"timed out .*\[0, 1\]"):
+        run_plan(plan, run_config_factory(), spawn=spawn, timeout_s=3)
+    assert all(p.poll() is not None for p in procs)
+
+
+def test_dry_run_reports_every_group_and_stage(plan_factory, run_config_factory,
+                                               tiny_config) -> None:
+    plan = plan_factory(pp=2, dp=2, schedule=ScheduleKind.INTERLEAVED, num_chunks=2,
+                        num_microbatches=2, layers=(1, 1, 1, 1))
+    summaries = dry_run(plan, run_config_factory(), timeout_s=60)
+    assert [s["rank"] for s in summaries] == [0, 1, 2, 3]
+    seen_groups = {(g["index"], tuple(g["ranks"]), g["group_rank"]) for s in summaries
+                   for g in s["groups"]}
+    expected = {(i, g.ranks, k) for i, g in enumerate(plan.groups) for k in range(len(g.ranks))}
+    assert seen_groups == expected
+    assert all(g["interface"] == "lo" for s in summaries for g in s["groups"])
+    # Interleaved p=2: both directions are separate PIPELINE groups.
+    pipes = {tuple(g.ranks) for g in plan.groups_of(GroupKind.PIPELINE)}
+    assert {(0, 2), (2, 0), (1, 3), (3, 1)} == pipes
+    stages = {(s["dp_rank"], st["virtual"]): st for s in summaries for st in s["stages"]}
+    assert sorted(stages) == [(d, v) for d in range(2) for v in range(4)]
+    assert [stages[(0, v)]["first_layer"] for v in range(4)] == [0, 1, 2, 3]
+    assert stages[(0, 0)]["embedding"] and stages[(1, 3)]["head"]
+    assert not stages[(0, 1)]["embedding"] and not stages[(0, 1)]["head"]
+    total = sum(stages[(0, v)]["parameters"] for v in range(4))
+    assert total == sum(p.numel() for p in build_full_model(tiny_config).parameters())
