@@ -20,8 +20,9 @@ from holmes_sim.errors import HolmesError
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan, simulate and validate LLM training on GPU clusters with mixed NICs "
                        "(Holmes, arXiv 2312.03549).")
-out = Console()
-err = Console(stderr=True)
+# Wide enough for the results table when the output is a file or a pipe (rich assumes 80).
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 

@@ -4,7 +4,7 @@ built from the scenario's specs and the catalog, in SI units."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from holmes_sim.catalog import Catalog, GpuModel, LinkModel
 from holmes_sim.errors import FieldError
@@ -88,16 +88,17 @@ class Cluster:
     fabrics: dict[str, str]
     """Fabric name -> type (ib, roce, ethernet)."""
     uplinks: tuple[Uplink, ...]
+    _by_name: dict[str, Node] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {n.name: n for n in self.nodes})
 
     @property
     def num_gpus(self) -> int:
         return sum(n.num_gpus for n in self.nodes)
 
     def node(self, name: str) -> Node:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
+        return self._by_name[name]
 
     def uplink(self, cluster_a: str, cluster_b: str) -> Uplink | None:
         """The uplink between two different clusters (None for the same cluster)."""

@@ -29,15 +29,19 @@ def best_shared_transport(cluster: Cluster, gpus: Sequence[GpuRef]) -> Transport
     return _tcp(nodes)
 
 
-def job_wide_transport(cluster: Cluster, gpus: Sequence[GpuRef], all_gpus: Sequence[GpuRef]) -> Transport:
-    """Megatron-LM's choice: one setting for the whole job (see module docstring)."""
+def job_wide_fabric(cluster: Cluster, all_gpus: Sequence[GpuRef]) -> str | None:
+    """The RDMA fabric reaching every node of the job, or None (then the job runs on TCP)."""
+    common = _common_rdma_fabrics(_nodes(cluster, all_gpus))
+    return common[0] if common else None
+
+
+def job_wide_transport(cluster: Cluster, gpus: Sequence[GpuRef], fabric: str | None) -> Transport:
+    """Megatron-LM's choice: one setting for the whole job (see module docstring); `fabric` is
+    `job_wide_fabric` of the job."""
     nodes = _nodes(cluster, gpus)
     if len(nodes) == 1:
         return LOCAL
-    common = _common_rdma_fabrics(_nodes(cluster, all_gpus))
-    if common:
-        return Transport(TransportKind.RDMA, common[0])
-    return _tcp(nodes)
+    return Transport(TransportKind.RDMA, fabric) if fabric else _tcp(nodes)
 
 
 def tcp_transport(cluster: Cluster, gpus: Sequence[GpuRef]) -> Transport:

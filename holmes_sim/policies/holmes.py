@@ -19,7 +19,7 @@ from holmes_sim.plan import GpuRef, OptimizerMode, Plan
 from holmes_sim.policies.base import PlanRequest, TransportChooser, build_groups, \
     check_tp_within_nodes, equal_partition, gpus_in_node_order
 from holmes_sim.policies.partition import StageTimer, adaptive_partition
-from holmes_sim.transport import best_shared_transport, job_wide_transport
+from holmes_sim.transport import best_shared_transport, job_wide_fabric, job_wide_transport
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,8 @@ class HolmesPolicy:
         cluster = request.cluster
         if self.nic_selection:
             return lambda gpus: best_shared_transport(cluster, gpus)
-        return lambda gpus: job_wide_transport(cluster, gpus, rank_to_gpu)
+        fabric = job_wide_fabric(cluster, rank_to_gpu)
+        return lambda gpus: job_wide_transport(cluster, gpus, fabric)
 
 
 def nic_class(node: Node) -> str:

@@ -14,7 +14,7 @@ from holmes_sim.cluster import Cluster
 from holmes_sim.plan import Plan
 from holmes_sim.policies.base import PlanRequest, build_groups, check_tp_within_nodes, \
     default_optimizer, equal_partition, gpus_in_node_order
-from holmes_sim.transport import job_wide_transport
+from holmes_sim.transport import job_wide_fabric, job_wide_transport
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,10 @@ class MegatronPolicy:
     def plan(self, request: PlanRequest) -> Plan:
         rank_to_gpu = gpus_in_node_order(request.cluster.nodes)
         check_tp_within_nodes(rank_to_gpu, request.tp)
+        fabric = job_wide_fabric(request.cluster, rank_to_gpu)
         groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
                               request.num_chunks, request.workload.tie_embeddings,
-                              lambda gpus: job_wide_transport(request.cluster, gpus, rank_to_gpu))
+                              lambda gpus: job_wide_transport(request.cluster, gpus, fabric))
         layers = equal_partition(request.workload.num_layers, request.pp * request.num_chunks)
         return Plan(self.name, request.tp, request.pp, request.dp, rank_to_gpu, layers,
                     request.schedule_kind, request.num_microbatches, request.num_chunks,

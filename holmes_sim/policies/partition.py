@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from holmes_sim.cluster import Node
 from holmes_sim.comm_model import ring_collective_time_s
 from holmes_sim.errors import PlanError
 from holmes_sim.opcost import OpCosts
@@ -51,8 +52,10 @@ class StageTimer:
                         for s in range(request.pp)]
         # The embedding group pairs stage 0 with the last stage; it is keyed by its stage-0 rank.
         self.emb_ring = self._ring(0, by_rank, GroupKind.EMBEDDING, rank_to_gpu, caps)
-        self.nodes = [[request.cluster.node(rank_to_gpu[self._rank(s, d)].node)
-                       for d in range(request.dp)] for s in range(request.pp)]
+        # Replicas on identical hardware cost the same: keep one node per distinct (GPU, link).
+        self.nodes = [list({(n.gpu, n.intra_link): n for n in (
+            request.cluster.node(rank_to_gpu[self._rank(s, d)].node) for d in range(request.dp))
+        }.values()) for s in range(request.pp)]
 
     def _rank(self, s: int, d: int) -> int:
         return s * self.r.dp * self.r.tp + d * self.r.tp
@@ -72,10 +75,10 @@ class StageTimer:
 
     def stage_time_s(self, s: int, chunk_layers: Sequence[int]) -> float:
         """Compute of all micro-batches plus exposed DP and embedding sync of stage `s` (s)."""
-        return max(self._replica_time_s(s, d, chunk_layers) for d in range(self.r.dp))
+        return max(self._replica_time_s(s, node, chunk_layers) for node in self.nodes[s])
 
-    def _replica_time_s(self, s: int, d: int, chunk_layers: Sequence[int]) -> float:
-        r, node = self.r, self.nodes[s][d]
+    def _replica_time_s(self, s: int, node: Node, chunk_layers: Sequence[int]) -> float:
+        r = self.r
         nv = r.pp * r.num_chunks
         fwd = bwd = 0.0
         params = 0
@@ -106,29 +109,27 @@ class StageTimer:
 
 
 def adaptive_partition(timer: StageTimer) -> tuple[int, ...]:
-    """Layers per virtual stage minimising the slowest stage's time (see module docstring)."""
+    """Layers per virtual stage minimising the slowest stage's time (see module docstring).
+
+    The search assigns layers to pipeline stages; a stage's layers are split evenly over its
+    model chunks (the interleaved schedule wants chunks of equal length)."""
     r = timer.r
-    nv = r.pp * r.num_chunks
-    if r.workload.num_layers < nv:
-        raise PlanError(f"{r.workload.num_layers} layers cannot fill {nv} pipeline stages")
-    layers = [1] * nv
-    cost = [timer.stage_time_s(s, _chunks(layers, s, r.pp, r.num_chunks)) for s in range(r.pp)]
-    for _ in range(r.workload.num_layers - nv):
-        best_j, best_cost = -1, float("inf")
-        for j in range(nv):
-            s = j % r.pp
-            layers[j] += 1
-            trial = timer.stage_time_s(s, _chunks(layers, s, r.pp, r.num_chunks))
-            layers[j] -= 1
-            if trial < best_cost - 1e-15:
-                best_j, best_cost = j, trial
-        layers[best_j] += 1
-        cost[best_j % r.pp] = best_cost
-    return tuple(layers)
+    v = r.num_chunks
+    if r.workload.num_layers < r.pp * v:
+        raise PlanError(f"{r.workload.num_layers} layers cannot fill {r.pp * v} pipeline stages")
+    totals = [v] * r.pp
+    for _ in range(r.workload.num_layers - r.pp * v):
+        trials = [timer.stage_time_s(s, _even(totals[s] + 1, v)) for s in range(r.pp)]
+        best = min(range(r.pp), key=lambda s: (trials[s], s))
+        totals[best] += 1
+    per_stage = [_even(t, v) for t in totals]
+    return tuple(per_stage[j % r.pp][j // r.pp] for j in range(r.pp * v))
 
 
-def _chunks(layers: list[int], s: int, pp: int, num_chunks: int) -> list[int]:
-    return [layers[c * pp + s] for c in range(num_chunks)]
+def _even(total: int, parts: int) -> list[int]:
+    """`total` split into `parts` near-equal counts, the larger ones first."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if c < extra else 0) for c in range(parts)]
 
 
 def _groups_by_rank(groups: Sequence[Group]) -> dict[tuple[GroupKind, int], Group]:

@@ -11,11 +11,11 @@ def results_table(title: str, outcomes: list[Outcome]) -> Table:
     """One row per policy, fastest first, with the speed-up over megatron."""
     ups = speedups(outcomes)
     table = Table(title=title, title_justify="left")
-    for col, just in (("policy", "left"), ("iter (s)", "right"), ("TFLOP/s/GPU", "right"),
+    for col, just in (("policy", "left"), ("iter s", "right"), ("TFLOP/s/GPU", "right"),
                       ("samples/s", "right"), ("MFU", "right"), ("bubble", "right"),
-                      ("exposed DP (s)", "right"), ("exposed PP (s)", "right"),
-                      ("layers/stage", "left"), ("peak mem GiB", "right"), ("vs megatron", "right")):
-        table.add_column(col, justify=just)
+                      ("DP exposed s", "right"), ("PP exposed s", "right"),
+                      ("layers/stage", "left"), ("mem GiB", "right"), ("speed-up", "right")):
+        table.add_column(col, justify=just, no_wrap=True)
     for o in outcomes:
         r = o.result
         mem = f"{r.memory.peak_gib:.1f}" + ("" if r.memory.fits else " [red]OOM[/red]")

@@ -69,6 +69,10 @@ class _Simulation:
         self.schedule = plan.schedule()
         self.nv = self.schedule.num_virtual_stages
         self.arrivals: dict[tuple, simpy.Event] = {}
+        self._paths: dict[tuple, Path] = {}
+        self._dur_cache: dict[tuple, tuple[float, float]] = {}
+        self._route_cache: dict[tuple, tuple[Path, str]] = {}
+        self.pp_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self.send_start: dict[tuple, float] = {}
         self._index_groups()
         self._build_entities()
@@ -96,9 +100,14 @@ class _Simulation:
                 self.entity[(s, d)] = e
                 self.trace.entities.append(e)
 
-    def _entity_path(self, kind_group, a: tuple[int, int], b: tuple[int, int]) -> Path:
-        return group_path(self.cluster, kind_group.transport, self.plan.entity_gpus(*a),
-                          self.plan.entity_gpus(*b), self.caps)
+    def _entity_path(self, group, a: tuple[int, int], b: tuple[int, int]) -> Path:
+        key = (group.transport, a, b)
+        path = self._paths.get(key)
+        if path is None:
+            path = self._paths[key] = group_path(self.cluster, group.transport,
+                                                 self.plan.entity_gpus(*a),
+                                                 self.plan.entity_gpus(*b), self.caps)
+        return path
 
     def _build_streams(self) -> None:
         p = self.plan
@@ -150,16 +159,14 @@ class _Simulation:
             j = self.schedule.virtual_stage(s, op.chunk)
             yield from self._wait_input(name, op, j, d)
             backward = op.kind == "B"
-            dur = self.costs.chunk_compute_s(node, self.plan.layers_per_stage[j], j == 0,
-                                             j == self.nv - 1, backward)
+            dur, tp = self._durations(node, j, backward)
             kind = OpKind.BACKWARD if backward else OpKind.FORWARD
             if overlapped and not backward and first_f[op.chunk] == op:
-                yield from self._gated_compute(name, op, kind, dur, gathers[op.chunk])
+                yield from self._gated_compute(name, op, kind, dur, tp, gathers[op.chunk])
             elif overlapped and backward and last_b[op.chunk] == op:
-                reductions += (yield from self._releasing_compute(name, s, op, kind, dur))
+                reductions += (yield from self._releasing_compute(name, s, op, kind, dur, tp))
             else:
-                yield from self._compute(name, op, kind, dur)
-            yield from self._tp(name, node, op, self.plan.layers_per_stage[j], backward)
+                yield from self._compute(name, op, kind, dur, tp)
             self._send_output(op, j, d)
         yield from self._finish(name, node, s, d, reductions)
 
@@ -187,12 +194,27 @@ class _Simulation:
             ev = self.arrivals[key] = self.env.event()
         return ev
 
-    def _compute(self, name: str, op: Op, kind: OpKind, dur: float):
-        start = self.env.now
-        yield self.env.timeout(dur)
-        self.trace.add(OpRecord(start, self.env.now, name, "compute", kind, 0, op.microbatch, op.chunk))
+    def _durations(self, node, j: int, backward: bool) -> tuple[float, float]:
+        """(compute, TP all-reduce) seconds of virtual stage j's op on `node`, cached."""
+        key = (node.name, j, backward)
+        got = self._dur_cache.get(key)
+        if got is None:
+            layers = self.plan.layers_per_stage[j]
+            got = self._dur_cache[key] = (
+                self.costs.chunk_compute_s(node, layers, j == 0, j == self.nv - 1, backward),
+                self.costs.tp_comm_s(node, layers, backward))
+        return got
 
-    def _gated_compute(self, name: str, op: Op, kind: OpKind, dur: float,
+    def _compute(self, name: str, op: Op, kind: OpKind, dur: float, tp: float = 0.0):
+        """Compute for `dur` seconds, then the op's TP all-reduces for `tp` seconds (one wait)."""
+        start = self.env.now
+        yield self.env.timeout(dur + tp)
+        self.trace.add(OpRecord(start, start + dur, name, "compute", kind, 0, op.microbatch, op.chunk))
+        if tp > 0:
+            self.trace.add(OpRecord(start + dur, self.env.now, name, "compute", OpKind.TP_COMM,
+                                    0, op.microbatch, op.chunk))
+
+    def _gated_compute(self, name: str, op: Op, kind: OpKind, dur: float, tp: float,
                        gathers: list[tuple[simpy.Event, float]]):
         """First forward of a chunk: each bucket's share of compute waits for its all-gather."""
         for ev, fraction in gathers:
@@ -200,14 +222,14 @@ class _Simulation:
                 t0 = self.env.now
                 yield ev
                 self.trace.add(OpRecord(t0, self.env.now, name, "compute", OpKind.WAIT_DP, 0, op.microbatch, op.chunk))
-            yield from self._compute(name, op, kind, dur * fraction)
+            yield from self._compute(name, op, kind, dur * fraction, tp * fraction)
 
-    def _releasing_compute(self, name: str, s: int, op: Op, kind: OpKind, dur: float):
+    def _releasing_compute(self, name: str, s: int, op: Op, kind: OpKind, dur: float, tp: float):
         """Last backward of a chunk: each bucket's gradients are reduced once its share is done
         (buckets become ready in reverse layer order, Megatron's DDP bucketing)."""
         events = []
         for b in self.buckets[(s, op.chunk)]:
-            yield from self._compute(name, op, kind, dur * b.fraction)
+            yield from self._compute(name, op, kind, dur * b.fraction, tp * b.fraction)
             events.append(self.coll.submit(self.dp_stream[s], name, OpKind.DP_REDUCE_SCATTER, b.grad_bytes))
         return events
 
@@ -217,36 +239,38 @@ class _Simulation:
         return {c: [(self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes), b.fraction)
                     for b in self.buckets[(s, c)]] for c in range(self.plan.num_chunks)}
 
-    def _tp(self, name: str, node, op: Op, layers: int, backward: bool):
-        dur = self.costs.tp_comm_s(node, layers, backward)
-        if dur > 0:
-            start = self.env.now
-            yield self.env.timeout(dur)
-            self.trace.add(OpRecord(start, self.env.now, name, "compute", OpKind.TP_COMM,
-                                    0, op.microbatch, op.chunk))
-
     def _send_output(self, op: Op, j: int, d: int) -> None:
         if op.kind == "F" and j < self.nv - 1:
-            self.env.process(self._send("F", j, j + 1, d, op))
+            self._send("F", j, j + 1, d, op)
         elif op.kind == "B" and j > 0:
-            self.env.process(self._send("B", j, j - 1, d, op))
+            self._send("B", j, j - 1, d, op)
 
-    def _send(self, kind: str, j_from: int, j_to: int, d: int, op: Op):
-        """Point-to-point transfer of an activation or gradient between virtual stages."""
-        s_from, _ = self.schedule.stage_of_virtual(j_from)
-        s_to, _ = self.schedule.stage_of_virtual(j_to)
+    def _send(self, kind: str, j_from: int, j_to: int, d: int, op: Op) -> None:
+        """Start the point-to-point transfer of an activation or gradient between virtual stages;
+        its arrival event fires when the last byte is in (no compute is blocked by sending)."""
         key = (kind, j_to, d, op.microbatch)
-        self.send_start[key] = self.env.now
-        fwd_pair = (j_from, j_to) if kind == "F" else (j_to, j_from)
-        group = self.pp_group[(self.plan.rank(fwd_pair[0] % self.plan.pp, d, 0),
-                               self.plan.rank(fwd_pair[1] % self.plan.pp, d, 0))]
-        path = self._entity_path(group, (s_from, d), (s_to, d))
-        size = self.workload.pp_message_bytes(self.plan.tp) * self.plan.tp
-        start = self.env.now
-        yield self.net.transfer(path.links, size, path.latency_s)
-        self.trace.add(OpRecord(start, self.env.now, self.entity[(s_from, d)].name, "pp",
-                                OpKind.PP_SEND, size, op.microbatch, op.chunk))
-        self._arrival(key).succeed()
+        start = self.send_start[key] = self.env.now
+        path, sender = self._pp_route(kind, j_from, j_to, d)
+        size = self.pp_bytes
+
+        def arrived(_event, key=key, start=start) -> None:
+            self.trace.add(OpRecord(start, self.env.now, sender, "pp", OpKind.PP_SEND, size,
+                                    op.microbatch, op.chunk))
+            self._arrival(key).succeed()
+
+        self.net.transfer(path.links, size, path.latency_s).callbacks.append(arrived)
+
+    def _pp_route(self, kind: str, j_from: int, j_to: int, d: int) -> tuple[Path, str]:
+        """Path (cached) and sender name of a transfer; PP groups are keyed by forward pairs."""
+        key = (kind, j_from, j_to, d)
+        got = self._route_cache.get(key)
+        if got is None:
+            s_from, s_to = j_from % self.plan.pp, j_to % self.plan.pp
+            fwd = (s_from, s_to) if kind == "F" else (s_to, s_from)
+            group = self.pp_group[(self.plan.rank(fwd[0], d, 0), self.plan.rank(fwd[1], d, 0))]
+            got = self._route_cache[key] = (self._entity_path(group, (s_from, d), (s_to, d)),
+                                            self.entity[(s_from, d)].name)
+        return got
 
     def _last_backward_per_chunk(self, s: int) -> dict[int, Op]:
         return {op.chunk: op for op in self.schedule.stage_ops[s] if op.kind == "B"}

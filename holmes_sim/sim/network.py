@@ -45,6 +45,9 @@ _REL_EPS_TIME = 1e-13
 # Rate changes smaller than this (relative) keep the flow's scheduled completion.
 _REL_EPS_RATE = 1e-12
 
+# Resolved paths kept for reuse (paths repeat: ring hops, pipeline sends).
+_ROUTE_CACHE_SIZE = 65536
+
 _PENDING, _ACTIVE, _DONE = 0, 1, 2
 
 
@@ -99,6 +102,8 @@ class FlowNetwork:
         self._stamp = 0
         self._comp_links: list[int] = []
         self._comp_flows: list[_Flow] = []
+        self._comp_bounds: list[tuple[int, int]] = []
+        self._routes: dict[PathUse, tuple[tuple[int, float], ...]] = {}
         self._seeds: list[int] = []  # links touched since the last recomputation
         # Agenda: (time s, sequence, flow, token); one SimPy wake-up for its earliest entry.
         self._agenda: list[tuple[float, int, _Flow, int]] = []
@@ -133,7 +138,12 @@ class FlowNetwork:
         """
         if size_bytes < 0 or latency_s < 0:
             raise ValueError(f"size and latency must be >= 0, got {size_bytes}, {latency_s}")
-        links = self._resolve(path)
+        links = self._routes.get(path)
+        if links is None:
+            links = self._resolve(path)
+            if len(self._routes) >= _ROUTE_CACHE_SIZE:
+                self._routes.clear()
+            self._routes[path] = links
         if size_bytes == 0 or not links:
             return self._env.timeout(latency_s)
         done = TransferEvent(self._env)
@@ -230,57 +240,74 @@ class FlowNetwork:
 
     def _update(self) -> None:
         """Retire finished flows around the touched links, then re-share their components."""
-        flows = self._component()
+        flows, links, bounds = self._components()
         if not flows:
             return
         self.rate_recomputations += 1
         now = self._env.now
         finished = self._retire(flows, now)
-        alive = [f for f in flows if f.state == _ACTIVE] if finished else flows
-        if len(alive) == 1:
-            flow = alive[0]
-            flow.new_rate = min(self._cap[link] / w for link, w in flow.links)
-        elif alive:
-            self._fill(alive)
-        self._reschedule(alive, now)
+        cap = self._cap
+        f0 = l0 = 0
+        for f1, l1 in bounds:
+            comp = flows[f0:f1]
+            if finished:
+                comp = [f for f in comp if f.state == _ACTIVE]
+            if len(comp) == 1:
+                flow = comp[0]
+                flow.new_rate = min(cap[link] / w for link, w in flow.links)
+            elif comp:
+                self._fill(comp, links[l0:l1])
+            f0, l0 = f1, l1
+        self._reschedule(flows, now)
         for flow in finished:
             flow.done.succeed()
 
-    def _component(self) -> list[_Flow]:
-        """Flows sharing links, transitively, with the seed links (breadth-first order)."""
+    def _components(self) -> tuple[list[_Flow], list[int], list[tuple[int, int]]]:
+        """Flows and links connected to the seed links, grouped by connected component.
+
+        Returns (flows, links, bounds): component k spans flows[f_{k-1}:f_k] and
+        links[l_{k-1}:l_k] where bounds[k] = (f_k, l_k). Breadth-first from the seeds in order.
+        """
         self._stamp += 1
         stamp = self._stamp
         lmark, members = self._lmark, self._members
-        links = self._comp_links
+        links, flows, bounds = self._comp_links, self._comp_flows, self._comp_bounds
         links.clear()
-        flows = self._comp_flows
         flows.clear()
-        for link in self._seeds:
-            if lmark[link] != stamp:
-                lmark[link] = stamp
-                links.append(link)
+        bounds.clear()
+        for seed in self._seeds:
+            if lmark[seed] == stamp:
+                continue
+            lmark[seed] = stamp
+            i = len(links)
+            n_flows = len(flows)
+            links.append(seed)
+            while i < len(links):
+                for flow in members[links[i]]:
+                    if flow.mark != stamp:
+                        flow.mark = stamp
+                        flows.append(flow)
+                        for link, _ in flow.links:
+                            if lmark[link] != stamp:
+                                lmark[link] = stamp
+                                links.append(link)
+                i += 1
+            if len(flows) > n_flows:
+                bounds.append((len(flows), len(links)))
+            else:
+                del links[-1]  # an emptied link on its own
         self._seeds.clear()
-        i = 0
-        while i < len(links):
-            for flow in members[links[i]]:
-                if flow.mark != stamp:
-                    flow.mark = stamp
-                    flows.append(flow)
-                    for link, _ in flow.links:
-                        if lmark[link] != stamp:
-                            lmark[link] = stamp
-                            links.append(link)
-            i += 1
-        return flows
+        return flows, links, bounds
 
     def _retire(self, flows: list[_Flow], now: float) -> list[_Flow]:
         """Remove the flows within epsilon of their last byte, ordered by id."""
         finished: list[_Flow] = []
         time_eps = now * _REL_EPS_TIME
         for flow in flows:
-            if flow.rate > 0.0:
-                left = flow.remaining - flow.rate * (now - flow.since)
-                if left <= _REL_EPS_BYTES * flow.size or left <= flow.rate * time_eps:
+            rate = flow.rate
+            if rate > 0.0:
+                left = flow.remaining - rate * (now - flow.since)
+                if left <= _REL_EPS_BYTES * flow.size or left <= rate * time_eps:
                     finished.append(flow)
         if finished:
             finished.sort(key=lambda f: f.fid)
@@ -291,11 +318,10 @@ class FlowNetwork:
                 self._finish(flow)
         return finished
 
-    def _fill(self, alive: list[_Flow]) -> None:
-        """Progressive filling over `alive`; sets each flow's `new_rate` (bytes/s)."""
+    def _fill(self, alive: list[_Flow], links: list[int]) -> None:
+        """Progressive filling of one component; sets each flow's `new_rate` (bytes/s)."""
         cap, load, wsum, nfree, members = (
             self._cap, self._load, self._wsum, self._nfree, self._members)
-        links = self._comp_links
         for link in links:
             load[link] = 0.0
             wsum[link] = 0.0
@@ -306,15 +332,16 @@ class FlowNetwork:
                 nfree[link] += 1
         heap = [(cap[link] / wsum[link], link) for link in links if nfree[link]]
         heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
         level = 0.0
         unfrozen = len(alive)
         while unfrozen:
-            key, link = heapq.heappop(heap)
+            key, link = pop(heap)
             if not nfree[link]:
                 continue
             sat = (cap[link] - load[link]) / wsum[link]
             if sat > key:  # the link gained headroom since it was pushed
-                heapq.heappush(heap, (sat, link))
+                push(heap, (sat, link))
                 continue
             if sat > level:
                 level = sat
@@ -327,10 +354,14 @@ class FlowNetwork:
                         wsum[other] -= w
                         nfree[other] -= 1
 
-    def _reschedule(self, alive: list[_Flow], now: float) -> None:
-        """Adopt each flow's `new_rate`; post a new completion only where the rate changed."""
-        for flow in alive:
+    def _reschedule(self, flows: list[_Flow], now: float) -> None:
+        """Adopt each active flow's `new_rate`; post a completion only where the rate changed."""
+        agenda = self._agenda
+        seq = self._seq
+        for flow in flows:
             new = flow.new_rate
+            if new < 0.0:
+                continue  # retired
             flow.new_rate = -1.0
             old = flow.rate
             if old > 0.0:
@@ -340,4 +371,6 @@ class FlowNetwork:
             flow.since = now
             flow.rate = new
             flow.token += 1
-            self._post(now + flow.remaining / new, flow, flow.token)
+            seq += 1
+            heapq.heappush(agenda, (now + flow.remaining / new, seq, flow, flow.token))
+        self._seq = seq

@@ -193,6 +193,11 @@ def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
             raise doc.error(path, f"expected a whole number, got {_describe(value)}")
         return value
     if tp is float:
+        if isinstance(value, str):  # PyYAML (YAML 1.1) reads 1e9 as a string; accept it
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise doc.error(path, f"expected a number, got {_describe(value)}")
         return float(value)

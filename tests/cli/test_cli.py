@@ -1,0 +1,94 @@
+"""The command line: the default scenario end to end, JSON output, and exit 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from holmes_sim.cli import app
+from tests.conftest import SCENARIOS, small_scenario
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("command", ["run", "check", "scenarios", "validate", "sweep"])
+def test_help_of_every_command(command):
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_run_default_scenario_writes_json(tmp_path):
+    out = tmp_path / "out.json"
+    result = runner.invoke(app, ["run", str(SCENARIOS / "mixed_ib_eth.yaml"), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["scenario"]["name"] == "mixed-ib-eth"
+    names = [r["policy"] for r in doc["results"]]
+    assert set(names) == {"megatron", "holmes", "holmes-no-nic-aware-order", "holmes-no-nic-selection",
+                          "holmes-no-adaptive-partition", "holmes-no-overlap", "all-ib", "all-ethernet"}
+    times = [r["iteration_time_s"] for r in doc["results"]]
+    assert times == sorted(times)  # fastest first
+    for r in doc["results"]:
+        for key in ("policy", "iteration_time_s", "tflops_per_gpu", "samples_per_s", "tokens_per_s",
+                    "mfu", "bubble_fraction", "breakdown_s", "layers_per_stage", "peak_memory_gib",
+                    "fits_memory"):
+            assert key in r
+    # the table shows the same policies, fastest first
+    rows = [line.split("│")[1].strip() for line in result.output.splitlines() if line.startswith("│")]
+    assert rows == names
+
+
+def test_run_selected_policies_and_seed(tmp_path):
+    out = tmp_path / "o.json"
+    result = runner.invoke(app, ["run", "mixed_ib_eth", "-p", "holmes", "-p", "megatron",
+                                 "--seed", "7", "--json", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert {r["policy"] for r in doc["results"]} == {"holmes", "megatron"}
+    assert doc["scenario"]["seed"] == 7
+    holmes = next(r for r in doc["results"] if r["policy"] == "holmes")
+    assert holmes["speedup_over_megatron"] > 1.0
+
+
+def test_json_is_byte_identical_across_runs(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for path in (a, b):
+        assert runner.invoke(app, ["run", "mixed_ib_roce", "--json", str(path), "-q"]).exit_code == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_bad_input_exits_2_with_one_line_naming_the_field(write_scenario, tmp_path):
+    path = write_scenario(small_scenario().replace("micro_batch_size: 1", "micro_batch_size: 0"))
+    out = tmp_path / "keep.json"
+    out.write_text("previous results")
+    result = runner.invoke(app, ["run", str(path), "--json", str(out)])
+    assert result.exit_code == 2
+    assert "training.micro_batch_size" in result.output and "at least 1" in result.output
+    assert "Traceback" not in result.output
+    assert out.read_text() == "previous results"  # nothing the user had is lost
+
+
+def test_malformed_yaml_and_missing_file_exit_2(write_scenario):
+    assert runner.invoke(app, ["run", str(write_scenario("a: [1, 2"))]).exit_code == 2
+    result = runner.invoke(app, ["check", "no/such/file.yaml"])
+    assert result.exit_code == 2 and "cannot read scenario file" in result.output
+
+
+def test_unknown_policy_flag_exits_2():
+    result = runner.invoke(app, ["run", "mixed_ib_eth", "-p", "holmez"])
+    assert result.exit_code == 2 and "unknown policy 'holmez'" in result.output
+
+
+def test_check_reports_plans_without_simulating():
+    result = runner.invoke(app, ["check", "two_clusters_39b"])
+    assert result.exit_code == 0, result.output
+    assert "ok:" in result.output and "TP 8 x PP 2 x DP 8" in result.output
+
+
+def test_scenarios_lists_every_bundled_file():
+    result = runner.invoke(app, ["scenarios"])
+    assert result.exit_code == 0
+    for path in SCENARIOS.glob("*.yaml"):
+        assert path.stem in result.output

@@ -1,0 +1,140 @@
+"""The SimPy engine against closed forms, the contention-free estimate, and itself (determinism)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from holmes_sim.analytic import bubble_fraction_1f1b, estimate_iteration
+from holmes_sim.comm_model import ring_collective_time_s
+from holmes_sim.prepare import prepare
+from holmes_sim.runner import plan_policy, results_document, run_policy, run_scenario
+from holmes_sim.sim.engine import simulate
+from holmes_sim.trace import OpKind
+from tests.conftest import SCENARIOS, small_scenario
+
+
+@dataclasses.dataclass(frozen=True)
+class UniformCompute:
+    """1 ms forward and 2 ms backward per layer, nothing else: stages are identical."""
+
+    def layer_s(self, gpu, workload, tp, backward):
+        return 2e-3 if backward else 1e-3
+
+    def embedding_s(self, gpu, workload, tp, backward):
+        return 0.0
+
+    def head_s(self, gpu, workload, tp, backward):
+        return 0.0
+
+    def optimizer_s(self, gpu, params_per_gpu):
+        return 0.0
+
+
+# Free communication: a huge NIC rate and no latency (TP stays off: tp=1 per 1-GPU node).
+def _free_comm(write_scenario, *, pp, m, schedule="1f1b", virtual=1):
+    text = small_scenario(nodes_ib=pp, gpus=1, tp=1, pp=pp, layers=pp * virtual * 2,
+                          global_batch=m, schedule=schedule, virtual=virtual, ib_gbit=1e9,
+                          eth_gbit=1e9, latency_us=0, tie=False, policies="[megatron]")
+    return dataclasses.replace(prepare(write_scenario(text)), compute=UniformCompute())
+
+
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 16), (8, 8)])
+def test_1f1b_bubble_fraction_with_free_communication(write_scenario, pp, m):
+    out = run_policy(_free_comm(write_scenario, pp=pp, m=m), "megatron")
+    assert out.result.bubble_fraction == pytest.approx(bubble_fraction_1f1b(pp, m), rel=1e-6)
+    # and the iteration is (m + p - 1) (f + b) with 2 layers of 1 + 2 ms per stage
+    assert out.result.iteration_time_s == pytest.approx((m + pp - 1) * 2 * 3e-3, rel=1e-6)
+
+
+@pytest.mark.parametrize("pp,m,v", [(2, 4, 2), (4, 8, 2), (4, 4, 3)])
+def test_interleaved_bubble_fraction_with_free_communication(write_scenario, pp, m, v):
+    out = run_policy(_free_comm(write_scenario, pp=pp, m=m, schedule="interleaved", virtual=v),
+                     "megatron")
+    assert out.result.bubble_fraction == pytest.approx(bubble_fraction_1f1b(pp, m, v), rel=1e-6)
+
+
+def test_gpipe_bubble_fraction(write_scenario):
+    out = run_policy(_free_comm(write_scenario, pp=4, m=8, schedule="gpipe"), "megatron")
+    assert out.result.bubble_fraction == pytest.approx(3 / 11, rel=1e-6)
+
+
+def test_data_parallel_ring_on_idle_network_is_alpha_beta(write_scenario):
+    """One stage, DP 4 over one IB NIC per 8-GPU node, no overlap: the all-reduce is exposed and
+    takes exactly the ring alpha-beta time on the NIC rate."""
+    text = small_scenario(nodes_ib=4, tp=8, pp=1, layers=2, global_batch=4, tie=False,
+                          policies="[megatron]")
+    text = text.replace("training: {", "training: {distributed_optimizer: false, bucket_size_mb: 1e9, ")
+    prepared = dataclasses.replace(prepare(write_scenario(text)), compute=UniformCompute())
+    out = run_policy(prepared, "megatron")
+    ring = [r for r in out.trace.records if r.kind is OpKind.DP_ALL_REDUCE]
+    assert len(ring) == 4  # one record per member
+    nic = prepared.cluster.nodes[0].nics[0]
+    grads = prepared.workload.grad_bytes_of(2 * prepared.workload.layer_params +
+                                            prepared.workload.embedding_params +
+                                            prepared.workload.head_params)
+    expect = ring_collective_time_s("all-reduce", 4, grads, nic.effective_bandwidth_bytes_per_s,
+                                    nic.latency_s)
+    assert ring[0].duration_s == pytest.approx(expect, rel=1e-9)
+
+
+def test_engine_matches_contention_free_estimate_without_contention():
+    """TP 8 fills each node, so each entity owns its NICs: transfers never share a link at once."""
+    prepared = prepare(SCENARIOS / "two_clusters_39b.yaml")
+    for policy in ("megatron", "holmes-no-overlap"):
+        out = run_policy(prepared, policy)
+        est = estimate_iteration(out.plan, out.cluster, prepared.workload, prepared.compute)
+        assert est.iteration_s == pytest.approx(out.result.iteration_time_s, rel=0.02)
+
+
+def test_contention_makes_the_engine_slower_than_the_estimate():
+    """8 ranks per node share one Ethernet NIC under megatron: the estimate ignores that."""
+    prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")
+    out = run_policy(prepared, "megatron")
+    est = estimate_iteration(out.plan, out.cluster, prepared.workload, prepared.compute)
+    assert out.result.iteration_time_s > 1.5 * est.iteration_s
+
+
+def test_breakdown_adds_up_and_trace_is_consistent():
+    prepared = prepare(SCENARIOS / "mixed_ib_eth.yaml")
+    out = run_policy(prepared, "holmes")
+    r = out.result
+    assert sum(r.breakdown_s.values()) == pytest.approx(r.iteration_time_s, rel=1e-9)
+    assert all(v >= 0 for v in r.breakdown_s.values())
+    schedule = out.plan.schedule()
+    for e in out.trace.entities:
+        ops = [x for x in out.trace.of_entity(e.name) if x.kind in (OpKind.FORWARD, OpKind.BACKWARD)]
+        # every micro-batch's forward and backward ran (overlapped buckets split some into pieces)
+        assert {(x.kind, x.microbatch) for x in ops} == {
+            (OpKind.FORWARD if o.kind == "F" else OpKind.BACKWARD, o.microbatch)
+            for o in schedule.stage_ops[e.stage]}
+        compute = sorted((x.start_s, x.end_s) for x in out.trace.of_entity(e.name) if x.stream == "compute")
+        for (s0, e0), (s1, _) in zip(compute, compute[1:], strict=False):
+            assert s1 >= e0 - 1e-12  # the compute stream never runs two things at once
+
+
+def test_same_scenario_gives_byte_identical_json():
+    prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")
+    docs = [json.dumps(results_document(prepared, run_scenario(prepared), 0), sort_keys=True)
+            for _ in range(2)]
+    assert docs[0] == docs[1]
+
+
+def test_two_simulations_of_one_plan_in_one_process_are_identical():
+    prepared = prepare(SCENARIOS / "mixed_ib_eth.yaml")
+    plan, cluster = plan_policy(prepared, "holmes")
+    a = simulate(plan, cluster, prepared.workload, prepared.compute)
+    b = simulate(plan, cluster, prepared.workload, prepared.compute)
+    assert a.records == b.records and a.iteration_s == b.iteration_s
+
+
+def test_step_by_step_collectives_agree_on_idle_rings(write_scenario):
+    text = small_scenario(nodes_ib=4, tp=8, pp=1, layers=2, global_batch=4, tie=False,
+                          policies="[megatron]")
+    fast = prepare(write_scenario(text))
+    slow = prepare(write_scenario(text + "engine: {collectives: step-by-step}\n"))
+    a, b = run_policy(fast, "megatron"), run_policy(slow, "megatron")
+    assert a.result.iteration_time_s == pytest.approx(b.result.iteration_time_s, rel=1e-9)
+    assert b.trace.flows > a.trace.flows

@@ -1,0 +1,108 @@
+"""Plan invariants of every policy, and the mechanisms Holmes adds."""
+
+from __future__ import annotations
+
+import pytest
+
+from holmes_sim.cluster import ETHERNET
+from holmes_sim.plan import GroupKind, Plan, TransportKind
+from holmes_sim.policies import POLICIES
+from holmes_sim.prepare import prepare
+from holmes_sim.runner import plan_policy, run_policy
+from tests.conftest import SCENARIOS, small_scenario
+
+
+def _fabric_of(cluster, gpu, fabric):
+    return cluster.node(gpu.node).nic_of_gpu(gpu.local_index, fabric)
+
+
+@pytest.mark.parametrize("scenario", ["mixed_ib_eth", "mixed_ib_roce", "two_clusters_39b"])
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_gpu_used_once_and_groups_complete(scenario, policy):
+    prepared = prepare(SCENARIOS / f"{scenario}.yaml")
+    plan, cluster = plan_policy(prepared, policy)
+    assert len(plan.rank_to_gpu) == cluster.num_gpus == len(set(plan.rank_to_gpu))
+    assert sum(plan.layers_per_stage) == prepared.workload.num_layers
+    assert min(plan.layers_per_stage) >= 1
+    dp_members = sorted(r for g in plan.groups_of(GroupKind.DATA) for r in g.ranks)
+    assert dp_members == list(range(plan.world_size))
+    for g in plan.groups:
+        gpus = [plan.rank_to_gpu[r] for r in g.ranks]
+        if g.transport.kind is TransportKind.LOCAL:
+            assert len({x.node for x in gpus}) == 1
+        else:  # every member has a NIC on the group's fabric, and the plan names it
+            for gpu, nic in zip(gpus, g.nics, strict=True):
+                assert _fabric_of(cluster, gpu, g.transport.fabric).name == nic
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+@pytest.mark.parametrize("scenario", ["mixed_ib_eth", "mixed_ib_roce", "two_clusters_39b"])
+def test_holmes_keeps_every_dp_group_on_one_rdma_fabric_or_node(scenario):
+    prepared = prepare(SCENARIOS / f"{scenario}.yaml")
+    plan, cluster = plan_policy(prepared, "holmes")
+    for g in plan.groups_of(GroupKind.DATA):
+        nodes = [cluster.node(plan.rank_to_gpu[r].node) for r in g.ranks]
+        rdma_everywhere = all(n.rdma_fabrics for n in nodes)
+        if rdma_everywhere:  # members that have RDMA share one fabric and use it
+            assert g.transport.kind in (TransportKind.RDMA, TransportKind.LOCAL)
+        else:  # Ethernet-only nodes: TCP, but never mixed with RDMA nodes
+            assert not any(n.rdma_fabrics for n in nodes)
+
+
+def test_megatron_uses_tcp_for_groups_spanning_ib_and_roce():
+    prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")
+    plan, cluster = plan_policy(prepared, "megatron")
+    spanning = 0
+    for g in plan.groups:
+        fabrics = {cluster.node(plan.rank_to_gpu[r].node).rdma_fabrics[0] for r in g.ranks}
+        if len(fabrics) > 1:
+            spanning += 1
+            assert g.transport.kind is TransportKind.TCP and g.transport.fabric == ETHERNET
+    assert spanning > 0  # racked alternately: listing order mixes IB and RoCE in DP groups
+
+
+def test_nic_aware_order_groups_nodes_by_fabric():
+    prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")
+    holmes, _ = plan_policy(prepared, "holmes")
+    listing, _ = plan_policy(prepared, "holmes-no-nic-aware-order")
+    stage0 = {g.node.split("-")[0] for g in holmes.rank_to_gpu[:32]}
+    assert stage0 in ({"ib"}, {"roce"})
+    assert {g.node.split("-")[0] for g in listing.rank_to_gpu[:32]} == {"ib", "roce"}
+    assert run_policy(prepared, "holmes").result.iteration_time_s < \
+        0.7 * run_policy(prepared, "holmes-no-nic-aware-order").result.iteration_time_s
+
+
+def test_adaptive_partition_gives_the_faster_stage_more_layers(write_scenario):
+    """Stage 0 on IB, stage 1 on Ethernet-only nodes: Ethernet DP sync is slow, so the IB stage
+    takes more layers, and the slowest stage gets faster than with an equal split."""
+    text = small_scenario(nodes_ib=2, nodes_eth=2, tp=8, pp=2, layers=24, global_batch=16,
+                          eth_gbit=10, policies="[holmes, holmes-no-adaptive-partition]")
+    prepared = prepare(write_scenario(text))
+    adaptive = run_policy(prepared, "holmes")
+    equal = run_policy(prepared, "holmes-no-adaptive-partition")
+    assert equal.plan.layers_per_stage == (12, 12)
+    assert adaptive.plan.layers_per_stage[0] > adaptive.plan.layers_per_stage[1]
+    assert adaptive.result.iteration_time_s < equal.result.iteration_time_s
+
+
+def test_overlap_hides_data_parallel_time():
+    prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")
+    on = run_policy(prepared, "holmes").result
+    off = run_policy(prepared, "holmes-no-overlap").result
+    assert on.breakdown_s["dp_exposed"] < off.breakdown_s["dp_exposed"]
+    assert on.iteration_time_s < off.iteration_time_s
+
+
+def test_references_bound_holmes_in_the_mixed_scenarios():
+    for name in ("mixed_ib_eth", "mixed_ib_roce", "two_clusters_39b"):
+        prepared = prepare(SCENARIOS / f"{name}.yaml")
+        t = {p: run_policy(prepared, p).result.iteration_time_s
+             for p in ("all-ib", "holmes", "megatron", "all-ethernet")}
+        assert t["all-ib"] <= t["holmes"] < t["megatron"], name
+        assert t["holmes"] < t["all-ethernet"], name
+
+
+def test_all_ib_view_puts_every_node_on_one_fabric():
+    prepared = prepare(SCENARIOS / "mixed_ib_eth.yaml")
+    _, cluster = plan_policy(prepared, "all-ib")
+    assert all(n.rdma_fabrics == ("all-ib",) for n in cluster.nodes)

@@ -1,0 +1,128 @@
+"""The scenario loader: every bad input is one clear ScenarioError naming file, line and field."""
+
+from __future__ import annotations
+
+import pytest
+
+from holmes_sim.errors import ScenarioError
+from holmes_sim.prepare import prepare
+from tests.conftest import SCENARIOS, small_scenario
+
+
+def _error(write_scenario, text: str) -> str:
+    with pytest.raises(ScenarioError) as info:
+        prepare(write_scenario(text))
+    return str(info.value)
+
+
+def test_every_bundled_scenario_loads():
+    names = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+    assert "mixed_ib_eth" in names and len(names) >= 7
+    for path in SCENARIOS.glob("*.yaml"):
+        prepared = prepare(path)
+        assert prepared.tp * prepared.pp * prepared.dp == prepared.cluster.num_gpus
+
+
+def test_malformed_yaml_names_the_line(write_scenario):
+    msg = _error(write_scenario, "clusters: [\nmodel: {")
+    assert "malformed YAML" in msg and ".yaml:" in msg
+
+
+def test_unknown_key_suggests_the_right_one(write_scenario):
+    text = small_scenario().replace("num_layers:", "num_layer:")
+    msg = _error(write_scenario, text)
+    assert "model.num_layer" in msg and "did you mean 'num_layers'" in msg
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "num_layer:" in t)
+    assert f".yaml:{line}:" in msg
+
+
+def test_duplicate_key_is_rejected(write_scenario):
+    msg = _error(write_scenario, small_scenario() + "seed: 3\n")
+    assert "seed: duplicate key" in msg
+
+
+def test_unknown_nic_type_lists_the_known_ones(write_scenario):
+    msg = _error(write_scenario, small_scenario().replace("type: ib,", "type: infiniband,"))
+    assert "clusters[0].nodes[0].nics[0].type" in msg
+    assert "'infiniband' is not allowed (expected one of: ib, roce, ethernet)" in msg
+
+
+def test_nic_on_undeclared_fabric(write_scenario):
+    msg = _error(write_scenario, small_scenario().replace("fabric: ib", "fabric: ib-west"))
+    assert "clusters[0].nodes[0].nics[0].fabric" in msg and "ib-west" in msg
+    assert "declare it under `fabrics:`" in msg
+
+
+def test_nic_type_no_fabric_carries(write_scenario):
+    text = small_scenario().replace("- {name: ib, type: ib}", "- {name: ib, type: roce}")
+    msg = _error(write_scenario, text)
+    assert "fabric 'ib' is roce, but this NIC is ib" in msg
+
+
+def test_degrees_that_do_not_multiply(write_scenario):
+    msg = _error(write_scenario, small_scenario(nodes_ib=3, tp=8, pp=2))
+    assert "parallel.pipeline" in msg and "24 GPUs" in msg
+
+
+def test_explicit_data_degree_mismatch(write_scenario):
+    text = small_scenario().replace("schedule: 1f1b,", "data: 4, schedule: 1f1b,")
+    msg = _error(write_scenario, text)
+    assert "parallel.data" in msg and "set data: 1" in msg
+
+
+def test_tp_larger_than_a_node(write_scenario):
+    msg = _error(write_scenario, small_scenario(gpus=4, nodes_ib=4, tp=8))
+    assert "parallel.tensor" in msg and "smallest node has 4" in msg
+
+
+def test_fewer_layers_than_stages(write_scenario):
+    msg = _error(write_scenario, small_scenario(nodes_ib=4, tp=8, pp=4, layers=3))
+    assert "model.num_layers" in msg and "3 layers cannot fill" in msg
+
+
+def test_batch_not_divisible(write_scenario):
+    msg = _error(write_scenario, small_scenario(nodes_ib=4, tp=8, pp=2, global_batch=15))
+    assert "training.global_batch_size" in msg and "15" in msg
+
+
+def test_interleaved_needs_microbatches_multiple_of_stages(write_scenario):
+    msg = _error(write_scenario, small_scenario(nodes_ib=4, tp=8, pp=4, global_batch=6,
+                                                schedule="interleaved", virtual=2))
+    assert "parallel.schedule" in msg and "multiple of" in msg
+
+
+def test_unknown_policy(write_scenario):
+    msg = _error(write_scenario, small_scenario(policies="[megatron, holmez]"))
+    assert "policies[1]" in msg and "holmez" in msg and "holmes" in msg
+
+
+def test_unknown_gpu_model(write_scenario):
+    msg = _error(write_scenario, small_scenario().replace("a100-80gb", "a100-96gb", 1))
+    assert "clusters[0].nodes[0].gpu" in msg and "unknown GPU model 'a100-96gb'" in msg
+
+
+def test_wrong_value_type(write_scenario):
+    msg = _error(write_scenario, small_scenario().replace("micro_batch_size: 1", "micro_batch_size: two"))
+    assert "training.micro_batch_size" in msg and "whole number" in msg
+
+
+def test_negative_bandwidth(write_scenario):
+    msg = _error(write_scenario, small_scenario(ib_gbit=-5))
+    assert "bandwidth_gbit_per_s" in msg and "greater than 0" in msg
+
+
+def test_clusters_without_a_link(write_scenario):
+    text = small_scenario().replace("clusters:\n  - name: c\n", "clusters:\n  - name: d\n    nodes:\n"
+                                    "      - {gpu: a100-80gb, nics: [{type: ethernet, model: eth-25g}]}\n"
+                                    "  - name: c\n")
+    msg = _error(write_scenario, text)
+    assert "inter_cluster_links" in msg and "'d' and 'c' are not joined" in msg
+
+
+def test_catalog_override_is_used(write_scenario):
+    text = small_scenario().replace("a100-80gb", "my-gpu") + (
+        "catalog:\n  gpus:\n    my-gpu: {peak_tflops: 100, memory_gib: 24, "
+        "memory_bandwidth_gbyte_per_s: 900}\n")
+    prepared = prepare(write_scenario(text))
+    gpu = prepared.cluster.nodes[0].gpu
+    assert gpu.peak_flop_per_s == 100e12 and gpu.memory_bytes == 24 * 2**30

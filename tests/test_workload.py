@@ -1,0 +1,68 @@
+"""Cost formulas against numbers computed by hand from the cited equations."""
+
+from __future__ import annotations
+
+import pytest
+
+from holmes_sim.spec.job import ModelSpec, TrainingSpec
+from holmes_sim.workload import build_workload
+
+
+def _gpt(**training) -> object:
+    model = ModelSpec(num_layers=36, hidden_size=4096, num_attention_heads=32, seq_length=2048,
+                      vocab_size=51200)
+    return build_workload(model, TrainingSpec(global_batch_size=1024, micro_batch_size=4, **training))
+
+
+def test_layer_params_is_12h2_plus_13h():
+    w = _gpt()
+    assert w.layer_params == 12 * 4096**2 + 13 * 4096 == 201_379_840
+
+
+def test_total_params_of_the_7_5b_model():
+    # 36 layers x 201,379,840 + 51,200 x 4,096 word + 2,048 x 4,096 position + 2 x 4,096 final LN
+    assert _gpt().total_params == 36 * 201_379_840 + 51200 * 4096 + 2048 * 4096 + 8192
+    assert 7.4e9 < _gpt().total_params < 7.6e9
+
+
+def test_forward_flop_per_layer():
+    # 24 b s h^2 + 4 b s^2 h with b=4, s=2048, h=4096
+    assert _gpt().layer_forward_flop == 24 * 4 * 2048 * 4096**2 + 4 * 4 * 2048**2 * 4096
+    assert _gpt().logits_forward_flop == 2 * 4 * 2048 * 4096 * 51200
+
+
+def test_backward_factor():
+    assert _gpt().backward_factor == 2.0
+    assert _gpt(recompute="full").backward_factor == 3.0
+
+
+def test_messages():
+    w = _gpt()
+    assert w.pp_message_bytes(tp=1) == 4 * 2048 * 4096 * 2  # b s h bf16
+    assert w.pp_message_bytes(tp=8) == 4 * 2048 * 4096 * 2 / 8  # scatter-gather
+    assert w.grad_bytes_of(1000) == 4000  # fp32 gradient reduction by default
+    assert _gpt(grad_reduce_in_fp32=False).grad_bytes_of(1000) == 2000
+
+
+def test_state_bytes():
+    w = _gpt()
+    assert w.state_bytes_per_param(dp=8, sharded=False) == 16
+    assert w.state_bytes_per_param(dp=8, sharded=True) == 4 + 12 / 8
+
+
+def test_activation_memory_korthikanti():
+    w = _gpt()
+    sbh = 2048 * 4 * 4096
+    assert w.activation_bytes_per_layer(1) == pytest.approx(sbh * (34 + 5 * 32 * 2048 / 4096))
+    assert w.activation_bytes_per_layer(4) == pytest.approx(sbh * (10 + 24 / 4 + 5 * 32 * 2048 / (4096 * 4)))
+    assert _gpt(sequence_parallel=True).activation_bytes_per_layer(4) == \
+        pytest.approx(sbh * (34 + 5 * 32 * 2048 / 4096) / 4)
+    assert _gpt(recompute="full").activation_bytes_per_layer(1) == 2 * sbh
+
+
+def test_megatron_tflops_formula():
+    w = _gpt(recompute="full")
+    B, s, L, h, V = 1024, 2048, 36, 4096, 51200
+    flop = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    assert w.megatron_tflops_per_gpu(10.0, 64) == pytest.approx(flop / 10.0 / 64 / 1e12)
+    assert _gpt().model_flop_per_iteration() == pytest.approx(flop * 72 / 96)
