@@ -121,6 +121,59 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
               f"{prepared.num_microbatches} micro-batches", highlight=False)
 
 
+DEFAULT_TESTBED = Path(__file__).resolve().parent.parent / "validation" / "testbeds" / "default.yaml"
+
+
+@app.command()
+def validate(
+    testbed: Annotated[Path, typer.Argument(help="Testbed scenario (same schema, small, with a "
+                                            "`testbed:` section).")] = DEFAULT_TESTBED,
+    real: Annotated[bool, typer.Option("--real", help="Calibrate, predict, run for real, compare.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Build every group and stage on gloo, "
+                                          "without training.")] = False,
+    cleanup: Annotated[bool, typer.Option("--cleanup", help="Remove namespaces a killed run left.")] = False,
+    policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Only these policies.")] = None,
+    iterations: Annotated[int | None, typer.Option(help="Measured iterations per policy.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the comparison as JSON.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write figures and report.md here.")] = None,
+) -> None:
+    """Run plans for real with torch.distributed on an emulated testbed and compare with the
+    simulator's predictions (exit 1 when a case leaves the tolerance)."""
+    from holmes_sim import validate as v
+    from holmes_sim.report.files import write_json
+
+    try:
+        if cleanup:
+            removed = v.cleanup()
+            out.print(f"removed {len(removed)} leftover(s): {', '.join(removed) or 'none'}")
+            return
+        if real == dry_run:
+            raise _usage("choose one of --real (measure and compare) or --dry-run (build only)")
+        names = _check_policy_names(policy)
+        if dry_run:
+            for line in v.dry_run(testbed, names):
+                out.print(line, highlight=False)
+            return
+        result = v.validate_real(testbed, names, iterations, progress=lambda m: err.print(m, highlight=False))
+        if json_path is not None:
+            write_json(json_path, result.to_json())
+        if report is not None:
+            from holmes_sim.report.document import write_validation_report
+
+            write_validation_report(report, result)
+    except HolmesError as exc:
+        raise _fail(exc) from None
+    out.print(v.comparison_table(result))
+    if not result.within_tolerance:
+        raise typer.Exit(1)
+
+
+def _usage(message: str) -> HolmesError:
+    from holmes_sim.errors import ScenarioError
+
+    return ScenarioError(message)
+
+
 @app.command()
 def scenarios() -> None:
     """List the bundled scenarios, one line each."""

@@ -7,7 +7,8 @@ The profile is the JSON `holmes-sim validate` writes (see `docs/validation.md`):
      "compute": {GPU_MODEL: {"layer_forward_s", "layer_backward_s", "embedding_forward_s",
                              "embedding_backward_s", "head_forward_s", "head_backward_s",
                              "optimizer_s_per_param"}},
-     "fabrics": {FABRIC: {"bandwidth_bytes_per_s", "latency_s"}}}
+     "fabrics": {FABRIC: {"bandwidth_bytes_per_s", "latency_s"}},
+     "host": {"effective_cores"}}   # only for an emulated testbed whose ranks share a CPU
 """
 
 from __future__ import annotations
@@ -92,6 +93,12 @@ class Profile:
     compute: ProfiledCompute
     fabrics: dict[str, dict[str, float]]
     raw: dict
+
+    @property
+    def shared_cpu_cores(self) -> float | None:
+        """Cores the ranks of an emulated testbed share (None: independent accelerators)."""
+        host = self.raw.get("host")
+        return None if not host else float(host["effective_cores"])
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -36,10 +36,17 @@ def plan_policy(prepared: Prepared, name: str) -> tuple[Plan, Cluster]:
 def run_policy(prepared: Prepared, name: str) -> Outcome:
     """Plan and simulate one policy."""
     plan, cluster = plan_policy(prepared, name)
-    options = EngineOptions(step_by_step=prepared.scenario.engine.collectives == "step-by-step")
+    options = engine_options(prepared)
     trace = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     costs = OpCosts(cluster, prepared.workload, prepared.compute, plan.tp)
     return Outcome(plan, cluster, trace, summarize(plan, trace, cluster, prepared.workload, costs))
+
+
+def engine_options(prepared: Prepared) -> EngineOptions:
+    """Engine switches from the scenario (collectives) and the profile (shared host CPU)."""
+    return EngineOptions(
+        step_by_step=prepared.scenario.engine.collectives == "step-by-step",
+        shared_cpu_cores=prepared.profile.shared_cpu_cores if prepared.profile else None)
 
 
 def run_scenario(prepared: Prepared, policies: list[str] | None = None) -> list[Outcome]:

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from holmes_sim.backend.worker import FlatOptimizer
 from holmes_sim.backend.model import (
     GPTConfig,
     make_block,
@@ -24,7 +25,8 @@ from holmes_sim.backend.model import (
 
 _WARMUP = 2
 _KEYS = ("embedding_forward_s", "embedding_backward_s", "block_forward_s", "block_backward_s",
-         "head_forward_s", "head_backward_s")
+         "head_forward_s", "head_backward_s", "optimizer_per_param_s")
+_OPTIMIZER_PARAMS = 1 << 18  # elements of the flat tensor the Adam step is timed on
 
 
 def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: int = 1,
@@ -91,6 +93,7 @@ def _measure_one(config: GPTConfig, micro_batch_size: int, repeats: int, torch_t
 def _one_round(emb, block, head, tokens, targets, x) -> tuple[float, ...]:
     """Forward and backward seconds of embedding, block and head for one micro-batch."""
     out = []
+    flat = torch.zeros(_OPTIMIZER_PARAMS)
     for piece in ("embedding", "block", "head"):
         t0 = time.perf_counter()
         if piece == "embedding":
@@ -105,4 +108,9 @@ def _one_round(emb, block, head, tokens, targets, x) -> tuple[float, ...]:
         out += [t1 - t0, t2 - t1]
     for m in (emb, block, head):
         m.zero_grad(set_to_none=True)
+    # The worker's optimizer (elementwise Adam on flat fp32 shards): seconds per parameter.
+    opt = FlatOptimizer("adam", 1e-3)
+    t0 = time.perf_counter()
+    opt.step(0, flat, torch.ones_like(flat))
+    out.append((time.perf_counter() - t0) / _OPTIMIZER_PARAMS)
     return tuple(out)

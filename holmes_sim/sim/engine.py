@@ -38,9 +38,19 @@ from holmes_sim.workload import Workload
 
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
-    """`step_by_step`: ring collectives as 2(p-1) rounds instead of p steady-state flows."""
+    """Engine switches.
+
+    Attributes:
+        step_by_step: ring collectives as 2(p-1) rounds instead of p steady-state flows.
+        shared_cpu_cores: None for real accelerators (each entity computes independently). On an
+            emulated testbed, where every rank is a process on one host, the number of cores the
+            ranks share: compute ops then run as flows on a host "CPU" link of that capacity, each
+            op at most one core (processor sharing: k busy ranks on C cores each progress at
+            min(1, C/k) of their solo speed).
+    """
 
     step_by_step: bool = False
+    shared_cpu_cores: float | None = None
 
 
 def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
@@ -62,6 +72,10 @@ class _Simulation:
         self.plan, self.cluster, self.workload = plan, cluster, workload
         self.env = simpy.Environment()
         self.caps = link_capacities(cluster)
+        self.cpu = options.shared_cpu_cores
+        if self.cpu is not None:  # compute durations become core-seconds on a shared host
+            self.caps[("cpu",)] = self.cpu
+            self.caps.update({("core", s, d): 1.0 for s in range(plan.pp) for d in range(plan.dp)})
         self.net = FlowNetwork(self.env, self.caps)
         self.trace = Trace()
         self.coll = Collectives(self.env, self.net, self.trace, options.step_by_step)
@@ -92,12 +106,14 @@ class _Simulation:
     def _build_entities(self) -> None:
         p = self.plan
         self.entity: dict[tuple[int, int], Entity] = {}
+        self._cpu_path: dict[str, tuple] = {}
         for s in range(p.pp):
             for d in range(p.dp):
                 gpus = p.entity_gpus(s, d)
                 node = self.cluster.node(gpus[0].node)
                 e = Entity(f"s{s}.d{d}", s, d, node.name, node.cluster, tuple(map(str, gpus)))
                 self.entity[(s, d)] = e
+                self._cpu_path[e.name] = ((("cpu",), 1.0), (("core", s, d), 1.0))
                 self.trace.entities.append(e)
 
     def _entity_path(self, group, a: tuple[int, int], b: tuple[int, int]) -> Path:
@@ -206,13 +222,22 @@ class _Simulation:
         return got
 
     def _compute(self, name: str, op: Op, kind: OpKind, dur: float, tp: float = 0.0):
-        """Compute for `dur` seconds, then the op's TP all-reduces for `tp` seconds (one wait)."""
+        """Compute for `dur` seconds, then the op's TP all-reduces for `tp` seconds (one wait).
+        On a shared-CPU testbed the op is `dur + tp` core-seconds of work on the host's cores."""
         start = self.env.now
-        yield self.env.timeout(dur + tp)
+        yield self._work(name, dur + tp)
+        if self.cpu is not None and dur + tp > 0:  # stretched by sharing: split in proportion
+            dur = (self.env.now - start) * dur / (dur + tp)
         self.trace.add(OpRecord(start, start + dur, name, "compute", kind, 0, op.microbatch, op.chunk))
         if tp > 0:
             self.trace.add(OpRecord(start + dur, self.env.now, name, "compute", OpKind.TP_COMM,
                                     0, op.microbatch, op.chunk))
+
+    def _work(self, name: str, seconds: float) -> simpy.Event:
+        """An event after `seconds` of compute: a timeout, or core-seconds on a shared host."""
+        if self.cpu is None:
+            return self.env.timeout(seconds)
+        return self.net.transfer(self._cpu_path[name], seconds)
 
     def _gated_compute(self, name: str, op: Op, kind: OpKind, dur: float, tp: float,
                        gathers: list[tuple[simpy.Event, float]]):
@@ -302,7 +327,7 @@ class _Simulation:
                      for c in range(self.plan.num_chunks))
         shard = self.plan.dp if mode.sharded else 1
         start = self.env.now
-        yield self.env.timeout(self.costs.optimizer_s(node, params / self.plan.tp / shard))
+        yield self._work(name, self.costs.optimizer_s(node, params / self.plan.tp / shard))
         self.trace.add(OpRecord(start, self.env.now, name, "compute", OpKind.OPTIMIZER))
         if stream is not None and mode is OptimizerMode.DISTRIBUTED:
             gathers = [self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes)

@@ -44,6 +44,8 @@ _REL_EPS_BYTES = 1e-9
 _REL_EPS_TIME = 1e-13
 # Rate changes smaller than this (relative) keep the flow's scheduled completion.
 _REL_EPS_RATE = 1e-12
+# Slack when checking that a local re-share is still max-min fair (saturation, rate order).
+_REL_EPS_CHECK = 1e-9
 
 # Resolved paths kept for reuse (paths repeat: ring hops, pipeline sends).
 _ROUTE_CACHE_SIZE = 65536
@@ -56,7 +58,7 @@ class _Flow:
 
     __slots__ = (
         "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
-        "mark", "new_rate",
+        "mark", "new_rate", "bneck",
     )
 
     def __init__(self, fid: int, links: tuple[tuple[int, float], ...], size: float,
@@ -72,6 +74,7 @@ class _Flow:
         self.token = 0  # the start entry has token 0; each completion entry a new one
         self.mark = 0  # component-search stamp
         self.new_rate = -1.0  # progressive-filling scratch; < 0 means not frozen yet
+        self.bneck = -1  # link index where the flow froze in the last filling
 
 
 class TransferEvent(simpy.Event):
@@ -97,11 +100,16 @@ class FlowNetwork:
         # Scratch per link, reused by every recomputation.
         self._load = [0.0] * n
         self._wsum = [0.0] * n
+        self._resid = [0.0] * n  # capacity left to the flows being re-shared
+        self._fixed_max = [0.0] * n  # fastest flow on the link that keeps its rate
+        self._new_max = [0.0] * n  # fastest re-shared flow on the link
         self._nfree = [0] * n
         self._lmark = [0] * n
         self._stamp = 0
         self._comp_links: list[int] = []
         self._comp_flows: list[_Flow] = []
+        self._region_links: list[int] = []
+        self._region_flows: list[_Flow] = []
         self._comp_bounds: list[tuple[int, int]] = []
         self._routes: dict[PathUse, tuple[tuple[int, float], ...]] = {}
         self._seeds: list[int] = []  # links touched since the last recomputation
@@ -237,33 +245,124 @@ class FlowNetwork:
         self._active -= 1
 
     # -- sharing ---------------------------------------------------------------------------
+    #
+    # A recomputation first re-shares only the region R: the flows on the touched links. Flows
+    # outside R keep their rates and their load is subtracted from the capacities. The result
+    # is accepted if it is max-min fair as a whole, which holds iff every flow has a bottleneck
+    # (a saturated link where no flow is faster; Bertsekas and Gallager, section 6.5.2): each
+    # flow of R must not be slower than a kept flow on the link where it froze, and each kept
+    # flow whose bottleneck lies in R's links must still find it saturated and itself fastest.
+    # Otherwise the connected components of R are re-shared whole.
 
     def _update(self) -> None:
-        """Retire finished flows around the touched links, then re-share their components."""
-        flows, links, bounds = self._components()
-        if not flows:
-            return
-        self.rate_recomputations += 1
+        """Retire finished flows around the touched links, then re-share what they affect."""
         now = self._env.now
-        finished = self._retire(flows, now)
-        cap = self._cap
-        f0 = l0 = 0
-        for f1, l1 in bounds:
-            comp = flows[f0:f1]
-            if finished:
-                comp = [f for f in comp if f.state == _ACTIVE]
-            if len(comp) == 1:
-                flow = comp[0]
-                flow.new_rate = min(cap[link] / w for link, w in flow.links)
-            elif comp:
-                self._fill(comp, links[l0:l1])
-            f0, l0 = f1, l1
-        self._reschedule(flows, now)
+        flows, links = self._region(self._seeds)
+        self._seeds.clear()
+        finished = more = self._retire(flows, now)
+        while more:
+            # Retired flows free capacity on links beyond the seeds: widen the region.
+            flows, links = self._region(list(links))
+            more = self._retire(flows, now)
+            finished = finished + more
+        if flows:
+            self.rate_recomputations += 1
+            if not self._share_locally(flows, links):
+                flows = self._share_components(links)
+            self._reschedule(flows, now)
         for flow in finished:
             flow.done.succeed()
 
-    def _components(self) -> tuple[list[_Flow], list[int], list[tuple[int, int]]]:
-        """Flows and links connected to the seed links, grouped by connected component.
+    def _region(self, seeds: list[int]) -> tuple[list[_Flow], list[int]]:
+        """Active flows on the `seeds` links, and every link those flows cross (stamped)."""
+        self._stamp += 1
+        stamp = self._stamp
+        lmark, members = self._lmark, self._members
+        flows, links = self._region_flows, self._region_links
+        flows.clear()
+        links.clear()
+        for seed in seeds:
+            if lmark[seed] != stamp:
+                lmark[seed] = stamp
+                links.append(seed)
+                for flow in members[seed]:
+                    if flow.mark != stamp:
+                        flow.mark = stamp
+                        flows.append(flow)
+        for flow in flows:
+            for link, _ in flow.links:
+                if lmark[link] != stamp:
+                    lmark[link] = stamp
+                    links.append(link)
+        return flows, links
+
+    def _share_locally(self, flows: list[_Flow], links: list[int]) -> bool:
+        """Re-share `flows` (the region, stamped) around the kept flows; False if not fair."""
+        stamp = self._stamp
+        cap, members, resid, fixed_max = self._cap, self._members, self._resid, self._fixed_max
+        crossings = 0
+        for link in links:
+            fixed = 0.0
+            fastest = 0.0
+            for other, w in members[link].items():
+                if other.mark != stamp:
+                    rate = other.rate
+                    fixed += w * rate
+                    if rate > fastest:
+                        fastest = rate
+            crossings += len(members[link])
+            left = cap[link] - fixed
+            resid[link] = left if left > 0.0 else 0.0
+            fixed_max[link] = fastest
+        if crossings == sum(len(flow.links) for flow in flows):
+            self._fill(flows, links, resid)  # no kept flow: the region is whole components
+            return True
+        self._fill(flows, links, resid)
+        return self._is_fair(flows, links)
+
+    def _is_fair(self, flows: list[_Flow], links: list[int]) -> bool:
+        """Check the bottleneck condition after a local re-share (see the section comment)."""
+        stamp = self._stamp
+        cap, load, resid, members = self._cap, self._load, self._resid, self._members
+        fixed_max, new_max, lmark = self._fixed_max, self._new_max, self._lmark
+        slack = 1.0 + _REL_EPS_CHECK
+        for link in links:
+            new_max[link] = 0.0
+        for flow in flows:
+            rate = flow.new_rate
+            if rate <= 0.0 or rate * slack < fixed_max[flow.bneck]:
+                return False
+            for link, _ in flow.links:
+                if rate > new_max[link]:
+                    new_max[link] = rate
+        full = 1.0 - _REL_EPS_CHECK
+        for link in links:
+            for other in members[link]:
+                if other.mark == stamp:
+                    continue
+                b = other.bneck
+                if lmark[b] != stamp:
+                    continue  # its bottleneck is untouched
+                used = cap[b] - resid[b] + load[b]
+                if used < cap[b] * full or other.rate * slack < max(new_max[b], fixed_max[b]):
+                    return False
+        return True
+
+    def _share_components(self, seeds: list[int]) -> list[_Flow]:
+        """Re-share whole connected components around `seeds`; return their flows."""
+        stamp_flows = self._region_flows
+        for flow in stamp_flows:
+            flow.new_rate = -1.0  # discard the rejected local result
+        flows, links, bounds = self._components(seeds)
+        cap = self._cap
+        f0 = l0 = 0
+        for f1, l1 in bounds:
+            self._fill(flows[f0:f1], links[l0:l1], cap)
+            f0, l0 = f1, l1
+        return flows
+
+    def _components(self, seeds: list[int]) -> tuple[list[_Flow], list[int], list[tuple[int, int]]]:
+        """Flows and links connected to `seeds`, grouped by connected component.
 
         Returns (flows, links, bounds): component k spans flows[f_{k-1}:f_k] and
         links[l_{k-1}:l_k] where bounds[k] = (f_k, l_k). Breadth-first from the seeds in order.
@@ -275,7 +374,7 @@ class FlowNetwork:
         links.clear()
         flows.clear()
         bounds.clear()
-        for seed in self._seeds:
+        for seed in seeds:
             if lmark[seed] == stamp:
                 continue
             lmark[seed] = stamp
@@ -295,12 +394,11 @@ class FlowNetwork:
             if len(flows) > n_flows:
                 bounds.append((len(flows), len(links)))
             else:
-                del links[-1]  # an emptied link on its own
-        self._seeds.clear()
+                del links[-1]  # an empty link on its own
         return flows, links, bounds
 
     def _retire(self, flows: list[_Flow], now: float) -> list[_Flow]:
-        """Remove the flows within epsilon of their last byte, ordered by id."""
+        """Remove from `flows` (in place) those within epsilon of their last byte, by id."""
         finished: list[_Flow] = []
         time_eps = now * _REL_EPS_TIME
         for flow in flows:
@@ -316,12 +414,26 @@ class FlowNetwork:
                 for link, _ in flow.links:
                     del members[link][flow]
                 self._finish(flow)
+            flows[:] = [f for f in flows if f.state == _ACTIVE]
         return finished
 
-    def _fill(self, alive: list[_Flow], links: list[int]) -> None:
-        """Progressive filling of one component; sets each flow's `new_rate` (bytes/s)."""
-        cap, load, wsum, nfree, members = (
-            self._cap, self._load, self._wsum, self._nfree, self._members)
+    def _fill(self, alive: list[_Flow], links: list[int], caps: list[float]) -> None:
+        """Progressive filling of `alive` over `links` with capacities `caps` (bytes/s).
+
+        Sets each flow's `new_rate` and `bneck`; leaves each link's re-shared load in `_load`.
+        """
+        if len(alive) == 1:
+            flow = alive[0]
+            best, bneck = math.inf, -1
+            for link, w in flow.links:
+                rate = caps[link] / w
+                if rate < best:
+                    best, bneck = rate, link
+            flow.new_rate, flow.bneck = best, bneck
+            for link, w in flow.links:
+                self._load[link] = w * best
+            return
+        load, wsum, nfree, members = self._load, self._wsum, self._nfree, self._members
         for link in links:
             load[link] = 0.0
             wsum[link] = 0.0
@@ -330,24 +442,39 @@ class FlowNetwork:
             for link, w in flow.links:
                 wsum[link] += w
                 nfree[link] += 1
-        heap = [(cap[link] / wsum[link], link) for link in links if nfree[link]]
+        unfrozen = len(alive)
+        for flow in alive:  # a flow alone on all its links takes its narrowest one
+            best, bneck = math.inf, -1
+            for link, w in flow.links:
+                if nfree[link] != 1:
+                    break
+                rate = caps[link] / w
+                if rate < best:
+                    best, bneck = rate, link
+            else:
+                flow.new_rate, flow.bneck = best, bneck
+                unfrozen -= 1
+                for link, w in flow.links:
+                    load[link] = w * best
+                    nfree[link] = 0
+        heap = [(caps[link] / wsum[link], link) for link in links if nfree[link]]
         heapq.heapify(heap)
         pop, push = heapq.heappop, heapq.heappush
         level = 0.0
-        unfrozen = len(alive)
         while unfrozen:
             key, link = pop(heap)
             if not nfree[link]:
                 continue
-            sat = (cap[link] - load[link]) / wsum[link]
+            sat = (caps[link] - load[link]) / wsum[link]
             if sat > key:  # the link gained headroom since it was pushed
                 push(heap, (sat, link))
                 continue
             if sat > level:
                 level = sat
             for flow in members[link]:
-                if flow.new_rate < 0.0:
+                if flow.new_rate < 0.0 and flow.mark == self._stamp:
                     flow.new_rate = level
+                    flow.bneck = link
                     unfrozen -= 1
                     for other, w in flow.links:
                         load[other] += w * level
@@ -355,13 +482,11 @@ class FlowNetwork:
                         nfree[other] -= 1
 
     def _reschedule(self, flows: list[_Flow], now: float) -> None:
-        """Adopt each active flow's `new_rate`; post a completion only where the rate changed."""
+        """Adopt each flow's `new_rate`; post a completion only where the rate changed."""
         agenda = self._agenda
         seq = self._seq
         for flow in flows:
             new = flow.new_rate
-            if new < 0.0:
-                continue  # retired
             flow.new_rate = -1.0
             old = flow.rate
             if old > 0.0:

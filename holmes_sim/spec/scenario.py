@@ -23,6 +23,28 @@ class EngineSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TestbedSpec:
+    """How `holmes-sim validate --real` runs this scenario on the emulated testbed."""
+
+    __test__ = False  # not a pytest test class
+
+    iterations: int = 8
+    """Measured iterations per policy (after warm-up)."""
+    warmup: int = 2
+    """Iterations run first and left out of the timing."""
+    tolerance_pct: float = 10.0
+    """Largest |predicted - measured| / measured, in %, a case may show."""
+    timeout_s: float = 240.0
+    """Wall-clock limit of one policy's real run, seconds."""
+    calibration_repeats: int = 20
+    """Timed repetitions per piece when measuring compute."""
+    link_probe_bytes: int = 4000000
+    """Size of the message that measures each fabric's throughput, bytes."""
+    optimizer: Literal["adam", "sgd"] = "adam"
+    learning_rate: float = 0.001
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Scenario:
     """A described cluster and job, and what to compare on it."""
 
@@ -38,6 +60,8 @@ class Scenario:
     policies: tuple[str, ...] = DEFAULT_POLICIES
     catalog: CatalogSpec = field(default_factory=CatalogSpec)
     engine: EngineSpec = field(default_factory=EngineSpec)
+    testbed: TestbedSpec | None = None
+    """Present in validation testbed files (`validation/testbeds/`)."""
     profile: str | None = None
     """Path (relative to the scenario file) of a measured profile JSON that replaces catalog
     compute and link numbers (written by `holmes-sim validate`)."""

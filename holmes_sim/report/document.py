@@ -1,0 +1,198 @@
+"""The `--report DIR` output of `run` and `validate --real`: figures, Chrome traces, results.json
+and a Markdown report whose findings are computed from the data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+from holmes_sim.metrics import BREAKDOWN_KEYS, Result
+from holmes_sim.prepare import Prepared
+from holmes_sim.report import plots
+from holmes_sim.report.files import write_atomic, write_json
+from holmes_sim.report.perfetto import write_chrome_trace
+from holmes_sim.runner import BASELINE, Outcome, results_document, speedups
+
+# Policies that change or restrict the hardware: bounds, not placements one could deploy.
+REFERENCES = ("all-ib", "all-ethernet")
+TIE_REL = 1e-6
+
+
+class ValidationResult(Protocol):
+    """What `write_validation_report` needs: the `validate --real` JSON document."""
+
+    def to_json(self) -> dict: ...
+
+
+def write_report(directory: Path, prepared: Prepared, outcomes: list[Outcome]) -> None:
+    """Write figures, a Chrome trace per policy, results.json and report.md into `directory`."""
+    directory = Path(directory)
+    results = [o.result for o in outcomes]
+    name = prepared.scenario.name
+    plots.save_figure(plots.iteration_time_figure(
+        results, f"{name}: iteration time and throughput per policy (fastest first)"),
+        directory / "iteration_time.png")
+    plots.save_figure(plots.breakdown_figure(
+        results, f"{name}: where the iteration goes, per policy (fastest first)"),
+        directory / "breakdown.png")
+    plots.save_figure(plots.memory_figure(
+        results, f"{name}: peak memory per GPU of each pipeline stage vs GPU capacity"),
+        directory / "memory.png")
+    for o in outcomes:
+        plots.save_figure(plots.timeline_figure(o.trace, o.plan.policy),
+                          directory / f"timeline_{o.plan.policy}.png")
+        write_chrome_trace(directory / f"trace_{o.plan.policy}.json", o.trace)
+    write_json(directory / "results.json", results_document(prepared, outcomes,
+                                                            prepared.scenario.seed))
+    write_atomic(directory / "report.md", report_markdown(prepared, outcomes))
+
+
+def report_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
+    """report.md: set-up, findings, results table, figures and traces."""
+    s = prepared.scenario
+    policies = [o.plan.policy for o in outcomes]
+    lines = [
+        f"# {s.name}: one simulated training iteration per policy", "",
+        f"{s.description or s.name}. Model {s.model.name}, {prepared.cluster.num_gpus} GPUs, "
+        f"TP {prepared.tp} x PP {prepared.pp} x DP {prepared.dp}, "
+        f"{prepared.num_microbatches} micro-batches ({s.parallel.schedule} schedule), "
+        f"seed {s.seed}. Source: `{prepared.source}`.", "",
+        "## Findings", "", findings(outcomes), "",
+        "## Results (fastest first)", "", results_markdown_table(outcomes), "",
+        "## Figures", "",
+        "Iteration time and throughput per policy:", "", "![iteration time](iteration_time.png)",
+        "", "Time breakdown (mean over entities; sums to the iteration time):", "",
+        "![breakdown](breakdown.png)", "",
+        "Peak memory per GPU of each pipeline stage against the GPU capacity:", "",
+        "![memory](memory.png)", "",
+        "### Timelines", "",
+        "One row per (stage, replica) entity: the tall lane is the compute stream (forward, "
+        "backward, TP comm, waits), the thin lanes PP sends and DP collectives. Grey and white "
+        "gaps are bubbles; orange and red are exposed PP and DP communication.", "",
+    ]
+    for p in policies:
+        lines += [f"![timeline {p}](timeline_{p}.png)", ""]
+    lines += ["## Files", "",
+              "- `results.json`: the `run --json` document (every figure above, per policy).",
+              "- `trace_<policy>.json`: Chrome trace of the iteration; open it in "
+              "https://ui.perfetto.dev or chrome://tracing.", ""]
+    return "\n".join(lines)
+
+
+def results_markdown_table(outcomes: list[Outcome]) -> str:
+    """A Markdown table with one row per policy, in the given order."""
+    ups = speedups(outcomes)
+    head = ["policy", "iter s", "TFLOP/s/GPU", "samples/s", "MFU", "bubble", "DP exposed s",
+            "PP exposed s", "layers/stage", "peak GiB", "fits", "speed-up vs megatron"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * 7 +
+                                                          ["---", "---:", "---", "---:"]) + "|"]
+    for o in outcomes:
+        r = o.result
+        up = f"{ups[r.policy]:.2f}x" if ups else "-"
+        cells = [r.policy, f"{r.iteration_time_s:.3f}", f"{r.tflops_per_gpu:.1f}",
+                 f"{r.samples_per_s:.1f}", f"{r.mfu:.1%}", f"{r.bubble_fraction:.1%}",
+                 f"{r.breakdown_s['dp_exposed']:.3f}", f"{r.breakdown_s['pp_exposed']:.3f}",
+                 "/".join(map(str, r.layers_per_stage)), f"{r.memory.peak_gib:.1f}",
+                 "yes" if r.memory.fits else "NO (OOM)", up]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def largest_cost(result: Result) -> tuple[str, float]:
+    """The biggest non-compute breakdown category of `result` and its seconds."""
+    others = [k for k in BREAKDOWN_KEYS if k != "compute"]
+    key = max(others, key=lambda k: (result.breakdown_s[k], -others.index(k)))
+    return key, result.breakdown_s[key]
+
+
+def findings(outcomes: list[Outcome]) -> str:
+    """One paragraph: who wins, by how much over megatron, and the largest cost it still pays."""
+    if not outcomes:
+        return "No policy was run."
+    ordered = sorted((o.result for o in outcomes), key=lambda r: (r.iteration_time_s, r.policy))
+    ups = speedups(outcomes)
+    winner = ordered[0]
+    parts = [_win_sentence(winner, ordered, ups)]
+    real = next((r for r in ordered if r.policy not in REFERENCES), None)
+    if winner.policy in REFERENCES and real is not None:
+        parts.append(f"{winner.policy} is a reference that changes the network, so it is a "
+                     f"bound rather than a placement; the fastest policy on the scenario's own "
+                     f"hardware is {_win_sentence(real, ordered, ups, lead=False)}")
+    parts.append(_cost_sentence(winner))
+    if real is not None and real is not winner:
+        parts.append(_cost_sentence(real))
+    oom = [r.policy for r in ordered if not r.memory.fits]
+    if oom:
+        parts.append(f"Not fitting in GPU memory: {', '.join(oom)}.")
+    return " ".join(parts)
+
+
+def _win_sentence(r: Result, ordered: list[Result], ups: dict[str, float], lead: bool = True
+                  ) -> str:
+    ties = [o.policy for o in ordered if o is not r and
+            abs(o.iteration_time_s - r.iteration_time_s) <= TIE_REL * r.iteration_time_s]
+    tie = f" (tied with {', '.join(ties)})" if ties else ""
+    text = (f"{r.policy}{tie} at {r.iteration_time_s:.3f} s per iteration "
+            f"({r.tflops_per_gpu:.1f} TFLOP/s per GPU)")
+    if not ups:
+        gain = "; megatron was not run, so there is no speed-up to report."
+    elif r.policy == BASELINE:
+        gain = ", i.e. megatron itself is fastest."
+    else:
+        base = next(o for o in ordered if o.policy == BASELINE)
+        gain = (f", {ups[r.policy]:.2f}x faster than megatron ({base.iteration_time_s:.3f} s, "
+                f"{100 * (1 - r.iteration_time_s / base.iteration_time_s):.1f}% less time).")
+    return ("The fastest policy is " if lead else "") + text + gain
+
+
+def _cost_sentence(r: Result) -> str:
+    key, seconds = largest_cost(r)
+    share = 100 * seconds / r.iteration_time_s if r.iteration_time_s > 0 else 0.0
+    return (f"The largest cost {r.policy} still pays beyond compute is "
+            f"{plots.CATEGORY_LABELS[key]} ({key}): {seconds:.3f} s, {share:.1f}% of its iteration.")
+
+
+def write_validation_report(directory: Path, result: ValidationResult) -> None:
+    """Write predicted_vs_measured.png and validation.md for a `validate --real` result."""
+    directory = Path(directory)
+    doc = result.to_json()
+    plots.save_figure(plots.validation_figure(doc), directory / "predicted_vs_measured.png")
+    write_atomic(directory / "validation.md", validation_markdown(doc))
+
+
+def validation_markdown(doc: dict) -> str:
+    """validation.md: summary, table of cases, the figure, profile and provenance."""
+    cases = doc["cases"]
+    tol = doc.get("tolerance_pct", float("nan"))
+    lines = ["# Simulator vs real run", "", validation_findings(doc), "",
+             "| policy | predicted s | measured s (mean) | measured min..max s | error % | "
+             "within tolerance |", "|---|---:|---:|---:|---:|---|"]
+    for c in cases:
+        its = c.get("measured_iterations_s") or [c["measured_s"]]
+        ok = "yes" if abs(c["error_pct"]) <= tol else "NO"
+        lines.append(f"| {c['policy']} | {c['predicted_s']:.4f} | {c['measured_s']:.4f} | "
+                     f"{min(its):.4f}..{max(its):.4f} | {c['error_pct']:+.1f} | {ok} |")
+    lines += ["", "![predicted vs measured](predicted_vs_measured.png)", "",
+              "## Measured profile", "", _json_block(doc.get("profile", {})), "",
+              "## Provenance", "", _json_block(doc.get("provenance", {})), ""]
+    return "\n".join(lines)
+
+
+def validation_findings(doc: dict) -> str:
+    """One paragraph: worst error, tolerance, and whether the ranking agrees."""
+    cases = doc["cases"]
+    if not cases:
+        return "No case was measured."
+    tol = doc.get("tolerance_pct", float("nan"))
+    worst = max(cases, key=lambda c: abs(c["error_pct"]))
+    inside = sum(1 for c in cases if abs(c["error_pct"]) <= tol)
+    ranking = "agrees" if doc.get("ranking_agrees") else "does not agree"
+    return (f"{inside} of {len(cases)} policies are within the {tol:g}% tolerance; the largest "
+            f"error is {worst['error_pct']:+.1f}% ({worst['policy']}: predicted "
+            f"{worst['predicted_s']:.4f} s, measured {worst['measured_s']:.4f} s). The ranking of "
+            f"policies by predicted time {ranking} with the measured ranking.")
+
+
+def _json_block(value: Any) -> str:
+    return "```json\n" + json.dumps(value, indent=2, sort_keys=True, default=str) + "\n```"

@@ -1,0 +1,338 @@
+"""Calibrate, predict, run, compare: the real-run validator.
+
+1. Build the emulated testbed of a testbed scenario (one network namespace per node, one shaped
+   veth per NIC; `backend/testbed.py`).
+2. Calibrate this host: per-layer compute under the run's concurrency (as many processes as
+   ranks) and each fabric's achieved gloo throughput and latency. The result is a profile, the
+   same JSON `profile:` accepts.
+3. Predict each policy's iteration time with the simulator on that profile.
+4. Run each policy's very plan for real with torch.distributed (gloo), each group on the NIC the
+   plan chose, and take the median iteration time after warm-up.
+5. Compare: error per policy, and whether the policies rank the same.
+Measurement (2) and prediction (3) are separate steps joined by the profile: nothing measured in
+(4) feeds a prediction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from holmes_sim.compute import PROFILE_SCHEMA, Profile, ProfiledCompute
+from holmes_sim.errors import FieldError, ScenarioError, TestbedError
+from holmes_sim.plan import Plan
+from holmes_sim.policies import get_policy
+from holmes_sim.prepare import Prepared, apply_link_profile, prepare
+from holmes_sim.runner import engine_options, plan_policy
+from holmes_sim.sim.engine import simulate
+from holmes_sim.spec.scenario import TestbedSpec
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One policy: predicted and measured iteration time (s) and the error in %."""
+
+    policy: str
+    predicted_s: float
+    measured_s: float
+    measured_iterations_s: tuple[float, ...]
+    losses: tuple[float, ...]
+
+    @property
+    def error_pct(self) -> float:
+        return 100.0 * (self.predicted_s - self.measured_s) / self.measured_s
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationResult:
+    """All cases of one validation run, with the profile and where it ran."""
+
+    cases: tuple[Case, ...]
+    tolerance_pct: float
+    profile: dict
+    provenance: dict
+
+    @property
+    def ranking_agrees(self) -> bool:
+        return ranking_agrees(self.cases)
+
+    @property
+    def within_tolerance(self) -> bool:
+        return all(abs(c.error_pct) <= self.tolerance_pct for c in self.cases)
+
+    def to_json(self) -> dict:
+        return {
+            "cases": [{"policy": c.policy, "predicted_s": c.predicted_s, "measured_s": c.measured_s,
+                       "error_pct": c.error_pct,
+                       "measured_iterations_s": list(c.measured_iterations_s),
+                       "losses": list(c.losses)} for c in self.cases],
+            "ranking_agrees": self.ranking_agrees,
+            "within_tolerance": self.within_tolerance,
+            "tolerance_pct": self.tolerance_pct,
+            "mean_abs_error_pct": statistics.fmean(abs(c.error_pct) for c in self.cases),
+            "max_abs_error_pct": max(abs(c.error_pct) for c in self.cases),
+            "profile": self.profile,
+            "provenance": self.provenance,
+        }
+
+
+def ranking_agrees(cases: tuple[Case, ...] | list[Case], tie_pct: float = 3.0) -> bool:
+    """Every pair the prediction orders is measured in the same order, unless the two measured
+    times are within `tie_pct` % of each other (indistinguishable on a noisy host)."""
+    for a in cases:
+        for b in cases:
+            if a.predicted_s < b.predicted_s and a.measured_s > b.measured_s * (1 + tie_pct / 100):
+                return False
+    return True
+
+
+# ---- the real run ------------------------------------------------------------------------------
+def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
+                  iterations: int | None = None, progress: Progress = lambda m: None) -> ValidationResult:
+    """Calibrate, predict, run and compare every policy of a testbed scenario (module docstring).
+
+    Raises:
+        ScenarioError: the file cannot run on a testbed (TP > 1, several GPUs per node, ...).
+        TestbedError: no root / ip / tc / namespaces, or a rank failed or hung.
+    """
+    from holmes_sim.backend.testbed import Testbed, preflight
+
+    prepared = prepare(testbed_path)
+    spec = prepared.scenario.testbed or TestbedSpec()
+    if iterations is not None:
+        spec = dataclasses.replace(spec, iterations=iterations)
+    names = _runnable_policies(prepared, policies)
+    config = model_config(prepared)
+    preflight()
+    started = time.time()
+    with Testbed(testbed_nodes(prepared)) as tb:
+        progress("calibrating compute and links on this host ...")
+        profile = calibrate(prepared, tb, spec)
+        profiled = apply_profile(prepared, profile)
+        cases = []
+        for name in names:
+            plan, cluster = plan_policy(profiled, name)
+            predicted = simulate(plan, cluster, profiled.workload, profiled.compute,
+                                 engine_options(profiled)).iteration_s
+            progress(f"{name}: predicted {predicted:.3f} s; running {spec.warmup} + "
+                     f"{spec.iterations} iterations for real ...")
+            run = _run_real(plan, prepared, config, spec, tb)
+            cases.append(Case(name, predicted, statistics.median(run.iteration_times_s),
+                              run.iteration_times_s, run.losses))
+    return ValidationResult(tuple(cases), spec.tolerance_pct, profile,
+                            provenance(testbed_path, time.time() - started))
+
+
+def _runnable_policies(prepared: Prepared, policies: list[str] | None) -> list[str]:
+    names = policies or list(prepared.scenario.policies)
+    for name in names:
+        policy = get_policy(name)
+        if policy.cluster_view(prepared.cluster) is not prepared.cluster:
+            raise ScenarioError(f"policy '{name}' assumes other hardware than the testbed has "
+                                "(a reference); it can be simulated but not run; remove it from "
+                                "--policy or the testbed's policies")
+    return names
+
+
+def model_config(prepared: Prepared):
+    """The backend GPT of the scenario's model, or a ScenarioError naming what cannot run."""
+    from holmes_sim.backend.model import GPTConfig
+
+    s, w = prepared.scenario, prepared.workload
+    if prepared.tp != 1:
+        raise FieldError("parallel.tensor", "the real-run backend runs tensor=1 only; set tensor: 1")
+    if any(n.num_gpus != 1 for n in prepared.cluster.nodes):
+        raise ScenarioError("a testbed node emulates one GPU (one rank per namespace); set "
+                            "gpus_per_node: 1 on every node group")
+    if s.training.precision != "fp32" or w.grad_bytes != 4:
+        raise ScenarioError("training.precision: the CPU backend trains in fp32; set precision: fp32 "
+                            "and grad_reduce_in_fp32: true so predicted message sizes match")
+    if w.tie_embeddings:
+        raise ScenarioError("model.tie_embeddings: the backend's GPT has an untied head; set "
+                            "tie_embeddings: false")
+    return GPTConfig(n_layer=w.num_layers, n_head=w.heads, n_embd=w.hidden, block_size=w.seq,
+                     vocab_size=w.vocab, seed=1234 + s.seed)
+
+
+def testbed_nodes(prepared: Prepared):
+    """One emulated node per scenario node, one shaped NIC per scenario NIC (line rate)."""
+    from holmes_sim.backend.testbed import TestbedNic, TestbedNode
+
+    return [TestbedNode(n.name, tuple(TestbedNic(nic.name, nic.fabric,
+                                                 nic.bandwidth_bytes_per_s * 8) for nic in n.nics))
+            for n in prepared.cluster.nodes]
+
+
+def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb):
+    from holmes_sim.backend.launch import run_plan
+    from holmes_sim.backend.worker import RunConfig
+
+    eth = [next(n.name for n in prepared.cluster.node(g.node).nics if n.type == "ethernet")
+           for g in plan.rank_to_gpu]
+    cfg = RunConfig(model=config, micro_batch_size=prepared.workload.micro_batch,
+                    iterations=spec.warmup + spec.iterations, warmup=spec.warmup,
+                    lr=spec.learning_rate, optimizer=spec.optimizer, world_interfaces=eth,
+                    timeout_s=min(60.0, spec.timeout_s),
+                    bucket_numel=max(1, int(prepared.workload.bucket_bytes // 4)))
+
+    def spawn(rank: int, argv: list[str]) -> subprocess.Popen:
+        return tb.popen(plan.rank_to_gpu[rank].node, argv, stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    return run_plan(plan, cfg, spawn=spawn, timeout_s=spec.timeout_s)
+
+
+# ---- calibration -------------------------------------------------------------------------------
+def calibrate(prepared: Prepared, tb, spec: TestbedSpec) -> dict:
+    """Measure compute (under as many concurrent processes as ranks) and every fabric's links."""
+    from holmes_sim.backend.calibrate_compute import measure_layer_times
+
+    config = model_config(prepared)
+    ranks = prepared.cluster.num_gpus
+    solo = measure_layer_times(config, prepared.workload.micro_batch, concurrency=1,
+                               repeats=spec.calibration_repeats)
+    busy = measure_layer_times(config, prepared.workload.micro_batch, concurrency=ranks,
+                               repeats=spec.calibration_repeats)
+    # The ranks are processes sharing this host's cores: the simulator runs compute on a shared
+    # CPU of `effective_cores` (see EngineOptions), each op costing its solo time in core-seconds.
+    # Effective cores: how much work `ranks` busy processes get done at once, relative to one.
+    work = ("block_forward", "block_backward")
+    effective = ranks * sum(solo[f"{k}_s"] for k in work) / sum(busy[f"{k}_mean_s"] for k in work)
+    effective = min(float(ranks), max(1.0, effective))
+    compute = {"layer_forward_s": solo["block_forward_s"],
+               "layer_backward_s": solo["block_backward_s"],
+               "embedding_forward_s": solo["embedding_forward_s"],
+               "embedding_backward_s": solo["embedding_backward_s"],
+               "head_forward_s": solo["head_forward_s"],
+               "head_backward_s": solo["head_backward_s"],
+               "optimizer_s_per_param": solo["optimizer_per_param_s"]}
+    gpus = {n.gpu.name for n in prepared.cluster.nodes}
+    return {"schema": PROFILE_SCHEMA,
+            "compute": {g: dict(compute) for g in sorted(gpus)},
+            "host": {"effective_cores": effective, "cpu_count": os.cpu_count(), "ranks": ranks},
+            "fabrics": {f: measure_fabric(prepared, tb, f, spec) for f in sorted(_fabrics(prepared))}}
+
+
+def _fabrics(prepared: Prepared) -> set[str]:
+    return {nic.fabric for n in prepared.cluster.nodes for nic in n.nics}
+
+
+def measure_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> dict:
+    """gloo throughput and latency between the first two nodes on `fabric`."""
+    pairs = [(n.name, nic.name) for n in prepared.cluster.nodes for nic in n.nics
+             if nic.fabric == fabric][:2]
+    if len(pairs) < 2:
+        raise TestbedError(f"fabric '{fabric}' has fewer than two nodes; nothing to measure")
+    tmp = Path(tempfile.mkdtemp(prefix="holmes-probe-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        out = tmp / "result.json"
+        for r, (node, nic) in enumerate(pairs):
+            with open(tmp / f"probe{r}.log", "w") as log:
+                procs.append(tb.popen(node, [sys.executable, "-m", "holmes_sim.backend.calibrate_links",
+                                             "--rank", str(r), "--store", str(tmp / "store"),
+                                             "--interface", nic, "--bytes",
+                                             str(spec.link_probe_bytes), "--out", str(out)],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=log))
+        deadline = time.monotonic() + 120
+        for r, p in enumerate(procs):
+            code = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            if code != 0:
+                log = (tmp / f"probe{r}.log").read_text(errors="replace")[-1500:]
+                raise TestbedError(f"link probe on fabric '{fabric}' failed (rank {r}, code "
+                                   f"{code}):\n{log}")
+        return json.loads(out.read_text())
+    except subprocess.TimeoutExpired:
+        raise TestbedError(f"link probe on fabric '{fabric}' timed out after 120 s") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def apply_profile(prepared: Prepared, raw: dict) -> Prepared:
+    """The prepared scenario with measured compute and link numbers in place of the catalog's."""
+    profile = Profile(ProfiledCompute(raw["compute"], "calibration"), raw["fabrics"], raw)
+    return dataclasses.replace(prepared, compute=profile.compute, profile=profile,
+                               cluster=apply_link_profile(prepared.cluster, profile))
+
+
+def provenance(testbed_path: str | Path, wall_s: float) -> dict:
+    """Where, when and how the measurement was taken."""
+    import torch
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {"host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "commit": commit or "unknown", "command": " ".join(["holmes-sim", *sys.argv[1:]]),
+            "testbed": str(testbed_path), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "wall_s": round(wall_s, 1)}
+
+
+# ---- dry run, cleanup, table -------------------------------------------------------------------
+def dry_run(testbed_path: str | Path, policies: list[str] | None = None) -> list[str]:
+    """Build every group and stage of every policy's plan on gloo (loopback), without training."""
+    from holmes_sim.backend.launch import dry_run as backend_dry_run
+    from holmes_sim.backend.worker import RunConfig
+
+    prepared = prepare(testbed_path)
+    config = model_config(prepared)
+    lines = []
+    for name in _runnable_policies(prepared, policies):
+        plan, _ = plan_policy(prepared, name)
+        cfg = RunConfig(model=config, micro_batch_size=prepared.workload.micro_batch,
+                        interface_map={"*": "lo"}, world_interfaces=["lo"] * plan.world_size)
+        docs = backend_dry_run(plan, cfg)
+        lines.append(f"{name}: {plan.world_size} ranks, layers {list(plan.layers_per_stage)}")
+        for rank, doc in enumerate(docs):
+            groups = ", ".join(f"{g['kind']}{tuple(g['ranks'])}@{g['nic'] or 'local'}"
+                               for g in doc["groups"])
+            stages = ", ".join(f"layers {s['first_layer']}..{s['first_layer'] + s['num_layers'] - 1}"
+                               for s in doc["stages"])
+            lines.append(f"  rank {rank} on {plan.rank_to_gpu[rank].node}: {stages}; {groups}")
+    return lines
+
+
+def cleanup() -> list[str]:
+    """Remove namespaces and interfaces a killed validation left behind."""
+    from holmes_sim.backend.testbed import cleanup_leftovers
+
+    return cleanup_leftovers()
+
+
+def comparison_table(result: ValidationResult) -> Table:
+    """Predicted against measured, per policy, with mean/max error and the ranking verdict."""
+    doc = result.to_json()
+    table = Table(title=f"validation (tolerance {result.tolerance_pct:.0f}%): mean |error| "
+                        f"{doc['mean_abs_error_pct']:.1f}%, max {doc['max_abs_error_pct']:.1f}%, "
+                        f"ranking {'agrees' if result.ranking_agrees else 'DISAGREES'}",
+                  title_justify="left")
+    for col in ("policy", "predicted s", "measured s", "error %", "iterations", "verdict"):
+        table.add_column(col, justify="left" if col in ("policy", "verdict") else "right")
+    for c in sorted(result.cases, key=lambda c: c.measured_s):
+        ok = abs(c.error_pct) <= result.tolerance_pct
+        table.add_row(c.policy, f"{c.predicted_s:.3f}", f"{c.measured_s:.3f}", f"{c.error_pct:+.1f}",
+                      str(len(c.measured_iterations_s)), "ok" if ok else "[red]out of tolerance[/red]")
+    return table
