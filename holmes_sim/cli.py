@@ -188,6 +188,37 @@ def _first_comment(path: Path) -> str:
     return ""
 
 
+@app.command()
+def sweep(
+    scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
+    sets: Annotated[list[str], typer.Option("--set", help="PATH=V1,V2,... a scenario field by "
+                    "dotted path with [index], e.g. inter_cluster_links[0].bandwidth_gbit_per_s="
+                    "50,100,200 (repeatable: every combination runs).")],
+    policy: Annotated[list[str] | None, typer.Option("--policy", "-p",
+                      help="Only these policies (repeatable); default: the scenario's list.")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Write sweep.csv, sweep.json and plots here.")] = Path("sweep-out"),
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Worker processes (default: min(2, points)).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
+) -> None:
+    """Run a scenario for every combination of field values and tabulate and plot the results."""
+    from rich.progress import Progress
+
+    from holmes_sim.sweep import run_sweep, sweep_table, write_sweep
+
+    try:
+        with Progress(console=err, transient=True) as bar:
+            task = bar.add_task("sweep", total=None)
+            result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy), jobs,
+                               progress=lambda done, total: bar.update(task, completed=done, total=total))
+        write_sweep(out_dir, result)
+    except HolmesError as exc:
+        raise _fail(exc) from None
+    if not quiet:
+        out.print(sweep_table(result))
+    err.print(f"wrote {out_dir}/sweep.csv, sweep.json, sweep_iteration_time.png, sweep_tflops.png",
+              highlight=False)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app(prog_name="holmes-sim")
     sys.exit(0)

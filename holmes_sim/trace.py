@@ -62,6 +62,7 @@ class Trace:
     records: list[OpRecord] = field(default_factory=list)
     iteration_s: float = 0.0
     flows: int = 0
+    events: int = 0
 
     def add(self, record: OpRecord) -> None:
         self.records.append(record)

@@ -254,6 +254,10 @@ class Rank:
         self.losses: list[list[float]] = []
         self._armed: set[int] = set()
         self._ready: queue.Queue[int] = queue.Queue()
+        # Overlapped mode: the previous step's parameter all-gather, per chunk, still in flight.
+        self._gather: threading.Thread | None = None
+        self._gather_error: BaseException | None = None
+        self._gathered: dict[int, threading.Event] = {}
         if plan.optimizer.overlapped and self.dp_group is not None:
             self._install_hooks()
 
@@ -306,6 +310,7 @@ class Rank:
                                           self.cfg.micro_batch_size, self.dp_rank, self.plan.dp)
         # Received activations are leaves that need a gradient: it is sent back in the backward.
         x = tokens if v == 0 else self._receive(0, mb, v, mailbox, chunk).requires_grad_(True)
+        self._wait_gathered(chunk)
         t = time.perf_counter()
         out = stage(x, targets if v == self.num_virtual - 1 else None)
         if v == self.num_virtual - 1:
@@ -435,6 +440,9 @@ class Rank:
             self.optimizer.step(b, local, grads[b])
             flats[b] = flat
         self.rec.record("optimizer", t, time.perf_counter())
+        if sharded and mode.overlapped:
+            self._start_gather(flats)
+            return
         t = time.perf_counter()
         for b, bucket in enumerate(self.buckets):
             if sharded:
@@ -442,6 +450,55 @@ class Rank:
             bucket.write_params(flats[b])
         if sharded:
             self.rec.record("dp-sync", t, time.perf_counter(), detail="all-gather parameters")
+
+    def _start_gather(self, flats: dict[int, torch.Tensor]) -> None:
+        """Overlapped mode: all-gather the updated parameters in the background, chunk by chunk
+        in forward order; the next iteration's first forward of each chunk waits for its own
+        buckets (Megatron's --overlap-param-gather, Holmes section 3.4)."""
+        order = sorted(range(len(self.buckets)), key=lambda b: (self.buckets[b].chunk, b))
+        events = {c: threading.Event() for c in sorted({b.chunk for b in self.buckets})}
+        self._gathered = dict(events)  # the forwards pop theirs; the thread keeps `events`
+        self._gather_error = None
+        last_of_chunk = {self.buckets[b].chunk: b for b in order}
+
+        def run() -> None:
+            try:
+                for b in order:
+                    t = time.perf_counter()
+                    all_gather(self.dp_group, flats[b])  # SYNC-5 (overlapped with forward)
+                    self.rec.record("dp-sync", t, time.perf_counter(), -1, self.buckets[b].chunk,
+                                    f"all-gather bucket {b} (async)")
+                    if last_of_chunk[self.buckets[b].chunk] == b:
+                        events[self.buckets[b].chunk].set()
+            except BaseException as e:  # re-raised by the waiting forward
+                self._gather_error = e
+                for ev in events.values():
+                    ev.set()
+
+        self._gather_flats = flats
+        self._gather = threading.Thread(target=run, daemon=True)
+        self._gather.start()
+
+    def _wait_gathered(self, chunk: int) -> None:
+        """Before a chunk's first forward: its parameters from the background all-gather."""
+        ev = self._gathered.pop(chunk, None)
+        if ev is None:
+            return
+        t = time.perf_counter()
+        ev.wait(timeout=self.cfg.timeout_s)
+        if self._gather_error is not None or not ev.is_set():
+            raise TestbedError(f"overlapped parameter all-gather failed: {self._gather_error}")
+        for b, bucket in enumerate(self.buckets):
+            if bucket.chunk == chunk:
+                bucket.write_params(self._gather_flats[b])
+        self.rec.record("dp-sync", t, time.perf_counter(), -1, chunk, "wait parameter all-gather")
+
+    def finish(self) -> None:
+        """Complete a background all-gather so the final parameters are in place."""
+        for chunk in list(self._gathered):
+            self._wait_gathered(chunk)
+        if self._gather is not None:
+            self._gather.join()
 
 
 def build_stages(plan: Plan, config: GPTConfig, pp_rank: int) -> list[Stage]:
@@ -524,6 +581,7 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     worker = Rank(plan, cfg, rank, groups)
     for it in range(cfg.iterations):
         worker.run_iteration(it)
+    worker.finish()
     dist.barrier()  # SYNC-6: no rank leaves while a peer may still talk to it
     result = summary(rank, plan, groups, worker.stages)
     result.update({

@@ -17,6 +17,11 @@ from holmes_sim.runner import BASELINE, Outcome, results_document, speedups
 # Policies that change or restrict the hardware: bounds, not placements one could deploy.
 REFERENCES = ("all-ib", "all-ethernet")
 TIE_REL = 1e-6
+COST_NAMES = {
+    "tp_comm": "tensor-parallel communication", "pp_exposed": "exposed pipeline (PP) communication",
+    "dp_exposed": "exposed data-parallel (DP) communication", "optimizer": "the optimizer step",
+    "bubble": "pipeline bubble and idle time",
+}
 
 
 class ValidationResult(Protocol):
@@ -111,14 +116,13 @@ def findings(outcomes: list[Outcome]) -> str:
     if not outcomes:
         return "No policy was run."
     ordered = sorted((o.result for o in outcomes), key=lambda r: (r.iteration_time_s, r.policy))
-    ups = speedups(outcomes)
     winner = ordered[0]
-    parts = [_win_sentence(winner, ordered, ups)]
+    parts = [_win_sentence(winner, ordered)]
     real = next((r for r in ordered if r.policy not in REFERENCES), None)
     if winner.policy in REFERENCES and real is not None:
         parts.append(f"{winner.policy} is a reference that changes the network, so it is a "
                      f"bound rather than a placement; the fastest policy on the scenario's own "
-                     f"hardware is {_win_sentence(real, ordered, ups, lead=False)}")
+                     f"hardware is {_win_sentence(real, ordered, lead=False)}")
     parts.append(_cost_sentence(winner))
     if real is not None and real is not winner:
         parts.append(_cost_sentence(real))
@@ -128,20 +132,20 @@ def findings(outcomes: list[Outcome]) -> str:
     return " ".join(parts)
 
 
-def _win_sentence(r: Result, ordered: list[Result], ups: dict[str, float], lead: bool = True
-                  ) -> str:
+def _win_sentence(r: Result, ordered: list[Result], lead: bool = True) -> str:
     ties = [o.policy for o in ordered if o is not r and
             abs(o.iteration_time_s - r.iteration_time_s) <= TIE_REL * r.iteration_time_s]
     tie = f" (tied with {', '.join(ties)})" if ties else ""
     text = (f"{r.policy}{tie} at {r.iteration_time_s:.3f} s per iteration "
             f"({r.tflops_per_gpu:.1f} TFLOP/s per GPU)")
-    if not ups:
+    base = next((o for o in ordered if o.policy == BASELINE), None)
+    if base is None:
         gain = "; megatron was not run, so there is no speed-up to report."
-    elif r.policy == BASELINE:
+    elif r is base:
         gain = ", i.e. megatron itself is fastest."
     else:
-        base = next(o for o in ordered if o.policy == BASELINE)
-        gain = (f", {ups[r.policy]:.2f}x faster than megatron ({base.iteration_time_s:.3f} s, "
+        up = base.iteration_time_s / r.iteration_time_s
+        gain = (f", {up:.2f}x faster than megatron ({base.iteration_time_s:.3f} s, "
                 f"{100 * (1 - r.iteration_time_s / base.iteration_time_s):.1f}% less time).")
     return ("The fastest policy is " if lead else "") + text + gain
 
@@ -150,7 +154,7 @@ def _cost_sentence(r: Result) -> str:
     key, seconds = largest_cost(r)
     share = 100 * seconds / r.iteration_time_s if r.iteration_time_s > 0 else 0.0
     return (f"The largest cost {r.policy} still pays beyond compute is "
-            f"{plots.CATEGORY_LABELS[key]} ({key}): {seconds:.3f} s, {share:.1f}% of its iteration.")
+            f"{COST_NAMES[key]} ({key}): {seconds:.3f} s, {share:.1f}% of its iteration.")
 
 
 def write_validation_report(directory: Path, result: ValidationResult) -> None:

@@ -180,21 +180,13 @@ def timeline_figure(trace: Trace, policy: str, max_rows: int = MAX_TIMELINE_ROWS
     from matplotlib.patches import Patch
 
     rows, note = timeline_rows(trace.entities, max_rows)
-    row_of = {e.name: i for i, e in enumerate(rows)}
-    boxes: dict[OpKind, list] = {}
-    for r in trace.records:
-        i = row_of.get(r.entity)
-        if i is None or r.stream not in LANES or r.end_s <= r.start_s:
-            continue
-        bottom, height = LANES[r.stream]
-        y0, y1 = i + bottom, i + bottom + height
-        boxes.setdefault(r.kind, []).append(
-            ((r.start_s, y0), (r.start_s, y1), (r.end_s, y1), (r.end_s, y0)))
+    boxes = timeline_boxes(trace, rows)
     fig, ax = pyplot().subplots(figsize=(14, 2.6 + 0.34 * len(rows)), layout="constrained")
     handles = []
     for kind, colour in OP_COLOURS.items():
         if kind in boxes:
-            ax.add_collection(PolyCollection(boxes[kind], facecolors=colour, edgecolors="none",
+            ax.add_collection(PolyCollection(boxes[kind], closed=False, facecolors=colour,
+                                             edgecolors="none",
                                              linewidths=0, antialiaseds=False))
             handles.append(Patch(color=colour, label=OP_LABELS.get(kind, kind.value)))
     ax.set_xlim(0, max(trace.iteration_s, 1e-9))
@@ -208,6 +200,27 @@ def timeline_figure(trace: Trace, policy: str, max_rows: int = MAX_TIMELINE_ROWS
     fig.legend(handles=handles, loc="outside lower center", ncol=6, frameon=False, fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     return fig
+
+
+def timeline_boxes(trace: Trace, rows: Sequence[Entity]) -> dict[OpKind, Any]:
+    """Per op kind, the rectangles of the ops of `rows` as an (n, 4, 2) array of (s, row y)."""
+    import numpy as np
+
+    row_of = {e.name: i for i, e in enumerate(rows)}
+    spans: dict[OpKind, list[tuple[float, float, float, float]]] = {}
+    for r in trace.records:
+        i = row_of.get(r.entity)
+        if i is None or r.stream not in LANES or r.end_s <= r.start_s:
+            continue
+        bottom, height = LANES[r.stream]
+        spans.setdefault(r.kind, []).append((r.start_s, r.end_s, i + bottom, i + bottom + height))
+    out = {}
+    for kind, items in spans.items():
+        a = np.asarray(items)
+        xs = a[:, [0, 0, 1, 1]]
+        ys = a[:, [2, 3, 3, 2]]
+        out[kind] = np.stack([xs, ys], axis=-1)
+    return out
 
 
 def validation_figure(doc: dict) -> Figure:
@@ -234,7 +247,7 @@ def validation_figure(doc: dict) -> Figure:
     agrees = "agrees" if doc.get("ranking_agrees") else "does NOT agree"
     ax.set_title(f"Predicted vs measured iteration time (error % above each pair; tolerance "
                  f"{doc.get('tolerance_pct', float('nan')):g}%; ranking {agrees})", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
+    fig.legend(loc="outside lower center", ncol=3, frameon=False, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return fig
 
@@ -250,7 +263,7 @@ def sweep_figure(rows: Sequence[dict], fields: Sequence[str], metric: str, ylabe
     cols = min(3, n)
     nrows = -(-n // cols)
     fig, axes = pyplot().subplots(nrows, cols, figsize=(5.5 * cols + 1.5, 4.2 * nrows + 0.8),
-                                  squeeze=False, layout="constrained")
+                                  squeeze=False, sharey=True, layout="constrained")
     x_values = list(dict.fromkeys(row[x_field] for row in rows))
     numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in x_values)
     policies = list(dict.fromkeys(row["policy"] for row in rows))

@@ -59,6 +59,18 @@ def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeM
     return _Simulation(plan, cluster, workload, compute, options).run()
 
 
+class _CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts processed events (reported by benchmarks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events_processed = 0
+
+    def step(self) -> None:
+        self.events_processed += 1
+        super().step()
+
+
 @dataclass(slots=True)
 class _Bucket:
     grad_bytes: float
@@ -70,7 +82,7 @@ class _Simulation:
     def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
                  options: EngineOptions):
         self.plan, self.cluster, self.workload = plan, cluster, workload
-        self.env = simpy.Environment()
+        self.env = _CountingEnvironment()
         self.caps = link_capacities(cluster)
         self.cpu = options.shared_cpu_cores
         if self.cpu is not None:  # compute durations become core-seconds on a shared host
@@ -160,6 +172,7 @@ class _Simulation:
         self.env.run(self.env.all_of(done))
         self.trace.iteration_s = self.env.now
         self.trace.flows = self.net.flows_started
+        self.trace.events = self.env.events_processed
         return self.trace
 
     def _entity(self, s: int, d: int):

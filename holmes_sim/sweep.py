@@ -1,0 +1,311 @@
+"""Parameter sweeps: run a scenario for every combination of values of some of its fields.
+
+Each `--set PATH=V1,V2,...` names a field by dotted path with list indices
+(`inter_cluster_links[0].bandwidth_gbit_per_s`); values are YAML scalars. Every variant is
+written as YAML and checked by the ordinary loader and `prepare` before anything runs, then the
+points run in worker processes and come back in cartesian-product order.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import io
+import itertools
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from holmes_sim.errors import HolmesError, ScenarioError
+from holmes_sim.policies import get_policy
+from holmes_sim.prepare import Prepared, prepare
+from holmes_sim.spec.load import load_scenario_text
+
+METRICS = ("iteration_time_s", "tflops_per_gpu", "samples_per_s", "bubble_fraction",
+           "peak_memory_gib", "fits_memory")
+_SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class SweepAxis:
+    """One `--set` argument: the field path, its parsed tokens and the values to try."""
+
+    arg: str
+    path: str
+    tokens: tuple[str | int, ...]
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One combination of values and the scenario YAML it produces."""
+
+    index: int
+    values: tuple[Any, ...]
+    text: str
+
+
+@dataclass(slots=True)
+class SweepResult:
+    """Every point x policy row, in cartesian-product order (policies in requested order)."""
+
+    scenario: str
+    axes: list[SweepAxis]
+    policies: list[str]
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def fields(self) -> list[str]:
+        return [a.path for a in self.axes]
+
+    def to_json(self) -> dict:
+        return {"scenario": self.scenario, "policies": list(self.policies),
+                "axes": [{"path": a.path, "values": list(a.values)} for a in self.axes],
+                "rows": self.rows}
+
+
+def parse_set(arg: str) -> SweepAxis:
+    """Parse `PATH=V1,V2,...`; values are YAML scalars (100 is an int, eth-25g a string).
+
+    Raises:
+        ScenarioError: naming `arg` and what is wrong with it.
+    """
+    path, sep, raw = arg.partition("=")
+    path = path.strip()
+    if not sep or not path:
+        raise ScenarioError(f"--set {arg}: expected PATH=V1,V2,... (e.g. "
+                            "training.global_batch_size=256,512)")
+    tokens = parse_path(path, arg)
+    values = []
+    for text in raw.split(","):
+        if not text.strip():
+            raise ScenarioError(f"--set {arg}: empty value; list values separated by commas")
+        try:
+            value = yaml.safe_load(text.strip())
+        except yaml.YAMLError:
+            raise ScenarioError(f"--set {arg}: cannot read value '{text.strip()}' as a YAML "
+                                "scalar") from None
+        if isinstance(value, dict | list) or value is None:
+            raise ScenarioError(f"--set {arg}: value '{text.strip()}' is not a single number, "
+                                "string or boolean")
+        values.append(value)
+    return SweepAxis(arg, path, tokens, tuple(values))
+
+
+def parse_path(path: str, arg: str) -> tuple[str | int, ...]:
+    """`a.b[1].c` -> ('a', 'b', 1, 'c')."""
+    tokens: list[str | int] = []
+    for segment in path.split("."):
+        m = _SEGMENT.match(segment)
+        if m is None:
+            raise ScenarioError(f"--set {arg}: '{segment}' is not a field name with optional "
+                                "[index] (e.g. clusters[0].nodes[1].count)")
+        tokens.append(m.group(1))
+        tokens.extend(int(i) for i in re.findall(r"\[(\d+)\]", m.group(2)))
+    return tuple(tokens)
+
+
+def set_path(data: Any, axis: SweepAxis, value: Any) -> None:
+    """Set `axis.path` to `value` in the plain YAML data (in place). A missing final mapping key
+    is added (the loader then rejects unknown keys).
+
+    Raises:
+        ScenarioError: naming the `--set` argument for a missing key or list index out of range.
+    """
+    node, where = data, ""
+    for k, token in enumerate(axis.tokens):
+        last = k == len(axis.tokens) - 1
+        if isinstance(token, int):
+            if not isinstance(node, list):
+                raise ScenarioError(f"--set {axis.arg}: {where or 'the scenario'} is not a list, "
+                                    f"so [{token}] does not apply")
+            if token >= len(node):
+                raise ScenarioError(f"--set {axis.arg}: index [{token}] out of range: {where} has "
+                                    f"{len(node)} item(s)")
+            where = f"{where}[{token}]"
+        else:
+            if not isinstance(node, dict):
+                raise ScenarioError(f"--set {axis.arg}: {where or 'the scenario'} is not a "
+                                    f"mapping, so '.{token}' does not apply")
+            if token not in node and not last:
+                raise ScenarioError(f"--set {axis.arg}: unknown key '{token}' in "
+                                    f"{where or 'the scenario'} (keys there: "
+                                    f"{', '.join(map(str, node)) or 'none'})")
+            where = f"{where}.{token}" if where else token
+        if last:
+            node[token] = value
+        else:
+            node = node[token]
+
+
+def build_points(path: Path, axes: Sequence[SweepAxis]) -> list[SweepPoint]:
+    """Every combination of the axes' values as scenario YAML text (profile paths made absolute
+    so they still resolve against the original scenario's folder)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}; check the path "
+                            "(`holmes-sim scenarios` lists the bundled ones)") from None
+    try:
+        base = yaml.safe_load(text)
+    except yaml.YAMLError:
+        load_scenario_text(text, str(path))  # raises the loader's message, with the line
+        raise
+    if not isinstance(base, dict):
+        raise ScenarioError(f"{path}: a scenario must be a mapping of keys (clusters, model, ...)")
+    points = []
+    for index, values in enumerate(itertools.product(*(a.values for a in axes))):
+        data = copy.deepcopy(base)
+        for axis, value in zip(axes, values, strict=True):
+            set_path(data, axis, value)
+        profile = data.get("profile")
+        if isinstance(profile, str) and not Path(profile).is_absolute():
+            data["profile"] = str((path.parent / profile).resolve())
+        points.append(SweepPoint(index, values, yaml.safe_dump(data, sort_keys=False)))
+    return points
+
+
+def prepare_point(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> Prepared:
+    """Check a point's YAML with the ordinary loader and `prepare` (via a temp file that is
+    always removed); errors name the `--set` values of the point."""
+    with tempfile.TemporaryDirectory(prefix="holmes-sweep-") as tmp:
+        file = Path(tmp) / source.name
+        file.write_text(point.text)
+        try:
+            prepared = prepare(file)
+        except HolmesError as exc:
+            message = re.sub(rf"^{re.escape(str(file))}(:\d+)?: ", "", str(exc))
+            raise _error_of(exc, f"{point_label(point, source, axes)}: {message}") from None
+    return replace(prepared, source=str(source))
+
+
+def point_label(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> str:
+    """'<scenario> with --set A=1,2 (value 2), ...': which point an error is about."""
+    values = ", ".join(f"--set {a.arg} (value {v!r})" for a, v in zip(axes, point.values,
+                                                                     strict=True))
+    return f"{source} with {values}"
+
+
+def _error_of(exc: HolmesError, message: str) -> HolmesError:
+    cls = ScenarioError if isinstance(exc, ScenarioError) else type(exc)
+    return cls(message)
+
+
+def run_point(point: SweepPoint, source: Path, axes: Sequence[SweepAxis],
+              policies: Sequence[str] | None) -> list[dict]:
+    """Simulate one point; its rows in the requested (or scenario) policy order."""
+    from holmes_sim.runner import run_scenario
+
+    prepared = prepare_point(point, source, axes)
+    names = list(policies or prepared.scenario.policies)
+    try:
+        by_name = {o.plan.policy: o.result for o in run_scenario(prepared, names)}
+    except HolmesError as exc:
+        raise _error_of(exc, f"{point_label(point, source, axes)}: {exc}") from None
+    rows = []
+    for name in names:
+        record = by_name[name].to_json()
+        row: dict[str, Any] = {"point": point.index}
+        row.update({a.path: v for a, v in zip(axes, point.values, strict=True)})
+        row["policy"] = name
+        row.update({m: record[m] for m in METRICS})
+        rows.append(row)
+    return rows
+
+
+def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | None = None,
+              jobs: int | None = None,
+              progress: Callable[[int, int], None] | None = None) -> SweepResult:
+    """Run every combination of the `--set` values; rows in cartesian-product order.
+
+    Args:
+        path: the scenario YAML.
+        sets: the `PATH=V1,V2,...` arguments.
+        policies: policies to run (default: the scenario's list).
+        jobs: worker processes (default min(2, points)); 1 runs in this process.
+        progress: called with (points done, points total) after each point.
+
+    Raises:
+        ScenarioError: for a bad `--set` or an invalid variant, before anything runs.
+    """
+    path = Path(path)
+    if not sets:
+        raise ScenarioError("give at least one --set PATH=V1,V2,...")
+    axes = [parse_set(s) for s in sets]
+    seen = [a.path for a in axes]
+    for a in axes:
+        if seen.count(a.path) > 1:
+            raise ScenarioError(f"--set {a.arg}: {a.path} is swept more than once; give its "
+                                "values in one --set")
+    points = build_points(path, axes)
+    checked = [prepare_point(point, path, axes) for point in points]
+    names = list(policies or checked[0].scenario.policies)
+    for name in names:
+        get_policy(name, "--policy")
+    jobs = max(1, jobs if jobs is not None else min(2, len(points)))
+    results: dict[int, list[dict]] = {}
+    if progress:
+        progress(0, len(points))
+    if jobs == 1:
+        for point in points:
+            results[point.index] = run_point(point, path, axes, names)
+            if progress:
+                progress(len(results), len(points))
+    else:
+        with ProcessPoolExecutor(max_workers=min(jobs, len(points))) as pool:
+            futures = {pool.submit(run_point, p, path, axes, names): p.index for p in points}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if progress:
+                    progress(len(results), len(points))
+    rows = [row for p in points for row in results[p.index]]
+    return SweepResult(str(path), axes, names, rows)
+
+
+def sweep_csv(result: SweepResult) -> str:
+    """The rows as CSV: point, swept fields, policy, metrics."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=["point", *result.fields, "policy", *METRICS],
+                            lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(result.rows)
+    return buffer.getvalue()
+
+
+def write_sweep(directory: str | Path, result: SweepResult) -> None:
+    """Write sweep.csv, sweep.json, sweep_iteration_time.png and sweep_tflops.png."""
+    from holmes_sim.report import plots
+    from holmes_sim.report.files import write_atomic, write_json
+
+    directory = Path(directory)
+    write_atomic(directory / "sweep.csv", sweep_csv(result))
+    write_json(directory / "sweep.json", result.to_json())
+    plots.save_figure(plots.sweep_figure(result.rows, result.fields, "iteration_time_s",
+                                         "iteration time (s)"),
+                      directory / "sweep_iteration_time.png")
+    plots.save_figure(plots.sweep_figure(result.rows, result.fields, "tflops_per_gpu",
+                                         "TFLOP/s per GPU"),
+                      directory / "sweep_tflops.png")
+
+
+def sweep_table(result: SweepResult) -> Any:
+    """A rich Table: one row per point x policy."""
+    from rich.table import Table
+
+    table = Table(title=f"sweep of {result.scenario}: {len(result.rows)} runs", title_justify="left")
+    for name in result.fields:
+        table.add_column(name, no_wrap=True)
+    for col in ("policy", "iter s", "TFLOP/s/GPU", "samples/s", "bubble", "mem GiB"):
+        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
+    for row in result.rows:
+        mem = f"{row['peak_memory_gib']:.1f}" + ("" if row["fits_memory"] else " OOM")
+        table.add_row(*(str(row[f]) for f in result.fields), row["policy"],
+                      f"{row['iteration_time_s']:.3f}", f"{row['tflops_per_gpu']:.1f}",
+                      f"{row['samples_per_s']:.1f}", f"{row['bubble_fraction']:.1%}", mem)
+    return table

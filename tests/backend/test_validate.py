@@ -1,0 +1,85 @@
+"""`holmes-sim validate`: the dry run on loopback, and a reduced real run on the emulated testbed
+(root only), which must measure the shaped links, compare, and leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+from typer.testing import CliRunner
+
+from holmes_sim.cli import app
+from holmes_sim.errors import ScenarioError
+from holmes_sim.validate import Case, model_config, ranking_agrees
+from holmes_sim.prepare import prepare
+from tests.conftest import REPO
+
+TESTBED = REPO / "validation" / "testbeds" / "default.yaml"
+runner = CliRunner()
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"),
+                                reason="needs root, ip and tc for network namespaces")
+
+
+def _namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith("hsim-")]
+
+
+def test_dry_run_builds_every_group_and_stage():
+    result = runner.invoke(app, ["validate", str(TESTBED), "--dry-run", "-p", "holmes", "-p", "megatron"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    # holmes puts both IB nodes in stage 0: its DP groups use the ib and roce NICs;
+    # megatron's DP groups mix IB and RoCE nodes, so they fall back to TCP on eth0.
+    holmes, megatron = out.split("megatron:")
+    assert "dp(0, 1)@ib0" in holmes and "dp(2, 3)@roce0" in holmes
+    assert "dp(0, 1)@eth0" in megatron and "@ib0" not in megatron
+    assert holmes.count("rank ") == 4 and megatron.count("rank ") == 4
+
+
+def test_validate_needs_a_mode():
+    result = runner.invoke(app, ["validate", str(TESTBED)])
+    assert result.exit_code == 2 and "--real" in result.output
+
+
+def test_reference_policies_cannot_run_on_the_testbed():
+    result = runner.invoke(app, ["validate", str(TESTBED), "--dry-run", "-p", "all-ib"])
+    assert result.exit_code == 2 and "assumes other hardware" in result.output
+
+
+def test_scenarios_the_backend_cannot_run_are_refused():
+    prepared = prepare(REPO / "scenarios" / "mixed_ib_eth.yaml")
+    with pytest.raises(ScenarioError, match="tensor=1"):
+        model_config(prepared)
+
+
+def test_ranking_allows_measurement_ties_only():
+    a = Case("a", 1.0, 1.00, (1.0,), ())
+    b = Case("b", 2.0, 1.02, (1.02,), ())
+    c = Case("c", 3.0, 0.90, (0.9,), ())
+    assert ranking_agrees([a, b])  # measured within 3 %: a tie
+    assert not ranking_agrees([a, b, c])  # c predicted slowest, measured clearly fastest
+
+
+@needs_root
+def test_reduced_real_run_measures_compares_and_cleans_up(tmp_path):
+    out = tmp_path / "validation.json"
+    result = runner.invoke(app, ["validate", str(TESTBED), "--real", "--iterations", "2",
+                                 "-p", "megatron", "-p", "holmes", "--json", str(out)])
+    assert result.exit_code in (0, 1), result.output  # 1: out of tolerance on a noisy host
+    doc = json.loads(out.read_text())
+    assert [c["policy"] for c in doc["cases"]] == ["megatron", "holmes"]
+    for case in doc["cases"]:
+        assert len(case["measured_iterations_s"]) == 2
+        assert case["measured_s"] > 0 and case["predicted_s"] > 0
+        assert abs(case["error_pct"]) < 1000
+    # calibration measured the shaped NICs: 2 Gbit/s "RDMA" fabrics and 200 Mbit/s Ethernet
+    fabrics = doc["profile"]["fabrics"]
+    assert 0.75 * 250e6 < fabrics["ib"]["bandwidth_bytes_per_s"] < 1.05 * 250e6
+    assert 0.75 * 25e6 < fabrics["ethernet"]["bandwidth_bytes_per_s"] < 1.05 * 25e6
+    assert 1 <= doc["profile"]["host"]["effective_cores"] <= os.cpu_count()
+    assert doc["provenance"]["commit"] and doc["provenance"]["host"]
+    assert _namespaces() == []

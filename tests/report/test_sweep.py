@@ -1,0 +1,99 @@
+"""`holmes-sim sweep`: paths, values, errors naming the --set, ordered results, outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from holmes_sim.cli import app
+from holmes_sim.errors import ScenarioError
+from holmes_sim.sweep import build_points, parse_set, run_sweep
+from tests.conftest import SCENARIOS
+
+DEFAULT = SCENARIOS / "mixed_ib_eth.yaml"
+BANDWIDTH = "inter_cluster_links[0].bandwidth_gbit_per_s"
+
+
+def test_parse_set_reads_paths_and_yaml_scalars():
+    axis = parse_set("clusters[1].nodes[0].nics[0].model=eth-25g,eth-100g")
+    assert axis.tokens == ("clusters", 1, "nodes", 0, "nics", 0, "model")
+    assert axis.values == ("eth-25g", "eth-100g")
+    assert parse_set(f"{BANDWIDTH}=50,100.5").values == (50, 100.5)
+    assert parse_set("training.distributed_optimizer=true,false").values == (True, False)
+
+
+@pytest.mark.parametrize(("arg", "says"), [
+    ("clusters[7].nodes[0].count=2", "index [7] out of range: clusters has 2 item(s)"),
+    ("trainign.global_batch_size=256", "unknown key 'trainign'"),
+    ("model.num_layers[0]=2", "is not a list"),
+    ("training.global_batch_size", "expected PATH=V1,V2"),
+    ("training.global_batch_size=256,,512", "empty value"),
+    ("clusters[x].count=2", "is not a field name"),
+])
+def test_bad_set_argument_is_a_scenario_error_naming_it(arg, says):
+    with pytest.raises(ScenarioError) as info:
+        build_points(DEFAULT, [parse_set(arg)])
+    assert f"--set {arg}" in str(info.value) and says in str(info.value)
+
+
+def test_unknown_final_key_and_bad_value_are_reported_by_the_loader_with_the_set():
+    with pytest.raises(ScenarioError) as info:
+        run_sweep(DEFAULT, ["training.global_batch_sise=256"], ["holmes"], jobs=1)
+    assert "--set training.global_batch_sise=256" in str(info.value)
+    assert "did you mean 'global_batch_size'" in str(info.value)
+    with pytest.raises(ScenarioError) as info:
+        run_sweep(DEFAULT, [f"{BANDWIDTH}=100,-5"], ["holmes"], jobs=1)
+    assert f"--set {BANDWIDTH}=100,-5 (value -5)" in str(info.value)
+    assert "must be greater than 0" in str(info.value) and "holmes-sweep-" not in str(info.value)
+
+
+def test_relative_profile_resolves_against_the_original_folder(tmp_path):
+    text = DEFAULT.read_text() + "profile: measured/profile.json\n"
+    (tmp_path / "s.yaml").write_text(text)
+    points = build_points(tmp_path / "s.yaml", [parse_set("training.global_batch_size=256")])
+    data = yaml.safe_load(points[0].text)
+    assert Path(data["profile"]) == (tmp_path / "measured" / "profile.json").resolve()
+    assert data["training"]["global_batch_size"] == 256
+
+
+def test_two_bandwidths_run_in_product_order_and_more_bandwidth_is_not_slower():
+    result = run_sweep(DEFAULT, [f"{BANDWIDTH}=400,50", "training.global_batch_size=256,512"],
+                       ["megatron", "holmes"], jobs=2)
+    keys = [(r[BANDWIDTH], r["training.global_batch_size"], r["policy"]) for r in result.rows]
+    assert keys == [(b, g, p) for b in (400, 50) for g in (256, 512) for p in ("megatron", "holmes")]
+    assert [r["point"] for r in result.rows] == [0, 0, 1, 1, 2, 2, 3, 3]
+    holmes = {(r[BANDWIDTH], r["training.global_batch_size"]): r["iteration_time_s"]
+              for r in result.rows if r["policy"] == "holmes"}
+    for g in (256, 512):
+        assert holmes[(400, g)] <= holmes[(50, g)]
+    assert holmes[(50, 512)] > holmes[(50, 256)]
+
+
+def test_cli_sweep_writes_csv_json_and_plots(tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["sweep", str(DEFAULT), "--set", f"{BANDWIDTH}=100,200",
+                                      "--policy", "holmes", "--out", str(out), "--jobs", "1"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    assert [(r[BANDWIDTH], r["policy"]) for r in rows] == [("100", "holmes"), ("200", "holmes")]
+    doc = json.loads((out / "sweep.json").read_text())
+    assert doc["axes"] == [{"path": BANDWIDTH, "values": [100, 200]}]
+    assert [float(r["iteration_time_s"]) for r in rows] == [r["iteration_time_s"] for r in doc["rows"]]
+    assert float(rows[1]["iteration_time_s"]) <= float(rows[0]["iteration_time_s"])
+    for name in ("sweep_iteration_time.png", "sweep_tflops.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert "holmes" in result.output
+
+
+def test_cli_sweep_bad_path_exits_2_naming_it(tmp_path):
+    result = CliRunner().invoke(app, ["sweep", str(DEFAULT), "--set", "clusters[5].nodes[0].count=2",
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "--set clusters[5].nodes[0].count=2" in result.output
+    assert "out of range" in result.output
+    assert not (tmp_path / "out").exists()
