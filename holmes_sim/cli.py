@@ -194,10 +194,13 @@ def sweep(
     sets: Annotated[list[str], typer.Option("--set", help="PATH=V1,V2,... a scenario field by "
                     "dotted path with [index], e.g. inter_cluster_links[0].bandwidth_gbit_per_s="
                     "50,100,200 (repeatable: every combination runs).")],
-    policy: Annotated[list[str] | None, typer.Option("--policy", "-p",
-                      help="Only these policies (repeatable); default: the scenario's list.")] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Write sweep.csv, sweep.json and plots here.")] = Path("sweep-out"),
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Worker processes (default: min(2, points)).")] = None,
+    policy: Annotated[list[str] | None, typer.Option(
+        "--policy", "-p", help="Only these policies (repeatable); default: the scenario's list.",
+    )] = None,
+    out_dir: Annotated[Path, typer.Option(
+        "--out", help="Write sweep.csv, sweep.json and plots here.")] = Path("sweep-out"),
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", min=1, help="Worker processes (default: min(2, points)).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
 ) -> None:
     """Run a scenario for every combination of field values and tabulate and plot the results."""
@@ -209,7 +212,7 @@ def sweep(
         with Progress(console=err, transient=True) as bar:
             task = bar.add_task("sweep", total=None)
             result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy), jobs,
-                               progress=lambda done, total: bar.update(task, completed=done, total=total))
+                               progress=lambda done, n: bar.update(task, completed=done, total=n))
         write_sweep(out_dir, result)
     except HolmesError as exc:
         raise _fail(exc) from None

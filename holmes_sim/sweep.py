@@ -298,7 +298,8 @@ def sweep_table(result: SweepResult) -> Any:
     """A rich Table: one row per point x policy."""
     from rich.table import Table
 
-    table = Table(title=f"sweep of {result.scenario}: {len(result.rows)} runs", title_justify="left")
+    table = Table(title=f"sweep of {result.scenario}: {len(result.rows)} runs",
+                  title_justify="left")
     for name in result.fields:
         table.add_column(name, no_wrap=True)
     for col in ("policy", "iter s", "TFLOP/s/GPU", "samples/s", "bubble", "mem GiB"):

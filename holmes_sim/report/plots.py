@@ -82,7 +82,7 @@ def iteration_time_figure(results: Sequence[Result], title: str = "") -> Figure:
     """Two horizontal bar panels, fastest policy on top: iteration time (s), TFLOP/s per GPU."""
     ordered = _fastest_first(results)
     names = [r.policy for r in ordered]
-    fig, (left, right) = pyplot().subplots(1, 2, figsize=(12, 1.4 + 0.42 * len(ordered)),
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(12, max(2.6, 1.4 + 0.42 * len(ordered))),
                                            sharey=True, layout="constrained")
     _barh(left, names, [r.iteration_time_s for r in ordered], "#4C72B0", "{:.3f} s")
     left.set_xlabel("iteration time (s), lower is better")
@@ -97,7 +97,8 @@ def iteration_time_figure(results: Sequence[Result], title: str = "") -> Figure:
 def breakdown_figure(results: Sequence[Result], title: str = "") -> Figure:
     """Stacked horizontal bars per policy of `Result.breakdown_s` (s), in BREAKDOWN_KEYS order."""
     ordered = _fastest_first(results)
-    fig, ax = pyplot().subplots(figsize=(12, 1.8 + 0.42 * len(ordered)), layout="constrained")
+    height = max(3.0, 1.8 + 0.42 * len(ordered))
+    fig, ax = pyplot().subplots(figsize=(12, height), layout="constrained")
     y = list(range(len(ordered)))
     left = [0.0] * len(ordered)
     for key in BREAKDOWN_KEYS:
@@ -234,7 +235,8 @@ def validation_figure(doc: dict) -> Figure:
     spreads = [c.get("measured_iterations_s") or [c["measured_s"]] for c in cases]
     low = [m - min(s) for m, s in zip(measured, spreads, strict=True)]
     high = [max(s) - m for m, s in zip(measured, spreads, strict=True)]
-    ax.bar([x - 0.2 for x in xs], predicted, width=0.4, color="#4C72B0", label="predicted (simulator)")
+    ax.bar([x - 0.2 for x in xs], predicted, width=0.4, color="#4C72B0",
+           label="predicted (simulator)")
     ax.bar([x + 0.2 for x in xs], measured, width=0.4, color="#DD8452", label="measured (mean)",
            yerr=[[max(0.0, v) for v in low], [max(0.0, v) for v in high]], capsize=4,
            error_kw={"ecolor": "black", "label": "measured min..max"})

@@ -46,6 +46,8 @@ _REL_EPS_TIME = 1e-13
 _REL_EPS_RATE = 1e-12
 # Slack when checking that a local re-share is still max-min fair (saturation, rate order).
 _REL_EPS_CHECK = 1e-9
+# Local re-shares tried, each on a wider region, before re-sharing whole components.
+_LOCAL_TRIES = 4
 
 # Resolved paths kept for reuse (paths repeat: ring hops, pipeline sends).
 _ROUTE_CACHE_SIZE = 65536
@@ -257,21 +259,36 @@ class FlowNetwork:
     def _update(self) -> None:
         """Retire finished flows around the touched links, then re-share what they affect."""
         now = self._env.now
-        flows, links = self._region(self._seeds)
+        finished: list[_Flow] = []
+        seeds = self._gather(list(self._seeds), now, finished)
         self._seeds.clear()
-        finished = more = self._retire(flows, now)
-        while more:
-            # Retired flows free capacity on links beyond the seeds: widen the region.
-            flows, links = self._region(list(links))
-            more = self._retire(flows, now)
-            finished = finished + more
+        flows, links = self._region_flows, self._region_links
         if flows:
             self.rate_recomputations += 1
-            if not self._share_locally(flows, links):
+            for _ in range(_LOCAL_TRIES):
+                wider = self._share_locally(flows, links)
+                if not wider:
+                    break
+                for flow in flows:
+                    flow.new_rate = -1.0  # discard the rejected result
+                seeds = self._gather(seeds + wider, now, finished)
+            else:
                 flows = self._share_components(links)
             self._reschedule(flows, now)
         for flow in finished:
             flow.done.succeed()
+
+    def _gather(self, seeds: list[int], now: float, finished: list[_Flow]) -> list[int]:
+        """Build the region of `seeds`, retiring finished flows into `finished` (widening the
+        seeds to their links, whose capacity they free); return the final seeds."""
+        flows, links = self._region(seeds)
+        more = self._retire(flows, now)
+        while more:
+            finished.extend(more)
+            seeds = list(links)
+            flows, links = self._region(seeds)
+            more = self._retire(flows, now)
+        return seeds
 
     def _region(self, seeds: list[int]) -> tuple[list[_Flow], list[int]]:
         """Active flows on the `seeds` links, and every link those flows cross (stamped)."""
@@ -296,8 +313,11 @@ class FlowNetwork:
                     links.append(link)
         return flows, links
 
-    def _share_locally(self, flows: list[_Flow], links: list[int]) -> bool:
-        """Re-share `flows` (the region, stamped) around the kept flows; False if not fair."""
+    def _share_locally(self, flows: list[_Flow], links: list[int]) -> list[int]:
+        """Re-share `flows` (the region, stamped) around the kept flows.
+
+        Returns [] if the result is max-min fair, else the links whose flows must join.
+        """
         stamp = self._stamp
         cap, members, resid, fixed_max = self._cap, self._members, self._resid, self._fixed_max
         crossings = 0
@@ -314,28 +334,28 @@ class FlowNetwork:
             left = cap[link] - fixed
             resid[link] = left if left > 0.0 else 0.0
             fixed_max[link] = fastest
-        if crossings == sum(len(flow.links) for flow in flows):
-            self._fill(flows, links, resid)  # no kept flow: the region is whole components
-            return True
         self._fill(flows, links, resid)
-        return self._is_fair(flows, links)
+        if crossings == sum(len(flow.links) for flow in flows):
+            return []  # no kept flow: the region is whole components
+        return self._unfair_links(flows, links)
 
-    def _is_fair(self, flows: list[_Flow], links: list[int]) -> bool:
-        """Check the bottleneck condition after a local re-share (see the section comment)."""
+    def _unfair_links(self, flows: list[_Flow], links: list[int]) -> list[int]:
+        """Bottleneck links that break max-min fairness after a local re-share (see above)."""
         stamp = self._stamp
         cap, load, resid, members = self._cap, self._load, self._resid, self._members
         fixed_max, new_max, lmark = self._fixed_max, self._new_max, self._lmark
         slack = 1.0 + _REL_EPS_CHECK
+        full = 1.0 - _REL_EPS_CHECK
+        wider: list[int] = []
         for link in links:
             new_max[link] = 0.0
         for flow in flows:
             rate = flow.new_rate
             if rate <= 0.0 or rate * slack < fixed_max[flow.bneck]:
-                return False
+                wider.append(flow.bneck)  # a kept flow there is faster: it must yield
             for link, _ in flow.links:
                 if rate > new_max[link]:
                     new_max[link] = rate
-        full = 1.0 - _REL_EPS_CHECK
         for link in links:
             for other in members[link]:
                 if other.mark == stamp:
@@ -345,13 +365,12 @@ class FlowNetwork:
                     continue  # its bottleneck is untouched
                 used = cap[b] - resid[b] + load[b]
                 if used < cap[b] * full or other.rate * slack < max(new_max[b], fixed_max[b]):
-                    return False
-        return True
+                    wider.append(b)  # the kept flow lost its bottleneck
+        return wider
 
     def _share_components(self, seeds: list[int]) -> list[_Flow]:
         """Re-share whole connected components around `seeds`; return their flows."""
-        stamp_flows = self._region_flows
-        for flow in stamp_flows:
+        for flow in self._region_flows:
             flow.new_rate = -1.0  # discard the rejected local result
         flows, links, bounds = self._components(seeds)
         cap = self._cap

@@ -65,7 +65,8 @@ def test_two_bandwidths_run_in_product_order_and_more_bandwidth_is_not_slower():
     result = run_sweep(DEFAULT, [f"{BANDWIDTH}=400,50", "training.global_batch_size=256,512"],
                        ["megatron", "holmes"], jobs=2)
     keys = [(r[BANDWIDTH], r["training.global_batch_size"], r["policy"]) for r in result.rows]
-    assert keys == [(b, g, p) for b in (400, 50) for g in (256, 512) for p in ("megatron", "holmes")]
+    policies = ("megatron", "holmes")
+    assert keys == [(b, g, p) for b in (400, 50) for g in (256, 512) for p in policies]
     assert [r["point"] for r in result.rows] == [0, 0, 1, 1, 2, 2, 3, 3]
     holmes = {(r[BANDWIDTH], r["training.global_batch_size"]): r["iteration_time_s"]
               for r in result.rows if r["policy"] == "holmes"}
@@ -83,7 +84,8 @@ def test_cli_sweep_writes_csv_json_and_plots(tmp_path):
     assert [(r[BANDWIDTH], r["policy"]) for r in rows] == [("100", "holmes"), ("200", "holmes")]
     doc = json.loads((out / "sweep.json").read_text())
     assert doc["axes"] == [{"path": BANDWIDTH, "values": [100, 200]}]
-    assert [float(r["iteration_time_s"]) for r in rows] == [r["iteration_time_s"] for r in doc["rows"]]
+    times = [r["iteration_time_s"] for r in doc["rows"]]
+    assert [float(r["iteration_time_s"]) for r in rows] == times
     assert float(rows[1]["iteration_time_s"]) <= float(rows[0]["iteration_time_s"])
     for name in ("sweep_iteration_time.png", "sweep_tflops.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
@@ -91,8 +93,9 @@ def test_cli_sweep_writes_csv_json_and_plots(tmp_path):
 
 
 def test_cli_sweep_bad_path_exits_2_naming_it(tmp_path):
-    result = CliRunner().invoke(app, ["sweep", str(DEFAULT), "--set", "clusters[5].nodes[0].count=2",
-                                      "--out", str(tmp_path / "out")])
+    args = ["sweep", str(DEFAULT), "--set", "clusters[5].nodes[0].count=2",
+            "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 2
     assert "--set clusters[5].nodes[0].count=2" in result.output
     assert "out of range" in result.output
