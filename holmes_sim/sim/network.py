@@ -7,18 +7,21 @@ Model (fluid flows, as in flow-level simulators such as SimGrid; Bertsekas and G
   loads link l with w_{f,l} * r_f, subject to sum_f w_{f,l} * r_f <= C_l;
 - the rates are the weighted max-min fair allocation: all unfrozen flows rise at the same rate;
   when a link saturates, the flows crossing it freeze at the current level;
-- rates are recomputed whenever flows start or end, only for the connected components of flows
-  that share links (transitively) with them; flows whose rate does not change keep their
-  scheduled completion;
+- rates are recomputed whenever flows start or end, and only where they can change: first for
+  the flows on the touched links, keeping every other rate, then (if that result is not max-min
+  fair as a whole) for wider regions, and at worst for the connected components of flows that
+  share links with them; flows whose rate does not change keep their scheduled completion;
 - a transfer first pays its latency (seconds), then its bytes move at the flow's rate.
 
 A weight below 1 models a group of GPUs sending one logical flow over several NICs: a flow
 spread over 2 NICs puts weight 0.5 on each NIC's link, so a rate r loads each NIC with r / 2.
 
 Mechanics: the network keeps its own agenda (a heap of flow starts and predicted completions)
-and holds a single SimPy wake-up for the earliest entry. All starts and completions due at one
-instant are applied together and followed by one recomputation. An entry made stale by a rate
-change stays in the heap and is skipped when it surfaces.
+and arms one SimPy wake-up per distinct due time it needs. All starts and completions due at
+one instant are applied together and followed by one recomputation; a flow that starts alone
+on all its links skips it. An entry made stale by a rate change stays in the heap and is
+skipped when it surfaces. A flow within 1e-9 of its size (or 1e-13 of the clock) of its last
+byte when rates are recomputed finishes then, so rounding does not split a common finish.
 
 Determinism: flows get a monotonically increasing id, agenda entries a sequence number, links
 an index in the order of the capacities mapping; every decision iterates lists or
@@ -55,18 +58,29 @@ _ROUTE_CACHE_SIZE = 65536
 _PENDING, _ACTIVE, _DONE = 0, 1, 2
 
 
+class _Route:
+    """A resolved path: ((link index, weight), ...) and, for a flow alone on all its links,
+    its (rate in bytes/s, narrowest link index)."""
+
+    __slots__ = ("links", "solo")
+
+    def __init__(self, links: tuple[tuple[int, float], ...], solo: tuple[float, int]) -> None:
+        self.links = links
+        self.solo = solo
+
+
 class _Flow:
     """One flow. `links` holds (link index, weight) pairs; `token` names its live agenda entry."""
 
     __slots__ = (
         "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
-        "mark", "new_rate", "bneck",
+        "mark", "new_rate", "bneck", "solo",
     )
 
-    def __init__(self, fid: int, links: tuple[tuple[int, float], ...], size: float,
-                 done: simpy.Event) -> None:
+    def __init__(self, fid: int, route: _Route, size: float, done: simpy.Event) -> None:
         self.fid = fid
-        self.links = links
+        self.links = route.links
+        self.solo = route.solo
         self.size = size
         self.remaining = size  # bytes left at time `since`
         self.rate = 0.0  # bytes/s since `since`
@@ -113,13 +127,12 @@ class FlowNetwork:
         self._region_links: list[int] = []
         self._region_flows: list[_Flow] = []
         self._comp_bounds: list[tuple[int, int]] = []
-        self._routes: dict[PathUse, tuple[tuple[int, float], ...]] = {}
+        self._routes: dict[PathUse, _Route] = {}
         self._seeds: list[int] = []  # links touched since the last recomputation
         # Agenda: (time s, sequence, flow, token); one SimPy wake-up for its earliest entry.
         self._agenda: list[tuple[float, int, _Flow, int]] = []
         self._seq = 0
-        self._wake: Timeout | None = None
-        self._wake_at = math.inf
+        self._armed: dict[float, Timeout] = {}  # pending wake-ups by due time (look-up only)
         self._next_fid = 0
         self._active = 0
         self.rate_recomputations = 0
@@ -148,21 +161,16 @@ class FlowNetwork:
         """
         if size_bytes < 0 or latency_s < 0:
             raise ValueError(f"size and latency must be >= 0, got {size_bytes}, {latency_s}")
-        links = self._routes.get(path)
-        if links is None:
-            links = self._resolve(path)
-            if len(self._routes) >= _ROUTE_CACHE_SIZE:
-                self._routes.clear()
-            self._routes[path] = links
-        if size_bytes == 0 or not links:
+        route = self._route(path)
+        if size_bytes == 0 or not route.links:
             return self._env.timeout(latency_s)
         done = TransferEvent(self._env)
-        flow = _Flow(self._next_fid, links, float(size_bytes), done)
+        flow = _Flow(self._next_fid, route, float(size_bytes), done)
         self._next_fid += 1
         done.flow = flow
         at = self._env.now + latency_s
         self._post(at, flow, 0)
-        self._wake_by(at)
+        self._arm(at)
         return done
 
     # -- agenda ----------------------------------------------------------------------------
@@ -173,7 +181,20 @@ class FlowNetwork:
         except KeyError:
             raise KeyError(f"unknown link {link!r}") from None
 
-    def _resolve(self, path: PathUse) -> tuple[tuple[int, float], ...]:
+    def _route(self, path: PathUse) -> _Route:
+        """Resolved `path`, cached when the path is hashable (a tuple of tuples)."""
+        try:
+            route = self._routes.get(path)
+        except TypeError:  # a list somewhere in the path: resolve without caching
+            return self._resolve(path)
+        if route is None:
+            route = self._resolve(path)
+            if len(self._routes) >= _ROUTE_CACHE_SIZE:
+                self._routes.clear()
+            self._routes[path] = route
+        return route
+
+    def _resolve(self, path: PathUse) -> _Route:
         """Path to (link index, weight) pairs; repeated links add their weights."""
         out: list[tuple[int, float]] = []
         for link, weight in path:
@@ -186,28 +207,32 @@ class FlowNetwork:
                     break
             else:
                 out.append((idx, float(weight)))
-        return tuple(out)
+        best, bneck = math.inf, -1
+        for idx, weight in out:
+            rate = self._cap[idx] / weight
+            if rate < best:
+                best, bneck = rate, idx
+        return _Route(tuple(out), (best, bneck))
 
     def _post(self, at: float, flow: _Flow, token: int) -> None:
         """Add an agenda entry due at `at` seconds."""
         self._seq += 1
         heapq.heappush(self._agenda, (at, self._seq, flow, token))
 
-    def _wake_by(self, at: float) -> None:
-        """Make sure a SimPy wake-up fires no later than `at` seconds."""
-        if at < self._wake_at:
-            self._wake_at = at
-            wake = Timeout(self._env, max(at - self._env.now, 0.0))
+    def _arm(self, at: float) -> None:
+        """Make sure a SimPy wake-up fires at `at` seconds (one per distinct time)."""
+        if at not in self._armed:
+            wake = Timeout(self._env, max(at - self._env.now, 0.0), at)
             wake.callbacks.append(self._on_wake)
-            self._wake = wake
+            self._armed[at] = wake
 
     def _on_wake(self, event: simpy.Event) -> None:
-        """Apply every agenda entry due now, recompute once, re-arm the wake-up."""
-        if event is not self._wake:
-            return  # superseded by an earlier wake-up
-        due = self._wake_at
-        self._wake = None
-        self._wake_at = math.inf
+        """Apply every agenda entry due by this wake-up, recompute once, arm the next one.
+
+        A wake-up armed for an entry that a rate change made stale finds nothing due.
+        """
+        due: float = event.value
+        del self._armed[due]
         agenda, members, seeds = self._agenda, self._members, self._seeds
         while agenda and agenda[0][0] <= due:
             _, _, flow, token = heapq.heappop(agenda)
@@ -226,19 +251,29 @@ class FlowNetwork:
         while agenda:
             at, _, flow, token = agenda[0]
             if flow.state == _PENDING or (flow.state == _ACTIVE and token == flow.token):
-                self._wake_by(at)
+                self._arm(at)
                 break
             heapq.heappop(agenda)  # stale
 
     def _start(self, flow: _Flow) -> None:
+        """Put `flow` on its links; alone on all of them, it gets its rate at once."""
         flow.state = _ACTIVE
-        flow.since = self._env.now
-        members, seeds = self._members, self._seeds
+        now = flow.since = self._env.now
+        members = self._members
+        alone = True
         for link, weight in flow.links:
-            members[link][flow] = weight
-            seeds.append(link)
+            link_members = members[link]
+            if link_members:
+                alone = False
+            link_members[flow] = weight
         self._active += 1
         self.flows_started += 1
+        if not alone:
+            self._seeds.extend(link for link, _ in flow.links)
+            return
+        flow.rate, flow.bneck = flow.solo
+        flow.token += 1
+        self._post(now + flow.size / flow.rate, flow, flow.token)
 
     def _finish(self, flow: _Flow) -> None:
         flow.state = _DONE
@@ -254,7 +289,8 @@ class FlowNetwork:
     # (a saturated link where no flow is faster; Bertsekas and Gallager, section 6.5.2): each
     # flow of R must not be slower than a kept flow on the link where it froze, and each kept
     # flow whose bottleneck lies in R's links must still find it saturated and itself fastest.
-    # Otherwise the connected components of R are re-shared whole.
+    # Otherwise R takes in the flows on the offending bottleneck links and tries again; after
+    # _LOCAL_TRIES refusals the connected components around R are re-shared whole.
 
     def _update(self) -> None:
         """Retire finished flows around the touched links, then re-share what they affect."""
