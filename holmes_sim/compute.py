@@ -6,9 +6,9 @@ The profile is the JSON `holmes-sim validate` writes (see `docs/validation.md`):
     {"schema": "holmes-sim-profile/1", "provenance": {...},
      "compute": {GPU_MODEL: {"layer_forward_s", "layer_backward_s", "embedding_forward_s",
                              "embedding_backward_s", "head_forward_s", "head_backward_s",
-                             "optimizer_s_per_param"}},
+                             "optimizer_s_per_param", "op_overhead_s"}},
      "fabrics": {FABRIC: {"bandwidth_bytes_per_s", "latency_s"}},
-     "host": {"effective_cores"}}   # only for an emulated testbed whose ranks share a CPU
+     "host": {"effective_cores", "compute_cv"}}   # only for an emulated testbed (shared CPU)
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ class ComputeModel(Protocol):
 
     def optimizer_s(self, gpu: GpuModel, params_per_gpu: float) -> float: ...
 
+    def op_overhead_s(self, gpu: GpuModel) -> float:
+        """Fixed cost of launching one forward or backward op (framework time), seconds."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class RooflineCompute:
@@ -57,6 +61,9 @@ class RooflineCompute:
 
     def optimizer_s(self, gpu: GpuModel, params_per_gpu: float) -> float:
         return params_per_gpu * _ADAM_BYTES_PER_PARAM / gpu.memory_bandwidth_bytes_per_s
+
+    def op_overhead_s(self, gpu: GpuModel) -> float:
+        return 0.0  # kernel launches overlap GPU work in a well-fed training loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +92,10 @@ class ProfiledCompute:
     def optimizer_s(self, gpu: GpuModel, params_per_gpu: float) -> float:
         return self._get(gpu, "optimizer_s_per_param") * params_per_gpu
 
+    def op_overhead_s(self, gpu: GpuModel) -> float:
+        entry = self.times.get(gpu.name, {})
+        return entry.get("op_overhead_s", 0.0)
+
 
 @dataclass(frozen=True, slots=True)
 class Profile:
@@ -93,6 +104,11 @@ class Profile:
     compute: ProfiledCompute
     fabrics: dict[str, dict[str, float]]
     raw: dict
+
+    @property
+    def compute_cv(self) -> float:
+        """Measured spread of compute op times on a shared host (0 when not measured)."""
+        return float((self.raw.get("host") or {}).get("compute_cv", 0.0))
 
     @property
     def shared_cpu_cores(self) -> float | None:

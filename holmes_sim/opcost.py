@@ -26,7 +26,7 @@ class OpCosts:
         """Compute of a chunk of `layers` layers (plus the embedding on the first virtual stage
         and the logits/loss on the last) for one micro-batch on one GPU of the TP group."""
         c, w, g = self.compute, self.workload, node.gpu
-        t = layers * c.layer_s(g, w, self.tp, backward)
+        t = c.op_overhead_s(g) + layers * c.layer_s(g, w, self.tp, backward)
         if first:
             t += c.embedding_s(g, w, self.tp, backward)
         if last:

@@ -33,20 +33,24 @@ def plan_policy(prepared: Prepared, name: str) -> tuple[Plan, Cluster]:
     return policy.plan(prepared.request(cluster)), cluster
 
 
-def run_policy(prepared: Prepared, name: str) -> Outcome:
-    """Plan and simulate one policy."""
+def run_policy(prepared: Prepared, name: str, seed: int | None = None) -> Outcome:
+    """Plan and simulate one policy (`seed` overrides the scenario's)."""
     plan, cluster = plan_policy(prepared, name)
-    options = engine_options(prepared)
+    options = engine_options(prepared, seed)
     trace = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     costs = OpCosts(cluster, prepared.workload, prepared.compute, plan.tp)
     return Outcome(plan, cluster, trace, summarize(plan, trace, cluster, prepared.workload, costs))
 
 
-def engine_options(prepared: Prepared) -> EngineOptions:
-    """Engine switches from the scenario (collectives) and the profile (shared host CPU)."""
+def engine_options(prepared: Prepared, seed: int | None = None) -> EngineOptions:
+    """Engine switches from the scenario (collectives, seed) and the profile (shared host CPU
+    and its measured compute spread)."""
+    profile = prepared.profile
     return EngineOptions(
         step_by_step=prepared.scenario.engine.collectives == "step-by-step",
-        shared_cpu_cores=prepared.profile.shared_cpu_cores if prepared.profile else None)
+        shared_cpu_cores=profile.shared_cpu_cores if profile else None,
+        compute_cv=profile.compute_cv if profile else 0.0,
+        seed=prepared.scenario.seed if seed is None else seed)
 
 
 def run_scenario(prepared: Prepared, policies: list[str] | None = None) -> list[Outcome]:

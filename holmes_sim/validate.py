@@ -15,6 +15,7 @@ Measurement (2) and prediction (3) are separate steps joined by the profile: not
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -33,14 +34,16 @@ from rich.table import Table
 
 from holmes_sim.compute import PROFILE_SCHEMA, Profile, ProfiledCompute
 from holmes_sim.errors import FieldError, ScenarioError, TestbedError
-from holmes_sim.plan import Plan
+from holmes_sim.plan import GpuRef, OptimizerMode, Plan
+from holmes_sim.schedule import ScheduleKind
 from holmes_sim.policies import get_policy
 from holmes_sim.prepare import Prepared, apply_link_profile, prepare
-from holmes_sim.runner import engine_options, plan_policy
-from holmes_sim.sim.engine import simulate
+from holmes_sim.runner import plan_policy, run_policy
 from holmes_sim.spec.scenario import TestbedSpec
 
 Progress = Callable[[str], None]
+_OVERHEAD_ITERATIONS = 12
+_PREDICTION_SEEDS = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,10 @@ class Case:
     measured_s: float
     measured_iterations_s: tuple[float, ...]
     losses: tuple[float, ...]
+    predicted_breakdown_s: dict = dataclasses.field(default_factory=dict)
+    """The simulator's time breakdown (mean over entities) of this policy."""
+    measured_ops_s: dict = dataclasses.field(default_factory=dict)
+    """Measured seconds per op kind per rank per iteration (forward, backward, recv, ...)."""
 
     @property
     def error_pct(self) -> float:
@@ -80,7 +87,9 @@ class ValidationResult:
             "cases": [{"policy": c.policy, "predicted_s": c.predicted_s, "measured_s": c.measured_s,
                        "error_pct": c.error_pct,
                        "measured_iterations_s": list(c.measured_iterations_s),
-                       "losses": list(c.losses)} for c in self.cases],
+                       "losses": list(c.losses),
+                       "predicted_breakdown_s": c.predicted_breakdown_s,
+                       "measured_ops_s": c.measured_ops_s} for c in self.cases],
             "ranking_agrees": self.ranking_agrees,
             "within_tolerance": self.within_tolerance,
             "tolerance_pct": self.tolerance_pct,
@@ -126,16 +135,27 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         profiled = apply_profile(prepared, profile)
         cases = []
         for name in names:
-            plan, cluster = plan_policy(profiled, name)
-            predicted = simulate(plan, cluster, profiled.workload, profiled.compute,
-                                 engine_options(profiled)).iteration_s
+            outcome, predicted = predict(profiled, name)
+            plan = outcome.plan
             progress(f"{name}: predicted {predicted:.3f} s; running {spec.warmup} + "
                      f"{spec.iterations} iterations for real ...")
             run = _run_real(plan, prepared, config, spec, tb)
             cases.append(Case(name, predicted, statistics.median(run.iteration_times_s),
-                              run.iteration_times_s, run.losses))
+                              run.iteration_times_s, run.losses, outcome.result.breakdown_s,
+                              run.op_times_s))
     return ValidationResult(tuple(cases), spec.tolerance_pct, profile,
                             provenance(testbed_path, time.time() - started))
+
+
+def predict(prepared: Prepared, name: str) -> tuple:
+    """Simulated iteration time of `name`: the median over `_PREDICTION_SEEDS` seeds when the
+    profile measured a compute spread (the real run reports a median of noisy iterations too)."""
+    seeds = range(prepared.scenario.seed, prepared.scenario.seed +
+                  (_PREDICTION_SEEDS if prepared.profile and prepared.profile.compute_cv > 0 else 1))
+    outcomes = [run_policy(prepared, name, seed) for seed in seeds]
+    times = sorted(o.result.iteration_time_s for o in outcomes)
+    median = statistics.median(times)
+    return min(outcomes, key=lambda o: abs(o.result.iteration_time_s - median)), median
 
 
 def _runnable_policies(prepared: Prepared, policies: list[str] | None) -> list[str]:
@@ -213,7 +233,8 @@ def calibrate(prepared: Prepared, tb, spec: TestbedSpec) -> dict:
     # Effective cores: how much work `ranks` busy processes get done at once, relative to one.
     work = ("block_forward", "block_backward")
     effective = ranks * sum(solo[f"{k}_s"] for k in work) / sum(busy[f"{k}_mean_s"] for k in work)
-    effective = min(float(ranks), max(1.0, effective))
+    effective = min(float(min(ranks, os.cpu_count() or ranks)), max(1.0, effective))
+    spread = busy["block_cv"]
     compute = {"layer_forward_s": solo["block_forward_s"],
                "layer_backward_s": solo["block_backward_s"],
                "embedding_forward_s": solo["embedding_forward_s"],
@@ -221,11 +242,37 @@ def calibrate(prepared: Prepared, tb, spec: TestbedSpec) -> dict:
                "head_forward_s": solo["head_forward_s"],
                "head_backward_s": solo["head_backward_s"],
                "optimizer_s_per_param": solo["optimizer_per_param_s"]}
+    compute["op_overhead_s"] = measure_op_overhead(prepared, config, compute, spec)
     gpus = {n.gpu.name for n in prepared.cluster.nodes}
     return {"schema": PROFILE_SCHEMA,
             "compute": {g: dict(compute) for g in sorted(gpus)},
-            "host": {"effective_cores": effective, "cpu_count": os.cpu_count(), "ranks": ranks},
+            "host": {"effective_cores": effective, "compute_cv": spread,
+                     "cpu_count": os.cpu_count(), "ranks": ranks},
             "fabrics": {f: measure_fabric(prepared, tb, f, spec) for f in sorted(_fabrics(prepared))}}
+
+
+def measure_op_overhead(prepared: Prepared, config, compute: dict, spec: TestbedSpec) -> float:
+    """Framework time per forward or backward op (Python, data, buffers) beyond the pieces'
+    compute, in seconds: a one-rank run of the same model through the real worker, minus the
+    calibrated pieces, divided by its ops. A calibration run of its own, not a measured case."""
+    from holmes_sim.backend.launch import run_plan
+    from holmes_sim.backend.worker import RunConfig
+
+    m, layers = prepared.num_microbatches, prepared.workload.num_layers
+    plan = Plan("calibration", 1, 1, 1, (GpuRef("calibration", 0),), (layers,),
+                ScheduleKind.ONE_F_ONE_B, m, 1, OptimizerMode.REPLICATED, ())
+    cfg = RunConfig(model=config, micro_batch_size=prepared.workload.micro_batch,
+                    iterations=_OVERHEAD_ITERATIONS + 2, warmup=2, interface_map={"*": "lo"},
+                    world_interfaces=["lo"], lr=spec.learning_rate, optimizer=spec.optimizer,
+                    bucket_numel=max(1, int(prepared.workload.bucket_bytes // 4)))
+    # The fastest iteration: noise on a shared host only ever adds time.
+    measured = min(run_plan(plan, cfg, timeout_s=spec.timeout_s).iteration_times_s)
+    pieces = m * (compute["embedding_forward_s"] + compute["embedding_backward_s"]
+                  + layers * (compute["layer_forward_s"] + compute["layer_backward_s"])
+                  + compute["head_forward_s"] + compute["head_backward_s"])
+    params = prepared.workload.total_params
+    pieces += params * compute["optimizer_s_per_param"]
+    return max(0.0, (measured - pieces) / (2 * m))
 
 
 def _fabrics(prepared: Prepared) -> set[str]:
@@ -233,7 +280,31 @@ def _fabrics(prepared: Prepared) -> set[str]:
 
 
 def measure_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> dict:
-    """gloo throughput and latency between the first two nodes on `fabric`."""
+    """gloo throughput and latency between the first two nodes on `fabric`, while the other
+    ranks' share of the host is busy computing, as it is during the run: on a shared host a
+    message waits for its receiver to be scheduled, which costs milliseconds, not microseconds."""
+    with _busy_processes(prepared.cluster.num_gpus - 2):
+        return _probe_fabric(prepared, tb, fabric, spec)
+
+
+@contextlib.contextmanager
+def _busy_processes(count: int):
+    """`count` single-threaded processes doing matrix products until the block ends."""
+    code = ("import torch; torch.set_num_threads(1); a = torch.randn(256, 256)\n"
+            "while True: a = (a @ a).tanh_()")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True) for _ in range(max(0, count))]
+    try:
+        time.sleep(1.0 if procs else 0.0)  # let them import torch and start
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _probe_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> dict:
     pairs = [(n.name, nic.name) for n in prepared.cluster.nodes for nic in n.nics
              if nic.fabric == fabric][:2]
     if len(pairs) < 2:
@@ -257,7 +328,10 @@ def measure_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> di
                 log = (tmp / f"probe{r}.log").read_text(errors="replace")[-1500:]
                 raise TestbedError(f"link probe on fabric '{fabric}' failed (rank {r}, code "
                                    f"{code}):\n{log}")
-        return json.loads(out.read_text())
+        sender, receiver = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
+        # Both ends' CPU per byte: on a shared host, moving bytes competes with compute.
+        sender["cpu_s_per_byte"] += receiver["cpu_s_per_byte"]
+        return sender
     except subprocess.TimeoutExpired:
         raise TestbedError(f"link probe on fabric '{fabric}' timed out after 120 s") from None
     finally:

@@ -62,6 +62,11 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
     # Means too: with more processes than cores a few samples absorb whole scheduler slices.
     out.update({k.replace("_s", "_mean_s"): statistics.fmean(v for s in samples for v in s[k])
                 for k in _KEYS})
+    # Spread of one block's forward + backward across rounds and processes (coefficient of
+    # variation): how unevenly a shared host serves ranks that do the same work.
+    block = [f + b for smp in samples
+             for f, b in zip(smp["block_forward_s"], smp["block_backward_s"], strict=True)]
+    out["block_cv"] = statistics.pstdev(block) / statistics.fmean(block)
     out["concurrency"] = float(concurrency)
     out["samples"] = float(concurrency * repeats)
     return out

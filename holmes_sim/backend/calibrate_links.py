@@ -45,6 +45,7 @@ def probe(rank: int, store_path: str, interface: str, size_bytes: int, timeout_s
     latency = statistics.median(rtts) / 2
     big = torch.zeros(size_bytes // 4)
     rates = []
+    cpu0 = time.process_time()
     for i in range(_SENDS):
         tag = 1000 + i
         t = time.perf_counter()
@@ -55,8 +56,29 @@ def probe(rank: int, store_path: str, interface: str, size_bytes: int, timeout_s
         else:
             pg.recv([big], peer, tag).wait()
             pg.send([small], peer, tag).wait()
+    # CPU this side spent moving the bulk bytes (user + system, gloo's threads included).
+    cpu_s_per_byte = (time.process_time() - cpu0) / (_SENDS * big.numel() * 4)
     return {"latency_s": latency, "bandwidth_bytes_per_s": statistics.median(rates) if rates else 0.0,
-            "rtt_samples": len(rtts), "size_bytes": size_bytes}
+            "cpu_s_per_byte": cpu_s_per_byte, "rtt_samples": len(rtts), "size_bytes": size_bytes,
+            "collective_step_s": _collective_step_s(pg, rank)}
+
+
+def _collective_step_s(pg, rank: int) -> float:
+    """Seconds one ring step of the worker's own reduce-scatter and all-gather costs beyond its
+    bytes: the alpha of the alpha-beta model, fitted on a tiny buffer (p = 2: one step each)."""
+    from types import SimpleNamespace
+
+    from holmes_sim.backend.worker import all_gather, ring_reduce_scatter
+
+    group = SimpleNamespace(pg=pg, size=2, group_rank=rank)
+    flat = torch.zeros(256)
+    times = []
+    for i in range(_PINGS):
+        t = time.perf_counter()
+        ring_reduce_scatter(group, flat, 5000 + i)
+        all_gather(group, flat)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[3:]) / 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     result = probe(args.rank, args.store, args.interface, args.bytes, args.timeout)
-    if args.rank == 0:
-        Path(args.out).write_text(json.dumps(result))
+    Path(f"{args.out}.{args.rank}").write_text(json.dumps(result))
     return 0
 
 

@@ -598,6 +598,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="run config JSON (with plan_path)")
     parser.add_argument("--rank", type=int, required=True)
     args = parser.parse_args(argv)
+    # The overlapped optimizer's communication runs in a Python thread; with the default 5 ms
+    # GIL switch interval every hand-over between it and the compute thread can stall a bucket
+    # for milliseconds (GPU code overlaps through CUDA streams instead).
+    sys.setswitchinterval(2e-4)
     doc = json.loads(Path(args.config).read_text())
     out_dir = Path(doc["run"]["output_dir"])
     # Everything this rank prints, C++ aborts included, goes to its log for launch to report.

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import simpy
 
 from holmes_sim.cluster import Cluster
@@ -51,6 +52,10 @@ class EngineOptions:
 
     step_by_step: bool = False
     shared_cpu_cores: float | None = None
+    compute_cv: float = 0.0
+    """Coefficient of variation of compute op durations (0: deterministic). Each op's time is
+    multiplied by a mean-1 log-normal factor drawn from the entity's own stream of `seed`."""
+    seed: int = 0
 
 
 def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
@@ -71,6 +76,25 @@ class _CountingEnvironment(simpy.Environment):
         super().step()
 
 
+class _Jitter:
+    """Per-entity random streams of compute-time factors (log-normal, mean 1).
+
+    Streams are derived from the seed and the entity's (stage, replica) with numpy's SeedSequence,
+    so the same seed gives the same factors whatever order entities draw in."""
+
+    def __init__(self, cv: float, seed: int, pp: int, dp: int):
+        self.sigma = math.sqrt(math.log1p(cv * cv)) if cv > 0 else 0.0
+        self.mu = -self.sigma**2 / 2
+        self.rng = {} if cv <= 0 else {
+            f"s{s}.d{d}": np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(s, d)))
+            for s in range(pp) for d in range(dp)}
+
+    def factor(self, entity: str) -> float:
+        if not self.rng:
+            return 1.0
+        return float(self.rng[entity].lognormal(self.mu, self.sigma))
+
+
 @dataclass(slots=True)
 class _Bucket:
     grad_bytes: float
@@ -89,6 +113,7 @@ class _Simulation:
             self.caps[("cpu",)] = self.cpu
             self.caps.update({("core", s, d): 1.0 for s in range(plan.pp) for d in range(plan.dp)})
         self.net = FlowNetwork(self.env, self.caps)
+        self.jitter = _Jitter(options.compute_cv, options.seed, plan.pp, plan.dp)
         self.trace = Trace()
         self.coll = Collectives(self.env, self.net, self.trace, options.step_by_step)
         self.costs = OpCosts(cluster, workload, compute, plan.tp)
@@ -248,6 +273,7 @@ class _Simulation:
 
     def _work(self, name: str, seconds: float) -> simpy.Event:
         """An event after `seconds` of compute: a timeout, or core-seconds on a shared host."""
+        seconds *= self.jitter.factor(name)
         if self.cpu is None:
             return self.env.timeout(seconds)
         return self.net.transfer(self._cpu_path[name], seconds)

@@ -32,6 +32,9 @@ class UniformCompute:
     def optimizer_s(self, gpu, params_per_gpu):
         return 0.0
 
+    def op_overhead_s(self, gpu):
+        return 0.0
+
 
 # Free communication: a huge NIC rate and no latency (TP stays off: tp=1 per 1-GPU node).
 def _free_comm(write_scenario, *, pp, m, schedule="1f1b", virtual=1):
