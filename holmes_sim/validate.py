@@ -59,6 +59,8 @@ class Case:
     """The simulator's time breakdown (mean over entities) of this policy."""
     measured_ops_s: dict = dataclasses.field(default_factory=dict)
     """Measured seconds per op kind per rank per iteration (forward, backward, recv, ...)."""
+    profile: dict = dataclasses.field(default_factory=dict)
+    """The calibration the prediction used (taken just before this case's run)."""
 
     @property
     def error_pct(self) -> float:
@@ -89,7 +91,9 @@ class ValidationResult:
                        "measured_iterations_s": list(c.measured_iterations_s),
                        "losses": list(c.losses),
                        "predicted_breakdown_s": c.predicted_breakdown_s,
-                       "measured_ops_s": c.measured_ops_s} for c in self.cases],
+                       "measured_ops_s": c.measured_ops_s,
+                       "profile_compute": c.profile.get("compute", {}),
+                       "profile_host": c.profile.get("host", {})} for c in self.cases],
             "ranking_agrees": self.ranking_agrees,
             "within_tolerance": self.within_tolerance,
             "tolerance_pct": self.tolerance_pct,
@@ -130,20 +134,24 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
     preflight()
     started = time.time()
     with Testbed(testbed_nodes(prepared)) as tb:
-        progress("calibrating compute and links on this host ...")
-        profile = calibrate(prepared, tb, spec)
-        profiled = apply_profile(prepared, profile)
-        cases = []
+        progress("calibrating the links ...")
+        fabrics = calibrate_links(prepared, tb, spec)
+        cases, profiles = [], []
         for name in names:
-            outcome, predicted = predict(profiled, name)
+            # Compute is re-calibrated right before each case: a shared host's speed drifts by
+            # 10-15% over minutes, which would otherwise bias every later prediction.
+            progress(f"{name}: calibrating compute ...")
+            profile = {**calibrate_compute(prepared, spec), "fabrics": fabrics}
+            profiles.append(profile)
+            outcome, predicted = predict(apply_profile(prepared, profile), name)
             plan = outcome.plan
             progress(f"{name}: predicted {predicted:.3f} s; running {spec.warmup} + "
                      f"{spec.iterations} iterations for real ...")
             run = _run_real(plan, prepared, config, spec, tb)
             cases.append(Case(name, predicted, statistics.median(run.iteration_times_s),
                               run.iteration_times_s, run.losses, outcome.result.breakdown_s,
-                              run.op_times_s))
-    return ValidationResult(tuple(cases), spec.tolerance_pct, profile,
+                              run.op_times_s, profile))
+    return ValidationResult(tuple(cases), spec.tolerance_pct, profiles[0],
                             provenance(testbed_path, time.time() - started))
 
 
@@ -218,8 +226,14 @@ def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb):
 
 
 # ---- calibration -------------------------------------------------------------------------------
-def calibrate(prepared: Prepared, tb, spec: TestbedSpec) -> dict:
-    """Measure compute (under as many concurrent processes as ranks) and every fabric's links."""
+def calibrate_links(prepared: Prepared, tb, spec: TestbedSpec) -> dict:
+    """Every fabric's achieved gloo throughput, latency and collective step cost."""
+    return {f: measure_fabric(prepared, tb, f, spec) for f in sorted(_fabrics(prepared))}
+
+
+def calibrate_compute(prepared: Prepared, spec: TestbedSpec) -> dict:
+    """Profile entries for compute: per-piece solo times, framework overhead per op, and the
+    shared host (effective cores, spread) measured with as many processes as ranks."""
     from holmes_sim.backend.calibrate_compute import measure_layer_times
 
     config = model_config(prepared)
@@ -247,8 +261,7 @@ def calibrate(prepared: Prepared, tb, spec: TestbedSpec) -> dict:
     return {"schema": PROFILE_SCHEMA,
             "compute": {g: dict(compute) for g in sorted(gpus)},
             "host": {"effective_cores": effective, "compute_cv": spread,
-                     "cpu_count": os.cpu_count(), "ranks": ranks},
-            "fabrics": {f: measure_fabric(prepared, tb, f, spec) for f in sorted(_fabrics(prepared))}}
+                     "cpu_count": os.cpu_count(), "ranks": ranks}}
 
 
 def measure_op_overhead(prepared: Prepared, config, compute: dict, spec: TestbedSpec) -> float:

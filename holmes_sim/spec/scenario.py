@@ -36,7 +36,7 @@ class TestbedSpec:
     """Largest |predicted - measured| / measured, in %, a case may show."""
     timeout_s: float = 240.0
     """Wall-clock limit of one policy's real run, seconds."""
-    calibration_repeats: int = 50
+    calibration_repeats: int = 30
     """Timed repetitions per piece when measuring compute."""
     link_probe_bytes: int = 4000000
     """Size of the message that measures each fabric's throughput, bytes."""
