@@ -170,7 +170,7 @@ def validation_markdown(doc: dict) -> str:
     cases = doc["cases"]
     tol = doc.get("tolerance_pct", float("nan"))
     lines = ["# Simulator vs real run", "", validation_findings(doc), "",
-             "| policy | predicted s | measured s (mean) | measured min..max s | error % | "
+             "| policy | predicted s | measured s (median) | measured min..max s | error % | "
              "within tolerance |", "|---|---:|---:|---:|---:|---|"]
     for c in cases:
         its = c.get("measured_iterations_s") or [c["measured_s"]]

@@ -237,7 +237,7 @@ def validation_figure(doc: dict) -> Figure:
     high = [max(s) - m for m, s in zip(measured, spreads, strict=True)]
     ax.bar([x - 0.2 for x in xs], predicted, width=0.4, color="#4C72B0",
            label="predicted (simulator)")
-    ax.bar([x + 0.2 for x in xs], measured, width=0.4, color="#DD8452", label="measured (mean)",
+    ax.bar([x + 0.2 for x in xs], measured, width=0.4, color="#DD8452", label="measured (median)",
            yerr=[[max(0.0, v) for v in low], [max(0.0, v) for v in high]], capsize=4,
            error_kw={"ecolor": "black", "label": "measured min..max"})
     top = max(predicted + [m + h for m, h in zip(measured, high, strict=True)], default=1)
