@@ -49,7 +49,8 @@ def engine_options(prepared: Prepared, seed: int | None = None) -> EngineOptions
     return EngineOptions(
         step_by_step=prepared.scenario.engine.collectives == "step-by-step",
         shared_cpu_cores=profile.shared_cpu_cores if profile else None,
-        compute_cv=profile.compute_cv if profile else 0.0,
+        compute_cv=profile.compute_cv if profile and profile.compute_cv > 0
+        else prepared.scenario.engine.compute_cv,
         seed=prepared.scenario.seed if seed is None else seed)
 
 

@@ -30,7 +30,7 @@ _POSITIVE = {"bandwidth_gbit_per_s", "peak_tflops", "memory_gib", "memory_bandwi
              "bandwidth_gbyte_per_s", "bucket_size_mb", "tolerance_pct", "timeout_s",
              "learning_rate"}
 _FRACTION = {"efficiency", "compute_efficiency"}
-_NON_NEGATIVE = {"latency_us", "seed", "warmup"}
+_NON_NEGATIVE = {"latency_us", "seed", "warmup", "compute_cv"}
 
 
 class _Doc:

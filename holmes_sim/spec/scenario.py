@@ -20,6 +20,10 @@ class EngineSpec:
 
     collectives: Literal["steady-state", "step-by-step"] = "steady-state"
     """Ring collectives as p concurrent flows (fast) or 2(p-1) rounds of flows (detailed)."""
+    compute_cv: float = 0.0
+    """Run-to-run spread of compute op times (coefficient of variation; 0: deterministic). Each
+    op's time gets a mean-1 log-normal factor drawn from the seed; a measured profile's
+    `host.compute_cv` takes precedence."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -141,3 +141,18 @@ def test_step_by_step_collectives_agree_on_idle_rings(write_scenario):
     a, b = run_policy(fast, "megatron"), run_policy(slow, "megatron")
     assert a.result.iteration_time_s == pytest.approx(b.result.iteration_time_s, rel=1e-9)
     assert b.trace.flows > a.trace.flows
+
+
+def test_seeded_compute_spread_is_reproducible_and_seed_dependent(write_scenario):
+    text = small_scenario(nodes_ib=4, tp=8, pp=2, layers=8, global_batch=16,
+                          policies="[holmes]") + "engine: {compute_cv: 0.2}\n"
+    prepared = prepare(write_scenario(text))
+    same = [run_policy(prepared, "holmes", seed=3).result.iteration_time_s for _ in range(2)]
+    other = run_policy(prepared, "holmes", seed=4).result.iteration_time_s
+    assert same[0] == same[1]
+    assert other != same[0]
+    # without a spread the seed changes nothing
+    flat = prepare(write_scenario(small_scenario(nodes_ib=4, tp=8, pp=2, layers=8,
+                                                 global_batch=16, policies="[holmes]")))
+    assert run_policy(flat, "holmes", seed=3).result.iteration_time_s == \
+        run_policy(flat, "holmes", seed=4).result.iteration_time_s
