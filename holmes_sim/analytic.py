@@ -156,7 +156,7 @@ class _Estimator:
     def _tail(self, s: int, d: int, end: float) -> float:
         """Gradient sync, embedding all-reduce, optimizer step and all-gather after `end`."""
         p, mode, w = self.plan, self.plan.optimizer, self.w
-        grads = (lambda n: w.grad_bytes_of(n))
+        grads = w.grad_bytes_of
         t = end
         if mode.overlapped:  # the last bucket is reduced after the backward ends
             rs = self._bucket_times(s, "reduce-scatter", grads)

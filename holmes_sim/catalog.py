@@ -12,8 +12,13 @@ from dataclasses import dataclass
 
 from holmes_sim.errors import FieldError
 from holmes_sim.spec.hardware import CatalogSpec
-from holmes_sim.units import gbit_per_s_to_bytes_per_s, gbyte_per_s_to_bytes_per_s, gib_to_bytes, \
-    tflops_to_flop_per_s, us_to_s
+from holmes_sim.units import (
+    gbit_per_s_to_bytes_per_s,
+    gbyte_per_s_to_bytes_per_s,
+    gib_to_bytes,
+    tflops_to_flop_per_s,
+    us_to_s,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +82,12 @@ GPUS: dict[str, GpuModel] = {
 _IB = "IBTA spec / NVIDIA ConnectX-6/7 data sheets"
 _ETH = "IEEE 802.3 line rate; TCP efficiency is a modelling assumption (see catalog.py)"
 NICS: dict[str, NicModel] = {
-    "ib-edr": NicModel("ib-edr", "ib", gbit_per_s_to_bytes_per_s(100), us_to_s(10), 0.92, _IB + ", EDR 100 Gb/s"),
-    "ib-hdr": NicModel("ib-hdr", "ib", gbit_per_s_to_bytes_per_s(200), us_to_s(10), 0.92, _IB + ", HDR 200 Gb/s"),
-    "ib-ndr": NicModel("ib-ndr", "ib", gbit_per_s_to_bytes_per_s(400), us_to_s(10), 0.92, _IB + ", NDR 400 Gb/s"),
+    "ib-edr": NicModel("ib-edr", "ib", gbit_per_s_to_bytes_per_s(100), us_to_s(10), 0.92,
+                       _IB + ", EDR 100 Gb/s"),
+    "ib-hdr": NicModel("ib-hdr", "ib", gbit_per_s_to_bytes_per_s(200), us_to_s(10), 0.92,
+                       _IB + ", HDR 200 Gb/s"),
+    "ib-ndr": NicModel("ib-ndr", "ib", gbit_per_s_to_bytes_per_s(400), us_to_s(10), 0.92,
+                       _IB + ", NDR 400 Gb/s"),
     "roce-100g": NicModel("roce-100g", "roce", gbit_per_s_to_bytes_per_s(100), us_to_s(12), 0.90,
                           "NVIDIA ConnectX-6 Dx data sheet, 100 GbE RoCEv2"),
     "roce-200g": NicModel("roce-200g", "roce", gbit_per_s_to_bytes_per_s(200), us_to_s(12), 0.90,

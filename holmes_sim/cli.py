@@ -35,7 +35,7 @@ def _fail(exc: HolmesError) -> typer.Exit:
 def resolve_scenario(name: str) -> Path:
     """A path as given, or the name of a bundled scenario (with or without .yaml)."""
     path = Path(name)
-    if path.exists() or path.suffix in (".yaml", ".yml") and path.parent != Path("."):
+    if path.exists() or (path.suffix in (".yaml", ".yml") and path.parent != Path(".")):
         return path
     for candidate in (SCENARIO_DIR / name, SCENARIO_DIR / f"{name}.yaml"):
         if candidate.exists():
@@ -49,7 +49,8 @@ def run(
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p",
                       help="Only these policies (repeatable); default: the scenario's list.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write results as JSON here.")] = None,
-    report: Annotated[Path | None, typer.Option("--report", help="Write figures, traces and report.md here.")] = None,
+    report: Annotated[Path | None, typer.Option(
+        "--report", help="Write figures, traces and report.md here.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
 ) -> None:

@@ -90,7 +90,8 @@ def build_schedule(kind: str | ScheduleKind, num_stages: int, num_microbatches: 
     kind = ScheduleKind(kind)
     p, m, v = num_stages, num_microbatches, num_chunks
     if p < 1 or m < 1 or v < 1:
-        raise ScenarioError(f"schedule needs positive stages, micro-batches and chunks; got p={p}, m={m}, v={v}")
+        raise ScenarioError("schedule needs positive stages, micro-batches and chunks; "
+                            f"got p={p}, m={m}, v={v}")
     if kind != ScheduleKind.INTERLEAVED and v != 1:
         raise ScenarioError(f"parallel.virtual_stages={v} needs schedule 'interleaved' (got '{kind}'); "
                             "set virtual_stages: 1 or schedule: interleaved")

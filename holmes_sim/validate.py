@@ -35,10 +35,10 @@ from rich.table import Table
 from holmes_sim.compute import PROFILE_SCHEMA, Profile, ProfiledCompute
 from holmes_sim.errors import FieldError, ScenarioError, TestbedError
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan
-from holmes_sim.schedule import ScheduleKind
 from holmes_sim.policies import get_policy
 from holmes_sim.prepare import Prepared, apply_link_profile, prepare
 from holmes_sim.runner import plan_policy, run_policy
+from holmes_sim.schedule import ScheduleKind
 from holmes_sim.spec.scenario import TestbedSpec
 
 Progress = Callable[[str], None]

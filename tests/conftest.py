@@ -18,18 +18,16 @@ def small_scenario(*, nodes_ib: int = 2, nodes_roce: int = 0, nodes_eth: int = 0
                    tie: bool = True, extra: str = "") -> str:
     """YAML of a one-cluster scenario with IB, RoCE and Ethernet-only node groups (in that order)."""
     lat = "" if latency_us is None else f", latency_us: {latency_us}"
-    groups = []
-    if nodes_ib:
-        groups.append(f"      - {{name: ib, count: {nodes_ib}, gpu: a100-80gb, gpus_per_node: {gpus}, nics: "
-                      f"[{{type: ib, bandwidth_gbit_per_s: {ib_gbit}, count: 1, fabric: ib{lat}}}, "
-                      f"{{type: ethernet, bandwidth_gbit_per_s: {eth_gbit}{lat}}}]}}")
-    if nodes_roce:
-        groups.append(f"      - {{name: roce, count: {nodes_roce}, gpu: a100-80gb, gpus_per_node: {gpus}, nics: "
-                      f"[{{type: roce, bandwidth_gbit_per_s: {ib_gbit}, count: 1, fabric: roce{lat}}}, "
-                      f"{{type: ethernet, bandwidth_gbit_per_s: {eth_gbit}{lat}}}]}}")
-    if nodes_eth:
-        groups.append(f"      - {{name: eth, count: {nodes_eth}, gpu: a100-80gb, gpus_per_node: {gpus}, nics: "
-                      f"[{{type: ethernet, bandwidth_gbit_per_s: {eth_gbit}{lat}}}]}}")
+    eth = f"{{type: ethernet, bandwidth_gbit_per_s: {eth_gbit}{lat}}}"
+
+    def group(name: str, count: int, rdma: str | None) -> str:
+        nics = [f"{{type: {rdma}, bandwidth_gbit_per_s: {ib_gbit}, count: 1, fabric: {rdma}{lat}}}"] \
+            if rdma else []
+        return (f"      - {{name: {name}, count: {count}, gpu: a100-80gb, gpus_per_node: {gpus}, "
+                f"nics: [{', '.join([*nics, eth])}]}}")
+
+    groups = [group(name, count, rdma) for name, count, rdma in
+              (("ib", nodes_ib, "ib"), ("roce", nodes_roce, "roce"), ("eth", nodes_eth, None)) if count]
     nodes = "\n".join(groups)
     return f"""name: small
 seed: 0
@@ -40,7 +38,8 @@ clusters:
   - name: c
     nodes:
 {nodes}
-model: {{num_layers: {layers}, hidden_size: {hidden}, num_attention_heads: {heads}, seq_length: {seq}, vocab_size: {vocab}, tie_embeddings: {str(tie).lower()}}}
+model: {{num_layers: {layers}, hidden_size: {hidden}, num_attention_heads: {heads},
+        seq_length: {seq}, vocab_size: {vocab}, tie_embeddings: {str(tie).lower()}}}
 training: {{global_batch_size: {global_batch}, micro_batch_size: {micro}}}
 parallel: {{tensor: {tp}, pipeline: {pp}, schedule: {schedule}, virtual_stages: {virtual}}}
 policies: {policies}

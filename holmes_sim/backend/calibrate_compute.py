@@ -14,7 +14,6 @@ import time
 
 import torch
 
-from holmes_sim.backend.worker import FlatOptimizer
 from holmes_sim.backend.model import (
     GPTConfig,
     make_block,
@@ -22,6 +21,7 @@ from holmes_sim.backend.model import (
     make_head,
     synthetic_batch,
 )
+from holmes_sim.backend.worker import FlatOptimizer
 
 _WARMUP = 2
 _KEYS = ("embedding_forward_s", "embedding_backward_s", "block_forward_s", "block_backward_s",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from holmes_sim.errors import ScenarioError
-from holmes_sim.policies.base import Policy, PlanRequest
+from holmes_sim.policies.base import PlanRequest, Policy
 from holmes_sim.policies.holmes import HolmesPolicy
 from holmes_sim.policies.megatron import MegatronPolicy
 from holmes_sim.policies.references import AllEthernetReference, AllIbReference

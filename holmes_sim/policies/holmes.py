@@ -16,8 +16,14 @@ from dataclasses import dataclass
 
 from holmes_sim.cluster import ETHERNET, Cluster, Node
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan
-from holmes_sim.policies.base import PlanRequest, TransportChooser, build_groups, \
-    check_tp_within_nodes, equal_partition, gpus_in_node_order
+from holmes_sim.policies.base import (
+    PlanRequest,
+    TransportChooser,
+    build_groups,
+    check_tp_within_nodes,
+    equal_partition,
+    gpus_in_node_order,
+)
 from holmes_sim.policies.partition import StageTimer, adaptive_partition
 from holmes_sim.transport import best_shared_transport, job_wide_fabric, job_wide_transport
 

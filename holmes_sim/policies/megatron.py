@@ -12,8 +12,14 @@ from dataclasses import dataclass
 
 from holmes_sim.cluster import Cluster
 from holmes_sim.plan import Plan
-from holmes_sim.policies.base import PlanRequest, build_groups, check_tp_within_nodes, \
-    default_optimizer, equal_partition, gpus_in_node_order
+from holmes_sim.policies.base import (
+    PlanRequest,
+    build_groups,
+    check_tp_within_nodes,
+    default_optimizer,
+    equal_partition,
+    gpus_in_node_order,
+)
 from holmes_sim.transport import job_wide_fabric, job_wide_transport
 
 

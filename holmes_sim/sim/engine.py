@@ -238,9 +238,11 @@ class _Simulation:
         sent = self.send_start.get(key, t0)
         split = min(max(sent, t0), self.env.now)
         if split > t0:
-            self.trace.add(OpRecord(t0, split, name, "compute", OpKind.WAIT_BUBBLE, 0, op.microbatch, op.chunk))
+            self.trace.add(OpRecord(t0, split, name, "compute", OpKind.WAIT_BUBBLE, 0,
+                                    op.microbatch, op.chunk))
         if self.env.now > split:
-            self.trace.add(OpRecord(split, self.env.now, name, "compute", OpKind.WAIT_PP, 0, op.microbatch, op.chunk))
+            self.trace.add(OpRecord(split, self.env.now, name, "compute", OpKind.WAIT_PP, 0,
+                                    op.microbatch, op.chunk))
 
     def _arrival(self, key: tuple) -> simpy.Event:
         ev = self.arrivals.get(key)
@@ -285,7 +287,8 @@ class _Simulation:
             if not ev.processed:
                 t0 = self.env.now
                 yield ev
-                self.trace.add(OpRecord(t0, self.env.now, name, "compute", OpKind.WAIT_DP, 0, op.microbatch, op.chunk))
+                self.trace.add(OpRecord(t0, self.env.now, name, "compute", OpKind.WAIT_DP, 0,
+                                        op.microbatch, op.chunk))
             yield from self._compute(name, op, kind, dur * fraction, tp * fraction)
 
     def _releasing_compute(self, name: str, s: int, op: Op, kind: OpKind, dur: float, tp: float):

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from holmes_sim.cli import app
 from holmes_sim.errors import ScenarioError
-from holmes_sim.validate import Case, model_config, ranking_agrees
 from holmes_sim.prepare import prepare
+from holmes_sim.validate import Case, model_config, ranking_agrees
 from tests.conftest import REPO
 
 TESTBED = REPO / "validation" / "testbeds" / "default.yaml"
