@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from holmes_sim.errors import HolmesError
+from holmes_sim.errors import HolmesError, PlanError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan, simulate and validate LLM training on GPU clusters with mixed NICs "
@@ -108,6 +108,7 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
 
     try:
         prepared = prepare(resolve_scenario(scenario))
+        too_big = []
         for name in prepared.scenario.policies:
             plan, cluster = plan_policy(prepared, name)
             mem = memory_report(plan, cluster, prepared.workload,
@@ -115,6 +116,13 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
             fits = "fits" if mem.fits else "[red]does not fit[/red]"
             out.print(f"  {name:30s} layers {'/'.join(map(str, plan.layers_per_stage))}, "
                       f"peak {mem.peak_gib:.1f} GiB per GPU ({fits})", highlight=False)
+            if not mem.fits:
+                too_big.append(f"{name} needs {mem.peak_gib:.1f} GiB, GPUs have "
+                               f"{min(mem.capacity_bytes) / 2**30:.0f}")
+        if too_big:
+            raise PlanError(f"{prepared.source}: the model does not fit in GPU memory ("
+                            f"{'; '.join(too_big)}); lower training.micro_batch_size, set "
+                            "training.recompute: full, or raise parallel.tensor / parallel.pipeline")
     except HolmesError as exc:
         raise _fail(exc) from None
     out.print(f"[green]ok[/green]: {prepared.source}: {prepared.cluster.num_gpus} GPUs, "

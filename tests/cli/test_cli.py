@@ -92,3 +92,14 @@ def test_scenarios_lists_every_bundled_file():
     assert result.exit_code == 0
     for path in SCENARIOS.glob("*.yaml"):
         assert path.stem in result.output
+
+
+def test_check_fails_when_the_model_does_not_fit(write_scenario):
+    # 7.5B-class layers, no recomputation, big micro-batches on one pipeline stage: far over 80 GiB
+    text = small_scenario(nodes_ib=1, tp=8, pp=1, layers=32, hidden=4096, heads=32, seq=2048,
+                          global_batch=16, micro=16, policies="[megatron]")
+    result = runner.invoke(app, ["check", str(write_scenario(text))])
+    assert result.exit_code == 2
+    assert "does not fit in GPU memory" in result.output and "training.micro_batch_size" in result.output
+    run = runner.invoke(app, ["run", str(write_scenario(text))])
+    assert run.exit_code == 0 and "OOM" in run.output and "do not fit" in run.output
