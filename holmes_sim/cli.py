@@ -52,6 +52,9 @@ def run(
     report: Annotated[Path | None, typer.Option(
         "--report", help="Write figures, traces and report.md here.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    plans: Annotated[Path | None, typer.Option(
+        "--plans", help="Write each policy's plan as plan_<policy>.json here (to run it on a "
+                        "real cluster, docs/validation.md).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
 ) -> None:
     """Simulate one training iteration for every policy and print a table, fastest first."""
@@ -68,6 +71,11 @@ def run(
         document = results_document(prepared, outcomes, prepared.scenario.seed)
         if json_path is not None:
             write_json(json_path, document)
+        if plans is not None:
+            from holmes_sim.report.files import write_atomic
+
+            for o in outcomes:
+                write_atomic(plans / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
         if report is not None:
             from holmes_sim.report.document import write_report
 

@@ -132,6 +132,26 @@ def build_groups(plan: Plan, rank: int, store: dist.Store, interface_of: Interfa
     return built
 
 
+def build_nccl_groups(plan: Plan, rank: int, nic_devices: dict, device,
+                      timeout_s: float) -> list[BuiltGroup]:
+    """NCCL counterpart of `build_groups` for GPU clusters under torchrun (`nccl.py`)."""
+    from holmes_sim.backend.nccl import nccl_group
+
+    if plan.tp != 1:
+        raise TestbedError("the real-run backend supports tensor parallelism 1 only "
+                           f"(plan has tp={plan.tp})")
+    built = []
+    for index, group in enumerate(plan.groups):
+        member = rank in group.ranks
+        pg, settings = nccl_group(group, member, nic_devices, device, timeout_s)
+        if member:
+            group_rank = group.ranks.index(rank)
+            options = GroupOptions(group.nics[group_rank], settings.get("NCCL_IB_HCA") or
+                                   settings.get("NCCL_SOCKET_IFNAME") or "local", timeout_s, settings)
+            built.append(BuiltGroup(index, group, group_rank, options, pg))
+    return built
+
+
 def init_world(store: dist.Store, rank: int, world_size: int, timeout_s: float) -> None:
     """The default (world) gloo group, used for barriers and nothing on the measured path.
 

@@ -87,6 +87,10 @@ class RunConfig:
     bucket_numel: int = 1 << 16
     torch_threads: int = 1
     dry_run: bool = False
+    backend: str = "gloo"
+    """"gloo" (CPU, emulated testbed) or "nccl" (GPUs, under torchrun; see backend/nccl.py)."""
+    nic_devices: dict = field(default_factory=dict)
+    """NCCL only: plan NIC name -> the site's HCA or interface name (e.g. "ib0": "mlx5_0")."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -163,7 +167,7 @@ class Bucket:
 
 
 def _flat(tensors: list[torch.Tensor], padded: int) -> torch.Tensor:
-    flat = torch.zeros(padded)
+    flat = torch.zeros(padded, device=tensors[0].device)
     torch.cat([t.reshape(-1) for t in tensors], out=flat[:sum(t.numel() for t in tensors)])
     return flat
 
@@ -242,7 +246,8 @@ class Rank:
         self.sched = plan.schedule()
         self.pp_rank, self.dp_rank, _ = plan.coords(rank)
         self.num_virtual = plan.pp * plan.num_chunks
-        self.stages = build_stages(plan, cfg.model, self.pp_rank)
+        self.device = DEVICE
+        self.stages = [s.to(self.device) for s in build_stages(plan, cfg.model, self.pp_rank)]
         self.dp_group = data_group(groups) if plan.dp > 1 else None
         self.optimizer = FlatOptimizer(cfg.optimizer, cfg.lr)
         ops = self.sched.stage_ops[self.pp_rank]
@@ -297,6 +302,8 @@ class Rank:
         self.rec.record("send-wait", t, time.perf_counter())
         self._armed.clear()
         self._dp_sync_and_step(comm)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # SYNC-7: GPU work is asynchronous
         self.rec.ops.append({"iteration": iteration, "kind": "iteration", "microbatch": -1,
                              "chunk": -1, "start": t0, "end": time.perf_counter(), "detail": ""})
         if losses:
@@ -306,8 +313,9 @@ class Rank:
                  pending: list, losses: list) -> None:
         v = self.sched.virtual_stage(self.pp_rank, chunk)
         stage = self.stages[chunk]
-        tokens, targets = synthetic_batch(self.cfg.model, self.rec.iteration, mb,
-                                          self.cfg.micro_batch_size, self.dp_rank, self.plan.dp)
+        tokens, targets = (t.to(self.device) for t in synthetic_batch(
+            self.cfg.model, self.rec.iteration, mb, self.cfg.micro_batch_size, self.dp_rank,
+            self.plan.dp))
         # Received activations are leaves that need a gradient: it is sent back in the backward.
         x = tokens if v == 0 else self._receive(0, mb, v, mailbox, chunk).requires_grad_(True)
         self._wait_gathered(chunk)
@@ -341,7 +349,7 @@ class Rank:
         group = pipeline_group(self.groups, src, self.rank) if direction == 0 \
             else pipeline_group(self.groups, self.rank, src)
         c = self.cfg.model
-        buf = torch.empty(self.cfg.micro_batch_size, c.block_size, c.n_embd)
+        buf = torch.empty(self.cfg.micro_batch_size, c.block_size, c.n_embd, device=self.device)
         t = time.perf_counter()
         group.pg.recv([buf], group.peer(src), self._tag(direction, mb, v)).wait()  # SYNC-2
         self.rec.record("recv", t, time.perf_counter(), mb, chunk,
@@ -569,11 +577,14 @@ def open_store(cfg: RunConfig, rank: int, world_size: int) -> dist.Store:
 def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     """Build everything for `rank`, train (unless dry run) and return the result document."""
     torch.set_num_threads(cfg.torch_threads)
-    if cfg.world_interfaces:
-        os.environ["GLOO_SOCKET_IFNAME"] = cfg.world_interfaces[rank]
-    store = open_store(cfg, rank, plan.world_size)
-    init_world(store, rank, plan.world_size, cfg.timeout_s)
-    groups = build_groups(plan, rank, store, cfg.interface_of, cfg.timeout_s)
+    if cfg.backend == "nccl":
+        groups = _init_nccl(plan, cfg, rank)
+    else:
+        if cfg.world_interfaces:
+            os.environ["GLOO_SOCKET_IFNAME"] = cfg.world_interfaces[rank]
+        store = open_store(cfg, rank, plan.world_size)
+        init_world(store, rank, plan.world_size, cfg.timeout_s)
+        groups = build_groups(plan, rank, store, cfg.interface_of, cfg.timeout_s)
     if cfg.dry_run:
         result = summary(rank, plan, groups, build_stages(plan, cfg.model, plan.coords(rank)[0]))
         dist.barrier()  # SYNC-6
@@ -593,11 +604,32 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     return result
 
 
+# The device every tensor of this rank lives on: the CPU, or the rank's GPU under NCCL.
+DEVICE = torch.device("cpu")
+
+
+def _init_nccl(plan: Plan, cfg: RunConfig, rank: int) -> list:
+    """torchrun rendezvous (env://), one GPU per rank, every plan group created eagerly."""
+    global DEVICE
+    from datetime import timedelta
+
+    from holmes_sim.backend.groups import build_nccl_groups
+
+    DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(DEVICE)
+    dist.init_process_group("nccl", rank=rank, world_size=plan.world_size, device_id=DEVICE,
+                            timeout=timedelta(seconds=cfg.timeout_s))
+    return build_nccl_groups(plan, rank, cfg.nic_devices, DEVICE, cfg.timeout_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="run config JSON (with plan_path)")
-    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--rank", type=int, default=None,
+                        help="this rank (default: $RANK, as torchrun sets it)")
     args = parser.parse_args(argv)
+    if args.rank is None:
+        args.rank = int(os.environ["RANK"])
     # The overlapped optimizer's communication runs in a Python thread; with the default 5 ms
     # GIL switch interval every hand-over between it and the compute thread can stall a bucket
     # for milliseconds (GPU code overlaps through CUDA streams instead).

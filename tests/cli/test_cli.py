@@ -103,3 +103,12 @@ def test_check_fails_when_the_model_does_not_fit(write_scenario):
     assert "does not fit in GPU memory" in result.output and "training.micro_batch_size" in result.output
     run = runner.invoke(app, ["run", str(write_scenario(text))])
     assert run.exit_code == 0 and "OOM" in run.output and "do not fit" in run.output
+
+
+def test_plans_are_written_for_real_runs(tmp_path):
+    from holmes_sim.plan import Plan
+
+    result = runner.invoke(app, ["run", "mixed_ib_roce", "-p", "holmes", "--plans", str(tmp_path), "-q"])
+    assert result.exit_code == 0, result.output
+    plan = Plan.from_json((tmp_path / "plan_holmes.json").read_text())
+    assert plan.policy == "holmes" and plan.world_size == 64 and plan.pp == 2
