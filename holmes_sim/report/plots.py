@@ -285,6 +285,6 @@ def sweep_figure(rows: Sequence[dict], fields: Sequence[str], metric: str, ylabe
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), fontsize=8)
     fig.suptitle(f"Sweep: {ylabel} vs {x_field}")
     return fig
