@@ -131,7 +131,7 @@ class _Estimator:
                            p.entity_gpus(*members[(i + 1) % len(members)]), self.caps)
                 for i in range(len(members))]
         return (len(members), min(h.idle_rate_bytes_per_s for h in hops),
-                max(h.latency_s for h in hops))
+                max(h.step_latency_s for h in hops))
 
     def _bucket_times(self, s: int, kind: str, bytes_of) -> list[float]:
         ring = self._ring(GroupKind.DATA, s, 0, [(s, d) for d in range(self.plan.dp)])

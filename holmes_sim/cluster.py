@@ -29,6 +29,8 @@ class Nic:
         latency_s: per-message latency of one collective step or send.
         efficiency: achievable fraction of line rate.
         gpus: local indices of the GPUs that use this NIC.
+        collective_latency_s: per-step software latency of a ring collective, when measured
+            (a collective library's step costs more than a ping-pong); None: `latency_s`.
     """
 
     name: str
@@ -38,6 +40,12 @@ class Nic:
     latency_s: float
     efficiency: float
     gpus: tuple[int, ...]
+    collective_latency_s: float | None = None
+
+    @property
+    def step_latency_s(self) -> float:
+        """Latency of one ring-collective step over this NIC (s)."""
+        return self.latency_s if self.collective_latency_s is None else self.collective_latency_s
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:

@@ -24,11 +24,13 @@ PathUse = tuple[tuple[LinkId, float], ...]
 
 @dataclass(frozen=True, slots=True)
 class Path:
-    """A flow's links with weights, its latency (s) and its idle-network rate (bytes/s)."""
+    """A flow's links with weights, its latency (s), the latency of one ring-collective step over
+    it (s), and its idle-network rate (bytes/s)."""
 
     links: PathUse
     latency_s: float
     idle_rate_bytes_per_s: float
+    step_latency_s: float = 0.0
 
 
 def link_capacities(cluster: Cluster) -> dict[LinkId, float]:
@@ -54,7 +56,7 @@ def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
     """The path of a transfer from GPUs `src` to GPUs `dst` (same length) using `transport`."""
     weights: dict[LinkId, float] = {}
     share = 1.0 / len(src)
-    latency = 0.0
+    latency = step = 0.0
     local = transport.kind is TransportKind.LOCAL
     for s, d in zip(src, dst, strict=True):
         for gpu, direction in ((s, "tx"), (d, "rx")):
@@ -62,16 +64,18 @@ def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
             if local:
                 link = ("gpu", node.name, gpu.local_index, direction)
                 latency = max(latency, node.intra_link.latency_s)
+                step = max(step, node.intra_link.latency_s)
             else:
                 nic = node.nic_of_gpu(gpu.local_index, transport.fabric or ETHERNET)
                 assert nic is not None, f"{gpu} has no NIC on {transport.fabric}"
                 link = ("nic", node.name, nic.name, direction)
                 latency = max(latency, nic.latency_s)
+                step = max(step, nic.step_latency_s)
             weights[link] = weights.get(link, 0.0) + share
-    latency += _add_uplink(cluster, transport, src[0], dst[0], weights)
+    uplink = _add_uplink(cluster, transport, src[0], dst[0], weights)
     links = tuple(weights.items())
     rate = min(capacities[lk] / w for lk, w in links)
-    return Path(links, latency, rate)
+    return Path(links, latency + uplink, rate, step + uplink)
 
 
 def _add_uplink(cluster: Cluster, transport: Transport, src: GpuRef, dst: GpuRef,

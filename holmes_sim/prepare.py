@@ -151,4 +151,5 @@ def _profiled_nic(nic: Nic, measured: dict | None) -> Nic:
     if measured is None:
         return nic
     return replace(nic, bandwidth_bytes_per_s=measured["bandwidth_bytes_per_s"], efficiency=1.0,
-                   latency_s=measured["latency_s"])
+                   latency_s=measured["latency_s"],
+                   collective_latency_s=measured.get("collective_step_s"))

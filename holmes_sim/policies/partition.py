@@ -71,7 +71,7 @@ class StageTimer:
                                        entities[(k + 1) % len(entities)], caps)
                             for k in range(len(entities))]
         return _Ring(len(entities), min(h.idle_rate_bytes_per_s for h in hops),
-                     max(h.latency_s for h in hops))
+                     max(h.step_latency_s for h in hops))
 
     def stage_time_s(self, s: int, chunk_layers: Sequence[int]) -> float:
         """Compute of all micro-batches plus exposed DP and embedding sync of stage `s` (s)."""

@@ -179,7 +179,7 @@ class _Simulation:
         paths = [self._entity_path(group, members[k], members[(k + 1) % len(members)])
                  for k in range(len(members))]
         return RingSpec(tuple(self.entity[m].name for m in members),
-                        tuple(pth.links for pth in paths), max(pth.latency_s for pth in paths))
+                        tuple(pth.links for pth in paths), max(pth.step_latency_s for pth in paths))
 
     def _buckets(self, s: int, c: int) -> list[_Bucket]:
         """Gradient buckets of chunk c of stage s: per-GPU bucket size as Megatron sizes them."""
