@@ -105,11 +105,13 @@ class ValidationResult:
 
 
 def ranking_agrees(cases: tuple[Case, ...] | list[Case], tie_pct: float = 3.0) -> bool:
-    """Every pair the prediction orders is measured in the same order, unless the two measured
-    times are within `tie_pct` % of each other (indistinguishable on a noisy host)."""
+    """Every pair the prediction orders (by more than `tie_pct` %) is measured in the same order,
+    unless the two measured times are within `tie_pct` % of each other. Times closer than that
+    are a tie on this noisy host, on either side."""
+    band = 1 + tie_pct / 100
     for a in cases:
         for b in cases:
-            if a.predicted_s < b.predicted_s and a.measured_s > b.measured_s * (1 + tie_pct / 100):
+            if a.predicted_s * band < b.predicted_s and a.measured_s > b.measured_s * band:
                 return False
     return True
 
