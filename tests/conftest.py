@@ -57,3 +57,13 @@ def write_scenario(tmp_path):
         return path
 
     return write
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/*.json from the current simulator")
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    return request.config.getoption("--update-golden")

@@ -1,0 +1,31 @@
+"""Every bundled scenario's results, byte for byte, against a committed golden file.
+
+A model change that moves any figure fails here; when the change is intended, regenerate with
+`pytest tests/sim/test_golden.py --update-golden` and commit the diff with the reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from holmes_sim.prepare import prepare
+from holmes_sim.runner import results_document, run_scenario
+from tests.conftest import REPO, SCENARIOS
+
+GOLDEN = REPO / "tests" / "golden"
+# The 1,024-GPU scenario takes minutes for all its policies; two of them cover it.
+POLICIES = {"large_175b_1024": ["megatron", "holmes"]}
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
+def test_scenario_matches_golden(name, update_golden):
+    prepared = prepare(SCENARIOS / f"{name}.yaml")
+    document = results_document(prepared, run_scenario(prepared, POLICIES.get(name)), 0)
+    document["scenario"].pop("file")  # an absolute path, different in every checkout
+    text = json.dumps(document, indent=1, sort_keys=True) + "\n"
+    path = GOLDEN / f"{name}.json"
+    if update_golden:
+        path.write_text(text)
+    assert path.exists(), f"no golden file for {name}; run pytest --update-golden"
+    assert text == path.read_text(), f"{name} changed; if intended, run pytest --update-golden"
