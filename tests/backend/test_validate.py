@@ -85,3 +85,12 @@ def test_reduced_real_run_measures_compares_and_cleans_up(tmp_path):
     assert 1 <= doc["profile"]["host"]["effective_cores"] <= os.cpu_count()
     assert doc["provenance"]["commit"] and doc["provenance"]["host"]
     assert _namespaces() == []
+
+
+def test_real_run_without_root_is_a_clear_exit_2(monkeypatch):
+    import holmes_sim.backend.testbed as testbed
+
+    monkeypatch.setattr(testbed.os, "geteuid", lambda: 1000)
+    result = runner.invoke(app, ["validate", str(TESTBED), "--real"])
+    assert result.exit_code == 2 and "root" in result.output
+    assert "Traceback" not in result.output and _namespaces() == []
