@@ -14,7 +14,6 @@ free communication [Narayanan et al. SC'21, section 2.2]: 1F1B and GPipe bubble 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from holmes_sim.cluster import Cluster
@@ -56,17 +55,11 @@ class _Estimator:
 
     def run(self) -> Estimate:
         p = self.plan
-        ends = [[self._pipeline(s, d) for d in range(p.dp)] for s in range(p.pp)]
+        # Each replica's pipeline is independent of the others until the DP sync.
+        replicas = [self._evaluate_replica(d) for d in range(p.dp)]
+        ends = [[replicas[d][s] for d in range(p.dp)] for s in range(p.pp)]
         finish = [max(self._tail(s, d, ends[s][d]) for d in range(p.dp)) for s in range(p.pp)]
         return Estimate(max(finish), tuple(max(e) for e in ends))
-
-    def _pipeline(self, s: int, d: int) -> float:
-        """Compute-stream end of entity (s, d), with arrivals from the whole replica d."""
-        if not hasattr(self, "_replica_done"):
-            self._replica_done: dict[int, list[float]] = {}
-        if d not in self._replica_done:
-            self._replica_done[d] = self._evaluate_replica(d)
-        return self._replica_done[d][s]
 
     def _evaluate_replica(self, d: int) -> list[float]:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can)."""
@@ -140,9 +133,9 @@ class _Estimator:
         n, rate, lat = ring
         out = []
         for c in range(self.plan.num_chunks):
-            j = self.schedule.virtual_stage(s, c)
-            params = self.costs.chunk_params(self.plan.layers_per_stage[j], j == 0, j == self.nv - 1)
-            k = max(1, math.ceil(self.w.grad_bytes_of(params) / self.plan.tp / self.w.bucket_bytes))
+            params = self.costs.virtual_stage_params(self.plan.layers_per_stage,
+                                                     self.schedule.virtual_stage(s, c))
+            k = self.costs.gradient_buckets(params)
             out += [ring_collective_time_s(kind, n, bytes_of(params) / k, rate, lat)] * k
         return out
 
@@ -169,8 +162,7 @@ class _Estimator:
                 t += ring_collective_time_s("all-reduce", ring[0],
                                             w.grad_bytes_of(w.vocab * w.hidden), ring[1], ring[2])
         node = self.cluster.node(p.entity_gpus(s, d)[0].node)
-        params = sum(self.costs.chunk_params(p.layers_per_stage[j], j == 0, j == self.nv - 1)
-                     for j in (self.schedule.virtual_stage(s, c) for c in range(p.num_chunks)))
+        params = self.costs.stage_params(p.layers_per_stage, p.pp, s)
         t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
         if mode.sharded and not mode.overlapped:
             t += sum(self._bucket_times(s, "all-gather", lambda n: n * w.dtype_bytes))

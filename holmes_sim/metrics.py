@@ -139,14 +139,11 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     activations = (in-flight chunk-micro-batches) x (layers of the stage's largest chunk) x
     per-layer activation bytes [Korthikanti et al. 2022, Table 2]."""
     schedule = plan.schedule()
-    nv = schedule.num_virtual_stages
     per_stage, capacity = [], []
     for s in range(plan.pp):
-        chunks = [(schedule.virtual_stage(s, c), plan.layers_per_stage[schedule.virtual_stage(s, c)])
-                  for c in range(plan.num_chunks)]
-        params = sum(costs.chunk_params(n, j == 0, j == nv - 1) for j, n in chunks)
+        params = costs.stage_params(plan.layers_per_stage, plan.pp, s)
         state = params / plan.tp * workload.state_bytes_per_param(plan.dp, plan.optimizer.sharded)
-        acts = schedule.peak_in_flight(s) * max(n for _, n in chunks) * \
+        acts = schedule.peak_in_flight(s) * max(plan.stage_layers(s)) * \
             workload.activation_bytes_per_layer(plan.tp)
         per_stage.append(state + acts)
         capacity.append(min(cluster.node(plan.rank_to_gpu[plan.rank(s, d, 0)].node).gpu.memory_bytes

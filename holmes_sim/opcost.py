@@ -4,6 +4,7 @@ policies' partition search, so all three price an op the same way."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from holmes_sim.cluster import Cluster, Node
@@ -54,6 +55,21 @@ class OpCosts:
             # With tied embeddings and one stage, the head reuses the input embedding.
             n += 2 * w.hidden if (first and w.tie_embeddings) else w.head_params
         return n
+
+    def virtual_stage_params(self, layers_per_stage: tuple[int, ...], j: int) -> int:
+        """Parameters of virtual stage j (whole TP group), with its embedding or head."""
+        return self.chunk_params(layers_per_stage[j], j == 0, j == len(layers_per_stage) - 1)
+
+    def stage_params(self, layers_per_stage: tuple[int, ...], pp: int, pp_rank: int) -> int:
+        """Parameters of every chunk pipeline rank `pp_rank` holds (whole TP group)."""
+        return sum(self.virtual_stage_params(layers_per_stage, j)
+                   for j in range(pp_rank, len(layers_per_stage), pp))
+
+    def gradient_buckets(self, params: int) -> int:
+        """How many DP buckets `params` parameters' gradients fill, at Megatron's per-GPU
+        bucket size (`training.bucket_size_mb`)."""
+        w = self.workload
+        return max(1, math.ceil(w.grad_bytes_of(params) / self.tp / w.bucket_bytes))
 
     def optimizer_s(self, node: Node, params_per_gpu: float) -> float:
         return self.compute.optimizer_s(node.gpu, params_per_gpu)

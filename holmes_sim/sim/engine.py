@@ -183,10 +183,10 @@ class _Simulation:
 
     def _buckets(self, s: int, c: int) -> list[_Bucket]:
         """Gradient buckets of chunk c of stage s: per-GPU bucket size as Megatron sizes them."""
-        j = self.schedule.virtual_stage(s, c)
-        params = self.costs.chunk_params(self.plan.layers_per_stage[j], j == 0, j == self.nv - 1)
+        params = self.costs.virtual_stage_params(self.plan.layers_per_stage,
+                                                 self.schedule.virtual_stage(s, c))
         grad = self.workload.grad_bytes_of(params)
-        n = max(1, math.ceil(grad / self.plan.tp / self.workload.bucket_bytes))
+        n = self.costs.gradient_buckets(params)
         param_bytes = params * self.workload.dtype_bytes
         return [_Bucket(grad / n, param_bytes / n, 1.0 / n) for _ in range(n)]
 
@@ -363,10 +363,7 @@ class _Simulation:
         if emb is not None and s in (0, self.plan.pp - 1):
             size = self.workload.grad_bytes_of(self.workload.vocab * self.workload.hidden)
             yield from self._wait_all(name, [self.coll.submit(emb, name, OpKind.EMBEDDING_ALL_REDUCE, size)])
-        params = sum(self.costs.chunk_params(self.plan.layers_per_stage[self.schedule.virtual_stage(s, c)],
-                                             self.schedule.virtual_stage(s, c) == 0,
-                                             self.schedule.virtual_stage(s, c) == self.nv - 1)
-                     for c in range(self.plan.num_chunks))
+        params = self.costs.stage_params(self.plan.layers_per_stage, self.plan.pp, s)
         shard = self.plan.dp if mode.sharded else 1
         start = self.env.now
         yield self._work(name, self.costs.optimizer_s(node, params / self.plan.tp / shard))
