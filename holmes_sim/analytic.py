@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from holmes_sim.cluster import Cluster
-from holmes_sim.comm_model import ring_collective_time_s
-from holmes_sim.compute import ComputeModel
-from holmes_sim.opcost import OpCosts
-from holmes_sim.paths import group_path, link_capacities
+from holmes_sim.cost.collectives import ring_collective_time_s
+from holmes_sim.cost.compute import ComputeModel
+from holmes_sim.cost.ops import OpCosts
+from holmes_sim.cost.paths import group_path, link_capacities
 from holmes_sim.plan import GroupKind, Plan
 from holmes_sim.workload import Workload
 

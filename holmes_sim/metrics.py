@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from holmes_sim.cluster import Cluster
-from holmes_sim.opcost import OpCosts
+from holmes_sim.cost.ops import OpCosts
 from holmes_sim.plan import GroupKind, Plan
 from holmes_sim.trace import OpKind, Trace
 from holmes_sim.units import GIB

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from holmes_sim.catalog import build_catalog
 from holmes_sim.cluster import Cluster, Nic, build_cluster
-from holmes_sim.compute import ComputeModel, Profile, RooflineCompute, load_profile
+from holmes_sim.cost.compute import ComputeModel, Profile, RooflineCompute, load_profile
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.policies import POLICIES, PlanRequest
 from holmes_sim.schedule import ScheduleKind, build_schedule

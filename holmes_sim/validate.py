@@ -32,7 +32,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from holmes_sim.compute import PROFILE_SCHEMA, Profile, ProfiledCompute
+from holmes_sim.cost.compute import PROFILE_SCHEMA, Profile, ProfiledCompute
 from holmes_sim.errors import FieldError, ScenarioError, TestbedError
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan
 from holmes_sim.policies import get_policy

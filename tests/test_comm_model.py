@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from holmes_sim.comm_model import (
+from holmes_sim.cost.collectives import (
     p2p_time_s,
     ring_collective_time_s,
     ring_latency_steps,

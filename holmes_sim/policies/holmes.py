@@ -25,7 +25,7 @@ from holmes_sim.policies.base import (
     gpus_in_node_order,
 )
 from holmes_sim.policies.partition import StageTimer, adaptive_partition
-from holmes_sim.transport import best_shared_transport, job_wide_fabric, job_wide_transport
+from holmes_sim.cost.transport import best_shared_transport, job_wide_fabric, job_wide_transport
 
 
 @dataclass(frozen=True)

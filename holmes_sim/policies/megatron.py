@@ -20,7 +20,7 @@ from holmes_sim.policies.base import (
     equal_partition,
     gpus_in_node_order,
 )
-from holmes_sim.transport import job_wide_fabric, job_wide_transport
+from holmes_sim.cost.transport import job_wide_fabric, job_wide_transport
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from holmes_sim.cluster import Node
-from holmes_sim.comm_model import ring_collective_time_s
+from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.errors import PlanError
-from holmes_sim.opcost import OpCosts
-from holmes_sim.paths import Path, group_path, link_capacities
+from holmes_sim.cost.ops import OpCosts
+from holmes_sim.cost.paths import Path, group_path, link_capacities
 from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode
 from holmes_sim.policies.base import PlanRequest
 

@@ -4,7 +4,7 @@ Ring collectives follow the ring algorithms of Thakur, Rabenseifner and Gropp (I
 Patarasuk and Yuan (JPDC 2009): member i sends to member (i + 1) % p, 2(p-1) steps for
 all-reduce and p-1 for reduce-scatter or all-gather, each step moving N / p bytes per member.
 On an idle network whose hops all have bandwidth B, both execution modes below take exactly
-`holmes_sim.comm_model.ring_collective_time_s`; when hops share links or differ in speed, the
+`holmes_sim.cost.collectives.ring_collective_time_s`; when hops share links or differ in speed, the
 ring runs at the pace of its slowest hop.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import simpy
 
-from holmes_sim.comm_model import ring_latency_steps, ring_traffic_factor
+from holmes_sim.cost.collectives import ring_latency_steps, ring_traffic_factor
 from holmes_sim.sim.network import FlowNetwork, PathUse
 
 

@@ -1,7 +1,7 @@
 """The SimPy engine: one training iteration of a Plan on a Cluster.
 
 One simulated entity per (pipeline stage, DP replica): the TP group's GPUs run in lock-step, so
-their traffic is one flow spread over their NICs (see `paths.py`), and a 1,024-GPU job with TP 8
+their traffic is one flow spread over their NICs (see `cost/paths.py`), and a 1,024-GPU job with TP 8
 has 128 entities rather than 1,024 processes.
 
 Timing assumptions (each entity):
@@ -26,9 +26,9 @@ import numpy as np
 import simpy
 
 from holmes_sim.cluster import Cluster
-from holmes_sim.compute import ComputeModel
-from holmes_sim.opcost import OpCosts
-from holmes_sim.paths import Path, group_path, link_capacities
+from holmes_sim.cost.compute import ComputeModel
+from holmes_sim.cost.ops import OpCosts
+from holmes_sim.cost.paths import Path, group_path, link_capacities
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan
 from holmes_sim.schedule import Op
 from holmes_sim.sim.network import FlowNetwork

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from holmes_sim.paths import PathUse
+from holmes_sim.cost.paths import PathUse
 from holmes_sim.sim.collectives import ring_collective
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.trace import OpKind, OpRecord, Trace

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 import simpy
 
-from holmes_sim.comm_model import ring_collective_time_s
+from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.sim.collectives import p2p, ring_collective
 from holmes_sim.sim.network import FlowNetwork, PathUse
 
