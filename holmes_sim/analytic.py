@@ -20,7 +20,7 @@ from holmes_sim.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
-from holmes_sim.cost.paths import group_path, link_capacities
+from holmes_sim.cost.paths import group_path, link_capacities, ring_paths
 from holmes_sim.plan import GroupKind, Plan
 from holmes_sim.workload import Workload
 
@@ -120,11 +120,9 @@ class _Estimator:
                       if k is kind and g.ranks[0] == p.rank(*members[0], 0)), None)
         if group is None:
             return None
-        hops = [group_path(self.cluster, group.transport, p.entity_gpus(*members[i]),
-                           p.entity_gpus(*members[(i + 1) % len(members)]), self.caps)
-                for i in range(len(members))]
-        return (len(members), min(h.idle_rate_bytes_per_s for h in hops),
-                max(h.step_latency_s for h in hops))
+        ring = ring_paths(self.cluster, group.transport, [p.entity_gpus(*m) for m in members],
+                          self.caps)
+        return (len(members), ring.idle_rate_bytes_per_s, ring.step_latency_s)
 
     def _bucket_times(self, s: int, kind: str, bytes_of) -> list[float]:
         ring = self._ring(GroupKind.DATA, s, 0, [(s, d) for d in range(self.plan.dp)])

@@ -109,8 +109,8 @@ def _warn_memory(outcomes) -> None:
 @app.command()
 def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validate.")]) -> None:
     """Validate a scenario and build every policy's plan, without simulating."""
-    from holmes_sim.metrics import memory_report
     from holmes_sim.cost.ops import OpCosts
+    from holmes_sim.metrics import memory_report
     from holmes_sim.prepare import prepare
     from holmes_sim.runner import plan_policy
 

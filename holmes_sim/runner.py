@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from holmes_sim.cluster import Cluster
-from holmes_sim.metrics import Result, summarize
 from holmes_sim.cost.ops import OpCosts
+from holmes_sim.metrics import Result, summarize
 from holmes_sim.plan import Plan
 from holmes_sim.policies import get_policy
 from holmes_sim.prepare import Prepared

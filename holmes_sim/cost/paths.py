@@ -7,7 +7,17 @@ Links (capacities in bytes/s, each direction separately, so NICs are full duplex
 
 A transfer between two TP groups (t GPUs on one node each, GPU i sending 1/t of the bytes to GPU i)
 is one flow whose path puts weight 1/t on each member GPU's link; members that share a NIC add up,
-so the t GPUs of a node that share one NIC share its bandwidth.
+so the t GPUs of a node that share one NIC share its bandwidth. GPUs on the same node always talk
+over their intra-node link, whatever the group's network transport (NCCL's P2P/SHM transports
+inside a node, its NET transport only between nodes).
+
+Rings are built as NCCL builds them (`ring_paths`; NCCL's topology search, src/graph/search.cc and
+rings.cc): the members of a node are consecutive on the ring, so intra-node hops use NVLink/PCIe
+and each node is entered and left once per channel; NCCL runs several channels and gives each its
+own NIC (the one closest to the GPU that leaves the node: "rails"), so a node's exit traffic is
+spread over the NICs of its member GPUs. A ring all-reduce of N bytes then takes
+2(p-1)/p x N / busbw with busbw = min(intra-node link, sum of a node's member NICs): nccl-tests'
+bus bandwidth (doc/PERFORMANCE.md in NVIDIA/nccl-tests).
 """
 
 from __future__ import annotations
@@ -57,25 +67,101 @@ def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
     weights: dict[LinkId, float] = {}
     share = 1.0 / len(src)
     latency = step = 0.0
-    local = transport.kind is TransportKind.LOCAL
     for s, d in zip(src, dst, strict=True):
-        for gpu, direction in ((s, "tx"), (d, "rx")):
-            node = cluster.node(gpu.node)
-            if local:
-                link = ("gpu", node.name, gpu.local_index, direction)
-                latency = max(latency, node.intra_link.latency_s)
-                step = max(step, node.intra_link.latency_s)
-            else:
-                nic = node.nic_of_gpu(gpu.local_index, transport.fabric or ETHERNET)
-                assert nic is not None, f"{gpu} has no NIC on {transport.fabric}"
-                link = ("nic", node.name, nic.name, direction)
-                latency = max(latency, nic.latency_s)
-                step = max(step, nic.step_latency_s)
-            weights[link] = weights.get(link, 0.0) + share
+        if s.node == d.node:
+            lat = _add_gpu_links(cluster, s, d, share, weights)
+            latency, step = max(latency, lat), max(step, lat)
+        else:
+            for gpu, direction in ((s, "tx"), (d, "rx")):
+                nic = _nic(cluster, gpu, transport)
+                _add(weights, ("nic", gpu.node, nic.name, direction), share)
+                latency, step = max(latency, nic.latency_s), max(step, nic.step_latency_s)
     uplink = _add_uplink(cluster, transport, src[0], dst[0], weights)
+    return _path(weights, capacities, latency + uplink, step + uplink)
+
+
+@dataclass(frozen=True, slots=True)
+class Ring:
+    """An NCCL ring over group members: `order[k]` is the member index at ring position k and
+    `hops[k]` the path from position k to position k + 1 (mod p)."""
+
+    order: tuple[int, ...]
+    hops: tuple[Path, ...]
+
+    @property
+    def idle_rate_bytes_per_s(self) -> float:
+        """Bus bandwidth of the ring on an idle network: its slowest hop (bytes/s)."""
+        return min(h.idle_rate_bytes_per_s for h in self.hops)
+
+    @property
+    def step_latency_s(self) -> float:
+        """Latency of one ring step: its slowest hop's (s)."""
+        return max(h.step_latency_s for h in self.hops)
+
+
+def ring_paths(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]],
+               capacities: dict[LinkId, float]) -> Ring:
+    """The ring NCCL builds over `members` (each a TP group's GPUs, all on one node; member m's
+    GPU i belongs to the ring of TP rank i, so a member stands for its t parallel rings).
+
+    Members are ordered node by node (first appearance); a hop inside a node uses the GPU links;
+    the hop leaving a node spreads over the NICs of every member GPU on that node (channels by
+    rail) and enters the next node over its members' NICs the same way."""
+    by_node: dict[str, list[int]] = {}
+    for m, gpus in enumerate(members):
+        by_node.setdefault(gpus[0].node, []).append(m)
+    order = tuple(m for ms in by_node.values() for m in ms)
+    hops = []
+    for k, m in enumerate(order):
+        nxt = order[(k + 1) % len(order)]
+        src, dst = members[m], members[nxt]
+        if src[0].node == dst[0].node:
+            hops.append(group_path(cluster, transport, src, dst, capacities))
+        else:
+            hops.append(_node_exit_path(cluster, transport, [members[i] for i in by_node[src[0].node]],
+                                        [members[i] for i in by_node[dst[0].node]], capacities))
+    return Ring(order, tuple(hops))
+
+
+def _node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequence[Sequence[GpuRef]],
+                    dst_members: Sequence[Sequence[GpuRef]], capacities: dict[LinkId, float]) -> Path:
+    """The hop from one node to the next on a ring: the bytes of a member's share leave over the
+    NICs of all the node's member GPUs in equal parts, and enter the next node the same way."""
+    weights: dict[LinkId, float] = {}
+    latency = step = 0.0
+    for group, direction in ((src_members, "tx"), (dst_members, "rx")):
+        gpus = [g for member in group for g in member]
+        for gpu in gpus:
+            nic = _nic(cluster, gpu, transport)
+            _add(weights, ("nic", gpu.node, nic.name, direction), 1.0 / len(gpus))
+            latency, step = max(latency, nic.latency_s), max(step, nic.step_latency_s)
+    uplink = _add_uplink(cluster, transport, src_members[0][0], dst_members[0][0], weights)
+    return _path(weights, capacities, latency + uplink, step + uplink)
+
+
+def _add_gpu_links(cluster: Cluster, src: GpuRef, dst: GpuRef, share: float,
+                   weights: dict[LinkId, float]) -> float:
+    """Intra-node transfer on the GPUs' links; returns the link latency (s)."""
+    _add(weights, ("gpu", src.node, src.local_index, "tx"), share)
+    _add(weights, ("gpu", dst.node, dst.local_index, "rx"), share)
+    return cluster.node(src.node).intra_link.latency_s
+
+
+def _nic(cluster: Cluster, gpu: GpuRef, transport: Transport):
+    nic = cluster.node(gpu.node).nic_of_gpu(gpu.local_index, transport.fabric or ETHERNET)
+    assert nic is not None, f"{gpu} has no NIC on {transport.fabric}"
+    return nic
+
+
+def _add(weights: dict[LinkId, float], link: LinkId, w: float) -> None:
+    weights[link] = weights.get(link, 0.0) + w
+
+
+def _path(weights: dict[LinkId, float], capacities: dict[LinkId, float], latency_s: float,
+          step_s: float) -> Path:
     links = tuple(weights.items())
     rate = min(capacities[lk] / w for lk, w in links)
-    return Path(links, latency + uplink, rate, step + uplink)
+    return Path(links, latency_s, rate, step_s)
 
 
 def _add_uplink(cluster: Cluster, transport: Transport, src: GpuRef, dst: GpuRef,

@@ -9,10 +9,10 @@ from typing import Protocol
 
 from holmes_sim.cluster import Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
+from holmes_sim.cost.transport import member_nics
 from holmes_sim.errors import PlanError
 from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode, Plan, Transport
 from holmes_sim.schedule import ScheduleKind
-from holmes_sim.cost.transport import member_nics
 from holmes_sim.workload import Workload
 
 TransportChooser = Callable[[Sequence[GpuRef]], Transport]

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from holmes_sim.cluster import ETHERNET, Cluster, Node
+from holmes_sim.cost.transport import best_shared_transport, job_wide_fabric, job_wide_transport
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan
 from holmes_sim.policies.base import (
     PlanRequest,
@@ -25,7 +26,6 @@ from holmes_sim.policies.base import (
     gpus_in_node_order,
 )
 from holmes_sim.policies.partition import StageTimer, adaptive_partition
-from holmes_sim.cost.transport import best_shared_transport, job_wide_fabric, job_wide_transport
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from holmes_sim.cluster import Cluster
+from holmes_sim.cost.transport import job_wide_fabric, job_wide_transport
 from holmes_sim.plan import Plan
 from holmes_sim.policies.base import (
     PlanRequest,
@@ -20,7 +21,6 @@ from holmes_sim.policies.base import (
     equal_partition,
     gpus_in_node_order,
 )
-from holmes_sim.cost.transport import job_wide_fabric, job_wide_transport
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from holmes_sim.cluster import Node
 from holmes_sim.cost.collectives import ring_collective_time_s
-from holmes_sim.errors import PlanError
 from holmes_sim.cost.ops import OpCosts
-from holmes_sim.cost.paths import Path, group_path, link_capacities
+from holmes_sim.cost.paths import link_capacities, ring_paths
+from holmes_sim.errors import PlanError
 from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode
 from holmes_sim.policies.base import PlanRequest
 
@@ -67,11 +67,8 @@ class StageTimer:
             return _Ring(1, 1.0, 0.0)
         tp = self.r.tp
         entities = [tuple(rank_to_gpu[r + i] for i in range(tp)) for r in group.ranks]
-        hops: list[Path] = [group_path(self.r.cluster, group.transport, entities[k],
-                                       entities[(k + 1) % len(entities)], caps)
-                            for k in range(len(entities))]
-        return _Ring(len(entities), min(h.idle_rate_bytes_per_s for h in hops),
-                     max(h.step_latency_s for h in hops))
+        ring = ring_paths(self.r.cluster, group.transport, entities, caps)
+        return _Ring(len(entities), ring.idle_rate_bytes_per_s, ring.step_latency_s)
 
     def stage_time_s(self, s: int, chunk_layers: Sequence[int]) -> float:
         """Compute of all micro-batches plus exposed DP and embedding sync of stage `s` (s)."""

@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 
 from holmes_sim.catalog import NICS
 from holmes_sim.cluster import ETHERNET, Cluster, Nic, Node
+from holmes_sim.cost.transport import tcp_transport
 from holmes_sim.plan import GpuRef
 from holmes_sim.policies.base import PlanRequest, TransportChooser
 from holmes_sim.policies.holmes import HolmesPolicy
-from holmes_sim.cost.transport import tcp_transport
 
 ALL_IB_FABRIC = "all-ib"
 

@@ -28,7 +28,7 @@ import simpy
 from holmes_sim.cluster import Cluster
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
-from holmes_sim.cost.paths import Path, group_path, link_capacities
+from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan
 from holmes_sim.schedule import Op
 from holmes_sim.sim.network import FlowNetwork
@@ -176,10 +176,11 @@ class _Simulation:
                 self.emb_stream[d] = Stream(self._ring([(0, d), (p.pp - 1, d)], g))
 
     def _ring(self, members: list[tuple[int, int]], group) -> RingSpec:
-        paths = [self._entity_path(group, members[k], members[(k + 1) % len(members)])
-                 for k in range(len(members))]
+        """The group's NCCL ring (members node by node; see `cost.paths.ring_paths`)."""
+        ring = ring_paths(self.cluster, group.transport,
+                          [self.plan.entity_gpus(*m) for m in members], self.caps)
         return RingSpec(tuple(self.entity[m].name for m in members),
-                        tuple(pth.links for pth in paths), max(pth.step_latency_s for pth in paths))
+                        tuple(h.links for h in ring.hops), ring.step_latency_s)
 
     def _buckets(self, s: int, c: int) -> list[_Bucket]:
         """Gradient buckets of chunk c of stage s: per-GPU bucket size as Megatron sizes them."""

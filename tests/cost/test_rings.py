@@ -1,0 +1,71 @@
+"""Rings as NCCL builds them, against nccl-tests' bus-bandwidth formula.
+
+NCCL orders a ring node by node, so intra-node hops run on NVLink/NVSwitch and each node is left
+once per channel, with channels spread over the node's NICs by rail. An all-reduce of N bytes over
+p ranks then takes 2(p-1)/p x N / busbw (nccl-tests doc/PERFORMANCE.md), busbw the slowest of the
+intra-node link and a node's summed NIC rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from holmes_sim.cost.collectives import ring_collective_time_s
+from holmes_sim.prepare import prepare
+from holmes_sim.runner import run_policy
+from holmes_sim.trace import OpKind
+from tests.sim.test_engine import UniformCompute
+
+
+def _dp_scenario(nodes: int, nics: str) -> str:
+    return f"""name: ring
+fabrics: [{{name: ib, type: ib}}]
+clusters:
+  - name: c
+    nodes:
+      - {{count: {nodes}, gpu: a100-80gb, gpus_per_node: 8, intra_node: nvlink3, nics: {nics}}}
+model: {{num_layers: 2, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024,
+        tie_embeddings: false}}
+training: {{global_batch_size: {8 * nodes}, micro_batch_size: 1, distributed_optimizer: false,
+           bucket_size_mb: 1.0e9}}
+parallel: {{tensor: 1, pipeline: 1}}
+policies: [megatron]
+"""
+
+
+RAILS = "[{type: ib, model: ib-hdr, count: 8, fabric: ib}, {type: ethernet, model: eth-100g}]"
+SHARED = "[{type: ib, model: ib-hdr, count: 4, fabric: ib}, {type: ethernet, model: eth-100g}]"
+ETH_ONLY = "[{type: ethernet, model: eth-100g}]"
+
+
+def _all_reduce_s(write_scenario, nodes: int, nics: str) -> tuple[float, float]:
+    """(simulated, NCCL formula) seconds of the one gradient all-reduce of pure DP."""
+    prepared = dataclasses.replace(prepare(write_scenario(_dp_scenario(nodes, nics))),
+                                   compute=UniformCompute())
+    out = run_policy(prepared, "megatron")
+    record = next(r for r in out.trace.records if r.kind is OpKind.DP_ALL_REDUCE)
+    node = prepared.cluster.nodes[0]
+    w = prepared.workload
+    size = w.grad_bytes_of(2 * w.layer_params + w.embedding_params + w.head_params)
+    link = node.intra_link
+    fabric = "ib" if node.nics_on("ib") else "ethernet"
+    nic_sum = sum(n.effective_bandwidth_bytes_per_s for n in node.nics_on(fabric))
+    busbw = min(link.bandwidth_bytes_per_s * link.efficiency, nic_sum)
+    alpha = max(n.latency_s for n in node.nics_on(fabric))
+    return record.duration_s, ring_collective_time_s("all-reduce", 8 * nodes, size, busbw, alpha)
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+@pytest.mark.parametrize("nics", [RAILS, SHARED, ETH_ONLY], ids=["8-rails", "4-shared", "eth"])
+def test_pure_dp_all_reduce_matches_the_nccl_ring_formula(write_scenario, nodes, nics):
+    simulated, formula = _all_reduce_s(write_scenario, nodes, nics)
+    assert simulated == pytest.approx(formula, rel=0.02)
+
+
+def test_node_count_barely_changes_a_bandwidth_bound_ring(write_scenario):
+    """Each node is left once per channel: 4 nodes cost 2(p-1)/p more, not p times more."""
+    two, _ = _all_reduce_s(write_scenario, 2, ETH_ONLY)
+    four, _ = _all_reduce_s(write_scenario, 4, ETH_ONLY)
+    assert four / two == pytest.approx((31 / 32) / (15 / 16), rel=0.02)
