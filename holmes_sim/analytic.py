@@ -149,11 +149,11 @@ class _Estimator:
         p, mode, w = self.plan, self.plan.optimizer, self.w
         grads = w.grad_bytes_of
         t = end
-        if mode.overlapped:  # the last bucket is reduced after the backward ends
-            rs = self._bucket_times(s, "reduce-scatter", grads)
-            t += rs[-1] if rs else 0.0
+        reduce = self._bucket_times(s, mode.gradient_collective, grads)
+        if p.releases_gradients_in_backward:  # the last bucket is reduced after the backward ends
+            t += reduce[-1] if reduce else 0.0
         else:
-            t += sum(self._bucket_times(s, "reduce-scatter" if mode.sharded else "all-reduce", grads))
+            t += sum(reduce)
         if p.pp > 1 and s in (0, p.pp - 1) and w.tie_embeddings:
             ring = self._ring(GroupKind.EMBEDDING, 0, d, [(0, d), (p.pp - 1, d)])
             if ring is not None:
@@ -162,6 +162,6 @@ class _Estimator:
         node = self.cluster.node(p.entity_gpus(s, d)[0].node)
         params = self.costs.stage_params(p.layers_per_stage, p.pp, s)
         t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
-        if mode.sharded and not mode.overlapped:
+        if mode.gathers_after_step:
             t += sum(self._bucket_times(s, "all-gather", lambda n: n * w.dtype_bytes))
         return t

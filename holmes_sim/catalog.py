@@ -30,7 +30,14 @@ class GpuModel:
     memory_bytes: float
     memory_bandwidth_bytes_per_s: float
     compute_efficiency: float
+    """Fraction of the dense peak that well-shaped GEMMs sustain in training (measured MSMF)."""
     source: str
+    sm_count: int | None = None
+    """Streaming multiprocessors (wave quantization); None: no quantization."""
+    memory_efficiency: float = 0.9
+    """Achievable fraction of HBM bandwidth for streaming (memory-bound) kernels."""
+    attention_efficiency: float = 0.6
+    """Achieved fraction of peak of a fused (flash) attention kernel."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,21 +63,33 @@ class LinkModel:
     source: str
 
 
-# Compute efficiency: Narayanan et al. SC'21 (arXiv 2104.04473) report 52% of A100 peak end to
-# end for GPT-175B, including bubbles and communication; the layers alone run faster, so 0.6 for
-# A100. Hopper needs larger GEMMs to reach the same share: 0.5 (MLPerf-era Megatron runs).
-_A100 = "NVIDIA A100 Tensor Core GPU data sheet (2021): 312 TFLOP/s dense BF16"
-_H100 = "NVIDIA H100 Tensor Core GPU data sheet (2023), SXM: 989 TFLOP/s dense BF16, 3.35 TB/s"
+# compute_efficiency is the GEMM rate a GPU sustains through a training run, over its data-sheet
+# peak. Source: S. Bekman, "Machine Learning Engineering", compute/accelerator (mamf-finder.py
+# and its results table). MAMF, the best shape's rate in a short boost-clock burst: A100 SXM
+# 271.2 of 312 TFLOP/s BF16 (0.869), H100 SXM 794.5 of 989 (0.803; "H200 is the same"). Under
+# sustained load the clock drops to its power limit: the maximum *sustained* rate (MSMF) measured
+# on H200 is 702.9 TFLOP/s (0.711 of peak, 0.849 of its MAMF); B200 shows the same ratio (0.840).
+# Hopper: 0.711 measured. A100 (no MSMF published): its MAMF x the measured 0.849 = 0.738.
+# SM counts: data sheets / architecture whitepapers (GA100 in A100: 108; GH100 SXM: 132).
+# memory_efficiency 0.9: streaming kernels (BabelStream Triad) reach about 90% of the HBM
+# data-sheet bandwidth on A100 and H100 (Deakin et al., BabelStream results).
+# attention_efficiency: FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023, arXiv
+# 2307.08691), FlashAttention-3 up to 75% on H100 forward (Shah et al. 2024, arXiv 2407.08608),
+# less in the backward: 0.6 for both.
+_A100 = "NVIDIA A100 Tensor Core GPU data sheet (2021): 312 TFLOP/s dense BF16, 108 SMs"
+_H100 = "NVIDIA H100 Tensor Core GPU data sheet (2023), SXM: 989 TFLOP/s dense BF16, 3.35 TB/s, 132 SMs"
 _H200 = "NVIDIA H200 Tensor Core GPU data sheet (2024): 989 TFLOP/s dense BF16, 141 GB, 4.8 TB/s"
 GPUS: dict[str, GpuModel] = {
     "a100-40gb": GpuModel("a100-40gb", tflops_to_flop_per_s(312), gib_to_bytes(40),
-                          gbyte_per_s_to_bytes_per_s(1555), 0.6, _A100 + ", 40 GB HBM2, 1,555 GB/s"),
+                          gbyte_per_s_to_bytes_per_s(1555), 0.738, _A100 + ", 40 GB HBM2, 1,555 GB/s",
+                          sm_count=108),
     "a100-80gb": GpuModel("a100-80gb", tflops_to_flop_per_s(312), gib_to_bytes(80),
-                          gbyte_per_s_to_bytes_per_s(2039), 0.6, _A100 + ", 80 GB HBM2e, 2,039 GB/s"),
+                          gbyte_per_s_to_bytes_per_s(2039), 0.738,
+                          _A100 + ", 80 GB HBM2e, 2,039 GB/s", sm_count=108),
     "h100-sxm": GpuModel("h100-sxm", tflops_to_flop_per_s(989), gib_to_bytes(80),
-                         gbyte_per_s_to_bytes_per_s(3350), 0.5, _H100),
+                         gbyte_per_s_to_bytes_per_s(3350), 0.711, _H100, sm_count=132),
     "h200": GpuModel("h200", tflops_to_flop_per_s(989), gib_to_bytes(141),
-                     gbyte_per_s_to_bytes_per_s(4800), 0.5, _H200),
+                     gbyte_per_s_to_bytes_per_s(4800), 0.711, _H200, sm_count=132),
 }
 
 # Line rates: IBTA / NVIDIA ConnectX data sheets (EDR 100, HDR 200, NDR 400 Gb/s) and IEEE 802.3.
@@ -134,7 +153,8 @@ def build_catalog(spec: CatalogSpec) -> Catalog:
     for name, g in spec.gpus.items():
         gpus[name] = GpuModel(name, tflops_to_flop_per_s(g.peak_tflops), gib_to_bytes(g.memory_gib),
                               gbyte_per_s_to_bytes_per_s(g.memory_bandwidth_gbyte_per_s),
-                              g.compute_efficiency, g.source)
+                              g.compute_efficiency, g.source, g.sm_count, g.memory_efficiency,
+                              g.attention_efficiency)
     nics = dict(NICS)
     for name, n in spec.nics.items():
         nics[name] = NicModel(name, n.type, gbit_per_s_to_bytes_per_s(n.bandwidth_gbit_per_s),

@@ -40,13 +40,18 @@ class OptimizerMode(StrEnum):
     - distributed: reduce-scatter after the backward, sharded state, all-gather of parameters
       after the step (Megatron-LM `--use-distributed-optimizer`, no overlap).
     - distributed-overlapped: the same, with bucketed reduce-scatter during the last backward and
-      the all-gather overlapped with the next forward (Holmes section 3.4; Megatron-LM
-      `--overlap-grad-reduce --overlap-param-gather`).
+      the all-gather overlapped with the next forward (Holmes section 3.4; Megatron-LLaMA's
+      OverlappedDistributedOptimizer; Megatron-LM `--overlap-grad-reduce --overlap-param-gather`).
+    - zero-1: DeepSpeed ZeRO stage 1 as Megatron-DeepSpeed runs it with pipeline parallelism:
+      gradients all-reduced after the pipeline flush, each rank steps its shard of the optimizer
+      state, then the updated parameters are all-gathered (Rajbhandari et al. SC'20, P_os;
+      DeepSpeed `stage_1_and_2.py` with partition_gradients off).
     """
 
     REPLICATED = "replicated"
     DISTRIBUTED = "distributed"
     DISTRIBUTED_OVERLAPPED = "distributed-overlapped"
+    ZERO1 = "zero-1"
 
     @property
     def sharded(self) -> bool:
@@ -55,6 +60,17 @@ class OptimizerMode(StrEnum):
     @property
     def overlapped(self) -> bool:
         return self is OptimizerMode.DISTRIBUTED_OVERLAPPED
+
+    @property
+    def gradient_collective(self) -> str:
+        """The collective that reduces gradients: all-reduce or reduce-scatter."""
+        return "all-reduce" if self in (OptimizerMode.REPLICATED, OptimizerMode.ZERO1) \
+            else "reduce-scatter"
+
+    @property
+    def gathers_after_step(self) -> bool:
+        """Parameters are all-gathered after the step, outside the next forward."""
+        return self in (OptimizerMode.DISTRIBUTED, OptimizerMode.ZERO1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +120,7 @@ class Plan:
             in model order.
         schedule_kind, num_microbatches, num_chunks: the pipeline schedule.
         optimizer: gradient synchronisation and optimizer state mode.
+        overlap_grad_reduce: see the field.
         groups: every communication group (TP, DP, PP pairs, embedding).
         notes: human-readable decisions the policy made (shown in reports).
     """
@@ -120,6 +137,13 @@ class Plan:
     optimizer: OptimizerMode
     groups: tuple[Group, ...]
     notes: tuple[str, ...] = ()
+    overlap_grad_reduce: bool = False
+    """Gradient buckets are reduced during the last backward (PyTorch DDP, Megatron
+    `--overlap-grad-reduce`); always so with the distributed-overlapped optimizer."""
+
+    @property
+    def releases_gradients_in_backward(self) -> bool:
+        return self.overlap_grad_reduce or self.optimizer.overlapped
 
     @property
     def world_size(self) -> int:
@@ -183,4 +207,5 @@ class Plan:
                       tuple(g["nics"]))
                 for g in d["groups"]),
             notes=tuple(d.get("notes", ())),
+            overlap_grad_reduce=bool(d.get("overlap_grad_reduce", False)),
         )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from holmes_sim.catalog import build_catalog
 from holmes_sim.cluster import Cluster, Nic, build_cluster
-from holmes_sim.cost.compute import ComputeModel, Profile, RooflineCompute, load_profile
+from holmes_sim.cost.compute import ComputeModel, KernelCompute, Profile, load_profile
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.policies import POLICIES, PlanRequest
 from holmes_sim.schedule import ScheduleKind, build_schedule
@@ -37,7 +37,8 @@ class Prepared:
         par = self.scenario.parallel
         return PlanRequest(cluster or self.cluster, self.workload, self.compute, self.tp, self.pp,
                            self.dp, ScheduleKind(par.schedule), self.num_microbatches,
-                           par.virtual_stages, self.scenario.training.distributed_optimizer)
+                           par.virtual_stages, self.scenario.training.distributed_optimizer,
+                           self.scenario.training.overlap_grad_reduce)
 
 
 def prepare(path: str | Path, profile_override: str | Path | None = None) -> Prepared:
@@ -71,7 +72,7 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
         build_schedule(s.parallel.schedule, pp, m, s.parallel.virtual_stages)
     except ScenarioError as exc:
         raise FieldError("parallel.schedule", str(exc)) from None
-    compute = profile.compute if profile is not None else RooflineCompute()
+    compute = profile.compute if profile is not None else KernelCompute()
     return Prepared(s, source, cluster, workload, compute, tp, pp, dp, m, profile)
 
 

@@ -37,9 +37,16 @@ class Workload:
     global_batch: int
     dtype_bytes: int
     grad_bytes: int
-    recompute: bool
+    recompute: str
+    """Activation recomputation: none | selective (attention core, [K22]) | full (every layer)."""
     sequence_parallel: bool
     bucket_bytes: float
+    flash_attention: bool = False
+    """Fused attention (Dao et al. 2022/2023): no s x s score tensor in memory."""
+
+    @property
+    def full_recompute(self) -> bool:
+        return self.recompute == "full"
 
     # ---- parameters [N21] -------------------------------------------------------------------
     @property
@@ -81,7 +88,7 @@ class Workload:
     @property
     def backward_factor(self) -> float:
         """Backward FLOP as a multiple of forward: 2, plus 1 recomputed forward [N21]."""
-        return 3.0 if self.recompute else 2.0
+        return 3.0 if self.full_recompute else 2.0
 
     # ---- messages (bytes) --------------------------------------------------------------------
     def pp_message_bytes(self, tp: int) -> float:
@@ -114,19 +121,22 @@ class Workload:
         """Activations one layer holds for one micro-batch until its backward [K22, Table 2]:
         s b h (34 + 5 a s / h) without parallelism; with TP t: s b h (10 + 24/t + 5 a s/(h t));
         with sequence parallelism everything is divided by t; with full recomputation only the
-        layer input, 2 s b h (divided by t with SP)."""
+        layer input, 2 s b h (divided by t with SP). Selective recomputation (or fused attention,
+        which never stores the scores) drops the 5as/h term: s b h (34/t with SP, else
+        10 + 24/t) [K22, Table 2]."""
         s, b, h, a = self.seq, self.micro_batch, self.hidden, self.heads
-        if self.recompute:
+        if self.full_recompute:
             return 2 * s * b * h / (tp if self.sequence_parallel else 1)
+        scores = 0.0 if (self.recompute == "selective" or self.flash_attention) else 5 * a * s / h
         if self.sequence_parallel:
-            return s * b * h * (34 + 5 * a * s / h) / tp
-        return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+            return s * b * h * (34 + scores) / tp
+        return s * b * h * (10 + 24 / tp + scores / tp)
 
     # ---- reporting [N21, section 5.1] --------------------------------------------------------
     def megatron_tflops_per_gpu(self, iteration_s: float, num_gpus: int) -> float:
         """TFLOP/s per GPU as Megatron-LM and Holmes log it:
         F = 96 B s L h^2 (1 + s/(6h) + V/(16 L h)) with full recomputation, 72 without [N21]."""
-        factor = 96 if self.recompute else 72
+        factor = 96 if self.full_recompute else 72
         flop = self._megatron_flop(factor)
         return flop / (iteration_s * num_gpus) / 1e12
 
@@ -148,6 +158,6 @@ def build_workload(model: ModelSpec, training: TrainingSpec) -> Workload:
         ffn=model.ffn_hidden_size or 4 * model.hidden_size, tie_embeddings=model.tie_embeddings,
         micro_batch=training.micro_batch_size, global_batch=training.global_batch_size,
         dtype_bytes=dtype, grad_bytes=4 if training.grad_reduce_in_fp32 else dtype,
-        recompute=training.recompute == "full", sequence_parallel=training.sequence_parallel,
-        bucket_bytes=training.bucket_size_mb * 1e6,
+        recompute=training.recompute, sequence_parallel=training.sequence_parallel,
+        bucket_bytes=training.bucket_size_mb * 1e6, flash_attention=training.flash_attention,
     )

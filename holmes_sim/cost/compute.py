@@ -1,4 +1,4 @@
-"""Compute time of layers on a GPU: a roofline default, or a measured profile.
+"""Compute time of layers on a GPU: a kernel-by-kernel default (`cost.transformer`), or a measured profile.
 
 Both answer per micro-batch, per GPU of a TP group (the group's GPUs run in lock-step).
 The profile is the JSON `holmes-sim validate` writes (see `docs/validation.md`):
@@ -19,13 +19,18 @@ from pathlib import Path
 from typing import Protocol
 
 from holmes_sim.catalog import GpuModel
+from holmes_sim.cost import transformer
 from holmes_sim.errors import ScenarioError
 from holmes_sim.workload import Workload
 
 PROFILE_SCHEMA = "holmes-sim-profile/1"
-# Adam's update is memory-bound: per fp32 parameter it reads and writes master weight, momentum,
-# variance (3 x 4 x 2) and reads the gradient (4), then writes the bf16 weight (2): ~30 bytes.
-_ADAM_BYTES_PER_PARAM = 30.0
+# The mixed-precision optimizer step is memory-bound. Per parameter of the GPU's shard (Megatron's
+# FP16/BF16 optimizer, optimizer.py): copy the 16-bit gradient to the fp32 main gradient (2 + 4),
+# unscale and check for inf/NaN (4 + 4), gradient-norm clipping reads it (4), Adam reads and writes
+# the fp32 master weight, momentum and variance and reads the gradient (3 x 8 + 4), the master
+# weight is copied back to the 16-bit model weight (4 + 2), and the 16-bit gradient is zeroed (2):
+# 54 bytes of HBM traffic.
+_ADAM_BYTES_PER_PARAM = 54.0
 
 
 class ComputeModel(Protocol):
@@ -45,22 +50,23 @@ class ComputeModel(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class RooflineCompute:
-    """time = FLOP / (peak FLOP/s x efficiency); FLOP from `Workload` [Narayanan et al. SC'21]."""
+class KernelCompute:
+    """The default: every kernel of a layer priced from its shape (`cost.transformer`): GEMMs with
+    tile and wave quantization at the GPU's measured achievable GEMM rate, memory-bound kernels at
+    its achievable HBM bandwidth, fused attention at its measured efficiency."""
 
     def layer_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float:
-        flop = workload.layer_forward_flop * (workload.backward_factor if backward else 1.0)
-        return flop / tp / (gpu.peak_flop_per_s * gpu.compute_efficiency)
+        return transformer.layer_s(gpu, workload, tp, backward)
 
     def embedding_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float:
-        return 0.0  # a table lookup: negligible next to the layers
+        return transformer.embedding_s(gpu, workload, tp, backward)
 
     def head_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float:
-        flop = workload.logits_forward_flop * (2.0 if backward else 1.0)
-        return flop / tp / (gpu.peak_flop_per_s * gpu.compute_efficiency)
+        return transformer.head_s(gpu, workload, tp, backward)
 
     def optimizer_s(self, gpu: GpuModel, params_per_gpu: float) -> float:
-        return params_per_gpu * _ADAM_BYTES_PER_PARAM / gpu.memory_bandwidth_bytes_per_s
+        return params_per_gpu * _ADAM_BYTES_PER_PARAM / (gpu.memory_bandwidth_bytes_per_s *
+                                                         gpu.memory_efficiency)
 
     def op_overhead_s(self, gpu: GpuModel) -> float:
         return 0.0  # kernel launches overlap GPU work in a well-fed training loop

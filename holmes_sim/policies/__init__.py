@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from holmes_sim.errors import ScenarioError
+from holmes_sim.plan import OptimizerMode
 from holmes_sim.policies.base import PlanRequest, Policy
 from holmes_sim.policies.holmes import HolmesPolicy
 from holmes_sim.policies.megatron import MegatronPolicy
@@ -11,6 +12,11 @@ from holmes_sim.policies.references import AllEthernetReference, AllIbReference
 POLICIES: dict[str, Policy] = {
     p.name: p for p in (
         MegatronPolicy(),
+        MegatronPolicy(name="megatron-llama", optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED,
+                       description="Megatron-LLaMA: Megatron-LM placement, overlapped distributed "
+                                   "optimizer"),
+        MegatronPolicy(name="megatron-deepspeed", optimizer=OptimizerMode.ZERO1,
+                       description="Megatron-DeepSpeed: Megatron-LM placement, ZeRO-1 data parallel"),
         HolmesPolicy(),
         HolmesPolicy(name="holmes-no-nic-aware-order", nic_aware_order=False,
                      description="Holmes without NIC-aware rank order (listing order)"),

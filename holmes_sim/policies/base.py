@@ -32,6 +32,7 @@ class PlanRequest:
     num_microbatches: int
     num_chunks: int
     distributed_optimizer: bool
+    overlap_grad_reduce: bool = False
 
 
 class Policy(Protocol):

@@ -95,14 +95,11 @@ class StageTimer:
 
     def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
         w, ring = self.r.workload, self.dp_ring[s]
-        grads = w.grad_bytes_of(params)
-        if not self.optimizer.sharded:
-            return ring.time_s("all-reduce", grads)
-        rs = ring.time_s("reduce-scatter", grads)
-        ag = ring.time_s("all-gather", params * w.dtype_bytes)
+        reduce = ring.time_s(self.optimizer.gradient_collective, w.grad_bytes_of(params))
+        gather = ring.time_s("all-gather", params * w.dtype_bytes) if self.optimizer.sharded else 0.0
         if self.optimizer.overlapped:  # hidden behind one micro-batch's backward / forward
-            return max(0.0, rs - bwd_s) + max(0.0, ag - fwd_s)
-        return rs + ag
+            return max(0.0, reduce - bwd_s) + max(0.0, gather - fwd_s)
+        return reduce + gather
 
 
 def adaptive_partition(timer: StageTimer) -> tuple[int, ...]:

@@ -9,12 +9,13 @@ Timing assumptions (each entity):
   its input (activation, or gradient from the next stage) has arrived; a forward or backward is
   followed by its TP all-reduces on the same stream (exposed, as in Megatron without overlap);
 - a finished op's output is sent asynchronously (a flow); sending does not block compute;
-- data-parallel collectives run on one comm stream per stage; with the overlapped distributed
-  optimizer the last micro-batch's backward of each chunk releases gradient buckets as it goes
-  (reduce-scatter while computing) and the first forward of each chunk consumes parameter
-  buckets as their all-gather completes (the all-gather of the previous step's update);
-- the iteration ends when every entity has finished its optimizer step (and, without overlap,
-  its parameter all-gather).
+- data-parallel collectives run on one comm stream per stage; when gradients are reduced during
+  the backward (the overlapped distributed optimizer, or DDP-style `overlap_grad_reduce`) the last
+  micro-batch's backward of each chunk releases gradient buckets as it goes (the reduction runs
+  while computing); with the overlapped optimizer the first forward of each chunk also consumes
+  parameter buckets as their all-gather completes (the all-gather of the previous step's update);
+- the iteration ends when every entity has finished its optimizer step (and, for the distributed
+  and ZeRO-1 optimizers, its parameter all-gather).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from holmes_sim.cluster import Cluster
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
-from holmes_sim.plan import GroupKind, OptimizerMode, Plan
+from holmes_sim.plan import GroupKind, Plan
 from holmes_sim.schedule import Op
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
@@ -206,6 +207,7 @@ class _Simulation:
         name = self.entity[(s, d)].name
         node = self.cluster.node(self.entity[(s, d)].node)
         overlapped = self.plan.optimizer.overlapped and s in self.dp_stream
+        release = self.plan.releases_gradients_in_backward and s in self.dp_stream
         gathers = self._submit_gathers(s, name) if overlapped else {}
         last_b = self._last_backward_per_chunk(s)
         first_f = self._first_forward_per_chunk(s)
@@ -218,7 +220,7 @@ class _Simulation:
             kind = OpKind.BACKWARD if backward else OpKind.FORWARD
             if overlapped and not backward and first_f[op.chunk] == op:
                 yield from self._gated_compute(name, op, kind, dur, tp, gathers[op.chunk])
-            elif overlapped and backward and last_b[op.chunk] == op:
+            elif release and backward and last_b[op.chunk] == op:
                 reductions += (yield from self._releasing_compute(name, s, op, kind, dur, tp))
             else:
                 yield from self._compute(name, op, kind, dur, tp)
@@ -298,7 +300,7 @@ class _Simulation:
         events = []
         for b in self.buckets[(s, op.chunk)]:
             yield from self._compute(name, op, kind, dur * b.fraction, tp * b.fraction)
-            events.append(self.coll.submit(self.dp_stream[s], name, OpKind.DP_REDUCE_SCATTER, b.grad_bytes))
+            events.append(self.coll.submit(self.dp_stream[s], name, self._grad_kind, b.grad_bytes))
         return events
 
     def _submit_gathers(self, s: int, name: str) -> dict[int, list[tuple[simpy.Event, float]]]:
@@ -355,9 +357,8 @@ class _Simulation:
         """Gradient sync, embedding all-reduce, optimizer step, and (no overlap) all-gather."""
         mode = self.plan.optimizer
         stream = self.dp_stream.get(s)
-        if stream is not None and not mode.overlapped:
-            kind = OpKind.DP_REDUCE_SCATTER if mode.sharded else OpKind.DP_ALL_REDUCE
-            reductions = [self.coll.submit(stream, name, kind, b.grad_bytes)
+        if stream is not None and not self.plan.releases_gradients_in_backward:
+            reductions = [self.coll.submit(stream, name, self._grad_kind, b.grad_bytes)
                           for c in range(self.plan.num_chunks) for b in self.buckets[(s, c)]]
         yield from self._wait_all(name, reductions)
         emb = self.emb_stream.get(d)
@@ -369,10 +370,15 @@ class _Simulation:
         start = self.env.now
         yield self._work(name, self.costs.optimizer_s(node, params / self.plan.tp / shard))
         self.trace.add(OpRecord(start, self.env.now, name, "compute", OpKind.OPTIMIZER))
-        if stream is not None and mode is OptimizerMode.DISTRIBUTED:
+        if stream is not None and mode.gathers_after_step:
             gathers = [self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes)
                        for c in range(self.plan.num_chunks) for b in self.buckets[(s, c)]]
             yield from self._wait_all(name, gathers)
+
+    @property
+    def _grad_kind(self) -> OpKind:
+        return OpKind.DP_ALL_REDUCE if self.plan.optimizer.gradient_collective == "all-reduce" \
+            else OpKind.DP_REDUCE_SCATTER
 
     def _wait_all(self, name: str, events: list[simpy.Event]):
         pending = [e for e in events if not e.processed]

@@ -87,8 +87,14 @@ class GpuModelSpec:
     """HBM capacity in GiB."""
     memory_bandwidth_gbyte_per_s: float
     """HBM bandwidth in GB/s."""
-    compute_efficiency: float = 0.6
-    """Achieved fraction of peak for transformer layers."""
+    compute_efficiency: float = 0.8
+    """Achievable fraction of peak for well-shaped GEMMs (a measured MAMF / peak)."""
+    sm_count: int | None = None
+    """Streaming multiprocessors, for wave quantization (omit: none)."""
+    memory_efficiency: float = 0.9
+    """Achievable fraction of memory bandwidth for streaming kernels."""
+    attention_efficiency: float = 0.6
+    """Achieved fraction of peak of a fused (flash) attention kernel."""
     source: str = "user"
 
 

@@ -34,10 +34,17 @@ class TrainingSpec:
     micro_batch_size: int
     """Sequences per micro-batch."""
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    recompute: Literal["none", "full"] = "none"
-    """Activation recomputation: full recomputes every layer's forward in the backward."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recomputation: full recomputes every layer's forward in the backward;
+    selective only the attention core (Korthikanti et al. 2022)."""
     sequence_parallel: bool = False
-    """Megatron sequence parallelism (divides the remaining activations by TP)."""
+    """Megatron sequence parallelism: LayerNorm and dropout work and their activations split over
+    TP; each TP all-reduce becomes a reduce-scatter plus an all-gather."""
+    flash_attention: bool = False
+    """Fused attention kernel (FlashAttention): no s x s scores in memory."""
+    overlap_grad_reduce: bool = False
+    """Gradient reduction overlapped with the backward, bucket by bucket (PyTorch DDP, Megatron
+    `--overlap-grad-reduce`); used by the megatron policy (holmes always overlaps)."""
     distributed_optimizer: bool = True
     """Shard optimizer state across DP (used by the megatron policy; holmes always shards)."""
     grad_reduce_in_fp32: bool = True

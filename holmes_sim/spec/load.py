@@ -24,12 +24,12 @@ from holmes_sim.spec.scenario import Scenario
 _AT_LEAST_ONE = {
     "count", "gpus_per_node", "num_layers", "hidden_size", "num_attention_heads", "seq_length",
     "vocab_size", "ffn_hidden_size", "global_batch_size", "micro_batch_size", "tensor", "pipeline",
-    "data", "virtual_stages", "iterations", "calibration_repeats", "link_probe_bytes",
+    "data", "virtual_stages", "sm_count", "iterations", "calibration_repeats", "link_probe_bytes",
 }
 _POSITIVE = {"bandwidth_gbit_per_s", "peak_tflops", "memory_gib", "memory_bandwidth_gbyte_per_s",
              "bandwidth_gbyte_per_s", "bucket_size_mb", "tolerance_pct", "timeout_s",
              "learning_rate"}
-_FRACTION = {"efficiency", "compute_efficiency"}
+_FRACTION = {"efficiency", "compute_efficiency", "memory_efficiency", "attention_efficiency"}
 _NON_NEGATIVE = {"latency_us", "seed", "warmup", "compute_cv"}
 
 

@@ -1,0 +1,141 @@
+"""The kernels of a GPT layer, the embedding and the output head, per micro-batch and per GPU of a
+TP group of degree t, as Megatron-LM runs them: GEMM shapes, and the HBM bytes of the memory-bound
+kernels between them.
+
+Symbols: b micro-batch, s sequence, h hidden, f FFN width, a heads, V vocabulary, d bytes per
+element (2 for bf16/fp16). Per GPU: M = b s token rows; E = b s h activation elements; F = b s f / t
+MLP elements; S = b (a / t) s^2 attention-score elements.
+
+GEMMs of a layer forward [N21, section 3.2 and appendix]: QKV (M, 3h/t, h), scores per head
+(s, s, h/a) x b a/t, context (s, h/a, s) x b a/t, projection (M, h, h/t), MLP (M, f/t, h) and
+(M, h, f/t); each has two backward GEMMs (`Gemm.backward`).
+
+Memory-bound kernels (bytes read + written; Megatron-LM's fused kernels: Apex fused LayerNorm,
+fused bias-GeLU, fused bias-dropout-add, fused scale-mask-softmax; dropout masks one byte per
+element):
+- forward: 2 LayerNorms 2 x 2Ed; bias-GeLU 2Fd; 2 bias-dropout-adds 2 x (3Ed + E); softmax 2Sd;
+  attention dropout S(2d + 1); context permute to [s, b, h] 2(E/t)d;
+- backward: LayerNorms 2 x 3Ed; GeLU 3Fd; bias-dropout-adds 2 x (2Ed + E); softmax 3Sd; dropout
+  S(2d + 1); permute 2(E/t)d.
+With sequence parallelism the LayerNorm and bias-dropout-add terms are divided by t [K22, 4.2.2].
+Every backward also adds each weight gradient into the main gradient buffer: per parameter of
+the GPU's shard, the fresh gradient is read (d) and the main gradient read and written (2g, g the
+bytes of a reduced gradient): Megatron DDP's main_grad hook, or the same traffic as the C operand
+of the fused weight-gradient GEMM (`--gradient-accumulation-fusion`).
+With fused (flash) attention the score tensor never reaches HBM: the softmax, attention dropout
+and the two score GEMMs are replaced by one kernel of 4 b s^2 h / t FLOP forward and 2.5 times
+that backward (it recomputes the scores; Dao 2023, arXiv 2307.08691, section 3.1) at
+`attention_efficiency` of peak.
+
+Embedding (first stage): lookup, position add and dropout, about 8Ed bytes forward; its backward
+writes a dense (V/t) x h gradient and adds it to the main gradient: (V h / t)(2d + 2g) bytes
+(PyTorch `embedding_dense_backward`; Megatron's main_grad accumulation). Head (last stage): the
+logits GEMM (M, V/t, h) and the vocab-parallel cross entropy in fp32 over L = b s V / t logits,
+about 40L bytes forward and 16L backward (cast, max, exp, sum, normalise; Megatron
+`tensor_parallel/cross_entropy.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from holmes_sim.catalog import GpuModel
+from holmes_sim.cost.gemm import Gemm, gemm_time_s
+from holmes_sim.workload import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKernels:
+    """Kernels of one layer on one GPU: the dense GEMMs, the attention GEMMs (empty with fused
+    attention), and memory-bound bytes forward and backward, split into attention-core bytes and
+    the rest (selective recomputation redoes only the attention core)."""
+
+    dense: tuple[Gemm, ...]
+    attention: tuple[Gemm, ...]
+    flash_flop: float
+    core_bytes_fwd: float
+    core_bytes_bwd: float
+    other_bytes_fwd: float
+    other_bytes_bwd: float
+
+
+def layer_kernels(w: Workload, tp: int) -> LayerKernels:
+    """The kernels of one transformer layer for one micro-batch on one GPU of a TP group."""
+    b, s, h, f, a, d = w.micro_batch, w.seq, w.hidden, w.ffn, w.heads, w.dtype_bytes
+    m, hd = b * s, h // a
+    e, ff = b * s * h, b * s * f / tp
+    sp = tp if w.sequence_parallel else 1
+    dense = (Gemm(m, 3 * h // tp, h), Gemm(m, h, h // tp), Gemm(m, f // tp, h), Gemm(m, h, f // tp))
+    permute = 2 * (e / tp) * d
+    other_fwd = 2 * 2 * e * d / sp + 2 * ff * d + 2 * (3 * e * d + e) / sp
+    other_bwd = 2 * 3 * e * d / sp + 3 * ff * d + 2 * (2 * e * d + e) / sp + \
+        w.layer_params / tp * (d + 2 * w.grad_bytes)
+    if w.flash_attention:
+        return LayerKernels(dense, (), 4.0 * b * s * s * h / tp, 0.0, 0.0,
+                            other_fwd + permute, other_bwd + permute)
+    batch = max(1, b * a // tp)
+    attention = (Gemm(s, s, hd, batch), Gemm(s, hd, s, batch))
+    scores = b * (a / tp) * s * s
+    core_fwd = 2 * scores * d + scores * (2 * d + 1) + permute
+    core_bwd = 3 * scores * d + scores * (2 * d + 1) + permute
+    return LayerKernels(dense, attention, 0.0, core_fwd, core_bwd, other_fwd, other_bwd)
+
+
+def _memory_s(gpu: GpuModel, nbytes: float) -> float:
+    return nbytes / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
+
+
+def _gemms_s(gpu: GpuModel, gemms: tuple[Gemm, ...], d: int, backward: bool) -> float:
+    if not backward:
+        return sum(gemm_time_s(gpu, g, d) for g in gemms)
+    return sum(gemm_time_s(gpu, x, d) for g in gemms for x in g.backward())
+
+
+def _flash_s(gpu: GpuModel, flop: float, backward: bool) -> float:
+    return flop * (2.5 if backward else 1.0) / (gpu.peak_flop_per_s * gpu.attention_efficiency)
+
+
+def attention_core_s(gpu: GpuModel, k: LayerKernels, d: int, backward: bool) -> float:
+    """Score and context GEMMs, softmax, attention dropout (or the fused kernel), seconds."""
+    if k.flash_flop:
+        return _flash_s(gpu, k.flash_flop, backward)
+    nbytes = k.core_bytes_bwd if backward else k.core_bytes_fwd
+    return _gemms_s(gpu, k.attention, d, backward) + _memory_s(gpu, nbytes)
+
+
+def layer_pass_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
+    """One forward or one backward of a layer (no recomputation), seconds."""
+    k = layer_kernels(w, tp)
+    d = w.dtype_bytes
+    other = k.other_bytes_bwd if backward else k.other_bytes_fwd
+    return _gemms_s(gpu, k.dense, d, backward) + _memory_s(gpu, other) + \
+        attention_core_s(gpu, k, d, backward)
+
+
+def layer_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
+    """A layer's forward, or its backward including what the recomputation mode redoes."""
+    if not backward:
+        return layer_pass_s(gpu, w, tp, False)
+    t = layer_pass_s(gpu, w, tp, True)
+    if w.recompute == "full":
+        t += layer_pass_s(gpu, w, tp, False)
+    elif w.recompute == "selective" and not w.flash_attention:
+        t += attention_core_s(gpu, layer_kernels(w, tp), w.dtype_bytes, False)
+    return t
+
+
+def embedding_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
+    """Word and position embedding lookup (forward) or its dense gradient (backward), seconds."""
+    e, d = w.micro_batch * w.seq * w.hidden, w.dtype_bytes
+    if not backward:
+        return _memory_s(gpu, 8 * e * d)
+    return _memory_s(gpu, w.vocab * w.hidden / tp * (2 * d + 2 * w.grad_bytes) + 3 * e * d)
+
+
+def head_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
+    """Logits GEMM and vocab-parallel cross entropy, seconds."""
+    logits = Gemm(w.micro_batch * w.seq, max(1, w.vocab // tp), w.hidden)
+    n = w.micro_batch * w.seq * w.vocab / tp
+    accumulate = w.vocab * w.hidden / tp * (w.dtype_bytes + 2 * w.grad_bytes) if backward else 0.0
+    return _gemms_s(gpu, (logits,), w.dtype_bytes, backward) + \
+        _memory_s(gpu, (16 if backward else 40) * n + accumulate)
