@@ -149,6 +149,9 @@ def validate(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Build every group and stage on gloo, "
                                           "without training.")] = False,
     cleanup: Annotated[bool, typer.Option("--cleanup", help="Remove namespaces a killed run left.")] = False,
+    published: Annotated[bool, typer.Option("--published", help="Check the simulator against the "
+                         "published measurements in validation/published and the Holmes paper's "
+                         "Figure 6 (no testbed needed).")] = False,
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Only these policies.")] = None,
     iterations: Annotated[int | None, typer.Option(help="Measured iterations per policy.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the comparison as JSON.")] = None,
@@ -163,6 +166,9 @@ def validate(
         if cleanup:
             removed = v.cleanup()
             out.print(f"removed {len(removed)} leftover(s): {', '.join(removed) or 'none'}")
+            return
+        if published:
+            _validate_published(json_path)
             return
         if real == dry_run:
             raise _usage("choose one of --real (measure and compare) or --dry-run (build only)")
@@ -181,6 +187,20 @@ def validate(
     except HolmesError as exc:
         raise _fail(exc) from None
     out.print(v.comparison_table(result))
+    if not result.within_tolerance:
+        raise typer.Exit(1)
+
+
+def _validate_published(json_path: Path | None) -> None:
+    """`validate --published`: print both tables, exit 1 outside the tolerances."""
+    from holmes_sim.published import check, check_table, paper_table
+    from holmes_sim.report.files import write_json
+
+    result = check(progress=lambda m: err.print(m, highlight=False, markup=False))
+    if json_path is not None:
+        write_json(json_path, result.to_json())
+    out.print(check_table(result))
+    out.print(paper_table(result))
     if not result.within_tolerance:
         raise typer.Exit(1)
 

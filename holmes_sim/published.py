@@ -149,3 +149,96 @@ def evaluate(case: Case) -> CaseResult:
 if __name__ == "__main__":  # pragma: no cover - maintenance entry
     for p in render_all():
         print(p)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedCheck:
+    """Every published case's error, and the paper comparison (None when skipped)."""
+
+    results: tuple[CaseResult, ...]
+    paper: object | None
+    mean_tolerance_pct: float = 5.0
+    max_tolerance_pct: float = 10.0
+
+    @property
+    def mean_abs_error(self) -> float:
+        return sum(abs(r.error) for r in self.results) / len(self.results)
+
+    @property
+    def max_abs_error(self) -> float:
+        return max(abs(r.error) for r in self.results)
+
+    @property
+    def within_tolerance(self) -> bool:
+        ok = (self.mean_abs_error * 100 <= self.mean_tolerance_pct and
+              self.max_abs_error * 100 <= self.max_tolerance_pct)
+        if self.paper is not None:
+            ok = ok and self.paper.within_tolerance and self.paper.ranking_agrees
+        return ok
+
+    def to_json(self) -> dict:
+        doc = {"cases": [{"dataset": r.case.dataset, "case": r.case.name, "source": r.case.source,
+                          "measured_tflops_per_gpu": r.case.measured_tflops_per_gpu,
+                          "predicted_tflops_per_gpu": r.predicted_tflops_per_gpu,
+                          "predicted_iteration_s": r.predicted_iteration_s, "error": r.error}
+                         for r in self.results],
+               "mean_abs_error": self.mean_abs_error, "max_abs_error": self.max_abs_error,
+               "within_tolerance": self.within_tolerance}
+        if self.paper is not None:
+            p = self.paper
+            doc["paper_figure6"] = {
+                "fitted_ethernet_gbit_per_s": p.ethernet_gbit_per_s, "fitted": p.fitted,
+                "measured_ratio_over_megatron": p.measured_ratio,
+                "predicted_ratio_over_megatron": p.predicted_ratio,
+                "ranking_agrees": p.ranking_agrees, "within_tolerance": p.within_tolerance}
+        return doc
+
+
+def check(with_paper: bool = True, progress=None) -> PublishedCheck:
+    """Simulate every published case (and the paper's Figure 6 comparison)."""
+    results = []
+    for case in cases():
+        if progress:
+            progress(f"simulating {case.dataset}/{case.name}")
+        results.append(evaluate(case))
+    paper = None
+    if with_paper:
+        from holmes_sim.paper import compare
+
+        if progress:
+            progress("fitting the Ethernet rate of the Holmes paper's Figure 6")
+        paper = compare()
+    return PublishedCheck(tuple(results), paper)
+
+
+def check_table(result: PublishedCheck):
+    """A rich table of the check (user text is not markup)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="Predicted against published measurements (catalog defaults)")
+    for col in ("case", "measured", "predicted", "error"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for r in result.results:
+        table.add_row(Text(f"{r.case.dataset}/{r.case.name}"), f"{r.case.measured_tflops_per_gpu:.1f}",
+                      f"{r.predicted_tflops_per_gpu:.1f}", f"{100 * r.error:+.1f}%")
+    table.caption = (f"TFLOP/s per GPU. Mean |error| {100 * result.mean_abs_error:.1f}% "
+                     f"(tolerance {result.mean_tolerance_pct:g}%), max {100 * result.max_abs_error:.1f}% "
+                     f"(tolerance {result.max_tolerance_pct:g}%)")
+    return table
+
+
+def paper_table(result: PublishedCheck):
+    from rich.table import Table
+
+    p = result.paper
+    table = Table(title=f"Holmes Figure 6: throughput over Megatron-LM (Ethernet fitted to "
+                        f"{p.ethernet_gbit_per_s:.1f} Gbit/s on the {p.fitted} ratio)")
+    for col in ("framework", "paper", "predicted", "error"):
+        table.add_column(col, justify="left" if col == "framework" else "right")
+    for name in sorted(p.measured_ratio, key=lambda n: -p.measured_ratio[n]):
+        note = " (fitted)" if name == p.fitted else ""
+        table.add_row(name + note, f"{p.measured_ratio[name]:.3f}", f"{p.predicted_ratio[name]:.3f}",
+                      f"{100 * p.error(name):+.1f}%")
+    table.caption = f"ranking {'agrees' if p.ranking_agrees else 'DISAGREES'}; tolerance {p.tolerance_pct:g}%"
+    return table

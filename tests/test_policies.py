@@ -68,8 +68,9 @@ def test_nic_aware_order_groups_nodes_by_fabric():
     stage0 = {g.node.split("-")[0] for g in holmes.rank_to_gpu[:32]}
     assert stage0 in ({"ib"}, {"roce"})
     assert {g.node.split("-")[0] for g in listing.rank_to_gpu[:32]} == {"ib", "roce"}
+    # Listing order mixes IB and RoCE in stage 0's DP group, which then runs on TCP.
     assert run_policy(prepared, "holmes").result.iteration_time_s < \
-        0.7 * run_policy(prepared, "holmes-no-nic-aware-order").result.iteration_time_s
+        0.95 * run_policy(prepared, "holmes-no-nic-aware-order").result.iteration_time_s
 
 
 def test_adaptive_partition_gives_the_faster_stage_more_layers(write_scenario):

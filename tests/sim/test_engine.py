@@ -156,3 +156,33 @@ def test_seeded_compute_spread_is_reproducible_and_seed_dependent(write_scenario
                                                  global_batch=16, policies="[holmes]")))
     assert run_policy(flat, "holmes", seed=3).result.iteration_time_s == \
         run_policy(flat, "holmes", seed=4).result.iteration_time_s
+
+
+def _dp_bound(write_scenario, **training):
+    """Pure DP over slow Ethernet, 4 micro-batches, 4 MB buckets: the gradient sync dominates."""
+    training = {"bucket_size_mb": 4, **training}
+    extra = ", ".join(f"{k}: {str(v).lower()}" for k, v in training.items())
+    text = small_scenario(nodes_eth=2, nodes_ib=0, tp=8, pp=1, layers=4, global_batch=8,
+                          eth_gbit=10, policies="[megatron, megatron-llama, megatron-deepspeed]")
+    text = text.replace("training: {", "training: {" + extra + ", ")
+    return prepare(write_scenario(text))
+
+
+def test_overlapped_gradient_reduction_hides_part_of_the_sync(write_scenario):
+    off = run_policy(_dp_bound(write_scenario, distributed_optimizer=False), "megatron")
+    on = run_policy(_dp_bound(write_scenario, distributed_optimizer=False, overlap_grad_reduce=True),
+                    "megatron")
+    assert on.plan.overlap_grad_reduce and not off.plan.overlap_grad_reduce
+    assert on.result.iteration_time_s < off.result.iteration_time_s
+    assert on.result.breakdown_s["dp_exposed"] < off.result.breakdown_s["dp_exposed"]
+
+
+def test_framework_optimizers_order_as_their_traffic(write_scenario):
+    """ZeRO-1 (all-reduce + all-gather) moves 1.5x the distributed optimizer's bytes; the
+    overlapped optimizer hides part of the rest."""
+    prepared = _dp_bound(write_scenario)
+    t = {p: run_policy(prepared, p).result.iteration_time_s
+         for p in ("megatron", "megatron-llama", "megatron-deepspeed")}
+    assert t["megatron-llama"] < t["megatron"] < t["megatron-deepspeed"]
+    kinds = {r.kind for r in run_policy(prepared, "megatron-deepspeed").trace.records}
+    assert OpKind.DP_ALL_REDUCE in kinds and OpKind.DP_ALL_GATHER in kinds

@@ -1,0 +1,86 @@
+"""The shape-aware compute model: GEMM quantization and roofline, the memory-bound kernels, and what
+recomputation, sequence parallelism and fused attention change."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from holmes_sim.catalog import GPUS
+from holmes_sim.cost import transformer as T
+from holmes_sim.cost.gemm import Gemm, gemm_time_s, quantization_efficiency
+from holmes_sim.workload import Workload
+
+A100 = GPUS["a100-80gb"]
+
+
+def _gpt(**overrides) -> Workload:
+    base = dict(num_layers=24, hidden=2048, heads=16, seq=2048, vocab=51200, ffn=8192,
+                tie_embeddings=True, micro_batch=4, global_batch=512, dtype_bytes=2, grad_bytes=4,
+                recompute="none", sequence_parallel=False, bucket_bytes=160e6)
+    return Workload(**{**base, **overrides})
+
+
+def test_full_waves_of_whole_tiles_run_at_the_sustained_rate():
+    g = Gemm(128 * 108, 256 * 4, 8192)  # 432 tiles of 128x256: exactly 4 waves on 108 SMs
+    assert quantization_efficiency(g, 108) == pytest.approx(1.0)
+    assert gemm_time_s(A100, g) == pytest.approx(g.flop / (A100.peak_flop_per_s * A100.compute_efficiency))
+
+
+def test_one_tile_row_more_than_a_wave_costs_half_a_wave_more():
+    full = Gemm(128 * 108, 256, 8192)  # 108 tiles of 128x256: one wave
+    over = Gemm(128 * 109, 256, 8192)  # best: 218 tiles of 128x128 in 3 half-size waves
+    assert gemm_time_s(A100, over) == pytest.approx(1.5 * gemm_time_s(A100, full), rel=1e-9)
+
+
+def test_small_inner_dimension_is_memory_bound():
+    g = Gemm(2048, 2048, 64, batch=64)  # attention scores with 64-wide heads
+    traffic = g.operand_bytes(2) / (A100.memory_bandwidth_bytes_per_s * A100.memory_efficiency)
+    assert gemm_time_s(A100, g) == pytest.approx(traffic)
+
+
+def test_backward_gemms_carry_twice_the_forward_flop():
+    g = Gemm(4096, 3072, 1024)
+    assert sum(x.flop for x in g.backward()) == pytest.approx(2 * g.flop)
+
+
+def test_attention_share_falls_with_width():
+    """The s x s work grows with s/h: why one efficiency constant cannot fit narrow and wide models."""
+    def share(h: int) -> float:
+        w = _gpt(hidden=h, ffn=4 * h, heads=h // 128)
+        k = T.layer_kernels(w, 1)
+        return T.attention_core_s(A100, k, 2, False) / T.layer_pass_s(A100, w, 1, False)
+
+    assert share(2048) > share(8192) > share(16384)
+
+
+def test_full_recompute_adds_a_forward_and_selective_only_the_attention_core():
+    none, sel, full = (_gpt(recompute=r) for r in ("none", "selective", "full"))
+    fwd = T.layer_s(A100, none, 1, False)
+    bwd = T.layer_s(A100, none, 1, True)
+    core = T.attention_core_s(A100, T.layer_kernels(none, 1), 2, False)
+    assert T.layer_s(A100, full, 1, True) == pytest.approx(bwd + fwd)
+    assert T.layer_s(A100, sel, 1, True) == pytest.approx(bwd + core)
+    assert 0 < core < fwd
+
+
+def test_flash_attention_drops_the_score_traffic_and_selective_recompute():
+    flash = _gpt(flash_attention=True, recompute="selective")
+    k = T.layer_kernels(flash, 1)
+    assert k.attention == () and k.core_bytes_fwd == 0 and k.flash_flop > 0
+    assert T.layer_s(A100, flash, 1, True) == pytest.approx(T.layer_pass_s(A100, flash, 1, True))
+
+
+def test_sequence_parallel_splits_layernorm_and_dropout_work():
+    plain, sp = T.layer_kernels(_gpt(), 8), T.layer_kernels(_gpt(sequence_parallel=True), 8)
+    assert sp.other_bytes_fwd < plain.other_bytes_fwd
+    assert sp.dense == plain.dense
+
+
+def test_selective_recompute_drops_the_score_activations():
+    w = _gpt(recompute="selective")
+    s, b, h = w.seq, w.micro_batch, w.hidden
+    assert w.activation_bytes_per_layer(1) == pytest.approx(s * b * h * 34)
+    assert dataclasses.replace(w, recompute="none").activation_bytes_per_layer(1) > \
+        w.activation_bytes_per_layer(1)
