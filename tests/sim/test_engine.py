@@ -93,11 +93,12 @@ def test_engine_matches_contention_free_estimate_without_contention():
 
 
 def test_contention_makes_the_engine_slower_than_the_estimate():
-    """8 ranks per node share one Ethernet NIC under megatron: the estimate ignores that."""
+    """8 ranks per node send their pipeline activations through one Ethernet NIC under megatron:
+    the estimate ignores that sharing."""
     prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")
     out = run_policy(prepared, "megatron")
     est = estimate_iteration(out.plan, out.cluster, prepared.workload, prepared.compute)
-    assert out.result.iteration_time_s > 1.5 * est.iteration_s
+    assert out.result.iteration_time_s > 1.1 * est.iteration_s
 
 
 def test_breakdown_adds_up_and_trace_is_consistent():
