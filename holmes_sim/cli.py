@@ -7,6 +7,7 @@ scenario file, so a result is reproducible from the YAML plus the seed.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -15,16 +16,17 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from holmes_sim.bundled import bundled_scenario, default_testbed, resolve_scenario, scenario_names
 from holmes_sim.errors import HolmesError, PlanError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="Plan, simulate and validate LLM training on GPU clusters with mixed NICs "
                        "(Holmes, arXiv 2312.03549).")
 # Wide enough for the results table when the output is a file or a pipe (rich assumes 80).
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 
 
 def _fail(exc: HolmesError) -> typer.Exit:
@@ -32,15 +34,19 @@ def _fail(exc: HolmesError) -> typer.Exit:
     return typer.Exit(2)
 
 
-def resolve_scenario(name: str) -> Path:
-    """A path as given, or the name of a bundled scenario (with or without .yaml)."""
-    path = Path(name)
-    if path.exists() or (path.suffix in (".yaml", ".yml") and path.parent != Path(".")):
-        return path
-    for candidate in (SCENARIO_DIR / name, SCENARIO_DIR / f"{name}.yaml"):
-        if candidate.exists():
-            return candidate
-    return path
+def _version(value: bool) -> None:
+    if value:
+        from holmes_sim.version import tool_version
+
+        out.print(f"holmes-sim {tool_version()}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Plan, simulate and validate LLM training on GPU clusters with mixed NICs (Holmes, arXiv
+    2312.03549)."""
 
 
 @app.command()
@@ -138,13 +144,11 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
               f"{prepared.num_microbatches} micro-batches", highlight=False)
 
 
-DEFAULT_TESTBED = Path(__file__).resolve().parent.parent / "validation" / "testbeds" / "default.yaml"
-
-
 @app.command()
 def validate(
-    testbed: Annotated[Path, typer.Argument(help="Testbed scenario (same schema, small, with a "
-                                            "`testbed:` section).")] = DEFAULT_TESTBED,
+    testbed: Annotated[Path | None, typer.Argument(
+        help="Testbed scenario (same schema, small, with a `testbed:` section); default: the "
+             "bundled one.", show_default=False)] = None,
     real: Annotated[bool, typer.Option("--real", help="Calibrate, predict, run for real, compare.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Build every group and stage on gloo, "
                                           "without training.")] = False,
@@ -156,9 +160,14 @@ def validate(
 ) -> None:
     """Run plans for real with torch.distributed on an emulated testbed and compare with the
     simulator's predictions (exit 1 when a case leaves the tolerance)."""
+    if importlib.util.find_spec("torch") is None:
+        err.print("error: `holmes-sim validate` needs torch; install it with "
+                  "pip install 'holmes-sim[validate]'", highlight=False, markup=False)
+        raise typer.Exit(2)
     from holmes_sim import validate as v
     from holmes_sim.report.files import write_json
 
+    testbed = testbed or default_testbed()
     try:
         if cleanup:
             removed = v.cleanup()
@@ -194,8 +203,9 @@ def _usage(message: str) -> HolmesError:
 @app.command()
 def scenarios() -> None:
     """List the bundled scenarios, one line each."""
-    for path in sorted(SCENARIO_DIR.glob("*.yaml")):
-        out.print(f"{path.stem:22s} {_first_comment(path)}", highlight=False)
+    for name in scenario_names():
+        path = bundled_scenario(name)
+        out.print(f"{name:22s} {_first_comment(path)}", highlight=False, markup=False)
 
 
 def _first_comment(path: Path) -> str:
