@@ -272,7 +272,7 @@ def sweep_figure(rows: Sequence[dict], fields: Sequence[str], metric: str, ylabe
     colours = pyplot().get_cmap("tab10")
     for ax, (key, members) in zip(axes.flat, groups.items(), strict=False):
         for k, policy in enumerate(policies):
-            pts = [r for r in members if r["policy"] == policy]
+            pts = [r for r in members if r["policy"] == policy and r.get("status", "ok") == "ok"]
             xs = [r[x_field] if numeric else x_values.index(r[x_field]) for r in pts]
             ax.plot(xs, [r[metric] for r in pts], marker="o", color=colours(k % 10), label=policy)
         if not numeric:
