@@ -204,3 +204,15 @@ def test_validation_report_files_and_plotted_data(tmp_path):
     assert [tuple(s[:, 1]) for s in segments] == [pytest.approx((1.05, 1.15)),
                                                   pytest.approx((0.77, 0.79))]
     plots.pyplot().close(fig)
+
+
+def test_timeline_of_two_wide_stages_shows_both_stages_as_its_note_says():
+    from holmes_sim.trace import Entity
+
+    ents = [Entity(f"s{s}.d{d}", s, d, "n", "c", ()) for s in range(2) for d in range(32)]
+    rows, note = plots.timeline_rows(ents, max_rows=32)
+    assert len(rows) == 32 and {e.stage for e in rows} == {0, 1}
+    replicas = sorted({e.replica for e in rows})
+    assert note == (f"32 of 64 entities: replicas {', '.join(map(str, replicas))} of each of the 2 "
+                    "stages")
+    assert all(sum(e.replica == r for e in rows) == 2 for r in replicas)
