@@ -146,7 +146,7 @@ def _warn_memory(outcomes) -> None:
                         f"{min(r.memory.capacity_bytes) / 2**30:.0f}" for r in bad)
         err.print(f"warning: plans that do not fit in GPU memory ({why}) are ranked last with no "
                   "speed-up; lower training.micro_batch_size, set training.recompute: full, or "
-                  "raise parallel.tensor / parallel.pipeline", highlight=False, markup=False)
+                  "raise parallel.tensor / parallel.pipeline", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -199,7 +199,7 @@ def validate(
     simulator's predictions (exit 1 when a case leaves the tolerance)."""
     if importlib.util.find_spec("torch") is None:
         err.print("error: `holmes-sim validate` needs torch; install it with "
-                  "pip install 'holmes-sim[validate]'", highlight=False, markup=False)
+                  "pip install 'holmes-sim[validate]'", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(2)
     from holmes_sim import validate as v
     from holmes_sim.report.files import write_json
@@ -288,7 +288,7 @@ def sweep(
     if skipped:
         err.print(f"warning: {len(skipped)} point(s) infeasible and skipped (point "
                   f"{', '.join(map(str, skipped))}); the table and sweep.csv say why",
-                  highlight=False, markup=False)
+                  highlight=False, markup=False, soft_wrap=True)
     err.print(f"wrote {out_dir}/sweep.csv, sweep.json, sweep_iteration_time.png, sweep_tflops.png",
               highlight=False, markup=False)
 

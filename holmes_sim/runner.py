@@ -64,7 +64,11 @@ def run_scenario(prepared: Prepared, policies: list[str] | None = None) -> list[
     """Every requested policy (default: the scenario's list): the plans that fit in GPU memory
     fastest first, then those that do not."""
     names = policies or list(prepared.scenario.policies)
-    outcomes = [run_policy(prepared, n) for n in names]
+    return ranked([run_policy(prepared, n) for n in names])
+
+
+def ranked(outcomes: list[Outcome]) -> list[Outcome]:
+    """Plans that fit in GPU memory fastest first, then those that do not (fastest first)."""
     return sorted(outcomes, key=lambda o: (not o.result.memory.fits, o.result.iteration_time_s,
                                            o.plan.policy))
 
