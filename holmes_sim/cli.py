@@ -243,7 +243,7 @@ def scenarios() -> None:
     """List the bundled scenarios, one line each."""
     for name in scenario_names():
         path = bundled_scenario(name)
-        out.print(f"{name:22s} {_first_comment(path)}", highlight=False, markup=False)
+        out.print(f"{name:22s} {_first_comment(path)}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _first_comment(path: Path) -> str:
