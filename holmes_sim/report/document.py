@@ -14,7 +14,7 @@ from holmes_sim.report import plots
 from holmes_sim.report.files import prepare_output, write_atomic, write_json
 from holmes_sim.report.perfetto import write_chrome_trace
 from holmes_sim.report.tables import footnotes
-from holmes_sim.runner import BASELINE, REFERENCES, Outcome, results_document, speedups, stamp
+from holmes_sim.runner import BASELINE, REFERENCES, Outcome, ranked, results_document, speedups, stamp
 
 TIE_REL = 1e-6
 COST_NAMES = {
@@ -133,7 +133,7 @@ def findings(outcomes: list[Outcome]) -> str:
     """One paragraph: who wins, by how much over megatron, and the largest cost it still pays."""
     if not outcomes:
         return "No policy was run."
-    ordered = sorted((o.result for o in outcomes), key=lambda r: (r.iteration_time_s, r.policy))
+    ordered = [o.result for o in ranked(outcomes)]  # plans that fit first
     winner = ordered[0]
     parts = [_win_sentence(winner, ordered)]
     real = next((r for r in ordered if r.policy not in REFERENCES), None)
