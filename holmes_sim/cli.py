@@ -8,6 +8,8 @@ scenario file, so a result is reproducible from the YAML plus the seed.
 from __future__ import annotations
 
 import importlib.util
+import io
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -87,8 +89,7 @@ def run(
     except HolmesError as exc:
         raise _fail(exc) from None
     if not quiet:
-        _print_results(err if json_path is not None and str(json_path) == "-" else out,
-                       prepared, outcomes, wide)
+        _print_results(err if _is_stdout(json_path) else out, prepared, outcomes, wide)
 
 
 def _check_outputs(*targets: tuple[Path | None, bool, str]) -> None:
@@ -98,6 +99,18 @@ def _check_outputs(*targets: tuple[Path | None, bool, str]) -> None:
     for path, directory, option in targets:
         if path is not None:
             prepare_output(path, directory=directory, option=option, create=False)
+
+
+def _is_stdout(path: Path | None) -> bool:
+    """Whether JSON goes to standard output ('-', /dev/stdout, ...), so tables must not."""
+    if path is None:
+        return False
+    if str(path) == "-":
+        return True
+    try:
+        return os.path.samestat(path.stat(), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
 
 
 def _write_plans(directory: Path, outcomes) -> None:
@@ -192,7 +205,8 @@ def validate(
     cleanup: Annotated[bool, typer.Option("--cleanup", help="Remove namespaces a killed run left.")] = False,
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Only these policies.")] = None,
     iterations: Annotated[int | None, typer.Option(help="Measured iterations per policy.")] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the comparison as JSON.")] = None,
+    json_path: Annotated[Path | None, typer.Option(
+        "--json", help="Write the comparison as JSON ('-': standard output).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write figures and report.md here.")] = None,
 ) -> None:
     """Run plans for real with torch.distributed on an emulated testbed and compare with the
@@ -214,6 +228,8 @@ def validate(
         if real == dry_run:
             raise _usage("choose one of --real (measure and compare) or --dry-run (build only)")
         names = _check_policy_names(policy)
+        if real:
+            _check_outputs((json_path, False, "--json"), (report, True, "--report"))
         if dry_run:
             for line in v.dry_run(testbed, names):
                 out.print(line, highlight=False)
@@ -227,7 +243,7 @@ def validate(
             write_validation_report(report, result)
     except HolmesError as exc:
         raise _fail(exc) from None
-    out.print(v.comparison_table(result))
+    (err if _is_stdout(json_path) else out).print(v.comparison_table(result))
     if not result.within_tolerance:
         raise typer.Exit(1)
 
