@@ -6,6 +6,7 @@ and friends; about 15-30 s. Skipped when HOLMES_SKIP_WHEEL_TEST=1."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -22,8 +23,12 @@ pytestmark = pytest.mark.skipif(os.environ.get("HOLMES_SKIP_WHEEL_TEST") == "1",
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(REPO), "-w", str(out)],
+    """A wheel built from a copy of the source (setuptools' build/ cache in the checkout could
+    carry stale files into it)."""
+    src, out = tmp_path_factory.mktemp("src") / "repo", tmp_path_factory.mktemp("wheel")
+    shutil.copytree(REPO, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", ".*_cache", "__pycache__", "out"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w", str(out)],
                    check=True, timeout=300, capture_output=True)
     return next(out.glob("holmes_sim-*.whl"))
 
