@@ -31,7 +31,6 @@ out = Console()
 err = Console(stderr=True)
 
 
-
 def _fail(exc: HolmesError) -> typer.Exit:
     err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
@@ -48,8 +47,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                 help="Print the version and exit.")] = False) -> None:
-    """Plan, simulate and validate LLM training on GPU clusters with mixed NICs (Holmes, arXiv
-    2312.03549)."""
+    """Options before the command (the help text is the Typer app's)."""
 
 
 @app.command()
@@ -90,6 +88,7 @@ def run(
         raise _fail(exc) from None
     if not quiet:
         _print_results(err if _is_stdout(json_path) else out, prepared, outcomes, wide)
+    _warn_memory(outcomes)
 
 
 def _check_outputs(*targets: tuple[Path | None, bool, str]) -> None:
@@ -141,7 +140,6 @@ def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
     if table_width(table) > console.width:  # --wide on a narrow console: print whole, unwrapped
         console = Console(stderr=console.stderr, width=table_width(table))
     console.print(table)
-    _warn_memory(outcomes)
 
 
 def _check_policy_names(names: list[str] | None) -> list[str] | None:
