@@ -3,6 +3,8 @@ non-negative times, no overlapping slices on a track, integer bytes, matched flo
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from holmes_sim.prepare import prepare
@@ -61,3 +63,15 @@ def test_a_1024_gpu_trace_is_sampled_and_says_so():
     assert other["entities"].startswith(f"{other['entities_shown']} of 128")
     assert sum(e["ph"] == "X" for e in doc["traceEvents"]) == other["entities_shown"]
     assert problems(doc) == []
+
+
+def test_the_1024_gpu_trace_stays_small_and_valid():
+    from holmes_sim.runner import run_policy
+
+    outcome = run_policy(prepare(SCENARIOS / "large_175b_1024.yaml"), "holmes")
+    doc = chrome_trace(outcome.trace)
+    size = len(json.dumps(doc, separators=(",", ":")))
+    assert size < 20e6, f"{size / 1e6:.1f} MB"
+    assert doc["otherData"]["entities_total"] == 128 and doc["otherData"]["entities_shown"] <= 64
+    assert problems(doc) == []
+    assert sum(e["ph"] == "s" for e in doc["traceEvents"]) > 0
