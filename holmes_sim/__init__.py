@@ -1,6 +1,10 @@
 """holmes-sim: plan, simulate and validate LLM training on clusters with heterogeneous NICs.
 
-Importing the package imports nothing heavy (no torch, simpy or matplotlib).
+`simulate(scenario, policies=None, seed=None)` is the Python API (see holmes_sim.api). Importing
+the package imports nothing heavy (no torch, simpy or matplotlib).
 """
 
+from holmes_sim.api import PolicyResult, Simulation, simulate
+
 __version__ = "0.1.0"
+__all__ = ["PolicyResult", "Simulation", "simulate", "__version__"]

@@ -7,6 +7,9 @@ scenario file, so a result is reproducible from the YAML plus the seed.
 
 from __future__ import annotations
 
+import importlib.util
+import io
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -14,17 +17,18 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from holmes_sim.bundled import bundled_scenario, default_testbed, resolve_scenario, scenario_names
 from holmes_sim.errors import HolmesError, PlanError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="Plan, simulate and validate LLM training on GPU clusters with mixed NICs "
                        "(Holmes, arXiv 2312.03549).")
-# Wide enough for the results table when the output is a file or a pipe (rich assumes 80).
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+# The terminal's width, else $COLUMNS, else 80: tables drop columns to fit (run --wide keeps all).
+out = Console()
+err = Console(stderr=True)
 
 
 def _fail(exc: HolmesError) -> typer.Exit:
@@ -32,15 +36,18 @@ def _fail(exc: HolmesError) -> typer.Exit:
     return typer.Exit(2)
 
 
-def resolve_scenario(name: str) -> Path:
-    """A path as given, or the name of a bundled scenario (with or without .yaml)."""
-    path = Path(name)
-    if path.exists() or (path.suffix in (".yaml", ".yml") and path.parent != Path(".")):
-        return path
-    for candidate in (SCENARIO_DIR / name, SCENARIO_DIR / f"{name}.yaml"):
-        if candidate.exists():
-            return candidate
-    return path
+def _version(value: bool) -> None:
+    if value:
+        from holmes_sim.version import tool_version
+
+        out.print(f"holmes-sim {tool_version()}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Options before the command (the help text is the Typer app's)."""
 
 
 @app.command()
@@ -48,46 +55,91 @@ def run(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p",
                       help="Only these policies (repeatable); default: the scenario's list.")] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write results as JSON here.")] = None,
+    json_path: Annotated[Path | None, typer.Option(
+        "--json", help="Write results as JSON here ('-': standard output; the table then goes to "
+                       "standard error).")] = None,
     report: Annotated[Path | None, typer.Option(
         "--report", help="Write figures, traces and report.md here.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
     plans: Annotated[Path | None, typer.Option(
         "--plans", help="Write each policy's plan as plan_<policy>.json here (to run it on a "
                         "real cluster, docs/validation.md).")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
 ) -> None:
     """Simulate one training iteration for every policy and print a table, fastest first."""
     from holmes_sim.prepare import prepare
-    from holmes_sim.report.files import write_json
-    from holmes_sim.report.tables import results_table
-    from holmes_sim.runner import results_document, run_scenario
+    from holmes_sim.report.files import prepare_output, write_json
+    from holmes_sim.runner import results_document, run_scenario, stamp
 
     try:
+        _check_outputs((json_path, False, "--json"), (report, True, "--report"), (plans, True, "--plans"))
         prepared = prepare(resolve_scenario(scenario))
         if seed is not None:
             prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
         outcomes = run_scenario(prepared, _check_policy_names(policy))
-        document = results_document(prepared, outcomes, prepared.scenario.seed)
         if json_path is not None:
-            write_json(json_path, document)
+            write_json(json_path, stamp(results_document(prepared, outcomes, prepared.scenario.seed)))
         if plans is not None:
-            from holmes_sim.report.files import write_atomic
-
-            for o in outcomes:
-                write_atomic(plans / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
+            _write_plans(prepare_output(plans, directory=True, option="--plans"), outcomes)
         if report is not None:
-            from holmes_sim.report.document import write_report
-
-            write_report(report, prepared, outcomes)
+            _write_report(report, prepared, outcomes)
     except HolmesError as exc:
         raise _fail(exc) from None
     if not quiet:
-        title = f"{prepared.scenario.name}: {prepared.cluster.num_gpus} GPUs, TP {prepared.tp} " \
-                f"PP {prepared.pp} DP {prepared.dp}, {prepared.num_microbatches} micro-batches " \
-                f"({prepared.scenario.parallel.schedule})"
-        out.print(results_table(title, outcomes))
-        _warn_memory(outcomes)
+        _print_results(err if _is_stdout(json_path) else out, prepared, outcomes, wide)
+    _warn_memory(outcomes)
+
+
+def _check_outputs(*targets: tuple[Path | None, bool, str]) -> None:
+    """Check every (path, is_folder, option) output before any work, so a bad one fails fast."""
+    from holmes_sim.report.files import prepare_output
+
+    for path, directory, option in targets:
+        if path is not None:
+            prepare_output(path, directory=directory, option=option, create=False)
+
+
+def _is_stdout(path: Path | None) -> bool:
+    """Whether JSON goes to standard output ('-', /dev/stdout, ...), so tables must not."""
+    if path is None:
+        return False
+    if str(path) == "-":
+        return True
+    try:
+        return os.path.samestat(path.stat(), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
+
+
+def _write_plans(directory: Path, outcomes) -> None:
+    from holmes_sim.report.files import write_atomic
+
+    for o in outcomes:
+        write_atomic(directory / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
+
+
+def _write_report(directory: Path, prepared, outcomes) -> None:
+    from rich.progress import Progress
+
+    from holmes_sim.report.document import write_report
+
+    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task(f"writing {directory}", total=None)
+        write_report(directory, prepared, outcomes,
+                     progress=lambda done, n: bar.update(task, completed=done, total=n))
+
+
+def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
+    from holmes_sim.report.tables import results_table, table_width
+
+    title = f"{prepared.scenario.name}: {prepared.cluster.num_gpus} GPUs, TP {prepared.tp} " \
+            f"PP {prepared.pp} DP {prepared.dp}, {prepared.num_microbatches} micro-batches " \
+            f"({prepared.scenario.parallel.schedule})"
+    table = results_table(title, outcomes, console.width, wide)
+    if table_width(table) > console.width:  # --wide on a narrow console: print whole, unwrapped
+        console = Console(stderr=console.stderr, width=table_width(table))
+    console.print(table)
 
 
 def _check_policy_names(names: list[str] | None) -> list[str] | None:
@@ -99,11 +151,13 @@ def _check_policy_names(names: list[str] | None) -> list[str] | None:
 
 
 def _warn_memory(outcomes) -> None:
-    bad = [o.result.policy for o in outcomes if not o.result.memory.fits]
+    bad = [o.result for o in outcomes if not o.result.memory.fits]
     if bad:
-        err.print(f"[yellow]warning:[/yellow] {', '.join(bad)} do not fit in GPU memory; lower "
-                  "training.micro_batch_size, set training.recompute: full, or raise "
-                  "parallel.tensor / parallel.pipeline", highlight=False)
+        why = "; ".join(f"{r.policy} needs {r.memory.peak_gib:.1f} GiB per GPU, the GPUs have "
+                        f"{min(r.memory.capacity_bytes) / 2**30:.0f}" for r in bad)
+        err.print(f"warning: plans that do not fit in GPU memory ({why}) are ranked last with no "
+                  "speed-up; lower training.micro_batch_size, set training.recompute: full, or "
+                  "raise parallel.tensor / parallel.pipeline", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -122,7 +176,7 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
             mem = memory_report(plan, cluster, prepared.workload,
                                 OpCosts(cluster, prepared.workload, prepared.compute, plan.tp))
             fits = "fits" if mem.fits else "[red]does not fit[/red]"
-            out.print(f"  {name:30s} layers {'/'.join(map(str, plan.layers_per_stage))}, "
+            out.print(f"  {escape(name):30s} layers {'/'.join(map(str, plan.layers_per_stage))}, "
                       f"peak {mem.peak_gib:.1f} GiB per GPU ({fits})", highlight=False)
             if not mem.fits:
                 too_big.append(f"{name} needs {mem.peak_gib:.1f} GiB, GPUs have "
@@ -133,18 +187,16 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
                             "training.recompute: full, or raise parallel.tensor / parallel.pipeline")
     except HolmesError as exc:
         raise _fail(exc) from None
-    out.print(f"[green]ok[/green]: {prepared.source}: {prepared.cluster.num_gpus} GPUs, "
+    out.print(f"[green]ok[/green]: {escape(prepared.source)}: {prepared.cluster.num_gpus} GPUs, "
               f"TP {prepared.tp} x PP {prepared.pp} x DP {prepared.dp}, "
-              f"{prepared.num_microbatches} micro-batches", highlight=False)
-
-
-DEFAULT_TESTBED = Path(__file__).resolve().parent.parent / "validation" / "testbeds" / "default.yaml"
+              f"{prepared.num_microbatches} micro-batches", highlight=False, soft_wrap=True)
 
 
 @app.command()
 def validate(
-    testbed: Annotated[Path, typer.Argument(help="Testbed scenario (same schema, small, with a "
-                                            "`testbed:` section).")] = DEFAULT_TESTBED,
+    testbed: Annotated[Path | None, typer.Argument(
+        help="Testbed scenario (same schema, small, with a `testbed:` section); default: the "
+             "bundled one.", show_default=False)] = None,
     real: Annotated[bool, typer.Option("--real", help="Calibrate, predict, run for real, compare.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Build every group and stage on gloo, "
                                           "without training.")] = False,
@@ -154,14 +206,21 @@ def validate(
                          "Figure 6 (no testbed needed).")] = False,
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Only these policies.")] = None,
     iterations: Annotated[int | None, typer.Option(help="Measured iterations per policy.")] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the comparison as JSON.")] = None,
+    json_path: Annotated[Path | None, typer.Option(
+        "--json", help="Write the comparison as JSON ('-': standard output).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write figures and report.md here.")] = None,
 ) -> None:
     """Run plans for real with torch.distributed on an emulated testbed and compare with the
     simulator's predictions (exit 1 when a case leaves the tolerance)."""
+    if importlib.util.find_spec("torch") is None:
+        err.print("error: `holmes-sim validate` needs torch; install it with "
+                  "pip install 'holmes-sim[validate]'", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(2)
     from holmes_sim import validate as v
     from holmes_sim.report.files import write_json
+    from holmes_sim.runner import stamp
 
+    testbed = testbed or default_testbed()
     try:
         if cleanup:
             removed = v.cleanup()
@@ -173,20 +232,22 @@ def validate(
         if real == dry_run:
             raise _usage("choose one of --real (measure and compare) or --dry-run (build only)")
         names = _check_policy_names(policy)
+        if real:
+            _check_outputs((json_path, False, "--json"), (report, True, "--report"))
         if dry_run:
             for line in v.dry_run(testbed, names):
                 out.print(line, highlight=False)
             return
         result = v.validate_real(testbed, names, iterations, progress=lambda m: err.print(m, highlight=False))
         if json_path is not None:
-            write_json(json_path, result.to_json())
+            write_json(json_path, stamp(result.to_json()))
         if report is not None:
             from holmes_sim.report.document import write_validation_report
 
             write_validation_report(report, result)
     except HolmesError as exc:
         raise _fail(exc) from None
-    out.print(v.comparison_table(result))
+    (err if _is_stdout(json_path) else out).print(v.comparison_table(result))
     if not result.within_tolerance:
         raise typer.Exit(1)
 
@@ -214,8 +275,9 @@ def _usage(message: str) -> HolmesError:
 @app.command()
 def scenarios() -> None:
     """List the bundled scenarios, one line each."""
-    for path in sorted(SCENARIO_DIR.glob("*.yaml")):
-        out.print(f"{path.stem:22s} {_first_comment(path)}", highlight=False)
+    for name in scenario_names():
+        path = bundled_scenario(name)
+        out.print(f"{name:22s} {_first_comment(path)}", highlight=False, markup=False, soft_wrap=True)
 
 
 def _first_comment(path: Path) -> str:
@@ -246,6 +308,7 @@ def sweep(
     from holmes_sim.sweep import run_sweep, sweep_table, write_sweep
 
     try:
+        _check_outputs((out_dir, True, "--out"))
         with Progress(console=err, transient=True) as bar:
             task = bar.add_task("sweep", total=None)
             result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy), jobs,
@@ -255,8 +318,13 @@ def sweep(
         raise _fail(exc) from None
     if not quiet:
         out.print(sweep_table(result))
+    skipped = sorted({r["point"] for r in result.rows if r["status"] == "infeasible"})
+    if skipped:
+        err.print(f"warning: {len(skipped)} point(s) infeasible and skipped (point "
+                  f"{', '.join(map(str, skipped))}); the table and sweep.csv say why",
+                  highlight=False, markup=False, soft_wrap=True)
     err.print(f"wrote {out_dir}/sweep.csv, sweep.json, sweep_iteration_time.png, sweep_tflops.png",
-              highlight=False)
+              highlight=False, markup=False)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -12,7 +12,7 @@ from holmes_sim.cost.compute import ComputeModel, KernelCompute, Profile, load_p
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.policies import POLICIES, PlanRequest
 from holmes_sim.schedule import ScheduleKind, build_schedule
-from holmes_sim.spec.load import load_scenario
+from holmes_sim.spec.load import load_scenario, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
 from holmes_sim.workload import Workload, build_workload
 
@@ -39,6 +39,16 @@ class Prepared:
                            self.dp, ScheduleKind(par.schedule), self.num_microbatches,
                            par.virtual_stages, self.scenario.training.distributed_optimizer,
                            self.scenario.training.overlap_grad_reduce)
+
+
+def prepare_text(text: str, source: str = "<scenario>", base_dir: str | Path = ".",
+                 profile_override: str | Path | None = None) -> Prepared:
+    """Check scenario YAML text (`source` names it in errors; a relative `profile:` is read
+    from `base_dir`); see `prepare`."""
+    box: list[Prepared] = []
+    load_scenario_text(text, source, check=lambda s: box.append(_resolve(s, source, Path(base_dir),
+                                                                         profile_override)))
+    return box[0]
 
 
 def prepare(path: str | Path, profile_override: str | Path | None = None) -> Prepared:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from holmes_sim.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
@@ -14,6 +14,12 @@ from holmes_sim.sim.engine import EngineOptions, simulate
 from holmes_sim.trace import Trace
 
 BASELINE = "megatron"
+# Version of the layout of the JSON documents (results, sweep, validation); raise it when a key is
+# renamed or removed or its meaning changes.
+SCHEMA_VERSION = 1
+# Policies that change or restrict the hardware: bounds on a hypothetical network, not placements
+# one could deploy on the scenario's cluster.
+REFERENCES = ("all-ib", "all-ethernet")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,18 +61,41 @@ def engine_options(prepared: Prepared, seed: int | None = None) -> EngineOptions
 
 
 def run_scenario(prepared: Prepared, policies: list[str] | None = None) -> list[Outcome]:
-    """Every requested policy (default: the scenario's list), fastest first."""
+    """Every requested policy (default: the scenario's list): the plans that fit in GPU memory
+    fastest first, then those that do not."""
     names = policies or list(prepared.scenario.policies)
-    outcomes = [run_policy(prepared, n) for n in names]
-    return sorted(outcomes, key=lambda o: (o.result.iteration_time_s, o.plan.policy))
+    return ranked([run_policy(prepared, n) for n in names])
+
+
+def ranked(outcomes: list[Outcome]) -> list[Outcome]:
+    """Plans that fit in GPU memory fastest first, then those that do not (fastest first)."""
+    return sorted(outcomes, key=lambda o: (not o.result.memory.fits, o.result.iteration_time_s,
+                                           o.plan.policy))
 
 
 def speedups(outcomes: list[Outcome]) -> dict[str, float]:
-    """Speed-up of each policy over megatron (empty when megatron was not run)."""
+    """Speed-up over megatron of each policy whose plan fits in GPU memory (empty when megatron
+    was not run or does not fit)."""
     base = next((o for o in outcomes if o.plan.policy == BASELINE), None)
-    if base is None:
+    if base is None or not base.result.memory.fits:
         return {}
-    return {o.plan.policy: base.result.iteration_time_s / o.result.iteration_time_s for o in outcomes}
+    return {o.plan.policy: base.result.iteration_time_s / o.result.iteration_time_s
+            for o in outcomes if o.result.memory.fits}
+
+
+def same_plans(outcomes: list[Outcome]) -> dict[str, str]:
+    """Policy -> the first earlier policy (in `outcomes` order) that made the identical plan on the
+    identical hardware, so their rows are equal by construction."""
+    seen: list[tuple[Plan, Cluster, str]] = []
+    same: dict[str, str] = {}
+    for o in outcomes:
+        plan = replace(o.plan, policy="", notes=())
+        match = next((name for p, c, name in seen if p == plan and c == o.cluster), None)
+        if match is None:
+            seen.append((plan, o.cluster, o.plan.policy))
+        else:
+            same[o.plan.policy] = match
+    return same
 
 
 def results_document(prepared: Prepared, outcomes: list[Outcome], seed: int) -> dict:
@@ -86,3 +115,11 @@ def results_document(prepared: Prepared, outcomes: list[Outcome], seed: int) -> 
                      "schedule": s.parallel.schedule, "model": s.model.name},
         "results": results,
     }
+
+
+def stamp(document: dict) -> dict:
+    """`document` with the JSON `schema_version` and the tool's name and version first."""
+    from holmes_sim.version import tool_version
+
+    return {"schema_version": SCHEMA_VERSION, "tool": {"name": "holmes-sim", "version": tool_version()},
+            **document}

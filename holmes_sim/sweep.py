@@ -185,6 +185,17 @@ def prepare_point(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) ->
     return replace(prepared, source=str(source))
 
 
+def check_point_fields(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> None:
+    """Check a point's fields against the schema only (names, types, ranges): a mistake there is
+    the user's, fatal for the whole sweep, while a valid point may still be infeasible."""
+    name = "<sweep point>"
+    try:
+        load_scenario_text(point.text, name)
+    except HolmesError as exc:
+        message = re.sub(rf"^{re.escape(name)}(:\d+)?: ", "", str(exc))
+        raise _error_of(exc, f"{point_label(point, source, axes)}: {message}") from None
+
+
 def point_label(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> str:
     """'<scenario> with --set A=1,2 (value 2), ...': which point an error is about."""
     values = ", ".join(f"--set {a.arg} (value {v!r})" for a, v in zip(axes, point.values,
@@ -199,24 +210,33 @@ def _error_of(exc: HolmesError, message: str) -> HolmesError:
 
 def run_point(point: SweepPoint, source: Path, axes: Sequence[SweepAxis],
               policies: Sequence[str] | None) -> list[dict]:
-    """Simulate one point; its rows in the requested (or scenario) policy order."""
+    """Simulate one point; its rows in the requested (or scenario) policy order. A point whose
+    scenario or plan is invalid gives rows with status 'infeasible', the reason and no figures;
+    a plan that does not fit in GPU memory gives status 'no fit'."""
     from holmes_sim.runner import run_scenario
 
-    prepared = prepare_point(point, source, axes)
-    names = list(policies or prepared.scenario.policies)
     try:
+        prepared = prepare_point(point, source, axes)
+        names = list(policies or prepared.scenario.policies)
         by_name = {o.plan.policy: o.result for o in run_scenario(prepared, names)}
     except HolmesError as exc:
-        raise _error_of(exc, f"{point_label(point, source, axes)}: {exc}") from None
-    rows = []
-    for name in names:
-        record = by_name[name].to_json()
-        row: dict[str, Any] = {"point": point.index}
-        row.update({a.path: v for a, v in zip(axes, point.values, strict=True)})
-        row["policy"] = name
-        row.update({m: record[m] for m in METRICS})
-        rows.append(row)
-    return rows
+        reason = re.sub(r"^.* with --set .*?\): ", "", str(exc))
+        return [_row(point, axes, name, None, reason) for name in policies or ["-"]]
+    return [_row(point, axes, name, by_name[name].to_json(), "") for name in names]
+
+
+def _row(point: SweepPoint, axes: Sequence[SweepAxis], policy: str, record: dict | None,
+         reason: str) -> dict:
+    row: dict[str, Any] = {"point": point.index}
+    row.update({a.path: v for a, v in zip(axes, point.values, strict=True)})
+    row["policy"] = policy
+    row.update({m: None if record is None else record[m] for m in METRICS})
+    if record is None:
+        row["status"] = "infeasible"
+    else:
+        row["status"] = "ok" if record["fits_memory"] else "no fit"
+    row["reason"] = reason
+    return row
 
 
 def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | None = None,
@@ -231,8 +251,11 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
         jobs: worker processes (default min(2, points)); 1 runs in this process.
         progress: called with (points done, points total) after each point.
 
+    Points whose variant is invalid or whose plans fail are reported as infeasible rows and
+    skipped.
+
     Raises:
-        ScenarioError: for a bad `--set` or an invalid variant, before anything runs.
+        ScenarioError: for a bad `--set`, or when no point is valid, before anything runs.
     """
     path = Path(path)
     if not sets:
@@ -244,8 +267,9 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
             raise ScenarioError(f"--set {a.arg}: {a.path} is swept more than once; give its "
                                 "values in one --set")
     points = build_points(path, axes)
-    checked = [prepare_point(point, path, axes) for point in points]
-    names = list(policies or checked[0].scenario.policies)
+    for point in points:
+        check_point_fields(point, path, axes)
+    names = list(policies or _first_valid(points, path, axes).scenario.policies)
     for name in names:
         get_policy(name, "--policy")
     jobs = max(1, jobs if jobs is not None else min(2, len(points)))
@@ -268,10 +292,23 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
     return SweepResult(str(path), axes, names, rows)
 
 
+def _first_valid(points: Sequence[SweepPoint], path: Path, axes: Sequence[SweepAxis]) -> Prepared:
+    """The first point that prepares; when none does, the first point's error."""
+    first: HolmesError | None = None
+    for point in points:
+        try:
+            return prepare_point(point, path, axes)
+        except HolmesError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
+
+
 def sweep_csv(result: SweepResult) -> str:
     """The rows as CSV: point, swept fields, policy, metrics."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=["point", *result.fields, "policy", *METRICS],
+    writer = csv.DictWriter(buffer, fieldnames=["point", *result.fields, "policy", *METRICS,
+                                                "status", "reason"],
                             lineterminator="\n")
     writer.writeheader()
     writer.writerows(result.rows)
@@ -281,11 +318,12 @@ def sweep_csv(result: SweepResult) -> str:
 def write_sweep(directory: str | Path, result: SweepResult) -> None:
     """Write sweep.csv, sweep.json, sweep_iteration_time.png and sweep_tflops.png."""
     from holmes_sim.report import plots
-    from holmes_sim.report.files import write_atomic, write_json
+    from holmes_sim.report.files import prepare_output, write_atomic, write_json
+    from holmes_sim.runner import stamp
 
-    directory = Path(directory)
+    directory = prepare_output(directory, directory=True, option="--out")
     write_atomic(directory / "sweep.csv", sweep_csv(result))
-    write_json(directory / "sweep.json", result.to_json())
+    write_json(directory / "sweep.json", stamp(result.to_json()))
     plots.save_figure(plots.sweep_figure(result.rows, result.fields, "iteration_time_s",
                                          "iteration time (s)"),
                       directory / "sweep_iteration_time.png")
@@ -295,18 +333,32 @@ def write_sweep(directory: str | Path, result: SweepResult) -> None:
 
 
 def sweep_table(result: SweepResult) -> Any:
-    """A rich Table: one row per point x policy."""
+    """A rich Table: one row per point x policy, the main figures (sweep.csv has them all) and a
+    note saying why a point is infeasible or that a plan does not fit in GPU memory."""
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"sweep of {result.scenario}: {len(result.rows)} runs",
+    table = Table(title=Text(f"sweep of {result.scenario}: {len(result.rows)} runs"),
                   title_justify="left")
-    for name in result.fields:
-        table.add_column(name, no_wrap=True)
-    for col in ("policy", "iter s", "TFLOP/s/GPU", "samples/s", "bubble", "mem GiB"):
+    for name in result.fields:  # long dotted paths fold in the header; the values stay whole
+        table.add_column(Text(name), overflow="fold", max_width=max(12, 40 // len(result.fields)))
+    for col in ("policy", "iter s", "TFLOP/s/GPU", "mem GiB"):
         table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
+    notes = any(r["status"] != "ok" for r in result.rows)
+    if notes:
+        table.add_column("note", min_width=12, ratio=1)
     for row in result.rows:
-        mem = f"{row['peak_memory_gib']:.1f}" + ("" if row["fits_memory"] else " OOM")
-        table.add_row(*(str(row[f]) for f in result.fields), row["policy"],
-                      f"{row['iteration_time_s']:.3f}", f"{row['tflops_per_gpu']:.1f}",
-                      f"{row['samples_per_s']:.1f}", f"{row['bubble_fraction']:.1%}", mem)
+        cells = (*(str(row[f]) for f in result.fields), row["policy"], *_metric_cells(row))
+        table.add_row(*(Text(c) for c in cells[:None if notes else -1]))
+    reasons = {r["point"]: r["reason"] for r in result.rows if r["status"] == "infeasible"}
+    if reasons:
+        table.caption = Text("\n".join(f"point {p} skipped: {why}" for p, why in reasons.items()))
+        table.caption_justify = "left"
     return table
+
+
+def _metric_cells(row: dict) -> tuple[str, ...]:
+    if row["status"] == "infeasible":
+        return ("-", "-", "-", f"infeasible (point {row['point']}, see below)")
+    return (f"{row['iteration_time_s']:.3f}", f"{row['tflops_per_gpu']:.1f}",
+            f"{row['peak_memory_gib']:.1f}", "" if row["fits_memory"] else "OOM: does not fit in GPU memory")

@@ -4,18 +4,18 @@ and a Markdown report whose findings are computed from the data."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from holmes_sim.metrics import BREAKDOWN_KEYS, Result
 from holmes_sim.prepare import Prepared
 from holmes_sim.report import plots
-from holmes_sim.report.files import write_atomic, write_json
+from holmes_sim.report.files import prepare_output, write_atomic, write_json
 from holmes_sim.report.perfetto import write_chrome_trace
-from holmes_sim.runner import BASELINE, Outcome, results_document, speedups
+from holmes_sim.report.tables import footnotes
+from holmes_sim.runner import BASELINE, REFERENCES, Outcome, ranked, results_document, speedups, stamp
 
-# Policies that change or restrict the hardware: bounds, not placements one could deploy.
-REFERENCES = ("all-ib", "all-ethernet")
 TIE_REL = 1e-6
 COST_NAMES = {
     "tp_comm": "tensor-parallel communication", "pp_exposed": "exposed pipeline (PP) communication",
@@ -30,27 +30,43 @@ class ValidationResult(Protocol):
     def to_json(self) -> dict: ...
 
 
-def write_report(directory: Path, prepared: Prepared, outcomes: list[Outcome]) -> None:
-    """Write figures, a Chrome trace per policy, results.json and report.md into `directory`."""
-    directory = Path(directory)
+def write_report(directory: Path, prepared: Prepared, outcomes: list[Outcome],
+                 progress: Callable[[int, int], None] | None = None) -> None:
+    """Write figures, a Chrome trace per policy, results.json and report.md into `directory`
+    (created if new, not its parents); `progress(done, total)` after each file."""
+    directory = prepare_output(directory, directory=True, option="--report")
     results = [o.result for o in outcomes]
     name = prepared.scenario.name
-    plots.save_figure(plots.iteration_time_figure(
-        results, f"{name}: iteration time and throughput per policy (fastest first)"),
-        directory / "iteration_time.png")
-    plots.save_figure(plots.breakdown_figure(
-        results, f"{name}: where the iteration goes, per policy (fastest first)"),
-        directory / "breakdown.png")
-    plots.save_figure(plots.memory_figure(
-        results, f"{name}: peak memory per GPU of each pipeline stage vs GPU capacity"),
-        directory / "memory.png")
+    steps: list[tuple[Callable[[], object], Path]] = [
+        (lambda: plots.iteration_time_figure(
+            results, f"{name}: iteration time and throughput per policy (fastest first)"),
+         directory / "iteration_time.png"),
+        (lambda: plots.breakdown_figure(
+            results, f"{name}: where the iteration goes, per policy (fastest first)"),
+         directory / "breakdown.png"),
+        (lambda: plots.memory_figure(
+            results, f"{name}: peak memory per GPU of each pipeline stage vs GPU capacity"),
+         directory / "memory.png"),
+    ]
     for o in outcomes:
-        plots.save_figure(plots.timeline_figure(o.trace, o.plan.policy),
-                          directory / f"timeline_{o.plan.policy}.png")
+        steps.append((lambda o=o: plots.timeline_figure(o.trace, o.plan.policy),
+                      directory / f"timeline_{o.plan.policy}.png"))
+    total = len(steps) + len(outcomes) + 2
+    for done, (figure, path) in enumerate(steps, 1):
+        plots.save_figure(figure(), path)
+        _tick(progress, done, total)
+    for i, o in enumerate(outcomes, 1):
         write_chrome_trace(directory / f"trace_{o.plan.policy}.json", o.trace)
-    write_json(directory / "results.json", results_document(prepared, outcomes,
-                                                            prepared.scenario.seed))
+        _tick(progress, len(steps) + i, total)
+    write_json(directory / "results.json", stamp(results_document(prepared, outcomes,
+                                                                  prepared.scenario.seed)))
     write_atomic(directory / "report.md", report_markdown(prepared, outcomes))
+    _tick(progress, total, total)
+
+
+def _tick(progress: Callable[[int, int], None] | None, done: int, total: int) -> None:
+    if progress is not None:
+        progress(done, total)
 
 
 def report_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
@@ -94,14 +110,16 @@ def results_markdown_table(outcomes: list[Outcome]) -> str:
                                                           ["---", "---:", "---", "---:"]) + "|"]
     for o in outcomes:
         r = o.result
-        up = f"{ups[r.policy]:.2f}x" if ups else "-"
-        cells = [r.policy, f"{r.iteration_time_s:.3f}", f"{r.tflops_per_gpu:.1f}",
+        up = f"{ups[r.policy]:.2f}x" if r.policy in ups else "-"
+        cells = [r.policy + (" \\*" if r.policy in REFERENCES else ""),
+                 f"{r.iteration_time_s:.3f}", f"{r.tflops_per_gpu:.1f}",
                  f"{r.samples_per_s:.1f}", f"{r.mfu:.1%}", f"{r.bubble_fraction:.1%}",
                  f"{r.breakdown_s['dp_exposed']:.3f}", f"{r.breakdown_s['pp_exposed']:.3f}",
                  "/".join(map(str, r.layers_per_stage)), f"{r.memory.peak_gib:.1f}",
                  "yes" if r.memory.fits else "NO (OOM)", up]
         rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    notes = [n.replace("*", "\\*", 1) for n in footnotes(outcomes)]
+    return "\n".join(rows + ([""] + [f"{n}  " for n in notes] if notes else []))
 
 
 def largest_cost(result: Result) -> tuple[str, float]:
@@ -115,7 +133,7 @@ def findings(outcomes: list[Outcome]) -> str:
     """One paragraph: who wins, by how much over megatron, and the largest cost it still pays."""
     if not outcomes:
         return "No policy was run."
-    ordered = sorted((o.result for o in outcomes), key=lambda r: (r.iteration_time_s, r.policy))
+    ordered = [o.result for o in ranked(outcomes)]  # plans that fit first
     winner = ordered[0]
     parts = [_win_sentence(winner, ordered)]
     real = next((r for r in ordered if r.policy not in REFERENCES), None)
@@ -159,7 +177,7 @@ def _cost_sentence(r: Result) -> str:
 
 def write_validation_report(directory: Path, result: ValidationResult) -> None:
     """Write predicted_vs_measured.png and validation.md for a `validate --real` result."""
-    directory = Path(directory)
+    directory = prepare_output(directory, directory=True, option="--report")
     doc = result.to_json()
     plots.save_figure(plots.validation_figure(doc), directory / "predicted_vs_measured.png")
     write_atomic(directory / "validation.md", validation_markdown(doc))

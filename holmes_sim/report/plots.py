@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from holmes_sim.metrics import BREAKDOWN_KEYS, Result
 from holmes_sim.report.files import write_atomic
+from holmes_sim.report.sampling import sample_entities
 from holmes_sim.trace import Entity, OpKind, Trace
 from holmes_sim.units import GIB
 
@@ -153,25 +154,8 @@ def _stage_capacity_gib(results: Sequence[Result], stages: int) -> list[float]:
 
 def timeline_rows(entities: Sequence[Entity], max_rows: int = MAX_TIMELINE_ROWS
                   ) -> tuple[list[Entity], str]:
-    """The entities a Gantt chart shows, in (stage, replica) order, and a note saying which.
-
-    All of them when at most `max_rows`; otherwise every replica of the first and last stage plus
-    replica 0 of evenly spaced stages in between, up to `max_rows` rows."""
-    ordered = sorted(entities, key=lambda e: (e.stage, e.replica))
-    if len(ordered) <= max_rows:
-        return ordered, f"all {len(ordered)} (stage, replica) entities"
-    stages = sorted({e.stage for e in ordered})
-    full = {stages[0], stages[-1]}
-    between = stages[1:-1]
-    room = max(0, max_rows - sum(1 for e in ordered if e.stage in full))
-    if room < len(between):
-        step = (len(between) - 1) / max(1, room - 1)
-        between = [between[round(i * step)] for i in range(room)]
-    first = {s: min(e.replica for e in ordered if e.stage == s) for s in between}
-    rows = [e for e in ordered if e.stage in full or first.get(e.stage) == e.replica][:max_rows]
-    note = (f"{len(rows)} of {len(ordered)} entities: every replica of stages {stages[0]} and "
-            f"{stages[-1]}, the first replica of {len(between)} stages between")
-    return rows, note
+    """The entities a Gantt chart shows and a note saying which (`sample_entities`)."""
+    return sample_entities(entities, max_rows)
 
 
 def timeline_figure(trace: Trace, policy: str, max_rows: int = MAX_TIMELINE_ROWS) -> Figure:
@@ -272,7 +256,7 @@ def sweep_figure(rows: Sequence[dict], fields: Sequence[str], metric: str, ylabe
     colours = pyplot().get_cmap("tab10")
     for ax, (key, members) in zip(axes.flat, groups.items(), strict=False):
         for k, policy in enumerate(policies):
-            pts = [r for r in members if r["policy"] == policy]
+            pts = [r for r in members if r["policy"] == policy and r.get("status", "ok") == "ok"]
             xs = [r[x_field] if numeric else x_values.index(r[x_field]) for r in pts]
             ax.plot(xs, [r[metric] for r in pts], marker="o", color=colours(k % 10), label=policy)
         if not numeric:

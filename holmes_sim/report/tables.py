@@ -1,30 +1,97 @@
-"""Rich tables for the terminal."""
+"""Rich tables for the terminal.
+
+The results table keeps every number whole: when the console is narrower than all columns, the
+least important columns go (`wide=True` keeps them all). Every cell is plain text, never rich
+markup, so a policy or scenario name prints literally.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
-from holmes_sim.runner import Outcome, speedups
+from holmes_sim.runner import REFERENCES, Outcome, same_plans, speedups
+
+REFERENCE_MARK = " *"
+# (header, justify, cell) in display order; DROP_ORDER names the columns a narrow console loses.
+Cell = Callable[[Outcome, dict[str, float]], str]
+COLUMNS: tuple[tuple[str, str, Cell], ...] = (
+    ("policy", "left", lambda o, ups: _policy(o)),
+    ("iter s", "right", lambda o, ups: f"{o.result.iteration_time_s:.3f}"),
+    ("TFLOP/s/GPU", "right", lambda o, ups: f"{o.result.tflops_per_gpu:.1f}"),
+    ("samples/s", "right", lambda o, ups: f"{o.result.samples_per_s:.1f}"),
+    ("MFU", "right", lambda o, ups: f"{o.result.mfu:.1%}"),
+    ("bubble", "right", lambda o, ups: f"{o.result.bubble_fraction:.1%}"),
+    ("DP exposed s", "right", lambda o, ups: f"{o.result.breakdown_s['dp_exposed']:.3f}"),
+    ("PP exposed s", "right", lambda o, ups: f"{o.result.breakdown_s['pp_exposed']:.3f}"),
+    ("layers/stage", "left", lambda o, ups: _layers(o.result.layers_per_stage)),
+    ("mem GiB", "right", lambda o, ups: f"{o.result.memory.peak_gib:.1f}"
+                                        + ("" if o.result.memory.fits else " OOM")),
+    ("speed-up", "right", lambda o, ups: _speedup(o, ups)),
+)
+DROP_ORDER = ("layers/stage", "DP exposed s", "PP exposed s", "samples/s", "bubble", "MFU")
 
 
-def results_table(title: str, outcomes: list[Outcome]) -> Table:
-    """One row per policy, fastest first, with the speed-up over megatron."""
-    ups = speedups(outcomes)
-    table = Table(title=title, title_justify="left")
-    for col, just in (("policy", "left"), ("iter s", "right"), ("TFLOP/s/GPU", "right"),
-                      ("samples/s", "right"), ("MFU", "right"), ("bubble", "right"),
-                      ("DP exposed s", "right"), ("PP exposed s", "right"),
-                      ("layers/stage", "left"), ("mem GiB", "right"), ("speed-up", "right")):
-        table.add_column(col, justify=just, no_wrap=True)
-    for o in outcomes:
-        r = o.result
-        mem = f"{r.memory.peak_gib:.1f}" + ("" if r.memory.fits else " [red]OOM[/red]")
-        up = f"{ups[r.policy]:.2f}x" if ups else "-"
-        table.add_row(r.policy, f"{r.iteration_time_s:.3f}", f"{r.tflops_per_gpu:.1f}",
-                      f"{r.samples_per_s:.1f}", f"{r.mfu:.1%}", f"{r.bubble_fraction:.1%}",
-                      f"{r.breakdown_s['dp_exposed']:.3f}", f"{r.breakdown_s['pp_exposed']:.3f}",
-                      _layers(r.layers_per_stage), mem, up)
+def results_table(title: str, outcomes: list[Outcome], width: int = 80, wide: bool = False) -> Table:
+    """One row per policy (fitting plans fastest first, then those that do not fit), with the
+    speed-up over megatron, narrowed to `width` columns unless `wide`; footnotes explain marks."""
+    headers = [c[0] for c in COLUMNS]
+    table = _table(title, outcomes, headers)
+    for name in () if wide else DROP_ORDER:
+        if table_width(table) <= width:
+            break
+        headers.remove(name)
+        table = _table(title, outcomes, headers)
     return table
+
+
+def footnotes(outcomes: list[Outcome]) -> list[str]:
+    """The lines under the table: what the marks mean and which rows are equal by construction."""
+    names = {o.plan.policy for o in outcomes}
+    notes = []
+    if names & set(REFERENCES):
+        notes.append("* reference on a hypothetical network (all-ib: every node on one InfiniBand "
+                     "fabric; all-ethernet: TCP only): a bound, not a placement for this cluster")
+    for policy, same in same_plans(outcomes).items():
+        notes.append(f"{policy}: same plan as {same}, so the same figures")
+    if any(not o.result.memory.fits for o in outcomes):
+        notes.append("OOM: the plan does not fit in GPU memory; ranked after the plans that fit, "
+                     "no speed-up")
+    return notes
+
+
+def _table(title: str, outcomes: list[Outcome], headers: list[str]) -> Table:
+    ups = speedups(outcomes)
+    columns = [c for c in COLUMNS if c[0] in headers]
+    table = Table(title=Text(title), title_justify="left", caption_justify="left")
+    for header, justify, _ in columns:
+        table.add_column(header, justify=justify, no_wrap=True)
+    for o in outcomes:
+        table.add_row(*(Text(cell(o, ups)) for _, _, cell in columns))
+    notes = footnotes(outcomes)
+    if notes:
+        table.caption = Text("\n".join(notes))
+    return table
+
+
+def table_width(table: Table) -> int:
+    """The columns `table` needs to print without cutting a cell."""
+    console = Console(width=10_000)
+    return Measurement.get(console, console.options, table).maximum
+
+
+def _policy(o: Outcome) -> str:
+    return o.plan.policy + (REFERENCE_MARK if o.plan.policy in REFERENCES else "")
+
+
+def _speedup(o: Outcome, ups: dict[str, float]) -> str:
+    if not o.result.memory.fits:
+        return "no fit"
+    return f"{ups[o.plan.policy]:.2f}x" if o.plan.policy in ups else "-"
 
 
 def _layers(layers: tuple[int, ...]) -> str:

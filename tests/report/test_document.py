@@ -12,7 +12,7 @@ from holmes_sim.metrics import BREAKDOWN_KEYS
 from holmes_sim.prepare import prepare
 from holmes_sim.report import plots
 from holmes_sim.report.document import findings, largest_cost, write_report, write_validation_report
-from holmes_sim.runner import results_document, run_scenario
+from holmes_sim.runner import results_document, run_scenario, stamp
 from holmes_sim.units import GIB
 from tests.conftest import SCENARIOS
 
@@ -44,7 +44,7 @@ def test_write_report_writes_every_output(report_dir):
             assert (report_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     prepared, outcomes = default_run()
     doc = json.loads((report_dir / "results.json").read_text())
-    expected = results_document(prepared, outcomes, prepared.scenario.seed)
+    expected = stamp(results_document(prepared, outcomes, prepared.scenario.seed))
     assert doc == json.loads(json.dumps(expected))
     trace = json.loads((report_dir / "trace_holmes.json").read_text())
     holmes = next(o for o in outcomes if o.plan.policy == "holmes")
@@ -63,7 +63,8 @@ def test_report_md_names_winner_speedup_and_largest_cost(report_dir):
     share = 100 * seconds / times[winner]
     assert f"({key}): {seconds:.3f} s, {share:.1f}% of its iteration" in text
     table = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
-    assert [row.split("|")[1].strip() for row in table[1:]] == [o.result.policy for o in outcomes]
+    names = [row.split("|")[1].strip().removesuffix(" \\*") for row in table[1:]]
+    assert names == [o.result.policy for o in outcomes]
     for p in POLICIES:
         assert f"](timeline_{p}.png)" in text
     assert text.isascii()
@@ -203,3 +204,15 @@ def test_validation_report_files_and_plotted_data(tmp_path):
     assert [tuple(s[:, 1]) for s in segments] == [pytest.approx((1.05, 1.15)),
                                                   pytest.approx((0.77, 0.79))]
     plots.pyplot().close(fig)
+
+
+def test_timeline_of_two_wide_stages_shows_both_stages_as_its_note_says():
+    from holmes_sim.trace import Entity
+
+    ents = [Entity(f"s{s}.d{d}", s, d, "n", "c", ()) for s in range(2) for d in range(32)]
+    rows, note = plots.timeline_rows(ents, max_rows=32)
+    assert len(rows) == 32 and {e.stage for e in rows} == {0, 1}
+    replicas = sorted({e.replica for e in rows})
+    assert note == (f"32 of 64 entities: replicas {', '.join(map(str, replicas))} of each of the 2 "
+                    "stages")
+    assert all(sum(e.replica == r for e in rows) == 2 for r in replicas)

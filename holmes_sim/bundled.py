@@ -1,0 +1,39 @@
+"""The scenarios and validation testbeds shipped inside the package (holmes_sim/data), found with
+importlib.resources so they are there in a wheel install as in a source checkout."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+
+
+def data_dir(kind: str) -> Path:
+    """The folder of bundled `kind` files ('scenarios' or 'testbeds')."""
+    return Path(str(files("holmes_sim") / "data" / kind))
+
+
+def scenario_names() -> list[str]:
+    """Names of the bundled scenarios (file stems), sorted."""
+    return sorted(p.stem for p in data_dir("scenarios").glob("*.yaml"))
+
+
+def bundled_scenario(name: str) -> Path | None:
+    """The bundled scenario called `name` (with or without .yaml), or None."""
+    stem = name[:-5] if name.endswith(".yaml") else name
+    if "/" in stem or stem not in scenario_names():
+        return None
+    return data_dir("scenarios") / f"{stem}.yaml"
+
+
+def default_testbed() -> Path:
+    """The validation testbed `holmes-sim validate` uses unless given another."""
+    return data_dir("testbeds") / "default.yaml"
+
+
+def resolve_scenario(name: str | Path) -> Path:
+    """A path as given when it exists or looks like a file path, else the bundled scenario of that
+    name; otherwise the path as given (so the loader names it in its error)."""
+    path = Path(name)
+    if path.exists() or (path.suffix in (".yaml", ".yml") and path.parent != Path(".")):
+        return path
+    return bundled_scenario(str(name)) or path

@@ -1,0 +1,57 @@
+"""The Python API: simulate() from a path, a bundled name or a dict, typed results, JSON stamp."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import holmes_sim
+from holmes_sim.errors import HolmesError
+from holmes_sim.runner import SCHEMA_VERSION
+from tests.conftest import SCENARIOS
+
+
+def test_importing_the_package_imports_nothing_heavy():
+    code = ("import sys, holmes_sim; print(sorted(m for m in ('torch', 'simpy', 'matplotlib', "
+            "'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert set(holmes_sim.__all__) >= {"simulate", "Simulation", "PolicyResult"}
+
+
+def test_a_name_a_path_and_a_dict_give_the_same_figures():
+    policies = ["megatron", "holmes"]
+    by_name = holmes_sim.simulate("mixed_ib_eth", policies=policies)
+    by_path = holmes_sim.simulate(SCENARIOS / "mixed_ib_eth.yaml", policies=policies)
+    by_dict = holmes_sim.simulate(yaml.safe_load((SCENARIOS / "mixed_ib_eth.yaml").read_text()),
+                                  policies=policies)
+    times = [[r.iteration_time_s for r in s.results] for s in (by_name, by_path, by_dict)]
+    assert times[0] == times[1] == times[2]
+    assert isinstance(by_name.results[0], holmes_sim.PolicyResult)
+    holmes = by_name.result("holmes")
+    assert holmes.speedup_over_megatron > 1 and by_name.best.policy == "holmes"
+    assert by_name.result("megatron").speedup_over_megatron == pytest.approx(1.0)
+
+
+def test_references_and_identical_plans_are_flagged():
+    sim = holmes_sim.simulate("mixed_ib_roce")
+    assert sim.result("all-ib").reference and not sim.result("holmes").reference
+    assert sim.result("holmes-no-adaptive-partition").same_plan_as == "holmes"
+    assert not sim.best.reference
+
+
+def test_seed_and_json_document():
+    sim = holmes_sim.simulate("mixed_ib_eth", policies=["holmes"], seed=11)
+    doc = sim.to_json()
+    assert doc["scenario"]["seed"] == 11 and doc["schema_version"] == SCHEMA_VERSION
+    assert doc["tool"] == {"name": "holmes-sim", "version": holmes_sim.__version__}
+
+
+def test_bad_input_raises_the_cli_error():
+    with pytest.raises(HolmesError, match="unknown policy"):
+        holmes_sim.simulate("mixed_ib_eth", policies=["holmez"])
+    with pytest.raises(HolmesError, match="<dict scenario>"):
+        holmes_sim.simulate({"clusters": []})

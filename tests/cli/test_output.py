@@ -1,0 +1,181 @@
+"""What a user sees and gets: tables whole at 80 columns, JSON on stdout, safe output targets,
+literal names, marked references / identical / infeasible plans, --version, no torch needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from holmes_sim.cli import app
+from holmes_sim.report.tables import footnotes, results_table
+from holmes_sim.runner import ranked, speedups
+from tests.conftest import small_scenario
+from tests.report.test_document import default_run
+
+runner = CliRunner()
+CLI = [sys.executable, "-m", "holmes_sim"]
+
+
+def _cli(*args: str, columns: int = 80, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": str(columns)}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=300, **kw)
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_default_table_fits_and_shows_every_number_whole(tmp_path, columns):
+    out = tmp_path / "r.json"
+    proc = _cli("run", "mixed_ib_roce", "--json", str(out), columns=columns)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= columns and "…" not in proc.stdout
+    for r in json.loads(out.read_text())["results"]:
+        row = next(line for line in lines if f" {r['policy']} " in line)
+        for text in (f"{r['iteration_time_s']:.3f}", f"{r['tflops_per_gpu']:.1f}",
+                     f"{r['peak_memory_gib']:.1f}", f"{r['speedup_over_megatron']:.2f}x"):
+            assert text in row, (r["policy"], text)
+    assert "* reference on a hypothetical network" in proc.stdout
+    assert "holmes-no-adaptive-partition: same plan as holmes" in proc.stdout.replace("\n", " ")
+
+
+def test_wide_shows_every_column_even_on_a_narrow_terminal():
+    proc = _cli("run", "mixed_ib_eth", "-p", "holmes", "--wide", columns=80)
+    assert proc.returncode == 0, proc.stderr
+    for header in ("samples/s", "MFU", "bubble", "DP exposed s", "PP exposed s", "layers/stage"):
+        assert header in proc.stdout
+    assert "…" not in proc.stdout
+
+
+def test_json_dash_is_valid_json_on_stdout_and_the_table_goes_to_stderr():
+    proc = _cli("run", "mixed_ib_eth", "-p", "holmes", "-p", "megatron", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {r["policy"] for r in doc["results"]} == {"holmes", "megatron"}
+    assert doc["schema_version"] >= 1 and doc["tool"]["name"] == "holmes-sim"
+    assert "iter s" in proc.stderr
+
+
+def test_json_dev_stdout_streams_and_leaves_the_symlink():
+    assert os.path.islink("/dev/stdout")
+    proc = _cli("run", "mixed_ib_eth", "-p", "holmes", "--json", "/dev/stdout")
+    assert proc.returncode == 0, proc.stderr
+    assert "iter s" in proc.stderr  # the table moves out of the way of the JSON
+    assert json.loads(proc.stdout)["results"][0]["policy"] == "holmes"
+    assert os.path.islink("/dev/stdout")
+
+
+def test_a_symlink_to_a_character_device_stays_a_symlink(tmp_path):
+    link = tmp_path / "out.json"
+    link.symlink_to("/dev/null")
+    result = runner.invoke(app, ["run", "mixed_ib_eth", "-p", "holmes", "--json", str(link), "-q"])
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and os.readlink(link) == "/dev/null"
+
+
+@pytest.mark.parametrize(("option", "target", "message"), [
+    ("--json", "{tmp}", "is a folder"),
+    ("--json", "{tmp}/missing/r.json", "does not exist"),
+    ("--report", "{tmp}/file.txt", "is not a folder"),
+    ("--report", "{tmp}/missing/report", "does not exist"),
+    ("--plans", "{tmp}/file.txt", "is not a folder"),
+])
+def test_bad_output_targets_exit_2_before_any_work(tmp_path, option, target, message):
+    (tmp_path / "file.txt").write_text("keep")
+    path = target.format(tmp=tmp_path)
+    result = runner.invoke(app, ["run", "mixed_ib_eth", option, path, "-q"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and option in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "missing").exists() and (tmp_path / "file.txt").read_text() == "keep"
+
+
+def test_sweep_out_with_a_missing_parent_exits_2(tmp_path):
+    result = runner.invoke(app, ["sweep", "mixed_ib_eth", "--set", "seed=1",
+                                 "--out", str(tmp_path / "a" / "b")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    assert not (tmp_path / "a").exists()
+
+
+def test_report_creates_its_own_folder_only(tmp_path):
+    result = runner.invoke(app, ["run", "mixed_ib_eth", "-p", "holmes", "--plans",
+                                 str(tmp_path / "plans"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "plans" / "plan_holmes.json").exists()
+
+
+def test_names_with_markup_print_literally(write_scenario):
+    path = write_scenario(small_scenario().replace("name: small", "name: 'a[/x]b[bold]c'"))
+    result = runner.invoke(app, ["run", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "a[/x]b[bold]c" in result.output
+
+
+def test_plans_that_do_not_fit_rank_last_without_speedup():
+    _, outcomes = default_run()
+    holmes = next(o for o in outcomes if o.plan.policy == "holmes")
+    tiny = replace(holmes.result.memory, capacity_bytes=(1.0,) * len(holmes.result.memory.capacity_bytes))
+    oom = replace(holmes, result=replace(holmes.result, memory=tiny))
+    order = ranked([oom if o is holmes else o for o in outcomes])
+    assert order[-1].plan.policy == "holmes"
+    assert "holmes" not in speedups(order) and "megatron" in speedups(order)
+    assert any(n.startswith("OOM: the plan does not fit") for n in footnotes(order))
+    from rich.console import Console
+
+    console = Console(width=80, record=True)
+    console.print(results_table("t", order, 80))
+    row = next(line for line in console.export_text().splitlines() if " holmes " in line)
+    assert "OOM" in row and "no fit" in row
+
+
+def test_run_with_a_plan_too_big_exits_0_and_says_why(write_scenario):
+    path = write_scenario(small_scenario(tp=1, pp=1, hidden=8192, heads=64, layers=32, seq=4096,
+                                         micro=16, global_batch=256))
+    result = runner.invoke(app, ["run", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "do not fit in GPU memory" in result.output and "GiB per GPU" in result.output
+    assert "no fit" in result.output
+
+
+def test_version_help_markup_and_completion():
+    from holmes_sim import __version__
+
+    assert runner.invoke(app, ["--version"]).output.strip() == f"holmes-sim {__version__}"
+    assert "[index]" in runner.invoke(app, ["sweep", "--help"]).output
+    assert "--install-completion" in runner.invoke(app, ["--help"]).output
+
+
+def test_validate_without_torch_names_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "torch" else real(n, *a))
+    result = runner.invoke(app, ["validate", "--dry-run"])
+    assert result.exit_code == 2 and "pip install 'holmes-sim[validate]'" in result.output
+
+
+BLOCK_TORCH = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is blocked in this test")
+sys.meta_path.insert(0, Block())
+from holmes_sim.cli import app
+app(prog_name="holmes-sim")
+"""
+
+
+@pytest.mark.parametrize("args", [["scenarios"], ["check", "mixed_ib_roce"],
+                                  ["run", "mixed_ib_roce", "-q", "--json", "-"],
+                                  ["sweep", "mixed_ib_eth", "--set", "seed=1,2", "-p", "holmes",
+                                   "--out", "{tmp}/sw", "-q"]])
+def test_commands_other_than_validate_run_without_torch(tmp_path, args):
+    argv = [a.format(tmp=tmp_path) for a in args]
+    proc = subprocess.run([sys.executable, "-c", BLOCK_TORCH, *argv], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
