@@ -123,7 +123,15 @@ def render_all(directory: Path = PUBLISHED_DIR) -> list[Path]:
 
 
 def cases(directory: Path = PUBLISHED_DIR) -> list[Case]:
-    """Every row with its committed scenario file."""
+    """Every row with its committed scenario file.
+
+    Raises:
+        ScenarioError: when the directory holds no dataset (an installed wheel has none: the
+            check runs from a source checkout).
+    """
+    if not any(directory.glob("*.json")):
+        raise ScenarioError(f"{directory}: no published datasets here; run `holmes-sim validate "
+                            "--published` from a source checkout of holmes-sim")
     out = []
     for stem, data in datasets(directory).items():
         for row in data["rows"]:
