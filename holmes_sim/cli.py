@@ -51,7 +51,8 @@ def run(
     json_path: Annotated[Path | None, typer.Option("--json", help="Write results as JSON here.")] = None,
     report: Annotated[Path | None, typer.Option(
         "--report", help="Write figures, traces and report.md here.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, max=2**63 - 1,
+                                             help="Override the scenario's seed (0 or more).")] = None,
     plans: Annotated[Path | None, typer.Option(
         "--plans", help="Write each policy's plan as plan_<policy>.json here (to run it on a "
                         "real cluster, docs/validation.md).")] = None,
