@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from holmes_sim.errors import HolmesError, PlanError
 
@@ -28,7 +29,7 @@ SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 
 
 def _fail(exc: HolmesError) -> typer.Exit:
-    err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -84,7 +85,7 @@ def run(
     except HolmesError as exc:
         raise _fail(exc) from None
     if not quiet:
-        title = f"{prepared.scenario.name}: {prepared.cluster.num_gpus} GPUs, TP {prepared.tp} " \
+        title = f"{escape(prepared.scenario.name)}: {prepared.cluster.num_gpus} GPUs, TP {prepared.tp} " \
                 f"PP {prepared.pp} DP {prepared.dp}, {prepared.num_microbatches} micro-batches " \
                 f"({prepared.scenario.parallel.schedule})"
         out.print(results_table(title, outcomes))
@@ -102,7 +103,7 @@ def _check_policy_names(names: list[str] | None) -> list[str] | None:
 def _warn_memory(outcomes) -> None:
     bad = [o.result.policy for o in outcomes if not o.result.memory.fits]
     if bad:
-        err.print(f"[yellow]warning:[/yellow] {', '.join(bad)} do not fit in GPU memory; lower "
+        err.print(f"[yellow]warning:[/yellow] {escape(', '.join(bad))} do not fit in GPU memory; lower "
                   "training.micro_batch_size, set training.recompute: full, or raise "
                   "parallel.tensor / parallel.pipeline", highlight=False)
 
@@ -123,7 +124,7 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
             mem = memory_report(plan, cluster, prepared.workload,
                                 OpCosts(cluster, prepared.workload, prepared.compute, plan.tp))
             fits = "fits" if mem.fits else "[red]does not fit[/red]"
-            out.print(f"  {name:30s} layers {'/'.join(map(str, plan.layers_per_stage))}, "
+            out.print(f"  {escape(f'{name:30s}')} layers {'/'.join(map(str, plan.layers_per_stage))}, "
                       f"peak {mem.peak_gib:.1f} GiB per GPU ({fits})", highlight=False)
             if not mem.fits:
                 too_big.append(f"{name} needs {mem.peak_gib:.1f} GiB, GPUs have "
@@ -134,7 +135,7 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
                             "training.recompute: full, or raise parallel.tensor / parallel.pipeline")
     except HolmesError as exc:
         raise _fail(exc) from None
-    out.print(f"[green]ok[/green]: {prepared.source}: {prepared.cluster.num_gpus} GPUs, "
+    out.print(f"[green]ok[/green]: {escape(str(prepared.source))}: {prepared.cluster.num_gpus} GPUs, "
               f"TP {prepared.tp} x PP {prepared.pp} x DP {prepared.dp}, "
               f"{prepared.num_microbatches} micro-batches", highlight=False)
 
@@ -163,16 +164,17 @@ def validate(
     try:
         if cleanup:
             removed = v.cleanup()
-            out.print(f"removed {len(removed)} leftover(s): {', '.join(removed) or 'none'}")
+            out.print(f"removed {len(removed)} leftover(s): {', '.join(removed) or 'none'}", markup=False)
             return
         if real == dry_run:
             raise _usage("choose one of --real (measure and compare) or --dry-run (build only)")
         names = _check_policy_names(policy)
         if dry_run:
             for line in v.dry_run(testbed, names):
-                out.print(line, highlight=False)
+                out.print(line, highlight=False, markup=False)
             return
-        result = v.validate_real(testbed, names, iterations, progress=lambda m: err.print(m, highlight=False))
+        result = v.validate_real(testbed, names, iterations,
+                                 progress=lambda m: err.print(m, highlight=False, markup=False))
         if json_path is not None:
             write_json(json_path, result.to_json())
         if report is not None:
@@ -196,7 +198,7 @@ def _usage(message: str) -> HolmesError:
 def scenarios() -> None:
     """List the bundled scenarios, one line each."""
     for path in sorted(SCENARIO_DIR.glob("*.yaml")):
-        out.print(f"{path.stem:22s} {_first_comment(path)}", highlight=False)
+        out.print(f"{path.stem:22s} {_first_comment(path)}", highlight=False, markup=False)
 
 
 def _first_comment(path: Path) -> str:
@@ -210,7 +212,7 @@ def _first_comment(path: Path) -> str:
 def sweep(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
     sets: Annotated[list[str], typer.Option("--set", help="PATH=V1,V2,... a scenario field by "
-                    "dotted path with [index], e.g. inter_cluster_links[0].bandwidth_gbit_per_s="
+                    "dotted path with \\[index], e.g. inter_cluster_links[0].bandwidth_gbit_per_s="
                     "50,100,200 (repeatable: every combination runs).")],
     policy: Annotated[list[str] | None, typer.Option(
         "--policy", "-p", help="Only these policies (repeatable); default: the scenario's list.",
@@ -237,7 +239,7 @@ def sweep(
     if not quiet:
         out.print(sweep_table(result))
     err.print(f"wrote {out_dir}/sweep.csv, sweep.json, sweep_iteration_time.png, sweep_tflops.png",
-              highlight=False)
+              highlight=False, markup=False)
 
 
 def main() -> None:  # pragma: no cover - console entry

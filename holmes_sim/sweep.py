@@ -296,9 +296,10 @@ def write_sweep(directory: str | Path, result: SweepResult) -> None:
 
 def sweep_table(result: SweepResult) -> Any:
     """A rich Table: one row per point x policy."""
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"sweep of {result.scenario}: {len(result.rows)} runs",
+    table = Table(title=f"sweep of {escape(str(result.scenario))}: {len(result.rows)} runs",
                   title_justify="left")
     for name in result.fields:
         table.add_column(name, no_wrap=True)
