@@ -17,7 +17,7 @@ from holmes_sim.spec.load import load_scenario
 from holmes_sim.spec.scenario import Scenario
 from holmes_sim.workload import Workload, build_workload
 
-MAX_GRADIENT_BUCKETS = 1_000_000
+MAX_GRADIENT_BUCKETS = 100_000
 """Most gradient buckets a model may fill (`training.bucket_size_mb`), so a run stays bounded."""
 
 

@@ -182,20 +182,27 @@ def model_config(prepared: Prepared):
     """The backend GPT of the scenario's model, or a ScenarioError naming what cannot run."""
     from holmes_sim.backend.model import GPTConfig
 
+    check_backend(prepared)
+    s, w = prepared.scenario, prepared.workload
+    return GPTConfig(n_layer=w.num_layers, n_head=w.heads, n_embd=w.hidden, block_size=w.seq,
+                     vocab_size=w.vocab, seed=1234 + s.seed)
+
+
+def check_backend(prepared: Prepared) -> None:
+    """A FieldError naming what the real-run backend cannot run (no torch import)."""
     s, w = prepared.scenario, prepared.workload
     if prepared.tp != 1:
         raise FieldError("parallel.tensor", "the real-run backend runs tensor=1 only; set tensor: 1")
     if any(n.num_gpus != 1 for n in prepared.cluster.nodes):
-        raise ScenarioError("a testbed node emulates one GPU (one rank per namespace); set "
-                            "gpus_per_node: 1 on every node group")
+        raise FieldError("clusters", "a testbed node emulates one GPU (one rank per namespace); "
+                                     "set gpus_per_node: 1 on every node group")
     if s.training.precision != "fp32" or w.grad_bytes != 4:
-        raise ScenarioError("training.precision: the CPU backend trains in fp32; set precision: fp32 "
-                            "and grad_reduce_in_fp32: true so predicted message sizes match")
+        raise FieldError("training.precision", "the CPU backend trains in fp32; set precision: fp32 "
+                                               "and grad_reduce_in_fp32: true so predicted message "
+                                               "sizes match")
     if w.tie_embeddings:
-        raise ScenarioError("model.tie_embeddings: the backend's GPT has an untied head; set "
-                            "tie_embeddings: false")
-    return GPTConfig(n_layer=w.num_layers, n_head=w.heads, n_embd=w.hidden, block_size=w.seq,
-                     vocab_size=w.vocab, seed=1234 + s.seed)
+        raise FieldError("model.tie_embeddings", "the backend's GPT has an untied head; set "
+                                                 "tie_embeddings: false")
 
 
 def testbed_nodes(prepared: Prepared):
@@ -213,7 +220,7 @@ def check_testbed(prepared: Prepared) -> None:
     254 nodes, two nodes on every fabric (link calibration measures between two)."""
     from holmes_sim.backend import testbed as tbmod
 
-    model_config(prepared)
+    check_backend(prepared)
     nodes = prepared.cluster.nodes
     if len(nodes) > tbmod.MAX_NODES:
         raise FieldError("clusters", f"{len(nodes)} nodes; the testbed emulates at most "
@@ -444,10 +451,11 @@ def provenance(testbed_path: str | Path, wall_s: float) -> dict:
 # ---- dry run, cleanup, table -------------------------------------------------------------------
 def dry_run(testbed_path: str | Path, policies: list[str] | None = None) -> list[str]:
     """Build every group and stage of every policy's plan on gloo (loopback), without training."""
+    prepared = prepare(testbed_path, check=check_testbed)  # before torch loads: bad input is quick
+
     from holmes_sim.backend.launch import dry_run as backend_dry_run
     from holmes_sim.backend.worker import RunConfig
 
-    prepared = prepare(testbed_path, check=check_testbed)
     config = model_config(prepared)
     lines = []
     for name in _runnable_policies(prepared, policies):

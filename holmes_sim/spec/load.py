@@ -116,7 +116,7 @@ class _Doc:
     def error(self, path: str, message: str) -> ScenarioError:
         line = self.line(path)
         where = f"{self.source}:{line}" if line else self.source
-        return ScenarioError(f"{where}: {path or '(top level)'}: {message}")
+        return ScenarioError(printable(f"{where}: {path or '(top level)'}: {message}"))
 
 
 def load_scenario(path: str | Path, check: Callable[[Scenario], Any] | None = None) -> Scenario:
@@ -375,6 +375,11 @@ def _join(path: str, key: Any) -> str:
 
 def _field_names(cls: type) -> str:
     return ", ".join(f.name for f in dataclasses.fields(cls))
+
+
+def printable(text: str) -> str:
+    """`text` on one line: control characters (a key's newline, say) shown as escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _fmt(value: float) -> str:
