@@ -150,7 +150,9 @@ def validate(
     real: Annotated[bool, typer.Option("--real", help="Calibrate, predict, run for real, compare.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Build every group and stage on gloo, "
                                           "without training.")] = False,
-    cleanup: Annotated[bool, typer.Option("--cleanup", help="Remove namespaces a killed run left.")] = False,
+    cleanup: Annotated[bool, typer.Option("--cleanup", help="Remove what killed runs recorded "
+                                          "(namespaces, processes, temp folders); exit 2 if "
+                                          "something stays.")] = False,
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Only these policies.")] = None,
     iterations: Annotated[int | None, typer.Option(help="Measured iterations per policy.")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the comparison as JSON.")] = None,
@@ -163,8 +165,8 @@ def validate(
 
     try:
         if cleanup:
-            removed = v.cleanup()
-            out.print(f"removed {len(removed)} leftover(s): {', '.join(removed) or 'none'}", markup=False)
+            for line in v.cleanup():
+                out.print(line, highlight=False, markup=False)
             return
         if real == dry_run:
             raise _usage("choose one of --real (measure and compare) or --dry-run (build only)")
