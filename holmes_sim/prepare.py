@@ -19,6 +19,9 @@ from holmes_sim.workload import Workload, build_workload
 
 MAX_GRADIENT_BUCKETS = 100_000
 """Most gradient buckets a model may fill (`training.bucket_size_mb`), so a run stays bounded."""
+MAX_NODES = 100_000
+MAX_GPUS = 2**17
+"""Most nodes and GPUs of all clusters together (each group's `count` is bounded on its own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ def prepare(path: str | Path, profile_override: str | Path | None = None,
 
 
 def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prepared:
+    _check_size(s)
     cluster = build_cluster(s.clusters, s.fabrics, s.inter_cluster_links, build_catalog(s.catalog))
     _check_policies(s)
     profile = _load_profile(s, base_dir, profile_override)
@@ -129,6 +133,14 @@ def _microbatches(s: Scenario, dp: int) -> int:
                          f"{t.micro_batch_size} x data-parallel degree {dp} = {per_step}; use "
                          f"e.g. {max(1, t.global_batch_size // per_step) * per_step}")
     return t.global_batch_size // per_step
+
+
+def _check_size(s: Scenario) -> None:
+    groups = [g for c in s.clusters for g in c.nodes]
+    nodes, gpus = sum(g.count for g in groups), sum(g.count * g.gpus_per_node for g in groups)
+    if nodes > MAX_NODES or gpus > MAX_GPUS:
+        raise FieldError("clusters", f"{nodes:,} nodes with {gpus:,} GPUs in all; at most "
+                                     f"{MAX_NODES:,} nodes and {MAX_GPUS:,} GPUs are simulated")
 
 
 def _check_buckets(workload: Workload) -> None:

@@ -73,6 +73,10 @@ SCENARIOS = {
     "nodes empty": (_sub("    nodes:\n", "    nodes: []\n    x:\n"), "clusters[0].x"),
     "nics empty": (_sub("nics: [{type: ib", "nics: [], x: [{type: ib"), "nodes[0].x"),
     "trailing newline name": (_sub("  - name: c\n", '  - name: "c\\n"\n'), "control character"),
+    "too many nodes in all": (_sub("- {name: ib, count: 2,", "- {name: ib, count: 99999,", BASE)
+                              .replace("    nodes:\n", "    nodes:\n      - {count: 99999, gpu: a100-80gb, "
+                                       "nics: [{type: ethernet, model: eth-100g}]}\n", 1),
+                              "at most 100,000 nodes"),
     "gpu peak inf": (_sub("a100-80gb", "my-gpu") + "catalog:\n  gpus:\n    my-gpu: {peak_tflops: .inf,"
                      " memory_gib: 24, memory_bandwidth_gbyte_per_s: 900}\n",
                      "catalog.gpus.my-gpu.peak_tflops: must be a finite"),

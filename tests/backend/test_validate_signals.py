@@ -73,7 +73,8 @@ def test_signal_leaves_nothing_behind(stage: str, sig: signal.Signals, tmp_path:
         _wait_for(lambda: _record_of(child.pid) is not None, what="the testbed's record")
         if stage == "calibration":
             _wait_for(lambda: "calibrating the links" in log.read_text(), what="calibration")
-            _wait_for(lambda: len(_record_of(child.pid).processes) >= 2, what="CPU burners")
+            _wait_for(lambda: len(_record_of(child.pid).processes) >= 2
+                      and _record_of(child.pid).temp_dirs, what="CPU burners and a probe folder")
         else:
             second = runner.invoke(app, ["validate", str(TESTBED), "--real"])
             assert second.exit_code == 2, second.output
@@ -85,9 +86,8 @@ def test_signal_leaves_nothing_behind(stage: str, sig: signal.Signals, tmp_path:
         child.wait(timeout=30)
         record = _record_of(child.pid) or record  # the latest version, if it is still there
         if sig == signal.SIGKILL:
-            assert not [p for p in record.processes if tbmod._pid_alive(p["pid"])
-                        and tbmod.process_start(p["pid"]) == p["start"]
-                        and not _in_namespace(p["pid"], record)], "a helper outlived SIGKILL"
+            # Helpers outside the namespaces die with their parent (PR_SET_PDEATHSIG), at once.
+            _wait_for(lambda: not _helpers_outside(record), 2.0, "helpers to die with their parent")
             cleanup = runner.invoke(app, ["validate", "--cleanup"])
             assert cleanup.exit_code == 0, cleanup.output
         _wait_for(lambda: not _gone(record), 5.0, f"removal of {_gone(record)}")
@@ -96,6 +96,12 @@ def test_signal_leaves_nothing_behind(stage: str, sig: signal.Signals, tmp_path:
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def _helpers_outside(record: tbmod.RunRecord) -> list[int]:
+    """Live recorded processes that are not inside the record's namespaces."""
+    return [p["pid"] for p in record.processes if tbmod._pid_alive(p["pid"])
+            and tbmod.process_start(p["pid"]) == p["start"] and not _in_namespace(p["pid"], record)]
 
 
 def _in_namespace(pid: int, record: tbmod.RunRecord) -> bool:
