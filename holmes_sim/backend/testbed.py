@@ -106,6 +106,7 @@ _RUN_ID_RE = re.compile(r"[a-z0-9]{1,8}")
 _RUN_ID_RULE = "1-8 characters: lowercase letters or digits"
 _OWN_LINK_RE = re.compile(rf"{PREFIX}(\d+f\d+|br\d+|p[01]|pbr)")
 _PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not in a child between fork and exec
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -127,9 +128,8 @@ def name_problem(name: object) -> str | None:
 
 
 def die_with_parent() -> None:
-    """preexec_fn: SIGKILL this child when its parent dies (Linux PR_SET_PDEATHSIG)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    """preexec_fn: SIGKILL this child when its parent (thread) dies (Linux PR_SET_PDEATHSIG)."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def process_start(pid: int) -> int | None:
