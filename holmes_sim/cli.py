@@ -32,7 +32,7 @@ err = Console(stderr=True)
 
 
 def _fail(exc: HolmesError) -> typer.Exit:
-    err.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -60,7 +60,8 @@ def run(
                        "standard error).")] = None,
     report: Annotated[Path | None, typer.Option(
         "--report", help="Write figures, traces and report.md here.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    seed: Annotated[int | None, typer.Option(min=0, max=2**63 - 1,
+                                             help="Override the scenario's seed (0 or more).")] = None,
     plans: Annotated[Path | None, typer.Option(
         "--plans", help="Write each policy's plan as plan_<policy>.json here (to run it on a "
                         "real cluster, docs/validation.md).")] = None,
@@ -200,7 +201,9 @@ def validate(
     real: Annotated[bool, typer.Option("--real", help="Calibrate, predict, run for real, compare.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Build every group and stage on gloo, "
                                           "without training.")] = False,
-    cleanup: Annotated[bool, typer.Option("--cleanup", help="Remove namespaces a killed run left.")] = False,
+    cleanup: Annotated[bool, typer.Option("--cleanup", help="Remove what killed runs recorded "
+                                          "(namespaces, processes, temp folders); exit 2 if "
+                                          "something stays.")] = False,
     published: Annotated[bool, typer.Option("--published", help="Check the simulator against the "
                          "published measurements in validation/published and the Holmes paper's "
                          "Figure 6 (no testbed needed).")] = False,
@@ -223,8 +226,8 @@ def validate(
     testbed = testbed or default_testbed()
     try:
         if cleanup:
-            removed = v.cleanup()
-            out.print(f"removed {len(removed)} leftover(s): {', '.join(removed) or 'none'}")
+            for line in v.cleanup():
+                out.print(line, highlight=False, markup=False)
             return
         if published:
             _validate_published(json_path)
@@ -236,9 +239,10 @@ def validate(
             _check_outputs((json_path, False, "--json"), (report, True, "--report"))
         if dry_run:
             for line in v.dry_run(testbed, names):
-                out.print(line, highlight=False)
+                out.print(line, highlight=False, markup=False)
             return
-        result = v.validate_real(testbed, names, iterations, progress=lambda m: err.print(m, highlight=False))
+        result = v.validate_real(testbed, names, iterations,
+                                 progress=lambda m: err.print(m, highlight=False, markup=False))
         if json_path is not None:
             write_json(json_path, stamp(result.to_json()))
         if report is not None:
@@ -291,7 +295,7 @@ def _first_comment(path: Path) -> str:
 def sweep(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
     sets: Annotated[list[str], typer.Option("--set", help="PATH=V1,V2,... a scenario field by "
-                    "dotted path with [index], e.g. inter_cluster_links[0].bandwidth_gbit_per_s="
+                    "dotted path with \\[index], e.g. inter_cluster_links[0].bandwidth_gbit_per_s="
                     "50,100,200 (repeatable: every combination runs).")],
     policy: Annotated[list[str] | None, typer.Option(
         "--policy", "-p", help="Only these policies (repeatable); default: the scenario's list.",

@@ -13,7 +13,7 @@ from holmes_sim.units import gbit_per_s_to_bytes_per_s, us_to_s
 
 ETHERNET = "ethernet"
 """Name of the one Ethernet network every Ethernet NIC joins (it spans all clusters)."""
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 _NIC_PREFIX = {"ib": "ib", "roce": "roce", "ethernet": "eth"}
 
 
@@ -151,7 +151,7 @@ def build_cluster(clusters: tuple[ClusterSpec, ...], fabrics: tuple[FabricSpec, 
 
 
 def _check_name(name: str, path: str) -> None:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):  # fullmatch: `$` would accept a trailing newline
         raise FieldError(path, f"'{name}' is not a valid name; use a letter then letters, digits, "
                                "'-' or '_' (at most 32 characters)")
 

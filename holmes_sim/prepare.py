@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -15,6 +16,12 @@ from holmes_sim.schedule import ScheduleKind, build_schedule
 from holmes_sim.spec.load import load_scenario, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
 from holmes_sim.workload import Workload, build_workload
+
+MAX_GRADIENT_BUCKETS = 100_000
+"""Most gradient buckets a model may fill (`training.bucket_size_mb`), so a run stays bounded."""
+MAX_NODES = 100_000
+MAX_GPUS = 2**17
+"""Most nodes and GPUs of all clusters together (each group's `count` is bounded on its own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,30 +58,40 @@ def prepare_text(text: str, source: str = "<scenario>", base_dir: str | Path = "
     return box[0]
 
 
-def prepare(path: str | Path, profile_override: str | Path | None = None) -> Prepared:
+def prepare(path: str | Path, profile_override: str | Path | None = None,
+            check: Callable[[Prepared], object] | None = None) -> Prepared:
     """Load a scenario file and check it.
 
     Args:
         path: the scenario YAML.
         profile_override: a profile JSON to use instead of the scenario's `profile:`.
+        check: a further check of the result (e.g. that a testbed can run it); its `FieldError`
+            is reported with the file and line of its path.
 
     Raises:
         ScenarioError: naming file, line and field.
     """
     path = Path(path)
     box: list[Prepared] = []
-    load_scenario(path, check=lambda s: box.append(_resolve(s, str(path), path.parent,
-                                                            profile_override)))
+
+    def resolve(s: Scenario) -> None:
+        box.append(_resolve(s, str(path), path.parent, profile_override))
+        if check is not None:
+            check(box[0])
+
+    load_scenario(path, check=resolve)
     return box[0]
 
 
 def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prepared:
+    _check_size(s)
     cluster = build_cluster(s.clusters, s.fabrics, s.inter_cluster_links, build_catalog(s.catalog))
     _check_policies(s)
     profile = _load_profile(s, base_dir, profile_override)
     if profile is not None:
         cluster = apply_link_profile(cluster, profile)
     workload = build_workload(s.model, s.training)
+    _check_buckets(workload)
     tp, pp, dp = _degrees(s, cluster)
     m = _microbatches(s, dp)
     _check_layers(s, pp)
@@ -127,6 +144,21 @@ def _microbatches(s: Scenario, dp: int) -> int:
                          f"{t.micro_batch_size} x data-parallel degree {dp} = {per_step}; use "
                          f"e.g. {max(1, t.global_batch_size // per_step) * per_step}")
     return t.global_batch_size // per_step
+
+
+def _check_size(s: Scenario) -> None:
+    groups = [g for c in s.clusters for g in c.nodes]
+    nodes, gpus = sum(g.count for g in groups), sum(g.count * g.gpus_per_node for g in groups)
+    if nodes > MAX_NODES or gpus > MAX_GPUS:
+        raise FieldError("clusters", f"{nodes:,} nodes with {gpus:,} GPUs in all; at most "
+                                     f"{MAX_NODES:,} nodes and {MAX_GPUS:,} GPUs are simulated")
+
+
+def _check_buckets(workload: Workload) -> None:
+    buckets = workload.grad_bytes_of(workload.total_params) / workload.bucket_bytes
+    if buckets > MAX_GRADIENT_BUCKETS:
+        raise FieldError("training.bucket_size_mb", f"the gradients would fill {buckets:.3g} "
+                         f"buckets (at most {MAX_GRADIENT_BUCKETS:,} are simulated); raise it")
 
 
 def _check_layers(s: Scenario, pp: int) -> None:

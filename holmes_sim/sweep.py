@@ -29,7 +29,7 @@ from holmes_sim.spec.load import load_scenario_text
 
 METRICS = ("iteration_time_s", "tflops_per_gpu", "samples_per_s", "bubble_fraction",
            "peak_memory_gib", "fits_memory")
-_SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
+_SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +102,7 @@ def parse_path(path: str, arg: str) -> tuple[str | int, ...]:
     """`a.b[1].c` -> ('a', 'b', 1, 'c')."""
     tokens: list[str | int] = []
     for segment in path.split("."):
-        m = _SEGMENT.match(segment)
+        m = _SEGMENT.fullmatch(segment)  # not match + `$`, which takes a trailing newline
         if m is None:
             raise ScenarioError(f"--set {arg}: '{segment}' is not a field name with optional "
                                 "[index] (e.g. clusters[0].nodes[1].count)")

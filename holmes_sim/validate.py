@@ -24,7 +24,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,9 +124,9 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         ScenarioError: the file cannot run on a testbed (TP > 1, several GPUs per node, ...).
         TestbedError: no root / ip / tc / namespaces, or a rank failed or hung.
     """
-    from holmes_sim.backend.testbed import Testbed, preflight
+    from holmes_sim.backend.testbed import Testbed, measurement_lock, preflight
 
-    prepared = prepare(testbed_path)
+    prepared = prepare(testbed_path, check=check_testbed)
     spec = prepared.scenario.testbed or TestbedSpec()
     if iterations is not None:
         spec = dataclasses.replace(spec, iterations=iterations)
@@ -135,7 +134,7 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
     config = model_config(prepared)
     preflight()
     started = time.time()
-    with Testbed(testbed_nodes(prepared)) as tb:
+    with measurement_lock(f"validate --real {testbed_path}"), Testbed(testbed_nodes(prepared)) as tb:
         progress("calibrating the links ...")
         fabrics = calibrate_links(prepared, tb, spec)
         cases, profiles = [], []
@@ -143,7 +142,7 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
             # Compute is re-calibrated right before each case: a shared host's speed drifts by
             # 10-15% over minutes, which would otherwise bias every later prediction.
             progress(f"{name}: calibrating compute ...")
-            profile = {**calibrate_compute(prepared, spec), "fabrics": fabrics}
+            profile = {**calibrate_compute(prepared, spec, tb), "fabrics": fabrics}
             profiles.append(profile)
             outcome, predicted = predict(apply_profile(prepared, profile), name)
             plan = outcome.plan
@@ -183,20 +182,27 @@ def model_config(prepared: Prepared):
     """The backend GPT of the scenario's model, or a ScenarioError naming what cannot run."""
     from holmes_sim.backend.model import GPTConfig
 
+    check_backend(prepared)
+    s, w = prepared.scenario, prepared.workload
+    return GPTConfig(n_layer=w.num_layers, n_head=w.heads, n_embd=w.hidden, block_size=w.seq,
+                     vocab_size=w.vocab, seed=1234 + s.seed)
+
+
+def check_backend(prepared: Prepared) -> None:
+    """A FieldError naming what the real-run backend cannot run (no torch import)."""
     s, w = prepared.scenario, prepared.workload
     if prepared.tp != 1:
         raise FieldError("parallel.tensor", "the real-run backend runs tensor=1 only; set tensor: 1")
     if any(n.num_gpus != 1 for n in prepared.cluster.nodes):
-        raise ScenarioError("a testbed node emulates one GPU (one rank per namespace); set "
-                            "gpus_per_node: 1 on every node group")
+        raise FieldError("clusters", "a testbed node emulates one GPU (one rank per namespace); "
+                                     "set gpus_per_node: 1 on every node group")
     if s.training.precision != "fp32" or w.grad_bytes != 4:
-        raise ScenarioError("training.precision: the CPU backend trains in fp32; set precision: fp32 "
-                            "and grad_reduce_in_fp32: true so predicted message sizes match")
+        raise FieldError("training.precision", "the CPU backend trains in fp32; set precision: fp32 "
+                                               "and grad_reduce_in_fp32: true so predicted message "
+                                               "sizes match")
     if w.tie_embeddings:
-        raise ScenarioError("model.tie_embeddings: the backend's GPT has an untied head; set "
-                            "tie_embeddings: false")
-    return GPTConfig(n_layer=w.num_layers, n_head=w.heads, n_embd=w.hidden, block_size=w.seq,
-                     vocab_size=w.vocab, seed=1234 + s.seed)
+        raise FieldError("model.tie_embeddings", "the backend's GPT has an untied head; set "
+                                                 "tie_embeddings: false")
 
 
 def testbed_nodes(prepared: Prepared):
@@ -206,6 +212,65 @@ def testbed_nodes(prepared: Prepared):
     return [TestbedNode(n.name, tuple(TestbedNic(nic.name, nic.fabric,
                                                  nic.bandwidth_bytes_per_s * 8) for nic in n.nics))
             for n in prepared.cluster.nodes]
+
+
+def check_testbed(prepared: Prepared) -> None:
+    """Everything the testbed would refuse, as a FieldError naming the scenario field, before
+    anything is built: names and interface names the kernel takes, rates tc can shape, at most
+    254 nodes, two nodes on every fabric (link calibration measures between two)."""
+    from holmes_sim.backend import testbed as tbmod
+
+    check_backend(prepared)
+    nodes = prepared.cluster.nodes
+    if len(nodes) > tbmod.MAX_NODES:
+        raise FieldError("clusters", f"{len(nodes)} nodes; the testbed emulates at most "
+                                     f"{tbmod.MAX_NODES} (one address each in a /24)")
+    fabrics = list(dict.fromkeys(nic.fabric for n in nodes for nic in n.nics))
+    if len(fabrics) > tbmod.MAX_FABRICS:
+        raise FieldError("fabrics", f"{len(fabrics)} fabrics; the testbed has at most "
+                                    f"{tbmod.MAX_FABRICS}")
+    on_fabric: dict[str, list[tuple[str, str]]] = {}
+    for i, (node, name_path, nic_paths) in enumerate(zip(nodes, *_node_paths(prepared), strict=True)):
+        problem = tbmod.name_problem(node.name)
+        if problem is not None:
+            raise FieldError(name_path, f"node name '{node.name}' ({len(node.name)} characters) "
+                                        f"cannot name a testbed node: it {problem}")
+        if len(nic_paths) != len(node.nics):  # NICs split by `gpus`: name the group's list
+            nic_paths = [name_path.rsplit(".", 1)[0] + ".nics"] * len(node.nics)
+        for nic, nic_path in zip(node.nics, nic_paths, strict=True):
+            _check_testbed_nic(i, fabrics.index(nic.fabric), nic, nic_path)
+            on_fabric.setdefault(nic.fabric, []).append((node.name, nic_path))
+    for fabric, members in on_fabric.items():
+        if len(members) < 2:
+            raise FieldError(f"{members[0][1]}.fabric" if fabric != "ethernet" else members[0][1],
+                             f"fabric '{fabric}' reaches only node '{members[0][0]}'; link "
+                             "calibration measures between two nodes, so give it a second one")
+
+
+def _check_testbed_nic(i: int, j: int, nic, path: str) -> None:
+    from holmes_sim.backend import testbed as tbmod
+
+    longest = max((nic.name, tbmod.peer_name(i, j), tbmod.bridge_name(j)), key=len)
+    if len(longest) > tbmod.IFNAME_MAX or tbmod.name_problem(nic.name) is not None:
+        raise FieldError(path, f"interface name '{longest}' is longer than Linux allows "
+                               f"({tbmod.IFNAME_MAX} characters)")
+    rate = nic.bandwidth_bytes_per_s * 8
+    if not 0 < rate <= tbmod.MAX_RATE_BIT_PER_S:
+        raise FieldError(f"{path}.bandwidth_gbit_per_s", f"{rate / 1e9:g} Gbit/s cannot be "
+                         f"shaped on the testbed (at most {tbmod.MAX_RATE_BIT_PER_S / 1e9:g})")
+
+
+def _node_paths(prepared: Prepared) -> tuple[list[str], list[list[str]]]:
+    """For each node of the cluster, in order: the field that names it, and its NICs' fields."""
+    names, nics = [], []
+    for ci, c in enumerate(prepared.scenario.clusters):
+        for gi, g in enumerate(c.nodes):
+            group = f"clusters[{ci}].nodes[{gi}]"
+            per_nic = [f"{group}.nics[{k}]" for k, spec in enumerate(g.nics) for _ in range(spec.count)]
+            for _ in range(g.count):
+                names.append(f"{group}.name" if g.name is not None else f"clusters[{ci}].name")
+                nics.append(per_nic)
+    return names, nics
 
 
 def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb):
@@ -224,7 +289,7 @@ def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb):
         return tb.popen(plan.rank_to_gpu[rank].node, argv, stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    return run_plan(plan, cfg, spawn=spawn, timeout_s=spec.timeout_s)
+    return run_plan(plan, cfg, spawn=spawn, timeout_s=spec.timeout_s, mkdtemp=tb.mkdtemp)
 
 
 # ---- calibration -------------------------------------------------------------------------------
@@ -233,7 +298,7 @@ def calibrate_links(prepared: Prepared, tb, spec: TestbedSpec) -> dict:
     return {f: measure_fabric(prepared, tb, f, spec) for f in sorted(_fabrics(prepared))}
 
 
-def calibrate_compute(prepared: Prepared, spec: TestbedSpec) -> dict:
+def calibrate_compute(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     """Profile entries for compute: per-piece solo times, framework overhead per op, and the
     shared host (effective cores, spread) measured with as many processes as ranks."""
     from holmes_sim.backend.calibrate_compute import measure_layer_times
@@ -258,7 +323,7 @@ def calibrate_compute(prepared: Prepared, spec: TestbedSpec) -> dict:
                "head_forward_s": solo["head_forward_s"],
                "head_backward_s": solo["head_backward_s"],
                "optimizer_s_per_param": solo["optimizer_per_param_s"]}
-    compute["op_overhead_s"] = measure_op_overhead(prepared, config, compute, spec)
+    compute["op_overhead_s"] = measure_op_overhead(prepared, config, compute, spec, tb)
     gpus = {n.gpu.name for n in prepared.cluster.nodes}
     return {"schema": PROFILE_SCHEMA,
             "compute": {g: dict(compute) for g in sorted(gpus)},
@@ -266,7 +331,8 @@ def calibrate_compute(prepared: Prepared, spec: TestbedSpec) -> dict:
                      "cpu_count": os.cpu_count(), "ranks": ranks}}
 
 
-def measure_op_overhead(prepared: Prepared, config, compute: dict, spec: TestbedSpec) -> float:
+def measure_op_overhead(prepared: Prepared, config, compute: dict, spec: TestbedSpec,
+                        tb=None) -> float:
     """Framework time per forward or backward op (Python, data, buffers) beyond the pieces'
     compute, in seconds: a one-rank run of the same model through the real worker, minus the
     calibrated pieces, divided by its ops. A calibration run of its own, not a measured case."""
@@ -281,7 +347,8 @@ def measure_op_overhead(prepared: Prepared, config, compute: dict, spec: Testbed
                     world_interfaces=["lo"], lr=spec.learning_rate, optimizer=spec.optimizer,
                     bucket_numel=max(1, int(prepared.workload.bucket_bytes // 4)))
     # The fastest iteration: noise on a shared host only ever adds time.
-    measured = min(run_plan(plan, cfg, timeout_s=spec.timeout_s).iteration_times_s)
+    mkdtemp = tb.mkdtemp if tb is not None else None
+    measured = min(run_plan(plan, cfg, timeout_s=spec.timeout_s, mkdtemp=mkdtemp).iteration_times_s)
     pieces = m * (compute["embedding_forward_s"] + compute["embedding_backward_s"]
                   + layers * (compute["layer_forward_s"] + compute["layer_backward_s"])
                   + compute["head_forward_s"] + compute["head_backward_s"])
@@ -298,18 +365,19 @@ def measure_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> di
     """gloo throughput and latency between the first two nodes on `fabric`, while the other
     ranks' share of the host is busy computing, as it is during the run: on a shared host a
     message waits for its receiver to be scheduled, which costs milliseconds, not microseconds."""
-    with _busy_processes(prepared.cluster.num_gpus - 2):
+    with _busy_processes(tb, prepared.cluster.num_gpus - 2):
         return _probe_fabric(prepared, tb, fabric, spec)
 
 
 @contextlib.contextmanager
-def _busy_processes(count: int):
-    """`count` single-threaded processes doing matrix products until the block ends."""
+def _busy_processes(tb, count: int):
+    """`count` single-threaded processes doing matrix products until the block ends; the
+    testbed records them and they die with this process, whatever kills it."""
     code = ("import torch; torch.set_num_threads(1); a = torch.randn(256, 256)\n"
             "while True: a = (a @ a).tanh_()")
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True) for _ in range(max(0, count))]
+    procs = [tb.start_process([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(max(0, count))]
     try:
         time.sleep(1.0 if procs else 0.0)  # let them import torch and start
         yield
@@ -324,12 +392,12 @@ def _probe_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> dic
              if nic.fabric == fabric][:2]
     if len(pairs) < 2:
         raise TestbedError(f"fabric '{fabric}' has fewer than two nodes; nothing to measure")
-    tmp = Path(tempfile.mkdtemp(prefix="holmes-probe-"))
+    tmp = tb.mkdtemp("holmes-probe-")
     procs: list[subprocess.Popen] = []
     try:
         out = tmp / "result.json"
         for r, (node, nic) in enumerate(pairs):
-            with open(tmp / f"probe{r}.log", "w") as log:
+            with open(os.open(tmp / f"probe{r}.log", os.O_WRONLY | os.O_CREAT, 0o600), "w") as log:
                 procs.append(tb.popen(node, [sys.executable, "-m", "holmes_sim.backend.calibrate_links",
                                              "--rank", str(r), "--store", str(tmp / "store"),
                                              "--interface", nic, "--bytes",
@@ -383,10 +451,11 @@ def provenance(testbed_path: str | Path, wall_s: float) -> dict:
 # ---- dry run, cleanup, table -------------------------------------------------------------------
 def dry_run(testbed_path: str | Path, policies: list[str] | None = None) -> list[str]:
     """Build every group and stage of every policy's plan on gloo (loopback), without training."""
+    prepared = prepare(testbed_path, check=check_testbed)  # before torch loads: bad input is quick
+
     from holmes_sim.backend.launch import dry_run as backend_dry_run
     from holmes_sim.backend.worker import RunConfig
 
-    prepared = prepare(testbed_path)
     config = model_config(prepared)
     lines = []
     for name in _runnable_policies(prepared, policies):
@@ -405,10 +474,22 @@ def dry_run(testbed_path: str | Path, policies: list[str] | None = None) -> list
 
 
 def cleanup() -> list[str]:
-    """Remove namespaces and interfaces a killed validation left behind."""
+    """Undo what killed runs recorded; the lines to print (removed, and found but not ours).
+
+    Raises:
+        TestbedError: something could not be removed, or not root.
+    """
     from holmes_sim.backend.testbed import cleanup_leftovers
 
-    return cleanup_leftovers()
+    report = cleanup_leftovers()
+    lines = [f"removed {len(report.removed)} leftover(s): {', '.join(report.removed) or 'none'}"]
+    if report.foreign:
+        lines.append(f"left alone (named like ours, but no run of ours recorded them): "
+                     f"{', '.join(report.foreign)}")
+    if report.failed:
+        raise TestbedError(f"could not remove {', '.join(report.failed)} ("
+                           f"{'; '.join(lines)}); they stay recorded for the next --cleanup")
+    return lines
 
 
 def comparison_table(result: ValidationResult) -> Table:

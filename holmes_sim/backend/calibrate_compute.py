@@ -9,6 +9,7 @@ computing (unrecorded) until all have theirs, so every recorded sample ran under
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import statistics
 import time
 
@@ -43,7 +44,8 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
     ctx = mp.get_context("spawn")  # a fresh interpreter, like a rank; no forked torch state
     barrier, done, results = ctx.Barrier(concurrency), ctx.Value("i", 0), ctx.Queue()
     procs = [ctx.Process(target=_measure_one, args=(config, micro_batch_size, repeats,
-                                                    torch_threads, barrier, done, results))
+                                                    torch_threads, barrier, done, results,
+                                                    os.getpid()))
              for _ in range(concurrency)]
     for p in procs:
         p.start()
@@ -73,7 +75,12 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
 
 
 def _measure_one(config: GPTConfig, micro_batch_size: int, repeats: int, torch_threads: int,
-                 barrier, done, results) -> None:
+                 barrier, done, results, parent: int) -> None:
+    from holmes_sim.backend.testbed import die_with_parent
+
+    die_with_parent()  # however the calibrating process ends, this one does not outlive it
+    if os.getppid() != parent:
+        return
     try:
         torch.set_num_threads(torch_threads)
         emb, block, head = make_embedding(config), make_block(config, 0), make_head(config)

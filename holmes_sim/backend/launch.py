@@ -26,6 +26,7 @@ from holmes_sim.errors import TestbedError
 from holmes_sim.plan import Plan
 
 Spawn = Callable[[int, list[str]], subprocess.Popen]
+MakeTemp = Callable[[str], Path]
 
 _POLL_S = 0.05
 # Runs the worker like `python -m holmes_sim.backend.worker`, but imports holmes_sim from this
@@ -60,20 +61,25 @@ class RunResult:
 
 
 def local_spawn(rank: int, argv: list[str]) -> subprocess.Popen:
-    """Start a rank on this host, in its own session so the whole tree can be killed."""
+    """Start a rank on this host, in its own session so the whole tree can be killed, dying with
+    its parent so no kill of the launcher leaves it running."""
+    from holmes_sim.backend.testbed import die_with_parent
+
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=die_with_parent)
 
 
 def run_plan(plan: Plan, run_config: RunConfig, spawn: Spawn | None = None,
-             timeout_s: float = 300.0) -> RunResult:
-    """Run `plan` for real and summarise it.
+             timeout_s: float = 300.0, mkdtemp: MakeTemp | None = None) -> RunResult:
+    """Run `plan` for real and summarise it (`mkdtemp(prefix)` makes its temporary folder, e.g.
+    `Testbed.mkdtemp`, which records it).
 
     Raises:
         TestbedError: a rank exited non-zero or the run passed `timeout_s` seconds; every rank is
             killed first and the message carries the failing rank's log tail.
     """
-    docs = _run_all(plan, replace(run_config, dry_run=False), spawn, timeout_s)
+    docs = _run_all(plan, replace(run_config, dry_run=False), spawn, timeout_s, mkdtemp)
     return summarise(docs, run_config.warmup)
 
 
@@ -107,9 +113,10 @@ def summarise(docs: list[dict], warmup: int) -> RunResult:
                      tuple(docs))
 
 
-def _run_all(plan: Plan, cfg: RunConfig, spawn: Spawn | None, timeout_s: float) -> list[dict]:
+def _run_all(plan: Plan, cfg: RunConfig, spawn: Spawn | None, timeout_s: float,
+             mkdtemp: MakeTemp | None = None) -> list[dict]:
     spawn = spawn or local_spawn
-    tmp = Path(tempfile.mkdtemp(prefix="holmes-run-"))
+    tmp = mkdtemp("holmes-run-") if mkdtemp else Path(tempfile.mkdtemp(prefix="holmes-run-"))
     procs: dict[int, subprocess.Popen] = {}
     try:
         config_path = _write_config(plan, cfg, tmp)
@@ -132,7 +139,7 @@ def _write_config(plan: Plan, cfg: RunConfig, tmp: Path) -> Path:
         cfg = replace(cfg, store={"kind": "file", "path": str(tmp / "store")})
     if not cfg.output_dir:
         cfg = replace(cfg, output_dir=str(tmp))
-    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    Path(cfg.output_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     (tmp / "plan.json").write_text(plan.to_json())
     path = tmp / "run.json"
     doc = {"plan_path": str(tmp / "plan.json"), "run": json.loads(cfg.to_json())}

@@ -31,21 +31,28 @@ With traffic both ways on a NIC, as in a ring all-reduce, the ACKs of one direct
 behind the data of the other; 10 ms gave 0.87-0.99 per direction, better than 20 ms (deeper
 queue, later ACKs) and 2-5 ms (drops at 2 Gbit/s).
 
-Safety
-------
+Safety and ownership
+--------------------
 Names from the caller are checked against a strict pattern and reach ``ip``/``tc`` only as
-elements of an argument list (``subprocess.run([...])``, never a shell). Each run holds an
-``flock`` on ``/run/holmes-sim/<runid>.lock`` while it lives, so `cleanup_leftovers` removes
-only what dead runs (e.g. one killed with SIGKILL) left behind and never a live run's testbed.
-Teardown kills the processes started with `Testbed.popen` (whole process group, SIGTERM then
-SIGKILL) and any other process still inside the namespaces, then deletes the namespaces, which
-deletes the veths and bridges in them. It is idempotent and never raises on missing resources.
+elements of an argument list (``subprocess.run([...])``, never a shell). Locks and records live
+in ``/run/holmes-sim`` (root only, mode 0700, never followed through a symlink). Each run holds
+an ``flock`` on ``<runid>.lock`` while it lives and keeps ``<runid>.json``, the record of what it
+created (namespaces, interfaces, processes with their start times, temporary folders), written
+before each thing is made. `cleanup_leftovers` undoes exactly what the records of dead runs
+(e.g. one killed with SIGKILL) list, verifies each removal, and only reports other objects with
+matching names. Processes started here die with their parent (``PR_SET_PDEATHSIG``). SIGTERM and
+SIGHUP unwind like SIGINT. Teardown kills the processes started with `Testbed.popen` (whole
+process group, SIGTERM then SIGKILL) and any other process still inside the namespaces, then
+deletes the namespaces, which deletes the veths and bridges in them. It is idempotent and never
+raises on missing resources. `measurement_lock` lets one real measurement run on a host at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
+import json
 import logging
 import math
 import os
@@ -53,12 +60,13 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -80,6 +88,15 @@ TBF_MIN_BURST_BYTES = 128 * 1024
 TBF_BURST_S = 4e-3
 TBF_LATENCY_S = 10e-3
 
+MAX_RATE_BIT_PER_S = 1e12
+"""Fastest NIC the testbed shapes (tbf's burst, 4 ms of line rate, must fit in 32 bits)."""
+IFNAME_MAX = 15
+"""Longest Linux interface name (IFNAMSIZ - 1 bytes)."""
+RUN_DIR = Path("/run/holmes-sim")
+"""Root-only directory of run locks, run records and the measurement lock."""
+TEMP_PREFIXES = ("holmes-probe-", "holmes-run-")
+"""Prefixes of the temporary folders runs create (and record)."""
+
 KILL_GRACE_S = 2.0
 COMMAND_TIMEOUT_S = 30.0
 
@@ -88,6 +105,40 @@ _NAME_RULE = "1-15 characters: a letter, then letters, digits, '-' or '_'"
 _RUN_ID_RE = re.compile(r"[a-z0-9]{1,8}")
 _RUN_ID_RULE = "1-8 characters: lowercase letters or digits"
 _OWN_LINK_RE = re.compile(rf"{PREFIX}(\d+f\d+|br\d+|p[01]|pbr)")
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not in a child between fork and exec
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def peer_name(node_index: int, fabric_index: int) -> str:
+    """Fabric-side interface name of node `node_index`'s NIC on fabric `fabric_index`."""
+    return f"{PREFIX}{node_index}f{fabric_index}"
+
+
+def bridge_name(fabric_index: int) -> str:
+    """Name of fabric `fabric_index`'s bridge."""
+    return f"{PREFIX}br{fabric_index}"
+
+
+def name_problem(name: object) -> str | None:
+    """Why `name` cannot name a node, NIC or fabric of a testbed, or None when it can."""
+    if isinstance(name, str) and _NAME_RE.fullmatch(name):
+        return None
+    return f"must be {_NAME_RULE}"
+
+
+def die_with_parent() -> None:
+    """preexec_fn: SIGKILL this child when its parent (thread) dies (Linux PR_SET_PDEATHSIG)."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot (/proc/PID/stat field 22), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return int(fh.read().rsplit(")", 1)[-1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -187,23 +238,35 @@ def _remove_namespace(ns: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Run ids and their locks
+# The run directory, run locks and run records
 
 
-def _lock_dir() -> Path:
-    """Directory of the per-run lock files (/run/holmes-sim, else the temp dir)."""
-    for base in (Path("/run"), Path(tempfile.gettempdir())):
-        path = base / "holmes-sim"
-        with contextlib.suppress(OSError):
-            path.mkdir(mode=0o755, exist_ok=True)
-            return path
-    raise TestbedError("cannot create a lock directory under /run or the temp dir")
+def run_dir() -> Path:
+    """/run/holmes-sim, made root-only (0700); TestbedError unless it is a real directory of root's."""
+    if os.geteuid() != 0:
+        raise TestbedError(f"the testbed's records in {RUN_DIR} need root; run it as root")
+    try:
+        os.mkdir(RUN_DIR, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise TestbedError(f"cannot create {RUN_DIR}: {exc.strerror}") from None
+    info = os.lstat(RUN_DIR)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0:
+        raise TestbedError(f"{RUN_DIR} is not a directory owned by root (a symlink?); remove it")
+    if info.st_mode & 0o077:
+        os.chmod(RUN_DIR, 0o700, follow_symlinks=False)  # made 0755 by an older version
+    return RUN_DIR
+
+
+def _open_record_file(name: str, flags: int, mode: int = 0o600) -> int:
+    """Open `name` inside the run directory, never through a symlink."""
+    return os.open(run_dir() / name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
 
 
 def _acquire_run_lock(run_id: str) -> int:
     """Lock run `run_id` for this process; return the lock's fd. TestbedError if it is taken."""
-    path = _lock_dir() / f"{run_id}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_record_file(f"{run_id}.lock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -216,18 +279,17 @@ def _acquire_run_lock(run_id: str) -> int:
 
 def _release_run_lock(run_id: str, fd: int) -> None:
     """Remove the lock file of `run_id` and drop the lock."""
-    with contextlib.suppress(OSError):
-        (_lock_dir() / f"{run_id}.lock").unlink()
+    with contextlib.suppress(OSError, TestbedError):
+        (run_dir() / f"{run_id}.lock").unlink()
     with contextlib.suppress(OSError):
         os.close(fd)
 
 
 def _run_is_live(run_id: str) -> bool:
     """Whether a live process holds the lock of run `run_id`."""
-    path = _lock_dir() / f"{run_id}.lock"
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+        fd = _open_record_file(f"{run_id}.lock", os.O_RDONLY)
+    except (OSError, TestbedError):
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -243,6 +305,85 @@ def _run_id_of(ns: str) -> str:
     return ns[len(NS_PREFIX) :].split("-", 1)[0]
 
 
+@dataclass
+class RunRecord:
+    """What one run created, saved to `<runid>.json` before each thing is made."""
+
+    run_id: str
+    namespaces: list[str] = field(default_factory=list)
+    interfaces: list[list[str]] = field(default_factory=list)
+    """[namespace, interface] pairs."""
+    processes: list[dict[str, int]] = field(default_factory=list)
+    """{"pid", "start"}: start is the clock-tick start time, so a reused pid is not mistaken."""
+    temp_dirs: list[str] = field(default_factory=list)
+
+    def add(self, kind: str, item: Any) -> None:
+        """Append `item` to list `kind` and save the record."""
+        getattr(self, kind).append(item)
+        self.save()
+
+    def save(self) -> None:
+        """Write the record atomically (temporary file, then rename)."""
+        doc = {"run_id": self.run_id, "pid": os.getpid(), "namespaces": self.namespaces,
+               "interfaces": self.interfaces, "processes": self.processes,
+               "temp_dirs": self.temp_dirs}
+        tmp = f"{self.run_id}.json.tmp"
+        fd = _open_record_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh)
+        os.replace(run_dir() / tmp, run_dir() / f"{self.run_id}.json")
+
+    def delete(self) -> None:
+        """Remove the saved record."""
+        with contextlib.suppress(OSError, TestbedError):
+            (run_dir() / f"{self.run_id}.json").unlink()
+
+    @classmethod
+    def load(cls, path: Path) -> RunRecord | None:
+        """The record at `path`, or None when it is not a well-formed record."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd) as fh:
+                doc = json.loads(fh.read(1 << 20))
+            record = cls(doc["run_id"], [str(n) for n in doc["namespaces"]],
+                         [[str(a), str(b)] for a, b in doc["interfaces"]],
+                         [{"pid": int(p["pid"]), "start": int(p["start"])} for p in doc["processes"]],
+                         [str(t) for t in doc["temp_dirs"]])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return record if _RUN_ID_RE.fullmatch(str(record.run_id)) else None
+
+
+def _records() -> list[RunRecord]:
+    """Every well-formed run record in the run directory."""
+    paths = sorted(run_dir().glob("*.json"))
+    return [r for r in map(RunRecord.load, paths) if r is not None]
+
+
+@contextlib.contextmanager
+def measurement_lock(what: str) -> Iterator[None]:
+    """Hold the host-wide lock of real measurements (two at once corrupt each other's timings).
+
+    Raises:
+        TestbedError: at once, naming the PID and start time of the measurement that holds it.
+    """
+    fd = _open_record_file("measurement.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
+        os.close(fd)
+        raise TestbedError(f"another measurement is running on this host ({holder}); two at once "
+                           "corrupt each other's timings: wait for it to finish") from None
+    try:
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"PID {os.getpid()}, started {started}: {what}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
 # ---------------------------------------------------------------------------------------------
 # Preflight and leftovers
 
@@ -251,10 +392,12 @@ def _probe_kernel() -> list[str]:
     """Create a probe namespace with a veth pair, a bridge and a tbf qdisc; list what failed."""
     run_id = secrets.token_hex(4)
     ns = f"{NS_PREFIX}{run_id}-probe"
+    record = RunRecord(run_id)
     fd = None
     try:
         with _signals_deferred():
             fd = _acquire_run_lock(run_id)
+            record.add("namespaces", ns)
         if _run(["ip", "netns", "add", ns], check=False).returncode != 0:
             return ["network namespace support (`ip netns add` failed)"]
         steps = [
@@ -271,7 +414,8 @@ def _probe_kernel() -> list[str]:
         return missing
     finally:
         with _signals_deferred():
-            _remove_namespace(ns)
+            if not _remove_namespace(ns) or ns not in _list_namespaces():
+                record.delete()
             if fd is not None:
                 _release_run_lock(run_id, fd)
 
@@ -280,6 +424,7 @@ def preflight() -> None:
     """Check that a testbed can be built here; raise TestbedError naming everything missing."""
     if os.geteuid() != 0:
         raise TestbedError("testbed needs root (network namespaces and tc); run it as root")
+    run_dir()
     missing = [
         f"the `{tool}` command (iproute2)" for tool in ("ip", "tc") if not shutil.which(tool)
     ]
@@ -289,33 +434,107 @@ def preflight() -> None:
         raise TestbedError("testbed preflight failed; missing: " + "; ".join(missing))
 
 
-def cleanup_leftovers() -> list[str]:
-    """Remove every namespace (and stray interface) this module created whose run is dead.
+@dataclass
+class Cleanup:
+    """What `cleanup_leftovers` did: removed, left alone (not ours), and could not remove."""
 
-    Recognised by the `hsim` name prefix; namespaces of runs whose process still holds its lock
-    are left alone. Returns the names removed.
+    removed: list[str] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def cleanup_leftovers() -> Cleanup:
+    """Undo what the records of dead runs list; report, but never touch, anything else.
+
+    Namespaces, interfaces, processes (matched by pid and start time) and temporary folders of
+    runs whose process still holds its lock are left alone. Each removal is verified; what could
+    not be removed stays in its record and in `failed`.
+
+    Raises:
+        TestbedError: not root (the records and namespaces need it).
     """
-    removed = []
+    if os.geteuid() != 0:
+        raise TestbedError("--cleanup needs root (network namespaces and the records in "
+                           f"{RUN_DIR}); nothing was removed")
+    report = Cleanup()
+    known_ns: set[str] = set()
+    known_tmp: set[str] = set()
+    for record in _records():
+        known_ns.update(record.namespaces)
+        known_tmp.update(record.temp_dirs)
+        if not _run_is_live(record.run_id):
+            _undo(record, report)
+    _report_foreign(known_ns, known_tmp, report)
+    _remove_stale_locks()
+    return report
+
+
+def _undo(record: RunRecord, report: Cleanup) -> None:
+    """Remove what `record` lists, verifying each; drop the record when all is gone."""
+    failed_before = len(report.failed)
+    for proc in record.processes:
+        if process_start(proc["pid"]) == proc["start"]:
+            _kill_verified(proc["pid"], report)
+    present = set(_list_namespaces())
+    for ns in reversed(record.namespaces):
+        if ns not in present:
+            continue
+        _remove_namespace(ns)
+        if ns in _list_namespaces():
+            report.failed.append(f"namespace {ns}")
+        else:
+            report.removed.append(ns)
+    for path in record.temp_dirs:
+        _remove_temp_dir(Path(path), report)
+    if len(report.failed) == failed_before:
+        record.delete()
+
+
+def _kill_verified(pid: int, report: Cleanup) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_GRACE_S
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    (report.failed if _pid_alive(pid) else report.removed).append(f"process {pid}")
+
+
+def _remove_temp_dir(path: Path, report: Cleanup) -> None:
+    """Remove a recorded temporary folder: only a real directory named like ours."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode) or not path.name.startswith(TEMP_PREFIXES):
+        report.foreign.append(f"{path} (recorded, but not one of our folders)")
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    (report.failed if os.path.lexists(path) else report.removed).append(str(path))
+
+
+def _report_foreign(known_ns: set[str], known_tmp: set[str], report: Cleanup) -> None:
+    """Note objects named like ours that no record lists (left untouched)."""
     for ns in _list_namespaces():
-        ours = ns.startswith(NS_PREFIX) and not _run_is_live(_run_id_of(ns))
-        if ours and _remove_namespace(ns):
-            removed.append(ns)
+        if ns.startswith(NS_PREFIX) and ns not in known_ns:
+            report.foreign.append(f"namespace {ns}")
     out = _run(["ip", "-o", "link", "show"], check=False).stdout
     for line in out.splitlines():
         parts = line.split(":", 2)
         name = parts[1].strip().split("@", 1)[0] if len(parts) > 2 else ""
-        ours = _OWN_LINK_RE.fullmatch(name) is not None
-        if ours and _run(["ip", "link", "delete", name], check=False).returncode == 0:
-            removed.append(name)
-    _remove_stale_locks()
-    return removed
+        if name.startswith(PREFIX):
+            report.foreign.append(f"interface {name}")
+    for prefix in TEMP_PREFIXES:
+        for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+            if str(path) not in known_tmp:
+                report.foreign.append(str(path))
 
 
 def _remove_stale_locks() -> None:
-    """Delete lock files of runs that are no longer live."""
+    """Delete lock files of runs that are no longer live and have no record left."""
     with contextlib.suppress(OSError, TestbedError):
-        for path in _lock_dir().glob("*.lock"):
-            if _RUN_ID_RE.fullmatch(path.stem) and not _run_is_live(path.stem):
+        for path in run_dir().glob("*.lock"):
+            stale = _RUN_ID_RE.fullmatch(path.stem) and not _run_is_live(path.stem)
+            if stale and not (path.parent / f"{path.stem}.json").exists():
                 with contextlib.suppress(OSError):
                     path.unlink()
 
@@ -326,8 +545,9 @@ def _remove_stale_locks() -> None:
 
 def _check_name(kind: str, name: object) -> None:
     """Raise TestbedError unless `name` follows the name rule."""
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise TestbedError(f"bad {kind} name {name!r}: must be {_NAME_RULE}")
+    problem = name_problem(name)
+    if problem is not None:
+        raise TestbedError(f"bad {kind} name {name!r}: {problem}")
 
 
 def _check_nic(node: str, nic: TestbedNic) -> None:
@@ -339,8 +559,9 @@ def _check_nic(node: str, nic: TestbedNic) -> None:
     rate = nic.rate_bit_per_s
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate):
         raise TestbedError(f"node {node!r} NIC {nic.name!r}: rate must be a finite number (bit/s)")
-    if rate <= 0:
-        raise TestbedError(f"node {node!r} NIC {nic.name!r}: rate {rate} bit/s is not positive")
+    if not 0 < rate <= MAX_RATE_BIT_PER_S:
+        raise TestbedError(f"node {node!r} NIC {nic.name!r}: rate {rate} bit/s is outside "
+                           f"(0, {MAX_RATE_BIT_PER_S:g}]")
 
 
 def _check_node(node: TestbedNode) -> None:
@@ -386,13 +607,13 @@ def _validate(nodes: Sequence[TestbedNode]) -> list[str]:
 
 
 def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM handler: raise SystemExit(143) so `with` blocks unwind and clean up."""
+    """SIGTERM/SIGHUP handler: raise SystemExit(128 + signum) so `with` blocks unwind and clean up."""
     raise SystemExit(128 + signum)
 
 
 @contextlib.contextmanager
 def _signals_deferred(restore: dict[int, Any] | None = None) -> Iterator[None]:
-    """Hold off SIGINT and SIGTERM (main thread only); re-deliver them afterwards.
+    """Hold off SIGINT, SIGTERM and SIGHUP (main thread only); re-deliver them afterwards.
 
     Afterwards each signal gets back its previous handler, or the one given in `restore`.
     """
@@ -400,8 +621,7 @@ def _signals_deferred(restore: dict[int, Any] | None = None) -> Iterator[None]:
         yield
         return
     pending: list[int] = []
-    sigs = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda signum, _f: pending.append(signum)) for s in sigs}
+    previous = {s: signal.signal(s, lambda signum, _f: pending.append(signum)) for s in _SIGNALS}
     previous.update(restore or {})
     try:
         yield
@@ -433,9 +653,10 @@ class Testbed:
         self._index = {node.name: i for i, node in enumerate(nodes)}
         self._created: list[str] = []
         self._procs: list[subprocess.Popen[Any]] = []
+        self._temp_dirs: list[Path] = []
         self._lock_fd: int | None = None
-        self._prev_sigterm: Any = None
-        self._sigterm_installed = False
+        self._record = RunRecord(run_id)
+        self._prev_handlers: dict[int, Any] = {}
 
     # -- names and addresses ------------------------------------------------------------------
 
@@ -473,15 +694,34 @@ class Testbed:
 
     def popen(self, node: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """Start `argv` inside `node` in its own process group; it is killed on exit."""
-        if self._lock_fd is None:
-            raise TestbedError("testbed is not built; use it inside a `with` block")
         if kwargs.pop("start_new_session", True) is not True or "process_group" in kwargs:
             raise TestbedError("popen always starts a new session; do not override it")
-        proc = subprocess.Popen(
-            self.exec_prefix(node) + list(argv), start_new_session=True, **kwargs
-        )
-        self._procs.append(proc)
+        return self.start_process(self.exec_prefix(node) + list(argv), **kwargs)
+
+    def start_process(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start a recorded helper process (own session, dies with us); it is killed on exit."""
+        if self._lock_fd is None:
+            raise TestbedError("testbed is not built; use it inside a `with` block")
+        with _signals_deferred():
+            proc = subprocess.Popen(list(argv), start_new_session=True,
+                                    preexec_fn=die_with_parent, **kwargs)
+            self._procs.append(proc)
+            start = process_start(proc.pid)
+            if start is not None:
+                self._record.add("processes", {"pid": proc.pid, "start": start})
         return proc
+
+    def mkdtemp(self, prefix: str) -> Path:
+        """A recorded temporary folder (0700), removed on exit and by `--cleanup`."""
+        if not prefix.startswith(TEMP_PREFIXES):
+            raise TestbedError(f"temporary folder prefix must start with one of {TEMP_PREFIXES}")
+        if self._lock_fd is None:
+            raise TestbedError("testbed is not built; use it inside a `with` block")
+        with _signals_deferred():
+            path = Path(tempfile.mkdtemp(prefix=prefix))
+            self._temp_dirs.append(path)
+            self._record.add("temp_dirs", str(path))
+        return path
 
     # -- context manager ----------------------------------------------------------------------
 
@@ -512,16 +752,17 @@ class Testbed:
         self._teardown()
 
     def _install_sigterm(self) -> None:
-        """Make SIGTERM raise SystemExit while the testbed lives (main thread only)."""
+        """Make SIGTERM and SIGHUP raise SystemExit while the testbed lives (main thread only)."""
         if threading.current_thread() is threading.main_thread():
-            self._prev_sigterm = signal.signal(signal.SIGTERM, _raise_on_sigterm)
-            self._sigterm_installed = True
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                self._prev_handlers[sig] = signal.signal(sig, _raise_on_sigterm)
 
     # -- building -----------------------------------------------------------------------------
 
     def _add_namespace(self, ns: str) -> None:
         """Create namespace `ns` (recorded first, so a half-made one is still removed)."""
         self._created.append(ns)
+        self._record.add("namespaces", ns)
         _run(["ip", "netns", "add", ns])
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
 
@@ -530,8 +771,9 @@ class Testbed:
         fns = self.fabrics_namespace
         self._add_namespace(fns)
         for j in range(len(self._fabrics)):
-            _run(["ip", "-n", fns, "link", "add", f"{PREFIX}br{j}", "type", "bridge"])
-            _run(["ip", "-n", fns, "link", "set", f"{PREFIX}br{j}", "up"])
+            self._record.add("interfaces", [fns, bridge_name(j)])
+            _run(["ip", "-n", fns, "link", "add", bridge_name(j), "type", "bridge"])
+            _run(["ip", "-n", fns, "link", "set", bridge_name(j), "up"])
         for i, node in enumerate(self.nodes):
             self._add_namespace(self.namespace(node.name))
             for nic in node.nics:
@@ -541,10 +783,12 @@ class Testbed:
         """Create NIC `nic` of node number `i`: veth pair, bridge port, address, tbf both ways."""
         ns, fns = self.namespace(node), self.fabrics_namespace
         j = self._fabrics.index(nic.fabric)
-        peer = f"{PREFIX}{i}f{j}"
+        peer = peer_name(i, j)
+        self._record.interfaces += [[ns, nic.name], [fns, peer]]
+        self._record.save()
         _run(["ip", "-n", ns, "link", "add", nic.name, "type", "veth",
               "peer", "name", peer, "netns", fns])  # fmt: skip
-        _run(["ip", "-n", fns, "link", "set", peer, "master", f"{PREFIX}br{j}"])
+        _run(["ip", "-n", fns, "link", "set", peer, "master", bridge_name(j)])
         _run(["ip", "-n", ns, "addr", "add", f"{self.address(node, nic.name)}/24", "dev", nic.name])
         _run(_tbf_argv(ns, nic.name, nic.rate_bit_per_s))
         _run(_tbf_argv(fns, peer, nic.rate_bit_per_s))
@@ -554,15 +798,25 @@ class Testbed:
     # -- teardown -----------------------------------------------------------------------------
 
     def _teardown(self) -> None:
-        """Kill spawned processes, delete namespaces, drop the lock, restore SIGTERM. Idempotent."""
-        restore = {signal.SIGTERM: self._prev_sigterm} if self._sigterm_installed else {}
-        self._sigterm_installed = False
+        """Kill spawned processes, delete namespaces and temp folders, drop the record (when all
+        is gone) and the lock, restore SIGTERM and SIGHUP. Idempotent."""
+        restore, self._prev_handlers = self._prev_handlers, {}
         with _signals_deferred(restore):
             self._kill_processes()
             for ns in reversed(self._created):
                 _remove_namespace(ns)
+            for path in self._temp_dirs:
+                shutil.rmtree(path, ignore_errors=True)
+            left = set(self._created) & set(_list_namespaces())
+            left |= {str(p) for p in self._temp_dirs if os.path.lexists(p)}
             self._created.clear()
+            self._temp_dirs.clear()
             if self._lock_fd is not None:
+                if left:
+                    log.warning("could not remove %s; `holmes-sim validate --cleanup` retries",
+                                ", ".join(sorted(left)))
+                else:
+                    self._record.delete()
                 _release_run_lock(self.run_id, self._lock_fd)
                 self._lock_fd = None
 

@@ -637,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = json.loads(Path(args.config).read_text())
     out_dir = Path(doc["run"]["output_dir"])
     # Everything this rank prints, C++ aborts included, goes to its log for launch to report.
-    log = os.open(out_dir / f"rank_{args.rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    log = os.open(out_dir / f"rank_{args.rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(log, 2)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     try:

@@ -13,7 +13,6 @@ The profile is the JSON `holmes-sim validate` writes (see `docs/validation.md`):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -127,18 +126,11 @@ def load_profile(path: str | Path) -> Profile:
     """Read a profile JSON written by the validator's calibration.
 
     Raises:
-        ScenarioError: when the file is missing, not JSON or of another schema.
+        ScenarioError: when the file is missing, not JSON, of another schema or has a value
+            missing, non-finite or out of range.
     """
+    from holmes_sim.spec.profile import read_profile  # checks every value (issue 8)
+
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as exc:
-        raise ScenarioError(f"profile: cannot read {path}: {exc.strerror}; fix `profile:` or run "
-                            "`holmes-sim validate --real` to write one") from None
-    except json.JSONDecodeError as exc:
-        raise ScenarioError(f"profile: {path} is not valid JSON (line {exc.lineno}); "
-                            "re-run calibration") from None
-    if raw.get("schema") != PROFILE_SCHEMA:
-        raise ScenarioError(f"profile: {path} has schema {raw.get('schema')!r}, expected "
-                            f"'{PROFILE_SCHEMA}'; re-run calibration")
+    raw = read_profile(path, PROFILE_SCHEMA)
     return Profile(ProfiledCompute(raw.get("compute", {}), str(path)), raw.get("fabrics", {}), raw)

@@ -52,6 +52,9 @@ def pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
+    # Names in titles, labels and legends are the user's text: a `$` in a scenario or policy
+    # name must print as itself, not start mathtext (no figure here uses math).
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt

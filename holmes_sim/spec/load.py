@@ -3,12 +3,15 @@
 - Duplicate keys are rejected (PyYAML silently keeps the last one, yaml/pyyaml#165).
 - Unknown keys are rejected with a did-you-mean hint.
 - Values are checked against the dataclass field types, plus the numeric rules below.
+- Limits: file size, nesting depth, aliases and expanded values are bounded, numbers must be
+  finite and within the bound of their field, so no input can hang, crash or exhaust memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -18,19 +21,85 @@ from typing import Any, Literal
 import yaml
 
 from holmes_sim.errors import FieldError, ScenarioError
+from holmes_sim.spec.limits import read_text_bounded
 from holmes_sim.spec.scenario import Scenario
 
-# Numeric rules by field name (units are in the names, so the rules are too).
-_AT_LEAST_ONE = {
-    "count", "gpus_per_node", "num_layers", "hidden_size", "num_attention_heads", "seq_length",
-    "vocab_size", "ffn_hidden_size", "global_batch_size", "micro_batch_size", "tensor", "pipeline",
-    "data", "virtual_stages", "sm_count", "iterations", "calibration_repeats", "link_probe_bytes",
+MAX_DEPTH = 32
+"""Deepest nesting of mappings and lists (a scenario needs about 6)."""
+MAX_ALIASES = 100
+"""Most `*alias` references in one file."""
+MAX_VALUES = 100_000
+"""Most values after expanding aliases (an alias bomb expands to billions)."""
+MAX_NUMBER = 1e15
+"""Bound of any number whose field has no rule of its own."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bound:
+    """Closed range [low, high] of a numeric field; `low_open` makes it (low, high]."""
+
+    low: float
+    high: float
+    low_open: bool = False
+
+    def violation(self, value: float) -> str | None:
+        """What is wrong with `value`, or None when it is in range."""
+        if self.low_open and value <= self.low:
+            return f"must be greater than {_fmt(self.low)}, got {_fmt(value)}"
+        if value < self.low:
+            return f"must be at least {_fmt(self.low)}, got {_fmt(value)}"
+        if value > self.high:
+            return f"must be at most {_fmt(self.high)}, got {_fmt(value)}"
+        return None
+
+
+def _positive(high: float) -> Bound:
+    return Bound(0, high, low_open=True)
+
+
+# Numeric rules by field name (units are in the names, so the rules are too). A new numeric field
+# gets its bound here in one line; without one it is only held to be finite and within MAX_NUMBER.
+FIELD_BOUNDS: dict[str, Bound] = {
+    "count": Bound(1, 100_000),
+    "gpus_per_node": Bound(1, 1024),
+    "num_layers": Bound(1, 10_000),
+    "hidden_size": Bound(1, 2**20),
+    "num_attention_heads": Bound(1, 2**16),
+    "seq_length": Bound(1, 2**24),
+    "vocab_size": Bound(1, 2**24),
+    "ffn_hidden_size": Bound(1, 2**22),
+    "global_batch_size": Bound(1, 2**24),
+    "micro_batch_size": Bound(1, 2**24),
+    "tensor": Bound(1, 1024),
+    "pipeline": Bound(1, 10_000),
+    "data": Bound(1, 2**24),
+    "virtual_stages": Bound(1, 1000),
+    "iterations": Bound(1, 10_000),
+    "warmup": Bound(0, 1000),
+    "calibration_repeats": Bound(1, 10_000),
+    "link_probe_bytes": Bound(4, 2**30),
+    "seed": Bound(0, 2**63 - 1),
+    "bandwidth_gbit_per_s": _positive(1e6),
+    "bandwidth_gbyte_per_s": _positive(1e6),
+    "memory_bandwidth_gbyte_per_s": _positive(1e6),
+    "peak_tflops": _positive(1e6),
+    "memory_gib": _positive(1e6),
+    "latency_us": Bound(0, 1e7),
+    "efficiency": _positive(1),
+    "compute_efficiency": _positive(1),
+    "memory_efficiency": _positive(1),
+    "attention_efficiency": _positive(1),
+    "sm_count": Bound(1, 100_000),
+    "bucket_size_mb": Bound(1e-3, 1e6),
+    "compute_cv": Bound(0, 2),
+    "tolerance_pct": _positive(1000),
+    "timeout_s": _positive(7 * 86400),
+    "learning_rate": _positive(1000),
 }
-_POSITIVE = {"bandwidth_gbit_per_s", "peak_tflops", "memory_gib", "memory_bandwidth_gbyte_per_s",
-             "bandwidth_gbyte_per_s", "bucket_size_mb", "tolerance_pct", "timeout_s",
-             "learning_rate"}
-_FRACTION = {"efficiency", "compute_efficiency", "memory_efficiency", "attention_efficiency"}
-_NON_NEGATIVE = {"latency_us", "seed", "warmup", "compute_cv"}
+NON_EMPTY = {"clusters", "nodes", "nics"}
+"""Lists that must have at least one item."""
+FREE_TEXT = {"description", "source"}
+"""String fields that may hold any printable text, line breaks included."""
 
 
 class _Doc:
@@ -50,7 +119,7 @@ class _Doc:
     def error(self, path: str, message: str) -> ScenarioError:
         line = self.line(path)
         where = f"{self.source}:{line}" if line else self.source
-        return ScenarioError(f"{where}: {path or '(top level)'}: {message}")
+        return ScenarioError(printable(f"{where}: {path or '(top level)'}: {message}"))
 
 
 def load_scenario(path: str | Path, check: Callable[[Scenario], Any] | None = None) -> Scenario:
@@ -65,11 +134,8 @@ def load_scenario(path: str | Path, check: Callable[[Scenario], Any] | None = No
         ScenarioError: naming file, line and field for anything wrong.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}; check the path "
-                            "(`holmes-sim scenarios` lists the bundled ones)") from None
+    text = read_text_bounded(path, "scenario", "check the path (`holmes-sim scenarios` lists the "
+                             "bundled ones)")
     return load_scenario_text(text, str(path), check)
 
 
@@ -77,18 +143,11 @@ def load_scenario_text(text: str, source: str = "<scenario>",
                        check: Callable[[Scenario], Any] | None = None) -> Scenario:
     """Parse YAML text into a Scenario (see `load_scenario`)."""
     doc = _Doc(source)
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError(f"{where}: malformed YAML: {problem}; fix the syntax "
-                            "(indentation, a missing ':' or an unclosed bracket)") from None
+    node = compose_limited(text, source)
     if node is None:
         raise ScenarioError(f"{source}: the file is empty; a scenario needs at least "
                             "clusters, model and training")
-    data = _to_python(node, "", doc)
+    data = _to_python(node, "", doc, [0])
     if not isinstance(data, dict):
         raise doc.error("", "a scenario must be a mapping of keys (clusters, model, training, ...)")
     scenario = _build(Scenario, data, "", doc)
@@ -100,28 +159,105 @@ def load_scenario_text(text: str, source: str = "<scenario>",
     return scenario
 
 
-def _to_python(node: yaml.Node, path: str, doc: _Doc) -> Any:
+class _LimitedLoader(yaml.SafeLoader):
+    """SafeLoader whose composer refuses deep nesting and many aliases."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.depth = 0
+        self.aliases = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise _LimitError(mark, f"more than {MAX_ALIASES} aliases (*name); write the "
+                                        "values out")
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise _LimitError(mark, f"nested deeper than {MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+class _LimitError(Exception):
+    def __init__(self, mark: Any, message: str):
+        super().__init__(message)
+        self.mark = mark
+
+
+def compose_limited(text: str, source: str) -> yaml.Node | None:
+    """YAML text -> node tree, within MAX_DEPTH and MAX_ALIASES; ScenarioError otherwise."""
+    try:
+        return yaml.compose(text, Loader=_LimitedLoader)
+    except _LimitError as exc:
+        raise ScenarioError(f"{source}:{exc.mark.line + 1}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError(f"{where}: malformed YAML: {problem}; fix the syntax "
+                            "(indentation, a missing ':' or an unclosed bracket)") from None
+
+
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "timestamp")}
+
+
+def _to_python(node: yaml.Node, path: str, doc: _Doc, seen: list[int], depth: int = 0) -> Any:
+    """Plain values of `node`; `seen[0]` counts values so aliases cannot expand without bound."""
+    seen[0] += 1
+    if seen[0] > MAX_VALUES:
+        raise doc.error(path, f"more than {MAX_VALUES} values after expanding aliases")
+    if depth > MAX_DEPTH:
+        raise doc.error(path, f"nested deeper than {MAX_DEPTH} levels (a recursive alias?)")
     doc.lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        _check_tag(node, "tag:yaml.org,2002:map", path, doc)
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
-            key = key_node.value
-            sub = f"{path}.{key}" if path else str(key)
+            key = _key(key_node, path, doc)
+            sub = f"{path}.{key}" if path else key
             if key in out:
                 raise ScenarioError(f"{doc.source}:{key_node.start_mark.line + 1}: {sub}: "
                                     "duplicate key; keep only one")
             doc.lines[sub] = key_node.start_mark.line + 1
-            out[key] = _to_python(value_node, sub, doc)
+            out[key] = _to_python(value_node, sub, doc, seen, depth + 1)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_to_python(v, f"{path}[{i}]", doc) for i, v in enumerate(node.value)]
-    return _scalar(node)
+        _check_tag(node, "tag:yaml.org,2002:seq", path, doc)
+        return [_to_python(v, f"{path}[{i}]", doc, seen, depth + 1) for i, v in enumerate(node.value)]
+    if node.tag not in _PLAIN_TAGS:
+        _check_tag(node, "tag:yaml.org,2002:str", path, doc)
+    return _scalar(node, path, doc)
 
 
-def _scalar(node: yaml.ScalarNode) -> Any:
+def _check_tag(node: yaml.Node, expected: str, path: str, doc: _Doc) -> None:
+    if node.tag != expected:
+        raise doc.error(path, f"YAML tag {node.tag!r} is not allowed; remove it (plain values "
+                              "only)")
+
+
+def _key(node: yaml.Node, path: str, doc: _Doc) -> str:
+    """A mapping key: a plain scalar, taken as written."""
+    if not isinstance(node, yaml.ScalarNode) or node.tag not in _PLAIN_TAGS:
+        where = f"{doc.source}:{node.start_mark.line + 1}"
+        raise ScenarioError(f"{where}: {path or '(top level)'}: a key must be a plain name, not "
+                            "a list, mapping or tagged value")
+    return str(node.value)
+
+
+def _scalar(node: yaml.ScalarNode, path: str, doc: _Doc) -> Any:
     loader = yaml.SafeLoader("")
     try:
         return loader.construct_object(node, deep=True)
+    except ValueError:  # e.g. an integer of more digits than Python converts
+        raise doc.error(path, f"number too long ({len(node.value)} characters); numbers are "
+                              f"bounded by {_fmt(MAX_NUMBER)}") from None
+    except yaml.YAMLError as exc:
+        raise doc.error(path, f"cannot read value: {getattr(exc, 'problem', exc)}") from None
     finally:
         loader.dispose()
 
@@ -147,6 +283,8 @@ def _build(cls: type, data: Any, path: str, doc: _Doc) -> Any:
             continue
         kwargs[name] = _convert(hints[name], data[name], sub, doc)
         _check_rule(name, kwargs[name], sub, doc)
+        if name in NON_EMPTY and not kwargs[name]:
+            raise doc.error(sub, "must list at least one entry")
     return cls(**kwargs)
 
 
@@ -178,6 +316,8 @@ def _convert(tp: Any, value: Any, path: str, doc: _Doc) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise doc.error(path, f"expected a mapping of name: entry, got {_describe(value)}")
+        for k in value:
+            _check_text(str(k), _join(path, k), doc, free=False)
         return {str(k): _convert(args[1], v, _join(path, k), doc) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, path, doc)
@@ -195,31 +335,41 @@ def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
         return value
     if tp is float:
         if isinstance(value, str):  # PyYAML (YAML 1.1) reads 1e9 as a string; accept it
-            try:
-                return float(value)
-            except ValueError:
-                pass
+            value = _float_or_text(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise doc.error(path, f"expected a number, got {_describe(value)}")
+        if not math.isfinite(value):
+            raise doc.error(path, f"must be a finite number, got {value}")
         return float(value)
     if tp is str:
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise doc.error(path, f"expected a string, got {_describe(value)}")
+        _check_text(str(value), path, doc, free=path.rsplit(".", 1)[-1] in FREE_TEXT)
         return str(value)
     raise AssertionError(f"unsupported spec type {tp}")
+
+
+def _float_or_text(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _check_text(text: str, path: str, doc: _Doc, free: bool) -> None:
+    """Refuse control characters (line breaks too, unless `free`) in a string."""
+    bad = next((c for c in text if not c.isprintable() and not (free and c in "\n\t")), None)
+    if bad is not None:
+        raise doc.error(path, f"contains the control character {bad!r}; remove it")
 
 
 def _check_rule(name: str, value: Any, path: str, doc: _Doc) -> None:
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
-    if name in _AT_LEAST_ONE and value < 1:
-        raise doc.error(path, f"must be at least 1, got {value}")
-    if name in _POSITIVE and value <= 0:
-        raise doc.error(path, f"must be greater than 0, got {value}")
-    if name in _FRACTION and not 0 < value <= 1:
-        raise doc.error(path, f"must be a fraction in (0, 1], got {value}")
-    if name in _NON_NEGATIVE and value < 0:
-        raise doc.error(path, f"must not be negative, got {value}")
+    bound = FIELD_BOUNDS.get(name, Bound(-MAX_NUMBER, MAX_NUMBER))
+    problem = bound.violation(value)
+    if problem is not None:
+        raise doc.error(path, problem)
 
 
 def _join(path: str, key: Any) -> str:
@@ -230,6 +380,19 @@ def _field_names(cls: type) -> str:
     return ", ".join(f.name for f in dataclasses.fields(cls))
 
 
+def printable(text: str) -> str:
+    """`text` on one line: control characters (a key's newline, say) shown as escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _fmt(value: float) -> str:
+    """A bound or value, short: 100000, 1e+15, 0.001."""
+    if isinstance(value, int) and abs(value) >= 10**16:
+        digits = len(str(abs(value)))
+        return f"{float(value):.3g}" if digits < 300 else f"a {digits}-digit number"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _describe(value: Any) -> str:
     if isinstance(value, dict):
         return "a mapping"
@@ -237,4 +400,5 @@ def _describe(value: Any) -> str:
         return "a list"
     if value is None:
         return "nothing (null)"
-    return f"{type(value).__name__} {value!r}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"

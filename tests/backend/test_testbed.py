@@ -6,6 +6,7 @@ Rates are kept small (tens to hundreds of Mbit/s) so the transfers take well und
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -77,6 +78,31 @@ with Testbed(nodes) as tb:
 """
 
 
+DECOY_NS = "hsim-decoy9-n0"
+DECOY_LINK = "hsim99f99"
+"""Objects named like the testbed's that no run created: --cleanup must leave them alone."""
+
+
+@contextlib.contextmanager
+def decoys():
+    """A namespace and a host veth pair named like ours, removed afterwards."""
+    subprocess.run(["ip", "netns", "add", DECOY_NS], check=True)
+    try:
+        subprocess.run(["ip", "link", "add", DECOY_LINK, "type", "veth", "peer", "name",
+                        "hsim99f98"], check=True)
+        yield
+    finally:
+        subprocess.run(["ip", "link", "delete", DECOY_LINK], capture_output=True)
+        subprocess.run(["ip", "netns", "delete", DECOY_NS], capture_output=True)
+
+
+def exists(kind: str, name: str) -> bool:
+    """Whether namespace or host link `name` exists."""
+    argv = ["ip", "netns", "list"] if kind == "ns" else ["ip", "-o", "link", "show"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return any(name in line.split() or f"{name}@" in line for line in out.splitlines())
+
+
 def two_nodes() -> list[TestbedNode]:
     """Two nodes, each with a fast and a slow NIC on fabrics "fast" and "slow"."""
     nics = (TestbedNic("fast0", "fast", FAST), TestbedNic("slow0", "slow", SLOW))
@@ -89,7 +115,8 @@ def leftovers(run_id: str) -> list[str]:
     names = [line.split()[0] for line in netns.stdout.splitlines() if line.strip()]
     found = [n for n in names if n.startswith(f"hsim-{run_id}-")]
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    found += [line for line in links.stdout.splitlines() if ": hsim" in line]
+    found += [line for line in links.stdout.splitlines()
+              if ": hsim" in line and DECOY_LINK not in line]
     return found
 
 
@@ -193,8 +220,8 @@ def test_bad_names_are_refused_with_the_rule(nodes: list[TestbedNode], needle: s
     [
         ([], "at least one node"),
         ([TestbedNode("n0", (TestbedNic("e0", "eth", 1e9),))] * 2, "repeats"),
-        ([TestbedNode("n0", (TestbedNic("e0", "eth", 0.0),))], "not positive"),
-        ([TestbedNode("n0", (TestbedNic("e0", "eth", -5.0),))], "not positive"),
+        ([TestbedNode("n0", (TestbedNic("e0", "eth", 0.0),))], "outside"),
+        ([TestbedNode("n0", (TestbedNic("e0", "eth", -5.0),))], "outside"),
         ([TestbedNode("n0", (TestbedNic("e0", "eth", float("nan")),))], "finite"),
         ([TestbedNode("n0", (TestbedNic("e0", "a", 1e9), TestbedNic("e0", "b", 1e9)))], "repeats"),
         ([TestbedNode("n0", (TestbedNic("e0", "a", 1e9), TestbedNic("e1", "a", 1e9)))], "fabric"),
@@ -272,7 +299,7 @@ def test_each_fabric_runs_at_its_rate_and_nothing_is_left() -> None:
     assert 3.4 <= fast / slow <= 4.6
     assert leftovers(run_id) == []
     assert wait_dead(sleeper.pid), "process started with popen survived the testbed"
-    assert not (tbmod._lock_dir() / f"{run_id}.lock").exists()
+    assert not (tbmod.run_dir() / f"{run_id}.lock").exists()
 
 
 @pytest.mark.root
@@ -347,17 +374,42 @@ def test_signal_inside_testbed_cleans_up(sig: signal.Signals) -> None:
 
 @pytest.mark.root
 @pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
-def test_cleanup_leftovers_after_sigkill_spares_live_runs() -> None:
+def test_cleanup_after_sigkill_removes_what_was_recorded_and_nothing_else() -> None:
     child, run_id, sleeper = start_child()
     child.kill()
     child.wait(timeout=10)
     left = leftovers(run_id)
-    assert len(left) == 3 and alive(sleeper)  # SIGKILL leaves the testbed behind
-    with Testbed(two_nodes()) as live:
-        removed = cleanup_leftovers()
-        assert set(left) <= set(removed)
-        assert all(name.startswith("hsim") for name in removed)
+    assert len(left) == 3  # SIGKILL leaves the namespaces behind
+    assert wait_dead(sleeper), "a process started by the testbed outlived its killed parent"
+    with decoys(), Testbed(two_nodes()) as live:
+        report = cleanup_leftovers()
+        assert set(left) <= set(report.removed)
+        assert report.failed == []
+        assert f"namespace {DECOY_NS}" in report.foreign
+        assert f"interface {DECOY_LINK}" in report.foreign
+        assert exists("ns", DECOY_NS) and exists("link", DECOY_LINK)
         assert len(leftovers(live.run_id)) == 3  # a live run is not touched
     assert leftovers(run_id) == []
-    assert wait_dead(sleeper), "process inside a leftover namespace survived"
-    assert not (tbmod._lock_dir() / f"{run_id}.lock").exists()
+    assert not (tbmod.run_dir() / f"{run_id}.lock").exists()
+    assert not (tbmod.run_dir() / f"{run_id}.json").exists()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_records_live_in_a_root_only_directory() -> None:
+    with Testbed(two_nodes()) as tb:
+        info = os.lstat(tbmod.run_dir())
+        assert info.st_uid == 0 and info.st_mode & 0o777 == 0o700
+        record = tbmod.RunRecord.load(tbmod.run_dir() / f"{tb.run_id}.json")
+        assert record is not None and set(record.namespaces) == set(leftovers(tb.run_id))
+        assert [tb.fabrics_namespace, "hsim0f0"] in record.interfaces
+        tmp = tb.mkdtemp("holmes-probe-")
+        assert oct(os.stat(tmp).st_mode & 0o777) == oct(0o700)
+    assert not tmp.exists()
+    assert not (tbmod.run_dir() / f"{tb.run_id}.json").exists()
+
+
+def test_cleanup_as_non_root_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tbmod.os, "geteuid", lambda: 1000)
+    with pytest.raises(TestbedError, match="needs root"):
+        cleanup_leftovers()
