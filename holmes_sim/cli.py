@@ -215,6 +215,12 @@ def validate(
 ) -> None:
     """Run plans for real with torch.distributed on an emulated testbed and compare with the
     simulator's predictions (exit 1 when a case leaves the tolerance)."""
+    if published:  # simulation only: no torch, no testbed
+        try:
+            _validate_published(json_path)
+        except HolmesError as exc:
+            raise _fail(exc) from None
+        return
     if importlib.util.find_spec("torch") is None:
         err.print("error: `holmes-sim validate` needs torch; install it with "
                   "pip install 'holmes-sim[validate]'", highlight=False, markup=False, soft_wrap=True)
@@ -228,9 +234,6 @@ def validate(
         if cleanup:
             for line in v.cleanup():
                 out.print(line, highlight=False, markup=False)
-            return
-        if published:
-            _validate_published(json_path)
             return
         if real == dry_run:
             raise _usage("choose one of --real (measure and compare) or --dry-run (build only)")
@@ -261,11 +264,15 @@ def _validate_published(json_path: Path | None) -> None:
     from holmes_sim.published import check, check_table, paper_table
     from holmes_sim.report.files import write_json
 
+    from holmes_sim.runner import stamp
+
+    _check_outputs((json_path, False, "--json"))
     result = check(progress=lambda m: err.print(m, highlight=False, markup=False))
     if json_path is not None:
-        write_json(json_path, result.to_json())
-    out.print(check_table(result))
-    out.print(paper_table(result))
+        write_json(json_path, stamp(result.to_json()))
+    console = err if _is_stdout(json_path) else out
+    console.print(check_table(result))
+    console.print(paper_table(result))
     if not result.within_tolerance:
         raise typer.Exit(1)
 
