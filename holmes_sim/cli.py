@@ -263,7 +263,6 @@ def _validate_published(json_path: Path | None) -> None:
     """`validate --published`: print both tables, exit 1 outside the tolerances."""
     from holmes_sim.published import check, check_table, paper_table
     from holmes_sim.report.files import write_json
-
     from holmes_sim.runner import stamp
 
     _check_outputs((json_path, False, "--json"))
