@@ -413,3 +413,16 @@ def test_cleanup_as_non_root_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tbmod.os, "geteuid", lambda: 1000)
     with pytest.raises(TestbedError, match="needs root"):
         cleanup_leftovers()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_second_measurement_is_refused_at_once_naming_the_first() -> None:
+    with tbmod.measurement_lock("first"):
+        start = time.monotonic()
+        with pytest.raises(TestbedError, match=rf"PID {os.getpid()}, started .*: first"), \
+                tbmod.measurement_lock("second"):
+            pass
+        assert time.monotonic() - start < 1.0
+    with tbmod.measurement_lock("third"):  # free again
+        pass
