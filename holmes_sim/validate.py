@@ -124,7 +124,7 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         ScenarioError: the file cannot run on a testbed (TP > 1, several GPUs per node, ...).
         TestbedError: no root / ip / tc / namespaces, or a rank failed or hung.
     """
-    from holmes_sim.backend.testbed import Testbed, measurement_lock, preflight
+    from holmes_sim.backend.testbed import Testbed, measurement_lock
 
     prepared = prepare(testbed_path, check=check_testbed)
     spec = prepared.scenario.testbed or TestbedSpec()
@@ -132,8 +132,8 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         spec = dataclasses.replace(spec, iterations=iterations)
     names = _runnable_policies(prepared, policies)
     config = model_config(prepared)
-    preflight()
     started = time.time()
+    # The lock first, so a second run refuses at once; the testbed runs its preflight inside it.
     with measurement_lock(f"validate --real {testbed_path}"), Testbed(testbed_nodes(prepared)) as tb:
         progress("calibrating the links ...")
         fabrics = calibrate_links(prepared, tb, spec)

@@ -244,7 +244,8 @@ def _remove_namespace(ns: str) -> bool:
 def run_dir() -> Path:
     """/run/holmes-sim, made root-only (0700); TestbedError unless it is a real directory of root's."""
     if os.geteuid() != 0:
-        raise TestbedError(f"the testbed's records in {RUN_DIR} need root; run it as root")
+        raise TestbedError(f"testbed needs root (network namespaces, tc and its records in "
+                           f"{RUN_DIR}); run it as root")
     try:
         os.mkdir(RUN_DIR, 0o700)
     except FileExistsError:

@@ -77,7 +77,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "iterations": Bound(1, 10_000),
     "warmup": Bound(0, 1000),
     "calibration_repeats": Bound(1, 10_000),
-    "link_probe_bytes": Bound(4, 2**30),
+    "link_probe_bytes": Bound(4, 2**28),  # each probe rank holds a buffer this large
     "seed": Bound(0, 2**63 - 1),
     "bandwidth_gbit_per_s": _positive(1e9),  # tests model free communication with 1e9
     "bandwidth_gbyte_per_s": _positive(1e9),

@@ -110,14 +110,11 @@ def two_nodes() -> list[TestbedNode]:
 
 
 def leftovers(run_id: str) -> list[str]:
-    """Namespaces of run `run_id` plus any host interface named hsim*."""
+    """Namespaces of run `run_id` (the testbed makes no host interface: its veths are created
+    inside its namespaces, so they go with them)."""
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     names = [line.split()[0] for line in netns.stdout.splitlines() if line.strip()]
-    found = [n for n in names if n.startswith(f"hsim-{run_id}-")]
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
-    found += [line for line in links.stdout.splitlines()
-              if ": hsim" in line and DECOY_LINK not in line]
-    return found
+    return [n for n in names if n.startswith(f"hsim-{run_id}-")]
 
 
 def all_hsim_namespaces() -> set[str]:
@@ -413,3 +410,16 @@ def test_cleanup_as_non_root_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tbmod.os, "geteuid", lambda: 1000)
     with pytest.raises(TestbedError, match="needs root"):
         cleanup_leftovers()
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_second_measurement_is_refused_at_once_naming_the_first() -> None:
+    with tbmod.measurement_lock("first"):
+        start = time.monotonic()
+        with pytest.raises(TestbedError, match=rf"PID {os.getpid()}, started .*: first"), \
+                tbmod.measurement_lock("second"):
+            pass
+        assert time.monotonic() - start < 1.0
+    with tbmod.measurement_lock("third"):  # free again
+        pass

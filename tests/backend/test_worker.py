@@ -230,3 +230,10 @@ def test_dry_run_reports_every_group_and_stage(plan_factory, run_config_factory,
     assert not stages[(0, 1)]["embedding"] and not stages[(0, 1)]["head"]
     total = sum(stages[(0, v)]["parameters"] for v in range(4))
     assert total == sum(p.numel() for p in build_full_model(tiny_config).parameters())
+
+
+def test_rank_logs_are_private(plan_factory, run_config_factory, tmp_path) -> None:
+    out = tmp_path / "out"
+    dry_run(plan_factory(), run_config_factory(output_dir=str(out)), timeout_s=60)
+    assert out.stat().st_mode & 0o777 == 0o700
+    assert (out / "rank_0.log").stat().st_mode & 0o777 == 0o600
