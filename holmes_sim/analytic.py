@@ -150,7 +150,13 @@ class _Estimator:
         grads = w.grad_bytes_of
         t = end
         reduce = self._bucket_times(s, mode.gradient_collective, grads)
-        if p.releases_gradients_in_backward:  # the last bucket is reduced after the backward ends
+        if mode.reduces_every_microbatch:  # m reductions on one stream, behind the backwards
+            # m rounds of reductions on one stream, each hidden behind one backward at best
+            backward = sum(self._op_s(s, d, self.schedule.virtual_stage(s, c), True)
+                           for c in range(p.num_chunks))
+            t += max(reduce[-1] if reduce else 0.0,
+                     p.num_microbatches * (sum(reduce) - backward) + backward)
+        elif p.releases_gradients_in_backward:  # the last bucket is reduced after the backward ends
             t += reduce[-1] if reduce else 0.0
         else:
             t += sum(reduce)

@@ -42,6 +42,11 @@ class OptimizerMode(StrEnum):
     - distributed-overlapped: the same, with bucketed reduce-scatter during the last backward and
       the all-gather overlapped with the next forward (Holmes section 3.4; Megatron-LLaMA's
       OverlappedDistributedOptimizer; Megatron-LM `--overlap-grad-reduce --overlap-param-gather`).
+    - per-microbatch-overlapped: Megatron-LLaMA's OverlappedDistributedOptimizer as released
+      (alibaba/Megatron-LLaMA, megatron/optimizer/overlapped_dist_optimizer.py, also shipped in
+      the Holmes repository): a gradient hook copies each gradient into its bucket and drops it;
+      a full bucket is reduce-scattered on a side stream in *every* micro-batch's backward and
+      accumulated into the sharded gradient; the parameter all-gather runs inside the step.
     - zero-1: DeepSpeed ZeRO stage 1 as Megatron-DeepSpeed runs it with pipeline parallelism:
       gradients all-reduced after the pipeline flush, each rank steps its shard of the optimizer
       state, then the updated parameters are all-gathered (Rajbhandari et al. SC'20, P_os;
@@ -51,6 +56,7 @@ class OptimizerMode(StrEnum):
     REPLICATED = "replicated"
     DISTRIBUTED = "distributed"
     DISTRIBUTED_OVERLAPPED = "distributed-overlapped"
+    PER_MICROBATCH_OVERLAPPED = "per-microbatch-overlapped"
     ZERO1 = "zero-1"
 
     @property
@@ -70,7 +76,13 @@ class OptimizerMode(StrEnum):
     @property
     def gathers_after_step(self) -> bool:
         """Parameters are all-gathered after the step, outside the next forward."""
-        return self in (OptimizerMode.DISTRIBUTED, OptimizerMode.ZERO1)
+        return self in (OptimizerMode.DISTRIBUTED, OptimizerMode.ZERO1,
+                        OptimizerMode.PER_MICROBATCH_OVERLAPPED)
+
+    @property
+    def reduces_every_microbatch(self) -> bool:
+        """Gradients are reduced in every micro-batch's backward, not only the last."""
+        return self is OptimizerMode.PER_MICROBATCH_OVERLAPPED
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +155,8 @@ class Plan:
 
     @property
     def releases_gradients_in_backward(self) -> bool:
-        return self.overlap_grad_reduce or self.optimizer.overlapped
+        return self.overlap_grad_reduce or self.optimizer.overlapped or \
+            self.optimizer.reduces_every_microbatch
 
     @property
     def world_size(self) -> int:

@@ -12,7 +12,7 @@ from holmes_sim.policies.references import AllEthernetReference, AllIbReference
 POLICIES: dict[str, Policy] = {
     p.name: p for p in (
         MegatronPolicy(),
-        MegatronPolicy(name="megatron-llama", optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED,
+        MegatronPolicy(name="megatron-llama", optimizer=OptimizerMode.PER_MICROBATCH_OVERLAPPED,
                        description="Megatron-LLaMA: Megatron-LM placement, overlapped distributed "
                                    "optimizer"),
         MegatronPolicy(name="megatron-deepspeed", optimizer=OptimizerMode.ZERO1,

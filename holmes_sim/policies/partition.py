@@ -99,6 +99,8 @@ class StageTimer:
         gather = ring.time_s("all-gather", params * w.dtype_bytes) if self.optimizer.sharded else 0.0
         if self.optimizer.overlapped:  # hidden behind one micro-batch's backward / forward
             return max(0.0, reduce - bwd_s) + max(0.0, gather - fwd_s)
+        if self.optimizer.reduces_every_microbatch:  # each micro-batch's behind its backward
+            return self.r.num_microbatches * max(0.0, reduce - bwd_s) + gather
         return reduce + gather
 
 

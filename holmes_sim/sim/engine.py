@@ -208,6 +208,7 @@ class _Simulation:
         node = self.cluster.node(self.entity[(s, d)].node)
         overlapped = self.plan.optimizer.overlapped and s in self.dp_stream
         release = self.plan.releases_gradients_in_backward and s in self.dp_stream
+        every_microbatch = self.plan.optimizer.reduces_every_microbatch
         gathers = self._submit_gathers(s, name) if overlapped else {}
         last_b = self._last_backward_per_chunk(s)
         first_f = self._first_forward_per_chunk(s)
@@ -220,7 +221,7 @@ class _Simulation:
             kind = OpKind.BACKWARD if backward else OpKind.FORWARD
             if overlapped and not backward and first_f[op.chunk] == op:
                 yield from self._gated_compute(name, op, kind, dur, tp, gathers[op.chunk])
-            elif release and backward and last_b[op.chunk] == op:
+            elif release and backward and (last_b[op.chunk] == op or every_microbatch):
                 reductions += (yield from self._releasing_compute(name, s, op, kind, dur, tp))
             else:
                 yield from self._compute(name, op, kind, dur, tp)
@@ -295,8 +296,9 @@ class _Simulation:
             yield from self._compute(name, op, kind, dur * fraction, tp * fraction)
 
     def _releasing_compute(self, name: str, s: int, op: Op, kind: OpKind, dur: float, tp: float):
-        """Last backward of a chunk: each bucket's gradients are reduced once its share is done
-        (buckets become ready in reverse layer order, Megatron's DDP bucketing)."""
+        """A backward that releases gradients (a chunk's last, or every one with a per-micro-batch
+        optimizer): each bucket is reduced once its share is done (buckets become ready in
+        reverse layer order, Megatron's DDP bucketing)."""
         events = []
         for b in self.buckets[(s, op.chunk)]:
             yield from self._compute(name, op, kind, dur * b.fraction, tp * b.fraction)

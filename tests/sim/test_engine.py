@@ -179,11 +179,17 @@ def test_overlapped_gradient_reduction_hides_part_of_the_sync(write_scenario):
 
 
 def test_framework_optimizers_order_as_their_traffic(write_scenario):
-    """ZeRO-1 (all-reduce + all-gather) moves 1.5x the distributed optimizer's bytes; the
-    overlapped optimizer hides part of the rest."""
+    """ZeRO-1 (all-reduce + all-gather) moves 1.5x the distributed optimizer's bytes;
+    Megatron-LLaMA's optimizer reduce-scatters every micro-batch, so on a slow network it moves m
+    times the gradient bytes (4 micro-batches here) and is the slowest."""
     prepared = _dp_bound(write_scenario)
-    t = {p: run_policy(prepared, p).result.iteration_time_s
-         for p in ("megatron", "megatron-llama", "megatron-deepspeed")}
-    assert t["megatron-llama"] < t["megatron"] < t["megatron-deepspeed"]
-    kinds = {r.kind for r in run_policy(prepared, "megatron-deepspeed").trace.records}
+    out = {p: run_policy(prepared, p) for p in ("megatron", "megatron-llama", "megatron-deepspeed")}
+    t = {p: o.result.iteration_time_s for p, o in out.items()}
+    assert t["megatron"] < t["megatron-deepspeed"] < t["megatron-llama"]
+    kinds = {r.kind for r in out["megatron-deepspeed"].trace.records}
     assert OpKind.DP_ALL_REDUCE in kinds and OpKind.DP_ALL_GATHER in kinds
+
+    def reduce_scatters(policy: str) -> int:
+        return sum(r.kind is OpKind.DP_REDUCE_SCATTER for r in out[policy].trace.records)
+
+    assert reduce_scatters("megatron-llama") == prepared.num_microbatches * reduce_scatters("megatron")
