@@ -63,8 +63,9 @@ def run(
     seed: Annotated[int | None, typer.Option(min=0, max=2**63 - 1,
                                              help="Override the scenario's seed (0 or more).")] = None,
     plans: Annotated[Path | None, typer.Option(
-        "--plans", help="Write each policy's plan as plan_<policy>.json here (to run it on a "
-                        "real cluster, docs/validation.md).")] = None,
+        "--plans", help="Write each policy's plan (plan_<policy>.json) and, per real policy, a "
+                        "launch folder: hostfile, launch.sh (torchrun per node), Megatron-LM and "
+                        "Holmes arguments, NCCL settings (docs/validation.md).")] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
 ) -> None:
@@ -82,7 +83,7 @@ def run(
         if json_path is not None:
             write_json(json_path, stamp(results_document(prepared, outcomes, prepared.scenario.seed)))
         if plans is not None:
-            _write_plans(prepare_output(plans, directory=True, option="--plans"), outcomes)
+            _write_plans(prepare_output(plans, directory=True, option="--plans"), prepared, outcomes)
         if report is not None:
             _write_report(report, prepared, outcomes)
     except HolmesError as exc:
@@ -113,11 +114,22 @@ def _is_stdout(path: Path | None) -> bool:
         return False
 
 
-def _write_plans(directory: Path, outcomes) -> None:
+def _write_plans(directory: Path, prepared, outcomes) -> None:
+    """plan_<policy>.json per policy, and a launchable folder per real (non-reference) policy."""
+    from holmes_sim.export import REFERENCE_POLICIES, launch_files
     from holmes_sim.report.files import write_atomic
 
+    skipped = []
     for o in outcomes:
         write_atomic(directory / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
+        if o.plan.policy in REFERENCE_POLICIES:
+            skipped.append(o.plan.policy)
+            continue
+        launch_files(o.plan, o.cluster, prepared.workload,
+                     prepared.scenario.training.precision).write(directory / o.plan.policy)
+    if skipped:
+        err.print(f"note: no launch files for {', '.join(skipped)}: references on a hypothetical "
+                  "network, not placements for this cluster", highlight=False, markup=False)
 
 
 def _write_report(directory: Path, prepared, outcomes) -> None:

@@ -1,0 +1,237 @@
+"""A plan as something a launcher reads: node order, one `torchrun` line per node, the framework's
+arguments, the Holmes repository's arguments and the NCCL environment of every node.
+
+Megatron-LM places global rank r = node_rank x G + local_rank (torchrun) and builds its groups in
+the "tp-dp-pp" order that `Plan` uses, so a plan is launchable when its ranks fill nodes in order
+(every policy here does: they only reorder nodes). Argument names follow Megatron-LM's
+`arguments.py` (`--pipeline-model-parallel-layout` is parsed by Megatron-Core's
+`PipelineParallelLayerLayout`: stages separated by `|`, `E` embedding, `t` a decoder layer, `L` the
+loss), Megatron-LLaMA's README (`--overlapped-distributed-optimizer`), Megatron-DeepSpeed's
+(`--deepspeed --zero-stage 1`) and the Holmes repository's scripts (`--hetero-mode pp
+--hetero-device-types A B --hetero-current-device-type A --hetero-pipeline-stages n_A l.. n_B l..
+--use-hetnet`: per device type, its number of pipeline stages and their layer counts).
+
+NCCL settings (NCCL environment-variable documentation): RDMA groups name their HCAs with
+`NCCL_IB_HCA` (here `mlx5_<k>` in the node's NIC order, the ConnectX device naming; edit if your
+devices are named otherwise); RoCE also needs `NCCL_IB_GID_INDEX` (3: RoCE v2 over IPv4 on a
+default ConnectX set-up); TCP groups use `NCCL_NET=Socket` with `NCCL_SOCKET_IFNAME`; every
+process bootstraps over the Ethernet interface (`NCCL_SOCKET_IFNAME`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from holmes_sim.cluster import ETHERNET, Cluster, Node
+from holmes_sim.errors import PlanError
+from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
+from holmes_sim.workload import Workload
+
+REFERENCE_POLICIES = ("all-ib", "all-ethernet")
+ROCE_GID_INDEX = 3
+MASTER_PORT = 29500
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchFiles:
+    """Everything needed to start one plan: file name -> text."""
+
+    files: dict[str, str]
+
+    def write(self, directory: Path) -> list[Path]:
+        from holmes_sim.report.files import write_atomic
+
+        directory.mkdir(exist_ok=True)
+        out = []
+        for name, text in sorted(self.files.items()):
+            write_atomic(directory / name, text)
+            out.append(directory / name)
+        return out
+
+
+def node_order(plan: Plan, cluster: Cluster) -> list[Node]:
+    """Nodes in the order their ranks come, checking torchrun's rank layout.
+
+    Raises:
+        PlanError: when a node's ranks are not one contiguous block in local-GPU order.
+    """
+    nodes: list[Node] = []
+    rank = 0
+    while rank < len(plan.rank_to_gpu):
+        node = cluster.node(plan.rank_to_gpu[rank].node)
+        block = plan.rank_to_gpu[rank:rank + node.num_gpus]
+        if [(g.node, g.local_index) for g in block] != [(node.name, i) for i in range(node.num_gpus)]:
+            raise PlanError(f"ranks {rank}..{rank + node.num_gpus - 1} do not fill node {node.name} "
+                            "in GPU order, which torchrun requires; this plan cannot be launched as is")
+        nodes.append(node)
+        rank += node.num_gpus
+    return nodes
+
+
+def pipeline_layout(plan: Plan) -> str:
+    """Megatron-Core's layout string: virtual stages in model order, embedding first, loss last."""
+    stages = ["t" * n for n in plan.layers_per_stage]
+    stages[0] = "E" + stages[0]
+    stages[-1] = stages[-1] + "L"
+    return "|".join(stages)
+
+
+def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
+    """Arguments of `pretrain_gpt.py` for the plan's layout, batch, numerics and optimizer."""
+    w = workload
+    args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp),
+            "--num-layers", str(w.num_layers), "--hidden-size", str(w.hidden),
+            "--ffn-hidden-size", str(w.ffn), "--num-attention-heads", str(w.heads),
+            "--seq-length", str(w.seq), "--max-position-embeddings", str(w.seq),
+            "--micro-batch-size", str(w.micro_batch), "--global-batch-size", str(w.global_batch),
+            f"--{precision}"]
+    args += _layout_args(plan)
+    if not w.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if w.sequence_parallel and plan.tp > 1:
+        args.append("--sequence-parallel")
+    if w.flash_attention:
+        args.append("--use-flash-attn")
+    args += _recompute_args(w.recompute)
+    return args + _optimizer_args(plan)
+
+
+def _layout_args(plan: Plan) -> list[str]:
+    layers = plan.layers_per_stage
+    even = len(set(layers)) == 1
+    if plan.pp == 1 or (even and plan.num_chunks == 1):
+        return []
+    if even:
+        return ["--num-layers-per-virtual-pipeline-stage", str(layers[0])]
+    return ["--pipeline-model-parallel-layout", pipeline_layout(plan)]
+
+
+def _recompute_args(mode: str) -> list[str]:
+    if mode == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1"]
+    if mode == "selective":
+        return ["--recompute-granularity", "selective"]
+    return []
+
+
+def _optimizer_args(plan: Plan) -> list[str]:
+    mode = plan.optimizer
+    if mode is OptimizerMode.PER_MICROBATCH_OVERLAPPED:
+        return ["--overlapped-distributed-optimizer"]
+    if mode is OptimizerMode.ZERO1:
+        return ["--deepspeed", "--zero-stage", "1"]
+    args = ["--use-distributed-optimizer"] if mode.sharded else []
+    if plan.releases_gradients_in_backward:
+        args.append("--overlap-grad-reduce")
+    if mode.overlapped:
+        args.append("--overlap-param-gather")
+    return args
+
+
+def nic_class(node: Node) -> str:
+    """The node's device type for Holmes: its first RDMA fabric, or Ethernet."""
+    return node.rdma_fabrics[0] if node.rdma_fabrics else ETHERNET
+
+
+def holmes_args(plan: Plan, cluster: Cluster, nodes: list[Node]) -> tuple[list[str], str | None]:
+    """The Holmes repository's heterogeneous-pipeline arguments (without the per-node
+    `--hetero-current-device-type`), or ([], why not) when the plan cannot be expressed: Holmes
+    takes one contiguous run of pipeline stages per device type and no virtual stages."""
+    if plan.num_chunks > 1:
+        return [], "Holmes' --hetero-pipeline-stages has no virtual (interleaved) stages"
+    per_stage = len(plan.rank_to_gpu) // plan.pp
+    classes = []
+    for s in range(plan.pp):
+        stage = {nic_class(cluster.node(g.node)) for g in plan.rank_to_gpu[s * per_stage:(s + 1) * per_stage]}
+        if len(stage) > 1:
+            return [], f"pipeline stage {s} spans device types {', '.join(sorted(stage))}"
+        classes.append(stage.pop())
+    runs: list[tuple[str, list[int]]] = []
+    for s, c in enumerate(classes):
+        if runs and runs[-1][0] == c:
+            runs[-1][1].append(plan.layers_per_stage[s])
+        elif any(r[0] == c for r in runs):
+            return [], f"device type {c} holds pipeline stages that are not contiguous"
+        else:
+            runs.append((c, [plan.layers_per_stage[s]]))
+    stages = [str(x) for c, layers in runs for x in (len(layers), *layers)]
+    return (["--hetero-mode", "pp", "--hetero-device-types", *[c for c, _ in runs],
+             "--hetero-pipeline-stages", *stages, "--use-hetnet"], None)
+
+
+def node_nccl_env(node: Node) -> dict[str, str]:
+    """The NCCL environment of one node: bootstrap on Ethernet, its HCAs for RDMA."""
+    env = {}
+    eth = node.nics_on(ETHERNET)
+    if eth:
+        env["NCCL_SOCKET_IFNAME"] = eth[0].name
+    rdma = [n for n in node.nics if n.type != ETHERNET]
+    if rdma:
+        env["NCCL_IB_HCA"] = ",".join(f"mlx5_{k}" for k in range(len(rdma)))
+        if any(n.type == "roce" for n in rdma):
+            env["NCCL_IB_GID_INDEX"] = str(ROCE_GID_INDEX)
+    else:
+        env["NCCL_NET"] = "Socket"
+    return env
+
+
+def group_nccl_settings(plan: Plan) -> dict[str, dict[str, str]]:
+    """Per group class (tp, dp, pp, embedding): the transports its groups use and the NCCL
+    setting each needs; a group class on TCP must run with NCCL_NET=Socket for its communicator."""
+    out: dict[str, dict[str, str]] = {}
+    for kind in GroupKind:
+        transports = sorted({str(g.transport) for g in plan.groups_of(kind)})
+        if not transports:
+            continue
+        kinds = {g.transport.kind for g in plan.groups_of(kind)}
+        setting = "NCCL_NET=Socket" if kinds == {TransportKind.TCP} else \
+            "intra-node (NVLink/P2P)" if kinds == {TransportKind.LOCAL} else \
+            "NCCL_NET=IB on the fabric's HCAs" if TransportKind.TCP not in kinds else \
+            "per group: RDMA groups NCCL_NET=IB, TCP groups NCCL_NET=Socket"
+        out[kind.value] = {"transports": ", ".join(transports), "nccl": setting}
+    return out
+
+
+def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: str,
+                 script: str = "pretrain_gpt.py") -> LaunchFiles:
+    """Hostfile, per-node torchrun commands and environments, arguments, NCCL settings, plan.
+
+    Raises:
+        PlanError: for a reference policy (a hypothetical network) or an unlaunchable rank order.
+    """
+    if plan.policy in REFERENCE_POLICIES:
+        raise PlanError(f"{plan.policy} is a reference on a hypothetical network (it changes the "
+                        "NICs), not a placement for this cluster; export a real policy such as holmes")
+    nodes = node_order(plan, cluster)
+    margs = megatron_args(plan, workload, precision)
+    hargs, why_not = holmes_args(plan, cluster, nodes)
+    files = {"hostfile": "".join(f"{n.name} slots={n.num_gpus} {nic_class(n)}\n" for n in nodes),
+             "megatron_args.txt": shlex.join(margs) + "\n",
+             "plan.json": plan.to_json() + "\n",
+             "nccl.json": json.dumps({"nodes": {n.name: node_nccl_env(n) for n in nodes},
+                                      "groups": group_nccl_settings(plan)}, indent=2, sort_keys=True) + "\n"}
+    files["holmes_args.txt"] = shlex.join(hargs) + "\n" if hargs else f"# not expressible: {why_not}\n"
+    files["launch.sh"] = _launch_script(nodes, margs, hargs, script)
+    return LaunchFiles(files)
+
+
+def _launch_script(nodes: list[Node], margs: list[str], hargs: list[str], script: str) -> str:
+    """A script every node runs as is: it picks its own line by short hostname."""
+    master = nodes[0].name
+    lines = ["#!/usr/bin/env bash",
+             "# Run on every node (hostfile order = node rank); each node starts its own torchrun.",
+             "set -euo pipefail", 'case "$(hostname -s)" in']
+    for rank, node in enumerate(nodes):
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(node_nccl_env(node).items()))
+        extra = hargs + ["--hetero-current-device-type", nic_class(node)] if hargs else []
+        cmd = ["torchrun", "--nnodes", str(len(nodes)), "--nproc-per-node", str(node.num_gpus),
+               "--node-rank", str(rank), "--master-addr", master, "--master-port", str(MASTER_PORT),
+               script, *margs, *extra]
+        lines.append(f"  {shlex.quote(node.name)}) exec env {env} {shlex.join(cmd)} ;;")
+    lines += ['  *) echo "$(hostname -s) is not a node of this plan (see hostfile)" >&2; exit 2 ;;',
+              "esac"]
+    return "\n".join(lines) + "\n"

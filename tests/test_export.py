@@ -1,0 +1,110 @@
+"""Launchable exports, checked against their real consumers: Megatron-Core's layout parser, the
+Holmes repository's argument rules, torchrun's rank layout and each node's NICs."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from holmes_sim.errors import PlanError
+from holmes_sim.export import holmes_args, launch_files, node_nccl_env, pipeline_layout
+from holmes_sim.prepare import prepare
+from holmes_sim.runner import plan_policy
+from tests.conftest import SCENARIOS, small_scenario
+
+_LAYOUT = "megatron.core.transformer.pipeline_parallel_layer_layout"
+Layout = pytest.importorskip(_LAYOUT).PipelineParallelLayerLayout
+LayerType = pytest.importorskip("megatron.core.transformer.enums").LayerType
+
+CASES = {
+    "uneven-1f1b": dict(nodes_ib=2, nodes_eth=2, tp=8, pp=2, layers=24, global_batch=16, eth_gbit=10),
+    "interleaved": dict(nodes_ib=2, nodes_roce=2, tp=8, pp=2, layers=16, global_batch=16,
+                        schedule="interleaved", virtual=2),
+    "pp4": dict(nodes_ib=2, nodes_roce=2, tp=8, pp=4, layers=22, global_batch=16),
+}
+
+
+def _plans(write_scenario, case: str):
+    prepared = prepare(write_scenario(small_scenario(**CASES[case], policies="[megatron, holmes]")))
+    return prepared, [plan_policy(prepared, p) for p in ("megatron", "holmes")]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_layout_parses_with_megatron_core_to_the_plans_layers(write_scenario, case):
+    prepared, plans = _plans(write_scenario, case)
+    for plan, _ in plans:
+        layout = Layout(pipeline_layout(plan), plan.pp)
+        layout.validate_layer_layout(prepared.workload.num_layers, None)
+        assert layout.virtual_pipeline_model_parallel_size == plan.num_chunks
+        for j, n in enumerate(plan.layers_per_stage):
+            assert layout.layout[j % plan.pp][j // plan.pp].count(LayerType.decoder) == n
+
+
+def test_holmes_arguments_follow_its_parser_rules(write_scenario):
+    prepared, plans = _plans(write_scenario, "uneven-1f1b")
+    plan, cluster = plans[1]
+    args, why_not = holmes_args(plan, cluster, [])
+    assert why_not is None
+    types = args[args.index("--hetero-device-types") + 1:args.index("--hetero-pipeline-stages")]
+    stages = [int(x) for x in args[args.index("--hetero-pipeline-stages") + 1:args.index("--use-hetnet")]]
+    assert len(types) == len(set(types))  # one group per device type
+    counts, layers, i = [], [], 0
+    while i < len(stages):
+        counts.append(stages[i])
+        layers += stages[i + 1:i + 1 + stages[i]]
+        i += 1 + stages[i]
+    assert len(counts) == len(types) and sum(counts) == plan.pp
+    assert layers == list(plan.layers_per_stage) and sum(layers) == prepared.workload.num_layers
+
+
+def test_stages_that_mix_device_types_are_not_expressed_as_holmes_arguments():
+    prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")  # racked alternately
+    plan, cluster = plan_policy(prepared, "megatron")
+    args, why_not = holmes_args(plan, cluster, [])
+    assert args == [] and "spans device types" in why_not
+
+
+def test_nccl_settings_per_node_match_its_nics():
+    prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")
+    for node in prepared.cluster.nodes:
+        env = node_nccl_env(node)
+        rdma = [n for n in node.nics if n.type != "ethernet"]
+        assert len(env["NCCL_IB_HCA"].split(",")) == len(rdma)
+        assert ("NCCL_IB_GID_INDEX" in env) == any(n.type == "roce" for n in rdma)
+        assert env["NCCL_SOCKET_IFNAME"] == node.nics_on("ethernet")[0].name
+
+
+def test_launch_script_has_one_torchrun_per_node_with_its_rank(write_scenario):
+    prepared, plans = _plans(write_scenario, "uneven-1f1b")
+    plan, cluster = plans[1]
+    files = launch_files(plan, cluster, prepared.workload, "bf16").files
+    hosts = [line.split()[0] for line in files["hostfile"].splitlines()]
+    lines = [ln for ln in files["launch.sh"].splitlines() if "exec env" in ln]
+    assert len(lines) == len(hosts) == len(cluster.nodes)
+    for rank, (host, line) in enumerate(zip(hosts, lines, strict=True)):
+        words = shlex.split(line.split(")", 1)[1].rsplit(";;", 1)[0])
+        assert line.strip().startswith(host + ")")
+        assert words[words.index("--node-rank") + 1] == str(rank)
+        assert words[words.index("--master-addr") + 1] == hosts[0]
+        assert words[words.index("--hetero-current-device-type") + 1] in ("ib", "ethernet")
+
+
+def test_reference_policies_are_refused(write_scenario):
+    prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")
+    plan, cluster = plan_policy(prepared, "all-ib")
+    with pytest.raises(PlanError, match="hypothetical network"):
+        launch_files(plan, cluster, prepared.workload, "fp16")
+
+
+def test_run_plans_writes_launch_folders_for_real_policies_only(tmp_path):
+    from typer.testing import CliRunner
+
+    from holmes_sim.cli import app
+
+    result = CliRunner().invoke(app, ["run", "mixed_ib_roce", "-p", "holmes", "-p", "all-ib",
+                                      "--plans", str(tmp_path / "plans"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "plans" / "holmes" / "launch.sh").exists()
+    assert not (tmp_path / "plans" / "all-ib").exists()
+    assert (tmp_path / "plans" / "plan_all-ib.json").exists()
