@@ -38,6 +38,7 @@ about 40L bytes forward and 16L backward (cast, max, exp, sum, normalise; Megatr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from holmes_sim.catalog import GpuModel
 from holmes_sim.cost.gemm import Gemm, gemm_time_s
@@ -59,6 +60,7 @@ class LayerKernels:
     other_bytes_bwd: float
 
 
+@lru_cache(maxsize=4096)
 def layer_kernels(w: Workload, tp: int) -> LayerKernels:
     """The kernels of one transformer layer for one micro-batch on one GPU of a TP group."""
     b, s, h, f, a, d = w.micro_batch, w.seq, w.hidden, w.ffn, w.heads, w.dtype_bytes
@@ -112,6 +114,7 @@ def layer_pass_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
         attention_core_s(gpu, k, d, backward)
 
 
+@lru_cache(maxsize=4096)
 def layer_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     """A layer's forward, or its backward including what the recomputation mode redoes."""
     if not backward:
@@ -124,6 +127,7 @@ def layer_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     return t
 
 
+@lru_cache(maxsize=4096)
 def embedding_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     """Word and position embedding lookup (forward) or its dense gradient (backward), seconds."""
     e, d = w.micro_batch * w.seq * w.hidden, w.dtype_bytes
@@ -132,6 +136,7 @@ def embedding_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     return _memory_s(gpu, w.vocab * w.hidden / tp * (2 * d + 2 * w.grad_bytes) + 3 * e * d)
 
 
+@lru_cache(maxsize=4096)
 def head_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     """Logits GEMM and vocab-parallel cross entropy, seconds."""
     logits = Gemm(w.micro_batch * w.seq, max(1, w.vocab // tp), w.hidden)
