@@ -1,7 +1,9 @@
 """A contention-free estimate of one iteration of a Plan, without SimPy.
 
 Every op gets its idle-network duration (compute from `OpCosts`; a point-to-point transfer takes
-latency + bytes / idle path rate; a ring collective its alpha-beta time [Thakur et al. 2005]), and
+latency + bytes / path rate, the rate shared with the same send of every other replica, which the
+replicas' identical schedules make simultaneous; a ring collective its alpha-beta time [Thakur et
+al. 2005]), and
 the schedule's dependency graph is evaluated as a critical path: an op starts when the previous op
 of its stage ended and its input arrived. Data-parallel collectives of a stage run one after
 another on one stream. Where no two transfers share a link at the same time this equals the
@@ -52,6 +54,12 @@ class _Estimator:
         self.schedule = plan.schedule()
         self.nv = self.schedule.num_virtual_stages
         self.groups = {(g.kind, g.ranks): g for g in plan.groups}
+        self._forward_pairs = {(j % plan.pp, (j + 1) % plan.pp) for j in range(self.nv - 1)}
+        self._p2p_cache: dict[tuple, float] = {}
+        self._load_cache: dict[tuple, dict] = {}
+        self.groups_by_first = {(g.kind, g.ranks[0]): g for g in plan.groups}
+        self._emb_rings: dict | None = None
+        self._emb_load: dict = {}
 
     def run(self) -> Estimate:
         p = self.plan
@@ -103,15 +111,38 @@ class _Estimator:
         return self.costs.chunk_compute_s(node, n, j == 0, j == self.nv - 1, backward) + \
             self.costs.tp_comm_s(node, n, backward)
 
-    def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
+    def _p2p_path(self, a: int, b: int, d: int):
+        """Path of the send from stage a to stage b of replica d (the PP group of the pair)."""
         p = self.plan
-        a, b = j_from % p.pp, j_to % p.pp
-        fwd = (a, b) if j_to > j_from else (b, a)
+        fwd = (a, b) if (a, b) in self._forward_pairs else (b, a)
         group = self.groups[(GroupKind.PIPELINE, (p.rank(fwd[0], d, 0), p.rank(fwd[1], d, 0)))]
-        path = group_path(self.cluster, group.transport, p.entity_gpus(a, d), p.entity_gpus(b, d),
+        return group_path(self.cluster, group.transport, p.entity_gpus(a, d), p.entity_gpus(b, d),
                           self.caps)
-        size = self.w.pp_message_bytes(p.tp) * p.tp
-        return path.latency_s + size / path.idle_rate_bytes_per_s
+
+    def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
+        """Latency + bytes at the path's rate when every replica sends the same message at the
+        same time (replicas run the same schedule): a link carrying k replicas' sends gives each
+        1/k of its capacity, so 8 GPUs behind one NIC do not each get the whole NIC."""
+        a, b = j_from % self.plan.pp, j_to % self.plan.pp
+        key = (a, b, d)
+        got = self._p2p_cache.get(key)
+        if got is None:
+            load = self._link_load(a, b)
+            path = self._p2p_path(a, b, d)
+            rate = min(self.caps[lk] / load[lk] for lk, _ in path.links)
+            size = self.w.pp_message_bytes(self.plan.tp) * self.plan.tp
+            got = self._p2p_cache[key] = path.latency_s + size / rate
+        return got
+
+    def _link_load(self, a: int, b: int) -> dict:
+        """Summed link weights of the a -> b sends of all replicas."""
+        got = self._load_cache.get((a, b))
+        if got is None:
+            got = self._load_cache[(a, b)] = {}
+            for d in range(self.plan.dp):
+                for lk, w in self._p2p_path(a, b, d).links:
+                    got[lk] = got.get(lk, 0.0) + w
+        return got
 
     # ---- data-parallel and optimizer -----------------------------------------------------------
     def _ring(self, kind: GroupKind, s: int, d: int, members: list[tuple[int, int]]):
@@ -123,6 +154,30 @@ class _Estimator:
         ring = ring_paths(self.cluster, group.transport, [p.entity_gpus(*m) for m in members],
                           self.caps)
         return (len(members), ring.idle_rate_bytes_per_s, ring.step_latency_s)
+
+    def _embedding_ring(self, d: int):
+        """The embedding all-reduce ring of replica d at the rate it gets while every replica's
+        runs at once (they end their pipelines together): each hop link's capacity is split over
+        the summed weights of all replicas' rings."""
+        p = self.plan
+        if self._emb_rings is None:
+            self._emb_rings = {}
+            for r in range(p.dp):
+                group = self.groups_by_first.get((GroupKind.EMBEDDING, p.rank(0, r, 0)))
+                if group is not None:
+                    self._emb_rings[r] = ring_paths(self.cluster, group.transport,
+                                                    [p.entity_gpus(0, r), p.entity_gpus(p.pp - 1, r)],
+                                                    self.caps)
+            self._emb_load = {}
+            for ring in self._emb_rings.values():
+                for hop in ring.hops:
+                    for lk, w in hop.links:
+                        self._emb_load[lk] = self._emb_load.get(lk, 0.0) + w
+        ring = self._emb_rings.get(d)
+        if ring is None:
+            return None
+        rate = min(self.caps[lk] / self._emb_load[lk] for hop in ring.hops for lk, _ in hop.links)
+        return (2, rate, ring.step_latency_s)
 
     def _bucket_times(self, s: int, kind: str, bytes_of) -> list[float]:
         ring = self._ring(GroupKind.DATA, s, 0, [(s, d) for d in range(self.plan.dp)])
@@ -138,11 +193,36 @@ class _Estimator:
         return out
 
     def _start_delay(self, s: int, d: int) -> float:
-        """Overlapped optimizer: the first bucket's all-gather gates the first forward."""
+        """Overlapped optimizer: the first forward consumes parameter buckets in order as their
+        all-gathers (one stream, back to back) complete; bucket k's share of that forward can
+        start only after the first k + 1 all-gathers."""
         if not self.plan.optimizer.overlapped:
             return 0.0
         times = self._bucket_times(s, "all-gather", lambda n: n * self.w.dtype_bytes)
-        return times[0] if times else 0.0
+        if not times:
+            return 0.0
+        forward = self._op_s(s, d, self.schedule.virtual_stage(s, 0), False)
+        done, delay = 0.0, 0.0
+        for k, ag in enumerate(times):
+            done += ag
+            delay = max(delay, done - forward * k / len(times))
+        return delay
+
+    def _backward_window(self, s: int, d: int) -> float:
+        """Seconds of one micro-batch's backward over all chunks of stage s."""
+        return sum(self._op_s(s, d, self.schedule.virtual_stage(s, c), True)
+                   for c in range(self.plan.num_chunks))
+
+    def _released_reduction_tail(self, s: int, d: int, reduce: list[float]) -> float:
+        """Gradient buckets released evenly during the last backward, reduced one after another
+        on one stream: seconds the last reduction ends after the backward does."""
+        if not reduce:
+            return 0.0
+        window = self._backward_window(s, d)
+        t = 0.0
+        for k, r in enumerate(reduce):
+            t = max(t, window * (k + 1) / len(reduce)) + r
+        return max(0.0, t - window)
 
     def _tail(self, s: int, d: int, end: float) -> float:
         """Gradient sync, embedding all-reduce, optimizer step and all-gather after `end`."""
@@ -150,18 +230,16 @@ class _Estimator:
         grads = w.grad_bytes_of
         t = end
         reduce = self._bucket_times(s, mode.gradient_collective, grads)
-        if mode.reduces_every_microbatch:  # m reductions on one stream, behind the backwards
-            # m rounds of reductions on one stream, each hidden behind one backward at best
-            backward = sum(self._op_s(s, d, self.schedule.virtual_stage(s, c), True)
-                           for c in range(p.num_chunks))
+        if mode.reduces_every_microbatch:  # m rounds on one stream, each behind one backward at best
+            backward = self._backward_window(s, d)
             t += max(reduce[-1] if reduce else 0.0,
                      p.num_microbatches * (sum(reduce) - backward) + backward)
-        elif p.releases_gradients_in_backward:  # the last bucket is reduced after the backward ends
-            t += reduce[-1] if reduce else 0.0
+        elif p.releases_gradients_in_backward:
+            t += self._released_reduction_tail(s, d, reduce)
         else:
             t += sum(reduce)
         if p.pp > 1 and s in (0, p.pp - 1) and w.tie_embeddings:
-            ring = self._ring(GroupKind.EMBEDDING, 0, d, [(0, d), (p.pp - 1, d)])
+            ring = self._embedding_ring(d)
             if ring is not None:
                 t += ring_collective_time_s("all-reduce", ring[0],
                                             w.grad_bytes_of(w.vocab * w.hidden), ring[1], ring[2])

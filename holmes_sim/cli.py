@@ -310,6 +310,64 @@ def _first_comment(path: Path) -> str:
 
 
 @app.command()
+def plan(
+    scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one); its "
+                                            "`search:` block bounds the search.")],
+    top: Annotated[int | None, typer.Option("--top", min=1, max=1000, help="Plans the discrete-event "
+                                            "simulation confirms (default: search.top_k).")] = None,
+    rows: Annotated[int, typer.Option("--rows", min=1, max=10000, help="Rows to print.")] = 10,
+    json_path: Annotated[Path | None, typer.Option(
+        "--json", help="Write the ranked search as JSON here ('-': standard output).")] = None,
+    export: Annotated[Path | None, typer.Option(
+        "--export", help="Write a launch folder (hostfile, torchrun per node, Megatron-LM and "
+                         "Holmes arguments, NCCL settings) for each confirmed plan here.")] = None,
+) -> None:
+    """Search parallel layouts, schedules, recompute and placements; rank them analytically,
+    confirm the best by simulation, compare with the best Megatron-LM default layout."""
+    from rich.progress import Progress
+
+    from holmes_sim import planner
+    from holmes_sim.prepare import prepare
+    from holmes_sim.report.files import prepare_output, write_json
+    from holmes_sim.report.planning import infeasible_summary, plan_table, why_the_winner_wins
+    from holmes_sim.runner import stamp
+
+    try:
+        _check_outputs((json_path, False, "--json"), (export, True, "--export"))
+        prepared = prepare(resolve_scenario(scenario))
+        spec = prepared.scenario.search if top is None else replace(prepared.scenario.search, top_k=top)
+        with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
+            task = bar.add_task("planning", total=None)
+            result = planner.search(prepared, spec,
+                                    progress=lambda done, n: bar.update(task, completed=done, total=n))
+        if json_path is not None:
+            write_json(json_path, stamp(result.to_json()))
+        if export is not None:
+            _export_plans(prepare_output(export, directory=True, option="--export"), prepared, result)
+    except HolmesError as exc:
+        raise _fail(exc) from None
+    console = err if _is_stdout(json_path) else out
+    console.print(plan_table(result, rows))
+    for line in [why_the_winner_wins(result), *infeasible_summary(result)]:
+        if line:
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _export_plans(directory: Path, prepared, result) -> None:
+    """A launch folder per simulated (confirmed) plan: <rank>-<policy>/."""
+    from holmes_sim import planner
+    from holmes_sim.export import REFERENCE_POLICIES, launch_files
+    from holmes_sim.runner import plan_policy
+
+    confirmed = [c for c in result.candidates if c.simulated and c.policy not in REFERENCE_POLICIES]
+    for rank, c in enumerate(confirmed, 1):
+        p = planner.prepared_for(prepared, c.layout)
+        plan_, cluster = plan_policy(p, c.policy)
+        launch_files(plan_, cluster, p.workload, p.scenario.training.precision).write(
+            directory / f"{rank}-{c.policy}")
+
+
+@app.command()
 def sweep(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
     sets: Annotated[list[str], typer.Option("--set", help="PATH=V1,V2,... a scenario field by "

@@ -90,6 +90,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "memory_efficiency": _positive(1),
     "attention_efficiency": _positive(1),
     "sm_count": Bound(1, 100_000),
+    "top_k": Bound(1, 1000),
     "bucket_size_mb": Bound(1e-3, 1e9),  # 1e9: one bucket for any model
     "compute_cv": Bound(0, 2),
     "tolerance_pct": _positive(1000),

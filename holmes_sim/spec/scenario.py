@@ -49,6 +49,32 @@ class TestbedSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SearchSpec:
+    """The space `holmes-sim plan` searches; each list bounds one knob (omit: every valid value)."""
+
+    tensor: tuple[int, ...] | None = None
+    """TP degrees (default: every divisor of the GPUs per node up to 8 that divides the heads)."""
+    pipeline: tuple[int, ...] | None = None
+    """PP degrees (default: every degree that divides the GPUs and fits the layers, up to 64)."""
+    micro_batch_size: tuple[int, ...] | None = None
+    """Micro-batch sizes (default: 1, 2, 4, 8, 16 that divide the batch)."""
+    schedule: tuple[Literal["gpipe", "1f1b", "interleaved"], ...] = ("gpipe", "1f1b", "interleaved")
+    virtual_stages: tuple[int, ...] = (2, 3, 4, 6, 8, 9)
+    """Model chunks per stage tried for the interleaved schedule."""
+    recompute: tuple[Literal["none", "selective", "full"], ...] = ("none", "selective", "full")
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    """Tried only with TP > 1."""
+    policies: tuple[str, ...] = ("holmes", "megatron")
+    """Placements to evaluate per layout; megatron is the baseline."""
+    optimizer: tuple[Literal["replicated", "distributed", "distributed-overlap"], ...] = (
+        "replicated", "distributed", "distributed-overlap")
+    """Optimizer settings tried for policies that take the scenario's (megatron): all-reduce,
+    Megatron's distributed optimizer, or it with --overlap-grad-reduce. Other policies fix theirs."""
+    top_k: int = 5
+    """Candidates the discrete-event simulation confirms."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Scenario:
     """A described cluster and job, and what to compare on it."""
 
@@ -66,6 +92,8 @@ class Scenario:
     engine: EngineSpec = field(default_factory=EngineSpec)
     testbed: TestbedSpec | None = None
     """Present in validation testbed files (`validation/testbeds/`)."""
+    search: SearchSpec = field(default_factory=SearchSpec)
+    """What `holmes-sim plan` searches."""
     profile: str | None = None
     """Path (relative to the scenario file) of a measured profile JSON that replaces catalog
     compute and link numbers (written by `holmes-sim validate`)."""

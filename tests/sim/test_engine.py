@@ -92,13 +92,28 @@ def test_engine_matches_contention_free_estimate_without_contention():
         assert est.iteration_s == pytest.approx(out.result.iteration_time_s, rel=0.02)
 
 
-def test_contention_makes_the_engine_slower_than_the_estimate():
-    """8 ranks per node send their pipeline activations through one Ethernet NIC under megatron:
-    the estimate ignores that sharing."""
+@pytest.mark.parametrize("name", ["mixed_ib_roce", "mixed_ib_eth", "two_clusters_39b", "pure_ib",
+                                  "pure_roce", "pure_ethernet"])
+def test_estimate_agrees_with_the_engine_on_bundled_scenarios(name):
+    """The estimate shares links between the replicas' simultaneous sends and embedding rings and
+    serialises released gradient buckets on one stream, so it tracks the engine closely (the
+    1,024-GPU scenario is left out for time; docs/architecture.md has its figure)."""
+    prepared = prepare(SCENARIOS / f"{name}.yaml")
+    for policy in ("megatron", "holmes"):
+        out = run_policy(prepared, policy)
+        est = estimate_iteration(out.plan, out.cluster, prepared.workload, prepared.compute)
+        assert est.iteration_s == pytest.approx(out.result.iteration_time_s, rel=0.01), policy
+
+
+def test_estimate_shares_a_nic_between_replicas_sending_at_once():
+    """8 ranks per node send their activations through one Ethernet NIC under megatron: priced
+    alone, each send would get the whole NIC and the iteration would look much faster."""
     prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")
+    plan, cluster = plan_policy(prepared, "megatron")
+    est = estimate_iteration(plan, cluster, prepared.workload, prepared.compute)
     out = run_policy(prepared, "megatron")
-    est = estimate_iteration(out.plan, out.cluster, prepared.workload, prepared.compute)
-    assert out.result.iteration_time_s > 1.1 * est.iteration_s
+    pp_wait = out.result.breakdown_s["pp_exposed"]
+    assert pp_wait > 0.5 and est.iteration_s == pytest.approx(out.result.iteration_time_s, rel=0.01)
 
 
 def test_breakdown_adds_up_and_trace_is_consistent():

@@ -1,0 +1,237 @@
+"""`holmes-sim plan`: search parallel layouts, schedules and placements for a cluster.
+
+For every layout (TP inside a node, PP, DP, micro-batch, schedule and virtual stages, recompute,
+sequence parallelism) allowed by the scenario's `search:` block, every policy of the search builds
+its plan (placement, groups, partition, optimizer). Plans that do not fit in GPU memory are kept
+with the reason and ranked apart; the rest are ranked by the contention-free analytic estimate
+(`analytic.estimate_iteration`), and the best `top_k` are confirmed by the discrete-event
+simulation, whose time then replaces the estimate. The baseline is the best Megatron-LM default
+layout (policy `megatron`), so a speed-up compares the best each placement can do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from holmes_sim.errors import FieldError, HolmesError
+from holmes_sim.prepare import Prepared
+from holmes_sim.schedule import build_schedule
+from holmes_sim.spec.scenario import SearchSpec
+from holmes_sim.workload import build_workload
+
+BASELINE_POLICY = "megatron"
+SCENARIO_OPTIMIZER_POLICIES = ("megatron",)
+"""Policies whose optimizer comes from the scenario (the others fix their framework's)."""
+_MAX_TP, _MAX_PP, _MICRO_BATCHES = 8, 64, (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One point of the search space (the policy-independent part of a plan)."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch_size: int
+    schedule: str
+    virtual_stages: int
+    recompute: str
+    sequence_parallel: bool
+    optimizer: str = "distributed"
+    """For policies that take the scenario's optimizer: replicated | distributed |
+    distributed-overlap."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A policy's plan for a layout and its figures (seconds, TFLOP/s, GiB)."""
+
+    policy: str
+    layout: Layout
+    optimizer: str
+    layers_per_stage: tuple[int, ...]
+    predicted_iteration_s: float
+    tflops_per_gpu: float
+    peak_memory_gib: float
+    fits_memory: bool
+    simulated: bool = False
+    reason: str = ""
+    breakdown_s: tuple[tuple[str, float], ...] = ()
+    """Where the simulated iteration goes (only for simulated candidates)."""
+
+    def to_json(self) -> dict:
+        lay = self.layout
+        return {"policy": self.policy, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
+                "micro_batch_size": lay.micro_batch_size, "schedule": lay.schedule,
+                "virtual_stages": lay.virtual_stages, "recompute": lay.recompute,
+                "sequence_parallel": lay.sequence_parallel, "optimizer": self.optimizer,
+                "layers_per_stage": list(self.layers_per_stage),
+                "predicted_iteration_s": self.predicted_iteration_s,
+                "tflops_per_gpu": self.tflops_per_gpu, "peak_memory_gib": self.peak_memory_gib,
+                "fits_memory": self.fits_memory, "simulated": self.simulated,
+                **({"reason": self.reason} if self.reason else {}),
+                **({"breakdown_s": dict(self.breakdown_s)} if self.breakdown_s else {})}
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSearch:
+    """The ranked outcome: best first, the baseline, what did not fit, and the cost of the search."""
+
+    scenario: str
+    candidates: tuple[Candidate, ...]
+    baseline: Candidate | None
+    infeasible: tuple[Candidate, ...]
+    evaluated: int
+    elapsed_s: float
+
+    def speedup(self, c: Candidate) -> float | None:
+        """Speed-up over the best Megatron-LM default layout."""
+        if self.baseline is None:
+            return None
+        return self.baseline.predicted_iteration_s / c.predicted_iteration_s
+
+    def to_json(self) -> dict:
+        return {"scenario": self.scenario, "evaluated": self.evaluated, "elapsed_s": self.elapsed_s,
+                "baseline": None if self.baseline is None else self.baseline.to_json(),
+                "candidates": [c.to_json() for c in self.candidates],
+                "infeasible": [c.to_json() for c in self.infeasible]}
+
+
+def layouts(prepared: Prepared, search: SearchSpec) -> Iterator[Layout]:
+    """Every valid layout the search block allows, in a deterministic order."""
+    s, n = prepared.scenario, prepared.cluster.num_gpus
+    node_gpus = min(node.num_gpus for node in prepared.cluster.nodes)
+    tps = _allowed(search.tensor, "search.tensor",
+                   [t for t in range(1, _MAX_TP + 1) if node_gpus % t == 0])
+    pps = _allowed(search.pipeline, "search.pipeline", list(range(1, _MAX_PP + 1)))
+    mbs = _allowed(search.micro_batch_size, "search.micro_batch_size", list(_MICRO_BATCHES))
+    for tp in tps:
+        if node_gpus % tp or s.model.num_attention_heads % tp:
+            continue
+        for pp in pps:
+            if n % (tp * pp) or s.model.num_layers < pp:
+                continue
+            dp = n // (tp * pp)
+            for mb in mbs:
+                if s.training.global_batch_size % (mb * dp):
+                    continue
+                m = s.training.global_batch_size // (mb * dp)
+                yield from _variants(prepared, search, tp, pp, dp, mb, m)
+
+
+def _variants(prepared, search, tp, pp, dp, mb, m) -> Iterator[Layout]:
+    layers = prepared.scenario.model.num_layers
+    for schedule in search.schedule:
+        chunks = search.virtual_stages if schedule == "interleaved" else (1,)
+        for v in chunks:
+            if pp == 1 and schedule != "1f1b" or layers < pp * v:
+                continue
+            try:
+                build_schedule(schedule, pp, m, v)
+            except HolmesError:
+                continue
+            for rc in search.recompute:
+                for sp in (search.sequence_parallel if tp > 1 else (False,)):
+                    yield Layout(tp, pp, dp, mb, schedule, v, rc, sp)
+
+
+def _allowed(values: tuple[int, ...] | None, path: str, default: list[int]) -> list[int]:
+    if values is None:
+        return default
+    bad = [v for v in values if not 1 <= v <= 1024]
+    if bad:
+        raise FieldError(path, f"values must be whole numbers from 1 to 1024, got {bad[0]}")
+    return sorted(set(values))
+
+
+def prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
+    """The prepared scenario with `layout` in place of its own parallel and training settings."""
+    s = prepared.scenario
+    training = replace(s.training, micro_batch_size=layout.micro_batch_size,
+                       recompute=layout.recompute, sequence_parallel=layout.sequence_parallel,
+                       distributed_optimizer=layout.optimizer != "replicated",
+                       overlap_grad_reduce=layout.optimizer == "distributed-overlap")
+    parallel = replace(s.parallel, tensor=layout.tp, pipeline=layout.pp, data=layout.dp,
+                       schedule=layout.schedule, virtual_stages=layout.virtual_stages)
+    m = s.training.global_batch_size // (layout.micro_batch_size * layout.dp)
+    return replace(prepared, scenario=replace(s, training=training, parallel=parallel),
+                   workload=build_workload(s.model, training), tp=layout.tp, pp=layout.pp,
+                   dp=layout.dp, num_microbatches=m)
+
+
+def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
+    """Plan `policy` on `layout`; memory check, then the analytic estimate."""
+    from holmes_sim.analytic import estimate_iteration
+    from holmes_sim.cost.ops import OpCosts
+    from holmes_sim.metrics import memory_report
+    from holmes_sim.runner import plan_policy
+
+    p = prepared_for(prepared, layout)
+    try:
+        plan, cluster = plan_policy(p, policy)
+    except HolmesError as exc:
+        return Candidate(policy, layout, "", (), float("inf"), 0.0, 0.0, False, reason=str(exc))
+    mem = memory_report(plan, cluster, p.workload, OpCosts(cluster, p.workload, p.compute, plan.tp))
+    base = Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, float("inf"), 0.0,
+                     mem.peak_gib, mem.fits)
+    if not mem.fits:
+        return replace(base, reason=f"needs {mem.peak_gib:.1f} GiB per GPU, the GPUs have "
+                                    f"{min(mem.capacity_bytes) / 2**30:.0f}")
+    t = estimate_iteration(plan, cluster, p.workload, p.compute).iteration_s
+    return replace(base, predicted_iteration_s=t,
+                   tflops_per_gpu=p.workload.megatron_tflops_per_gpu(t, cluster.num_gpus))
+
+
+def confirm(prepared: Prepared, c: Candidate) -> Candidate:
+    """Replace the estimate by the discrete-event simulation's iteration time."""
+    from holmes_sim.runner import run_policy
+
+    p = prepared_for(prepared, c.layout)
+    r = run_policy(p, c.policy).result
+    return replace(c, predicted_iteration_s=r.iteration_time_s, tflops_per_gpu=r.tflops_per_gpu,
+                   simulated=True, breakdown_s=tuple(r.breakdown_s.items()))
+
+
+def search(prepared: Prepared, spec: SearchSpec | None = None,
+           progress: Callable[[int, int], None] | None = None) -> PlanSearch:
+    """Evaluate every layout x policy (x optimizer), rank, confirm the top K (and the baseline)
+    by simulation. `progress(done, total)` counts layouts."""
+    spec = spec or prepared.scenario.search
+    start = time.perf_counter()
+    grid = list(layouts(prepared, spec))
+    if not grid:
+        raise FieldError("search", "no layout satisfies the cluster, model and batch; widen the "
+                                   "search block (tensor, pipeline, micro_batch_size)")
+    results: list[Candidate] = []
+    for i, layout in enumerate(grid):
+        for policy in spec.policies:
+            for opt in (spec.optimizer if policy in SCENARIO_OPTIMIZER_POLICIES else ("distributed",)):
+                results.append(evaluate(prepared, replace(layout, optimizer=opt), policy))
+        if progress:
+            progress(i + 1, len(grid))
+    return _rank(prepared, spec, results, start)
+
+
+def _key(c: Candidate) -> tuple:
+    lay = c.layout
+    return (c.predicted_iteration_s, c.policy, lay.tp, lay.pp, lay.micro_batch_size, lay.schedule,
+            lay.virtual_stages, lay.recompute, lay.sequence_parallel, lay.optimizer)
+
+
+def _feasible(c: Candidate) -> bool:
+    return c.fits_memory and c.predicted_iteration_s < float("inf")
+
+
+def _rank(prepared: Prepared, spec: SearchSpec, results: list[Candidate], start: float) -> PlanSearch:
+    ok = sorted((c for c in results if _feasible(c)), key=_key)
+    bad = tuple(c for c in results if not _feasible(c))
+    top = sorted((confirm(prepared, c) for c in ok[:spec.top_k]), key=_key)
+    baseline = next((c for c in ok if c.policy == BASELINE_POLICY), None)
+    if baseline is not None:
+        confirmed = next((c for c in top if c.policy == BASELINE_POLICY and c.layout == baseline.layout),
+                         None)
+        baseline = confirmed or confirm(prepared, baseline)
+    return PlanSearch(prepared.scenario.name, tuple(top + ok[spec.top_k:]), baseline, bad, len(results),
+                      time.perf_counter() - start)
