@@ -60,14 +60,38 @@ class _Estimator:
         self.groups_by_first = {(g.kind, g.ranks[0]): g for g in plan.groups}
         self._emb_rings: dict | None = None
         self._emb_load: dict = {}
+        self._replica_cache: dict[tuple, list[float]] = {}
+        self._hardware: dict[tuple[int, int], tuple] = {}
+        self._tail_cache: dict[tuple, float] = {}
+        self._op_cache: dict[tuple, float] = {}
+        self._bucket_cache: dict[tuple, list[float]] = {}
 
     def run(self) -> Estimate:
         p = self.plan
         # Each replica's pipeline is independent of the others until the DP sync.
-        replicas = [self._evaluate_replica(d) for d in range(p.dp)]
+        replicas = [self._replica_clock(d) for d in range(p.dp)]
         ends = [[replicas[d][s] for d in range(p.dp)] for s in range(p.pp)]
         finish = [max(self._tail(s, d, ends[s][d]) for d in range(p.dp)) for s in range(p.pp)]
         return Estimate(max(finish), tuple(max(e) for e in ends))
+
+    def _replica_clock(self, d: int) -> list[float]:
+        """Replica d's stage end times; replicas on the same hardware with the same transfer
+        times (the usual case) share one evaluation."""
+        p = self.plan
+        signature = (tuple(self._stage_hardware(s, d) for s in range(p.pp)),
+                     tuple(self._p2p_s(j, j + 1, d) for j in range(self.nv - 1)),
+                     tuple(self._p2p_s(j + 1, j, d) for j in range(self.nv - 1)))
+        got = self._replica_cache.get(signature)
+        if got is None:
+            got = self._replica_cache[signature] = self._evaluate_replica(d)
+        return got
+
+    def _stage_hardware(self, s: int, d: int) -> tuple:
+        got = self._hardware.get((s, d))
+        if got is None:
+            node = self.cluster.node(self.plan.entity_gpus(s, d)[0].node)
+            got = self._hardware[(s, d)] = (node.gpu, node.intra_link)
+        return got
 
     def _evaluate_replica(self, d: int) -> list[float]:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can)."""
@@ -106,10 +130,17 @@ class _Estimator:
             ready[("B", j - 1, op.microbatch)] = end + self._p2p_s(j, j - 1, d)
 
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
-        node = self.cluster.node(self.plan.entity_gpus(s, d)[0].node)
-        n = self.plan.layers_per_stage[j]
-        return self.costs.chunk_compute_s(node, n, j == 0, j == self.nv - 1, backward) + \
-            self.costs.tp_comm_s(node, n, backward)
+        """Compute plus TP communication of virtual stage j's op on replica d's node (cached by
+        the node's GPU and link: equal hardware, equal time)."""
+        key = (self._stage_hardware(s, d), j, backward)
+        got = self._op_cache.get(key)
+        if got is None:
+            node = self.cluster.node(self.plan.entity_gpus(s, d)[0].node)
+            n = self.plan.layers_per_stage[j]
+            got = self._op_cache[key] = \
+                self.costs.chunk_compute_s(node, n, j == 0, j == self.nv - 1, backward) + \
+                self.costs.tp_comm_s(node, n, backward)
+        return got
 
     def _p2p_path(self, a: int, b: int, d: int):
         """Path of the send from stage a to stage b of replica d (the PP group of the pair)."""
@@ -179,17 +210,24 @@ class _Estimator:
         rate = min(self.caps[lk] / self._emb_load[lk] for hop in ring.hops for lk, _ in hop.links)
         return (2, rate, ring.step_latency_s)
 
-    def _bucket_times(self, s: int, kind: str, bytes_of) -> list[float]:
+    def _bucket_times(self, s: int, kind: str, what: str) -> list[float]:
+        """Ring time of each DP bucket of stage s, in release order; `what` is "grad" (gradient
+        bytes) or "param" (parameter bytes). Cached: the ring is the stage's, not a replica's."""
+        key = (s, kind, what)
+        got = self._bucket_cache.get(key)
+        if got is not None:
+            return got
+        out: list[float] = []
         ring = self._ring(GroupKind.DATA, s, 0, [(s, d) for d in range(self.plan.dp)])
-        if ring is None:
-            return []
-        n, rate, lat = ring
-        out = []
-        for c in range(self.plan.num_chunks):
-            params = self.costs.virtual_stage_params(self.plan.layers_per_stage,
-                                                     self.schedule.virtual_stage(s, c))
-            k = self.costs.gradient_buckets(params)
-            out += [ring_collective_time_s(kind, n, bytes_of(params) / k, rate, lat)] * k
+        if ring is not None:
+            n, rate, lat = ring
+            for c in range(self.plan.num_chunks):
+                params = self.costs.virtual_stage_params(self.plan.layers_per_stage,
+                                                         self.schedule.virtual_stage(s, c))
+                k = self.costs.gradient_buckets(params)
+                size = self.w.grad_bytes_of(params) if what == "grad" else params * self.w.dtype_bytes
+                out += [ring_collective_time_s(kind, n, size / k, rate, lat)] * k
+        self._bucket_cache[key] = out
         return out
 
     def _start_delay(self, s: int, d: int) -> float:
@@ -198,7 +236,7 @@ class _Estimator:
         start only after the first k + 1 all-gathers."""
         if not self.plan.optimizer.overlapped:
             return 0.0
-        times = self._bucket_times(s, "all-gather", lambda n: n * self.w.dtype_bytes)
+        times = self._bucket_times(s, "all-gather", "param")
         if not times:
             return 0.0
         forward = self._op_s(s, d, self.schedule.virtual_stage(s, 0), False)
@@ -225,11 +263,21 @@ class _Estimator:
         return max(0.0, t - window)
 
     def _tail(self, s: int, d: int, end: float) -> float:
-        """Gradient sync, embedding all-reduce, optimizer step and all-gather after `end`."""
+        """`end` plus the stage's gradient sync, embedding all-reduce, optimizer step and
+        all-gather (the same for replicas on equal hardware with equal embedding rings)."""
+        p, w = self.plan, self.w
+        emb = self._embedding_ring(d) if p.pp > 1 and s in (0, p.pp - 1) and w.tie_embeddings else None
+        key = (s, self._stage_hardware(s, d), emb)
+        got = self._tail_cache.get(key)
+        if got is None:
+            got = self._tail_cache[key] = self._tail_s(s, d, emb)
+        return end + got
+
+    def _tail_s(self, s: int, d: int, emb) -> float:
+        """Seconds of the work after the stage's last op (see `_tail`)."""
         p, mode, w = self.plan, self.plan.optimizer, self.w
-        grads = w.grad_bytes_of
-        t = end
-        reduce = self._bucket_times(s, mode.gradient_collective, grads)
+        t = 0.0
+        reduce = self._bucket_times(s, mode.gradient_collective, "grad")
         if mode.reduces_every_microbatch:  # m rounds on one stream, each behind one backward at best
             backward = self._backward_window(s, d)
             t += max(reduce[-1] if reduce else 0.0,
@@ -238,14 +286,12 @@ class _Estimator:
             t += self._released_reduction_tail(s, d, reduce)
         else:
             t += sum(reduce)
-        if p.pp > 1 and s in (0, p.pp - 1) and w.tie_embeddings:
-            ring = self._embedding_ring(d)
-            if ring is not None:
-                t += ring_collective_time_s("all-reduce", ring[0],
-                                            w.grad_bytes_of(w.vocab * w.hidden), ring[1], ring[2])
+        if emb is not None:
+            t += ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
+                                        emb[1], emb[2])
         node = self.cluster.node(p.entity_gpus(s, d)[0].node)
         params = self.costs.stage_params(p.layers_per_stage, p.pp, s)
         t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
         if mode.gathers_after_step:
-            t += sum(self._bucket_times(s, "all-gather", lambda n: n * w.dtype_bytes))
+            t += sum(self._bucket_times(s, "all-gather", "param"))
         return t
