@@ -1,0 +1,89 @@
+"""`holmes-sim plan`: the search space obeys the rules a launcher enforces, the ranking is by time,
+the top plans are confirmed by simulation, and the answer beats the scenario's own plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from holmes_sim import planner
+from holmes_sim.cli import app
+from holmes_sim.prepare import prepare
+from holmes_sim.runner import run_policy
+
+SMALL = """name: small-plan
+fabrics: [{name: ib, type: ib}, {name: roce, type: roce}]
+clusters:
+  - name: lab
+    nodes:
+      - {name: ib, count: 2, gpu: a100-80gb, nics: [{type: ib, model: ib-hdr, count: 4, fabric: ib}, {type: ethernet, model: eth-25g}]}
+      - {name: roce, count: 2, gpu: a100-80gb, nics: [{type: roce, model: roce-200g, count: 2, fabric: roce}, {type: ethernet, model: eth-25g}]}
+model: {name: gpt-1.3b, num_layers: 24, hidden_size: 2048, num_attention_heads: 16, seq_length: 2048}
+training: {global_batch_size: 256, micro_batch_size: 2, recompute: selective}
+parallel: {tensor: 2, pipeline: 2}
+policies: [megatron, holmes]
+search: {tensor: [1, 2, 4], pipeline: [1, 2, 4], micro_batch_size: [1, 2], schedule: [1f1b, interleaved],
+         virtual_stages: [2], recompute: [none, selective], top_k: 3}
+"""
+
+
+@pytest.fixture
+def small(write_scenario):
+    return write_scenario(SMALL)
+
+
+def test_every_layout_is_one_megatron_would_accept(small):
+    prepared = prepare(small)
+    grid = list(planner.layouts(prepared, prepared.scenario.search))
+    assert grid
+    n, B, L = prepared.cluster.num_gpus, 256, 24
+    for lay in grid:
+        assert lay.tp * lay.pp * lay.dp == n and 8 % lay.tp == 0 and 16 % lay.tp == 0
+        m = B // (lay.micro_batch_size * lay.dp)
+        assert B % (lay.micro_batch_size * lay.dp) == 0
+        assert L >= lay.pp * lay.virtual_stages
+        if lay.schedule == "interleaved":
+            assert m % lay.pp == 0 and lay.pp > 1
+        assert not (lay.sequence_parallel and lay.tp == 1)
+
+
+def test_search_ranks_confirms_and_beats_the_scenarios_own_plan(small):
+    prepared = prepare(small)
+    result = planner.search(prepared)
+    times = [c.predicted_iteration_s for c in result.candidates]
+    assert [c.simulated for c in result.candidates[:3]] == [True] * 3
+    assert sorted(times[:3]) == times[:3] and sorted(times[3:]) == times[3:]
+    assert result.baseline is not None and result.baseline.policy == "megatron" and result.baseline.simulated
+    own = run_policy(prepared, "holmes").result.iteration_time_s
+    assert result.candidates[0].predicted_iteration_s <= own * (1 + 1e-9)
+    assert result.evaluated == len(result.candidates) + len(result.infeasible)
+    assert all(c.reason for c in result.infeasible)
+
+
+def test_confirmed_times_are_the_simulations(small):
+    prepared = prepare(small)
+    best = planner.search(prepared).candidates[0]
+    again = run_policy(planner.prepared_for(prepared, best.layout), best.policy).result
+    assert best.predicted_iteration_s == again.iteration_time_s
+
+
+def test_plan_cli_json_and_export(small, tmp_path):
+    out = tmp_path / "launch"
+    result = CliRunner().invoke(app, ["plan", str(small), "--json", "-", "--export", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    keys = {"policy", "tp", "pp", "dp", "micro_batch_size", "schedule", "virtual_stages", "recompute",
+            "sequence_parallel", "optimizer", "layers_per_stage", "predicted_iteration_s",
+            "tflops_per_gpu", "peak_memory_gib", "fits_memory", "simulated"}
+    assert {"scenario", "evaluated", "elapsed_s", "baseline", "candidates"} <= set(doc)
+    assert keys <= set(doc["candidates"][0]) and keys <= set(doc["baseline"])
+    assert sorted(p.name for p in out.iterdir())[0].startswith("1-")
+    assert (next(out.iterdir()) / "launch.sh").exists()
+
+
+def test_bad_search_values_are_refused(write_scenario):
+    path = write_scenario(SMALL.replace("tensor: [1, 2, 4]", "tensor: [0]"))
+    result = CliRunner().invoke(app, ["plan", str(path)])
+    assert result.exit_code == 2 and "search.tensor" in result.output
