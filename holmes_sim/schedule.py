@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 
 from holmes_sim.errors import ScenarioError
 
@@ -82,12 +83,17 @@ class Schedule:
 
 def build_schedule(kind: str | ScheduleKind, num_stages: int, num_microbatches: int,
                    num_chunks: int = 1) -> Schedule:
-    """Build the per-stage op order.
+    """Build the per-stage op order (cached: a Schedule is immutable).
 
     Raises:
         ScenarioError: when the numbers do not allow the schedule (e.g. interleaved with m % p != 0).
     """
-    kind = ScheduleKind(kind)
+    return _build_schedule(ScheduleKind(kind), num_stages, num_microbatches, num_chunks)
+
+
+@lru_cache(maxsize=512)
+def _build_schedule(kind: ScheduleKind, num_stages: int, num_microbatches: int,
+                    num_chunks: int) -> Schedule:
     p, m, v = num_stages, num_microbatches, num_chunks
     if p < 1 or m < 1 or v < 1:
         raise ScenarioError("schedule needs positive stages, micro-batches and chunks; "
