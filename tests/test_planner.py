@@ -18,8 +18,10 @@ fabrics: [{name: ib, type: ib}, {name: roce, type: roce}]
 clusters:
   - name: lab
     nodes:
-      - {name: ib, count: 2, gpu: a100-80gb, nics: [{type: ib, model: ib-hdr, count: 4, fabric: ib}, {type: ethernet, model: eth-25g}]}
-      - {name: roce, count: 2, gpu: a100-80gb, nics: [{type: roce, model: roce-200g, count: 2, fabric: roce}, {type: ethernet, model: eth-25g}]}
+      - {name: ib, count: 2, gpu: a100-80gb,
+         nics: [{type: ib, model: ib-hdr, count: 4, fabric: ib}, {type: ethernet, model: eth-25g}]}
+      - {name: roce, count: 2, gpu: a100-80gb,
+         nics: [{type: roce, model: roce-200g, count: 2, fabric: roce}, {type: ethernet, model: eth-25g}]}
 model: {name: gpt-1.3b, num_layers: 24, hidden_size: 2048, num_attention_heads: 16, seq_length: 2048}
 training: {global_batch_size: 256, micro_batch_size: 2, recompute: selective}
 parallel: {tensor: 2, pipeline: 2}
@@ -43,7 +45,7 @@ def test_every_layout_is_one_megatron_would_accept(small):
         assert lay.tp * lay.pp * lay.dp == n and 8 % lay.tp == 0 and 16 % lay.tp == 0
         m = B // (lay.micro_batch_size * lay.dp)
         assert B % (lay.micro_batch_size * lay.dp) == 0
-        assert L >= lay.pp * lay.virtual_stages
+        assert lay.pp * lay.virtual_stages <= L
         if lay.schedule == "interleaved":
             assert m % lay.pp == 0 and lay.pp > 1
         assert not (lay.sequence_parallel and lay.tp == 1)

@@ -1,4 +1,4 @@
-"""Signals at the setup and calibration stages of `validate --real` (root only): afterwards no
+"""Signals at the setup, calibration and training stages of `validate --real` (root only): afterwards no
 namespace, interface, process or temporary folder that the run recorded remains (after SIGKILL,
 once `validate --cleanup` ran), and a second real validation meanwhile is refused at once."""
 
@@ -63,7 +63,7 @@ def _gone(record: tbmod.RunRecord) -> list[str]:
     return left
 
 
-@pytest.mark.parametrize("stage", ["setup", "calibration"])
+@pytest.mark.parametrize("stage", ["setup", "calibration", "training"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL],
                          ids=lambda s: s.name)
 def test_signal_leaves_nothing_behind(stage: str, sig: signal.Signals, tmp_path: Path) -> None:
@@ -71,7 +71,10 @@ def test_signal_leaves_nothing_behind(stage: str, sig: signal.Signals, tmp_path:
     child = _start(log)
     try:
         _wait_for(lambda: _record_of(child.pid) is not None, what="the testbed's record")
-        if stage == "calibration":
+        if stage == "training":
+            _wait_for(lambda: "; running" in log.read_text(), 120.0, "training to start")
+            time.sleep(1.0)  # the ranks are up and exchanging
+        elif stage == "calibration":
             _wait_for(lambda: "calibrating the links" in log.read_text(), what="calibration")
             _wait_for(lambda: len(_record_of(child.pid).processes) >= 2
                       and _record_of(child.pid).temp_dirs, what="CPU burners and a probe folder")
