@@ -66,6 +66,7 @@ def test_ranking_allows_ties_within_the_band_only():
     assert ranking_agrees([a, d])  # predicted within 3 %: the prediction claims no order
 
 
+@pytest.mark.root
 @needs_root
 def test_reduced_real_run_measures_compares_and_cleans_up(tmp_path):
     before = set(_namespaces())
@@ -79,10 +80,13 @@ def test_reduced_real_run_measures_compares_and_cleans_up(tmp_path):
         assert len(case["measured_iterations_s"]) == 2
         assert case["measured_s"] > 0 and case["predicted_s"] > 0
         assert abs(case["error_pct"]) < 1000
-    # calibration measured the shaped NICs: 2 Gbit/s "RDMA" fabrics and 100 Mbit/s Ethernet
+    # calibration measured the shaped NICs (2 Gbit/s "RDMA" fabrics, 100 Mbit/s Ethernet): loose
+    # bands (token-bucket bursts and a busy host move single probes by tens of %), and the order
     fabrics = doc["profile"]["fabrics"]
-    assert 0.75 * 250e6 < fabrics["ib"]["bandwidth_bytes_per_s"] < 1.05 * 250e6
-    assert 0.75 * 12.5e6 < fabrics["ethernet"]["bandwidth_bytes_per_s"] < 1.05 * 12.5e6
+    ib, eth = fabrics["ib"]["bandwidth_bytes_per_s"], fabrics["ethernet"]["bandwidth_bytes_per_s"]
+    assert 0.4 * 250e6 < ib < 2.0 * 250e6
+    assert 0.4 * 12.5e6 < eth < 2.0 * 12.5e6
+    assert ib > 5 * eth
     assert 1 <= doc["profile"]["host"]["effective_cores"] <= os.cpu_count()
     assert doc["provenance"]["commit"] and doc["provenance"]["host"]
     assert set(_namespaces()) <= before  # none of its own left
