@@ -61,6 +61,7 @@ class _Estimator:
         self._emb_rings: dict | None = None
         self._emb_load: dict = {}
         self._replica_cache: dict[tuple, list[float]] = {}
+        self._ops: list[list[tuple]] | None = None
         self._hardware: dict[tuple[int, int], tuple] = {}
         self._tail_cache: dict[tuple, float] = {}
         self._op_cache: dict[tuple, float] = {}
@@ -93,27 +94,57 @@ class _Estimator:
             got = self._hardware[(s, d)] = (node.gpu, node.intra_link)
         return got
 
+    def _op_table(self) -> list[list[tuple]]:
+        """Per stage, each op as (j, backward, input key or None, send path or None, output key):
+        the schedule's dependency structure, the same for every replica."""
+        if self._ops is None:
+            pp, nv = self.plan.pp, self.nv
+            self._ops = []
+            for s, ops in enumerate(self.schedule.stage_ops):
+                row = []
+                for op in ops:
+                    j = self.schedule.virtual_stage(s, op.chunk)
+                    backward = op.kind == "B"
+                    need = self._input_key(op, j, 0)
+                    to = (j - 1 if j > 0 else None) if backward else (j + 1 if j < nv - 1 else None)
+                    send = None if to is None else (j, to, (j % pp, to % pp))
+                    row.append((j, backward, need, send, (op.kind, to, op.microbatch)))
+                self._ops.append(row)
+        return self._ops
+
     def _evaluate_replica(self, d: int) -> list[float]:
-        """Walk all stages of replica d in dependency order (a ready op runs as early as it can)."""
+        """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
+        Sends between the same two stages in the same direction queue behind each other (they
+        share the path): a send starts when its op ends and the previous one has arrived."""
         p = self.plan
-        ops = self.schedule.stage_ops
+        table = self._op_table()
+        dur = {(s, j, b): self._op_s(s, d, j, b) for s in range(p.pp) for j, b, *_ in table[s]}
+        sends = {send[:2]: self._p2p_s(send[0], send[1], d)
+                 for row in table for *_, send, _ in row if send is not None}
         pos, clock = [0] * p.pp, [self._start_delay(s, d) for s in range(p.pp)]
         ready: dict[tuple, float] = {}
-        remaining = sum(len(o) for o in ops)
+        remaining = sum(len(row) for row in table)
         while remaining:
             progressed = False
             for s in range(p.pp):
-                while pos[s] < len(ops[s]):
-                    op = ops[s][pos[s]]
-                    j = self.schedule.virtual_stage(s, op.chunk)
-                    need = self._input_key(op, j, d)
-                    if need is not None and need not in ready:
-                        break
-                    start = clock[s] if need is None or ready[need] < clock[s] else ready[need]
-                    clock[s] = start + self._op_s(s, d, j, op.kind == "B")
-                    self._emit(op, j, d, clock[s], ready)
-                    pos[s] += 1
-                    remaining -= 1
+                row, k, t = table[s], pos[s], clock[s]
+                while k < len(row):
+                    j, backward, need, send, out = row[k]
+                    if need is not None:
+                        arrived = ready.get(need)
+                        if arrived is None:
+                            break
+                        if arrived > t:
+                            t = arrived
+                    t += dur[(s, j, backward)]
+                    if send is not None:
+                        free = ready.get(send[2], 0.0)
+                        arrival = (t if t > free else free) + sends[send[:2]]
+                        ready[send[2]] = ready[out] = arrival
+                    k += 1
+                if k != pos[s]:
+                    remaining -= k - pos[s]
+                    pos[s], clock[s] = k, t
                     progressed = True
             assert progressed, "schedule deadlock"
         return clock
@@ -122,22 +153,6 @@ class _Estimator:
         if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
             return None
         return (op.kind, j, op.microbatch)
-
-    def _emit(self, op, j: int, d: int, end: float, ready: dict) -> None:
-        """Schedule the op's output send. Sends between the same two stages in the same direction
-        queue behind each other (they share the path): a send starts when the op ends and the
-        previous one on that path has arrived (GPipe's back-to-back forwards)."""
-        if op.kind == "F" and j < self.nv - 1:
-            to = j + 1
-        elif op.kind == "B" and j > 0:
-            to = j - 1
-        else:
-            return
-        path = (j % self.plan.pp, to % self.plan.pp)
-        free = ready.get(path, 0.0)
-        arrival = (end if end > free else free) + self._p2p_s(j, to, d)
-        ready[path] = arrival
-        ready[(op.kind, to, op.microbatch)] = arrival
 
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
         """Compute plus TP communication of virtual stage j's op on replica d's node (cached by
