@@ -102,10 +102,11 @@ class Workload:
 
     def tp_allreduces_per_layer(self, backward: bool) -> int:
         """2 in the forward (attention and MLP); 2 in the backward, 2 more when the backward
-        recomputes the forward [N21, section 3.2; K22]."""
+        recomputes the whole forward [N21, section 3.2]. Selective recomputation redoes only the
+        attention core, which has no TP communication [K22, section 5]."""
         if not backward:
             return 2
-        return 4 if self.recompute else 2
+        return 4 if self.full_recompute else 2
 
     def grad_bytes_of(self, params: float) -> float:
         """Gradient bytes of `params` parameters as reduced over DP."""

@@ -20,6 +20,10 @@ from dataclasses import dataclass
 from holmes_sim.catalog import GpuModel
 
 _TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
+_K_BLOCK = 32
+"""k-depth of one pipeline stage of the Ampere/Hopper half-precision CTA tiles (CUTLASS defaults)."""
+_FILL_STAGES = 2
+"""k-blocks loaded before the first MMA of a 3-stage cp.async pipeline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +62,35 @@ def _tile_efficiency(gemm: Gemm, tm: int, tn: int, sm_count: int) -> float:
     return gemm.m * gemm.n * gemm.batch / (waves * sm_count * tm * tn)
 
 
+def tile_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, dtype_bytes: int) -> float:
+    """Seconds one SM spends on a tm x tn tile outside its main loop, with the tensor cores idle:
+    filling the software pipeline before the first MMA (`_FILL_STAGES` k-blocks of A and B, or
+    all of k when shorter) and the epilogue storing the tile's outputs, both at the SM's share of
+    HBM bandwidth. Modelling assumption: one CTA per SM at a time (a 128x256 tile's fp32
+    accumulators take half the register file), so nothing hides these phases; the data-parallel
+    tiling of cuBLAS/CUTLASS pays them once per tile and wave (NVIDIA CUTLASS, "Efficient GEMM in
+    CUDA": software pipelining, epilogue; Osama et al., "Stream-K", PPoPP 2023, section 2)."""
+    fill_blocks = min(_FILL_STAGES, math.ceil(k / _K_BLOCK))
+    nbytes = dtype_bytes * (tm * tn + fill_blocks * (tm + tn) * _K_BLOCK)
+    return nbytes * gpu.sm_count / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
+
+
+def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tm: int, tn: int, dtype_bytes: int) -> float:
+    """Waves x (main loop over k at the sustained per-SM rate + the tile's fixed overhead)."""
+    tiles = math.ceil(gemm.m / tm) * math.ceil(gemm.n / tn) * gemm.batch
+    waves = math.ceil(tiles / gpu.sm_count)
+    per_sm_rate = gpu.peak_flop_per_s * gpu.compute_efficiency / gpu.sm_count
+    mainloop = 2.0 * tm * tn * gemm.k / per_sm_rate
+    return waves * (mainloop + tile_overhead_s(gpu, tm, tn, gemm.k, dtype_bytes))
+
+
 def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2) -> float:
-    """Seconds for `gemm` on `gpu`: max(quantized compute time, operand traffic time)."""
-    rate = gpu.peak_flop_per_s * gpu.compute_efficiency * quantization_efficiency(gemm, gpu.sm_count)
+    """Seconds for `gemm` on `gpu`: the fastest tiling's waves x (main loop + fixed tile overhead),
+    bounded below by streaming the operands and output through HBM once (roofline, Williams et
+    al., CACM 2009). The fixed overhead is what makes small-k GEMMs (attention scores, row-parallel
+    projections under wide TP) run well below the tensor-core rate. Without an SM count the GEMM
+    runs at the sustained rate, unquantized."""
     traffic = gemm.operand_bytes(dtype_bytes) / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
-    return max(gemm.flop / rate, traffic)
+    if gpu.sm_count is None:
+        return max(gemm.flop / (gpu.peak_flop_per_s * gpu.compute_efficiency), traffic)
+    return max(min(_tiled_time_s(gpu, gemm, tm, tn, dtype_bytes) for tm, tn in _TILES), traffic)

@@ -9,7 +9,7 @@ import pytest
 
 from holmes_sim.catalog import GPUS
 from holmes_sim.cost import transformer as T
-from holmes_sim.cost.gemm import Gemm, gemm_time_s, quantization_efficiency
+from holmes_sim.cost.gemm import Gemm, gemm_time_s, quantization_efficiency, tile_overhead_s
 from holmes_sim.workload import Workload
 
 A100 = GPUS["a100-80gb"]
@@ -22,22 +22,45 @@ def _gpt(**overrides) -> Workload:
     return Workload(**{**base, **overrides})
 
 
-def test_full_waves_of_whole_tiles_run_at_the_sustained_rate():
+def _mainloop_s(tm: int, tn: int, k: int) -> float:
+    return 2 * tm * tn * k / (A100.peak_flop_per_s * A100.compute_efficiency / 108)
+
+
+def _overhead_s(tm: int, tn: int) -> float:
+    # epilogue (tm x tn fp16 outputs) + 2 pipeline stages of 32-deep A and B tiles, per SM's HBM share
+    return 2 * (tm * tn + 2 * (tm + tn) * 32) / (A100.memory_bandwidth_bytes_per_s * A100.memory_efficiency / 108)
+
+
+def test_full_waves_of_whole_tiles_run_the_main_loop_at_the_sustained_rate_plus_the_tile_overhead():
     g = Gemm(128 * 108, 256 * 4, 8192)  # 432 tiles of 128x256: exactly 4 waves on 108 SMs
     assert quantization_efficiency(g, 108) == pytest.approx(1.0)
-    assert gemm_time_s(A100, g) == pytest.approx(g.flop / (A100.peak_flop_per_s * A100.compute_efficiency))
+    assert gemm_time_s(A100, g) == pytest.approx(4 * (_mainloop_s(128, 256, 8192) + _overhead_s(128, 256)))
+    assert tile_overhead_s(A100, 128, 256, 8192, 2) == pytest.approx(_overhead_s(128, 256))
 
 
-def test_one_tile_row_more_than_a_wave_costs_half_a_wave_more():
+def test_one_tile_row_more_than_a_wave_costs_about_half_a_wave_more():
     full = Gemm(128 * 108, 256, 8192)  # 108 tiles of 128x256: one wave
     over = Gemm(128 * 109, 256, 8192)  # best: 218 tiles of 128x128 in 3 half-size waves
-    assert gemm_time_s(A100, over) == pytest.approx(1.5 * gemm_time_s(A100, full), rel=1e-9)
+    assert gemm_time_s(A100, full) == pytest.approx(_mainloop_s(128, 256, 8192) + _overhead_s(128, 256))
+    assert gemm_time_s(A100, over) == pytest.approx(3 * (_mainloop_s(128, 128, 8192) + _overhead_s(128, 128)))
+    assert 1.5 < gemm_time_s(A100, over) / gemm_time_s(A100, full) < 1.6
 
 
-def test_small_inner_dimension_is_memory_bound():
-    g = Gemm(2048, 2048, 64, batch=64)  # attention scores with 64-wide heads
+def test_gemm_rate_rises_with_the_inner_dimension():
+    """The fixed per-tile cost weighs less as k grows: why narrow models run below the MAMF."""
+    rate = {k: Gemm(32768, 6912, k).flop / gemm_time_s(A100, Gemm(32768, 6912, k)) for k in (768, 2304, 16384)}
+    sustained = A100.peak_flop_per_s * A100.compute_efficiency
+    assert rate[768] < rate[2304] < rate[16384] < sustained
+    assert rate[16384] > 0.97 * sustained and rate[768] < 0.8 * sustained
+
+
+def test_small_inner_dimension_pays_the_tile_overhead_above_its_traffic():
+    g = Gemm(2048, 2048, 64, batch=64)  # attention scores with 64-wide heads: 2 k-blocks per tile
     traffic = g.operand_bytes(2) / (A100.memory_bandwidth_bytes_per_s * A100.memory_efficiency)
-    assert gemm_time_s(A100, g) == pytest.approx(traffic)
+    waves = -(-16 * 8 * 64 // 108)  # 128x256 tiles
+    assert gemm_time_s(A100, g) == pytest.approx(waves * (_mainloop_s(128, 256, 64) + _overhead_s(128, 256)))
+    assert gemm_time_s(A100, g) > traffic
+    assert g.flop / gemm_time_s(A100, g) < 0.25 * A100.peak_flop_per_s
 
 
 def test_backward_gemms_carry_twice_the_forward_flop():
