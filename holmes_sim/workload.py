@@ -43,6 +43,8 @@ class Workload:
     bucket_bytes: float
     flash_attention: bool = False
     """Fused attention (Dao et al. 2022/2023): no s x s score tensor in memory."""
+    tp_comm_overlap: bool = False
+    """The backward's TP all-reduces overlap the weight-gradient GEMMs (`TrainingSpec`)."""
 
     @property
     def full_recompute(self) -> bool:
@@ -161,4 +163,5 @@ def build_workload(model: ModelSpec, training: TrainingSpec) -> Workload:
         dtype_bytes=dtype, grad_bytes=4 if training.grad_reduce_in_fp32 else dtype,
         recompute=training.recompute, sequence_parallel=training.sequence_parallel,
         bucket_bytes=training.bucket_size_mb * 1e6, flash_attention=training.flash_attention,
+        tp_comm_overlap=training.tp_comm_overlap,
     )

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from holmes_sim.cluster import Cluster, Node
 from holmes_sim.cost.collectives import ring_collective_time_s
-from holmes_sim.cost.compute import ComputeModel
+from holmes_sim.cost import transformer
+from holmes_sim.cost.compute import ComputeModel, KernelCompute
 from holmes_sim.workload import Workload
 
 
@@ -36,13 +37,21 @@ class OpCosts:
 
     def tp_comm_s(self, node: Node, layers: int, backward: bool) -> float:
         """Exposed TP all-reduces of a chunk on the intra-node link (ring, alpha-beta)
-        [Narayanan et al. SC'21, section 3.2]. Zero when tp == 1."""
+        [Narayanan et al. SC'21, section 3.2]; with `tp_comm_overlap` the backward's two per layer
+        less the weight-gradient GEMMs they overlap [Korthikanti et al. 2022, section 6.2]
+        (the kernel model only: a measured profile has no GEMM shapes). Zero when tp == 1."""
         if self.tp == 1:
             return 0.0
         w, link = self.workload, node.intra_link
         one = ring_collective_time_s("all-reduce", self.tp, w.tp_allreduce_bytes(),
                                      link.bandwidth_bytes_per_s * link.efficiency, link.latency_s)
-        return layers * w.tp_allreduces_per_layer(backward) * one
+        per_layer = w.tp_allreduces_per_layer(backward) * one
+        if backward and w.tp_comm_overlap and isinstance(self.compute, KernelCompute):
+            # The backward's two input-gradient all-reduces each hide behind their linear's
+            # weight-gradient GEMM; the recomputed forward's stay exposed.
+            per_layer -= sum(min(one, window) for window in
+                             transformer.tp_overlap_windows_s(node.gpu, w, self.tp))
+        return layers * per_layer
 
     def chunk_params(self, layers: int, first: bool, last: bool) -> int:
         """Parameters of a chunk across its whole TP group (embedding on the first virtual

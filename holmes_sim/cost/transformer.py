@@ -128,6 +128,16 @@ def layer_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
 
 
 @lru_cache(maxsize=4096)
+def tp_overlap_windows_s(gpu: GpuModel, w: Workload, tp: int) -> tuple[float, float]:
+    """Weight-gradient GEMMs of the two column-parallel linears (QKV, MLP up-projection), seconds:
+    the windows in which Megatron-LM's asynchronous TP all-reduce of their input gradients runs
+    (`LinearWithGradAccumulationAndAsyncCommunication`)."""
+    qkv, _, up, _ = layer_kernels(w, tp).dense
+    return (gemm_time_s(gpu, qkv.backward()[1], w.dtype_bytes),
+            gemm_time_s(gpu, up.backward()[1], w.dtype_bytes))
+
+
+@lru_cache(maxsize=4096)
 def embedding_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     """Word and position embedding lookup (forward) or its dense gradient (backward), seconds."""
     e, d = w.micro_batch * w.seq * w.hidden, w.dtype_bytes

@@ -42,6 +42,11 @@ class TrainingSpec:
     TP; each TP all-reduce becomes a reduce-scatter plus an all-gather."""
     flash_attention: bool = False
     """Fused attention kernel (FlashAttention): no s x s scores in memory."""
+    tp_comm_overlap: bool = False
+    """The backward's TP all-reduce (reduce-scatter with SP) of each column-parallel linear's
+    input gradient runs concurrently with that linear's weight-gradient GEMM: Megatron-LM's
+    asynchronous tensor-parallel all-reduce (on since 2022, Korthikanti et al. section 6.2;
+    absent from the 2021 code of Narayanan et al. SC'21)."""
     overlap_grad_reduce: bool = False
     """Gradient reduction overlapped with the backward, bucket by bucket (PyTorch DDP, Megatron
     `--overlap-grad-reduce`); used by the megatron policy (holmes always overlaps)."""

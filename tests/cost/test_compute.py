@@ -107,3 +107,30 @@ def test_selective_recompute_drops_the_score_activations():
     assert w.activation_bytes_per_layer(1) == pytest.approx(s * b * h * 34)
     assert dataclasses.replace(w, recompute="none").activation_bytes_per_layer(1) > \
         w.activation_bytes_per_layer(1)
+
+
+def test_tp_comm_overlap_hides_the_backward_all_reduces_behind_the_weight_gradient_gemms():
+    """K22 section 6.2: the input-gradient all-reduces of QKV and the MLP up-projection run
+    during their weight-gradient GEMMs; the forward's and the recomputed forward's stay exposed."""
+    import dataclasses
+
+    from holmes_sim.cost.collectives import ring_collective_time_s
+    from holmes_sim.cost.compute import KernelCompute, ProfiledCompute
+    from holmes_sim.cost.ops import OpCosts
+    from holmes_sim.prepare import prepare
+    from holmes_sim.published import PUBLISHED_DIR
+
+    p = prepare(PUBLISHED_DIR / "scenarios" / "megatron_k22_table5" / "gpt-22b-8gpu-full-recompute.yaml")
+    node = p.cluster.nodes[0]
+    on = OpCosts(p.cluster, p.workload, KernelCompute(), 8)
+    off = OpCosts(p.cluster, dataclasses.replace(p.workload, tp_comm_overlap=False), KernelCompute(), 8)
+    link = node.intra_link
+    one = ring_collective_time_s("all-reduce", 8, p.workload.tp_allreduce_bytes(),
+                                 link.bandwidth_bytes_per_s * link.efficiency, link.latency_s)
+    hidden = sum(min(one, x) for x in T.tp_overlap_windows_s(node.gpu, p.workload, 8))
+    assert p.workload.tp_comm_overlap and hidden > 0
+    assert on.tp_comm_s(node, 3, False) == pytest.approx(off.tp_comm_s(node, 3, False))
+    assert on.tp_comm_s(node, 3, True) == pytest.approx(off.tp_comm_s(node, 3, True) - 3 * hidden)
+    assert on.tp_comm_s(node, 3, True) >= 3 * 2 * one - 1e-12  # the recomputed forward's two stay
+    profiled = OpCosts(p.cluster, p.workload, ProfiledCompute({}, "test"), 8)
+    assert profiled.tp_comm_s(node, 3, True) == pytest.approx(off.tp_comm_s(node, 3, True))
