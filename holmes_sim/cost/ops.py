@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 
 from holmes_sim.cluster import Cluster, Node
-from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost import transformer
+from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel, KernelCompute
 from holmes_sim.workload import Workload
 

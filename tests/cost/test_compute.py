@@ -28,7 +28,8 @@ def _mainloop_s(tm: int, tn: int, k: int) -> float:
 
 def _overhead_s(tm: int, tn: int) -> float:
     # epilogue (tm x tn fp16 outputs) + 2 pipeline stages of 32-deep A and B tiles, per SM's HBM share
-    return 2 * (tm * tn + 2 * (tm + tn) * 32) / (A100.memory_bandwidth_bytes_per_s * A100.memory_efficiency / 108)
+    per_sm = A100.memory_bandwidth_bytes_per_s * A100.memory_efficiency / 108
+    return 2 * (tm * tn + 2 * (tm + tn) * 32) / per_sm
 
 
 def test_full_waves_of_whole_tiles_run_the_main_loop_at_the_sustained_rate_plus_the_tile_overhead():
@@ -48,7 +49,8 @@ def test_one_tile_row_more_than_a_wave_costs_about_half_a_wave_more():
 
 def test_gemm_rate_rises_with_the_inner_dimension():
     """The fixed per-tile cost weighs less as k grows: why narrow models run below the MAMF."""
-    rate = {k: Gemm(32768, 6912, k).flop / gemm_time_s(A100, Gemm(32768, 6912, k)) for k in (768, 2304, 16384)}
+    gemms = {k: Gemm(32768, 6912, k) for k in (768, 2304, 16384)}
+    rate = {k: g.flop / gemm_time_s(A100, g) for k, g in gemms.items()}
     sustained = A100.peak_flop_per_s * A100.compute_efficiency
     assert rate[768] < rate[2304] < rate[16384] < sustained
     assert rate[16384] > 0.97 * sustained and rate[768] < 0.8 * sustained
