@@ -110,9 +110,11 @@ def time_breakdown(trace: Trace) -> dict[str, float]:
     bubble = everything the compute stream did not spend on the other categories: waiting for a
     producer that had not run yet, and idling at the end while others finish."""
     totals = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-    for r in trace.records:
+    weight = trace.weight
+    for r in trace.compact:
         if r.stream == "compute" and r.kind in _CATEGORY:
-            totals[_CATEGORY[r.kind]] += r.duration_s
+            k = weight(r.entity)
+            totals[_CATEGORY[r.kind]] += r.duration_s if k == 1 else r.duration_s * k
     n = max(1, len(trace.entities))
     out = {k: v / n for k, v in totals.items()}
     out["bubble"] = max(0.0, trace.iteration_s - sum(out[k] for k in BREAKDOWN_KEYS if k != "bubble"))
@@ -123,7 +125,7 @@ def stage_busy(trace: Trace, pp: int) -> tuple[float, ...]:
     """Per pipeline stage, the largest compute-stream busy time (F, B, TP) over its replicas (s)."""
     stage_of = {e.name: e.stage for e in trace.entities}
     busy: dict[str, float] = {}
-    for r in trace.records:
+    for r in trace.compact:  # a class's members are as busy as its representative
         if r.kind in (OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM):
             busy[r.entity] = busy.get(r.entity, 0.0) + r.duration_s
     per_stage = [0.0] * pp

@@ -3,7 +3,7 @@ kind and bytes. Metrics, plots and the Chrome/Perfetto export all read this one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 
@@ -54,18 +54,44 @@ class Entity:
     gpus: tuple[str, ...]
 
 
-@dataclass(slots=True)
 class Trace:
-    """All ops of one iteration, plus the entities they ran on."""
+    """All ops of one iteration, plus the entities they ran on.
 
-    entities: list[Entity] = field(default_factory=list)
-    records: list[OpRecord] = field(default_factory=list)
-    iteration_s: float = 0.0
-    flows: int = 0
-    events: int = 0
+    A symmetric simulation records only one representative entity per class of identical
+    entities: `members` maps a representative's name to every member's name (itself first), and
+    `records` expands the representative's records to each member on first access (for reports).
+    Metrics read `compact` with `weight` instead, which stays small at any scale."""
+
+    __slots__ = ("entities", "compact", "iteration_s", "flows", "events", "members", "_expanded")
+
+    def __init__(self, entities: list[Entity] | None = None, records: list[OpRecord] | None = None,
+                 iteration_s: float = 0.0, flows: int = 0, events: int = 0) -> None:
+        self.entities: list[Entity] = [] if entities is None else entities
+        self.compact: list[OpRecord] = [] if records is None else records
+        self.iteration_s = iteration_s
+        self.flows = flows
+        self.events = events
+        self.members: dict[str, tuple[str, ...]] = {}
+        self._expanded: list[OpRecord] | None = None
 
     def add(self, record: OpRecord) -> None:
-        self.records.append(record)
+        self.compact.append(record)
+        self._expanded = None
+
+    def weight(self, name: str) -> int:
+        """How many entities `name`'s records stand for (1 unless it represents a class)."""
+        members = self.members.get(name)
+        return 1 if members is None else len(members)
+
+    @property
+    def records(self) -> list[OpRecord]:
+        """Every entity's records (the representatives' copied to their members)."""
+        if not self.members:
+            return self.compact
+        if self._expanded is None:
+            self._expanded = [r if m == r.entity else replace(r, entity=m)
+                              for r in self.compact for m in self.members.get(r.entity, (r.entity,))]
+        return self._expanded
 
     def of_entity(self, name: str) -> list[OpRecord]:
         return [r for r in self.records if r.entity == name]

@@ -32,6 +32,7 @@ from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import GroupKind, Plan
 from holmes_sim.schedule import Op
+from holmes_sim.sim import symmetry
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
 from holmes_sim.trace import Entity, OpKind, OpRecord, Trace
@@ -57,6 +58,8 @@ class EngineOptions:
     """Coefficient of variation of compute op durations (0: deterministic). Each op's time is
     multiplied by a mean-1 log-normal factor drawn from the entity's own stream of `seed`."""
     seed: int = 0
+    full_simulation: bool = False
+    """Simulate every replica even where replicas form classes of identical ones (`symmetry.py`)."""
 
 
 def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
@@ -128,6 +131,8 @@ class _Simulation:
         self.send_start: dict[tuple, float] = {}
         self._index_groups()
         self._build_entities()
+        self._dp_rings = self._build_dp_rings()
+        self._set_classes(options)
         self._build_streams()
         self.buckets = {(s, c): self._buckets(s, c) for s in range(plan.pp)
                         for c in range(plan.num_chunks)}
@@ -145,9 +150,14 @@ class _Simulation:
         p = self.plan
         self.entity: dict[tuple[int, int], Entity] = {}
         self._cpu_path: dict[str, tuple] = {}
+        self.node_owner: dict[str, int] = {}  # node -> its replica, -1 if several share it
         for s in range(p.pp):
             for d in range(p.dp):
                 gpus = p.entity_gpus(s, d)
+                for g in gpus:
+                    owner = self.node_owner.setdefault(g.node, d)
+                    if owner != d:
+                        self.node_owner[g.node] = -1
                 node = self.cluster.node(gpus[0].node)
                 e = Entity(f"s{s}.d{d}", s, d, node.name, node.cluster, tuple(map(str, gpus)))
                 self.entity[(s, d)] = e
@@ -163,25 +173,115 @@ class _Simulation:
                                                  self.plan.entity_gpus(*b), self.caps)
         return path
 
-    def _build_streams(self) -> None:
+    def _build_dp_rings(self) -> dict[int, tuple[object, object]]:
+        """Per stage with a DP group: (group, its NCCL ring over every replica)."""
         p = self.plan
-        self.dp_stream: dict[int, Stream] = {}
+        out = {}
         for s in range(p.pp):
             g = self.group_by_first.get((GroupKind.DATA, p.rank(s, 0, 0)))
             if g is not None:
-                self.dp_stream[s] = Stream(self._ring([(s, d) for d in range(p.dp)], g))
+                out[s] = (g, ring_paths(self.cluster, g.transport,
+                                        [p.entity_gpus(s, d) for d in range(p.dp)], self.caps))
+        return out
+
+    def _build_streams(self) -> None:
+        p = self.plan
+        self.dp_stream: dict[int, Stream] = {}
+        for s, (_, ring) in self._dp_rings.items():
+            hops = symmetry.quotient_hops(ring, self.reps, self.rep_of,
+                                          lambda d, s=s: self._nodes(s, d), self._weight)
+            names = tuple(self.entity[(s, d)].name for d in self.reps)
+            self.dp_stream[s] = Stream(RingSpec(names, hops, ring.step_latency_s, p.dp))
         self.emb_stream: dict[int, Stream] = {}
-        for d in range(p.dp):
+        for d in self.reps:
             g = self.group_by_first.get((GroupKind.EMBEDDING, p.rank(0, d, 0)))
             if g is not None:
-                self.emb_stream[d] = Stream(self._ring([(0, d), (p.pp - 1, d)], g))
+                self.emb_stream[d] = Stream(self._ring([(0, d), (p.pp - 1, d)], g, self._weight(d)))
 
-    def _ring(self, members: list[tuple[int, int]], group) -> RingSpec:
-        """The group's NCCL ring (members node by node; see `cost.paths.ring_paths`)."""
+    def _ring(self, members: list[tuple[int, int]], group, k: int = 1) -> RingSpec:
+        """The group's NCCL ring (members node by node; see `cost.paths.ring_paths`), standing
+        for `k` identical rings."""
         ring = ring_paths(self.cluster, group.transport,
                           [self.plan.entity_gpus(*m) for m in members], self.caps)
         return RingSpec(tuple(self.entity[m].name for m in members),
-                        tuple(h.links for h in ring.hops), ring.step_latency_s)
+                        tuple(symmetry.scale_shared(h.links, k) for h in ring.hops),
+                        ring.step_latency_s)
+
+    # ---- symmetry ------------------------------------------------------------------------------
+    def _set_classes(self, options: EngineOptions) -> None:
+        """Classes of identical replicas; each simulated by its first member (`reps`)."""
+        p = self.plan
+        if options.full_simulation or self.cpu is not None or self.jitter.rng or p.dp == 1:
+            classes = [(d,) for d in range(p.dp)]
+        else:
+            classes = symmetry.classes_of(symmetry.refine(
+                [self._replica_signature(d) for d in range(p.dp)], self._ring_signature))
+        self.rep_of = [0] * p.dp
+        self.class_size: dict[int, int] = {}
+        for members in classes:
+            for d in members:
+                self.rep_of[d] = members[0]
+            self.class_size[members[0]] = len(members)
+        self.reps = [c[0] for c in classes]
+        for members in classes:
+            if len(members) > 1:
+                for s in range(p.pp):
+                    self.trace.members[self.entity[(s, members[0])].name] = tuple(
+                        self.entity[(s, d)].name for d in members)
+
+    def _weight(self, d: int) -> int:
+        return self.class_size.get(d, 1)
+
+    def _nodes(self, s: int, d: int) -> frozenset[str]:
+        return frozenset(g.node for g in self.plan.entity_gpus(s, d))
+
+    def _replica_signature(self, d: int) -> tuple:
+        """What replica d's stages run on and send over, with its own nodes named by position."""
+        p = self.plan
+        nodes = [self._nodes(s, d) for s in range(p.pp)]
+        owners = {self.node_owner.get(n) for ns in nodes for n in ns}
+        if owners != {d} or any(len(ns) != 1 for ns in nodes):
+            return ("own", d)  # shares a node with another replica, or spans nodes
+        labels: dict[str, int] = {}
+        for ns in nodes:
+            labels.setdefault(next(iter(ns)), len(labels))
+        stages = []
+        for s in range(p.pp):
+            node = self.cluster.node(next(iter(nodes[s])))
+            gpus = tuple(g.local_index for g in p.entity_gpus(s, d))
+            chunks = tuple(self._durations(node, self.schedule.virtual_stage(s, c), b)
+                           for c in range(p.num_chunks) for b in (False, True))
+            hw = (node.cluster, node.gpu, node.num_gpus, node.intra_link, node.nics)
+            stages.append((labels[node.name], hw, gpus, chunks, self._optimizer_s(node, s)))
+        sends = tuple((kind, j, symmetry.relabel(path.links, labels), path.latency_s)
+                      for kind, j, path in self._pp_paths(d))
+        emb = self.group_by_first.get((GroupKind.EMBEDDING, p.rank(0, d, 0)))
+        ring = () if emb is None else self._ring([(0, d), (p.pp - 1, d)], emb)
+        emb_sig = () if emb is None else (tuple(symmetry.relabel(h, labels) for h in ring.hops),
+                                          ring.latency_s)
+        return (tuple(stages), sends, emb_sig)
+
+    def _ring_signature(self, d: int, colours: list[int]) -> tuple:
+        """Replica d on each stage's DP ring: its hop out (relabeled), its neighbours' colours."""
+        out = []
+        for s, (_, ring) in self._dp_rings.items():
+            pos, nxt, prv = symmetry.ring_neighbours(ring)
+            n = nxt[d]
+            mapping = {next(iter(self._nodes(s, d))): "self", next(iter(self._nodes(s, n))): "next"}
+            hop = ring.hops[pos[d]]
+            out.append((symmetry.relabel(hop.links, mapping), hop.latency_s, colours[n], colours[prv[d]]))
+        return tuple(out)
+
+    def _pp_paths(self, d: int):
+        """Every point-to-point send of replica d: (kind, from virtual stage, path)."""
+        for j in range(self.nv - 1):
+            yield "F", j, self._pp_path("F", j, j + 1, d)
+            yield "B", j + 1, self._pp_path("B", j + 1, j, d)
+
+    def _optimizer_s(self, node, s: int) -> float:
+        params = self.costs.stage_params(self.plan.layers_per_stage, self.plan.pp, s)
+        shard = self.plan.dp if self.plan.optimizer.sharded else 1
+        return self.costs.optimizer_s(node, params / self.plan.tp / shard)
 
     def _buckets(self, s: int, c: int) -> list[_Bucket]:
         """Gradient buckets of chunk c of stage s: per-GPU bucket size as Megatron sizes them."""
@@ -195,7 +295,7 @@ class _Simulation:
     # ---- run -----------------------------------------------------------------------------------
     def run(self) -> Trace:
         done = [self.env.process(self._entity(s, d)) for s in range(self.plan.pp)
-                for d in range(self.plan.dp)]
+                for d in self.reps]
         self.env.run(self.env.all_of(done))
         self.trace.iteration_s = self.env.now
         self.trace.flows = self.net.flows_started
@@ -322,7 +422,7 @@ class _Simulation:
         its arrival event fires when the last byte is in (no compute is blocked by sending)."""
         key = (kind, j_to, d, op.microbatch)
         start = self.send_start[key] = self.env.now
-        path, sender = self._pp_route(kind, j_from, j_to, d)
+        links, latency, sender = self._pp_route(kind, j_from, j_to, d)
         size = self.pp_bytes
 
         def arrived(_event, key=key, start=start) -> None:
@@ -330,19 +430,26 @@ class _Simulation:
                                     op.microbatch, op.chunk))
             self._arrival(key).succeed()
 
-        self.net.transfer(path.links, size, path.latency_s).callbacks.append(arrived)
+        self.net.transfer(links, size, latency).callbacks.append(arrived)
 
-    def _pp_route(self, kind: str, j_from: int, j_to: int, d: int) -> tuple[Path, str]:
-        """Path (cached) and sender name of a transfer; PP groups are keyed by forward pairs."""
+    def _pp_route(self, kind: str, j_from: int, j_to: int, d: int) -> tuple[tuple, float, str]:
+        """(links, latency s, sender name) of a transfer, cached; the links stand for the
+        transfers of replica d's whole class."""
         key = (kind, j_from, j_to, d)
         got = self._route_cache.get(key)
         if got is None:
-            s_from, s_to = j_from % self.plan.pp, j_to % self.plan.pp
-            fwd = (s_from, s_to) if kind == "F" else (s_to, s_from)
-            group = self.pp_group[(self.plan.rank(fwd[0], d, 0), self.plan.rank(fwd[1], d, 0))]
-            got = self._route_cache[key] = (self._entity_path(group, (s_from, d), (s_to, d)),
-                                            self.entity[(s_from, d)].name)
+            path = self._pp_path(kind, j_from, j_to, d)
+            got = self._route_cache[key] = (symmetry.scale_shared(path.links, self._weight(d)),
+                                            path.latency_s,
+                                            self.entity[(j_from % self.plan.pp, d)].name)
         return got
+
+    def _pp_path(self, kind: str, j_from: int, j_to: int, d: int) -> Path:
+        """Path of one replica's transfer; PP groups are keyed by forward pairs."""
+        s_from, s_to = j_from % self.plan.pp, j_to % self.plan.pp
+        fwd = (s_from, s_to) if kind == "F" else (s_to, s_from)
+        group = self.pp_group[(self.plan.rank(fwd[0], d, 0), self.plan.rank(fwd[1], d, 0))]
+        return self._entity_path(group, (s_from, d), (s_to, d))
 
     def _last_backward_per_chunk(self, s: int) -> dict[int, Op]:
         return {op.chunk: op for op in self.schedule.stage_ops[s] if op.kind == "B"}
@@ -367,10 +474,8 @@ class _Simulation:
         if emb is not None and s in (0, self.plan.pp - 1):
             size = self.workload.grad_bytes_of(self.workload.vocab * self.workload.hidden)
             yield from self._wait_all(name, [self.coll.submit(emb, name, OpKind.EMBEDDING_ALL_REDUCE, size)])
-        params = self.costs.stage_params(self.plan.layers_per_stage, self.plan.pp, s)
-        shard = self.plan.dp if mode.sharded else 1
         start = self.env.now
-        yield self._work(name, self.costs.optimizer_s(node, params / self.plan.tp / shard))
+        yield self._work(name, self._optimizer_s(node, s))
         self.trace.add(OpRecord(start, self.env.now, name, "compute", OpKind.OPTIMIZER))
         if stream is not None and mode.gathers_after_step:
             gathers = [self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes)
