@@ -20,7 +20,9 @@ Timing assumptions (each entity):
 
 from __future__ import annotations
 
+import gc
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,7 +67,24 @@ class EngineOptions:
 def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
              options: EngineOptions = EngineOptions()) -> Trace:
     """Simulate one iteration of `plan`; returns its trace (iteration time in `trace.iteration_s`)."""
-    return _Simulation(plan, cluster, workload, compute, options).run()
+    sim = _Simulation(plan, cluster, workload, compute, options)
+    with _quiet_collector():
+        return sim.run()
+
+
+@contextmanager
+def _quiet_collector(threshold: int = 200_000):
+    """Run with the set-up's objects frozen out of garbage collection and a young-generation
+    threshold of `threshold` allocations: the run makes millions of short-lived objects and
+    few cycles, and collections otherwise took a fifth of its CPU time. Restored afterwards."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(threshold, old[1], old[2])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
 
 
 class _CountingEnvironment(simpy.Environment):
@@ -188,8 +207,8 @@ class _Simulation:
         p = self.plan
         self.dp_stream: dict[int, Stream] = {}
         for s, (_, ring) in self._dp_rings.items():
-            hops = symmetry.quotient_hops(ring, self.reps, self.rep_of,
-                                          lambda d, s=s: self._nodes(s, d), self._weight)
+            hops = tuple(self.net.resolve(h) for h in symmetry.quotient_hops(
+                ring, self.reps, self.rep_of, lambda d, s=s: self._nodes(s, d), self._weight))
             names = tuple(self.entity[(s, d)].name for d in self.reps)
             self.dp_stream[s] = Stream(RingSpec(names, hops, ring.step_latency_s, p.dp))
         self.emb_stream: dict[int, Stream] = {}
@@ -204,7 +223,7 @@ class _Simulation:
         ring = ring_paths(self.cluster, group.transport,
                           [self.plan.entity_gpus(*m) for m in members], self.caps)
         return RingSpec(tuple(self.entity[m].name for m in members),
-                        tuple(symmetry.scale_shared(h.links, k) for h in ring.hops),
+                        tuple(self.net.resolve(symmetry.scale_shared(h.links, k)) for h in ring.hops),
                         ring.step_latency_s)
 
     # ---- symmetry ------------------------------------------------------------------------------
@@ -256,9 +275,11 @@ class _Simulation:
         sends = tuple((kind, j, symmetry.relabel(path.links, labels), path.latency_s)
                       for kind, j, path in self._pp_paths(d))
         emb = self.group_by_first.get((GroupKind.EMBEDDING, p.rank(0, d, 0)))
-        ring = () if emb is None else self._ring([(0, d), (p.pp - 1, d)], emb)
-        emb_sig = () if emb is None else (tuple(symmetry.relabel(h, labels) for h in ring.hops),
-                                          ring.latency_s)
+        emb_sig = ()
+        if emb is not None:
+            ring = ring_paths(self.cluster, emb.transport,
+                              [p.entity_gpus(0, d), p.entity_gpus(p.pp - 1, d)], self.caps)
+            emb_sig = (tuple(symmetry.relabel(h.links, labels) for h in ring.hops), ring.step_latency_s)
         return (tuple(stages), sends, emb_sig)
 
     def _ring_signature(self, d: int, colours: list[int]) -> tuple:
@@ -439,8 +460,8 @@ class _Simulation:
         got = self._route_cache.get(key)
         if got is None:
             path = self._pp_path(kind, j_from, j_to, d)
-            got = self._route_cache[key] = (symmetry.scale_shared(path.links, self._weight(d)),
-                                            path.latency_s,
+            links = symmetry.scale_shared(path.links, self._weight(d))
+            got = self._route_cache[key] = (self.net.resolve(links), path.latency_s,
                                             self.entity[(j_from % self.plan.pp, d)].name)
         return got
 
