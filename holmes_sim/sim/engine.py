@@ -37,7 +37,7 @@ from holmes_sim.schedule import Op
 from holmes_sim.sim import symmetry
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
-from holmes_sim.trace import Entity, OpKind, OpRecord, Trace
+from holmes_sim.trace import Entity, OpKind, Trace
 from holmes_sim.workload import Workload
 
 
@@ -363,11 +363,11 @@ class _Simulation:
         sent = self.send_start.get(key, t0)
         split = min(max(sent, t0), self.env.now)
         if split > t0:
-            self.trace.add(OpRecord(t0, split, name, "compute", OpKind.WAIT_BUBBLE, 0,
-                                    op.microbatch, op.chunk))
+            self.trace.op(t0, split, name, "compute", OpKind.WAIT_BUBBLE, 0,
+                                    op.microbatch, op.chunk)
         if self.env.now > split:
-            self.trace.add(OpRecord(split, self.env.now, name, "compute", OpKind.WAIT_PP, 0,
-                                    op.microbatch, op.chunk))
+            self.trace.op(split, self.env.now, name, "compute", OpKind.WAIT_PP, 0,
+                                    op.microbatch, op.chunk)
 
     def _arrival(self, key: tuple) -> simpy.Event:
         ev = self.arrivals.get(key)
@@ -393,10 +393,10 @@ class _Simulation:
         yield self._work(name, dur + tp)
         if self.cpu is not None and dur + tp > 0:  # stretched by sharing: split in proportion
             dur = (self.env.now - start) * dur / (dur + tp)
-        self.trace.add(OpRecord(start, start + dur, name, "compute", kind, 0, op.microbatch, op.chunk))
+        self.trace.op(start, start + dur, name, "compute", kind, 0, op.microbatch, op.chunk)
         if tp > 0:
-            self.trace.add(OpRecord(start + dur, self.env.now, name, "compute", OpKind.TP_COMM,
-                                    0, op.microbatch, op.chunk))
+            self.trace.op(start + dur, self.env.now, name, "compute", OpKind.TP_COMM,
+                                    0, op.microbatch, op.chunk)
 
     def _work(self, name: str, seconds: float) -> simpy.Event:
         """An event after `seconds` of compute: a timeout, or core-seconds on a shared host."""
@@ -412,8 +412,8 @@ class _Simulation:
             if not ev.processed:
                 t0 = self.env.now
                 yield ev
-                self.trace.add(OpRecord(t0, self.env.now, name, "compute", OpKind.WAIT_DP, 0,
-                                        op.microbatch, op.chunk))
+                self.trace.op(t0, self.env.now, name, "compute", OpKind.WAIT_DP, 0,
+                                        op.microbatch, op.chunk)
             yield from self._compute(name, op, kind, dur * fraction, tp * fraction)
 
     def _releasing_compute(self, name: str, s: int, op: Op, kind: OpKind, dur: float, tp: float):
@@ -447,8 +447,8 @@ class _Simulation:
         size = self.pp_bytes
 
         def arrived(_event, key=key, start=start) -> None:
-            self.trace.add(OpRecord(start, self.env.now, sender, "pp", OpKind.PP_SEND, size,
-                                    op.microbatch, op.chunk))
+            self.trace.op(start, self.env.now, sender, "pp", OpKind.PP_SEND, size,
+                                    op.microbatch, op.chunk)
             self._arrival(key).succeed()
 
         self.net.transfer(links, size, latency).callbacks.append(arrived)
@@ -497,7 +497,7 @@ class _Simulation:
             yield from self._wait_all(name, [self.coll.submit(emb, name, OpKind.EMBEDDING_ALL_REDUCE, size)])
         start = self.env.now
         yield self._work(name, self._optimizer_s(node, s))
-        self.trace.add(OpRecord(start, self.env.now, name, "compute", OpKind.OPTIMIZER))
+        self.trace.op(start, self.env.now, name, "compute", OpKind.OPTIMIZER)
         if stream is not None and mode.gathers_after_step:
             gathers = [self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes)
                        for c in range(self.plan.num_chunks) for b in self.buckets[(s, c)]]
@@ -513,4 +513,4 @@ class _Simulation:
         if pending:
             t0 = self.env.now
             yield self.env.all_of(pending)
-            self.trace.add(OpRecord(t0, self.env.now, name, "compute", OpKind.WAIT_DP))
+            self.trace.op(t0, self.env.now, name, "compute", OpKind.WAIT_DP)

@@ -14,7 +14,7 @@ import simpy
 from holmes_sim.cost.paths import PathUse
 from holmes_sim.sim.collectives import ring_collective
 from holmes_sim.sim.network import FlowNetwork
-from holmes_sim.trace import OpKind, OpRecord, Trace
+from holmes_sim.trace import OpKind, Trace
 
 _KIND_NAME = {
     OpKind.DP_ALL_REDUCE: "all-reduce", OpKind.DP_REDUCE_SCATTER: "reduce-scatter",
@@ -92,7 +92,7 @@ class Collectives:
                                                ring.p))
         per_member = _traffic(kind, ring.p, size_bytes)
         for m in ring.members:
-            self.trace.add(OpRecord(start, self.env.now, m, "dp", kind, per_member))
+            self.trace.op(start, self.env.now, m, "dp", kind, per_member)
         done.succeed()
 
 
