@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -130,3 +131,17 @@ def test_symmetric_run_is_deterministic():
     prepared = prepare(SCENARIOS / "two_clusters_39b.yaml")
     a, b = (run_policy(prepared, "holmes").result.to_json() for _ in range(2))
     assert a == b
+
+
+def test_cli_full_simulation_flag_gives_the_same_figures():
+    from typer.testing import CliRunner
+
+    from holmes_sim.cli import app
+
+    docs = []
+    for flags in ([], ["--full-simulation"]):
+        result = CliRunner().invoke(app, ["run", "two_clusters_39b", "-p", "holmes", "--json", "-",
+                                          "-q", *flags])
+        assert result.exit_code == 0, result.output
+        docs.append(json.loads(result.stdout)["results"][0])
+    assert docs[0]["iteration_time_s"] == pytest.approx(docs[1]["iteration_time_s"], rel=REL)
