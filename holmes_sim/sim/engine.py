@@ -169,14 +169,12 @@ class _Simulation:
         p = self.plan
         self.entity: dict[tuple[int, int], Entity] = {}
         self._cpu_path: dict[str, tuple] = {}
-        self.node_owner: dict[str, int] = {}  # node -> its replica, -1 if several share it
+        self.tenants: dict[str, list[tuple[int, int]]] = {}  # node -> entities (s, d) on it
         for s in range(p.pp):
             for d in range(p.dp):
                 gpus = p.entity_gpus(s, d)
-                for g in gpus:
-                    owner = self.node_owner.setdefault(g.node, d)
-                    if owner != d:
-                        self.node_owner[g.node] = -1
+                for node in dict.fromkeys(g.node for g in gpus):
+                    self.tenants.setdefault(node, []).append((s, d))
                 node = self.cluster.node(gpus[0].node)
                 e = Entity(f"s{s}.d{d}", s, d, node.name, node.cluster, tuple(map(str, gpus)))
                 self.entity[(s, d)] = e
@@ -234,7 +232,9 @@ class _Simulation:
             classes = [(d,) for d in range(p.dp)]
         else:
             classes = symmetry.classes_of(symmetry.refine(
-                [self._replica_signature(d) for d in range(p.dp)], self._ring_signature))
+                [self._replica_signature(d) for d in range(p.dp)], self._neighbour_signature))
+            if not self._mirrors(classes):
+                classes = [(d,) for d in range(p.dp)]
         self.rep_of = [0] * p.dp
         self.class_size: dict[int, int] = {}
         for members in classes:
@@ -258,9 +258,8 @@ class _Simulation:
         """What replica d's stages run on and send over, with its own nodes named by position."""
         p = self.plan
         nodes = [self._nodes(s, d) for s in range(p.pp)]
-        owners = {self.node_owner.get(n) for ns in nodes for n in ns}
-        if owners != {d} or any(len(ns) != 1 for ns in nodes):
-            return ("own", d)  # shares a node with another replica, or spans nodes
+        if any(len(ns) != 1 for ns in nodes):
+            return ("own", d)  # a stage spans nodes
         labels: dict[str, int] = {}
         for ns in nodes:
             labels.setdefault(next(iter(ns)), len(labels))
@@ -281,6 +280,34 @@ class _Simulation:
                               [p.entity_gpus(0, d), p.entity_gpus(p.pp - 1, d)], self.caps)
             emb_sig = (tuple(symmetry.relabel(h.links, labels) for h in ring.hops), ring.step_latency_s)
         return (tuple(stages), sends, emb_sig)
+
+    def _neighbour_signature(self, d: int, colours: list[int]) -> tuple:
+        """Replica d's neighbours: on each DP ring, its hop out (relabeled) and the colours of
+        the next and previous members; on each of its nodes, the other tenants' colours."""
+        p = self.plan
+        tenants = tuple(tuple(sorted((s2, p.entity_gpus(s2, d2)[0].local_index, colours[d2])
+                                     for s2, d2 in self.tenants[next(iter(self._nodes(s, d)))]))
+                        for s in range(p.pp))
+        return self._ring_signature(d, colours), tenants
+
+    def _mirrors(self, classes: list[tuple[int, ...]]) -> bool:
+        """Whether every node of a class member maps to one node of its representative that
+        hosts the representatives of the same tenants on the same GPUs (else no symmetry)."""
+        p = self.plan
+        rep_of = {d: c[0] for c in classes for d in c}
+        image: dict[str, str] = {}
+        for c in classes:
+            for m in c:
+                for s in range(p.pp):
+                    for a, b in zip(sorted(self._nodes(s, m)), sorted(self._nodes(s, c[0])), strict=True):
+                        if image.setdefault(a, b) != b:
+                            return False
+
+        def slots(node: str, rep) -> list:
+            return sorted((s, rep(d), tuple(g.local_index for g in p.entity_gpus(s, d)))
+                          for s, d in self.tenants[node])
+
+        return all(slots(a, rep_of.__getitem__) == slots(b, lambda d: d) for a, b in image.items())
 
     def _ring_signature(self, d: int, colours: list[int]) -> tuple:
         """Replica d on each stage's DP ring: its hop out (relabeled), its neighbours' colours."""

@@ -2,17 +2,20 @@
 
 Two replicas (pipelines) are in one class when swapping them changes nothing the engine sees:
 each stage on the same hardware (node model, NICs, local GPUs), the same compute times, the same
-point-to-point and embedding paths (links named relative to the replica's own nodes), and, on
-every stage's data-parallel ring, the same hop out to a neighbour of the same class and an
-incoming hop from a neighbour of the same class. Classes are found by colour refinement: start
-from those local signatures, then split by the neighbours' classes until nothing splits (an
-equitable partition, so every member of a class sees the same flows at the same times).
+point-to-point and embedding paths (links named relative to the replica's own nodes), on every
+stage's data-parallel ring the same hop out to a neighbour of the same class and an incoming hop
+from a neighbour of the same class, and on each node it shares the same other tenants (classes,
+GPUs). Classes are found by colour refinement: start from those local signatures, then split by
+the neighbours' classes until nothing splits (an equitable partition, so every member of a class
+sees the same flows at the same times). The engine then checks that every member's node maps to
+one node of its representative, hosting the representatives of the same tenants on the same
+GPUs, so the representatives' nodes mirror every other node.
 
 A class is simulated by its first member. Its flows stand for one flow per member: links of the
 representative's own nodes keep their weights (each member loads its own copy equally), and
 links no replica owns (inter-cluster uplinks) take k times the weight, since the k members'
 flows all cross them. Weighted max-min sharing then gives the representative exactly the rate
-each member would get. A replica that shares a node with another replica, a seeded compute
+each member would get. A stage spanning nodes, nodes that do not mirror, a seeded compute
 spread, or a shared-CPU testbed makes every replica its own class (the full simulation).
 """
 

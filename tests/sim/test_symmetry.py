@@ -120,10 +120,18 @@ def test_full_simulation_flag_simulates_every_replica():
         assert len(sim.reps) == reps
 
 
-def test_replicas_sharing_nodes_fall_back_to_full():
-    prepared = prepare(SCENARIOS / "pure_ib.yaml")  # TP 1: eight replicas per node
+def test_replicas_sharing_nodes_form_classes_by_position_on_the_node():
+    prepared = prepare(SCENARIOS / "pure_ib.yaml")  # TP 1: eight replicas per node, DP 32
     plan, cluster = plan_policy(prepared, "megatron")
     sim = _Simulation(plan, cluster, prepared.workload, prepared.compute, EngineOptions())
+    assert sim.reps == list(range(8)) and set(sim.class_size.values()) == {4}
+
+
+def test_compute_spread_falls_back_to_full():
+    prepared = prepare(SCENARIOS / "two_clusters_39b.yaml")
+    plan, cluster = plan_policy(prepared, "holmes")
+    sim = _Simulation(plan, cluster, prepared.workload, prepared.compute,
+                      EngineOptions(compute_cv=0.05, seed=3))
     assert sim.reps == list(range(plan.dp))
 
 
