@@ -146,11 +146,16 @@ class _Simulation:
         self._paths: dict[tuple, Path] = {}
         self._dur_cache: dict[tuple, tuple[float, float]] = {}
         self._route_cache: dict[tuple, tuple[Path, str]] = {}
+        self._node_cache: dict[tuple[int, int], frozenset[str]] = {}
+        self._relative: dict[tuple, int] = {}
+        self._hw_ids: dict[str, int] = {}
+        self._hw_models: dict[tuple, int] = {}
         self.pp_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self.send_start: dict[tuple, float] = {}
         self._index_groups()
         self._build_entities()
         self._dp_rings = self._build_dp_rings()
+        self._ring_order = {s: symmetry.ring_neighbours(r) for s, (_, r) in self._dp_rings.items()}
         self._set_classes(options)
         self._build_streams()
         self.buckets = {(s, c): self._buckets(s, c) for s in range(plan.pp)
@@ -252,7 +257,11 @@ class _Simulation:
         return self.class_size.get(d, 1)
 
     def _nodes(self, s: int, d: int) -> frozenset[str]:
-        return frozenset(g.node for g in self.plan.entity_gpus(s, d))
+        """Nodes of entity (s, d), cached."""
+        got = self._node_cache.get((s, d))
+        if got is None:
+            got = self._node_cache[(s, d)] = frozenset(g.node for g in self.plan.entity_gpus(s, d))
+        return got
 
     def _replica_signature(self, d: int) -> tuple:
         """What replica d's stages run on and send over, with its own nodes named by position."""
@@ -269,10 +278,11 @@ class _Simulation:
             gpus = tuple(g.local_index for g in p.entity_gpus(s, d))
             chunks = tuple(self._durations(node, self.schedule.virtual_stage(s, c), b)
                            for c in range(p.num_chunks) for b in (False, True))
-            hw = (node.cluster, node.gpu, node.num_gpus, node.intra_link, node.nics)
+            hw = (node.cluster, self._hw_id(node.name))
             stages.append((labels[node.name], hw, gpus, chunks, self._optimizer_s(node, s)))
-        sends = tuple((kind, j, symmetry.relabel(path.links, labels), path.latency_s)
-                      for kind, j, path in self._pp_paths(d))
+        sends = tuple(self._relative_send(kind, j, j + 1 if kind == "F" else j - 1, d, labels)
+                      for j in range(self.nv) for kind in "FB"
+                      if (kind == "F" and j < self.nv - 1) or (kind == "B" and j > 0))
         emb = self.group_by_first.get((GroupKind.EMBEDDING, p.rank(0, d, 0)))
         emb_sig = ()
         if emb is not None:
@@ -312,19 +322,37 @@ class _Simulation:
     def _ring_signature(self, d: int, colours: list[int]) -> tuple:
         """Replica d on each stage's DP ring: its hop out (relabeled), its neighbours' colours."""
         out = []
-        for s, (_, ring) in self._dp_rings.items():
-            pos, nxt, prv = symmetry.ring_neighbours(ring)
+        for s, (pos, nxt, prv) in self._ring_order.items():
+            ring = self._dp_rings[s][1]
             n = nxt[d]
             mapping = {next(iter(self._nodes(s, d))): "self", next(iter(self._nodes(s, n))): "next"}
             hop = ring.hops[pos[d]]
             out.append((symmetry.relabel(hop.links, mapping), hop.latency_s, colours[n], colours[prv[d]]))
         return tuple(out)
 
-    def _pp_paths(self, d: int):
-        """Every point-to-point send of replica d: (kind, from virtual stage, path)."""
-        for j in range(self.nv - 1):
-            yield "F", j, self._pp_path("F", j, j + 1, d)
-            yield "B", j + 1, self._pp_path("B", j + 1, j, d)
+    def _relative_send(self, kind: str, j_from: int, j_to: int, d: int, labels: dict) -> tuple:
+        """One send of replica d as (kind, j, path model id, sender and receiver node labels):
+        its path is a function of the transport, node models, GPUs and clusters (the model)."""
+        p = self.plan
+        s_from, s_to = j_from % p.pp, j_to % p.pp
+        fwd = (s_from, s_to) if kind == "F" else (s_to, s_from)
+        group = self.pp_group[(p.rank(fwd[0], d, 0), p.rank(fwd[1], d, 0))]
+        a, b = next(iter(self._nodes(s_from, d))), next(iter(self._nodes(s_to, d)))
+        key = (group.transport, self._hw_id(a), self._hw_id(b), a == b,
+               self.cluster.node(a).cluster, self.cluster.node(b).cluster,
+               tuple(g.local_index for g in p.entity_gpus(s_from, d)),
+               tuple(g.local_index for g in p.entity_gpus(s_to, d)))
+        model = self._relative.setdefault(key, len(self._relative))
+        return kind, j_from, model, labels[a], labels[b]
+
+    def _hw_id(self, node: str) -> int:
+        """A small id per distinct node model (GPU, links, NICs), cached per node."""
+        got = self._hw_ids.get(node)
+        if got is None:
+            n = self.cluster.node(node)
+            model = (n.gpu, n.num_gpus, n.intra_link, n.nics)
+            got = self._hw_ids[node] = self._hw_models.setdefault(model, len(self._hw_models))
+        return got
 
     def _optimizer_s(self, node, s: int) -> float:
         params = self.costs.stage_params(self.plan.layers_per_stage, self.plan.pp, s)
