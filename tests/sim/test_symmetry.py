@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 
 from holmes_sim.errors import HolmesError
@@ -20,7 +21,7 @@ POLICY_MIX = ["megatron", "holmes", "holmes-no-overlap", "holmes-no-adaptive-par
 POLICIES = {"large_175b_1024": ["megatron", "holmes"]}
 
 
-def assert_same(prepared, policy: str) -> int:
+def assert_same(prepared, policy: str, every_op: bool = True) -> int:
     """Symmetric and full results of `policy` agree; returns the symmetric run's entities."""
     sym = run_policy(prepared, policy)
     full = run_policy(prepared, policy, full_simulation=True)
@@ -29,15 +30,29 @@ def assert_same(prepared, policy: str) -> int:
     for key, value in b.breakdown_s.items():
         assert a.breakdown_s[key] == pytest.approx(value, rel=REL, abs=1e-12 * b.iteration_time_s), key
     assert a.stage_busy_s == pytest.approx(b.stage_busy_s, rel=REL)
-    assert len(sym.trace.records) == len(full.trace.records)
+    if every_op:
+        assert_same_ops(sym.trace, full.trace, b.iteration_time_s)
     return len({r.entity for r in sym.trace.compact})
+
+
+def assert_same_ops(sym, full, scale: float) -> None:
+    """Every entity's ops (the representatives' copied to members) match the full trace's."""
+    def ops(trace):
+        return sorted((r.entity, r.stream, r.kind, r.microbatch, r.chunk, r.start_s, r.end_s, r.bytes)
+                      for r in trace.records)
+
+    a, b = ops(sym), ops(full)
+    assert len(a) == len(b)
+    assert [x[:5] for x in a] == [x[:5] for x in b]
+    ta, tb = (np.array([x[5:] for x in ops_]) for ops_ in (a, b))
+    assert np.all(np.abs(ta - tb) <= REL * np.maximum(np.abs(tb), scale))
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
 def test_bundled_scenarios_symmetric_equals_full(name):
     prepared = prepare(SCENARIOS / f"{name}.yaml")
     for policy in POLICIES.get(name, prepared.scenario.policies):
-        assert_same(prepared, policy)
+        assert_same(prepared, policy, every_op=name not in POLICIES)  # 180k ops: figures only
 
 
 def _nics(rng: random.Random, kind: str) -> str:
