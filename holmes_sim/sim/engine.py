@@ -2,7 +2,9 @@
 
 One simulated entity per (pipeline stage, DP replica): the TP group's GPUs run in lock-step, so
 their traffic is one flow spread over their NICs (see `cost/paths.py`), and a 1,024-GPU job with TP 8
-has 128 entities rather than 1,024 processes.
+has 128 entities rather than 1,024 processes. Replicas that form a class of identical ones
+(`symmetry.py`) run as one representative whose flows stand for the class; a flag forces every
+replica (`EngineOptions.full_simulation`).
 
 Timing assumptions (each entity):
 - its compute stream runs the schedule's ops in order; an op starts when the previous op ended and
@@ -419,10 +421,10 @@ class _Simulation:
         split = min(max(sent, t0), self.env.now)
         if split > t0:
             self.trace.op(t0, split, name, "compute", OpKind.WAIT_BUBBLE, 0,
-                                    op.microbatch, op.chunk)
+                          op.microbatch, op.chunk)
         if self.env.now > split:
             self.trace.op(split, self.env.now, name, "compute", OpKind.WAIT_PP, 0,
-                                    op.microbatch, op.chunk)
+                          op.microbatch, op.chunk)
 
     def _arrival(self, key: tuple) -> simpy.Event:
         ev = self.arrivals.get(key)
@@ -451,7 +453,7 @@ class _Simulation:
         self.trace.op(start, start + dur, name, "compute", kind, 0, op.microbatch, op.chunk)
         if tp > 0:
             self.trace.op(start + dur, self.env.now, name, "compute", OpKind.TP_COMM,
-                                    0, op.microbatch, op.chunk)
+                          0, op.microbatch, op.chunk)
 
     def _work(self, name: str, seconds: float) -> simpy.Event:
         """An event after `seconds` of compute: a timeout, or core-seconds on a shared host."""
@@ -468,7 +470,7 @@ class _Simulation:
                 t0 = self.env.now
                 yield ev
                 self.trace.op(t0, self.env.now, name, "compute", OpKind.WAIT_DP, 0,
-                                        op.microbatch, op.chunk)
+                              op.microbatch, op.chunk)
             yield from self._compute(name, op, kind, dur * fraction, tp * fraction)
 
     def _releasing_compute(self, name: str, s: int, op: Op, kind: OpKind, dur: float, tp: float):
@@ -503,7 +505,7 @@ class _Simulation:
 
         def arrived(_event, key=key, start=start) -> None:
             self.trace.op(start, self.env.now, sender, "pp", OpKind.PP_SEND, size,
-                                    op.microbatch, op.chunk)
+                          op.microbatch, op.chunk)
             self._arrival(key).succeed()
 
         self.net.transfer(links, size, latency).callbacks.append(arrived)
