@@ -151,6 +151,7 @@ class _Simulation:
         self._node_cache: dict[tuple[int, int], frozenset[str]] = {}
         self._relative: dict[tuple, int] = {}
         self._hw_ids: dict[str, int] = {}
+        self._neighbours: dict[int, tuple] = {}
         self._hw_models: dict[tuple, int] = {}
         self.pp_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self.send_start: dict[tuple, float] = {}
@@ -296,11 +297,20 @@ class _Simulation:
     def _neighbour_signature(self, d: int, colours: list[int]) -> tuple:
         """Replica d's neighbours: on each DP ring, its hop out (relabeled) and the colours of
         the next and previous members; on each of its nodes, the other tenants' colours."""
-        p = self.plan
-        tenants = tuple(tuple(sorted((s2, p.entity_gpus(s2, d2)[0].local_index, colours[d2])
-                                     for s2, d2 in self.tenants[next(iter(self._nodes(s, d)))]))
-                        for s in range(p.pp))
-        return self._ring_signature(d, colours), tenants
+        hops, tenants = self._local_neighbours(d)
+        rings = tuple((hop, colours[n], colours[prv]) for hop, n, prv in hops)
+        return rings, tuple(tuple(sorted((s2, g, colours[d2]) for s2, g, d2 in t)) for t in tenants)
+
+    def _local_neighbours(self, d: int) -> tuple[tuple, tuple]:
+        """What `_neighbour_signature` needs that colours do not change, cached per replica."""
+        got = self._neighbours.get(d)
+        if got is None:
+            p = self.plan
+            tenants = tuple(tuple((s2, p.entity_gpus(s2, d2)[0].local_index, d2)
+                                  for s2, d2 in self.tenants[next(iter(self._nodes(s, d)))])
+                            for s in range(p.pp))
+            got = self._neighbours[d] = (self._ring_hops_out(d), tenants)
+        return got
 
     def _mirrors(self, classes: list[tuple[int, ...]]) -> bool:
         """Whether every node of a class member maps to one node of its representative that
@@ -321,15 +331,14 @@ class _Simulation:
 
         return all(slots(a, rep_of.__getitem__) == slots(b, lambda d: d) for a, b in image.items())
 
-    def _ring_signature(self, d: int, colours: list[int]) -> tuple:
-        """Replica d on each stage's DP ring: its hop out (relabeled), its neighbours' colours."""
+    def _ring_hops_out(self, d: int) -> tuple:
+        """Replica d on each stage's DP ring: (its hop out relabeled, next member, previous)."""
         out = []
         for s, (pos, nxt, prv) in self._ring_order.items():
-            ring = self._dp_rings[s][1]
+            hop = self._dp_rings[s][1].hops[pos[d]]
             n = nxt[d]
             mapping = {next(iter(self._nodes(s, d))): "self", next(iter(self._nodes(s, n))): "next"}
-            hop = ring.hops[pos[d]]
-            out.append((symmetry.relabel(hop.links, mapping), hop.latency_s, colours[n], colours[prv[d]]))
+            out.append(((symmetry.relabel(hop.links, mapping), hop.latency_s), n, prv[d]))
         return tuple(out)
 
     def _relative_send(self, kind: str, j_from: int, j_to: int, d: int, labels: dict) -> tuple:
