@@ -83,7 +83,7 @@ class Simulation:
 
 
 def simulate(scenario: str | Path | Mapping[str, Any], policies: Sequence[str] | None = None,
-             seed: int | None = None) -> Simulation:
+             seed: int | None = None, full_simulation: bool = False) -> Simulation:
     """Simulate one training iteration of every policy.
 
     Args:
@@ -91,6 +91,8 @@ def simulate(scenario: str | Path | Mapping[str, Any], policies: Sequence[str] |
             the scenario as a mapping (what the YAML file holds).
         policies: policy names (default: the scenario's `policies:` list).
         seed: overrides the scenario's seed.
+        full_simulation: simulate every data-parallel replica rather than one per class of
+            identical replicas (the same results to 1e-9, slower).
 
     Raises:
         holmes_sim.errors.HolmesError: for a bad scenario or policy (the CLI's exit-2 message).
@@ -102,7 +104,7 @@ def simulate(scenario: str | Path | Mapping[str, Any], policies: Sequence[str] |
         prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
     if policies is not None:
         _check_policies(policies)
-    outcomes = run_scenario(prepared, list(policies) if policies else None)
+    outcomes = run_scenario(prepared, list(policies) if policies else None, full_simulation)
     return _simulation(prepared, outcomes)
 
 

@@ -68,6 +68,9 @@ def run(
                         "Holmes arguments, NCCL settings (docs/validation.md).")] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
+    full_simulation: Annotated[bool, typer.Option(
+        "--full-simulation", help="Simulate every data-parallel replica, not one per class of "
+                                  "identical replicas (same results, slower).")] = False,
 ) -> None:
     """Simulate one training iteration for every policy and print a table, fastest first."""
     from holmes_sim.prepare import prepare
@@ -79,7 +82,7 @@ def run(
         prepared = prepare(resolve_scenario(scenario))
         if seed is not None:
             prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
-        outcomes = run_scenario(prepared, _check_policy_names(policy))
+        outcomes = run_scenario(prepared, _check_policy_names(policy), full_simulation)
         if json_path is not None:
             write_json(json_path, stamp(results_document(prepared, outcomes, prepared.scenario.seed)))
         if plans is not None:

@@ -110,9 +110,11 @@ def time_breakdown(trace: Trace) -> dict[str, float]:
     bubble = everything the compute stream did not spend on the other categories: waiting for a
     producer that had not run yet, and idling at the end while others finish."""
     totals = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-    for r in trace.records:
-        if r.stream == "compute" and r.kind in _CATEGORY:
-            totals[_CATEGORY[r.kind]] += r.duration_s
+    weight = trace.weight
+    for start, end, entity, stream, kind in trace.ops():
+        if stream == "compute" and kind in _CATEGORY:
+            k = weight(entity)
+            totals[_CATEGORY[kind]] += end - start if k == 1 else (end - start) * k
     n = max(1, len(trace.entities))
     out = {k: v / n for k, v in totals.items()}
     out["bubble"] = max(0.0, trace.iteration_s - sum(out[k] for k in BREAKDOWN_KEYS if k != "bubble"))
@@ -123,9 +125,9 @@ def stage_busy(trace: Trace, pp: int) -> tuple[float, ...]:
     """Per pipeline stage, the largest compute-stream busy time (F, B, TP) over its replicas (s)."""
     stage_of = {e.name: e.stage for e in trace.entities}
     busy: dict[str, float] = {}
-    for r in trace.records:
-        if r.kind in (OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM):
-            busy[r.entity] = busy.get(r.entity, 0.0) + r.duration_s
+    for start, end, entity, _, kind in trace.ops():  # members are as busy as their representative
+        if kind in (OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM):
+            busy[entity] = busy.get(entity, 0.0) + (end - start)
     per_stage = [0.0] * pp
     for name, b in busy.items():
         per_stage[stage_of[name]] = max(per_stage[stage_of[name]], b)

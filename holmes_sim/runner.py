@@ -39,10 +39,12 @@ def plan_policy(prepared: Prepared, name: str) -> tuple[Plan, Cluster]:
     return policy.plan(prepared.request(cluster)), cluster
 
 
-def run_policy(prepared: Prepared, name: str, seed: int | None = None) -> Outcome:
-    """Plan and simulate one policy (`seed` overrides the scenario's)."""
+def run_policy(prepared: Prepared, name: str, seed: int | None = None,
+               full_simulation: bool = False) -> Outcome:
+    """Plan and simulate one policy (`seed` overrides the scenario's; `full_simulation`
+    simulates every replica instead of one per class of identical replicas)."""
     plan, cluster = plan_policy(prepared, name)
-    options = engine_options(prepared, seed)
+    options = replace(engine_options(prepared, seed), full_simulation=full_simulation)
     trace = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     costs = OpCosts(cluster, prepared.workload, prepared.compute, plan.tp)
     return Outcome(plan, cluster, trace, summarize(plan, trace, cluster, prepared.workload, costs))
@@ -60,11 +62,12 @@ def engine_options(prepared: Prepared, seed: int | None = None) -> EngineOptions
         seed=prepared.scenario.seed if seed is None else seed)
 
 
-def run_scenario(prepared: Prepared, policies: list[str] | None = None) -> list[Outcome]:
+def run_scenario(prepared: Prepared, policies: list[str] | None = None,
+                 full_simulation: bool = False) -> list[Outcome]:
     """Every requested policy (default: the scenario's list): the plans that fit in GPU memory
     fastest first, then those that do not."""
     names = policies or list(prepared.scenario.policies)
-    return ranked([run_policy(prepared, n) for n in names])
+    return ranked([run_policy(prepared, n, full_simulation=full_simulation) for n in names])
 
 
 def ranked(outcomes: list[Outcome]) -> list[Outcome]:

@@ -3,7 +3,8 @@ kind and bytes. Metrics, plots and the Chrome/Perfetto export all read this one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from array import array
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 
@@ -54,18 +55,105 @@ class Entity:
     gpus: tuple[str, ...]
 
 
-@dataclass(slots=True)
-class Trace:
-    """All ops of one iteration, plus the entities they ran on."""
+_KINDS = tuple(OpKind)
+_KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 
-    entities: list[Entity] = field(default_factory=list)
-    records: list[OpRecord] = field(default_factory=list)
-    iteration_s: float = 0.0
-    flows: int = 0
-    events: int = 0
+
+class Trace:
+    """All ops of one iteration, plus the entities they ran on.
+
+    Ops are kept in columns (about 40 bytes an op instead of about 200 for an `OpRecord`);
+    `compact` and `records` build `OpRecord`s on demand (reports), `ops` iterates the columns.
+    A symmetric simulation records only one representative entity per class of identical
+    entities: `members` maps a representative's name to every member's name (itself first);
+    `records` copies the representative's ops to each member, metrics weight them instead."""
+
+    __slots__ = ("entities", "iteration_s", "flows", "events", "members", "_start", "_end",
+                 "_bytes", "_entity", "_stream", "_kind", "_mb", "_chunk", "_names", "_name_id",
+                 "_streams", "_stream_id", "_cache")
+
+    def __init__(self, entities: list[Entity] | None = None, records: list[OpRecord] | None = None,
+                 iteration_s: float = 0.0, flows: int = 0, events: int = 0) -> None:
+        self.entities: list[Entity] = [] if entities is None else entities
+        self.iteration_s = iteration_s
+        self.flows = flows
+        self.events = events
+        self.members: dict[str, tuple[str, ...]] = {}
+        self._start, self._end, self._bytes = array("d"), array("d"), array("d")
+        self._entity, self._mb, self._chunk = array("l"), array("l"), array("l")
+        self._stream, self._kind = array("b"), array("b")
+        self._names: list[str] = []
+        self._name_id: dict[str, int] = {}
+        self._streams: list[str] = []
+        self._stream_id: dict[str, int] = {}
+        self._cache: dict[str, list[OpRecord]] = {}
+        for r in records or ():
+            self.add(r)
+
+    def op(self, start_s: float, end_s: float, entity: str, stream: str, kind: OpKind,
+           bytes_: float = 0.0, microbatch: int = -1, chunk: int = 0) -> None:
+        """Record one op (seconds from the iteration start; bytes sent by `entity`)."""
+        e = self._name_id.get(entity)
+        if e is None:
+            e = self._name_id[entity] = len(self._names)
+            self._names.append(entity)
+        st = self._stream_id.get(stream)
+        if st is None:
+            st = self._stream_id[stream] = len(self._streams)
+            self._streams.append(stream)
+        self._start.append(start_s)
+        self._end.append(end_s)
+        self._bytes.append(bytes_)
+        self._entity.append(e)
+        self._stream.append(st)
+        self._kind.append(_KIND_CODE[kind])
+        self._mb.append(microbatch)
+        self._chunk.append(chunk)
+        if self._cache:
+            self._cache.clear()
 
     def add(self, record: OpRecord) -> None:
-        self.records.append(record)
+        self.op(record.start_s, record.end_s, record.entity, record.stream, record.kind,
+                record.bytes, record.microbatch, record.chunk)
+
+    def __len__(self) -> int:
+        """Ops recorded (representatives only)."""
+        return len(self._start)
+
+    def ops(self):
+        """(start s, end s, entity, stream, kind) of every recorded op, in recording order."""
+        names, streams = self._names, self._streams
+        return zip(self._start, self._end, (names[i] for i in self._entity),
+                   (streams[i] for i in self._stream), (_KINDS[i] for i in self._kind), strict=True)
+
+    def weight(self, name: str) -> int:
+        """How many entities `name`'s records stand for (1 unless it represents a class)."""
+        members = self.members.get(name)
+        return 1 if members is None else len(members)
+
+    @property
+    def compact(self) -> list[OpRecord]:
+        """The recorded ops as `OpRecord`s (representatives only)."""
+        got = self._cache.get("compact")
+        if got is None:
+            names, streams = self._names, self._streams
+            got = self._cache["compact"] = [
+                OpRecord(a, b, names[e], streams[st], _KINDS[k], n, mb, c) for a, b, n, e, st, k, mb, c
+                in zip(self._start, self._end, self._bytes, self._entity, self._stream, self._kind,
+                       self._mb, self._chunk, strict=True)]
+        return got
+
+    @property
+    def records(self) -> list[OpRecord]:
+        """Every entity's records (the representatives' copied to their members)."""
+        if not self.members:
+            return self.compact
+        got = self._cache.get("records")
+        if got is None:
+            got = self._cache["records"] = [
+                r if m == r.entity else replace(r, entity=m)
+                for r in self.compact for m in self.members.get(r.entity, (r.entity,))]
+        return got
 
     def of_entity(self, name: str) -> list[OpRecord]:
         return [r for r in self.records if r.entity == name]

@@ -32,6 +32,7 @@ def ring_collective(
     size_bytes: float,
     latency_s: float,
     step_by_step: bool = False,
+    members: int | None = None,
 ) -> Generator[simpy.Event, Any, None]:
     """SimPy process body of a ring collective; use as `env.process(ring_collective(...))`.
 
@@ -44,14 +45,16 @@ def ring_collective(
     concurrently, and the collective ends when the slowest hop finishes (pipelined ring).
     Step by step: each step pays latency_s, then the p hops send N / p bytes concurrently, and
     the next step starts when the slowest hop of this step finishes (synchronous steps).
-    A single member returns at once.
+    A single member returns at once. `members` is the ring's size p when `hops` are a symmetric
+    simulation's representative hops (each standing for its class's hops), else len(hops).
     """
-    steps = ring_latency_steps(kind, len(hops))
+    p = len(hops) if members is None else members
+    steps = ring_latency_steps(kind, p)
     if size_bytes < 0 or latency_s < 0:
         raise ValueError(f"size and latency must be >= 0, got {size_bytes}, {latency_s}")
     if step_by_step:
-        return _ring_steps(env, net, hops, steps, size_bytes / len(hops), latency_s)
-    share = ring_traffic_factor(kind, len(hops)) * size_bytes
+        return _ring_steps(env, net, hops, steps, size_bytes / p, latency_s)
+    share = ring_traffic_factor(kind, p) * size_bytes
     return _ring_steady(env, net, hops, steps, share, latency_s)
 
 

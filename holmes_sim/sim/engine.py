@@ -2,7 +2,9 @@
 
 One simulated entity per (pipeline stage, DP replica): the TP group's GPUs run in lock-step, so
 their traffic is one flow spread over their NICs (see `cost/paths.py`), and a 1,024-GPU job with TP 8
-has 128 entities rather than 1,024 processes.
+has 128 entities rather than 1,024 processes. Replicas that form a class of identical ones
+(`symmetry.py`) run as one representative whose flows stand for the class; a flag forces every
+replica (`EngineOptions.full_simulation`).
 
 Timing assumptions (each entity):
 - its compute stream runs the schedule's ops in order; an op starts when the previous op ended and
@@ -20,7 +22,9 @@ Timing assumptions (each entity):
 
 from __future__ import annotations
 
+import gc
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,9 +36,10 @@ from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import GroupKind, Plan
 from holmes_sim.schedule import Op
+from holmes_sim.sim import symmetry
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
-from holmes_sim.trace import Entity, OpKind, OpRecord, Trace
+from holmes_sim.trace import Entity, OpKind, Trace
 from holmes_sim.workload import Workload
 
 
@@ -57,12 +62,31 @@ class EngineOptions:
     """Coefficient of variation of compute op durations (0: deterministic). Each op's time is
     multiplied by a mean-1 log-normal factor drawn from the entity's own stream of `seed`."""
     seed: int = 0
+    full_simulation: bool = False
+    """Simulate every replica even where replicas form classes of identical ones (`symmetry.py`)."""
 
 
 def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
              options: EngineOptions = EngineOptions()) -> Trace:
     """Simulate one iteration of `plan`; returns its trace (iteration time in `trace.iteration_s`)."""
-    return _Simulation(plan, cluster, workload, compute, options).run()
+    sim = _Simulation(plan, cluster, workload, compute, options)
+    with _quiet_collector():
+        return sim.run()
+
+
+@contextmanager
+def _quiet_collector(threshold: int = 200_000):
+    """Run with the set-up's objects frozen out of garbage collection and a young-generation
+    threshold of `threshold` allocations: the run makes millions of short-lived objects and
+    few cycles, and collections otherwise took a fifth of its CPU time. Restored afterwards."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(threshold, old[1], old[2])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
 
 
 class _CountingEnvironment(simpy.Environment):
@@ -124,10 +148,18 @@ class _Simulation:
         self._paths: dict[tuple, Path] = {}
         self._dur_cache: dict[tuple, tuple[float, float]] = {}
         self._route_cache: dict[tuple, tuple[Path, str]] = {}
+        self._node_cache: dict[tuple[int, int], frozenset[str]] = {}
+        self._relative: dict[tuple, int] = {}
+        self._hw_ids: dict[str, int] = {}
+        self._neighbours: dict[int, tuple] = {}
+        self._hw_models: dict[tuple, int] = {}
         self.pp_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self.send_start: dict[tuple, float] = {}
         self._index_groups()
         self._build_entities()
+        self._dp_rings = self._build_dp_rings()
+        self._ring_order = {s: symmetry.ring_neighbours(r) for s, (_, r) in self._dp_rings.items()}
+        self._set_classes(options)
         self._build_streams()
         self.buckets = {(s, c): self._buckets(s, c) for s in range(plan.pp)
                         for c in range(plan.num_chunks)}
@@ -145,9 +177,12 @@ class _Simulation:
         p = self.plan
         self.entity: dict[tuple[int, int], Entity] = {}
         self._cpu_path: dict[str, tuple] = {}
+        self.tenants: dict[str, list[tuple[int, int]]] = {}  # node -> entities (s, d) on it
         for s in range(p.pp):
             for d in range(p.dp):
                 gpus = p.entity_gpus(s, d)
+                for node in dict.fromkeys(g.node for g in gpus):
+                    self.tenants.setdefault(node, []).append((s, d))
                 node = self.cluster.node(gpus[0].node)
                 e = Entity(f"s{s}.d{d}", s, d, node.name, node.cluster, tuple(map(str, gpus)))
                 self.entity[(s, d)] = e
@@ -163,25 +198,177 @@ class _Simulation:
                                                  self.plan.entity_gpus(*b), self.caps)
         return path
 
-    def _build_streams(self) -> None:
+    def _build_dp_rings(self) -> dict[int, tuple[object, object]]:
+        """Per stage with a DP group: (group, its NCCL ring over every replica)."""
         p = self.plan
-        self.dp_stream: dict[int, Stream] = {}
+        out = {}
         for s in range(p.pp):
             g = self.group_by_first.get((GroupKind.DATA, p.rank(s, 0, 0)))
             if g is not None:
-                self.dp_stream[s] = Stream(self._ring([(s, d) for d in range(p.dp)], g))
+                out[s] = (g, ring_paths(self.cluster, g.transport,
+                                        [p.entity_gpus(s, d) for d in range(p.dp)], self.caps))
+        return out
+
+    def _build_streams(self) -> None:
+        p = self.plan
+        self.dp_stream: dict[int, Stream] = {}
+        for s, (_, ring) in self._dp_rings.items():
+            hops = tuple(self.net.resolve(h) for h in symmetry.quotient_hops(
+                ring, self.reps, self.rep_of, lambda d, s=s: self._nodes(s, d), self._weight))
+            names = tuple(self.entity[(s, d)].name for d in self.reps)
+            self.dp_stream[s] = Stream(RingSpec(names, hops, ring.step_latency_s, p.dp))
         self.emb_stream: dict[int, Stream] = {}
-        for d in range(p.dp):
+        for d in self.reps:
             g = self.group_by_first.get((GroupKind.EMBEDDING, p.rank(0, d, 0)))
             if g is not None:
-                self.emb_stream[d] = Stream(self._ring([(0, d), (p.pp - 1, d)], g))
+                self.emb_stream[d] = Stream(self._ring([(0, d), (p.pp - 1, d)], g, self._weight(d)))
 
-    def _ring(self, members: list[tuple[int, int]], group) -> RingSpec:
-        """The group's NCCL ring (members node by node; see `cost.paths.ring_paths`)."""
+    def _ring(self, members: list[tuple[int, int]], group, k: int = 1) -> RingSpec:
+        """The group's NCCL ring (members node by node; see `cost.paths.ring_paths`), standing
+        for `k` identical rings."""
         ring = ring_paths(self.cluster, group.transport,
                           [self.plan.entity_gpus(*m) for m in members], self.caps)
         return RingSpec(tuple(self.entity[m].name for m in members),
-                        tuple(h.links for h in ring.hops), ring.step_latency_s)
+                        tuple(self.net.resolve(symmetry.scale_shared(h.links, k)) for h in ring.hops),
+                        ring.step_latency_s)
+
+    # ---- symmetry ------------------------------------------------------------------------------
+    def _set_classes(self, options: EngineOptions) -> None:
+        """Classes of identical replicas; each simulated by its first member (`reps`)."""
+        p = self.plan
+        if options.full_simulation or self.cpu is not None or self.jitter.rng or p.dp == 1:
+            classes = [(d,) for d in range(p.dp)]
+        else:
+            classes = symmetry.classes_of(symmetry.refine(
+                [self._replica_signature(d) for d in range(p.dp)], self._neighbour_signature))
+            if not self._mirrors(classes):
+                classes = [(d,) for d in range(p.dp)]
+        self.rep_of = [0] * p.dp
+        self.class_size: dict[int, int] = {}
+        for members in classes:
+            for d in members:
+                self.rep_of[d] = members[0]
+            self.class_size[members[0]] = len(members)
+        self.reps = [c[0] for c in classes]
+        for members in classes:
+            if len(members) > 1:
+                for s in range(p.pp):
+                    self.trace.members[self.entity[(s, members[0])].name] = tuple(
+                        self.entity[(s, d)].name for d in members)
+
+    def _weight(self, d: int) -> int:
+        return self.class_size.get(d, 1)
+
+    def _nodes(self, s: int, d: int) -> frozenset[str]:
+        """Nodes of entity (s, d), cached."""
+        got = self._node_cache.get((s, d))
+        if got is None:
+            got = self._node_cache[(s, d)] = frozenset(g.node for g in self.plan.entity_gpus(s, d))
+        return got
+
+    def _replica_signature(self, d: int) -> tuple:
+        """What replica d's stages run on and send over, with its own nodes named by position."""
+        p = self.plan
+        nodes = [self._nodes(s, d) for s in range(p.pp)]
+        if any(len(ns) != 1 for ns in nodes):
+            return ("own", d)  # a stage spans nodes
+        labels: dict[str, int] = {}
+        for ns in nodes:
+            labels.setdefault(next(iter(ns)), len(labels))
+        stages = []
+        for s in range(p.pp):
+            node = self.cluster.node(next(iter(nodes[s])))
+            gpus = tuple(g.local_index for g in p.entity_gpus(s, d))
+            chunks = tuple(self._durations(node, self.schedule.virtual_stage(s, c), b)
+                           for c in range(p.num_chunks) for b in (False, True))
+            hw = (node.cluster, self._hw_id(node.name))
+            stages.append((labels[node.name], hw, gpus, chunks, self._optimizer_s(node, s)))
+        sends = tuple(self._relative_send(kind, j, j + 1 if kind == "F" else j - 1, d, labels)
+                      for j in range(self.nv) for kind in "FB"
+                      if (kind == "F" and j < self.nv - 1) or (kind == "B" and j > 0))
+        emb = self.group_by_first.get((GroupKind.EMBEDDING, p.rank(0, d, 0)))
+        emb_sig = ()
+        if emb is not None:
+            ring = ring_paths(self.cluster, emb.transport,
+                              [p.entity_gpus(0, d), p.entity_gpus(p.pp - 1, d)], self.caps)
+            emb_sig = (tuple(symmetry.relabel(h.links, labels) for h in ring.hops), ring.step_latency_s)
+        return (tuple(stages), sends, emb_sig)
+
+    def _neighbour_signature(self, d: int, colours: list[int]) -> tuple:
+        """Replica d's neighbours: on each DP ring, its hop out (relabeled) and the colours of
+        the next and previous members; on each of its nodes, the other tenants' colours."""
+        hops, tenants = self._local_neighbours(d)
+        rings = tuple((hop, colours[n], colours[prv]) for hop, n, prv in hops)
+        return rings, tuple(tuple(sorted((s2, g, colours[d2]) for s2, g, d2 in t)) for t in tenants)
+
+    def _local_neighbours(self, d: int) -> tuple[tuple, tuple]:
+        """What `_neighbour_signature` needs that colours do not change, cached per replica."""
+        got = self._neighbours.get(d)
+        if got is None:
+            p = self.plan
+            tenants = tuple(tuple((s2, p.entity_gpus(s2, d2)[0].local_index, d2)
+                                  for s2, d2 in self.tenants[next(iter(self._nodes(s, d)))])
+                            for s in range(p.pp))
+            got = self._neighbours[d] = (self._ring_hops_out(d), tenants)
+        return got
+
+    def _mirrors(self, classes: list[tuple[int, ...]]) -> bool:
+        """Whether every node of a class member maps to one node of its representative that
+        hosts the representatives of the same tenants on the same GPUs (else no symmetry)."""
+        p = self.plan
+        rep_of = {d: c[0] for c in classes for d in c}
+        image: dict[str, str] = {}
+        for c in classes:
+            for m in c:
+                for s in range(p.pp):
+                    for a, b in zip(sorted(self._nodes(s, m)), sorted(self._nodes(s, c[0])), strict=True):
+                        if image.setdefault(a, b) != b:
+                            return False
+
+        def slots(node: str, rep) -> list:
+            return sorted((s, rep(d), tuple(g.local_index for g in p.entity_gpus(s, d)))
+                          for s, d in self.tenants[node])
+
+        return all(slots(a, rep_of.__getitem__) == slots(b, lambda d: d) for a, b in image.items())
+
+    def _ring_hops_out(self, d: int) -> tuple:
+        """Replica d on each stage's DP ring: (its hop out relabeled, next member, previous)."""
+        out = []
+        for s, (pos, nxt, prv) in self._ring_order.items():
+            hop = self._dp_rings[s][1].hops[pos[d]]
+            n = nxt[d]
+            mapping = {next(iter(self._nodes(s, d))): "self", next(iter(self._nodes(s, n))): "next"}
+            out.append(((symmetry.relabel(hop.links, mapping), hop.latency_s), n, prv[d]))
+        return tuple(out)
+
+    def _relative_send(self, kind: str, j_from: int, j_to: int, d: int, labels: dict) -> tuple:
+        """One send of replica d as (kind, j, path model id, sender and receiver node labels):
+        its path is a function of the transport, node models, GPUs and clusters (the model)."""
+        p = self.plan
+        s_from, s_to = j_from % p.pp, j_to % p.pp
+        fwd = (s_from, s_to) if kind == "F" else (s_to, s_from)
+        group = self.pp_group[(p.rank(fwd[0], d, 0), p.rank(fwd[1], d, 0))]
+        a, b = next(iter(self._nodes(s_from, d))), next(iter(self._nodes(s_to, d)))
+        key = (group.transport, self._hw_id(a), self._hw_id(b), a == b,
+               self.cluster.node(a).cluster, self.cluster.node(b).cluster,
+               tuple(g.local_index for g in p.entity_gpus(s_from, d)),
+               tuple(g.local_index for g in p.entity_gpus(s_to, d)))
+        model = self._relative.setdefault(key, len(self._relative))
+        return kind, j_from, model, labels[a], labels[b]
+
+    def _hw_id(self, node: str) -> int:
+        """A small id per distinct node model (GPU, links, NICs), cached per node."""
+        got = self._hw_ids.get(node)
+        if got is None:
+            n = self.cluster.node(node)
+            model = (n.gpu, n.num_gpus, n.intra_link, n.nics)
+            got = self._hw_ids[node] = self._hw_models.setdefault(model, len(self._hw_models))
+        return got
+
+    def _optimizer_s(self, node, s: int) -> float:
+        params = self.costs.stage_params(self.plan.layers_per_stage, self.plan.pp, s)
+        shard = self.plan.dp if self.plan.optimizer.sharded else 1
+        return self.costs.optimizer_s(node, params / self.plan.tp / shard)
 
     def _buckets(self, s: int, c: int) -> list[_Bucket]:
         """Gradient buckets of chunk c of stage s: per-GPU bucket size as Megatron sizes them."""
@@ -195,7 +382,7 @@ class _Simulation:
     # ---- run -----------------------------------------------------------------------------------
     def run(self) -> Trace:
         done = [self.env.process(self._entity(s, d)) for s in range(self.plan.pp)
-                for d in range(self.plan.dp)]
+                for d in self.reps]
         self.env.run(self.env.all_of(done))
         self.trace.iteration_s = self.env.now
         self.trace.flows = self.net.flows_started
@@ -242,11 +429,11 @@ class _Simulation:
         sent = self.send_start.get(key, t0)
         split = min(max(sent, t0), self.env.now)
         if split > t0:
-            self.trace.add(OpRecord(t0, split, name, "compute", OpKind.WAIT_BUBBLE, 0,
-                                    op.microbatch, op.chunk))
+            self.trace.op(t0, split, name, "compute", OpKind.WAIT_BUBBLE, 0,
+                          op.microbatch, op.chunk)
         if self.env.now > split:
-            self.trace.add(OpRecord(split, self.env.now, name, "compute", OpKind.WAIT_PP, 0,
-                                    op.microbatch, op.chunk))
+            self.trace.op(split, self.env.now, name, "compute", OpKind.WAIT_PP, 0,
+                          op.microbatch, op.chunk)
 
     def _arrival(self, key: tuple) -> simpy.Event:
         ev = self.arrivals.get(key)
@@ -272,10 +459,10 @@ class _Simulation:
         yield self._work(name, dur + tp)
         if self.cpu is not None and dur + tp > 0:  # stretched by sharing: split in proportion
             dur = (self.env.now - start) * dur / (dur + tp)
-        self.trace.add(OpRecord(start, start + dur, name, "compute", kind, 0, op.microbatch, op.chunk))
+        self.trace.op(start, start + dur, name, "compute", kind, 0, op.microbatch, op.chunk)
         if tp > 0:
-            self.trace.add(OpRecord(start + dur, self.env.now, name, "compute", OpKind.TP_COMM,
-                                    0, op.microbatch, op.chunk))
+            self.trace.op(start + dur, self.env.now, name, "compute", OpKind.TP_COMM,
+                          0, op.microbatch, op.chunk)
 
     def _work(self, name: str, seconds: float) -> simpy.Event:
         """An event after `seconds` of compute: a timeout, or core-seconds on a shared host."""
@@ -291,8 +478,8 @@ class _Simulation:
             if not ev.processed:
                 t0 = self.env.now
                 yield ev
-                self.trace.add(OpRecord(t0, self.env.now, name, "compute", OpKind.WAIT_DP, 0,
-                                        op.microbatch, op.chunk))
+                self.trace.op(t0, self.env.now, name, "compute", OpKind.WAIT_DP, 0,
+                              op.microbatch, op.chunk)
             yield from self._compute(name, op, kind, dur * fraction, tp * fraction)
 
     def _releasing_compute(self, name: str, s: int, op: Op, kind: OpKind, dur: float, tp: float):
@@ -322,27 +509,34 @@ class _Simulation:
         its arrival event fires when the last byte is in (no compute is blocked by sending)."""
         key = (kind, j_to, d, op.microbatch)
         start = self.send_start[key] = self.env.now
-        path, sender = self._pp_route(kind, j_from, j_to, d)
+        links, latency, sender = self._pp_route(kind, j_from, j_to, d)
         size = self.pp_bytes
 
         def arrived(_event, key=key, start=start) -> None:
-            self.trace.add(OpRecord(start, self.env.now, sender, "pp", OpKind.PP_SEND, size,
-                                    op.microbatch, op.chunk))
+            self.trace.op(start, self.env.now, sender, "pp", OpKind.PP_SEND, size,
+                          op.microbatch, op.chunk)
             self._arrival(key).succeed()
 
-        self.net.transfer(path.links, size, path.latency_s).callbacks.append(arrived)
+        self.net.transfer(links, size, latency).callbacks.append(arrived)
 
-    def _pp_route(self, kind: str, j_from: int, j_to: int, d: int) -> tuple[Path, str]:
-        """Path (cached) and sender name of a transfer; PP groups are keyed by forward pairs."""
+    def _pp_route(self, kind: str, j_from: int, j_to: int, d: int) -> tuple[tuple, float, str]:
+        """(links, latency s, sender name) of a transfer, cached; the links stand for the
+        transfers of replica d's whole class."""
         key = (kind, j_from, j_to, d)
         got = self._route_cache.get(key)
         if got is None:
-            s_from, s_to = j_from % self.plan.pp, j_to % self.plan.pp
-            fwd = (s_from, s_to) if kind == "F" else (s_to, s_from)
-            group = self.pp_group[(self.plan.rank(fwd[0], d, 0), self.plan.rank(fwd[1], d, 0))]
-            got = self._route_cache[key] = (self._entity_path(group, (s_from, d), (s_to, d)),
-                                            self.entity[(s_from, d)].name)
+            path = self._pp_path(kind, j_from, j_to, d)
+            links = symmetry.scale_shared(path.links, self._weight(d))
+            got = self._route_cache[key] = (self.net.resolve(links), path.latency_s,
+                                            self.entity[(j_from % self.plan.pp, d)].name)
         return got
+
+    def _pp_path(self, kind: str, j_from: int, j_to: int, d: int) -> Path:
+        """Path of one replica's transfer; PP groups are keyed by forward pairs."""
+        s_from, s_to = j_from % self.plan.pp, j_to % self.plan.pp
+        fwd = (s_from, s_to) if kind == "F" else (s_to, s_from)
+        group = self.pp_group[(self.plan.rank(fwd[0], d, 0), self.plan.rank(fwd[1], d, 0))]
+        return self._entity_path(group, (s_from, d), (s_to, d))
 
     def _last_backward_per_chunk(self, s: int) -> dict[int, Op]:
         return {op.chunk: op for op in self.schedule.stage_ops[s] if op.kind == "B"}
@@ -367,11 +561,9 @@ class _Simulation:
         if emb is not None and s in (0, self.plan.pp - 1):
             size = self.workload.grad_bytes_of(self.workload.vocab * self.workload.hidden)
             yield from self._wait_all(name, [self.coll.submit(emb, name, OpKind.EMBEDDING_ALL_REDUCE, size)])
-        params = self.costs.stage_params(self.plan.layers_per_stage, self.plan.pp, s)
-        shard = self.plan.dp if mode.sharded else 1
         start = self.env.now
-        yield self._work(name, self.costs.optimizer_s(node, params / self.plan.tp / shard))
-        self.trace.add(OpRecord(start, self.env.now, name, "compute", OpKind.OPTIMIZER))
+        yield self._work(name, self._optimizer_s(node, s))
+        self.trace.op(start, self.env.now, name, "compute", OpKind.OPTIMIZER)
         if stream is not None and mode.gathers_after_step:
             gathers = [self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes)
                        for c in range(self.plan.num_chunks) for b in self.buckets[(s, c)]]
@@ -387,4 +579,4 @@ class _Simulation:
         if pending:
             t0 = self.env.now
             yield self.env.all_of(pending)
-            self.trace.add(OpRecord(t0, self.env.now, name, "compute", OpKind.WAIT_DP))
+            self.trace.op(t0, self.env.now, name, "compute", OpKind.WAIT_DP)

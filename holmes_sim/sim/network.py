@@ -152,8 +152,12 @@ class FlowNetwork:
         flow = getattr(handle, "flow", None)
         return flow.rate if flow is not None and flow.state == _ACTIVE else 0.0
 
-    def transfer(self, path: PathUse, size_bytes: float, latency_s: float = 0.0) -> simpy.Event:
-        """Send `size_bytes` along `path` after `latency_s` seconds.
+    def resolve(self, path: PathUse) -> _Route:
+        """`path` resolved once (link indices, solo rate), to pass to `transfer` many times."""
+        return self._resolve(path)
+
+    def transfer(self, path: PathUse | _Route, size_bytes: float, latency_s: float = 0.0) -> simpy.Event:
+        """Send `size_bytes` along `path` (or a route from `resolve`) after `latency_s` seconds.
 
         Returns an event that succeeds when the last byte arrives. A zero size or an empty path
         succeeds after the latency alone. Raises KeyError for a link the network does not have.
@@ -161,7 +165,7 @@ class FlowNetwork:
         """
         if size_bytes < 0 or latency_s < 0:
             raise ValueError(f"size and latency must be >= 0, got {size_bytes}, {latency_s}")
-        route = self._route(path)
+        route = path if type(path) is _Route else self._route(path)
         if size_bytes == 0 or not route.links:
             return self._env.timeout(latency_s)
         done = TransferEvent(self._env)

@@ -14,7 +14,7 @@ import simpy
 from holmes_sim.cost.paths import PathUse
 from holmes_sim.sim.collectives import ring_collective
 from holmes_sim.sim.network import FlowNetwork
-from holmes_sim.trace import OpKind, OpRecord, Trace
+from holmes_sim.trace import OpKind, Trace
 
 _KIND_NAME = {
     OpKind.DP_ALL_REDUCE: "all-reduce", OpKind.DP_REDUCE_SCATTER: "reduce-scatter",
@@ -24,11 +24,20 @@ _KIND_NAME = {
 
 @dataclass(slots=True)
 class RingSpec:
-    """A ring group: member entity names, hop paths member i -> i+1, per-step latency (s)."""
+    """A ring group: member entity names, hop paths member i -> i+1, per-step latency (s).
+
+    In a symmetric simulation `members` are the representatives that take part, each hop
+    stands for its class's hops, and `size` is the ring's full member count."""
 
     members: tuple[str, ...]
     hops: tuple[PathUse, ...]
     latency_s: float
+    size: int = 0
+
+    @property
+    def p(self) -> int:
+        """Members of the whole ring."""
+        return self.size or len(self.members)
 
 
 @dataclass(slots=True)
@@ -79,10 +88,11 @@ class Collectives:
         start = self.env.now
         ring = stream.ring
         yield self.env.process(ring_collective(self.env, self.net, _KIND_NAME[kind], ring.hops,
-                                               size_bytes, ring.latency_s, self.step_by_step))
-        per_member = _traffic(kind, len(ring.members), size_bytes)
+                                               size_bytes, ring.latency_s, self.step_by_step,
+                                               ring.p))
+        per_member = _traffic(kind, ring.p, size_bytes)
         for m in ring.members:
-            self.trace.add(OpRecord(start, self.env.now, m, "dp", kind, per_member))
+            self.trace.op(start, self.env.now, m, "dp", kind, per_member)
         done.succeed()
 
 

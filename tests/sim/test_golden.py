@@ -1,7 +1,10 @@
 """Every bundled scenario's results, byte for byte, against a committed golden file.
 
 A model change that moves any figure fails here; when the change is intended, regenerate with
-`pytest tests/sim/test_golden.py --update-golden` and commit the diff with the reason."""
+`pytest tests/sim/test_golden.py --update-golden` and commit the diff with the reason.
+
+The goldens pin the full simulation (every replica); `test_symmetry.py` checks that the default,
+one replica per class, agrees with it to 1e-9."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ POLICIES = {"large_175b_1024": ["megatron", "holmes"]}
 @pytest.mark.parametrize("name", sorted(p.stem for p in SCENARIOS.glob("*.yaml")))
 def test_scenario_matches_golden(name, update_golden):
     prepared = prepare(SCENARIOS / f"{name}.yaml")
-    document = results_document(prepared, run_scenario(prepared, POLICIES.get(name)), 0)
+    document = results_document(prepared, run_scenario(prepared, POLICIES.get(name), full_simulation=True), 0)
     document["scenario"].pop("file")  # an absolute path, different in every checkout
     text = json.dumps(document, indent=1, sort_keys=True) + "\n"
     path = GOLDEN / f"{name}.json"
