@@ -17,6 +17,7 @@ free communication [Narayanan et al. SC'21, section 2.2]: 1F1B and GPipe bubble 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from holmes_sim.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
@@ -24,6 +25,7 @@ from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import group_path, link_capacities, ring_paths
 from holmes_sim.plan import GroupKind, Plan
+from holmes_sim.schedule import build_schedule
 from holmes_sim.workload import Workload
 
 
@@ -46,6 +48,52 @@ def estimate_iteration(plan: Plan, cluster: Cluster, workload: Workload,
     return _Estimator(plan, cluster, workload, compute).run()
 
 
+@dataclass(frozen=True, slots=True)
+class _OpTable:
+    """A schedule as the estimate walks it. `rows[s]` holds stage s's ops in order as
+    (kind index, input slot, send index, queue slot, output slot), -1 for none; `kinds[s]` lists
+    the distinct (virtual stage, backward) ops of stage s, `sends` the distinct (from, to)
+    virtual-stage sends; a queue slot holds the last arrival on a physical stage pair."""
+
+    rows: tuple[tuple[tuple, ...], ...]
+    kinds: tuple[tuple[tuple[int, bool], ...], ...]
+    sends: tuple[tuple[int, int], ...]
+    slots: int
+    """Size of the walk's arrival list (messages, then queues, by first use)."""
+    queues: tuple[int, ...]
+    """Slots that are send queues (start free at 0 s)."""
+
+
+@lru_cache(maxsize=256)
+def _op_table(kind: str, pp: int, m: int, v: int) -> _OpTable:
+    schedule = build_schedule(kind, pp, m, v)
+    nv = schedule.num_virtual_stages
+    send_index: dict[tuple[int, int], int] = {}
+    slots: dict[tuple, int] = {}  # message and queue keys -> slot in the walk's arrival list
+    rows, kinds = [], []
+    for s, ops in enumerate(schedule.stage_ops):
+        kind_index: dict[tuple[int, bool], int] = {}
+        row = []
+        for op in ops:
+            j = schedule.virtual_stage(s, op.chunk)
+            backward = op.kind == "B"
+            first_input = (op.kind == "F" and j == 0) or (backward and j == nv - 1)
+            need = -1 if first_input else slots.setdefault((op.kind, j, op.microbatch), len(slots))
+            to = (j - 1 if j > 0 else None) if backward else (j + 1 if j < nv - 1 else None)
+            if to is None:
+                sk = queue = out = -1
+            else:
+                sk = send_index.setdefault((j, to), len(send_index))
+                queue = slots.setdefault(("queue", j % pp, to % pp), len(slots))
+                out = slots.setdefault((op.kind, to, op.microbatch), len(slots))
+            dk = kind_index.setdefault((j, backward), len(kind_index))
+            row.append((dk, need, sk, queue, out))
+        rows.append(tuple(row))
+        kinds.append(tuple(kind_index))
+    queues = tuple(i for key, i in slots.items() if key[0] == "queue")
+    return _OpTable(tuple(rows), tuple(kinds), tuple(send_index), len(slots), queues)
+
+
 class _Estimator:
     def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel):
         self.plan, self.cluster, self.w = plan, cluster, workload
@@ -61,7 +109,7 @@ class _Estimator:
         self._emb_rings: dict | None = None
         self._emb_load: dict = {}
         self._replica_cache: dict[tuple, list[float]] = {}
-        self._ops: list[list[tuple]] | None = None
+        self._ops: _OpTable | None = None
         self._hardware: dict[tuple[int, int], tuple] = {}
         self._tail_cache: dict[tuple, float] = {}
         self._op_cache: dict[tuple, float] = {}
@@ -94,22 +142,12 @@ class _Estimator:
             got = self._hardware[(s, d)] = (node.gpu, node.intra_link)
         return got
 
-    def _op_table(self) -> list[list[tuple]]:
-        """Per stage, each op as (j, backward, input key or None, send path or None, output key):
-        the schedule's dependency structure, the same for every replica."""
+    def _op_table(self) -> _OpTable:
+        """The schedule's dependency structure (the same for every replica and every plan with
+        this schedule: cached per (kind, p, m, v))."""
         if self._ops is None:
-            pp, nv = self.plan.pp, self.nv
-            self._ops = []
-            for s, ops in enumerate(self.schedule.stage_ops):
-                row = []
-                for op in ops:
-                    j = self.schedule.virtual_stage(s, op.chunk)
-                    backward = op.kind == "B"
-                    need = self._input_key(op, j, 0)
-                    to = (j - 1 if j > 0 else None) if backward else (j + 1 if j < nv - 1 else None)
-                    send = None if to is None else (j, to, (j % pp, to % pp))
-                    row.append((j, backward, need, send, (op.kind, to, op.microbatch)))
-                self._ops.append(row)
+            s = self.schedule
+            self._ops = _op_table(s.kind, s.num_stages, s.num_microbatches, s.num_chunks)
         return self._ops
 
     def _evaluate_replica(self, d: int) -> list[float]:
@@ -118,29 +156,34 @@ class _Estimator:
         share the path): a send starts when its op ends and the previous one has arrived."""
         p = self.plan
         table = self._op_table()
-        dur = {(s, j, b): self._op_s(s, d, j, b) for s in range(p.pp) for j, b, *_ in table[s]}
-        sends = {send[:2]: self._p2p_s(send[0], send[1], d)
-                 for row in table for *_, send, _ in row if send is not None}
+        # Durations of the few distinct (virtual stage, direction) ops and sends, priced once.
+        durs = [[self._op_s(s, d, j, b) for j, b in kinds] for s, kinds in enumerate(table.kinds)]
+        sends = [self._p2p_s(a, b, d) for a, b in table.sends]
         pos, clock = [0] * p.pp, [self._start_delay(s, d) for s in range(p.pp)]
-        ready: dict[tuple, float] = {}
-        remaining = sum(len(row) for row in table)
+        ready = [-1.0] * table.slots  # arrival time (s) of each message; -1: not yet sent
+        for q in table.queues:
+            ready[q] = 0.0
+        rows = table.rows
+        lengths = [len(row) for row in rows]
+        remaining = sum(lengths)
+        stages = range(p.pp)
         while remaining:
             progressed = False
-            for s in range(p.pp):
-                row, k, t = table[s], pos[s], clock[s]
-                while k < len(row):
-                    j, backward, need, send, out = row[k]
-                    if need is not None:
-                        arrived = ready.get(need)
-                        if arrived is None:
+            for s in stages:
+                row, k, t, n, dur = rows[s], pos[s], clock[s], lengths[s], durs[s]
+                while k < n:
+                    dk, need, sk, queue, out = row[k]
+                    if need >= 0:
+                        arrived = ready[need]
+                        if arrived < 0.0:
                             break
                         if arrived > t:
                             t = arrived
-                    t += dur[(s, j, backward)]
-                    if send is not None:
-                        free = ready.get(send[2], 0.0)
-                        arrival = (t if t > free else free) + sends[send[:2]]
-                        ready[send[2]] = ready[out] = arrival
+                    t += dur[dk]
+                    if sk >= 0:
+                        free = ready[queue]
+                        arrival = (t if t > free else free) + sends[sk]
+                        ready[queue] = ready[out] = arrival
                     k += 1
                 if k != pos[s]:
                     remaining -= k - pos[s]
@@ -148,11 +191,6 @@ class _Estimator:
                     progressed = True
             assert progressed, "schedule deadlock"
         return clock
-
-    def _input_key(self, op, j: int, d: int):
-        if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
-            return None
-        return (op.kind, j, op.microbatch)
 
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
         """Compute plus TP communication of virtual stage j's op on replica d's node (cached by
