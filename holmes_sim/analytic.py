@@ -110,6 +110,8 @@ class _Estimator:
         self._emb_load: dict = {}
         self._replica_cache: dict[tuple, list[float]] = {}
         self._ops: _OpTable | None = None
+        sch = self.schedule
+        self._shape = (sch.kind, sch.num_stages, sch.num_microbatches, sch.num_chunks)
         self._hardware: dict[tuple[int, int], tuple] = {}
         self._tail_cache: dict[tuple, float] = {}
         self._op_cache: dict[tuple, float] = {}
@@ -147,7 +149,7 @@ class _Estimator:
         this schedule: cached per (kind, p, m, v))."""
         if self._ops is None:
             s = self.schedule
-            self._ops = _op_table(s.kind, s.num_stages, s.num_microbatches, s.num_chunks)
+            self._ops = _op_table(*self._shape)
         return self._ops
 
     def _evaluate_replica(self, d: int) -> list[float]:
@@ -159,38 +161,19 @@ class _Estimator:
         # Durations of the few distinct (virtual stage, direction) ops and sends, priced once.
         durs = [[self._op_s(s, d, j, b) for j, b in kinds] for s, kinds in enumerate(table.kinds)]
         sends = [self._p2p_s(a, b, d) for a, b in table.sends]
-        pos, clock = [0] * p.pp, [self._start_delay(s, d) for s in range(p.pp)]
-        ready = [-1.0] * table.slots  # arrival time (s) of each message; -1: not yet sent
-        for q in table.queues:
-            ready[q] = 0.0
-        rows = table.rows
-        lengths = [len(row) for row in rows]
-        remaining = sum(lengths)
-        stages = range(p.pp)
-        while remaining:
-            progressed = False
-            for s in stages:
-                row, k, t, n, dur = rows[s], pos[s], clock[s], lengths[s], durs[s]
-                while k < n:
-                    dk, need, sk, queue, out = row[k]
-                    if need >= 0:
-                        arrived = ready[need]
-                        if arrived < 0.0:
-                            break
-                        if arrived > t:
-                            t = arrived
-                    t += dur[dk]
-                    if sk >= 0:
-                        free = ready[queue]
-                        arrival = (t if t > free else free) + sends[sk]
-                        ready[queue] = ready[out] = arrival
-                    k += 1
-                if k != pos[s]:
-                    remaining -= k - pos[s]
-                    pos[s], clock[s] = k, t
-                    progressed = True
-            assert progressed, "schedule deadlock"
+        start = [self._start_delay(s, d) for s in range(p.pp)]
+        # The walk depends on nothing else: plans that differ only in what happens after it
+        # (the optimizer, the DP sync) or in placement with equal times share it.
+        key = (self._shape, tuple(map(tuple, durs)), tuple(sends), tuple(start))
+        got = _WALKS.get(key)
+        if got is not None:
+            return list(got)
+        clock = _walk(table, durs, sends, start)
+        if len(_WALKS) >= 4096:
+            _WALKS.clear()
+        _WALKS[key] = tuple(clock)
         return clock
+
 
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
         """Compute plus TP communication of virtual stage j's op on replica d's node (cached by
@@ -360,3 +343,45 @@ class _Estimator:
         if mode.gathers_after_step:
             t += sum(self._bucket_times(s, "all-gather", "param"))
         return t
+
+
+_WALKS: dict[tuple, tuple[float, ...]] = {}
+"""Replica walks by their inputs (exact reuse across the candidates of a search)."""
+
+
+def _walk(table: _OpTable, durs: list[list[float]], sends: list[float],
+          start: list[float]) -> list[float]:
+    """Stage end times (s) of one replica: every op as early as its stage and input allow."""
+    pp = len(table.rows)
+    pos, clock = [0] * pp, list(start)
+    ready = [-1.0] * table.slots  # arrival time (s) of each message; -1: not yet sent
+    for q in table.queues:
+        ready[q] = 0.0
+    rows = table.rows
+    lengths = [len(row) for row in rows]
+    remaining = sum(lengths)
+    stages = range(pp)
+    while remaining:
+        progressed = False
+        for s in stages:
+            row, k, t, n, dur = rows[s], pos[s], clock[s], lengths[s], durs[s]
+            while k < n:
+                dk, need, sk, queue, out = row[k]
+                if need >= 0:
+                    arrived = ready[need]
+                    if arrived < 0.0:
+                        break
+                    if arrived > t:
+                        t = arrived
+                t += dur[dk]
+                if sk >= 0:
+                    free = ready[queue]
+                    arrival = (t if t > free else free) + sends[sk]
+                    ready[queue] = ready[out] = arrival
+                k += 1
+            if k != pos[s]:
+                remaining -= k - pos[s]
+                pos[s], clock[s] = k, t
+                progressed = True
+        assert progressed, "schedule deadlock"
+    return clock
