@@ -168,11 +168,10 @@ def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
     from holmes_sim.analytic import estimate_iteration
     from holmes_sim.cost.ops import OpCosts
     from holmes_sim.metrics import memory_report
-    from holmes_sim.runner import plan_policy
 
     p = prepared_for(prepared, layout)
     try:
-        plan, cluster = plan_policy(p, policy)
+        plan, cluster = _plan(p, policy, layout)
     except HolmesError as exc:
         return Candidate(policy, layout, "", (), float("inf"), 0.0, 0.0, False, reason=str(exc))
     mem = memory_report(plan, cluster, p.workload, OpCosts(cluster, p.workload, p.compute, plan.tp))
@@ -184,6 +183,30 @@ def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
     t = estimate_iteration(plan, cluster, p.workload, p.compute).iteration_s
     return replace(base, predicted_iteration_s=t,
                    tflops_per_gpu=p.workload.megatron_tflops_per_gpu(t, cluster.num_gpus))
+
+
+_PLANS: dict[tuple, tuple] = {}
+"""Megatron-family plans by what they depend on (see `_plan`)."""
+
+
+def _plan(p: Prepared, policy: str, layout: Layout):
+    """`runner.plan_policy`, reusing Megatron-family plans: their placement, groups and equal
+    partition depend on the degrees, schedule, micro-batch count and optimizer, not on the
+    recompute mode, sequence parallelism or micro-batch size (the same plan, built once)."""
+    from holmes_sim.policies import get_policy
+    from holmes_sim.policies.megatron import MegatronPolicy
+    from holmes_sim.runner import plan_policy
+
+    if not isinstance(get_policy(policy), MegatronPolicy):
+        return plan_policy(p, policy)
+    key = (policy, id(p.cluster), layout.tp, layout.pp, layout.dp, layout.schedule,
+           layout.virtual_stages, p.num_microbatches, layout.optimizer)
+    got = _PLANS.get(key)
+    if got is None or got[0] is not p.cluster:
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        got = _PLANS[key] = (p.cluster, plan_policy(p, policy))
+    return got[1]
 
 
 def confirm(prepared: Prepared, c: Candidate) -> Candidate:
