@@ -94,20 +94,37 @@ def _op_table(kind: str, pp: int, m: int, v: int) -> _OpTable:
     return _OpTable(tuple(rows), tuple(kinds), tuple(send_index), len(slots), queues)
 
 
+_NETWORKS: dict[int, tuple] = {}
+"""Per plan (by identity): link capacities, send paths, link loads and rings, which depend on the
+placement and groups only, so candidates that share a plan object share them."""
+
+
+def _network_of(plan: Plan, cluster: Cluster) -> dict:
+    got = _NETWORKS.get(id(plan))
+    if got is None or got[0] is not plan or got[1] is not cluster:
+        if len(_NETWORKS) >= 64:
+            _NETWORKS.clear()
+        got = _NETWORKS[id(plan)] = (plan, cluster, {
+            "caps": link_capacities(cluster), "paths": {}, "loads": {}, "rings": {}, "emb": {}})
+    return got[2]
+
+
 class _Estimator:
     def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel):
         self.plan, self.cluster, self.w = plan, cluster, workload
         self.costs = OpCosts(cluster, workload, compute, plan.tp)
-        self.caps = link_capacities(cluster)
+        net = _network_of(plan, cluster)
+        self.caps = net["caps"]
+        self._paths: dict[tuple, object] = net["paths"]
+        self._rings: dict[tuple, tuple | None] = net["rings"]
+        self._emb: dict = net["emb"]
         self.schedule = plan.schedule()
         self.nv = self.schedule.num_virtual_stages
         self.groups = {(g.kind, g.ranks): g for g in plan.groups}
         self._forward_pairs = {(j % plan.pp, (j + 1) % plan.pp) for j in range(self.nv - 1)}
         self._p2p_cache: dict[tuple, float] = {}
-        self._load_cache: dict[tuple, dict] = {}
+        self._load_cache: dict[tuple, dict] = net["loads"]
         self.groups_by_first = {(g.kind, g.ranks[0]): g for g in plan.groups}
-        self._emb_rings: dict | None = None
-        self._emb_load: dict = {}
         self._replica_cache: dict[tuple, list[float]] = {}
         self._ops: _OpTable | None = None
         sch = self.schedule
@@ -190,11 +207,15 @@ class _Estimator:
 
     def _p2p_path(self, a: int, b: int, d: int):
         """Path of the send from stage a to stage b of replica d (the PP group of the pair)."""
-        p = self.plan
-        fwd = (a, b) if (a, b) in self._forward_pairs else (b, a)
-        group = self.groups[(GroupKind.PIPELINE, (p.rank(fwd[0], d, 0), p.rank(fwd[1], d, 0)))]
-        return group_path(self.cluster, group.transport, p.entity_gpus(a, d), p.entity_gpus(b, d),
-                          self.caps)
+        got = self._paths.get((a, b, d))
+        if got is None:
+            p = self.plan
+            fwd = (a, b) if (a, b) in self._forward_pairs else (b, a)
+            group = self.groups[(GroupKind.PIPELINE, (p.rank(fwd[0], d, 0), p.rank(fwd[1], d, 0)))]
+            got = self._paths[(a, b, d)] = group_path(self.cluster, group.transport,
+                                                      p.entity_gpus(a, d), p.entity_gpus(b, d),
+                                                      self.caps)
+        return got
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
         """Latency + bytes at the path's rate when every replica sends the same message at the
@@ -225,6 +246,12 @@ class _Estimator:
 
     # ---- data-parallel and optimizer -----------------------------------------------------------
     def _ring(self, kind: GroupKind, s: int, d: int, members: list[tuple[int, int]]):
+        key = (kind, tuple(members))
+        if key not in self._rings:
+            self._rings[key] = self._ring_of(kind, members)
+        return self._rings[key]
+
+    def _ring_of(self, kind: GroupKind, members: list[tuple[int, int]]):
         p = self.plan
         group = next((g for (k, _), g in self.groups.items()
                       if k is kind and g.ranks[0] == p.rank(*members[0], 0)), None)
@@ -239,23 +266,22 @@ class _Estimator:
         runs at once (they end their pipelines together): each hop link's capacity is split over
         the summed weights of all replicas' rings."""
         p = self.plan
-        if self._emb_rings is None:
-            self._emb_rings = {}
+        if not self._emb:
+            rings, load = {}, {}
             for r in range(p.dp):
                 group = self.groups_by_first.get((GroupKind.EMBEDDING, p.rank(0, r, 0)))
                 if group is not None:
-                    self._emb_rings[r] = ring_paths(self.cluster, group.transport,
-                                                    [p.entity_gpus(0, r), p.entity_gpus(p.pp - 1, r)],
-                                                    self.caps)
-            self._emb_load = {}
-            for ring in self._emb_rings.values():
+                    rings[r] = ring_paths(self.cluster, group.transport,
+                                          [p.entity_gpus(0, r), p.entity_gpus(p.pp - 1, r)], self.caps)
+            for ring in rings.values():
                 for hop in ring.hops:
                     for lk, w in hop.links:
-                        self._emb_load[lk] = self._emb_load.get(lk, 0.0) + w
-        ring = self._emb_rings.get(d)
+                        load[lk] = load.get(lk, 0.0) + w
+            self._emb.update(rings=rings, load=load)
+        ring = self._emb["rings"].get(d)
         if ring is None:
             return None
-        rate = min(self.caps[lk] / self._emb_load[lk] for hop in ring.hops for lk, _ in hop.links)
+        rate = min(self.caps[lk] / self._emb["load"][lk] for hop in ring.hops for lk, _ in hop.links)
         return (2, rate, ring.step_latency_s)
 
     def _bucket_times(self, s: int, kind: str, what: str) -> list[float]:
