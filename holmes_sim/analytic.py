@@ -17,6 +17,7 @@ free communication [Narayanan et al. SC'21, section 2.2]: 1F1B and GPipe bubble 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from holmes_sim.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
@@ -24,6 +25,7 @@ from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import group_path, link_capacities, ring_paths
 from holmes_sim.plan import GroupKind, Plan
+from holmes_sim.schedule import build_schedule
 from holmes_sim.workload import Workload
 
 
@@ -46,22 +48,87 @@ def estimate_iteration(plan: Plan, cluster: Cluster, workload: Workload,
     return _Estimator(plan, cluster, workload, compute).run()
 
 
+@dataclass(frozen=True, slots=True)
+class _OpTable:
+    """A schedule as the estimate walks it. `rows[s]` holds stage s's ops in order as
+    (kind index, input slot, send index, queue slot, output slot), -1 for none; `kinds[s]` lists
+    the distinct (virtual stage, backward) ops of stage s, `sends` the distinct (from, to)
+    virtual-stage sends; a queue slot holds the last arrival on a physical stage pair."""
+
+    rows: tuple[tuple[tuple, ...], ...]
+    kinds: tuple[tuple[tuple[int, bool], ...], ...]
+    sends: tuple[tuple[int, int], ...]
+    slots: int
+    """Size of the walk's arrival list (messages, then queues, by first use)."""
+    queues: tuple[int, ...]
+    """Slots that are send queues (start free at 0 s)."""
+
+
+@lru_cache(maxsize=256)
+def _op_table(kind: str, pp: int, m: int, v: int) -> _OpTable:
+    schedule = build_schedule(kind, pp, m, v)
+    nv = schedule.num_virtual_stages
+    send_index: dict[tuple[int, int], int] = {}
+    slots: dict[tuple, int] = {}  # message and queue keys -> slot in the walk's arrival list
+    rows, kinds = [], []
+    for s, ops in enumerate(schedule.stage_ops):
+        kind_index: dict[tuple[int, bool], int] = {}
+        row = []
+        for op in ops:
+            j = schedule.virtual_stage(s, op.chunk)
+            backward = op.kind == "B"
+            first_input = (op.kind == "F" and j == 0) or (backward and j == nv - 1)
+            need = -1 if first_input else slots.setdefault((op.kind, j, op.microbatch), len(slots))
+            to = (j - 1 if j > 0 else None) if backward else (j + 1 if j < nv - 1 else None)
+            if to is None:
+                sk = queue = out = -1
+            else:
+                sk = send_index.setdefault((j, to), len(send_index))
+                queue = slots.setdefault(("queue", j % pp, to % pp), len(slots))
+                out = slots.setdefault((op.kind, to, op.microbatch), len(slots))
+            dk = kind_index.setdefault((j, backward), len(kind_index))
+            row.append((dk, need, sk, queue, out))
+        rows.append(tuple(row))
+        kinds.append(tuple(kind_index))
+    queues = tuple(i for key, i in slots.items() if key[0] == "queue")
+    return _OpTable(tuple(rows), tuple(kinds), tuple(send_index), len(slots), queues)
+
+
+_NETWORKS: dict[int, tuple] = {}
+"""Per plan (by identity): link capacities, send paths, link loads and rings, which depend on the
+placement and groups only, so candidates that share a plan object share them."""
+
+
+def _network_of(plan: Plan, cluster: Cluster) -> dict:
+    got = _NETWORKS.get(id(plan))
+    if got is None or got[0] is not plan or got[1] is not cluster:
+        if len(_NETWORKS) >= 64:
+            _NETWORKS.clear()
+        got = _NETWORKS[id(plan)] = (plan, cluster, {
+            "caps": link_capacities(cluster), "paths": {}, "loads": {}, "rings": {}, "emb": {}})
+    return got[2]
+
+
 class _Estimator:
     def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel):
         self.plan, self.cluster, self.w = plan, cluster, workload
         self.costs = OpCosts(cluster, workload, compute, plan.tp)
-        self.caps = link_capacities(cluster)
+        net = _network_of(plan, cluster)
+        self.caps = net["caps"]
+        self._paths: dict[tuple, object] = net["paths"]
+        self._rings: dict[tuple, tuple | None] = net["rings"]
+        self._emb: dict = net["emb"]
         self.schedule = plan.schedule()
         self.nv = self.schedule.num_virtual_stages
         self.groups = {(g.kind, g.ranks): g for g in plan.groups}
         self._forward_pairs = {(j % plan.pp, (j + 1) % plan.pp) for j in range(self.nv - 1)}
         self._p2p_cache: dict[tuple, float] = {}
-        self._load_cache: dict[tuple, dict] = {}
+        self._load_cache: dict[tuple, dict] = net["loads"]
         self.groups_by_first = {(g.kind, g.ranks[0]): g for g in plan.groups}
-        self._emb_rings: dict | None = None
-        self._emb_load: dict = {}
         self._replica_cache: dict[tuple, list[float]] = {}
-        self._ops: list[list[tuple]] | None = None
+        self._ops: _OpTable | None = None
+        sch = self.schedule
+        self._shape = (sch.kind, sch.num_stages, sch.num_microbatches, sch.num_chunks)
         self._hardware: dict[tuple[int, int], tuple] = {}
         self._tail_cache: dict[tuple, float] = {}
         self._op_cache: dict[tuple, float] = {}
@@ -94,22 +161,12 @@ class _Estimator:
             got = self._hardware[(s, d)] = (node.gpu, node.intra_link)
         return got
 
-    def _op_table(self) -> list[list[tuple]]:
-        """Per stage, each op as (j, backward, input key or None, send path or None, output key):
-        the schedule's dependency structure, the same for every replica."""
+    def _op_table(self) -> _OpTable:
+        """The schedule's dependency structure (the same for every replica and every plan with
+        this schedule: cached per (kind, p, m, v))."""
         if self._ops is None:
-            pp, nv = self.plan.pp, self.nv
-            self._ops = []
-            for s, ops in enumerate(self.schedule.stage_ops):
-                row = []
-                for op in ops:
-                    j = self.schedule.virtual_stage(s, op.chunk)
-                    backward = op.kind == "B"
-                    need = self._input_key(op, j, 0)
-                    to = (j - 1 if j > 0 else None) if backward else (j + 1 if j < nv - 1 else None)
-                    send = None if to is None else (j, to, (j % pp, to % pp))
-                    row.append((j, backward, need, send, (op.kind, to, op.microbatch)))
-                self._ops.append(row)
+            s = self.schedule
+            self._ops = _op_table(*self._shape)
         return self._ops
 
     def _evaluate_replica(self, d: int) -> list[float]:
@@ -118,41 +175,22 @@ class _Estimator:
         share the path): a send starts when its op ends and the previous one has arrived."""
         p = self.plan
         table = self._op_table()
-        dur = {(s, j, b): self._op_s(s, d, j, b) for s in range(p.pp) for j, b, *_ in table[s]}
-        sends = {send[:2]: self._p2p_s(send[0], send[1], d)
-                 for row in table for *_, send, _ in row if send is not None}
-        pos, clock = [0] * p.pp, [self._start_delay(s, d) for s in range(p.pp)]
-        ready: dict[tuple, float] = {}
-        remaining = sum(len(row) for row in table)
-        while remaining:
-            progressed = False
-            for s in range(p.pp):
-                row, k, t = table[s], pos[s], clock[s]
-                while k < len(row):
-                    j, backward, need, send, out = row[k]
-                    if need is not None:
-                        arrived = ready.get(need)
-                        if arrived is None:
-                            break
-                        if arrived > t:
-                            t = arrived
-                    t += dur[(s, j, backward)]
-                    if send is not None:
-                        free = ready.get(send[2], 0.0)
-                        arrival = (t if t > free else free) + sends[send[:2]]
-                        ready[send[2]] = ready[out] = arrival
-                    k += 1
-                if k != pos[s]:
-                    remaining -= k - pos[s]
-                    pos[s], clock[s] = k, t
-                    progressed = True
-            assert progressed, "schedule deadlock"
+        # Durations of the few distinct (virtual stage, direction) ops and sends, priced once.
+        durs = [[self._op_s(s, d, j, b) for j, b in kinds] for s, kinds in enumerate(table.kinds)]
+        sends = [self._p2p_s(a, b, d) for a, b in table.sends]
+        start = [self._start_delay(s, d) for s in range(p.pp)]
+        # The walk depends on nothing else: plans that differ only in what happens after it
+        # (the optimizer, the DP sync) or in placement with equal times share it.
+        key = (self._shape, tuple(map(tuple, durs)), tuple(sends), tuple(start))
+        got = _WALKS.get(key)
+        if got is not None:
+            return list(got)
+        clock = _walk(table, durs, sends, start)
+        if len(_WALKS) >= 4096:
+            _WALKS.clear()
+        _WALKS[key] = tuple(clock)
         return clock
 
-    def _input_key(self, op, j: int, d: int):
-        if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
-            return None
-        return (op.kind, j, op.microbatch)
 
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
         """Compute plus TP communication of virtual stage j's op on replica d's node (cached by
@@ -169,11 +207,15 @@ class _Estimator:
 
     def _p2p_path(self, a: int, b: int, d: int):
         """Path of the send from stage a to stage b of replica d (the PP group of the pair)."""
-        p = self.plan
-        fwd = (a, b) if (a, b) in self._forward_pairs else (b, a)
-        group = self.groups[(GroupKind.PIPELINE, (p.rank(fwd[0], d, 0), p.rank(fwd[1], d, 0)))]
-        return group_path(self.cluster, group.transport, p.entity_gpus(a, d), p.entity_gpus(b, d),
-                          self.caps)
+        got = self._paths.get((a, b, d))
+        if got is None:
+            p = self.plan
+            fwd = (a, b) if (a, b) in self._forward_pairs else (b, a)
+            group = self.groups[(GroupKind.PIPELINE, (p.rank(fwd[0], d, 0), p.rank(fwd[1], d, 0)))]
+            got = self._paths[(a, b, d)] = group_path(self.cluster, group.transport,
+                                                      p.entity_gpus(a, d), p.entity_gpus(b, d),
+                                                      self.caps)
+        return got
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
         """Latency + bytes at the path's rate when every replica sends the same message at the
@@ -204,6 +246,12 @@ class _Estimator:
 
     # ---- data-parallel and optimizer -----------------------------------------------------------
     def _ring(self, kind: GroupKind, s: int, d: int, members: list[tuple[int, int]]):
+        key = (kind, tuple(members))
+        if key not in self._rings:
+            self._rings[key] = self._ring_of(kind, members)
+        return self._rings[key]
+
+    def _ring_of(self, kind: GroupKind, members: list[tuple[int, int]]):
         p = self.plan
         group = next((g for (k, _), g in self.groups.items()
                       if k is kind and g.ranks[0] == p.rank(*members[0], 0)), None)
@@ -218,23 +266,22 @@ class _Estimator:
         runs at once (they end their pipelines together): each hop link's capacity is split over
         the summed weights of all replicas' rings."""
         p = self.plan
-        if self._emb_rings is None:
-            self._emb_rings = {}
+        if not self._emb:
+            rings, load = {}, {}
             for r in range(p.dp):
                 group = self.groups_by_first.get((GroupKind.EMBEDDING, p.rank(0, r, 0)))
                 if group is not None:
-                    self._emb_rings[r] = ring_paths(self.cluster, group.transport,
-                                                    [p.entity_gpus(0, r), p.entity_gpus(p.pp - 1, r)],
-                                                    self.caps)
-            self._emb_load = {}
-            for ring in self._emb_rings.values():
+                    rings[r] = ring_paths(self.cluster, group.transport,
+                                          [p.entity_gpus(0, r), p.entity_gpus(p.pp - 1, r)], self.caps)
+            for ring in rings.values():
                 for hop in ring.hops:
                     for lk, w in hop.links:
-                        self._emb_load[lk] = self._emb_load.get(lk, 0.0) + w
-        ring = self._emb_rings.get(d)
+                        load[lk] = load.get(lk, 0.0) + w
+            self._emb.update(rings=rings, load=load)
+        ring = self._emb["rings"].get(d)
         if ring is None:
             return None
-        rate = min(self.caps[lk] / self._emb_load[lk] for hop in ring.hops for lk, _ in hop.links)
+        rate = min(self.caps[lk] / self._emb["load"][lk] for hop in ring.hops for lk, _ in hop.links)
         return (2, rate, ring.step_latency_s)
 
     def _bucket_times(self, s: int, kind: str, what: str) -> list[float]:
@@ -322,3 +369,45 @@ class _Estimator:
         if mode.gathers_after_step:
             t += sum(self._bucket_times(s, "all-gather", "param"))
         return t
+
+
+_WALKS: dict[tuple, tuple[float, ...]] = {}
+"""Replica walks by their inputs (exact reuse across the candidates of a search)."""
+
+
+def _walk(table: _OpTable, durs: list[list[float]], sends: list[float],
+          start: list[float]) -> list[float]:
+    """Stage end times (s) of one replica: every op as early as its stage and input allow."""
+    pp = len(table.rows)
+    pos, clock = [0] * pp, list(start)
+    ready = [-1.0] * table.slots  # arrival time (s) of each message; -1: not yet sent
+    for q in table.queues:
+        ready[q] = 0.0
+    rows = table.rows
+    lengths = [len(row) for row in rows]
+    remaining = sum(lengths)
+    stages = range(pp)
+    while remaining:
+        progressed = False
+        for s in stages:
+            row, k, t, n, dur = rows[s], pos[s], clock[s], lengths[s], durs[s]
+            while k < n:
+                dk, need, sk, queue, out = row[k]
+                if need >= 0:
+                    arrived = ready[need]
+                    if arrived < 0.0:
+                        break
+                    if arrived > t:
+                        t = arrived
+                t += dur[dk]
+                if sk >= 0:
+                    free = ready[queue]
+                    arrival = (t if t > free else free) + sends[sk]
+                    ready[queue] = ready[out] = arrival
+                k += 1
+            if k != pos[s]:
+                remaining -= k - pos[s]
+                pos[s], clock[s] = k, t
+                progressed = True
+        assert progressed, "schedule deadlock"
+    return clock

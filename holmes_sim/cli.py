@@ -324,6 +324,12 @@ def plan(
     export: Annotated[Path | None, typer.Option(
         "--export", help="Write a launch folder (hostfile, torchrun per node, Megatron-LM and "
                          "Holmes arguments, NCCL settings) for each confirmed plan here.")] = None,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", min=1, help="Local worker processes for the analytic search (default: "
+                                    "the CPU count).")] = None,
+    ray: Annotated[str | None, typer.Option(
+        "--ray", help="Run the analytic search as Ray tasks: 'auto' (a running cluster, else a "
+                      "local one) or a cluster address. Same ranking as the local run.")] = None,
 ) -> None:
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
     confirm the best by simulation, compare with the best Megatron-LM default layout."""
@@ -342,7 +348,8 @@ def plan(
         with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("planning", total=None)
             result = planner.search(prepared, spec,
-                                    progress=lambda done, n: bar.update(task, completed=done, total=n))
+                                    progress=lambda done, n: bar.update(task, completed=done, total=n),
+                                    jobs=jobs, ray=ray)
         if json_path is not None:
             write_json(json_path, stamp(result.to_json()))
         if export is not None:

@@ -11,6 +11,8 @@ layout (policy `megatron`), so a speed-up compares the best each placement can d
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -166,11 +168,10 @@ def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
     from holmes_sim.analytic import estimate_iteration
     from holmes_sim.cost.ops import OpCosts
     from holmes_sim.metrics import memory_report
-    from holmes_sim.runner import plan_policy
 
     p = prepared_for(prepared, layout)
     try:
-        plan, cluster = plan_policy(p, policy)
+        plan, cluster = _plan(p, policy, layout)
     except HolmesError as exc:
         return Candidate(policy, layout, "", (), float("inf"), 0.0, 0.0, False, reason=str(exc))
     mem = memory_report(plan, cluster, p.workload, OpCosts(cluster, p.workload, p.compute, plan.tp))
@@ -184,6 +185,30 @@ def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
                    tflops_per_gpu=p.workload.megatron_tflops_per_gpu(t, cluster.num_gpus))
 
 
+_PLANS: dict[tuple, tuple] = {}
+"""Megatron-family plans by what they depend on (see `_plan`)."""
+
+
+def _plan(p: Prepared, policy: str, layout: Layout):
+    """`runner.plan_policy`, reusing Megatron-family plans: their placement, groups and equal
+    partition depend on the degrees, schedule, micro-batch count and optimizer, not on the
+    recompute mode, sequence parallelism or micro-batch size (the same plan, built once)."""
+    from holmes_sim.policies import get_policy
+    from holmes_sim.policies.megatron import MegatronPolicy
+    from holmes_sim.runner import plan_policy
+
+    if not isinstance(get_policy(policy), MegatronPolicy):
+        return plan_policy(p, policy)
+    key = (policy, id(p.cluster), layout.tp, layout.pp, layout.dp, layout.schedule,
+           layout.virtual_stages, p.num_microbatches, layout.optimizer)
+    got = _PLANS.get(key)
+    if got is None or got[0] is not p.cluster:
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        got = _PLANS[key] = (p.cluster, plan_policy(p, policy))
+    return got[1]
+
+
 def confirm(prepared: Prepared, c: Candidate) -> Candidate:
     """Replace the estimate by the discrete-event simulation's iteration time."""
     from holmes_sim.runner import run_policy
@@ -195,23 +220,83 @@ def confirm(prepared: Prepared, c: Candidate) -> Candidate:
 
 
 def search(prepared: Prepared, spec: SearchSpec | None = None,
-           progress: Callable[[int, int], None] | None = None) -> PlanSearch:
+           progress: Callable[[int, int], None] | None = None, jobs: int | None = None,
+           ray: str | None = None) -> PlanSearch:
     """Evaluate every layout x policy (x optimizer), rank, confirm the top K (and the baseline)
-    by simulation. `progress(done, total)` counts layouts."""
+    by simulation. `progress(done, total)` counts layouts. The analytic part runs in `jobs`
+    local worker processes (default: the CPU count; 1: in this process) or, with `ray` ("auto"
+    or a cluster address), as Ray tasks; the layouts are cut into contiguous chunks and the
+    results put back in grid order, so every way gives the same ranking."""
     spec = spec or prepared.scenario.search
     start = time.perf_counter()
     grid = list(layouts(prepared, spec))
     if not grid:
         raise FieldError("search", "no layout satisfies the cluster, model and batch; widen the "
                                    "search block (tensor, pipeline, micro_batch_size)")
-    results: list[Candidate] = []
-    for i, layout in enumerate(grid):
+    if ray is not None:
+        from holmes_sim.scaleout import ray_map
+        parts = ray_map(evaluate_chunk, prepared, spec, _chunks(grid, 64), ray, progress, len(grid))
+    else:
+        parts = _local_map(prepared, spec, grid, _jobs(jobs, len(grid)), progress)
+    results = [c for part in parts for c in part]
+    return _rank(prepared, spec, results, start)
+
+
+def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) -> list[Candidate]:
+    """Every policy (and optimizer) of every layout of `chunk`, in order."""
+    out: list[Candidate] = []
+    for layout in chunk:
         for policy in spec.policies:
             for opt in (spec.optimizer if policy in SCENARIO_OPTIMIZER_POLICIES else ("distributed",)):
-                results.append(evaluate(prepared, replace(layout, optimizer=opt), policy))
-        if progress:
-            progress(i + 1, len(grid))
-    return _rank(prepared, spec, results, start)
+                out.append(evaluate(prepared, replace(layout, optimizer=opt), policy))
+    return out
+
+
+def _jobs(jobs: int | None, n: int) -> int:
+    if jobs is not None and jobs < 1:
+        raise FieldError("--jobs", f"must be at least 1, got {jobs}")
+    return max(1, min(jobs or os.cpu_count() or 1, 1 + n // 200))
+
+
+def _chunks(grid: list[Layout], count: int) -> list[list[Layout]]:
+    """`grid` in `count` contiguous pieces (neighbours share schedule shapes and caches)."""
+    size = max(1, -(-len(grid) // count))
+    return [grid[i:i + size] for i in range(0, len(grid), size)]
+
+
+_WORKER: tuple[Prepared, SearchSpec] | None = None
+"""The search a forked worker evaluates (set before the fork: nothing is pickled)."""
+
+
+def _worker_chunk(chunk: list[Layout]) -> list[Candidate]:
+    assert _WORKER is not None
+    return evaluate_chunk(*_WORKER, chunk)
+
+
+def _local_map(prepared: Prepared, spec: SearchSpec, grid: list[Layout], jobs: int,
+               progress: Callable[[int, int], None] | None) -> list[list[Candidate]]:
+    chunks = _chunks(grid, 1 if jobs == 1 else jobs * 16)
+    parts: list[list[Candidate]] = []
+    done = 0
+    if jobs == 1 or "fork" not in multiprocessing.get_all_start_methods():
+        for chunk in chunks:
+            parts.append(evaluate_chunk(prepared, spec, chunk))
+            done += len(chunk)
+            if progress:
+                progress(done, len(grid))
+        return parts
+    global _WORKER
+    _WORKER = (prepared, spec)
+    try:
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            for chunk, part in zip(chunks, pool.imap(_worker_chunk, chunks), strict=True):
+                parts.append(part)
+                done += len(chunk)
+                if progress:
+                    progress(done, len(grid))
+    finally:
+        _WORKER = None
+    return parts
 
 
 def _key(c: Candidate) -> tuple:

@@ -73,12 +73,10 @@ class Schedule:
         return self.num_stages * self.num_chunks
 
     def peak_in_flight(self, stage: int) -> int:
-        """Most (micro-batch, chunk) forwards whose activations stage `stage` holds at once."""
-        held = peak = 0
-        for op in self.stage_ops[stage]:
-            held += 1 if op.kind == "F" else -1
-            peak = max(peak, held)
-        return peak
+        """Most (micro-batch, chunk) forwards whose activations stage `stage` holds at once
+        (cached per schedule shape: the planner asks for it once per candidate)."""
+        return _peak_in_flight(self.kind, self.num_stages, self.num_microbatches, self.num_chunks,
+                               stage)
 
 
 def build_schedule(kind: str | ScheduleKind, num_stages: int, num_microbatches: int,
@@ -161,3 +159,12 @@ def _interleaved(p: int, s: int, m: int, v: int) -> list[Op]:
         ops.append(Op("B", mb, c))
         b += 1
     return ops
+
+
+@lru_cache(maxsize=4096)
+def _peak_in_flight(kind: ScheduleKind, p: int, m: int, v: int, stage: int) -> int:
+    held = peak = 0
+    for op in _build_schedule(kind, p, m, v).stage_ops[stage]:
+        held += 1 if op.kind == "F" else -1
+        peak = max(peak, held)
+    return peak

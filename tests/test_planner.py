@@ -89,3 +89,17 @@ def test_bad_search_values_are_refused(write_scenario):
     path = write_scenario(SMALL.replace("tensor: [1, 2, 4]", "tensor: [0]"))
     result = CliRunner().invoke(app, ["plan", str(path)])
     assert result.exit_code == 2 and "search.tensor" in result.output
+
+
+def test_process_pool_gives_the_serial_results(small):
+    prepared = prepare(small)
+    spec = prepared.scenario.search
+    grid = list(planner.layouts(prepared, spec))
+    serial = planner.evaluate_chunk(prepared, spec, grid)
+    pooled = [c for part in planner._local_map(prepared, spec, grid, 2, None) for c in part]
+    assert pooled == serial
+
+
+def test_bad_jobs_are_refused(small):
+    result = CliRunner().invoke(app, ["plan", str(small), "--jobs", "0"])
+    assert result.exit_code == 2 and "--jobs" in result.output

@@ -1,0 +1,113 @@
+"""How fast `holmes-sim plan` evaluates candidate plans analytically (plan building, memory check
+and the analytic estimate; no simulation), at 64 GPUs (`mixed_ib_roce`) and 1,024 GPUs
+(`large_175b_1024`), and what one estimate costs at 1,024 GPUs.
+
+    python benchmarks/planner_throughput.py [--layouts 120] [--jobs N] [--json]
+
+For each scenario, `--layouts` layouts (four contiguous blocks spread over its search grid,
+as neighbours in a whole search share caches) are evaluated with
+every policy (and optimizer) of the search, once in this process and once in the local process
+pool (`--jobs`, default the CPU count), each from cold caches; plans/s counts candidate plans. Then the scenario's own
+holmes plan at 1,024 GPUs: the estimate on a built plan (walk cache cleared each time) and plan
+building plus estimate. Times are wall-clock on this machine, one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+
+def _cold() -> None:
+    """Empty every cache the search fills, so each measurement starts cold."""
+    from holmes_sim import analytic, planner, schedule
+
+    analytic._WALKS.clear()
+    analytic._NETWORKS.clear()
+    analytic._op_table.cache_clear()
+    planner._PLANS.clear()
+    schedule._build_schedule.cache_clear()
+    schedule._peak_in_flight.cache_clear()
+
+
+def _throughput(name: str, layouts: int, jobs: int | None) -> dict:
+    from holmes_sim import planner
+    from holmes_sim.bundled import bundled_scenario
+    from holmes_sim.prepare import prepare
+
+    prepared = prepare(bundled_scenario(name))
+    spec = prepared.scenario.search
+    grid = list(planner.layouts(prepared, spec))
+    # Four contiguous blocks spread over the grid: neighbours share schedule shapes and plans,
+    # as in a whole search.
+    block = max(1, layouts // 4)
+    sample = [lay for b in range(4) for lay in
+              grid[b * len(grid) // 4:b * len(grid) // 4 + block]]
+    _cold()
+    t0 = time.perf_counter()
+    one = planner.evaluate_chunk(prepared, spec, sample)
+    serial_s = time.perf_counter() - t0
+    _cold()
+    n_jobs = jobs or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    pooled = [c for part in planner._local_map(prepared, spec, sample, n_jobs, None) for c in part]
+    pool_s = time.perf_counter() - t0
+    assert [c.predicted_iteration_s for c in pooled] == [c.predicted_iteration_s for c in one]
+    return {"scenario": name, "gpus": prepared.cluster.num_gpus, "grid_layouts": len(grid),
+            "plans": len(one), "fit": sum(c.fits_memory for c in one),
+            "serial_plans_per_s": len(one) / serial_s, "jobs": n_jobs,
+            "pool_plans_per_s": len(one) / pool_s}
+
+
+def _estimate_cost(name: str = "large_175b_1024", repeat: int = 20) -> dict:
+    from holmes_sim import analytic
+    from holmes_sim.bundled import bundled_scenario
+    from holmes_sim.prepare import prepare
+    from holmes_sim.runner import plan_policy
+
+    prepared = prepare(bundled_scenario(name))
+    plan, cluster = plan_policy(prepared, "holmes")
+    w, c = prepared.workload, prepared.compute
+    analytic.estimate_iteration(plan, cluster, w, c)  # schedule tables built once
+    warm = []
+    for _ in range(repeat):
+        analytic._WALKS.clear()
+        t0 = time.perf_counter()
+        analytic.estimate_iteration(plan, cluster, w, c)
+        warm.append(time.perf_counter() - t0)
+    built = []
+    for _ in range(max(1, repeat // 4)):
+        analytic._WALKS.clear()
+        t0 = time.perf_counter()
+        p, cl = plan_policy(prepared, "holmes")
+        analytic.estimate_iteration(p, cl, w, c)
+        built.append(time.perf_counter() - t0)
+    return {"scenario": name, "gpus": cluster.num_gpus, "tp": plan.tp, "pp": plan.pp, "dp": plan.dp,
+            "microbatches": plan.num_microbatches, "chunks": plan.num_chunks,
+            "estimate_warm_ms": 1e3 * sorted(warm)[len(warm) // 2],
+            "plan_and_estimate_ms": 1e3 * sorted(built)[len(built) // 2]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layouts", type=int, default=120, help="layouts sampled per scenario")
+    ap.add_argument("--jobs", type=int, default=None, help="pool workers (default: CPU count)")
+    ap.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    args = ap.parse_args()
+    rows = [_throughput(n, args.layouts, args.jobs) for n in ("mixed_ib_roce", "large_175b_1024")]
+    for r in rows:
+        print(f"{r['gpus']:5d} GPUs ({r['scenario']}): {r['plans']} plans ({r['fit']} fit) from "
+              f"{r['grid_layouts']} layouts: {r['serial_plans_per_s']:.0f} plans/s in one process, "
+              f"{r['pool_plans_per_s']:.0f} plans/s with {r['jobs']} workers")
+    e = _estimate_cost()
+    print(f"estimate at {e['gpus']} GPUs (TP{e['tp']} PP{e['pp']} DP{e['dp']}, m={e['microbatches']}, "
+          f"v={e['chunks']}): {e['estimate_warm_ms']:.2f} ms on a built plan, "
+          f"{e['plan_and_estimate_ms']:.2f} ms with plan building (medians)")
+    if args.json:
+        print(json.dumps({"throughput": rows, "estimate": e}))
+
+
+if __name__ == "__main__":
+    main()
