@@ -288,13 +288,12 @@ class Rank:
         self.losses: list[list[float]] = []
         self._armed: set[int] = set()
         self._ready: queue.Queue[int] = queue.Queue()
-        # Overlapped mode: the previous step's parameter all-gather, per bucket, still in flight.
+        # Overlapped mode: the previous step's parameter all-gather, per chunk, still in flight.
         self._gather: threading.Thread | None = None
         self._gather_error: BaseException | None = None
         self._gathered: dict[int, threading.Event] = {}
         if plan.optimizer.overlapped and self.dp_group is not None:
             self._install_hooks()
-            self._install_gather_hooks()
 
     # -- pipeline neighbours
 
@@ -348,6 +347,7 @@ class Rank:
             self.plan.dp))
         # Received activations are leaves that need a gradient: it is sent back in the backward.
         x = tokens if v == 0 else self._receive(0, mb, v, mailbox, chunk).requires_grad_(True)
+        self._wait_gathered(chunk)
         t = time.perf_counter()
         out = stage(x, targets if v == self.num_virtual - 1 else None)
         if v == self.num_virtual - 1:
@@ -494,22 +494,14 @@ class Rank:
             self.rec.record("dp-sync", t, time.perf_counter(), detail="all-gather parameters")
 
     def _start_gather(self, flats: dict[int, torch.Tensor]) -> None:
-        """Overlapped mode: all-gather the updated parameters in the background, bucket by bucket
-        in the order the next iteration's forwards use them (chunks by their first forward, each
-        chunk's buckets from its first layers on); each module's forward waits only for the
-        buckets holding its own parameters (`_install_gather_hooks`), as the simulator releases
-        the forward bucket by bucket (Megatron's --overlap-param-gather, Holmes section 3.4)."""
-        ops = self.sched.stage_ops[self.pp_rank]
-        first_forward = {}
-        for k, op in enumerate(ops):
-            if op.kind == "F":
-                first_forward.setdefault(op.chunk, k)
-        # Buckets of a chunk hold its parameters in reverse order: the highest index comes first.
-        order = sorted(range(len(self.buckets)),
-                       key=lambda b: (first_forward.get(self.buckets[b].chunk, 0), -b))
-        events = {b: threading.Event() for b in order}
-        self._gathered = dict(events)  # the hooks pop theirs; the thread keeps `events`
+        """Overlapped mode: all-gather the updated parameters in the background, chunk by chunk
+        in forward order; the next iteration's first forward of each chunk waits for its own
+        buckets (Megatron's --overlap-param-gather, Holmes section 3.4)."""
+        order = sorted(range(len(self.buckets)), key=lambda b: (self.buckets[b].chunk, b))
+        events = {c: threading.Event() for c in sorted({b.chunk for b in self.buckets})}
+        self._gathered = dict(events)  # the forwards pop theirs; the thread keeps `events`
         self._gather_error = None
+        last_of_chunk = {self.buckets[b].chunk: b for b in order}
 
         def run() -> None:
             try:
@@ -518,7 +510,8 @@ class Rank:
                     all_gather(self.dp_group, flats[b])  # SYNC-5 (overlapped with forward)
                     self.rec.record("dp-sync", t, time.perf_counter(), -1, self.buckets[b].chunk,
                                     f"all-gather bucket {b} (async)")
-                    events[b].set()
+                    if last_of_chunk[self.buckets[b].chunk] == b:
+                        events[self.buckets[b].chunk].set()
             except BaseException as e:  # re-raised by the waiting forward
                 self._gather_error = e
                 for ev in events.values():
@@ -528,33 +521,24 @@ class Rank:
         self._gather = threading.Thread(target=run, daemon=True)
         self._gather.start()
 
-    def _install_gather_hooks(self) -> None:
-        """Before each module (embedding, block, head) runs forward: wait for and write the
-        buckets that hold its parameters."""
-        bucket_of = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket.params}
-        for stage in self.stages:
-            modules = [m for m in (stage.embedding, *stage.blocks, stage.head) if m is not None]
-            for module in modules:
-                needed = tuple(sorted({bucket_of[id(p)] for p in module.parameters()}, reverse=True))
-                module.register_forward_pre_hook(lambda _m, _a, needed=needed: self._wait_buckets(needed))
-
-    def _wait_buckets(self, buckets: tuple[int, ...]) -> None:
-        """Parameters of `buckets` from the background all-gather, written in place."""
-        for b in buckets:
-            ev = self._gathered.pop(b, None)
-            if ev is None:
-                continue
-            t = time.perf_counter()
-            ev.wait(timeout=self.cfg.timeout_s)
-            if self._gather_error is not None or not ev.is_set():
-                raise TestbedError(f"overlapped parameter all-gather failed: {self._gather_error}")
-            self.buckets[b].write_params(self._gather_flats[b])
-            self.rec.record("dp-sync", t, time.perf_counter(), -1, self.buckets[b].chunk,
-                            f"wait parameter all-gather bucket {b}")
+    def _wait_gathered(self, chunk: int) -> None:
+        """Before a chunk's first forward: its parameters from the background all-gather."""
+        ev = self._gathered.pop(chunk, None)
+        if ev is None:
+            return
+        t = time.perf_counter()
+        ev.wait(timeout=self.cfg.timeout_s)
+        if self._gather_error is not None or not ev.is_set():
+            raise TestbedError(f"overlapped parameter all-gather failed: {self._gather_error}")
+        for b, bucket in enumerate(self.buckets):
+            if bucket.chunk == chunk:
+                bucket.write_params(self._gather_flats[b])
+        self.rec.record("dp-sync", t, time.perf_counter(), -1, chunk, "wait parameter all-gather")
 
     def finish(self) -> None:
         """Complete a background all-gather so the final parameters are in place."""
-        self._wait_buckets(tuple(self._gathered))
+        for chunk in list(self._gathered):
+            self._wait_gathered(chunk)
         if self._gather is not None:
             self._gather.join()
 

@@ -168,13 +168,6 @@ def test_distributed_run_matches_single_process(case, plan_factory, run_config_f
             ops = [o for o in doc["ops"] if o["iteration"] == cfg.iterations - 1]
             last_backward_end = max(o["end"] for o in ops if o["kind"] == "backward")
             assert min(o["start"] for o in ops if "async" in o["detail"]) < last_backward_end
-        # The previous step's all-gather is waited for bucket by bucket inside the first forward
-        # (each module waits for its own buckets), not for the whole chunk before it.
-        for doc in result.ranks:
-            ops = [o for o in doc["ops"] if o["iteration"] == 1]
-            first_forward = min(o["start"] for o in ops if o["kind"] == "forward")
-            waits = [o for o in ops if o["detail"].startswith("wait parameter all-gather bucket")]
-            assert len(waits) > 1 and any(o["start"] >= first_forward for o in waits)
     kinds = set(result.op_times_s)
     assert {"forward", "backward", "optimizer", "dp-sync"} <= kinds
     assert ("recv" in kinds) == (plan.pp > 1)
