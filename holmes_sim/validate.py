@@ -470,20 +470,6 @@ def dry_run(testbed_path: str | Path, policies: list[str] | None = None) -> list
             stages = ", ".join(f"layers {s['first_layer']}..{s['first_layer'] + s['num_layers'] - 1}"
                                for s in doc["stages"])
             lines.append(f"  rank {rank} on {plan.rank_to_gpu[rank].node}: {stages}; {groups}")
-        lines.extend(_transport_lines(plan, prepared.cluster.fabrics))
-    return lines
-
-
-def _transport_lines(plan, fabric_types: dict[str, str]) -> list[str]:
-    """Each group's transport and the NCCL settings its communicator gets on a real cluster
-    (`backend/nccl.py`; NIC names as the plan has them, `nic_devices` maps them per site)."""
-    from holmes_sim.backend.nccl import nccl_settings
-
-    lines = ["  transports (NCCL on a GPU cluster; bootstrap interface from the run config):"]
-    for group in plan.groups:
-        settings = nccl_settings(group, {}, fabric_types)
-        text = " ".join(f"{k}={v}" for k, v in sorted(settings.items())) or "NVLink/PCIe, no network"
-        lines.append(f"    {group.kind.value}{tuple(group.ranks)} {group.transport}: {text}")
     return lines
 
 

@@ -132,11 +132,10 @@ def build_groups(plan: Plan, rank: int, store: dist.Store, interface_of: Interfa
     return built
 
 
-def build_nccl_groups(plan: Plan, rank: int, nic_devices: dict, device, timeout_s: float,
-                      fabric_types: dict | None = None, bootstrap_interface: str = "",
-                      roce_gid_index: int = 3) -> list[BuiltGroup]:
+def build_nccl_groups(plan: Plan, rank: int, nic_devices: dict, device,
+                      timeout_s: float) -> list[BuiltGroup]:
     """NCCL counterpart of `build_groups` for GPU clusters under torchrun (`nccl.py`)."""
-    from holmes_sim.backend.nccl import nccl_group, nccl_settings
+    from holmes_sim.backend.nccl import nccl_group
 
     if plan.tp != 1:
         raise TestbedError("the real-run backend supports tensor parallelism 1 only "
@@ -144,8 +143,7 @@ def build_nccl_groups(plan: Plan, rank: int, nic_devices: dict, device, timeout_
     built = []
     for index, group in enumerate(plan.groups):
         member = rank in group.ranks
-        wanted = nccl_settings(group, nic_devices, fabric_types, bootstrap_interface, roce_gid_index)
-        pg, settings = nccl_group(group, member, wanted, device, timeout_s)
+        pg, settings = nccl_group(group, member, nic_devices, device, timeout_s)
         if member:
             group_rank = group.ranks.index(rank)
             options = GroupOptions(group.nics[group_rank], settings.get("NCCL_IB_HCA") or

@@ -7,13 +7,12 @@ file (timestamps from time.perf_counter(), seconds; CLOCK_MONOTONIC is system-wi
 ranks on one host share a time base).
 
 Synchronisation points (named SYNC-n in the code):
-  SYNC-1 barrier of every rank before each iteration (all ranks start together; the gloo
-  world, or under NCCL a gloo group of all ranks: never an NCCL communicator).
+  SYNC-1 world barrier before each iteration (all ranks start together).
   SYNC-2 blocking receive of an activation (forward) or gradient (backward).
   SYNC-3 wait for this iteration's outstanding non-blocking sends.
   SYNC-4 gradient reduction on the DATA group (all-reduce or reduce-scatter).
   SYNC-5 parameter all-gather on the DATA group (sharded optimizer modes).
-  SYNC-6 the same barrier after the last iteration, before exit.
+  SYNC-6 world barrier after the last iteration, before exit.
 """
 
 from __future__ import annotations
@@ -108,14 +107,6 @@ class RunConfig:
     """"gloo" (CPU, emulated testbed) or "nccl" (GPUs, under torchrun; see backend/nccl.py)."""
     nic_devices: dict = field(default_factory=dict)
     """NCCL only: plan NIC name -> the site's HCA or interface name (e.g. "ib0": "mlx5_0")."""
-    fabric_types: dict = field(default_factory=dict)
-    """NCCL only: plan fabric name -> "ib" or "roce" (RoCE groups get NCCL_IB_GID_INDEX)."""
-    bootstrap_interface: str = ""
-    """NCCL only: the Ethernet interface RDMA groups bootstrap on, and the barrier group's."""
-    roce_gid_index: int = 3
-    """NCCL only: NCCL_IB_GID_INDEX for RoCE groups (3: RoCE v2, IPv4; check `show_gids`)."""
-    node_hostnames: dict = field(default_factory=dict)
-    """NCCL only: plan node name -> short hostname; each rank refuses to run elsewhere."""
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -310,7 +301,7 @@ class Rank:
         self.rec.iteration = iteration
         for p in self._params():
             p.grad = None
-        dist.barrier(group=BARRIER_GROUP)  # SYNC-1
+        dist.barrier()  # SYNC-1
         t0 = time.perf_counter()
         inputs: dict[tuple[int, int], torch.Tensor] = {}
         outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -629,13 +620,13 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
         groups = build_groups(plan, rank, store, cfg.interface_of, cfg.timeout_s)
     if cfg.dry_run:
         result = summary(rank, plan, groups, build_stages(plan, cfg.model, plan.coords(rank)[0]))
-        dist.barrier(group=BARRIER_GROUP)  # SYNC-6
+        dist.barrier()  # SYNC-6
         return result
     worker = Rank(plan, cfg, rank, groups)
     for it in range(cfg.iterations):
         worker.run_iteration(it)
     worker.finish()
-    dist.barrier(group=BARRIER_GROUP)  # SYNC-6: no rank leaves while a peer may still talk to it
+    dist.barrier()  # SYNC-6: no rank leaves while a peer may still talk to it
     result = summary(rank, plan, groups, worker.stages)
     result.update({
         "iterations": [{"index": o["iteration"], "start": o["start"], "end": o["end"]}
@@ -663,8 +654,6 @@ def stage_parameters(stages: list[Stage]) -> dict[str, list[float]]:
 
 # The device every tensor of this rank lives on: the CPU, or the rank's GPU under NCCL.
 DEVICE = torch.device("cpu")
-# The group barriers run on: the gloo world (None) or, under NCCL, a gloo group of every rank.
-BARRIER_GROUP = None
 
 
 def _init_nccl(plan: Plan, cfg: RunConfig, rank: int) -> list:
@@ -674,25 +663,11 @@ def _init_nccl(plan: Plan, cfg: RunConfig, rank: int) -> list:
 
     from holmes_sim.backend.groups import build_nccl_groups
 
-    global BARRIER_GROUP
-    import socket
-
-    from holmes_sim.backend.nccl import check_placement
-
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    gpu = plan.rank_to_gpu[rank]
-    check_placement(gpu.node, gpu.local_index, cfg.node_hostnames, socket.gethostname(), local_rank)
-    DEVICE = torch.device("cuda", local_rank)
+    DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(DEVICE)
-    # No device_id: the world communicator stays lazy and no plan group is split from it (a split
-    # inherits the parent's NCCL settings); barriers run on gloo over the bootstrap interface.
-    dist.init_process_group("nccl", rank=rank, world_size=plan.world_size,
+    dist.init_process_group("nccl", rank=rank, world_size=plan.world_size, device_id=DEVICE,
                             timeout=timedelta(seconds=cfg.timeout_s))
-    if cfg.bootstrap_interface:
-        os.environ["GLOO_SOCKET_IFNAME"] = cfg.bootstrap_interface
-    BARRIER_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.timeout_s))
-    return build_nccl_groups(plan, rank, cfg.nic_devices, DEVICE, cfg.timeout_s, cfg.fabric_types,
-                             cfg.bootstrap_interface, cfg.roce_gid_index)
+    return build_nccl_groups(plan, rank, cfg.nic_devices, DEVICE, cfg.timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
