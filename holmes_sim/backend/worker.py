@@ -49,16 +49,6 @@ from holmes_sim.backend.model import (
 from holmes_sim.errors import TestbedError
 from holmes_sim.plan import Plan
 
-# Deliberate errors for the correctness tests (`RunConfig.fault`), each one a bug the
-# distributed-vs-single-process comparison must catch.
-FAULTS = frozenset({
-    "",
-    "reduce-scatter-no-dp-division",  # the sharded modes' reduce-scatter sums instead of averaging
-    "all-reduce-no-dp-division",  # the replicated mode's all-reduce sums instead of averaging
-    "no-microbatch-loss-scaling",  # each micro-batch's loss is not divided by their count
-    "gradients-times-7",  # every reduced gradient scaled by 7 before the step
-})
-
 
 @dataclass(slots=True)
 class RunConfig:
@@ -80,10 +70,6 @@ class RunConfig:
         timeout_s: gloo operation and rendezvous timeout, seconds.
         bucket_numel: gradient elements per DP bucket (the overlapped mode's unit of launch).
         torch_threads: intra-op threads per rank (1: ranks share few cores honestly).
-        report_parameters: each rank's final parameters in its result, by full-model name (the
-            correctness tests compare them with a single-process run).
-        fault: correctness tests only: break one step of the gradient arithmetic on purpose, one
-            of `FAULTS` (empty: none); the tests check that each breaks their comparison.
         dry_run: build groups and stages, then exit without training.
     """
 
@@ -101,16 +87,10 @@ class RunConfig:
     bucket_numel: int = 1 << 16
     torch_threads: int = 1
     dry_run: bool = False
-    report_parameters: bool = False
-    fault: str = ""
     backend: str = "gloo"
     """"gloo" (CPU, emulated testbed) or "nccl" (GPUs, under torchrun; see backend/nccl.py)."""
     nic_devices: dict = field(default_factory=dict)
     """NCCL only: plan NIC name -> the site's HCA or interface name (e.g. "ib0": "mlx5_0")."""
-
-    def __post_init__(self) -> None:
-        if self.fault not in FAULTS:
-            raise TestbedError(f"run config fault must be one of {sorted(FAULTS)}, got {self.fault!r}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -343,8 +323,7 @@ class Rank:
         out = stage(x, targets if v == self.num_virtual - 1 else None)
         if v == self.num_virtual - 1:
             losses.append(out.item())
-            if self.cfg.fault != "no-microbatch-loss-scaling":
-                out = out / self.plan.num_microbatches
+            out = out / self.plan.num_microbatches
         self.rec.record("forward", t, time.perf_counter(), mb, chunk)
         inputs[(mb, chunk)], outputs[(mb, chunk)] = x, out
         if v < self.num_virtual - 1:
@@ -439,8 +418,7 @@ class Rank:
     def _reduce(self, b: int) -> torch.Tensor:
         flat = self.buckets[b].flat_grad()
         tag = (self.rec.iteration * len(self.buckets) + b) * 64
-        shard = ring_reduce_scatter(self.dp_group, flat, tag)
-        return shard if self.cfg.fault == "reduce-scatter-no-dp-division" else shard.div_(self.plan.dp)
+        return ring_reduce_scatter(self.dp_group, flat, tag).div_(self.plan.dp)
 
     def _dp_sync_and_step(self, comm: threading.Thread | None) -> None:
         mode, group = self.plan.optimizer, self.dp_group
@@ -459,8 +437,7 @@ class Rank:
             for b, bucket in enumerate(self.buckets):
                 flat = bucket.flat_grad()
                 group.pg.allreduce([flat]).wait()  # SYNC-4
-                no_division = self.cfg.fault == "all-reduce-no-dp-division"
-                grads[b] = flat if no_division else flat.div_(self.plan.dp)
+                grads[b] = flat.div_(self.plan.dp)
         self.rec.record("dp-sync", t, time.perf_counter(), detail="wait gradient reduction")
         t = time.perf_counter()
         sharded = group is not None and mode.sharded
@@ -468,8 +445,6 @@ class Rank:
         for b, bucket in enumerate(self.buckets):
             flat = bucket.flat_param()
             local = flat.view(group.size, -1)[group.group_rank] if sharded else flat
-            if self.cfg.fault == "gradients-times-7":
-                grads[b] = grads[b] * 7
             self.optimizer.step(b, local, grads[b])
             flats[b] = flat
         self.rec.record("optimizer", t, time.perf_counter())
@@ -566,14 +541,6 @@ def summary(rank: int, plan: Plan, groups: list[BuiltGroup], stages: list[Stage]
 def train_reference(config: GPTConfig, micro_batch_size: int, num_microbatches: int, dp: int,
                     iterations: int, lr: float, optimizer: str) -> list[float]:
     """Single-process training on the same global batch; mean micro-batch loss per iteration."""
-    return reference_run(config, micro_batch_size, num_microbatches, dp, iterations, lr,
-                         optimizer)[0]
-
-
-def reference_run(config: GPTConfig, micro_batch_size: int, num_microbatches: int, dp: int,
-                  iterations: int, lr: float, optimizer: str) -> tuple[list[float], dict[str, list[float]]]:
-    """Single-process training on the same global batch: the mean micro-batch loss of every
-    iteration and the final parameters (`stage_parameters` of the whole model)."""
     model = build_full_model(config)
     params = list(model.parameters())
     opt = FlatOptimizer(optimizer, lr)
@@ -593,7 +560,7 @@ def reference_run(config: GPTConfig, micro_batch_size: int, num_microbatches: in
         opt.step(0, flat, bucket.flat_grad())
         bucket.write_params(flat)
         losses.append(sum(vals) / len(vals))
-    return losses, stage_parameters([model])
+    return losses
 
 
 def open_store(cfg: RunConfig, rank: int, world_size: int) -> dist.Store:
@@ -634,22 +601,7 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
         "ops": [o for o in worker.rec.ops if o["kind"] != "iteration"],
         "losses": worker.losses,
     })
-    if cfg.report_parameters:
-        result["parameters"] = stage_parameters(worker.stages)
     return result
-
-
-def stage_parameters(stages: list[Stage]) -> dict[str, list[float]]:
-    """Every parameter of a rank's stages, flattened, under its name in the full model
-    (`blocks.<global layer>.*`, `embedding.*`, `head.*`)."""
-    out = {}
-    for stage in stages:
-        for name, param in stage.named_parameters():
-            if name.startswith("blocks."):
-                _, i, rest = name.split(".", 2)
-                name = f"blocks.{stage.first_layer + int(i)}.{rest}"
-            out[name] = param.detach().to("cpu", torch.float64).flatten().tolist()
-    return out
 
 
 # The device every tensor of this rank lives on: the CPU, or the rank's GPU under NCCL.

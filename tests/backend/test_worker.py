@@ -23,7 +23,7 @@ import torch.distributed as dist
 from holmes_sim.backend.groups import BuiltGroup, build_groups, gloo_group
 from holmes_sim.backend.launch import dry_run, local_spawn, run_plan
 from holmes_sim.backend.model import build_full_model
-from holmes_sim.backend.worker import RunConfig, reference_run, ring_reduce_scatter, train_reference
+from holmes_sim.backend.worker import RunConfig, ring_reduce_scatter, train_reference
 from holmes_sim.errors import TestbedError
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan
 from holmes_sim.schedule import ScheduleKind
@@ -135,7 +135,6 @@ CASES = {
     "dp2-replicated": dict(dp=2),
     "pp2-dp2-distributed": dict(pp=2, dp=2, optimizer=OptimizerMode.DISTRIBUTED),
     "dp2-overlapped": dict(dp=2, optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED),
-    "pp2-uneven-3-1": dict(pp=2, layers=(3, 1)),
 }
 
 
@@ -238,58 +237,3 @@ def test_rank_logs_are_private(plan_factory, run_config_factory, tmp_path) -> No
     dry_run(plan_factory(), run_config_factory(output_dir=str(out)), timeout_s=60)
     assert out.stat().st_mode & 0o777 == 0o700
     assert (out / "rank_0.log").stat().st_mode & 0o777 == 0o600
-
-
-# Parameters after SGD steps: unlike losses under Adam (invariant to a gradient's scale), they
-# move with every factor in the gradient arithmetic.
-PARAM_RTOL, PARAM_ATOL = 1e-5, 1e-6
-
-
-def _sgd_run(plan: Plan, run_config_factory, tiny_config, fault: str = ""):
-    cfg = run_config_factory(bucket_numel=20_000, optimizer="sgd", lr=0.5, iterations=2,
-                             report_parameters=True, fault=fault)
-    result = run_plan(plan, cfg, timeout_s=60)
-    _, reference = reference_run(tiny_config, cfg.micro_batch_size, plan.num_microbatches,
-                                 plan.dp, cfg.iterations, cfg.lr, cfg.optimizer)
-    return result, reference
-
-
-def _parameter_mismatch(result, reference) -> float:
-    """Largest |distributed - reference| / (atol + rtol |reference|) over every rank's parameters;
-    at most 1 means equal within tolerance."""
-    seen, worst = set(), 0.0
-    for doc in result.ranks:
-        for name, values in doc["parameters"].items():
-            seen.add(name)
-            got, want = torch.tensor(values), torch.tensor(reference[name])
-            worst = max(worst, float(((got - want).abs() / (PARAM_ATOL + PARAM_RTOL * want.abs())).max()))
-    assert seen == set(reference)  # every parameter of the model is held by some rank
-    return worst
-
-
-SGD_CASES = ["pp2-1f1b", "pp2-interleaved", "pp2-dp2-distributed", "dp2-overlapped", "pp2-uneven-3-1",
-             "dp2-replicated"]
-
-
-@pytest.mark.parametrize("case", SGD_CASES)
-def test_parameters_after_sgd_equal_the_single_process_run(case, plan_factory, run_config_factory,
-                                                           tiny_config) -> None:
-    result, reference = _sgd_run(plan_factory(**CASES[case]), run_config_factory, tiny_config)
-    assert _parameter_mismatch(result, reference) <= 1.0
-
-
-@pytest.mark.parametrize("fault, case", [
-    ("all-reduce-no-dp-division", "dp2-replicated"),
-    ("reduce-scatter-no-dp-division", "pp2-dp2-distributed"),
-    ("no-microbatch-loss-scaling", "pp2-1f1b"),
-    ("gradients-times-7", "dp2-overlapped"),
-])
-def test_each_gradient_bug_breaks_the_parameter_comparison(fault, case, plan_factory,
-                                                           run_config_factory, tiny_config) -> None:
-    result, reference = _sgd_run(plan_factory(**CASES[case]), run_config_factory, tiny_config, fault)
-    assert _parameter_mismatch(result, reference) > 100.0, fault
-
-
-def test_an_unknown_fault_is_refused(run_config_factory) -> None:
-    with pytest.raises(TestbedError, match="fault must be one of"):
-        run_config_factory(fault="typo")
