@@ -91,6 +91,12 @@ class RunConfig:
     """"gloo" (CPU, emulated testbed) or "nccl" (GPUs, under torchrun; see backend/nccl.py)."""
     nic_devices: dict = field(default_factory=dict)
     """NCCL only: plan NIC name -> the site's HCA or interface name (e.g. "ib0": "mlx5_0")."""
+    dump_params: bool = False
+    """Put every final parameter (canonical full-model name -> values) in the rank's result;
+    for the gradient-equality tests on tiny models."""
+    mutation: str = ""
+    """Test only: inject a known bug (one of MUTATIONS) so the equality tests can prove they
+    catch it. Empty in every real run."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -106,6 +112,10 @@ class RunConfig:
         if "*" in self.interface_map:
             return self.interface_map["*"]
         return self.interface_map.get(nic, default_interface_of(nic))
+
+
+# Known bugs the gradient-equality tests must catch (RunConfig.mutation).
+MUTATIONS = ("reduce-scatter-no-dp", "all-reduce-no-dp", "no-microbatch-scaling", "grad-x7")
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -323,7 +333,8 @@ class Rank:
         out = stage(x, targets if v == self.num_virtual - 1 else None)
         if v == self.num_virtual - 1:
             losses.append(out.item())
-            out = out / self.plan.num_microbatches
+            if self.cfg.mutation != "no-microbatch-scaling":
+                out = out / self.plan.num_microbatches
         self.rec.record("forward", t, time.perf_counter(), mb, chunk)
         inputs[(mb, chunk)], outputs[(mb, chunk)] = x, out
         if v < self.num_virtual - 1:
@@ -418,7 +429,8 @@ class Rank:
     def _reduce(self, b: int) -> torch.Tensor:
         flat = self.buckets[b].flat_grad()
         tag = (self.rec.iteration * len(self.buckets) + b) * 64
-        return ring_reduce_scatter(self.dp_group, flat, tag).div_(self.plan.dp)
+        shard = ring_reduce_scatter(self.dp_group, flat, tag)
+        return shard if self.cfg.mutation == "reduce-scatter-no-dp" else shard.div_(self.plan.dp)
 
     def _dp_sync_and_step(self, comm: threading.Thread | None) -> None:
         mode, group = self.plan.optimizer, self.dp_group
@@ -437,8 +449,11 @@ class Rank:
             for b, bucket in enumerate(self.buckets):
                 flat = bucket.flat_grad()
                 group.pg.allreduce([flat]).wait()  # SYNC-4
-                grads[b] = flat.div_(self.plan.dp)
+                grads[b] = flat if self.cfg.mutation == "all-reduce-no-dp" \
+                    else flat.div_(self.plan.dp)
         self.rec.record("dp-sync", t, time.perf_counter(), detail="wait gradient reduction")
+        if self.cfg.mutation == "grad-x7":
+            grads = {b: g * 7 for b, g in grads.items()}
         t = time.perf_counter()
         sharded = group is not None and mode.sharded
         flats = {}
@@ -509,6 +524,17 @@ class Rank:
             self._gather.join()
 
 
+def canonical_params(stage: Stage) -> dict[str, torch.Tensor]:
+    """A stage's parameters under the names the full model (`build_full_model`) gives them."""
+    out = {}
+    for name, p in stage.named_parameters():
+        if name.startswith("blocks."):
+            _, i, rest = name.split(".", 2)
+            name = f"blocks.{stage.first_layer + int(i)}.{rest}"
+        out[name] = p.detach().cpu()
+    return out
+
+
 def build_stages(plan: Plan, config: GPTConfig, pp_rank: int) -> list[Stage]:
     """The stage module of every chunk pipeline rank `pp_rank` holds (chunk order)."""
     if sum(plan.layers_per_stage) != config.n_layer:
@@ -541,6 +567,14 @@ def summary(rank: int, plan: Plan, groups: list[BuiltGroup], stages: list[Stage]
 def train_reference(config: GPTConfig, micro_batch_size: int, num_microbatches: int, dp: int,
                     iterations: int, lr: float, optimizer: str) -> list[float]:
     """Single-process training on the same global batch; mean micro-batch loss per iteration."""
+    return train_reference_model(config, micro_batch_size, num_microbatches, dp, iterations,
+                                 lr, optimizer)[0]
+
+
+def train_reference_model(config: GPTConfig, micro_batch_size: int, num_microbatches: int,
+                          dp: int, iterations: int, lr: float,
+                          optimizer: str) -> tuple[list[float], Stage]:
+    """`train_reference`'s losses and the trained full model."""
     model = build_full_model(config)
     params = list(model.parameters())
     opt = FlatOptimizer(optimizer, lr)
@@ -560,7 +594,7 @@ def train_reference(config: GPTConfig, micro_batch_size: int, num_microbatches: 
         opt.step(0, flat, bucket.flat_grad())
         bucket.write_params(flat)
         losses.append(sum(vals) / len(vals))
-    return losses
+    return losses, model
 
 
 def open_store(cfg: RunConfig, rank: int, world_size: int) -> dist.Store:
@@ -577,6 +611,8 @@ def open_store(cfg: RunConfig, rank: int, world_size: int) -> dist.Store:
 def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     """Build everything for `rank`, train (unless dry run) and return the result document."""
     torch.set_num_threads(cfg.torch_threads)
+    if cfg.mutation and cfg.mutation not in MUTATIONS:
+        raise TestbedError(f"unknown mutation {cfg.mutation!r}; known: {', '.join(MUTATIONS)}")
     if cfg.backend == "nccl":
         groups = _init_nccl(plan, cfg, rank)
     else:
@@ -601,6 +637,9 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
         "ops": [o for o in worker.rec.ops if o["kind"] != "iteration"],
         "losses": worker.losses,
     })
+    if cfg.dump_params:
+        result["params"] = {n: t.reshape(-1).tolist() for s in worker.stages
+                            for n, t in canonical_params(s).items()}
     return result
 
 

@@ -77,9 +77,18 @@ def test_reduced_real_run_measures_compares_and_cleans_up(tmp_path):
     doc = json.loads(out.read_text())
     assert [c["policy"] for c in doc["cases"]] == ["megatron", "holmes"]
     for case in doc["cases"]:
-        assert len(case["measured_iterations_s"]) == 2
-        assert case["measured_s"] > 0 and case["predicted_s"] > 0
-        assert abs(case["error_pct"]) < 1000
+        its = case["measured_iterations_s"]
+        assert len(its) == 2
+        assert min(its) <= case["measured_s"] <= max(its)
+        assert case["error_pct"] == pytest.approx(
+            100 * (case["predicted_s"] - case["measured_s"]) / case["measured_s"])
+        # On a shared host the error is not within the published tolerance, but a prediction
+        # off by 3x means a modelling bug (a lost factor of num_microbatches, dp or a unit), not
+        # noise: the worst loaded-host runs measured were 106 % off.
+        assert 1 / 3 < case["predicted_s"] / case["measured_s"] < 3, case
+    # The exit code is the tolerance verdict the report states.
+    assert (result.exit_code == 0) == doc["within_tolerance"], result.output
+    assert doc["max_abs_error_pct"] == pytest.approx(max(abs(c["error_pct"]) for c in doc["cases"]))
     # calibration measured the shaped NICs (2 Gbit/s "RDMA" fabrics, 100 Mbit/s Ethernet): loose
     # bands (token-bucket bursts and a busy host move single probes by tens of %), and the order
     fabrics = doc["profile"]["fabrics"]
