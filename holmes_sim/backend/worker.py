@@ -11,7 +11,8 @@ Synchronisation points (named SYNC-n in the code):
   SYNC-2 blocking receive of an activation (forward) or gradient (backward).
   SYNC-3 wait for this iteration's outstanding non-blocking sends.
   SYNC-4 gradient reduction on the DATA group (all-reduce or reduce-scatter).
-  SYNC-5 parameter all-gather on the DATA group (sharded optimizer modes).
+  SYNC-5 parameter all-gather on the DATA group (sharded optimizer modes; overlapped mode: a
+          forward pre-hook waits for each bucket just before the first module using it).
   SYNC-6 world barrier after the last iteration, before exit.
 """
 
@@ -272,9 +273,12 @@ class Rank:
         # Overlapped mode: the previous step's parameter all-gather, per chunk, still in flight.
         self._gather: threading.Thread | None = None
         self._gather_error: BaseException | None = None
-        self._gathered: dict[int, threading.Event] = {}
+        self._gathered: dict[int, threading.Event] = {}  # bucket -> all-gather done
+        self._gather_wait_s = 0.0  # total time forwards waited for parameter buckets
         if plan.optimizer.overlapped and self.dp_group is not None:
             self._install_hooks()
+            if plan.optimizer.sharded:
+                self._install_gather_waits()
 
     # -- pipeline neighbours
 
@@ -328,9 +332,9 @@ class Rank:
             self.plan.dp))
         # Received activations are leaves that need a gradient: it is sent back in the backward.
         x = tokens if v == 0 else self._receive(0, mb, v, mailbox, chunk).requires_grad_(True)
-        self._wait_gathered(chunk)
-        t = time.perf_counter()
-        out = stage(x, targets if v == self.num_virtual - 1 else None)
+        t, waited = time.perf_counter(), self._gather_wait_s
+        out = stage(x, targets if v == self.num_virtual - 1 else None)  # may wait at SYNC-5
+        t += self._gather_wait_s - waited  # the waits are recorded as dp-sync, not as forward
         if v == self.num_virtual - 1:
             losses.append(out.item())
             if self.cfg.mutation != "no-microbatch-scaling":
@@ -475,14 +479,16 @@ class Rank:
             self.rec.record("dp-sync", t, time.perf_counter(), detail="all-gather parameters")
 
     def _start_gather(self, flats: dict[int, torch.Tensor]) -> None:
-        """Overlapped mode: all-gather the updated parameters in the background, chunk by chunk
-        in forward order; the next iteration's first forward of each chunk waits for its own
-        buckets (Megatron's --overlap-param-gather, Holmes section 3.4)."""
-        order = sorted(range(len(self.buckets)), key=lambda b: (self.buckets[b].chunk, b))
-        events = {c: threading.Event() for c in sorted({b.chunk for b in self.buckets})}
+        """Overlapped mode: all-gather the updated parameters in the background, bucket by bucket
+        in forward order; the next iteration's forward waits for each bucket only just before the
+        first module that uses it (Megatron's --overlap-param-gather, Holmes section 3.4; the
+        simulator releases compute bucket by bucket too)."""
+        # Buckets were cut from each chunk's last parameter backwards: forward order is chunk
+        # order, then descending bucket index.
+        order = sorted(range(len(self.buckets)), key=lambda b: (self.buckets[b].chunk, -b))
+        events = {b: threading.Event() for b in order}
         self._gathered = dict(events)  # the forwards pop theirs; the thread keeps `events`
         self._gather_error = None
-        last_of_chunk = {self.buckets[b].chunk: b for b in order}
 
         def run() -> None:
             try:
@@ -491,8 +497,7 @@ class Rank:
                     all_gather(self.dp_group, flats[b])  # SYNC-5 (overlapped with forward)
                     self.rec.record("dp-sync", t, time.perf_counter(), -1, self.buckets[b].chunk,
                                     f"all-gather bucket {b} (async)")
-                    if last_of_chunk[self.buckets[b].chunk] == b:
-                        events[self.buckets[b].chunk].set()
+                    events[b].set()
             except BaseException as e:  # re-raised by the waiting forward
                 self._gather_error = e
                 for ev in events.values():
@@ -502,24 +507,41 @@ class Rank:
         self._gather = threading.Thread(target=run, daemon=True)
         self._gather.start()
 
-    def _wait_gathered(self, chunk: int) -> None:
-        """Before a chunk's first forward: its parameters from the background all-gather."""
-        ev = self._gathered.pop(chunk, None)
+    def _install_gather_waits(self) -> None:
+        """Forward pre-hooks: a module waits for the buckets holding its own parameters."""
+        owner = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket.params}
+        for stage in self.stages:
+            for module in stage.modules():
+                mine = sorted({owner[id(p)] for p in module.parameters(recurse=False)},
+                              reverse=True)  # forward order
+                if mine:
+                    module.register_forward_pre_hook(self._gather_wait_hook(mine))
+
+    def _gather_wait_hook(self, buckets: list[int]):
+        def hook(_module, _args) -> None:
+            for b in buckets:
+                self._wait_bucket(b)
+        return hook
+
+    def _wait_bucket(self, b: int) -> None:
+        """Before the first use of bucket b's parameters: its background all-gather."""
+        ev = self._gathered.pop(b, None)
         if ev is None:
             return
         t = time.perf_counter()
         ev.wait(timeout=self.cfg.timeout_s)
         if self._gather_error is not None or not ev.is_set():
             raise TestbedError(f"overlapped parameter all-gather failed: {self._gather_error}")
-        for b, bucket in enumerate(self.buckets):
-            if bucket.chunk == chunk:
-                bucket.write_params(self._gather_flats[b])
-        self.rec.record("dp-sync", t, time.perf_counter(), -1, chunk, "wait parameter all-gather")
+        self.buckets[b].write_params(self._gather_flats[b])
+        end = time.perf_counter()
+        self._gather_wait_s += end - t
+        self.rec.record("dp-sync", t, end, -1, self.buckets[b].chunk,
+                        f"wait parameter all-gather bucket {b}")
 
     def finish(self) -> None:
         """Complete a background all-gather so the final parameters are in place."""
-        for chunk in list(self._gathered):
-            self._wait_gathered(chunk)
+        for b in sorted(self._gathered):
+            self._wait_bucket(b)
         if self._gather is not None:
             self._gather.join()
 

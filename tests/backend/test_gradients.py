@@ -83,3 +83,28 @@ def test_each_known_bug_breaks_equality(mutation, plan_factory, run_config_facto
     errors = _update_errors(MUTATION_CASES[mutation], plan_factory, run_config_factory,
                             tiny_config, mutation)
     assert max(errors.values()) > 100 * UPDATE_RTOL, f"{mutation} went unnoticed"
+
+
+def test_parameter_all_gather_overlaps_the_next_forward(plan_factory, run_config_factory) -> None:
+    # Several buckets per chunk: the forward waits for each bucket just before its first use, so
+    # some of iteration 1's forward compute starts before its chunk's last all-gather finishes.
+    plan = plan_factory(dp=2, optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED)
+    cfg = run_config_factory(bucket_numel=5_000, iterations=2, warmup=1)
+    result = run_plan(plan, cfg, timeout_s=60)
+    for doc in result.ranks:
+        # Two launches (after each step), the same buckets each time; the first launch's gathers
+        # are the earlier half. (Their iteration tag is racy: the thread records them.)
+        gathers = sorted((o for o in doc["ops"] if o["detail"].startswith("all-gather bucket")),
+                         key=lambda o: o["start"])
+        assert len(gathers) % 2 == 0 and len(gathers) // 2 > 2
+        first_launch = gathers[:len(gathers) // 2]
+        waits = [o for o in doc["ops"] if o["detail"].startswith("wait parameter all-gather")]
+        assert len(waits) == len(gathers)  # each bucket waited for once per launch
+        # The first launch's waits happen inside iteration 1's first forward, module by module
+        # (not one wait for the whole chunk before it, not in the gap between iterations).
+        it1 = doc["iterations"][1]
+        first_forward = min((o for o in doc["ops"] if o["iteration"] == 1
+                             and o["kind"] == "forward"), key=lambda o: o["start"])
+        mine = [w for w in waits if w["start"] < it1["end"]]  # not finish()'s waits
+        assert len(mine) == len(first_launch)
+        assert all(it1["start"] <= w["start"] and w["end"] <= first_forward["end"] for w in mine)
