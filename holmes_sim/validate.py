@@ -470,6 +470,23 @@ def dry_run(testbed_path: str | Path, policies: list[str] | None = None) -> list
             stages = ", ".join(f"layers {s['first_layer']}..{s['first_layer'] + s['num_layers'] - 1}"
                                for s in doc["stages"])
             lines.append(f"  rank {rank} on {plan.rank_to_gpu[rank].node}: {stages}; {groups}")
+        lines.extend(transport_lines(plan))
+    return lines
+
+
+def transport_lines(plan: Plan) -> list[str]:
+    """Each plan group's transport settings: the gloo interface per member on the testbed, and
+    the NCCL variables a real cluster run sets while creating it (plan NIC names; a site maps
+    them to devices with RunConfig.nic_devices)."""
+    from holmes_sim.backend.nccl import nccl_settings
+
+    lines = []
+    for i, g in enumerate(plan.groups):
+        nccl = nccl_settings(g, {})
+        shown = " ".join(f"{k}={v}" for k, v in sorted(nccl.items())) or "none (NVLink/PCIe)"
+        members = ", ".join(f"{r}:{n or 'lo'}" for r, n in zip(g.ranks, g.nics, strict=True))
+        lines.append(f"  group {i} {g.kind.value}{tuple(g.ranks)} {g.transport}: "
+                     f"gloo {members}; NCCL {shown}")
     return lines
 
 

@@ -7,13 +7,14 @@ file (timestamps from time.perf_counter(), seconds; CLOCK_MONOTONIC is system-wi
 ranks on one host share a time base).
 
 Synchronisation points (named SYNC-n in the code):
-  SYNC-1 world barrier before each iteration (all ranks start together).
+  SYNC-1 barrier before each iteration (all ranks start together): the gloo world group on
+          the testbed, a separate gloo group under NCCL (BARRIER_GROUP).
   SYNC-2 blocking receive of an activation (forward) or gradient (backward).
   SYNC-3 wait for this iteration's outstanding non-blocking sends.
   SYNC-4 gradient reduction on the DATA group (all-reduce or reduce-scatter).
   SYNC-5 parameter all-gather on the DATA group (sharded optimizer modes; overlapped mode: a
           forward pre-hook waits for each bucket just before the first module using it).
-  SYNC-6 world barrier after the last iteration, before exit.
+  SYNC-6 the same barrier after the last iteration, before exit.
 """
 
 from __future__ import annotations
@@ -92,6 +93,15 @@ class RunConfig:
     """"gloo" (CPU, emulated testbed) or "nccl" (GPUs, under torchrun; see backend/nccl.py)."""
     nic_devices: dict = field(default_factory=dict)
     """NCCL only: plan NIC name -> the site's HCA or interface name (e.g. "ib0": "mlx5_0")."""
+    roce_fabrics: list = field(default_factory=list)
+    """NCCL only: fabrics that are RoCE (get NCCL_IB_GID_INDEX); empty: fabrics named *roce*."""
+    roce_gid_index: int = 3
+    """NCCL only: the GID index of RoCE v2 on the site's HCAs (`show_gids`)."""
+    bootstrap_ifname: str = ""
+    """NCCL only: the Ethernet interface for NCCL's bootstrap on RDMA groups and for the gloo
+    barrier group; empty: NCCL's and gloo's own choice."""
+    node_hosts: dict = field(default_factory=dict)
+    """NCCL only: plan node name -> host name, for the placement check (unmapped: equal)."""
     dump_params: bool = False
     """Put every final parameter (canonical full-model name -> values) in the rank's result;
     for the gradient-equality tests on tiny models."""
@@ -295,7 +305,7 @@ class Rank:
         self.rec.iteration = iteration
         for p in self._params():
             p.grad = None
-        dist.barrier()  # SYNC-1
+        dist.barrier(group=BARRIER_GROUP)  # SYNC-1
         t0 = time.perf_counter()
         inputs: dict[tuple[int, int], torch.Tensor] = {}
         outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -645,13 +655,13 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
         groups = build_groups(plan, rank, store, cfg.interface_of, cfg.timeout_s)
     if cfg.dry_run:
         result = summary(rank, plan, groups, build_stages(plan, cfg.model, plan.coords(rank)[0]))
-        dist.barrier()  # SYNC-6
+        dist.barrier(group=BARRIER_GROUP)  # SYNC-6
         return result
     worker = Rank(plan, cfg, rank, groups)
     for it in range(cfg.iterations):
         worker.run_iteration(it)
     worker.finish()
-    dist.barrier()  # SYNC-6: no rank leaves while a peer may still talk to it
+    dist.barrier(group=BARRIER_GROUP)  # SYNC-6: no rank leaves while a peer may still talk to it
     result = summary(rank, plan, groups, worker.stages)
     result.update({
         "iterations": [{"index": o["iteration"], "start": o["start"], "end": o["end"]}
@@ -667,20 +677,36 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
 
 # The device every tensor of this rank lives on: the CPU, or the rank's GPU under NCCL.
 DEVICE = torch.device("cpu")
+# The group SYNC-1 / SYNC-6 barriers run on: None (the gloo world) on the testbed, a separate
+# gloo group under NCCL (no barrier ever builds a world NCCL communicator).
+BARRIER_GROUP = None
 
 
 def _init_nccl(plan: Plan, cfg: RunConfig, rank: int) -> list:
-    """torchrun rendezvous (env://), one GPU per rank, every plan group created eagerly."""
-    global DEVICE
+    """torchrun rendezvous (env://), one GPU per rank, every plan group created eagerly.
+
+    The world group gets no `device_id`: torch then creates no world NCCL communicator (it is
+    never used), so each plan group's communicator is built by itself under its own settings
+    rather than split from the world's. Barriers use a gloo group (see nccl.py)."""
+    global DEVICE, BARRIER_GROUP
+    import socket
     from datetime import timedelta
 
     from holmes_sim.backend.groups import build_nccl_groups
+    from holmes_sim.backend.nccl import check_placement
 
-    DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    check_placement(plan, rank, socket.gethostname(), local_rank, cfg.node_hosts)
+    DEVICE = torch.device("cuda", local_rank)
     torch.cuda.set_device(DEVICE)
-    dist.init_process_group("nccl", rank=rank, world_size=plan.world_size, device_id=DEVICE,
-                            timeout=timedelta(seconds=cfg.timeout_s))
-    return build_nccl_groups(plan, rank, cfg.nic_devices, DEVICE, cfg.timeout_s)
+    if cfg.bootstrap_ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = cfg.bootstrap_ifname
+    timeout = timedelta(seconds=cfg.timeout_s)
+    dist.init_process_group("nccl", rank=rank, world_size=plan.world_size, timeout=timeout)
+    BARRIER_GROUP = dist.new_group(backend="gloo", timeout=timeout)
+    return build_nccl_groups(plan, rank, cfg.nic_devices, DEVICE, cfg.timeout_s,
+                             roce_fabrics=cfg.roce_fabrics, gid_index=cfg.roce_gid_index,
+                             bootstrap_ifname=cfg.bootstrap_ifname)
 
 
 def main(argv: list[str] | None = None) -> int:

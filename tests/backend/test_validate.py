@@ -38,6 +38,13 @@ def test_dry_run_builds_every_group_and_stage():
     assert "dp(0, 1)@ib0" in holmes and "dp(2, 3)@roce0" in holmes
     assert "dp(0, 1)@eth0" in megatron and "@ib0" not in megatron
     assert holmes.count("rank ") == 4 and megatron.count("rank ") == 4
+    # Each group's transport settings: RoCE gets its GID index, IB does not, TCP uses sockets.
+    lines = [" ".join(line.split()) for line in holmes.split("  group ")[1:]]
+    roce = next(line for line in lines if "rdma:roce" in line)
+    ib = next(line for line in lines if "rdma:ib" in line)
+    assert "NCCL_IB_GID_INDEX=3" in roce and "NCCL_IB_HCA==roce0" in roce
+    assert "NCCL_IB_GID_INDEX" not in ib and "NCCL_NET=IB" in ib
+    assert all("NCCL_NET=Socket" in line for line in lines if "tcp:" in line)
 
 
 def test_validate_needs_a_mode():
