@@ -91,18 +91,18 @@ def median_ci(samples: tuple[float, ...] | list[float], z: float = 1.96) -> tupl
     return (xs[lo], xs[hi]) if n >= 6 else (xs[0], xs[-1])
 
 
-def host_warnings(load_before: float, load_after: float, cpu_count: int,
-                  calibrations: list[dict], max_calibration_ratio: float = 1.5) -> list[str]:
+def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
+                  max_calibration_ratio: float = 1.5) -> list[str]:
     """Why this host's measurements cannot be trusted, or nothing.
 
-    Overloaded: a 1-minute load average above the core count before or after the run (the
-    ranks' own processes count: the validator uses up to one per core). Unstable: the
-    per-case compute calibrations of one run differ by more than `max_calibration_ratio`."""
+    Overloaded: a 1-minute load average above the core count before the run starts (taken
+    then because the validator's own ranks load the host during it: one per core or more).
+    Unstable: the per-case compute calibrations of one run differ by more than
+    `max_calibration_ratio`."""
     out = []
-    for when, load in (("before", load_before), ("after", load_after)):
-        if load > cpu_count:
-            out.append(f"host overloaded {when} the run: load average {load:.1f} on "
-                       f"{cpu_count} cores")
+    if load_before > cpu_count:
+        out.append(f"host overloaded before the run: load average {load_before:.1f} on "
+                   f"{cpu_count} cores")
     layer = [c["compute"][next(iter(c["compute"]))]["layer_forward_s"] for c in calibrations
              if c.get("compute")]
     if len(layer) > 1 and min(layer) > 0 and max(layer) / min(layer) > max_calibration_ratio:
@@ -223,7 +223,7 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
             cases.append(Case(name, predicted, statistics.median(run.iteration_times_s),
                               run.iteration_times_s, run.losses, outcome.result.breakdown_s,
                               run.op_times_s, profile))
-    warnings += host_warnings(load_before, os.getloadavg()[0], os.cpu_count() or 1, profiles)
+    warnings += host_warnings(load_before, os.cpu_count() or 1, profiles)
     for w in warnings:
         progress(f"warning: {w}")
     return ValidationResult(tuple(cases), spec.tolerance_pct, profiles[0],

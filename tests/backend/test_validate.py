@@ -147,10 +147,10 @@ def test_host_checks_name_load_and_calibration_spread():
     def cal(ms):
         return {"compute": {"cpu": {"layer_forward_s": ms / 1e3}}}
 
-    assert host_warnings(1.0, 1.5, 2, [cal(8.0), cal(9.0)]) == []
-    [w] = host_warnings(6.5, 1.0, 2, [cal(8.0)])
+    assert host_warnings(1.5, 2, [cal(8.0), cal(9.0)]) == []
+    [w] = host_warnings(6.5, 2, [cal(8.0)])
     assert "overloaded before" in w and "6.5" in w
-    [w] = host_warnings(1.0, 1.0, 2, [cal(7.9), cal(17.3)])
+    [w] = host_warnings(1.0, 2, [cal(7.9), cal(17.3)])
     assert "unstable" in w and "7.9-17.3 ms" in w
     assert implausible({"ib": 4e-3, "roce": 3e-5, "ethernet": 4e-5}) == ["ib"]
     assert implausible({"ib": 3e-5, "roce": 6e-5, "ethernet": 9e-5}) == []
