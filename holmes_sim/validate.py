@@ -186,7 +186,8 @@ def ranking_agrees(cases: tuple[Case, ...] | list[Case], tie_pct: float = 3.0) -
 
 # ---- the real run ------------------------------------------------------------------------------
 def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
-                  iterations: int | None = None, progress: Progress = lambda m: None) -> ValidationResult:
+                  iterations: int | None = None, progress: Progress = lambda m: None,
+                  rounds: int = 2) -> ValidationResult:
     """Calibrate, predict, run and compare every policy of a testbed scenario (module docstring).
 
     Raises:
@@ -201,6 +202,9 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         spec = dataclasses.replace(spec, iterations=iterations)
     names = _runnable_policies(prepared, policies)
     config = model_config(prepared)
+    if rounds < 1:
+        raise ScenarioError(f"rounds must be >= 1, got {rounds}")
+    rounds = min(rounds, spec.iterations)  # at least one measured iteration per round
     started = time.time()
     # The lock first, so a second run refuses at once; the testbed runs its preflight inside it.
     load_before = os.getloadavg()[0]
@@ -208,26 +212,42 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         progress("calibrating the links ...")
         fabrics = calibrate_links(prepared, tb, spec)
         warnings = _recheck_links(prepared, tb, spec, fabrics, progress)
-        cases, profiles = [], []
-        for name in names:
-            # Compute is re-calibrated right before each case: a shared host's speed drifts by
-            # 10-15% over minutes, which would otherwise bias every later prediction.
-            progress(f"{name}: calibrating compute ...")
-            profile = {**calibrate_compute(prepared, spec, tb), "fabrics": fabrics}
-            profiles.append(profile)
-            outcome, predicted = predict(apply_profile(prepared, profile), name)
-            plan = outcome.plan
-            progress(f"{name}: predicted {predicted:.3f} s; running {spec.warmup} + "
-                     f"{spec.iterations} iterations for real ...")
-            run = _run_real(plan, prepared, config, spec, tb)
-            cases.append(Case(name, predicted, statistics.median(run.iteration_times_s),
-                              run.iteration_times_s, run.losses, outcome.result.breakdown_s,
-                              run.op_times_s, profile))
+        # Rounds (A B C D, A B C D, ...): host drift over minutes hits every policy alike, and
+        # each policy is calibrated and predicted inside every round it runs in.
+        per_round = -(-spec.iterations // rounds)
+        round_spec = dataclasses.replace(spec, iterations=per_round)
+        runs: dict[str, list] = {name: [] for name in names}
+        profiles = []
+        for r in range(rounds):
+            for name in names:
+                progress(f"round {r + 1}/{rounds}, {name}: calibrating compute ...")
+                profile = {**calibrate_compute(prepared, spec, tb), "fabrics": fabrics}
+                profiles.append(profile)
+                outcome, predicted = predict(apply_profile(prepared, profile), name)
+                progress(f"round {r + 1}/{rounds}, {name}: predicted {predicted:.3f} s; running "
+                         f"{spec.warmup} + {per_round} iterations for real ...")
+                run = _run_real(outcome.plan, prepared, config, round_spec, tb)
+                runs[name].append((predicted, outcome, run, profile))
+        cases = [_combine(name, runs[name]) for name in names]
     warnings += host_warnings(load_before, os.cpu_count() or 1, profiles)
     for w in warnings:
         progress(f"warning: {w}")
     return ValidationResult(tuple(cases), spec.tolerance_pct, profiles[0],
                             provenance(testbed_path, time.time() - started), tuple(warnings))
+
+
+def _combine(name: str, rounds: list) -> Case:
+    """One policy's case from its rounds: the median prediction, every measured iteration (their
+    median and interval), the losses of the first round, the first round's profile."""
+    predicted = statistics.median(p for p, _, _, _ in rounds)
+    iterations = tuple(t for _, _, run, _ in rounds for t in run.iteration_times_s)
+    _, outcome, first, profile = rounds[0]
+    ops: dict[str, float] = {}
+    for _, _, run, _ in rounds:
+        for k, v in run.op_times_s.items():
+            ops[k] = ops.get(k, 0.0) + v / len(rounds)
+    return Case(name, predicted, statistics.median(iterations), iterations, first.losses,
+                outcome.result.breakdown_s, ops, profile)
 
 
 def _recheck_links(prepared: Prepared, tb, spec: TestbedSpec, fabrics: dict,
