@@ -270,6 +270,10 @@ def validate(
     except HolmesError as exc:
         raise _fail(exc) from None
     (err if _is_stdout(json_path) else out).print(v.comparison_table(result))
+    if result.host_unstable:  # before the verdict: on such a host it would not mean anything
+        for w in result.host_warnings:
+            err.print(f"error: {w}; no verdict", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(3)
     if not result.within_tolerance:
         raise typer.Exit(1)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import platform
 import shutil
@@ -65,6 +66,64 @@ class Case:
     def error_pct(self) -> float:
         return 100.0 * (self.predicted_s - self.measured_s) / self.measured_s
 
+    @property
+    def measured_ci_s(self) -> tuple[float, float]:
+        """Distribution-free ~95% confidence interval of the measured median (order statistics;
+        the whole range when there are too few iterations for one)."""
+        return median_ci(self.measured_iterations_s)
+
+    @property
+    def noise_pct(self) -> float:
+        """Half-width of the measured median's interval, in % of the median."""
+        lo, hi = self.measured_ci_s
+        return 100.0 * (hi - lo) / 2 / self.measured_s if self.measured_s > 0 else 0.0
+
+
+def median_ci(samples: tuple[float, ...] | list[float], z: float = 1.96) -> tuple[float, float]:
+    """~95% interval of the median: the order statistics n/2 -+ z sqrt(n)/2 (binomial, normal
+    approximation); (min, max) below 6 samples, where that rank interval covers everything."""
+    xs = sorted(samples)
+    n = len(xs)
+    if n == 0:
+        return (0.0, 0.0)
+    half = z * math.sqrt(n) / 2
+    lo, hi = max(0, math.floor(n / 2 - half)), min(n - 1, math.ceil(n / 2 + half) - 1)
+    return (xs[lo], xs[hi]) if n >= 6 else (xs[0], xs[-1])
+
+
+def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
+                  max_calibration_ratio: float = 1.5) -> list[str]:
+    """Why this host's measurements cannot be trusted, or nothing.
+
+    Overloaded: a 1-minute load average above the core count before the run starts (taken
+    then because the validator's own ranks load the host during it: one per core or more).
+    Unstable: the per-case compute calibrations of one run differ by more than
+    `max_calibration_ratio`."""
+    out = []
+    if load_before > cpu_count:
+        out.append(f"host overloaded before the run: load average {load_before:.1f} on "
+                   f"{cpu_count} cores")
+    layer = [c["compute"][next(iter(c["compute"]))]["layer_forward_s"] for c in calibrations
+             if c.get("compute")]
+    if len(layer) > 1 and min(layer) > 0 and max(layer) / min(layer) > max_calibration_ratio:
+        out.append(f"host unstable: layer-forward calibrations ranged {1e3 * min(layer):.1f}-"
+                   f"{1e3 * max(layer):.1f} ms within one run (more than "
+                   f"{max_calibration_ratio:g}x)")
+    return out
+
+
+def implausible(values: dict[str, float], factor: float = 30.0) -> list[str]:
+    """Keys whose value exceeds `factor` times the median of the other values (e.g. one link
+    probe's latency of 4 ms next to others' 0.03 ms: a descheduled probe, not the link)."""
+    if len(values) < 2:
+        return []
+    bad = []
+    for k, v in values.items():
+        rest = [x for j, x in values.items() if j != k]
+        if v > factor * max(statistics.median(rest), 1e-9):
+            bad.append(k)
+    return bad
+
 
 @dataclass(frozen=True, slots=True)
 class ValidationResult:
@@ -74,6 +133,12 @@ class ValidationResult:
     tolerance_pct: float
     profile: dict
     provenance: dict
+    host_warnings: tuple[str, ...] = ()
+    """Why the host cannot be trusted (overloaded, unstable calibration); empty: it can."""
+
+    @property
+    def host_unstable(self) -> bool:
+        return bool(self.host_warnings)
 
     @property
     def ranking_agrees(self) -> bool:
@@ -88,12 +153,15 @@ class ValidationResult:
             "cases": [{"policy": c.policy, "predicted_s": c.predicted_s, "measured_s": c.measured_s,
                        "error_pct": c.error_pct,
                        "measured_iterations_s": list(c.measured_iterations_s),
+                       "measured_ci_s": list(c.measured_ci_s), "noise_pct": c.noise_pct,
                        "losses": list(c.losses),
                        "predicted_breakdown_s": c.predicted_breakdown_s,
                        "measured_ops_s": c.measured_ops_s,
                        "profile_compute": c.profile.get("compute", {}),
                        "profile_host": c.profile.get("host", {})} for c in self.cases],
             "ranking_agrees": self.ranking_agrees,
+            "host_unstable": self.host_unstable,
+            "host_warnings": list(self.host_warnings),
             "within_tolerance": self.within_tolerance,
             "tolerance_pct": self.tolerance_pct,
             "mean_abs_error_pct": statistics.fmean(abs(c.error_pct) for c in self.cases),
@@ -104,12 +172,13 @@ class ValidationResult:
 
 
 def ranking_agrees(cases: tuple[Case, ...] | list[Case], tie_pct: float = 3.0) -> bool:
-    """Every pair the prediction orders (by more than `tie_pct` %) is measured in the same order,
-    unless the two measured times are within `tie_pct` % of each other. Times closer than that
-    are a tie on this noisy host, on either side."""
-    band = 1 + tie_pct / 100
+    """Every pair the prediction orders (by more than its band) is measured in the same order,
+    unless the two measured times are within that band of each other. A pair's band is
+    `tie_pct` % or the larger of the two cases' measured noise (`Case.noise_pct`), whichever
+    is wider: the prediction claims no order the measurement cannot resolve."""
     for a in cases:
         for b in cases:
+            band = 1 + max(tie_pct, a.noise_pct, b.noise_pct) / 100
             if a.predicted_s * band < b.predicted_s and a.measured_s > b.measured_s * band:
                 return False
     return True
@@ -117,7 +186,8 @@ def ranking_agrees(cases: tuple[Case, ...] | list[Case], tie_pct: float = 3.0) -
 
 # ---- the real run ------------------------------------------------------------------------------
 def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
-                  iterations: int | None = None, progress: Progress = lambda m: None) -> ValidationResult:
+                  iterations: int | None = None, progress: Progress = lambda m: None,
+                  rounds: int = 2) -> ValidationResult:
     """Calibrate, predict, run and compare every policy of a testbed scenario (module docstring).
 
     Raises:
@@ -132,28 +202,69 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         spec = dataclasses.replace(spec, iterations=iterations)
     names = _runnable_policies(prepared, policies)
     config = model_config(prepared)
+    if rounds < 1:
+        raise ScenarioError(f"rounds must be >= 1, got {rounds}")
+    rounds = min(rounds, spec.iterations)  # at least one measured iteration per round
     started = time.time()
     # The lock first, so a second run refuses at once; the testbed runs its preflight inside it.
+    load_before = os.getloadavg()[0]
     with measurement_lock(f"validate --real {testbed_path}"), Testbed(testbed_nodes(prepared)) as tb:
         progress("calibrating the links ...")
         fabrics = calibrate_links(prepared, tb, spec)
-        cases, profiles = [], []
-        for name in names:
-            # Compute is re-calibrated right before each case: a shared host's speed drifts by
-            # 10-15% over minutes, which would otherwise bias every later prediction.
-            progress(f"{name}: calibrating compute ...")
-            profile = {**calibrate_compute(prepared, spec, tb), "fabrics": fabrics}
-            profiles.append(profile)
-            outcome, predicted = predict(apply_profile(prepared, profile), name)
-            plan = outcome.plan
-            progress(f"{name}: predicted {predicted:.3f} s; running {spec.warmup} + "
-                     f"{spec.iterations} iterations for real ...")
-            run = _run_real(plan, prepared, config, spec, tb)
-            cases.append(Case(name, predicted, statistics.median(run.iteration_times_s),
-                              run.iteration_times_s, run.losses, outcome.result.breakdown_s,
-                              run.op_times_s, profile))
+        warnings = _recheck_links(prepared, tb, spec, fabrics, progress)
+        # Rounds (A B C D, A B C D, ...): host drift over minutes hits every policy alike, and
+        # each policy is calibrated and predicted inside every round it runs in.
+        per_round = -(-spec.iterations // rounds)
+        round_spec = dataclasses.replace(spec, iterations=per_round)
+        runs: dict[str, list] = {name: [] for name in names}
+        profiles = []
+        for r in range(rounds):
+            for name in names:
+                progress(f"round {r + 1}/{rounds}, {name}: calibrating compute ...")
+                profile = {**calibrate_compute(prepared, spec, tb), "fabrics": fabrics}
+                profiles.append(profile)
+                outcome, predicted = predict(apply_profile(prepared, profile), name)
+                progress(f"round {r + 1}/{rounds}, {name}: predicted {predicted:.3f} s; running "
+                         f"{spec.warmup} + {per_round} iterations for real ...")
+                run = _run_real(outcome.plan, prepared, config, round_spec, tb)
+                runs[name].append((predicted, outcome, run, profile))
+        cases = [_combine(name, runs[name]) for name in names]
+    warnings += host_warnings(load_before, os.cpu_count() or 1, profiles)
+    for w in warnings:
+        progress(f"warning: {w}")
     return ValidationResult(tuple(cases), spec.tolerance_pct, profiles[0],
-                            provenance(testbed_path, time.time() - started))
+                            provenance(testbed_path, time.time() - started), tuple(warnings))
+
+
+def _combine(name: str, rounds: list) -> Case:
+    """One policy's case from its rounds: the median prediction, every measured iteration (their
+    median and interval), the losses of the first round, the first round's profile."""
+    predicted = statistics.median(p for p, _, _, _ in rounds)
+    iterations = tuple(t for _, _, run, _ in rounds for t in run.iteration_times_s)
+    _, outcome, first, profile = rounds[0]
+    ops: dict[str, float] = {}
+    for _, _, run, _ in rounds:
+        for k, v in run.op_times_s.items():
+            ops[k] = ops.get(k, 0.0) + v / len(rounds)
+    return Case(name, predicted, statistics.median(iterations), iterations, first.losses,
+                outcome.result.breakdown_s, ops, profile)
+
+
+def _recheck_links(prepared: Prepared, tb, spec: TestbedSpec, fabrics: dict,
+                   progress: Progress, tries: int = 2) -> list[str]:
+    """Re-probe fabrics whose latency is implausible next to the others' (in place); what is
+    still implausible after `tries` becomes a host warning."""
+    for _ in range(tries):
+        bad = implausible({f: d["latency_s"] for f, d in fabrics.items()})
+        if not bad:
+            return []
+        for f in bad:
+            progress(f"{f}: latency {1e3 * fabrics[f]['latency_s']:.2f} ms is implausible next "
+                     f"to the other fabrics'; probing again ...")
+            fabrics[f] = measure_fabric(prepared, tb, f, spec)
+    return [f"host unstable: fabric {f} latency {1e3 * fabrics[f]['latency_s']:.2f} ms stayed "
+            f"implausible after {tries} re-probes"
+            for f in implausible({f: d["latency_s"] for f, d in fabrics.items()})]
 
 
 def predict(prepared: Prepared, name: str) -> tuple:
@@ -470,6 +581,23 @@ def dry_run(testbed_path: str | Path, policies: list[str] | None = None) -> list
             stages = ", ".join(f"layers {s['first_layer']}..{s['first_layer'] + s['num_layers'] - 1}"
                                for s in doc["stages"])
             lines.append(f"  rank {rank} on {plan.rank_to_gpu[rank].node}: {stages}; {groups}")
+        lines.extend(transport_lines(plan))
+    return lines
+
+
+def transport_lines(plan: Plan) -> list[str]:
+    """Each plan group's transport settings: the gloo interface per member on the testbed, and
+    the NCCL variables a real cluster run sets while creating it (plan NIC names; a site maps
+    them to devices with RunConfig.nic_devices)."""
+    from holmes_sim.backend.nccl import nccl_settings
+
+    lines = []
+    for i, g in enumerate(plan.groups):
+        nccl = nccl_settings(g, {})
+        shown = " ".join(f"{k}={v}" for k, v in sorted(nccl.items())) or "none (NVLink/PCIe)"
+        members = ", ".join(f"{r}:{n or 'lo'}" for r, n in zip(g.ranks, g.nics, strict=True))
+        lines.append(f"  group {i} {g.kind.value}{tuple(g.ranks)} {g.transport}: "
+                     f"gloo {members}; NCCL {shown}")
     return lines
 
 
@@ -493,16 +621,23 @@ def cleanup() -> list[str]:
 
 
 def comparison_table(result: ValidationResult) -> Table:
-    """Predicted against measured, per policy, with mean/max error and the ranking verdict."""
+    """Predicted against measured (median, ~95% interval), per policy, with mean/max error and
+    the ranking verdict, or why there is none (host warnings)."""
     doc = result.to_json()
+    verdict = (f"ranking {'agrees' if result.ranking_agrees else 'DISAGREES'}"
+               if not result.host_unstable else "NO VERDICT: " + "; ".join(result.host_warnings))
     table = Table(title=f"validation (tolerance {result.tolerance_pct:.0f}%): mean |error| "
                         f"{doc['mean_abs_error_pct']:.1f}%, max {doc['max_abs_error_pct']:.1f}%, "
-                        f"ranking {'agrees' if result.ranking_agrees else 'DISAGREES'}",
+                        f"{verdict}",
                   title_justify="left")
-    for col in ("policy", "predicted s", "measured s", "error %", "iterations", "verdict"):
+    for col in ("policy", "predicted s", "measured s", "95% interval", "error %", "iterations",
+                "verdict"):
         table.add_column(col, justify="left" if col in ("policy", "verdict") else "right")
     for c in sorted(result.cases, key=lambda c: c.measured_s):
         ok = abs(c.error_pct) <= result.tolerance_pct
-        table.add_row(c.policy, f"{c.predicted_s:.3f}", f"{c.measured_s:.3f}", f"{c.error_pct:+.1f}",
-                      str(len(c.measured_iterations_s)), "ok" if ok else "[red]out of tolerance[/red]")
+        lo, hi = c.measured_ci_s
+        table.add_row(c.policy, f"{c.predicted_s:.3f}", f"{c.measured_s:.3f}",
+                      f"{lo:.3f}-{hi:.3f}", f"{c.error_pct:+.1f}",
+                      str(len(c.measured_iterations_s)),
+                      "ok" if ok else "[red]out of tolerance[/red]")
     return table

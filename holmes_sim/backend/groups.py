@@ -133,7 +133,7 @@ def build_groups(plan: Plan, rank: int, store: dist.Store, interface_of: Interfa
 
 
 def build_nccl_groups(plan: Plan, rank: int, nic_devices: dict, device,
-                      timeout_s: float) -> list[BuiltGroup]:
+                      timeout_s: float, **setting_options) -> list[BuiltGroup]:
     """NCCL counterpart of `build_groups` for GPU clusters under torchrun (`nccl.py`)."""
     from holmes_sim.backend.nccl import nccl_group
 
@@ -143,7 +143,8 @@ def build_nccl_groups(plan: Plan, rank: int, nic_devices: dict, device,
     built = []
     for index, group in enumerate(plan.groups):
         member = rank in group.ranks
-        pg, settings = nccl_group(group, member, nic_devices, device, timeout_s)
+        pg, settings = nccl_group(group, member, nic_devices, device, timeout_s,
+                                  **setting_options)
         if member:
             group_rank = group.ranks.index(rank)
             options = GroupOptions(group.nics[group_rank], settings.get("NCCL_IB_HCA") or

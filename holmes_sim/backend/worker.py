@@ -7,12 +7,14 @@ file (timestamps from time.perf_counter(), seconds; CLOCK_MONOTONIC is system-wi
 ranks on one host share a time base).
 
 Synchronisation points (named SYNC-n in the code):
-  SYNC-1 world barrier before each iteration (all ranks start together).
+  SYNC-1 barrier before each iteration (all ranks start together): the gloo world group on
+          the testbed, a separate gloo group under NCCL (BARRIER_GROUP).
   SYNC-2 blocking receive of an activation (forward) or gradient (backward).
   SYNC-3 wait for this iteration's outstanding non-blocking sends.
   SYNC-4 gradient reduction on the DATA group (all-reduce or reduce-scatter).
-  SYNC-5 parameter all-gather on the DATA group (sharded optimizer modes).
-  SYNC-6 world barrier after the last iteration, before exit.
+  SYNC-5 parameter all-gather on the DATA group (sharded optimizer modes; overlapped mode: a
+          forward pre-hook waits for each bucket just before the first module using it).
+  SYNC-6 the same barrier after the last iteration, before exit.
 """
 
 from __future__ import annotations
@@ -91,6 +93,21 @@ class RunConfig:
     """"gloo" (CPU, emulated testbed) or "nccl" (GPUs, under torchrun; see backend/nccl.py)."""
     nic_devices: dict = field(default_factory=dict)
     """NCCL only: plan NIC name -> the site's HCA or interface name (e.g. "ib0": "mlx5_0")."""
+    roce_fabrics: list = field(default_factory=list)
+    """NCCL only: fabrics that are RoCE (get NCCL_IB_GID_INDEX); empty: fabrics named *roce*."""
+    roce_gid_index: int = 3
+    """NCCL only: the GID index of RoCE v2 on the site's HCAs (`show_gids`)."""
+    bootstrap_ifname: str = ""
+    """NCCL only: the Ethernet interface for NCCL's bootstrap on RDMA groups and for the gloo
+    barrier group; empty: NCCL's and gloo's own choice."""
+    node_hosts: dict = field(default_factory=dict)
+    """NCCL only: plan node name -> host name, for the placement check (unmapped: equal)."""
+    dump_params: bool = False
+    """Put every final parameter (canonical full-model name -> values) in the rank's result;
+    for the gradient-equality tests on tiny models."""
+    mutation: str = ""
+    """Test only: inject a known bug (one of MUTATIONS) so the equality tests can prove they
+    catch it. Empty in every real run."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -106,6 +123,10 @@ class RunConfig:
         if "*" in self.interface_map:
             return self.interface_map["*"]
         return self.interface_map.get(nic, default_interface_of(nic))
+
+
+# Known bugs the gradient-equality tests must catch (RunConfig.mutation).
+MUTATIONS = ("reduce-scatter-no-dp", "all-reduce-no-dp", "no-microbatch-scaling", "grad-x7")
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -262,9 +283,12 @@ class Rank:
         # Overlapped mode: the previous step's parameter all-gather, per chunk, still in flight.
         self._gather: threading.Thread | None = None
         self._gather_error: BaseException | None = None
-        self._gathered: dict[int, threading.Event] = {}
+        self._gathered: dict[int, threading.Event] = {}  # bucket -> all-gather done
+        self._gather_wait_s = 0.0  # total time forwards waited for parameter buckets
         if plan.optimizer.overlapped and self.dp_group is not None:
             self._install_hooks()
+            if plan.optimizer.sharded:
+                self._install_gather_waits()
 
     # -- pipeline neighbours
 
@@ -281,7 +305,7 @@ class Rank:
         self.rec.iteration = iteration
         for p in self._params():
             p.grad = None
-        dist.barrier()  # SYNC-1
+        dist.barrier(group=BARRIER_GROUP)  # SYNC-1
         t0 = time.perf_counter()
         inputs: dict[tuple[int, int], torch.Tensor] = {}
         outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -318,12 +342,13 @@ class Rank:
             self.plan.dp))
         # Received activations are leaves that need a gradient: it is sent back in the backward.
         x = tokens if v == 0 else self._receive(0, mb, v, mailbox, chunk).requires_grad_(True)
-        self._wait_gathered(chunk)
-        t = time.perf_counter()
-        out = stage(x, targets if v == self.num_virtual - 1 else None)
+        t, waited = time.perf_counter(), self._gather_wait_s
+        out = stage(x, targets if v == self.num_virtual - 1 else None)  # may wait at SYNC-5
+        t += self._gather_wait_s - waited  # the waits are recorded as dp-sync, not as forward
         if v == self.num_virtual - 1:
             losses.append(out.item())
-            out = out / self.plan.num_microbatches
+            if self.cfg.mutation != "no-microbatch-scaling":
+                out = out / self.plan.num_microbatches
         self.rec.record("forward", t, time.perf_counter(), mb, chunk)
         inputs[(mb, chunk)], outputs[(mb, chunk)] = x, out
         if v < self.num_virtual - 1:
@@ -418,7 +443,8 @@ class Rank:
     def _reduce(self, b: int) -> torch.Tensor:
         flat = self.buckets[b].flat_grad()
         tag = (self.rec.iteration * len(self.buckets) + b) * 64
-        return ring_reduce_scatter(self.dp_group, flat, tag).div_(self.plan.dp)
+        shard = ring_reduce_scatter(self.dp_group, flat, tag)
+        return shard if self.cfg.mutation == "reduce-scatter-no-dp" else shard.div_(self.plan.dp)
 
     def _dp_sync_and_step(self, comm: threading.Thread | None) -> None:
         mode, group = self.plan.optimizer, self.dp_group
@@ -437,8 +463,11 @@ class Rank:
             for b, bucket in enumerate(self.buckets):
                 flat = bucket.flat_grad()
                 group.pg.allreduce([flat]).wait()  # SYNC-4
-                grads[b] = flat.div_(self.plan.dp)
+                grads[b] = flat if self.cfg.mutation == "all-reduce-no-dp" \
+                    else flat.div_(self.plan.dp)
         self.rec.record("dp-sync", t, time.perf_counter(), detail="wait gradient reduction")
+        if self.cfg.mutation == "grad-x7":
+            grads = {b: g * 7 for b, g in grads.items()}
         t = time.perf_counter()
         sharded = group is not None and mode.sharded
         flats = {}
@@ -460,14 +489,16 @@ class Rank:
             self.rec.record("dp-sync", t, time.perf_counter(), detail="all-gather parameters")
 
     def _start_gather(self, flats: dict[int, torch.Tensor]) -> None:
-        """Overlapped mode: all-gather the updated parameters in the background, chunk by chunk
-        in forward order; the next iteration's first forward of each chunk waits for its own
-        buckets (Megatron's --overlap-param-gather, Holmes section 3.4)."""
-        order = sorted(range(len(self.buckets)), key=lambda b: (self.buckets[b].chunk, b))
-        events = {c: threading.Event() for c in sorted({b.chunk for b in self.buckets})}
+        """Overlapped mode: all-gather the updated parameters in the background, bucket by bucket
+        in forward order; the next iteration's forward waits for each bucket only just before the
+        first module that uses it (Megatron's --overlap-param-gather, Holmes section 3.4; the
+        simulator releases compute bucket by bucket too)."""
+        # Buckets were cut from each chunk's last parameter backwards: forward order is chunk
+        # order, then descending bucket index.
+        order = sorted(range(len(self.buckets)), key=lambda b: (self.buckets[b].chunk, -b))
+        events = {b: threading.Event() for b in order}
         self._gathered = dict(events)  # the forwards pop theirs; the thread keeps `events`
         self._gather_error = None
-        last_of_chunk = {self.buckets[b].chunk: b for b in order}
 
         def run() -> None:
             try:
@@ -476,8 +507,7 @@ class Rank:
                     all_gather(self.dp_group, flats[b])  # SYNC-5 (overlapped with forward)
                     self.rec.record("dp-sync", t, time.perf_counter(), -1, self.buckets[b].chunk,
                                     f"all-gather bucket {b} (async)")
-                    if last_of_chunk[self.buckets[b].chunk] == b:
-                        events[self.buckets[b].chunk].set()
+                    events[b].set()
             except BaseException as e:  # re-raised by the waiting forward
                 self._gather_error = e
                 for ev in events.values():
@@ -487,26 +517,54 @@ class Rank:
         self._gather = threading.Thread(target=run, daemon=True)
         self._gather.start()
 
-    def _wait_gathered(self, chunk: int) -> None:
-        """Before a chunk's first forward: its parameters from the background all-gather."""
-        ev = self._gathered.pop(chunk, None)
+    def _install_gather_waits(self) -> None:
+        """Forward pre-hooks: a module waits for the buckets holding its own parameters."""
+        owner = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket.params}
+        for stage in self.stages:
+            for module in stage.modules():
+                mine = sorted({owner[id(p)] for p in module.parameters(recurse=False)},
+                              reverse=True)  # forward order
+                if mine:
+                    module.register_forward_pre_hook(self._gather_wait_hook(mine))
+
+    def _gather_wait_hook(self, buckets: list[int]):
+        def hook(_module, _args) -> None:
+            for b in buckets:
+                self._wait_bucket(b)
+        return hook
+
+    def _wait_bucket(self, b: int) -> None:
+        """Before the first use of bucket b's parameters: its background all-gather."""
+        ev = self._gathered.pop(b, None)
         if ev is None:
             return
         t = time.perf_counter()
         ev.wait(timeout=self.cfg.timeout_s)
         if self._gather_error is not None or not ev.is_set():
             raise TestbedError(f"overlapped parameter all-gather failed: {self._gather_error}")
-        for b, bucket in enumerate(self.buckets):
-            if bucket.chunk == chunk:
-                bucket.write_params(self._gather_flats[b])
-        self.rec.record("dp-sync", t, time.perf_counter(), -1, chunk, "wait parameter all-gather")
+        self.buckets[b].write_params(self._gather_flats[b])
+        end = time.perf_counter()
+        self._gather_wait_s += end - t
+        self.rec.record("dp-sync", t, end, -1, self.buckets[b].chunk,
+                        f"wait parameter all-gather bucket {b}")
 
     def finish(self) -> None:
         """Complete a background all-gather so the final parameters are in place."""
-        for chunk in list(self._gathered):
-            self._wait_gathered(chunk)
+        for b in sorted(self._gathered):
+            self._wait_bucket(b)
         if self._gather is not None:
             self._gather.join()
+
+
+def canonical_params(stage: Stage) -> dict[str, torch.Tensor]:
+    """A stage's parameters under the names the full model (`build_full_model`) gives them."""
+    out = {}
+    for name, p in stage.named_parameters():
+        if name.startswith("blocks."):
+            _, i, rest = name.split(".", 2)
+            name = f"blocks.{stage.first_layer + int(i)}.{rest}"
+        out[name] = p.detach().cpu()
+    return out
 
 
 def build_stages(plan: Plan, config: GPTConfig, pp_rank: int) -> list[Stage]:
@@ -541,6 +599,14 @@ def summary(rank: int, plan: Plan, groups: list[BuiltGroup], stages: list[Stage]
 def train_reference(config: GPTConfig, micro_batch_size: int, num_microbatches: int, dp: int,
                     iterations: int, lr: float, optimizer: str) -> list[float]:
     """Single-process training on the same global batch; mean micro-batch loss per iteration."""
+    return train_reference_model(config, micro_batch_size, num_microbatches, dp, iterations,
+                                 lr, optimizer)[0]
+
+
+def train_reference_model(config: GPTConfig, micro_batch_size: int, num_microbatches: int,
+                          dp: int, iterations: int, lr: float,
+                          optimizer: str) -> tuple[list[float], Stage]:
+    """`train_reference`'s losses and the trained full model."""
     model = build_full_model(config)
     params = list(model.parameters())
     opt = FlatOptimizer(optimizer, lr)
@@ -560,7 +626,7 @@ def train_reference(config: GPTConfig, micro_batch_size: int, num_microbatches: 
         opt.step(0, flat, bucket.flat_grad())
         bucket.write_params(flat)
         losses.append(sum(vals) / len(vals))
-    return losses
+    return losses, model
 
 
 def open_store(cfg: RunConfig, rank: int, world_size: int) -> dist.Store:
@@ -577,6 +643,8 @@ def open_store(cfg: RunConfig, rank: int, world_size: int) -> dist.Store:
 def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     """Build everything for `rank`, train (unless dry run) and return the result document."""
     torch.set_num_threads(cfg.torch_threads)
+    if cfg.mutation and cfg.mutation not in MUTATIONS:
+        raise TestbedError(f"unknown mutation {cfg.mutation!r}; known: {', '.join(MUTATIONS)}")
     if cfg.backend == "nccl":
         groups = _init_nccl(plan, cfg, rank)
     else:
@@ -587,13 +655,13 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
         groups = build_groups(plan, rank, store, cfg.interface_of, cfg.timeout_s)
     if cfg.dry_run:
         result = summary(rank, plan, groups, build_stages(plan, cfg.model, plan.coords(rank)[0]))
-        dist.barrier()  # SYNC-6
+        dist.barrier(group=BARRIER_GROUP)  # SYNC-6
         return result
     worker = Rank(plan, cfg, rank, groups)
     for it in range(cfg.iterations):
         worker.run_iteration(it)
     worker.finish()
-    dist.barrier()  # SYNC-6: no rank leaves while a peer may still talk to it
+    dist.barrier(group=BARRIER_GROUP)  # SYNC-6: no rank leaves while a peer may still talk to it
     result = summary(rank, plan, groups, worker.stages)
     result.update({
         "iterations": [{"index": o["iteration"], "start": o["start"], "end": o["end"]}
@@ -601,25 +669,44 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
         "ops": [o for o in worker.rec.ops if o["kind"] != "iteration"],
         "losses": worker.losses,
     })
+    if cfg.dump_params:
+        result["params"] = {n: t.reshape(-1).tolist() for s in worker.stages
+                            for n, t in canonical_params(s).items()}
     return result
 
 
 # The device every tensor of this rank lives on: the CPU, or the rank's GPU under NCCL.
 DEVICE = torch.device("cpu")
+# The group SYNC-1 / SYNC-6 barriers run on: None (the gloo world) on the testbed, a separate
+# gloo group under NCCL (no barrier ever builds a world NCCL communicator).
+BARRIER_GROUP = None
 
 
 def _init_nccl(plan: Plan, cfg: RunConfig, rank: int) -> list:
-    """torchrun rendezvous (env://), one GPU per rank, every plan group created eagerly."""
-    global DEVICE
+    """torchrun rendezvous (env://), one GPU per rank, every plan group created eagerly.
+
+    The world group gets no `device_id`: torch then creates no world NCCL communicator (it is
+    never used), so each plan group's communicator is built by itself under its own settings
+    rather than split from the world's. Barriers use a gloo group (see nccl.py)."""
+    global DEVICE, BARRIER_GROUP
+    import socket
     from datetime import timedelta
 
     from holmes_sim.backend.groups import build_nccl_groups
+    from holmes_sim.backend.nccl import check_placement
 
-    DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    check_placement(plan, rank, socket.gethostname(), local_rank, cfg.node_hosts)
+    DEVICE = torch.device("cuda", local_rank)
     torch.cuda.set_device(DEVICE)
-    dist.init_process_group("nccl", rank=rank, world_size=plan.world_size, device_id=DEVICE,
-                            timeout=timedelta(seconds=cfg.timeout_s))
-    return build_nccl_groups(plan, rank, cfg.nic_devices, DEVICE, cfg.timeout_s)
+    if cfg.bootstrap_ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = cfg.bootstrap_ifname
+    timeout = timedelta(seconds=cfg.timeout_s)
+    dist.init_process_group("nccl", rank=rank, world_size=plan.world_size, timeout=timeout)
+    BARRIER_GROUP = dist.new_group(backend="gloo", timeout=timeout)
+    return build_nccl_groups(plan, rank, cfg.nic_devices, DEVICE, cfg.timeout_s,
+                             roce_fabrics=cfg.roce_fabrics, gid_index=cfg.roce_gid_index,
+                             bootstrap_ifname=cfg.bootstrap_ifname)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,13 @@ def test_dry_run_builds_every_group_and_stage():
     assert "dp(0, 1)@ib0" in holmes and "dp(2, 3)@roce0" in holmes
     assert "dp(0, 1)@eth0" in megatron and "@ib0" not in megatron
     assert holmes.count("rank ") == 4 and megatron.count("rank ") == 4
+    # Each group's transport settings: RoCE gets its GID index, IB does not, TCP uses sockets.
+    lines = [" ".join(line.split()) for line in holmes.split("  group ")[1:]]
+    roce = next(line for line in lines if "rdma:roce" in line)
+    ib = next(line for line in lines if "rdma:ib" in line)
+    assert "NCCL_IB_GID_INDEX=3" in roce and "NCCL_IB_HCA==roce0" in roce
+    assert "NCCL_IB_GID_INDEX" not in ib and "NCCL_NET=IB" in ib
+    assert all("NCCL_NET=Socket" in line for line in lines if "tcp:" in line)
 
 
 def test_validate_needs_a_mode():
@@ -73,13 +80,25 @@ def test_reduced_real_run_measures_compares_and_cleans_up(tmp_path):
     out = tmp_path / "validation.json"
     result = runner.invoke(app, ["validate", str(TESTBED), "--real", "--iterations", "2",
                                  "-p", "megatron", "-p", "holmes", "--json", str(out)])
-    assert result.exit_code in (0, 1), result.output  # 1: out of tolerance on a noisy host
+    # 1: out of tolerance on a noisy host; 3: the host itself too loaded to give a verdict
+    assert result.exit_code in (0, 1, 3), result.output
     doc = json.loads(out.read_text())
+    assert (result.exit_code == 3) == doc["host_unstable"] == bool(doc["host_warnings"])
     assert [c["policy"] for c in doc["cases"]] == ["megatron", "holmes"]
     for case in doc["cases"]:
-        assert len(case["measured_iterations_s"]) == 2
-        assert case["measured_s"] > 0 and case["predicted_s"] > 0
-        assert abs(case["error_pct"]) < 1000
+        its = case["measured_iterations_s"]
+        assert len(its) == 2
+        assert min(its) <= case["measured_s"] <= max(its)
+        assert case["error_pct"] == pytest.approx(
+            100 * (case["predicted_s"] - case["measured_s"]) / case["measured_s"])
+        # On a shared host the error is not within the published tolerance, but a prediction
+        # off by 3x means a modelling bug (a lost factor of num_microbatches, dp or a unit), not
+        # noise: the worst loaded-host runs measured were 106 % off.
+        assert 1 / 3 < case["predicted_s"] / case["measured_s"] < 3, case
+    # The exit code is the verdict the report states.
+    if not doc["host_unstable"]:
+        assert (result.exit_code == 0) == doc["within_tolerance"], result.output
+    assert doc["max_abs_error_pct"] == pytest.approx(max(abs(c["error_pct"]) for c in doc["cases"]))
     # calibration measured the shaped NICs (2 Gbit/s "RDMA" fabrics, 100 Mbit/s Ethernet): loose
     # bands (token-bucket bursts and a busy host move single probes by tens of %), and the order
     fabrics = doc["profile"]["fabrics"]
@@ -100,3 +119,38 @@ def test_real_run_without_root_is_a_clear_exit_2(monkeypatch):
     result = runner.invoke(app, ["validate", str(TESTBED), "--real"])
     assert result.exit_code == 2 and "root" in result.output
     assert "Traceback" not in result.output and set(_namespaces()) <= before
+
+
+def test_median_interval_covers_the_median_and_widens_with_noise():
+    from holmes_sim.validate import median_ci
+
+    assert median_ci([1.0, 2.0, 3.0]) == (1.0, 3.0)  # too few: the whole range
+    tight = median_ci([1.0 + 0.001 * i for i in range(20)])
+    wide = median_ci([1.0 + 0.1 * i for i in range(20)])
+    assert tight[0] <= 1.0095 <= tight[1] and wide[1] - wide[0] > 50 * (tight[1] - tight[0])
+    lo, hi = median_ci(list(range(100)))
+    assert 35 <= lo < 49.5 < hi <= 64
+
+
+def test_ranking_claims_no_order_inside_the_measured_noise():
+    quiet_a = Case("a", 1.00, 1.10, (1.10,) * 8, ())
+    quiet_b = Case("b", 1.05, 1.00, (1.00,) * 8, ())
+    assert not ranking_agrees([quiet_a, quiet_b])  # 5% predicted gap, measured reversed by 10%
+    noisy_a = Case("a", 1.00, 1.10, (0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5), ())
+    assert noisy_a.noise_pct > 5
+    assert ranking_agrees([noisy_a, quiet_b])  # the gap is inside a's noise: no claim
+
+
+def test_host_checks_name_load_and_calibration_spread():
+    from holmes_sim.validate import host_warnings, implausible
+
+    def cal(ms):
+        return {"compute": {"cpu": {"layer_forward_s": ms / 1e3}}}
+
+    assert host_warnings(1.5, 2, [cal(8.0), cal(9.0)]) == []
+    [w] = host_warnings(6.5, 2, [cal(8.0)])
+    assert "overloaded before" in w and "6.5" in w
+    [w] = host_warnings(1.0, 2, [cal(7.9), cal(17.3)])
+    assert "unstable" in w and "7.9-17.3 ms" in w
+    assert implausible({"ib": 4e-3, "roce": 3e-5, "ethernet": 4e-5}) == ["ib"]
+    assert implausible({"ib": 3e-5, "roce": 6e-5, "ethernet": 9e-5}) == []
