@@ -7,9 +7,9 @@ and the analytic estimate; no simulation), at 64 GPUs (`mixed_ib_roce`) and 1,02
 For each scenario, `--layouts` layouts (four contiguous blocks spread over its search grid,
 as neighbours in a whole search share caches) are evaluated with
 every policy (and optimizer) of the search, once in this process and once in the local process
-pool (`--jobs`, default the CPU count), each from cold caches; plans/s counts candidate plans. Then the scenario's own
-holmes plan at 1,024 GPUs: the estimate on a built plan (walk cache cleared each time) and plan
-building plus estimate. Times are wall-clock on this machine, one run.
+pool (`--jobs`, default the CPU count), each from cold caches; plans/s counts candidate plans.
+Then the scenario's own holmes plan at 1,024 GPUs: the estimate on a built plan (walk cache
+cleared each time) and plan building plus estimate. Times are wall-clock on this machine, one run.
 """
 
 from __future__ import annotations

@@ -165,7 +165,6 @@ class _Estimator:
         """The schedule's dependency structure (the same for every replica and every plan with
         this schedule: cached per (kind, p, m, v))."""
         if self._ops is None:
-            s = self.schedule
             self._ops = _op_table(*self._shape)
         return self._ops
 
