@@ -92,7 +92,10 @@ def test_nccl_init_builds_no_world_communicator_and_barriers_on_gloo(monkeypatch
     monkeypatch.setattr(worker, "BARRIER_GROUP", None)
     monkeypatch.setattr(worker, "DEVICE", worker.DEVICE)
     monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    # setenv first so that teardown restores the variable's absence: _init_nccl sets it, and a
+    # leaked value would send later tests' gloo ranks to an interface that does not exist.
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "placeholder")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
     cfg = worker.RunConfig(backend="nccl", node_hosts={"n0": socket.gethostname()},
                            bootstrap_ifname="mgmt0", roce_gid_index=4)
     worker._init_nccl(plan_factory(pp=2), cfg, 0)
