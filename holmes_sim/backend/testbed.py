@@ -335,9 +335,10 @@ class RunRecord:
         os.replace(run_dir() / tmp, run_dir() / f"{self.run_id}.json")
 
     def delete(self) -> None:
-        """Remove the saved record."""
-        with contextlib.suppress(OSError, TestbedError):
-            (run_dir() / f"{self.run_id}.json").unlink()
+        """Remove the saved record, and its temporary file when a signal arrived mid-save."""
+        for name in (f"{self.run_id}.json", f"{self.run_id}.json.tmp"):
+            with contextlib.suppress(OSError, TestbedError):
+                (run_dir() / name).unlink()
 
     @classmethod
     def load(cls, path: Path) -> RunRecord | None:

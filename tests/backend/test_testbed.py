@@ -423,3 +423,15 @@ def test_second_measurement_is_refused_at_once_naming_the_first() -> None:
         assert time.monotonic() - start < 1.0
     with tbmod.measurement_lock("third"):  # free again
         pass
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_deleting_a_record_also_removes_a_temporary_file_a_signal_left() -> None:
+    """A signal between writing `<id>.json.tmp` and renaming it left the temporary file behind."""
+    record = tbmod.RunRecord("t0d3l3")
+    record.save()
+    (tbmod.run_dir() / "t0d3l3.json.tmp").write_text("{}")
+    record.delete()
+    assert not (tbmod.run_dir() / "t0d3l3.json").exists()
+    assert not (tbmod.run_dir() / "t0d3l3.json.tmp").exists()
