@@ -47,6 +47,11 @@ class ComputeModel(Protocol):
         """Fixed cost of launching one forward or backward op (framework time), seconds."""
         ...
 
+    def tp_overlap_windows_s(self, gpu: GpuModel, workload: Workload, tp: int) -> tuple[float, ...]:
+        """Per layer, the backward GEMMs an asynchronous TP all-reduce can hide behind, seconds
+        (`training.tp_comm_overlap`); empty when the model cannot tell."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class KernelCompute:
@@ -69,6 +74,9 @@ class KernelCompute:
 
     def op_overhead_s(self, gpu: GpuModel) -> float:
         return 0.0  # kernel launches overlap GPU work in a well-fed training loop
+
+    def tp_overlap_windows_s(self, gpu: GpuModel, workload: Workload, tp: int) -> tuple[float, ...]:
+        return transformer.tp_overlap_windows_s(gpu, workload, tp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +108,9 @@ class ProfiledCompute:
     def op_overhead_s(self, gpu: GpuModel) -> float:
         entry = self.times.get(gpu.name, {})
         return entry.get("op_overhead_s", 0.0)
+
+    def tp_overlap_windows_s(self, gpu: GpuModel, workload: Workload, tp: int) -> tuple[float, ...]:
+        return ()  # a measured profile has no GEMM shapes
 
 
 @dataclass(frozen=True, slots=True)

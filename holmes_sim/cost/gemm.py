@@ -6,8 +6,9 @@ wave leaves SMs idle (wave quantization), and a tile that overhangs the matrix c
 (tile quantization). cuBLAS on Ampere/Hopper uses 128x256 / 256x128 / 128x128 CTA tiles for large
 half-precision GEMMs (Anthony et al., "The Case for Co-Designing Model Architectures with
 Hardware", arXiv 2401.14489, section 4; NVIDIA, "Matrix Multiplication Background User's Guide",
-Deep Learning Performance documentation). A full wave runs at the GPU's achievable GEMM rate
-(peak x `compute_efficiency`, the measured MAMF). The result is bounded below by the time to
+Deep Learning Performance documentation). A tile's main loop runs at the SM's share of the
+GPU's sustained GEMM rate (peak x `compute_efficiency`); each tile also pays a fixed pipeline fill
+and epilogue (`tile_overhead_s`), so the rate rises with k. The result is bounded below by the time to
 stream the operands and the output through HBM (roofline, Williams et al., CACM 2009), which is
 what limits the small-k batched GEMMs of attention.
 """
@@ -56,10 +57,13 @@ def quantization_efficiency(gemm: Gemm, sm_count: int | None) -> float:
     return max(_tile_efficiency(gemm, tm, tn, sm_count) for tm, tn in _TILES)
 
 
+def _waves(gemm: Gemm, tm: int, tn: int, sm_count: int) -> int:
+    """Waves of tm x tn output tiles, `sm_count` at a time."""
+    return math.ceil(math.ceil(gemm.m / tm) * math.ceil(gemm.n / tn) * gemm.batch / sm_count)
+
+
 def _tile_efficiency(gemm: Gemm, tm: int, tn: int, sm_count: int) -> float:
-    tiles = math.ceil(gemm.m / tm) * math.ceil(gemm.n / tn) * gemm.batch
-    waves = math.ceil(tiles / sm_count)
-    return gemm.m * gemm.n * gemm.batch / (waves * sm_count * tm * tn)
+    return gemm.m * gemm.n * gemm.batch / (_waves(gemm, tm, tn, sm_count) * sm_count * tm * tn)
 
 
 def tile_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, dtype_bytes: int) -> float:
@@ -77,8 +81,7 @@ def tile_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, dtype_bytes: int) -
 
 def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tm: int, tn: int, dtype_bytes: int) -> float:
     """Waves x (main loop over k at the sustained per-SM rate + the tile's fixed overhead)."""
-    tiles = math.ceil(gemm.m / tm) * math.ceil(gemm.n / tn) * gemm.batch
-    waves = math.ceil(tiles / gpu.sm_count)
+    waves = _waves(gemm, tm, tn, gpu.sm_count)
     per_sm_rate = gpu.peak_flop_per_s * gpu.compute_efficiency / gpu.sm_count
     mainloop = 2.0 * tm * tn * gemm.k / per_sm_rate
     return waves * (mainloop + tile_overhead_s(gpu, tm, tn, gemm.k, dtype_bytes))

@@ -8,9 +8,8 @@ import math
 from dataclasses import dataclass
 
 from holmes_sim.cluster import Cluster, Node
-from holmes_sim.cost import transformer
 from holmes_sim.cost.collectives import ring_collective_time_s
-from holmes_sim.cost.compute import ComputeModel, KernelCompute
+from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.workload import Workload
 
 
@@ -46,11 +45,11 @@ class OpCosts:
         one = ring_collective_time_s("all-reduce", self.tp, w.tp_allreduce_bytes(),
                                      link.bandwidth_bytes_per_s * link.efficiency, link.latency_s)
         per_layer = w.tp_allreduces_per_layer(backward) * one
-        if backward and w.tp_comm_overlap and isinstance(self.compute, KernelCompute):
+        if backward and w.tp_comm_overlap:
             # The backward's two input-gradient all-reduces each hide behind their linear's
             # weight-gradient GEMM; the recomputed forward's stay exposed.
             per_layer -= sum(min(one, window) for window in
-                             transformer.tp_overlap_windows_s(node.gpu, w, self.tp))
+                             self.compute.tp_overlap_windows_s(node.gpu, w, self.tp))
         return layers * per_layer
 
     def chunk_params(self, layers: int, first: bool, last: bool) -> int:
