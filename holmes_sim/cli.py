@@ -394,6 +394,9 @@ def sweep(
         "--out", help="Write sweep.csv, sweep.json and plots here.")] = Path("sweep-out"),
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", min=1, help="Worker processes (default: min(2, points)).")] = None,
+    ray: Annotated[str | None, typer.Option(
+        "--ray", help="Run the points as Ray tasks: 'auto' (a running cluster, else a local "
+                      "one) or a cluster address. Same rows as the local run.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
 ) -> None:
     """Run a scenario for every combination of field values and tabulate and plot the results."""
@@ -406,7 +409,8 @@ def sweep(
         with Progress(console=err, transient=True) as bar:
             task = bar.add_task("sweep", total=None)
             result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy), jobs,
-                               progress=lambda done, n: bar.update(task, completed=done, total=n))
+                               progress=lambda done, n: bar.update(task, completed=done, total=n),
+                               ray=ray)
         write_sweep(out_dir, result)
     except HolmesError as exc:
         raise _fail(exc) from None

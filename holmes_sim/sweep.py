@@ -3,7 +3,8 @@
 Each `--set PATH=V1,V2,...` names a field by dotted path with list indices
 (`inter_cluster_links[0].bandwidth_gbit_per_s`); values are YAML scalars. Every variant is
 written as YAML and checked by the ordinary loader and `prepare` before anything runs, then the
-points run in worker processes and come back in cartesian-product order.
+points run in worker processes (or as Ray tasks, `--ray`) and come back in cartesian-product
+order.
 """
 
 from __future__ import annotations
@@ -225,6 +226,13 @@ def run_point(point: SweepPoint, source: Path, axes: Sequence[SweepAxis],
     return [_row(point, axes, name, by_name[name].to_json(), "") for name in names]
 
 
+def run_points(context: tuple[Path, Sequence[SweepAxis]], policies: Sequence[str] | None,
+               points: Sequence[SweepPoint]) -> list[list[dict]]:
+    """`run_point` for each of `points` (one Ray task's share of a sweep)."""
+    source, axes = context
+    return [run_point(p, source, axes, policies) for p in points]
+
+
 def _row(point: SweepPoint, axes: Sequence[SweepAxis], policy: str, record: dict | None,
          reason: str) -> dict:
     row: dict[str, Any] = {"point": point.index}
@@ -241,7 +249,8 @@ def _row(point: SweepPoint, axes: Sequence[SweepAxis], policy: str, record: dict
 
 def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | None = None,
               jobs: int | None = None,
-              progress: Callable[[int, int], None] | None = None) -> SweepResult:
+              progress: Callable[[int, int], None] | None = None,
+              ray: str | None = None) -> SweepResult:
     """Run every combination of the `--set` values; rows in cartesian-product order.
 
     Args:
@@ -250,6 +259,8 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
         policies: policies to run (default: the scenario's list).
         jobs: worker processes (default min(2, points)); 1 runs in this process.
         progress: called with (points done, points total) after each point.
+        ray: run the points as Ray tasks instead ("auto" or a cluster address, see
+            `holmes_sim.scaleout`); rows come back in the same order as a local run's.
 
     Points whose variant is invalid or whose plans fail are reported as infeasible rows and
     skipped.
@@ -276,7 +287,12 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
     results: dict[int, list[dict]] = {}
     if progress:
         progress(0, len(points))
-    if jobs == 1:
+    if ray is not None:
+        from holmes_sim.scaleout import ray_map
+        parts = ray_map(run_points, (path, tuple(axes)), tuple(names), [[p] for p in points], ray,
+                        progress, len(points))
+        results = {p.index: part[0] for p, part in zip(points, parts, strict=True)}
+    elif jobs == 1:
         for point in points:
             results[point.index] = run_point(point, path, axes, names)
             if progress:
