@@ -22,11 +22,11 @@ import time
 
 def _cold() -> None:
     """Empty every cache the search fills, so each measurement starts cold."""
-    from holmes_sim import analytic, planner, schedule
+    from holmes_sim import analytic, planner, schedule, walk
 
     analytic._WALKS.clear()
     analytic._NETWORKS.clear()
-    analytic._op_table.cache_clear()
+    walk.op_table.cache_clear()
     planner._PLANS.clear()
     schedule._build_schedule.cache_clear()
     schedule._peak_in_flight.cache_clear()

@@ -5,7 +5,8 @@ latency + bytes / path rate, the rate shared with the same send of every other r
 replicas' identical schedules make simultaneous; a ring collective its alpha-beta time [Thakur et
 al. 2005]), and
 the schedule's dependency graph is evaluated as a critical path: an op starts when the previous op
-of its stage ended and its input arrived. Data-parallel collectives of a stage run one after
+of its stage ended and its input arrived (`walk.py`, which jumps over the steady rounds of the
+schedule in closed form). Data-parallel collectives of a stage run one after
 another on one stream. Where no two transfers share a link at the same time this equals the
 engine's result; where they do, the engine is slower (contention), which tests can check.
 
@@ -17,7 +18,6 @@ free communication [Narayanan et al. SC'21, section 2.2]: 1F1B and GPipe bubble 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from holmes_sim.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
@@ -25,7 +25,7 @@ from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import group_path, link_capacities, ring_paths
 from holmes_sim.plan import GroupKind, Plan
-from holmes_sim.schedule import build_schedule
+from holmes_sim.walk import OpTable, op_table, walk
 from holmes_sim.workload import Workload
 
 
@@ -46,52 +46,6 @@ def estimate_iteration(plan: Plan, cluster: Cluster, workload: Workload,
                        compute: ComputeModel) -> Estimate:
     """Critical-path estimate of one iteration (see module docstring)."""
     return _Estimator(plan, cluster, workload, compute).run()
-
-
-@dataclass(frozen=True, slots=True)
-class _OpTable:
-    """A schedule as the estimate walks it. `rows[s]` holds stage s's ops in order as
-    (kind index, input slot, send index, queue slot, output slot), -1 for none; `kinds[s]` lists
-    the distinct (virtual stage, backward) ops of stage s, `sends` the distinct (from, to)
-    virtual-stage sends; a queue slot holds the last arrival on a physical stage pair."""
-
-    rows: tuple[tuple[tuple, ...], ...]
-    kinds: tuple[tuple[tuple[int, bool], ...], ...]
-    sends: tuple[tuple[int, int], ...]
-    slots: int
-    """Size of the walk's arrival list (messages, then queues, by first use)."""
-    queues: tuple[int, ...]
-    """Slots that are send queues (start free at 0 s)."""
-
-
-@lru_cache(maxsize=256)
-def _op_table(kind: str, pp: int, m: int, v: int) -> _OpTable:
-    schedule = build_schedule(kind, pp, m, v)
-    nv = schedule.num_virtual_stages
-    send_index: dict[tuple[int, int], int] = {}
-    slots: dict[tuple, int] = {}  # message and queue keys -> slot in the walk's arrival list
-    rows, kinds = [], []
-    for s, ops in enumerate(schedule.stage_ops):
-        kind_index: dict[tuple[int, bool], int] = {}
-        row = []
-        for op in ops:
-            j = schedule.virtual_stage(s, op.chunk)
-            backward = op.kind == "B"
-            first_input = (op.kind == "F" and j == 0) or (backward and j == nv - 1)
-            need = -1 if first_input else slots.setdefault((op.kind, j, op.microbatch), len(slots))
-            to = (j - 1 if j > 0 else None) if backward else (j + 1 if j < nv - 1 else None)
-            if to is None:
-                sk = queue = out = -1
-            else:
-                sk = send_index.setdefault((j, to), len(send_index))
-                queue = slots.setdefault(("queue", j % pp, to % pp), len(slots))
-                out = slots.setdefault((op.kind, to, op.microbatch), len(slots))
-            dk = kind_index.setdefault((j, backward), len(kind_index))
-            row.append((dk, need, sk, queue, out))
-        rows.append(tuple(row))
-        kinds.append(tuple(kind_index))
-    queues = tuple(i for key, i in slots.items() if key[0] == "queue")
-    return _OpTable(tuple(rows), tuple(kinds), tuple(send_index), len(slots), queues)
 
 
 _NETWORKS: dict[int, tuple] = {}
@@ -126,7 +80,7 @@ class _Estimator:
         self._load_cache: dict[tuple, dict] = net["loads"]
         self.groups_by_first = {(g.kind, g.ranks[0]): g for g in plan.groups}
         self._replica_cache: dict[tuple, list[float]] = {}
-        self._ops: _OpTable | None = None
+        self._ops: OpTable | None = None
         sch = self.schedule
         self._shape = (sch.kind, sch.num_stages, sch.num_microbatches, sch.num_chunks)
         self._hardware: dict[tuple[int, int], tuple] = {}
@@ -161,11 +115,11 @@ class _Estimator:
             got = self._hardware[(s, d)] = (node.gpu, node.intra_link)
         return got
 
-    def _op_table(self) -> _OpTable:
+    def _op_table(self) -> OpTable:
         """The schedule's dependency structure (the same for every replica and every plan with
         this schedule: cached per (kind, p, m, v))."""
         if self._ops is None:
-            self._ops = _op_table(*self._shape)
+            self._ops = op_table(*self._shape)
         return self._ops
 
     def _evaluate_replica(self, d: int) -> list[float]:
@@ -184,7 +138,7 @@ class _Estimator:
         got = _WALKS.get(key)
         if got is not None:
             return list(got)
-        clock = _walk(table, durs, sends, start)
+        clock = walk(table, durs, sends, start)
         if len(_WALKS) >= 4096:
             _WALKS.clear()
         _WALKS[key] = tuple(clock)
@@ -372,41 +326,3 @@ class _Estimator:
 
 _WALKS: dict[tuple, tuple[float, ...]] = {}
 """Replica walks by their inputs (exact reuse across the candidates of a search)."""
-
-
-def _walk(table: _OpTable, durs: list[list[float]], sends: list[float],
-          start: list[float]) -> list[float]:
-    """Stage end times (s) of one replica: every op as early as its stage and input allow."""
-    pp = len(table.rows)
-    pos, clock = [0] * pp, list(start)
-    ready = [-1.0] * table.slots  # arrival time (s) of each message; -1: not yet sent
-    for q in table.queues:
-        ready[q] = 0.0
-    rows = table.rows
-    lengths = [len(row) for row in rows]
-    remaining = sum(lengths)
-    stages = range(pp)
-    while remaining:
-        progressed = False
-        for s in stages:
-            row, k, t, n, dur = rows[s], pos[s], clock[s], lengths[s], durs[s]
-            while k < n:
-                dk, need, sk, queue, out = row[k]
-                if need >= 0:
-                    arrived = ready[need]
-                    if arrived < 0.0:
-                        break
-                    if arrived > t:
-                        t = arrived
-                t += dur[dk]
-                if sk >= 0:
-                    free = ready[queue]
-                    arrival = (t if t > free else free) + sends[sk]
-                    ready[queue] = ready[out] = arrival
-                k += 1
-            if k != pos[s]:
-                remaining -= k - pos[s]
-                pos[s], clock[s] = k, t
-                progressed = True
-        assert progressed, "schedule deadlock"
-    return clock
