@@ -22,10 +22,13 @@ import time
 
 def _cold() -> None:
     """Empty every cache the search fills, so each measurement starts cold."""
-    from holmes_sim import analytic, planner, schedule, walk
+    from holmes_sim import analytic, netview, planner, schedule, walk
+    from holmes_sim.policies import base
 
     analytic._WALKS.clear()
-    analytic._NETWORKS.clear()
+    netview._VIEWS.clear()
+    for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS):
+        memo.clear()
     walk.op_table.cache_clear()
     planner._PLANS.clear()
     schedule._build_schedule.cache_clear()
