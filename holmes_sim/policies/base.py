@@ -17,6 +17,8 @@ from holmes_sim.schedule import ScheduleKind
 from holmes_sim.workload import Workload
 
 TransportChooser = Callable[[Sequence[GpuRef]], Transport]
+"""A group's transport from its members' GPUs; it may depend on the members' nodes only (in
+order of first appearance), so `build_groups` asks once per distinct node sequence."""
 _ORDERS: IdentityMemo = IdentityMemo()
 _TP_CHECKED: IdentityMemo = IdentityMemo()
 _GROUPS: IdentityMemo = IdentityMemo()
@@ -107,9 +109,14 @@ def _build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: 
     def rank(s: int, d: int, i: int) -> int:
         return s * dp * tp + d * tp + i
 
+    chosen: dict[tuple[str, ...], Transport] = {}
+
     def make(kind: GroupKind, ranks: tuple[int, ...]) -> Group:
         gpus = [rank_to_gpu[r] for r in ranks]
-        transport = choose(gpus)
+        nodes = tuple(dict.fromkeys(g.node for g in gpus))
+        transport = chosen.get(nodes)
+        if transport is None:
+            transport = chosen[nodes] = choose(gpus)
         return Group(kind, ranks, transport, member_nics(cluster, gpus, transport))
 
     groups: list[Group] = []
