@@ -55,6 +55,7 @@ class StageTimer:
         self.emb_ring = _ring(self.net.idle_ring(GroupKind.EMBEDDING, 0))
         # Replicas on identical hardware cost the same: keep one node per distinct (GPU, link).
         self.nodes = [self.net.stage_nodes(s) for s in range(request.pp)]
+        self._chunks: dict[tuple, tuple[float, float, int]] = {}
 
     def stage_time_s(self, s: int, chunk_layers: Sequence[int]) -> float:
         """Compute of all micro-batches plus exposed DP and embedding sync of stage `s` (s)."""
@@ -67,17 +68,28 @@ class StageTimer:
         params = 0
         for c, n in enumerate(chunk_layers):
             j = c * r.pp + s
-            first, last = j == 0, j == nv - 1
-            fwd += self.costs.chunk_compute_s(node, n, first, last, False) + \
-                self.costs.tp_comm_s(node, n, False)
-            bwd += self.costs.chunk_compute_s(node, n, first, last, True) + \
-                self.costs.tp_comm_s(node, n, True)
-            params += self.costs.chunk_params(n, first, last)
+            f, b, k = self._chunk(node, n, j == 0, j == nv - 1)
+            fwd += f
+            bwd += b
+            params += k
         exposed = self._dp_exposed_s(s, params, fwd, bwd)
         if s in (0, r.pp - 1) and r.pp > 1 and r.workload.tie_embeddings:
             emb = r.workload.grad_bytes_of(r.workload.vocab * r.workload.hidden)
             exposed += self.emb_ring.time_s("all-reduce", emb)
         return r.num_microbatches * (fwd + bwd) + exposed
+
+    def _chunk(self, node: Node, n: int, first: bool, last: bool) -> tuple[float, float, int]:
+        """Forward and backward seconds (compute + TP) and parameters of a chunk of n layers on
+        `node`, priced once per search (stages and trials share chunks)."""
+        key = (id(node), n, first, last)
+        got = self._chunks.get(key)
+        if got is None:
+            costs = self.costs
+            got = self._chunks[key] = (
+                costs.chunk_compute_s(node, n, first, last, False) + costs.tp_comm_s(node, n, False),
+                costs.chunk_compute_s(node, n, first, last, True) + costs.tp_comm_s(node, n, True),
+                costs.chunk_params(n, first, last))
+        return got
 
     def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
         w, ring = self.r.workload, self.dp_ring[s]
