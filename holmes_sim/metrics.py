@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from holmes_sim.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
+from holmes_sim.netview import netview
 from holmes_sim.plan import GroupKind, Plan
 from holmes_sim.trace import OpKind, Trace
 from holmes_sim.units import GIB
@@ -141,6 +142,7 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     activations = (in-flight chunk-micro-batches) x (layers of the stage's largest chunk) x
     per-layer activation bytes [Korthikanti et al. 2022, Table 2]."""
     schedule = plan.schedule()
+    net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp, plan.num_chunks)
     per_stage, capacity = [], []
     for s in range(plan.pp):
         params = costs.stage_params(plan.layers_per_stage, plan.pp, s)
@@ -148,8 +150,7 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
         acts = schedule.peak_in_flight(s) * max(plan.stage_layers(s)) * \
             workload.activation_bytes_per_layer(plan.tp)
         per_stage.append(state + acts)
-        capacity.append(min(cluster.node(plan.rank_to_gpu[plan.rank(s, d, 0)].node).gpu.memory_bytes
-                            for d in range(plan.dp)))
+        capacity.append(net.memory_bytes(s))
     return MemoryReport(tuple(per_stage), tuple(capacity))
 
 

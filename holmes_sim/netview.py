@@ -55,6 +55,7 @@ class NetView:
         self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._rings: dict[tuple[GroupKind, int], Ring | None] = {}
         self._stage_nodes: dict[int, list[Node]] = {}
+        self._memory: dict[int, float] = {}
         self._emb: list[Ring | None] | None = None
         self._classes: list[tuple[int, list[int]]] | None = None
         self._combos: dict[bool, list[list[tuple[int, tuple]]]] = {}
@@ -77,6 +78,13 @@ class NetView:
         """What prices an op of (s, d): the node's GPU model and intra-node link."""
         node = self.node(s, d)
         return node.gpu, node.intra_link
+
+    def memory_bytes(self, s: int) -> float:
+        """The smallest GPU memory (bytes) among stage s's replicas."""
+        got = self._memory.get(s)
+        if got is None:
+            got = self._memory[s] = min(self.node(s, d).gpu.memory_bytes for d in range(self.dp))
+        return got
 
     # ---- pipeline sends ---------------------------------------------------------------------
     def p2p(self, a: int, b: int, d: int) -> tuple[float, float]:

@@ -31,8 +31,9 @@ _MAX_CYCLE = 2
 """Cyclicities tried per pipeline stage: the state after round r is compared with the states
 after rounds r - 1 ... r - 2p."""
 _NOISE_ULPS = 64
-"""A round's increments may differ by this many units in the last place of the largest time
-(rounding in the round's chain of additions) and still count as one constant."""
+"""The state's components' increments may differ from the first one's by this many units in the
+last place of the largest time (rounding in a round's chain of additions) and still count as
+one constant."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,11 +285,15 @@ def _through_run(state: _State, table: OpTable, durs, sends, run: SteadyRun) -> 
 def _constant_step(before: list[float], now: list[float]) -> float | None:
     """The one increment (s) from `before` to `now`, or None when they differ by more than
     rounding."""
-    d = [b - a for a, b in zip(before, now, strict=True)]
-    lo, hi = min(d), max(d)
-    if hi - lo > _NOISE_ULPS * math.ulp(max(now)):
-        return None
-    return math.fsum(d) / len(d)
+    tol = _NOISE_ULPS * math.ulp(max(now))
+    first = now[0] - before[0]
+    total = 0.0
+    for a, b in zip(before, now, strict=True):
+        d = b - a
+        if abs(d - first) > tol:
+            return None
+        total += d
+    return total / len(now)
 
 
 def _jump(state: _State, table: OpTable, run: SteadyRun, r: int, to: int, add: float) -> None:
