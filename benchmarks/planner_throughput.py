@@ -30,6 +30,7 @@ def _cold() -> None:
     for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS):
         memo.clear()
     walk.op_table.cache_clear()
+    walk.full_op_table.cache_clear()
     planner._PLANS.clear()
     schedule._build_schedule.cache_clear()
     schedule._peak_in_flight.cache_clear()

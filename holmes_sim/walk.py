@@ -39,15 +39,18 @@ one constant."""
 @dataclass(frozen=True, slots=True)
 class SteadyRun:
     """Rounds that repeat: the boundary (cut) before round r of stage s is op index
-    `starts[s] + r * period`, for r = 0..rounds; round r + 1 is round r with micro-batches + M.
-    `outstanding[r]` lists the message slots written before cut r and read after it, in the
-    order of their readers (stage, then position after the cut), so entry i of cut r and
-    entry i of cut r + 1 are the same message one round later."""
+    `starts[s] + r * period`, for r = 0..rounds; round r + 1 is round r with micro-batches +
+    `shift`. `outstanding[r]` lists the message slots written before cut r and read after it,
+    in the order of their readers (stage, then position after the cut), so entry i of cut r and
+    entry i of cut r + 1 are the same message one round later. `extra`: rounds of the full
+    schedule left out of this table (see `op_table`)."""
 
     starts: tuple[int, ...]
     period: int
+    shift: int
     rounds: int
     outstanding: tuple[tuple[int, ...], ...]
+    extra: int = 0
 
     def cut(self, r: int) -> list[int]:
         return [a + r * self.period for a in self.starts]
@@ -57,98 +60,149 @@ class SteadyRun:
 class OpTable:
     """A schedule as the walk reads it. `rows[s]` holds stage s's ops in order as
     (kind index, input slot, send index, queue slot, output slot), -1 for none; `kinds[s]` lists
-    the distinct (virtual stage, backward) ops of stage s, `sends` the distinct (from, to)
-    virtual-stage sends; a queue slot holds the last arrival on a physical stage pair."""
+    the distinct (virtual stage, backward) ops of stage s and `sends` the distinct (from, to)
+    virtual-stage sends, both sorted; a queue slot holds the last arrival on a physical stage
+    pair."""
 
+    shape: tuple[str, int, int, int]
+    """(kind, p, m, v) of the schedule this table stands for."""
     rows: tuple[tuple[tuple, ...], ...]
     kinds: tuple[tuple[tuple[int, bool], ...], ...]
     sends: tuple[tuple[int, int], ...]
     slots: int
-    """Size of the walk's arrival list (messages, then queues, by first use)."""
+    """Size of the walk's arrival list (messages by (direction, virtual stage, micro-batch),
+    then queues)."""
     queues: tuple[int, ...]
     """Slots that are send queues (start free at 0 s)."""
-    runs: tuple[SteadyRun, ...] = ()
-    """Steady runs in op order (none: the walk goes op by op)."""
+    run: SteadyRun | None = None
+    """The steady run (None: the walk goes op by op)."""
+
+
+_TARGET_ROUNDS = (6, 24)
+"""A table keeps 6p + 24 steady rounds (p stages); the jump needs far fewer (a transient and
+two cycles)."""
+
+
+@lru_cache(maxsize=512)
+def op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
+    """The walk's table of schedule (kind, p, m, v). With many steady rounds, the table of the
+    same schedule with fewer micro-batches, whose run records the rounds left out: a 1F1B or
+    interleaved schedule with M more micro-batches is the same op rows with one more steady
+    round (forward and backward units are numbered independently of m, `schedule.py`), so the
+    walk jumps over those rounds too. `full_op_table` is the table of every op."""
+    small = _fewer_microbatches(ScheduleKind(kind), pp, m, v)
+    if small is None:
+        return full_op_table(kind, pp, m, v)
+    m_small, extra = small
+    table = full_op_table(kind, pp, m_small, v)
+    if table.run is None:
+        return full_op_table(kind, pp, m, v)
+    return OpTable((kind, pp, m, v), table.rows, table.kinds, table.sends, table.slots,
+                   table.queues, SteadyRun(table.run.starts, table.run.period, table.run.shift,
+                                           table.run.rounds, table.run.outstanding, extra))
+
+
+def _fewer_microbatches(kind: ScheduleKind, p: int, m: int, v: int) -> tuple[int, int] | None:
+    """(micro-batches of the kept table, steady rounds left out), or None to keep all."""
+    target = _TARGET_ROUNDS[0] * p + _TARGET_ROUNDS[1]
+    if kind is ScheduleKind.ONE_F_ONE_B:
+        keep = p + target  # p - 1 warm-up forwards, then one micro-batch per round
+        return (keep, m - keep) if m > keep else None
+    if kind is ScheduleKind.INTERLEAVED and p > 1:
+        warmup_groups = -(-((p - 1) * 2 + (v - 1) * p) // (p * v)) + 1
+        keep = p * (warmup_groups + target)  # then p micro-batches per round
+        return (keep, (m - keep) // p) if m > keep else None
+    return None
 
 
 @lru_cache(maxsize=256)
-def op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
-    """The dependency structure of schedule (kind, p, m, v), with its steady runs."""
+def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
+    """The dependency structure of every op of schedule (kind, p, m, v), with its steady run."""
     schedule = build_schedule(kind, pp, m, v)
     nv = schedule.num_virtual_stages
-    send_index: dict[tuple[int, int], int] = {}
-    slots: dict[tuple, int] = {}  # message and queue keys -> slot in the walk's arrival list
+    sends = sorted({(j, j + 1) for j in range(nv - 1)} | {(j + 1, j) for j in range(nv - 1)})
+    send_index = {pair: i for i, pair in enumerate(sends)}
+    # Message (direction, to, micro-batch): forward inputs of j = 1..nv-1, then backward inputs
+    # of j = 0..nv-2, m slots each; then one slot per physical stage pair's queue.
+    messages = 2 * (nv - 1) * m
+    queue_slot: dict[tuple[int, int], int] = {}
     rows, kinds = [], []
     for s, ops in enumerate(schedule.stage_ops):
-        kind_index: dict[tuple[int, bool], int] = {}
+        stage_kinds = sorted({(schedule.virtual_stage(s, c), b) for c in range(schedule.num_chunks)
+                              for b in (False, True)})
+        kind_index = {k: i for i, k in enumerate(stage_kinds)}
         row = []
         for op in ops:
-            j = schedule.virtual_stage(s, op.chunk)
-            backward = op.kind == "B"
-            first_input = (op.kind == "F" and j == 0) or (backward and j == nv - 1)
-            need = -1 if first_input else slots.setdefault((op.kind, j, op.microbatch), len(slots))
-            to = (j - 1 if j > 0 else None) if backward else (j + 1 if j < nv - 1 else None)
-            if to is None:
+            j = s + op.chunk * pp
+            mb = op.microbatch
+            if op.kind == "B":
+                need = -1 if j == nv - 1 else ((nv - 1) + j) * m + mb
+                to = j - 1 if j > 0 else -1
+                out = ((nv - 1) + to) * m + mb
+            else:
+                need = -1 if j == 0 else (j - 1) * m + mb
+                to = j + 1 if j < nv - 1 else -1
+                out = (to - 1) * m + mb
+            if to < 0:
                 sk = queue = out = -1
             else:
-                sk = send_index.setdefault((j, to), len(send_index))
-                queue = slots.setdefault(("queue", j % pp, to % pp), len(slots))
-                out = slots.setdefault((op.kind, to, op.microbatch), len(slots))
-            dk = kind_index.setdefault((j, backward), len(kind_index))
-            row.append((dk, need, sk, queue, out))
+                sk = send_index[(j, to)]
+                pair = (j % pp, to % pp)
+                queue = queue_slot.get(pair)
+                if queue is None:
+                    queue = queue_slot[pair] = messages + len(queue_slot)
+            row.append((kind_index[(j, op.kind == "B")], need, sk, queue, out))
         rows.append(tuple(row))
-        kinds.append(tuple(kind_index))
-    queues = tuple(i for key, i in slots.items() if key[0] == "queue")
-    runs = tuple(r for r in (_steady_run(schedule.stage_ops, rows, slots, a, period, shift)
-                             for a, period, shift in _steady_shapes(kind, pp, m, v)) if r is not None)
-    return OpTable(tuple(rows), tuple(kinds), tuple(send_index), len(slots), queues, runs)
+        kinds.append(tuple(stage_kinds))
+    queues = tuple(queue_slot.values())
+    shape = _steady_shape(kind, pp, m, v)
+    run = None if shape is None else _steady_run(schedule.stage_ops, rows, m, *shape)
+    return OpTable((kind, pp, m, v), tuple(rows), tuple(kinds), tuple(sends),
+                   messages + len(queues), queues, run)
 
 
-def _steady_shapes(kind: str, p: int, m: int, v: int) -> list[tuple[tuple[int, ...], int, int]]:
-    """Where each steady phase starts per stage, ops per round, and micro-batches per round
+def _steady_shape(kind: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], int, int] | None:
+    """Where the steady phase starts per stage, ops per round, and micro-batches per round
     (the schedules' definitions in `schedule.py`; `_steady_run` checks them)."""
     kind = ScheduleKind(kind)
     if kind is ScheduleKind.GPIPE:
         # Its phases feed one way (no backward between forwards), so stages of different speeds
         # drift apart at their own rates and the state never repeats up to one constant.
-        return []
+        return None
     if kind is ScheduleKind.ONE_F_ONE_B:
-        return [(tuple(min(p - s - 1, m) for s in range(p)), 2, 1)]
-    return [(tuple(min((p - s - 1) * 2 + (v - 1) * p, m * v) for s in range(p)), 2 * p * v, p)]
+        return tuple(min(p - s - 1, m) for s in range(p)), 2, 1
+    return tuple(min((p - s - 1) * 2 + (v - 1) * p, m * v) for s in range(p)), 2 * p * v, p
 
 
-def _steady_run(stage_ops, rows, slots: dict, starts: tuple[int, ...], period: int,
+def _steady_run(stage_ops, rows, m: int, starts: tuple[int, ...], period: int,
                 shift: int) -> SteadyRun | None:
     """The verified steady run from `starts`: as many rounds as every stage's ops repeat with
     micro-batches + `shift`, every cut is closed under dependencies, and the messages in flight
     at each cut are those at the previous cut one round later (None: fewer than 3 rounds)."""
-    rounds = min(_repeating_rounds(ops, a, period, shift) for ops, a in zip(stage_ops, starts, strict=True))
+    rounds = min(_repeating_rounds(ops, a, period, shift) for ops, a in zip(stage_ops, starts,
+                                                                            strict=True))
     if rounds < 3:
         return None
     writer, reader = _slot_positions(rows)
-    key_of = {i: key for key, i in slots.items()}
     # A slot is inside cut r from the first round whose cut passes its writer (reader).
-    def first_cut(pos):
-        s, k = pos
-        return max(0, (k - starts[s]) // period + 1)
     outstanding: list[list[tuple[int, int, int]]] = [[] for _ in range(rounds + 1)]
-    for i, w in writer.items():
-        if i not in reader:
-            continue
-        rw, rr = first_cut(w), first_cut(reader[i])
+    for i, (sw, kw) in writer.items():
+        sr, kr = reader[i]
+        rw = max(0, (kw - starts[sw]) // period + 1)
+        rr = max(0, (kr - starts[sr]) // period + 1)
         if rr < rw:  # cuts rr..rw-1 hold the reader but not the writer: not closed
             rounds = min(rounds, rr - 1)
-        s, k = reader[i]
+        base = kr - starts[sr]
         for r in range(rw, min(rr, rounds + 1)):
-            outstanding[r].append((s, k - starts[s] - r * period, i))
+            outstanding[r].append((sr, base - r * period, i))
     lists = [tuple(i for *_, i in sorted(o)) for o in outstanding[:rounds + 1]]
     for r in range(rounds):
-        if not _shifted(lists[r], lists[r + 1], key_of, slots, shift):
+        if not _shifted(lists[r], lists[r + 1], m, shift):
             rounds = r
             break
     if rounds < 3:
         return None
-    return SteadyRun(starts, period, rounds, tuple(lists[:rounds + 1]))
+    return SteadyRun(starts, period, shift, rounds, tuple(lists[:rounds + 1]))
 
 
 def _repeating_rounds(ops, start: int, period: int, shift: int) -> int:
@@ -177,23 +231,20 @@ def _slot_positions(rows) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[i
     return writer, reader
 
 
-def _shifted(before: tuple[int, ...], after: tuple[int, ...], key_of: dict, slots: dict,
-             shift: int) -> bool:
-    """Whether `after` is `before` with each message's micro-batch + shift."""
+def _shifted(before: tuple[int, ...], after: tuple[int, ...], m: int, shift: int) -> bool:
+    """Whether `after` is `before` with each message's micro-batch + shift (a message's slot is
+    its (direction, virtual stage) block times m plus its micro-batch)."""
     if len(before) != len(after):
         return False
-    for a, b in zip(before, after, strict=True):
-        kind, j, mb = key_of[a]
-        if slots.get((kind, j, mb + shift)) != b:
-            return False
-    return True
+    return all(b == a + shift and a % m + shift < m for a, b in zip(before, after, strict=True))
 
 
 def walk_plain(table: OpTable, durs: list[list[float]], sends: list[float],
                start: list[float]) -> list[float]:
     """Stage end times (s) of one replica, op by op: every op as early as its stage and input
     allow (`durs[s][kind index]`, `sends[send index]` in seconds; `start[s]`: stage s's first
-    op may not start before)."""
+    op may not start before). Walks the full table of `table`'s schedule."""
+    table = full_op_table(*table.shape)
     state = _State(table, start)
     state.advance(table, durs, sends, [len(row) for row in table.rows])
     return state.clock
@@ -201,11 +252,14 @@ def walk_plain(table: OpTable, durs: list[list[float]], sends: list[float],
 
 def walk(table: OpTable, durs: list[list[float]], sends: list[float],
          start: list[float]) -> list[float]:
-    """`walk_plain`'s result, jumping over the repeating rounds of each steady run."""
+    """`walk_plain`'s result, jumping over the repeating rounds of the steady run (and the
+    rounds a shortened table left out; when its state never repeats, the full table is walked)."""
     state = _State(table, start)
-    for run in table.runs:
+    run = table.run
+    if run is not None:
         state.advance(table, durs, sends, run.cut(0))
-        _through_run(state, table, durs, sends, run)
+        if not _through_run(state, table, durs, sends, run) and run.extra:
+            return walk(full_op_table(*table.shape), durs, sends, start)
     state.advance(table, durs, sends, [len(row) for row in table.rows])
     return state.clock
 
@@ -260,11 +314,13 @@ class _State:
         return self.clock + [ready[q] for q in table.queues] + [ready[i] for i in outstanding]
 
 
-def _through_run(state: _State, table: OpTable, durs, sends, run: SteadyRun) -> None:
+def _through_run(state: _State, table: OpTable, durs, sends, run: SteadyRun) -> bool:
     """Walk the run's rounds from cut 0 until the state repeats up to a constant, then move the
-    state to the run's last cut at once (see module docstring)."""
+    state to the schedule's last steady cut at once (see module docstring). False: it never
+    repeated (the state is then at the run's last cut)."""
     history = [state.vector(table, run.outstanding[0])]
     cycles = _MAX_CYCLE * len(table.rows)
+    rounds = run.rounds + run.extra  # of the full schedule
     for r in range(1, run.rounds + 1):
         state.advance(table, durs, sends, run.cut(r))
         now = state.vector(table, run.outstanding[r])
@@ -277,9 +333,11 @@ def _through_run(state: _State, table: OpTable, durs, sends, run: SteadyRun) -> 
                 continue
             step = _constant_step(before, now)
             if step is not None:
-                steps = (run.rounds - r) // c
-                _jump(state, table, run, r, r + steps * c, steps * step)
-                return
+                steps = (rounds - r) // c
+                # The full schedule's cut r + steps c is this table's cut r + steps c - extra.
+                _jump(state, table, run, r, r + steps * c - run.extra, steps * step)
+                return True
+    return False
 
 
 def _constant_step(before: list[float], now: list[float]) -> float | None:

@@ -50,12 +50,24 @@ def test_walk_equals_plain_walk_on_random_schedules():
 
 
 def test_steady_runs_cover_the_one_forward_one_backward_phase():
-    run, = op_table("1f1b", 4, 32, 1).runs
-    assert run.starts == (3, 2, 1, 0) and run.period == 2 and run.rounds == 29
-    run, = op_table("interleaved", 4, 32, 2).runs
+    run = op_table("1f1b", 4, 32, 1).run
+    assert run.starts == (3, 2, 1, 0) and run.period == 2 and run.rounds == 29 and run.extra == 0
+    run = op_table("interleaved", 4, 32, 2).run
     assert run.period == 16 and run.rounds >= 6
-    assert op_table("gpipe", 4, 32, 1).runs == ()
-    assert op_table("1f1b", 4, 3, 1).runs == ()  # no steady phase
+    assert op_table("gpipe", 4, 32, 1).run is None
+    assert op_table("1f1b", 4, 3, 1).run is None  # no steady phase
+
+
+def test_long_schedules_keep_a_short_table():
+    """A 1F1B table of 2,048 micro-batches keeps 6p + 24 steady rounds and leaves the rest to
+    the jump; its walk equals the full table's."""
+    table = op_table("1f1b", 4, 2048, 1)
+    assert table.run.extra == 2048 - (4 + 6 * 4 + 24) and len(table.rows[0]) < 2 * 60
+    rng = random.Random(5)
+    durs = [[rng.uniform(1e-3, 1e-2) for _ in kinds] for kinds in table.kinds]
+    sends = [rng.uniform(0.0, 1e-3) for _ in table.sends]
+    start = [0.0] * 4
+    assert _close(walk_plain(table, durs, sends, start), walk(table, durs, sends, start))
 
 
 def _sample(name: str, count: int):
@@ -81,7 +93,7 @@ def test_estimate_with_jump_equals_plain_walk_on_searched_plans(name, monkeypatc
             analytic._WALKS.clear()
             fast = analytic.estimate_iteration(plan, cluster, p.workload, p.compute)
             analytic._WALKS.clear()
-            monkeypatch.setattr(analytic, "walk", walk_plain)
+            monkeypatch.setattr(analytic, "walk", walk_plain)  # walks the full table
             plain = analytic.estimate_iteration(plan, cluster, p.workload, p.compute)
             monkeypatch.undo()
             assert _close([plain.iteration_s, *plain.stage_end_s],
