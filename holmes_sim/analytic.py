@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from holmes_sim.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
-from holmes_sim.cost.ops import OpCosts
+from holmes_sim.cost.ops import OpCosts, chunk_times
 from holmes_sim.netview import netview
 from holmes_sim.plan import Plan
 from holmes_sim.walk import op_table, walk
@@ -52,6 +52,7 @@ class _Estimator:
     def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel):
         self.plan, self.cluster, self.w = plan, cluster, workload
         self.costs = OpCosts(cluster, workload, compute, plan.tp)
+        self.times = chunk_times(self.costs)
         self.net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp,
                            plan.num_chunks)
         self.schedule = plan.schedule()
@@ -60,7 +61,6 @@ class _Estimator:
         self._shape = (sch.kind, sch.num_stages, sch.num_microbatches, sch.num_chunks)
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
-        self._op_cache: dict[tuple, float] = {}
         self._bucket_cache: dict[tuple, list[float]] = {}
 
     def run(self) -> Estimate:
@@ -69,7 +69,7 @@ class _Estimator:
         p, net = self.plan, self.net
         clocks = [self._evaluate_replica(d) for d, _ in net.replica_classes()]
         combos = net.stage_combos(self.w.tie_embeddings)
-        finish = [max(clocks[c][s] + self._tail(s, key) for c, key in combos[s])
+        finish = [max(clocks[c][s] + self._tail(s, t, d) for c, t, d in combos[s])
                   for s in range(p.pp)]
         return Estimate(max(finish), tuple(max(clock[s] for clock in clocks) for s in range(p.pp)))
 
@@ -96,20 +96,10 @@ class _Estimator:
         return clock
 
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
-        """Compute plus TP communication of virtual stage j's op on replica d's node (cached by
-        the node's GPU and link: equal hardware, equal time)."""
-        return self._op_hw_s(self.net.hardware(s, d), s, d, j, backward)
-
-    def _op_hw_s(self, hardware: tuple, s: int, d: int, j: int, backward: bool) -> float:
-        key = (hardware, j, backward)
-        got = self._op_cache.get(key)
-        if got is None:
-            node = self.net.node(s, d)
-            n = self.plan.layers_per_stage[j]
-            got = self._op_cache[key] = \
-                self.costs.chunk_compute_s(node, n, j == 0, j == self.nv - 1, backward) + \
-                self.costs.tp_comm_s(node, n, backward)
-        return got
+        """Compute plus TP communication of virtual stage j's op on replica d's node (shared by
+        equal hardware and across candidates: `cost.ops.ChunkTimes`)."""
+        return self.times.op_s(self.net.node(s, d), self.plan.layers_per_stage[j], j == 0,
+                               j == self.nv - 1, backward)
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
         """Latency + bytes at the path's rate when every replica sends the same message at the
@@ -174,14 +164,15 @@ class _Estimator:
             t = max(t, window * (k + 1) / len(reduce)) + r
         return max(0.0, t - window)
 
-    def _tail(self, s: int, key: tuple) -> float:
+    def _tail(self, s: int, tail: int, d: int) -> float:
         """Seconds of stage s's gradient sync, embedding all-reduce, optimizer step and
-        all-gather after its last op; `key` is (hardware, embedding ring or None) of a replica
-        (`NetView.stage_combos`): equal keys, equal tails."""
-        got = self._tail_cache.get((s, key))
+        all-gather after its last op, for replica d of tail index `tail` (`NetView.
+        stage_combos`: equal hardware and embedding ring, equal tails)."""
+        got = self._tail_cache.get((s, tail))
         if got is None:
-            d = next(d for d in range(self.plan.dp) if self.net.hardware(s, d) == key[0])
-            got = self._tail_cache[(s, key)] = self._tail_s(s, d, key[1])
+            emb = self.net.embedding_ring(d) if self.w.tie_embeddings and self.plan.pp > 1 and \
+                s in (0, self.plan.pp - 1) else None
+            got = self._tail_cache[(s, tail)] = self._tail_s(s, d, emb)
         return got
 
     def _tail_s(self, s: int, d: int, emb) -> float:

@@ -51,6 +51,7 @@ class NetView:
             self._by_first.setdefault((g.kind, g.ranks[0]), g)
         self._forward = {(j % pp, (j + 1) % pp) for j in range(self.nv - 1)}
         self._entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
+        self._nodes: dict[tuple[int, int], Node] = {}
         self._paths: dict[tuple[int, int, int], Path] = {}
         self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._rings: dict[tuple[GroupKind, int], Ring | None] = {}
@@ -72,7 +73,10 @@ class NetView:
         return got
 
     def node(self, s: int, d: int) -> Node:
-        return self.cluster.node(self.entity(s, d)[0].node)
+        got = self._nodes.get((s, d))
+        if got is None:
+            got = self._nodes[(s, d)] = self.cluster.node(self.entity(s, d)[0].node)
+        return got
 
     def hardware(self, s: int, d: int) -> tuple:
         """What prices an op of (s, d): the node's GPU model and intra-node link."""
@@ -176,18 +180,22 @@ class NetView:
             self._classes = list(by_signature.values())
         return self._classes
 
-    def stage_combos(self, embedding: bool) -> list[list[tuple[int, tuple]]]:
-        """Per stage, the distinct (replica class index, tail key) of its replicas; the tail key
-        (hardware, embedding ring or None) prices the work after the stage's last op.
-        `embedding`: the first and last stages all-reduce tied embeddings."""
+    def stage_combos(self, embedding: bool) -> list[list[tuple[int, int, int]]]:
+        """Per stage, the distinct (replica class index, tail index) of its replicas, with a
+        replica that has them. Replicas of one tail index have the same hardware and embedding
+        ring (or none), which price the work after the stage's last op. `embedding`: the first
+        and last stages all-reduce tied embeddings."""
         got = self._combos.get(embedding)
         if got is None:
             class_of = {d: c for c, (_, members) in enumerate(self.replica_classes()) for d in members}
             got = []
             for s in range(self.pp):
                 emb = embedding and self.pp > 1 and s in (0, self.pp - 1)
-                combos = {(class_of[d], (self.hardware(s, d), self.embedding_ring(d) if emb else None)):
-                          None for d in range(self.dp)}
-                got.append(list(combos))
+                tails: dict[tuple, int] = {}
+                combos: dict[tuple[int, int], int] = {}
+                for d in range(self.dp):
+                    tail = (self.hardware(s, d), self.embedding_ring(d) if emb else None)
+                    combos.setdefault((class_of[d], tails.setdefault(tail, len(tails))), d)
+                got.append([(c, t, d) for (c, t), d in combos.items()])
             self._combos[embedding] = got
         return got

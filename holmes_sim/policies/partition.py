@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from holmes_sim.cluster import Node
 from holmes_sim.cost.collectives import ring_collective_time_s
-from holmes_sim.cost.ops import OpCosts
+from holmes_sim.cost.ops import OpCosts, chunk_times
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.netview import netview
@@ -47,6 +47,7 @@ class StageTimer:
         self.r = request
         self.optimizer = optimizer
         self.costs = OpCosts(request.cluster, request.workload, request.compute, request.tp)
+        self.times = chunk_times(self.costs)
         # Rings and alike replicas come from the placement's shared view (`netview`).
         self.net = netview(request.cluster, rank_to_gpu, groups, request.tp, request.pp,
                            request.dp, request.num_chunks)
@@ -84,11 +85,10 @@ class StageTimer:
         key = (id(node), n, first, last)
         got = self._chunks.get(key)
         if got is None:
-            costs = self.costs
-            got = self._chunks[key] = (
-                costs.chunk_compute_s(node, n, first, last, False) + costs.tp_comm_s(node, n, False),
-                costs.chunk_compute_s(node, n, first, last, True) + costs.tp_comm_s(node, n, True),
-                costs.chunk_params(n, first, last))
+            times = self.times
+            got = self._chunks[key] = (times.op_s(node, n, first, last, False),
+                                       times.op_s(node, n, first, last, True),
+                                       self.costs.chunk_params(n, first, last))
         return got
 
     def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
