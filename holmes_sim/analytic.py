@@ -18,6 +18,7 @@ free communication [Narayanan et al. SC'21, section 2.2]: 1F1B and GPipe bubble 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 from holmes_sim.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
@@ -142,11 +143,9 @@ class _Estimator:
         if not times:
             return 0.0
         forward = self._op_s(s, d, self.schedule.virtual_stage(s, 0), False)
-        done, delay = 0.0, 0.0
-        for k, ag in enumerate(times):
-            done += ag
-            delay = max(delay, done - forward * k / len(times))
-        return delay
+        n = len(times)
+        # accumulate: the running sums in order, as `done += ag` gives them.
+        return max(0.0, max(done - forward * k / n for k, done in enumerate(accumulate(times))))
 
     def _backward_window(self, s: int, d: int) -> float:
         """Seconds of one micro-batch's backward over all chunks of stage s."""

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from holmes_sim import analytic, planner
+from holmes_sim import walk as walk_module
 from holmes_sim.bundled import bundled_scenario
 from holmes_sim.errors import HolmesError
 from holmes_sim.prepare import prepare
@@ -68,6 +69,15 @@ def test_long_schedules_keep_a_short_table():
     sends = [rng.uniform(0.0, 1e-3) for _ in table.sends]
     start = [0.0] * 4
     assert _close(walk_plain(table, durs, sends, start), walk(table, durs, sends, start))
+
+
+def test_a_short_table_whose_state_never_repeats_walks_the_full_table(monkeypatch):
+    monkeypatch.setattr(walk_module, "_NOISE_ULPS", -1)  # no two states count as repeating
+    table = op_table("1f1b", 3, 500, 1)
+    assert table.run.extra > 0
+    durs = [[0.01 * (s + 1), 0.02] for s in range(3)]
+    sends = [1e-3] * len(table.sends)
+    assert walk(table, durs, sends, [0.0] * 3) == walk_plain(table, durs, sends, [0.0] * 3)
 
 
 def _sample(name: str, count: int):
