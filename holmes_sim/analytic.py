@@ -26,6 +26,7 @@ from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts, chunk_times
 from holmes_sim.netview import netview
 from holmes_sim.plan import Plan
+from holmes_sim.schedule import ScheduleKind
 from holmes_sim.walk import op_table, walk
 from holmes_sim.workload import Workload
 
@@ -56,10 +57,11 @@ class _Estimator:
         self.times = chunk_times(self.costs)
         self.net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp,
                            plan.num_chunks)
-        self.schedule = plan.schedule()
-        self.nv = self.schedule.num_virtual_stages
-        sch = self.schedule
-        self._shape = (sch.kind, sch.num_stages, sch.num_microbatches, sch.num_chunks)
+        # The schedule's shape only: the walk's table stands for its ops (`walk.op_table`), and
+        # building every op of a long schedule would cost as much as walking it.
+        self.nv = plan.pp * plan.num_chunks
+        self._shape = (ScheduleKind(plan.schedule_kind), plan.pp, plan.num_microbatches,
+                       plan.num_chunks)
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
         self._bucket_cache: dict[tuple, list[float]] = {}
@@ -73,6 +75,10 @@ class _Estimator:
         finish = [max(clocks[c][s] + self._tail(s, t, d) for c, t, d in combos[s])
                   for s in range(p.pp)]
         return Estimate(max(finish), tuple(max(clock[s] for clock in clocks) for s in range(p.pp)))
+
+    def _virtual(self, s: int, c: int) -> int:
+        """Virtual stage of chunk c of stage s (`Schedule.virtual_stage`)."""
+        return c * self.plan.pp + s
 
     def _evaluate_replica(self, d: int) -> list[float]:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
@@ -126,7 +132,7 @@ class _Estimator:
             n, rate, lat = ring
             for c in range(self.plan.num_chunks):
                 params = self.costs.virtual_stage_params(self.plan.layers_per_stage,
-                                                         self.schedule.virtual_stage(s, c))
+                                                         self._virtual(s, c))
                 k = self.costs.gradient_buckets(params)
                 size = self.w.grad_bytes_of(params) if what == "grad" else params * self.w.dtype_bytes
                 out += [ring_collective_time_s(kind, n, size / k, rate, lat)] * k
@@ -142,14 +148,14 @@ class _Estimator:
         times = self._bucket_times(s, "all-gather", "param")
         if not times:
             return 0.0
-        forward = self._op_s(s, d, self.schedule.virtual_stage(s, 0), False)
+        forward = self._op_s(s, d, self._virtual(s, 0), False)
         n = len(times)
         # accumulate: the running sums in order, as `done += ag` gives them.
         return max(0.0, max(done - forward * k / n for k, done in enumerate(accumulate(times))))
 
     def _backward_window(self, s: int, d: int) -> float:
         """Seconds of one micro-batch's backward over all chunks of stage s."""
-        return sum(self._op_s(s, d, self.schedule.virtual_stage(s, c), True)
+        return sum(self._op_s(s, d, self._virtual(s, c), True)
                    for c in range(self.plan.num_chunks))
 
     def _released_reduction_tail(self, s: int, d: int, reduce: list[float]) -> float:

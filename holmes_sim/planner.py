@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from holmes_sim.errors import FieldError, HolmesError
 from holmes_sim.prepare import Prepared
-from holmes_sim.schedule import build_schedule
+from holmes_sim.schedule import check_schedule
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.workload import build_workload
 
@@ -131,7 +131,7 @@ def _variants(prepared, search, tp, pp, dp, mb, m) -> Iterator[Layout]:
             if pp == 1 and schedule != "1f1b" or layers < pp * v:
                 continue
             try:
-                build_schedule(schedule, pp, m, v)
+                check_schedule(schedule, pp, m, v)
             except HolmesError:
                 continue
             for rc in search.recompute:
