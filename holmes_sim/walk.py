@@ -78,9 +78,9 @@ class OpTable:
     """The steady run (None: the walk goes op by op)."""
 
 
-_TARGET_ROUNDS = (6, 24)
-"""A table keeps 6p + 24 steady rounds (p stages); the jump needs far fewer (a transient and
-two cycles)."""
+_TARGET_ROUNDS = {ScheduleKind.ONE_F_ONE_B: (6, 24), ScheduleKind.INTERLEAVED: (1, 8)}
+"""A table keeps a p + b steady rounds (p stages; an interleaved round is p micro-batches);
+the jump needs fewer (a transient and two cycles), else the walk falls back to the full table."""
 
 
 @lru_cache(maxsize=512)
@@ -89,7 +89,8 @@ def op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
     same schedule with fewer micro-batches, whose run records the rounds left out: a 1F1B or
     interleaved schedule with M more micro-batches is the same op rows with one more steady
     round (forward and backward units are numbered independently of m, `schedule.py`), so the
-    walk jumps over those rounds too. `full_op_table` is the table of every op."""
+    walk jumps over those rounds too (`_TARGET_ROUNDS`). `full_op_table` is the table of every
+    op."""
     small = _fewer_microbatches(ScheduleKind(kind), pp, m, v)
     if small is None:
         return full_op_table(kind, pp, m, v)
@@ -104,7 +105,10 @@ def op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
 
 def _fewer_microbatches(kind: ScheduleKind, p: int, m: int, v: int) -> tuple[int, int] | None:
     """(micro-batches of the kept table, steady rounds left out), or None to keep all."""
-    target = _TARGET_ROUNDS[0] * p + _TARGET_ROUNDS[1]
+    if kind not in _TARGET_ROUNDS:
+        return None
+    a, b = _TARGET_ROUNDS[kind]
+    target = a * p + b
     if kind is ScheduleKind.ONE_F_ONE_B:
         keep = p + target  # p - 1 warm-up forwards, then one micro-batch per round
         return (keep, m - keep) if m > keep else None
