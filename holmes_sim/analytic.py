@@ -5,7 +5,8 @@ latency + bytes / path rate, the rate shared with the same send of every other r
 replicas' identical schedules make simultaneous; a ring collective its alpha-beta time [Thakur et
 al. 2005]), and
 the schedule's dependency graph is evaluated as a critical path: an op starts when the previous op
-of its stage ended and its input arrived. Data-parallel collectives of a stage run one after
+of its stage ended and its input arrived (`walk.py`, which jumps over the steady rounds of the
+schedule in closed form). Data-parallel collectives of a stage run one after
 another on one stream. Where no two transfers share a link at the same time this equals the
 engine's result; where they do, the engine is slower (contention), which tests can check.
 
@@ -17,15 +18,16 @@ free communication [Narayanan et al. SC'21, section 2.2]: 1F1B and GPipe bubble 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from itertools import accumulate
 
 from holmes_sim.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
-from holmes_sim.cost.ops import OpCosts
-from holmes_sim.cost.paths import group_path, link_capacities, ring_paths
-from holmes_sim.plan import GroupKind, Plan
-from holmes_sim.schedule import build_schedule
+from holmes_sim.cost.ops import OpCosts, chunk_times
+from holmes_sim.netview import netview
+from holmes_sim.plan import Plan
+from holmes_sim.schedule import ScheduleKind
+from holmes_sim.walk import op_table, walk
 from holmes_sim.workload import Workload
 
 
@@ -48,132 +50,42 @@ def estimate_iteration(plan: Plan, cluster: Cluster, workload: Workload,
     return _Estimator(plan, cluster, workload, compute).run()
 
 
-@dataclass(frozen=True, slots=True)
-class _OpTable:
-    """A schedule as the estimate walks it. `rows[s]` holds stage s's ops in order as
-    (kind index, input slot, send index, queue slot, output slot), -1 for none; `kinds[s]` lists
-    the distinct (virtual stage, backward) ops of stage s, `sends` the distinct (from, to)
-    virtual-stage sends; a queue slot holds the last arrival on a physical stage pair."""
-
-    rows: tuple[tuple[tuple, ...], ...]
-    kinds: tuple[tuple[tuple[int, bool], ...], ...]
-    sends: tuple[tuple[int, int], ...]
-    slots: int
-    """Size of the walk's arrival list (messages, then queues, by first use)."""
-    queues: tuple[int, ...]
-    """Slots that are send queues (start free at 0 s)."""
-
-
-@lru_cache(maxsize=256)
-def _op_table(kind: str, pp: int, m: int, v: int) -> _OpTable:
-    schedule = build_schedule(kind, pp, m, v)
-    nv = schedule.num_virtual_stages
-    send_index: dict[tuple[int, int], int] = {}
-    slots: dict[tuple, int] = {}  # message and queue keys -> slot in the walk's arrival list
-    rows, kinds = [], []
-    for s, ops in enumerate(schedule.stage_ops):
-        kind_index: dict[tuple[int, bool], int] = {}
-        row = []
-        for op in ops:
-            j = schedule.virtual_stage(s, op.chunk)
-            backward = op.kind == "B"
-            first_input = (op.kind == "F" and j == 0) or (backward and j == nv - 1)
-            need = -1 if first_input else slots.setdefault((op.kind, j, op.microbatch), len(slots))
-            to = (j - 1 if j > 0 else None) if backward else (j + 1 if j < nv - 1 else None)
-            if to is None:
-                sk = queue = out = -1
-            else:
-                sk = send_index.setdefault((j, to), len(send_index))
-                queue = slots.setdefault(("queue", j % pp, to % pp), len(slots))
-                out = slots.setdefault((op.kind, to, op.microbatch), len(slots))
-            dk = kind_index.setdefault((j, backward), len(kind_index))
-            row.append((dk, need, sk, queue, out))
-        rows.append(tuple(row))
-        kinds.append(tuple(kind_index))
-    queues = tuple(i for key, i in slots.items() if key[0] == "queue")
-    return _OpTable(tuple(rows), tuple(kinds), tuple(send_index), len(slots), queues)
-
-
-_NETWORKS: dict[int, tuple] = {}
-"""Per plan (by identity): link capacities, send paths, link loads and rings, which depend on the
-placement and groups only, so candidates that share a plan object share them."""
-
-
-def _network_of(plan: Plan, cluster: Cluster) -> dict:
-    got = _NETWORKS.get(id(plan))
-    if got is None or got[0] is not plan or got[1] is not cluster:
-        if len(_NETWORKS) >= 64:
-            _NETWORKS.clear()
-        got = _NETWORKS[id(plan)] = (plan, cluster, {
-            "caps": link_capacities(cluster), "paths": {}, "loads": {}, "rings": {}, "emb": {}})
-    return got[2]
-
-
 class _Estimator:
     def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel):
         self.plan, self.cluster, self.w = plan, cluster, workload
         self.costs = OpCosts(cluster, workload, compute, plan.tp)
-        net = _network_of(plan, cluster)
-        self.caps = net["caps"]
-        self._paths: dict[tuple, object] = net["paths"]
-        self._rings: dict[tuple, tuple | None] = net["rings"]
-        self._emb: dict = net["emb"]
-        self.schedule = plan.schedule()
-        self.nv = self.schedule.num_virtual_stages
-        self.groups = {(g.kind, g.ranks): g for g in plan.groups}
-        self._forward_pairs = {(j % plan.pp, (j + 1) % plan.pp) for j in range(self.nv - 1)}
-        self._p2p_cache: dict[tuple, float] = {}
-        self._load_cache: dict[tuple, dict] = net["loads"]
-        self.groups_by_first = {(g.kind, g.ranks[0]): g for g in plan.groups}
-        self._replica_cache: dict[tuple, list[float]] = {}
-        self._ops: _OpTable | None = None
-        sch = self.schedule
-        self._shape = (sch.kind, sch.num_stages, sch.num_microbatches, sch.num_chunks)
-        self._hardware: dict[tuple[int, int], tuple] = {}
+        self.times = chunk_times(self.costs)
+        self.net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp,
+                           plan.num_chunks)
+        # The schedule's shape only: the walk's table stands for its ops (`walk.op_table`), and
+        # building every op of a long schedule would cost as much as walking it.
+        self.nv = plan.pp * plan.num_chunks
+        self._shape = (ScheduleKind(plan.schedule_kind), plan.pp, plan.num_microbatches,
+                       plan.num_chunks)
+        self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
-        self._op_cache: dict[tuple, float] = {}
         self._bucket_cache: dict[tuple, list[float]] = {}
 
     def run(self) -> Estimate:
-        p = self.plan
-        # Each replica's pipeline is independent of the others until the DP sync.
-        replicas = [self._replica_clock(d) for d in range(p.dp)]
-        ends = [[replicas[d][s] for d in range(p.dp)] for s in range(p.pp)]
-        finish = [max(self._tail(s, d, ends[s][d]) for d in range(p.dp)) for s in range(p.pp)]
-        return Estimate(max(finish), tuple(max(e) for e in ends))
+        """Each class of alike replicas is walked once (their pipelines are independent until
+        the DP sync); a stage ends when its slowest replica's tail does."""
+        p, net = self.plan, self.net
+        clocks = [self._evaluate_replica(d) for d, _ in net.replica_classes()]
+        combos = net.stage_combos(self.w.tie_embeddings)
+        finish = [max(clocks[c][s] + self._tail(s, t, d) for c, t, d in combos[s])
+                  for s in range(p.pp)]
+        return Estimate(max(finish), tuple(max(clock[s] for clock in clocks) for s in range(p.pp)))
 
-    def _replica_clock(self, d: int) -> list[float]:
-        """Replica d's stage end times; replicas on the same hardware with the same transfer
-        times (the usual case) share one evaluation."""
-        p = self.plan
-        signature = (tuple(self._stage_hardware(s, d) for s in range(p.pp)),
-                     tuple(self._p2p_s(j, j + 1, d) for j in range(self.nv - 1)),
-                     tuple(self._p2p_s(j + 1, j, d) for j in range(self.nv - 1)))
-        got = self._replica_cache.get(signature)
-        if got is None:
-            got = self._replica_cache[signature] = self._evaluate_replica(d)
-        return got
-
-    def _stage_hardware(self, s: int, d: int) -> tuple:
-        got = self._hardware.get((s, d))
-        if got is None:
-            node = self.cluster.node(self.plan.entity_gpus(s, d)[0].node)
-            got = self._hardware[(s, d)] = (node.gpu, node.intra_link)
-        return got
-
-    def _op_table(self) -> _OpTable:
-        """The schedule's dependency structure (the same for every replica and every plan with
-        this schedule: cached per (kind, p, m, v))."""
-        if self._ops is None:
-            self._ops = _op_table(*self._shape)
-        return self._ops
+    def _virtual(self, s: int, c: int) -> int:
+        """Virtual stage of chunk c of stage s (`Schedule.virtual_stage`)."""
+        return c * self.plan.pp + s
 
     def _evaluate_replica(self, d: int) -> list[float]:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
         Sends between the same two stages in the same direction queue behind each other (they
         share the path): a send starts when its op ends and the previous one has arrived."""
         p = self.plan
-        table = self._op_table()
+        table = op_table(*self._shape)
         # Durations of the few distinct (virtual stage, direction) ops and sends, priced once.
         durs = [[self._op_s(s, d, j, b) for j, b in kinds] for s, kinds in enumerate(table.kinds)]
         sends = [self._p2p_s(a, b, d) for a, b in table.sends]
@@ -184,105 +96,29 @@ class _Estimator:
         got = _WALKS.get(key)
         if got is not None:
             return list(got)
-        clock = _walk(table, durs, sends, start)
+        clock = walk(table, durs, sends, start)
         if len(_WALKS) >= 4096:
             _WALKS.clear()
         _WALKS[key] = tuple(clock)
         return clock
 
-
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
-        """Compute plus TP communication of virtual stage j's op on replica d's node (cached by
-        the node's GPU and link: equal hardware, equal time)."""
-        key = (self._stage_hardware(s, d), j, backward)
-        got = self._op_cache.get(key)
-        if got is None:
-            node = self.cluster.node(self.plan.entity_gpus(s, d)[0].node)
-            n = self.plan.layers_per_stage[j]
-            got = self._op_cache[key] = \
-                self.costs.chunk_compute_s(node, n, j == 0, j == self.nv - 1, backward) + \
-                self.costs.tp_comm_s(node, n, backward)
-        return got
-
-    def _p2p_path(self, a: int, b: int, d: int):
-        """Path of the send from stage a to stage b of replica d (the PP group of the pair)."""
-        got = self._paths.get((a, b, d))
-        if got is None:
-            p = self.plan
-            fwd = (a, b) if (a, b) in self._forward_pairs else (b, a)
-            group = self.groups[(GroupKind.PIPELINE, (p.rank(fwd[0], d, 0), p.rank(fwd[1], d, 0)))]
-            got = self._paths[(a, b, d)] = group_path(self.cluster, group.transport,
-                                                      p.entity_gpus(a, d), p.entity_gpus(b, d),
-                                                      self.caps)
-        return got
+        """Compute plus TP communication of virtual stage j's op on replica d's node (shared by
+        equal hardware and across candidates: `cost.ops.ChunkTimes`)."""
+        return self.times.op_s(self.net.node(s, d), self.plan.layers_per_stage[j], j == 0,
+                               j == self.nv - 1, backward)
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
         """Latency + bytes at the path's rate when every replica sends the same message at the
         same time (replicas run the same schedule): a link carrying k replicas' sends gives each
-        1/k of its capacity, so 8 GPUs behind one NIC do not each get the whole NIC."""
-        a, b = j_from % self.plan.pp, j_to % self.plan.pp
-        key = (a, b, d)
-        got = self._p2p_cache.get(key)
-        if got is None:
-            load = self._link_load(a, b)
-            path = self._p2p_path(a, b, d)
-            rate = min(self.caps[lk] / load[lk] for lk, _ in path.links)
-            size = self.w.pp_message_bytes(self.plan.tp) * self.plan.tp
-            got = self._p2p_cache[key] = path.latency_s + size / rate
-        return got
-
-    def _link_load(self, a: int, b: int) -> dict:
-        """Summed link weights of the a -> b sends of all replicas (sent at the same time). Sends
-        of other stage pairs that cross the same link are not counted: that keeps the estimate
-        on the optimistic side (docs/cost_models.md), and the planner confirms by simulation."""
-        got = self._load_cache.get((a, b))
-        if got is None:
-            got = self._load_cache[(a, b)] = {}
-            for d in range(self.plan.dp):
-                for lk, w in self._p2p_path(a, b, d).links:
-                    got[lk] = got.get(lk, 0.0) + w
-        return got
+        1/k of its capacity, so 8 GPUs behind one NIC do not each get the whole NIC
+        (`NetView.p2p`). Sends of other stage pairs that cross the same link are not counted:
+        that keeps the estimate on the optimistic side (docs/cost_models.md), and the planner
+        confirms by simulation."""
+        latency, rate = self.net.p2p(j_from % self.plan.pp, j_to % self.plan.pp, d)
+        return latency + self._message_bytes / rate
 
     # ---- data-parallel and optimizer -----------------------------------------------------------
-    def _ring(self, kind: GroupKind, s: int, d: int, members: list[tuple[int, int]]):
-        key = (kind, tuple(members))
-        if key not in self._rings:
-            self._rings[key] = self._ring_of(kind, members)
-        return self._rings[key]
-
-    def _ring_of(self, kind: GroupKind, members: list[tuple[int, int]]):
-        p = self.plan
-        group = next((g for (k, _), g in self.groups.items()
-                      if k is kind and g.ranks[0] == p.rank(*members[0], 0)), None)
-        if group is None:
-            return None
-        ring = ring_paths(self.cluster, group.transport, [p.entity_gpus(*m) for m in members],
-                          self.caps)
-        return (len(members), ring.idle_rate_bytes_per_s, ring.step_latency_s)
-
-    def _embedding_ring(self, d: int):
-        """The embedding all-reduce ring of replica d at the rate it gets while every replica's
-        runs at once (they end their pipelines together): each hop link's capacity is split over
-        the summed weights of all replicas' rings."""
-        p = self.plan
-        if not self._emb:
-            rings, load = {}, {}
-            for r in range(p.dp):
-                group = self.groups_by_first.get((GroupKind.EMBEDDING, p.rank(0, r, 0)))
-                if group is not None:
-                    rings[r] = ring_paths(self.cluster, group.transport,
-                                          [p.entity_gpus(0, r), p.entity_gpus(p.pp - 1, r)], self.caps)
-            for ring in rings.values():
-                for hop in ring.hops:
-                    for lk, w in hop.links:
-                        load[lk] = load.get(lk, 0.0) + w
-            self._emb.update(rings=rings, load=load)
-        ring = self._emb["rings"].get(d)
-        if ring is None:
-            return None
-        rate = min(self.caps[lk] / self._emb["load"][lk] for hop in ring.hops for lk, _ in hop.links)
-        return (2, rate, ring.step_latency_s)
-
     def _bucket_times(self, s: int, kind: str, what: str) -> list[float]:
         """Ring time of each DP bucket of stage s, in release order; `what` is "grad" (gradient
         bytes) or "param" (parameter bytes). Cached: the ring is the stage's, not a replica's."""
@@ -291,12 +127,12 @@ class _Estimator:
         if got is not None:
             return got
         out: list[float] = []
-        ring = self._ring(GroupKind.DATA, s, 0, [(s, d) for d in range(self.plan.dp)])
+        ring = self.net.dp_ring(s)
         if ring is not None:
             n, rate, lat = ring
             for c in range(self.plan.num_chunks):
                 params = self.costs.virtual_stage_params(self.plan.layers_per_stage,
-                                                         self.schedule.virtual_stage(s, c))
+                                                         self._virtual(s, c))
                 k = self.costs.gradient_buckets(params)
                 size = self.w.grad_bytes_of(params) if what == "grad" else params * self.w.dtype_bytes
                 out += [ring_collective_time_s(kind, n, size / k, rate, lat)] * k
@@ -312,16 +148,14 @@ class _Estimator:
         times = self._bucket_times(s, "all-gather", "param")
         if not times:
             return 0.0
-        forward = self._op_s(s, d, self.schedule.virtual_stage(s, 0), False)
-        done, delay = 0.0, 0.0
-        for k, ag in enumerate(times):
-            done += ag
-            delay = max(delay, done - forward * k / len(times))
-        return delay
+        forward = self._op_s(s, d, self._virtual(s, 0), False)
+        n = len(times)
+        # accumulate: the running sums in order, as `done += ag` gives them.
+        return max(0.0, max(done - forward * k / n for k, done in enumerate(accumulate(times))))
 
     def _backward_window(self, s: int, d: int) -> float:
         """Seconds of one micro-batch's backward over all chunks of stage s."""
-        return sum(self._op_s(s, d, self.schedule.virtual_stage(s, c), True)
+        return sum(self._op_s(s, d, self._virtual(s, c), True)
                    for c in range(self.plan.num_chunks))
 
     def _released_reduction_tail(self, s: int, d: int, reduce: list[float]) -> float:
@@ -335,16 +169,16 @@ class _Estimator:
             t = max(t, window * (k + 1) / len(reduce)) + r
         return max(0.0, t - window)
 
-    def _tail(self, s: int, d: int, end: float) -> float:
-        """`end` plus the stage's gradient sync, embedding all-reduce, optimizer step and
-        all-gather (the same for replicas on equal hardware with equal embedding rings)."""
-        p, w = self.plan, self.w
-        emb = self._embedding_ring(d) if p.pp > 1 and s in (0, p.pp - 1) and w.tie_embeddings else None
-        key = (s, self._stage_hardware(s, d), emb)
-        got = self._tail_cache.get(key)
+    def _tail(self, s: int, tail: int, d: int) -> float:
+        """Seconds of stage s's gradient sync, embedding all-reduce, optimizer step and
+        all-gather after its last op, for replica d of tail index `tail` (`NetView.
+        stage_combos`: equal hardware and embedding ring, equal tails)."""
+        got = self._tail_cache.get((s, tail))
         if got is None:
-            got = self._tail_cache[key] = self._tail_s(s, d, emb)
-        return end + got
+            emb = self.net.embedding_ring(d) if self.w.tie_embeddings and self.plan.pp > 1 and \
+                s in (0, self.plan.pp - 1) else None
+            got = self._tail_cache[(s, tail)] = self._tail_s(s, d, emb)
+        return got
 
     def _tail_s(self, s: int, d: int, emb) -> float:
         """Seconds of the work after the stage's last op (see `_tail`)."""
@@ -362,7 +196,7 @@ class _Estimator:
         if emb is not None:
             t += ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
                                         emb[1], emb[2])
-        node = self.cluster.node(p.entity_gpus(s, d)[0].node)
+        node = self.net.node(s, d)
         params = self.costs.stage_params(p.layers_per_stage, p.pp, s)
         t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
         if mode.gathers_after_step:
@@ -372,41 +206,3 @@ class _Estimator:
 
 _WALKS: dict[tuple, tuple[float, ...]] = {}
 """Replica walks by their inputs (exact reuse across the candidates of a search)."""
-
-
-def _walk(table: _OpTable, durs: list[list[float]], sends: list[float],
-          start: list[float]) -> list[float]:
-    """Stage end times (s) of one replica: every op as early as its stage and input allow."""
-    pp = len(table.rows)
-    pos, clock = [0] * pp, list(start)
-    ready = [-1.0] * table.slots  # arrival time (s) of each message; -1: not yet sent
-    for q in table.queues:
-        ready[q] = 0.0
-    rows = table.rows
-    lengths = [len(row) for row in rows]
-    remaining = sum(lengths)
-    stages = range(pp)
-    while remaining:
-        progressed = False
-        for s in stages:
-            row, k, t, n, dur = rows[s], pos[s], clock[s], lengths[s], durs[s]
-            while k < n:
-                dk, need, sk, queue, out = row[k]
-                if need >= 0:
-                    arrived = ready[need]
-                    if arrived < 0.0:
-                        break
-                    if arrived > t:
-                        t = arrived
-                t += dur[dk]
-                if sk >= 0:
-                    free = ready[queue]
-                    arrival = (t if t > free else free) + sends[sk]
-                    ready[queue] = ready[out] = arrival
-                k += 1
-            if k != pos[s]:
-                remaining -= k - pos[s]
-                pos[s], clock[s] = k, t
-                progressed = True
-        assert progressed, "schedule deadlock"
-    return clock

@@ -97,9 +97,21 @@ class Cluster:
     """Fabric name -> type (ib, roce, ethernet)."""
     uplinks: tuple[Uplink, ...]
     _by_name: dict[str, Node] = field(init=False, repr=False, compare=False)
+    _nic_of: dict[tuple[str, int, str], Nic | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {n.name: n for n in self.nodes})
+        object.__setattr__(self, "_nic_of", {})
+
+    def nic_of_gpu(self, node: str, local_gpu: int, fabric: str) -> Nic | None:
+        """`Node.nic_of_gpu` of node `node`, remembered (paths and groups ask it for every
+        member of every group)."""
+        key = (node, local_gpu, fabric)
+        try:
+            return self._nic_of[key]
+        except KeyError:
+            got = self._nic_of[key] = self._by_name[node].nic_of_gpu(local_gpu, fabric)
+            return got
 
     @property
     def num_gpus(self) -> int:

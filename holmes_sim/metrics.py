@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 from holmes_sim.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
+from holmes_sim.netview import netview
 from holmes_sim.plan import GroupKind, Plan
+from holmes_sim.schedule import peak_in_flight
 from holmes_sim.trace import OpKind, Trace
 from holmes_sim.units import GIB
 from holmes_sim.workload import Workload
@@ -140,16 +142,16 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     state = params/t x (16 bytes, or 4 + 12/dp sharded) [Rajbhandari et al. 2020];
     activations = (in-flight chunk-micro-batches) x (layers of the stage's largest chunk) x
     per-layer activation bytes [Korthikanti et al. 2022, Table 2]."""
-    schedule = plan.schedule()
+    net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp, plan.num_chunks)
     per_stage, capacity = [], []
     for s in range(plan.pp):
         params = costs.stage_params(plan.layers_per_stage, plan.pp, s)
         state = params / plan.tp * workload.state_bytes_per_param(plan.dp, plan.optimizer.sharded)
-        acts = schedule.peak_in_flight(s) * max(plan.stage_layers(s)) * \
+        acts = peak_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks,
+                              s) * max(plan.stage_layers(s)) * \
             workload.activation_bytes_per_layer(plan.tp)
         per_stage.append(state + acts)
-        capacity.append(min(cluster.node(plan.rank_to_gpu[plan.rank(s, d, 0)].node).gpu.memory_bytes
-                            for d in range(plan.dp)))
+        capacity.append(net.memory_bytes(s))
     return MemoryReport(tuple(per_stage), tuple(capacity))
 
 

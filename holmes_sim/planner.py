@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from holmes_sim.errors import FieldError, HolmesError
 from holmes_sim.prepare import Prepared
-from holmes_sim.schedule import build_schedule
+from holmes_sim.schedule import check_schedule
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.workload import build_workload
 
@@ -131,7 +131,7 @@ def _variants(prepared, search, tp, pp, dp, mb, m) -> Iterator[Layout]:
             if pp == 1 and schedule != "1f1b" or layers < pp * v:
                 continue
             try:
-                build_schedule(schedule, pp, m, v)
+                check_schedule(schedule, pp, m, v)
             except HolmesError:
                 continue
             for rc in search.recompute:
@@ -259,9 +259,17 @@ def _jobs(jobs: int | None, n: int) -> int:
 
 
 def _chunks(grid: list[Layout], count: int) -> list[list[Layout]]:
-    """`grid` in `count` contiguous pieces (neighbours share schedule shapes and caches)."""
+    """`grid` in about `count` contiguous pieces, cut where the placement (TP, PP) changes once a
+    piece has its share (neighbours share schedule shapes, and a placement's groups, paths and
+    rings are then built in one worker), or inside a placement past four shares."""
     size = max(1, -(-len(grid) // count))
-    return [grid[i:i + size] for i in range(0, len(grid), size)]
+    out: list[list[Layout]] = []
+    for lay in grid:
+        if not out or len(out[-1]) >= 4 * size or (
+                len(out[-1]) >= size and (lay.tp, lay.pp) != (out[-1][-1].tp, out[-1][-1].pp)):
+            out.append([])
+        out[-1].append(lay)
+    return out
 
 
 _WORKER: tuple[Prepared, SearchSpec] | None = None

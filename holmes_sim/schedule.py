@@ -75,8 +75,8 @@ class Schedule:
     def peak_in_flight(self, stage: int) -> int:
         """Most (micro-batch, chunk) forwards whose activations stage `stage` holds at once
         (cached per schedule shape: the planner asks for it once per candidate)."""
-        return _peak_in_flight(self.kind, self.num_stages, self.num_microbatches, self.num_chunks,
-                               stage)
+        return peak_in_flight(self.kind, self.num_stages, self.num_microbatches, self.num_chunks,
+                              stage)
 
 
 def build_schedule(kind: str | ScheduleKind, num_stages: int, num_microbatches: int,
@@ -89,25 +89,32 @@ def build_schedule(kind: str | ScheduleKind, num_stages: int, num_microbatches: 
     return _build_schedule(ScheduleKind(kind), num_stages, num_microbatches, num_chunks)
 
 
-@lru_cache(maxsize=512)
-def _build_schedule(kind: ScheduleKind, num_stages: int, num_microbatches: int,
-                    num_chunks: int) -> Schedule:
-    p, m, v = num_stages, num_microbatches, num_chunks
+def check_schedule(kind: str | ScheduleKind, p: int, m: int, v: int = 1) -> None:
+    """Raise what `build_schedule` raises for these numbers, without building the ops (the
+    planner checks every layout)."""
+    kind = ScheduleKind(kind)
     if p < 1 or m < 1 or v < 1:
         raise ScenarioError("schedule needs positive stages, micro-batches and chunks; "
                             f"got p={p}, m={m}, v={v}")
     if kind != ScheduleKind.INTERLEAVED and v != 1:
         raise ScenarioError(f"parallel.virtual_stages={v} needs schedule 'interleaved' (got '{kind}'); "
                             "set virtual_stages: 1 or schedule: interleaved")
+    if kind == ScheduleKind.INTERLEAVED and p > 1 and m % p != 0:
+        raise ScenarioError(
+            f"interleaved schedule needs the number of micro-batches ({m}) to be a multiple of "
+            f"the pipeline degree ({p}); change training.global_batch_size or parallel.pipeline")
+
+
+@lru_cache(maxsize=512)
+def _build_schedule(kind: ScheduleKind, num_stages: int, num_microbatches: int,
+                    num_chunks: int) -> Schedule:
+    p, m, v = num_stages, num_microbatches, num_chunks
+    check_schedule(kind, p, m, v)
     if kind == ScheduleKind.GPIPE:
         ops = [_gpipe(m) for _ in range(p)]
     elif kind == ScheduleKind.ONE_F_ONE_B:
         ops = [_one_f_one_b(p, s, m) for s in range(p)]
     else:
-        if p > 1 and m % p != 0:
-            raise ScenarioError(
-                f"interleaved schedule needs the number of micro-batches ({m}) to be a multiple of "
-                f"the pipeline degree ({p}); change training.global_batch_size or parallel.pipeline")
         ops = [_interleaved(p, s, m, v) for s in range(p)]
     return Schedule(kind, p, m, v, tuple(tuple(o) for o in ops))
 
@@ -159,6 +166,23 @@ def _interleaved(p: int, s: int, m: int, v: int) -> list[Op]:
         ops.append(Op("B", mb, c))
         b += 1
     return ops
+
+
+def peak_in_flight(kind: str | ScheduleKind, p: int, m: int, v: int, stage: int) -> int:
+    """`Schedule.peak_in_flight` of schedule (kind, p, m, v) without building it for many
+    micro-batches: GPipe holds all m; in 1F1B and interleaved the count rises through the
+    warm-up forwards and then alternates (one forward, one backward), so it peaks at the first
+    steady forward and is the same for every m with one (1F1B: m >= p; interleaved: m v past
+    the longest warm-up)."""
+    kind = ScheduleKind(kind)
+    if kind is ScheduleKind.GPIPE:
+        return m
+    if kind is ScheduleKind.ONE_F_ONE_B:
+        m = min(m, p)
+    elif p > 1:
+        enough = p * (-(-((p - 1) * 2 + (v - 1) * p + 1) // (p * v)))  # a multiple of p
+        m = min(m, enough)
+    return _peak_in_flight(kind, p, m, v, stage)
 
 
 @lru_cache(maxsize=4096)

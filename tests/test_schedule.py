@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from holmes_sim.errors import ScenarioError
-from holmes_sim.schedule import build_schedule
+from holmes_sim.schedule import _peak_in_flight, build_schedule, peak_in_flight
 
 
 @pytest.mark.parametrize("kind,p,m,v", [("gpipe", 4, 6, 1), ("1f1b", 4, 6, 1), ("1f1b", 3, 2, 1),
@@ -54,3 +54,14 @@ def test_interleaved_rejects_bad_microbatches():
 def test_virtual_stages_need_interleaved():
     with pytest.raises(ScenarioError, match="virtual_stages=2"):
         build_schedule("1f1b", 2, 4, 2)
+
+
+def test_peak_in_flight_without_building_long_schedules_equals_counting_every_op():
+    for kind, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)):
+        for p in (1, 2, 3, 4, 8) if kind != "interleaved" else (2, 3, 4, 8):
+            for m in sorted({1, 2, 3, p - 1, p, p + 1, 2 * p, 5 * p, 12 * p} - {0}):
+                if kind == "interleaved" and m % p:
+                    continue
+                for s in range(p):
+                    assert peak_in_flight(kind, p, m, v, s) == _peak_in_flight.__wrapped__(
+                        kind, p, m, v, s), (kind, p, m, v, s)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from holmes_sim.cluster import Cluster, Node
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
+from holmes_sim.memo import IdentityMemo
 from holmes_sim.workload import Workload
 
 
@@ -81,3 +82,33 @@ class OpCosts:
 
     def optimizer_s(self, node: Node, params_per_gpu: float) -> float:
         return self.compute.optimizer_s(node.gpu, params_per_gpu)
+
+
+class ChunkTimes:
+    """`chunk_compute_s + tp_comm_s` of one micro-batch's chunk (s), remembered by the node's GPU
+    model and intra-node link (equal hardware, equal time); get one with `chunk_times`."""
+
+    def __init__(self, costs: OpCosts):
+        self.costs = costs
+        self._seconds: dict[tuple, float] = {}
+
+    def op_s(self, node: Node, layers: int, first: bool, last: bool, backward: bool) -> float:
+        key = (id(node.gpu), id(node.intra_link), layers, first, last, backward)
+        got = self._seconds.get(key)
+        if got is None:
+            costs = self.costs
+            got = self._seconds[key] = costs.chunk_compute_s(node, layers, first, last, backward) + \
+                costs.tp_comm_s(node, layers, backward)
+        return got
+
+
+_CHUNK_TIMES: IdentityMemo[ChunkTimes] = IdentityMemo(64)
+"""Shared by every OpCosts of one cluster (held, so its hardware objects' ids stay valid),
+compute model, workload and TP degree: the candidates of a search that differ only in placement,
+schedule or optimizer, and the partition search and estimate of one candidate."""
+
+
+def chunk_times(costs: OpCosts) -> ChunkTimes:
+    """The shared `ChunkTimes` of `costs`."""
+    return _CHUNK_TIMES.get((costs.cluster, costs.compute), (costs.workload, costs.tp),
+                            lambda: ChunkTimes(costs))

@@ -148,7 +148,7 @@ def _add_gpu_links(cluster: Cluster, src: GpuRef, dst: GpuRef, share: float,
 
 
 def _nic(cluster: Cluster, gpu: GpuRef, transport: Transport):
-    nic = cluster.node(gpu.node).nic_of_gpu(gpu.local_index, transport.fabric or ETHERNET)
+    nic = cluster.nic_of_gpu(gpu.node, gpu.local_index, transport.fabric or ETHERNET)
     assert nic is not None, f"{gpu} has no NIC on {transport.fabric}"
     return nic
 

@@ -56,7 +56,7 @@ def member_nics(cluster: Cluster, gpus: Sequence[GpuRef], transport: Transport) 
         return tuple("" for _ in gpus)
     out = []
     for g in gpus:
-        nic = cluster.node(g.node).nic_of_gpu(g.local_index, transport.fabric or ETHERNET)
+        nic = cluster.nic_of_gpu(g.node, g.local_index, transport.fabric or ETHERNET)
         assert nic is not None, f"{g} has no NIC on {transport.fabric}"
         out.append(nic.name)
     return tuple(out)

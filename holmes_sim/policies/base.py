@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -11,11 +11,19 @@ from holmes_sim.cluster import Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.transport import member_nics
 from holmes_sim.errors import PlanError
+from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode, Plan, Transport
 from holmes_sim.schedule import ScheduleKind
 from holmes_sim.workload import Workload
 
 TransportChooser = Callable[[Sequence[GpuRef]], Transport]
+"""A group's transport from its members' GPUs; it may depend on the members' nodes only (in
+order of first appearance), so `build_groups` asks once per distinct node sequence."""
+_ORDERS: IdentityMemo = IdentityMemo()
+_TP_CHECKED: IdentityMemo = IdentityMemo()
+_GROUPS: IdentityMemo = IdentityMemo()
+"""Rank orders, checked TP layouts and groups, shared by the candidates of a search (a policy's
+are the same for every micro-batch size, schedule and recompute mode of a layout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,29 +61,62 @@ def gpus_in_node_order(nodes: Sequence[Node]) -> tuple[GpuRef, ...]:
     return tuple(GpuRef(n.name, g) for n in nodes for g in range(n.num_gpus))
 
 
+def rank_order(cluster: Cluster, name: str, order: Callable[[Sequence[Node]], Sequence[Node]]
+               ) -> tuple[tuple[Node, ...], tuple[GpuRef, ...]]:
+    """The cluster's nodes in `order` (called `name`) and their GPUs node by node, built once
+    per cluster and order: every candidate of a search gets the same tuples."""
+    def make():
+        nodes = tuple(order(cluster.nodes))
+        return nodes, gpus_in_node_order(nodes)
+    return _ORDERS.get((cluster,), (name,), make)
+
+
 def check_tp_within_nodes(rank_to_gpu: Sequence[GpuRef], tp: int) -> None:
-    """Tensor parallelism must stay inside a node (it runs on NVLink)."""
+    """Tensor parallelism must stay inside a node (it runs on NVLink); a layout that passed is
+    remembered (by identity)."""
+    _TP_CHECKED.get((rank_to_gpu,), (tp,), lambda: _check_tp(rank_to_gpu, tp))
+
+
+def _check_tp(rank_to_gpu: Sequence[GpuRef], tp: int) -> bool:
     for start in range(0, len(rank_to_gpu), tp):
         nodes = {g.node for g in rank_to_gpu[start:start + tp]}
         if len(nodes) > 1:
             raise PlanError(f"the TP group of ranks {start}..{start + tp - 1} spans nodes "
                             f"{sorted(nodes)}; make parallel.tensor divide every node's GPU count")
+    return True
 
 
 def build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: int, dp: int,
-                 num_chunks: int, tie_embeddings: bool, choose: TransportChooser) -> tuple[Group, ...]:
+                 num_chunks: int, tie_embeddings: bool, choose: TransportChooser,
+                 chooser_key: Hashable | None = None) -> tuple[Group, ...]:
     """TP, DP, PP and embedding groups for Megatron's rank layout, each with its transport.
 
     PP groups are ordered pairs (sender, receiver) for each forward boundary of virtual stages
     j -> j + 1 (the backward gradient uses the same pair in reverse); duplicates are dropped.
+    With `chooser_key` (what determines `choose`'s answers besides the cluster), the groups are
+    built once per (cluster, rank order, degrees, key) and the same tuple returned after.
     """
+    if chooser_key is None:
+        return _build_groups(cluster, rank_to_gpu, tp, pp, dp, num_chunks, tie_embeddings, choose)
+    return _GROUPS.get((cluster, rank_to_gpu), (tp, pp, dp, num_chunks, tie_embeddings, chooser_key),
+                       lambda: _build_groups(cluster, rank_to_gpu, tp, pp, dp, num_chunks,
+                                             tie_embeddings, choose))
+
+
+def _build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: int, dp: int,
+                  num_chunks: int, tie_embeddings: bool, choose: TransportChooser) -> tuple[Group, ...]:
 
     def rank(s: int, d: int, i: int) -> int:
         return s * dp * tp + d * tp + i
 
+    chosen: dict[tuple[str, ...], Transport] = {}
+
     def make(kind: GroupKind, ranks: tuple[int, ...]) -> Group:
         gpus = [rank_to_gpu[r] for r in ranks]
-        transport = choose(gpus)
+        nodes = tuple(dict.fromkeys(g.node for g in gpus))
+        transport = chosen.get(nodes)
+        if transport is None:
+            transport = chosen[nodes] = choose(gpus)
         return Group(kind, ranks, transport, member_nics(cluster, gpus, transport))
 
     groups: list[Group] = []

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from holmes_sim.cluster import ETHERNET, Cluster, Node
 from holmes_sim.cost.transport import best_shared_transport, job_wide_fabric, job_wide_transport
+from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan
 from holmes_sim.policies.base import (
     PlanRequest,
@@ -23,7 +24,7 @@ from holmes_sim.policies.base import (
     build_groups,
     check_tp_within_nodes,
     equal_partition,
-    gpus_in_node_order,
+    rank_order,
 )
 from holmes_sim.policies.partition import StageTimer, adaptive_partition
 
@@ -43,22 +44,24 @@ class HolmesPolicy:
         return cluster
 
     def plan(self, request: PlanRequest) -> Plan:
-        nodes = nic_aware_order(request.cluster.nodes) if self.nic_aware_order \
-            else list(request.cluster.nodes)
-        rank_to_gpu = gpus_in_node_order(nodes)
+        nodes, rank_to_gpu = rank_order(request.cluster, "nic-aware", nic_aware_order) \
+            if self.nic_aware_order else rank_order(request.cluster, "listing", list)
         check_tp_within_nodes(rank_to_gpu, request.tp)
         optimizer = OptimizerMode.DISTRIBUTED_OVERLAPPED if self.overlapped_optimizer \
             else OptimizerMode.DISTRIBUTED
+        # The chooser depends on the policy's switches and the cluster only: key it by the policy.
         groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
                               request.num_chunks, request.workload.tie_embeddings,
-                              self.chooser(request, rank_to_gpu))
+                              self.chooser(request, rank_to_gpu), chooser_key=self)
         if self.adaptive_partition:
             layers = adaptive_partition(StageTimer(request, rank_to_gpu, groups, optimizer))
         else:
             layers = equal_partition(request.workload.num_layers, request.pp * request.num_chunks)
+        notes = _NOTES.get((nodes,), (request.tp, request.pp, request.dp),
+                           lambda: _notes(nodes, request))
         return Plan(self.name, request.tp, request.pp, request.dp, rank_to_gpu, layers,
                     request.schedule_kind, request.num_microbatches, request.num_chunks,
-                    optimizer, groups, _notes(nodes, request))
+                    optimizer, groups, notes)
 
     def chooser(self, request: PlanRequest, rank_to_gpu: Sequence[GpuRef]) -> TransportChooser:
         cluster = request.cluster
@@ -77,6 +80,9 @@ def nic_aware_order(nodes: Sequence[Node]) -> list[Node]:
     """Nodes grouped by NIC class (classes in order of first appearance, stable inside a class)."""
     classes = list(dict.fromkeys(nic_class(n) for n in nodes))
     return [n for c in classes for n in nodes if nic_class(n) == c]
+
+
+_NOTES: IdentityMemo[tuple[str, ...]] = IdentityMemo()
 
 
 def _notes(nodes: Sequence[Node], request: PlanRequest) -> tuple[str, ...]:

@@ -28,7 +28,7 @@ from holmes_sim.policies.base import (
     check_tp_within_nodes,
     default_optimizer,
     equal_partition,
-    gpus_in_node_order,
+    rank_order,
 )
 
 
@@ -43,12 +43,13 @@ class MegatronPolicy:
         return cluster
 
     def plan(self, request: PlanRequest) -> Plan:
-        rank_to_gpu = gpus_in_node_order(request.cluster.nodes)
+        _, rank_to_gpu = rank_order(request.cluster, "listing", list)
         check_tp_within_nodes(rank_to_gpu, request.tp)
         fabric = job_wide_fabric(request.cluster, rank_to_gpu)
         groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
                               request.num_chunks, request.workload.tie_embeddings,
-                              lambda gpus: job_wide_transport(request.cluster, gpus, fabric))
+                              lambda gpus: job_wide_transport(request.cluster, gpus, fabric),
+                              chooser_key=("job-wide", fabric))
         layers = equal_partition(request.workload.num_layers, request.pp * request.num_chunks)
         return Plan(self.name, request.tp, request.pp, request.dp, rank_to_gpu, layers,
                     request.schedule_kind, request.num_microbatches, request.num_chunks,

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from holmes_sim.cluster import Node
 from holmes_sim.cost.collectives import ring_collective_time_s
-from holmes_sim.cost.ops import OpCosts
-from holmes_sim.cost.paths import link_capacities, ring_paths
+from holmes_sim.cost.ops import OpCosts, chunk_times
 from holmes_sim.errors import PlanError
+from holmes_sim.memo import IdentityMemo
+from holmes_sim.netview import netview
 from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode
 from holmes_sim.policies.base import PlanRequest
 
@@ -46,29 +47,16 @@ class StageTimer:
         self.r = request
         self.optimizer = optimizer
         self.costs = OpCosts(request.cluster, request.workload, request.compute, request.tp)
-        caps = link_capacities(request.cluster)
-        by_rank = _groups_by_rank(groups)
-        self.dp_ring = [self._ring(s, by_rank, GroupKind.DATA, rank_to_gpu, caps)
-                        for s in range(request.pp)]
+        self.times = chunk_times(self.costs)
+        # Rings and alike replicas come from the placement's shared view (`netview`).
+        self.net = netview(request.cluster, rank_to_gpu, groups, request.tp, request.pp,
+                           request.dp, request.num_chunks)
+        self.dp_ring = [_ring(self.net.idle_ring(GroupKind.DATA, s)) for s in range(request.pp)]
         # The embedding group pairs stage 0 with the last stage; it is keyed by its stage-0 rank.
-        self.emb_ring = self._ring(0, by_rank, GroupKind.EMBEDDING, rank_to_gpu, caps)
+        self.emb_ring = _ring(self.net.idle_ring(GroupKind.EMBEDDING, 0))
         # Replicas on identical hardware cost the same: keep one node per distinct (GPU, link).
-        self.nodes = [list({(n.gpu, n.intra_link): n for n in (
-            request.cluster.node(rank_to_gpu[self._rank(s, d)].node) for d in range(request.dp))
-        }.values()) for s in range(request.pp)]
-
-    def _rank(self, s: int, d: int) -> int:
-        return s * self.r.dp * self.r.tp + d * self.r.tp
-
-    def _ring(self, s: int, by_rank: dict, kind: GroupKind, rank_to_gpu: Sequence[GpuRef],
-              caps: dict) -> _Ring:
-        group = by_rank.get((kind, self._rank(s, 0)))
-        if group is None:
-            return _Ring(1, 1.0, 0.0)
-        tp = self.r.tp
-        entities = [tuple(rank_to_gpu[r + i] for i in range(tp)) for r in group.ranks]
-        ring = ring_paths(self.r.cluster, group.transport, entities, caps)
-        return _Ring(len(entities), ring.idle_rate_bytes_per_s, ring.step_latency_s)
+        self.nodes = [self.net.stage_nodes(s) for s in range(request.pp)]
+        self._chunks: dict[tuple, tuple[float, float, int]] = {}
 
     def stage_time_s(self, s: int, chunk_layers: Sequence[int]) -> float:
         """Compute of all micro-batches plus exposed DP and embedding sync of stage `s` (s)."""
@@ -81,17 +69,27 @@ class StageTimer:
         params = 0
         for c, n in enumerate(chunk_layers):
             j = c * r.pp + s
-            first, last = j == 0, j == nv - 1
-            fwd += self.costs.chunk_compute_s(node, n, first, last, False) + \
-                self.costs.tp_comm_s(node, n, False)
-            bwd += self.costs.chunk_compute_s(node, n, first, last, True) + \
-                self.costs.tp_comm_s(node, n, True)
-            params += self.costs.chunk_params(n, first, last)
+            f, b, k = self._chunk(node, n, j == 0, j == nv - 1)
+            fwd += f
+            bwd += b
+            params += k
         exposed = self._dp_exposed_s(s, params, fwd, bwd)
         if s in (0, r.pp - 1) and r.pp > 1 and r.workload.tie_embeddings:
             emb = r.workload.grad_bytes_of(r.workload.vocab * r.workload.hidden)
             exposed += self.emb_ring.time_s("all-reduce", emb)
         return r.num_microbatches * (fwd + bwd) + exposed
+
+    def _chunk(self, node: Node, n: int, first: bool, last: bool) -> tuple[float, float, int]:
+        """Forward and backward seconds (compute + TP) and parameters of a chunk of n layers on
+        `node`, priced once per search (stages and trials share chunks)."""
+        key = (id(node), n, first, last)
+        got = self._chunks.get(key)
+        if got is None:
+            times = self.times
+            got = self._chunks[key] = (times.op_s(node, n, first, last, False),
+                                       times.op_s(node, n, first, last, True),
+                                       self.costs.chunk_params(n, first, last))
+        return got
 
     def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
         w, ring = self.r.workload, self.dp_ring[s]
@@ -108,16 +106,32 @@ def adaptive_partition(timer: StageTimer) -> tuple[int, ...]:
     """Layers per virtual stage minimising the slowest stage's time (see module docstring).
 
     The search assigns layers to pipeline stages; a stage's layers are split evenly over its
-    model chunks (the interleaved schedule wants chunks of equal length)."""
+    model chunks (the interleaved schedule wants chunks of equal length). The result depends on
+    the placement, the model and batch, the compute model, the optimizer and the micro-batch
+    count only, so it is kept for the next candidate that shares them (e.g. the same layout
+    with another schedule of equal chunk count)."""
+    r = timer.r
+    if r.workload.num_layers < r.pp * r.num_chunks:
+        raise PlanError(f"{r.workload.num_layers} layers cannot fill {r.pp * r.num_chunks} "
+                        "pipeline stages")
+    return _PARTITIONS.get((timer.net, r.compute), (r.workload, timer.optimizer, r.num_microbatches),
+                           lambda: _greedy(timer))
+
+
+_PARTITIONS: IdentityMemo[tuple[int, ...]] = IdentityMemo()
+
+
+def _greedy(timer: StageTimer) -> tuple[int, ...]:
+    """Add layers one at a time to the stage whose time with one more stays smallest (ties: the
+    lower stage). Only the stage that got the layer has a new trial time."""
     r = timer.r
     v = r.num_chunks
-    if r.workload.num_layers < r.pp * v:
-        raise PlanError(f"{r.workload.num_layers} layers cannot fill {r.pp * v} pipeline stages")
     totals = [v] * r.pp
+    trials = [timer.stage_time_s(s, _even(v + 1, v)) for s in range(r.pp)]
     for _ in range(r.workload.num_layers - r.pp * v):
-        trials = [timer.stage_time_s(s, _even(totals[s] + 1, v)) for s in range(r.pp)]
         best = min(range(r.pp), key=lambda s: (trials[s], s))
         totals[best] += 1
+        trials[best] = timer.stage_time_s(best, _even(totals[best] + 1, v))
     per_stage = [_even(t, v) for t in totals]
     return tuple(per_stage[j % r.pp][j // r.pp] for j in range(r.pp * v))
 
@@ -128,8 +142,6 @@ def _even(total: int, parts: int) -> list[int]:
     return [base + (1 if c < extra else 0) for c in range(parts)]
 
 
-def _groups_by_rank(groups: Sequence[Group]) -> dict[tuple[GroupKind, int], Group]:
-    out: dict[tuple[GroupKind, int], Group] = {}
-    for g in groups:
-        out.setdefault((g.kind, g.ranks[0]), g)
-    return out
+def _ring(ring: tuple[int, float, float] | None) -> _Ring:
+    """A `NetView` ring, or one member (no communication) when there is no group."""
+    return _Ring(1, 1.0, 0.0) if ring is None else _Ring(*ring)

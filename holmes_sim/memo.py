@@ -1,0 +1,36 @@
+"""Small caches for the planner's hot paths: results kept by the identity of the objects they
+were computed from (clusters, rank orders, group tuples: large, immutable, and shared by the
+candidates of a search) plus plain hashable values.
+
+The objects are held with the result, so their ids cannot be reused while an entry lives; a full
+cache is emptied (a search moves on to other layouts, and the entries are cheap to rebuild).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class IdentityMemo(Generic[T]):
+    """`get(objects, key, make)`: `make()`'s result for these very objects and this key."""
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._entries: dict[tuple, tuple[tuple, T]] = {}
+
+    def get(self, objects: tuple, key: tuple, make: Callable[[], T]) -> T:
+        k = (tuple(map(id, objects)), key)
+        got = self._entries.get(k)
+        if got is not None and all(a is b for a, b in zip(got[0], objects, strict=True)):
+            return got[1]
+        value = make()
+        if len(self._entries) >= self.size:
+            self._entries.clear()
+        self._entries[k] = (objects, value)
+        return value
+
+    def clear(self) -> None:
+        self._entries.clear()

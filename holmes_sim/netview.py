@@ -1,0 +1,201 @@
+"""The network facts of one placement, computed once and shared by the partition search and the
+analytic estimate of every candidate with that placement.
+
+A placement is a cluster, the GPU of every rank, the groups with their transports, the degrees
+and the number of model chunks; it fixes, independently of the model and batch:
+- the link capacities (`cost.paths.link_capacities`);
+- each stage's DP ring on an idle network (members, bottleneck rate in bytes/s, step latency s);
+- each pipeline send's path, and its rate when every replica sends the same message at once
+  (a link's capacity split over the summed weights of all replicas' sends; see `analytic`);
+- each replica's embedding ring at the rate it gets while all replicas' run at once;
+- which replicas are alike: the same hardware on every stage and the same send latencies and
+  rates, so one walk stands for all of them.
+`netview(...)` returns the same object for the same placement objects (`memo.IdentityMemo`); a
+policy that builds its rank order and groups once (`policies.base`) then shares it across the
+micro-batch sizes, schedules of equal chunk count and recompute modes of a layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from holmes_sim.cluster import Cluster, Node
+from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
+from holmes_sim.memo import IdentityMemo
+from holmes_sim.plan import GpuRef, Group, GroupKind
+
+Ring = tuple[int, float, float]
+"""(members, rate in bytes/s, per-step latency in s) of a ring collective."""
+
+_VIEWS: IdentityMemo[NetView] = IdentityMemo(64)
+
+
+def netview(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], groups: Sequence[Group], tp: int,
+            pp: int, dp: int, num_chunks: int) -> NetView:
+    """The (shared) view of this placement."""
+    return _VIEWS.get((cluster, rank_to_gpu, groups), (tp, pp, dp, num_chunks),
+                      lambda: NetView(cluster, rank_to_gpu, groups, tp, pp, dp, num_chunks))
+
+
+class NetView:
+    """See the module docstring; everything is computed on first use."""
+
+    def __init__(self, cluster: Cluster, rank_to_gpu: Sequence[GpuRef], groups: Sequence[Group],
+                 tp: int, pp: int, dp: int, num_chunks: int):
+        self.cluster, self.rank_to_gpu = cluster, rank_to_gpu
+        self.tp, self.pp, self.dp, self.nv = tp, pp, dp, pp * num_chunks
+        self.caps = link_capacities(cluster)
+        self._by_ranks = {(g.kind, g.ranks): g for g in groups}
+        self._by_first: dict[tuple[GroupKind, int], Group] = {}
+        for g in groups:
+            self._by_first.setdefault((g.kind, g.ranks[0]), g)
+        self._forward = {(j % pp, (j + 1) % pp) for j in range(self.nv - 1)}
+        self._entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
+        self._nodes: dict[tuple[int, int], Node] = {}
+        self._paths: dict[tuple[int, int, int], Path] = {}
+        self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        self._rings: dict[tuple[GroupKind, int], Ring | None] = {}
+        self._stage_nodes: dict[int, list[Node]] = {}
+        self._memory: dict[int, float] = {}
+        self._emb: list[Ring | None] | None = None
+        self._classes: list[tuple[int, list[int]]] | None = None
+        self._combos: dict[bool, list[list[tuple[int, tuple]]]] = {}
+
+    def rank(self, s: int, d: int, i: int = 0) -> int:
+        return s * self.dp * self.tp + d * self.tp + i
+
+    def entity(self, s: int, d: int) -> tuple[GpuRef, ...]:
+        """The GPUs of the TP group at (stage s, replica d), in TP-rank order."""
+        got = self._entities.get((s, d))
+        if got is None:
+            r = self.rank(s, d)
+            got = self._entities[(s, d)] = tuple(self.rank_to_gpu[r:r + self.tp])
+        return got
+
+    def node(self, s: int, d: int) -> Node:
+        got = self._nodes.get((s, d))
+        if got is None:
+            got = self._nodes[(s, d)] = self.cluster.node(self.entity(s, d)[0].node)
+        return got
+
+    def hardware(self, s: int, d: int) -> tuple:
+        """What prices an op of (s, d): the node's GPU model and intra-node link."""
+        node = self.node(s, d)
+        return node.gpu, node.intra_link
+
+    def memory_bytes(self, s: int) -> float:
+        """The smallest GPU memory (bytes) among stage s's replicas."""
+        got = self._memory.get(s)
+        if got is None:
+            got = self._memory[s] = min(self.node(s, d).gpu.memory_bytes for d in range(self.dp))
+        return got
+
+    # ---- pipeline sends ---------------------------------------------------------------------
+    def p2p(self, a: int, b: int, d: int) -> tuple[float, float]:
+        """(latency s, rate bytes/s) of replica d's send from stage a to stage b while every
+        replica sends the same message (`analytic` adds bytes / rate)."""
+        got = self._p2p.get((a, b))
+        if got is None:
+            paths = [self._path(a, b, r) for r in range(self.dp)]
+            load: dict = {}
+            for path in paths:
+                for lk, w in path.links:
+                    load[lk] = load.get(lk, 0.0) + w
+            caps = self.caps
+            got = self._p2p[(a, b)] = [(path.latency_s, min(caps[lk] / load[lk] for lk, _ in path.links))
+                                       for path in paths]
+        return got[d]
+
+    def _path(self, a: int, b: int, d: int) -> Path:
+        """Path of the send from stage a to stage b of replica d (the PP group of the pair)."""
+        fwd = (a, b) if (a, b) in self._forward else (b, a)
+        group = self._by_ranks[(GroupKind.PIPELINE, (self.rank(fwd[0], d), self.rank(fwd[1], d)))]
+        return group_path(self.cluster, group.transport, self.entity(a, d), self.entity(b, d),
+                          self.caps)
+
+    # ---- rings --------------------------------------------------------------------------------
+    def idle_ring(self, kind: GroupKind, s: int) -> Ring | None:
+        """On an idle network, the ring of the `kind` group that starts at stage s's first rank
+        (DATA: stage s's replicas; EMBEDDING: replica 0's first and last stage), over its
+        members' TP groups (None: no such group)."""
+        if (kind, s) not in self._rings:
+            group = self._by_first.get((kind, self.rank(s, 0)))
+            if group is None:
+                self._rings[(kind, s)] = None
+            else:
+                tp, gpus = self.tp, self.rank_to_gpu
+                members = [tuple(gpus[r + i] for i in range(tp)) for r in group.ranks]
+                ring = ring_paths(self.cluster, group.transport, members, self.caps)
+                self._rings[(kind, s)] = (len(members), ring.idle_rate_bytes_per_s,
+                                          ring.step_latency_s)
+        return self._rings[(kind, s)]
+
+    def dp_ring(self, s: int) -> Ring | None:
+        """Stage s's data-parallel ring on an idle network (None: no DP group)."""
+        return self.idle_ring(GroupKind.DATA, s)
+
+    def stage_nodes(self, s: int) -> list[Node]:
+        """One node per distinct (GPU, intra-node link) among stage s's replicas, in replica
+        order (replicas on identical hardware cost the same)."""
+        got = self._stage_nodes.get(s)
+        if got is None:
+            got = self._stage_nodes[s] = list({self.hardware(s, d): self.node(s, d)
+                                               for d in range(self.dp)}.values())
+        return got
+
+    def embedding_ring(self, d: int) -> Ring | None:
+        """Replica d's embedding all-reduce ring (first and last stage) at the rate it gets while
+        every replica's runs at once: each hop link's capacity split over the summed weights of
+        all replicas' rings (None: no embedding group)."""
+        if self._emb is None:
+            rings, load = {}, {}
+            for r in range(self.dp):
+                group = self._by_first.get((GroupKind.EMBEDDING, self.rank(0, r)))
+                if group is not None:
+                    rings[r] = ring_paths(self.cluster, group.transport,
+                                          [self.entity(0, r), self.entity(self.pp - 1, r)], self.caps)
+            for ring in rings.values():
+                for hop in ring.hops:
+                    for lk, w in hop.links:
+                        load[lk] = load.get(lk, 0.0) + w
+            caps = self.caps
+            self._emb = [None if r not in rings else
+                         (2, min(caps[lk] / load[lk] for hop in rings[r].hops for lk, _ in hop.links),
+                          rings[r].step_latency_s) for r in range(self.dp)]
+        return self._emb[d]
+
+    # ---- alike replicas -----------------------------------------------------------------------
+    def replica_classes(self) -> list[tuple[int, list[int]]]:
+        """(representative, members) of each class of replicas with the same hardware on every
+        stage and the same send latencies and rates in both directions, in replica order."""
+        if self._classes is None:
+            by_signature: dict[tuple, tuple[int, list[int]]] = {}
+            for d in range(self.dp):
+                signature = (tuple(self.hardware(s, d) for s in range(self.pp)),
+                             tuple(self.p2p(j % self.pp, (j + 1) % self.pp, d)
+                                   for j in range(self.nv - 1)),
+                             tuple(self.p2p((j + 1) % self.pp, j % self.pp, d)
+                                   for j in range(self.nv - 1)))
+                by_signature.setdefault(signature, (d, []))[1].append(d)
+            self._classes = list(by_signature.values())
+        return self._classes
+
+    def stage_combos(self, embedding: bool) -> list[list[tuple[int, int, int]]]:
+        """Per stage, the distinct (replica class index, tail index) of its replicas, with a
+        replica that has them. Replicas of one tail index have the same hardware and embedding
+        ring (or none), which price the work after the stage's last op. `embedding`: the first
+        and last stages all-reduce tied embeddings."""
+        got = self._combos.get(embedding)
+        if got is None:
+            class_of = {d: c for c, (_, members) in enumerate(self.replica_classes()) for d in members}
+            got = []
+            for s in range(self.pp):
+                emb = embedding and self.pp > 1 and s in (0, self.pp - 1)
+                tails: dict[tuple, int] = {}
+                combos: dict[tuple[int, int], int] = {}
+                for d in range(self.dp):
+                    tail = (self.hardware(s, d), self.embedding_ring(d) if emb else None)
+                    combos.setdefault((class_of[d], tails.setdefault(tail, len(tails))), d)
+                got.append([(c, t, d) for (c, t), d in combos.items()])
+            self._combos[embedding] = got
+        return got

@@ -1,0 +1,370 @@
+"""The analytic estimate's critical-path walk over a pipeline schedule, and its steady-state jump.
+
+The walk evaluates one replica's schedule as a max-plus recurrence: an op starts when the
+previous op of its stage ended and its input arrived; a send starts when its op ended and the
+previous send on the same (physical) stage pair arrived. `walk_plain` does that op by op.
+
+`walk` gives the same stage end times without walking every micro-batch. In the steady part of
+1F1B and interleaved schedules (one forward, one backward) the op rows repeat: round r + 1 of
+stage s is round r with every micro-batch shifted by M (1, or p for interleaved), so the map from
+the state at one round boundary (each stage's clock, each send queue, the messages in flight) to
+the next is the same max-plus map F for every round. F is homogeneous (F(x + a) = F(x) + a), so
+once the state after round r equals the state after round r - c plus one constant a (c: the
+cyclicity of the recurrence; Baccelli et al., "Synchronization and Linearity", 1992, ch. 3),
+every later c rounds add a again: the walk adds it (R - r) / c times at once (R: the run's last
+round) and walks on from there. Cycles c up to 2p are tried (1F1B on 16 stages: c = 4 seen).
+Which rounds repeat is checked from the op rows themselves (`SteadyRun`), not assumed.
+
+The constant is measured in floating point, so a jump differs from the op-by-op walk by
+rounding only (tests hold it to 1e-12 relative).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from holmes_sim.schedule import ScheduleKind, build_schedule
+
+_MAX_CYCLE = 2
+"""Cyclicities tried per pipeline stage: the state after round r is compared with the states
+after rounds r - 1 ... r - 2p."""
+_NOISE_ULPS = 64
+"""The state's components' increments may differ from the first one's by this many units in the
+last place of the largest time (rounding in a round's chain of additions) and still count as
+one constant."""
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyRun:
+    """Rounds that repeat: the boundary (cut) before round r of stage s is op index
+    `starts[s] + r * period`, for r = 0..rounds; round r + 1 is round r with micro-batches +
+    `shift`. `outstanding[r]` lists the message slots written before cut r and read after it,
+    in the order of their readers (stage, then position after the cut), so entry i of cut r and
+    entry i of cut r + 1 are the same message one round later. `extra`: rounds of the full
+    schedule left out of this table (see `op_table`)."""
+
+    starts: tuple[int, ...]
+    period: int
+    shift: int
+    rounds: int
+    outstanding: tuple[tuple[int, ...], ...]
+    extra: int = 0
+
+    def cut(self, r: int) -> list[int]:
+        return [a + r * self.period for a in self.starts]
+
+
+@dataclass(frozen=True, slots=True)
+class OpTable:
+    """A schedule as the walk reads it. `rows[s]` holds stage s's ops in order as
+    (kind index, input slot, send index, queue slot, output slot), -1 for none; `kinds[s]` lists
+    the distinct (virtual stage, backward) ops of stage s and `sends` the distinct (from, to)
+    virtual-stage sends, both sorted; a queue slot holds the last arrival on a physical stage
+    pair."""
+
+    shape: tuple[str, int, int, int]
+    """(kind, p, m, v) of the schedule this table stands for."""
+    rows: tuple[tuple[tuple, ...], ...]
+    kinds: tuple[tuple[tuple[int, bool], ...], ...]
+    sends: tuple[tuple[int, int], ...]
+    slots: int
+    """Size of the walk's arrival list (messages by (direction, virtual stage, micro-batch),
+    then queues)."""
+    queues: tuple[int, ...]
+    """Slots that are send queues (start free at 0 s)."""
+    run: SteadyRun | None = None
+    """The steady run (None: the walk goes op by op)."""
+
+
+_TARGET_ROUNDS = {ScheduleKind.ONE_F_ONE_B: (6, 24), ScheduleKind.INTERLEAVED: (1, 8)}
+"""A table keeps a p + b steady rounds (p stages; an interleaved round is p micro-batches);
+the jump needs fewer (a transient and two cycles), else the walk falls back to the full table."""
+
+
+@lru_cache(maxsize=512)
+def op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
+    """The walk's table of schedule (kind, p, m, v). With many steady rounds, the table of the
+    same schedule with fewer micro-batches, whose run records the rounds left out: a 1F1B or
+    interleaved schedule with M more micro-batches is the same op rows with one more steady
+    round (forward and backward units are numbered independently of m, `schedule.py`), so the
+    walk jumps over those rounds too (`_TARGET_ROUNDS`). `full_op_table` is the table of every
+    op."""
+    small = _fewer_microbatches(ScheduleKind(kind), pp, m, v)
+    if small is None:
+        return full_op_table(kind, pp, m, v)
+    m_small, extra = small
+    table = full_op_table(kind, pp, m_small, v)
+    if table.run is None:
+        return full_op_table(kind, pp, m, v)
+    return OpTable((kind, pp, m, v), table.rows, table.kinds, table.sends, table.slots,
+                   table.queues, SteadyRun(table.run.starts, table.run.period, table.run.shift,
+                                           table.run.rounds, table.run.outstanding, extra))
+
+
+def _fewer_microbatches(kind: ScheduleKind, p: int, m: int, v: int) -> tuple[int, int] | None:
+    """(micro-batches of the kept table, steady rounds left out), or None to keep all."""
+    if kind not in _TARGET_ROUNDS:
+        return None
+    a, b = _TARGET_ROUNDS[kind]
+    target = a * p + b
+    if kind is ScheduleKind.ONE_F_ONE_B:
+        keep = p + target  # p - 1 warm-up forwards, then one micro-batch per round
+        return (keep, m - keep) if m > keep else None
+    if kind is ScheduleKind.INTERLEAVED and p > 1:
+        warmup_groups = -(-((p - 1) * 2 + (v - 1) * p) // (p * v)) + 1
+        keep = p * (warmup_groups + target)  # then p micro-batches per round
+        return (keep, (m - keep) // p) if m > keep else None
+    return None
+
+
+@lru_cache(maxsize=256)
+def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
+    """The dependency structure of every op of schedule (kind, p, m, v), with its steady run."""
+    schedule = build_schedule(kind, pp, m, v)
+    nv = schedule.num_virtual_stages
+    sends = sorted({(j, j + 1) for j in range(nv - 1)} | {(j + 1, j) for j in range(nv - 1)})
+    send_index = {pair: i for i, pair in enumerate(sends)}
+    # Message (direction, to, micro-batch): forward inputs of j = 1..nv-1, then backward inputs
+    # of j = 0..nv-2, m slots each; then one slot per physical stage pair's queue.
+    messages = 2 * (nv - 1) * m
+    queue_slot: dict[tuple[int, int], int] = {}
+    rows, kinds = [], []
+    for s, ops in enumerate(schedule.stage_ops):
+        stage_kinds = sorted({(schedule.virtual_stage(s, c), b) for c in range(schedule.num_chunks)
+                              for b in (False, True)})
+        kind_index = {k: i for i, k in enumerate(stage_kinds)}
+        row = []
+        for op in ops:
+            j = s + op.chunk * pp
+            mb = op.microbatch
+            if op.kind == "B":
+                need = -1 if j == nv - 1 else ((nv - 1) + j) * m + mb
+                to = j - 1 if j > 0 else -1
+                out = ((nv - 1) + to) * m + mb
+            else:
+                need = -1 if j == 0 else (j - 1) * m + mb
+                to = j + 1 if j < nv - 1 else -1
+                out = (to - 1) * m + mb
+            if to < 0:
+                sk = queue = out = -1
+            else:
+                sk = send_index[(j, to)]
+                pair = (j % pp, to % pp)
+                queue = queue_slot.get(pair)
+                if queue is None:
+                    queue = queue_slot[pair] = messages + len(queue_slot)
+            row.append((kind_index[(j, op.kind == "B")], need, sk, queue, out))
+        rows.append(tuple(row))
+        kinds.append(tuple(stage_kinds))
+    queues = tuple(queue_slot.values())
+    shape = _steady_shape(kind, pp, m, v)
+    run = None if shape is None else _steady_run(schedule.stage_ops, rows, m, *shape)
+    return OpTable((kind, pp, m, v), tuple(rows), tuple(kinds), tuple(sends),
+                   messages + len(queues), queues, run)
+
+
+def _steady_shape(kind: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], int, int] | None:
+    """Where the steady phase starts per stage, ops per round, and micro-batches per round
+    (the schedules' definitions in `schedule.py`; `_steady_run` checks them)."""
+    kind = ScheduleKind(kind)
+    if kind is ScheduleKind.GPIPE:
+        # Its phases feed one way (no backward between forwards), so stages of different speeds
+        # drift apart at their own rates and the state never repeats up to one constant.
+        return None
+    if kind is ScheduleKind.ONE_F_ONE_B:
+        return tuple(min(p - s - 1, m) for s in range(p)), 2, 1
+    return tuple(min((p - s - 1) * 2 + (v - 1) * p, m * v) for s in range(p)), 2 * p * v, p
+
+
+def _steady_run(stage_ops, rows, m: int, starts: tuple[int, ...], period: int,
+                shift: int) -> SteadyRun | None:
+    """The verified steady run from `starts`: as many rounds as every stage's ops repeat with
+    micro-batches + `shift`, every cut is closed under dependencies, and the messages in flight
+    at each cut are those at the previous cut one round later (None: fewer than 3 rounds)."""
+    rounds = min(_repeating_rounds(ops, a, period, shift) for ops, a in zip(stage_ops, starts,
+                                                                            strict=True))
+    if rounds < 3:
+        return None
+    writer, reader = _slot_positions(rows)
+    # A slot is inside cut r from the first round whose cut passes its writer (reader).
+    outstanding: list[list[tuple[int, int, int]]] = [[] for _ in range(rounds + 1)]
+    for i, (sw, kw) in writer.items():
+        sr, kr = reader[i]
+        rw = max(0, (kw - starts[sw]) // period + 1)
+        rr = max(0, (kr - starts[sr]) // period + 1)
+        if rr < rw:  # cuts rr..rw-1 hold the reader but not the writer: not closed
+            rounds = min(rounds, rr - 1)
+        base = kr - starts[sr]
+        for r in range(rw, min(rr, rounds + 1)):
+            outstanding[r].append((sr, base - r * period, i))
+    lists = [tuple(i for *_, i in sorted(o)) for o in outstanding[:rounds + 1]]
+    for r in range(rounds):
+        if not _shifted(lists[r], lists[r + 1], m, shift):
+            rounds = r
+            break
+    if rounds < 3:
+        return None
+    return SteadyRun(starts, period, shift, rounds, tuple(lists[:rounds + 1]))
+
+
+def _repeating_rounds(ops, start: int, period: int, shift: int) -> int:
+    """Rounds from `start` in which each op is the op one round earlier, micro-batch + shift."""
+    r = 0
+    while start + (r + 1) * period <= len(ops):
+        if r > 0:
+            for k in range(start + r * period, start + (r + 1) * period):
+                a, b = ops[k - period], ops[k]
+                if (a.kind, a.chunk, a.microbatch + shift) != (b.kind, b.chunk, b.microbatch):
+                    return r
+        r += 1
+    return r
+
+
+def _slot_positions(rows) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
+    """(stage, op index) that writes and that reads each message slot."""
+    writer: dict[int, tuple[int, int]] = {}
+    reader: dict[int, tuple[int, int]] = {}
+    for s, row in enumerate(rows):
+        for k, (_, need, _, _, out) in enumerate(row):
+            if need >= 0:
+                reader[need] = (s, k)
+            if out >= 0:
+                writer[out] = (s, k)
+    return writer, reader
+
+
+def _shifted(before: tuple[int, ...], after: tuple[int, ...], m: int, shift: int) -> bool:
+    """Whether `after` is `before` with each message's micro-batch + shift (a message's slot is
+    its (direction, virtual stage) block times m plus its micro-batch)."""
+    if len(before) != len(after):
+        return False
+    return all(b == a + shift and a % m + shift < m for a, b in zip(before, after, strict=True))
+
+
+def walk_plain(table: OpTable, durs: list[list[float]], sends: list[float],
+               start: list[float]) -> list[float]:
+    """Stage end times (s) of one replica, op by op: every op as early as its stage and input
+    allow (`durs[s][kind index]`, `sends[send index]` in seconds; `start[s]`: stage s's first
+    op may not start before). Walks the full table of `table`'s schedule."""
+    table = full_op_table(*table.shape)
+    state = _State(table, start)
+    state.advance(table, durs, sends, [len(row) for row in table.rows])
+    return state.clock
+
+
+def walk(table: OpTable, durs: list[list[float]], sends: list[float],
+         start: list[float]) -> list[float]:
+    """`walk_plain`'s result, jumping over the repeating rounds of the steady run (and the
+    rounds a shortened table left out; when its state never repeats, the full table is walked)."""
+    state = _State(table, start)
+    run = table.run
+    if run is not None:
+        state.advance(table, durs, sends, run.cut(0))
+        if not _through_run(state, table, durs, sends, run) and run.extra:
+            return walk(full_op_table(*table.shape), durs, sends, start)
+    state.advance(table, durs, sends, [len(row) for row in table.rows])
+    return state.clock
+
+
+class _State:
+    """Where a walk is: each stage's next op and clock (s), and the arrival list (s; -1: not
+    yet sent)."""
+
+    def __init__(self, table: OpTable, start: list[float]):
+        self.pos = [0] * len(table.rows)
+        self.clock = list(start)
+        self.ready = [-1.0] * table.slots
+        for q in table.queues:
+            self.ready[q] = 0.0
+
+    def advance(self, table: OpTable, durs, sends, limits: list[int]) -> None:
+        """Run every stage s up to op index `limits[s]` (the ops before the limits must depend
+        only on each other)."""
+        rows, pos, clock, ready = table.rows, self.pos, self.clock, self.ready
+        todo = sum(n - k for n, k in zip(limits, pos, strict=True))
+        stages = range(len(rows))
+        while todo:
+            progressed = False
+            for s in stages:
+                k, n = pos[s], limits[s]
+                if k == n:
+                    continue
+                row, t, dur = rows[s], clock[s], durs[s]
+                while k < n:
+                    dk, need, sk, queue, out = row[k]
+                    if need >= 0:
+                        arrived = ready[need]
+                        if arrived < 0.0:
+                            break
+                        if arrived > t:
+                            t = arrived
+                    t += dur[dk]
+                    if sk >= 0:
+                        free = ready[queue]
+                        arrival = (t if t > free else free) + sends[sk]
+                        ready[queue] = ready[out] = arrival
+                    k += 1
+                if k != pos[s]:
+                    todo -= k - pos[s]
+                    pos[s], clock[s] = k, t
+                    progressed = True
+            assert progressed, "schedule deadlock"
+
+    def vector(self, table: OpTable, outstanding: tuple[int, ...]) -> list[float]:
+        """The state at a cut: clocks, send queues, messages in flight (s)."""
+        ready = self.ready
+        return self.clock + [ready[q] for q in table.queues] + [ready[i] for i in outstanding]
+
+
+def _through_run(state: _State, table: OpTable, durs, sends, run: SteadyRun) -> bool:
+    """Walk the run's rounds from cut 0 until the state repeats up to a constant, then move the
+    state to the schedule's last steady cut at once (see module docstring). False: it never
+    repeated (the state is then at the run's last cut)."""
+    history = [state.vector(table, run.outstanding[0])]
+    cycles = _MAX_CYCLE * len(table.rows)
+    rounds = run.rounds + run.extra  # of the full schedule
+    for r in range(1, run.rounds + 1):
+        state.advance(table, durs, sends, run.cut(r))
+        now = state.vector(table, run.outstanding[r])
+        history.append(now)
+        first, last = now[0], now[-1]
+        for c in range(1, min(r, cycles, run.rounds - r) + 1):
+            before = history[r - c]
+            # Cheap rejection on two components before comparing them all.
+            if abs((first - before[0]) - (last - before[-1])) > _NOISE_ULPS * math.ulp(first):
+                continue
+            step = _constant_step(before, now)
+            if step is not None:
+                steps = (rounds - r) // c
+                # The full schedule's cut r + steps c is this table's cut r + steps c - extra.
+                _jump(state, table, run, r, r + steps * c - run.extra, steps * step)
+                return True
+    return False
+
+
+def _constant_step(before: list[float], now: list[float]) -> float | None:
+    """The one increment (s) from `before` to `now`, or None when they differ by more than
+    rounding."""
+    tol = _NOISE_ULPS * math.ulp(max(now))
+    first = now[0] - before[0]
+    total = 0.0
+    for a, b in zip(before, now, strict=True):
+        d = b - a
+        if abs(d - first) > tol:
+            return None
+        total += d
+    return total / len(now)
+
+
+def _jump(state: _State, table: OpTable, run: SteadyRun, r: int, to: int, add: float) -> None:
+    """Move the state from cut r to cut `to`: every clock, queue and message in flight + `add`."""
+    ready = state.ready
+    state.clock = [t + add for t in state.clock]
+    for q in table.queues:
+        ready[q] += add
+    moved = [ready[a] + add for a in run.outstanding[r]]
+    for b, t in zip(run.outstanding[to], moved, strict=True):
+        ready[b] = t
+    state.pos = run.cut(to)

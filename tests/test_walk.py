@@ -1,0 +1,113 @@
+"""The estimate's walk with its steady-state jump against the plain op-by-op walk."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from holmes_sim import analytic, planner
+from holmes_sim import walk as walk_module
+from holmes_sim.bundled import bundled_scenario
+from holmes_sim.errors import HolmesError
+from holmes_sim.prepare import prepare
+from holmes_sim.walk import op_table, walk, walk_plain
+
+REL = 1e-12
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    scale = max(max(a), 1e-30)
+    return all(abs(x - y) <= REL * scale for x, y in zip(a, b, strict=True))
+
+
+def _random_case(rng: random.Random):
+    kind = rng.choice(["gpipe", "1f1b", "1f1b", "interleaved", "interleaved"])
+    p = rng.choice([1, 2, 3, 4, 6, 8, 16])
+    v = rng.choice([2, 3, 4]) if kind == "interleaved" and p > 1 else 1
+    kind = "1f1b" if kind == "interleaved" and p == 1 else kind
+    m = rng.choice([1, 2, 3, 5, 8, 16, 32, 64, 128, 192, 512])
+    if kind == "interleaved":
+        m = max(1, m // p) * p
+    table = op_table(kind, p, m, v)
+    base = [rng.uniform(1e-3, 5e-2) for _ in range(4)]
+    spread = rng.choice([0.0, 0.0, 1e-9, 0.05, 0.5])  # equal stages, nearly equal, uneven
+    durs = [[base[2 * (j // p % 2) + b] * (1 + spread * rng.random()) for j, b in kinds]
+            for kinds in table.kinds]
+    sends = [rng.choice([0.0, rng.uniform(1e-6, 3e-2)]) for _ in table.sends]
+    start = [rng.uniform(0.0, 2e-2) if rng.random() < 0.3 else 0.0 for _ in range(p)]
+    return table, durs, sends, start
+
+
+def test_walk_equals_plain_walk_on_random_schedules():
+    rng = random.Random(11)
+    jumped = 0
+    for _ in range(400):
+        table, durs, sends, start = _random_case(rng)
+        fast, plain = walk(table, durs, sends, start), walk_plain(table, durs, sends, start)
+        assert _close(plain, fast), (table.rows and len(table.rows), plain, fast)
+        jumped += fast != plain
+    assert jumped >= 50  # the jump was taken (it changes the last bits) in many cases
+
+
+def test_steady_runs_cover_the_one_forward_one_backward_phase():
+    run = op_table("1f1b", 4, 32, 1).run
+    assert run.starts == (3, 2, 1, 0) and run.period == 2 and run.rounds == 29 and run.extra == 0
+    run = op_table("interleaved", 4, 32, 2).run
+    assert run.period == 16 and run.rounds >= 6
+    assert op_table("gpipe", 4, 32, 1).run is None
+    assert op_table("1f1b", 4, 3, 1).run is None  # no steady phase
+
+
+def test_long_schedules_keep_a_short_table():
+    """A 1F1B table of 2,048 micro-batches keeps 6p + 24 steady rounds and leaves the rest to
+    the jump; its walk equals the full table's."""
+    table = op_table("1f1b", 4, 2048, 1)
+    assert table.run.extra == 2048 - (4 + 6 * 4 + 24) and len(table.rows[0]) < 2 * 60
+    rng = random.Random(5)
+    durs = [[rng.uniform(1e-3, 1e-2) for _ in kinds] for kinds in table.kinds]
+    sends = [rng.uniform(0.0, 1e-3) for _ in table.sends]
+    start = [0.0] * 4
+    assert _close(walk_plain(table, durs, sends, start), walk(table, durs, sends, start))
+
+
+def test_a_short_table_whose_state_never_repeats_walks_the_full_table(monkeypatch):
+    monkeypatch.setattr(walk_module, "_NOISE_ULPS", -1)  # no two states count as repeating
+    table = op_table("1f1b", 3, 500, 1)
+    assert table.run.extra > 0
+    durs = [[0.01 * (s + 1), 0.02] for s in range(3)]
+    sends = [1e-3] * len(table.sends)
+    assert walk(table, durs, sends, [0.0] * 3) == walk_plain(table, durs, sends, [0.0] * 3)
+
+
+def _sample(name: str, count: int):
+    prepared = prepare(bundled_scenario(name))
+    grid = list(planner.layouts(prepared, prepared.scenario.search))
+    return prepared, grid[::max(1, len(grid) // count)]
+
+
+@pytest.mark.parametrize("name", ["mixed_ib_roce", "mixed_ib_eth", "two_clusters_39b",
+                                  "pure_ethernet", "large_175b_1024"])
+def test_estimate_with_jump_equals_plain_walk_on_searched_plans(name, monkeypatch):
+    """Every sampled layout x policy of the search: the estimate with the jump equals the one
+    that walks every op."""
+    prepared, sample = _sample(name, 12 if name == "large_175b_1024" else 40)
+    compared = 0
+    for layout in sample:
+        p = planner.prepared_for(prepared, layout)
+        for policy in ("holmes", "megatron"):
+            try:
+                plan, cluster = planner._plan(p, policy, layout)
+            except HolmesError:
+                continue
+            analytic._WALKS.clear()
+            fast = analytic.estimate_iteration(plan, cluster, p.workload, p.compute)
+            analytic._WALKS.clear()
+            monkeypatch.setattr(analytic, "walk", walk_plain)  # walks the full table
+            plain = analytic.estimate_iteration(plan, cluster, p.workload, p.compute)
+            monkeypatch.undo()
+            assert _close([plain.iteration_s, *plain.stage_end_s],
+                          [fast.iteration_s, *fast.stage_end_s]), (layout, policy)
+            compared += 1
+    analytic._WALKS.clear()
+    assert compared >= 10
