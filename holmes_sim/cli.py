@@ -224,6 +224,10 @@ def validate(
                          "Figure 6 (no testbed needed).")] = False,
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Only these policies.")] = None,
     iterations: Annotated[int | None, typer.Option(help="Measured iterations per policy.")] = None,
+    compute: Annotated[str | None, typer.Option(
+        "--compute", help="emulated: ranks wait their calibrated compute durations, all "
+        "communication real (robust on a busy host); real: ranks compute. Default: the "
+        "testbed's testbed.compute (emulated).", show_default=False)] = None,
     json_path: Annotated[Path | None, typer.Option(
         "--json", help="Write the comparison as JSON ('-': standard output).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write figures and report.md here.")] = None,
@@ -260,7 +264,8 @@ def validate(
                 out.print(line, highlight=False, markup=False)
             return
         result = v.validate_real(testbed, names, iterations,
-                                 progress=lambda m: err.print(m, highlight=False, markup=False))
+                                 progress=lambda m: err.print(m, highlight=False, markup=False),
+                                 compute=compute)
         if json_path is not None:
             write_json(json_path, stamp(result.to_json()))
         if report is not None:
