@@ -21,21 +21,22 @@ Technique
   between the segments shares the uplink's rate in each direction (`TestbedUplink`). The
   segments stay one subnet. At most one uplink per fabric: two would close a bridge loop.
 
-tbf parameters (see `tbf_burst_bytes`, `gso_max_bytes`): ``burst = max(2 x GSO size, rate *
-1 ms)`` and ``latency = 10 ms``; each veth's GSO super-packets are capped at half of 1 ms of
-line rate, between 8 and 64 KiB (``ip link set ... gso_max_size``). The burst must hold a whole
-GSO/TSO super-packet, else tbf splits or drops it; and it must be small next to the messages a
-run sends, because a full bucket lets its bytes through at memory speed. The earlier
-``max(128 KiB, 4 ms)`` with 64 KiB GSO let a 256 KiB activation cross a 100 Mbit/s NIC in
-11.8 ms instead of the 21 ms of its rate (measured), while the simulator, which models a link
-by rate and latency, charged 21 ms; two such flows sharing a 100 Mbit/s uplink took 12-34 ms
-instead of 42. With 8 KiB GSO and a 16 KiB burst at 100 Mbit/s: 20.8 ms and 33-43 ms, and a
-4 MB transfer still runs at 0.95-0.96 of the rate (the missing ~4 % are the Ethernet/IP/TCP
-headers tbf counts: 1448 of 1514 bytes). ``latency`` bounds the queue
-(``limit = rate * latency + burst``). With traffic both ways on a NIC, as in a ring
-all-reduce, the ACKs of one direction queue behind the data of the other; 10 ms gave 0.87-0.99
-per direction, better than 20 ms (deeper queue, later ACKs) and 2-5 ms (drops at 2 Gbit/s;
-measured with the earlier burst).
+tbf parameters of a NIC (see `tbf_burst_bytes`): ``burst = max(128 KiB, rate * 4 ms)`` and
+``latency = 10 ms``. The burst must hold a whole GSO/TSO super-packet (up to 64 KiB on veth),
+else tbf splits every super-packet into MTU-sized segments, which costs CPU at Gbit/s rates.
+Sizing it to a few milliseconds of line rate lets the qdisc watchdog fire late (scheduler jitter
+on a busy machine, HZ=250 here) without the bucket overflowing and wasting tokens. A full bucket
+lets its bytes through at memory speed: measured, a 256 KiB message after an idle gap crosses a
+100 Mbit/s NIC in 11.8 ms, not the 21 ms of its rate; a 4 MB transfer runs at 0.95-0.96 of the
+rate (the missing ~4 % are the Ethernet/IP/TCP headers tbf counts: 1448 of 1514 bytes). Smaller
+NIC buckets (1 ms of rate, GSO capped at 8 KiB) made 256 KiB messages take their rate's time
+but the default testbed's runs 20-30 % slower than predicted (not understood), so NICs keep
+these. An uplink (`uplink_burst_bytes`) gets ``burst = max(16 KiB, rate * 1 ms)``: tbf splits
+the super-packets (cheap at uplink rates), and flows that share it get its rate, not a burst.
+``latency`` bounds the queue (``limit = rate * latency + burst``). With traffic both ways on a
+NIC, as in a ring all-reduce, the ACKs of one direction queue behind the data of the other;
+10 ms gave 0.87-0.99 per direction, better than 20 ms (deeper queue, later ACKs) and 2-5 ms
+(drops at 2 Gbit/s).
 
 Safety and ownership
 --------------------
@@ -90,10 +91,10 @@ ADDRESS_BASE = "10.200"
 MAX_NODES = 254
 MAX_FABRICS = 256
 
-TBF_BURST_S = 1e-3
-"""tbf bucket: this much line rate (at least two GSO super-packets, see gso_max_bytes)."""
-GSO_MIN_BYTES = 8 * 1024
-GSO_MAX_BYTES = 64 * 1024
+TBF_MIN_BURST_BYTES = 128 * 1024
+TBF_BURST_S = 4e-3
+UPLINK_MIN_BURST_BYTES = 16 * 1024
+UPLINK_BURST_S = 1e-3
 TBF_LATENCY_S = 10e-3
 
 MAX_RATE_BIT_PER_S = 1e12
@@ -213,30 +214,22 @@ def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess
     return proc
 
 
-def gso_max_bytes(rate_bit_per_s: float) -> int:
-    """Largest GSO super-packet on a veth of this rate: half the bucket's 1 ms of line rate,
-    between 8 and 64 KiB (a multiple of 1 KiB)."""
-    half = rate_bit_per_s / 8 * TBF_BURST_S / 2
-    return int(min(GSO_MAX_BYTES, max(GSO_MIN_BYTES, half // 1024 * 1024)))
-
-
 def tbf_burst_bytes(rate_bit_per_s: float) -> int:
-    """tbf bucket size in bytes for a line rate in bit/s: max(two GSO super-packets, 1 ms of
-    line rate)."""
-    return max(2 * gso_max_bytes(rate_bit_per_s), math.ceil(rate_bit_per_s / 8 * TBF_BURST_S))
+    """tbf bucket size in bytes for a line rate in bit/s: max(128 KiB, 4 ms of line rate)."""
+    return max(TBF_MIN_BURST_BYTES, math.ceil(rate_bit_per_s / 8 * TBF_BURST_S))
 
 
-def _gso_argv(ns: str, dev: str, rate_bit_per_s: float) -> list[str]:
-    """The `ip` command that caps `dev`'s GSO super-packets to fit its tbf bucket."""
-    return ["ip", "-n", ns, "link", "set", "dev", dev, "gso_max_size",
-            str(gso_max_bytes(rate_bit_per_s))]
+def uplink_burst_bytes(rate_bit_per_s: float) -> int:
+    """An uplink's tbf bucket in bytes: max(16 KiB, 1 ms of its rate)."""
+    return max(UPLINK_MIN_BURST_BYTES, math.ceil(rate_bit_per_s / 8 * UPLINK_BURST_S))
 
 
-def _tbf_argv(ns: str, dev: str, rate_bit_per_s: float) -> list[str]:
-    """The `tc` command that caps egress of `dev` in namespace `ns` at `rate_bit_per_s`."""
+def _tbf_argv(ns: str, dev: str, rate_bit_per_s: float, burst: int | None = None) -> list[str]:
+    """The `tc` command that caps egress of `dev` in namespace `ns` at `rate_bit_per_s`
+    (`burst`: the bucket in bytes; default a NIC's, `tbf_burst_bytes`)."""
     rate = max(1, round(rate_bit_per_s))
     latency_us = round(TBF_LATENCY_S * 1e6)
-    burst = tbf_burst_bytes(rate_bit_per_s)
+    burst = tbf_burst_bytes(rate_bit_per_s) if burst is None else burst
     return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
             "rate", f"{rate}bit", "burst", str(burst), "latency", f"{latency_us}us"]  # fmt: skip
 
@@ -872,8 +865,6 @@ class Testbed:
         bridge = bridge_name(j, self._segments[j].index(nic.segment))
         _run(["ip", "-n", fns, "link", "set", peer, "master", bridge])
         _run(["ip", "-n", ns, "addr", "add", f"{self.address(node, nic.name)}/24", "dev", nic.name])
-        _run(_gso_argv(ns, nic.name, nic.rate_bit_per_s))
-        _run(_gso_argv(fns, peer, nic.rate_bit_per_s))
         _run(_tbf_argv(ns, nic.name, nic.rate_bit_per_s))
         _run(_tbf_argv(fns, peer, nic.rate_bit_per_s))
         _run(["ip", "-n", fns, "link", "set", peer, "up"])
@@ -888,10 +879,9 @@ class Testbed:
         self._record.save()
         _run(["ip", "-n", fns, "link", "add", ends[0], "type", "veth", "peer", "name", ends[1]])
         for end, segment in zip(ends, up.segments, strict=True):
-            _run(_gso_argv(fns, end, up.rate_bit_per_s))
             _run(["ip", "-n", fns, "link", "set", end, "master",
                   bridge_name(j, self._segments[j].index(segment))])
-            _run(_tbf_argv(fns, end, up.rate_bit_per_s))
+            _run(_tbf_argv(fns, end, up.rate_bit_per_s, uplink_burst_bytes(up.rate_bit_per_s)))
             _run(["ip", "-n", fns, "link", "set", end, "up"])
 
     # -- teardown -----------------------------------------------------------------------------
