@@ -47,6 +47,40 @@ def test_dry_run_builds_every_group_and_stage():
     assert all("NCCL_NET=Socket" in line for line in lines if "tcp:" in line)
 
 
+BUNDLED = sorted((REPO / "holmes_sim" / "data" / "testbeds").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", BUNDLED, ids=[p.stem for p in BUNDLED])
+def test_bundled_testbeds_can_run(path):
+    from holmes_sim.validate import check_testbed, testbed_nodes, testbed_uplinks
+
+    prepared = prepare(path, check=check_testbed)
+    assert prepared.scenario.testbed.compute == "emulated"
+    nodes, uplinks = testbed_nodes(prepared), testbed_uplinks(prepared)
+    assert len(nodes) == prepared.cluster.num_gpus
+    if uplinks:  # each cluster's Ethernet is a segment of its own, joined by the one uplink
+        [up] = uplinks
+        segments = {nic.segment for n in nodes for nic in n.nics if nic.fabric == "ethernet"}
+        assert segments == set(up.segments) == {c.name for c in prepared.scenario.clusters}
+
+
+def test_testbed_uplinks_it_cannot_emulate_are_refused(tmp_path):
+    from holmes_sim.validate import check_testbed
+
+    text = (REPO / "validation" / "testbeds" / "two_clusters.yaml").read_text()
+    path = tmp_path / "t.yaml"
+    path.write_text(text.replace("latency_us: 0", "latency_us: 100"))
+    with pytest.raises(ScenarioError, match="latency_us"):
+        prepare(path, check=check_testbed)
+
+
+def test_emulated_durations_scale_with_the_gpu_models_peak():
+    from holmes_sim.validate import speed_factors
+
+    prepared = prepare(REPO / "validation" / "testbeds" / "unequal_speed.yaml")
+    assert speed_factors(prepared) == {"cpu-rank": 1.0, "cpu-rank-half": 2.0}
+
+
 def test_validate_needs_a_mode():
     result = runner.invoke(app, ["validate", str(TESTBED)])
     assert result.exit_code == 2 and "--real" in result.output
@@ -106,7 +140,11 @@ def test_reduced_real_run_measures_compares_and_cleans_up(tmp_path):
     assert 0.4 * 250e6 < ib < 2.0 * 250e6
     assert 0.4 * 12.5e6 < eth < 2.0 * 12.5e6
     assert ib > 5 * eth
-    assert 1 <= doc["profile"]["host"]["effective_cores"] <= os.cpu_count()
+    # Emulated compute (the testbed's default): no shared-CPU model, the same durations for the
+    # prediction as for the ranks, and waits that never end early.
+    assert doc["compute"] == "emulated" and "host" not in doc["profile"]
+    assert all(c["emulation_lag_pct"] >= 0 for c in doc["cases"])
+    assert all(c["losses"] == [] for c in doc["cases"])
     assert doc["provenance"]["commit"] and doc["provenance"]["host"]
     assert set(_namespaces()) <= before  # none of its own left
 
