@@ -181,6 +181,7 @@ class ValidationResult:
                        "profile_compute": c.profile.get("compute", {}),
                        "profile_host": c.profile.get("host", {})} for c in self.cases],
             "ranking_agrees": self.ranking_agrees,
+            "mechanism_effects": mechanism_effects(self.cases),
             "host_unstable": self.host_unstable,
             "host_warnings": list(self.host_warnings),
             "compute": self.compute,
@@ -191,6 +192,35 @@ class ValidationResult:
             "profile": self.profile,
             "provenance": self.provenance,
         }
+
+
+# Each ablation and the Holmes mechanism it switches off (holmes_sim/policies/__init__.py).
+MECHANISMS = {"holmes-no-nic-aware-order": "NIC-aware grouping",
+              "holmes-no-nic-selection": "per-group NIC selection",
+              "holmes-no-adaptive-partition": "adaptive partition",
+              "holmes-no-overlap": "overlapped optimizer",
+              "megatron": "all four (Megatron-LM's defaults)"}
+
+
+def mechanism_effects(cases: tuple[Case, ...] | list[Case], tie_pct: float = 3.0) -> list[dict]:
+    """Per ablation run next to holmes: how much slower it is without the mechanism, measured
+    and predicted, in % of holmes' time, and whether the measured effect exceeds the noise
+    band (`ranking_agrees`' band: `tie_pct` or both cases' measured noise)."""
+    by = {c.policy: c for c in cases}
+    base = by.get("holmes")
+    if base is None:
+        return []
+    out = []
+    for name, mechanism in MECHANISMS.items():
+        c = by.get(name)
+        if c is None:
+            continue
+        band = max(tie_pct, base.noise_pct, c.noise_pct)
+        measured = 100.0 * (c.measured_s / base.measured_s - 1)
+        out.append({"policy": name, "mechanism": mechanism, "measured_pct": measured,
+                    "predicted_pct": 100.0 * (c.predicted_s / base.predicted_s - 1),
+                    "band_pct": band, "beyond_noise": abs(measured) > band})
+    return out
 
 
 def ranking_agrees(cases: tuple[Case, ...] | list[Case], tie_pct: float = 3.0) -> bool:

@@ -199,3 +199,19 @@ def test_host_checks_name_load_and_calibration_spread():
     assert "emulated compute" in w and "7.2%" in w
     assert implausible({"ib": 4e-3, "roce": 3e-5, "ethernet": 4e-5}) == ["ib"]
     assert implausible({"ib": 3e-5, "roce": 6e-5, "ethernet": 9e-5}) == []
+
+
+def test_mechanism_effects_compare_each_ablation_with_holmes():
+    from holmes_sim.validate import mechanism_effects
+
+    holmes = Case("holmes", 1.0, 1.00, (1.0,) * 8, ())
+    slow = Case("holmes-no-adaptive-partition", 1.2, 1.10, (1.10,) * 8, ())
+    close = Case("holmes-no-overlap", 1.02, 1.01, (1.01,) * 8, ())
+    other = Case("all-ib", 0.5, 0.5, (0.5,) * 8, ())  # no mechanism of holmes: not listed
+    by = {e["policy"]: e for e in mechanism_effects([holmes, slow, close, other])}
+    assert set(by) == {"holmes-no-adaptive-partition", "holmes-no-overlap"}
+    e = by["holmes-no-adaptive-partition"]
+    assert e["mechanism"] == "adaptive partition"
+    assert e["measured_pct"] == pytest.approx(10.0) and e["predicted_pct"] == pytest.approx(20.0)
+    assert e["beyond_noise"] and not by["holmes-no-overlap"]["beyond_noise"]
+    assert mechanism_effects([slow, close]) == []  # nothing to compare with
