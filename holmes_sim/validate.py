@@ -101,7 +101,7 @@ MAX_LOAD_PER_CORE = {"real": 1.0, "emulated": 2.5}
 
 def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
                   max_calibration_ratio: float = 1.5, lags: list[float] = (),
-                  max_lag_pct: float = 3.0, max_load_per_core: float = 1.0) -> list[str]:
+                  max_lag_pct: float = 5.0, max_load_per_core: float = 1.0) -> list[str]:
     """Why this host's measurements cannot be trusted, or nothing.
 
     Overloaded: a 1-minute load average above `max_load_per_core` x the core count before the
@@ -109,7 +109,8 @@ def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
     compute: 1 per core, the ranks need the cores. Emulated compute: 2.5 per core; measured on
     2 cores: load 2.7, 4.3 and 5.6 before the run (1, 3 and 6 busy loops besides other users)
     all gave errors within 6% and waits within 1% of requested, but at 5.6 the Ethernet
-    latency probe read 2.9 ms (others 0.03-0.05 ms), which the link check flags.
+    latency probe read 2.9 ms (others 0.03-0.05 ms), which the link check flags. Lag: runs
+    whose waits overran by up to 4.5% stayed within 6.3% error; one at 6.1% reached 10.6%.
     Unstable: the per-case compute calibrations of one run differ by more than
     `max_calibration_ratio`. Emulated compute (`lags`, per case): the ranks' compute waits
     took more than `max_lag_pct` % longer than requested, a time no prediction contains."""
