@@ -95,6 +95,8 @@ def median_ci(samples: tuple[float, ...] | list[float], z: float = 1.96) -> tupl
     return (xs[lo], xs[hi]) if n >= 6 else (xs[0], xs[-1])
 
 
+# SCHED_FIFO priority of emulated ranks (RunConfig.realtime_priority): the lowest real-time one.
+REALTIME_PRIORITY = 1
 # Largest 1-minute load average per core before a run that still measures (see host_warnings).
 MAX_LOAD_PER_CORE = {"real": 1.0, "emulated": 2.5}
 
@@ -507,7 +509,10 @@ def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb,
                     bucket_numel=max(1, int(prepared.workload.bucket_bytes // 4)),
                     emulated_compute=[] if emulated is None else [
                         _durations(emulated[prepared.cluster.node(g.node).gpu.name])
-                        for g in plan.rank_to_gpu])
+                        for g in plan.rank_to_gpu],
+                    # Emulated ranks mostly wait: real-time priority makes them wake on time on
+                    # a host whose cores other processes keep busy.
+                    realtime_priority=0 if emulated is None else REALTIME_PRIORITY)
 
     def spawn(rank: int, argv: list[str]) -> subprocess.Popen:
         return tb.popen(plan.rank_to_gpu[rank].node, argv, stdin=subprocess.DEVNULL,
@@ -612,7 +617,8 @@ def measure_op_overhead(prepared: Prepared, config, compute: dict, spec: Testbed
                     iterations=_OVERHEAD_ITERATIONS + 2, warmup=2, interface_map={"*": "lo"},
                     world_interfaces=["lo"], lr=spec.learning_rate, optimizer=spec.optimizer,
                     bucket_numel=max(1, int(prepared.workload.bucket_bytes // 4)),
-                    emulated_compute=[_durations(compute)] if emulated else [])
+                    emulated_compute=[_durations(compute)] if emulated else [],
+                    realtime_priority=REALTIME_PRIORITY if emulated else 0)
     # The fastest iteration: noise on a shared host only ever adds time.
     mkdtemp = tb.mkdtemp if tb is not None else None
     measured = min(run_plan(plan, cfg, timeout_s=spec.timeout_s, mkdtemp=mkdtemp).iteration_times_s)

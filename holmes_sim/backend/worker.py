@@ -116,6 +116,12 @@ class RunConfig:
     buckets over the DP group, the overlap threads as in a real run. Waiting ranks leave the
     host's cores to the communication, so a busy host does not change what is measured; the
     simulator predicts with the same durations. Losses are not computed (the result has none)."""
+    realtime_priority: int = 0
+    """> 0: the rank (and every thread it starts) runs under SCHED_FIFO at this priority, so a
+    waiting rank wakes on time and its messages move when due although other processes keep
+    the host's cores busy (the kernel's RT throttling still leaves them 5%). For emulated
+    compute, whose ranks mostly wait; 0: the default scheduler. Without the permission the
+    rank runs on, and its result says so."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -664,6 +670,18 @@ class Rank:
             self._gather.join()
 
 
+def _set_realtime(priority: int) -> str:
+    """SCHED_FIFO at `priority` for this process and the threads it starts later (0: leave the
+    scheduler alone); what it runs under, for the result."""
+    if priority <= 0:
+        return "other"
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, AttributeError) as e:
+        return f"other (SCHED_FIFO refused: {e})"
+    return f"fifo:{priority}"
+
+
 def _emulated_durations(cfg: RunConfig, rank: int) -> dict | None:
     """This rank's emulated durations (RunConfig.emulated_compute), or None: real compute."""
     if not cfg.emulated_compute:
@@ -782,6 +800,7 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     if cfg.mutation and cfg.mutation not in MUTATIONS:
         raise TestbedError(f"unknown mutation {cfg.mutation!r}; known: {', '.join(MUTATIONS)}")
     _emulated_durations(cfg, rank)  # a bad entry fails here, before any peer waits for it
+    scheduler = _set_realtime(cfg.realtime_priority)
     if cfg.backend == "nccl":
         groups = _init_nccl(plan, cfg, rank)
     else:
@@ -808,6 +827,7 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     })
     if worker.emulated is not None:
         result["emulation"] = dict(worker.emulation)
+    result["scheduler"] = scheduler
     if cfg.dump_params:
         result["params"] = {n: t.reshape(-1).tolist() for s in worker.stages
                             for n, t in canonical_params(s).items()}

@@ -7,6 +7,7 @@ gradient reductions).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 import threading
@@ -254,9 +255,13 @@ def test_emulated_compute_waits_its_durations_and_still_communicates(case, plan_
     # Rank 1 emulates a GPU twice as slow: its waits double, nobody else's.
     slow = {k: 2 * v for k, v in EMULATED.items()}
     per_rank = [slow if r == 1 else EMULATED for r in range(plan.world_size)]
-    cfg = run_config_factory(bucket_numel=20_000, emulated_compute=per_rank)
+    cfg = run_config_factory(bucket_numel=20_000, emulated_compute=per_rank, realtime_priority=1)
     result = run_plan(plan, cfg, timeout_s=60)
     assert result.losses == ()  # nothing computed
+    # Real-time scheduling where permitted (root), else said so; never silently.
+    for doc in result.ranks:
+        assert doc["scheduler"] == "fifo:1" if os.geteuid() == 0 else \
+            doc["scheduler"].startswith("other (SCHED_FIFO refused")
     schedule = plan.schedule()
     for doc in result.ranks:
         d = per_rank[doc["rank"]]
