@@ -277,8 +277,9 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         progress("calibrating the links ...")
         # Emulated ranks wait instead of computing: the links are probed on an idle host share.
         busy = 0 if emulated else prepared.cluster.num_gpus - 2
-        fabrics = calibrate_links(prepared, tb, spec, busy)
-        warnings = _recheck_links(prepared, tb, spec, fabrics, progress, busy=busy)
+        rt = REALTIME_PRIORITY if emulated else 0  # probes move bytes as the ranks will
+        fabrics = calibrate_links(prepared, tb, spec, busy, rt)
+        warnings = _recheck_links(prepared, tb, spec, fabrics, progress, busy=busy, rt=rt)
         fixed: dict[str, tuple] = {}
         if emulated:
             progress("calibrating compute once (the ranks wait these durations) ...")
@@ -336,7 +337,8 @@ def _combine(name: str, rounds: list) -> Case:
 
 
 def _recheck_links(prepared: Prepared, tb, spec: TestbedSpec, fabrics: dict,
-                   progress: Progress, tries: int = 2, busy: int = 0) -> list[str]:
+                   progress: Progress, tries: int = 2, busy: int = 0,
+                   rt: int = 0) -> list[str]:
     """Re-probe fabrics whose latency is implausible next to the others' (in place); what is
     still implausible after `tries` becomes a host warning."""
     for _ in range(tries):
@@ -346,7 +348,7 @@ def _recheck_links(prepared: Prepared, tb, spec: TestbedSpec, fabrics: dict,
         for f in bad:
             progress(f"{f}: latency {1e3 * fabrics[f]['latency_s']:.2f} ms is implausible next "
                      f"to the other fabrics'; probing again ...")
-            fabrics[f] = measure_fabric(prepared, tb, f, spec, busy)
+            fabrics[f] = measure_fabric(prepared, tb, f, spec, busy, rt)
     return [f"host unstable: fabric {f} latency {1e3 * fabrics[f]['latency_s']:.2f} ms stayed "
             f"implausible after {tries} re-probes"
             for f in implausible({f: d["latency_s"] for f, d in fabrics.items()})]
@@ -522,10 +524,12 @@ def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb,
 
 
 # ---- calibration -------------------------------------------------------------------------------
-def calibrate_links(prepared: Prepared, tb, spec: TestbedSpec, busy: int | None = None) -> dict:
+def calibrate_links(prepared: Prepared, tb, spec: TestbedSpec, busy: int | None = None,
+                    realtime_priority: int = 0) -> dict:
     """Every fabric's achieved gloo throughput, latency and collective step cost (`busy`
     processes computing meanwhile; default: one per rank not in the probe)."""
-    return {f: measure_fabric(prepared, tb, f, spec, busy) for f in sorted(_fabrics(prepared))}
+    return {f: measure_fabric(prepared, tb, f, spec, busy, realtime_priority)
+            for f in sorted(_fabrics(prepared))}
 
 
 def _durations(entry: dict) -> dict:
@@ -549,8 +553,10 @@ def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     from holmes_sim.backend.calibrate_compute import measure_layer_times
 
     config = model_config(prepared)
+    # At the ranks' real-time priority: other processes on the host do not stretch the samples.
     solo = measure_layer_times(config, prepared.workload.micro_batch, concurrency=1,
-                               repeats=spec.calibration_repeats)
+                               repeats=spec.calibration_repeats,
+                               realtime_priority=REALTIME_PRIORITY)
     # The median sample of each piece, as real compute takes it. (The fastest samples were
     # tried: 20-40% shorter, so communication weighs more and the testbed's Ethernet, which
     # the simulator over-predicts by ~10% (tbf buckets, docs/validation.md), dominated the
@@ -635,13 +641,14 @@ def _fabrics(prepared: Prepared) -> set[str]:
 
 
 def measure_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec,
-                   busy: int | None = None) -> dict:
+                   busy: int | None = None, realtime_priority: int = 0) -> dict:
     """gloo throughput and latency between the first two nodes on `fabric`, while the other
     ranks' share of the host is busy computing (`busy` processes; default: one per other rank),
     as it is during a real-compute run: on a shared host a message waits for its receiver to be
-    scheduled, which costs milliseconds, not microseconds."""
+    scheduled, which costs milliseconds, not microseconds. `realtime_priority`: the probe's
+    SCHED_FIFO priority (emulated compute: the ranks' own, as their messages will move)."""
     with _busy_processes(tb, prepared.cluster.num_gpus - 2 if busy is None else busy):
-        return _probe_fabric(prepared, tb, fabric, spec)
+        return _probe_fabric(prepared, tb, fabric, spec, realtime_priority)
 
 
 @contextlib.contextmanager
@@ -662,7 +669,8 @@ def _busy_processes(tb, count: int):
             p.wait()
 
 
-def _probe_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> dict:
+def _probe_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec,
+                  realtime_priority: int = 0) -> dict:
     pairs = [(n.name, nic.name) for n in prepared.cluster.nodes for nic in n.nics
              if nic.fabric == fabric][:2]
     if len(pairs) < 2:
@@ -676,7 +684,8 @@ def _probe_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> dic
                 procs.append(tb.popen(node, [sys.executable, "-m", "holmes_sim.backend.calibrate_links",
                                              "--rank", str(r), "--store", str(tmp / "store"),
                                              "--interface", nic, "--bytes",
-                                             str(spec.link_probe_bytes), "--out", str(out)],
+                                             str(spec.link_probe_bytes), "--out", str(out),
+                                             "--realtime-priority", str(realtime_priority)],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=log))
         deadline = time.monotonic() + 120
