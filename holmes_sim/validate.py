@@ -548,8 +548,9 @@ def speed_factors(prepared: Prepared) -> dict[str, float]:
 
 def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     """The compute profile emulated ranks wait and the simulator predicts with: one rank's solo
-    piece times on this host (medians), scaled per GPU model (`speed_factors`), and the framework time
-    per op of an emulated one-rank run. No `host` section: waiting ranks share no CPU."""
+    piece times on this host (medians), times `host_share`, scaled per GPU model
+    (`speed_factors`), and the framework time per op of an emulated one-rank run. No `host`
+    section: waiting ranks share no CPU."""
     from holmes_sim.backend.calibrate_compute import measure_layer_times
 
     config = model_config(prepared)
@@ -569,9 +570,20 @@ def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
             "head_backward_s": solo["head_backward_s"],
             "optimizer_s_per_param": solo["optimizer_per_param_s"]}
     overhead = measure_op_overhead(prepared, config, base, spec, tb, emulated=True)
+    share = host_share(prepared)
     return {"schema": PROFILE_SCHEMA,
-            "compute": {g: {**{k: v * f for k, v in base.items()}, "op_overhead_s": overhead}
+            "compute": {g: {**{k: v * f * share for k, v in base.items()},
+                            "op_overhead_s": overhead}
                         for g, f in speed_factors(prepared).items()}}
+
+
+def host_share(prepared: Prepared) -> float:
+    """How much longer than alone a rank computes when every rank computes on this host's cores:
+    ranks / cores, at least 1 (4 ranks on 2 cores: 2). Emulated ranks wait their solo times
+    times this, so they run at the speed real-compute ranks get here and the testbed keeps the
+    compute-to-communication ratio its rates were chosen for; the solo times themselves are
+    measured without contention (SCHED_FIFO), so the product does not move with the load."""
+    return max(1.0, prepared.cluster.num_gpus / (os.cpu_count() or 1))
 
 
 def calibrate_compute(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:

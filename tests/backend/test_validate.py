@@ -215,3 +215,18 @@ def test_mechanism_effects_compare_each_ablation_with_holmes():
     assert e["measured_pct"] == pytest.approx(10.0) and e["predicted_pct"] == pytest.approx(20.0)
     assert e["beyond_noise"] and not by["holmes-no-overlap"]["beyond_noise"]
     assert mechanism_effects([slow, close]) == []  # nothing to compare with
+
+
+def test_unknown_compute_mode_is_bad_input():
+    result = runner.invoke(app, ["validate", "default", "--real", "--compute", "gpu"])
+    assert result.exit_code == 2 and "compute must be 'emulated' or 'real'" in result.output
+
+
+def test_emulated_ranks_compute_at_the_speed_a_rank_gets_on_this_host(monkeypatch):
+    import holmes_sim.validate as v
+
+    prepared = prepare(TESTBED)  # 4 ranks
+    monkeypatch.setattr(v.os, "cpu_count", lambda: 2)
+    assert v.host_share(prepared) == 2.0
+    monkeypatch.setattr(v.os, "cpu_count", lambda: 16)
+    assert v.host_share(prepared) == 1.0  # never faster than alone
