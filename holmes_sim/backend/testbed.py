@@ -95,6 +95,9 @@ TBF_MIN_BURST_BYTES = 128 * 1024
 TBF_BURST_S = 4e-3
 UPLINK_MIN_BURST_BYTES = 16 * 1024
 UPLINK_BURST_S = 1e-3
+UPLINK_LATENCY_S = 50e-3
+"""An uplink's queue (a switch buffer): the NICs behind it send bursts of their 128 KiB buckets
+at once, which a 10 ms queue at 100 Mbit/s (141 KiB) dropped, each drop a 200 ms TCP RTO."""
 TBF_LATENCY_S = 10e-3
 
 MAX_RATE_BIT_PER_S = 1e12
@@ -224,11 +227,12 @@ def uplink_burst_bytes(rate_bit_per_s: float) -> int:
     return max(UPLINK_MIN_BURST_BYTES, math.ceil(rate_bit_per_s / 8 * UPLINK_BURST_S))
 
 
-def _tbf_argv(ns: str, dev: str, rate_bit_per_s: float, burst: int | None = None) -> list[str]:
+def _tbf_argv(ns: str, dev: str, rate_bit_per_s: float, burst: int | None = None,
+              latency_s: float = TBF_LATENCY_S) -> list[str]:
     """The `tc` command that caps egress of `dev` in namespace `ns` at `rate_bit_per_s`
-    (`burst`: the bucket in bytes; default a NIC's, `tbf_burst_bytes`)."""
+    (`burst`: the bucket in bytes; default a NIC's, `tbf_burst_bytes`; `latency_s`: the queue)."""
     rate = max(1, round(rate_bit_per_s))
-    latency_us = round(TBF_LATENCY_S * 1e6)
+    latency_us = round(latency_s * 1e6)
     burst = tbf_burst_bytes(rate_bit_per_s) if burst is None else burst
     return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
             "rate", f"{rate}bit", "burst", str(burst), "latency", f"{latency_us}us"]  # fmt: skip
@@ -881,7 +885,8 @@ class Testbed:
         for end, segment in zip(ends, up.segments, strict=True):
             _run(["ip", "-n", fns, "link", "set", end, "master",
                   bridge_name(j, self._segments[j].index(segment))])
-            _run(_tbf_argv(fns, end, up.rate_bit_per_s, uplink_burst_bytes(up.rate_bit_per_s)))
+            _run(_tbf_argv(fns, end, up.rate_bit_per_s, uplink_burst_bytes(up.rate_bit_per_s),
+                           UPLINK_LATENCY_S))
             _run(["ip", "-n", fns, "link", "set", end, "up"])
 
     # -- teardown -----------------------------------------------------------------------------
