@@ -95,9 +95,6 @@ TBF_MIN_BURST_BYTES = 128 * 1024
 TBF_BURST_S = 4e-3
 UPLINK_MIN_BURST_BYTES = 16 * 1024
 UPLINK_BURST_S = 1e-3
-UPLINK_LATENCY_S = 50e-3
-"""An uplink's queue (a switch buffer): the NICs behind it send bursts of their 128 KiB buckets
-at once, which a 10 ms queue at 100 Mbit/s (141 KiB) dropped, each drop a 200 ms TCP RTO."""
 TBF_LATENCY_S = 10e-3
 
 MAX_RATE_BIT_PER_S = 1e12
@@ -885,8 +882,7 @@ class Testbed:
         for end, segment in zip(ends, up.segments, strict=True):
             _run(["ip", "-n", fns, "link", "set", end, "master",
                   bridge_name(j, self._segments[j].index(segment))])
-            _run(_tbf_argv(fns, end, up.rate_bit_per_s, uplink_burst_bytes(up.rate_bit_per_s),
-                           UPLINK_LATENCY_S))
+            _run(_tbf_argv(fns, end, up.rate_bit_per_s, uplink_burst_bytes(up.rate_bit_per_s)))
             _run(["ip", "-n", fns, "link", "set", end, "up"])
 
     # -- teardown -----------------------------------------------------------------------------
