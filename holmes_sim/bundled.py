@@ -30,6 +30,21 @@ def default_testbed() -> Path:
     return data_dir("testbeds") / "default.yaml"
 
 
+def testbed_names() -> list[str]:
+    """Names of the bundled validation testbeds (file stems), sorted."""
+    return sorted(p.stem for p in data_dir("testbeds").glob("*.yaml"))
+
+
+def resolve_testbed(name: str | Path) -> Path:
+    """A path as given when it exists or looks like a file path, else the bundled testbed of
+    that name (e.g. `two_clusters`); otherwise the path as given."""
+    path = Path(name)
+    stem = path.name[:-5] if path.name.endswith(".yaml") else path.name
+    if path.exists() or path.parent != Path(".") or stem not in testbed_names():
+        return path
+    return data_dir("testbeds") / f"{stem}.yaml"
+
+
 def resolve_scenario(name: str | Path) -> Path:
     """A path as given when it exists or looks like a file path, else the bundled scenario of that
     name; otherwise the path as given (so the loader names it in its error)."""

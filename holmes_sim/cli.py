@@ -19,7 +19,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from holmes_sim.bundled import bundled_scenario, default_testbed, resolve_scenario, scenario_names
+from holmes_sim.bundled import (
+    bundled_scenario,
+    default_testbed,
+    resolve_scenario,
+    resolve_testbed,
+    scenario_names,
+)
 from holmes_sim.errors import HolmesError, PlanError
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -211,8 +217,9 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
 @app.command()
 def validate(
     testbed: Annotated[Path | None, typer.Argument(
-        help="Testbed scenario (same schema, small, with a `testbed:` section); default: the "
-             "bundled one.", show_default=False)] = None,
+        help="Testbed scenario (same schema, small, with a `testbed:` section) or a bundled "
+             "testbed's name (default, two_clusters, unequal_speed; default: "
+             "default).", show_default=False)] = None,
     real: Annotated[bool, typer.Option("--real", help="Calibrate, predict, run for real, compare.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Build every group and stage on gloo, "
                                           "without training.")] = False,
@@ -224,6 +231,10 @@ def validate(
                          "Figure 6 (no testbed needed).")] = False,
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Only these policies.")] = None,
     iterations: Annotated[int | None, typer.Option(help="Measured iterations per policy.")] = None,
+    compute: Annotated[str | None, typer.Option(
+        "--compute", help="emulated: ranks wait their calibrated compute durations, all "
+        "communication real (robust on a busy host); real: ranks compute. Default: the "
+        "testbed's testbed.compute (emulated).", show_default=False)] = None,
     json_path: Annotated[Path | None, typer.Option(
         "--json", help="Write the comparison as JSON ('-': standard output).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write figures and report.md here.")] = None,
@@ -244,7 +255,7 @@ def validate(
     from holmes_sim.report.files import write_json
     from holmes_sim.runner import stamp
 
-    testbed = testbed or default_testbed()
+    testbed = resolve_testbed(testbed) if testbed else default_testbed()
     try:
         if cleanup:
             for line in v.cleanup():
@@ -260,7 +271,8 @@ def validate(
                 out.print(line, highlight=False, markup=False)
             return
         result = v.validate_real(testbed, names, iterations,
-                                 progress=lambda m: err.print(m, highlight=False, markup=False))
+                                 progress=lambda m: err.print(m, highlight=False, markup=False),
+                                 compute=compute)
         if json_path is not None:
             write_json(json_path, stamp(result.to_json()))
         if report is not None:

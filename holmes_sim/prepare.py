@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from holmes_sim.catalog import build_catalog
-from holmes_sim.cluster import Cluster, Nic, build_cluster
+from holmes_sim.cluster import ETHERNET, Cluster, Nic, build_cluster
 from holmes_sim.cost.compute import ComputeModel, KernelCompute, Profile, load_profile
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.policies import POLICIES, PlanRequest
@@ -187,7 +187,15 @@ def apply_link_profile(cluster: Cluster, profile: Profile) -> Cluster:
     for node in cluster.nodes:
         nics = tuple(_profiled_nic(n, profile.fabrics.get(n.fabric)) for n in node.nics)
         nodes.append(replace(node, nics=nics))
-    return cluster.with_nodes(tuple(nodes))
+    # Uplinks are Ethernet too: on an emulated testbed they achieve the measured fraction of
+    # their shaped rate that the Ethernet NICs do (`line_rate_bytes_per_s`: the probe's rate).
+    eth = profile.fabrics.get(ETHERNET) or {}
+    uplinks = cluster.uplinks
+    if eth.get("line_rate_bytes_per_s"):
+        ratio = eth["bandwidth_bytes_per_s"] / eth["line_rate_bytes_per_s"]
+        uplinks = tuple(replace(u, bandwidth_bytes_per_s=u.bandwidth_bytes_per_s * ratio)
+                        for u in uplinks)
+    return cluster.with_nodes(tuple(nodes), uplinks=uplinks)
 
 
 def _profiled_nic(nic: Nic, measured: dict | None) -> Nic:

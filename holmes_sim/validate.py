@@ -32,6 +32,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from holmes_sim.cluster import ETHERNET
 from holmes_sim.cost.compute import PROFILE_SCHEMA, Profile, ProfiledCompute
 from holmes_sim.errors import FieldError, ScenarioError, TestbedError
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan
@@ -61,6 +62,9 @@ class Case:
     """Measured seconds per op kind per rank per iteration (forward, backward, recv, ...)."""
     profile: dict = dataclasses.field(default_factory=dict)
     """The calibration the prediction used (taken just before this case's run)."""
+    emulation_lag_pct: float = 0.0
+    """Emulated compute: how much longer the ranks' compute waits took than requested, in % of
+    the requested (the host's wake-up lag; 0 under real compute)."""
 
     @property
     def error_pct(self) -> float:
@@ -91,24 +95,41 @@ def median_ci(samples: tuple[float, ...] | list[float], z: float = 1.96) -> tupl
     return (xs[lo], xs[hi]) if n >= 6 else (xs[0], xs[-1])
 
 
+# SCHED_FIFO priority of emulated ranks (RunConfig.realtime_priority): the lowest real-time one.
+REALTIME_PRIORITY = 1
+# Largest 1-minute load average per core before a run that still measures (see host_warnings).
+MAX_LOAD_PER_CORE = {"real": 1.0, "emulated": 2.5}
+
+
 def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
-                  max_calibration_ratio: float = 1.5) -> list[str]:
+                  max_calibration_ratio: float = 1.5, lags: list[float] = (),
+                  max_lag_pct: float = 5.0, max_load_per_core: float = 1.0) -> list[str]:
     """Why this host's measurements cannot be trusted, or nothing.
 
-    Overloaded: a 1-minute load average above the core count before the run starts (taken
-    then because the validator's own ranks load the host during it: one per core or more).
+    Overloaded: a 1-minute load average above `max_load_per_core` x the core count before the
+    run starts (taken then because the validator's own ranks load the host during it). Real
+    compute: 1 per core, the ranks need the cores. Emulated compute: 2.5 per core; measured on
+    2 cores: load 2.7, 4.3 and 5.6 before the run (1, 3 and 6 busy loops besides other users)
+    all gave errors within 6% and waits within 1% of requested, but at 5.6 the Ethernet
+    latency probe read 2.9 ms (others 0.03-0.05 ms), which the link check flags. Lag: runs
+    whose waits overran by up to 4.5% stayed within 6.3% error; one at 6.1% reached 10.6%.
     Unstable: the per-case compute calibrations of one run differ by more than
-    `max_calibration_ratio`."""
+    `max_calibration_ratio`. Emulated compute (`lags`, per case): the ranks' compute waits
+    took more than `max_lag_pct` % longer than requested, a time no prediction contains."""
     out = []
-    if load_before > cpu_count:
+    if load_before > max_load_per_core * cpu_count:
         out.append(f"host overloaded before the run: load average {load_before:.1f} on "
-                   f"{cpu_count} cores")
+                   f"{cpu_count} cores (more than {max_load_per_core:g} per core)")
     layer = [c["compute"][next(iter(c["compute"]))]["layer_forward_s"] for c in calibrations
              if c.get("compute")]
     if len(layer) > 1 and min(layer) > 0 and max(layer) / min(layer) > max_calibration_ratio:
         out.append(f"host unstable: layer-forward calibrations ranged {1e3 * min(layer):.1f}-"
                    f"{1e3 * max(layer):.1f} ms within one run (more than "
                    f"{max_calibration_ratio:g}x)")
+    worst = max(lags, default=0.0)
+    if worst > max_lag_pct:
+        out.append(f"host too busy for emulated compute: the ranks' waits overran by "
+                   f"{worst:.1f}% (more than {max_lag_pct:g}%)")
     return out
 
 
@@ -135,6 +156,8 @@ class ValidationResult:
     provenance: dict
     host_warnings: tuple[str, ...] = ()
     """Why the host cannot be trusted (overloaded, unstable calibration); empty: it can."""
+    compute: str = "real"
+    """How the ranks computed: "emulated" (calibrated waits) or "real"."""
 
     @property
     def host_unstable(self) -> bool:
@@ -157,11 +180,14 @@ class ValidationResult:
                        "losses": list(c.losses),
                        "predicted_breakdown_s": c.predicted_breakdown_s,
                        "measured_ops_s": c.measured_ops_s,
+                       "emulation_lag_pct": c.emulation_lag_pct,
                        "profile_compute": c.profile.get("compute", {}),
                        "profile_host": c.profile.get("host", {})} for c in self.cases],
             "ranking_agrees": self.ranking_agrees,
+            "mechanism_effects": mechanism_effects(self.cases),
             "host_unstable": self.host_unstable,
             "host_warnings": list(self.host_warnings),
+            "compute": self.compute,
             "within_tolerance": self.within_tolerance,
             "tolerance_pct": self.tolerance_pct,
             "mean_abs_error_pct": statistics.fmean(abs(c.error_pct) for c in self.cases),
@@ -169,6 +195,35 @@ class ValidationResult:
             "profile": self.profile,
             "provenance": self.provenance,
         }
+
+
+# Each ablation and the Holmes mechanism it switches off (holmes_sim/policies/__init__.py).
+MECHANISMS = {"holmes-no-nic-aware-order": "NIC-aware grouping",
+              "holmes-no-nic-selection": "per-group NIC selection",
+              "holmes-no-adaptive-partition": "adaptive partition",
+              "holmes-no-overlap": "overlapped optimizer",
+              "megatron": "all four (Megatron-LM's defaults)"}
+
+
+def mechanism_effects(cases: tuple[Case, ...] | list[Case], tie_pct: float = 3.0) -> list[dict]:
+    """Per ablation run next to holmes: how much slower it is without the mechanism, measured
+    and predicted, in % of holmes' time, and whether the measured effect exceeds the noise
+    band (`ranking_agrees`' band: `tie_pct` or both cases' measured noise)."""
+    by = {c.policy: c for c in cases}
+    base = by.get("holmes")
+    if base is None:
+        return []
+    out = []
+    for name, mechanism in MECHANISMS.items():
+        c = by.get(name)
+        if c is None:
+            continue
+        band = max(tie_pct, base.noise_pct, c.noise_pct)
+        measured = 100.0 * (c.measured_s / base.measured_s - 1)
+        out.append({"policy": name, "mechanism": mechanism, "measured_pct": measured,
+                    "predicted_pct": 100.0 * (c.predicted_s / base.predicted_s - 1),
+                    "band_pct": band, "beyond_noise": abs(measured) > band})
+    return out
 
 
 def ranking_agrees(cases: tuple[Case, ...] | list[Case], tie_pct: float = 3.0) -> bool:
@@ -187,8 +242,12 @@ def ranking_agrees(cases: tuple[Case, ...] | list[Case], tie_pct: float = 3.0) -
 # ---- the real run ------------------------------------------------------------------------------
 def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
                   iterations: int | None = None, progress: Progress = lambda m: None,
-                  rounds: int = 2) -> ValidationResult:
+                  rounds: int = 2, compute: str | None = None) -> ValidationResult:
     """Calibrate, predict, run and compare every policy of a testbed scenario (module docstring).
+
+    `compute` ("emulated" or "real") overrides the testbed's `testbed.compute`. Emulated: the
+    compute profile is measured once, the ranks wait its durations and every prediction uses
+    them; real: the ranks compute and each case is calibrated just before it runs.
 
     Raises:
         ScenarioError: the file cannot run on a testbed (TP > 1, several GPUs per node, ...).
@@ -200,6 +259,11 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
     spec = prepared.scenario.testbed or TestbedSpec()
     if iterations is not None:
         spec = dataclasses.replace(spec, iterations=iterations)
+    if compute is not None:
+        if compute not in ("emulated", "real"):
+            raise ScenarioError(f"compute must be 'emulated' or 'real', got {compute!r}")
+        spec = dataclasses.replace(spec, compute=compute)
+    emulated = spec.compute == "emulated"
     names = _runnable_policies(prepared, policies)
     config = model_config(prepared)
     if rounds < 1:
@@ -208,10 +272,20 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
     started = time.time()
     # The lock first, so a second run refuses at once; the testbed runs its preflight inside it.
     load_before = os.getloadavg()[0]
-    with measurement_lock(f"validate --real {testbed_path}"), Testbed(testbed_nodes(prepared)) as tb:
+    with measurement_lock(f"validate --real {testbed_path}"), Testbed(
+            testbed_nodes(prepared), uplinks=testbed_uplinks(prepared)) as tb:
         progress("calibrating the links ...")
-        fabrics = calibrate_links(prepared, tb, spec)
-        warnings = _recheck_links(prepared, tb, spec, fabrics, progress)
+        # Emulated ranks wait instead of computing: the links are probed on an idle host share.
+        busy = 0 if emulated else prepared.cluster.num_gpus - 2
+        rt = REALTIME_PRIORITY if emulated else 0  # probes move bytes as the ranks will
+        fabrics = calibrate_links(prepared, tb, spec, busy, rt)
+        warnings = _recheck_links(prepared, tb, spec, fabrics, progress, busy=busy, rt=rt)
+        fixed: dict[str, tuple] = {}
+        if emulated:
+            progress("calibrating compute once (the ranks wait these durations) ...")
+            common = {**emulated_profile(prepared, spec, tb), "fabrics": fabrics}
+            fixed = {name: (common, *predict(apply_profile(prepared, common), name))
+                     for name in names}
         # Rounds (A B C D, A B C D, ...): host drift over minutes hits every policy alike, and
         # each policy is calibrated and predicted inside every round it runs in.
         per_round = -(-spec.iterations // rounds)
@@ -220,20 +294,28 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         profiles = []
         for r in range(rounds):
             for name in names:
-                progress(f"round {r + 1}/{rounds}, {name}: calibrating compute ...")
-                profile = {**calibrate_compute(prepared, spec, tb), "fabrics": fabrics}
+                if emulated:
+                    profile, outcome, predicted = fixed[name]
+                else:
+                    progress(f"round {r + 1}/{rounds}, {name}: calibrating compute ...")
+                    profile = {**calibrate_compute(prepared, spec, tb), "fabrics": fabrics}
+                    outcome, predicted = predict(apply_profile(prepared, profile), name)
                 profiles.append(profile)
-                outcome, predicted = predict(apply_profile(prepared, profile), name)
                 progress(f"round {r + 1}/{rounds}, {name}: predicted {predicted:.3f} s; running "
                          f"{spec.warmup} + {per_round} iterations for real ...")
-                run = _run_real(outcome.plan, prepared, config, round_spec, tb)
+                run = _run_real(outcome.plan, prepared, config, round_spec, tb,
+                                profile["compute"] if emulated else None)
                 runs[name].append((predicted, outcome, run, profile))
         cases = [_combine(name, runs[name]) for name in names]
-    warnings += host_warnings(load_before, os.cpu_count() or 1, profiles)
+    warnings += host_warnings(load_before, os.cpu_count() or 1, profiles,
+                              lags=[c.emulation_lag_pct for c in cases],
+                              max_load_per_core=MAX_LOAD_PER_CORE[spec.compute])
     for w in warnings:
         progress(f"warning: {w}")
-    return ValidationResult(tuple(cases), spec.tolerance_pct, profiles[0],
-                            provenance(testbed_path, time.time() - started), tuple(warnings))
+    prov = {**provenance(testbed_path, time.time() - started), "load_before": load_before,
+            "load_after": os.getloadavg()[0], "compute": spec.compute}
+    return ValidationResult(tuple(cases), spec.tolerance_pct, profiles[0], prov,
+                            tuple(warnings), spec.compute)
 
 
 def _combine(name: str, rounds: list) -> Case:
@@ -246,12 +328,17 @@ def _combine(name: str, rounds: list) -> Case:
     for _, _, run, _ in rounds:
         for k, v in run.op_times_s.items():
             ops[k] = ops.get(k, 0.0) + v / len(rounds)
+    emulation = [d["emulation"] for _, _, run, _ in rounds for d in run.ranks if "emulation" in d]
+    requested = sum(e["requested_s"] for e in emulation)
+    lag = 100.0 * (sum(e["actual_s"] for e in emulation) - requested) / requested \
+        if requested > 0 else 0.0
     return Case(name, predicted, statistics.median(iterations), iterations, first.losses,
-                outcome.result.breakdown_s, ops, profile)
+                outcome.result.breakdown_s, ops, profile, lag)
 
 
 def _recheck_links(prepared: Prepared, tb, spec: TestbedSpec, fabrics: dict,
-                   progress: Progress, tries: int = 2) -> list[str]:
+                   progress: Progress, tries: int = 2, busy: int = 0,
+                   rt: int = 0) -> list[str]:
     """Re-probe fabrics whose latency is implausible next to the others' (in place); what is
     still implausible after `tries` becomes a host warning."""
     for _ in range(tries):
@@ -261,7 +348,7 @@ def _recheck_links(prepared: Prepared, tb, spec: TestbedSpec, fabrics: dict,
         for f in bad:
             progress(f"{f}: latency {1e3 * fabrics[f]['latency_s']:.2f} ms is implausible next "
                      f"to the other fabrics'; probing again ...")
-            fabrics[f] = measure_fabric(prepared, tb, f, spec)
+            fabrics[f] = measure_fabric(prepared, tb, f, spec, busy, rt)
     return [f"host unstable: fabric {f} latency {1e3 * fabrics[f]['latency_s']:.2f} ms stayed "
             f"implausible after {tries} re-probes"
             for f in implausible({f: d["latency_s"] for f, d in fabrics.items()})]
@@ -317,12 +404,25 @@ def check_backend(prepared: Prepared) -> None:
 
 
 def testbed_nodes(prepared: Prepared):
-    """One emulated node per scenario node, one shaped NIC per scenario NIC (line rate)."""
+    """One emulated node per scenario node, one shaped NIC per scenario NIC (line rate). With
+    two clusters, each cluster's Ethernet NICs plug into a segment of its own (the uplink joins
+    them, `testbed_uplinks`)."""
     from holmes_sim.backend.testbed import TestbedNic, TestbedNode
 
-    return [TestbedNode(n.name, tuple(TestbedNic(nic.name, nic.fabric,
-                                                 nic.bandwidth_bytes_per_s * 8) for nic in n.nics))
+    split = bool(prepared.cluster.uplinks)
+    return [TestbedNode(n.name, tuple(TestbedNic(
+        nic.name, nic.fabric, nic.bandwidth_bytes_per_s * 8,
+        n.cluster if split and nic.fabric == ETHERNET else "") for nic in n.nics))
             for n in prepared.cluster.nodes]
+
+
+def testbed_uplinks(prepared: Prepared):
+    """The scenario's inter-cluster link as a shaped uplink between the clusters' Ethernet
+    segments (check_testbed allows at most one)."""
+    from holmes_sim.backend.testbed import TestbedUplink
+
+    return [TestbedUplink(ETHERNET, u.clusters, u.bandwidth_bytes_per_s * 8)
+            for u in prepared.cluster.uplinks]
 
 
 def check_testbed(prepared: Prepared) -> None:
@@ -333,6 +433,17 @@ def check_testbed(prepared: Prepared) -> None:
 
     check_backend(prepared)
     nodes = prepared.cluster.nodes
+    links = prepared.scenario.inter_cluster_links
+    if len(links) > 1:
+        raise FieldError("inter_cluster_links", f"{len(links)} inter-cluster links; the testbed "
+                         "joins at most two clusters (one uplink: more would loop the bridges)")
+    for i, link in enumerate(links):
+        if link.latency_us != 0:
+            raise FieldError(f"inter_cluster_links[{i}].latency_us", "the testbed cannot add "
+                             "latency (tbf shapes rate only; no netem); set latency_us: 0")
+        if not 0 < link.bandwidth_gbit_per_s * 1e9 <= tbmod.MAX_RATE_BIT_PER_S:
+            raise FieldError(f"inter_cluster_links[{i}].bandwidth_gbit_per_s",
+                             "cannot be shaped on the testbed")
     if len(nodes) > tbmod.MAX_NODES:
         raise FieldError("clusters", f"{len(nodes)} nodes; the testbed emulates at most "
                                      f"{tbmod.MAX_NODES} (one address each in a /24)")
@@ -384,7 +495,10 @@ def _node_paths(prepared: Prepared) -> tuple[list[str], list[list[str]]]:
     return names, nics
 
 
-def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb):
+def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb,
+              emulated: dict | None = None):
+    """One policy's plan for real; `emulated`: GPU model -> compute durations the ranks wait
+    (the profile's compute section), None: real compute."""
     from holmes_sim.backend.launch import run_plan
     from holmes_sim.backend.worker import RunConfig
 
@@ -394,7 +508,13 @@ def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb):
                     iterations=spec.warmup + spec.iterations, warmup=spec.warmup,
                     lr=spec.learning_rate, optimizer=spec.optimizer, world_interfaces=eth,
                     timeout_s=min(60.0, spec.timeout_s),
-                    bucket_numel=max(1, int(prepared.workload.bucket_bytes // 4)))
+                    bucket_numel=max(1, int(prepared.workload.bucket_bytes // 4)),
+                    emulated_compute=[] if emulated is None else [
+                        _durations(emulated[prepared.cluster.node(g.node).gpu.name])
+                        for g in plan.rank_to_gpu],
+                    # Emulated ranks mostly wait: real-time priority makes them wake on time on
+                    # a host whose cores other processes keep busy.
+                    realtime_priority=0 if emulated is None else REALTIME_PRIORITY)
 
     def spawn(rank: int, argv: list[str]) -> subprocess.Popen:
         return tb.popen(plan.rank_to_gpu[rank].node, argv, stdin=subprocess.DEVNULL,
@@ -404,9 +524,66 @@ def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb):
 
 
 # ---- calibration -------------------------------------------------------------------------------
-def calibrate_links(prepared: Prepared, tb, spec: TestbedSpec) -> dict:
-    """Every fabric's achieved gloo throughput, latency and collective step cost."""
-    return {f: measure_fabric(prepared, tb, f, spec) for f in sorted(_fabrics(prepared))}
+def calibrate_links(prepared: Prepared, tb, spec: TestbedSpec, busy: int | None = None,
+                    realtime_priority: int = 0) -> dict:
+    """Every fabric's achieved gloo throughput, latency and collective step cost (`busy`
+    processes computing meanwhile; default: one per rank not in the probe)."""
+    return {f: measure_fabric(prepared, tb, f, spec, busy, realtime_priority)
+            for f in sorted(_fabrics(prepared))}
+
+
+def _durations(entry: dict) -> dict:
+    from holmes_sim.backend.worker import EMULATED_KEYS
+
+    return {k: entry[k] for k in EMULATED_KEYS}
+
+
+def speed_factors(prepared: Prepared) -> dict[str, float]:
+    """Per GPU model of the testbed, how much longer its compute takes than the fastest
+    model's: the ratio of peak_tflops (emulated compute scales the calibration by it)."""
+    gpus = {n.gpu.name: n.gpu for n in prepared.cluster.nodes}
+    fastest = max(g.peak_flop_per_s for g in gpus.values())
+    return {name: fastest / g.peak_flop_per_s for name, g in sorted(gpus.items())}
+
+
+def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
+    """The compute profile emulated ranks wait and the simulator predicts with: one rank's solo
+    piece times on this host (medians), times `host_share`, scaled per GPU model
+    (`speed_factors`), and the framework time per op of an emulated one-rank run. No `host`
+    section: waiting ranks share no CPU."""
+    from holmes_sim.backend.calibrate_compute import measure_layer_times
+
+    config = model_config(prepared)
+    # At the ranks' real-time priority: other processes on the host do not stretch the samples.
+    solo = measure_layer_times(config, prepared.workload.micro_batch, concurrency=1,
+                               repeats=spec.calibration_repeats,
+                               realtime_priority=REALTIME_PRIORITY)
+    # The median sample of each piece, as real compute takes it. (The fastest samples were
+    # tried: 20-40% shorter, so communication weighs more and the testbed's Ethernet, which
+    # the simulator over-predicts by ~10% (tbf buckets, docs/validation.md), dominated the
+    # default testbed's error: mean 8.4%, max 13% in one run.)
+    base = {"layer_forward_s": solo["block_forward_s"],
+            "layer_backward_s": solo["block_backward_s"],
+            "embedding_forward_s": solo["embedding_forward_s"],
+            "embedding_backward_s": solo["embedding_backward_s"],
+            "head_forward_s": solo["head_forward_s"],
+            "head_backward_s": solo["head_backward_s"],
+            "optimizer_s_per_param": solo["optimizer_per_param_s"]}
+    overhead = measure_op_overhead(prepared, config, base, spec, tb, emulated=True)
+    share = host_share(prepared)
+    return {"schema": PROFILE_SCHEMA,
+            "compute": {g: {**{k: v * f * share for k, v in base.items()},
+                            "op_overhead_s": overhead}
+                        for g, f in speed_factors(prepared).items()}}
+
+
+def host_share(prepared: Prepared) -> float:
+    """How much longer than alone a rank computes when every rank computes on this host's cores:
+    ranks / cores, at least 1 (4 ranks on 2 cores: 2). Emulated ranks wait their solo times
+    times this, so they run at the speed real-compute ranks get here and the testbed keeps the
+    compute-to-communication ratio its rates were chosen for; the solo times themselves are
+    measured without contention (SCHED_FIFO), so the product does not move with the load."""
+    return max(1.0, prepared.cluster.num_gpus / (os.cpu_count() or 1))
 
 
 def calibrate_compute(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
@@ -443,10 +620,11 @@ def calibrate_compute(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
 
 
 def measure_op_overhead(prepared: Prepared, config, compute: dict, spec: TestbedSpec,
-                        tb=None) -> float:
+                        tb=None, emulated: bool = False) -> float:
     """Framework time per forward or backward op (Python, data, buffers) beyond the pieces'
-    compute, in seconds: a one-rank run of the same model through the real worker, minus the
-    calibrated pieces, divided by its ops. A calibration run of its own, not a measured case."""
+    compute, in seconds: a one-rank run of the same model through the real worker (`emulated`:
+    waiting `compute`'s durations), minus the calibrated pieces, divided by its ops. A
+    calibration run of its own, not a measured case."""
     from holmes_sim.backend.launch import run_plan
     from holmes_sim.backend.worker import RunConfig
 
@@ -456,7 +634,9 @@ def measure_op_overhead(prepared: Prepared, config, compute: dict, spec: Testbed
     cfg = RunConfig(model=config, micro_batch_size=prepared.workload.micro_batch,
                     iterations=_OVERHEAD_ITERATIONS + 2, warmup=2, interface_map={"*": "lo"},
                     world_interfaces=["lo"], lr=spec.learning_rate, optimizer=spec.optimizer,
-                    bucket_numel=max(1, int(prepared.workload.bucket_bytes // 4)))
+                    bucket_numel=max(1, int(prepared.workload.bucket_bytes // 4)),
+                    emulated_compute=[_durations(compute)] if emulated else [],
+                    realtime_priority=REALTIME_PRIORITY if emulated else 0)
     # The fastest iteration: noise on a shared host only ever adds time.
     mkdtemp = tb.mkdtemp if tb is not None else None
     measured = min(run_plan(plan, cfg, timeout_s=spec.timeout_s, mkdtemp=mkdtemp).iteration_times_s)
@@ -472,12 +652,15 @@ def _fabrics(prepared: Prepared) -> set[str]:
     return {nic.fabric for n in prepared.cluster.nodes for nic in n.nics}
 
 
-def measure_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> dict:
+def measure_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec,
+                   busy: int | None = None, realtime_priority: int = 0) -> dict:
     """gloo throughput and latency between the first two nodes on `fabric`, while the other
-    ranks' share of the host is busy computing, as it is during the run: on a shared host a
-    message waits for its receiver to be scheduled, which costs milliseconds, not microseconds."""
-    with _busy_processes(tb, prepared.cluster.num_gpus - 2):
-        return _probe_fabric(prepared, tb, fabric, spec)
+    ranks' share of the host is busy computing (`busy` processes; default: one per other rank),
+    as it is during a real-compute run: on a shared host a message waits for its receiver to be
+    scheduled, which costs milliseconds, not microseconds. `realtime_priority`: the probe's
+    SCHED_FIFO priority (emulated compute: the ranks' own, as their messages will move)."""
+    with _busy_processes(tb, prepared.cluster.num_gpus - 2 if busy is None else busy):
+        return _probe_fabric(prepared, tb, fabric, spec, realtime_priority)
 
 
 @contextlib.contextmanager
@@ -498,7 +681,8 @@ def _busy_processes(tb, count: int):
             p.wait()
 
 
-def _probe_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> dict:
+def _probe_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec,
+                  realtime_priority: int = 0) -> dict:
     pairs = [(n.name, nic.name) for n in prepared.cluster.nodes for nic in n.nics
              if nic.fabric == fabric][:2]
     if len(pairs) < 2:
@@ -512,7 +696,8 @@ def _probe_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> dic
                 procs.append(tb.popen(node, [sys.executable, "-m", "holmes_sim.backend.calibrate_links",
                                              "--rank", str(r), "--store", str(tmp / "store"),
                                              "--interface", nic, "--bytes",
-                                             str(spec.link_probe_bytes), "--out", str(out)],
+                                             str(spec.link_probe_bytes), "--out", str(out),
+                                             "--realtime-priority", str(realtime_priority)],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=log))
         deadline = time.monotonic() + 120
@@ -525,6 +710,10 @@ def _probe_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec) -> dic
         sender, receiver = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
         # Both ends' CPU per byte: on a shared host, moving bytes competes with compute.
         sender["cpu_s_per_byte"] += receiver["cpu_s_per_byte"]
+        # The shaped rate it ran against: the measured fraction of it applies to uplinks too.
+        sender["line_rate_bytes_per_s"] = min(
+            nic.bandwidth_bytes_per_s for node, name in pairs
+            for nic in prepared.cluster.node(node).nics if nic.name == name)
         return sender
     except subprocess.TimeoutExpired:
         raise TestbedError(f"link probe on fabric '{fabric}' timed out after 120 s") from None

@@ -89,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bytes", type=int, required=True)
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--realtime-priority", type=int, default=0,
+                    help="SCHED_FIFO priority (0: default scheduler), as the ranks it stands for")
     args = ap.parse_args(argv)
+    from holmes_sim.backend.worker import _set_realtime
+
+    _set_realtime(args.realtime_priority)
     result = probe(args.rank, args.store, args.interface, args.bytes, args.timeout)
     Path(f"{args.out}.{args.rank}").write_text(json.dumps(result))
     return 0

@@ -44,7 +44,8 @@ class RunResult:
     Attributes:
         iteration_times_s: per measured iteration (after warm-up): latest end minus earliest
             start across ranks, seconds.
-        losses: mean micro-batch loss of every iteration (warm-up included), over all DP replicas.
+        losses: mean micro-batch loss of every iteration (warm-up included), over all DP replicas;
+            empty under emulated compute.
         op_times_s: kind -> total seconds per measured iteration, averaged over ranks and
             iterations (kinds: forward, backward, recv, send-wait, dp-sync, optimizer).
         ranks: each rank's raw result document (iterations, ops, losses, groups, stages).
@@ -99,8 +100,8 @@ def summarise(docs: list[dict], warmup: int) -> RunResult:
     measured = range(warmup, num_iters)
     times = tuple(max(d["iterations"][i]["end"] for d in docs)
                   - min(d["iterations"][i]["start"] for d in docs) for i in measured)
-    losses = []
-    for i in range(num_iters):
+    losses = []  # none under emulated compute (RunConfig.emulated_compute)
+    for i in range(num_iters if any(d["losses"] for d in docs) else 0):
         vals = [v for d in docs if d["losses"] for v in d["losses"][i]]
         losses.append(statistics.fmean(vals))
     totals: dict[str, float] = {}

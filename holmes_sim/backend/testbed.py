@@ -16,20 +16,27 @@ Technique
   node-side veth limits what the node sends, the one on the bridge-side veth limits what it
   receives. A NIC is thus full duplex at its rate, and a node's NICs are independent of each
   other.
+* A fabric may be cut into two segments (e.g. the Ethernet of two clusters), each its own bridge,
+  joined by an uplink: a veth pair between the two bridges with a tbf on each end, so all traffic
+  between the segments shares the uplink's rate in each direction (`TestbedUplink`). The
+  segments stay one subnet. At most one uplink per fabric: two would close a bridge loop.
 
-tbf parameters (see `tbf_burst_bytes`): ``burst = max(128 KiB, rate * 4 ms)`` and
+tbf parameters of a NIC (see `tbf_burst_bytes`): ``burst = max(128 KiB, rate * 4 ms)`` and
 ``latency = 10 ms``. The burst must hold a whole GSO/TSO super-packet (up to 64 KiB on veth),
 else tbf splits every super-packet into MTU-sized segments, which costs CPU at Gbit/s rates.
 Sizing it to a few milliseconds of line rate lets the qdisc watchdog fire late (scheduler jitter
-on a busy machine, HZ=250 here) without the bucket overflowing and wasting tokens. A larger
-burst only lets the first bytes of a transfer through above the line rate (128 KiB is 1.3 % of
-a 10 MB transfer), so it is kept small. ``latency`` bounds the queue
-(``limit = rate * latency + burst``). Measured on the 2-core build machine with one TCP flow:
-goodput is 0.95-0.97 of the rate at 50 Mbit/s, 200 Mbit/s and 2 Gbit/s for any latency of
-5-20 ms (the missing ~4 % are the Ethernet/IP/TCP headers tbf counts: 1448 of 1514 bytes).
-With traffic both ways on a NIC, as in a ring all-reduce, the ACKs of one direction queue
-behind the data of the other; 10 ms gave 0.87-0.99 per direction, better than 20 ms (deeper
-queue, later ACKs) and 2-5 ms (drops at 2 Gbit/s).
+on a busy machine, HZ=250 here) without the bucket overflowing and wasting tokens. A full bucket
+lets its bytes through at memory speed: measured, a 256 KiB message after an idle gap crosses a
+100 Mbit/s NIC in 11.8 ms, not the 21 ms of its rate; a 4 MB transfer runs at 0.95-0.96 of the
+rate (the missing ~4 % are the Ethernet/IP/TCP headers tbf counts: 1448 of 1514 bytes). Smaller
+NIC buckets (1 ms of rate, GSO capped at 8 KiB) made 256 KiB messages take their rate's time
+but the default testbed's runs 20-30 % slower than predicted (not understood), so NICs keep
+these. An uplink (`uplink_burst_bytes`) gets ``burst = max(16 KiB, rate * 1 ms)``: tbf splits
+the super-packets (cheap at uplink rates), and flows that share it get its rate, not a burst.
+``latency`` bounds the queue (``limit = rate * latency + burst``). With traffic both ways on a
+NIC, as in a ring all-reduce, the ACKs of one direction queue behind the data of the other;
+10 ms gave 0.87-0.99 per direction, better than 20 ms (deeper queue, later ACKs) and 2-5 ms
+(drops at 2 Gbit/s).
 
 Safety and ownership
 --------------------
@@ -86,6 +93,8 @@ MAX_FABRICS = 256
 
 TBF_MIN_BURST_BYTES = 128 * 1024
 TBF_BURST_S = 4e-3
+UPLINK_MIN_BURST_BYTES = 16 * 1024
+UPLINK_BURST_S = 1e-3
 TBF_LATENCY_S = 10e-3
 
 MAX_RATE_BIT_PER_S = 1e12
@@ -104,7 +113,7 @@ _NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,14}")
 _NAME_RULE = "1-15 characters: a letter, then letters, digits, '-' or '_'"
 _RUN_ID_RE = re.compile(r"[a-z0-9]{1,8}")
 _RUN_ID_RULE = "1-8 characters: lowercase letters or digits"
-_OWN_LINK_RE = re.compile(rf"{PREFIX}(\d+f\d+|br\d+|p[01]|pbr)")
+_OWN_LINK_RE = re.compile(rf"{PREFIX}(\d+f\d+|br\d+(s\d+)?|up\d+[ab]|p[01]|pbr)")
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not in a child between fork and exec
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -115,9 +124,15 @@ def peer_name(node_index: int, fabric_index: int) -> str:
     return f"{PREFIX}{node_index}f{fabric_index}"
 
 
-def bridge_name(fabric_index: int) -> str:
-    """Name of fabric `fabric_index`'s bridge."""
-    return f"{PREFIX}br{fabric_index}"
+def bridge_name(fabric_index: int, segment_index: int = 0) -> str:
+    """Name of fabric `fabric_index`'s bridge (of its segment `segment_index`, see
+    TestbedUplink)."""
+    return f"{PREFIX}br{fabric_index}" + (f"s{segment_index}" if segment_index else "")
+
+
+def uplink_names(fabric_index: int) -> tuple[str, str]:
+    """The two ends of fabric `fabric_index`'s uplink veth pair (segment 0's end first)."""
+    return f"{PREFIX}up{fabric_index}a", f"{PREFIX}up{fabric_index}b"
 
 
 def name_problem(name: object) -> str | None:
@@ -153,6 +168,20 @@ class TestbedNic:
 
     name: str
     fabric: str
+    rate_bit_per_s: float
+    segment: str = ""
+    """The fabric segment (bridge) it plugs into; "" for an undivided fabric."""
+
+
+@dataclass(frozen=True)
+class TestbedUplink:
+    """The link joining the two segments of one fabric, shaped to `rate_bit_per_s` each way
+    (e.g. the Ethernet uplink between two clusters)."""
+
+    __test__ = False  # not a pytest test class
+
+    fabric: str
+    segments: tuple[str, str]
     rate_bit_per_s: float
 
 
@@ -190,11 +219,18 @@ def tbf_burst_bytes(rate_bit_per_s: float) -> int:
     return max(TBF_MIN_BURST_BYTES, math.ceil(rate_bit_per_s / 8 * TBF_BURST_S))
 
 
-def _tbf_argv(ns: str, dev: str, rate_bit_per_s: float) -> list[str]:
-    """The `tc` command that caps egress of `dev` in namespace `ns` at `rate_bit_per_s`."""
+def uplink_burst_bytes(rate_bit_per_s: float) -> int:
+    """An uplink's tbf bucket in bytes: max(16 KiB, 1 ms of its rate)."""
+    return max(UPLINK_MIN_BURST_BYTES, math.ceil(rate_bit_per_s / 8 * UPLINK_BURST_S))
+
+
+def _tbf_argv(ns: str, dev: str, rate_bit_per_s: float, burst: int | None = None,
+              latency_s: float = TBF_LATENCY_S) -> list[str]:
+    """The `tc` command that caps egress of `dev` in namespace `ns` at `rate_bit_per_s`
+    (`burst`: the bucket in bytes; default a NIC's, `tbf_burst_bytes`; `latency_s`: the queue)."""
     rate = max(1, round(rate_bit_per_s))
-    latency_us = round(TBF_LATENCY_S * 1e6)
-    burst = tbf_burst_bytes(rate_bit_per_s)
+    latency_us = round(latency_s * 1e6)
+    burst = tbf_burst_bytes(rate_bit_per_s) if burst is None else burst
     return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
             "rate", f"{rate}bit", "burst", str(burst), "latency", f"{latency_us}us"]  # fmt: skip
 
@@ -585,6 +621,37 @@ def _check_node(node: TestbedNode) -> None:
         fabrics.add(nic.fabric)
 
 
+def _validate_segments(nodes: Sequence[TestbedNode], fabrics: list[str],
+                       uplinks: Sequence[TestbedUplink]) -> list[list[str]]:
+    """Per fabric, its segments in order of first appearance; a fabric in two segments needs
+    exactly one uplink joining them (more segments or uplinks would need routing or loop)."""
+    segments: list[list[str]] = [[] for _ in fabrics]
+    for node in nodes:
+        for nic in node.nics:
+            seg = segments[fabrics.index(nic.fabric)]
+            if nic.segment not in seg:
+                seg.append(nic.segment)
+    joined: set[str] = set()
+    for up in uplinks:
+        if up.fabric not in fabrics:
+            raise TestbedError(f"uplink on fabric {up.fabric!r}, which no NIC uses")
+        if up.fabric in joined:
+            raise TestbedError(f"fabric {up.fabric!r} has two uplinks; the testbed joins two "
+                               "segments with one")
+        seg = segments[fabrics.index(up.fabric)]
+        if len(set(up.segments)) != 2 or set(up.segments) != set(seg):
+            raise TestbedError(f"uplink on fabric {up.fabric!r} joins {list(up.segments)}; its "
+                               f"NICs are on segments {seg}")
+        if not 0 < up.rate_bit_per_s <= MAX_RATE_BIT_PER_S:
+            raise TestbedError(f"uplink rate {up.rate_bit_per_s} bit/s cannot be shaped")
+        joined.add(up.fabric)
+    for f, seg in zip(fabrics, segments, strict=True):
+        if len(seg) > 1 and f not in joined:
+            raise TestbedError(f"fabric {f!r} is cut into segments {seg} with no uplink joining "
+                               "them")
+    return segments
+
+
 def _validate(nodes: Sequence[TestbedNode]) -> list[str]:
     """Validate the node list; return the fabric names in order of first appearance."""
     if not nodes:
@@ -643,9 +710,12 @@ class Testbed:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, nodes: Sequence[TestbedNode], run_id: str | None = None) -> None:
+    def __init__(self, nodes: Sequence[TestbedNode], run_id: str | None = None,
+                 uplinks: Sequence[TestbedUplink] = ()) -> None:
         nodes = tuple(nodes)
         self._fabrics = _validate(nodes)
+        self.uplinks = tuple(uplinks)
+        self._segments = _validate_segments(nodes, self._fabrics, self.uplinks)
         if run_id is None:
             run_id = secrets.token_hex(3)
         if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
@@ -773,9 +843,12 @@ class Testbed:
         fns = self.fabrics_namespace
         self._add_namespace(fns)
         for j in range(len(self._fabrics)):
-            self._record.add("interfaces", [fns, bridge_name(j)])
-            _run(["ip", "-n", fns, "link", "add", bridge_name(j), "type", "bridge"])
-            _run(["ip", "-n", fns, "link", "set", bridge_name(j), "up"])
+            for k in range(len(self._segments[j])):
+                self._record.add("interfaces", [fns, bridge_name(j, k)])
+                _run(["ip", "-n", fns, "link", "add", bridge_name(j, k), "type", "bridge"])
+                _run(["ip", "-n", fns, "link", "set", bridge_name(j, k), "up"])
+        for up in self.uplinks:
+            self._add_uplink(up)
         for i, node in enumerate(self.nodes):
             self._add_namespace(self.namespace(node.name))
             for nic in node.nics:
@@ -790,12 +863,27 @@ class Testbed:
         self._record.save()
         _run(["ip", "-n", ns, "link", "add", nic.name, "type", "veth",
               "peer", "name", peer, "netns", fns])  # fmt: skip
-        _run(["ip", "-n", fns, "link", "set", peer, "master", bridge_name(j)])
+        bridge = bridge_name(j, self._segments[j].index(nic.segment))
+        _run(["ip", "-n", fns, "link", "set", peer, "master", bridge])
         _run(["ip", "-n", ns, "addr", "add", f"{self.address(node, nic.name)}/24", "dev", nic.name])
         _run(_tbf_argv(ns, nic.name, nic.rate_bit_per_s))
         _run(_tbf_argv(fns, peer, nic.rate_bit_per_s))
         _run(["ip", "-n", fns, "link", "set", peer, "up"])
         _run(["ip", "-n", ns, "link", "set", nic.name, "up"])
+
+    def _add_uplink(self, up: TestbedUplink) -> None:
+        """A veth pair between the two segments' bridges, tbf on each end: each direction is
+        capped at the uplink's rate, shared by every flow between the segments."""
+        fns, j = self.fabrics_namespace, self._fabrics.index(up.fabric)
+        ends = uplink_names(j)
+        self._record.interfaces += [[fns, ends[0]], [fns, ends[1]]]
+        self._record.save()
+        _run(["ip", "-n", fns, "link", "add", ends[0], "type", "veth", "peer", "name", ends[1]])
+        for end, segment in zip(ends, up.segments, strict=True):
+            _run(["ip", "-n", fns, "link", "set", end, "master",
+                  bridge_name(j, self._segments[j].index(segment))])
+            _run(_tbf_argv(fns, end, up.rate_bit_per_s, uplink_burst_bytes(up.rate_bit_per_s)))
+            _run(["ip", "-n", fns, "link", "set", end, "up"])
 
     # -- teardown -----------------------------------------------------------------------------
 

@@ -108,6 +108,20 @@ class RunConfig:
     mutation: str = ""
     """Test only: inject a known bug (one of MUTATIONS) so the equality tests can prove they
     catch it. Empty in every real run."""
+    emulated_compute: list = field(default_factory=list)
+    """Per rank, the compute durations to emulate (seconds; keys of EMULATED_KEYS), or empty:
+    real compute. Emulated, every compute op (embedding, each layer, head, forward and
+    backward, the optimizer step) becomes a precise wait of its duration while every byte still
+    moves: activations and gradients of the real shapes over the pipeline groups, gradient
+    buckets over the DP group, the overlap threads as in a real run. Waiting ranks leave the
+    host's cores to the communication, so a busy host does not change what is measured; the
+    simulator predicts with the same durations. Losses are not computed (the result has none)."""
+    realtime_priority: int = 0
+    """> 0: the rank (and every thread it starts) runs under SCHED_FIFO at this priority, so a
+    waiting rank wakes on time and its messages move when due although other processes keep
+    the host's cores busy (the kernel's RT throttling still leaves them 5%). For emulated
+    compute, whose ranks mostly wait; 0: the default scheduler. Without the permission the
+    rank runs on, and its result says so."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -127,6 +141,34 @@ class RunConfig:
 
 # Known bugs the gradient-equality tests must catch (RunConfig.mutation).
 MUTATIONS = ("reduce-scatter-no-dp", "all-reduce-no-dp", "no-microbatch-scaling", "grad-x7")
+# The durations an emulated rank waits (RunConfig.emulated_compute), as in a compute profile.
+EMULATED_KEYS = ("layer_forward_s", "layer_backward_s", "embedding_forward_s",
+                 "embedding_backward_s", "head_forward_s", "head_backward_s",
+                 "optimizer_s_per_param")
+
+
+class PreciseWait:
+    """Waits to deadlines: sleep until `spin_s` before one, then spin (time.sleep alone
+    overshoots by 50-100 us and more on a busy core). Consecutive waits of one op run to a
+    running deadline, so one wait's overshoot shortens the next instead of adding up."""
+
+    def __init__(self, spin_s: float = 2e-4) -> None:
+        self.spin_s = spin_s
+        self.deadline = 0.0
+        self.waited_s = 0.0  # total requested wait (what the simulator charges)
+
+    def start(self) -> None:
+        """A new op begins now: its waits count from here."""
+        self.deadline = time.perf_counter()
+
+    def wait(self, duration_s: float) -> None:
+        self.waited_s += duration_s
+        self.deadline += duration_s
+        remaining = self.deadline - time.perf_counter()
+        if remaining > self.spin_s:
+            time.sleep(remaining - self.spin_s)
+        while time.perf_counter() < self.deadline:
+            pass
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -285,7 +327,20 @@ class Rank:
         self._gather_error: BaseException | None = None
         self._gathered: dict[int, threading.Event] = {}  # bucket -> all-gather done
         self._gather_wait_s = 0.0  # total time forwards waited for parameter buckets
-        if plan.optimizer.overlapped and self.dp_group is not None:
+        self.emulated = _emulated_durations(cfg, rank)
+        self.clock = PreciseWait()
+        # Emulated compute of the measured iterations: requested and actual seconds (the
+        # difference is the host's wake-up lag, which no prediction contains).
+        self.emulation = {"requested_s": 0.0, "actual_s": 0.0}
+        self._overlapped = plan.optimizer.overlapped and self.dp_group is not None
+        if self.emulated is not None:
+            # No autograd runs: gradients are zeros of the parameters' shapes, moved as real
+            # ones are; the emulated backward marks them final piece by piece.
+            self._pieces = [_pieces(stage, self.emulated) for stage in self.stages]
+            self._owner = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket.params}
+            for p in self._params():
+                p.grad = torch.zeros_like(p)
+        elif self._overlapped:
             self._install_hooks()
             if plan.optimizer.sharded:
                 self._install_gather_waits()
@@ -303,8 +358,9 @@ class Rank:
 
     def run_iteration(self, iteration: int) -> None:
         self.rec.iteration = iteration
-        for p in self._params():
-            p.grad = None
+        if self.emulated is None:
+            for p in self._params():
+                p.grad = None
         dist.barrier(group=BARRIER_GROUP)  # SYNC-1
         t0 = time.perf_counter()
         inputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -343,6 +399,16 @@ class Rank:
         # Received activations are leaves that need a gradient: it is sent back in the backward.
         x = tokens if v == 0 else self._receive(0, mb, v, mailbox, chunk).requires_grad_(True)
         t, waited = time.perf_counter(), self._gather_wait_s
+        if self.emulated is not None:
+            requested = self.clock.waited_s
+            out = self._emulated_forward(chunk, x, v == self.num_virtual - 1)
+            t += self._gather_wait_s - waited
+            self.rec.record("forward", t, time.perf_counter(), mb, chunk)
+            self._count_emulation(self.clock.waited_s - requested, time.perf_counter() - t)
+            inputs[(mb, chunk)], outputs[(mb, chunk)] = x, out
+            if v < self.num_virtual - 1:
+                self._send(0, mb, v + 1, out, mailbox, pending)
+            return
         out = stage(x, targets if v == self.num_virtual - 1 else None)  # may wait at SYNC-5
         t += self._gather_wait_s - waited  # the waits are recorded as dp-sync, not as forward
         if v == self.num_virtual - 1:
@@ -360,10 +426,54 @@ class Rank:
         out, x = outputs.pop((mb, chunk)), inputs.pop((mb, chunk))
         grad = None if v == self.num_virtual - 1 else self._receive(1, mb, v, mailbox, chunk)
         t = time.perf_counter()
+        if self.emulated is not None:
+            requested = self.clock.waited_s
+            self._emulated_backward(chunk)
+            self.rec.record("backward", t, time.perf_counter(), mb, chunk)
+            self._count_emulation(self.clock.waited_s - requested, time.perf_counter() - t)
+            if v > 0:
+                self._send(1, mb, v - 1, torch.zeros_like(x), mailbox, pending)
+            return
         torch.autograd.backward(out, grad)
         self.rec.record("backward", t, time.perf_counter(), mb, chunk)
         if v > 0:
             self._send(1, mb, v - 1, x.grad, mailbox, pending)
+
+    # -- emulated compute (RunConfig.emulated_compute)
+
+    def _count_emulation(self, requested_s: float, actual_s: float) -> None:
+        if self.rec.iteration >= self.cfg.warmup:
+            self.emulation["requested_s"] += requested_s
+            self.emulation["actual_s"] += actual_s
+
+    def _emulated_forward(self, chunk: int, x: torch.Tensor, last: bool) -> torch.Tensor | None:
+        """Wait each piece's forward duration, in order; in the overlapped sharded mode a piece
+        first waits for the parameter buckets it reads, as the real forward's pre-hooks do.
+        Returns an activation of the real shape (None on the last virtual stage: the loss)."""
+        gather = self._overlapped and self.plan.optimizer.sharded
+        self.clock.start()
+        for forward_s, _, params in self._pieces[chunk]:
+            if gather:
+                mine = sorted({self._owner[id(p)] for p in params}, reverse=True)
+                if any(b in self._gathered for b in mine):
+                    for b in mine:
+                        self._wait_bucket(b)
+                    self.clock.deadline = max(self.clock.deadline, time.perf_counter())
+            self.clock.wait(forward_s)
+        if last:
+            return None
+        c = self.cfg.model
+        return torch.zeros(self.cfg.micro_batch_size, c.block_size, c.n_embd, device=self.device)
+
+    def _emulated_backward(self, chunk: int) -> None:
+        """Wait each piece's backward duration, last piece first; after each, its parameters'
+        gradients are final as after autograd's accumulation (overlapped: buckets launch)."""
+        self.clock.start()
+        for _, backward_s, params in reversed(self._pieces[chunk]):
+            self.clock.wait(backward_s)
+            if self._overlapped:
+                for p in reversed(params):
+                    self._grad_ready(p, chunk)
 
     def _receive(self, direction: int, mb: int, v: int, mailbox: dict, chunk: int) -> torch.Tensor:
         """Activation (direction 0) for virtual stage v from v-1, or gradient (1) from v+1."""
@@ -400,19 +510,19 @@ class Rank:
         return [p for s in self.stages for p in s.parameters()]
 
     def _install_hooks(self) -> None:
-        owner = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket.params}
-
-        def hook(p: torch.nn.Parameter, chunk: int) -> None:
-            if chunk not in self._armed:
-                return  # not this chunk's last backward: the gradient is not final yet
-            b = owner[id(p)]
-            self.buckets[b].ready += 1
-            if self.buckets[b].ready == len(self.buckets[b].params):
-                self._ready.put(b)
-
+        self._owner = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket.params}
         for c, stage in enumerate(self.stages):
             for p in stage.parameters():
-                p.register_post_accumulate_grad_hook(lambda q, c=c: hook(q, c))
+                p.register_post_accumulate_grad_hook(lambda q, c=c: self._grad_ready(q, c))
+
+    def _grad_ready(self, p: torch.nn.Parameter, chunk: int) -> None:
+        """p's gradient was accumulated; queue its bucket once every member's is final."""
+        if chunk not in self._armed:
+            return  # not this chunk's last backward: the gradient is not final yet
+        b = self._owner[id(p)]
+        self.buckets[b].ready += 1
+        if self.buckets[b].ready == len(self.buckets[b].params):
+            self._ready.put(b)
 
     def _start_comm_thread(self) -> threading.Thread | None:
         """Overlapped mode: a thread reduce-scatters buckets in bucket order as they turn ready."""
@@ -471,10 +581,14 @@ class Rank:
         t = time.perf_counter()
         sharded = group is not None and mode.sharded
         flats = {}
+        self.clock.start()
         for b, bucket in enumerate(self.buckets):
             flat = bucket.flat_param()
             local = flat.view(group.size, -1)[group.group_rank] if sharded else flat
-            self.optimizer.step(b, local, grads[b])
+            if self.emulated is not None:  # the step of this shard's parameters, as a wait
+                self.clock.wait(self.emulated["optimizer_s_per_param"] * local.numel())
+            else:
+                self.optimizer.step(b, local, grads[b])
             flats[b] = flat
         self.rec.record("optimizer", t, time.perf_counter())
         if sharded and mode.overlapped:
@@ -554,6 +668,46 @@ class Rank:
             self._wait_bucket(b)
         if self._gather is not None:
             self._gather.join()
+
+
+def _set_realtime(priority: int) -> str:
+    """SCHED_FIFO at `priority` for this process and the threads it starts later (0: leave the
+    scheduler alone); what it runs under, for the result."""
+    if priority <= 0:
+        return "other"
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (OSError, AttributeError) as e:
+        return f"other (SCHED_FIFO refused: {e})"
+    return f"fifo:{priority}"
+
+
+def _emulated_durations(cfg: RunConfig, rank: int) -> dict | None:
+    """This rank's emulated durations (RunConfig.emulated_compute), or None: real compute."""
+    if not cfg.emulated_compute:
+        return None
+    if len(cfg.emulated_compute) <= rank:
+        raise TestbedError(f"emulated_compute has {len(cfg.emulated_compute)} entries; rank "
+                           f"{rank} has none")
+    d = cfg.emulated_compute[rank]
+    missing = [k for k in EMULATED_KEYS if k not in d]
+    bad = [k for k in EMULATED_KEYS if k in d and not 0 <= float(d[k]) < 60]
+    if missing or bad:
+        raise TestbedError(f"rank {rank} emulated_compute: missing {missing}, out of range {bad}")
+    return {k: float(d[k]) for k in EMULATED_KEYS}
+
+
+def _pieces(stage: Stage, d: dict) -> list[tuple[float, float, list[torch.nn.Parameter]]]:
+    """A stage's compute pieces in forward order: (forward s, backward s, parameters)."""
+    out = []
+    if stage.embedding is not None:
+        out.append((d["embedding_forward_s"], d["embedding_backward_s"],
+                    list(stage.embedding.parameters())))
+    for block in stage.blocks:
+        out.append((d["layer_forward_s"], d["layer_backward_s"], list(block.parameters())))
+    if stage.head is not None:
+        out.append((d["head_forward_s"], d["head_backward_s"], list(stage.head.parameters())))
+    return out
 
 
 def canonical_params(stage: Stage) -> dict[str, torch.Tensor]:
@@ -645,6 +799,8 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     torch.set_num_threads(cfg.torch_threads)
     if cfg.mutation and cfg.mutation not in MUTATIONS:
         raise TestbedError(f"unknown mutation {cfg.mutation!r}; known: {', '.join(MUTATIONS)}")
+    _emulated_durations(cfg, rank)  # a bad entry fails here, before any peer waits for it
+    scheduler = _set_realtime(cfg.realtime_priority)
     if cfg.backend == "nccl":
         groups = _init_nccl(plan, cfg, rank)
     else:
@@ -669,6 +825,9 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
         "ops": [o for o in worker.rec.ops if o["kind"] != "iteration"],
         "losses": worker.losses,
     })
+    if worker.emulated is not None:
+        result["emulation"] = dict(worker.emulation)
+    result["scheduler"] = scheduler
     if cfg.dump_params:
         result["params"] = {n: t.reshape(-1).tolist() for s in worker.stages
                             for n, t in canonical_params(s).items()}

@@ -195,6 +195,16 @@ def validation_markdown(doc: dict) -> str:
         ok = "yes" if abs(c["error_pct"]) <= tol else "NO"
         lines.append(f"| {c['policy']} | {c['predicted_s']:.4f} | {c['measured_s']:.4f} | "
                      f"{min(its):.4f}..{max(its):.4f} | {c['error_pct']:+.1f} | {ok} |")
+    effects = doc.get("mechanism_effects") or []
+    if effects:
+        lines += ["", "Each mechanism's effect: how much slower the policy without it is than "
+                      "holmes, measured and predicted (band: the measured noise or 3%).", "",
+                  "| without | mechanism | measured | predicted | beyond noise (band) |",
+                  "|---|---|---:|---:|---|"]
+        for e in effects:
+            lines.append(f"| {e['policy']} | {e['mechanism']} | {e['measured_pct']:+.1f}% | "
+                         f"{e['predicted_pct']:+.1f}% | {'yes' if e['beyond_noise'] else 'no'} "
+                         f"({e['band_pct']:.1f}%) |")
     lines += ["", "![predicted vs measured](predicted_vs_measured.png)", "",
               "## Measured profile", "", _json_block(doc.get("profile", {})), "",
               "## Provenance", "", _json_block(doc.get("provenance", {})), ""]

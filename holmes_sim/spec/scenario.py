@@ -46,6 +46,12 @@ class TestbedSpec:
     """Size of the message that measures each fabric's throughput, bytes."""
     optimizer: Literal["adam", "sgd"] = "adam"
     learning_rate: float = 0.001
+    compute: Literal["emulated", "real"] = "emulated"
+    """emulated: each rank waits its calibrated compute durations (measured once per run on
+    this host, scaled by 1 / the GPU model's peak_tflops relative to the fastest model of the
+    testbed) while all communication is real, so the prediction, which uses the same
+    durations, tests the network and schedule model, and a busy host changes little. real:
+    the ranks compute (end-to-end training; the prediction models the shared host CPU)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

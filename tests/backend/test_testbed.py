@@ -22,6 +22,7 @@ from holmes_sim.backend.testbed import (
     Testbed,
     TestbedNic,
     TestbedNode,
+    TestbedUplink,
     cleanup_leftovers,
     preflight,
 )
@@ -253,6 +254,9 @@ def test_names_and_addresses() -> None:
 def test_tbf_burst_holds_a_gso_packet_and_scales_with_rate() -> None:
     assert tbmod.tbf_burst_bytes(50e6) == 128 * 1024
     assert tbmod.tbf_burst_bytes(2e9) == 1_000_000  # 4 ms at 2 Gbit/s
+    # An uplink's bucket is small: flows sharing it get its rate, not a burst.
+    assert tbmod.uplink_burst_bytes(1e8) == 16 * 1024
+    assert tbmod.uplink_burst_bytes(1e9) == 125_000  # 1 ms at 1 Gbit/s
     argv = tbmod._tbf_argv("ns", "ib0", 2e8)
     assert argv[argv.index("rate") + 1] == "200000000bit"
 
@@ -297,6 +301,39 @@ def test_each_fabric_runs_at_its_rate_and_nothing_is_left() -> None:
     assert leftovers(run_id) == []
     assert wait_dead(sleeper.pid), "process started with popen survived the testbed"
     assert not (tbmod.run_dir() / f"{run_id}.lock").exists()
+
+
+def two_segments() -> tuple[list[TestbedNode], list[TestbedUplink]]:
+    """n0, n1 on segment "a" and n2 on "b" of fabric "eth" (NICs at FAST), uplink at SLOW."""
+    nodes = [TestbedNode(f"n{i}", (TestbedNic("eth0", "eth", FAST, seg),))
+             for i, seg in enumerate("aab")]
+    return nodes, [TestbedUplink("eth", ("a", "b"), SLOW)]
+
+
+@pytest.mark.parametrize(("uplinks", "needle"), [
+    ([], "no uplink"),
+    ([TestbedUplink("eth", ("a", "a"), SLOW)], "joins"),
+    ([TestbedUplink("ib", ("a", "b"), SLOW)], "no NIC uses"),
+    ([TestbedUplink("eth", ("a", "b"), SLOW)] * 2, "two uplinks"),
+])
+def test_bad_uplinks_are_refused(uplinks: list[TestbedUplink], needle: str) -> None:
+    nodes, _ = two_segments()
+    with pytest.raises(TestbedError, match=needle):
+        Testbed(nodes, uplinks=uplinks)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_uplink_joins_two_segments_at_its_rate_and_nothing_is_left() -> None:
+    nodes, uplinks = two_segments()
+    with Testbed(nodes, uplinks=uplinks) as tb:
+        run_id = tb.run_id
+        across = measured(transfer_rate(tb, "n0", "n2", "eth0", 4_000_000))
+        inside = measured(transfer_rate(tb, "n0", "n1", "eth0", 8_000_000, port=5002))
+    print(f"across the uplink {across / 1e6:.1f} Mbit/s, inside a segment {inside / 1e6:.1f}")
+    assert across <= 1.05 * SLOW  # the uplink caps it, whatever the NICs could do
+    assert inside >= 2 * across  # a segment's own traffic does not cross it
+    assert leftovers(run_id) == []
 
 
 @pytest.mark.root

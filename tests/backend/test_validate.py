@@ -47,6 +47,40 @@ def test_dry_run_builds_every_group_and_stage():
     assert all("NCCL_NET=Socket" in line for line in lines if "tcp:" in line)
 
 
+BUNDLED = sorted((REPO / "holmes_sim" / "data" / "testbeds").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", BUNDLED, ids=[p.stem for p in BUNDLED])
+def test_bundled_testbeds_can_run(path):
+    from holmes_sim.validate import check_testbed, testbed_nodes, testbed_uplinks
+
+    prepared = prepare(path, check=check_testbed)
+    assert prepared.scenario.testbed.compute == "emulated"
+    nodes, uplinks = testbed_nodes(prepared), testbed_uplinks(prepared)
+    assert len(nodes) == prepared.cluster.num_gpus
+    if uplinks:  # each cluster's Ethernet is a segment of its own, joined by the one uplink
+        [up] = uplinks
+        segments = {nic.segment for n in nodes for nic in n.nics if nic.fabric == "ethernet"}
+        assert segments == set(up.segments) == {c.name for c in prepared.scenario.clusters}
+
+
+def test_testbed_uplinks_it_cannot_emulate_are_refused(tmp_path):
+    from holmes_sim.validate import check_testbed
+
+    text = (REPO / "validation" / "testbeds" / "two_clusters.yaml").read_text()
+    path = tmp_path / "t.yaml"
+    path.write_text(text.replace("latency_us: 0", "latency_us: 100"))
+    with pytest.raises(ScenarioError, match="latency_us"):
+        prepare(path, check=check_testbed)
+
+
+def test_emulated_durations_scale_with_the_gpu_models_peak():
+    from holmes_sim.validate import speed_factors
+
+    prepared = prepare(REPO / "validation" / "testbeds" / "unequal_speed.yaml")
+    assert speed_factors(prepared) == {"cpu-rank": 1.0, "cpu-rank-half": 2.0}
+
+
 def test_validate_needs_a_mode():
     result = runner.invoke(app, ["validate", str(TESTBED)])
     assert result.exit_code == 2 and "--real" in result.output
@@ -106,7 +140,11 @@ def test_reduced_real_run_measures_compares_and_cleans_up(tmp_path):
     assert 0.4 * 250e6 < ib < 2.0 * 250e6
     assert 0.4 * 12.5e6 < eth < 2.0 * 12.5e6
     assert ib > 5 * eth
-    assert 1 <= doc["profile"]["host"]["effective_cores"] <= os.cpu_count()
+    # Emulated compute (the testbed's default): no shared-CPU model, the same durations for the
+    # prediction as for the ranks, and waits that never end early.
+    assert doc["compute"] == "emulated" and "host" not in doc["profile"]
+    assert all(c["emulation_lag_pct"] >= 0 for c in doc["cases"])
+    assert all(c["losses"] == [] for c in doc["cases"])
     assert doc["provenance"]["commit"] and doc["provenance"]["host"]
     assert set(_namespaces()) <= before  # none of its own left
 
@@ -152,5 +190,43 @@ def test_host_checks_name_load_and_calibration_spread():
     assert "overloaded before" in w and "6.5" in w
     [w] = host_warnings(1.0, 2, [cal(7.9), cal(17.3)])
     assert "unstable" in w and "7.9-17.3 ms" in w
+    # Emulated compute tolerates more load, but not any: and waits that overran are named.
+    assert host_warnings(4.3, 2, [cal(8.0)], max_load_per_core=2.5) == []
+    [w] = host_warnings(5.5, 2, [cal(8.0)], max_load_per_core=2.5)
+    assert "overloaded before" in w and "2.5 per core" in w
+    assert host_warnings(1.0, 2, [cal(8.0)], lags=[0.4, 4.5]) == []
+    [w] = host_warnings(1.0, 2, [cal(8.0)], lags=[0.4, 7.2])
+    assert "emulated compute" in w and "7.2%" in w
     assert implausible({"ib": 4e-3, "roce": 3e-5, "ethernet": 4e-5}) == ["ib"]
     assert implausible({"ib": 3e-5, "roce": 6e-5, "ethernet": 9e-5}) == []
+
+
+def test_mechanism_effects_compare_each_ablation_with_holmes():
+    from holmes_sim.validate import mechanism_effects
+
+    holmes = Case("holmes", 1.0, 1.00, (1.0,) * 8, ())
+    slow = Case("holmes-no-adaptive-partition", 1.2, 1.10, (1.10,) * 8, ())
+    close = Case("holmes-no-overlap", 1.02, 1.01, (1.01,) * 8, ())
+    other = Case("all-ib", 0.5, 0.5, (0.5,) * 8, ())  # no mechanism of holmes: not listed
+    by = {e["policy"]: e for e in mechanism_effects([holmes, slow, close, other])}
+    assert set(by) == {"holmes-no-adaptive-partition", "holmes-no-overlap"}
+    e = by["holmes-no-adaptive-partition"]
+    assert e["mechanism"] == "adaptive partition"
+    assert e["measured_pct"] == pytest.approx(10.0) and e["predicted_pct"] == pytest.approx(20.0)
+    assert e["beyond_noise"] and not by["holmes-no-overlap"]["beyond_noise"]
+    assert mechanism_effects([slow, close]) == []  # nothing to compare with
+
+
+def test_unknown_compute_mode_is_bad_input():
+    result = runner.invoke(app, ["validate", "default", "--real", "--compute", "gpu"])
+    assert result.exit_code == 2 and "compute must be 'emulated' or 'real'" in result.output
+
+
+def test_emulated_ranks_compute_at_the_speed_a_rank_gets_on_this_host(monkeypatch):
+    import holmes_sim.validate as v
+
+    prepared = prepare(TESTBED)  # 4 ranks
+    monkeypatch.setattr(v.os, "cpu_count", lambda: 2)
+    assert v.host_share(prepared) == 2.0
+    monkeypatch.setattr(v.os, "cpu_count", lambda: 16)
+    assert v.host_share(prepared) == 1.0  # never faster than alone

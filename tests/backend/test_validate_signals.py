@@ -39,7 +39,10 @@ def _record_of(pid: int) -> tbmod.RunRecord | None:
     """The record of the testbed run process `pid` holds (not its preflight probe)."""
     for path in tbmod.run_dir().glob("*.json"):
         record = tbmod.RunRecord.load(path)
-        text = path.read_text() if record else ""
+        try:  # another run on the host (another checkout's tests) may delete its record meanwhile
+            text = path.read_text() if record else ""
+        except FileNotFoundError:
+            continue
         if record and f'"pid": {pid}' in text and not record.namespaces[0].endswith("-probe"):
             return record
     return None

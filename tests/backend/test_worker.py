@@ -7,6 +7,7 @@ gradient reductions).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 import threading
@@ -237,3 +238,65 @@ def test_rank_logs_are_private(plan_factory, run_config_factory, tmp_path) -> No
     dry_run(plan_factory(), run_config_factory(output_dir=str(out)), timeout_s=60)
     assert out.stat().st_mode & 0o777 == 0o700
     assert (out / "rank_0.log").stat().st_mode & 0o777 == 0o600
+
+
+EMULATED = {"layer_forward_s": 0.002, "layer_backward_s": 0.004, "embedding_forward_s": 0.0005,
+            "embedding_backward_s": 0.001, "head_forward_s": 0.0015, "head_backward_s": 0.003,
+            "optimizer_s_per_param": 1e-9}
+
+
+@pytest.mark.parametrize("case", ["pp2-dp2-overlapped", "pp2-interleaved"])
+def test_emulated_compute_waits_its_durations_and_still_communicates(case, plan_factory,
+                                                                     run_config_factory) -> None:
+    kw = {"pp2-dp2-overlapped": dict(pp=2, dp=2, optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED),
+          "pp2-interleaved": dict(pp=2, schedule=ScheduleKind.INTERLEAVED, num_chunks=2,
+                                  num_microbatches=4)}[case]
+    plan = plan_factory(**kw)
+    # Rank 1 emulates a GPU twice as slow: its waits double, nobody else's.
+    slow = {k: 2 * v for k, v in EMULATED.items()}
+    per_rank = [slow if r == 1 else EMULATED for r in range(plan.world_size)]
+    cfg = run_config_factory(bucket_numel=20_000, emulated_compute=per_rank, realtime_priority=1)
+    result = run_plan(plan, cfg, timeout_s=60)
+    assert result.losses == ()  # nothing computed
+    # Real-time scheduling where permitted (root), else said so; never silently.
+    for doc in result.ranks:
+        assert doc["scheduler"] == "fifo:1" if os.geteuid() == 0 else \
+            doc["scheduler"].startswith("other (SCHED_FIFO refused")
+    schedule = plan.schedule()
+    for doc in result.ranks:
+        d = per_rank[doc["rank"]]
+        # Requested wait per iteration: every op's pieces, exactly.
+        want = 0.0
+        for op in schedule.stage_ops[doc["pp_rank"]]:
+            stage = doc["stages"][op.chunk]
+            pieces = stage["num_layers"] * d["layer_backward_s" if op.kind == "B" else
+                                             "layer_forward_s"]
+            for piece, flag in (("embedding", "embedding"), ("head", "head")):
+                if stage[flag]:
+                    pieces += d[f"{piece}_{'backward' if op.kind == 'B' else 'forward'}_s"]
+            want += pieces
+        measured = cfg.iterations - cfg.warmup
+        assert doc["emulation"]["requested_s"] == pytest.approx(measured * want, rel=1e-9)
+        # A wait never ends early: each compute op lasts at least its pieces' durations.
+        assert doc["emulation"]["actual_s"] >= doc["emulation"]["requested_s"]
+        for it in range(cfg.iterations):
+            done = [(o["kind"], o["microbatch"], o["chunk"]) for o in doc["ops"]
+                    if o["iteration"] == it and o["kind"] in ("forward", "backward")]
+            assert done == [("forward" if op.kind == "F" else "backward", op.microbatch, op.chunk)
+                            for op in schedule.stage_ops[doc["pp_rank"]]]
+        if plan.optimizer.overlapped:
+            # The gradient buckets still move, launched during the backward as in a real run.
+            ops = [o for o in doc["ops"] if o["iteration"] == cfg.iterations - 1]
+            last_backward_end = max(o["end"] for o in ops if o["kind"] == "backward")
+            assert min(o["start"] for o in ops if "reduce-scatter" in o["detail"]) \
+                < last_backward_end
+            assert any("all-gather" in o["detail"] for o in doc["ops"])
+    assert ("recv" in result.op_times_s) == (plan.pp > 1)
+
+
+def test_emulated_compute_rejects_incomplete_durations(plan_factory, run_config_factory) -> None:
+    plan = plan_factory(pp=2)
+    partial = {k: v for k, v in EMULATED.items() if k != "head_backward_s"}
+    cfg = run_config_factory(emulated_compute=[EMULATED, partial])
+    with pytest.raises(TestbedError, match="head_backward_s"):
+        run_plan(plan, cfg, timeout_s=60)
