@@ -562,19 +562,25 @@ def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     # tried: 20-40% shorter, so communication weighs more and the testbed's Ethernet, which
     # the simulator over-predicts by ~10% (tbf buckets, docs/validation.md), dominated the
     # default testbed's error: mean 8.4%, max 13% in one run.)
-    base = {"layer_forward_s": solo["block_forward_s"],
-            "layer_backward_s": solo["block_backward_s"],
-            "embedding_forward_s": solo["embedding_forward_s"],
-            "embedding_backward_s": solo["embedding_backward_s"],
-            "head_forward_s": solo["head_forward_s"],
-            "head_backward_s": solo["head_backward_s"],
-            "optimizer_s_per_param": solo["optimizer_per_param_s"]}
+    base = _profile_entries(solo)
     overhead = measure_op_overhead(prepared, config, base, spec, tb, emulated=True)
     share = host_share(prepared)
     return {"schema": PROFILE_SCHEMA,
             "compute": {g: {**{k: v * f * share for k, v in base.items()},
                             "op_overhead_s": overhead}
                         for g, f in speed_factors(prepared).items()}}
+
+
+def _profile_entries(solo: dict) -> dict[str, float]:
+    """A profile's compute entries (seconds per micro-batch; per parameter for the optimizer)
+    from `measure_layer_times`' median samples."""
+    return {"layer_forward_s": solo["block_forward_s"],
+            "layer_backward_s": solo["block_backward_s"],
+            "embedding_forward_s": solo["embedding_forward_s"],
+            "embedding_backward_s": solo["embedding_backward_s"],
+            "head_forward_s": solo["head_forward_s"],
+            "head_backward_s": solo["head_backward_s"],
+            "optimizer_s_per_param": solo["optimizer_per_param_s"]}
 
 
 def host_share(prepared: Prepared) -> float:
@@ -604,13 +610,7 @@ def calibrate_compute(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     effective = ranks * sum(solo[f"{k}_s"] for k in work) / sum(busy[f"{k}_mean_s"] for k in work)
     effective = min(float(min(ranks, os.cpu_count() or ranks)), max(1.0, effective))
     spread = busy["block_cv"]
-    compute = {"layer_forward_s": solo["block_forward_s"],
-               "layer_backward_s": solo["block_backward_s"],
-               "embedding_forward_s": solo["embedding_forward_s"],
-               "embedding_backward_s": solo["embedding_backward_s"],
-               "head_forward_s": solo["head_forward_s"],
-               "head_backward_s": solo["head_backward_s"],
-               "optimizer_s_per_param": solo["optimizer_per_param_s"]}
+    compute = _profile_entries(solo)
     compute["op_overhead_s"] = measure_op_overhead(prepared, config, compute, spec, tb)
     gpus = {n.gpu.name for n in prepared.cluster.nodes}
     return {"schema": PROFILE_SCHEMA,
