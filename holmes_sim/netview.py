@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from holmes_sim.cluster import Cluster, Node
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.memo import IdentityMemo
-from holmes_sim.plan import GpuRef, Group, GroupKind
+from holmes_sim.plan import GpuRef, Group, GroupKind, megatron_rank
 
 Ring = tuple[int, float, float]
 """(members, rate in bytes/s, per-step latency in s) of a ring collective."""
@@ -62,7 +62,7 @@ class NetView:
         self._combos: dict[bool, list[list[tuple[int, tuple]]]] = {}
 
     def rank(self, s: int, d: int, i: int = 0) -> int:
-        return s * self.dp * self.tp + d * self.tp + i
+        return megatron_rank(s, d, i, self.dp, self.tp)
 
     def entity(self, s: int, d: int) -> tuple[GpuRef, ...]:
         """The GPUs of the TP group at (stage s, replica d), in TP-rank order."""

@@ -120,6 +120,12 @@ class Group:
     nics: tuple[str, ...]
 
 
+def megatron_rank(pp_rank: int, dp_rank: int, tp_rank: int, dp: int, tp: int) -> int:
+    """Global rank of (pipeline, data, tensor) coordinates in Megatron's "tp-dp-pp" order (TP
+    fastest, then DP, then PP; Megatron-Core `RankGenerator`)."""
+    return pp_rank * dp * tp + dp_rank * tp + tp_rank
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """The output of a policy.
@@ -164,7 +170,7 @@ class Plan:
 
     def rank(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
         """Global rank of (pipeline, data, tensor) coordinates."""
-        return pp_rank * self.dp * self.tp + dp_rank * self.tp + tp_rank
+        return megatron_rank(pp_rank, dp_rank, tp_rank, self.dp, self.tp)
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(pp_rank, dp_rank, tp_rank) of a global rank."""

@@ -12,7 +12,15 @@ from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.transport import member_nics
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
-from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode, Plan, Transport
+from holmes_sim.plan import (
+    GpuRef,
+    Group,
+    GroupKind,
+    OptimizerMode,
+    Plan,
+    Transport,
+    megatron_rank,
+)
 from holmes_sim.schedule import ScheduleKind
 from holmes_sim.workload import Workload
 
@@ -107,7 +115,7 @@ def _build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: 
                   num_chunks: int, tie_embeddings: bool, choose: TransportChooser) -> tuple[Group, ...]:
 
     def rank(s: int, d: int, i: int) -> int:
-        return s * dp * tp + d * tp + i
+        return megatron_rank(s, d, i, dp, tp)
 
     chosen: dict[tuple[str, ...], Transport] = {}
 
