@@ -39,7 +39,7 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
 
     Returns keys embedding_forward_s, embedding_backward_s, block_forward_s, block_backward_s,
     head_forward_s, head_backward_s (median seconds per micro-batch), the same with _mean_s
-    (means) and _min_s (minima), plus concurrency and samples (measurements per key, over all processes).
+    (means), plus concurrency and samples (measurements per key, over all processes).
     """
     if concurrency < 1 or repeats < 1:
         raise ValueError(f"concurrency and repeats must be >= 1, got {concurrency}, {repeats}")
@@ -63,9 +63,6 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
         if isinstance(s, str):
             raise RuntimeError(f"calibration process failed: {s}")
     out = {k: statistics.median(v for s in samples for v in s[k]) for k in _KEYS}
-    # Minima: the least disturbed sample (noise on a shared host only ever adds time); what
-    # emulated compute waits, so a busy host changes the emulated durations least.
-    out.update({k.replace("_s", "_min_s"): min(v for s in samples for v in s[k]) for k in _KEYS})
     # Means too: with more processes than cores a few samples absorb whole scheduler slices.
     out.update({k.replace("_s", "_mean_s"): statistics.fmean(v for s in samples for v in s[k])
                 for k in _KEYS})
@@ -82,12 +79,12 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
 def _measure_one(config: GPTConfig, micro_batch_size: int, repeats: int, torch_threads: int,
                  barrier, done, results, parent: int, realtime_priority: int = 0) -> None:
     from holmes_sim.backend.testbed import die_with_parent
-    from holmes_sim.backend.worker import _set_realtime
+    from holmes_sim.backend.worker import set_realtime
 
     die_with_parent()  # however the calibrating process ends, this one does not outlive it
     if os.getppid() != parent:
         return
-    _set_realtime(realtime_priority)
+    set_realtime(realtime_priority)
     try:
         torch.set_num_threads(torch_threads)
         emb, block, head = make_embedding(config), make_block(config, 0), make_head(config)

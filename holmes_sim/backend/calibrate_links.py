@@ -92,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--realtime-priority", type=int, default=0,
                     help="SCHED_FIFO priority (0: default scheduler), as the ranks it stands for")
     args = ap.parse_args(argv)
-    from holmes_sim.backend.worker import _set_realtime
+    from holmes_sim.backend.worker import set_realtime
 
-    _set_realtime(args.realtime_priority)
+    set_realtime(args.realtime_priority)
     result = probe(args.rank, args.store, args.interface, args.bytes, args.timeout)
     Path(f"{args.out}.{args.rank}").write_text(json.dumps(result))
     return 0

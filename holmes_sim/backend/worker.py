@@ -670,7 +670,7 @@ class Rank:
             self._gather.join()
 
 
-def _set_realtime(priority: int) -> str:
+def set_realtime(priority: int) -> str:
     """SCHED_FIFO at `priority` for this process and the threads it starts later (0: leave the
     scheduler alone); what it runs under, for the result."""
     if priority <= 0:
@@ -800,7 +800,7 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     if cfg.mutation and cfg.mutation not in MUTATIONS:
         raise TestbedError(f"unknown mutation {cfg.mutation!r}; known: {', '.join(MUTATIONS)}")
     _emulated_durations(cfg, rank)  # a bad entry fails here, before any peer waits for it
-    scheduler = _set_realtime(cfg.realtime_priority)
+    scheduler = set_realtime(cfg.realtime_priority)
     if cfg.backend == "nccl":
         groups = _init_nccl(plan, cfg, rank)
     else:
