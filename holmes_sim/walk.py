@@ -22,7 +22,7 @@ rounding only (tests hold it to 1e-12 relative).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from holmes_sim.schedule import ScheduleKind, build_schedule
@@ -76,6 +76,8 @@ class OpTable:
     """Slots that are send queues (start free at 0 s)."""
     run: SteadyRun | None = None
     """The steady run (None: the walk goes op by op)."""
+    programs: dict = field(default_factory=dict, compare=False, repr=False)
+    """`walk`'s compiled segments by (first op index, limit) of every stage (`_program`)."""
 
 
 _TARGET_ROUNDS = {ScheduleKind.ONE_F_ONE_B: (6, 24), ScheduleKind.INTERLEAVED: (1, 8)}
@@ -250,7 +252,7 @@ def walk_plain(table: OpTable, durs: list[list[float]], sends: list[float],
     op may not start before). Walks the full table of `table`'s schedule."""
     table = full_op_table(*table.shape)
     state = _State(table, start)
-    state.advance(table, durs, sends, [len(row) for row in table.rows])
+    state.advance_checked(table, durs, sends, [len(row) for row in table.rows])
     return state.clock
 
 
@@ -275,13 +277,33 @@ class _State:
     def __init__(self, table: OpTable, start: list[float]):
         self.pos = [0] * len(table.rows)
         self.clock = list(start)
-        self.ready = [-1.0] * table.slots
+        # Two sentinel slots after the table's: "no input" (never later than a clock) and the
+        # queue and output of ops that send nothing (written, never read by a real op).
+        self.ready = [-1.0] * table.slots + [-math.inf, 0.0]
         for q in table.queues:
             self.ready[q] = 0.0
 
     def advance(self, table: OpTable, durs, sends, limits: list[int]) -> None:
+        """`advance_checked`'s result, from the segment's compiled runs (`_program`): no
+        readiness checks, and ops without an input or a send read and write sentinel slots."""
+        runs = _program(table, tuple(self.pos), tuple(limits))
+        clock, ready = self.clock, self.ready
+        sends = [*sends, 0.0]  # the sentinel send index is len(sends)
+        for s, ops in runs:
+            t, dur = clock[s], durs[s]
+            for dk, need, sk, queue, out in ops:
+                arrived = ready[need]
+                if arrived > t:
+                    t = arrived
+                t += dur[dk]
+                free = ready[queue]
+                ready[queue] = ready[out] = (t if t > free else free) + sends[sk]
+            clock[s] = t
+        self.pos = list(limits)
+
+    def advance_checked(self, table: OpTable, durs, sends, limits: list[int]) -> None:
         """Run every stage s up to op index `limits[s]` (the ops before the limits must depend
-        only on each other)."""
+        only on each other), op by op, checking each input has arrived (`walk_plain`)."""
         rows, pos, clock, ready = table.rows, self.pos, self.clock, self.ready
         todo = sum(n - k for n, k in zip(limits, pos, strict=True))
         stages = range(len(rows))
@@ -368,3 +390,52 @@ def _jump(state: _State, table: OpTable, run: SteadyRun, r: int, to: int, add: f
     for b, t in zip(run.outstanding[to], moved, strict=True):
         ready[b] = t
     state.pos = run.cut(to)
+
+
+def _program(table: OpTable, pos: tuple[int, ...], limits: tuple[int, ...]):
+    """The runs (stage, ops) that take every stage s from op `pos[s]` to `limits[s]` in an
+    order where each op's input was written by an earlier run (the order `advance_checked`
+    takes: it depends on the table only), each op as (kind index, input slot, send index,
+    queue slot, output slot) with the sentinel slots of `_State` for no input or no send.
+    Built once per table and segment."""
+    key = (pos, limits)
+    got = table.programs.get(key)
+    if got is not None:
+        return got
+    no_input, no_send = table.slots, table.slots + 1
+    sentinel_send = len(table.sends)
+    written = [False] * (table.slots + 2)
+    for row, k in zip(table.rows, pos, strict=True):
+        for op in row[:k]:
+            if op[4] >= 0:
+                written[op[4]] = True
+    written[no_input] = True
+    rows = table.programs.get("rows")
+    if rows is None:
+        rows = table.programs["rows"] = [
+            [(dk, no_input if need < 0 else need, sentinel_send if sk < 0 else sk,
+              no_send if sk < 0 else queue, no_send if sk < 0 else out)
+             for dk, need, sk, queue, out in row] for row in table.rows]
+    at = list(pos)
+    todo = sum(n - k for n, k in zip(limits, at, strict=True))
+    runs = []
+    while todo:
+        progressed = False
+        for s, row in enumerate(rows):
+            k, n = at[s], limits[s]
+            first = k
+            while k < n and written[row[k][1]]:
+                written[row[k][4]] = True
+                k += 1
+            if k != first:
+                runs.append((s, tuple(row[first:k])))
+                todo -= k - first
+                at[s] = k
+                progressed = True
+        assert progressed, "schedule deadlock"
+    runs = tuple(runs)
+    if len(table.programs) >= 64:  # a table's walks use a few segments; keep the rows
+        table.programs.clear()
+        table.programs["rows"] = rows
+    table.programs[key] = runs
+    return runs

@@ -50,6 +50,16 @@ def test_walk_equals_plain_walk_on_random_schedules():
     assert jumped >= 50  # the jump was taken (it changes the last bits) in many cases
 
 
+def test_compiled_segments_equal_the_checked_walk_bit_for_bit(monkeypatch):
+    """Without jumps, `walk` runs every op from its compiled segments (no readiness checks,
+    sentinel slots): the very same additions and maxima as `walk_plain`'s checked walk."""
+    monkeypatch.setattr(walk_module, "_NOISE_ULPS", -1)  # no two states count as repeating
+    rng = random.Random(12)
+    for _ in range(150):
+        table, durs, sends, start = _random_case(rng)
+        assert walk(table, durs, sends, start) == walk_plain(table, durs, sends, start)
+
+
 def test_steady_runs_cover_the_one_forward_one_backward_phase():
     run = op_table("1f1b", 4, 32, 1).run
     assert run.starts == (3, 2, 1, 0) and run.period == 2 and run.rounds == 29 and run.extra == 0
