@@ -18,7 +18,6 @@ free communication [Narayanan et al. SC'21, section 2.2]: 1F1B and GPipe bubble 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
 
 from holmes_sim.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
@@ -119,14 +118,15 @@ class _Estimator:
         return latency + self._message_bytes / rate
 
     # ---- data-parallel and optimizer -----------------------------------------------------------
-    def _bucket_times(self, s: int, kind: str, what: str) -> list[float]:
-        """Ring time of each DP bucket of stage s, in release order; `what` is "grad" (gradient
-        bytes) or "param" (parameter bytes). Cached: the ring is the stage's, not a replica's."""
+    def _buckets(self, s: int, kind: str, what: str) -> tuple[tuple[int, float], ...]:
+        """Stage s's DP buckets in release order as (count, ring time s) per chunk: a chunk's
+        buckets are equal, so equal in time; `what` is "grad" (gradient bytes) or "param"
+        (parameter bytes). Empty without a DP ring. Cached: the ring is the stage's."""
         key = (s, kind, what)
         got = self._bucket_cache.get(key)
         if got is not None:
             return got
-        out: list[float] = []
+        out: list[tuple[int, float]] = []
         ring = self.net.dp_ring(s)
         if ring is not None:
             n, rate, lat = ring
@@ -135,39 +135,25 @@ class _Estimator:
                                                          self._virtual(s, c))
                 k = self.costs.gradient_buckets(params)
                 size = self.w.grad_bytes_of(params) if what == "grad" else params * self.w.dtype_bytes
-                out += [ring_collective_time_s(kind, n, size / k, rate, lat)] * k
-        self._bucket_cache[key] = out
-        return out
+                out.append((k, ring_collective_time_s(kind, n, size / k, rate, lat)))
+        got = self._bucket_cache[key] = tuple(out)
+        return got
 
     def _start_delay(self, s: int, d: int) -> float:
         """Overlapped optimizer: the first forward consumes parameter buckets in order as their
         all-gathers (one stream, back to back) complete; bucket k's share of that forward can
-        start only after the first k + 1 all-gathers."""
+        start only after the first k + 1 all-gathers (`gather_delay_s`)."""
         if not self.plan.optimizer.overlapped:
             return 0.0
-        times = self._bucket_times(s, "all-gather", "param")
-        if not times:
+        buckets = self._buckets(s, "all-gather", "param")
+        if not buckets:
             return 0.0
-        forward = self._op_s(s, d, self._virtual(s, 0), False)
-        n = len(times)
-        # accumulate: the running sums in order, as `done += ag` gives them.
-        return max(0.0, max(done - forward * k / n for k, done in enumerate(accumulate(times))))
+        return gather_delay_s(buckets, self._op_s(s, d, self._virtual(s, 0), False))
 
     def _backward_window(self, s: int, d: int) -> float:
         """Seconds of one micro-batch's backward over all chunks of stage s."""
         return sum(self._op_s(s, d, self._virtual(s, c), True)
                    for c in range(self.plan.num_chunks))
-
-    def _released_reduction_tail(self, s: int, d: int, reduce: list[float]) -> float:
-        """Gradient buckets released evenly during the last backward, reduced one after another
-        on one stream: seconds the last reduction ends after the backward does."""
-        if not reduce:
-            return 0.0
-        window = self._backward_window(s, d)
-        t = 0.0
-        for k, r in enumerate(reduce):
-            t = max(t, window * (k + 1) / len(reduce)) + r
-        return max(0.0, t - window)
 
     def _tail(self, s: int, tail: int, d: int) -> float:
         """Seconds of stage s's gradient sync, embedding all-reduce, optimizer step and
@@ -184,15 +170,15 @@ class _Estimator:
         """Seconds of the work after the stage's last op (see `_tail`)."""
         p, mode, w = self.plan, self.plan.optimizer, self.w
         t = 0.0
-        reduce = self._bucket_times(s, mode.gradient_collective, "grad")
+        reduce = self._buckets(s, mode.gradient_collective, "grad")
         if mode.reduces_every_microbatch:  # m rounds on one stream, each behind one backward at best
             backward = self._backward_window(s, d)
-            t += max(reduce[-1] if reduce else 0.0,
-                     p.num_microbatches * (sum(reduce) - backward) + backward)
+            t += max(reduce[-1][1] if reduce else 0.0,
+                     p.num_microbatches * (_total_s(reduce) - backward) + backward)
         elif p.releases_gradients_in_backward:
-            t += self._released_reduction_tail(s, d, reduce)
+            t += released_reduction_tail_s(reduce, self._backward_window(s, d)) if reduce else 0.0
         else:
-            t += sum(reduce)
+            t += _total_s(reduce)
         if emb is not None:
             t += ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
                                         emb[1], emb[2])
@@ -200,8 +186,42 @@ class _Estimator:
         params = self.costs.stage_params(p.layers_per_stage, p.pp, s)
         t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
         if mode.gathers_after_step:
-            t += sum(self._bucket_times(s, "all-gather", "param"))
+            t += _total_s(self._buckets(s, "all-gather", "param"))
         return t
+
+
+def _total_s(buckets: tuple[tuple[int, float], ...]) -> float:
+    """Seconds of (count, time) buckets back to back on one stream."""
+    return sum(k * r for k, r in buckets)
+
+
+def gather_delay_s(buckets: tuple[tuple[int, float], ...], forward_s: float) -> float:
+    """How long the first forward (`forward_s` s) must wait to consume the n buckets in order
+    as their all-gathers complete back to back ((count, time s) per run of equal buckets):
+    max(0, max over k of (end of gather k) - forward_s k / n). Over a run of equal buckets that
+    difference is linear in k, so its first and last bucket give the run's maximum."""
+    n = sum(k for k, _ in buckets)
+    best, done, first = 0.0, 0.0, 0
+    for k, r in buckets:
+        best = max(best, done + r - forward_s * first / n)
+        done += k * r
+        first += k
+        best = max(best, done - forward_s * (first - 1) / n)
+    return best
+
+
+def released_reduction_tail_s(buckets: tuple[tuple[int, float], ...], window_s: float) -> float:
+    """Gradient buckets ((count, reduction time s) per run of equal buckets, n in all) released
+    evenly during the last backward (bucket k at window_s (k + 1) / n) and reduced one after
+    another on one stream: seconds the last reduction ends after the backward does. Over a run
+    of k equal reductions r entered at t, the stream ends at max(t + k r, first release + k r,
+    last release + r) (the release times are linear in the bucket index)."""
+    n = sum(k for k, _ in buckets)
+    t, first = 0.0, 0
+    for k, r in buckets:
+        t = max(t + k * r, window_s * (first + 1) / n + k * r, window_s * (first + k) / n + r)
+        first += k
+    return max(0.0, t - window_s)
 
 
 _WALKS: dict[tuple, tuple[float, ...]] = {}
