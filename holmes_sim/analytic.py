@@ -63,7 +63,11 @@ class _Estimator:
                        plan.num_chunks)
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
-        self._bucket_cache: dict[tuple, list[float]] = {}
+        self._bucket_cache: dict[tuple, tuple[tuple[int, float], ...]] = {}
+        self._op_cache: dict[tuple, float] = {}
+        # Parameters of each virtual stage (whole TP group), with its embedding or head.
+        self._params = [self.costs.virtual_stage_params(plan.layers_per_stage, j)
+                        for j in range(self.nv)]
 
     def run(self) -> Estimate:
         """Each class of alike replicas is walked once (their pipelines are independent until
@@ -103,9 +107,15 @@ class _Estimator:
 
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
         """Compute plus TP communication of virtual stage j's op on replica d's node (shared by
-        equal hardware and across candidates: `cost.ops.ChunkTimes`)."""
-        return self.times.op_s(self.net.node(s, d), self.plan.layers_per_stage[j], j == 0,
-                               j == self.nv - 1, backward)
+        equal hardware and across candidates: `cost.ops.ChunkTimes`; the walk, the start delay
+        and the tail ask for the same ops)."""
+        key = (s, d, j, backward)
+        got = self._op_cache.get(key)
+        if got is None:
+            got = self._op_cache[key] = self.times.op_s(
+                self.net.node(s, d), self.plan.layers_per_stage[j], j == 0, j == self.nv - 1,
+                backward)
+        return got
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
         """Latency + bytes at the path's rate when every replica sends the same message at the
@@ -121,22 +131,22 @@ class _Estimator:
     def _buckets(self, s: int, kind: str, what: str) -> tuple[tuple[int, float], ...]:
         """Stage s's DP buckets in release order as (count, ring time s) per chunk: a chunk's
         buckets are equal, so equal in time; `what` is "grad" (gradient bytes) or "param"
-        (parameter bytes). Empty without a DP ring. Cached: the ring is the stage's."""
-        key = (s, kind, what)
-        got = self._bucket_cache.get(key)
-        if got is not None:
-            return got
-        out: list[tuple[int, float]] = []
+        (parameter bytes). Empty without a DP ring. Stages with equal rings and chunks (most
+        of a pipeline's) share them."""
         ring = self.net.dp_ring(s)
-        if ring is not None:
+        if ring is None:
+            return ()
+        params = tuple(self._params[self._virtual(s, c)] for c in range(self.plan.num_chunks))
+        key = (ring, params, kind, what)
+        got = self._bucket_cache.get(key)
+        if got is None:
             n, rate, lat = ring
-            for c in range(self.plan.num_chunks):
-                params = self.costs.virtual_stage_params(self.plan.layers_per_stage,
-                                                         self._virtual(s, c))
-                k = self.costs.gradient_buckets(params)
-                size = self.w.grad_bytes_of(params) if what == "grad" else params * self.w.dtype_bytes
+            out = []
+            for chunk in params:
+                k = self.costs.gradient_buckets(chunk)
+                size = self.w.grad_bytes_of(chunk) if what == "grad" else chunk * self.w.dtype_bytes
                 out.append((k, ring_collective_time_s(kind, n, size / k, rate, lat)))
-        got = self._bucket_cache[key] = tuple(out)
+            got = self._bucket_cache[key] = tuple(out)
         return got
 
     def _start_delay(self, s: int, d: int) -> float:
@@ -183,7 +193,7 @@ class _Estimator:
             t += ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
                                         emb[1], emb[2])
         node = self.net.node(s, d)
-        params = self.costs.stage_params(p.layers_per_stage, p.pp, s)
+        params = sum(self._params[j] for j in range(s, self.nv, p.pp))  # `OpCosts.stage_params`
         t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
         if mode.gathers_after_step:
             t += _total_s(self._buckets(s, "all-gather", "param"))
