@@ -77,7 +77,7 @@ class OpTable:
     run: SteadyRun | None = None
     """The steady run (None: the walk goes op by op)."""
     programs: dict = field(default_factory=dict, compare=False, repr=False)
-    """`walk`'s compiled segments by (first op index, limit) of every stage (`_program`)."""
+    """`walk`'s recorded segments by (first op index, limit) of every stage (`_program`)."""
 
 
 _TARGET_ROUNDS = {ScheduleKind.ONE_F_ONE_B: (6, 24), ScheduleKind.INTERLEAVED: (1, 8)}
@@ -284,9 +284,17 @@ class _State:
             self.ready[q] = 0.0
 
     def advance(self, table: OpTable, durs, sends, limits: list[int]) -> None:
-        """`advance_checked`'s result, from the segment's compiled runs (`_program`): no
-        readiness checks, and ops without an input or a send read and write sentinel slots."""
-        runs = _program(table, tuple(self.pos), tuple(limits))
+        """`advance_checked`'s result. A table's first walk through a segment records the runs
+        its checked walk takes (each stage's ops between two waits for an input), later ones
+        replay them (`_program`): no readiness checks, and ops without an input or a send read
+        and write sentinel slots."""
+        key = (tuple(self.pos), tuple(limits))
+        runs = _program(table, key)
+        if runs is None:
+            if len(table.programs) >= 256:  # a table's walks take a few dozen segments
+                table.programs.clear()
+            self.advance_checked(table, durs, sends, limits, table.programs.setdefault(key, []))
+            return
         clock, ready = self.clock, self.ready
         sends = [*sends, 0.0]  # the sentinel send index is len(sends)
         for s, ops in runs:
@@ -301,9 +309,11 @@ class _State:
             clock[s] = t
         self.pos = list(limits)
 
-    def advance_checked(self, table: OpTable, durs, sends, limits: list[int]) -> None:
+    def advance_checked(self, table: OpTable, durs, sends, limits: list[int],
+                        record: list | None = None) -> None:
         """Run every stage s up to op index `limits[s]` (the ops before the limits must depend
-        only on each other), op by op, checking each input has arrived (`walk_plain`)."""
+        only on each other), op by op, checking each input has arrived (`walk_plain`); appends
+        each run (stage, first op, end) to `record`."""
         rows, pos, clock, ready = table.rows, self.pos, self.clock, self.ready
         todo = sum(n - k for n, k in zip(limits, pos, strict=True))
         stages = range(len(rows))
@@ -329,6 +339,8 @@ class _State:
                         ready[queue] = ready[out] = arrival
                     k += 1
                 if k != pos[s]:
+                    if record is not None:
+                        record.append((s, pos[s], k))
                     todo -= k - pos[s]
                     pos[s], clock[s] = k, t
                     progressed = True
@@ -392,50 +404,21 @@ def _jump(state: _State, table: OpTable, run: SteadyRun, r: int, to: int, add: f
     state.pos = run.cut(to)
 
 
-def _program(table: OpTable, pos: tuple[int, ...], limits: tuple[int, ...]):
-    """The runs (stage, ops) that take every stage s from op `pos[s]` to `limits[s]` in an
-    order where each op's input was written by an earlier run (the order `advance_checked`
-    takes: it depends on the table only), each op as (kind index, input slot, send index,
-    queue slot, output slot) with the sentinel slots of `_State` for no input or no send.
-    Built once per table and segment."""
-    key = (pos, limits)
+
+def _program(table: OpTable, key: tuple):
+    """The runs (stage, ops) a segment's checked walk took (`_State.advance`), each op as
+    (kind index, input slot, send index, queue slot, output slot) with `_State`'s sentinel
+    slots for no input or no send; None before the segment was walked once. The order depends
+    on the table only: each run's inputs were written by earlier runs."""
     got = table.programs.get(key)
-    if got is not None:
+    if got is None or isinstance(got, tuple):
         return got
-    no_input, no_send = table.slots, table.slots + 1
-    sentinel_send = len(table.sends)
-    written = [False] * (table.slots + 2)
-    for row, k in zip(table.rows, pos, strict=True):
-        for op in row[:k]:
-            if op[4] >= 0:
-                written[op[4]] = True
-    written[no_input] = True
     rows = table.programs.get("rows")
-    if rows is None:
+    if rows is None:  # kept with the segments (see `_State.advance`)
+        no_input, no_send, sentinel_send = table.slots, table.slots + 1, len(table.sends)
         rows = table.programs["rows"] = [
-            [(dk, no_input if need < 0 else need, sentinel_send if sk < 0 else sk,
-              no_send if sk < 0 else queue, no_send if sk < 0 else out)
-             for dk, need, sk, queue, out in row] for row in table.rows]
-    at = list(pos)
-    todo = sum(n - k for n, k in zip(limits, at, strict=True))
-    runs = []
-    while todo:
-        progressed = False
-        for s, row in enumerate(rows):
-            k, n = at[s], limits[s]
-            first = k
-            while k < n and written[row[k][1]]:
-                written[row[k][4]] = True
-                k += 1
-            if k != first:
-                runs.append((s, tuple(row[first:k])))
-                todo -= k - first
-                at[s] = k
-                progressed = True
-        assert progressed, "schedule deadlock"
-    runs = tuple(runs)
-    if len(table.programs) >= 64:  # a table's walks use a few segments; keep the rows
-        table.programs.clear()
-        table.programs["rows"] = rows
-    table.programs[key] = runs
-    return runs
+            tuple((dk, no_input if need < 0 else need, sentinel_send if sk < 0 else sk,
+                   no_send if sk < 0 else queue, no_send if sk < 0 else out)
+                  for dk, need, sk, queue, out in row) for row in table.rows]
+    got = table.programs[key] = tuple((s, rows[s][a:b]) for s, a, b in got)
+    return got

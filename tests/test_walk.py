@@ -44,7 +44,9 @@ def test_walk_equals_plain_walk_on_random_schedules():
     jumped = 0
     for _ in range(400):
         table, durs, sends, start = _random_case(rng)
-        fast, plain = walk(table, durs, sends, start), walk_plain(table, durs, sends, start)
+        first, plain = walk(table, durs, sends, start), walk_plain(table, durs, sends, start)
+        fast = walk(table, durs, sends, start)  # replays the segments the first walk recorded
+        assert first == fast
         assert _close(plain, fast), (table.rows and len(table.rows), plain, fast)
         jumped += fast != plain
     assert jumped >= 50  # the jump was taken (it changes the last bits) in many cases
@@ -57,7 +59,9 @@ def test_compiled_segments_equal_the_checked_walk_bit_for_bit(monkeypatch):
     rng = random.Random(12)
     for _ in range(150):
         table, durs, sends, start = _random_case(rng)
-        assert walk(table, durs, sends, start) == walk_plain(table, durs, sends, start)
+        plain = walk_plain(table, durs, sends, start)
+        assert walk(table, durs, sends, start) == plain  # records the segments' runs
+        assert walk(table, durs, sends, start) == plain  # replays them
 
 
 def test_steady_runs_cover_the_one_forward_one_backward_phase():
