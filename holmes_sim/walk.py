@@ -382,12 +382,12 @@ def _constant_step(before: list[float], now: list[float]) -> float | None:
     """The one increment (s) from `before` to `now`, or None when they differ by more than
     rounding."""
     tol = _NOISE_ULPS * math.ulp(max(now))
-    first = now[0] - before[0]
+    steps = [b - a for a, b in zip(before, now, strict=True)]
+    first = steps[0]
+    if max(steps) - first > tol or first - min(steps) > tol:
+        return None
     total = 0.0
-    for a, b in zip(before, now, strict=True):
-        d = b - a
-        if abs(d - first) > tol:
-            return None
+    for d in steps:
         total += d
     return total / len(now)
 
