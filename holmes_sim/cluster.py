@@ -62,11 +62,17 @@ class Node:
     num_gpus: int
     intra_link: LinkModel
     nics: tuple[Nic, ...]
+    _rdma_fabrics: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_rdma_fabrics",
+                           tuple(dict.fromkeys(n.fabric for n in self.nics if n.type != ETHERNET)))
 
     @property
     def rdma_fabrics(self) -> tuple[str, ...]:
-        """The RDMA fabrics this node reaches, in declaration order."""
-        return tuple(dict.fromkeys(n.fabric for n in self.nics if n.type != ETHERNET))
+        """The RDMA fabrics this node reaches, in declaration order (placement and transport
+        choices ask for every GPU's node)."""
+        return self._rdma_fabrics
 
     def nics_on(self, fabric: str) -> tuple[Nic, ...]:
         return tuple(n for n in self.nics if n.fabric == fabric)

@@ -65,16 +65,22 @@ def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
                dst: Sequence[GpuRef], capacities: dict[LinkId, float]) -> Path:
     """The path of a transfer from GPUs `src` to GPUs `dst` (same length) using `transport`."""
     weights: dict[LinkId, float] = {}
+    get = weights.get
     share = 1.0 / len(src)
     latency = step = 0.0
+    fabric = transport.fabric or ETHERNET
     for s, d in zip(src, dst, strict=True):
-        if s.node == d.node:
-            lat = _add_gpu_links(cluster, s, d, share, weights)
+        if s.node == d.node:  # over the GPUs' intra-node links
+            for link in (("gpu", s.node, s.local_index, "tx"), ("gpu", d.node, d.local_index, "rx")):
+                weights[link] = get(link, 0.0) + share
+            lat = cluster.node(s.node).intra_link.latency_s
             latency, step = max(latency, lat), max(step, lat)
         else:
             for gpu, direction in ((s, "tx"), (d, "rx")):
-                nic = _nic(cluster, gpu, transport)
-                _add(weights, ("nic", gpu.node, nic.name, direction), share)
+                nic = cluster.nic_of_gpu(gpu.node, gpu.local_index, fabric)
+                assert nic is not None, f"{gpu} has no NIC on {transport.fabric}"
+                link = ("nic", gpu.node, nic.name, direction)
+                weights[link] = get(link, 0.0) + share
                 latency, step = max(latency, nic.latency_s), max(step, nic.step_latency_s)
     uplink = _add_uplink(cluster, transport, src[0], dst[0], weights)
     return _path(weights, capacities, latency + uplink, step + uplink)
@@ -128,33 +134,20 @@ def _node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequenc
     """The hop from one node to the next on a ring: the bytes of a member's share leave over the
     NICs of all the node's member GPUs in equal parts, and enter the next node the same way."""
     weights: dict[LinkId, float] = {}
+    get = weights.get
     latency = step = 0.0
+    fabric = transport.fabric or ETHERNET
     for group, direction in ((src_members, "tx"), (dst_members, "rx")):
         gpus = [g for member in group for g in member]
+        share = 1.0 / len(gpus)
         for gpu in gpus:
-            nic = _nic(cluster, gpu, transport)
-            _add(weights, ("nic", gpu.node, nic.name, direction), 1.0 / len(gpus))
+            nic = cluster.nic_of_gpu(gpu.node, gpu.local_index, fabric)
+            assert nic is not None, f"{gpu} has no NIC on {transport.fabric}"
+            link = ("nic", gpu.node, nic.name, direction)
+            weights[link] = get(link, 0.0) + share
             latency, step = max(latency, nic.latency_s), max(step, nic.step_latency_s)
     uplink = _add_uplink(cluster, transport, src_members[0][0], dst_members[0][0], weights)
     return _path(weights, capacities, latency + uplink, step + uplink)
-
-
-def _add_gpu_links(cluster: Cluster, src: GpuRef, dst: GpuRef, share: float,
-                   weights: dict[LinkId, float]) -> float:
-    """Intra-node transfer on the GPUs' links; returns the link latency (s)."""
-    _add(weights, ("gpu", src.node, src.local_index, "tx"), share)
-    _add(weights, ("gpu", dst.node, dst.local_index, "rx"), share)
-    return cluster.node(src.node).intra_link.latency_s
-
-
-def _nic(cluster: Cluster, gpu: GpuRef, transport: Transport):
-    nic = cluster.nic_of_gpu(gpu.node, gpu.local_index, transport.fabric or ETHERNET)
-    assert nic is not None, f"{gpu} has no NIC on {transport.fabric}"
-    return nic
-
-
-def _add(weights: dict[LinkId, float], link: LinkId, w: float) -> None:
-    weights[link] = weights.get(link, 0.0) + w
 
 
 def _path(weights: dict[LinkId, float], capacities: dict[LinkId, float], latency_s: float,

@@ -19,6 +19,7 @@ from holmes_sim.plan import (
     OptimizerMode,
     Plan,
     Transport,
+    TransportKind,
     megatron_rank,
 )
 from holmes_sim.schedule import ScheduleKind
@@ -134,15 +135,25 @@ def _build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: 
     if dp > 1:
         groups += [make(GroupKind.DATA, tuple(rank(s, d, i) for d in range(dp)))
                    for s in range(pp) for i in range(tp)]
+    # A stage pair's rank pairs are all new or all seen (a rank names its stage): build each
+    # physical pair's once, in order of first use, two members at a time.
     seen: set[tuple[int, int]] = set()
     for j in range(pp * num_chunks - 1):
         a, b = j % pp, (j + 1) % pp
+        if (a, b) in seen:
+            continue
+        seen.add((a, b))
         for d in range(dp):
             for i in range(tp):
                 pair = (rank(a, d, i), rank(b, d, i))
-                if pair not in seen:
-                    seen.add(pair)
-                    groups.append(make(GroupKind.PIPELINE, pair))
+                src, dst = rank_to_gpu[pair[0]], rank_to_gpu[pair[1]]
+                nodes = (src.node,) if src.node == dst.node else (src.node, dst.node)
+                transport = chosen.get(nodes)
+                if transport is None:
+                    transport = chosen[nodes] = choose([src, dst])
+                nics = ("", "") if transport.kind is TransportKind.LOCAL else \
+                    member_nics(cluster, (src, dst), transport)
+                groups.append(Group(GroupKind.PIPELINE, pair, transport, nics))
     if pp > 1 and tie_embeddings:
         groups += [make(GroupKind.EMBEDDING, (rank(0, d, i), rank(pp - 1, d, i)))
                    for d in range(dp) for i in range(tp)]

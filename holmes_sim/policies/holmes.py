@@ -88,7 +88,7 @@ _NOTES: IdentityMemo[tuple[str, ...]] = IdentityMemo()
 def _notes(nodes: Sequence[Node], request: PlanRequest) -> tuple[str, ...]:
     """Say which stages straddle NIC classes (their DP groups then cannot all use RDMA)."""
     per_stage = request.tp * request.dp
-    gpus = [nic_class(n) for n in nodes for _ in range(n.num_gpus)]
+    gpus = [c for n in nodes for c in [nic_class(n)] * n.num_gpus]
     notes = []
     for s in range(request.pp):
         classes = sorted(set(gpus[s * per_stage:(s + 1) * per_stage]))
