@@ -65,9 +65,10 @@ class _Estimator:
         self._tail_cache: dict[tuple, float] = {}
         self._bucket_cache: dict[tuple, tuple[tuple[int, float], ...]] = {}
         self._op_cache: dict[tuple, float] = {}
-        # Parameters of each virtual stage (whole TP group), with its embedding or head.
-        self._params = [self.costs.virtual_stage_params(plan.layers_per_stage, j)
-                        for j in range(self.nv)]
+        # Parameters (whole TP group) of each stage's chunks, with the embedding or head.
+        params = [self.costs.virtual_stage_params(plan.layers_per_stage, j) for j in range(self.nv)]
+        self._chunk_params = [tuple(params[c * plan.pp + s] for c in range(plan.num_chunks))
+                              for s in range(plan.pp)]
 
     def run(self) -> Estimate:
         """Each class of alike replicas is walked once (their pipelines are independent until
@@ -89,8 +90,16 @@ class _Estimator:
         share the path): a send starts when its op ends and the previous one has arrived."""
         p = self.plan
         table = op_table(*self._shape)
-        # Durations of the few distinct (virtual stage, direction) ops and sends, priced once.
-        durs = [[self._op_s(s, d, j, b) for j, b in kinds] for s, kinds in enumerate(table.kinds)]
+        # Durations of the few distinct (virtual stage, direction) ops and sends, priced once
+        # (and kept for the start delays and tails).
+        times, layers, last, cache = self.times, p.layers_per_stage, self.nv - 1, self._op_cache
+        durs = []
+        for s, kinds in enumerate(table.kinds):
+            node = self.net.node(s, d)
+            row = [times.op_s(node, layers[j], j == 0, j == last, b) for j, b in kinds]
+            for (j, b), t in zip(kinds, row, strict=True):
+                cache[(s, d, j, b)] = t
+            durs.append(row)
         sends = [self._p2p_s(a, b, d) for a, b in table.sends]
         start = [self._start_delay(s, d) for s in range(p.pp)]
         # The walk depends on nothing else: plans that differ only in what happens after it
@@ -136,7 +145,7 @@ class _Estimator:
         ring = self.net.dp_ring(s)
         if ring is None:
             return ()
-        params = tuple(self._params[self._virtual(s, c)] for c in range(self.plan.num_chunks))
+        params = self._chunk_params[s]
         key = (ring, params, kind, what)
         got = self._bucket_cache.get(key)
         if got is None:
@@ -193,7 +202,7 @@ class _Estimator:
             t += ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
                                         emb[1], emb[2])
         node = self.net.node(s, d)
-        params = sum(self._params[j] for j in range(s, self.nv, p.pp))  # `OpCosts.stage_params`
+        params = sum(self._chunk_params[s])  # `OpCosts.stage_params`
         t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
         if mode.gathers_after_step:
             t += _total_s(self._buckets(s, "all-gather", "param"))
