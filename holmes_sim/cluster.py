@@ -104,10 +104,21 @@ class Cluster:
     uplinks: tuple[Uplink, ...]
     _by_name: dict[str, Node] = field(init=False, repr=False, compare=False)
     _nic_of: dict[tuple[str, int, str], Nic | None] = field(init=False, repr=False, compare=False)
+    _derived: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {n.name: n for n in self.nodes})
         object.__setattr__(self, "_nic_of", {})
+        object.__setattr__(self, "_derived", {})
+
+    def derived(self, key: tuple, make):
+        """A fact of this hardware alone, `make()`'s result made once and kept with the cluster
+        (every placement of a search shares it; `cost.paths`: link capacities, each GPU's NIC
+        links). The caller must not change it."""
+        got = self._derived.get(key)
+        if got is None:
+            got = self._derived[key] = make()
+        return got
 
     def nic_of_gpu(self, node: str, local_gpu: int, fabric: str) -> Nic | None:
         """`Node.nic_of_gpu` of node `node`, remembered (paths and groups ask it for every

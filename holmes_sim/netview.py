@@ -3,7 +3,7 @@ analytic estimate of every candidate with that placement.
 
 A placement is a cluster, the GPU of every rank, the groups with their transports, the degrees
 and the number of model chunks; it fixes, independently of the model and batch:
-- the link capacities (`cost.paths.link_capacities`);
+- the link capacities (`cost.paths.link_capacities`, kept with the cluster);
 - each stage's DP ring on an idle network (members, bottleneck rate in bytes/s, step latency s);
 - each pipeline send's path, and its rate when every replica sends the same message at once
   (a link's capacity split over the summed weights of all replicas' sends; see `analytic`);
@@ -44,7 +44,7 @@ class NetView:
                  tp: int, pp: int, dp: int, num_chunks: int):
         self.cluster, self.rank_to_gpu = cluster, rank_to_gpu
         self.tp, self.pp, self.dp, self.nv = tp, pp, dp, pp * num_chunks
-        self.caps = link_capacities(cluster)
+        self.caps = cluster.derived(("link capacities",), lambda: link_capacities(cluster))
         self._by_ranks = {(g.kind, g.ranks): g for g in groups}
         self._by_first: dict[tuple[GroupKind, int], Group] = {}
         for g in groups:

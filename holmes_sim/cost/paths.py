@@ -69,6 +69,7 @@ def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
     share = 1.0 / len(src)
     latency = step = 0.0
     fabric = transport.fabric or ETHERNET
+    nics = cluster.derived(("nic links", fabric), dict)
     for s, d in zip(src, dst, strict=True):
         if s.node == d.node:  # over the GPUs' intra-node links
             for link in (("gpu", s.node, s.local_index, "tx"), ("gpu", d.node, d.local_index, "rx")):
@@ -76,12 +77,14 @@ def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
             lat = cluster.node(s.node).intra_link.latency_s
             latency, step = max(latency, lat), max(step, lat)
         else:
-            for gpu, direction in ((s, "tx"), (d, "rx")):
-                nic = cluster.nic_of_gpu(gpu.node, gpu.local_index, fabric)
-                assert nic is not None, f"{gpu} has no NIC on {transport.fabric}"
-                link = ("nic", gpu.node, nic.name, direction)
+            for gpu, out in ((s, 0), (d, 1)):
+                nic = nics.get((gpu.node, gpu.local_index)) or _nic_links(cluster, gpu, fabric)
+                link = nic[out]
                 weights[link] = get(link, 0.0) + share
-                latency, step = max(latency, nic.latency_s), max(step, nic.step_latency_s)
+                if nic[2] > latency:
+                    latency = nic[2]
+                if nic[3] > step:
+                    step = nic[3]
     uplink = _add_uplink(cluster, transport, src[0], dst[0], weights)
     return _path(weights, capacities, latency + uplink, step + uplink)
 
@@ -137,17 +140,31 @@ def _node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequenc
     get = weights.get
     latency = step = 0.0
     fabric = transport.fabric or ETHERNET
-    for group, direction in ((src_members, "tx"), (dst_members, "rx")):
+    nics = cluster.derived(("nic links", fabric), dict)
+    for group, out in ((src_members, 0), (dst_members, 1)):
         gpus = [g for member in group for g in member]
         share = 1.0 / len(gpus)
         for gpu in gpus:
-            nic = cluster.nic_of_gpu(gpu.node, gpu.local_index, fabric)
-            assert nic is not None, f"{gpu} has no NIC on {transport.fabric}"
-            link = ("nic", gpu.node, nic.name, direction)
+            nic = nics.get((gpu.node, gpu.local_index)) or _nic_links(cluster, gpu, fabric)
+            link = nic[out]
             weights[link] = get(link, 0.0) + share
-            latency, step = max(latency, nic.latency_s), max(step, nic.step_latency_s)
+            if nic[2] > latency:
+                latency = nic[2]
+            if nic[3] > step:
+                step = nic[3]
     uplink = _add_uplink(cluster, transport, src_members[0][0], dst_members[0][0], weights)
     return _path(weights, capacities, latency + uplink, step + uplink)
+
+
+def _nic_links(cluster: Cluster, gpu: GpuRef, fabric: str) -> tuple[LinkId, LinkId, float, float]:
+    """(tx link, rx link, latency s, ring-step latency s) of the NIC `gpu` uses on `fabric`,
+    kept with the cluster (`Cluster.derived`)."""
+    nic = cluster.nic_of_gpu(gpu.node, gpu.local_index, fabric)
+    assert nic is not None, f"{gpu} has no NIC on {fabric}"
+    got = (("nic", gpu.node, nic.name, "tx"), ("nic", gpu.node, nic.name, "rx"), nic.latency_s,
+           nic.step_latency_s)
+    cluster.derived(("nic links", fabric), dict)[(gpu.node, gpu.local_index)] = got
+    return got
 
 
 def _path(weights: dict[LinkId, float], capacities: dict[LinkId, float], latency_s: float,
