@@ -7,7 +7,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from holmes_sim.cluster import Cluster, Node
+from holmes_sim.cluster import ETHERNET, Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.transport import member_nics
 from holmes_sim.errors import PlanError
@@ -144,20 +144,30 @@ def _build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: 
             continue
         seen.add((a, b))
         for d in range(dp):
+            first_a, first_b = rank(a, d, 0), rank(b, d, 0)  # TP ranks are consecutive
             for i in range(tp):
-                pair = (rank(a, d, i), rank(b, d, i))
+                pair = (first_a + i, first_b + i)
                 src, dst = rank_to_gpu[pair[0]], rank_to_gpu[pair[1]]
                 nodes = (src.node,) if src.node == dst.node else (src.node, dst.node)
                 transport = chosen.get(nodes)
                 if transport is None:
                     transport = chosen[nodes] = choose([src, dst])
-                nics = ("", "") if transport.kind is TransportKind.LOCAL else \
-                    member_nics(cluster, (src, dst), transport)
+                if transport.kind is TransportKind.LOCAL:
+                    nics = ("", "")
+                else:  # `member_nics`
+                    fabric = transport.fabric or ETHERNET
+                    nics = tuple(_nic_of(cluster, g, fabric).name for g in (src, dst))
                 groups.append(Group(GroupKind.PIPELINE, pair, transport, nics))
     if pp > 1 and tie_embeddings:
         groups += [make(GroupKind.EMBEDDING, (rank(0, d, i), rank(pp - 1, d, i)))
                    for d in range(dp) for i in range(tp)]
     return tuple(groups)
+
+
+def _nic_of(cluster: Cluster, gpu: GpuRef, fabric: str):
+    nic = cluster.nic_of_gpu(gpu.node, gpu.local_index, fabric)
+    assert nic is not None, f"{gpu} has no NIC on {fabric}"
+    return nic
 
 
 def equal_partition(num_layers: int, num_virtual_stages: int) -> tuple[int, ...]:
