@@ -413,12 +413,11 @@ def _program(table: OpTable, key: tuple):
     got = table.programs.get(key)
     if got is None or isinstance(got, tuple):
         return got
-    rows = table.programs.get("rows")
-    if rows is None:  # kept with the segments (see `_State.advance`)
-        no_input, no_send, sentinel_send = table.slots, table.slots + 1, len(table.sends)
-        rows = table.programs["rows"] = [
-            tuple((dk, no_input if need < 0 else need, sentinel_send if sk < 0 else sk,
+    no_input, no_send, sentinel_send = table.slots, table.slots + 1, len(table.sends)
+    rows = table.rows
+    got = table.programs[key] = tuple(
+        (s, tuple((dk, no_input if need < 0 else need, sentinel_send if sk < 0 else sk,
                    no_send if sk < 0 else queue, no_send if sk < 0 else out)
-                  for dk, need, sk, queue, out in row) for row in table.rows]
-    got = table.programs[key] = tuple((s, rows[s][a:b]) for s, a, b in got)
+                  for dk, need, sk, queue, out in rows[s][a:b]))
+        for s, a, b in got)
     return got
