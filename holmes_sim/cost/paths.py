@@ -64,11 +64,23 @@ def link_capacities(cluster: Cluster) -> dict[LinkId, float]:
 def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
                dst: Sequence[GpuRef], capacities: dict[LinkId, float]) -> Path:
     """The path of a transfer from GPUs `src` to GPUs `dst` (same length) using `transport`."""
+    share = 1.0 / len(src)
+    fabric = transport.fabric or ETHERNET
+    a, b = src[0].node, dst[0].node
+    if a != b and all(g.node == a for g in src) and all(g.node == b for g in dst):
+        # One node to another (a TP group's send): each side's NIC links from the cluster's.
+        out, lat_out, step_out = _side(cluster, fabric, 0, a, tuple(g.local_index for g in src),
+                                       share)
+        into, lat_in, step_in = _side(cluster, fabric, 1, b, tuple(g.local_index for g in dst),
+                                      share)
+        # In first use, member by member (send, then receive), as the loop below adds them.
+        weights = {link: w for _, _, link, w in sorted(out + into)}
+        latency, step = max(lat_out, lat_in), max(step_out, step_in)
+        uplink = _add_uplink(cluster, transport, src[0], dst[0], weights)
+        return _path(weights, capacities, latency + uplink, step + uplink)
     weights: dict[LinkId, float] = {}
     get = weights.get
-    share = 1.0 / len(src)
     latency = step = 0.0
-    fabric = transport.fabric or ETHERNET
     nics = cluster.derived(("nic links", fabric), dict)
     for s, d in zip(src, dst, strict=True):
         if s.node == d.node:  # over the GPUs' intra-node links
@@ -136,10 +148,24 @@ def _node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequenc
                     dst_members: Sequence[Sequence[GpuRef]], capacities: dict[LinkId, float]) -> Path:
     """The hop from one node to the next on a ring: the bytes of a member's share leave over the
     NICs of all the node's member GPUs in equal parts, and enter the next node the same way."""
+    fabric = transport.fabric or ETHERNET
+    sides = []
+    for group, out in ((src_members, 0), (dst_members, 1)):
+        gpus = [g for member in group for g in member]
+        node = gpus[0].node
+        if any(g.node != node for g in gpus):
+            break
+        sides.append(_side(cluster, fabric, out, node, tuple(g.local_index for g in gpus),
+                           1.0 / len(gpus)))
+    else:  # each node's NIC links from the cluster's: the sending node's, then the receiving
+        (out, lat_out, step_out), (into, lat_in, step_in) = sides
+        weights = {link: w for _, _, link, w in out + into}
+        latency, step = max(lat_out, lat_in), max(step_out, step_in)
+        uplink = _add_uplink(cluster, transport, src_members[0][0], dst_members[0][0], weights)
+        return _path(weights, capacities, latency + uplink, step + uplink)
     weights: dict[LinkId, float] = {}
     get = weights.get
     latency = step = 0.0
-    fabric = transport.fabric or ETHERNET
     nics = cluster.derived(("nic links", fabric), dict)
     for group, out in ((src_members, 0), (dst_members, 1)):
         gpus = [g for member in group for g in member]
@@ -154,6 +180,31 @@ def _node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequenc
                 step = nic[3]
     uplink = _add_uplink(cluster, transport, src_members[0][0], dst_members[0][0], weights)
     return _path(weights, capacities, latency + uplink, step + uplink)
+
+
+def _side(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
+          share: float) -> tuple[tuple, float, float]:
+    """GPUs `gpus` of `node` each sending (out 0) or receiving (out 1) `share` of a transfer
+    over their NICs on `fabric`: ((first member, out, link, summed weight) in order of first
+    use, latency s, ring-step latency s), the weights summed member by member as the paths'
+    loops sum them; kept with the cluster (`Cluster.derived`)."""
+    key = (node, gpus, out, share)
+    table = cluster.derived(("nic sides", fabric), dict)
+    got = table.get(key)
+    if got is None:
+        nics = cluster.derived(("nic links", fabric), dict)
+        weights: dict[LinkId, float] = {}
+        first: dict[LinkId, int] = {}
+        latency = step = 0.0
+        for i, local in enumerate(gpus):
+            nic = nics.get((node, local)) or _nic_links(cluster, GpuRef(node, local), fabric)
+            link = nic[out]
+            first.setdefault(link, i)
+            weights[link] = weights.get(link, 0.0) + share
+            latency, step = max(latency, nic[2]), max(step, nic[3])
+        got = table[key] = (tuple((first[lk], out, lk, w) for lk, w in weights.items()),
+                            latency, step)
+    return got
 
 
 def _nic_links(cluster: Cluster, gpu: GpuRef, fabric: str) -> tuple[LinkId, LinkId, float, float]:

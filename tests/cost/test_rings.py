@@ -69,3 +69,47 @@ def test_node_count_barely_changes_a_bandwidth_bound_ring(write_scenario):
     two, _ = _all_reduce_s(write_scenario, 2, ETH_ONLY)
     four, _ = _all_reduce_s(write_scenario, 4, ETH_ONLY)
     assert four / two == pytest.approx((31 / 32) / (15 / 16), rel=0.02)
+
+
+def _member_by_member(cluster, transport, src, dst, caps):
+    """`group_path` as a loop over member pairs only (the general case), for comparison."""
+    from holmes_sim.cluster import ETHERNET
+    from holmes_sim.cost import paths
+
+    weights, latency, step = {}, 0.0, 0.0
+    share = 1.0 / len(src)
+    for s, d in zip(src, dst, strict=True):
+        for gpu, direction in ((s, "tx"), (d, "rx")):
+            nic = cluster.nic_of_gpu(gpu.node, gpu.local_index, transport.fabric or ETHERNET)
+            link = ("nic", gpu.node, nic.name, direction)
+            weights[link] = weights.get(link, 0.0) + share
+            latency, step = max(latency, nic.latency_s), max(step, nic.step_latency_s)
+    uplink = paths._add_uplink(cluster, transport, src[0], dst[0], weights)
+    return paths._path(weights, caps, latency + uplink, step + uplink)
+
+
+@pytest.mark.parametrize("name", ["mixed_ib_roce", "two_clusters_39b", "pure_ethernet"])
+def test_node_to_node_paths_equal_the_member_by_member_loop(name):
+    """A TP group's send to another node takes each side's NIC links from the cluster's kept
+    ones: the same links in the same order, weights, latencies and rate as summing member by
+    member."""
+    import random
+
+    from holmes_sim.bundled import bundled_scenario
+    from holmes_sim.cost.paths import group_path, link_capacities
+    from holmes_sim.cost.transport import best_shared_transport, tcp_transport
+    from holmes_sim.plan import GpuRef
+
+    cluster = prepare(bundled_scenario(name)).cluster
+    caps = link_capacities(cluster)
+    rng = random.Random(3)
+    for _ in range(200):
+        a, b = rng.sample(cluster.nodes, 2)
+        t = rng.choice([1, 2, 4, a.num_gpus])
+        if t > b.num_gpus:
+            continue
+        src = tuple(GpuRef(a.name, g) for g in rng.sample(range(a.num_gpus), t))
+        dst = tuple(GpuRef(b.name, g) for g in rng.sample(range(b.num_gpus), t))
+        for transport in (best_shared_transport(cluster, src + dst), tcp_transport(cluster, src + dst)):
+            assert group_path(cluster, transport, src, dst, caps) == \
+                _member_by_member(cluster, transport, src, dst, caps)
