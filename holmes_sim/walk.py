@@ -76,6 +76,8 @@ class OpTable:
     """Slots that are send queues (start free at 0 s)."""
     run: SteadyRun | None = None
     """The steady run (None: the walk goes op by op)."""
+    fast: tuple[tuple[tuple, ...], ...] = ()
+    """`rows` in the form `walk` replays them (`_program`)."""
     programs: dict = field(default_factory=dict, compare=False, repr=False)
     """`walk`'s recorded segments by (first op index, limit) of every stage (`_program`)."""
 
@@ -102,7 +104,8 @@ def op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
         return full_op_table(kind, pp, m, v)
     return OpTable((kind, pp, m, v), table.rows, table.kinds, table.sends, table.slots,
                    table.queues, SteadyRun(table.run.starts, table.run.period, table.run.shift,
-                                           table.run.rounds, table.run.outstanding, extra))
+                                           table.run.rounds, table.run.outstanding, extra),
+                   table.fast)
 
 
 def _fewer_microbatches(kind: ScheduleKind, p: int, m: int, v: int) -> tuple[int, int] | None:
@@ -132,12 +135,12 @@ def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
     # of j = 0..nv-2, m slots each; then one slot per physical stage pair's queue.
     messages = 2 * (nv - 1) * m
     queue_slot: dict[tuple[int, int], int] = {}
-    rows, kinds = [], []
+    rows, kinds, fast_rows = [], [], []
     for s, ops in enumerate(schedule.stage_ops):
         stage_kinds = sorted({(schedule.virtual_stage(s, c), b) for c in range(schedule.num_chunks)
                               for b in (False, True)})
         kind_index = {k: i for i, k in enumerate(stage_kinds)}
-        row = []
+        row, fast = [], []
         for op in ops:
             j = s + op.chunk * pp
             mb = op.microbatch
@@ -157,14 +160,20 @@ def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
                 queue = queue_slot.get(pair)
                 if queue is None:
                     queue = queue_slot[pair] = messages + len(queue_slot)
-            row.append((kind_index[(j, op.kind == "B")], need, sk, queue, out))
+            dk = kind_index[(j, op.kind == "B")]
+            row.append((dk, need, sk, queue, out))
+            # The replayed form (`_program`): -2 reads the "no input" slot at the end of the
+            # arrival list, -1 the sentinel send and the slot of ops that send nothing.
+            fast.append((dk, -2 if need < 0 else need, -1 if sk < 0 else sk, -1 if sk < 0 else queue,
+                         -1 if sk < 0 else out))
         rows.append(tuple(row))
+        fast_rows.append(tuple(fast))
         kinds.append(tuple(stage_kinds))
     queues = tuple(queue_slot.values())
     shape = _steady_shape(kind, pp, m, v)
     run = None if shape is None else _steady_run(schedule.stage_ops, rows, m, *shape)
     return OpTable((kind, pp, m, v), tuple(rows), tuple(kinds), tuple(sends),
-                   messages + len(queues), queues, run)
+                   messages + len(queues), queues, run, tuple(fast_rows))
 
 
 def _steady_shape(kind: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], int, int] | None:
@@ -277,8 +286,8 @@ class _State:
     def __init__(self, table: OpTable, start: list[float]):
         self.pos = [0] * len(table.rows)
         self.clock = list(start)
-        # Two sentinel slots after the table's: "no input" (never later than a clock) and the
-        # queue and output of ops that send nothing (written, never read by a real op).
+        # Two sentinel slots after the table's: "no input" (-2: never later than a clock) and
+        # the queue and output of ops that send nothing (-1: written, never read by a real op).
         self.ready = [-1.0] * table.slots + [-math.inf, 0.0]
         for q in table.queues:
             self.ready[q] = 0.0
@@ -296,7 +305,7 @@ class _State:
             self.advance_checked(table, durs, sends, limits, table.programs.setdefault(key, []))
             return
         clock, ready = self.clock, self.ready
-        sends = [*sends, 0.0]  # the sentinel send index is len(sends)
+        sends = [*sends, 0.0]  # the sentinel send (-1)
         for s, ops in runs:
             t, dur = clock[s], durs[s]
             for dk, need, sk, queue, out in ops:
@@ -408,16 +417,12 @@ def _jump(state: _State, table: OpTable, run: SteadyRun, r: int, to: int, add: f
 def _program(table: OpTable, key: tuple):
     """The runs (stage, ops) a segment's checked walk took (`_State.advance`), each op as
     (kind index, input slot, send index, queue slot, output slot) with `_State`'s sentinel
-    slots for no input or no send; None before the segment was walked once. The order depends
-    on the table only: each run's inputs were written by earlier runs."""
+    slots (-2: no input, -1: no send) and sentinel send (-1); None before the segment was
+    walked once. The order depends on the table only: each run's inputs were written by
+    earlier runs."""
     got = table.programs.get(key)
     if got is None or isinstance(got, tuple):
         return got
-    no_input, no_send, sentinel_send = table.slots, table.slots + 1, len(table.sends)
-    rows = table.rows
-    got = table.programs[key] = tuple(
-        (s, tuple((dk, no_input if need < 0 else need, sentinel_send if sk < 0 else sk,
-                   no_send if sk < 0 else queue, no_send if sk < 0 else out)
-                  for dk, need, sk, queue, out in rows[s][a:b]))
-        for s, a, b in got)
+    fast = table.fast
+    got = table.programs[key] = tuple((s, fast[s][a:b]) for s, a, b in got)
     return got
