@@ -129,11 +129,12 @@ def _build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: 
         return Group(kind, ranks, transport, member_nics(cluster, gpus, transport))
 
     groups: list[Group] = []
+    # TP ranks are consecutive, a stage's replicas tp apart (`megatron_rank`).
     if tp > 1:
-        groups += [make(GroupKind.TENSOR, tuple(rank(s, d, i) for i in range(tp)))
+        groups += [make(GroupKind.TENSOR, tuple(range(rank(s, d, 0), rank(s, d, 0) + tp)))
                    for s in range(pp) for d in range(dp)]
     if dp > 1:
-        groups += [make(GroupKind.DATA, tuple(rank(s, d, i) for d in range(dp)))
+        groups += [make(GroupKind.DATA, tuple(range(rank(s, 0, i), rank(s, dp, i), tp)))
                    for s in range(pp) for i in range(tp)]
     # A stage pair's rank pairs are all new or all seen (a rank names its stage): build each
     # physical pair's once, in order of first use, two members at a time.
@@ -144,7 +145,7 @@ def _build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: 
             continue
         seen.add((a, b))
         for d in range(dp):
-            first_a, first_b = rank(a, d, 0), rank(b, d, 0)  # TP ranks are consecutive
+            first_a, first_b = rank(a, d, 0), rank(b, d, 0)
             for i in range(tp):
                 pair = (first_a + i, first_b + i)
                 src, dst = rank_to_gpu[pair[0]], rank_to_gpu[pair[1]]
@@ -156,7 +157,7 @@ def _build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: 
                     nics = ("", "")
                 else:  # `member_nics`
                     fabric = transport.fabric or ETHERNET
-                    nics = tuple(_nic_of(cluster, g, fabric).name for g in (src, dst))
+                    nics = (_nic_of(cluster, src, fabric).name, _nic_of(cluster, dst, fabric).name)
                 groups.append(Group(GroupKind.PIPELINE, pair, transport, nics))
     if pp > 1 and tie_embeddings:
         groups += [make(GroupKind.EMBEDDING, (rank(0, d, i), rank(pp - 1, d, i)))
