@@ -23,7 +23,9 @@ import time
 
 
 def _cold() -> None:
-    """Empty every cache the search fills, so each measurement starts cold."""
+    """Empty every cache the search fills, so each measurement starts cold. The cluster's
+    facts of the hardware alone (`Cluster.derived`: link capacities, each GPU's NIC links) stay:
+    one search has one cluster."""
     from holmes_sim import analytic, netview, planner, schedule, walk
     from holmes_sim.cost import ops
     from holmes_sim.policies import base, holmes, partition

@@ -17,6 +17,11 @@ Which rounds repeat is checked from the op rows themselves (`SteadyRun`), not as
 
 The constant is measured in floating point, so a jump differs from the op-by-op walk by
 rounding only (tests hold it to 1e-12 relative).
+
+Which ops a walk can run in a row (a stage's ops up to the next input not yet sent) depends on
+the table only, not on the times: a table's first walk through a segment (between two cuts)
+checks every input and records its runs; later walks replay them without checks, with sentinel
+slots for ops that have no input or send nothing: the same additions and maxima, bit for bit.
 """
 
 from __future__ import annotations
