@@ -305,9 +305,11 @@ class _State:
         key = (tuple(self.pos), tuple(limits))
         runs = _program(table, key)
         if runs is None:
+            record: list[tuple[int, int, int]] = []
+            self.advance_checked(table, durs, sends, limits, record)
             if len(table.programs) >= 256:  # a table's walks take a few dozen segments
                 table.programs.clear()
-            self.advance_checked(table, durs, sends, limits, table.programs.setdefault(key, []))
+            table.programs[key] = record  # kept once the segment was walked through
             return
         clock, ready = self.clock, self.ready
         sends = [*sends, 0.0]  # the sentinel send (-1)
@@ -416,7 +418,6 @@ def _jump(state: _State, table: OpTable, run: SteadyRun, r: int, to: int, add: f
     for b, t in zip(run.outstanding[to], moved, strict=True):
         ready[b] = t
     state.pos = run.cut(to)
-
 
 
 def _program(table: OpTable, key: tuple):
