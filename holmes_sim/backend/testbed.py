@@ -12,31 +12,31 @@ Technique
 * Each fabric is its own IPv4 subnet ``10.200.<fabric_index>.0/24``; node ``i`` gets host part
   ``i + 1``. A node's NICs are therefore in different subnets, so a process that binds or
   connects to a NIC's address goes out through that NIC.
-* Each NIC is capped to its line rate in both directions with ``tc ... tbf``: the qdisc on the
-  node-side veth limits what the node sends, the one on the bridge-side veth limits what it
-  receives. A NIC is thus full duplex at its rate, and a node's NICs are independent of each
-  other.
+* Each NIC is capped to its line rate in both directions (`shaper_lines`: htb, one leaf per
+  peer node, so that the flows of a NIC share it max-min as the simulator assumes): the qdisc on
+  the node-side veth limits what the node sends (a leaf per destination), the one on the
+  bridge-side veth what it receives (a leaf per source). A NIC is thus full duplex at its rate,
+  and a node's NICs are independent of each other.
 * A fabric may be cut into two segments (e.g. the Ethernet of two clusters), each its own bridge,
   joined by an uplink: a veth pair between the two bridges with a tbf on each end, so all traffic
   between the segments shares the uplink's rate in each direction (`TestbedUplink`). The
   segments stay one subnet. At most one uplink per fabric: two would close a bridge loop.
 
-tbf parameters of a NIC (see `tbf_burst_bytes`): ``burst = max(128 KiB, rate * 4 ms)`` and
-``latency = 10 ms``. The burst must hold a whole GSO/TSO super-packet (up to 64 KiB on veth),
-else tbf splits every super-packet into MTU-sized segments, which costs CPU at Gbit/s rates.
-Sizing it to a few milliseconds of line rate lets the qdisc watchdog fire late (scheduler jitter
-on a busy machine, HZ=250 here) without the bucket overflowing and wasting tokens. A full bucket
-lets its bytes through at memory speed: measured, a 256 KiB message after an idle gap crosses a
-100 Mbit/s NIC in 11.8 ms, not the 21 ms of its rate; a 4 MB transfer runs at 0.95-0.96 of the
-rate (the missing ~4 % are the Ethernet/IP/TCP headers tbf counts: 1448 of 1514 bytes). Smaller
-NIC buckets (1 ms of rate, GSO capped at 8 KiB) made 256 KiB messages take their rate's time
-but the default testbed's runs 20-30 % slower than predicted (not understood), so NICs keep
-these. An uplink (`uplink_burst_bytes`) gets ``burst = max(16 KiB, rate * 1 ms)``: tbf splits
-the super-packets (cheap at uplink rates), and flows that share it get its rate, not a burst.
-``latency`` bounds the queue (``limit = rate * latency + burst``). With traffic both ways on a
-NIC, as in a ring all-reduce, the ACKs of one direction queue behind the data of the other;
-10 ms gave 0.87-0.99 per direction, better than 20 ms (deeper queue, later ACKs) and 2-5 ms
-(drops at 2 Gbit/s).
+NIC shapers (`shaper_lines`): rate and ceil at the line rate, ``burst = max(128 KiB, rate *
+4 ms)`` (`tbf_burst_bytes`; a few ms of rate lets the qdisc watchdog fire late on a busy
+machine without wasting tokens), leaves of 50 ms of rate, pure ACKs first. A full bucket lets
+its bytes through at memory speed: a 256 KiB message after an idle gap crosses a 100 Mbit/s
+NIC in 11.6 ms, not the 21 ms of its rate; a 4 MB transfer runs at about 0.96 of the rate (the
+Ethernet/IP/TCP headers count: 1448 of 1514 bytes). With one tbf FIFO per NIC instead (until
+2026-12), a flow that also queued at the uplink starved behind a segment-local flow of the same
+NIC (6 of 50 Mbit/s while the other ran at line rate), and two_clusters' iterations were
+bimodal (0.56-0.84 s).
+
+An uplink keeps one tbf (`uplink_burst_bytes`: ``burst = max(16 KiB, rate * 1 ms)``,
+``latency = 10 ms``): tbf splits the super-packets (cheap at uplink rates), and flows that
+share it get its rate, not a burst. The htb shaper on the uplink (a leaf per source) shared it
+fairly but made two_clusters' pipeline-bound cases 15-18% slower than predicted, against 2-10%
+with the tbf (not understood; measured on one host, one run each).
 
 Safety and ownership
 --------------------
@@ -96,6 +96,9 @@ TBF_BURST_S = 4e-3
 UPLINK_MIN_BURST_BYTES = 16 * 1024
 UPLINK_BURST_S = 1e-3
 TBF_LATENCY_S = 10e-3
+SHAPER_LATENCY_S = 50e-3
+"""Queue of each shaper leaf, in seconds of its link's rate: deep enough that two senders
+converging on one leaf's share do not overflow it (10 ms dropped packets on the uplink)."""
 HTB_QUANTUM_BYTES = 65536
 """DRR quantum of every leaf: one GSO super-packet on veth, so each round serves a peer once."""
 _LEAF_BASE = 0x10
@@ -243,31 +246,39 @@ def _tbf_argv(ns: str, dev: str, rate_bit_per_s: float, burst: int | None = None
 
 
 def shaper_lines(dev: str, rate_bit_per_s: float, burst: int, match: str,
-                 peers: Sequence[str], latency_s: float = TBF_LATENCY_S) -> list[str]:
+                 peers: Sequence[str], latency_s: float = SHAPER_LATENCY_S) -> list[str]:
     """`tc -batch` lines that cap egress of `dev` at `rate_bit_per_s` and share it fairly
-    between `peers` (IPv4 addresses, matched as ``ip <match>``, "dst" or "src"): an htb root
-    class at the rate, one leaf per peer (guaranteed rate / leaves, may borrow up to the rate,
-    equal DRR quanta) plus a default leaf for everything else, each leaf a byte FIFO of
-    ``rate * latency + burst``. Backlogged peers thus get equal shares, as flows do on a NIC
-    that arbitrates between connections (max-min); one FIFO lets TCP's RTT unfairness starve
-    a flow that crosses a second bottleneck (measured: 6 of 50 Mbit/s)."""
+    between `peers` (IPv4 addresses, matched as ``ip <match>``, "dst" or "src").
+
+    An htb root class at the rate; one leaf per peer (guaranteed rate / leaves, may borrow up
+    to the rate, equal DRR quanta) plus a default leaf, each a byte FIFO of
+    ``rate * latency + burst``; and a first-served leaf for packets under 128 bytes (TCP's pure
+    ACKs), so that the ACKs of a flow do not wait behind data going the other way. Backlogged
+    peers thus get equal shares, as flows do on a NIC that arbitrates between connections
+    (max-min); one FIFO let TCP's RTT unfairness starve a flow that crosses a second bottleneck
+    (measured: 6 of 50 Mbit/s)."""
     if match not in ("dst", "src"):
         raise ValueError(f"match must be 'dst' or 'src', not {match!r}")
     rate = max(1, round(rate_bit_per_s))
-    leaves = len(peers) + 1
+    leaves = len(peers) + 2
     share = max(1, rate // leaves)
     limit = math.ceil(rate / 8 * latency_s) + burst
-    bucket = f"burst {burst} cburst {burst}"
+    bucket = f"burst {burst} cburst {burst} quantum {HTB_QUANTUM_BYTES}"
     lines = [f"qdisc add dev {dev} root handle 1: htb default {_LEAF_BASE:x}",
-             f"class add dev {dev} parent 1: classid 1:1 htb rate {rate}bit ceil {rate}bit {bucket} "
-             f"quantum {HTB_QUANTUM_BYTES}"]
+             f"class add dev {dev} parent 1: classid 1:1 htb rate {rate}bit ceil {rate}bit {bucket}",
+             f"class add dev {dev} parent 1:1 classid 1:2 htb rate {share}bit ceil {rate}bit "
+             f"prio 0 {bucket}",
+             f"qdisc add dev {dev} parent 1:2 bfifo limit {limit}",
+             # IPv4 total length (bytes 2-3) below 128: an ACK or another small control packet.
+             f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match u16 0 0xff80 at 2 "
+             "flowid 1:2"]
     for k, peer in enumerate([None, *peers]):
         leaf = f"1:{_LEAF_BASE + k:x}"
         lines += [f"class add dev {dev} parent 1:1 classid {leaf} htb rate {share}bit "
-                  f"ceil {rate}bit {bucket} quantum {HTB_QUANTUM_BYTES}",
+                  f"ceil {rate}bit prio 1 {bucket}",
                   f"qdisc add dev {dev} parent {leaf} bfifo limit {limit}"]
         if peer is not None:
-            lines.append(f"filter add dev {dev} parent 1: protocol ip prio 1 u32 "
+            lines.append(f"filter add dev {dev} parent 1: protocol ip prio 2 u32 "
                          f"match ip {match} {peer}/32 flowid {leaf}")
     return lines
 
@@ -944,11 +955,7 @@ class Testbed:
         for end, segment in zip(ends, up.segments, strict=True):
             _run(["ip", "-n", fns, "link", "set", end, "master",
                   bridge_name(j, self._segments[j].index(segment))])
-            # The bridge of `segment` sends out of this end: share it between that segment's
-            # sources.
-            senders = [a for a, seg in self._fabric_members(j) if seg == segment]
-            _apply_tc(fns, shaper_lines(end, up.rate_bit_per_s,
-                                        uplink_burst_bytes(up.rate_bit_per_s), "src", senders))
+            _run(_tbf_argv(fns, end, up.rate_bit_per_s, uplink_burst_bytes(up.rate_bit_per_s)))
             _run(["ip", "-n", fns, "link", "set", end, "up"])
 
     # -- teardown -----------------------------------------------------------------------------

@@ -339,20 +339,19 @@ def test_uplink_joins_two_segments_at_its_rate_and_nothing_is_left() -> None:
 
 @pytest.mark.root
 @pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
-def test_flows_share_nics_and_uplink_fairly() -> None:
-    # n0 sends inside its segment (to n1) and across the uplink (to n2) while n1 sends across
-    # too; NICs and uplink at SLOW. Max-min sharing gives each flow half of SLOW. One FIFO per
-    # link let the inside flow run at its NIC's rate while the across flow, queued behind it
-    # and behind the uplink, starved (measured: 94 and 6 of 100 Mbit/s).
+def test_flows_share_a_nic_fairly() -> None:
+    # n0 sends inside its segment (to n1) and across the uplink (to n2), NICs and uplink at
+    # SLOW: n0's NIC is the bottleneck of both, so max-min sharing gives each half of SLOW.
+    # With one FIFO per NIC the flow that also queues at the uplink lost (measured: 6 of 50).
     nodes = [TestbedNode(f"n{i}", (TestbedNic("eth0", "eth", SLOW, seg),))
-             for i, seg in enumerate("aabb")]
+             for i, seg in enumerate("aab")]
     with Testbed(nodes, uplinks=[TestbedUplink("eth", ("a", "b"), SLOW)]) as tb:
         at = time.time() + 0.5
-        flows = [("n0", "n1"), ("n0", "n2"), ("n1", "n3")]
+        flows = [("n0", "n1"), ("n0", "n2")]
         senders = [transfer_rate(tb, src, dst, "eth0", 2_500_000, port=5001 + k, at=at)
                    for k, (src, dst) in enumerate(flows)]
         rates = [measured(s) for s in senders]
-    print(f"three flows sharing NICs and the uplink: {[round(r / 1e6, 1) for r in rates]} Mbit/s")
+    print(f"two flows sharing a NIC: {[round(r / 1e6, 1) for r in rates]} Mbit/s")
     assert all(0.35 * SLOW <= r <= 0.65 * SLOW for r in rates)
 
 
