@@ -86,8 +86,8 @@ class _Estimator:
 
     def _evaluate_replica(self, d: int) -> list[float]:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
-        Sends between the same two stages in the same direction queue behind each other (they
-        share the path): a send starts when its op ends and the previous one has arrived."""
+        A transfer starts when its op has ended and the receiver has posted the receive
+        (rendezvous, `walk.py`)."""
         p = self.plan
         table = op_table(*self._shape)
         # Durations of the few distinct (virtual stage, direction) ops and sends, priced once

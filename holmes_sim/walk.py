@@ -1,13 +1,16 @@
 """The analytic estimate's critical-path walk over a pipeline schedule, and its steady-state jump.
 
 The walk evaluates one replica's schedule as a max-plus recurrence: an op starts when the
-previous op of its stage ended and its input arrived; a send starts when its op ended and the
-previous send on the same (physical) stage pair arrived. `walk_plain` does that op by op.
+previous op of its stage ended and its input arrived. A transfer is a rendezvous, as NCCL's and
+gloo's point-to-point operations are: it starts when its op has ended on the sending stage and
+the receiving stage has posted the receive (reached the op that consumes it, i.e. ended its
+previous op), and takes its idle-path time. A stage posts one receive at a time, so transfers
+to one stage never overlap. `walk_plain` does that op by op.
 
 `walk` gives the same stage end times without walking every micro-batch. In the steady part of
 1F1B and interleaved schedules (one forward, one backward) the op rows repeat: round r + 1 of
 stage s is round r with every micro-batch shifted by M (1, or p for interleaved), so the map from
-the state at one round boundary (each stage's clock, each send queue, the messages in flight) to
+the state at one round boundary (each stage's clock, the messages in flight) to
 the next is the same max-plus map F for every round. F is homogeneous (F(x + a) = F(x) + a), so
 once the state after round r equals the state after round r - c plus one constant a (c: the
 cyclicity of the recurrence; Baccelli et al., "Synchronization and Linearity", 1992, ch. 3),
@@ -64,10 +67,9 @@ class SteadyRun:
 @dataclass(frozen=True, slots=True)
 class OpTable:
     """A schedule as the walk reads it. `rows[s]` holds stage s's ops in order as
-    (kind index, input slot, send index, queue slot, output slot), -1 for none; `kinds[s]` lists
+    (kind index, input slot, the input's send index, output slot), -1 for none; `kinds[s]` lists
     the distinct (virtual stage, backward) ops of stage s and `sends` the distinct (from, to)
-    virtual-stage sends, both sorted; a queue slot holds the last arrival on a physical stage
-    pair."""
+    virtual-stage sends, both sorted; a message slot holds the time its send was issued."""
 
     shape: tuple[str, int, int, int]
     """(kind, p, m, v) of the schedule this table stands for."""
@@ -75,10 +77,7 @@ class OpTable:
     kinds: tuple[tuple[tuple[int, bool], ...], ...]
     sends: tuple[tuple[int, int], ...]
     slots: int
-    """Size of the walk's arrival list (messages by (direction, virtual stage, micro-batch),
-    then queues)."""
-    queues: tuple[int, ...]
-    """Slots that are send queues (start free at 0 s)."""
+    """Size of the walk's message list (by direction, virtual stage, micro-batch)."""
     run: SteadyRun | None = None
     """The steady run (None: the walk goes op by op)."""
     fast: tuple[tuple[tuple, ...], ...] = ()
@@ -108,7 +107,7 @@ def op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
     if table.run is None:
         return full_op_table(kind, pp, m, v)
     return OpTable((kind, pp, m, v), table.rows, table.kinds, table.sends, table.slots,
-                   table.queues, SteadyRun(table.run.starts, table.run.period, table.run.shift,
+                   SteadyRun(table.run.starts, table.run.period, table.run.shift,
                                            table.run.rounds, table.run.outstanding, extra),
                    table.fast)
 
@@ -137,9 +136,8 @@ def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
     sends = sorted({(j, j + 1) for j in range(nv - 1)} | {(j + 1, j) for j in range(nv - 1)})
     send_index = {pair: i for i, pair in enumerate(sends)}
     # Message (direction, to, micro-batch): forward inputs of j = 1..nv-1, then backward inputs
-    # of j = 0..nv-2, m slots each; then one slot per physical stage pair's queue.
+    # of j = 0..nv-2, m slots each.
     messages = 2 * (nv - 1) * m
-    queue_slot: dict[tuple[int, int], int] = {}
     rows, kinds, fast_rows = [], [], []
     for s, ops in enumerate(schedule.stage_ops):
         stage_kinds = sorted({(schedule.virtual_stage(s, c), b) for c in range(schedule.num_chunks)
@@ -150,35 +148,29 @@ def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
             j = s + op.chunk * pp
             mb = op.microbatch
             if op.kind == "B":
+                src = j + 1
                 need = -1 if j == nv - 1 else ((nv - 1) + j) * m + mb
                 to = j - 1 if j > 0 else -1
                 out = ((nv - 1) + to) * m + mb
             else:
+                src = j - 1
                 need = -1 if j == 0 else (j - 1) * m + mb
                 to = j + 1 if j < nv - 1 else -1
                 out = (to - 1) * m + mb
-            if to < 0:
-                sk = queue = out = -1
-            else:
-                sk = send_index[(j, to)]
-                pair = (j % pp, to % pp)
-                queue = queue_slot.get(pair)
-                if queue is None:
-                    queue = queue_slot[pair] = messages + len(queue_slot)
+            sk = send_index[(src, j)] if need >= 0 else -1
+            out = out if to >= 0 else -1
             dk = kind_index[(j, op.kind == "B")]
-            row.append((dk, need, sk, queue, out))
+            row.append((dk, need, sk, out))
             # The replayed form (`_program`): -2 reads the "no input" slot at the end of the
-            # arrival list, -1 the sentinel send and the slot of ops that send nothing.
-            fast.append((dk, -2 if need < 0 else need, -1 if sk < 0 else sk, -1 if sk < 0 else queue,
-                         -1 if sk < 0 else out))
+            # message list, -1 the sentinel send (0 s) and the slot of ops that send nothing.
+            fast.append((dk, -2 if need < 0 else need, sk, out))
         rows.append(tuple(row))
         fast_rows.append(tuple(fast))
         kinds.append(tuple(stage_kinds))
-    queues = tuple(queue_slot.values())
     shape = _steady_shape(kind, pp, m, v)
     run = None if shape is None else _steady_run(schedule.stage_ops, rows, m, *shape)
     return OpTable((kind, pp, m, v), tuple(rows), tuple(kinds), tuple(sends),
-                   messages + len(queues), queues, run, tuple(fast_rows))
+                   messages, run, tuple(fast_rows))
 
 
 def _steady_shape(kind: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], int, int] | None:
@@ -243,7 +235,7 @@ def _slot_positions(rows) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[i
     writer: dict[int, tuple[int, int]] = {}
     reader: dict[int, tuple[int, int]] = {}
     for s, row in enumerate(rows):
-        for k, (_, need, _, _, out) in enumerate(row):
+        for k, (_, need, _, out) in enumerate(row):
             if need >= 0:
                 reader[need] = (s, k)
             if out >= 0:
@@ -285,17 +277,15 @@ def walk(table: OpTable, durs: list[list[float]], sends: list[float],
 
 
 class _State:
-    """Where a walk is: each stage's next op and clock (s), and the arrival list (s; -1: not
-    yet sent)."""
+    """Where a walk is: each stage's next op and clock (s), and when each message was sent (s;
+    -1: not yet)."""
 
     def __init__(self, table: OpTable, start: list[float]):
         self.pos = [0] * len(table.rows)
         self.clock = list(start)
         # Two sentinel slots after the table's: "no input" (-2: never later than a clock) and
-        # the queue and output of ops that send nothing (-1: written, never read by a real op).
+        # the output of ops that send nothing (-1: written, never read by a real op).
         self.ready = [-1.0] * table.slots + [-math.inf, 0.0]
-        for q in table.queues:
-            self.ready[q] = 0.0
 
     def advance(self, table: OpTable, durs, sends, limits: list[int]) -> None:
         """`advance_checked`'s result. A table's first walk through a segment records the runs
@@ -315,13 +305,11 @@ class _State:
         sends = [*sends, 0.0]  # the sentinel send (-1)
         for s, ops in runs:
             t, dur = clock[s], durs[s]
-            for dk, need, sk, queue, out in ops:
-                arrived = ready[need]
-                if arrived > t:
-                    t = arrived
-                t += dur[dk]
-                free = ready[queue]
-                ready[queue] = ready[out] = (t if t > free else free) + sends[sk]
+            for dk, need, sk, out in ops:
+                sent = ready[need]
+                # Rendezvous: the transfer starts once sent and the receive is posted.
+                t = (sent if sent > t else t) + sends[sk] + dur[dk]
+                ready[out] = t
             clock[s] = t
         self.pos = list(limits)
 
@@ -341,18 +329,16 @@ class _State:
                     continue
                 row, t, dur = rows[s], clock[s], durs[s]
                 while k < n:
-                    dk, need, sk, queue, out = row[k]
+                    dk, need, sk, out = row[k]
                     if need >= 0:
-                        arrived = ready[need]
-                        if arrived < 0.0:
+                        sent = ready[need]
+                        if sent < 0.0:
                             break
-                        if arrived > t:
-                            t = arrived
+                        # Rendezvous: the transfer starts once sent and the receive is posted.
+                        t = (sent if sent > t else t) + sends[sk]
                     t += dur[dk]
-                    if sk >= 0:
-                        free = ready[queue]
-                        arrival = (t if t > free else free) + sends[sk]
-                        ready[queue] = ready[out] = arrival
+                    if out >= 0:
+                        ready[out] = t
                     k += 1
                 if k != pos[s]:
                     if record is not None:
@@ -363,9 +349,9 @@ class _State:
             assert progressed, "schedule deadlock"
 
     def vector(self, table: OpTable, outstanding: tuple[int, ...]) -> list[float]:
-        """The state at a cut: clocks, send queues, messages in flight (s)."""
+        """The state at a cut: clocks, messages in flight (s)."""
         ready = self.ready
-        return self.clock + [ready[q] for q in table.queues] + [ready[i] for i in outstanding]
+        return self.clock + [ready[i] for i in outstanding]
 
 
 def _through_run(state: _State, table: OpTable, durs, sends, run: SteadyRun) -> bool:
@@ -409,11 +395,9 @@ def _constant_step(before: list[float], now: list[float]) -> float | None:
 
 
 def _jump(state: _State, table: OpTable, run: SteadyRun, r: int, to: int, add: float) -> None:
-    """Move the state from cut r to cut `to`: every clock, queue and message in flight + `add`."""
+    """Move the state from cut r to cut `to`: every clock and message in flight + `add`."""
     ready = state.ready
     state.clock = [t + add for t in state.clock]
-    for q in table.queues:
-        ready[q] += add
     moved = [ready[a] + add for a in run.outstanding[r]]
     for b, t in zip(run.outstanding[to], moved, strict=True):
         ready[b] = t
@@ -422,7 +406,7 @@ def _jump(state: _State, table: OpTable, run: SteadyRun, r: int, to: int, add: f
 
 def _program(table: OpTable, key: tuple):
     """The runs (stage, ops) a segment's checked walk took (`_State.advance`), each op as
-    (kind index, input slot, send index, queue slot, output slot) with `_State`'s sentinel
+    (kind index, input slot, the input's send index, output slot) with `_State`'s sentinel
     slots (-2: no input, -1: no send) and sentinel send (-1); None before the segment was
     walked once. The order depends on the table only: each run's inputs were written by
     earlier runs."""

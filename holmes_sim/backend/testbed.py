@@ -12,31 +12,31 @@ Technique
 * Each fabric is its own IPv4 subnet ``10.200.<fabric_index>.0/24``; node ``i`` gets host part
   ``i + 1``. A node's NICs are therefore in different subnets, so a process that binds or
   connects to a NIC's address goes out through that NIC.
-* Each NIC is capped to its line rate in both directions with ``tc ... tbf``: the qdisc on the
-  node-side veth limits what the node sends, the one on the bridge-side veth limits what it
-  receives. A NIC is thus full duplex at its rate, and a node's NICs are independent of each
-  other.
+* Each NIC is capped to its line rate in both directions (`shaper_lines`: htb, one leaf per
+  peer node, so that the flows of a NIC share it max-min as the simulator assumes): the qdisc on
+  the node-side veth limits what the node sends (a leaf per destination), the one on the
+  bridge-side veth what it receives (a leaf per source). A NIC is thus full duplex at its rate,
+  and a node's NICs are independent of each other.
 * A fabric may be cut into two segments (e.g. the Ethernet of two clusters), each its own bridge,
   joined by an uplink: a veth pair between the two bridges with a tbf on each end, so all traffic
   between the segments shares the uplink's rate in each direction (`TestbedUplink`). The
   segments stay one subnet. At most one uplink per fabric: two would close a bridge loop.
 
-tbf parameters of a NIC (see `tbf_burst_bytes`): ``burst = max(128 KiB, rate * 4 ms)`` and
-``latency = 10 ms``. The burst must hold a whole GSO/TSO super-packet (up to 64 KiB on veth),
-else tbf splits every super-packet into MTU-sized segments, which costs CPU at Gbit/s rates.
-Sizing it to a few milliseconds of line rate lets the qdisc watchdog fire late (scheduler jitter
-on a busy machine, HZ=250 here) without the bucket overflowing and wasting tokens. A full bucket
-lets its bytes through at memory speed: measured, a 256 KiB message after an idle gap crosses a
-100 Mbit/s NIC in 11.8 ms, not the 21 ms of its rate; a 4 MB transfer runs at 0.95-0.96 of the
-rate (the missing ~4 % are the Ethernet/IP/TCP headers tbf counts: 1448 of 1514 bytes). Smaller
-NIC buckets (1 ms of rate, GSO capped at 8 KiB) made 256 KiB messages take their rate's time
-but the default testbed's runs 20-30 % slower than predicted (not understood), so NICs keep
-these. An uplink (`uplink_burst_bytes`) gets ``burst = max(16 KiB, rate * 1 ms)``: tbf splits
-the super-packets (cheap at uplink rates), and flows that share it get its rate, not a burst.
-``latency`` bounds the queue (``limit = rate * latency + burst``). With traffic both ways on a
-NIC, as in a ring all-reduce, the ACKs of one direction queue behind the data of the other;
-10 ms gave 0.87-0.99 per direction, better than 20 ms (deeper queue, later ACKs) and 2-5 ms
-(drops at 2 Gbit/s).
+NIC shapers (`shaper_lines`): rate and ceil at the line rate, ``burst = max(128 KiB, rate *
+4 ms)`` (`tbf_burst_bytes`; a few ms of rate lets the qdisc watchdog fire late on a busy
+machine without wasting tokens), leaves of 50 ms of rate, pure ACKs first. A full bucket lets
+its bytes through at memory speed: a 256 KiB message after an idle gap crosses a 100 Mbit/s
+NIC in 11.6 ms, not the 21 ms of its rate; a 4 MB transfer runs at about 0.96 of the rate (the
+Ethernet/IP/TCP headers count: 1448 of 1514 bytes). With one tbf FIFO per NIC instead (until
+2026-12), a flow that also queued at the uplink starved behind a segment-local flow of the same
+NIC (6 of 50 Mbit/s while the other ran at line rate), and two_clusters' iterations were
+bimodal (0.56-0.84 s).
+
+An uplink keeps one tbf (`uplink_burst_bytes`: ``burst = max(16 KiB, rate * 1 ms)``,
+``latency = 10 ms``): tbf splits the super-packets (cheap at uplink rates), and flows that
+share it get its rate, not a burst. The htb shaper on the uplink (a leaf per source) shared it
+fairly but made two_clusters' pipeline-bound cases 15-18% slower than predicted, against 2-10%
+with the tbf (not understood; measured on one host, one run each).
 
 Safety and ownership
 --------------------
@@ -96,6 +96,13 @@ TBF_BURST_S = 4e-3
 UPLINK_MIN_BURST_BYTES = 16 * 1024
 UPLINK_BURST_S = 1e-3
 TBF_LATENCY_S = 10e-3
+SHAPER_LATENCY_S = 50e-3
+"""Queue of each shaper leaf, in seconds of its link's rate: deep enough that two senders
+converging on one leaf's share do not overflow it (10 ms dropped packets on the uplink)."""
+HTB_QUANTUM_BYTES = 65536
+"""DRR quantum of every leaf: one GSO super-packet on veth, so each round serves a peer once."""
+_LEAF_BASE = 0x10
+"""Minor class id of a shaper's default leaf; the peers' leaves follow."""
 
 MAX_RATE_BIT_PER_S = 1e12
 """Fastest NIC the testbed shapes (tbf's burst, 4 ms of line rate, must fit in 32 bits)."""
@@ -199,11 +206,14 @@ class TestbedNode:
 # Commands
 
 
-def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run one command (argument list, no shell); raise TestbedError on failure if `check`."""
+def _run(argv: Sequence[str], check: bool = True,
+         stdin_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one command (argument list, no shell; `stdin_text` fed to it); raise TestbedError
+    on failure if `check`."""
     try:
         proc = subprocess.run(
-            list(argv), check=False, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+            list(argv), check=False, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+            input=stdin_text,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         if check:
@@ -226,13 +236,62 @@ def uplink_burst_bytes(rate_bit_per_s: float) -> int:
 
 def _tbf_argv(ns: str, dev: str, rate_bit_per_s: float, burst: int | None = None,
               latency_s: float = TBF_LATENCY_S) -> list[str]:
-    """The `tc` command that caps egress of `dev` in namespace `ns` at `rate_bit_per_s`
-    (`burst`: the bucket in bytes; default a NIC's, `tbf_burst_bytes`; `latency_s`: the queue)."""
+    """The `tc` command that caps egress of `dev` in namespace `ns` at `rate_bit_per_s` with one
+    FIFO (the kernel probe's qdisc; links use `shaper_lines`)."""
     rate = max(1, round(rate_bit_per_s))
     latency_us = round(latency_s * 1e6)
     burst = tbf_burst_bytes(rate_bit_per_s) if burst is None else burst
     return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
             "rate", f"{rate}bit", "burst", str(burst), "latency", f"{latency_us}us"]  # fmt: skip
+
+
+def shaper_lines(dev: str, rate_bit_per_s: float, burst: int, match: str,
+                 peers: Sequence[str], latency_s: float = SHAPER_LATENCY_S) -> list[str]:
+    """`tc -batch` lines that cap egress of `dev` at `rate_bit_per_s` and share it fairly
+    between `peers` (IPv4 addresses, matched as ``ip <match>``, "dst" or "src").
+
+    An htb root class at the rate; one leaf per peer (guaranteed rate / leaves, may borrow up
+    to the rate, equal DRR quanta) plus a default leaf, each a byte FIFO of
+    ``rate * latency + burst``; and a first-served leaf for packets under 128 bytes (TCP's pure
+    ACKs), so that the ACKs of a flow do not wait behind data going the other way. Backlogged
+    peers thus get equal shares, as flows do on a NIC that arbitrates between connections
+    (max-min); one FIFO let TCP's RTT unfairness starve a flow that crosses a second bottleneck
+    (measured: 6 of 50 Mbit/s)."""
+    if match not in ("dst", "src"):
+        raise ValueError(f"match must be 'dst' or 'src', not {match!r}")
+    rate = max(1, round(rate_bit_per_s))
+    leaves = len(peers) + 2
+    share = max(1, rate // leaves)
+    limit = math.ceil(rate / 8 * latency_s) + burst
+    bucket = f"burst {burst} cburst {burst} quantum {HTB_QUANTUM_BYTES}"
+    lines = [f"qdisc add dev {dev} root handle 1: htb default {_LEAF_BASE:x}",
+             f"class add dev {dev} parent 1: classid 1:1 htb rate {rate}bit ceil {rate}bit {bucket}",
+             f"class add dev {dev} parent 1:1 classid 1:2 htb rate {share}bit ceil {rate}bit "
+             f"prio 0 {bucket}",
+             f"qdisc add dev {dev} parent 1:2 bfifo limit {limit}",
+             # IPv4 total length (bytes 2-3) below 128: an ACK or another small control packet.
+             f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match u16 0 0xff80 at 2 "
+             "flowid 1:2"]
+    for k, peer in enumerate([None, *peers]):
+        leaf = f"1:{_LEAF_BASE + k:x}"
+        lines += [f"class add dev {dev} parent 1:1 classid {leaf} htb rate {share}bit "
+                  f"ceil {rate}bit prio 1 {bucket}",
+                  f"qdisc add dev {dev} parent {leaf} bfifo limit {limit}"]
+        if peer is not None:
+            lines.append(f"filter add dev {dev} parent 1: protocol ip prio 2 u32 "
+                         f"match ip {match} {peer}/32 flowid {leaf}")
+    return lines
+
+
+def _apply_tc(ns: str, lines: Sequence[str]) -> None:
+    """Run `lines` as one `tc -batch` in namespace `ns`; raise TestbedError naming the line that
+    failed."""
+    res = _run(["tc", "-n", ns, "-batch", "-"], check=False, stdin_text="\n".join(lines) + "\n")
+    if res.returncode != 0:
+        failed = re.search(r"Command failed -:(\d+)", res.stderr)
+        line = lines[int(failed.group(1)) - 1] if failed and int(failed.group(1)) <= len(lines) \
+            else "(unknown line)"
+        raise TestbedError(f"`tc -n {ns} {line}` failed: {res.stderr.strip() or res.returncode}")
 
 
 def _list_namespaces() -> list[str]:
@@ -443,10 +502,12 @@ def _probe_kernel() -> list[str]:
                               "peer", "name", f"{PREFIX}p1"]),
             ("bridge support", ["ip", "-n", ns, "link", "add", f"{PREFIX}pbr", "type", "bridge"]),
             ("tc tbf qdisc", _tbf_argv(ns, f"{PREFIX}p0", 1e6)),
+            ("tc htb qdisc with u32 filters", ["tc", "-n", ns, "-batch", "-"]),
         ]  # fmt: skip
+        htb = "\n".join(shaper_lines(f"{PREFIX}p1", 1e6, 16384, "dst", ["10.200.0.1"])) + "\n"
         missing = []
         for what, argv in steps:
-            res = _run(argv, check=False)
+            res = _run(argv, check=False, stdin_text=htb if "-batch" in argv else None)
             if res.returncode != 0:
                 missing.append(f"{what} ({res.stderr.strip() or 'failed'})")
         return missing
@@ -866,10 +927,22 @@ class Testbed:
         bridge = bridge_name(j, self._segments[j].index(nic.segment))
         _run(["ip", "-n", fns, "link", "set", peer, "master", bridge])
         _run(["ip", "-n", ns, "addr", "add", f"{self.address(node, nic.name)}/24", "dev", nic.name])
-        _run(_tbf_argv(ns, nic.name, nic.rate_bit_per_s))
-        _run(_tbf_argv(fns, peer, nic.rate_bit_per_s))
+        peers = self._fabric_peers(j, exclude=node)
+        burst = tbf_burst_bytes(nic.rate_bit_per_s)
+        _apply_tc(ns, shaper_lines(nic.name, nic.rate_bit_per_s, burst, "dst", peers))
+        _apply_tc(fns, shaper_lines(peer, nic.rate_bit_per_s, burst, "src", peers))
         _run(["ip", "-n", fns, "link", "set", peer, "up"])
         _run(["ip", "-n", ns, "link", "set", nic.name, "up"])
+
+    def _fabric_members(self, j: int) -> list[tuple[str, str]]:
+        """(address, segment) of every NIC on fabric number `j`, in node order."""
+        return [(self.address(node.name, nic.name), nic.segment) for node in self.nodes
+                for nic in node.nics if nic.fabric == self._fabrics[j]]
+
+    def _fabric_peers(self, j: int, exclude: str) -> list[str]:
+        """Addresses on fabric number `j` of every node but `exclude`."""
+        own = {self.address(exclude, nic.name) for nic in self._node(exclude).nics}
+        return [a for a, _ in self._fabric_members(j) if a not in own]
 
     def _add_uplink(self, up: TestbedUplink) -> None:
         """A veth pair between the two segments' bridges, tbf on each end: each direction is

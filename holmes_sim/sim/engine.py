@@ -155,6 +155,8 @@ class _Simulation:
         self._hw_models: dict[tuple, int] = {}
         self.pp_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self.send_start: dict[tuple, float] = {}
+        self.posted: set[tuple] = set()
+        self.waiting_sends: dict[tuple, object] = {}
         self._index_groups()
         self._build_entities()
         self._dp_rings = self._build_dp_rings()
@@ -421,6 +423,7 @@ class _Simulation:
         if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
             return
         key = (op.kind, j, d, op.microbatch)
+        self._post_receive(key)
         ev = self._arrival(key)
         if ev.processed:
             return
@@ -434,6 +437,15 @@ class _Simulation:
         if self.env.now > split:
             self.trace.op(split, self.env.now, name, "compute", OpKind.WAIT_PP, 0,
                           op.microbatch, op.chunk)
+
+    def _post_receive(self, key: tuple) -> None:
+        """The receiving stage reached the op that consumes message `key`: a send waiting for
+        its receive starts now, a later one at once (rendezvous, as NCCL and gloo run it)."""
+        start = self.waiting_sends.pop(key, None)
+        if start is None:
+            self.posted.add(key)
+        else:
+            start()
 
     def _arrival(self, key: tuple) -> simpy.Event:
         ev = self.arrivals.get(key)
@@ -508,16 +520,25 @@ class _Simulation:
         """Start the point-to-point transfer of an activation or gradient between virtual stages;
         its arrival event fires when the last byte is in (no compute is blocked by sending)."""
         key = (kind, j_to, d, op.microbatch)
-        start = self.send_start[key] = self.env.now
+        self.send_start[key] = self.env.now
         links, latency, sender = self._pp_route(kind, j_from, j_to, d)
         size = self.pp_bytes
 
-        def arrived(_event, key=key, start=start) -> None:
-            self.trace.op(start, self.env.now, sender, "pp", OpKind.PP_SEND, size,
-                          op.microbatch, op.chunk)
-            self._arrival(key).succeed()
+        def start() -> None:
+            begun = self.env.now
 
-        self.net.transfer(links, size, latency).callbacks.append(arrived)
+            def arrived(_event) -> None:
+                self.trace.op(begun, self.env.now, sender, "pp", OpKind.PP_SEND, size,
+                              op.microbatch, op.chunk)
+                self._arrival(key).succeed()
+
+            self.net.transfer(links, size, latency).callbacks.append(arrived)
+
+        if key in self.posted:
+            self.posted.discard(key)
+            start()
+        else:
+            self.waiting_sends[key] = start
 
     def _pp_route(self, kind: str, j_from: int, j_to: int, d: int) -> tuple[tuple, float, str]:
         """(links, latency s, sender name) of a transfer, cached; the links stand for the
