@@ -440,7 +440,7 @@ def check_testbed(prepared: Prepared) -> None:
     for i, link in enumerate(links):
         if link.latency_us != 0:
             raise FieldError(f"inter_cluster_links[{i}].latency_us", "the testbed cannot add "
-                             "latency (tbf shapes rate only; no netem); set latency_us: 0")
+                             "latency (its shapers set rates only; no netem); set latency_us: 0")
         if not 0 < link.bandwidth_gbit_per_s * 1e9 <= tbmod.MAX_RATE_BIT_PER_S:
             raise FieldError(f"inter_cluster_links[{i}].bandwidth_gbit_per_s",
                              "cannot be shaped on the testbed")
