@@ -136,8 +136,11 @@ def _flow_events(trace: Trace, records: list[OpRecord], spans: list[tuple[int, i
             continue
         flow_id = len(flows) // 2 + 1
         src, dst = events[i], events[target]
+        # The send's own start: its slice may begin later, clamped behind an overlapping send
+        # of the same stage (rendezvous transfers overlap on a stage's pp track), whose slice
+        # then holds this start.
         flows.append({"ph": "s", "id": flow_id, "name": "pp-send", "cat": "pp", "pid": src["pid"],
-                      "tid": src["tid"], "ts": spans[i][0]})
+                      "tid": src["tid"], "ts": min(spans[i][0], max(0, _us(r.start_s)))})
         flows.append({"ph": "f", "bp": "e", "id": flow_id, "name": "pp-send", "cat": "pp",
                       "pid": dst["pid"], "tid": dst["tid"], "ts": spans[target][0]})
     return flows
