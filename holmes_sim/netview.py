@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.cluster import Cluster, Node
-from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
+from holmes_sim.cost.paths import Path, group_path, link_capacities, reversed_path, ring_paths
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, Group, GroupKind, megatron_rank
 
@@ -107,11 +107,18 @@ class NetView:
         return got[d]
 
     def _path(self, a: int, b: int, d: int) -> Path:
-        """Path of the send from stage a to stage b of replica d (the PP group of the pair)."""
+        """Path of the send from stage a to stage b of replica d (the PP group of the pair); the
+        other way's, flipped, once that was built over the same group (the backward sends of
+        a forward pair; with p = 2 and chunks, both ways are forward pairs of two groups)."""
+        other = self._paths.get((b, a, d))
+        if other is not None and ((a, b) not in self._forward or (b, a) not in self._forward):
+            got = self._paths[(a, b, d)] = reversed_path(other, self.caps)
+            return got
         fwd = (a, b) if (a, b) in self._forward else (b, a)
         group = self._by_ranks[(GroupKind.PIPELINE, (self.rank(fwd[0], d), self.rank(fwd[1], d)))]
-        return group_path(self.cluster, group.transport, self.entity(a, d), self.entity(b, d),
-                          self.caps)
+        got = self._paths[(a, b, d)] = group_path(self.cluster, group.transport,
+                                                  self.entity(a, d), self.entity(b, d), self.caps)
+        return got
 
     # ---- rings --------------------------------------------------------------------------------
     def idle_ring(self, kind: GroupKind, s: int) -> Ring | None:

@@ -101,6 +101,20 @@ def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
     return _path(weights, capacities, latency + uplink, step + uplink)
 
 
+_OTHER_WAY = {"tx": "rx", "rx": "tx"}
+
+
+def reversed_path(path: Path, capacities: dict[LinkId, float]) -> Path:
+    """`group_path` of the same groups the other way (dst to src): every link in the other
+    direction (a GPU's or NIC's rx for tx, the uplink from b to a for a to b) with its weight,
+    and the same latencies, as each member's pair of links and the path's maxima are symmetric;
+    the rate from `capacities`. Only the order of the links differs from `group_path`'s."""
+    links = tuple(((kind, b, a) if kind == "uplink" else (kind, a, b, _OTHER_WAY[lk[3]]), w)
+                  for lk, w in path.links for kind, a, b in [lk[:3]])
+    rate = min(capacities[lk] / w for lk, w in links)
+    return Path(links, path.latency_s, rate, path.step_latency_s)
+
+
 @dataclass(frozen=True, slots=True)
 class Ring:
     """An NCCL ring over group members: `order[k]` is the member index at ring position k and
