@@ -348,7 +348,7 @@ class _State:
                     progressed = True
             assert progressed, "schedule deadlock"
 
-    def vector(self, table: OpTable, outstanding: tuple[int, ...]) -> list[float]:
+    def vector(self, outstanding: tuple[int, ...]) -> list[float]:
         """The state at a cut: clocks, messages in flight (s)."""
         ready = self.ready
         return self.clock + [ready[i] for i in outstanding]
@@ -358,12 +358,12 @@ def _through_run(state: _State, table: OpTable, durs, sends, run: SteadyRun) -> 
     """Walk the run's rounds from cut 0 until the state repeats up to a constant, then move the
     state to the schedule's last steady cut at once (see module docstring). False: it never
     repeated (the state is then at the run's last cut)."""
-    history = [state.vector(table, run.outstanding[0])]
+    history = [state.vector(run.outstanding[0])]
     cycles = _MAX_CYCLE * len(table.rows)
     rounds = run.rounds + run.extra  # of the full schedule
     for r in range(1, run.rounds + 1):
         state.advance(table, durs, sends, run.cut(r))
-        now = state.vector(table, run.outstanding[r])
+        now = state.vector(run.outstanding[r])
         history.append(now)
         first, last = now[0], now[-1]
         for c in range(1, min(r, cycles, run.rounds - r) + 1):
@@ -375,7 +375,7 @@ def _through_run(state: _State, table: OpTable, durs, sends, run: SteadyRun) -> 
             if step is not None:
                 steps = (rounds - r) // c
                 # The full schedule's cut r + steps c is this table's cut r + steps c - extra.
-                _jump(state, table, run, r, r + steps * c - run.extra, steps * step)
+                _jump(state, run, r, r + steps * c - run.extra, steps * step)
                 return True
     return False
 
@@ -394,7 +394,7 @@ def _constant_step(before: list[float], now: list[float]) -> float | None:
     return total / len(now)
 
 
-def _jump(state: _State, table: OpTable, run: SteadyRun, r: int, to: int, add: float) -> None:
+def _jump(state: _State, run: SteadyRun, r: int, to: int, add: float) -> None:
     """Move the state from cut r to cut `to`: every clock and message in flight + `add`."""
     ready = state.ready
     state.clock = [t + add for t in state.clock]

@@ -237,7 +237,7 @@ def uplink_burst_bytes(rate_bit_per_s: float) -> int:
 def _tbf_argv(ns: str, dev: str, rate_bit_per_s: float, burst: int | None = None,
               latency_s: float = TBF_LATENCY_S) -> list[str]:
     """The `tc` command that caps egress of `dev` in namespace `ns` at `rate_bit_per_s` with one
-    FIFO (the kernel probe's qdisc; links use `shaper_lines`)."""
+    FIFO (an uplink's qdisc and the kernel probe's; NICs use `shaper_lines`)."""
     rate = max(1, round(rate_bit_per_s))
     latency_us = round(latency_s * 1e6)
     burst = tbf_burst_bytes(rate_bit_per_s) if burst is None else burst

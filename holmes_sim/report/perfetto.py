@@ -140,7 +140,7 @@ def _flow_events(trace: Trace, records: list[OpRecord], spans: list[tuple[int, i
         # of the same stage (rendezvous transfers overlap on a stage's pp track), whose slice
         # then holds this start.
         flows.append({"ph": "s", "id": flow_id, "name": "pp-send", "cat": "pp", "pid": src["pid"],
-                      "tid": src["tid"], "ts": min(spans[i][0], max(0, _us(r.start_s)))})
+                      "tid": src["tid"], "ts": max(0, _us(r.start_s))})
         flows.append({"ph": "f", "bp": "e", "id": flow_id, "name": "pp-send", "cat": "pp",
                       "pid": dst["pid"], "tid": dst["tid"], "ts": spans[target][0]})
     return flows

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import math
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -156,7 +157,7 @@ class _Simulation:
         self.pp_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self.send_start: dict[tuple, float] = {}
         self.posted: set[tuple] = set()
-        self.waiting_sends: dict[tuple, object] = {}
+        self.waiting_sends: dict[tuple, Callable[[], None]] = {}
         self._index_groups()
         self._build_entities()
         self._dp_rings = self._build_dp_rings()
