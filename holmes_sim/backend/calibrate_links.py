@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from holmes_sim.backend.groups import gloo_group
+from holmes_sim.backend.groups import PointToPoint, gloo_connections
 
 _PINGS = 30
 _SENDS = 3
@@ -28,18 +28,19 @@ def probe(rank: int, store_path: str, interface: str, size_bytes: int, timeout_s
     """One side of the probe; rank 0 returns the figures."""
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, 2)
-    pg, _ = gloo_group(store, "probe", rank, 2, interface, timeout_s)
+    pg, pg_rev, _ = gloo_connections(store, "probe", rank, 2, interface, timeout_s)
+    link = PointToPoint(pg, pg_rev, rank, 2)  # each direction on its own connection, as the ranks
     peer = 1 - rank
     small = torch.zeros(1)
     rtts = []
     for i in range(_PINGS + 3):
         t = time.perf_counter()
         if rank == 0:
-            pg.send([small], peer, i).wait()
-            pg.recv([small], peer, i).wait()
+            link.send(small, peer, i).wait()
+            link.recv(small, peer, i).wait()
         else:
-            pg.recv([small], peer, i).wait()
-            pg.send([small], peer, i).wait()
+            link.recv(small, peer, i).wait()
+            link.send(small, peer, i).wait()
         if i >= 3:  # the first exchanges set up connections
             rtts.append(time.perf_counter() - t)
     latency = statistics.median(rtts) / 2
@@ -50,33 +51,30 @@ def probe(rank: int, store_path: str, interface: str, size_bytes: int, timeout_s
         tag = 1000 + i
         t = time.perf_counter()
         if rank == 0:
-            pg.send([big], peer, tag).wait()
-            pg.recv([small], peer, tag).wait()
+            link.send(big, peer, tag).wait()
+            link.recv(small, peer, tag).wait()
             rates.append(big.numel() * 4 / max(time.perf_counter() - t - latency, 1e-9))
         else:
-            pg.recv([big], peer, tag).wait()
-            pg.send([small], peer, tag).wait()
+            link.recv(big, peer, tag).wait()
+            link.send(small, peer, tag).wait()
     # CPU this side spent moving the bulk bytes (user + system, gloo's threads included).
     cpu_s_per_byte = (time.process_time() - cpu0) / (_SENDS * big.numel() * 4)
     return {"latency_s": latency, "bandwidth_bytes_per_s": statistics.median(rates) if rates else 0.0,
             "cpu_s_per_byte": cpu_s_per_byte, "rtt_samples": len(rtts), "size_bytes": size_bytes,
-            "collective_step_s": _collective_step_s(pg, rank)}
+            "collective_step_s": _collective_step_s(link)}
 
 
-def _collective_step_s(pg, rank: int) -> float:
+def _collective_step_s(group: PointToPoint) -> float:
     """Seconds one ring step of the worker's own reduce-scatter and all-gather costs beyond its
     bytes: the alpha of the alpha-beta model, fitted on a tiny buffer (p = 2: one step each)."""
-    from types import SimpleNamespace
-
     from holmes_sim.backend.worker import all_gather, ring_reduce_scatter
 
-    group = SimpleNamespace(pg=pg, size=2, group_rank=rank)
     flat = torch.zeros(256)
     times = []
     for i in range(_PINGS):
         t = time.perf_counter()
         ring_reduce_scatter(group, flat, 5000 + i)
-        all_gather(group, flat)
+        all_gather(group, flat, 9000 + i)
         times.append(time.perf_counter() - t)
     return statistics.median(times[3:]) / 2
 

@@ -269,20 +269,26 @@ def ring_reduce_scatter(group: BuiltGroup, flat: torch.Tensor, tag: int) -> torc
     right, left = (i + 1) % p, (i - 1) % p
     incoming = torch.empty_like(shards[0])
     for step in range(p - 1):
-        send = group.pg.send([shards[(i - step - 1) % p]], right, tag + step)
-        group.pg.recv([incoming], left, tag + step).wait()
+        send = group.send(shards[(i - step - 1) % p], right, tag + step)
+        group.recv(incoming, left, tag + step).wait()
         shards[(i - step - 2) % p].add_(incoming)
         send.wait()  # the next step reads the shard this step just summed into, not this one
     return shards[i]
 
 
-def all_gather(group: BuiltGroup, flat: torch.Tensor) -> None:
-    """Fill every shard of `flat` from its owner (gloo's ring all-gather, (p-1)/p * N sent)."""
-    shards = flat.view(group.size, -1)
-    out = [torch.empty_like(shards[0]) for _ in range(group.size)]
-    group.pg.allgather([out], [shards[group.group_rank].clone()]).wait()
-    for k in range(group.size):
-        shards[k].copy_(out[k])
+def all_gather(group: BuiltGroup, flat: torch.Tensor, tag: int) -> None:
+    """Fill every shard of `flat` from its owner: a ring of p - 1 steps, each passing one shard
+    on, so every member sends (p-1)/p * N elements (NCCL's ring all-gather; the volume the
+    analytic model assumes). Point-to-point like `ring_reduce_scatter`: gloo's own allgather
+    ran 1.4x slower than its bytes at the NIC's rate on the testbed (0.5 MB buckets, p = 2,
+    100 Mbit/s, rate-sized shaper buckets: 122 ms where send/recv took 87 ms)."""
+    p, i = group.size, group.group_rank
+    shards = flat.view(p, -1)
+    right, left = (i + 1) % p, (i - 1) % p
+    for step in range(p - 1):
+        send = group.send(shards[(i - step) % p], right, tag + step)
+        group.recv(shards[(i - step - 1) % p], left, tag + step).wait()
+        send.wait()
 
 
 # ----------------------------------------------------------------------------- the rank
@@ -486,7 +492,7 @@ class Rank:
         c = self.cfg.model
         buf = torch.empty(self.cfg.micro_batch_size, c.block_size, c.n_embd, device=self.device)
         t = time.perf_counter()
-        group.pg.recv([buf], group.peer(src), self._tag(direction, mb, v)).wait()  # SYNC-2
+        group.recv(buf, group.peer(src), self._tag(direction, mb, v)).wait()  # SYNC-2
         self.rec.record("recv", t, time.perf_counter(), mb, chunk,
                         "activation" if direction == 0 else "gradient")
         return buf
@@ -501,7 +507,7 @@ class Rank:
             else pipeline_group(self.groups, dst, self.rank)
         tensor = tensor.contiguous()
         # Non-blocking: a blocked send could deadlock 1F1B; waited at SYNC-3.
-        work = group.pg.send([tensor], group.peer(dst), self._tag(direction, mb, v_dst))
+        work = group.send(tensor, group.peer(dst), self._tag(direction, mb, v_dst))
         pending.append((work, tensor))  # the tensor must live until the send completes
 
     # -- data parallelism
@@ -550,10 +556,15 @@ class Rank:
         thread.start()
         return thread
 
+    def _dp_tag(self, b: int, phase: int) -> int:
+        """Tag of bucket b's ring steps this iteration: phase 0 reduce-scatter, 1 all-gather
+        (p - 1 steps each, so the tags of every bucket, phase and iteration differ)."""
+        p = self.dp_group.size
+        return ((self.rec.iteration * len(self.buckets) + b) * 2 + phase) * p
+
     def _reduce(self, b: int) -> torch.Tensor:
         flat = self.buckets[b].flat_grad()
-        tag = (self.rec.iteration * len(self.buckets) + b) * 64
-        shard = ring_reduce_scatter(self.dp_group, flat, tag)
+        shard = ring_reduce_scatter(self.dp_group, flat, self._dp_tag(b, 0))
         return shard if self.cfg.mutation == "reduce-scatter-no-dp" else shard.div_(self.plan.dp)
 
     def _dp_sync_and_step(self, comm: threading.Thread | None) -> None:
@@ -597,7 +608,7 @@ class Rank:
         t = time.perf_counter()
         for b, bucket in enumerate(self.buckets):
             if sharded:
-                all_gather(group, flats[b])  # SYNC-5
+                all_gather(group, flats[b], self._dp_tag(b, 1))  # SYNC-5
             bucket.write_params(flats[b])
         if sharded:
             self.rec.record("dp-sync", t, time.perf_counter(), detail="all-gather parameters")
@@ -611,6 +622,7 @@ class Rank:
         # order, then descending bucket index.
         order = sorted(range(len(self.buckets)), key=lambda b: (self.buckets[b].chunk, -b))
         events = {b: threading.Event() for b in order}
+        tags = {b: self._dp_tag(b, 1) for b in order}  # this iteration's, before it moves on
         self._gathered = dict(events)  # the forwards pop theirs; the thread keeps `events`
         self._gather_error = None
 
@@ -618,7 +630,7 @@ class Rank:
             try:
                 for b in order:
                     t = time.perf_counter()
-                    all_gather(self.dp_group, flats[b])  # SYNC-5 (overlapped with forward)
+                    all_gather(self.dp_group, flats[b], tags[b])  # SYNC-5 (overlapped with forward)
                     self.rec.record("dp-sync", t, time.perf_counter(), -1, self.buckets[b].chunk,
                                     f"all-gather bucket {b} (async)")
                     events[b].set()

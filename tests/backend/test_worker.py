@@ -21,10 +21,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from holmes_sim.backend.groups import BuiltGroup, build_groups, gloo_group
+from holmes_sim.backend.groups import BuiltGroup, _direction, build_groups, gloo_group
 from holmes_sim.backend.launch import dry_run, local_spawn, run_plan
 from holmes_sim.backend.model import build_full_model
-from holmes_sim.backend.worker import RunConfig, ring_reduce_scatter, train_reference
+from holmes_sim.backend.worker import (
+    RunConfig,
+    all_gather,
+    ring_reduce_scatter,
+    train_reference,
+)
 from holmes_sim.errors import TestbedError
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan
 from holmes_sim.schedule import ScheduleKind
@@ -120,6 +125,40 @@ def test_ring_reduce_scatter_sums_and_shards(plan_factory) -> None:
     total = torch.arange(6, dtype=torch.float32) * 6
     for r in range(3):
         assert torch.equal(shards[r], total[2 * r:2 * r + 2])
+
+
+def test_ring_all_gather_fills_every_shard(plan_factory) -> None:
+    plan = plan_factory(dp=3)
+    built = _build_all(plan, lambda n: "lo")
+    flats = {r: torch.full((6,), -1.0) for r in range(3)}
+    for r in range(3):
+        flats[r][2 * r:2 * r + 2] = torch.tensor([10.0 * r, 10.0 * r + 1])
+
+    def one(rank: int) -> None:
+        dp = next(g for g in built[rank] if g.group.kind is GroupKind.DATA)
+        all_gather(dp, flats[rank], tag=0)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    expected = torch.tensor([0.0, 1.0, 10.0, 11.0, 20.0, 21.0])
+    for r in range(3):
+        assert torch.equal(flats[r], expected)
+
+
+def test_each_direction_has_its_own_connection(plan_factory) -> None:
+    """Data from a lower to a higher group rank and back travel on different gloo
+    connections, so a receive's rendezvous message never queues behind data going the other
+    way (groups.py)."""
+    plan = plan_factory(dp=2)
+    built = _build_all(plan, lambda n: "lo")
+    for rank in (0, 1):
+        group = next(g for g in built[rank] if g.group.kind is GroupKind.DATA)
+        assert group.pg_rev is not None and group.pg_rev is not group.pg
+        assert _direction(group, 0, 1) is group.pg
+        assert _direction(group, 1, 0) is group.pg_rev
 
 
 def test_tensor_parallel_plans_are_rejected(plan_factory) -> None:
