@@ -22,15 +22,24 @@ Technique
   between the segments shares the uplink's rate in each direction (`TestbedUplink`). The
   segments stay one subnet. At most one uplink per fabric: two would close a bridge loop.
 
-NIC shapers (`shaper_lines`): rate and ceil at the line rate, ``burst = max(128 KiB, rate *
-4 ms)`` (`tbf_burst_bytes`; a few ms of rate lets the qdisc watchdog fire late on a busy
-machine without wasting tokens), leaves of 50 ms of rate, pure ACKs first. A full bucket lets
-its bytes through at memory speed: a 256 KiB message after an idle gap crosses a 100 Mbit/s
-NIC in 11.6 ms, not the 21 ms of its rate; a 4 MB transfer runs at about 0.96 of the rate (the
-Ethernet/IP/TCP headers count: 1448 of 1514 bytes). With one tbf FIFO per NIC instead (until
-2026-12), a flow that also queued at the uplink starved behind a segment-local flow of the same
-NIC (6 of 50 Mbit/s while the other ran at line rate), and two_clusters' iterations were
-bimodal (0.56-0.84 s).
+NIC shapers (`shaper_lines`): rate and ceil at the line rate, ``burst = max(16 KiB, rate *
+1 ms)`` (`nic_burst_bytes`: 16 KiB at 100 Mbit/s, 250 KB at 2 Gbit/s; a millisecond of rate
+lets the qdisc watchdog fire late on a busy machine without losing tokens), leaves of 50 ms of
+rate, pure ACKs first. A link of the simulator has a rate and a latency, no bucket; a full
+bucket lets its bytes through at memory speed, so the bucket is kept small next to the
+testbed's messages (256 KiB): a 256 KiB message after an idle gap crosses a 100 Mbit/s NIC in
+21.2 ms, its rate's time (with the 128 KiB buckets used until 2026-12-02c: 11.9-13.9 ms, which
+the simulator over-predicted by 6-15% on the pipeline-bound cases). Small buckets showed two
+effects of the transport, both fixed where they arose, not in the buckets: gloo's rendezvous
+message queued behind data going the other way on one TCP connection (`groups.py`: one
+connection per direction), and TCP's restart from its initial window after an idle period
+longer than its retransmission timeout (RFC 5681 section 4.1), which made each iteration's first
+gradient bucket take 1.3x its rate's time: node namespaces set
+``net.ipv4.tcp_slow_start_after_idle = 0`` (their own, per-namespace setting). A 4 MB transfer
+runs at about 0.95 of the rate (the Ethernet/IP/TCP headers count: 1448 of 1514 bytes). With
+one tbf FIFO per NIC instead (until 2026-12), a flow that also queued at the uplink starved
+behind a segment-local flow of the same NIC (6 of 50 Mbit/s while the other ran at line rate),
+and two_clusters' iterations were bimodal (0.56-0.84 s).
 
 An uplink keeps one tbf (`uplink_burst_bytes`: ``burst = max(16 KiB, rate * 1 ms)``,
 ``latency = 10 ms``): tbf splits the super-packets (cheap at uplink rates), and flows that
@@ -91,8 +100,8 @@ ADDRESS_BASE = "10.200"
 MAX_NODES = 254
 MAX_FABRICS = 256
 
-TBF_MIN_BURST_BYTES = 128 * 1024
-TBF_BURST_S = 4e-3
+NIC_MIN_BURST_BYTES = 16 * 1024
+NIC_BURST_S = 1e-3
 UPLINK_MIN_BURST_BYTES = 16 * 1024
 UPLINK_BURST_S = 1e-3
 TBF_LATENCY_S = 10e-3
@@ -105,7 +114,7 @@ _LEAF_BASE = 0x10
 """Minor class id of a shaper's default leaf; the peers' leaves follow."""
 
 MAX_RATE_BIT_PER_S = 1e12
-"""Fastest NIC the testbed shapes (tbf's burst, 4 ms of line rate, must fit in 32 bits)."""
+"""Fastest NIC the testbed shapes (its bucket, 1 ms of line rate, must fit in 32 bits)."""
 IFNAME_MAX = 15
 """Longest Linux interface name (IFNAMSIZ - 1 bytes)."""
 RUN_DIR = Path("/run/holmes-sim")
@@ -224,9 +233,10 @@ def _run(argv: Sequence[str], check: bool = True,
     return proc
 
 
-def tbf_burst_bytes(rate_bit_per_s: float) -> int:
-    """tbf bucket size in bytes for a line rate in bit/s: max(128 KiB, 4 ms of line rate)."""
-    return max(TBF_MIN_BURST_BYTES, math.ceil(rate_bit_per_s / 8 * TBF_BURST_S))
+def nic_burst_bytes(rate_bit_per_s: float) -> int:
+    """A NIC shaper's bucket in bytes for a line rate in bit/s: max(16 KiB, 1 ms of line rate)
+    (module docstring)."""
+    return max(NIC_MIN_BURST_BYTES, math.ceil(rate_bit_per_s / 8 * NIC_BURST_S))
 
 
 def uplink_burst_bytes(rate_bit_per_s: float) -> int:
@@ -240,7 +250,7 @@ def _tbf_argv(ns: str, dev: str, rate_bit_per_s: float, burst: int | None = None
     FIFO (an uplink's qdisc and the kernel probe's; NICs use `shaper_lines`)."""
     rate = max(1, round(rate_bit_per_s))
     latency_us = round(latency_s * 1e6)
-    burst = tbf_burst_bytes(rate_bit_per_s) if burst is None else burst
+    burst = nic_burst_bytes(rate_bit_per_s) if burst is None else burst
     return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
             "rate", f"{rate}bit", "burst", str(burst), "latency", f"{latency_us}us"]  # fmt: skip
 
@@ -911,7 +921,12 @@ class Testbed:
         for up in self.uplinks:
             self._add_uplink(up)
         for i, node in enumerate(self.nodes):
-            self._add_namespace(self.namespace(node.name))
+            ns = self.namespace(node.name)
+            self._add_namespace(ns)
+            # A NIC link has no congestion window: no restart from TCP's initial window after
+            # an idle gap (module docstring). Per namespace; the host's setting is untouched.
+            _run(["ip", "netns", "exec", ns, "sysctl", "-qw",
+                  "net.ipv4.tcp_slow_start_after_idle=0"])
             for nic in node.nics:
                 self._add_nic(i, node.name, nic)
 
@@ -928,7 +943,7 @@ class Testbed:
         _run(["ip", "-n", fns, "link", "set", peer, "master", bridge])
         _run(["ip", "-n", ns, "addr", "add", f"{self.address(node, nic.name)}/24", "dev", nic.name])
         peers = self._fabric_peers(j, exclude=node)
-        burst = tbf_burst_bytes(nic.rate_bit_per_s)
+        burst = nic_burst_bytes(nic.rate_bit_per_s)
         _apply_tc(ns, shaper_lines(nic.name, nic.rate_bit_per_s, burst, "dst", peers))
         _apply_tc(fns, shaper_lines(peer, nic.rate_bit_per_s, burst, "src", peers))
         _run(["ip", "-n", fns, "link", "set", peer, "up"])

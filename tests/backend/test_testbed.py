@@ -252,9 +252,9 @@ def test_names_and_addresses() -> None:
         tb.popen("n0", ["true"])
 
 
-def test_tbf_burst_holds_a_gso_packet_and_scales_with_rate() -> None:
-    assert tbmod.tbf_burst_bytes(50e6) == 128 * 1024
-    assert tbmod.tbf_burst_bytes(2e9) == 1_000_000  # 4 ms at 2 Gbit/s
+def test_nic_burst_is_small_and_scales_with_rate() -> None:
+    assert tbmod.nic_burst_bytes(100e6) == 16 * 1024  # 1 ms would be 12.5 KB
+    assert tbmod.nic_burst_bytes(2e9) == 250_000  # 1 ms at 2 Gbit/s
     # An uplink's bucket is small: flows sharing it get its rate, not a burst.
     assert tbmod.uplink_burst_bytes(1e8) == 16 * 1024
     assert tbmod.uplink_burst_bytes(1e9) == 125_000  # 1 ms at 1 Gbit/s
