@@ -165,11 +165,8 @@ def build_groups(plan: Plan, rank: int, store: dist.Store, interface_of: Interfa
     """Construct every plan group that holds `rank`, in plan order.
 
     All ranks walk the groups in the same (plan) order, so a rendezvous only waits on members
-    that will reach it: no deadlock. Raises TestbedError for tp > 1 (not supported).
+    that will reach it: no deadlock.
     """
-    if plan.tp != 1:
-        raise TestbedError("the real-run backend supports tensor parallelism 1 only "
-                           f"(plan has tp={plan.tp})")
     built = []
     for index, group in enumerate(plan.groups):
         if rank not in group.ranks:
@@ -189,9 +186,6 @@ def build_nccl_groups(plan: Plan, rank: int, nic_devices: dict, device,
     """NCCL counterpart of `build_groups` for GPU clusters under torchrun (`nccl.py`)."""
     from holmes_sim.backend.nccl import nccl_group
 
-    if plan.tp != 1:
-        raise TestbedError("the real-run backend supports tensor parallelism 1 only "
-                           f"(plan has tp={plan.tp})")
     built = []
     for index, group in enumerate(plan.groups):
         member = rank in group.ranks
@@ -220,6 +214,14 @@ def pipeline_group(groups: list[BuiltGroup], src: int, dst: int) -> BuiltGroup:
         if g.group.kind is GroupKind.PIPELINE and g.group.ranks == (src, dst):
             return g
     raise TestbedError(f"plan has no PIPELINE group with ranks ({src}, {dst})")
+
+
+def tensor_group(groups: list[BuiltGroup]) -> BuiltGroup | None:
+    """This rank's TENSOR group, or None when the plan has none (tp == 1)."""
+    found = [g for g in groups if g.group.kind is GroupKind.TENSOR]
+    if len(found) > 1:
+        raise TestbedError(f"rank is in {len(found)} TENSOR groups; expected one")
+    return found[0] if found else None
 
 
 def data_group(groups: list[BuiltGroup]) -> BuiltGroup | None:

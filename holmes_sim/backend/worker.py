@@ -40,12 +40,15 @@ from holmes_sim.backend.groups import (
     default_interface_of,
     init_world,
     pipeline_group,
+    tensor_group,
 )
 from holmes_sim.backend.model import (
     GPTConfig,
     Stage,
+    TensorParallel,
     build_full_model,
     build_stage,
+    shard_placements,
     synthetic_batch,
 )
 from holmes_sim.errors import TestbedError
@@ -140,7 +143,8 @@ class RunConfig:
 
 
 # Known bugs the gradient-equality tests must catch (RunConfig.mutation).
-MUTATIONS = ("reduce-scatter-no-dp", "all-reduce-no-dp", "no-microbatch-scaling", "grad-x7")
+MUTATIONS = ("reduce-scatter-no-dp", "all-reduce-no-dp", "no-microbatch-scaling", "grad-x7",
+             "tp-no-input-grad-reduce")
 # The durations an emulated rank waits (RunConfig.emulated_compute), as in a compute profile.
 EMULATED_KEYS = ("layer_forward_s", "layer_backward_s", "embedding_forward_s",
                  "embedding_backward_s", "head_forward_s", "head_backward_s",
@@ -313,10 +317,18 @@ class Rank:
     def __init__(self, plan: Plan, cfg: RunConfig, rank: int, groups: list[BuiltGroup]) -> None:
         self.plan, self.cfg, self.rank, self.groups = plan, cfg, rank, groups
         self.sched = plan.schedule()
-        self.pp_rank, self.dp_rank, _ = plan.coords(rank)
+        self.pp_rank, self.dp_rank, self.tp_rank = plan.coords(rank)
         self.num_virtual = plan.pp * plan.num_chunks
         self.device = DEVICE
-        self.stages = [s.to(self.device) for s in build_stages(plan, cfg.model, self.pp_rank)]
+        self.tp_group = tensor_group(groups) if plan.tp > 1 else None
+        self._tp_calls = 0  # TP collectives so far: both ranks of a group run them in one order
+        self.tp_collectives = 0  # of the iterations (not the parameter dump)
+        self._tp_comm_s = 0.0  # seconds spent in them (not emulated compute)
+        self.tp = None if self.tp_group is None else \
+            TensorParallel(plan.tp, self.tp_rank, self._tp_all_reduce, self._tp_all_gather,
+                           reduce_input_grads=cfg.mutation != "tp-no-input-grad-reduce")
+        self.stages = [s.to(self.device) for s in
+                       build_stages(plan, cfg.model, self.pp_rank, self.tp)]
         self.dp_group = data_group(groups) if plan.dp > 1 else None
         self.optimizer = FlatOptimizer(cfg.optimizer, cfg.lr)
         ops = self.sched.stage_ops[self.pp_rank]
@@ -338,11 +350,12 @@ class Rank:
         # Emulated compute of the measured iterations: requested and actual seconds (the
         # difference is the host's wake-up lag, which no prediction contains).
         self.emulation = {"requested_s": 0.0, "actual_s": 0.0}
+        self._training = True  # False once the iterations are done
         self._overlapped = plan.optimizer.overlapped and self.dp_group is not None
         if self.emulated is not None:
             # No autograd runs: gradients are zeros of the parameters' shapes, moved as real
             # ones are; the emulated backward marks them final piece by piece.
-            self._pieces = [_pieces(stage, self.emulated) for stage in self.stages]
+            self._pieces = [_pieces(stage, self.emulated, plan.tp) for stage in self.stages]
             self._owner = {id(p): b for b, bucket in enumerate(self.buckets) for p in bucket.params}
             for p in self._params():
                 p.grad = torch.zeros_like(p)
@@ -355,7 +368,42 @@ class Rank:
 
     def _peer(self, virtual: int) -> int:
         stage, _ = self.sched.stage_of_virtual(virtual)
-        return self.plan.rank(stage, self.dp_rank, 0)
+        return self.plan.rank(stage, self.dp_rank, self.tp_rank)
+
+    # -- tensor parallelism
+
+    def _tp_tag(self) -> int:
+        """The next TP collective's tags (p - 1 ring steps in each of two phases)."""
+        self._tp_calls += 1
+        self.tp_collectives += self._training
+        return (self._tp_calls % (1 << 24)) * 2 * self.plan.tp
+
+    def _tp_all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The TP group's sum of `x`, a new tensor: the ring reduce-scatter and all-gather the
+        simulator prices on the intra-node link [N21, section 3.2]."""
+        t = time.perf_counter()
+        p = self.plan.tp
+        flat = torch.zeros(-(-x.numel() // p) * p, dtype=x.dtype, device=x.device)
+        flat[:x.numel()] = x.detach().reshape(-1)
+        tag = self._tp_tag()
+        ring_reduce_scatter(self.tp_group, flat, tag)
+        all_gather(self.tp_group, flat, tag + p)
+        self._tp_comm_s += time.perf_counter() - t
+        return flat[:x.numel()].view_as(x)
+
+    def _tp_all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every TP member's `x`, stacked in group-rank order: shape (tp, *x.shape)."""
+        t = time.perf_counter()
+        p = self.plan.tp
+        flat = torch.empty(x.numel() * p, dtype=x.dtype, device=x.device)
+        flat.view(p, -1)[self.tp_rank].copy_(x.detach().reshape(-1))
+        all_gather(self.tp_group, flat, self._tp_tag())
+        self._tp_comm_s += time.perf_counter() - t
+        return flat.view(p, *x.shape)
+
+    def _tp_slice(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This TP rank's slice of a pipeline message (each rank sends 1/tp of it)."""
+        return tensor.reshape(self.plan.tp, -1)[self.tp_rank]
 
     def _tag(self, direction: int, microbatch: int, virtual_dst: int) -> int:
         it = self.rec.iteration
@@ -406,11 +454,12 @@ class Rank:
         x = tokens if v == 0 else self._receive(0, mb, v, mailbox, chunk).requires_grad_(True)
         t, waited = time.perf_counter(), self._gather_wait_s
         if self.emulated is not None:
-            requested = self.clock.waited_s
+            requested, comm = self.clock.waited_s, self._tp_comm_s
             out = self._emulated_forward(chunk, x, v == self.num_virtual - 1)
             t += self._gather_wait_s - waited
             self.rec.record("forward", t, time.perf_counter(), mb, chunk)
-            self._count_emulation(self.clock.waited_s - requested, time.perf_counter() - t)
+            self._count_emulation(self.clock.waited_s - requested,
+                                  time.perf_counter() - t - (self._tp_comm_s - comm))
             inputs[(mb, chunk)], outputs[(mb, chunk)] = x, out
             if v < self.num_virtual - 1:
                 self._send(0, mb, v + 1, out, mailbox, pending)
@@ -433,10 +482,11 @@ class Rank:
         grad = None if v == self.num_virtual - 1 else self._receive(1, mb, v, mailbox, chunk)
         t = time.perf_counter()
         if self.emulated is not None:
-            requested = self.clock.waited_s
+            requested, comm = self.clock.waited_s, self._tp_comm_s
             self._emulated_backward(chunk)
             self.rec.record("backward", t, time.perf_counter(), mb, chunk)
-            self._count_emulation(self.clock.waited_s - requested, time.perf_counter() - t)
+            self._count_emulation(self.clock.waited_s - requested,
+                                  time.perf_counter() - t - (self._tp_comm_s - comm))
             if v > 0:
                 self._send(1, mb, v - 1, torch.zeros_like(x), mailbox, pending)
             return
@@ -458,14 +508,14 @@ class Rank:
         Returns an activation of the real shape (None on the last virtual stage: the loss)."""
         gather = self._overlapped and self.plan.optimizer.sharded
         self.clock.start()
-        for forward_s, _, params in self._pieces[chunk]:
+        for forward_s, _, params, layer in self._pieces[chunk]:
             if gather:
                 mine = sorted({self._owner[id(p)] for p in params}, reverse=True)
                 if any(b in self._gathered for b in mine):
                     for b in mine:
                         self._wait_bucket(b)
                     self.clock.deadline = max(self.clock.deadline, time.perf_counter())
-            self.clock.wait(forward_s)
+            self._emulated_piece(forward_s, layer)
         if last:
             return None
         c = self.cfg.model
@@ -475,11 +525,25 @@ class Rank:
         """Wait each piece's backward duration, last piece first; after each, its parameters'
         gradients are final as after autograd's accumulation (overlapped: buckets launch)."""
         self.clock.start()
-        for _, backward_s, params in reversed(self._pieces[chunk]):
-            self.clock.wait(backward_s)
+        for _, backward_s, params, layer in reversed(self._pieces[chunk]):
+            self._emulated_piece(backward_s, layer)
             if self._overlapped:
                 for p in reversed(params):
                     self._grad_ready(p, chunk)
+
+    def _emulated_piece(self, seconds: float, layer: bool) -> None:
+        """One piece's wait; a TP layer's as two halves (attention, MLP), each followed by its
+        all-reduce of the layer's activations, 2 per layer forward and backward [N21, 3.2]."""
+        if not (layer and self.tp is not None):
+            self.clock.wait(seconds)
+            return
+        c = self.cfg.model
+        activations = torch.zeros(self.cfg.micro_batch_size, c.block_size, c.n_embd,
+                                  device=self.device)
+        for _ in range(2):
+            self.clock.wait(seconds / 2)
+            self._tp_all_reduce(activations)
+            self.clock.deadline = max(self.clock.deadline, time.perf_counter())
 
     def _receive(self, direction: int, mb: int, v: int, mailbox: dict, chunk: int) -> torch.Tensor:
         """Activation (direction 0) for virtual stage v from v-1, or gradient (1) from v+1."""
@@ -490,9 +554,13 @@ class Rank:
         group = pipeline_group(self.groups, src, self.rank) if direction == 0 \
             else pipeline_group(self.groups, self.rank, src)
         c = self.cfg.model
-        buf = torch.empty(self.cfg.micro_batch_size, c.block_size, c.n_embd, device=self.device)
+        shape = (self.cfg.micro_batch_size, c.block_size, c.n_embd)
+        buf = torch.empty(shape, device=self.device)
+        part = buf if self.tp is None else self._tp_slice(buf)
         t = time.perf_counter()
-        group.recv(buf, group.peer(src), self._tag(direction, mb, v)).wait()  # SYNC-2
+        group.recv(part, group.peer(src), self._tag(direction, mb, v)).wait()  # SYNC-2
+        if self.tp is not None:  # Megatron's scatter-gather of pipeline messages [N21, 4.1]
+            buf = self._tp_all_gather(part).view(shape)
         self.rec.record("recv", t, time.perf_counter(), mb, chunk,
                         "activation" if direction == 0 else "gradient")
         return buf
@@ -505,7 +573,7 @@ class Rank:
             return
         group = pipeline_group(self.groups, self.rank, dst) if direction == 0 \
             else pipeline_group(self.groups, dst, self.rank)
-        tensor = tensor.contiguous()
+        tensor = tensor.contiguous() if self.tp is None else self._tp_slice(tensor).contiguous()
         # Non-blocking: a blocked send could deadlock 1F1B; waited at SYNC-3.
         work = group.send(tensor, group.peer(dst), self._tag(direction, mb, v_dst))
         pending.append((work, tensor))  # the tensor must live until the send completes
@@ -674,6 +742,15 @@ class Rank:
         self.rec.record("dp-sync", t, end, -1, self.buckets[b].chunk,
                         f"wait parameter all-gather bucket {b}")
 
+    def full_params(self, stage: Stage) -> dict[str, torch.Tensor]:
+        """`stage`'s parameters at full-model shape and name: a TP shard summed with its
+        group's (`model.shard_placements`); every TP member runs this in the same order."""
+        self._training = False
+        placed = shard_placements(stage, self.cfg.model)
+        values = {name: p.detach() if placed[name] is None else self._tp_all_reduce(placed[name])
+                  for name, p in stage.named_parameters()}
+        return canonical_params(stage, values)
+
     def finish(self) -> None:
         """Complete a background all-gather so the final parameters are in place."""
         for b in sorted(self._gathered):
@@ -709,23 +786,31 @@ def _emulated_durations(cfg: RunConfig, rank: int) -> dict | None:
     return {k: float(d[k]) for k in EMULATED_KEYS}
 
 
-def _pieces(stage: Stage, d: dict) -> list[tuple[float, float, list[torch.nn.Parameter]]]:
-    """A stage's compute pieces in forward order: (forward s, backward s, parameters)."""
+def _pieces(stage: Stage, d: dict, tp: int) -> list[tuple[float, float, list, bool]]:
+    """A stage's compute pieces in forward order: (forward s, backward s, parameters, whether
+    it is a layer). Each of `tp` ranks computes 1/tp of a piece (the simulator's measured
+    profile divides so too, `cost.compute.ProfiledCompute`)."""
     out = []
     if stage.embedding is not None:
-        out.append((d["embedding_forward_s"], d["embedding_backward_s"],
-                    list(stage.embedding.parameters())))
+        out.append((d["embedding_forward_s"] / tp, d["embedding_backward_s"] / tp,
+                    list(stage.embedding.parameters()), False))
     for block in stage.blocks:
-        out.append((d["layer_forward_s"], d["layer_backward_s"], list(block.parameters())))
+        out.append((d["layer_forward_s"] / tp, d["layer_backward_s"] / tp,
+                    list(block.parameters()), True))
     if stage.head is not None:
-        out.append((d["head_forward_s"], d["head_backward_s"], list(stage.head.parameters())))
+        out.append((d["head_forward_s"] / tp, d["head_backward_s"] / tp,
+                    list(stage.head.parameters()), False))
     return out
 
 
-def canonical_params(stage: Stage) -> dict[str, torch.Tensor]:
-    """A stage's parameters under the names the full model (`build_full_model`) gives them."""
+def canonical_params(stage: Stage, values: dict[str, torch.Tensor] | None = None
+                     ) -> dict[str, torch.Tensor]:
+    """A stage's parameters (or `values` by stage-local name) under the names the full model
+    (`build_full_model`) gives them."""
     out = {}
     for name, p in stage.named_parameters():
+        if values is not None:
+            p = values[name]
         if name.startswith("blocks."):
             _, i, rest = name.split(".", 2)
             name = f"blocks.{stage.first_layer + int(i)}.{rest}"
@@ -733,8 +818,14 @@ def canonical_params(stage: Stage) -> dict[str, torch.Tensor]:
     return out
 
 
-def build_stages(plan: Plan, config: GPTConfig, pp_rank: int) -> list[Stage]:
-    """The stage module of every chunk pipeline rank `pp_rank` holds (chunk order)."""
+def _no_comm(_tensor: torch.Tensor) -> torch.Tensor:
+    raise TestbedError("a dry run builds TP stages without communicating")
+
+
+def build_stages(plan: Plan, config: GPTConfig, pp_rank: int,
+                 tp: TensorParallel | None = None) -> list[Stage]:
+    """The stage module of every chunk pipeline rank `pp_rank` holds (chunk order), split over
+    `tp`'s group when given."""
     if sum(plan.layers_per_stage) != config.n_layer:
         raise TestbedError(f"plan places {sum(plan.layers_per_stage)} layers, "
                            f"the model has {config.n_layer}")
@@ -743,15 +834,15 @@ def build_stages(plan: Plan, config: GPTConfig, pp_rank: int) -> list[Stage]:
     for c in range(plan.num_chunks):
         v = c * plan.pp + pp_rank
         first = sum(plan.layers_per_stage[:v])
-        stages.append(build_stage(config, first, plan.layers_per_stage[v], v == 0, v == last))
+        stages.append(build_stage(config, first, plan.layers_per_stage[v], v == 0, v == last, tp))
     return stages
 
 
 def summary(rank: int, plan: Plan, groups: list[BuiltGroup], stages: list[Stage]) -> dict:
     """What a rank built: its groups (ranks, nic, interface) and stages (layers, parameters)."""
-    pp_rank, dp_rank, _ = plan.coords(rank)
+    pp_rank, dp_rank, tp_rank = plan.coords(rank)
     return {
-        "rank": rank, "pp_rank": pp_rank, "dp_rank": dp_rank,
+        "rank": rank, "pp_rank": pp_rank, "dp_rank": dp_rank, "tp_rank": tp_rank,
         "groups": [{"index": g.index, "kind": g.group.kind.value, "ranks": list(g.group.ranks),
                     "group_rank": g.group_rank, "size": g.pg.size(), "nic": g.options.nic,
                     "interface": g.options.interface} for g in groups],
@@ -822,7 +913,9 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
         init_world(store, rank, plan.world_size, cfg.timeout_s)
         groups = build_groups(plan, rank, store, cfg.interface_of, cfg.timeout_s)
     if cfg.dry_run:
-        result = summary(rank, plan, groups, build_stages(plan, cfg.model, plan.coords(rank)[0]))
+        pp_rank, _, tp_rank = plan.coords(rank)
+        tp = None if plan.tp == 1 else TensorParallel(plan.tp, tp_rank, _no_comm, _no_comm)
+        result = summary(rank, plan, groups, build_stages(plan, cfg.model, pp_rank, tp))
         dist.barrier(group=BARRIER_GROUP)  # SYNC-6
         return result
     worker = Rank(plan, cfg, rank, groups)
@@ -839,10 +932,11 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     })
     if worker.emulated is not None:
         result["emulation"] = dict(worker.emulation)
+    result["tp_collectives"] = worker.tp_collectives
     result["scheduler"] = scheduler
     if cfg.dump_params:
         result["params"] = {n: t.reshape(-1).tolist() for s in worker.stages
-                            for n, t in canonical_params(s).items()}
+                            for n, t in worker.full_params(s).items()}
     return result
 
 

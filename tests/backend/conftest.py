@@ -6,7 +6,8 @@ Group conventions assumed (the real policies must produce the same structure):
   one 2-rank group ranks=(src, dst) in the forward direction; the gradient goes back over it.
   A (src, dst) pair that several chunks share appears once; for p == 2 interleaved there are
   two groups, (r0, r1) and (r1, r0).
-- TENSOR: size 1 here, listed as LOCAL groups with nic "".
+- TENSOR: one LOCAL group per (pp_rank, dp_rank) with nic "" (size 1 unless tp > 1); with
+  tp > 1, DATA and PIPELINE groups exist per tp_rank.
 """
 
 from __future__ import annotations
@@ -28,30 +29,36 @@ def make_plan(pp: int = 1, dp: int = 1, schedule: ScheduleKind = ScheduleKind.ON
               num_microbatches: int = 2, num_chunks: int = 1,
               optimizer: OptimizerMode = OptimizerMode.REPLICATED,
               layers: tuple[int, ...] | None = None,
-              nic_of: Callable[[int, GroupKind], str] = lambda rank, kind: "lo") -> Plan:
-    """A tp=1 plan on one node "n0"; `nic_of(rank, kind)` picks each member's NIC name."""
-    tp = 1
+              nic_of: Callable[[int, GroupKind], str] = lambda rank, kind: "lo",
+              tp: int = 1) -> Plan:
+    """A plan on one node "n0"; `nic_of(rank, kind)` picks each member's NIC name."""
     virtual = pp * num_chunks
     layers = layers or tuple([TINY.n_layer // virtual] * virtual)
-    plan = Plan("hand", tp, pp, dp, tuple(GpuRef("n0", r) for r in range(pp * dp)), layers,
+    plan = Plan("hand", tp, pp, dp, tuple(GpuRef("n0", r) for r in range(pp * dp * tp)), layers,
                 schedule, num_microbatches, num_chunks, optimizer, ())
     groups: list[Group] = []
-    for r in range(plan.world_size):
-        groups.append(Group(GroupKind.TENSOR, (r,), Transport(TransportKind.LOCAL), ("",)))
+    for s in range(pp):
+        for d in range(dp):
+            ranks = tuple(plan.rank(s, d, i) for i in range(tp))
+            groups.append(Group(GroupKind.TENSOR, ranks, Transport(TransportKind.LOCAL),
+                                ("",) * tp))
     if dp > 1:
         for s in range(pp):
-            ranks = tuple(plan.rank(s, d, 0) for d in range(dp))
-            groups.append(Group(GroupKind.DATA, ranks, TCP,
-                                tuple(nic_of(r, GroupKind.DATA) for r in ranks)))
+            for i in range(tp):
+                ranks = tuple(plan.rank(s, d, i) for d in range(dp))
+                groups.append(Group(GroupKind.DATA, ranks, TCP,
+                                    tuple(nic_of(r, GroupKind.DATA) for r in ranks)))
     for d in range(dp):
         seen = set()
         for j in range(virtual - 1):
-            src, dst = plan.rank(j % pp, d, 0), plan.rank((j + 1) % pp, d, 0)
-            if src == dst or (src, dst) in seen:
-                continue
-            seen.add((src, dst))
-            groups.append(Group(GroupKind.PIPELINE, (src, dst), TCP,
-                                (nic_of(src, GroupKind.PIPELINE), nic_of(dst, GroupKind.PIPELINE))))
+            for i in range(tp):
+                src, dst = plan.rank(j % pp, d, i), plan.rank((j + 1) % pp, d, i)
+                if src == dst or (src, dst) in seen:
+                    continue
+                seen.add((src, dst))
+                groups.append(Group(GroupKind.PIPELINE, (src, dst), TCP,
+                                    (nic_of(src, GroupKind.PIPELINE),
+                                     nic_of(dst, GroupKind.PIPELINE))))
     return Plan("hand", tp, pp, dp, plan.rank_to_gpu, layers, schedule, num_microbatches,
                 num_chunks, optimizer, tuple(groups))
 

@@ -13,7 +13,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -161,12 +160,6 @@ def test_each_direction_has_its_own_connection(plan_factory) -> None:
         assert _direction(group, 1, 0) is group.pg_rev
 
 
-def test_tensor_parallel_plans_are_rejected(plan_factory) -> None:
-    plan = replace(plan_factory(), tp=2)
-    with pytest.raises(TestbedError, match="tensor parallelism"):
-        build_groups(plan, 0, dist.HashStore(), lambda n: "lo", 5.0)
-
-
 CASES = {
     "pp2-1f1b": dict(pp=2),
     "pp2-gpipe": dict(pp=2, schedule=ScheduleKind.GPIPE),
@@ -175,6 +168,7 @@ CASES = {
     "dp2-replicated": dict(dp=2),
     "pp2-dp2-distributed": dict(pp=2, dp=2, optimizer=OptimizerMode.DISTRIBUTED),
     "dp2-overlapped": dict(dp=2, optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED),
+    "tp2-pp2-distributed": dict(tp=2, pp=2, optimizer=OptimizerMode.DISTRIBUTED),
 }
 
 
@@ -284,12 +278,13 @@ EMULATED = {"layer_forward_s": 0.002, "layer_backward_s": 0.004, "embedding_forw
             "optimizer_s_per_param": 1e-9}
 
 
-@pytest.mark.parametrize("case", ["pp2-dp2-overlapped", "pp2-interleaved"])
+@pytest.mark.parametrize("case", ["pp2-dp2-overlapped", "pp2-interleaved", "tp2-pp2"])
 def test_emulated_compute_waits_its_durations_and_still_communicates(case, plan_factory,
                                                                      run_config_factory) -> None:
     kw = {"pp2-dp2-overlapped": dict(pp=2, dp=2, optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED),
           "pp2-interleaved": dict(pp=2, schedule=ScheduleKind.INTERLEAVED, num_chunks=2,
-                                  num_microbatches=4)}[case]
+                                  num_microbatches=4),
+          "tp2-pp2": dict(tp=2, pp=2)}[case]
     plan = plan_factory(**kw)
     # Rank 1 emulates a GPU twice as slow: its waits double, nobody else's.
     slow = {k: 2 * v for k, v in EMULATED.items()}
@@ -304,8 +299,8 @@ def test_emulated_compute_waits_its_durations_and_still_communicates(case, plan_
     schedule = plan.schedule()
     for doc in result.ranks:
         d = per_rank[doc["rank"]]
-        # Requested wait per iteration: every op's pieces, exactly.
-        want = 0.0
+        # Requested wait per iteration: every op's pieces, exactly (1/tp of each per TP rank).
+        want, tp_calls = 0.0, 0
         for op in schedule.stage_ops[doc["pp_rank"]]:
             stage = doc["stages"][op.chunk]
             pieces = stage["num_layers"] * d["layer_backward_s" if op.kind == "B" else
@@ -313,9 +308,14 @@ def test_emulated_compute_waits_its_durations_and_still_communicates(case, plan_
             for piece, flag in (("embedding", "embedding"), ("head", "head")):
                 if stage[flag]:
                     pieces += d[f"{piece}_{'backward' if op.kind == 'B' else 'forward'}_s"]
-            want += pieces
+            want += pieces / plan.tp
+            # TP: two all-reduces per layer and op; every received message all-gathered.
+            received = op.kind == "F" and doc["pp_rank"] > 0 or \
+                op.kind == "B" and doc["pp_rank"] < plan.pp - 1
+            tp_calls += (2 * stage["num_layers"] + received) if plan.tp > 1 else 0
         measured = cfg.iterations - cfg.warmup
         assert doc["emulation"]["requested_s"] == pytest.approx(measured * want, rel=1e-9)
+        assert doc["tp_collectives"] == cfg.iterations * tp_calls
         # A wait never ends early: each compute op lasts at least its pieces' durations.
         assert doc["emulation"]["actual_s"] >= doc["emulation"]["requested_s"]
         for it in range(cfg.iterations):
