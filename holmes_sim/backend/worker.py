@@ -20,6 +20,7 @@ Synchronisation points (named SYNC-n in the code):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import queue
@@ -503,47 +504,67 @@ class Rank:
             self.emulation["actual_s"] += actual_s
 
     def _emulated_forward(self, chunk: int, x: torch.Tensor, last: bool) -> torch.Tensor | None:
-        """Wait each piece's forward duration, in order; in the overlapped sharded mode a piece
-        first waits for the parameter buckets it reads, as the real forward's pre-hooks do.
-        Returns an activation of the real shape (None on the last virtual stage: the loss)."""
-        gather = self._overlapped and self.plan.optimizer.sharded
+        """Wait each piece's forward duration, in order, parameter by parameter (each its share
+        of the piece, by size: a linear layer's FLOPs are proportional to its weights); in the
+        overlapped sharded mode each share first waits for its parameter's bucket, as the real
+        forward's pre-hooks make a module wait, and as the simulator releases a chunk's first
+        forward bucket by bucket. Returns an activation of the real shape (None on the last
+        virtual stage: the loss)."""
+        gate = self._overlapped and self.plan.optimizer.sharded
         self.clock.start()
         for forward_s, _, params, layer in self._pieces[chunk]:
-            if gather:
-                mine = sorted({self._owner[id(p)] for p in params}, reverse=True)
-                if any(b in self._gathered for b in mine):
-                    for b in mine:
-                        self._wait_bucket(b)
-                    self.clock.deadline = max(self.clock.deadline, time.perf_counter())
-            self._emulated_piece(forward_s, layer)
+            self._emulated_piece(forward_s, layer, params, gate=gate)
         if last:
             return None
         c = self.cfg.model
         return torch.zeros(self.cfg.micro_batch_size, c.block_size, c.n_embd, device=self.device)
 
     def _emulated_backward(self, chunk: int) -> None:
-        """Wait each piece's backward duration, last piece first; after each, its parameters'
-        gradients are final as after autograd's accumulation (overlapped: buckets launch)."""
+        """Wait each piece's backward duration, last piece first, parameter by parameter in
+        reverse; after its share each parameter's gradient is final, as autograd's accumulation
+        hooks fire one by one (overlapped: buckets launch as they fill, as the simulator
+        releases them during the backward)."""
         self.clock.start()
+        release = chunk if self._overlapped else None
         for _, backward_s, params, layer in reversed(self._pieces[chunk]):
-            self._emulated_piece(backward_s, layer)
-            if self._overlapped:
-                for p in reversed(params):
-                    self._grad_ready(p, chunk)
+            self._emulated_piece(backward_s, layer, params[::-1], release=release)
 
-    def _emulated_piece(self, seconds: float, layer: bool) -> None:
-        """One piece's wait; a TP layer's as two halves (attention, MLP), each followed by its
-        all-reduce of the layer's activations, 2 per layer forward and backward [N21, 3.2]."""
-        if not (layer and self.tp is not None):
+    def _emulated_piece(self, seconds: float, layer: bool, params: list, gate: bool = False,
+                        release: int | None = None) -> None:
+        """One piece's wait, shared out over `params` (in compute order) by size, one wait per
+        run of parameters in one bucket (few waits: each ends in a short spin); `gate`: a run
+        first waits for its bucket's all-gather; `release` (a chunk): a run's gradients are
+        final after its share. A TP layer runs its two all-reduces of the layer's activations
+        (2 per forward and per backward [N21, 3.2]) after each half of its time."""
+        total = sum(p.numel() for p in params)
+        if not total:
             self.clock.wait(seconds)
             return
+        cuts = [total / 2, total] if layer and self.tp is not None else []
+        done = 0
+        for bucket, run in itertools.groupby(params, key=lambda p: self._owner.get(id(p))):
+            run = list(run)
+            if gate and bucket in self._gathered:
+                self._wait_bucket(bucket)
+                self.clock.deadline = max(self.clock.deadline, time.perf_counter())
+            end = done + sum(p.numel() for p in run)
+            while cuts and cuts[0] <= end:
+                cut = cuts.pop(0)
+                self.clock.wait(seconds * (cut - done) / total)
+                done = cut
+                self._emulated_tp_all_reduce()
+            self.clock.wait(seconds * (end - done) / total)
+            done = end
+            if release is not None:
+                for p in run:
+                    self._grad_ready(p, release)
+
+    def _emulated_tp_all_reduce(self) -> None:
+        """A TP all-reduce of one layer's activations (b s h) between emulated compute."""
         c = self.cfg.model
-        activations = torch.zeros(self.cfg.micro_batch_size, c.block_size, c.n_embd,
-                                  device=self.device)
-        for _ in range(2):
-            self.clock.wait(seconds / 2)
-            self._tp_all_reduce(activations)
-            self.clock.deadline = max(self.clock.deadline, time.perf_counter())
+        self._tp_all_reduce(torch.zeros(self.cfg.micro_batch_size, c.block_size, c.n_embd,
+                                        device=self.device))
+        self.clock.deadline = max(self.clock.deadline, time.perf_counter())
 
     def _receive(self, direction: int, mb: int, v: int, mailbox: dict, chunk: int) -> torch.Tensor:
         """Activation (direction 0) for virtual stage v from v-1, or gradient (1) from v+1."""
