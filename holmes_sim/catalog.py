@@ -54,13 +54,21 @@ class NicModel:
 
 @dataclass(frozen=True, slots=True)
 class LinkModel:
-    """An intra-node GPU link (per GPU, each direction) in SI units."""
+    """An intra-node GPU link (per GPU, each direction) in SI units. `collective_latency_s`:
+    the measured software cost of one ring-collective step over it, when calibrated (None:
+    `latency_s`), as `cluster.Nic` keeps for NICs."""
 
     name: str
     bandwidth_bytes_per_s: float
     latency_s: float
     efficiency: float
     source: str
+    collective_latency_s: float | None = None
+
+    @property
+    def step_latency_s(self) -> float:
+        """Latency of one ring-collective step over this link (s)."""
+        return self.latency_s if self.collective_latency_s is None else self.collective_latency_s
 
 
 # compute_efficiency is the GEMM rate a GPU sustains through a training run, over its data-sheet

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from holmes_sim.catalog import build_catalog
+from holmes_sim.catalog import LinkModel, build_catalog
 from holmes_sim.cluster import ETHERNET, Cluster, Nic, build_cluster
 from holmes_sim.cost.compute import ComputeModel, KernelCompute, Profile, load_profile
 from holmes_sim.errors import FieldError, ScenarioError
@@ -182,11 +182,14 @@ def _load_profile(s: Scenario, base_dir: Path, override) -> Profile | None:
 
 
 def apply_link_profile(cluster: Cluster, profile: Profile) -> Cluster:
-    """Replace each profiled fabric's NIC numbers by the measured achieved rate and latency."""
+    """Replace each profiled fabric's NIC numbers by the measured achieved rate and latency, and
+    every node's intra-node link by the measured one (`intra_node`, when the profile has it)."""
     nodes = []
+    intra = profile.raw.get("intra_node")
     for node in cluster.nodes:
         nics = tuple(_profiled_nic(n, profile.fabrics.get(n.fabric)) for n in node.nics)
-        nodes.append(replace(node, nics=nics))
+        link = node.intra_link if intra is None else _profiled_link(node.intra_link, intra)
+        nodes.append(replace(node, nics=nics, intra_link=link))
     # Uplinks are Ethernet too: on an emulated testbed they achieve the measured fraction of
     # their shaped rate that the Ethernet NICs do (`line_rate_bytes_per_s`: the probe's rate).
     eth = profile.fabrics.get(ETHERNET) or {}
@@ -196,6 +199,11 @@ def apply_link_profile(cluster: Cluster, profile: Profile) -> Cluster:
         uplinks = tuple(replace(u, bandwidth_bytes_per_s=u.bandwidth_bytes_per_s * ratio)
                         for u in uplinks)
     return cluster.with_nodes(tuple(nodes), uplinks=uplinks)
+
+
+def _profiled_link(link: LinkModel, measured: dict) -> LinkModel:
+    return LinkModel(f"{link.name} (measured)", measured["bandwidth_bytes_per_s"],
+                     measured["latency_s"], 1.0, "calibration", measured.get("collective_step_s"))
 
 
 def _profiled_nic(nic: Nic, measured: dict | None) -> Nic:

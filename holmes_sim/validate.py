@@ -264,6 +264,10 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
             raise ScenarioError(f"compute must be 'emulated' or 'real', got {compute!r}")
         spec = dataclasses.replace(spec, compute=compute)
     emulated = spec.compute == "emulated"
+    if not emulated and prepared.tp > 1:
+        raise ScenarioError(f"{testbed_path}: parallel.tensor: real compute calibrates the "
+                            "unsplit model, so it runs tensor: 1 only; drop --compute real (TP "
+                            "testbeds use emulated compute)")
     names = _runnable_policies(prepared, policies)
     config = model_config(prepared)
     if rounds < 1:
@@ -280,10 +284,11 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         rt = REALTIME_PRIORITY if emulated else 0  # probes move bytes as the ranks will
         fabrics = calibrate_links(prepared, tb, spec, busy, rt)
         warnings = _recheck_links(prepared, tb, spec, fabrics, progress, busy=busy, rt=rt)
+        links = {"fabrics": fabrics, **calibrate_intra_node(prepared, tb, spec, busy, rt)}
         fixed: dict[str, tuple] = {}
         if emulated:
             progress("calibrating compute once (the ranks wait these durations) ...")
-            common = {**emulated_profile(prepared, spec, tb), "fabrics": fabrics}
+            common = {**emulated_profile(prepared, spec, tb), **links}
             fixed = {name: (common, *predict(apply_profile(prepared, common), name))
                      for name in names}
         # Rounds (A B C D, A B C D, ...): host drift over minutes hits every policy alike, and
@@ -298,7 +303,7 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
                     profile, outcome, predicted = fixed[name]
                 else:
                     progress(f"round {r + 1}/{rounds}, {name}: calibrating compute ...")
-                    profile = {**calibrate_compute(prepared, spec, tb), "fabrics": fabrics}
+                    profile = {**calibrate_compute(prepared, spec, tb), **links}
                     outcome, predicted = predict(apply_profile(prepared, profile), name)
                 profiles.append(profile)
                 progress(f"round {r + 1}/{rounds}, {name}: predicted {predicted:.3f} s; running "
@@ -389,11 +394,6 @@ def model_config(prepared: Prepared):
 def check_backend(prepared: Prepared) -> None:
     """A FieldError naming what the real-run backend cannot run (no torch import)."""
     s, w = prepared.scenario, prepared.workload
-    if prepared.tp != 1:
-        raise FieldError("parallel.tensor", "the real-run backend runs tensor=1 only; set tensor: 1")
-    if any(n.num_gpus != 1 for n in prepared.cluster.nodes):
-        raise FieldError("clusters", "a testbed node emulates one GPU (one rank per namespace); "
-                                     "set gpus_per_node: 1 on every node group")
     if s.training.precision != "fp32" or w.grad_bytes != 4:
         raise FieldError("training.precision", "the CPU backend trains in fp32; set precision: fp32 "
                                                "and grad_reduce_in_fp32: true so predicted message "
@@ -530,6 +530,23 @@ def calibrate_links(prepared: Prepared, tb, spec: TestbedSpec, busy: int | None 
     processes computing meanwhile; default: one per rank not in the probe)."""
     return {f: measure_fabric(prepared, tb, f, spec, busy, realtime_priority)
             for f in sorted(_fabrics(prepared))}
+
+
+def calibrate_intra_node(prepared: Prepared, tb, spec: TestbedSpec, busy: int | None = None,
+                         realtime_priority: int = 0) -> dict:
+    """{"intra_node": the link between two ranks of one node} when a node holds several ranks
+    (they talk over its loopback, which the simulator then prices instead of the catalog's
+    intra-node link); {} otherwise."""
+    nodes = [n.name for n in prepared.cluster.nodes if n.num_gpus > 1]
+    if not nodes:
+        return {}
+    # Every such node's pair at once: loopback is the host's CPU, which the ranks of all
+    # nodes share while they run (one pair alone measured 10-20% faster than four at once).
+    with _busy_processes(tb, prepared.cluster.num_gpus - 2 * len(nodes) if busy is None else busy):
+        fits = _probe_at_once(tb, "intra-node", [[(n, "lo"), (n, "lo")] for n in nodes], spec,
+                              realtime_priority,
+                              ["--all-reduce", str(int(prepared.workload.tp_allreduce_bytes()))])
+    return {"intra_node": {key: statistics.median(f[key] for f in fits) for key in fits[0]}}
 
 
 def _durations(entry: dict) -> dict:
@@ -687,36 +704,55 @@ def _probe_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec,
              if nic.fabric == fabric][:2]
     if len(pairs) < 2:
         raise TestbedError(f"fabric '{fabric}' has fewer than two nodes; nothing to measure")
+    got = _probe(tb, f"fabric '{fabric}'", pairs, spec, realtime_priority)
+    # The shaped rate it ran against: the measured fraction of it applies to uplinks too.
+    got["line_rate_bytes_per_s"] = min(
+        nic.bandwidth_bytes_per_s for node, name in pairs
+        for nic in prepared.cluster.node(node).nics if nic.name == name)
+    return got
+
+
+def _probe(tb, what: str, pairs: list[tuple[str, str]], spec: TestbedSpec,
+           realtime_priority: int, extra: list[str] = ()) -> dict:
+    """`calibrate_links`' figures between (node, interface) `pairs[0]` and `pairs[1]` (`extra`:
+    more of its arguments)."""
+    return _probe_at_once(tb, what, [pairs], spec, realtime_priority, extra)[0]
+
+
+def _probe_at_once(tb, what: str, pairs: list[list[tuple[str, str]]], spec: TestbedSpec,
+                   realtime_priority: int, extra: list[str] = ()) -> list[dict]:
+    """`_probe` on every pair of `pairs` at the same time (links that share the host's CPU, as
+    the ranks use them together)."""
     tmp = tb.mkdtemp("holmes-probe-")
     procs: list[subprocess.Popen] = []
     try:
-        out = tmp / "result.json"
-        for r, (node, nic) in enumerate(pairs):
-            with open(os.open(tmp / f"probe{r}.log", os.O_WRONLY | os.O_CREAT, 0o600), "w") as log:
-                procs.append(tb.popen(node, [sys.executable, "-m", "holmes_sim.backend.calibrate_links",
-                                             "--rank", str(r), "--store", str(tmp / "store"),
-                                             "--interface", nic, "--bytes",
-                                             str(spec.link_probe_bytes), "--out", str(out),
-                                             "--realtime-priority", str(realtime_priority)],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=log))
+        for k, pair in enumerate(pairs):
+            for r, (node, nic) in enumerate(pair):
+                log_path = tmp / f"probe{k}-{r}.log"
+                with open(os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as log:
+                    procs.append(tb.popen(node, [
+                        sys.executable, "-m", "holmes_sim.backend.calibrate_links",
+                        "--rank", str(r), "--store", str(tmp / f"store{k}"), "--interface", nic,
+                        "--bytes", str(spec.link_probe_bytes), "--out", str(tmp / f"result{k}"),
+                        "--realtime-priority", str(realtime_priority), *extra],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log))
         deadline = time.monotonic() + 120
-        for r, p in enumerate(procs):
+        for i, p in enumerate(procs):
             code = p.wait(timeout=max(1.0, deadline - time.monotonic()))
             if code != 0:
-                log = (tmp / f"probe{r}.log").read_text(errors="replace")[-1500:]
-                raise TestbedError(f"link probe on fabric '{fabric}' failed (rank {r}, code "
+                log = (tmp / f"probe{i // 2}-{i % 2}.log").read_text(errors="replace")[-1500:]
+                raise TestbedError(f"link probe on {what} failed (rank {i % 2}, code "
                                    f"{code}):\n{log}")
-        sender, receiver = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
-        # Both ends' CPU per byte: on a shared host, moving bytes competes with compute.
-        sender["cpu_s_per_byte"] += receiver["cpu_s_per_byte"]
-        # The shaped rate it ran against: the measured fraction of it applies to uplinks too.
-        sender["line_rate_bytes_per_s"] = min(
-            nic.bandwidth_bytes_per_s for node, name in pairs
-            for nic in prepared.cluster.node(node).nics if nic.name == name)
-        return sender
+        results = []
+        for k in range(len(pairs)):
+            sender, receiver = (json.loads(Path(f"{tmp / f'result{k}'}.{r}").read_text())
+                                for r in (0, 1))
+            # Both ends' CPU per byte: on a shared host, moving bytes competes with compute.
+            sender["cpu_s_per_byte"] += receiver["cpu_s_per_byte"]
+            results.append(sender)
+        return results
     except subprocess.TimeoutExpired:
-        raise TestbedError(f"link probe on fabric '{fabric}' timed out after 120 s") from None
+        raise TestbedError(f"link probe on {what} timed out after 120 s") from None
     finally:
         for p in procs:
             if p.poll() is None:

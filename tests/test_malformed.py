@@ -193,6 +193,12 @@ PROFILES = {
                   "fabrics.ib.bandwidth_bytes_per_s"),
     "schema": (_broken(lambda d: d.update(schema="other/1")), "schema: is \"other/1\""),
     "fabric a string": (_broken(lambda d: d["fabrics"].update(ib="x")), "fabrics.ib: must be"),
+    "intra-node a list": (_broken(lambda d: d.update(intra_node=[1])), "intra_node: must be"),
+    "intra-node without rate": (_broken(lambda d: d.update(intra_node={"latency_s": 1e-4})),
+                                "intra_node.bandwidth_bytes_per_s: is missing"),
+    "intra-node NaN step": (_broken(lambda d: d.update(intra_node={
+        "bandwidth_bytes_per_s": 1e9, "latency_s": 1e-4, "collective_step_s": float("nan")})),
+        "NaN"),
     "deep": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
     "long integer": ('{"schema": ' + "9" * 5000 + "}", "too many digits"),
     "duplicate key": ('{"schema": 1, "schema": 2}', "appears twice"),

@@ -8,6 +8,7 @@ The profile is the JSON `holmes-sim validate` writes (see `docs/validation.md`):
                              "embedding_backward_s", "head_forward_s", "head_backward_s",
                              "optimizer_s_per_param", "op_overhead_s"}},
      "fabrics": {FABRIC: {"bandwidth_bytes_per_s", "latency_s", "collective_step_s"}},
+     "intra_node": {"bandwidth_bytes_per_s", "latency_s", "collective_step_s"},  # if measured
      "host": {"effective_cores", "compute_cv"}}   # only for an emulated testbed (shared CPU)
 """
 

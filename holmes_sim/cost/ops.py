@@ -44,7 +44,8 @@ class OpCosts:
             return 0.0
         w, link = self.workload, node.intra_link
         one = ring_collective_time_s("all-reduce", self.tp, w.tp_allreduce_bytes(),
-                                     link.bandwidth_bytes_per_s * link.efficiency, link.latency_s)
+                                     link.bandwidth_bytes_per_s * link.efficiency,
+                                     link.step_latency_s)
         per_layer = w.tp_allreduces_per_layer(backward) * one
         if backward and w.tp_comm_overlap:
             # The backward's two input-gradient all-reduces each hide behind their linear's

@@ -86,8 +86,8 @@ def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
         if s.node == d.node:  # over the GPUs' intra-node links
             for link in (("gpu", s.node, s.local_index, "tx"), ("gpu", d.node, d.local_index, "rx")):
                 weights[link] = get(link, 0.0) + share
-            lat = cluster.node(s.node).intra_link.latency_s
-            latency, step = max(latency, lat), max(step, lat)
+            link = cluster.node(s.node).intra_link
+            latency, step = max(latency, link.latency_s), max(step, link.step_latency_s)
         else:
             for gpu, out in ((s, 0), (d, 1)):
                 nic = nics.get((gpu.node, gpu.local_index)) or _nic_links(cluster, gpu, fabric)

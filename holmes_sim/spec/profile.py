@@ -108,6 +108,8 @@ def check_profile(raw: Any, schema: str, where: _Where) -> None:
         _entry(entry, f"compute.{name}", COMPUTE_KEYS, where)
     for name, entry in _section(raw, "fabrics", where).items():
         _entry(entry, f"fabrics.{name}", FABRIC_KEYS, where)
+    if raw.get("intra_node") is not None:  # the link between GPUs of one node, when measured
+        _entry(raw["intra_node"], "intra_node", FABRIC_KEYS, where)
     if raw.get("host") is not None:
         _entry(raw["host"], "host", HOST_KEYS, where)
 

@@ -57,7 +57,7 @@ def test_bundled_testbeds_can_run(path):
     prepared = prepare(path, check=check_testbed)
     assert prepared.scenario.testbed.compute == "emulated"
     nodes, uplinks = testbed_nodes(prepared), testbed_uplinks(prepared)
-    assert len(nodes) == prepared.cluster.num_gpus
+    assert len(nodes) == len(prepared.cluster.nodes)  # a namespace per node, its GPUs' ranks in it
     if uplinks:  # each cluster's Ethernet is a segment of its own, joined by the one uplink
         [up] = uplinks
         segments = {nic.segment for n in nodes for nic in n.nics if nic.fabric == "ethernet"}
@@ -93,8 +93,38 @@ def test_reference_policies_cannot_run_on_the_testbed():
 
 def test_scenarios_the_backend_cannot_run_are_refused():
     prepared = prepare(REPO / "scenarios" / "mixed_ib_eth.yaml")
-    with pytest.raises(ScenarioError, match="tensor=1"):
+    with pytest.raises(ScenarioError, match="precision: fp32"):
         model_config(prepared)
+
+
+def test_real_compute_refuses_tensor_parallel_testbeds():
+    result = runner.invoke(app, ["validate", "tensor_parallel", "--real", "--compute", "real"])
+    assert result.exit_code == 2 and "parallel.tensor" in result.output \
+        and "emulated compute" in result.output
+
+
+def test_a_measured_intra_node_link_replaces_the_catalogs():
+    from holmes_sim.validate import apply_profile
+
+    prepared = prepare(REPO / "validation" / "testbeds" / "tensor_parallel.yaml")
+    compute = {"cpu-rank": {"layer_forward_s": 0.01, "layer_backward_s": 0.02,
+                            "embedding_forward_s": 0.001, "embedding_backward_s": 0.001,
+                            "head_forward_s": 0.002, "head_backward_s": 0.004,
+                            "optimizer_s_per_param": 1e-9}}
+    link = {"bandwidth_bytes_per_s": 1e9, "latency_s": 5e-5, "collective_step_s": 2e-4}
+    raw = {"schema": "holmes-sim-profile/1", "compute": compute, "fabrics": {},
+           "intra_node": link}
+    measured = apply_profile(prepared, raw)
+    for node in measured.cluster.nodes:
+        assert node.intra_link.bandwidth_bytes_per_s == 1e9 and node.intra_link.efficiency == 1
+        assert node.intra_link.latency_s == 5e-5 and node.intra_link.step_latency_s == 2e-4
+    # TP all-reduces are priced on it: two steps of the measured cost plus the bytes.
+    from holmes_sim.cost.ops import OpCosts
+
+    costs = OpCosts(measured.cluster, measured.workload, measured.compute, 2)
+    node = measured.cluster.nodes[0]
+    one = 2 * 2e-4 + measured.workload.tp_allreduce_bytes() / 1e9
+    assert costs.tp_comm_s(node, 1, False) == pytest.approx(2 * one)
 
 
 def test_ranking_allows_ties_within_the_band_only():

@@ -1,0 +1,60 @@
+"""The link probe (`backend/calibrate_links.py`) on loopback: its figures, and the all-reduce fit
+that prices an unshaped intra-node link as the ranks use it."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from holmes_sim.backend.calibrate_links import alpha_beta, probe
+from holmes_sim.cost.collectives import ring_collective_time_s
+
+
+def _both_sides(tmp_path, **kw) -> dict:
+    results: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def side(rank: int) -> None:
+        try:
+            results[rank] = probe(rank, str(tmp_path / "store"), "lo", 1 << 20, 30.0, **kw)
+        except BaseException as e:  # re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=side, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+def test_probe_reports_rate_latency_and_step(tmp_path) -> None:
+    got = _both_sides(tmp_path)
+    assert got["bandwidth_bytes_per_s"] > 0 and got["latency_s"] > 0
+    assert got["collective_step_s"] > 0 and got["rtt_samples"] == 30
+    assert "streaming_bytes_per_s" not in got  # no all-reduce fit unless asked
+
+
+def test_all_reduce_fit_on_loopback(tmp_path) -> None:
+    got = _both_sides(tmp_path, all_reduce_bytes=256 * 1024)
+    assert got["all_reduce_bytes"] == 256 * 1024
+    assert 0 < got["bandwidth_bytes_per_s"] <= got["streaming_bytes_per_s"]
+    assert got["collective_step_s"] > 0
+
+
+def test_the_fit_reproduces_both_measured_all_reduces() -> None:
+    size = 256 * 1024
+    fit = alpha_beta(0.35e-3, 0.60e-3, size, 2.4e9)
+    for n, measured in ((0, 0.35e-3), (size, 0.60e-3)):
+        priced = ring_collective_time_s("all-reduce", 2, n, fit["bandwidth_bytes_per_s"],
+                                        fit["collective_step_s"])
+        assert priced == pytest.approx(measured, rel=1e-9)
+
+
+def test_noise_cannot_make_the_fitted_rate_beat_the_stream() -> None:
+    # The sized median no slower than the tiny one: the bytes then cost their streaming time.
+    fit = alpha_beta(0.40e-3, 0.38e-3, 256 * 1024, 2.4e9)
+    assert fit["bandwidth_bytes_per_s"] == pytest.approx(2.4e9)
