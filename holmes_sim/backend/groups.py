@@ -7,7 +7,10 @@ member's interface, so its traffic leaves through that (rate-limited) interface.
 Group conventions (the policies produce the same structure):
 - DATA: one group per (pp_rank, tp_rank), members in dp_rank order.
 - PIPELINE: one 2-rank group per (sender, receiver) pair, ranks = (src, dst) in the forward
-  direction (virtual stage j -> j + 1, same dp_rank). The same group carries the gradient back.
+  direction (virtual stage j -> j + 1, same dp_rank, same tp_rank). The same group carries
+  the gradient back (on its other connection under gloo, below).
+- TENSOR: one group per (pp_rank, dp_rank), members in tp_rank order (a LOCAL group inside a
+  node: loopback on the testbed, NVLink / PCIe under NCCL).
   For the interleaved schedule the wrap-around (stage p-1 chunk c -> stage 0 chunk c+1) is the
   group (rank of stage p-1, rank of stage 0); for p == 2 that is a second group (1 -> 0) next
   to (0 -> 1). Pairs repeated across chunks appear once.
