@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.cluster import Cluster, Node
-from holmes_sim.cost.paths import Path, group_path, link_capacities, reversed_path, ring_paths
+from holmes_sim.cost.paths import link_capacities, ring_uses, send_uses
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, Group, GroupKind, megatron_rank
 
@@ -45,14 +45,18 @@ class NetView:
         self.cluster, self.rank_to_gpu = cluster, rank_to_gpu
         self.tp, self.pp, self.dp, self.nv = tp, pp, dp, pp * num_chunks
         self.caps = cluster.derived(("link capacities",), lambda: link_capacities(cluster))
-        self._by_ranks = {(g.kind, g.ranks): g for g in groups}
+        # One pass over the groups: pipeline pairs by their ranks, the others by their first.
+        self._pairs: dict[tuple[int, ...], Group] = {}
         self._by_first: dict[tuple[GroupKind, int], Group] = {}
+        pipeline, pairs, first = GroupKind.PIPELINE, self._pairs, self._by_first
         for g in groups:
-            self._by_first.setdefault((g.kind, g.ranks[0]), g)
+            if g.kind is pipeline:
+                pairs[g.ranks] = g
+            elif (g.kind, g.ranks[0]) not in first:
+                first[(g.kind, g.ranks[0])] = g
         self._forward = {(j % pp, (j + 1) % pp) for j in range(self.nv - 1)}
         self._entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
         self._nodes: dict[tuple[int, int], Node] = {}
-        self._paths: dict[tuple[int, int, int], Path] = {}
         self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._rings: dict[tuple[GroupKind, int], Ring | None] = {}
         self._stage_nodes: dict[int, list[Node]] = {}
@@ -93,31 +97,35 @@ class NetView:
     # ---- pipeline sends ---------------------------------------------------------------------
     def p2p(self, a: int, b: int, d: int) -> tuple[float, float]:
         """(latency s, rate bytes/s) of replica d's send from stage a to stage b while every
-        replica sends the same message (`analytic` adds bytes / rate)."""
+        replica sends the same message (`analytic` adds bytes / rate): each link's capacity
+        split over the summed weights of every replica's send on it (`cost.paths.send_uses`).
+        A backward send's path is its forward pair's with every link the other way, whose
+        capacity is the same (`link_capacities`), and the same weights and latency: it gets
+        the forward pair's figures (with p = 2 and chunks both ways are forward pairs of two
+        groups, each priced on its own)."""
         got = self._p2p.get((a, b))
         if got is None:
-            paths = [self._path(a, b, r) for r in range(self.dp)]
-            load: dict = {}
-            for path in paths:
-                for lk, w in path.links:
-                    load[lk] = load.get(lk, 0.0) + w
-            caps = self.caps
-            got = self._p2p[(a, b)] = [(path.latency_s, min(caps[lk] / load[lk] for lk, _ in path.links))
-                                       for path in paths]
+            if (a, b) not in self._forward and (b, a) in self._forward:
+                got = self._p2p[(a, b)] = self._p2p.get((b, a)) or self._send_rates(b, a)
+            else:
+                got = self._send_rates(a, b)
         return got[d]
 
-    def _path(self, a: int, b: int, d: int) -> Path:
-        """Path of the send from stage a to stage b of replica d (the PP group of the pair); the
-        other way's, flipped, once that was built over the same group (the backward sends of
-        a forward pair; with p = 2 and chunks, both ways are forward pairs of two groups)."""
-        other = self._paths.get((b, a, d))
-        if other is not None and ((a, b) not in self._forward or (b, a) not in self._forward):
-            got = self._paths[(a, b, d)] = reversed_path(other, self.caps)
-            return got
-        fwd = (a, b) if (a, b) in self._forward else (b, a)
-        group = self._by_ranks[(GroupKind.PIPELINE, (self.rank(fwd[0], d), self.rank(fwd[1], d)))]
-        got = self._paths[(a, b, d)] = group_path(self.cluster, group.transport,
-                                                  self.entity(a, d), self.entity(b, d), self.caps)
+    def _send_rates(self, a: int, b: int) -> list[tuple[float, float]]:
+        """`p2p` of the forward pair (a, b) for every replica, kept."""
+        uses = []
+        for d in range(self.dp):
+            group = self._pairs[(self.rank(a, d), self.rank(b, d))]
+            uses.append(send_uses(self.cluster, group.transport, self.entity(a, d),
+                                  self.entity(b, d)))
+        load: dict = {}
+        get = load.get
+        for links, _ in uses:
+            for lk, w in links:
+                load[lk] = get(lk, 0.0) + w
+        caps = self.caps
+        got = self._p2p[(a, b)] = [(latency, min(caps[lk] / load[lk] for lk, _ in links))
+                                   for links, latency in uses]
         return got
 
     # ---- rings --------------------------------------------------------------------------------
@@ -131,10 +139,11 @@ class NetView:
                 self._rings[(kind, s)] = None
             else:
                 tp, gpus = self.tp, self.rank_to_gpu
-                members = [tuple(gpus[r + i] for i in range(tp)) for r in group.ranks]
-                ring = ring_paths(self.cluster, group.transport, members, self.caps)
-                self._rings[(kind, s)] = (len(members), ring.idle_rate_bytes_per_s,
-                                          ring.step_latency_s)
+                members = [gpus[r:r + tp] for r in group.ranks]
+                hops = ring_uses(self.cluster, group.transport, members)
+                # `Ring.idle_rate_bytes_per_s` and `Ring.step_latency_s` of `ring_paths`
+                self._rings[(kind, s)] = (len(members), min(h[2] for h in hops),
+                                          max(h[1] for h in hops))
         return self._rings[(kind, s)]
 
     def dp_ring(self, s: int) -> Ring | None:
@@ -159,16 +168,16 @@ class NetView:
             for r in range(self.dp):
                 group = self._by_first.get((GroupKind.EMBEDDING, self.rank(0, r)))
                 if group is not None:
-                    rings[r] = ring_paths(self.cluster, group.transport,
-                                          [self.entity(0, r), self.entity(self.pp - 1, r)], self.caps)
-            for ring in rings.values():
-                for hop in ring.hops:
-                    for lk, w in hop.links:
+                    rings[r] = ring_uses(self.cluster, group.transport,
+                                         [self.entity(0, r), self.entity(self.pp - 1, r)])
+            for hops in rings.values():
+                for links, _, _ in hops:
+                    for lk, w in links:
                         load[lk] = load.get(lk, 0.0) + w
             caps = self.caps
             self._emb = [None if r not in rings else
-                         (2, min(caps[lk] / load[lk] for hop in rings[r].hops for lk, _ in hop.links),
-                          rings[r].step_latency_s) for r in range(self.dp)]
+                         (2, min(caps[lk] / load[lk] for links, _, _ in rings[r] for lk, _ in links),
+                          max(step for _, step, _ in rings[r])) for r in range(self.dp)]
         return self._emb[d]
 
     # ---- alike replicas -----------------------------------------------------------------------
