@@ -114,55 +114,107 @@ def build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: i
 
 def _build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: int, dp: int,
                   num_chunks: int, tie_embeddings: bool, choose: TransportChooser) -> tuple[Group, ...]:
-
-    def rank(s: int, d: int, i: int) -> int:
-        return megatron_rank(s, d, i, dp, tp)
-
-    chosen: dict[tuple[str, ...], Transport] = {}
-
-    def make(kind: GroupKind, ranks: tuple[int, ...]) -> Group:
-        gpus = [rank_to_gpu[r] for r in ranks]
-        nodes = tuple(dict.fromkeys(g.node for g in gpus))
-        transport = chosen.get(nodes)
-        if transport is None:
-            transport = chosen[nodes] = choose(gpus)
-        return Group(kind, ranks, transport, member_nics(cluster, gpus, transport))
-
+    """See `build_groups`. What each group needs is taken from its members' TP groups
+    (`_Entities`): their nodes and each GPU's NIC name, found once per TP group and fabric."""
+    ent = _Entities(cluster, rank_to_gpu, tp, dp, choose)
     groups: list[Group] = []
-    # TP ranks are consecutive, a stage's replicas tp apart (`megatron_rank`).
     if tp > 1:
-        groups += [make(GroupKind.TENSOR, tuple(range(rank(s, d, 0), rank(s, d, 0) + tp)))
-                   for s in range(pp) for d in range(dp)]
+        groups += [ent.tensor_group(s, d) for s in range(pp) for d in range(dp)]
     if dp > 1:
-        groups += [make(GroupKind.DATA, tuple(range(rank(s, 0, i), rank(s, dp, i), tp)))
-                   for s in range(pp) for i in range(tp)]
+        groups += [g for s in range(pp) for g in ent.data_groups(s)]
     # A stage pair's rank pairs are all new or all seen (a rank names its stage): build each
-    # physical pair's once, in order of first use, two members at a time.
+    # physical pair's once, in order of first use.
     seen: set[tuple[int, int]] = set()
     for j in range(pp * num_chunks - 1):
         a, b = j % pp, (j + 1) % pp
-        if (a, b) in seen:
-            continue
-        seen.add((a, b))
-        for d in range(dp):
-            first_a, first_b = rank(a, d, 0), rank(b, d, 0)
-            for i in range(tp):
-                pair = (first_a + i, first_b + i)
-                src, dst = rank_to_gpu[pair[0]], rank_to_gpu[pair[1]]
-                nodes = (src.node,) if src.node == dst.node else (src.node, dst.node)
-                transport = chosen.get(nodes)
-                if transport is None:
-                    transport = chosen[nodes] = choose([src, dst])
-                if transport.kind is TransportKind.LOCAL:
-                    nics = ("", "")
-                else:  # `member_nics`
-                    fabric = transport.fabric or ETHERNET
-                    nics = (_nic_of(cluster, src, fabric).name, _nic_of(cluster, dst, fabric).name)
-                groups.append(Group(GroupKind.PIPELINE, pair, transport, nics))
+        if (a, b) not in seen:
+            seen.add((a, b))
+            groups += [g for d in range(dp) for g in ent.pipeline_groups(a, b, d)]
     if pp > 1 and tie_embeddings:
-        groups += [make(GroupKind.EMBEDDING, (rank(0, d, i), rank(pp - 1, d, i)))
+        groups += [ent.group(GroupKind.EMBEDDING, (ent.rank(0, d, i), ent.rank(pp - 1, d, i)))
                    for d in range(dp) for i in range(tp)]
     return tuple(groups)
+
+
+class _Entities:
+    """The TP groups of a rank order (stage s, replica d: ranks `rank(s, d, 0)` on): their
+    nodes in order of first appearance and their GPUs' NIC names per fabric, each found once;
+    groups made from them with the transport `choose` gives their members' node sequence."""
+
+    def __init__(self, cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, dp: int,
+                 choose: TransportChooser):
+        self.cluster, self.gpus, self.tp, self.dp, self.choose = cluster, rank_to_gpu, tp, dp, choose
+        self._chosen: dict[tuple[str, ...], Transport] = {}
+        self._nodes: dict[int, tuple[str, ...]] = {}
+        self._names: dict[tuple[int, str], tuple[str, ...]] = {}
+        self._blank = ("",) * tp
+
+    def rank(self, s: int, d: int, i: int) -> int:
+        return megatron_rank(s, d, i, self.dp, self.tp)
+
+    def transport(self, nodes: tuple[str, ...], gpus: Sequence[GpuRef]) -> Transport:
+        """`choose(gpus)`, asked once per node sequence (`TransportChooser`)."""
+        got = self._chosen.get(nodes)
+        if got is None:
+            got = self._chosen[nodes] = self.choose(gpus)
+        return got
+
+    def nodes(self, first: int) -> tuple[str, ...]:
+        """The nodes of the TP group whose first rank is `first`, in order of first appearance."""
+        got = self._nodes.get(first)
+        if got is None:
+            got = self._nodes[first] = tuple(dict.fromkeys(
+                g.node for g in self.gpus[first:first + self.tp]))
+        return got
+
+    def names(self, first: int, transport: Transport) -> tuple[str, ...]:
+        """Each GPU's NIC name of that TP group on `transport` ("" for LOCAL; `member_nics`)."""
+        if transport.kind is TransportKind.LOCAL:
+            return self._blank
+        fabric = transport.fabric or ETHERNET
+        got = self._names.get((first, fabric))
+        if got is None:
+            got = self._names[(first, fabric)] = tuple(
+                _nic_of(self.cluster, g, fabric).name for g in self.gpus[first:first + self.tp])
+        return got
+
+    def group(self, kind: GroupKind, ranks: tuple[int, ...]) -> Group:
+        """Any group, member by member."""
+        gpus = [self.gpus[r] for r in ranks]
+        transport = self.transport(tuple(dict.fromkeys(g.node for g in gpus)), gpus)
+        return Group(kind, ranks, transport, member_nics(self.cluster, gpus, transport))
+
+    def tensor_group(self, s: int, d: int) -> Group:
+        first = self.rank(s, d, 0)
+        gpus = self.gpus[first:first + self.tp]
+        transport = self.transport(self.nodes(first), gpus)
+        return Group(GroupKind.TENSOR, tuple(range(first, first + self.tp)), transport,
+                     self.names(first, transport))
+
+    def data_groups(self, s: int) -> list[Group]:
+        """Stage s's DP groups (TP rank i: the replicas' GPU i). When every replica's TP group
+        lies on one node, their members' nodes, so their transport, are the same for every i."""
+        firsts = [self.rank(s, d, 0) for d in range(self.dp)]
+        if any(len(self.nodes(f)) > 1 for f in firsts):
+            return [self.group(GroupKind.DATA, tuple(f + i for f in firsts)) for i in range(self.tp)]
+        gpus = [self.gpus[f] for f in firsts]
+        transport = self.transport(tuple(dict.fromkeys(g.node for g in gpus)), gpus)
+        names = [self.names(f, transport) for f in firsts]
+        return [Group(GroupKind.DATA, tuple(f + i for f in firsts), transport,
+                      tuple(n[i] for n in names)) for i in range(self.tp)]
+
+    def pipeline_groups(self, a: int, b: int, d: int) -> list[Group]:
+        """The sender-receiver pairs (GPU i of stage a's TP group, GPU i of stage b's) of
+        replica d; one transport for all when each TP group lies on one node."""
+        fa, fb = self.rank(a, d, 0), self.rank(b, d, 0)
+        na, nb = self.nodes(fa), self.nodes(fb)
+        if len(na) > 1 or len(nb) > 1:
+            return [self.group(GroupKind.PIPELINE, (fa + i, fb + i)) for i in range(self.tp)]
+        pair = [self.gpus[fa], self.gpus[fb]]
+        transport = self.transport(na if na == nb else na + nb, pair)
+        names_a, names_b = self.names(fa, transport), self.names(fb, transport)
+        return [Group(GroupKind.PIPELINE, (fa + i, fb + i), transport, (names_a[i], names_b[i]))
+                for i in range(self.tp)]
 
 
 def _nic_of(cluster: Cluster, gpu: GpuRef, fabric: str):
