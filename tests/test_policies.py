@@ -6,7 +6,7 @@ import pytest
 
 from holmes_sim.cluster import ETHERNET
 from holmes_sim.plan import GroupKind, Plan, TransportKind
-from holmes_sim.policies import POLICIES
+from holmes_sim.policies import POLICIES, base
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy, run_policy
 from tests.conftest import SCENARIOS, small_scenario
@@ -84,6 +84,42 @@ def test_adaptive_partition_gives_the_faster_stage_more_layers(write_scenario):
     assert equal.plan.layers_per_stage == (12, 12)
     assert adaptive.plan.layers_per_stage[0] > adaptive.plan.layers_per_stage[1]
     assert adaptive.result.iteration_time_s < equal.result.iteration_time_s
+
+
+@pytest.mark.parametrize("name", ["mixed_ib_roce", "mixed_ib_eth", "large_175b_1024"])
+def test_partition_search_equals_the_plain_greedy(name):
+    """The search prices alike stages once and keeps its trials in a heap: the same layers
+    as adding each layer to the stage of smallest trial time over every stage, uncached."""
+    from holmes_sim import planner
+    from holmes_sim.plan import OptimizerMode
+    from holmes_sim.policies.holmes import nic_aware_order
+    from holmes_sim.policies.partition import StageTimer, _even, _greedy
+
+    prepared = prepare(SCENARIOS / f"{name}.yaml")
+    grid = list(planner.layouts(prepared, prepared.scenario.search))
+    policy = POLICIES["holmes"]
+    for layout in grid[::max(1, len(grid) // 25)]:
+        p = planner.prepared_for(prepared, layout)
+        request = p.request(p.cluster)
+        _, gpus = base.rank_order(p.cluster, "nic-aware", nic_aware_order)
+        groups = base.build_groups(p.cluster, gpus, p.tp, p.pp, p.dp, request.num_chunks,
+                                   p.workload.tie_embeddings, policy.chooser(request, gpus))
+        timer = StageTimer(request, gpus, groups, OptimizerMode.DISTRIBUTED_OVERLAPPED)
+        if p.workload.num_layers < p.pp * request.num_chunks:
+            continue
+
+        def plain(s, layers, timer=timer):
+            return max(timer._replica_time_s(s, node, layers) for node in timer.nodes[s])
+
+        v, pp = request.num_chunks, p.pp
+        totals = [v] * pp
+        trials = [plain(s, _even(v + 1, v)) for s in range(pp)]
+        for _ in range(p.workload.num_layers - pp * v):
+            best = min(range(pp), key=lambda s, trials=trials: (trials[s], s))
+            totals[best] += 1
+            trials[best] = plain(best, _even(totals[best] + 1, v))
+        per_stage = [_even(t, v) for t in totals]
+        assert _greedy(timer) == tuple(per_stage[j % pp][j // pp] for j in range(pp * v)), layout
 
 
 def test_overlap_hides_data_parallel_time():
