@@ -64,11 +64,12 @@ class _Estimator:
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
         self._bucket_cache: dict[tuple, tuple[tuple[int, float], ...]] = {}
-        self._op_cache: dict[tuple, float] = {}
+        self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
         # Parameters (whole TP group) of each stage's chunks, with the embedding or head.
         params = [self.costs.virtual_stage_params(plan.layers_per_stage, j) for j in range(self.nv)]
         self._chunk_params = [tuple(params[c * plan.pp + s] for c in range(plan.num_chunks))
                               for s in range(plan.pp)]
+        self._stage_layers = [plan.stage_layers(s) for s in range(plan.pp)]
 
     def run(self) -> Estimate:
         """Each class of alike replicas is walked once (their pipelines are independent until
@@ -76,7 +77,7 @@ class _Estimator:
         p, net = self.plan, self.net
         clocks = [self._evaluate_replica(d) for d, _ in net.replica_classes()]
         combos = net.stage_combos(self.w.tie_embeddings)
-        finish = [max(clocks[c][s] + self._tail(s, t, d) for c, t, d in combos[s])
+        finish = [max(clocks[c][s] + self._tail(s, d) for c, _, d in combos[s])
                   for s in range(p.pp)]
         return Estimate(max(finish), tuple(max(clock[s] for clock in clocks) for s in range(p.pp)))
 
@@ -88,20 +89,13 @@ class _Estimator:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
         A transfer starts when its op has ended and the receiver has posted the receive
         (rendezvous, `walk.py`)."""
-        p = self.plan
         table = op_table(*self._shape)
-        # Durations of the few distinct (virtual stage, direction) ops and sends, priced once
-        # (and kept for the start delays and tails).
-        times, layers, last, cache = self.times, p.layers_per_stage, self.nv - 1, self._op_cache
-        durs = []
+        durs, start = [], []
         for s, kinds in enumerate(table.kinds):
-            node = self.net.node(s, d)
-            row = [times.op_s(node, layers[j], j == 0, j == last, b) for j, b in kinds]
-            for (j, b), t in zip(kinds, row, strict=True):
-                cache[(s, d, j, b)] = t
+            row, delay = self._stage(s, d, kinds)
             durs.append(row)
+            start.append(delay)
         sends = [self._p2p_s(a, b, d) for a, b in table.sends]
-        start = [self._start_delay(s, d) for s in range(p.pp)]
         # The walk depends on nothing else: plans that differ only in what happens after it
         # (the optimizer, the DP sync) or in placement with equal times share it.
         key = (self._shape, tuple(map(tuple, durs)), tuple(sends), tuple(start))
@@ -114,17 +108,29 @@ class _Estimator:
         _WALKS[key] = tuple(clock)
         return clock
 
+    def _alike(self, s: int, d: int) -> tuple:
+        """What prices stage s's ops, start delay and tail on replica d: its node's GPU model
+        and intra-node link, its chunks' layers, whether it holds the first or the last virtual
+        stage, and its DP ring. Most stages of a pipeline share it, so they are priced once."""
+        node = self.net.node(s, d)
+        return (id(node.gpu), id(node.intra_link), self._stage_layers[s], s == 0,
+                s == self.plan.pp - 1, self.net.dp_ring(s))
+
+    def _stage(self, s: int, d: int, kinds) -> tuple[list[float], float]:
+        """Durations (s) of stage s's distinct ops (`kinds`: the walk's (virtual stage,
+        backward) in its order, chunk by chunk) on replica d, and its start delay (s)."""
+        key = self._alike(s, d)
+        got = self._stage_cache.get(key)
+        if got is None:
+            got = self._stage_cache[key] = ([self._op_s(s, d, j, b) for j, b in kinds],
+                                            self._start_delay(s, d))
+        return got
+
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
         """Compute plus TP communication of virtual stage j's op on replica d's node (shared by
-        equal hardware and across candidates: `cost.ops.ChunkTimes`; the walk, the start delay
-        and the tail ask for the same ops)."""
-        key = (s, d, j, backward)
-        got = self._op_cache.get(key)
-        if got is None:
-            got = self._op_cache[key] = self.times.op_s(
-                self.net.node(s, d), self.plan.layers_per_stage[j], j == 0, j == self.nv - 1,
-                backward)
-        return got
+        equal hardware and across candidates: `cost.ops.ChunkTimes`)."""
+        return self.times.op_s(self.net.node(s, d), self.plan.layers_per_stage[j], j == 0,
+                               j == self.nv - 1, backward)
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
         """Latency + bytes at the path's rate when every replica sends the same message at the
@@ -174,15 +180,16 @@ class _Estimator:
         return sum(self._op_s(s, d, self._virtual(s, c), True)
                    for c in range(self.plan.num_chunks))
 
-    def _tail(self, s: int, tail: int, d: int) -> float:
+    def _tail(self, s: int, d: int) -> float:
         """Seconds of stage s's gradient sync, embedding all-reduce, optimizer step and
-        all-gather after its last op, for replica d of tail index `tail` (`NetView.
-        stage_combos`: equal hardware and embedding ring, equal tails)."""
-        got = self._tail_cache.get((s, tail))
+        all-gather after its last op, on replica d; priced once per alike stages (`_alike`)
+        with equal embedding rings."""
+        emb = self.net.embedding_ring(d) if self.w.tie_embeddings and self.plan.pp > 1 and \
+            s in (0, self.plan.pp - 1) else None
+        key = (self._alike(s, d), emb)  # alike stages with the same embedding ring (or none)
+        got = self._tail_cache.get(key)
         if got is None:
-            emb = self.net.embedding_ring(d) if self.w.tie_embeddings and self.plan.pp > 1 and \
-                s in (0, self.plan.pp - 1) else None
-            got = self._tail_cache[(s, tail)] = self._tail_s(s, d, emb)
+            got = self._tail_cache[key] = self._tail_s(s, d, emb)
         return got
 
     def _tail_s(self, s: int, d: int, emb) -> float:
