@@ -188,3 +188,25 @@ def test_send_rates_and_rings_equal_their_paths(name, tmp_path):
                 rate = min(rate for _, rate in loaded[2 * d:2 * d + 2])
                 assert net.embedding_ring(d) == (2, rate, ring.step_latency_s)
     assert checked >= 20
+
+
+@pytest.mark.parametrize("name", ["uneven", "mixed_ib_roce", "mixed_ib_eth", "two_clusters_39b",
+                                  "large_175b_1024"])
+def test_transport_kept_per_nic_layouts_equals_the_choice_made_each_time(name, tmp_path):
+    """`best_shared_transport` keeps its answer per sequence of the members' NIC layouts; the
+    answer made afresh from the nodes (their common RDMA fabrics, the fastest by its slowest
+    member, else TCP) is the same."""
+    from holmes_sim.cost import transport
+    from holmes_sim.plan import Transport, TransportKind
+
+    cluster = _cluster(name, tmp_path)
+    rng = random.Random(5)
+    for _ in range(300):
+        members = [GpuRef(n.name, rng.randrange(n.num_gpus))
+                   for n in rng.sample(cluster.nodes, min(len(cluster.nodes), rng.choice([1, 2, 2, 3, 8])))]
+        nodes = transport._nodes(cluster, members)
+        common = transport._common_rdma_fabrics(nodes)
+        fresh = transport.LOCAL if len(nodes) == 1 else Transport(
+            TransportKind.RDMA, max(common, key=lambda f, ns=nodes: transport._slowest_member_rate(ns, f))) \
+            if common else transport._tcp(nodes)
+        assert best_shared_transport(cluster, members) == fresh

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from itertools import chain
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,7 +77,10 @@ def rank_order(cluster: Cluster, name: str, order: Callable[[Sequence[Node]], Se
     per cluster and order: every candidate of a search gets the same tuples."""
     def make():
         nodes = tuple(order(cluster.nodes))
-        return nodes, gpus_in_node_order(nodes)
+        # Each node's GPUs once per cluster: every order of a search reuses them.
+        refs = cluster.derived(("gpu refs",), lambda: {n.name: gpus_in_node_order((n,))
+                                                       for n in cluster.nodes})
+        return nodes, tuple(chain.from_iterable(refs[n.name] for n in nodes))
     return _ORDERS.get((cluster,), (name,), make)
 
 
