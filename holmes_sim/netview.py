@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from holmes_sim.cluster import Cluster, Node
 from holmes_sim.cost.paths import link_capacities, ring_uses, send_uses
 from holmes_sim.memo import IdentityMemo
-from holmes_sim.plan import GpuRef, Group, GroupKind, megatron_rank
+from holmes_sim.plan import GpuRef, Group, GroupKind, group_lookup, megatron_rank
 
 Ring = tuple[int, float, float]
 """(members, rate in bytes/s, per-step latency in s) of a ring collective."""
@@ -45,15 +45,9 @@ class NetView:
         self.cluster, self.rank_to_gpu = cluster, rank_to_gpu
         self.tp, self.pp, self.dp, self.nv = tp, pp, dp, pp * num_chunks
         self.caps = cluster.derived(("link capacities",), lambda: link_capacities(cluster))
-        # One pass over the groups: pipeline pairs by their ranks, the others by their first.
-        self._pairs: dict[tuple[int, ...], Group] = {}
-        self._by_first: dict[tuple[GroupKind, int], Group] = {}
-        pipeline, pairs, first = GroupKind.PIPELINE, self._pairs, self._by_first
-        for g in groups:
-            if g.kind is pipeline:
-                pairs[g.ranks] = g
-            elif (g.kind, g.ranks[0]) not in first:
-                first[(g.kind, g.ranks[0])] = g
+        # The few groups asked for (a transport per stage pair, a ring per stage), found
+        # without building all of a plan's groups where they are built lazily (`plan.Groups`).
+        self._groups = group_lookup(groups)
         self._forward = {(j % pp, (j + 1) % pp) for j in range(self.nv - 1)}
         self._entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
         self._nodes: dict[tuple[int, int], Node] = {}
@@ -115,9 +109,8 @@ class NetView:
         """`p2p` of the forward pair (a, b) for every replica, kept."""
         uses = []
         for d in range(self.dp):
-            group = self._pairs[(self.rank(a, d), self.rank(b, d))]
-            uses.append(send_uses(self.cluster, group.transport, self.entity(a, d),
-                                  self.entity(b, d)))
+            transport = self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
+            uses.append(send_uses(self.cluster, transport, self.entity(a, d), self.entity(b, d)))
         load: dict = {}
         get = load.get
         for links, _ in uses:
@@ -134,13 +127,13 @@ class NetView:
         (DATA: stage s's replicas; EMBEDDING: replica 0's first and last stage), over its
         members' TP groups (None: no such group)."""
         if (kind, s) not in self._rings:
-            group = self._by_first.get((kind, self.rank(s, 0)))
+            group = self._groups.first(kind, self.rank(s, 0))
             if group is None:
                 self._rings[(kind, s)] = None
             else:
-                tp, gpus = self.tp, self.rank_to_gpu
-                members = [gpus[r:r + tp] for r in group.ranks]
-                hops = ring_uses(self.cluster, group.transport, members)
+                (ranks, transport), tp, gpus = group, self.tp, self.rank_to_gpu
+                members = [gpus[r:r + tp] for r in ranks]
+                hops = ring_uses(self.cluster, transport, members)
                 # `Ring.idle_rate_bytes_per_s` and `Ring.step_latency_s` of `ring_paths`
                 self._rings[(kind, s)] = (len(members), min(h[2] for h in hops),
                                           max(h[1] for h in hops))
@@ -166,9 +159,9 @@ class NetView:
         if self._emb is None:
             rings, load = {}, {}
             for r in range(self.dp):
-                group = self._by_first.get((GroupKind.EMBEDDING, self.rank(0, r)))
+                group = self._groups.first(GroupKind.EMBEDDING, self.rank(0, r))
                 if group is not None:
-                    rings[r] = ring_uses(self.cluster, group.transport,
+                    rings[r] = ring_uses(self.cluster, group[1],
                                          [self.entity(0, r), self.entity(self.pp - 1, r)])
             for hops in rings.values():
                 for links, _, _ in hops:

@@ -1,7 +1,8 @@
 """A placement's network facts (`NetView`) and its groups (`build_groups`) against their
 definitions, member by member with `Path` objects, on random placements: the fast ways (NIC
 sides kept with the cluster, a backward send's figures from its forward pair, groups from each
-TP group's nodes and NIC names) must give the very same numbers and groups."""
+TP group's nodes and NIC names, single groups found without building them all) must give the
+very same numbers and groups."""
 
 from __future__ import annotations
 
@@ -19,10 +20,9 @@ from holmes_sim.cost.transport import (
     tcp_transport,
 )
 from holmes_sim.netview import NetView
-from holmes_sim.plan import GpuRef, Group, GroupKind, megatron_rank
-from holmes_sim.policies.base import _build_groups
+from holmes_sim.plan import GpuRef, Group, GroupKind, Groups, _Index, megatron_rank
+from holmes_sim.policies.base import build_groups
 from holmes_sim.prepare import prepare
-
 
 UNEVEN = """name: uneven
 seed: 0
@@ -32,11 +32,17 @@ fabrics:
 clusters:
   - name: a
     nodes:
-      - {name: fat, count: 2, gpu: h100-sxm, nics: [{type: ib, bandwidth_gbit_per_s: 400, latency_us: 2, count: 2, fabric: ib}, {type: ethernet, bandwidth_gbit_per_s: 100, latency_us: 40}]}
-      - {name: thin, count: 2, gpu: a100-80gb, nics: [{type: ib, bandwidth_gbit_per_s: 200, latency_us: 5, count: 8, fabric: ib}, {type: ethernet, bandwidth_gbit_per_s: 50, latency_us: 60}]}
+      - {name: fat, count: 2, gpu: h100-sxm,
+         nics: [{type: ib, bandwidth_gbit_per_s: 400, latency_us: 2, count: 2, fabric: ib},
+                {type: ethernet, bandwidth_gbit_per_s: 100, latency_us: 40}]}
+      - {name: thin, count: 2, gpu: a100-80gb,
+         nics: [{type: ib, bandwidth_gbit_per_s: 200, latency_us: 5, count: 8, fabric: ib},
+                {type: ethernet, bandwidth_gbit_per_s: 50, latency_us: 60}]}
   - name: b
     nodes:
-      - {count: 2, gpu: a100-80gb, nics: [{type: roce, bandwidth_gbit_per_s: 200, latency_us: 7, count: 4, fabric: roce}, {type: ethernet, bandwidth_gbit_per_s: 100, latency_us: 25, count: 2}]}
+      - {count: 2, gpu: a100-80gb,
+         nics: [{type: roce, bandwidth_gbit_per_s: 200, latency_us: 7, count: 4, fabric: roce},
+                {type: ethernet, bandwidth_gbit_per_s: 100, latency_us: 25, count: 2}]}
 inter_cluster_links:
   - {clusters: [a, b], bandwidth_gbit_per_s: 150, latency_us: 200}
 model: {num_layers: 16, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024}
@@ -130,8 +136,25 @@ def _loaded(paths, caps):
 def test_groups_equal_the_member_by_member_builder(name, tmp_path):
     for cluster, gpus, tp, pp, dp, chunks, choose in _placements(_cluster(name, tmp_path), 25, 1):
         for tie in (True, False):
-            assert _build_groups(cluster, gpus, tp, pp, dp, chunks, tie, choose) == \
-                _reference_groups(cluster, gpus, tp, pp, dp, chunks, tie, choose)
+            groups = build_groups(cluster, gpus, tp, pp, dp, chunks, tie, choose)
+            built = _reference_groups(cluster, gpus, tp, pp, dp, chunks, tie, choose)
+            assert isinstance(groups, Groups)
+            _same_lookups(groups, built, tp * pp * dp)  # before and after they are built
+            assert groups == built and built == groups and hash(groups) == hash(built)
+            _same_lookups(groups, built, tp * pp * dp)
+
+
+def _same_lookups(groups: Groups, built: tuple[Group, ...], world: int) -> None:
+    """The builder's answers for single groups (`first`, `pair_transport`) are the built
+    tuple's."""
+    index = _Index(built)
+    for rank in range(-1, world + 1):
+        for kind in GroupKind:
+            assert groups.lookup.first(kind, rank) == index.first(kind, rank), (kind, rank)
+    for g in built:
+        if g.kind is GroupKind.PIPELINE:
+            assert groups.lookup.pair_transport(g.ranks) == g.transport
+            assert groups.lookup.pair_transport(g.ranks[::-1]) == index.pair_transport(g.ranks[::-1])
 
 
 def test_groups_of_tp_groups_across_nodes_are_built_member_by_member():
@@ -143,8 +166,10 @@ def test_groups_of_tp_groups_across_nodes_are_built_member_by_member():
     def choose(g):
         return best_shared_transport(cluster, g)
 
-    assert _build_groups(cluster, gpus, 8, 2, len(gpus) // 16, 2, True, choose) == \
-        _reference_groups(cluster, gpus, 8, 2, len(gpus) // 16, 2, True, choose)
+    groups = build_groups(cluster, gpus, 8, 2, len(gpus) // 16, 2, True, choose)
+    built = _reference_groups(cluster, gpus, 8, 2, len(gpus) // 16, 2, True, choose)
+    _same_lookups(groups, built, len(gpus))
+    assert groups == built
 
 
 @pytest.mark.parametrize("name", ["uneven", "mixed_ib_roce", "two_clusters_39b", "pure_ethernet",
@@ -154,12 +179,12 @@ def test_send_rates_and_rings_equal_their_paths(name, tmp_path):
     way) loaded together; `idle_ring` and `embedding_ring` equal `ring_paths`' figures."""
     checked = 0
     for cluster, gpus, tp, pp, dp, chunks, choose in _placements(_cluster(name, tmp_path), 12, 2):
-        groups = _build_groups(cluster, gpus, tp, pp, dp, chunks, True, choose)
-        net = NetView(cluster, gpus, groups, tp, pp, dp, chunks)
+        groups = build_groups(cluster, gpus, tp, pp, dp, chunks, True, choose)
+        net = NetView(cluster, gpus, groups, tp, pp, dp, chunks)  # finds single groups lazily
         caps = link_capacities(cluster)
         by_ranks = {g.ranks: g for g in groups if g.kind is GroupKind.PIPELINE}
 
-        def entity(s, d):
+        def entity(s, d, dp=dp, tp=tp, gpus=gpus):
             r = megatron_rank(s, d, 0, dp, tp)
             return gpus[r:r + tp]
 

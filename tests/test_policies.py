@@ -143,3 +143,18 @@ def test_all_ib_view_puts_every_node_on_one_fabric():
     prepared = prepare(SCENARIOS / "mixed_ib_eth.yaml")
     _, cluster = plan_policy(prepared, "all-ib")
     assert all(n.rdma_fabrics == ("all-ib",) for n in cluster.nodes)
+
+
+def test_a_plan_with_lazy_groups_equals_serialises_and_pickles_as_with_its_tuple():
+    import pickle
+    from dataclasses import replace
+
+    from holmes_sim.plan import Groups
+
+    plan, _ = plan_policy(prepare(SCENARIOS / "two_clusters_39b.yaml"), "holmes")
+    assert isinstance(plan.groups, Groups)
+    eager = replace(plan, groups=tuple(plan.groups))
+    assert plan == eager and eager == plan and hash(plan) == hash(eager)
+    assert plan.to_json() == eager.to_json()
+    assert Plan.from_json(plan.to_json()) == plan
+    assert pickle.loads(pickle.dumps(plan)) == eager

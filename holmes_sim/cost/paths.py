@@ -140,8 +140,10 @@ def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence
         sides = None if a == b else [_node_side(cluster, fabric, out, by_node[node], members)
                                      for node, out in ((a, 0), (b, 1))]
         if sides is None or None in sides:
-            path = group_path(cluster, transport, src, dst, _capacities(cluster)) if a == b else                 _node_exit_path(cluster, transport, [members[i] for i in by_node[a]],
-                                [members[i] for i in by_node[b]], _capacities(cluster))
+            caps = _capacities(cluster)
+            path = group_path(cluster, transport, src, dst, caps) if a == b else _node_exit_path(
+                cluster, transport, [members[i] for i in by_node[a]],
+                [members[i] for i in by_node[b]], caps)
             hops.append((path.links, path.step_latency_s, path.idle_rate_bytes_per_s))
             continue
         (out_links, _, out_step, out_rate), (in_links, _, in_step, in_rate) = sides
