@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.cluster import Cluster, Node
-from holmes_sim.cost.paths import link_capacities, ring_uses, send_uses
+from holmes_sim.cost.paths import link_capacities, ring_uses, send_sides, send_uses
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, Group, GroupKind, group_lookup, megatron_rank
 
@@ -106,11 +106,21 @@ class NetView:
         return got[d]
 
     def _send_rates(self, a: int, b: int) -> list[tuple[float, float]]:
-        """`p2p` of the forward pair (a, b) for every replica, kept."""
-        uses = []
-        for d in range(self.dp):
-            transport = self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
-            uses.append(send_uses(self.cluster, transport, self.entity(a, d), self.entity(b, d)))
+        """`p2p` of the forward pair (a, b) for every replica, kept. When every replica's send
+        goes from one node to another and no two replicas' sends touch a node, their NIC links
+        are their own: a send's rate is its sides' smallest capacity / weight (kept with the
+        cluster) and the uplink's capacity over the sends crossing it; else each link's load
+        is summed over the replicas' sends. The same floats either way (a link's load is its
+        one weight, an uplink's the count)."""
+        transports = [self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
+                      for d in range(self.dp)]
+        sides = [send_sides(self.cluster, t, self.entity(a, d), self.entity(b, d))
+                 for d, t in enumerate(transports)]
+        nodes = {self.entity(s, d)[0].node for s in (a, b) for d in range(self.dp)}
+        if None not in sides and len(nodes) == 2 * self.dp:
+            return self._own_links(a, b, sides)
+        uses = [send_uses(self.cluster, t, self.entity(a, d), self.entity(b, d))
+                for d, t in enumerate(transports)]
         load: dict = {}
         get = load.get
         for links, _ in uses:
@@ -119,6 +129,21 @@ class NetView:
         caps = self.caps
         got = self._p2p[(a, b)] = [(latency, min(caps[lk] / load[lk] for lk, _ in links))
                                    for links, latency in uses]
+        return got
+
+    def _own_links(self, a: int, b: int, sides: list) -> list[tuple[float, float]]:
+        """`_send_rates` of sends whose NIC links no other send of the pair uses."""
+        crossing: dict = {}
+        for _, _, up in sides:
+            if up is not None:
+                crossing[up[0]] = crossing.get(up[0], 0.0) + 1.0
+        got = []
+        for out, into, up in sides:
+            latency, rate = max(out[1], into[1]), min(out[3], into[3])
+            if up is not None:
+                latency, rate = latency + up[1], min(rate, self.caps[up[0]] / crossing[up[0]])
+            got.append((latency, rate))
+        self._p2p[(a, b)] = got
         return got
 
     # ---- rings --------------------------------------------------------------------------------

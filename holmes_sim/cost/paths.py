@@ -102,51 +102,70 @@ def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
 
 
 def send_uses(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
-               dst: Sequence[GpuRef]) -> tuple[PathUse, float]:
+              dst: Sequence[GpuRef]) -> tuple[PathUse, float]:
     """`group_path`'s links with their weights (as a mapping; in another order) and latency
     (s), without its idle rate: what the estimate needs to share links among replicas
-    (`netview`). A TP group's send to another node is its two sides' NIC links, kept with the
-    cluster, and the uplink; anything else is `group_path`'s."""
-    a, b = src[0].node, dst[0].node
-    if a == b or any(g.node != a for g in src) or any(g.node != b for g in dst):
+    (`netview`). A TP group's send to another node is its two NIC sides and the uplink
+    (`send_sides`); anything else is `group_path`'s."""
+    sides = send_sides(cluster, transport, src, dst)
+    if sides is None:
         path = group_path(cluster, transport, src, dst, _capacities(cluster))
         return path.links, path.latency_s
-    share = 1.0 / len(src)
-    fabric = transport.fabric or ETHERNET
-    out = _side_uses(cluster, fabric, 0, a, tuple(g.local_index for g in src), share)
-    into = _side_uses(cluster, fabric, 1, b, tuple(g.local_index for g in dst), share)
+    out, into, up = sides
     links, latency = out[0] + into[0], max(out[1], into[1])
-    up = _uplink_use(cluster, transport, a, b)
     if up is None:
         return links, latency
     return links + ((up[0], 1.0),), latency + up[1]
+
+
+def send_sides(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
+               dst: Sequence[GpuRef]) -> tuple[tuple, tuple, tuple[LinkId, float] | None] | None:
+    """A TP group's send to another node as its sending and its receiving node's NIC sides
+    (`_side_uses`: links with weights, latency s, ring-step latency s, the smallest capacity /
+    weight in bytes/s; kept with the cluster) and the uplink it crosses ((link, latency s) or
+    None); None for any other send."""
+    a, b = src[0].node, dst[0].node
+    if a == b or any(g.node != a for g in src) or any(g.node != b for g in dst):
+        return None
+    share = 1.0 / len(src)
+    fabric = transport.fabric or ETHERNET
+    return (_side_uses(cluster, fabric, 0, a, tuple(g.local_index for g in src), share),
+            _side_uses(cluster, fabric, 1, b, tuple(g.local_index for g in dst), share),
+            _uplink_use(cluster, transport, a, b))
 
 
 def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]]
               ) -> list[tuple[PathUse, float, float]]:
     """Each hop of `ring_paths`' ring as (links with weights in another order, ring-step
     latency s, idle rate bytes/s), without building its paths: a hop that leaves a node is its
-    two nodes' NIC sides (kept with the cluster) and the uplink; a hop inside a node is
-    `group_path`'s. The rates use the cluster's link capacities (`link_capacities`)."""
+    two nodes' NIC sides (each node's GPUs found once; the sides kept with the cluster) and the
+    uplink; a hop inside a node is `group_path`'s. The rates use the cluster's link capacities
+    (`link_capacities`)."""
     by_node: dict[str, list[int]] = {}
     for m, gpus in enumerate(members):
         by_node.setdefault(gpus[0].node, []).append(m)
     order = [m for ms in by_node.values() for m in ms]
     fabric = transport.fabric or ETHERNET
+    # A hop leaving a node spreads over the NICs of all its members' GPUs (`_node_exit_path`):
+    # each node's GPUs and share, or None when its members are not all on it.
+    spread = {}
+    for node, ms in by_node.items():
+        gpus = [g for i in ms for g in members[i]]
+        spread[node] = None if any(g.node != node for g in gpus) else \
+            (tuple(g.local_index for g in gpus), 1.0 / len(gpus))
     hops = []
     for k, m in enumerate(order):
         src, dst = members[m], members[order[(k + 1) % len(order)]]
         a, b = src[0].node, dst[0].node
-        sides = None if a == b else [_node_side(cluster, fabric, out, by_node[node], members)
-                                     for node, out in ((a, 0), (b, 1))]
-        if sides is None or None in sides:
+        if a == b or spread[a] is None or spread[b] is None:
             caps = _capacities(cluster)
             path = group_path(cluster, transport, src, dst, caps) if a == b else _node_exit_path(
                 cluster, transport, [members[i] for i in by_node[a]],
                 [members[i] for i in by_node[b]], caps)
             hops.append((path.links, path.step_latency_s, path.idle_rate_bytes_per_s))
             continue
-        (out_links, _, out_step, out_rate), (in_links, _, in_step, in_rate) = sides
+        out_links, _, out_step, out_rate = _side_uses(cluster, fabric, 0, a, *spread[a])
+        in_links, _, in_step, in_rate = _side_uses(cluster, fabric, 1, b, *spread[b])
         links, step, rate = out_links + in_links, max(out_step, in_step), min(out_rate, in_rate)
         up = _uplink_use(cluster, transport, a, b)
         if up is not None:
@@ -155,19 +174,6 @@ def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence
             rate = min(rate, _capacities(cluster)[up[0]])
         hops.append((links, step, rate))
     return hops
-
-
-def _node_side(cluster: Cluster, fabric: str, out: int, members_on_node: list[int],
-               members: Sequence[Sequence[GpuRef]]) -> tuple | None:
-    """`_side_uses` of every GPU of the given members (all on one node, each sending or
-    receiving an equal share), as `_node_exit_path` spreads a ring hop; None when they are not
-    on one node."""
-    gpus = [g for i in members_on_node for g in members[i]]
-    node = gpus[0].node
-    if any(g.node != node for g in gpus):
-        return None
-    return _side_uses(cluster, fabric, out, node, tuple(g.local_index for g in gpus),
-                      1.0 / len(gpus))
 
 
 def _side_uses(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
