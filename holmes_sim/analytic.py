@@ -65,11 +65,9 @@ class _Estimator:
         self._tail_cache: dict[tuple, float] = {}
         self._bucket_cache: dict[tuple, tuple[tuple[int, float], ...]] = {}
         self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
-        # Parameters (whole TP group) of each stage's chunks, with the embedding or head.
-        params = [self.costs.virtual_stage_params(plan.layers_per_stage, j) for j in range(self.nv)]
-        self._chunk_params = [tuple(params[c * plan.pp + s] for c in range(plan.num_chunks))
-                              for s in range(plan.pp)]
-        self._stage_layers = [plan.stage_layers(s) for s in range(plan.pp)]
+        self._alike_cache: dict[tuple[int, int], tuple] = {}
+        self._params_cache: dict[int, tuple[int, ...]] = {}
+        self._send_cache: dict[tuple[int, int, int], float] = {}
 
     def run(self) -> Estimate:
         """Each class of alike replicas is walked once (their pipelines are independent until
@@ -112,9 +110,23 @@ class _Estimator:
         """What prices stage s's ops, start delay and tail on replica d: its node's GPU model
         and intra-node link, its chunks' layers, whether it holds the first or the last virtual
         stage, and its DP ring. Most stages of a pipeline share it, so they are priced once."""
-        node = self.net.node(s, d)
-        return (id(node.gpu), id(node.intra_link), self._stage_layers[s], s == 0,
-                s == self.plan.pp - 1, self.net.dp_ring(s))
+        got = self._alike_cache.get((s, d))
+        if got is None:
+            node, pp = self.net.node(s, d), self.plan.pp
+            got = self._alike_cache[(s, d)] = (id(node.gpu), id(node.intra_link),
+                                               tuple(self.plan.layers_per_stage[s::pp]),  # `stage_layers`
+                                               s == 0, s == pp - 1, self.net.dp_ring(s))
+        return got
+
+    def _params(self, s: int) -> tuple[int, ...]:
+        """Parameters (whole TP group) of stage s's chunks, with the embedding or head."""
+        got = self._params_cache.get(s)
+        if got is None:
+            p = self.plan
+            got = self._params_cache[s] = tuple(
+                self.costs.virtual_stage_params(p.layers_per_stage, self._virtual(s, c))
+                for c in range(p.num_chunks))
+        return got
 
     def _stage(self, s: int, d: int, kinds) -> tuple[list[float], float]:
         """Durations (s) of stage s's distinct ops (`kinds`: the walk's (virtual stage,
@@ -139,8 +151,12 @@ class _Estimator:
         (`NetView.p2p`). Sends of other stage pairs that cross the same link are not counted:
         that keeps the estimate on the optimistic side (docs/cost_models.md), and the planner
         confirms by simulation."""
-        latency, rate = self.net.p2p(j_from % self.plan.pp, j_to % self.plan.pp, d)
-        return latency + self._message_bytes / rate
+        key = (j_from % self.plan.pp, j_to % self.plan.pp, d)  # a stage pair's chunks share it
+        got = self._send_cache.get(key)
+        if got is None:
+            latency, rate = self.net.p2p(*key)
+            got = self._send_cache[key] = latency + self._message_bytes / rate
+        return got
 
     # ---- data-parallel and optimizer -----------------------------------------------------------
     def _buckets(self, s: int, kind: str, what: str) -> tuple[tuple[int, float], ...]:
@@ -151,7 +167,7 @@ class _Estimator:
         ring = self.net.dp_ring(s)
         if ring is None:
             return ()
-        params = self._chunk_params[s]
+        params = self._params(s)
         key = (ring, params, kind, what)
         got = self._bucket_cache.get(key)
         if got is None:
@@ -209,7 +225,7 @@ class _Estimator:
             t += ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
                                         emb[1], emb[2])
         node = self.net.node(s, d)
-        params = sum(self._chunk_params[s])  # `OpCosts.stage_params`
+        params = sum(self._params(s))  # `OpCosts.stage_params`
         t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
         if mode.gathers_after_step:
             t += _total_s(self._buckets(s, "all-gather", "param"))
