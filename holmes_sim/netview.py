@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.cluster import Cluster, Node
-from holmes_sim.cost.paths import link_capacities, ring_uses, send_sides, send_uses
+from holmes_sim.cost.paths import link_capacities, node_send_sides, on_one_node, ring_uses, send_uses
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, Group, GroupKind, group_lookup, megatron_rank
 
@@ -51,6 +51,7 @@ class NetView:
         self._forward = {(j % pp, (j + 1) % pp) for j in range(self.nv - 1)}
         self._entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
         self._nodes: dict[tuple[int, int], Node] = {}
+        self._one_node: dict[tuple[int, int], tuple[str, tuple[int, ...]] | None] = {}
         self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._rings: dict[tuple[GroupKind, int], Ring | None] = {}
         self._stage_nodes: dict[int, list[Node]] = {}
@@ -69,6 +70,13 @@ class NetView:
             r = self.rank(s, d)
             got = self._entities[(s, d)] = tuple(self.rank_to_gpu[r:r + self.tp])
         return got
+
+    def _on_one_node(self, s: int, d: int) -> tuple[str, tuple[int, ...]] | None:
+        """`cost.paths.on_one_node` of the TP group at (stage s, replica d), found once."""
+        key = (s, d)
+        if key not in self._one_node:
+            self._one_node[key] = on_one_node(self.entity(s, d))
+        return self._one_node[key]
 
     def node(self, s: int, d: int) -> Node:
         got = self._nodes.get((s, d))
@@ -97,13 +105,17 @@ class NetView:
         capacity is the same (`link_capacities`), and the same weights and latency: it gets
         the forward pair's figures (with p = 2 and chunks both ways are forward pairs of two
         groups, each priced on its own)."""
+        return self._pair_rates(a, b)[d]
+
+    def _pair_rates(self, a: int, b: int) -> list[tuple[float, float]]:
+        """`p2p` of the pair (a, b) for every replica."""
         got = self._p2p.get((a, b))
         if got is None:
             if (a, b) not in self._forward and (b, a) in self._forward:
                 got = self._p2p[(a, b)] = self._p2p.get((b, a)) or self._send_rates(b, a)
             else:
                 got = self._send_rates(a, b)
-        return got[d]
+        return got
 
     def _send_rates(self, a: int, b: int) -> list[tuple[float, float]]:
         """`p2p` of the forward pair (a, b) for every replica, kept. When every replica's send
@@ -114,7 +126,7 @@ class NetView:
         one weight, an uplink's the count)."""
         transports = [self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
                       for d in range(self.dp)]
-        sides = [send_sides(self.cluster, t, self.entity(a, d), self.entity(b, d))
+        sides = [node_send_sides(self.cluster, t, self._on_one_node(a, d), self._on_one_node(b, d))
                  for d, t in enumerate(transports)]
         nodes = {self.entity(s, d)[0].node for s in (a, b) for d in range(self.dp)}
         if None not in sides and len(nodes) == 2 * self.dp:
@@ -203,13 +215,14 @@ class NetView:
         """(representative, members) of each class of replicas with the same hardware on every
         stage and the same send latencies and rates in both directions, in replica order."""
         if self._classes is None:
+            # Each stage pair once (its chunks' sends are the same sends), both ways.
+            pairs = dict.fromkeys((j % self.pp, (j + 1) % self.pp) for j in range(self.nv - 1))
+            rates = [self._pair_rates(a, b) for a, b in pairs] + \
+                [self._pair_rates(b, a) for a, b in pairs]
             by_signature: dict[tuple, tuple[int, list[int]]] = {}
             for d in range(self.dp):
                 signature = (tuple(self.hardware(s, d) for s in range(self.pp)),
-                             tuple(self.p2p(j % self.pp, (j + 1) % self.pp, d)
-                                   for j in range(self.nv - 1)),
-                             tuple(self.p2p((j + 1) % self.pp, j % self.pp, d)
-                                   for j in range(self.nv - 1)))
+                             tuple(r[d] for r in rates))
                 by_signature.setdefault(signature, (d, []))[1].append(d)
             self._classes = list(by_signature.values())
         return self._classes

@@ -124,14 +124,28 @@ def send_sides(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
     (`_side_uses`: links with weights, latency s, ring-step latency s, the smallest capacity /
     weight in bytes/s; kept with the cluster) and the uplink it crosses ((link, latency s) or
     None); None for any other send."""
-    a, b = src[0].node, dst[0].node
-    if a == b or any(g.node != a for g in src) or any(g.node != b for g in dst):
+    return node_send_sides(cluster, transport, on_one_node(src), on_one_node(dst))
+
+
+def on_one_node(gpus: Sequence[GpuRef]) -> tuple[str, tuple[int, ...]] | None:
+    """(node, each GPU's local index) when all of `gpus` are on one node, else None."""
+    node = gpus[0].node
+    if any(g.node != node for g in gpus):
         return None
-    share = 1.0 / len(src)
+    return node, tuple(g.local_index for g in gpus)
+
+
+def node_send_sides(cluster: Cluster, transport: Transport, src: tuple[str, tuple[int, ...]] | None,
+                    dst: tuple[str, tuple[int, ...]] | None
+                    ) -> tuple[tuple, tuple, tuple[LinkId, float] | None] | None:
+    """`send_sides` of members given as `on_one_node` gives them (None: not on one node)."""
+    if src is None or dst is None or src[0] == dst[0]:
+        return None
+    share = 1.0 / len(src[1])
     fabric = transport.fabric or ETHERNET
-    return (_side_uses(cluster, fabric, 0, a, tuple(g.local_index for g in src), share),
-            _side_uses(cluster, fabric, 1, b, tuple(g.local_index for g in dst), share),
-            _uplink_use(cluster, transport, a, b))
+    return (_side_uses(cluster, fabric, 0, src[0], src[1], share),
+            _side_uses(cluster, fabric, 1, dst[0], dst[1], share),
+            _uplink_use(cluster, transport, src[0], dst[0]))
 
 
 def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]]
