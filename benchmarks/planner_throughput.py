@@ -13,8 +13,8 @@ its op times and walk redone each time, the placement's paths and rings kept; ta
 and plan building plus the estimate (target 5 ms), from cold caches (the cluster's facts of
 the hardware alone kept, `Cluster.derived`) and with the placement seen before; and the
 estimate on a built plan with the walk in Python (as without the C extension). Times are
-wall-clock medians on this machine, one run; the machine is shared, so compare figures of
-one run.
+medians of wall clock and of the process's CPU time on this machine, one run; the machine is
+shared, so compare figures of one run.
 """
 
 from __future__ import annotations
@@ -90,7 +90,20 @@ def _median_ms(times: list[float]) -> float:
     return 1e3 * sorted(times)[len(times) // 2]
 
 
-def _python_walk_ms(plan, cluster, w, c, repeat: int) -> float | None:
+def _timed(f, out: list[tuple[float, float]]) -> None:
+    """Run f() and append its (wall, CPU) seconds: on a shared machine the process's CPU time
+    (the measure of issue 11's table) moves less than the wall clock."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    f()
+    out.append((time.perf_counter() - w0, time.process_time() - c0))
+
+
+def _medians(samples: list[tuple[float, float]], key: str) -> dict[str, float]:
+    return {f"{key}_ms": _median_ms([w for w, _ in samples]),
+            f"{key}_cpu_ms": _median_ms([c for _, c in samples])}
+
+
+def _python_walk_ms(plan, cluster, w, c, repeat: int) -> dict[str, float] | None:
     """The estimate on a built plan with the walk in Python (None: it always is)."""
     from holmes_sim import analytic, walk
 
@@ -99,16 +112,16 @@ def _python_walk_ms(plan, cluster, w, c, repeat: int) -> float | None:
         return None
     walk._walk_kernel = None
     try:
-        analytic.estimate_iteration(plan, cluster, w, c)  # records the walk's segments once
-        times = []
+        for _ in range(2):  # records the walk's segments, then readies them for replay
+            _estimate_only_cold()
+            analytic.estimate_iteration(plan, cluster, w, c)
+        times: list[tuple[float, float]] = []
         for _ in range(repeat):
             _estimate_only_cold()
-            t0 = time.perf_counter()
-            analytic.estimate_iteration(plan, cluster, w, c)
-            times.append(time.perf_counter() - t0)
+            _timed(lambda: analytic.estimate_iteration(plan, cluster, w, c), times)
     finally:
         walk._walk_kernel = kernel
-    return _median_ms(times)
+    return _medians(times, "estimate_warm_python_walk")
 
 
 def _estimate_cost(name: str = "large_175b_1024", repeat: int = 40) -> dict:
@@ -125,13 +138,17 @@ def _estimate_cost(name: str = "large_175b_1024", repeat: int = 40) -> dict:
     plan, cluster = plan_policy(prepared, "holmes")
     w, c = prepared.workload, prepared.compute
     analytic.estimate_iteration(plan, cluster, w, c)  # schedule tables built once
-    warm = []
+    warm: list[tuple[float, float]] = []
     for _ in range(repeat):
         _estimate_only_cold()
-        t0 = time.perf_counter()
-        analytic.estimate_iteration(plan, cluster, w, c)
-        warm.append(time.perf_counter() - t0)
-    cold, placed = [], []
+        _timed(lambda: analytic.estimate_iteration(plan, cluster, w, c), warm)
+
+    def build() -> None:
+        p, cl = plan_policy(prepared, "holmes")
+        analytic.estimate_iteration(p, cl, w, c)
+
+    cold: list[tuple[float, float]] = []
+    placed: list[tuple[float, float]] = []
     for _ in range(max(3, repeat // 4)):
         _cold()
         analytic.estimate_iteration(plan, cluster, w, c)  # schedule tables only
@@ -139,25 +156,19 @@ def _estimate_cost(name: str = "large_175b_1024", repeat: int = 40) -> dict:
         for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, partition._PARTITIONS):
             memo.clear()
         _estimate_only_cold()
-        t0 = time.perf_counter()
-        p, cl = plan_policy(prepared, "holmes")
-        analytic.estimate_iteration(p, cl, w, c)
-        cold.append(time.perf_counter() - t0)
+        _timed(build, cold)
         partition._PARTITIONS.clear()
         _estimate_only_cold()
-        t0 = time.perf_counter()
-        p, cl = plan_policy(prepared, "holmes")
-        analytic.estimate_iteration(p, cl, w, c)
-        placed.append(time.perf_counter() - t0)
+        _timed(build, placed)
     from holmes_sim import walk
 
     return {"scenario": name, "gpus": cluster.num_gpus, "tp": plan.tp, "pp": plan.pp, "dp": plan.dp,
             "microbatches": plan.num_microbatches, "chunks": plan.num_chunks,
             "schedule": str(plan.schedule_kind),
             "walk": "C" if getattr(walk, "_walk_kernel", None) is not None else "Python",
-            "estimate_warm_ms": _median_ms(warm), "plan_and_estimate_cold_ms": _median_ms(cold),
-            "plan_and_estimate_placed_ms": _median_ms(placed),
-            "estimate_warm_python_walk_ms": _python_walk_ms(plan, cluster, w, c, repeat)}
+            **_medians(warm, "estimate_warm"), **_medians(cold, "plan_and_estimate_cold"),
+            **_medians(placed, "plan_and_estimate_placed"),
+            **(_python_walk_ms(plan, cluster, w, c, repeat) or {})}
 
 
 def main() -> None:
@@ -178,15 +189,14 @@ def main() -> None:
     print(f"analytic estimate at {e['gpus']:,} GPUs ({e['scenario']}, holmes, TP{e['tp']} PP{e['pp']} "
           f"DP{e['dp']}, {e['schedule']} m={e['microbatches']} v={e['chunks']}; walk in {e['walk']}), "
           "medians:")
-    print(f"  warm plan (op times and walk redone)       {e['estimate_warm_ms']:7.2f} ms"
-          "   (issue 11: <= 0.5 ms)")
-    print(f"  with plan building, from cold caches       {e['plan_and_estimate_cold_ms']:7.2f} ms"
-          "   (issue 11: <= 5 ms)")
-    print(f"  with plan building, placement seen before  {e['plan_and_estimate_placed_ms']:7.2f} ms"
-          "   (groups, paths and rings kept; partition, op times and walk redone)")
-    if e["estimate_warm_python_walk_ms"] is not None:
-        print(f"  warm plan, walk in Python                  {e['estimate_warm_python_walk_ms']:7.2f} ms"
-              "   (as without the C extension)")
+    lines = [("warm plan (op times and walk redone)", "estimate_warm", "(issue 11: <= 0.5 ms)"),
+             ("with plan building, from cold caches", "plan_and_estimate_cold", "(issue 11: <= 5 ms)"),
+             ("with plan building, placement seen before", "plan_and_estimate_placed",
+              "(groups, paths and rings kept; partition, op times and walk redone)"),
+             ("warm plan, walk in Python", "estimate_warm_python_walk", "(as without the C extension)")]
+    for text, key, note in lines:
+        if f"{key}_ms" in e:
+            print(f"  {text:42s} {e[f'{key}_ms']:7.2f} ms wall, {e[f'{key}_cpu_ms']:7.2f} ms CPU   {note}")
     if args.json:
         print(json.dumps({"throughput": rows, "estimate": e}))
 
