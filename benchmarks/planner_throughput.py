@@ -29,10 +29,12 @@ def _cold() -> None:
     """Empty every cache the search fills, so each measurement starts cold. The cluster's
     facts of the hardware alone (`Cluster.derived`: link capacities, each GPU's NIC links) stay:
     one search has one cluster."""
-    from holmes_sim import analytic, netview, planner, schedule, walk
+    from holmes_sim import analytic, netview, plan, planner, schedule, walk
     from holmes_sim.cost import ops
     from holmes_sim.policies import base, holmes, partition
 
+    if hasattr(plan, "_PLACES"):
+        plan._PLACES.clear()
     analytic._WALKS.clear()
     ops._CHUNK_TIMES.clear()
     partition._PARTITIONS.clear()

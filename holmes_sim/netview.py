@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.cluster import Cluster, Node
-from holmes_sim.cost.paths import link_capacities, node_send_sides, on_one_node, ring_uses, send_uses
+from holmes_sim.cost.paths import link_capacities, node_send_sides, ring_uses, send_uses
 from holmes_sim.memo import IdentityMemo
-from holmes_sim.plan import GpuRef, Group, GroupKind, group_lookup, megatron_rank
+from holmes_sim.plan import GpuRef, Group, GroupKind, group_lookup, megatron_rank, tp_group_places
 
 Ring = tuple[int, float, float]
 """(members, rate in bytes/s, per-step latency in s) of a ring collective."""
@@ -51,7 +51,7 @@ class NetView:
         self._forward = {(j % pp, (j + 1) % pp) for j in range(self.nv - 1)}
         self._entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
         self._nodes: dict[tuple[int, int], Node] = {}
-        self._one_node: dict[tuple[int, int], tuple[str, tuple[int, ...]] | None] = {}
+        self._places = tp_group_places(rank_to_gpu, tp)
         self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._rings: dict[tuple[GroupKind, int], Ring | None] = {}
         self._stage_nodes: dict[int, list[Node]] = {}
@@ -72,11 +72,9 @@ class NetView:
         return got
 
     def _on_one_node(self, s: int, d: int) -> tuple[str, tuple[int, ...]] | None:
-        """`cost.paths.on_one_node` of the TP group at (stage s, replica d), found once."""
-        key = (s, d)
-        if key not in self._one_node:
-            self._one_node[key] = on_one_node(self.entity(s, d))
-        return self._one_node[key]
+        """`cost.paths.on_one_node` of the TP group at (stage s, replica d)."""
+        nodes, local = self._places[self.rank(s, d) // self.tp]
+        return (nodes[0], local) if len(nodes) == 1 else None
 
     def node(self, s: int, d: int) -> Node:
         got = self._nodes.get((s, d))

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Protocol
 
+from holmes_sim.memo import IdentityMemo
 from holmes_sim.schedule import Schedule, ScheduleKind, build_schedule
 
 
@@ -199,6 +200,19 @@ class _Index:
 
     def first(self, kind: GroupKind, rank: int) -> tuple[tuple[int, ...], Transport] | None:
         return self._first.get((kind, rank))
+
+
+_PLACES: IdentityMemo[tuple] = IdentityMemo()
+
+
+def tp_group_places(rank_to_gpu: Sequence[GpuRef], tp: int
+                    ) -> tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]:
+    """Per TP group of a rank order (ranks k tp .. k tp + tp - 1): its GPUs' nodes in order of
+    first appearance and their local indices; found once per rank order (by identity) for the
+    TP check, the group builder and `NetView`."""
+    return _PLACES.get((rank_to_gpu,), (tp,), lambda: tuple(
+        (tuple(dict.fromkeys(g.node for g in part)), tuple(g.local_index for g in part))
+        for part in (rank_to_gpu[k:k + tp] for k in range(0, len(rank_to_gpu), tp))))
 
 
 def megatron_rank(pp_rank: int, dp_rank: int, tp_rank: int, dp: int, tp: int) -> int:

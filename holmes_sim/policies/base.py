@@ -12,7 +12,7 @@ from holmes_sim.cluster import Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
-from holmes_sim.plan import GpuRef, Groups, OptimizerMode, Plan
+from holmes_sim.plan import GpuRef, Groups, OptimizerMode, Plan, tp_group_places
 from holmes_sim.policies.groups import GroupBuilder, TransportChooser
 from holmes_sim.schedule import ScheduleKind
 from holmes_sim.workload import Workload
@@ -79,9 +79,9 @@ def check_tp_within_nodes(rank_to_gpu: Sequence[GpuRef], tp: int) -> None:
 
 
 def _check_tp(rank_to_gpu: Sequence[GpuRef], tp: int) -> bool:
-    for start in range(0, len(rank_to_gpu), tp):
-        nodes = {g.node for g in rank_to_gpu[start:start + tp]}
+    for k, (nodes, _) in enumerate(tp_group_places(rank_to_gpu, tp)):
         if len(nodes) > 1:
+            start = k * tp
             raise PlanError(f"the TP group of ranks {start}..{start + tp - 1} spans nodes "
                             f"{sorted(nodes)}; make parallel.tensor divide every node's GPU count")
     return True

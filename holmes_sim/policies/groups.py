@@ -15,7 +15,15 @@ from collections.abc import Callable, Sequence
 
 from holmes_sim.cluster import ETHERNET, Cluster
 from holmes_sim.cost.transport import member_nics
-from holmes_sim.plan import GpuRef, Group, GroupKind, Transport, TransportKind, megatron_rank
+from holmes_sim.plan import (
+    GpuRef,
+    Group,
+    GroupKind,
+    Transport,
+    TransportKind,
+    megatron_rank,
+    tp_group_places,
+)
 
 TransportChooser = Callable[[Sequence[GpuRef]], Transport]
 """A group's transport from its members' GPUs; it may depend on the members' nodes only (in
@@ -34,7 +42,7 @@ class GroupBuilder:
         self.tp, self.pp, self.dp, self.tie = tp, pp, dp, tie_embeddings and pp > 1
         self.pairs = list(dict.fromkeys((j % pp, (j + 1) % pp) for j in range(pp * num_chunks - 1)))
         self._chosen: dict[tuple[str, ...], Transport] = {}
-        self._nodes: dict[int, tuple[str, ...]] = {}
+        self._places = tp_group_places(rank_to_gpu, tp)
         self._names: dict[tuple[int, str], tuple[str, ...]] = {}
         self._data: dict[int, tuple] = {}
         self._pipe: dict[tuple[int, int, int], tuple[int, int, Transport | None]] = {}
@@ -166,11 +174,7 @@ class GroupBuilder:
 
     def _nodes_of(self, first: int) -> tuple[str, ...]:
         """The nodes of the TP group whose first rank is `first`, in order of first appearance."""
-        got = self._nodes.get(first)
-        if got is None:
-            got = self._nodes[first] = tuple(dict.fromkeys(
-                g.node for g in self.gpus[first:first + self.tp]))
-        return got
+        return self._places[first // self.tp][0]
 
     def _names_of(self, first: int, transport: Transport) -> tuple[str, ...]:
         """Each GPU's NIC name of that TP group on `transport` ("" for LOCAL; `member_nics`)."""
