@@ -64,11 +64,10 @@ class _Estimator:
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
         self._bucket_cache: dict[tuple, tuple[tuple[int, float], ...]] = {}
-        self._op_cache: dict[tuple, float] = {}
-        # Parameters (whole TP group) of each stage's chunks, with the embedding or head.
-        params = [self.costs.virtual_stage_params(plan.layers_per_stage, j) for j in range(self.nv)]
-        self._chunk_params = [tuple(params[c * plan.pp + s] for c in range(plan.num_chunks))
-                              for s in range(plan.pp)]
+        self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
+        self._alike_cache: dict[tuple[int, int], tuple] = {}
+        self._params_cache: dict[int, tuple[int, ...]] = {}
+        self._send_cache: dict[tuple[int, int, int], float] = {}
 
     def run(self) -> Estimate:
         """Each class of alike replicas is walked once (their pipelines are independent until
@@ -76,7 +75,7 @@ class _Estimator:
         p, net = self.plan, self.net
         clocks = [self._evaluate_replica(d) for d, _ in net.replica_classes()]
         combos = net.stage_combos(self.w.tie_embeddings)
-        finish = [max(clocks[c][s] + self._tail(s, t, d) for c, t, d in combos[s])
+        finish = [max(clocks[c][s] + self._tail(s, d) for c, _, d in combos[s])
                   for s in range(p.pp)]
         return Estimate(max(finish), tuple(max(clock[s] for clock in clocks) for s in range(p.pp)))
 
@@ -88,20 +87,13 @@ class _Estimator:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
         A transfer starts when its op has ended and the receiver has posted the receive
         (rendezvous, `walk.py`)."""
-        p = self.plan
         table = op_table(*self._shape)
-        # Durations of the few distinct (virtual stage, direction) ops and sends, priced once
-        # (and kept for the start delays and tails).
-        times, layers, last, cache = self.times, p.layers_per_stage, self.nv - 1, self._op_cache
-        durs = []
+        durs, start = [], []
         for s, kinds in enumerate(table.kinds):
-            node = self.net.node(s, d)
-            row = [times.op_s(node, layers[j], j == 0, j == last, b) for j, b in kinds]
-            for (j, b), t in zip(kinds, row, strict=True):
-                cache[(s, d, j, b)] = t
+            row, delay = self._stage(s, d, kinds)
             durs.append(row)
+            start.append(delay)
         sends = [self._p2p_s(a, b, d) for a, b in table.sends]
-        start = [self._start_delay(s, d) for s in range(p.pp)]
         # The walk depends on nothing else: plans that differ only in what happens after it
         # (the optimizer, the DP sync) or in placement with equal times share it.
         key = (self._shape, tuple(map(tuple, durs)), tuple(sends), tuple(start))
@@ -114,17 +106,43 @@ class _Estimator:
         _WALKS[key] = tuple(clock)
         return clock
 
+    def _alike(self, s: int, d: int) -> tuple:
+        """What prices stage s's ops, start delay and tail on replica d: its node's GPU model
+        and intra-node link, its chunks' layers, whether it holds the first or the last virtual
+        stage, and its DP ring. Most stages of a pipeline share it, so they are priced once."""
+        got = self._alike_cache.get((s, d))
+        if got is None:
+            node, pp = self.net.node(s, d), self.plan.pp
+            got = self._alike_cache[(s, d)] = (id(node.gpu), id(node.intra_link),
+                                               tuple(self.plan.layers_per_stage[s::pp]),  # `stage_layers`
+                                               s == 0, s == pp - 1, self.net.dp_ring(s))
+        return got
+
+    def _params(self, s: int) -> tuple[int, ...]:
+        """Parameters (whole TP group) of stage s's chunks, with the embedding or head."""
+        got = self._params_cache.get(s)
+        if got is None:
+            p = self.plan
+            got = self._params_cache[s] = tuple(
+                self.costs.virtual_stage_params(p.layers_per_stage, self._virtual(s, c))
+                for c in range(p.num_chunks))
+        return got
+
+    def _stage(self, s: int, d: int, kinds) -> tuple[list[float], float]:
+        """Durations (s) of stage s's distinct ops (`kinds`: the walk's (virtual stage,
+        backward) in its order, chunk by chunk) on replica d, and its start delay (s)."""
+        key = self._alike(s, d)
+        got = self._stage_cache.get(key)
+        if got is None:
+            got = self._stage_cache[key] = ([self._op_s(s, d, j, b) for j, b in kinds],
+                                            self._start_delay(s, d))
+        return got
+
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
         """Compute plus TP communication of virtual stage j's op on replica d's node (shared by
-        equal hardware and across candidates: `cost.ops.ChunkTimes`; the walk, the start delay
-        and the tail ask for the same ops)."""
-        key = (s, d, j, backward)
-        got = self._op_cache.get(key)
-        if got is None:
-            got = self._op_cache[key] = self.times.op_s(
-                self.net.node(s, d), self.plan.layers_per_stage[j], j == 0, j == self.nv - 1,
-                backward)
-        return got
+        equal hardware and across candidates: `cost.ops.ChunkTimes`)."""
+        return self.times.op_s(self.net.node(s, d), self.plan.layers_per_stage[j], j == 0,
+                               j == self.nv - 1, backward)
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
         """Latency + bytes at the path's rate when every replica sends the same message at the
@@ -133,8 +151,12 @@ class _Estimator:
         (`NetView.p2p`). Sends of other stage pairs that cross the same link are not counted:
         that keeps the estimate on the optimistic side (docs/cost_models.md), and the planner
         confirms by simulation."""
-        latency, rate = self.net.p2p(j_from % self.plan.pp, j_to % self.plan.pp, d)
-        return latency + self._message_bytes / rate
+        key = (j_from % self.plan.pp, j_to % self.plan.pp, d)  # a stage pair's chunks share it
+        got = self._send_cache.get(key)
+        if got is None:
+            latency, rate = self.net.p2p(*key)
+            got = self._send_cache[key] = latency + self._message_bytes / rate
+        return got
 
     # ---- data-parallel and optimizer -----------------------------------------------------------
     def _buckets(self, s: int, kind: str, what: str) -> tuple[tuple[int, float], ...]:
@@ -145,7 +167,7 @@ class _Estimator:
         ring = self.net.dp_ring(s)
         if ring is None:
             return ()
-        params = self._chunk_params[s]
+        params = self._params(s)
         key = (ring, params, kind, what)
         got = self._bucket_cache.get(key)
         if got is None:
@@ -174,15 +196,16 @@ class _Estimator:
         return sum(self._op_s(s, d, self._virtual(s, c), True)
                    for c in range(self.plan.num_chunks))
 
-    def _tail(self, s: int, tail: int, d: int) -> float:
+    def _tail(self, s: int, d: int) -> float:
         """Seconds of stage s's gradient sync, embedding all-reduce, optimizer step and
-        all-gather after its last op, for replica d of tail index `tail` (`NetView.
-        stage_combos`: equal hardware and embedding ring, equal tails)."""
-        got = self._tail_cache.get((s, tail))
+        all-gather after its last op, on replica d; priced once per alike stages (`_alike`)
+        with equal embedding rings."""
+        emb = self.net.embedding_ring(d) if self.w.tie_embeddings and self.plan.pp > 1 and \
+            s in (0, self.plan.pp - 1) else None
+        key = (self._alike(s, d), emb)  # alike stages with the same embedding ring (or none)
+        got = self._tail_cache.get(key)
         if got is None:
-            emb = self.net.embedding_ring(d) if self.w.tie_embeddings and self.plan.pp > 1 and \
-                s in (0, self.plan.pp - 1) else None
-            got = self._tail_cache[(s, tail)] = self._tail_s(s, d, emb)
+            got = self._tail_cache[key] = self._tail_s(s, d, emb)
         return got
 
     def _tail_s(self, s: int, d: int, emb) -> float:
@@ -202,7 +225,7 @@ class _Estimator:
             t += ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
                                         emb[1], emb[2])
         node = self.net.node(s, d)
-        params = sum(self._chunk_params[s])  # `OpCosts.stage_params`
+        params = sum(self._params(s))  # `OpCosts.stage_params`
         t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
         if mode.gathers_after_step:
             t += _total_s(self._buckets(s, "all-gather", "param"))

@@ -63,10 +63,12 @@ class Node:
     intra_link: LinkModel
     nics: tuple[Nic, ...]
     _rdma_fabrics: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _on: dict[str, tuple[Nic, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_rdma_fabrics",
                            tuple(dict.fromkeys(n.fabric for n in self.nics if n.type != ETHERNET)))
+        object.__setattr__(self, "_on", {})
 
     @property
     def rdma_fabrics(self) -> tuple[str, ...]:
@@ -75,7 +77,11 @@ class Node:
         return self._rdma_fabrics
 
     def nics_on(self, fabric: str) -> tuple[Nic, ...]:
-        return tuple(n for n in self.nics if n.fabric == fabric)
+        """This node's NICs on `fabric` (found once per fabric)."""
+        got = self._on.get(fabric)
+        if got is None:
+            got = self._on[fabric] = tuple(n for n in self.nics if n.fabric == fabric)
+        return got
 
     def nic_of_gpu(self, local_gpu: int, fabric: str) -> Nic | None:
         """The NIC on `fabric` that GPU `local_gpu` uses, or None when the node is not on it."""

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.cluster import Cluster, Node
-from holmes_sim.cost.paths import Path, group_path, link_capacities, reversed_path, ring_paths
+from holmes_sim.cost.paths import link_capacities, node_send_sides, ring_uses, send_uses
 from holmes_sim.memo import IdentityMemo
-from holmes_sim.plan import GpuRef, Group, GroupKind, megatron_rank
+from holmes_sim.plan import GpuRef, Group, GroupKind, group_lookup, megatron_rank, tp_group_places
 
 Ring = tuple[int, float, float]
 """(members, rate in bytes/s, per-step latency in s) of a ring collective."""
@@ -45,14 +45,13 @@ class NetView:
         self.cluster, self.rank_to_gpu = cluster, rank_to_gpu
         self.tp, self.pp, self.dp, self.nv = tp, pp, dp, pp * num_chunks
         self.caps = cluster.derived(("link capacities",), lambda: link_capacities(cluster))
-        self._by_ranks = {(g.kind, g.ranks): g for g in groups}
-        self._by_first: dict[tuple[GroupKind, int], Group] = {}
-        for g in groups:
-            self._by_first.setdefault((g.kind, g.ranks[0]), g)
+        # The few groups asked for (a transport per stage pair, a ring per stage), found
+        # without building all of a plan's groups where they are built lazily (`plan.Groups`).
+        self._groups = group_lookup(groups)
         self._forward = {(j % pp, (j + 1) % pp) for j in range(self.nv - 1)}
         self._entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
         self._nodes: dict[tuple[int, int], Node] = {}
-        self._paths: dict[tuple[int, int, int], Path] = {}
+        self._places = tp_group_places(rank_to_gpu, tp)
         self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._rings: dict[tuple[GroupKind, int], Ring | None] = {}
         self._stage_nodes: dict[int, list[Node]] = {}
@@ -71,6 +70,11 @@ class NetView:
             r = self.rank(s, d)
             got = self._entities[(s, d)] = tuple(self.rank_to_gpu[r:r + self.tp])
         return got
+
+    def _on_one_node(self, s: int, d: int) -> tuple[str, tuple[int, ...]] | None:
+        """`cost.paths.on_one_node` of the TP group at (stage s, replica d)."""
+        nodes, local = self._places[self.rank(s, d) // self.tp]
+        return (nodes[0], local) if len(nodes) == 1 else None
 
     def node(self, s: int, d: int) -> Node:
         got = self._nodes.get((s, d))
@@ -93,31 +97,63 @@ class NetView:
     # ---- pipeline sends ---------------------------------------------------------------------
     def p2p(self, a: int, b: int, d: int) -> tuple[float, float]:
         """(latency s, rate bytes/s) of replica d's send from stage a to stage b while every
-        replica sends the same message (`analytic` adds bytes / rate)."""
+        replica sends the same message (`analytic` adds bytes / rate): each link's capacity
+        split over the summed weights of every replica's send on it (`cost.paths.send_uses`).
+        A backward send's path is its forward pair's with every link the other way, whose
+        capacity is the same (`link_capacities`), and the same weights and latency: it gets
+        the forward pair's figures (with p = 2 and chunks both ways are forward pairs of two
+        groups, each priced on its own)."""
+        return self._pair_rates(a, b)[d]
+
+    def _pair_rates(self, a: int, b: int) -> list[tuple[float, float]]:
+        """`p2p` of the pair (a, b) for every replica."""
         got = self._p2p.get((a, b))
         if got is None:
-            paths = [self._path(a, b, r) for r in range(self.dp)]
-            load: dict = {}
-            for path in paths:
-                for lk, w in path.links:
-                    load[lk] = load.get(lk, 0.0) + w
-            caps = self.caps
-            got = self._p2p[(a, b)] = [(path.latency_s, min(caps[lk] / load[lk] for lk, _ in path.links))
-                                       for path in paths]
-        return got[d]
+            if (a, b) not in self._forward and (b, a) in self._forward:
+                got = self._p2p[(a, b)] = self._p2p.get((b, a)) or self._send_rates(b, a)
+            else:
+                got = self._send_rates(a, b)
+        return got
 
-    def _path(self, a: int, b: int, d: int) -> Path:
-        """Path of the send from stage a to stage b of replica d (the PP group of the pair); the
-        other way's, flipped, once that was built over the same group (the backward sends of
-        a forward pair; with p = 2 and chunks, both ways are forward pairs of two groups)."""
-        other = self._paths.get((b, a, d))
-        if other is not None and ((a, b) not in self._forward or (b, a) not in self._forward):
-            got = self._paths[(a, b, d)] = reversed_path(other, self.caps)
-            return got
-        fwd = (a, b) if (a, b) in self._forward else (b, a)
-        group = self._by_ranks[(GroupKind.PIPELINE, (self.rank(fwd[0], d), self.rank(fwd[1], d)))]
-        got = self._paths[(a, b, d)] = group_path(self.cluster, group.transport,
-                                                  self.entity(a, d), self.entity(b, d), self.caps)
+    def _send_rates(self, a: int, b: int) -> list[tuple[float, float]]:
+        """`p2p` of the forward pair (a, b) for every replica, kept. When every replica's send
+        goes from one node to another and no two replicas' sends touch a node, their NIC links
+        are their own: a send's rate is its sides' smallest capacity / weight (kept with the
+        cluster) and the uplink's capacity over the sends crossing it; else each link's load
+        is summed over the replicas' sends. The same floats either way (a link's load is its
+        one weight, an uplink's the count)."""
+        transports = [self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
+                      for d in range(self.dp)]
+        sides = [node_send_sides(self.cluster, t, self._on_one_node(a, d), self._on_one_node(b, d))
+                 for d, t in enumerate(transports)]
+        nodes = {self.entity(s, d)[0].node for s in (a, b) for d in range(self.dp)}
+        if None not in sides and len(nodes) == 2 * self.dp:
+            return self._own_links(a, b, sides)
+        uses = [send_uses(self.cluster, t, self.entity(a, d), self.entity(b, d))
+                for d, t in enumerate(transports)]
+        load: dict = {}
+        get = load.get
+        for links, _ in uses:
+            for lk, w in links:
+                load[lk] = get(lk, 0.0) + w
+        caps = self.caps
+        got = self._p2p[(a, b)] = [(latency, min(caps[lk] / load[lk] for lk, _ in links))
+                                   for links, latency in uses]
+        return got
+
+    def _own_links(self, a: int, b: int, sides: list) -> list[tuple[float, float]]:
+        """`_send_rates` of sends whose NIC links no other send of the pair uses."""
+        crossing: dict = {}
+        for _, _, up in sides:
+            if up is not None:
+                crossing[up[0]] = crossing.get(up[0], 0.0) + 1.0
+        got = []
+        for out, into, up in sides:
+            latency, rate = max(out[1], into[1]), min(out[3], into[3])
+            if up is not None:
+                latency, rate = latency + up[1], min(rate, self.caps[up[0]] / crossing[up[0]])
+            got.append((latency, rate))
+        self._p2p[(a, b)] = got
         return got
 
     # ---- rings --------------------------------------------------------------------------------
@@ -126,15 +162,16 @@ class NetView:
         (DATA: stage s's replicas; EMBEDDING: replica 0's first and last stage), over its
         members' TP groups (None: no such group)."""
         if (kind, s) not in self._rings:
-            group = self._by_first.get((kind, self.rank(s, 0)))
+            group = self._groups.first(kind, self.rank(s, 0))
             if group is None:
                 self._rings[(kind, s)] = None
             else:
-                tp, gpus = self.tp, self.rank_to_gpu
-                members = [tuple(gpus[r + i] for i in range(tp)) for r in group.ranks]
-                ring = ring_paths(self.cluster, group.transport, members, self.caps)
-                self._rings[(kind, s)] = (len(members), ring.idle_rate_bytes_per_s,
-                                          ring.step_latency_s)
+                (ranks, transport), tp, gpus = group, self.tp, self.rank_to_gpu
+                members = [gpus[r:r + tp] for r in ranks]
+                hops = ring_uses(self.cluster, transport, members)
+                # `Ring.idle_rate_bytes_per_s` and `Ring.step_latency_s` of `ring_paths`
+                self._rings[(kind, s)] = (len(members), min(h[2] for h in hops),
+                                          max(h[1] for h in hops))
         return self._rings[(kind, s)]
 
     def dp_ring(self, s: int) -> Ring | None:
@@ -157,18 +194,18 @@ class NetView:
         if self._emb is None:
             rings, load = {}, {}
             for r in range(self.dp):
-                group = self._by_first.get((GroupKind.EMBEDDING, self.rank(0, r)))
+                group = self._groups.first(GroupKind.EMBEDDING, self.rank(0, r))
                 if group is not None:
-                    rings[r] = ring_paths(self.cluster, group.transport,
-                                          [self.entity(0, r), self.entity(self.pp - 1, r)], self.caps)
-            for ring in rings.values():
-                for hop in ring.hops:
-                    for lk, w in hop.links:
+                    rings[r] = ring_uses(self.cluster, group[1],
+                                         [self.entity(0, r), self.entity(self.pp - 1, r)])
+            for hops in rings.values():
+                for links, _, _ in hops:
+                    for lk, w in links:
                         load[lk] = load.get(lk, 0.0) + w
             caps = self.caps
             self._emb = [None if r not in rings else
-                         (2, min(caps[lk] / load[lk] for hop in rings[r].hops for lk, _ in hop.links),
-                          rings[r].step_latency_s) for r in range(self.dp)]
+                         (2, min(caps[lk] / load[lk] for links, _, _ in rings[r] for lk, _ in links),
+                          max(step for _, step, _ in rings[r])) for r in range(self.dp)]
         return self._emb[d]
 
     # ---- alike replicas -----------------------------------------------------------------------
@@ -176,13 +213,14 @@ class NetView:
         """(representative, members) of each class of replicas with the same hardware on every
         stage and the same send latencies and rates in both directions, in replica order."""
         if self._classes is None:
+            # Each stage pair once (its chunks' sends are the same sends), both ways.
+            pairs = dict.fromkeys((j % self.pp, (j + 1) % self.pp) for j in range(self.nv - 1))
+            rates = [self._pair_rates(a, b) for a, b in pairs] + \
+                [self._pair_rates(b, a) for a, b in pairs]
             by_signature: dict[tuple, tuple[int, list[int]]] = {}
             for d in range(self.dp):
                 signature = (tuple(self.hardware(s, d) for s in range(self.pp)),
-                             tuple(self.p2p(j % self.pp, (j + 1) % self.pp, d)
-                                   for j in range(self.nv - 1)),
-                             tuple(self.p2p((j + 1) % self.pp, j % self.pp, d)
-                                   for j in range(self.nv - 1)))
+                             tuple(r[d] for r in rates))
                 by_signature.setdefault(signature, (d, []))[1].append(d)
             self._classes = list(by_signature.values())
         return self._classes

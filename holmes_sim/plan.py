@@ -10,9 +10,12 @@ A policy chooses which GPU each rank runs on; the layout of ranks into groups ne
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
+from typing import Protocol
 
+from holmes_sim.memo import IdentityMemo
 from holmes_sim.schedule import Schedule, ScheduleKind, build_schedule
 
 
@@ -120,6 +123,98 @@ class Group:
     nics: tuple[str, ...]
 
 
+class GroupLookup(Protocol):
+    """What the estimate needs of single groups of a plan: the transport of the pipeline pair
+    of (sender, receiver) ranks, and the ranks and transport of the first group of a kind (in
+    the plan's order) whose first rank is given; None when there is none."""
+
+    def pair_transport(self, ranks: tuple[int, ...]) -> Transport | None: ...
+
+    def first(self, kind: GroupKind, rank: int) -> tuple[tuple[int, ...], Transport] | None: ...
+
+
+class Groups(Sequence[Group]):
+    """A plan's groups, built when first read: `build()` gives the tuple, and `lookup` (when
+    given) answers for single groups without building them all (the estimate of a 1,024-GPU
+    plan needs a transport per stage pair and a ring per stage, not 1,344 groups). Equal to,
+    hashed as, pickled and serialised as the tuple."""
+
+    __slots__ = ("_build", "_groups", "lookup")
+
+    def __init__(self, build: Callable[[], tuple[Group, ...]], lookup: GroupLookup | None = None):
+        self._build: Callable[[], tuple[Group, ...]] | None = build
+        self._groups: tuple[Group, ...] | None = None
+        self.lookup = lookup
+
+    def built(self) -> tuple[Group, ...]:
+        if self._groups is None:
+            assert self._build is not None
+            self._groups, self._build = self._build(), None
+        return self._groups
+
+    def __len__(self) -> int:
+        return len(self.built())
+
+    def __getitem__(self, index):
+        return self.built()[index]
+
+    def __iter__(self) -> Iterator[Group]:
+        return iter(self.built())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Groups):
+            other = other.built()
+        return self.built() == other if isinstance(other, tuple) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.built())
+
+    def __repr__(self) -> str:
+        return repr(self.built())
+
+    def __reduce__(self):
+        return tuple, (self.built(),)
+
+
+def group_lookup(groups: Sequence[Group]) -> GroupLookup:
+    """The groups' own lookup (`Groups`), else an index over them."""
+    lookup = getattr(groups, "lookup", None)
+    return _Index(groups) if lookup is None else lookup
+
+
+class _Index:
+    """`GroupLookup` over built groups: one pass, pipeline pairs by ranks, all by first rank."""
+
+    def __init__(self, groups: Sequence[Group]):
+        self._pairs: dict[tuple[int, ...], Transport] = {}
+        self._first: dict[tuple[GroupKind, int], tuple[tuple[int, ...], Transport]] = {}
+        pipeline, pairs, first = GroupKind.PIPELINE, self._pairs, self._first
+        for g in groups:
+            if g.kind is pipeline:
+                pairs[g.ranks] = g.transport
+            if (g.kind, g.ranks[0]) not in first:
+                first[(g.kind, g.ranks[0])] = (g.ranks, g.transport)
+
+    def pair_transport(self, ranks: tuple[int, ...]) -> Transport | None:
+        return self._pairs.get(ranks)
+
+    def first(self, kind: GroupKind, rank: int) -> tuple[tuple[int, ...], Transport] | None:
+        return self._first.get((kind, rank))
+
+
+_PLACES: IdentityMemo[tuple] = IdentityMemo()
+
+
+def tp_group_places(rank_to_gpu: Sequence[GpuRef], tp: int
+                    ) -> tuple[tuple[tuple[str, ...], tuple[int, ...]], ...]:
+    """Per TP group of a rank order (ranks k tp .. k tp + tp - 1): its GPUs' nodes in order of
+    first appearance and their local indices; found once per rank order (by identity) for the
+    TP check, the group builder and `NetView`."""
+    return _PLACES.get((rank_to_gpu,), (tp,), lambda: tuple(
+        (tuple(dict.fromkeys(g.node for g in part)), tuple(g.local_index for g in part))
+        for part in (rank_to_gpu[k:k + tp] for k in range(0, len(rank_to_gpu), tp))))
+
+
 def megatron_rank(pp_rank: int, dp_rank: int, tp_rank: int, dp: int, tp: int) -> int:
     """Global rank of (pipeline, data, tensor) coordinates in Megatron's "tp-dp-pp" order (TP
     fastest, then DP, then PP; Megatron-Core `RankGenerator`)."""
@@ -139,7 +234,8 @@ class Plan:
         schedule_kind, num_microbatches, num_chunks: the pipeline schedule.
         optimizer: gradient synchronisation and optimizer state mode.
         overlap_grad_reduce: see the field.
-        groups: every communication group (TP, DP, PP pairs, embedding).
+        groups: every communication group (TP, DP, PP pairs, embedding): a tuple, or `Groups`
+            built on first use.
         notes: human-readable decisions the policy made (shown in reports).
     """
 
@@ -153,7 +249,7 @@ class Plan:
     num_microbatches: int
     num_chunks: int
     optimizer: OptimizerMode
-    groups: tuple[Group, ...]
+    groups: tuple[Group, ...] | Groups
     notes: tuple[str, ...] = ()
     overlap_grad_reduce: bool = False
     """Gradient buckets are reduced during the last backward (PyTorch DDP, Megatron
@@ -207,7 +303,8 @@ class Plan:
 
     def to_json(self) -> str:
         """Deterministic JSON (sorted keys) of the whole plan."""
-        return json.dumps(asdict(self), sort_keys=True, default=str)
+        plan = self if isinstance(self.groups, tuple) else replace(self, groups=tuple(self.groups))
+        return json.dumps(asdict(plan), sort_keys=True, default=str)
 
     @staticmethod
     def from_json(text: str) -> Plan:

@@ -79,3 +79,15 @@ assert r.exit_code == 0, r.output
 print(len(scenario_names()), "torch" in sys.modules)
 """
     assert _run(venv, code, tmp_path).split() == ["7", "False"]
+
+
+def test_installed_wheel_walks_in_c_where_it_was_built(wheel, venv, tmp_path):
+    """The estimate's walk is an optional C extension: a wheel built with a C compiler carries
+    it and uses it (without one, the wheel walks in Python and this is skipped)."""
+    with zipfile.ZipFile(wheel) as z:
+        built = any(n.startswith("holmes_sim/_walk_kernel.") and n.endswith((".so", ".pyd"))
+                    for n in z.namelist())
+    if not built:
+        pytest.skip("built without a C compiler: the walk runs in Python")
+    code = "from holmes_sim import walk; print(walk._walk_kernel is not None)"
+    assert _run(venv, code, tmp_path).split() == ["True"]

@@ -6,7 +6,7 @@ import pytest
 
 from holmes_sim.cluster import ETHERNET
 from holmes_sim.plan import GroupKind, Plan, TransportKind
-from holmes_sim.policies import POLICIES
+from holmes_sim.policies import POLICIES, base
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy, run_policy
 from tests.conftest import SCENARIOS, small_scenario
@@ -86,6 +86,42 @@ def test_adaptive_partition_gives_the_faster_stage_more_layers(write_scenario):
     assert adaptive.result.iteration_time_s < equal.result.iteration_time_s
 
 
+@pytest.mark.parametrize("name", ["mixed_ib_roce", "mixed_ib_eth", "large_175b_1024"])
+def test_partition_search_equals_the_plain_greedy(name):
+    """The search prices alike stages once and keeps its trials in a heap: the same layers
+    as adding each layer to the stage of smallest trial time over every stage, uncached."""
+    from holmes_sim import planner
+    from holmes_sim.plan import OptimizerMode
+    from holmes_sim.policies.holmes import nic_aware_order
+    from holmes_sim.policies.partition import StageTimer, _even, _greedy
+
+    prepared = prepare(SCENARIOS / f"{name}.yaml")
+    grid = list(planner.layouts(prepared, prepared.scenario.search))
+    policy = POLICIES["holmes"]
+    for layout in grid[::max(1, len(grid) // 25)]:
+        p = planner.prepared_for(prepared, layout)
+        request = p.request(p.cluster)
+        _, gpus = base.rank_order(p.cluster, "nic-aware", nic_aware_order)
+        groups = base.build_groups(p.cluster, gpus, p.tp, p.pp, p.dp, request.num_chunks,
+                                   p.workload.tie_embeddings, policy.chooser(request, gpus))
+        timer = StageTimer(request, gpus, groups, OptimizerMode.DISTRIBUTED_OVERLAPPED)
+        if p.workload.num_layers < p.pp * request.num_chunks:
+            continue
+
+        def plain(s, layers, timer=timer):
+            return max(timer._replica_time_s(s, node, layers) for node in timer.nodes[s])
+
+        v, pp = request.num_chunks, p.pp
+        totals = [v] * pp
+        trials = [plain(s, _even(v + 1, v)) for s in range(pp)]
+        for _ in range(p.workload.num_layers - pp * v):
+            best = min(range(pp), key=lambda s, trials=trials: (trials[s], s))
+            totals[best] += 1
+            trials[best] = plain(best, _even(totals[best] + 1, v))
+        per_stage = [_even(t, v) for t in totals]
+        assert _greedy(timer) == tuple(per_stage[j % pp][j // pp] for j in range(pp * v)), layout
+
+
 def test_overlap_hides_data_parallel_time():
     prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")
     on = run_policy(prepared, "holmes").result
@@ -107,3 +143,18 @@ def test_all_ib_view_puts_every_node_on_one_fabric():
     prepared = prepare(SCENARIOS / "mixed_ib_eth.yaml")
     _, cluster = plan_policy(prepared, "all-ib")
     assert all(n.rdma_fabrics == ("all-ib",) for n in cluster.nodes)
+
+
+def test_a_plan_with_lazy_groups_equals_serialises_and_pickles_as_with_its_tuple():
+    import pickle
+    from dataclasses import replace
+
+    from holmes_sim.plan import Groups
+
+    plan, _ = plan_policy(prepare(SCENARIOS / "two_clusters_39b.yaml"), "holmes")
+    assert isinstance(plan.groups, Groups)
+    eager = replace(plan, groups=tuple(plan.groups))
+    assert plan == eager and eager == plan and hash(plan) == hash(eager)
+    assert plan.to_json() == eager.to_json()
+    assert Plan.from_json(plan.to_json()) == plan
+    assert pickle.loads(pickle.dumps(plan)) == eager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -11,9 +12,19 @@ from holmes_sim import walk as walk_module
 from holmes_sim.bundled import bundled_scenario
 from holmes_sim.errors import HolmesError
 from holmes_sim.prepare import prepare
-from holmes_sim.walk import op_table, walk, walk_plain
+from holmes_sim.walk import full_op_table, op_table, walk, walk_plain
 
 REL = 1e-12
+
+
+@pytest.fixture(params=["compiled", "python"])
+def kernel(request, monkeypatch):
+    """`walk` with its ops in C (`_walk_kernel`), and in Python."""
+    if request.param == "python":
+        monkeypatch.setattr(walk_module, "_walk_kernel", None)
+    elif walk_module._walk_kernel is None:
+        pytest.skip("the C walk was not built")
+    return request.param
 
 
 def _close(a: list[float], b: list[float]) -> bool:
@@ -39,7 +50,7 @@ def _random_case(rng: random.Random):
     return table, durs, sends, start
 
 
-def test_walk_equals_plain_walk_on_random_schedules():
+def test_walk_equals_plain_walk_on_random_schedules(kernel):
     rng = random.Random(11)
     jumped = 0
     for _ in range(400):
@@ -52,9 +63,10 @@ def test_walk_equals_plain_walk_on_random_schedules():
     assert jumped >= 50  # the jump was taken (it changes the last bits) in many cases
 
 
-def test_compiled_segments_equal_the_checked_walk_bit_for_bit(monkeypatch):
-    """Without jumps, `walk` runs every op from its compiled segments (no readiness checks,
-    sentinel slots): the very same additions and maxima as `walk_plain`'s checked walk."""
+def test_walk_without_jumps_equals_the_checked_walk_bit_for_bit(monkeypatch, kernel):
+    """Without jumps, `walk` runs every op, in C or from its recorded segments in Python (no
+    readiness checks, sentinel slots): the very same additions and maxima as `walk_plain`'s
+    checked walk."""
     monkeypatch.setattr(walk_module, "_NOISE_ULPS", -1)  # no two states count as repeating
     rng = random.Random(12)
     for _ in range(150):
@@ -62,6 +74,51 @@ def test_compiled_segments_equal_the_checked_walk_bit_for_bit(monkeypatch):
         plain = walk_plain(table, durs, sends, start)
         assert walk(table, durs, sends, start) == plain  # records the segments' runs
         assert walk(table, durs, sends, start) == plain  # replays them
+
+
+def test_compiled_and_python_walks_are_identical_with_jumps(monkeypatch):
+    """The C walk and the Python walk take the same jumps from the same states: equal bit for
+    bit on random schedules (1F1B, interleaved, GPipe; equal and uneven stages)."""
+    if walk_module._walk_kernel is None:
+        pytest.skip("the C walk was not built")
+    rng = random.Random(14)
+    for _ in range(300):
+        table, durs, sends, start = _random_case(rng)
+        compiled = walk(table, durs, sends, start)
+        with monkeypatch.context() as m:
+            m.setattr(walk_module, "_walk_kernel", None)
+            assert walk(table, durs, sends, start) == compiled  # records, then replays
+            assert walk(table, durs, sends, start) == compiled
+
+
+def test_compiled_walk_refuses_bad_arrays():
+    from array import array
+
+    k = walk_module._walk_kernel
+    if k is None:
+        pytest.skip("the C walk was not built")
+    table = full_op_table("1f1b", 2, 4, 1)
+    rows, firsts = table.flat
+    durs, sends = array("d", [1.0, 2.0] * 2), array("d", [0.5] * len(table.sends))
+
+    def state():
+        return array("q", [0, 0]), array("d", [0.0, 0.0]), \
+            array("d", [-1.0]) * table.slots + array("d", [-math.inf, 0.0])
+
+    pos, clock, ready = state()
+    k.advance(rows, firsts, durs, 2, sends, pos, array("q", [8, 8]), clock, ready)
+    assert list(pos) == [8, 8] and list(clock) == walk_plain(table, [[1.0, 2.0]] * 2,
+                                                             list(sends), [0.0, 0.0])
+    with pytest.raises(TypeError):  # limits as doubles
+        k.advance(rows, firsts, durs, 2, sends, *state()[:1], array("d", [8, 8]), *state()[1:])
+    with pytest.raises(ValueError):  # past the end of a stage
+        k.advance(rows, firsts, durs, 2, sends, *state()[:1], array("q", [9, 8]), *state()[1:])
+    with pytest.raises(ValueError):  # fewer op times than kinds
+        k.advance(rows, firsts, array("d", [1.0]), 2, sends, *state()[:1], array("q", [8, 8]),
+                  *state()[1:])
+    with pytest.raises(RuntimeError, match="deadlock"):  # stage 1 waits for a message never sent
+        pos, clock, ready = state()
+        k.advance(rows, firsts, durs, 2, sends, pos, array("q", [0, 8]), clock, ready)
 
 
 def test_steady_runs_cover_the_one_forward_one_backward_phase():
@@ -73,7 +130,7 @@ def test_steady_runs_cover_the_one_forward_one_backward_phase():
     assert op_table("1f1b", 4, 3, 1).run is None  # no steady phase
 
 
-def test_long_schedules_keep_a_short_table():
+def test_long_schedules_keep_a_short_table(kernel):
     """A 1F1B table of 2,048 micro-batches keeps 6p + 24 steady rounds and leaves the rest to
     the jump; its walk equals the full table's."""
     table = op_table("1f1b", 4, 2048, 1)
@@ -85,7 +142,7 @@ def test_long_schedules_keep_a_short_table():
     assert _close(walk_plain(table, durs, sends, start), walk(table, durs, sends, start))
 
 
-def test_a_short_table_whose_state_never_repeats_walks_the_full_table(monkeypatch):
+def test_a_short_table_whose_state_never_repeats_walks_the_full_table(monkeypatch, kernel):
     monkeypatch.setattr(walk_module, "_NOISE_ULPS", -1)  # no two states count as repeating
     table = op_table("1f1b", 3, 500, 1)
     assert table.run.extra > 0
@@ -102,7 +159,7 @@ def _sample(name: str, count: int):
 
 @pytest.mark.parametrize("name", ["mixed_ib_roce", "mixed_ib_eth", "two_clusters_39b",
                                   "pure_ethernet", "large_175b_1024"])
-def test_estimate_with_jump_equals_plain_walk_on_searched_plans(name, monkeypatch):
+def test_estimate_with_jump_equals_plain_walk_on_searched_plans(name, monkeypatch, kernel):
     """Every sampled layout x policy of the search: the estimate with the jump equals the one
     that walks every op."""
     prepared, sample = _sample(name, 12 if name == "large_175b_1024" else 40)
@@ -117,9 +174,9 @@ def test_estimate_with_jump_equals_plain_walk_on_searched_plans(name, monkeypatc
             analytic._WALKS.clear()
             fast = analytic.estimate_iteration(plan, cluster, p.workload, p.compute)
             analytic._WALKS.clear()
-            monkeypatch.setattr(analytic, "walk", walk_plain)  # walks the full table
-            plain = analytic.estimate_iteration(plan, cluster, p.workload, p.compute)
-            monkeypatch.undo()
+            with monkeypatch.context() as m:
+                m.setattr(analytic, "walk", walk_plain)  # walks the full table
+                plain = analytic.estimate_iteration(plan, cluster, p.workload, p.compute)
             assert _close([plain.iteration_s, *plain.stage_end_s],
                           [fast.iteration_s, *fast.stage_end_s]), (layout, policy)
             compared += 1

@@ -19,14 +19,22 @@ LOCAL = Transport(TransportKind.LOCAL)
 
 
 def best_shared_transport(cluster: Cluster, gpus: Sequence[GpuRef]) -> Transport:
-    """The fastest transport every member of a group can use (NIC-aware selection)."""
+    """The fastest transport every member of a group can use (NIC-aware selection). It depends
+    on the NICs of the members' nodes only (in order of first appearance), so it is chosen
+    once per sequence of NIC layouts and kept with the cluster (`Cluster.derived`): the few
+    kinds of node stand for the many nodes."""
     nodes = _nodes(cluster, gpus)
     if len(nodes) == 1:
         return LOCAL
-    common = _common_rdma_fabrics(nodes)
-    if common:
-        return Transport(TransportKind.RDMA, max(common, key=lambda f: _slowest_member_rate(nodes, f)))
-    return _tcp(nodes)
+    key = tuple(id(n.nics) for n in nodes)  # the NIC tuples live as long as the cluster
+    chosen = cluster.derived(("best shared transport",), dict)
+    got = chosen.get(key)
+    if got is None:
+        common = _common_rdma_fabrics(nodes)
+        got = chosen[key] = Transport(
+            TransportKind.RDMA, max(common, key=lambda f: _slowest_member_rate(nodes, f))) \
+            if common else _tcp(nodes)
+    return got
 
 
 def job_wide_fabric(cluster: Cluster, all_gpus: Sequence[GpuRef]) -> str | None:

@@ -24,12 +24,12 @@ from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan
 from holmes_sim.policies.base import (
     PlanRequest,
-    TransportChooser,
     build_groups,
     check_tp_within_nodes,
     equal_partition,
     rank_order,
 )
+from holmes_sim.policies.groups import TransportChooser
 from holmes_sim.policies.partition import StageTimer, adaptive_partition
 
 

@@ -12,6 +12,7 @@ increasing costs).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -57,10 +58,23 @@ class StageTimer:
         # Replicas on identical hardware cost the same: keep one node per distinct (GPU, link).
         self.nodes = [self.net.stage_nodes(s) for s in range(request.pp)]
         self._chunks: dict[tuple, tuple[float, float, int]] = {}
+        # Stages priced alike: the same hardware, DP ring, and first or last place (the
+        # embedding, head and embedding ring); most stages of a pipeline share one.
+        alike: dict[tuple, int] = {}
+        self._alike = [alike.setdefault((tuple((id(n.gpu), id(n.intra_link)) for n in self.nodes[s]),
+                                         self.dp_ring[s], s == 0, s == request.pp - 1), len(alike))
+                       for s in range(request.pp)]
+        self._stage_times: dict[tuple, float] = {}
 
     def stage_time_s(self, s: int, chunk_layers: Sequence[int]) -> float:
-        """Compute of all micro-batches plus exposed DP and embedding sync of stage `s` (s)."""
-        return max(self._replica_time_s(s, node, chunk_layers) for node in self.nodes[s])
+        """Compute of all micro-batches plus exposed DP and embedding sync of stage `s` (s),
+        priced once per kind of stage and layer split."""
+        key = (self._alike[s], tuple(chunk_layers))
+        got = self._stage_times.get(key)
+        if got is None:
+            got = self._stage_times[key] = max(self._replica_time_s(s, node, chunk_layers)
+                                               for node in self.nodes[s])
+        return got
 
     def _replica_time_s(self, s: int, node: Node, chunk_layers: Sequence[int]) -> float:
         r = self.r
@@ -127,11 +141,14 @@ def _greedy(timer: StageTimer) -> tuple[int, ...]:
     r = timer.r
     v = r.num_chunks
     totals = [v] * r.pp
-    trials = [timer.stage_time_s(s, _even(v + 1, v)) for s in range(r.pp)]
+    # Each stage's trial time once, in a heap of (trial, stage): its top is the smallest trial,
+    # the lowest stage among equal ones.
+    trials = [(timer.stage_time_s(s, _even(v + 1, v)), s) for s in range(r.pp)]
+    heapq.heapify(trials)
     for _ in range(r.workload.num_layers - r.pp * v):
-        best = min(range(r.pp), key=lambda s: (trials[s], s))
+        best = trials[0][1]
         totals[best] += 1
-        trials[best] = timer.stage_time_s(best, _even(totals[best] + 1, v))
+        heapq.heapreplace(trials, (timer.stage_time_s(best, _even(totals[best] + 1, v)), best))
     per_stage = [_even(t, v) for t in totals]
     return tuple(per_stage[j % r.pp][j // r.pp] for j in range(r.pp * v))
 

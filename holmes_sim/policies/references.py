@@ -16,7 +16,8 @@ from holmes_sim.catalog import NICS
 from holmes_sim.cluster import ETHERNET, Cluster, Nic, Node
 from holmes_sim.cost.transport import tcp_transport
 from holmes_sim.plan import GpuRef
-from holmes_sim.policies.base import PlanRequest, TransportChooser
+from holmes_sim.policies.base import PlanRequest
+from holmes_sim.policies.groups import TransportChooser
 from holmes_sim.policies.holmes import HolmesPolicy
 
 ALL_IB_FABRIC = "all-ib"

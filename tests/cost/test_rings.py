@@ -113,36 +113,3 @@ def test_node_to_node_paths_equal_the_member_by_member_loop(name):
         for transport in (best_shared_transport(cluster, src + dst), tcp_transport(cluster, src + dst)):
             assert group_path(cluster, transport, src, dst, caps) == \
                 _member_by_member(cluster, transport, src, dst, caps)
-
-
-@pytest.mark.parametrize("name", ["mixed_ib_roce", "two_clusters_39b", "large_175b_1024"])
-def test_reversed_path_is_the_other_way_s_group_path(name):
-    """`reversed_path` of a transfer equals `group_path` from dst to src (links as a mapping:
-    only their order differs), for member sets on two nodes, on one node, and mixed."""
-    import random
-
-    from holmes_sim.bundled import bundled_scenario
-    from holmes_sim.cost.paths import group_path, link_capacities, reversed_path
-    from holmes_sim.cost.transport import best_shared_transport, tcp_transport
-    from holmes_sim.plan import GpuRef
-
-    cluster = prepare(bundled_scenario(name)).cluster
-    caps = link_capacities(cluster)
-    rng = random.Random(4)
-    for _ in range(200):
-        a, b = rng.sample(cluster.nodes, 2)
-        t = rng.choice([1, 2, 4, a.num_gpus])
-        if t > b.num_gpus:
-            continue
-        src = [GpuRef(a.name, g) for g in rng.sample(range(a.num_gpus), t)]
-        dst = [GpuRef(b.name, g) for g in rng.sample(range(b.num_gpus), t)]
-        if rng.random() < 0.3:  # some or all members on the sender's node
-            dst = [GpuRef(a.name, g.local_index % a.num_gpus) if rng.random() < 0.5 else g
-                   for g in dst]
-        for transport in (best_shared_transport(cluster, src + dst), tcp_transport(cluster, src + dst)):
-            there = group_path(cluster, transport, src, dst, caps)
-            back = group_path(cluster, transport, dst, src, caps)
-            flipped = reversed_path(there, caps)
-            assert dict(flipped.links) == dict(back.links) and len(flipped.links) == len(back.links)
-            assert (flipped.latency_s, flipped.idle_rate_bytes_per_s, flipped.step_latency_s) == \
-                (back.latency_s, back.idle_rate_bytes_per_s, back.step_latency_s)

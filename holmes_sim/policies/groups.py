@@ -1,0 +1,192 @@
+"""The communication groups of a rank order (Megatron's layout: TP ranks consecutive, a stage's
+replicas tp apart, `plan.megatron_rank`), each with its transport and its members' NICs.
+
+A group's members come from TP groups (stage s, replica d), each on one node (the policies
+check it): their nodes and their GPUs' NIC names on a fabric are found once per TP group, and a
+transport once per sequence of member nodes (`TransportChooser`). A 1,024-GPU plan has 1,344
+groups, most of them pipeline pairs; the estimate needs a few of them (a transport per stage
+pair, a ring per stage), so the builder also answers for single groups (`plan.GroupLookup`)
+with what `build` gives them, without NIC names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from holmes_sim.cluster import ETHERNET, Cluster
+from holmes_sim.cost.transport import member_nics
+from holmes_sim.plan import (
+    GpuRef,
+    Group,
+    GroupKind,
+    Transport,
+    TransportKind,
+    megatron_rank,
+    tp_group_places,
+)
+
+TransportChooser = Callable[[Sequence[GpuRef]], Transport]
+"""A group's transport from its members' GPUs; it may depend on the members' nodes only (in
+order of first appearance), so it is asked once per distinct node sequence."""
+
+
+class GroupBuilder:
+    """TP, DP, PP and embedding groups of one rank order and degrees (`build`: all, in order;
+    `pair_transport`, `first`: one, as `plan.GroupLookup`). PP groups are ordered pairs (sender,
+    receiver) for each forward boundary of virtual stages j -> j + 1 (the backward gradient
+    uses the same pair in reverse), each physical pair once, in order of first use."""
+
+    def __init__(self, cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: int, dp: int,
+                 num_chunks: int, tie_embeddings: bool, choose: TransportChooser):
+        self.cluster, self.gpus, self.choose = cluster, rank_to_gpu, choose
+        self.tp, self.pp, self.dp, self.tie = tp, pp, dp, tie_embeddings and pp > 1
+        self.pairs = list(dict.fromkeys((j % pp, (j + 1) % pp) for j in range(pp * num_chunks - 1)))
+        self._chosen: dict[tuple[str, ...], Transport] = {}
+        self._places = tp_group_places(rank_to_gpu, tp)
+        self._names: dict[tuple[int, str], tuple[str, ...]] = {}
+        self._data: dict[int, tuple] = {}
+        self._pipe: dict[tuple[int, int, int], tuple[int, int, Transport | None]] = {}
+        self._blank = ("",) * tp
+
+    # ---- all of them --------------------------------------------------------------------------
+    def build(self) -> tuple[Group, ...]:
+        tp, pp, dp = self.tp, self.pp, self.dp
+        groups: list[Group] = []
+        if tp > 1:
+            groups += [self._tensor(s, d) for s in range(pp) for d in range(dp)]
+        if dp > 1:
+            groups += [self._data_group(s, i) for s in range(pp) for i in range(tp)]
+        groups += [self._pipeline(a, b, d, i) for a, b in self.pairs for d in range(dp)
+                   for i in range(tp)]
+        if self.tie:
+            groups += [self._embedding(d, i) for d in range(dp) for i in range(tp)]
+        return tuple(groups)
+
+    # ---- one of them (`plan.GroupLookup`): ranks and transport, no NIC names -----------------
+    def pair_transport(self, ranks: tuple[int, ...]) -> Transport | None:
+        """The transport of the pipeline group of these (sender, receiver) ranks, or None."""
+        (a, d, i), (b, e, k) = self._coords(ranks[0]), self._coords(ranks[1])
+        if (d, i) != (e, k) or (a, b) not in self.pairs:
+            return None
+        return self._pipe_of(a, b, d)[2] or self._member_by_member(GroupKind.PIPELINE, ranks).transport
+
+    def first(self, kind: GroupKind, rank: int) -> tuple[tuple[int, ...], Transport] | None:
+        """Ranks and transport of the first group of `kind` (in `build`'s order) whose first
+        rank is `rank`, or None."""
+        s, d, i = self._coords(rank)
+        group = None
+        if s < 0:
+            return None
+        if kind is GroupKind.DATA and self.dp > 1 and d == 0:
+            firsts, transport, _ = self._data_of(s)
+            if transport is not None:
+                return tuple(f + i for f in firsts), transport
+            group = self._data_group(s, i)
+        elif kind is GroupKind.TENSOR and self.tp > 1 and i == 0:
+            group = self._tensor(s, d)
+        elif kind is GroupKind.EMBEDDING and self.tie and s == 0:
+            group = self._embedding(d, i)
+        elif kind is GroupKind.PIPELINE:
+            b = next((b for a, b in self.pairs if a == s), None)
+            if b is not None:
+                ranks = (rank, self._rank(b, d, i))
+                return ranks, self.pair_transport(ranks)
+        return None if group is None else (group.ranks, group.transport)
+
+    # ---- the groups ---------------------------------------------------------------------------
+    def _coords(self, rank: int) -> tuple[int, int, int]:
+        """(stage, replica, TP rank) of a rank; stage -1 outside the world."""
+        if not 0 <= rank < self.pp * self.dp * self.tp:
+            return -1, 0, 0
+        s, rest = divmod(rank, self.dp * self.tp)
+        return (s, *divmod(rest, self.tp))
+
+    def _rank(self, s: int, d: int, i: int) -> int:
+        return megatron_rank(s, d, i, self.dp, self.tp)
+
+    def _tensor(self, s: int, d: int) -> Group:
+        first = self._rank(s, d, 0)
+        transport = self._transport(self._nodes_of(first), self.gpus[first:first + self.tp])
+        return Group(GroupKind.TENSOR, tuple(range(first, first + self.tp)), transport,
+                     self._names_of(first, transport))
+
+    def _data_of(self, s: int) -> tuple[list[int], Transport | None, list | None]:
+        """Stage s's replicas' first ranks and, when every replica's TP group lies on one node
+        (so the members' nodes, and the transport, are the same for every TP rank), the DP
+        groups' transport and each replica's NIC names (made when first asked for)."""
+        got = self._data.get(s)
+        if got is None:
+            firsts = [self._rank(s, d, 0) for d in range(self.dp)]
+            if any(len(self._nodes_of(f)) > 1 for f in firsts):
+                got = self._data[s] = (firsts, None, None)
+            else:
+                gpus = [self.gpus[f] for f in firsts]
+                transport = self._transport(tuple(dict.fromkeys(g.node for g in gpus)), gpus)
+                got = self._data[s] = (firsts, transport, [])
+        return got
+
+    def _data_group(self, s: int, i: int) -> Group:
+        """Stage s's DP group of TP rank i (every replica's GPU i)."""
+        firsts, transport, names = self._data_of(s)
+        ranks = tuple(f + i for f in firsts)
+        if transport is None:
+            return self._member_by_member(GroupKind.DATA, ranks)
+        if not names:
+            names += [self._names_of(f, transport) for f in firsts]
+        return Group(GroupKind.DATA, ranks, transport, tuple(n[i] for n in names))
+
+    def _pipe_of(self, a: int, b: int, d: int) -> tuple[int, int, Transport | None]:
+        """First ranks of replica d's TP groups on stages a and b and, when each lies on one
+        node, the transport of all their pairs."""
+        got = self._pipe.get((a, b, d))
+        if got is None:
+            fa, fb = self._rank(a, d, 0), self._rank(b, d, 0)
+            na, nb = self._nodes_of(fa), self._nodes_of(fb)
+            transport = None if len(na) > 1 or len(nb) > 1 else self._transport(
+                na if na == nb else na + nb, [self.gpus[fa], self.gpus[fb]])
+            got = self._pipe[(a, b, d)] = (fa, fb, transport)
+        return got
+
+    def _pipeline(self, a: int, b: int, d: int, i: int) -> Group:
+        """The pair (GPU i of stage a's TP group of replica d, GPU i of stage b's)."""
+        fa, fb, transport = self._pipe_of(a, b, d)
+        if transport is None:
+            return self._member_by_member(GroupKind.PIPELINE, (fa + i, fb + i))
+        return Group(GroupKind.PIPELINE, (fa + i, fb + i), transport,
+                     (self._names_of(fa, transport)[i], self._names_of(fb, transport)[i]))
+
+    def _embedding(self, d: int, i: int) -> Group:
+        return self._member_by_member(GroupKind.EMBEDDING,
+                                      (self._rank(0, d, i), self._rank(self.pp - 1, d, i)))
+
+    def _member_by_member(self, kind: GroupKind, ranks: tuple[int, ...]) -> Group:
+        gpus = [self.gpus[r] for r in ranks]
+        transport = self._transport(tuple(dict.fromkeys(g.node for g in gpus)), gpus)
+        return Group(kind, ranks, transport, member_nics(self.cluster, gpus, transport))
+
+    # ---- what groups are made of ----------------------------------------------------------------
+    def _transport(self, nodes: tuple[str, ...], gpus: Sequence[GpuRef]) -> Transport:
+        """`choose(gpus)`, asked once per node sequence."""
+        got = self._chosen.get(nodes)
+        if got is None:
+            got = self._chosen[nodes] = self.choose(gpus)
+        return got
+
+    def _nodes_of(self, first: int) -> tuple[str, ...]:
+        """The nodes of the TP group whose first rank is `first`, in order of first appearance."""
+        return self._places[first // self.tp][0]
+
+    def _names_of(self, first: int, transport: Transport) -> tuple[str, ...]:
+        """Each GPU's NIC name of that TP group on `transport` ("" for LOCAL; `member_nics`)."""
+        if transport.kind is TransportKind.LOCAL:
+            return self._blank
+        fabric = transport.fabric or ETHERNET
+        got = self._names.get((first, fabric))
+        if got is None:
+            names = []
+            for g in self.gpus[first:first + self.tp]:
+                nic = self.cluster.nic_of_gpu(g.node, g.local_index, fabric)
+                assert nic is not None, f"{g} has no NIC on {fabric}"
+                names.append(nic.name)
+            got = self._names[(first, fabric)] = tuple(names)
+        return got
