@@ -576,9 +576,9 @@ def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
                                repeats=spec.calibration_repeats,
                                realtime_priority=REALTIME_PRIORITY)
     # The median sample of each piece, as real compute takes it. (The fastest samples were
-    # tried: 20-40% shorter, so communication weighs more and the testbed's Ethernet, which
-    # the simulator over-predicts by ~10% (tbf buckets, docs/validation.md), dominated the
-    # default testbed's error: mean 8.4%, max 13% in one run.)
+    # tried, with the NICs' 128 KiB buckets of the time: 20-40% shorter, so communication
+    # weighed more and the testbed's Ethernet, which the simulator over-predicted by ~10%
+    # (bursts, docs/validation.md), dominated the default testbed's error: mean 8.4%, max 13%.)
     base = _profile_entries(solo)
     overhead = measure_op_overhead(prepared, config, base, spec, tb, emulated=True)
     share = host_share(prepared)

@@ -18,7 +18,7 @@ Technique
   bridge-side veth what it receives (a leaf per source). A NIC is thus full duplex at its rate,
   and a node's NICs are independent of each other.
 * A fabric may be cut into two segments (e.g. the Ethernet of two clusters), each its own bridge,
-  joined by an uplink: a veth pair between the two bridges with a tbf on each end, so all traffic
+  joined by an uplink: a veth pair between the two bridges, shaped on each end, so all traffic
   between the segments shares the uplink's rate in each direction (`TestbedUplink`). The
   segments stay one subnet. At most one uplink per fabric: two would close a bridge loop.
 
@@ -41,11 +41,17 @@ one tbf FIFO per NIC instead (until 2026-12), a flow that also queued at the upl
 behind a segment-local flow of the same NIC (6 of 50 Mbit/s while the other ran at line rate),
 and two_clusters' iterations were bimodal (0.56-0.84 s).
 
-An uplink keeps one tbf (`uplink_burst_bytes`: ``burst = max(16 KiB, rate * 1 ms)``,
-``latency = 10 ms``): tbf splits the super-packets (cheap at uplink rates), and flows that
-share it get its rate, not a burst. The htb shaper on the uplink (a leaf per source) shared it
-fairly but made two_clusters' pipeline-bound cases 15-18% slower than predicted, against 2-10%
-with the tbf (not understood; measured on one host, one run each).
+An uplink end is shaped like a NIC (`shaper_lines`, one leaf per source node of its segment,
+so the clusters' flows share it max-min as the simulator's uplink link does) with a smaller
+bucket (`uplink_burst_bytes`: ``max(4 KiB, rate * 0.25 ms)``): every leaf and the root have
+one, and after an idle gap their buckets together let two flows cross about 5% faster than
+the rate (two 256 KiB messages at once: 39-42 ms with 16 KiB buckets, 43-44 ms with 4 KiB,
+against 43.8 ms at the rate; one alone 21.2 ms either way). Until 2026-12-02c the uplink was one
+tbf FIFO (16 KiB bucket, 10 ms queue): flows through it were served unfairly, the replicas'
+pipelines fell in and out of step, and two_clusters' iterations varied by 2-10% (one run of
+three missed by 13.9%); with the fair uplink they vary by 0.5-1.5% and agree with the
+prediction within 3%. (An htb uplink tried before that, with the NICs' old 128 KiB buckets and
+one gloo connection per pair, ran 15-18% slower than predicted: the transport effects above.)
 
 Safety and ownership
 --------------------
@@ -102,9 +108,8 @@ MAX_FABRICS = 256
 
 NIC_MIN_BURST_BYTES = 16 * 1024
 NIC_BURST_S = 1e-3
-UPLINK_MIN_BURST_BYTES = 16 * 1024
-UPLINK_BURST_S = 1e-3
-TBF_LATENCY_S = 10e-3
+UPLINK_MIN_BURST_BYTES = 4 * 1024
+UPLINK_BURST_S = 0.25e-3
 SHAPER_LATENCY_S = 50e-3
 """Queue of each shaper leaf, in seconds of its link's rate: deep enough that two senders
 converging on one leaf's share do not overflow it (10 ms dropped packets on the uplink)."""
@@ -240,19 +245,8 @@ def nic_burst_bytes(rate_bit_per_s: float) -> int:
 
 
 def uplink_burst_bytes(rate_bit_per_s: float) -> int:
-    """An uplink's tbf bucket in bytes: max(16 KiB, 1 ms of its rate)."""
+    """An uplink shaper's bucket in bytes: max(4 KiB, 0.25 ms of its rate) (module docstring)."""
     return max(UPLINK_MIN_BURST_BYTES, math.ceil(rate_bit_per_s / 8 * UPLINK_BURST_S))
-
-
-def _tbf_argv(ns: str, dev: str, rate_bit_per_s: float, burst: int | None = None,
-              latency_s: float = TBF_LATENCY_S) -> list[str]:
-    """The `tc` command that caps egress of `dev` in namespace `ns` at `rate_bit_per_s` with one
-    FIFO (an uplink's qdisc and the kernel probe's; NICs use `shaper_lines`)."""
-    rate = max(1, round(rate_bit_per_s))
-    latency_us = round(latency_s * 1e6)
-    burst = nic_burst_bytes(rate_bit_per_s) if burst is None else burst
-    return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
-            "rate", f"{rate}bit", "burst", str(burst), "latency", f"{latency_us}us"]  # fmt: skip
 
 
 def shaper_lines(dev: str, rate_bit_per_s: float, burst: int, match: str,
@@ -496,7 +490,7 @@ def measurement_lock(what: str) -> Iterator[None]:
 
 
 def _probe_kernel() -> list[str]:
-    """Create a probe namespace with a veth pair, a bridge and a tbf qdisc; list what failed."""
+    """Create a probe namespace with a veth pair, a bridge and an htb shaper; list what failed."""
     run_id = secrets.token_hex(4)
     ns = f"{NS_PREFIX}{run_id}-probe"
     record = RunRecord(run_id)
@@ -511,7 +505,6 @@ def _probe_kernel() -> list[str]:
             ("veth support", ["ip", "-n", ns, "link", "add", f"{PREFIX}p0", "type", "veth",
                               "peer", "name", f"{PREFIX}p1"]),
             ("bridge support", ["ip", "-n", ns, "link", "add", f"{PREFIX}pbr", "type", "bridge"]),
-            ("tc tbf qdisc", _tbf_argv(ns, f"{PREFIX}p0", 1e6)),
             ("tc htb qdisc with u32 filters", ["tc", "-n", ns, "-batch", "-"]),
         ]  # fmt: skip
         htb = "\n".join(shaper_lines(f"{PREFIX}p1", 1e6, 16384, "dst", ["10.200.0.1"])) + "\n"
@@ -931,7 +924,8 @@ class Testbed:
                 self._add_nic(i, node.name, nic)
 
     def _add_nic(self, i: int, node: str, nic: TestbedNic) -> None:
-        """Create NIC `nic` of node number `i`: veth pair, bridge port, address, tbf both ways."""
+        """Create NIC `nic` of node number `i`: veth pair, bridge port, address, shaped both
+        ways."""
         ns, fns = self.namespace(node), self.fabrics_namespace
         j = self._fabrics.index(nic.fabric)
         peer = peer_name(i, j)
@@ -960,8 +954,8 @@ class Testbed:
         return [a for a, _ in self._fabric_members(j) if a not in own]
 
     def _add_uplink(self, up: TestbedUplink) -> None:
-        """A veth pair between the two segments' bridges, tbf on each end: each direction is
-        capped at the uplink's rate, shared by every flow between the segments."""
+        """A veth pair between the two segments' bridges, shaped on each end: each direction is
+        capped at the uplink's rate, shared max-min by the source nodes of its segment."""
         fns, j = self.fabrics_namespace, self._fabrics.index(up.fabric)
         ends = uplink_names(j)
         self._record.interfaces += [[fns, ends[0]], [fns, ends[1]]]
@@ -970,7 +964,9 @@ class Testbed:
         for end, segment in zip(ends, up.segments, strict=True):
             _run(["ip", "-n", fns, "link", "set", end, "master",
                   bridge_name(j, self._segments[j].index(segment))])
-            _run(_tbf_argv(fns, end, up.rate_bit_per_s, uplink_burst_bytes(up.rate_bit_per_s)))
+            sources = [a for a, seg in self._fabric_members(j) if seg == segment]
+            _apply_tc(fns, shaper_lines(end, up.rate_bit_per_s,
+                                        uplink_burst_bytes(up.rate_bit_per_s), "src", sources))
             _run(["ip", "-n", fns, "link", "set", end, "up"])
 
     # -- teardown -----------------------------------------------------------------------------
