@@ -97,8 +97,35 @@ def median_ci(samples: tuple[float, ...] | list[float], z: float = 1.96) -> tupl
 
 # SCHED_FIFO priority of emulated ranks (RunConfig.realtime_priority): the lowest real-time one.
 REALTIME_PRIORITY = 1
-# Largest 1-minute load average per core before a run that still measures (see host_warnings).
+# Largest load per core before a run that still measures (see host_warnings).
 MAX_LOAD_PER_CORE = {"real": 1.0, "emulated": 2.5}
+LOAD_WINDOW_S = 5.0
+"""How long `recent_load` samples the run queue before a run, seconds."""
+
+
+def _procs_running() -> int:
+    """Tasks running or runnable on the host now (`procs_running` of /proc/stat)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("procs_running"):
+                return int(line.split()[1])
+    return 0
+
+
+def recent_load(window_s: float = LOAD_WINDOW_S, interval_s: float = 0.05,
+                read=_procs_running) -> float:
+    """Other tasks running or waiting for a core, averaged over the last `window_s` seconds
+    (sampled every `interval_s`; this sampler itself not counted): the load of the host's other
+    tenants now. The 1-minute load average also remembers the validator's own previous run for
+    minutes (one `tensor_parallel` run, 8 ranks, left it at 5.5 on 2 cores), so runs in a row
+    were refused for their own load."""
+    count = max(1, round(window_s / interval_s))
+    total = 0
+    for k in range(count):
+        if k:
+            time.sleep(interval_s)
+        total += max(0, read() - 1)
+    return total / count
 
 
 def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
@@ -106,8 +133,10 @@ def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
                   max_lag_pct: float = 5.0, max_load_per_core: float = 1.0) -> list[str]:
     """Why this host's measurements cannot be trusted, or nothing.
 
-    Overloaded: a 1-minute load average above `max_load_per_core` x the core count before the
-    run starts (taken then because the validator's own ranks load the host during it). Real
+    Overloaded: a load (`recent_load`: tasks running or waiting, averaged over a few seconds)
+    above `max_load_per_core` x the core count before the run starts (taken then because the
+    validator's own ranks load the host during it; the thresholds were set on the 1-minute load
+    average, the same count averaged longer). Real
     compute: 1 per core, the ranks need the cores. Emulated compute: 2.5 per core; measured on
     2 cores: load 2.7, 4.3 and 5.6 before the run (1, 3 and 6 busy loops besides other users)
     all gave errors within 6% and waits within 1% of requested, but at 5.6 the Ethernet
@@ -118,8 +147,8 @@ def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
     took more than `max_lag_pct` % longer than requested, a time no prediction contains."""
     out = []
     if load_before > max_load_per_core * cpu_count:
-        out.append(f"host overloaded before the run: load average {load_before:.1f} on "
-                   f"{cpu_count} cores (more than {max_load_per_core:g} per core)")
+        out.append(f"host overloaded before the run: {load_before:.1f} tasks running or "
+                   f"waiting on {cpu_count} cores (more than {max_load_per_core:g} per core)")
     layer = [c["compute"][next(iter(c["compute"]))]["layer_forward_s"] for c in calibrations
              if c.get("compute")]
     if len(layer) > 1 and min(layer) > 0 and max(layer) / min(layer) > max_calibration_ratio:
@@ -250,7 +279,8 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
     them; real: the ranks compute and each case is calibrated just before it runs.
 
     Raises:
-        ScenarioError: the file cannot run on a testbed (TP > 1, several GPUs per node, ...).
+        ScenarioError: the file cannot run on a testbed (not fp32, tied embeddings, TP > 1
+            under real compute, ...).
         TestbedError: no root / ip / tc / namespaces, or a rank failed or hung.
     """
     from holmes_sim.backend.testbed import Testbed, measurement_lock
@@ -275,7 +305,7 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
     rounds = min(rounds, spec.iterations)  # at least one measured iteration per round
     started = time.time()
     # The lock first, so a second run refuses at once; the testbed runs its preflight inside it.
-    load_before = os.getloadavg()[0]
+    load_before, runnable_before = os.getloadavg()[0], recent_load()
     with measurement_lock(f"validate --real {testbed_path}"), Testbed(
             testbed_nodes(prepared), uplinks=testbed_uplinks(prepared)) as tb:
         progress("calibrating the links ...")
@@ -312,12 +342,13 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
                                 profile["compute"] if emulated else None)
                 runs[name].append((predicted, outcome, run, profile))
         cases = [_combine(name, runs[name]) for name in names]
-    warnings += host_warnings(load_before, os.cpu_count() or 1, profiles,
+    warnings += host_warnings(runnable_before, os.cpu_count() or 1, profiles,
                               lags=[c.emulation_lag_pct for c in cases],
                               max_load_per_core=MAX_LOAD_PER_CORE[spec.compute])
     for w in warnings:
         progress(f"warning: {w}")
     prov = {**provenance(testbed_path, time.time() - started), "load_before": load_before,
+            "runnable_before": runnable_before,
             "load_after": os.getloadavg()[0], "compute": spec.compute}
     return ValidationResult(tuple(cases), spec.tolerance_pct, profiles[0], prov,
                             tuple(warnings), spec.compute)

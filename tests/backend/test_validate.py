@@ -81,6 +81,15 @@ def test_emulated_durations_scale_with_the_gpu_models_peak():
     assert speed_factors(prepared) == {"cpu-rank": 1.0, "cpu-rank-half": 2.0}
 
 
+def test_recent_load_counts_the_other_tasks_of_a_short_window():
+    from holmes_sim.validate import recent_load
+
+    seen = iter([3, 3, 1, 1])  # the sampler itself is always one of them
+    got = recent_load(window_s=0.2, interval_s=0.05, read=lambda: next(seen))
+    assert got == pytest.approx(4 / 4)  # four samples: 2, 2, 0, 0 others
+    assert recent_load(window_s=0.0, read=lambda: 1) == 0.0  # one sample: only the sampler
+
+
 def test_validate_needs_a_mode():
     result = runner.invoke(app, ["validate", str(TESTBED)])
     assert result.exit_code == 2 and "--real" in result.output
