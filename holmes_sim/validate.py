@@ -305,9 +305,11 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
     rounds = min(rounds, spec.iterations)  # at least one measured iteration per round
     started = time.time()
     # The lock first, so a second run refuses at once; the testbed runs its preflight inside it.
-    load_before, runnable_before = os.getloadavg()[0], recent_load()
+    # The host's load is read once both have passed (a refusal does not wait for it), before
+    # any rank or probe runs.
     with measurement_lock(f"validate --real {testbed_path}"), Testbed(
             testbed_nodes(prepared), uplinks=testbed_uplinks(prepared)) as tb:
+        load_before, runnable_before = os.getloadavg()[0], recent_load()
         progress("calibrating the links ...")
         # Emulated ranks wait instead of computing: the links are probed on an idle host share.
         busy = 0 if emulated else prepared.cluster.num_gpus - 2
