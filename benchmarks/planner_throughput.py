@@ -29,7 +29,11 @@ def _cold() -> None:
     """Empty every cache the search fills, so each measurement starts cold. The cluster's
     facts of the hardware alone (`Cluster.derived`: link capacities, each GPU's NIC links) stay:
     one search has one cluster."""
-    from holmes_sim import analytic, netview, plan, planner, schedule, walk
+    from holmes_sim import plan, schedule
+    from holmes_sim.estimate import analytic
+    from holmes_sim.estimate import netview
+    from holmes_sim.search import planner
+    from holmes_sim.estimate import walk
     from holmes_sim.cost import ops
     from holmes_sim.policies import base, holmes, partition
 
@@ -50,7 +54,7 @@ def _cold() -> None:
 
 
 def _throughput(name: str, layouts: int, jobs: int | None) -> dict:
-    from holmes_sim import planner
+    from holmes_sim.search import planner
     from holmes_sim.bundled import bundled_scenario
     from holmes_sim.prepare import prepare
 
@@ -81,7 +85,7 @@ def _throughput(name: str, layouts: int, jobs: int | None) -> dict:
 def _estimate_only_cold() -> None:
     """Empty the caches of the estimate's own work (op durations and walks), keeping what
     depends on the placement only (paths, rings, replica classes)."""
-    from holmes_sim import analytic
+    from holmes_sim.estimate import analytic
     from holmes_sim.cost import ops
 
     analytic._WALKS.clear()
@@ -107,7 +111,8 @@ def _medians(samples: list[tuple[float, float]], key: str) -> dict[str, float]:
 
 def _python_walk_ms(plan, cluster, w, c, repeat: int) -> dict[str, float] | None:
     """The estimate on a built plan with the walk in Python (None: it always is)."""
-    from holmes_sim import analytic, walk
+    from holmes_sim.estimate import analytic
+    from holmes_sim.estimate import walk
 
     kernel = getattr(walk, "_walk_kernel", None)
     if kernel is None:
@@ -130,7 +135,8 @@ def _estimate_cost(name: str = "large_175b_1024", repeat: int = 40) -> dict:
     """The scenario's own holmes plan: the estimate on a built plan; plan building plus the
     estimate from cold caches; and the same with the placement's caches warm (another candidate
     of the same placement in a search)."""
-    from holmes_sim import analytic, netview
+    from holmes_sim.estimate import analytic
+    from holmes_sim.estimate import netview
     from holmes_sim.bundled import bundled_scenario
     from holmes_sim.policies import base, partition
     from holmes_sim.prepare import prepare
@@ -162,7 +168,7 @@ def _estimate_cost(name: str = "large_175b_1024", repeat: int = 40) -> dict:
         partition._PARTITIONS.clear()
         _estimate_only_cold()
         _timed(build, placed)
-    from holmes_sim import walk
+    from holmes_sim.estimate import walk
 
     return {"scenario": name, "gpus": cluster.num_gpus, "tp": plan.tp, "pp": plan.pp, "dp": plan.dp,
             "microbatches": plan.num_microbatches, "chunks": plan.num_chunks,

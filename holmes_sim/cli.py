@@ -125,7 +125,7 @@ def _is_stdout(path: Path | None) -> bool:
 
 def _write_plans(directory: Path, prepared, outcomes) -> None:
     """plan_<policy>.json per policy, and a launchable folder per real (non-reference) policy."""
-    from holmes_sim.export import REFERENCE_POLICIES, launch_files
+    from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
     from holmes_sim.report.files import write_atomic
 
     skipped = []
@@ -251,7 +251,7 @@ def validate(
         err.print("error: `holmes-sim validate` needs torch; install it with "
                   "pip install 'holmes-sim[validate]'", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(2)
-    from holmes_sim import validate as v
+    from holmes_sim.validation import real_run as v
     from holmes_sim.report.files import write_json
     from holmes_sim.runner import stamp
 
@@ -292,7 +292,7 @@ def validate(
 
 def _validate_published(json_path: Path | None) -> None:
     """`validate --published`: print both tables, exit 1 outside the tolerances."""
-    from holmes_sim.published import check, check_table, paper_table
+    from holmes_sim.validation.published import check, check_table, paper_table
     from holmes_sim.report.files import write_json
     from holmes_sim.runner import stamp
 
@@ -351,10 +351,10 @@ def plan(
     confirm the best by simulation, compare with the best Megatron-LM default layout."""
     from rich.progress import Progress
 
-    from holmes_sim import planner
+    from holmes_sim.search import planner
     from holmes_sim.prepare import prepare
     from holmes_sim.report.files import prepare_output, write_json
-    from holmes_sim.report.planning import infeasible_summary, plan_table, why_the_winner_wins
+    from holmes_sim.search.report import infeasible_summary, plan_table, why_the_winner_wins
     from holmes_sim.runner import stamp
 
     try:
@@ -381,8 +381,8 @@ def plan(
 
 def _export_plans(directory: Path, prepared, result) -> None:
     """A launch folder per simulated (confirmed) plan: <rank>-<policy>/."""
-    from holmes_sim import planner
-    from holmes_sim.export import REFERENCE_POLICIES, launch_files
+    from holmes_sim.search import planner
+    from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
     from holmes_sim.runner import plan_policy
 
     confirmed = [c for c in result.candidates if c.simulated and c.policy not in REFERENCE_POLICIES]
@@ -414,7 +414,7 @@ def sweep(
     """Run a scenario for every combination of field values and tabulate and plot the results."""
     from rich.progress import Progress
 
-    from holmes_sim.sweep import run_sweep, sweep_table, write_sweep
+    from holmes_sim.search.sweep import run_sweep, sweep_table, write_sweep
 
     try:
         _check_outputs((out_dir, True, "--out"))

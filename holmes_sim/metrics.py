@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from holmes_sim.cluster import Cluster
+from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
-from holmes_sim.netview import netview
+from holmes_sim.estimate.netview import netview
 from holmes_sim.plan import GroupKind, Plan
 from holmes_sim.schedule import peak_in_flight
-from holmes_sim.trace import OpKind, Trace
+from holmes_sim.sim.trace import OpKind, Trace
 from holmes_sim.units import GIB
-from holmes_sim.workload import Workload
+from holmes_sim.model.workload import Workload
 
 BREAKDOWN_KEYS = ("compute", "tp_comm", "pp_exposed", "dp_exposed", "optimizer", "bubble")
 _CATEGORY = {

@@ -7,15 +7,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from holmes_sim.catalog import LinkModel, build_catalog
-from holmes_sim.cluster import ETHERNET, Cluster, Nic, build_cluster
+from holmes_sim.hardware.catalog import LinkModel, build_catalog
+from holmes_sim.hardware.cluster import ETHERNET, Cluster, Nic, build_cluster
 from holmes_sim.cost.compute import ComputeModel, KernelCompute, Profile, load_profile
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.policies import POLICIES, PlanRequest
 from holmes_sim.schedule import ScheduleKind, build_schedule
 from holmes_sim.spec.load import load_scenario, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
-from holmes_sim.workload import Workload, build_workload
+from holmes_sim.model.workload import Workload, build_workload
 
 MAX_GRADIENT_BUCKETS = 100_000
 """Most gradient buckets a model may fill (`training.bucket_size_mb`), so a run stays bounded."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from holmes_sim.cluster import Cluster
+from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.metrics import Result, summarize
 from holmes_sim.plan import Plan
 from holmes_sim.policies import get_policy
 from holmes_sim.prepare import Prepared
 from holmes_sim.sim.engine import EngineOptions, simulate
-from holmes_sim.trace import Trace
+from holmes_sim.sim.trace import Trace
 
 BASELINE = "megatron"
 # Version of the layout of the JSON documents (results, sweep, validation); raise it when a key is

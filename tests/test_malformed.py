@@ -27,7 +27,7 @@ def _imported() -> None:
     import holmes_sim.cost.ops  # noqa: F401
     import holmes_sim.metrics  # noqa: F401
     import holmes_sim.runner  # noqa: F401
-    import holmes_sim.validate  # noqa: F401
+    import holmes_sim.validation.real_run  # noqa: F401
 BASE = small_scenario()
 TESTBED = (REPO / "validation" / "testbeds" / "default.yaml").read_text()
 RESULTS = REPO / "validation" / "results" / "2026-11-30-default.json"

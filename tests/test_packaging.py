@@ -85,9 +85,9 @@ def test_installed_wheel_walks_in_c_where_it_was_built(wheel, venv, tmp_path):
     """The estimate's walk is an optional C extension: a wheel built with a C compiler carries
     it and uses it (without one, the wheel walks in Python and this is skipped)."""
     with zipfile.ZipFile(wheel) as z:
-        built = any(n.startswith("holmes_sim/_walk_kernel.") and n.endswith((".so", ".pyd"))
+        built = any(n.startswith("holmes_sim/estimate/_walk_kernel.") and n.endswith((".so", ".pyd"))
                     for n in z.namelist())
     if not built:
         pytest.skip("built without a C compiler: the walk runs in Python")
-    code = "from holmes_sim import walk; print(walk._walk_kernel is not None)"
+    code = "from holmes_sim.estimate import walk; print(walk._walk_kernel is not None)"
     assert _run(venv, code, tmp_path).split() == ["True"]

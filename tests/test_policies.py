@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from holmes_sim.cluster import ETHERNET
+from holmes_sim.hardware.cluster import ETHERNET
 from holmes_sim.plan import GroupKind, Plan, TransportKind
 from holmes_sim.policies import POLICIES, base
 from holmes_sim.prepare import prepare
@@ -90,7 +90,7 @@ def test_adaptive_partition_gives_the_faster_stage_more_layers(write_scenario):
 def test_partition_search_equals_the_plain_greedy(name):
     """The search prices alike stages once and keeps its trials in a heap: the same layers
     as adding each layer to the stage of smallest trial time over every stage, uncached."""
-    from holmes_sim import planner
+    from holmes_sim.search import planner
     from holmes_sim.plan import OptimizerMode
     from holmes_sim.policies.holmes import nic_aware_order
     from holmes_sim.policies.partition import StageTimer, _even, _greedy

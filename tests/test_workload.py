@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
-from holmes_sim.workload import build_workload
+from holmes_sim.model.workload import build_workload
 
 
 def _gpt(**training) -> object:

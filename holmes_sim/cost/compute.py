@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from holmes_sim.catalog import GpuModel
+from holmes_sim.hardware.catalog import GpuModel
 from holmes_sim.cost import transformer
 from holmes_sim.errors import ScenarioError
-from holmes_sim.workload import Workload
+from holmes_sim.model.workload import Workload
 
 PROFILE_SCHEMA = "holmes-sim-profile/1"
 # The mixed-precision optimizer step is memory-bound. Per parameter of the GPU's shard (Megatron's

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from holmes_sim.catalog import GpuModel
+from holmes_sim.hardware.catalog import GpuModel
 
 _TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
 _K_BLOCK = 32

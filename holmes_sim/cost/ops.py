@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from holmes_sim.cluster import Cluster, Node
+from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.memo import IdentityMemo
-from holmes_sim.workload import Workload
+from holmes_sim.model.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)

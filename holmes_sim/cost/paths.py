@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from holmes_sim.cluster import ETHERNET, Cluster
+from holmes_sim.hardware.cluster import ETHERNET, Cluster
 from holmes_sim.plan import GpuRef, Transport, TransportKind
 
 LinkId = tuple

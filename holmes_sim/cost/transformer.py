@@ -40,9 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from holmes_sim.catalog import GpuModel
+from holmes_sim.hardware.catalog import GpuModel
 from holmes_sim.cost.gemm import Gemm, gemm_time_s
-from holmes_sim.workload import Workload
+from holmes_sim.model.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from holmes_sim.cluster import ETHERNET, Cluster, Node
+from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import PlanError
 from holmes_sim.plan import GpuRef, Transport, TransportKind
 

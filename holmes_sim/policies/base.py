@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Protocol
 
-from holmes_sim.cluster import Cluster, Node
+from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, Groups, OptimizerMode, Plan, tp_group_places
 from holmes_sim.policies.groups import GroupBuilder, TransportChooser
 from holmes_sim.schedule import ScheduleKind
-from holmes_sim.workload import Workload
+from holmes_sim.model.workload import Workload
 
 _ORDERS: IdentityMemo = IdentityMemo()
 _TP_CHECKED: IdentityMemo = IdentityMemo()

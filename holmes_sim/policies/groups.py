@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from holmes_sim.cluster import ETHERNET, Cluster
+from holmes_sim.hardware.cluster import ETHERNET, Cluster
 from holmes_sim.cost.transport import member_nics
 from holmes_sim.plan import (
     GpuRef,

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from holmes_sim.analytic import estimate_iteration
-from holmes_sim.cluster import ETHERNET, Cluster, Node
+from holmes_sim.estimate.analytic import estimate_iteration
+from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.cost.transport import best_shared_transport, job_wide_fabric, job_wide_transport
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from holmes_sim.cluster import Cluster
+from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.transport import job_wide_fabric, job_wide_transport
 from holmes_sim.plan import OptimizerMode, Plan
 from holmes_sim.policies.base import (

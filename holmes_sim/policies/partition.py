@@ -16,12 +16,12 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from holmes_sim.cluster import Node
+from holmes_sim.hardware.cluster import Node
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.ops import OpCosts, chunk_times
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
-from holmes_sim.netview import netview
+from holmes_sim.estimate.netview import netview
 from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode
 from holmes_sim.policies.base import PlanRequest
 

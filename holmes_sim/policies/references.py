@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from holmes_sim.catalog import NICS
-from holmes_sim.cluster import ETHERNET, Cluster, Nic, Node
+from holmes_sim.hardware.catalog import NICS
+from holmes_sim.hardware.cluster import ETHERNET, Cluster, Nic, Node
 from holmes_sim.cost.transport import tcp_transport
 from holmes_sim.plan import GpuRef
 from holmes_sim.policies.base import PlanRequest

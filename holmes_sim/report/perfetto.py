@@ -19,7 +19,7 @@ from pathlib import Path
 
 from holmes_sim.report.files import write_atomic
 from holmes_sim.report.sampling import sample_entities
-from holmes_sim.trace import OpKind, OpRecord, Trace
+from holmes_sim.sim.trace import OpKind, OpRecord, Trace
 
 US_PER_S = 1_000_000
 MAX_TRACE_ENTITIES = 64

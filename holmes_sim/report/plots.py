@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from holmes_sim.metrics import BREAKDOWN_KEYS, Result
 from holmes_sim.report.files import write_atomic
 from holmes_sim.report.sampling import sample_entities
-from holmes_sim.trace import Entity, OpKind, Trace
+from holmes_sim.sim.trace import Entity, OpKind, Trace
 from holmes_sim.units import GIB
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from holmes_sim.trace import Entity
+from holmes_sim.sim.trace import Entity
 
 
 def sample_entities(entities: Sequence[Entity], max_rows: int) -> tuple[list[Entity], str]:

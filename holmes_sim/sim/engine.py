@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from holmes_sim.cluster import Cluster
+from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
@@ -40,8 +40,8 @@ from holmes_sim.schedule import Op
 from holmes_sim.sim import symmetry
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
-from holmes_sim.trace import Entity, OpKind, Trace
-from holmes_sim.workload import Workload
+from holmes_sim.sim.trace import Entity, OpKind, Trace
+from holmes_sim.model.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import simpy
 from holmes_sim.cost.paths import PathUse
 from holmes_sim.sim.collectives import ring_collective
 from holmes_sim.sim.network import FlowNetwork
-from holmes_sim.trace import OpKind, Trace
+from holmes_sim.sim.trace import OpKind, Trace
 
 _KIND_NAME = {
     OpKind.DP_ALL_REDUCE: "all-reduce", OpKind.DP_REDUCE_SCATTER: "reduce-scatter",

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from holmes_sim.catalog import GPUS
+from holmes_sim.hardware.catalog import GPUS
 from holmes_sim.cost import transformer as T
 from holmes_sim.cost.gemm import Gemm, gemm_time_s, quantization_efficiency, tile_overhead_s
-from holmes_sim.workload import Workload
+from holmes_sim.model.workload import Workload
 
 A100 = GPUS["a100-80gb"]
 
@@ -120,7 +120,7 @@ def test_tp_comm_overlap_hides_the_backward_all_reduces_behind_the_weight_gradie
     from holmes_sim.cost.compute import KernelCompute, ProfiledCompute
     from holmes_sim.cost.ops import OpCosts
     from holmes_sim.prepare import prepare
-    from holmes_sim.published import PUBLISHED_DIR
+    from holmes_sim.validation.published import PUBLISHED_DIR
 
     p = prepare(PUBLISHED_DIR / "scenarios" / "megatron_k22_table5" / "gpt-22b-8gpu-full-recompute.yaml")
     node = p.cluster.nodes[0]

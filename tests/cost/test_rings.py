@@ -15,7 +15,7 @@ import pytest
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import run_policy
-from holmes_sim.trace import OpKind
+from holmes_sim.sim.trace import OpKind
 from tests.sim.test_engine import UniformCompute
 
 
@@ -73,7 +73,7 @@ def test_node_count_barely_changes_a_bandwidth_bound_ring(write_scenario):
 
 def _member_by_member(cluster, transport, src, dst, caps):
     """`group_path` as a loop over member pairs only (the general case), for comparison."""
-    from holmes_sim.cluster import ETHERNET
+    from holmes_sim.hardware.cluster import ETHERNET
     from holmes_sim.cost import paths
 
     weights, latency, step = {}, 0.0, 0.0

@@ -159,7 +159,7 @@ def test_timeline_draws_every_op_of_the_shown_rows():
 
 
 def test_timeline_rows_are_capped_for_big_runs():
-    from holmes_sim.trace import Entity
+    from holmes_sim.sim.trace import Entity
 
     ents = [Entity(f"s{s}.d{d}", s, d, f"n{s}", "c", ()) for d in range(8) for s in range(16)]
     rows, note = plots.timeline_rows(ents, max_rows=32)
@@ -207,7 +207,7 @@ def test_validation_report_files_and_plotted_data(tmp_path):
 
 
 def test_timeline_of_two_wide_stages_shows_both_stages_as_its_note_says():
-    from holmes_sim.trace import Entity
+    from holmes_sim.sim.trace import Entity
 
     ents = [Entity(f"s{s}.d{d}", s, d, "n", "c", ()) for s in range(2) for d in range(32)]
     rows, note = plots.timeline_rows(ents, max_rows=32)

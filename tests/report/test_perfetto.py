@@ -8,7 +8,7 @@ import json
 import pytest
 
 from holmes_sim.report.perfetto import chrome_trace, event_name, write_chrome_trace
-from holmes_sim.trace import Entity, OpKind, OpRecord, Trace
+from holmes_sim.sim.trace import Entity, OpKind, OpRecord, Trace
 from tests.report.test_document import default_run
 
 

@@ -10,7 +10,7 @@ import pytest
 from holmes_sim.prepare import prepare
 from holmes_sim.report.perfetto import chrome_trace
 from holmes_sim.runner import run_scenario
-from holmes_sim.trace import Entity, OpKind, OpRecord, Trace
+from holmes_sim.sim.trace import Entity, OpKind, OpRecord, Trace
 from tests.conftest import SCENARIOS
 from tests.report.trace_schema import problems
 

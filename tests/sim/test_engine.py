@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from holmes_sim.analytic import bubble_fraction_1f1b, estimate_iteration
+from holmes_sim.estimate.analytic import bubble_fraction_1f1b, estimate_iteration
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy, results_document, run_policy, run_scenario
 from holmes_sim.sim.engine import simulate
-from holmes_sim.trace import OpKind
+from holmes_sim.sim.trace import OpKind
 from tests.conftest import SCENARIOS, small_scenario
 
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from holmes_sim.cli import app
 from holmes_sim.errors import ScenarioError
-from holmes_sim.sweep import build_points, parse_set, run_sweep
+from holmes_sim.search.sweep import build_points, parse_set, run_sweep
 from tests.conftest import SCENARIOS
 
 DEFAULT = SCENARIOS / "mixed_ib_eth.yaml"

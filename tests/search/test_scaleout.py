@@ -8,12 +8,12 @@ import socket
 import pytest
 from typer.testing import CliRunner
 
-from holmes_sim import planner
+from holmes_sim.search import planner
 from holmes_sim.cli import app
 from holmes_sim.errors import FieldError
 from holmes_sim.prepare import prepare
-from holmes_sim.scaleout import check_reachable, parse_address
-from holmes_sim.sweep import run_sweep
+from holmes_sim.search.scaleout import check_reachable, parse_address
+from holmes_sim.search.sweep import run_sweep
 from tests.conftest import SCENARIOS
 
 from .test_planner import SMALL

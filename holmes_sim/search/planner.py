@@ -21,7 +21,7 @@ from holmes_sim.errors import FieldError, HolmesError
 from holmes_sim.prepare import Prepared
 from holmes_sim.schedule import check_schedule
 from holmes_sim.spec.scenario import SearchSpec
-from holmes_sim.workload import build_workload
+from holmes_sim.model.workload import build_workload
 
 BASELINE_POLICY = "megatron"
 SCENARIO_OPTIMIZER_POLICIES = ("megatron",)
@@ -165,7 +165,7 @@ def prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
 
 def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
     """Plan `policy` on `layout`; memory check, then the analytic estimate."""
-    from holmes_sim.analytic import estimate_iteration
+    from holmes_sim.estimate.analytic import estimate_iteration
     from holmes_sim.cost.ops import OpCosts
     from holmes_sim.metrics import memory_report
 
@@ -234,7 +234,7 @@ def search(prepared: Prepared, spec: SearchSpec | None = None,
         raise FieldError("search", "no layout satisfies the cluster, model and batch; widen the "
                                    "search block (tensor, pipeline, micro_batch_size)")
     if ray is not None:
-        from holmes_sim.scaleout import ray_map
+        from holmes_sim.search.scaleout import ray_map
         parts = ray_map(evaluate_chunk, prepared, spec, _chunks(grid, 64), ray, progress, len(grid))
     else:
         parts = _local_map(prepared, spec, grid, _jobs(jobs, len(grid)), progress)

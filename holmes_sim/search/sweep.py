@@ -260,7 +260,7 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
         jobs: worker processes (default min(2, points)); 1 runs in this process.
         progress: called with (points done, points total) after each point.
         ray: run the points as Ray tasks instead ("auto" or a cluster address, see
-            `holmes_sim.scaleout`); rows come back in the same order as a local run's.
+            `holmes_sim.search.scaleout`); rows come back in the same order as a local run's.
 
     Points whose variant is invalid or whose plans fail are reported as infeasible rows and
     skipped.
@@ -288,7 +288,7 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
     if progress:
         progress(0, len(points))
     if ray is not None:
-        from holmes_sim.scaleout import ray_map
+        from holmes_sim.search.scaleout import ray_map
         parts = ray_map(run_points, (path, tuple(axes)), tuple(names), [[p] for p in points], ray,
                         progress, len(points))
         results = {p.index: part[0] for p, part in zip(points, parts, strict=True)}

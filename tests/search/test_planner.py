@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from holmes_sim import planner
+from holmes_sim.search import planner
 from holmes_sim.cli import app
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import run_policy

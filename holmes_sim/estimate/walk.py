@@ -43,7 +43,7 @@ from functools import lru_cache
 from holmes_sim.schedule import ScheduleKind, build_schedule
 
 try:  # the walk in C (`_walk_kernel.c`, an optional extension): the same sums bit for bit
-    from holmes_sim import _walk_kernel
+    from holmes_sim.estimate import _walk_kernel
 except ImportError:  # not built (no C compiler): the walk in Python
     _walk_kernel = None
 

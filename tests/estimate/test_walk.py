@@ -7,12 +7,13 @@ import random
 
 import pytest
 
-from holmes_sim import analytic, planner
-from holmes_sim import walk as walk_module
+from holmes_sim.estimate import analytic
+from holmes_sim.search import planner
+from holmes_sim.estimate import walk as walk_module
 from holmes_sim.bundled import bundled_scenario
 from holmes_sim.errors import HolmesError
 from holmes_sim.prepare import prepare
-from holmes_sim.walk import full_op_table, op_table, walk, walk_plain
+from holmes_sim.estimate.walk import full_op_table, op_table, walk, walk_plain
 
 REL = 1e-12
 

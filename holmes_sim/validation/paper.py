@@ -14,7 +14,7 @@ from pathlib import Path
 
 from holmes_sim.errors import ScenarioError
 
-PAPER_DIR = Path(__file__).resolve().parent.parent / "validation" / "paper"
+PAPER_DIR = Path(__file__).resolve().parents[2] / "validation" / "paper"
 
 
 @dataclass(frozen=True, slots=True)

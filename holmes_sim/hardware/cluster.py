@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from holmes_sim.catalog import Catalog, GpuModel, LinkModel
+from holmes_sim.hardware.catalog import Catalog, GpuModel, LinkModel
 from holmes_sim.errors import FieldError
 from holmes_sim.spec.hardware import ClusterSpec, FabricSpec, InterClusterLinkSpec, NicSpec
 from holmes_sim.units import gbit_per_s_to_bytes_per_s, us_to_s

@@ -25,10 +25,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from holmes_sim.cluster import ETHERNET, Cluster, Node
+from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import PlanError
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
-from holmes_sim.workload import Workload
+from holmes_sim.model.workload import Workload
 
 REFERENCE_POLICIES = ("all-ib", "all-ethernet")
 ROCE_GID_INDEX = 3

@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from holmes_sim.errors import PlanError
-from holmes_sim.export import holmes_args, launch_files, node_nccl_env, pipeline_layout
+from holmes_sim.export.launch import holmes_args, launch_files, node_nccl_env, pipeline_layout
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
 from tests.conftest import SCENARIOS, small_scenario

@@ -19,7 +19,7 @@ from holmes_sim.cost.transport import (
     member_nics,
     tcp_transport,
 )
-from holmes_sim.netview import NetView
+from holmes_sim.estimate.netview import NetView
 from holmes_sim.plan import GpuRef, Group, GroupKind, Groups, _Index, megatron_rank
 from holmes_sim.policies.base import build_groups
 from holmes_sim.prepare import prepare

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from holmes_sim.cluster import Cluster
+from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts, chunk_times
-from holmes_sim.netview import netview
+from holmes_sim.estimate.netview import netview
 from holmes_sim.plan import Plan
 from holmes_sim.schedule import ScheduleKind
-from holmes_sim.walk import op_table, walk
-from holmes_sim.workload import Workload
+from holmes_sim.estimate.walk import op_table, walk
+from holmes_sim.model.workload import Workload
 
 
 def bubble_fraction_1f1b(p: int, m: int, v: int = 1) -> float:

@@ -1,4 +1,4 @@
-/* The estimate's critical-path walk (`holmes_sim.walk._State.advance_checked`) in C: the same
+/* The estimate's critical-path walk (`holmes_sim.estimate.walk._State.advance_checked`) in C: the same
  * additions and maxima in the same order on IEEE doubles, so its stage clocks and message times
  * are the pure-Python walk's bit for bit (tests/test_walk.py runs both). Optional: `walk.py`
  * falls back to Python when this extension was not built.

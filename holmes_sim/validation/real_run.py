@@ -32,7 +32,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from holmes_sim.cluster import ETHERNET
+from holmes_sim.hardware.cluster import ETHERNET
 from holmes_sim.cost.compute import PROFILE_SCHEMA, Profile, ProfiledCompute
 from holmes_sim.errors import FieldError, ScenarioError, TestbedError
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from holmes_sim.published import PUBLISHED_DIR, cases, datasets, evaluate, render_scenario, row_name
+from holmes_sim.validation.published import PUBLISHED_DIR, cases, datasets, evaluate, render_scenario, row_name
 
 
 def test_committed_scenarios_are_the_rendering_of_their_rows():
@@ -62,7 +62,7 @@ def test_paper_figure6_fit_and_the_deepspeed_ratio():
     megatron > megatron-deepspeed as in the figure. (Megatron-LLaMA is not asserted: with its
     released optimizer's per-micro-batch reduce-scatter over TCP it cannot reach the figure's
     ratio at any Ethernet rate; docs/cost_models.md.)"""
-    from holmes_sim.paper import compare
+    from holmes_sim.validation.paper import compare
 
     c = compare()
     assert 1.0 < c.ethernet_gbit_per_s < 400.0

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from holmes_sim.cluster import Cluster, Node
+from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.paths import link_capacities, node_send_sides, ring_uses, send_uses
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, Group, GroupKind, group_lookup, megatron_rank, tp_group_places

@@ -8,7 +8,7 @@ from collections import Counter
 from rich.table import Table
 from rich.text import Text
 
-from holmes_sim.planner import Candidate, PlanSearch
+from holmes_sim.search.planner import Candidate, PlanSearch
 
 
 def layout_label(c: Candidate) -> str:
