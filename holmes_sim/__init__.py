@@ -5,6 +5,6 @@ the package imports nothing heavy (no torch, simpy or matplotlib).
 """
 
 from holmes_sim.api import PolicyResult, Simulation, simulate
+from holmes_sim.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["PolicyResult", "Simulation", "simulate", "__version__"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from holmes_sim import __version__
+
+__version__ = "0.1.0"
+"""The source tree's version (pyproject.toml's); `tool_version()` prefers the installed one."""
 
 
 def tool_version() -> str:

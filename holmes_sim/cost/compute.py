@@ -141,7 +141,7 @@ def load_profile(path: str | Path) -> Profile:
         ScenarioError: when the file is missing, not JSON, of another schema or has a value
             missing, non-finite or out of range.
     """
-    from holmes_sim.spec.profile import read_profile  # checks every value (issue 8)
+    from holmes_sim.spec.profile import read_profile  # checks every value
 
     path = Path(path)
     raw = read_profile(path, PROFILE_SCHEMA)
