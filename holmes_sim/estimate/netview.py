@@ -211,7 +211,17 @@ class NetView:
     # ---- alike replicas -----------------------------------------------------------------------
     def replica_classes(self) -> list[tuple[int, list[int]]]:
         """(representative, members) of each class of replicas with the same hardware on every
-        stage and the same send latencies and rates in both directions, in replica order."""
+        stage and the same send latencies and rates in both directions, in replica order.
+
+        The estimate walks each replica's pipeline on its own until the DP sync (`analytic`),
+        with each send at the rate it gets while every replica sends at once (`p2p`) and the
+        stage's DP ring the same for every replica; the work after the walk is priced per
+        stage by `stage_combos`. Replicas alike in these figures walk the same, so one walk
+        stands for a class. The engine's classes (`sim.symmetry`) are a different, finer
+        partition: its replicas share links while they run, so a class there must also agree
+        on DP-ring neighbours, node tenants and paths relative to its own nodes (an equitable
+        partition by colour refinement); those would walk more replicas here and need the
+        engine's paths and op costs, which this view does not build."""
         if self._classes is None:
             # Each stage pair once (its chunks' sends are the same sends), both ways.
             pairs = dict.fromkeys((j % self.pp, (j + 1) % self.pp) for j in range(self.nv - 1))

@@ -17,6 +17,16 @@ links no replica owns (inter-cluster uplinks) take k times the weight, since the
 flows all cross them. Weighted max-min sharing then gives the representative exactly the rate
 each member would get. A stage spanning nodes, nodes that do not mirror, a seeded compute
 spread, or a shared-CPU testbed makes every replica its own class (the full simulation).
+
+The analytic estimate groups replicas too (`estimate.netview.NetView.replica_classes`), by a
+weaker rule: it walks each replica's pipeline alone, its sends already priced as if every
+replica sent at once, so alike hardware per stage and alike send latencies and rates suffice
+there. These classes must guarantee more, because the engine's replicas meet on shared links
+while they run: a representative must see, flow for flow and instant for instant, what every
+member sees, which needs the DP-ring neighbours, the node tenants and the mirrored nodes above.
+The estimate's classes would merge replicas the engine must keep apart; these would split
+replicas the estimate can walk once and need the engine's paths and op costs, which the
+estimate's view does not build.
 """
 
 from __future__ import annotations
