@@ -17,34 +17,51 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from holmes_sim.metrics import Result
     from holmes_sim.prepare import Prepared
     from holmes_sim.runner import Outcome
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyResult:
-    """One policy's simulated iteration.
+    """One policy's simulated iteration: its `metrics.Result` and how it compares.
 
+    Every field of `result` also reads as an attribute of its own (`policy`,
+    `iteration_time_s`, `tflops_per_gpu`, `samples_per_s`, `tokens_per_s`, `mfu`,
+    `bubble_fraction`, `breakdown_s`, `stage_busy_s`, `layers_per_stage`, `memory`,
+    `transports`, `notes`), and its memory report as `peak_memory_gib` and `fits_memory`.
     `speedup_over_megatron` is None when megatron was not run or a plan does not fit in GPU
     memory; `reference` marks policies on a hypothetical network (all-ib, all-ethernet);
     `same_plan_as` names an earlier policy that made the identical plan. `outcome` holds the
     plan, the hardware view and the full trace."""
 
-    policy: str
-    iteration_time_s: float
-    tflops_per_gpu: float
-    samples_per_s: float
-    tokens_per_s: float
-    mfu: float
-    bubble_fraction: float
-    breakdown_s: dict[str, float]
-    layers_per_stage: tuple[int, ...]
-    peak_memory_gib: float
-    fits_memory: bool
+    result: Result
     speedup_over_megatron: float | None
     reference: bool
     same_plan_as: str | None
     outcome: Outcome = field(repr=False, compare=False)
+
+    @property
+    def peak_memory_gib(self) -> float:
+        """The largest per-GPU peak memory over the stages (GiB)."""
+        return self.result.memory.peak_gib
+
+    @property
+    def fits_memory(self) -> bool:
+        """Whether every stage's peak fits in its GPUs' memory."""
+        return self.result.memory.fits
+
+    def __getattr__(self, name: str) -> Any:
+        """A field of `result` as an attribute of its own (called only for names the class
+        does not have; `metrics` loads on the first simulate call, not on import)."""
+        if not name.startswith("_"):
+            result = object.__getattribute__(self, "result")
+            if name in result.__dataclass_fields__:
+                return getattr(result, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted({*object.__dir__(self), *self.result.__dataclass_fields__})
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,15 +147,8 @@ def _simulation(prepared: Prepared, outcomes: list[Outcome]) -> Simulation:
     from holmes_sim.runner import REFERENCES, same_plans, speedups
 
     ups, same = speedups(outcomes), same_plans(outcomes)
-    results = tuple(PolicyResult(
-        policy=o.plan.policy, iteration_time_s=o.result.iteration_time_s,
-        tflops_per_gpu=o.result.tflops_per_gpu, samples_per_s=o.result.samples_per_s,
-        tokens_per_s=o.result.tokens_per_s, mfu=o.result.mfu,
-        bubble_fraction=o.result.bubble_fraction, breakdown_s=dict(o.result.breakdown_s),
-        layers_per_stage=o.result.layers_per_stage, peak_memory_gib=o.result.memory.peak_gib,
-        fits_memory=o.result.memory.fits, speedup_over_megatron=ups.get(o.plan.policy),
-        reference=o.plan.policy in REFERENCES, same_plan_as=same.get(o.plan.policy), outcome=o)
-        for o in outcomes)
+    results = tuple(PolicyResult(o.result, ups.get(o.plan.policy), o.plan.policy in REFERENCES,
+                                 same.get(o.plan.policy), outcome=o) for o in outcomes)
     return Simulation(prepared.scenario.name, prepared.cluster.num_gpus, prepared.tp, prepared.pp,
                       prepared.dp, prepared.num_microbatches, prepared.scenario.seed, results,
                       prepared)

@@ -18,6 +18,11 @@ own NIC (the one closest to the GPU that leaves the node: "rails"), so a node's 
 spread over the NICs of its member GPUs. A ring all-reduce of N bytes then takes
 2(p-1)/p x N / busbw with busbw = min(intra-node link, sum of a node's member NICs): nccl-tests'
 bus bandwidth (doc/PERFORMANCE.md in NVIDIA/nccl-tests).
+
+This module builds them as `Path` and `Ring` objects, the engine's form; `link_uses` gives the
+analytic estimate the same links, weights and latencies as bare uses, from `nic_side` (a node's
+NIC side of a transfer, kept with the cluster) and, where a transfer has no NIC sides,
+`group_path` and `node_exit_path`.
 """
 
 from __future__ import annotations
@@ -69,10 +74,10 @@ def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
     a, b = src[0].node, dst[0].node
     if a != b and all(g.node == a for g in src) and all(g.node == b for g in dst):
         # One node to another (a TP group's send): each side's NIC links from the cluster's.
-        out, lat_out, step_out = _side(cluster, fabric, 0, a, tuple(g.local_index for g in src),
-                                       share)
-        into, lat_in, step_in = _side(cluster, fabric, 1, b, tuple(g.local_index for g in dst),
-                                      share)
+        out, lat_out, step_out = nic_side(cluster, fabric, 0, a,
+                                          tuple(g.local_index for g in src), share)
+        into, lat_in, step_in = nic_side(cluster, fabric, 1, b,
+                                         tuple(g.local_index for g in dst), share)
         # In first use, member by member (send, then receive), as the loop below adds them.
         weights = {link: w for _, _, link, w in sorted(out + into)}
         latency, step = max(lat_out, lat_in), max(step_out, step_in)
@@ -99,125 +104,6 @@ def group_path(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
                     step = nic[3]
     uplink = _add_uplink(cluster, transport, src[0], dst[0], weights)
     return _path(weights, capacities, latency + uplink, step + uplink)
-
-
-def send_uses(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
-              dst: Sequence[GpuRef]) -> tuple[PathUse, float]:
-    """`group_path`'s links with their weights (as a mapping; in another order) and latency
-    (s), without its idle rate: what the estimate needs to share links among replicas
-    (`netview`). A TP group's send to another node is its two NIC sides and the uplink
-    (`send_sides`); anything else is `group_path`'s."""
-    sides = send_sides(cluster, transport, src, dst)
-    if sides is None:
-        path = group_path(cluster, transport, src, dst, _capacities(cluster))
-        return path.links, path.latency_s
-    out, into, up = sides
-    links, latency = out[0] + into[0], max(out[1], into[1])
-    if up is None:
-        return links, latency
-    return links + ((up[0], 1.0),), latency + up[1]
-
-
-def send_sides(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
-               dst: Sequence[GpuRef]) -> tuple[tuple, tuple, tuple[LinkId, float] | None] | None:
-    """A TP group's send to another node as its sending and its receiving node's NIC sides
-    (`_side_uses`: links with weights, latency s, ring-step latency s, the smallest capacity /
-    weight in bytes/s; kept with the cluster) and the uplink it crosses ((link, latency s) or
-    None); None for any other send."""
-    return node_send_sides(cluster, transport, on_one_node(src), on_one_node(dst))
-
-
-def on_one_node(gpus: Sequence[GpuRef]) -> tuple[str, tuple[int, ...]] | None:
-    """(node, each GPU's local index) when all of `gpus` are on one node, else None."""
-    node = gpus[0].node
-    if any(g.node != node for g in gpus):
-        return None
-    return node, tuple(g.local_index for g in gpus)
-
-
-def node_send_sides(cluster: Cluster, transport: Transport, src: tuple[str, tuple[int, ...]] | None,
-                    dst: tuple[str, tuple[int, ...]] | None
-                    ) -> tuple[tuple, tuple, tuple[LinkId, float] | None] | None:
-    """`send_sides` of members given as `on_one_node` gives them (None: not on one node)."""
-    if src is None or dst is None or src[0] == dst[0]:
-        return None
-    share = 1.0 / len(src[1])
-    fabric = transport.fabric or ETHERNET
-    return (_side_uses(cluster, fabric, 0, src[0], src[1], share),
-            _side_uses(cluster, fabric, 1, dst[0], dst[1], share),
-            _uplink_use(cluster, transport, src[0], dst[0]))
-
-
-def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]]
-              ) -> list[tuple[PathUse, float, float]]:
-    """Each hop of `ring_paths`' ring as (links with weights in another order, ring-step
-    latency s, idle rate bytes/s), without building its paths: a hop that leaves a node is its
-    two nodes' NIC sides (each node's GPUs found once; the sides kept with the cluster) and the
-    uplink; a hop inside a node is `group_path`'s. The rates use the cluster's link capacities
-    (`link_capacities`)."""
-    by_node: dict[str, list[int]] = {}
-    for m, gpus in enumerate(members):
-        by_node.setdefault(gpus[0].node, []).append(m)
-    order = [m for ms in by_node.values() for m in ms]
-    fabric = transport.fabric or ETHERNET
-    # A hop leaving a node spreads over the NICs of all its members' GPUs (`_node_exit_path`):
-    # each node's GPUs and share, or None when its members are not all on it.
-    spread = {}
-    for node, ms in by_node.items():
-        gpus = [g for i in ms for g in members[i]]
-        spread[node] = None if any(g.node != node for g in gpus) else \
-            (tuple(g.local_index for g in gpus), 1.0 / len(gpus))
-    hops = []
-    for k, m in enumerate(order):
-        src, dst = members[m], members[order[(k + 1) % len(order)]]
-        a, b = src[0].node, dst[0].node
-        if a == b or spread[a] is None or spread[b] is None:
-            caps = _capacities(cluster)
-            path = group_path(cluster, transport, src, dst, caps) if a == b else _node_exit_path(
-                cluster, transport, [members[i] for i in by_node[a]],
-                [members[i] for i in by_node[b]], caps)
-            hops.append((path.links, path.step_latency_s, path.idle_rate_bytes_per_s))
-            continue
-        out_links, _, out_step, out_rate = _side_uses(cluster, fabric, 0, a, *spread[a])
-        in_links, _, in_step, in_rate = _side_uses(cluster, fabric, 1, b, *spread[b])
-        links, step, rate = out_links + in_links, max(out_step, in_step), min(out_rate, in_rate)
-        up = _uplink_use(cluster, transport, a, b)
-        if up is not None:
-            links += ((up[0], 1.0),)
-            step += up[1]
-            rate = min(rate, _capacities(cluster)[up[0]])
-        hops.append((links, step, rate))
-    return hops
-
-
-def _side_uses(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
-               share: float) -> tuple[PathUse, float, float, float]:
-    """`_side` as (links with summed weights, latency s, ring-step latency s, the smallest
-    capacity / weight over its links in bytes/s), kept with the cluster."""
-    key = (node, gpus, out, share)
-    table = cluster.derived(("nic side uses", fabric), dict)
-    got = table.get(key)
-    if got is None:
-        entries, latency, step = _side(cluster, fabric, out, node, gpus, share)
-        caps = _capacities(cluster)
-        links = tuple((lk, w) for _, _, lk, w in entries)
-        got = table[key] = (links, latency, step, min(caps[lk] / w for lk, w in links))
-    return got
-
-
-def _uplink_use(cluster: Cluster, transport: Transport, a: str, b: str) -> tuple[LinkId, float] | None:
-    """(uplink from node a's cluster to node b's, its latency s) when the transfer crosses one
-    (`_add_uplink`), else None."""
-    if transport.kind is not TransportKind.TCP:
-        return None
-    ca, cb = cluster.node(a).cluster, cluster.node(b).cluster
-    up = cluster.uplink(ca, cb)
-    return None if up is None else (("uplink", ca, cb), up.latency_s)
-
-
-def _capacities(cluster: Cluster) -> dict[LinkId, float]:
-    """`link_capacities` of the cluster, kept with it."""
-    return cluster.derived(("link capacities",), lambda: link_capacities(cluster))
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,13 +144,13 @@ def ring_paths(cluster: Cluster, transport: Transport, members: Sequence[Sequenc
         if src[0].node == dst[0].node:
             hops.append(group_path(cluster, transport, src, dst, capacities))
         else:
-            hops.append(_node_exit_path(cluster, transport, [members[i] for i in by_node[src[0].node]],
-                                        [members[i] for i in by_node[dst[0].node]], capacities))
+            hops.append(node_exit_path(cluster, transport, [members[i] for i in by_node[src[0].node]],
+                                       [members[i] for i in by_node[dst[0].node]], capacities))
     return Ring(order, tuple(hops))
 
 
-def _node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequence[Sequence[GpuRef]],
-                    dst_members: Sequence[Sequence[GpuRef]], capacities: dict[LinkId, float]) -> Path:
+def node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequence[Sequence[GpuRef]],
+                   dst_members: Sequence[Sequence[GpuRef]], capacities: dict[LinkId, float]) -> Path:
     """The hop from one node to the next on a ring: the bytes of a member's share leave over the
     NICs of all the node's member GPUs in equal parts, and enter the next node the same way."""
     fabric = transport.fabric or ETHERNET
@@ -274,8 +160,8 @@ def _node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequenc
         node = gpus[0].node
         if any(g.node != node for g in gpus):
             break
-        sides.append(_side(cluster, fabric, out, node, tuple(g.local_index for g in gpus),
-                           1.0 / len(gpus)))
+        sides.append(nic_side(cluster, fabric, out, node, tuple(g.local_index for g in gpus),
+                              1.0 / len(gpus)))
     else:  # each node's NIC links from the cluster's: the sending node's, then the receiving
         (out, lat_out, step_out), (into, lat_in, step_in) = sides
         weights = {link: w for _, _, link, w in out + into}
@@ -301,8 +187,8 @@ def _node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequenc
     return _path(weights, capacities, latency + uplink, step + uplink)
 
 
-def _side(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
-          share: float) -> tuple[tuple, float, float]:
+def nic_side(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
+             share: float) -> tuple[tuple, float, float]:
     """GPUs `gpus` of `node` each sending (out 0) or receiving (out 1) `share` of a transfer
     over their NICs on `fabric`: ((first member, out, link, summed weight) in order of first
     use, latency s, ring-step latency s), the weights summed member by member as the paths'

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.hardware.cluster import Cluster, Node
-from holmes_sim.cost.paths import link_capacities, node_send_sides, ring_uses, send_uses
+from holmes_sim.cost.link_uses import node_send_sides, ring_uses, send_uses
+from holmes_sim.cost.paths import link_capacities
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, Group, GroupKind, group_lookup, megatron_rank, tp_group_places
 
@@ -72,7 +73,7 @@ class NetView:
         return got
 
     def _on_one_node(self, s: int, d: int) -> tuple[str, tuple[int, ...]] | None:
-        """`cost.paths.on_one_node` of the TP group at (stage s, replica d)."""
+        """`cost.link_uses.on_one_node` of the TP group at (stage s, replica d)."""
         nodes, local = self._places[self.rank(s, d) // self.tp]
         return (nodes[0], local) if len(nodes) == 1 else None
 
@@ -98,7 +99,7 @@ class NetView:
     def p2p(self, a: int, b: int, d: int) -> tuple[float, float]:
         """(latency s, rate bytes/s) of replica d's send from stage a to stage b while every
         replica sends the same message (`analytic` adds bytes / rate): each link's capacity
-        split over the summed weights of every replica's send on it (`cost.paths.send_uses`).
+        split over the summed weights of every replica's send on it (`cost.link_uses.send_uses`).
         A backward send's path is its forward pair's with every link the other way, whose
         capacity is the same (`link_capacities`), and the same weights and latency: it gets
         the forward pair's figures (with p = 2 and chunks both ways are forward pairs of two
@@ -211,7 +212,17 @@ class NetView:
     # ---- alike replicas -----------------------------------------------------------------------
     def replica_classes(self) -> list[tuple[int, list[int]]]:
         """(representative, members) of each class of replicas with the same hardware on every
-        stage and the same send latencies and rates in both directions, in replica order."""
+        stage and the same send latencies and rates in both directions, in replica order.
+
+        The estimate walks each replica's pipeline on its own until the DP sync (`analytic`),
+        with each send at the rate it gets while every replica sends at once (`p2p`) and the
+        stage's DP ring the same for every replica; the work after the walk is priced per
+        stage by `stage_combos`. Replicas alike in these figures walk the same, so one walk
+        stands for a class. The engine's classes (`sim.symmetry`) are a different, finer
+        partition: its replicas share links while they run, so a class there must also agree
+        on DP-ring neighbours, node tenants and paths relative to its own nodes (an equitable
+        partition by colour refinement); those would walk more replicas here and need the
+        engine's paths and op costs, which this view does not build."""
         if self._classes is None:
             # Each stage pair once (its chunks' sends are the same sends), both ways.
             pairs = dict.fromkeys((j % self.pp, (j + 1) % self.pp) for j in range(self.nv - 1))

@@ -119,8 +119,8 @@ class Cluster:
 
     def derived(self, key: tuple, make):
         """A fact of this hardware alone, `make()`'s result made once and kept with the cluster
-        (every placement of a search shares it; `cost.paths`: link capacities, each GPU's NIC
-        links). The caller must not change it."""
+        (every placement of a search shares it; `cost.paths` and `cost.link_uses`: link
+        capacities, each GPU's NIC links, each node's NIC sides). The caller must not change it."""
         got = self._derived.get(key)
         if got is None:
             got = self._derived[key] = make()

@@ -35,7 +35,7 @@ from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
-from holmes_sim.plan import GroupKind, Plan
+from holmes_sim.plan import Group, GroupKind, Plan
 from holmes_sim.schedule import Op
 from holmes_sim.sim import symmetry
 from holmes_sim.sim.network import FlowNetwork
@@ -150,10 +150,6 @@ class _Simulation:
         self._dur_cache: dict[tuple, tuple[float, float]] = {}
         self._route_cache: dict[tuple, tuple[Path, str]] = {}
         self._node_cache: dict[tuple[int, int], frozenset[str]] = {}
-        self._relative: dict[tuple, int] = {}
-        self._hw_ids: dict[str, int] = {}
-        self._neighbours: dict[int, tuple] = {}
-        self._hw_models: dict[tuple, int] = {}
         self.pp_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self.send_start: dict[tuple, float] = {}
         self.posted: set[tuple] = set()
@@ -161,7 +157,6 @@ class _Simulation:
         self._index_groups()
         self._build_entities()
         self._dp_rings = self._build_dp_rings()
-        self._ring_order = {s: symmetry.ring_neighbours(r) for s, (_, r) in self._dp_rings.items()}
         self._set_classes(options)
         self._build_streams()
         self.buckets = {(s, c): self._buckets(s, c) for s in range(plan.pp)
@@ -180,12 +175,9 @@ class _Simulation:
         p = self.plan
         self.entity: dict[tuple[int, int], Entity] = {}
         self._cpu_path: dict[str, tuple] = {}
-        self.tenants: dict[str, list[tuple[int, int]]] = {}  # node -> entities (s, d) on it
         for s in range(p.pp):
             for d in range(p.dp):
                 gpus = p.entity_gpus(s, d)
-                for node in dict.fromkeys(g.node for g in gpus):
-                    self.tenants.setdefault(node, []).append((s, d))
                 node = self.cluster.node(gpus[0].node)
                 e = Entity(f"s{s}.d{d}", s, d, node.name, node.cluster, tuple(map(str, gpus)))
                 self.entity[(s, d)] = e
@@ -217,14 +209,16 @@ class _Simulation:
         self.dp_stream: dict[int, Stream] = {}
         for s, (_, ring) in self._dp_rings.items():
             hops = tuple(self.net.resolve(h) for h in symmetry.quotient_hops(
-                ring, self.reps, self.rep_of, lambda d, s=s: self._nodes(s, d), self._weight))
-            names = tuple(self.entity[(s, d)].name for d in self.reps)
+                ring, self.classes.reps, self.classes.rep_of, lambda d, s=s: self._nodes(s, d),
+                self.classes.weight))
+            names = tuple(self.entity[(s, d)].name for d in self.classes.reps)
             self.dp_stream[s] = Stream(RingSpec(names, hops, ring.step_latency_s, p.dp))
         self.emb_stream: dict[int, Stream] = {}
-        for d in self.reps:
-            g = self.group_by_first.get((GroupKind.EMBEDDING, p.rank(0, d, 0)))
+        for d in self.classes.reps:
+            g = self._embedding_group(d)
             if g is not None:
-                self.emb_stream[d] = Stream(self._ring([(0, d), (p.pp - 1, d)], g, self._weight(d)))
+                self.emb_stream[d] = Stream(self._ring([(0, d), (p.pp - 1, d)], g,
+                                                       self.classes.weight(d)))
 
     def _ring(self, members: list[tuple[int, int]], group, k: int = 1) -> RingSpec:
         """The group's NCCL ring (members node by node; see `cost.paths.ring_paths`), standing
@@ -237,30 +231,22 @@ class _Simulation:
 
     # ---- symmetry ------------------------------------------------------------------------------
     def _set_classes(self, options: EngineOptions) -> None:
-        """Classes of identical replicas; each simulated by its first member (`reps`)."""
+        """Classes of identical replicas (`symmetry.py`); each simulated by its first member."""
         p = self.plan
         if options.full_simulation or self.cpu is not None or self.jitter.rng or p.dp == 1:
-            classes = [(d,) for d in range(p.dp)]
+            members = symmetry.singletons(p.dp)
         else:
-            classes = symmetry.classes_of(symmetry.refine(
-                [self._replica_signature(d) for d in range(p.dp)], self._neighbour_signature))
-            if not self._mirrors(classes):
-                classes = [(d,) for d in range(p.dp)]
-        self.rep_of = [0] * p.dp
-        self.class_size: dict[int, int] = {}
-        for members in classes:
-            for d in members:
-                self.rep_of[d] = members[0]
-            self.class_size[members[0]] = len(members)
-        self.reps = [c[0] for c in classes]
-        for members in classes:
-            if len(members) > 1:
+            members = symmetry.ReplicaSignatures(
+                p, self.cluster, self.caps, nodes_of=self._nodes,
+                dp_rings={s: ring for s, (_, ring) in self._dp_rings.items()},
+                send_group=self._send_group, embedding_group=self._embedding_group,
+                stage_costs=self._stage_costs).classes()
+        self.classes = symmetry.ReplicaClasses(members)
+        for c in members:
+            if len(c) > 1:
                 for s in range(p.pp):
-                    self.trace.members[self.entity[(s, members[0])].name] = tuple(
-                        self.entity[(s, d)].name for d in members)
-
-    def _weight(self, d: int) -> int:
-        return self.class_size.get(d, 1)
+                    self.trace.members[self.entity[(s, c[0])].name] = tuple(
+                        self.entity[(s, d)].name for d in c)
 
     def _nodes(self, s: int, d: int) -> frozenset[str]:
         """Nodes of entity (s, d), cached."""
@@ -269,104 +255,23 @@ class _Simulation:
             got = self._node_cache[(s, d)] = frozenset(g.node for g in self.plan.entity_gpus(s, d))
         return got
 
-    def _replica_signature(self, d: int) -> tuple:
-        """What replica d's stages run on and send over, with its own nodes named by position."""
-        p = self.plan
-        nodes = [self._nodes(s, d) for s in range(p.pp)]
-        if any(len(ns) != 1 for ns in nodes):
-            return ("own", d)  # a stage spans nodes
-        labels: dict[str, int] = {}
-        for ns in nodes:
-            labels.setdefault(next(iter(ns)), len(labels))
-        stages = []
-        for s in range(p.pp):
-            node = self.cluster.node(next(iter(nodes[s])))
-            gpus = tuple(g.local_index for g in p.entity_gpus(s, d))
-            chunks = tuple(self._durations(node, self.schedule.virtual_stage(s, c), b)
-                           for c in range(p.num_chunks) for b in (False, True))
-            hw = (node.cluster, self._hw_id(node.name))
-            stages.append((labels[node.name], hw, gpus, chunks, self._optimizer_s(node, s)))
-        sends = tuple(self._relative_send(kind, j, j + 1 if kind == "F" else j - 1, d, labels)
-                      for j in range(self.nv) for kind in "FB"
-                      if (kind == "F" and j < self.nv - 1) or (kind == "B" and j > 0))
-        emb = self.group_by_first.get((GroupKind.EMBEDDING, p.rank(0, d, 0)))
-        emb_sig = ()
-        if emb is not None:
-            ring = ring_paths(self.cluster, emb.transport,
-                              [p.entity_gpus(0, d), p.entity_gpus(p.pp - 1, d)], self.caps)
-            emb_sig = (tuple(symmetry.relabel(h.links, labels) for h in ring.hops), ring.step_latency_s)
-        return (tuple(stages), sends, emb_sig)
-
-    def _neighbour_signature(self, d: int, colours: list[int]) -> tuple:
-        """Replica d's neighbours: on each DP ring, its hop out (relabeled) and the colours of
-        the next and previous members; on each of its nodes, the other tenants' colours."""
-        hops, tenants = self._local_neighbours(d)
-        rings = tuple((hop, colours[n], colours[prv]) for hop, n, prv in hops)
-        return rings, tuple(tuple(sorted((s2, g, colours[d2]) for s2, g, d2 in t)) for t in tenants)
-
-    def _local_neighbours(self, d: int) -> tuple[tuple, tuple]:
-        """What `_neighbour_signature` needs that colours do not change, cached per replica."""
-        got = self._neighbours.get(d)
-        if got is None:
-            p = self.plan
-            tenants = tuple(tuple((s2, p.entity_gpus(s2, d2)[0].local_index, d2)
-                                  for s2, d2 in self.tenants[next(iter(self._nodes(s, d)))])
-                            for s in range(p.pp))
-            got = self._neighbours[d] = (self._ring_hops_out(d), tenants)
-        return got
-
-    def _mirrors(self, classes: list[tuple[int, ...]]) -> bool:
-        """Whether every node of a class member maps to one node of its representative that
-        hosts the representatives of the same tenants on the same GPUs (else no symmetry)."""
-        p = self.plan
-        rep_of = {d: c[0] for c in classes for d in c}
-        image: dict[str, str] = {}
-        for c in classes:
-            for m in c:
-                for s in range(p.pp):
-                    for a, b in zip(sorted(self._nodes(s, m)), sorted(self._nodes(s, c[0])), strict=True):
-                        if image.setdefault(a, b) != b:
-                            return False
-
-        def slots(node: str, rep) -> list:
-            return sorted((s, rep(d), tuple(g.local_index for g in p.entity_gpus(s, d)))
-                          for s, d in self.tenants[node])
-
-        return all(slots(a, rep_of.__getitem__) == slots(b, lambda d: d) for a, b in image.items())
-
-    def _ring_hops_out(self, d: int) -> tuple:
-        """Replica d on each stage's DP ring: (its hop out relabeled, next member, previous)."""
-        out = []
-        for s, (pos, nxt, prv) in self._ring_order.items():
-            hop = self._dp_rings[s][1].hops[pos[d]]
-            n = nxt[d]
-            mapping = {next(iter(self._nodes(s, d))): "self", next(iter(self._nodes(s, n))): "next"}
-            out.append(((symmetry.relabel(hop.links, mapping), hop.latency_s), n, prv[d]))
-        return tuple(out)
-
-    def _relative_send(self, kind: str, j_from: int, j_to: int, d: int, labels: dict) -> tuple:
-        """One send of replica d as (kind, j, path model id, sender and receiver node labels):
-        its path is a function of the transport, node models, GPUs and clusters (the model)."""
+    def _send_group(self, kind: str, j_from: int, j_to: int, d: int) -> Group:
+        """The pipeline group of replica d's send between virtual stages (keyed by forward pairs)."""
         p = self.plan
         s_from, s_to = j_from % p.pp, j_to % p.pp
         fwd = (s_from, s_to) if kind == "F" else (s_to, s_from)
-        group = self.pp_group[(p.rank(fwd[0], d, 0), p.rank(fwd[1], d, 0))]
-        a, b = next(iter(self._nodes(s_from, d))), next(iter(self._nodes(s_to, d)))
-        key = (group.transport, self._hw_id(a), self._hw_id(b), a == b,
-               self.cluster.node(a).cluster, self.cluster.node(b).cluster,
-               tuple(g.local_index for g in p.entity_gpus(s_from, d)),
-               tuple(g.local_index for g in p.entity_gpus(s_to, d)))
-        model = self._relative.setdefault(key, len(self._relative))
-        return kind, j_from, model, labels[a], labels[b]
+        return self.pp_group[(p.rank(fwd[0], d, 0), p.rank(fwd[1], d, 0))]
 
-    def _hw_id(self, node: str) -> int:
-        """A small id per distinct node model (GPU, links, NICs), cached per node."""
-        got = self._hw_ids.get(node)
-        if got is None:
-            n = self.cluster.node(node)
-            model = (n.gpu, n.num_gpus, n.intra_link, n.nics)
-            got = self._hw_ids[node] = self._hw_models.setdefault(model, len(self._hw_models))
-        return got
+    def _embedding_group(self, d: int) -> Group | None:
+        """Replica d's embedding group (first and last stage), or None."""
+        return self.group_by_first.get((GroupKind.EMBEDDING, self.plan.rank(0, d, 0)))
+
+    def _stage_costs(self, node, s: int) -> tuple:
+        """What prices stage s's work on `node`: each chunk's forward and backward (compute, TP)
+        seconds, and the optimizer step's seconds."""
+        chunks = tuple(self._durations(node, self.schedule.virtual_stage(s, c), b)
+                       for c in range(self.plan.num_chunks) for b in (False, True))
+        return chunks, self._optimizer_s(node, s)
 
     def _optimizer_s(self, node, s: int) -> float:
         params = self.costs.stage_params(self.plan.layers_per_stage, self.plan.pp, s)
@@ -385,7 +290,7 @@ class _Simulation:
     # ---- run -----------------------------------------------------------------------------------
     def run(self) -> Trace:
         done = [self.env.process(self._entity(s, d)) for s in range(self.plan.pp)
-                for d in self.reps]
+                for d in self.classes.reps]
         self.env.run(self.env.all_of(done))
         self.trace.iteration_s = self.env.now
         self.trace.flows = self.net.flows_started
@@ -548,17 +453,15 @@ class _Simulation:
         got = self._route_cache.get(key)
         if got is None:
             path = self._pp_path(kind, j_from, j_to, d)
-            links = symmetry.scale_shared(path.links, self._weight(d))
+            links = symmetry.scale_shared(path.links, self.classes.weight(d))
             got = self._route_cache[key] = (self.net.resolve(links), path.latency_s,
                                             self.entity[(j_from % self.plan.pp, d)].name)
         return got
 
     def _pp_path(self, kind: str, j_from: int, j_to: int, d: int) -> Path:
-        """Path of one replica's transfer; PP groups are keyed by forward pairs."""
-        s_from, s_to = j_from % self.plan.pp, j_to % self.plan.pp
-        fwd = (s_from, s_to) if kind == "F" else (s_to, s_from)
-        group = self.pp_group[(self.plan.rank(fwd[0], d, 0), self.plan.rank(fwd[1], d, 0))]
-        return self._entity_path(group, (s_from, d), (s_to, d))
+        """Path of one replica's transfer between virtual stages."""
+        group = self._send_group(kind, j_from, j_to, d)
+        return self._entity_path(group, (j_from % self.plan.pp, d), (j_to % self.plan.pp, d))
 
     def _last_backward_per_chunk(self, s: int) -> dict[int, Op]:
         return {op.chunk: op for op in self.schedule.stage_ops[s] if op.kind == "B"}

@@ -482,17 +482,28 @@ class FlowNetwork:
         Sets each flow's `new_rate` and `bneck`; leaves each link's re-shared load in `_load`.
         """
         if len(alive) == 1:
-            flow = alive[0]
-            best, bneck = math.inf, -1
-            for link, w in flow.links:
-                rate = caps[link] / w
-                if rate < best:
-                    best, bneck = rate, link
-            flow.new_rate, flow.bneck = best, bneck
-            for link, w in flow.links:
-                self._load[link] = w * best
+            self._fill_one(alive[0], caps)
             return
-        load, wsum, nfree, members = self._load, self._wsum, self._nfree, self._members
+        self._count_crossings(alive, links)
+        unfrozen = self._freeze_lone_flows(alive, caps)
+        if unfrozen:
+            self._raise_level(links, caps, unfrozen)
+
+    def _fill_one(self, flow: _Flow, caps: list[float]) -> None:
+        """A single flow takes its narrowest link's capacity / weight."""
+        best, bneck = math.inf, -1
+        for link, w in flow.links:
+            rate = caps[link] / w
+            if rate < best:
+                best, bneck = rate, link
+        flow.new_rate, flow.bneck = best, bneck
+        load = self._load
+        for link, w in flow.links:
+            load[link] = w * best
+
+    def _count_crossings(self, alive: list[_Flow], links: list[int]) -> None:
+        """Zero each link's load; set its summed weight and count of unfrozen flows."""
+        load, wsum, nfree = self._load, self._wsum, self._nfree
         for link in links:
             load[link] = 0.0
             wsum[link] = 0.0
@@ -501,8 +512,13 @@ class FlowNetwork:
             for link, w in flow.links:
                 wsum[link] += w
                 nfree[link] += 1
+
+    def _freeze_lone_flows(self, alive: list[_Flow], caps: list[float]) -> int:
+        """Freeze each flow alone on all its links at its narrowest one (taking those links
+        out of the filling); return how many flows remain unfrozen."""
+        load, nfree = self._load, self._nfree
         unfrozen = len(alive)
-        for flow in alive:  # a flow alone on all its links takes its narrowest one
+        for flow in alive:
             best, bneck = math.inf, -1
             for link, w in flow.links:
                 if nfree[link] != 1:
@@ -516,6 +532,14 @@ class FlowNetwork:
                 for link, w in flow.links:
                     load[link] = w * best
                     nfree[link] = 0
+        return unfrozen
+
+    def _raise_level(self, links: list[int], caps: list[float], unfrozen: int) -> None:
+        """Raise the `unfrozen` flows' common rate (the level) link by link: the next link to
+        saturate is the one with the lowest (capacity - load) / unfrozen weight (a heap); the
+        re-shared flows on it not yet frozen freeze at the level, loading their other links."""
+        load, wsum, nfree, members = self._load, self._wsum, self._nfree, self._members
+        stamp = self._stamp
         heap = [(caps[link] / wsum[link], link) for link in links if nfree[link]]
         heapq.heapify(heap)
         pop, push = heapq.heappop, heapq.heappush
@@ -531,7 +555,7 @@ class FlowNetwork:
             if sat > level:
                 level = sat
             for flow in members[link]:
-                if flow.new_rate < 0.0 and flow.mark == self._stamp:
+                if flow.new_rate < 0.0 and flow.mark == stamp:
                     flow.new_rate = level
                     flow.bneck = link
                     unfrozen -= 1

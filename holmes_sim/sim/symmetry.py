@@ -7,9 +7,9 @@ stage's data-parallel ring the same hop out to a neighbour of the same class and
 from a neighbour of the same class, and on each node it shares the same other tenants (classes,
 GPUs). Classes are found by colour refinement: start from those local signatures, then split by
 the neighbours' classes until nothing splits (an equitable partition, so every member of a class
-sees the same flows at the same times). The engine then checks that every member's node maps to
-one node of its representative, hosting the representatives of the same tenants on the same
-GPUs, so the representatives' nodes mirror every other node.
+sees the same flows at the same times). `ReplicaSignatures.classes` then checks that every
+member's node maps to one node of its representative, hosting the representatives of the same
+tenants on the same GPUs, so the representatives' nodes mirror every other node.
 
 A class is simulated by its first member. Its flows stand for one flow per member: links of the
 representative's own nodes keep their weights (each member loads its own copy equally), and
@@ -17,13 +17,25 @@ links no replica owns (inter-cluster uplinks) take k times the weight, since the
 flows all cross them. Weighted max-min sharing then gives the representative exactly the rate
 each member would get. A stage spanning nodes, nodes that do not mirror, a seeded compute
 spread, or a shared-CPU testbed makes every replica its own class (the full simulation).
+
+The analytic estimate groups replicas too (`estimate.netview.NetView.replica_classes`), by a
+weaker rule: it walks each replica's pipeline alone, its sends already priced as if every
+replica sent at once, so alike hardware per stage and alike send latencies and rates suffice
+there. These classes must guarantee more, because the engine's replicas meet on shared links
+while they run: a representative must see, flow for flow and instant for instant, what every
+member sees, which needs the DP-ring neighbours, the node tenants and the mirrored nodes above.
+The estimate's classes would merge replicas the engine must keep apart; these would split
+replicas the estimate can walk once and need the engine's paths and op costs, which the
+estimate's view does not build.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
-from holmes_sim.cost.paths import PathUse, Ring
+from holmes_sim.cost.paths import PathUse, Ring, ring_paths
+from holmes_sim.hardware.cluster import Cluster, Node
+from holmes_sim.plan import Group, Plan
 
 NodeMap = dict[str, Hashable]
 
@@ -91,3 +103,178 @@ def quotient_hops(ring: Ring, reps: Sequence[int], rep_of: Sequence[int],
             mapping = dict(zip(sorted(node_of(n)), sorted(node_of(target)), strict=True))
         hops.append(scale_shared(relabel(ring.hops[pos[r]].links, mapping), weight(r)))
     return tuple(hops)
+
+
+def singletons(n: int) -> list[tuple[int, ...]]:
+    """Every one of `n` replicas its own class (the full simulation)."""
+    return [(d,) for d in range(n)]
+
+
+class ReplicaClasses:
+    """Replicas grouped into classes (tuples in replica order, ordered by first member), each
+    class simulated by its first member, its representative."""
+
+    __slots__ = ("members", "reps", "rep_of", "_size")
+
+    def __init__(self, members: list[tuple[int, ...]]):
+        self.members = members
+        self.reps = [c[0] for c in members]
+        self.rep_of = [0] * sum(map(len, members))
+        for c in members:
+            for d in c:
+                self.rep_of[d] = c[0]
+        self._size = {c[0]: len(c) for c in members}
+
+    def weight(self, d: int) -> int:
+        """How many replicas representative `d` stands for (1 for any other replica)."""
+        return self._size.get(d, 1)
+
+
+class ReplicaSignatures:
+    """What the engine sees of each replica, refined into classes (see the module docstring).
+
+    Args:
+        plan, cluster, capacities: the simulation's plan, cluster and link capacities (bytes/s).
+        nodes_of: (stage, replica) -> the nodes of that entity's GPUs.
+        dp_rings: stage -> its data-parallel ring over every replica (stages with a DP group).
+        send_group: (kind "F" or "B", virtual stage from, virtual stage to, replica) -> the
+            pipeline group that carries the send.
+        embedding_group: replica -> its embedding group (None: none).
+        stage_costs: (node, stage) -> what prices the stage's work on that node (its ops' and
+            optimizer step's seconds); equal values mean equal compute.
+    """
+
+    def __init__(self, plan: Plan, cluster: Cluster, capacities: dict, *,
+                 nodes_of: Callable[[int, int], frozenset[str]], dp_rings: Mapping[int, Ring],
+                 send_group: Callable[[str, int, int, int], Group],
+                 embedding_group: Callable[[int], Group | None],
+                 stage_costs: Callable[[Node, int], Hashable]):
+        self.plan, self.cluster, self.caps = plan, cluster, capacities
+        self._nodes, self._dp_rings = nodes_of, dp_rings
+        self._send_group, self._embedding_group = send_group, embedding_group
+        self._stage_costs = stage_costs
+        self._ring_order = {s: ring_neighbours(r) for s, r in dp_rings.items()}
+        self._tenants = self._tenants_by_node()
+        self._relative: dict[tuple, int] = {}
+        self._hw_ids: dict[str, int] = {}
+        self._hw_models: dict[tuple, int] = {}
+        self._neighbours: dict[int, tuple] = {}
+
+    def classes(self) -> list[tuple[int, ...]]:
+        """Classes of identical replicas (`classes_of` order); every replica alone when the
+        representatives' nodes do not mirror the other members' nodes."""
+        dp = self.plan.dp
+        classes = classes_of(refine([self.local(d) for d in range(dp)], self.neighbours))
+        return classes if self._mirrors(classes) else singletons(dp)
+
+    def _tenants_by_node(self) -> dict[str, list[tuple[int, int]]]:
+        """Node -> the entities (stage, replica) with GPUs on it, in entity order."""
+        p = self.plan
+        tenants: dict[str, list[tuple[int, int]]] = {}
+        for s in range(p.pp):
+            for d in range(p.dp):
+                for node in dict.fromkeys(g.node for g in p.entity_gpus(s, d)):
+                    tenants.setdefault(node, []).append((s, d))
+        return tenants
+
+    def local(self, d: int) -> tuple:
+        """What replica d's stages run on and send over, with its own nodes named by position."""
+        p = self.plan
+        nodes = [self._nodes(s, d) for s in range(p.pp)]
+        if any(len(ns) != 1 for ns in nodes):
+            return ("own", d)  # a stage spans nodes
+        labels: dict[str, int] = {}
+        for ns in nodes:
+            labels.setdefault(next(iter(ns)), len(labels))
+        stages = []
+        for s in range(p.pp):
+            node = self.cluster.node(next(iter(nodes[s])))
+            gpus = tuple(g.local_index for g in p.entity_gpus(s, d))
+            costs = self._stage_costs(node, s)
+            hw = (node.cluster, self._hw_id(node.name))
+            stages.append((labels[node.name], hw, gpus, costs))
+        nv = p.pp * p.num_chunks
+        sends = tuple(self._relative_send(kind, j, j + 1 if kind == "F" else j - 1, d, labels)
+                      for j in range(nv) for kind in "FB"
+                      if (kind == "F" and j < nv - 1) or (kind == "B" and j > 0))
+        return (tuple(stages), sends, self._embedding_signature(d, labels))
+
+    def _embedding_signature(self, d: int, labels: dict[str, int]) -> tuple:
+        """Replica d's embedding ring: its hops relabeled and its step latency (s); () if none."""
+        group = self._embedding_group(d)
+        if group is None:
+            return ()
+        p = self.plan
+        ring = ring_paths(self.cluster, group.transport,
+                          [p.entity_gpus(0, d), p.entity_gpus(p.pp - 1, d)], self.caps)
+        return (tuple(relabel(h.links, labels) for h in ring.hops), ring.step_latency_s)
+
+    def neighbours(self, d: int, colours: list[int]) -> tuple:
+        """Replica d's neighbours: on each DP ring, its hop out (relabeled) and the colours of
+        the next and previous members; on each of its nodes, the other tenants' colours."""
+        hops, tenants = self._local_neighbours(d)
+        rings = tuple((hop, colours[n], colours[prv]) for hop, n, prv in hops)
+        return rings, tuple(tuple(sorted((s2, g, colours[d2]) for s2, g, d2 in t)) for t in tenants)
+
+    def _local_neighbours(self, d: int) -> tuple[tuple, tuple]:
+        """What `neighbours` needs that colours do not change, cached per replica."""
+        got = self._neighbours.get(d)
+        if got is None:
+            p = self.plan
+            tenants = tuple(tuple((s2, p.entity_gpus(s2, d2)[0].local_index, d2)
+                                  for s2, d2 in self._tenants[next(iter(self._nodes(s, d)))])
+                            for s in range(p.pp))
+            got = self._neighbours[d] = (self._ring_hops_out(d), tenants)
+        return got
+
+    def _mirrors(self, classes: list[tuple[int, ...]]) -> bool:
+        """Whether every node of a class member maps to one node of its representative that
+        hosts the representatives of the same tenants on the same GPUs (else no symmetry)."""
+        p = self.plan
+        rep_of = {d: c[0] for c in classes for d in c}
+        image: dict[str, str] = {}
+        for c in classes:
+            for m in c:
+                for s in range(p.pp):
+                    for a, b in zip(sorted(self._nodes(s, m)), sorted(self._nodes(s, c[0])), strict=True):
+                        if image.setdefault(a, b) != b:
+                            return False
+
+        def slots(node: str, rep) -> list:
+            return sorted((s, rep(d), tuple(g.local_index for g in p.entity_gpus(s, d)))
+                          for s, d in self._tenants[node])
+
+        return all(slots(a, rep_of.__getitem__) == slots(b, lambda d: d) for a, b in image.items())
+
+    def _ring_hops_out(self, d: int) -> tuple:
+        """Replica d on each stage's DP ring: (its hop out relabeled, next member, previous)."""
+        out = []
+        for s, (pos, nxt, prv) in self._ring_order.items():
+            hop = self._dp_rings[s].hops[pos[d]]
+            n = nxt[d]
+            mapping = {next(iter(self._nodes(s, d))): "self", next(iter(self._nodes(s, n))): "next"}
+            out.append(((relabel(hop.links, mapping), hop.latency_s), n, prv[d]))
+        return tuple(out)
+
+    def _relative_send(self, kind: str, j_from: int, j_to: int, d: int, labels: dict) -> tuple:
+        """One send of replica d as (kind, j, path model id, sender and receiver node labels):
+        its path is a function of the transport, node models, GPUs and clusters (the model)."""
+        p = self.plan
+        s_from, s_to = j_from % p.pp, j_to % p.pp
+        group = self._send_group(kind, j_from, j_to, d)
+        a, b = next(iter(self._nodes(s_from, d))), next(iter(self._nodes(s_to, d)))
+        key = (group.transport, self._hw_id(a), self._hw_id(b), a == b,
+               self.cluster.node(a).cluster, self.cluster.node(b).cluster,
+               tuple(g.local_index for g in p.entity_gpus(s_from, d)),
+               tuple(g.local_index for g in p.entity_gpus(s_to, d)))
+        model = self._relative.setdefault(key, len(self._relative))
+        return kind, j_from, model, labels[a], labels[b]
+
+    def _hw_id(self, node: str) -> int:
+        """A small id per distinct node model (GPU, links, NICs), cached per node."""
+        got = self._hw_ids.get(node)
+        if got is None:
+            n = self.cluster.node(node)
+            model = (n.gpu, n.num_gpus, n.intra_link, n.nics)
+            got = self._hw_ids[node] = self._hw_models.setdefault(model, len(self._hw_models))
+        return got

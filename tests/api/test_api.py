@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -34,6 +35,16 @@ def test_a_name_a_path_and_a_dict_give_the_same_figures():
     holmes = by_name.result("holmes")
     assert holmes.speedup_over_megatron > 1 and by_name.best.policy == "holmes"
     assert by_name.result("megatron").speedup_over_megatron == pytest.approx(1.0)
+
+
+def test_a_policy_result_reads_its_result_fields():
+    r = holmes_sim.simulate("mixed_ib_eth", policies=["holmes"]).result("holmes")
+    for f in dataclasses.fields(r.result):
+        assert getattr(r, f.name) is getattr(r.result, f.name), f.name
+    assert r.peak_memory_gib == r.result.memory.peak_gib and r.fits_memory is r.result.memory.fits
+    assert {"policy", "breakdown_s", "fits_memory"} <= set(dir(r))
+    with pytest.raises(AttributeError):
+        r.to_json  # noqa: B018 (a method of the Result, not a field)
 
 
 def test_references_and_identical_plans_are_flagged():

@@ -132,14 +132,14 @@ def test_full_simulation_flag_simulates_every_replica():
     for full, reps in ((False, 1), (True, plan.dp)):
         sim = _Simulation(plan, cluster, prepared.workload, prepared.compute,
                           EngineOptions(full_simulation=full))
-        assert len(sim.reps) == reps
+        assert len(sim.classes.reps) == reps
 
 
 def test_replicas_sharing_nodes_form_classes_by_position_on_the_node():
     prepared = prepare(SCENARIOS / "pure_ib.yaml")  # TP 1: eight replicas per node, DP 32
     plan, cluster = plan_policy(prepared, "megatron")
     sim = _Simulation(plan, cluster, prepared.workload, prepared.compute, EngineOptions())
-    assert sim.reps == list(range(8)) and set(sim.class_size.values()) == {4}
+    assert sim.classes.reps == list(range(8)) and {len(c) for c in sim.classes.members} == {4}
 
 
 def test_compute_spread_falls_back_to_full():
@@ -147,7 +147,7 @@ def test_compute_spread_falls_back_to_full():
     plan, cluster = plan_policy(prepared, "holmes")
     sim = _Simulation(plan, cluster, prepared.workload, prepared.compute,
                       EngineOptions(compute_cv=0.05, seed=3))
-    assert sim.reps == list(range(plan.dp))
+    assert sim.classes.reps == list(range(plan.dp))
 
 
 def test_symmetric_run_is_deterministic():

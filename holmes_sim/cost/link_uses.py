@@ -1,0 +1,137 @@
+"""The paths of `cost.paths` as link uses, for the analytic estimate (`estimate.netview`).
+
+A use is what the estimate needs of a path to share its links among replicas: its links with
+their weights (`PathUse`, in another order than the `Path`'s) and its latency (s), and for a
+ring hop its ring-step latency (s) and idle rate (bytes/s), built without `Path` objects. A TP
+group's send between two nodes and a ring hop leaving a node are their two nodes' NIC sides
+(kept with the cluster) and the uplink they cross; any other transfer is `paths.group_path`'s or
+`paths.node_exit_path`'s. The links, weights and latencies are those of the engine's paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from holmes_sim.cost.paths import (LinkId, PathUse, group_path, link_capacities, nic_side,
+                                   node_exit_path)
+from holmes_sim.hardware.cluster import ETHERNET, Cluster
+from holmes_sim.plan import GpuRef, Transport, TransportKind
+
+
+def send_uses(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
+              dst: Sequence[GpuRef]) -> tuple[PathUse, float]:
+    """`group_path`'s links with their weights (as a mapping; in another order) and latency
+    (s), without its idle rate: what the estimate needs to share links among replicas
+    (`netview`). A TP group's send to another node is its two NIC sides and the uplink
+    (`_send_sides`); anything else is `group_path`'s."""
+    sides = _send_sides(cluster, transport, src, dst)
+    if sides is None:
+        path = group_path(cluster, transport, src, dst, _capacities(cluster))
+        return path.links, path.latency_s
+    out, into, up = sides
+    links, latency = out[0] + into[0], max(out[1], into[1])
+    if up is None:
+        return links, latency
+    return links + ((up[0], 1.0),), latency + up[1]
+
+
+def _send_sides(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
+                dst: Sequence[GpuRef]) -> tuple[tuple, tuple, tuple[LinkId, float] | None] | None:
+    """A TP group's send to another node as its sending and its receiving node's NIC sides
+    (`_side_uses`: links with weights, latency s, ring-step latency s, the smallest capacity /
+    weight in bytes/s; kept with the cluster) and the uplink it crosses ((link, latency s) or
+    None); None for any other send."""
+    return node_send_sides(cluster, transport, on_one_node(src), on_one_node(dst))
+
+
+def on_one_node(gpus: Sequence[GpuRef]) -> tuple[str, tuple[int, ...]] | None:
+    """(node, each GPU's local index) when all of `gpus` are on one node, else None."""
+    node = gpus[0].node
+    if any(g.node != node for g in gpus):
+        return None
+    return node, tuple(g.local_index for g in gpus)
+
+
+def node_send_sides(cluster: Cluster, transport: Transport, src: tuple[str, tuple[int, ...]] | None,
+                    dst: tuple[str, tuple[int, ...]] | None
+                    ) -> tuple[tuple, tuple, tuple[LinkId, float] | None] | None:
+    """`_send_sides` of members given as `on_one_node` gives them (None: not on one node)."""
+    if src is None or dst is None or src[0] == dst[0]:
+        return None
+    share = 1.0 / len(src[1])
+    fabric = transport.fabric or ETHERNET
+    return (_side_uses(cluster, fabric, 0, src[0], src[1], share),
+            _side_uses(cluster, fabric, 1, dst[0], dst[1], share),
+            _uplink_use(cluster, transport, src[0], dst[0]))
+
+
+def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]]
+              ) -> list[tuple[PathUse, float, float]]:
+    """Each hop of `paths.ring_paths`' ring as (links with weights in another order, ring-step
+    latency s, idle rate bytes/s), without building its paths: a hop that leaves a node is its
+    two nodes' NIC sides (each node's GPUs found once; the sides kept with the cluster) and the
+    uplink; a hop inside a node is `group_path`'s. The rates use the cluster's link capacities
+    (`link_capacities`)."""
+    by_node: dict[str, list[int]] = {}
+    for m, gpus in enumerate(members):
+        by_node.setdefault(gpus[0].node, []).append(m)
+    order = [m for ms in by_node.values() for m in ms]
+    fabric = transport.fabric or ETHERNET
+    # A hop leaving a node spreads over the NICs of all its members' GPUs
+    # (`node_exit_path`): each node's GPUs and share, or None when its members are not all on it.
+    spread = {}
+    for node, ms in by_node.items():
+        gpus = [g for i in ms for g in members[i]]
+        spread[node] = None if any(g.node != node for g in gpus) else \
+            (tuple(g.local_index for g in gpus), 1.0 / len(gpus))
+    hops = []
+    for k, m in enumerate(order):
+        src, dst = members[m], members[order[(k + 1) % len(order)]]
+        a, b = src[0].node, dst[0].node
+        if a == b or spread[a] is None or spread[b] is None:
+            caps = _capacities(cluster)
+            path = group_path(cluster, transport, src, dst, caps) if a == b else node_exit_path(
+                cluster, transport, [members[i] for i in by_node[a]],
+                [members[i] for i in by_node[b]], caps)
+            hops.append((path.links, path.step_latency_s, path.idle_rate_bytes_per_s))
+            continue
+        out_links, _, out_step, out_rate = _side_uses(cluster, fabric, 0, a, *spread[a])
+        in_links, _, in_step, in_rate = _side_uses(cluster, fabric, 1, b, *spread[b])
+        links, step, rate = out_links + in_links, max(out_step, in_step), min(out_rate, in_rate)
+        up = _uplink_use(cluster, transport, a, b)
+        if up is not None:
+            links += ((up[0], 1.0),)
+            step += up[1]
+            rate = min(rate, _capacities(cluster)[up[0]])
+        hops.append((links, step, rate))
+    return hops
+
+
+def _side_uses(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
+               share: float) -> tuple[PathUse, float, float, float]:
+    """`nic_side` as (links with summed weights, latency s, ring-step latency s, the smallest
+    capacity / weight over its links in bytes/s), kept with the cluster."""
+    key = (node, gpus, out, share)
+    table = cluster.derived(("nic side uses", fabric), dict)
+    got = table.get(key)
+    if got is None:
+        entries, latency, step = nic_side(cluster, fabric, out, node, gpus, share)
+        caps = _capacities(cluster)
+        links = tuple((lk, w) for _, _, lk, w in entries)
+        got = table[key] = (links, latency, step, min(caps[lk] / w for lk, w in links))
+    return got
+
+
+def _uplink_use(cluster: Cluster, transport: Transport, a: str, b: str) -> tuple[LinkId, float] | None:
+    """(uplink from node a's cluster to node b's, its latency s) when the transfer crosses one
+    (as `group_path` adds it), else None."""
+    if transport.kind is not TransportKind.TCP:
+        return None
+    ca, cb = cluster.node(a).cluster, cluster.node(b).cluster
+    up = cluster.uplink(ca, cb)
+    return None if up is None else (("uplink", ca, cb), up.latency_s)
+
+
+def _capacities(cluster: Cluster) -> dict[LinkId, float]:
+    """`link_capacities` of the cluster, kept with it."""
+    return cluster.derived(("link capacities",), lambda: link_capacities(cluster))
