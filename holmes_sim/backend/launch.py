@@ -64,7 +64,7 @@ class RunResult:
 def local_spawn(rank: int, argv: list[str]) -> subprocess.Popen:
     """Start a rank on this host, in its own session so the whole tree can be killed, dying with
     its parent so no kill of the launcher leaves it running."""
-    from holmes_sim.backend.testbed import die_with_parent
+    from holmes_sim.backend.netns import die_with_parent
 
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True,
