@@ -22,7 +22,7 @@ from holmes_sim.backend.model import (
     make_head,
     synthetic_batch,
 )
-from holmes_sim.backend.worker import FlatOptimizer
+from holmes_sim.backend.optimizer import FlatOptimizer
 
 _WARMUP = 2
 _KEYS = ("embedding_forward_s", "embedding_backward_s", "block_forward_s", "block_backward_s",

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from holmes_sim.backend.worker import RunConfig
+from holmes_sim.backend.run_config import RunConfig
 from holmes_sim.errors import TestbedError
 from holmes_sim.plan import Plan
 

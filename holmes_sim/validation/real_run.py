@@ -534,7 +534,7 @@ def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb,
     """One policy's plan for real; `emulated`: GPU model -> compute durations the ranks wait
     (the profile's compute section), None: real compute."""
     from holmes_sim.backend.launch import run_plan
-    from holmes_sim.backend.worker import RunConfig
+    from holmes_sim.backend.run_config import RunConfig
 
     eth = [next(n.name for n in prepared.cluster.node(g.node).nics if n.type == "ethernet")
            for g in plan.rank_to_gpu]
@@ -584,7 +584,7 @@ def calibrate_intra_node(prepared: Prepared, tb, spec: TestbedSpec, busy: int | 
 
 
 def _durations(entry: dict) -> dict:
-    from holmes_sim.backend.worker import EMULATED_KEYS
+    from holmes_sim.backend.emulation import EMULATED_KEYS
 
     return {k: entry[k] for k in EMULATED_KEYS}
 
@@ -677,7 +677,7 @@ def measure_op_overhead(prepared: Prepared, config, compute: dict, spec: Testbed
     waiting `compute`'s durations), minus the calibrated pieces, divided by its ops. A
     calibration run of its own, not a measured case."""
     from holmes_sim.backend.launch import run_plan
-    from holmes_sim.backend.worker import RunConfig
+    from holmes_sim.backend.run_config import RunConfig
 
     m, layers = prepared.num_microbatches, prepared.workload.num_layers
     plan = Plan("calibration", 1, 1, 1, (GpuRef("calibration", 0),), (layers,),
@@ -824,7 +824,7 @@ def dry_run(testbed_path: str | Path, policies: list[str] | None = None) -> list
     prepared = prepare(testbed_path, check=check_testbed)  # before torch loads: bad input is quick
 
     from holmes_sim.backend.launch import dry_run as backend_dry_run
-    from holmes_sim.backend.worker import RunConfig
+    from holmes_sim.backend.run_config import RunConfig
 
     config = model_config(prepared)
     lines = []
