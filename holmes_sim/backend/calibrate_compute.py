@@ -22,7 +22,7 @@ from holmes_sim.backend.model import (
     make_head,
     synthetic_batch,
 )
-from holmes_sim.backend.worker import FlatOptimizer
+from holmes_sim.backend.optimizer import FlatOptimizer
 
 _WARMUP = 2
 _KEYS = ("embedding_forward_s", "embedding_backward_s", "block_forward_s", "block_backward_s",
@@ -78,7 +78,7 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
 
 def _measure_one(config: GPTConfig, micro_batch_size: int, repeats: int, torch_threads: int,
                  barrier, done, results, parent: int, realtime_priority: int = 0) -> None:
-    from holmes_sim.backend.testbed import die_with_parent
+    from holmes_sim.backend.netns import die_with_parent
     from holmes_sim.backend.worker import set_realtime
 
     die_with_parent()  # however the calibrating process ends, this one does not outlive it

@@ -86,7 +86,8 @@ _FIT_GAP_S = 0.01  # idle between collectives, as between a rank's compute piece
 
 def fit_all_reduce(group: PointToPoint, size_bytes: int, streaming_bytes_per_s: float) -> dict:
     """{"collective_step_s": alpha, "bandwidth_bytes_per_s": beta} of the module docstring."""
-    from holmes_sim.backend.worker import PreciseWait, all_gather, ring_reduce_scatter
+    from holmes_sim.backend.collectives import all_gather, ring_reduce_scatter
+    from holmes_sim.backend.emulation import PreciseWait
 
     def median_s(numel: int, tag: int) -> float:
         clock, times = PreciseWait(), []
@@ -116,7 +117,7 @@ def alpha_beta(tiny_s: float, sized_s: float, size_bytes: int,
 def _collective_step_s(group: PointToPoint) -> float:
     """Seconds one ring step of the worker's own reduce-scatter and all-gather costs beyond its
     bytes: the alpha of the alpha-beta model, fitted on a tiny buffer (p = 2: one step each)."""
-    from holmes_sim.backend.worker import all_gather, ring_reduce_scatter
+    from holmes_sim.backend.collectives import all_gather, ring_reduce_scatter
 
     flat = torch.zeros(256)
     times = []

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from holmes_sim.backend.worker import RunConfig
+from holmes_sim.backend.run_config import RunConfig
 from holmes_sim.errors import TestbedError
 from holmes_sim.plan import Plan
 
@@ -64,7 +64,7 @@ class RunResult:
 def local_spawn(rank: int, argv: list[str]) -> subprocess.Popen:
     """Start a rank on this host, in its own session so the whole tree can be killed, dying with
     its parent so no kill of the launcher leaves it running."""
-    from holmes_sim.backend.testbed import die_with_parent
+    from holmes_sim.backend.netns import die_with_parent
 
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True,

@@ -283,7 +283,8 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
             under real compute, ...).
         TestbedError: no root / ip / tc / namespaces, or a rank failed or hung.
     """
-    from holmes_sim.backend.testbed import Testbed, measurement_lock
+    from holmes_sim.backend.records import measurement_lock
+    from holmes_sim.backend.testbed import Testbed
 
     prepared = prepare(testbed_path, check=check_testbed)
     spec = prepared.scenario.testbed or TestbedSpec()
@@ -440,7 +441,7 @@ def testbed_nodes(prepared: Prepared):
     """One emulated node per scenario node, one shaped NIC per scenario NIC (line rate). With
     two clusters, each cluster's Ethernet NICs plug into a segment of its own (the uplink joins
     them, `testbed_uplinks`)."""
-    from holmes_sim.backend.testbed import TestbedNic, TestbedNode
+    from holmes_sim.backend.topology import TestbedNic, TestbedNode
 
     split = bool(prepared.cluster.uplinks)
     return [TestbedNode(n.name, tuple(TestbedNic(
@@ -452,7 +453,7 @@ def testbed_nodes(prepared: Prepared):
 def testbed_uplinks(prepared: Prepared):
     """The scenario's inter-cluster link as a shaped uplink between the clusters' Ethernet
     segments (check_testbed allows at most one)."""
-    from holmes_sim.backend.testbed import TestbedUplink
+    from holmes_sim.backend.topology import TestbedUplink
 
     return [TestbedUplink(ETHERNET, u.clusters, u.bandwidth_bytes_per_s * 8)
             for u in prepared.cluster.uplinks]
@@ -462,7 +463,7 @@ def check_testbed(prepared: Prepared) -> None:
     """Everything the testbed would refuse, as a FieldError naming the scenario field, before
     anything is built: names and interface names the kernel takes, rates tc can shape, at most
     254 nodes, two nodes on every fabric (link calibration measures between two)."""
-    from holmes_sim.backend import testbed as tbmod
+    from holmes_sim.backend import topology as tbmod
 
     check_backend(prepared)
     nodes = prepared.cluster.nodes
@@ -503,7 +504,7 @@ def check_testbed(prepared: Prepared) -> None:
 
 
 def _check_testbed_nic(i: int, j: int, nic, path: str) -> None:
-    from holmes_sim.backend import testbed as tbmod
+    from holmes_sim.backend import topology as tbmod
 
     longest = max((nic.name, tbmod.peer_name(i, j), tbmod.bridge_name(j)), key=len)
     if len(longest) > tbmod.IFNAME_MAX or tbmod.name_problem(nic.name) is not None:
@@ -533,7 +534,7 @@ def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb,
     """One policy's plan for real; `emulated`: GPU model -> compute durations the ranks wait
     (the profile's compute section), None: real compute."""
     from holmes_sim.backend.launch import run_plan
-    from holmes_sim.backend.worker import RunConfig
+    from holmes_sim.backend.run_config import RunConfig
 
     eth = [next(n.name for n in prepared.cluster.node(g.node).nics if n.type == "ethernet")
            for g in plan.rank_to_gpu]
@@ -583,7 +584,7 @@ def calibrate_intra_node(prepared: Prepared, tb, spec: TestbedSpec, busy: int | 
 
 
 def _durations(entry: dict) -> dict:
-    from holmes_sim.backend.worker import EMULATED_KEYS
+    from holmes_sim.backend.emulation import EMULATED_KEYS
 
     return {k: entry[k] for k in EMULATED_KEYS}
 
@@ -676,7 +677,7 @@ def measure_op_overhead(prepared: Prepared, config, compute: dict, spec: Testbed
     waiting `compute`'s durations), minus the calibrated pieces, divided by its ops. A
     calibration run of its own, not a measured case."""
     from holmes_sim.backend.launch import run_plan
-    from holmes_sim.backend.worker import RunConfig
+    from holmes_sim.backend.run_config import RunConfig
 
     m, layers = prepared.num_microbatches, prepared.workload.num_layers
     plan = Plan("calibration", 1, 1, 1, (GpuRef("calibration", 0),), (layers,),
@@ -823,7 +824,7 @@ def dry_run(testbed_path: str | Path, policies: list[str] | None = None) -> list
     prepared = prepare(testbed_path, check=check_testbed)  # before torch loads: bad input is quick
 
     from holmes_sim.backend.launch import dry_run as backend_dry_run
-    from holmes_sim.backend.worker import RunConfig
+    from holmes_sim.backend.run_config import RunConfig
 
     config = model_config(prepared)
     lines = []
@@ -865,7 +866,7 @@ def cleanup() -> list[str]:
     Raises:
         TestbedError: something could not be removed, or not root.
     """
-    from holmes_sim.backend.testbed import cleanup_leftovers
+    from holmes_sim.backend.records import cleanup_leftovers
 
     report = cleanup_leftovers()
     lines = [f"removed {len(report.removed)} leftover(s): {', '.join(report.removed) or 'none'}"]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 
 from holmes_sim.backend.model import GPTConfig
-from holmes_sim.backend.worker import RunConfig
+from holmes_sim.backend.run_config import RunConfig
 from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode, Plan, Transport, TransportKind
 from holmes_sim.schedule import ScheduleKind
 

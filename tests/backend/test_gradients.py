@@ -13,7 +13,8 @@ import torch
 
 from holmes_sim.backend.launch import run_plan
 from holmes_sim.backend.model import build_full_model
-from holmes_sim.backend.worker import MUTATIONS, train_reference_model
+from holmes_sim.backend.reference import train_reference_model
+from holmes_sim.backend.run_config import MUTATIONS
 from holmes_sim.plan import OptimizerMode
 from holmes_sim.schedule import ScheduleKind
 

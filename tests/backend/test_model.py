@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from holmes_sim.backend.model import GPTConfig, build_full_model, build_stage, synthetic_batch
-from holmes_sim.backend.worker import FlatOptimizer
+from holmes_sim.backend.optimizer import FlatOptimizer
 
 
 def test_two_stage_split_holds_the_full_models_weights(tiny_config: GPTConfig) -> None:

@@ -80,6 +80,7 @@ def test_nccl_init_builds_no_world_communicator_and_barriers_on_gloo(monkeypatch
     # No GPU here: record what _init_nccl asks torch for.
     import holmes_sim.backend.groups as groups
     import holmes_sim.backend.worker as worker
+    from holmes_sim.backend.run_config import RunConfig
 
     calls: dict = {}
     monkeypatch.setattr(worker.dist, "init_process_group",
@@ -96,8 +97,8 @@ def test_nccl_init_builds_no_world_communicator_and_barriers_on_gloo(monkeypatch
     # leaked value would send later tests' gloo ranks to an interface that does not exist.
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "placeholder")
     monkeypatch.delenv("GLOO_SOCKET_IFNAME")
-    cfg = worker.RunConfig(backend="nccl", node_hosts={"n0": socket.gethostname()},
-                           bootstrap_ifname="mgmt0", roce_gid_index=4)
+    cfg = RunConfig(backend="nccl", node_hosts={"n0": socket.gethostname()},
+                    bootstrap_ifname="mgmt0", roce_gid_index=4)
     worker._init_nccl(plan_factory(pp=2), cfg, 0)
     backend, kw = calls["world"]
     assert backend == "nccl" and "device_id" not in kw

@@ -18,15 +18,13 @@ from typing import Any
 
 import pytest
 
+from holmes_sim.backend import preflight as preflight_mod
+from holmes_sim.backend import records, shaping
 from holmes_sim.backend import testbed as tbmod
-from holmes_sim.backend.testbed import (
-    Testbed,
-    TestbedNic,
-    TestbedNode,
-    TestbedUplink,
-    cleanup_leftovers,
-    preflight,
-)
+from holmes_sim.backend.preflight import preflight
+from holmes_sim.backend.records import cleanup_leftovers
+from holmes_sim.backend.testbed import Testbed
+from holmes_sim.backend.topology import TestbedNic, TestbedNode, TestbedUplink, run_id_of
 from holmes_sim.errors import TestbedError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +69,8 @@ print(size * 8 / (time.perf_counter() - start))
 CHILD = r"""
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from holmes_sim.backend.testbed import Testbed, TestbedNic, TestbedNode
+from holmes_sim.backend.testbed import Testbed
+from holmes_sim.backend.topology import TestbedNic, TestbedNode
 nodes = [TestbedNode(n, (TestbedNic("eth0", "eth", 1e8),)) for n in ("n0", "n1")]
 with Testbed(nodes) as tb:
     sleeper = tb.popen("n0", ["sleep", "300"])
@@ -128,7 +127,7 @@ def all_hsim_namespaces() -> set[str]:
 def stray_namespaces(before: set[str]) -> set[str]:
     """hsim namespaces made since `before` whose run is over (a live run elsewhere is fine)."""
     new = all_hsim_namespaces() - before
-    return {ns for ns in new if not tbmod._run_is_live(tbmod._run_id_of(ns))}
+    return {ns for ns in new if not records.run_is_live(run_id_of(ns))}
 
 
 def alive(pid: int) -> bool:
@@ -253,19 +252,19 @@ def test_names_and_addresses() -> None:
 
 
 def test_nic_burst_is_small_and_scales_with_rate() -> None:
-    assert tbmod.nic_burst_bytes(100e6) == 16 * 1024  # 1 ms would be 12.5 KB
-    assert tbmod.nic_burst_bytes(2e9) == 250_000  # 1 ms at 2 Gbit/s
+    assert shaping.nic_burst_bytes(100e6) == 16 * 1024  # 1 ms would be 12.5 KB
+    assert shaping.nic_burst_bytes(2e9) == 250_000  # 1 ms at 2 Gbit/s
     # An uplink's is smaller: two flows sharing it get its rate, not a burst.
-    assert tbmod.uplink_burst_bytes(1e8) == 4 * 1024
-    assert tbmod.uplink_burst_bytes(1e9) == 31_250  # 0.25 ms at 1 Gbit/s
+    assert shaping.uplink_burst_bytes(1e8) == 4 * 1024
+    assert shaping.uplink_burst_bytes(1e9) == 31_250  # 0.25 ms at 1 Gbit/s
 
 
 def test_preflight_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tbmod.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(preflight_mod.os, "geteuid", lambda: 1000)
     with pytest.raises(TestbedError, match="root"):
         preflight()
-    monkeypatch.setattr(tbmod.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(tbmod.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(preflight_mod.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(preflight_mod.shutil, "which", lambda tool: None)
     with pytest.raises(TestbedError, match=r"`ip`.*`tc`"):
         preflight()
 
@@ -299,7 +298,7 @@ def test_each_fabric_runs_at_its_rate_and_nothing_is_left() -> None:
     assert 3.4 <= fast / slow <= 4.6
     assert leftovers(run_id) == []
     assert wait_dead(sleeper.pid), "process started with popen survived the testbed"
-    assert not (tbmod.run_dir() / f"{run_id}.lock").exists()
+    assert not (records.run_dir() / f"{run_id}.lock").exists()
 
 
 def two_segments() -> tuple[list[TestbedNode], list[TestbedUplink]]:
@@ -383,7 +382,7 @@ def test_exception_inside_with_cleans_up() -> None:
 @pytest.mark.root
 @pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
 def test_failure_while_building_removes_what_was_built(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = tbmod.shaper_lines
+    real = shaping.shaper_lines
 
     def broken(dev: str, *args: Any, **kwargs: Any) -> list[str]:
         lines = real(dev, *args, **kwargs)
@@ -441,27 +440,27 @@ def test_cleanup_after_sigkill_removes_what_was_recorded_and_nothing_else() -> N
         assert exists("ns", DECOY_NS) and exists("link", DECOY_LINK)
         assert len(leftovers(live.run_id)) == 3  # a live run is not touched
     assert leftovers(run_id) == []
-    assert not (tbmod.run_dir() / f"{run_id}.lock").exists()
-    assert not (tbmod.run_dir() / f"{run_id}.json").exists()
+    assert not (records.run_dir() / f"{run_id}.lock").exists()
+    assert not (records.run_dir() / f"{run_id}.json").exists()
 
 
 @pytest.mark.root
 @pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
 def test_records_live_in_a_root_only_directory() -> None:
     with Testbed(two_nodes()) as tb:
-        info = os.lstat(tbmod.run_dir())
+        info = os.lstat(records.run_dir())
         assert info.st_uid == 0 and info.st_mode & 0o777 == 0o700
-        record = tbmod.RunRecord.load(tbmod.run_dir() / f"{tb.run_id}.json")
+        record = records.RunRecord.load(records.run_dir() / f"{tb.run_id}.json")
         assert record is not None and set(record.namespaces) == set(leftovers(tb.run_id))
         assert [tb.fabrics_namespace, "hsim0f0"] in record.interfaces
         tmp = tb.mkdtemp("holmes-probe-")
         assert oct(os.stat(tmp).st_mode & 0o777) == oct(0o700)
     assert not tmp.exists()
-    assert not (tbmod.run_dir() / f"{tb.run_id}.json").exists()
+    assert not (records.run_dir() / f"{tb.run_id}.json").exists()
 
 
 def test_cleanup_as_non_root_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tbmod.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(records.os, "geteuid", lambda: 1000)
     with pytest.raises(TestbedError, match="needs root"):
         cleanup_leftovers()
 
@@ -469,13 +468,13 @@ def test_cleanup_as_non_root_fails(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.root
 @pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
 def test_second_measurement_is_refused_at_once_naming_the_first() -> None:
-    with tbmod.measurement_lock("first"):
+    with records.measurement_lock("first"):
         start = time.monotonic()
         with pytest.raises(TestbedError, match=rf"PID {os.getpid()}, started .*: first"), \
-                tbmod.measurement_lock("second"):
+                records.measurement_lock("second"):
             pass
         assert time.monotonic() - start < 1.0
-    with tbmod.measurement_lock("third"):  # free again
+    with records.measurement_lock("third"):  # free again
         pass
 
 
@@ -483,9 +482,9 @@ def test_second_measurement_is_refused_at_once_naming_the_first() -> None:
 @pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
 def test_deleting_a_record_also_removes_a_temporary_file_a_signal_left() -> None:
     """A signal between writing `<id>.json.tmp` and renaming it left the temporary file behind."""
-    record = tbmod.RunRecord("t0d3l3")
+    record = records.RunRecord("t0d3l3")
     record.save()
-    (tbmod.run_dir() / "t0d3l3.json.tmp").write_text("{}")
+    (records.run_dir() / "t0d3l3.json.tmp").write_text("{}")
     record.delete()
-    assert not (tbmod.run_dir() / "t0d3l3.json").exists()
-    assert not (tbmod.run_dir() / "t0d3l3.json.tmp").exists()
+    assert not (records.run_dir() / "t0d3l3.json").exists()
+    assert not (records.run_dir() / "t0d3l3.json.tmp").exists()

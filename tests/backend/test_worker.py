@@ -20,15 +20,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from holmes_sim.backend.collectives import all_gather, ring_reduce_scatter
 from holmes_sim.backend.groups import BuiltGroup, _direction, build_groups, gloo_group
 from holmes_sim.backend.launch import dry_run, local_spawn, run_plan
 from holmes_sim.backend.model import build_full_model
-from holmes_sim.backend.worker import (
-    RunConfig,
-    all_gather,
-    ring_reduce_scatter,
-    train_reference,
-)
+from holmes_sim.backend.reference import train_reference
+from holmes_sim.backend.run_config import RunConfig
 from holmes_sim.errors import TestbedError
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan
 from holmes_sim.schedule import ScheduleKind

@@ -189,10 +189,10 @@ def test_reduced_real_run_measures_compares_and_cleans_up(tmp_path):
 
 
 def test_real_run_without_root_is_a_clear_exit_2(monkeypatch):
-    import holmes_sim.backend.testbed as testbed
+    import holmes_sim.backend.records as records
 
     before = set(_namespaces())
-    monkeypatch.setattr(testbed.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(records.os, "geteuid", lambda: 1000)
     result = runner.invoke(app, ["validate", str(TESTBED), "--real"])
     assert result.exit_code == 2 and "root" in result.output
     assert "Traceback" not in result.output and set(_namespaces()) <= before

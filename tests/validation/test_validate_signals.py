@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from holmes_sim.backend import testbed as tbmod
+from holmes_sim.backend import records
+from holmes_sim.backend.netns import pid_alive, process_start
 from holmes_sim.cli import app
 from tests.conftest import REPO
 
@@ -35,10 +36,10 @@ def _wait_for(predicate, timeout_s: float = 30.0, what: str = "") -> None:
         time.sleep(0.05)
 
 
-def _record_of(pid: int) -> tbmod.RunRecord | None:
+def _record_of(pid: int) -> records.RunRecord | None:
     """The record of the testbed run process `pid` holds (not its preflight probe)."""
-    for path in tbmod.run_dir().glob("*.json"):
-        record = tbmod.RunRecord.load(path)
+    for path in records.run_dir().glob("*.json"):
+        record = records.RunRecord.load(path)
         try:  # another run on the host (another checkout's tests) may delete its record meanwhile
             text = path.read_text() if record else ""
         except FileNotFoundError:
@@ -55,13 +56,13 @@ def _start(log: Path) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def _gone(record: tbmod.RunRecord) -> list[str]:
+def _gone(record: records.RunRecord) -> list[str]:
     """What of `record` is still there."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     present = {line.split()[0] for line in out.splitlines() if line.strip()}
     left = [ns for ns in record.namespaces if ns in present]
     left += [f"process {p['pid']}" for p in record.processes
-             if tbmod.process_start(p["pid"]) == p["start"] and tbmod._pid_alive(p["pid"])]
+             if process_start(p["pid"]) == p["start"] and pid_alive(p["pid"])]
     left += [t for t in record.temp_dirs if os.path.lexists(t)]
     return left
 
@@ -104,13 +105,13 @@ def test_signal_leaves_nothing_behind(stage: str, sig: signal.Signals, tmp_path:
             child.wait()
 
 
-def _helpers_outside(record: tbmod.RunRecord) -> list[int]:
+def _helpers_outside(record: records.RunRecord) -> list[int]:
     """Live recorded processes that are not inside the record's namespaces."""
-    return [p["pid"] for p in record.processes if tbmod._pid_alive(p["pid"])
-            and tbmod.process_start(p["pid"]) == p["start"] and not _in_namespace(p["pid"], record)]
+    return [p["pid"] for p in record.processes if pid_alive(p["pid"])
+            and process_start(p["pid"]) == p["start"] and not _in_namespace(p["pid"], record)]
 
 
-def _in_namespace(pid: int, record: tbmod.RunRecord) -> bool:
+def _in_namespace(pid: int, record: records.RunRecord) -> bool:
     """Whether `pid` runs inside one of the record's namespaces (--cleanup removes it)."""
     for ns in record.namespaces:
         out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout

@@ -1,0 +1,93 @@
+"""Ring collectives over a plan group's point-to-point connections, and a rank's TP group
+collectives built on them.
+
+The rings move the volume the analytic model assumes, (p-1)/p * N elements per member and
+phase, which gloo's own collectives do not (see each function).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from holmes_sim.backend.groups import BuiltGroup
+
+
+def ring_reduce_scatter(group: BuiltGroup, flat: torch.Tensor, tag: int) -> torch.Tensor:
+    """Sum `flat` over the group; returns this member's reduced shard (a view of `flat`).
+
+    A ring: p - 1 steps, each sending one 1/p shard, so every member sends (p-1)/p * N elements,
+    the volume the analytic model assumes. (gloo's own reduce_scatter in torch 2.13 moves an
+    all-reduce's volume, 2 (p-1)/p * N, measured on loopback.) Member i ends with shard i.
+    """
+    p, i = group.size, group.group_rank
+    shards = flat.view(p, -1)
+    right, left = (i + 1) % p, (i - 1) % p
+    incoming = torch.empty_like(shards[0])
+    for step in range(p - 1):
+        send = group.send(shards[(i - step - 1) % p], right, tag + step)
+        group.recv(incoming, left, tag + step).wait()
+        shards[(i - step - 2) % p].add_(incoming)
+        send.wait()  # the next step reads the shard this step just summed into, not this one
+    return shards[i]
+
+
+def all_gather(group: BuiltGroup, flat: torch.Tensor, tag: int) -> None:
+    """Fill every shard of `flat` from its owner: a ring of p - 1 steps, each passing one shard
+    on, so every member sends (p-1)/p * N elements (NCCL's ring all-gather; the volume the
+    analytic model assumes). Point-to-point like `ring_reduce_scatter`: gloo's own allgather
+    ran 1.4x slower than its bytes at the NIC's rate on the testbed (0.5 MB buckets, p = 2,
+    100 Mbit/s, rate-sized shaper buckets: 122 ms where send/recv took 87 ms)."""
+    p, i = group.size, group.group_rank
+    shards = flat.view(p, -1)
+    right, left = (i + 1) % p, (i - 1) % p
+    for step in range(p - 1):
+        send = group.send(shards[(i - step) % p], right, tag + step)
+        group.recv(shards[(i - step - 1) % p], left, tag + step).wait()
+        send.wait()
+
+
+
+class TensorParallelComm:
+    """A rank's collectives on its TP group (`group` None: no TP), counted and timed."""
+
+    def __init__(self, group: BuiltGroup | None, size: int, rank: int) -> None:
+        self.group, self.size, self.rank = group, size, rank
+        self._calls = 0  # TP collectives so far: both ranks of a group run them in one order
+        self.collectives = 0  # of the iterations (not the parameter dump)
+        self.comm_s = 0.0  # seconds spent in them (not emulated compute)
+        self.training = True  # False once the iterations are done
+
+    def _tag(self) -> int:
+        """The next TP collective's tags (p - 1 ring steps in each of two phases)."""
+        self._calls += 1
+        self.collectives += self.training
+        return (self._calls % (1 << 24)) * 2 * self.size
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The TP group's sum of `x`, a new tensor: the ring reduce-scatter and all-gather the
+        simulator prices on the intra-node link [N21, section 3.2]."""
+        t = time.perf_counter()
+        p = self.size
+        flat = torch.zeros(-(-x.numel() // p) * p, dtype=x.dtype, device=x.device)
+        flat[:x.numel()] = x.detach().reshape(-1)
+        tag = self._tag()
+        ring_reduce_scatter(self.group, flat, tag)
+        all_gather(self.group, flat, tag + p)
+        self.comm_s += time.perf_counter() - t
+        return flat[:x.numel()].view_as(x)
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every TP member's `x`, stacked in group-rank order: shape (tp, *x.shape)."""
+        t = time.perf_counter()
+        p = self.size
+        flat = torch.empty(x.numel() * p, dtype=x.dtype, device=x.device)
+        flat.view(p, -1)[self.rank].copy_(x.detach().reshape(-1))
+        all_gather(self.group, flat, self._tag())
+        self.comm_s += time.perf_counter() - t
+        return flat.view(p, *x.shape)
+
+    def slice(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This TP rank's slice of a pipeline message (each rank sends 1/tp of it)."""
+        return tensor.reshape(self.size, -1)[self.rank]

@@ -1,0 +1,289 @@
+"""A rank's data parallelism: gradient buckets, their reduction over the DATA group, the
+optimizer step of this rank's part, and the parameter all-gather of the sharded modes.
+
+SYNC-4 (gradient reduction) and SYNC-5 (parameter all-gather) of `rank.py` happen here; in the
+overlapped mode each runs in a background thread, bucket by bucket, while the backward (SYNC-4)
+or the next forward (SYNC-5) computes.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from holmes_sim.backend.collectives import all_gather, ring_reduce_scatter
+from holmes_sim.backend.emulation import PreciseWait
+from holmes_sim.backend.groups import BuiltGroup
+from holmes_sim.backend.model import Stage
+from holmes_sim.backend.optimizer import FlatOptimizer
+from holmes_sim.backend.recorder import Recorder
+from holmes_sim.backend.run_config import RunConfig
+from holmes_sim.errors import TestbedError
+from holmes_sim.plan import Plan
+
+
+@dataclass(slots=True)
+class Bucket:
+    """Parameters whose gradients are reduced together; flat length padded to a multiple of dp."""
+
+    params: list[torch.nn.Parameter]
+    chunk: int
+    numel: int
+    padded: int
+    ready: int = 0
+
+    def flat_grad(self) -> torch.Tensor:
+        return _flat([p.grad for p in self.params], self.padded)
+
+    def flat_param(self) -> torch.Tensor:
+        return _flat([p.detach() for p in self.params], self.padded)
+
+    @torch.no_grad()
+    def write_params(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def _flat(tensors: list[torch.Tensor], padded: int) -> torch.Tensor:
+    flat = torch.zeros(padded, device=tensors[0].device)
+    torch.cat([t.reshape(-1) for t in tensors], out=flat[:sum(t.numel() for t in tensors)])
+    return flat
+
+
+def make_buckets(stages: list[Stage], chunk_order: list[int], dp: int,
+                 bucket_numel: int) -> list[Bucket]:
+    """Buckets in the order their gradients become final: chunks by their last backward, within
+    a chunk parameters in reverse registration order (backward reaches the last layers first)."""
+    buckets: list[Bucket] = []
+    for c in chunk_order:
+        current: list[torch.nn.Parameter] = []
+        for p in reversed(list(stages[c].parameters())):
+            current.append(p)
+            if sum(q.numel() for q in current) >= bucket_numel:
+                buckets.append(make_bucket(current, c, dp))
+                current = []
+        if current:
+            buckets.append(make_bucket(current, c, dp))
+    return buckets
+
+
+def make_bucket(params: list[torch.nn.Parameter], chunk: int, dp: int) -> Bucket:
+    """One bucket of `params` (of chunk `chunk`), padded for a group of `dp`."""
+    n = sum(p.numel() for p in params)
+    return Bucket(params, chunk, n, -(-n // dp) * dp)
+
+
+
+class DataParallel:
+    """A rank's DP side: its buckets, their reduction over `group` (None: dp = 1), the optimizer
+    step of its part and the parameter all-gather (sharded modes).
+
+    `optimizer_s_per_param` (emulated compute): the step is a wait of that many seconds per
+    parameter on `clock`; None: the real optimizer steps."""
+
+    def __init__(self, plan: Plan, cfg: RunConfig, group: BuiltGroup | None,
+                 buckets: list[Bucket], rec: Recorder, clock: PreciseWait,
+                 optimizer_s_per_param: float | None) -> None:
+        self.plan, self.cfg, self.group, self.buckets, self.rec = plan, cfg, group, buckets, rec
+        self.clock, self.optimizer_s_per_param = clock, optimizer_s_per_param
+        self.optimizer = FlatOptimizer(cfg.optimizer, cfg.lr)
+        self.overlapped = plan.optimizer.overlapped and group is not None
+        self.sharded = plan.optimizer.sharded and group is not None
+        self.owner = {id(p): b for b, bucket in enumerate(buckets) for p in bucket.params}
+        self.armed: set[int] = set()  # chunks whose last backward runs: their gradients finalise
+        self._ready: queue.Queue[int] = queue.Queue()
+        self._shards: dict[int, torch.Tensor] = {}
+        self._comm_error: BaseException | None = None
+        # Overlapped mode: the previous step's parameter all-gather, per chunk, still in flight.
+        self._gather: threading.Thread | None = None
+        self._gather_error: BaseException | None = None
+        self._gather_flats: dict[int, torch.Tensor] = {}
+        self.gathered: dict[int, threading.Event] = {}  # bucket -> all-gather done
+        self.gather_wait_s = 0.0  # total time forwards waited for parameter buckets
+
+    # -- gradient reduction (SYNC-4)
+
+    def install_hooks(self, stages: list[Stage]) -> None:
+        """Overlapped mode: a parameter's accumulated gradient counts towards its bucket."""
+        for c, stage in enumerate(stages):
+            for p in stage.parameters():
+                p.register_post_accumulate_grad_hook(lambda q, c=c: self.grad_ready(q, c))
+
+    def grad_ready(self, p: torch.nn.Parameter, chunk: int) -> None:
+        """p's gradient was accumulated; queue its bucket once every member's is final."""
+        if chunk not in self.armed:
+            return  # not this chunk's last backward: the gradient is not final yet
+        b = self.owner[id(p)]
+        self.buckets[b].ready += 1
+        if self.buckets[b].ready == len(self.buckets[b].params):
+            self._ready.put(b)
+
+    def start_comm_thread(self) -> threading.Thread | None:
+        """Overlapped mode: a thread reduce-scatters buckets in bucket order as they turn ready."""
+        if not self.overlapped:
+            return None
+        for b in self.buckets:
+            b.ready = 0
+        self._shards = {}
+        self._comm_error = None
+        arrived: set[int] = set()
+
+        def run() -> None:
+            try:
+                for b in range(len(self.buckets)):
+                    while b not in arrived:
+                        arrived.add(self._ready.get(timeout=self.cfg.timeout_s))
+                    t = time.perf_counter()
+                    self._shards[b] = self._reduce(b)  # SYNC-4 (overlapped with backward)
+                    self.rec.record("dp-sync", t, time.perf_counter(), -1, self.buckets[b].chunk,
+                                    f"reduce-scatter bucket {b} (async)")
+            except BaseException as e:  # re-raised in the main thread
+                self._comm_error = e
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def _tag(self, b: int, phase: int) -> int:
+        """Tag of bucket b's ring steps this iteration: phase 0 reduce-scatter, 1 all-gather
+        (p - 1 steps each, so the tags of every bucket, phase and iteration differ)."""
+        p = self.group.size
+        return ((self.rec.iteration * len(self.buckets) + b) * 2 + phase) * p
+
+    def _reduce(self, b: int) -> torch.Tensor:
+        flat = self.buckets[b].flat_grad()
+        shard = ring_reduce_scatter(self.group, flat, self._tag(b, 0))
+        return shard if self.cfg.mutation == "reduce-scatter-no-dp" else shard.div_(self.plan.dp)
+
+    def _reduced_grads(self, comm: threading.Thread | None) -> dict[int, torch.Tensor]:
+        """Each bucket's gradient (or this rank's shard of it) summed over the group / dp."""
+        group = self.group
+        t = time.perf_counter()
+        if group is None:
+            grads = {b: bucket.flat_grad() for b, bucket in enumerate(self.buckets)}
+        elif comm is not None:
+            comm.join()  # SYNC-4: the asynchronous reduce-scatters are done
+            if self._comm_error is not None:
+                raise TestbedError(f"overlapped gradient reduction failed: {self._comm_error}")
+            grads = self._shards
+        elif self.sharded:
+            grads = {b: self._reduce(b) for b in range(len(self.buckets))}  # SYNC-4
+        else:
+            grads = {}
+            for b, bucket in enumerate(self.buckets):
+                flat = bucket.flat_grad()
+                group.pg.allreduce([flat]).wait()  # SYNC-4
+                grads[b] = flat if self.cfg.mutation == "all-reduce-no-dp" \
+                    else flat.div_(self.plan.dp)
+        self.rec.record("dp-sync", t, time.perf_counter(), detail="wait gradient reduction")
+        return grads
+
+    # -- the step and the parameter all-gather (SYNC-5)
+
+    def sync_and_step(self, comm: threading.Thread | None) -> None:
+        """Reduce the gradients (waiting for `comm`, the overlapped reduction), step, and bring
+        every parameter up to date (overlapped sharded mode: start gathering them)."""
+        grads = self._reduced_grads(comm)
+        if self.cfg.mutation == "grad-x7":
+            grads = {b: g * 7 for b, g in grads.items()}
+        flats = self._step(grads)
+        if self.sharded and self.plan.optimizer.overlapped:
+            self._start_gather(flats)
+            return
+        t = time.perf_counter()
+        for b, bucket in enumerate(self.buckets):
+            if self.sharded:
+                all_gather(self.group, flats[b], self._tag(b, 1))  # SYNC-5
+            bucket.write_params(flats[b])
+        if self.sharded:
+            self.rec.record("dp-sync", t, time.perf_counter(), detail="all-gather parameters")
+
+    def _step(self, grads: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """Step this rank's part of every bucket (sharded: its shard); the flat parameters."""
+        t = time.perf_counter()
+        flats = {}
+        self.clock.start()
+        for b, bucket in enumerate(self.buckets):
+            flat = bucket.flat_param()
+            local = flat.view(self.group.size, -1)[self.group.group_rank] if self.sharded \
+                else flat
+            if self.optimizer_s_per_param is not None:  # the step of this shard, as a wait
+                self.clock.wait(self.optimizer_s_per_param * local.numel())
+            else:
+                self.optimizer.step(b, local, grads[b])
+            flats[b] = flat
+        self.rec.record("optimizer", t, time.perf_counter())
+        return flats
+
+    def _start_gather(self, flats: dict[int, torch.Tensor]) -> None:
+        """Overlapped mode: all-gather the updated parameters in the background, bucket by bucket
+        in forward order; the next iteration's forward waits for each bucket only just before the
+        first module that uses it (Megatron's --overlap-param-gather, Holmes section 3.4; the
+        simulator releases compute bucket by bucket too)."""
+        # Buckets were cut from each chunk's last parameter backwards: forward order is chunk
+        # order, then descending bucket index.
+        order = sorted(range(len(self.buckets)), key=lambda b: (self.buckets[b].chunk, -b))
+        events = {b: threading.Event() for b in order}
+        tags = {b: self._tag(b, 1) for b in order}  # this iteration's, before it moves on
+        self.gathered = dict(events)  # the forwards pop theirs; the thread keeps `events`
+        self._gather_error = None
+
+        def run() -> None:
+            try:
+                for b in order:
+                    t = time.perf_counter()
+                    all_gather(self.group, flats[b], tags[b])  # SYNC-5 (overlapped with forward)
+                    self.rec.record("dp-sync", t, time.perf_counter(), -1, self.buckets[b].chunk,
+                                    f"all-gather bucket {b} (async)")
+                    events[b].set()
+            except BaseException as e:  # re-raised by the waiting forward
+                self._gather_error = e
+                for ev in events.values():
+                    ev.set()
+
+        self._gather_flats = flats
+        self._gather = threading.Thread(target=run, daemon=True)
+        self._gather.start()
+
+    def install_gather_waits(self, stages: list[Stage]) -> None:
+        """Forward pre-hooks: a module waits for the buckets holding its own parameters."""
+        for stage in stages:
+            for module in stage.modules():
+                mine = sorted({self.owner[id(p)] for p in module.parameters(recurse=False)},
+                              reverse=True)  # forward order
+                if mine:
+                    module.register_forward_pre_hook(self._gather_wait_hook(mine))
+
+    def _gather_wait_hook(self, buckets: list[int]):
+        def hook(_module, _args) -> None:
+            for b in buckets:
+                self.wait_bucket(b)
+        return hook
+
+    def wait_bucket(self, b: int) -> None:
+        """Before the first use of bucket b's parameters: its background all-gather."""
+        ev = self.gathered.pop(b, None)
+        if ev is None:
+            return
+        t = time.perf_counter()
+        ev.wait(timeout=self.cfg.timeout_s)
+        if self._gather_error is not None or not ev.is_set():
+            raise TestbedError(f"overlapped parameter all-gather failed: {self._gather_error}")
+        self.buckets[b].write_params(self._gather_flats[b])
+        end = time.perf_counter()
+        self.gather_wait_s += end - t
+        self.rec.record("dp-sync", t, end, -1, self.buckets[b].chunk,
+                        f"wait parameter all-gather bucket {b}")
+
+    def finish(self) -> None:
+        """Complete a background all-gather so the final parameters are in place."""
+        for b in sorted(self.gathered):
+            self.wait_bucket(b)
+        if self._gather is not None:
+            self._gather.join()
