@@ -251,9 +251,10 @@ def validate(
         err.print("error: `holmes-sim validate` needs torch; install it with "
                   "pip install 'holmes-sim[validate]'", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(2)
-    from holmes_sim.validation import real_run as v
     from holmes_sim.report.files import write_json
     from holmes_sim.runner import stamp
+    from holmes_sim.validation import real_run as v
+    from holmes_sim.validation.comparison import comparison_table
 
     testbed = resolve_testbed(testbed) if testbed else default_testbed()
     try:
@@ -281,7 +282,7 @@ def validate(
             write_validation_report(report, result)
     except HolmesError as exc:
         raise _fail(exc) from None
-    (err if _is_stdout(json_path) else out).print(v.comparison_table(result))
+    (err if _is_stdout(json_path) else out).print(comparison_table(result))
     if result.host_unstable:  # before the verdict: on such a host it would not mean anything
         for w in result.host_warnings:
             err.print(f"error: {w}; no verdict", highlight=False, markup=False, soft_wrap=True)
