@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from holmes_sim.errors import ScenarioError, TestbedError
@@ -78,18 +79,7 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
     from holmes_sim.backend.testbed import Testbed, measurement_lock
 
     prepared = prepare(testbed_path, check=check_testbed)
-    spec = prepared.scenario.testbed or TestbedSpec()
-    if iterations is not None:
-        spec = dataclasses.replace(spec, iterations=iterations)
-    if compute is not None:
-        if compute not in ("emulated", "real"):
-            raise ScenarioError(f"compute must be 'emulated' or 'real', got {compute!r}")
-        spec = dataclasses.replace(spec, compute=compute)
-    emulated = spec.compute == "emulated"
-    if not emulated and prepared.tp > 1:
-        raise ScenarioError(f"{testbed_path}: parallel.tensor: real compute calibrates the "
-                            "unsplit model, so it runs tensor: 1 only; drop --compute real (TP "
-                            "testbeds use emulated compute)")
+    spec = _run_spec(prepared, testbed_path, iterations, compute)
     names = runnable_policies(prepared, policies)
     config = model_config(prepared)
     if rounds < 1:
@@ -101,48 +91,119 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
     # any rank or probe runs.
     with measurement_lock(f"validate --real {testbed_path}"), Testbed(
             testbed_nodes(prepared), uplinks=testbed_uplinks(prepared)) as tb:
-        load_before, runnable_before = os.getloadavg()[0], recent_load()
-        progress("calibrating the links ...")
-        # Emulated ranks wait instead of computing: the links are probed on an idle host share.
-        busy = 0 if emulated else prepared.cluster.num_gpus - 2
-        rt = REALTIME_PRIORITY if emulated else 0  # probes move bytes as the ranks will
-        fabrics = calibrate_links(prepared, tb, spec, busy, rt)
-        warnings = _recheck_links(prepared, tb, spec, fabrics, progress, busy=busy, rt=rt)
-        links = {"fabrics": fabrics, **calibrate_intra_node(prepared, tb, spec, busy, rt)}
-        fixed: dict[str, tuple] = {}
-        if emulated:
-            progress("calibrating compute once (the ranks wait these durations) ...")
-            common = {**emulated_profile(prepared, spec, tb), **links}
-            fixed = {name: (common, *predict(apply_profile(prepared, common), name))
-                     for name in names}
-        # Rounds (A B C D, A B C D, ...): host drift over minutes hits every policy alike, and
-        # each policy is calibrated and predicted inside every round it runs in.
-        per_round = -(-spec.iterations // rounds)
-        round_spec = dataclasses.replace(spec, iterations=per_round)
-        runs: dict[str, list] = {name: [] for name in names}
-        profiles = []
-        for r in range(rounds):
-            for name in names:
-                if emulated:
-                    profile, outcome, predicted = fixed[name]
-                else:
-                    progress(f"round {r + 1}/{rounds}, {name}: calibrating compute ...")
-                    profile = {**calibrate_compute(prepared, spec, tb), **links}
-                    outcome, predicted = predict(apply_profile(prepared, profile), name)
-                profiles.append(profile)
-                progress(f"round {r + 1}/{rounds}, {name}: predicted {predicted:.3f} s; running "
-                         f"{spec.warmup} + {per_round} iterations for real ...")
-                run = _run_real(outcome.plan, prepared, config, round_spec, tb,
-                                profile["compute"] if emulated else None)
-                runs[name].append((predicted, outcome, run, profile))
+        load = {"load_before": os.getloadavg()[0], "runnable_before": recent_load()}
+        session = _Session(prepared, spec, config, tb, progress)
+        links, warnings = _calibrate_links(session)
+        runs, profiles = _run_rounds(session, names, links, rounds)
         cases = [_combine(name, runs[name]) for name in names]
-    warnings += host_warnings(runnable_before, os.cpu_count() or 1, profiles,
-                              lags=[c.emulation_lag_pct for c in cases],
-                              max_load_per_core=MAX_LOAD_PER_CORE[spec.compute])
+    return _result(session, testbed_path, cases, profiles, warnings, load, started)
+
+
+@dataclass(frozen=True, slots=True)
+class _Session:
+    """What every step of one validation run works with: the scenario, its testbed section with
+    the command line's overrides, the backend's model, the built testbed, the progress sink."""
+
+    prepared: Prepared
+    spec: TestbedSpec
+    config: object
+    tb: object
+    progress: Progress
+
+    @property
+    def emulated(self) -> bool:
+        return self.spec.compute == "emulated"
+
+
+def _run_spec(prepared: Prepared, testbed_path: str | Path, iterations: int | None,
+              compute: str | None) -> TestbedSpec:
+    """The scenario's testbed section with `iterations` and `compute` in place of its own, or a
+    ScenarioError when the compute mode is unknown or cannot run the scenario."""
+    spec = prepared.scenario.testbed or TestbedSpec()
+    if iterations is not None:
+        spec = dataclasses.replace(spec, iterations=iterations)
+    if compute is not None:
+        if compute not in ("emulated", "real"):
+            raise ScenarioError(f"compute must be 'emulated' or 'real', got {compute!r}")
+        spec = dataclasses.replace(spec, compute=compute)
+    if spec.compute != "emulated" and prepared.tp > 1:
+        raise ScenarioError(f"{testbed_path}: parallel.tensor: real compute calibrates the "
+                            "unsplit model, so it runs tensor: 1 only; drop --compute real (TP "
+                            "testbeds use emulated compute)")
+    return spec
+
+
+def _calibrate_links(session: _Session) -> tuple[dict, list[str]]:
+    """The profile's link sections (every fabric, and the intra-node link where a node holds
+    several ranks), and the warnings of fabrics whose latency stayed implausible."""
+    s = session
+    s.progress("calibrating the links ...")
+    # Emulated ranks wait instead of computing: the links are probed on an idle host share.
+    busy = 0 if s.emulated else s.prepared.cluster.num_gpus - 2
+    rt = REALTIME_PRIORITY if s.emulated else 0  # probes move bytes as the ranks will
+    fabrics = calibrate_links(s.prepared, s.tb, s.spec, busy, rt)
+    warnings = _recheck_links(s.prepared, s.tb, s.spec, fabrics, s.progress, busy=busy, rt=rt)
+    return {"fabrics": fabrics, **calibrate_intra_node(s.prepared, s.tb, s.spec, busy, rt)}, warnings
+
+
+def _predict_emulated(session: _Session, names: list[str], links: dict) -> dict[str, tuple]:
+    """Emulated compute: per policy, the one profile every round uses (compute measured once,
+    plus `links`) and the prediction on it, (profile, outcome, predicted s); {} otherwise."""
+    s = session
+    if not s.emulated:
+        return {}
+    s.progress("calibrating compute once (the ranks wait these durations) ...")
+    common = {**emulated_profile(s.prepared, s.spec, s.tb), **links}
+    return {name: (common, *predict(apply_profile(s.prepared, common), name)) for name in names}
+
+
+def _calibrate_and_predict(session: _Session, name: str, links: dict) -> tuple:
+    """Real compute: a compute calibration taken just before `name` runs, and the prediction on
+    it, (profile, outcome, predicted s)."""
+    profile = {**calibrate_compute(session.prepared, session.spec, session.tb), **links}
+    return (profile, *predict(apply_profile(session.prepared, profile), name))
+
+
+def _run_rounds(session: _Session, names: list[str], links: dict,
+                rounds: int) -> tuple[dict[str, list], list[dict]]:
+    """Every policy run `rounds` times, a round running each once (A B C D, A B C D, ...): host
+    drift over minutes hits every policy alike, and under real compute each policy is
+    calibrated and predicted inside every round it runs in. Per policy its rounds'
+    (predicted s, outcome, run, profile), and every profile in the order used."""
+    s = session
+    fixed = _predict_emulated(s, names, links)
+    per_round = -(-s.spec.iterations // rounds)
+    round_spec = dataclasses.replace(s.spec, iterations=per_round)
+    runs: dict[str, list] = {name: [] for name in names}
+    profiles = []
+    for r in range(rounds):
+        for name in names:
+            label = f"round {r + 1}/{rounds}, {name}"
+            if s.emulated:
+                profile, outcome, predicted = fixed[name]
+            else:
+                s.progress(f"{label}: calibrating compute ...")
+                profile, outcome, predicted = _calibrate_and_predict(s, name, links)
+            profiles.append(profile)
+            s.progress(f"{label}: predicted {predicted:.3f} s; running "
+                       f"{s.spec.warmup} + {per_round} iterations for real ...")
+            run = _run_real(outcome.plan, s.prepared, s.config, round_spec, s.tb,
+                            profile["compute"] if s.emulated else None)
+            runs[name].append((predicted, outcome, run, profile))
+    return runs, profiles
+
+
+def _result(session: _Session, testbed_path: str | Path, cases: list[Case], profiles: list[dict],
+            warnings: list[str], load: dict, started: float) -> ValidationResult:
+    """The run's result: its cases, the host's warnings (each also reported to `progress`) and
+    the provenance, with the host's load before (`load`) and after the run."""
+    spec = session.spec
+    warnings = warnings + host_warnings(load["runnable_before"], os.cpu_count() or 1, profiles,
+                                        lags=[c.emulation_lag_pct for c in cases],
+                                        max_load_per_core=MAX_LOAD_PER_CORE[spec.compute])
     for w in warnings:
-        progress(f"warning: {w}")
-    prov = {**provenance(testbed_path, time.time() - started), "load_before": load_before,
-            "runnable_before": runnable_before,
+        session.progress(f"warning: {w}")
+    prov = {**provenance(testbed_path, time.time() - started), **load,
             "load_after": os.getloadavg()[0], "compute": spec.compute}
     return ValidationResult(tuple(cases), spec.tolerance_pct, profiles[0], prov,
                             tuple(warnings), spec.compute)
