@@ -247,41 +247,72 @@ def validate(
         except HolmesError as exc:
             raise _fail(exc) from None
         return
+    _require_torch()
+    testbed = resolve_testbed(testbed) if testbed else default_testbed()
+    try:
+        result = _validate_on_testbed(testbed, real=real, dry_run=dry_run, cleanup=cleanup,
+                                      policy=policy, iterations=iterations, compute=compute,
+                                      json_path=json_path, report=report)
+    except HolmesError as exc:
+        raise _fail(exc) from None
+    if result is not None:
+        _print_verdict(result, json_path)
+
+
+def _require_torch() -> None:
+    """Exit 2 naming the extra to install when torch is missing."""
     if importlib.util.find_spec("torch") is None:
         err.print("error: `holmes-sim validate` needs torch; install it with "
                   "pip install 'holmes-sim[validate]'", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(2)
-    from holmes_sim.validation import real_run as v
+
+
+def _validate_on_testbed(testbed: Path, *, real: bool, dry_run: bool, cleanup: bool,
+                         policy: list[str] | None, iterations: int | None, compute: str | None,
+                         json_path: Path | None, report: Path | None):
+    """`validate --cleanup`, `--dry-run` (both print their lines; None) or `--real` (the
+    ValidationResult, written to `json_path` and `report` when given)."""
+    from holmes_sim.validation import real_run
+
+    if cleanup:
+        for line in real_run.cleanup():
+            out.print(line, highlight=False, markup=False)
+        return None
+    if real == dry_run:
+        raise _usage("choose one of --real (measure and compare) or --dry-run (build only)")
+    names = _check_policy_names(policy)
+    if real:
+        _check_outputs((json_path, False, "--json"), (report, True, "--report"))
+    if dry_run:
+        for line in real_run.dry_run(testbed, names):
+            out.print(line, highlight=False, markup=False)
+        return None
+    result = real_run.validate_real(testbed, names, iterations,
+                                    progress=lambda m: err.print(m, highlight=False, markup=False),
+                                    compute=compute)
+    _write_validation(result, json_path, report)
+    return result
+
+
+def _write_validation(result, json_path: Path | None, report: Path | None) -> None:
+    """The result as JSON at `json_path` and as a report in `report`, each when given."""
     from holmes_sim.report.files import write_json
     from holmes_sim.runner import stamp
 
-    testbed = resolve_testbed(testbed) if testbed else default_testbed()
-    try:
-        if cleanup:
-            for line in v.cleanup():
-                out.print(line, highlight=False, markup=False)
-            return
-        if real == dry_run:
-            raise _usage("choose one of --real (measure and compare) or --dry-run (build only)")
-        names = _check_policy_names(policy)
-        if real:
-            _check_outputs((json_path, False, "--json"), (report, True, "--report"))
-        if dry_run:
-            for line in v.dry_run(testbed, names):
-                out.print(line, highlight=False, markup=False)
-            return
-        result = v.validate_real(testbed, names, iterations,
-                                 progress=lambda m: err.print(m, highlight=False, markup=False),
-                                 compute=compute)
-        if json_path is not None:
-            write_json(json_path, stamp(result.to_json()))
-        if report is not None:
-            from holmes_sim.report.document import write_validation_report
+    if json_path is not None:
+        write_json(json_path, stamp(result.to_json()))
+    if report is not None:
+        from holmes_sim.report.document import write_validation_report
 
-            write_validation_report(report, result)
-    except HolmesError as exc:
-        raise _fail(exc) from None
-    (err if _is_stdout(json_path) else out).print(v.comparison_table(result))
+        write_validation_report(report, result)
+
+
+def _print_verdict(result, json_path: Path | None) -> None:
+    """The comparison table; exit 3 when the host gave no verdict, 1 when a case is out of
+    tolerance."""
+    from holmes_sim.validation.comparison import comparison_table
+
+    (err if _is_stdout(json_path) else out).print(comparison_table(result))
     if result.host_unstable:  # before the verdict: on such a host it would not mean anything
         for w in result.host_warnings:
             err.print(f"error: {w}; no verdict", highlight=False, markup=False, soft_wrap=True)

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from holmes_sim.cli import app
 from holmes_sim.errors import ScenarioError
 from holmes_sim.prepare import prepare
-from holmes_sim.validation.real_run import Case, model_config, ranking_agrees
+from holmes_sim.validation.comparison import Case, ranking_agrees
+from holmes_sim.validation.testbed_plan import model_config
 from tests.conftest import REPO
 
 TESTBED = REPO / "validation" / "testbeds" / "default.yaml"
@@ -52,7 +53,7 @@ BUNDLED = sorted((REPO / "holmes_sim" / "data" / "testbeds").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", BUNDLED, ids=[p.stem for p in BUNDLED])
 def test_bundled_testbeds_can_run(path):
-    from holmes_sim.validation.real_run import check_testbed, testbed_nodes, testbed_uplinks
+    from holmes_sim.validation.testbed_plan import check_testbed, testbed_nodes, testbed_uplinks
 
     prepared = prepare(path, check=check_testbed)
     assert prepared.scenario.testbed.compute == "emulated"
@@ -65,7 +66,7 @@ def test_bundled_testbeds_can_run(path):
 
 
 def test_testbed_uplinks_it_cannot_emulate_are_refused(tmp_path):
-    from holmes_sim.validation.real_run import check_testbed
+    from holmes_sim.validation.testbed_plan import check_testbed
 
     text = (REPO / "validation" / "testbeds" / "two_clusters.yaml").read_text()
     path = tmp_path / "t.yaml"
@@ -75,14 +76,14 @@ def test_testbed_uplinks_it_cannot_emulate_are_refused(tmp_path):
 
 
 def test_emulated_durations_scale_with_the_gpu_models_peak():
-    from holmes_sim.validation.real_run import speed_factors
+    from holmes_sim.validation.calibration import speed_factors
 
     prepared = prepare(REPO / "validation" / "testbeds" / "unequal_speed.yaml")
     assert speed_factors(prepared) == {"cpu-rank": 1.0, "cpu-rank-half": 2.0}
 
 
 def test_recent_load_counts_the_other_tasks_of_a_short_window():
-    from holmes_sim.validation.real_run import recent_load
+    from holmes_sim.validation.host import recent_load
 
     seen = iter([3, 3, 1, 1])  # the sampler itself is always one of them
     got = recent_load(window_s=0.2, interval_s=0.05, read=lambda: next(seen))
@@ -113,7 +114,7 @@ def test_real_compute_refuses_tensor_parallel_testbeds():
 
 
 def test_a_measured_intra_node_link_replaces_the_catalogs():
-    from holmes_sim.validation.real_run import apply_profile
+    from holmes_sim.validation.calibration import apply_profile
 
     prepared = prepare(REPO / "validation" / "testbeds" / "tensor_parallel.yaml")
     compute = {"cpu-rank": {"layer_forward_s": 0.01, "layer_backward_s": 0.02,
@@ -199,7 +200,7 @@ def test_real_run_without_root_is_a_clear_exit_2(monkeypatch):
 
 
 def test_median_interval_covers_the_median_and_widens_with_noise():
-    from holmes_sim.validation.real_run import median_ci
+    from holmes_sim.validation.comparison import median_ci
 
     assert median_ci([1.0, 2.0, 3.0]) == (1.0, 3.0)  # too few: the whole range
     tight = median_ci([1.0 + 0.001 * i for i in range(20)])
@@ -219,7 +220,7 @@ def test_ranking_claims_no_order_inside_the_measured_noise():
 
 
 def test_host_checks_name_load_and_calibration_spread():
-    from holmes_sim.validation.real_run import host_warnings, implausible
+    from holmes_sim.validation.host import host_warnings, implausible
 
     def cal(ms):
         return {"compute": {"cpu": {"layer_forward_s": ms / 1e3}}}
@@ -241,7 +242,7 @@ def test_host_checks_name_load_and_calibration_spread():
 
 
 def test_mechanism_effects_compare_each_ablation_with_holmes():
-    from holmes_sim.validation.real_run import mechanism_effects
+    from holmes_sim.validation.comparison import mechanism_effects
 
     holmes = Case("holmes", 1.0, 1.00, (1.0,) * 8, ())
     slow = Case("holmes-no-adaptive-partition", 1.2, 1.10, (1.10,) * 8, ())
@@ -262,7 +263,7 @@ def test_unknown_compute_mode_is_bad_input():
 
 
 def test_emulated_ranks_compute_at_the_speed_a_rank_gets_on_this_host(monkeypatch):
-    import holmes_sim.validation.real_run as v
+    import holmes_sim.validation.calibration as v
 
     prepared = prepare(TESTBED)  # 4 ranks
     monkeypatch.setattr(v.os, "cpu_count", lambda: 2)

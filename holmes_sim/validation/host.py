@@ -1,0 +1,87 @@
+"""The host the validator measures on: its load before a run, the checks that say whether its
+measurements can be trusted, and the scheduling priority emulated ranks take on it."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+# SCHED_FIFO priority of emulated ranks (RunConfig.realtime_priority): the lowest real-time one.
+REALTIME_PRIORITY = 1
+# Largest load per core before a run that still measures (see host_warnings).
+MAX_LOAD_PER_CORE = {"real": 1.0, "emulated": 2.5}
+LOAD_WINDOW_S = 5.0
+"""How long `recent_load` samples the run queue before a run, seconds."""
+
+
+def _procs_running() -> int:
+    """Tasks running or runnable on the host now (`procs_running` of /proc/stat)."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("procs_running"):
+                return int(line.split()[1])
+    return 0
+
+
+def recent_load(window_s: float = LOAD_WINDOW_S, interval_s: float = 0.05,
+                read=_procs_running) -> float:
+    """Other tasks running or waiting for a core, averaged over the last `window_s` seconds
+    (sampled every `interval_s`; this sampler itself not counted): the load of the host's other
+    tenants now. The 1-minute load average also remembers the validator's own previous run for
+    minutes (one `tensor_parallel` run, 8 ranks, left it at 5.5 on 2 cores), so runs in a row
+    were refused for their own load."""
+    count = max(1, round(window_s / interval_s))
+    total = 0
+    for k in range(count):
+        if k:
+            time.sleep(interval_s)
+        total += max(0, read() - 1)
+    return total / count
+
+
+def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
+                  max_calibration_ratio: float = 1.5, lags: list[float] = (),
+                  max_lag_pct: float = 5.0, max_load_per_core: float = 1.0) -> list[str]:
+    """Why this host's measurements cannot be trusted, or nothing.
+
+    Overloaded: a load (`recent_load`: tasks running or waiting, averaged over a few seconds)
+    above `max_load_per_core` x the core count before the run starts (taken then because the
+    validator's own ranks load the host during it; the thresholds were set on the 1-minute load
+    average, the same count averaged longer). Real
+    compute: 1 per core, the ranks need the cores. Emulated compute: 2.5 per core; measured on
+    2 cores: load 2.7, 4.3 and 5.6 before the run (1, 3 and 6 busy loops besides other users)
+    all gave errors within 6% and waits within 1% of requested, but at 5.6 the Ethernet
+    latency probe read 2.9 ms (others 0.03-0.05 ms), which the link check flags. Lag: runs
+    whose waits overran by up to 4.5% stayed within 6.3% error; one at 6.1% reached 10.6%.
+    Unstable: the per-case compute calibrations of one run differ by more than
+    `max_calibration_ratio`. Emulated compute (`lags`, per case): the ranks' compute waits
+    took more than `max_lag_pct` % longer than requested, a time no prediction contains."""
+    out = []
+    if load_before > max_load_per_core * cpu_count:
+        out.append(f"host overloaded before the run: {load_before:.1f} tasks running or "
+                   f"waiting on {cpu_count} cores (more than {max_load_per_core:g} per core)")
+    layer = [c["compute"][next(iter(c["compute"]))]["layer_forward_s"] for c in calibrations
+             if c.get("compute")]
+    if len(layer) > 1 and min(layer) > 0 and max(layer) / min(layer) > max_calibration_ratio:
+        out.append(f"host unstable: layer-forward calibrations ranged {1e3 * min(layer):.1f}-"
+                   f"{1e3 * max(layer):.1f} ms within one run (more than "
+                   f"{max_calibration_ratio:g}x)")
+    worst = max(lags, default=0.0)
+    if worst > max_lag_pct:
+        out.append(f"host too busy for emulated compute: the ranks' waits overran by "
+                   f"{worst:.1f}% (more than {max_lag_pct:g}%)")
+    return out
+
+
+def implausible(values: dict[str, float], factor: float = 30.0) -> list[str]:
+    """Keys whose value exceeds `factor` times the median of the other values (e.g. one link
+    probe's latency of 4 ms next to others' 0.03 ms: a descheduled probe, not the link)."""
+    if len(values) < 2:
+        return []
+    bad = []
+    for k, v in values.items():
+        rest = [x for j, x in values.items() if j != k]
+        if v > factor * max(statistics.median(rest), 1e-9):
+            bad.append(k)
+    return bad

@@ -1,0 +1,154 @@
+"""The testbed a scenario describes: whether the backend and the testbed can run it (every
+refusal a FieldError naming the scenario field), its emulated nodes and uplinks, the backend's
+model, the policies that run on it, and each plan group's transport settings."""
+
+from __future__ import annotations
+
+from holmes_sim.errors import FieldError, ScenarioError
+from holmes_sim.hardware.cluster import ETHERNET
+from holmes_sim.plan import Plan
+from holmes_sim.policies import get_policy
+from holmes_sim.prepare import Prepared
+
+
+def runnable_policies(prepared: Prepared, policies: list[str] | None) -> list[str]:
+    """`policies` (default: the scenario's), or a ScenarioError naming one that assumes other
+    hardware than the testbed has."""
+    names = policies or list(prepared.scenario.policies)
+    for name in names:
+        policy = get_policy(name)
+        if policy.cluster_view(prepared.cluster) is not prepared.cluster:
+            raise ScenarioError(f"policy '{name}' assumes other hardware than the testbed has "
+                                "(a reference); it can be simulated but not run; remove it from "
+                                "--policy or the testbed's policies")
+    return names
+
+
+def model_config(prepared: Prepared):
+    """The backend GPT of the scenario's model, or a ScenarioError naming what cannot run."""
+    from holmes_sim.backend.model import GPTConfig
+
+    check_backend(prepared)
+    s, w = prepared.scenario, prepared.workload
+    return GPTConfig(n_layer=w.num_layers, n_head=w.heads, n_embd=w.hidden, block_size=w.seq,
+                     vocab_size=w.vocab, seed=1234 + s.seed)
+
+
+def check_backend(prepared: Prepared) -> None:
+    """A FieldError naming what the real-run backend cannot run (no torch import)."""
+    s, w = prepared.scenario, prepared.workload
+    if s.training.precision != "fp32" or w.grad_bytes != 4:
+        raise FieldError("training.precision", "the CPU backend trains in fp32; set precision: fp32 "
+                                               "and grad_reduce_in_fp32: true so predicted message "
+                                               "sizes match")
+    if w.tie_embeddings:
+        raise FieldError("model.tie_embeddings", "the backend's GPT has an untied head; set "
+                                                 "tie_embeddings: false")
+
+
+def testbed_nodes(prepared: Prepared):
+    """One emulated node per scenario node, one shaped NIC per scenario NIC (line rate). With
+    two clusters, each cluster's Ethernet NICs plug into a segment of its own (the uplink joins
+    them, `testbed_uplinks`)."""
+    from holmes_sim.backend.topology import TestbedNic, TestbedNode
+
+    split = bool(prepared.cluster.uplinks)
+    return [TestbedNode(n.name, tuple(TestbedNic(
+        nic.name, nic.fabric, nic.bandwidth_bytes_per_s * 8,
+        n.cluster if split and nic.fabric == ETHERNET else "") for nic in n.nics))
+            for n in prepared.cluster.nodes]
+
+
+def testbed_uplinks(prepared: Prepared):
+    """The scenario's inter-cluster link as a shaped uplink between the clusters' Ethernet
+    segments (check_testbed allows at most one)."""
+    from holmes_sim.backend.topology import TestbedUplink
+
+    return [TestbedUplink(ETHERNET, u.clusters, u.bandwidth_bytes_per_s * 8)
+            for u in prepared.cluster.uplinks]
+
+
+def check_testbed(prepared: Prepared) -> None:
+    """Everything the testbed would refuse, as a FieldError naming the scenario field, before
+    anything is built: names and interface names the kernel takes, rates tc can shape, at most
+    254 nodes, two nodes on every fabric (link calibration measures between two)."""
+    from holmes_sim.backend import topology as tbmod
+
+    check_backend(prepared)
+    nodes = prepared.cluster.nodes
+    links = prepared.scenario.inter_cluster_links
+    if len(links) > 1:
+        raise FieldError("inter_cluster_links", f"{len(links)} inter-cluster links; the testbed "
+                         "joins at most two clusters (one uplink: more would loop the bridges)")
+    for i, link in enumerate(links):
+        if link.latency_us != 0:
+            raise FieldError(f"inter_cluster_links[{i}].latency_us", "the testbed cannot add "
+                             "latency (its shapers set rates only; no netem); set latency_us: 0")
+        if not 0 < link.bandwidth_gbit_per_s * 1e9 <= tbmod.MAX_RATE_BIT_PER_S:
+            raise FieldError(f"inter_cluster_links[{i}].bandwidth_gbit_per_s",
+                             "cannot be shaped on the testbed")
+    if len(nodes) > tbmod.MAX_NODES:
+        raise FieldError("clusters", f"{len(nodes)} nodes; the testbed emulates at most "
+                                     f"{tbmod.MAX_NODES} (one address each in a /24)")
+    fabrics = list(dict.fromkeys(nic.fabric for n in nodes for nic in n.nics))
+    if len(fabrics) > tbmod.MAX_FABRICS:
+        raise FieldError("fabrics", f"{len(fabrics)} fabrics; the testbed has at most "
+                                    f"{tbmod.MAX_FABRICS}")
+    on_fabric: dict[str, list[tuple[str, str]]] = {}
+    for i, (node, name_path, nic_paths) in enumerate(zip(nodes, *_node_paths(prepared), strict=True)):
+        problem = tbmod.name_problem(node.name)
+        if problem is not None:
+            raise FieldError(name_path, f"node name '{node.name}' ({len(node.name)} characters) "
+                                        f"cannot name a testbed node: it {problem}")
+        if len(nic_paths) != len(node.nics):  # NICs split by `gpus`: name the group's list
+            nic_paths = [name_path.rsplit(".", 1)[0] + ".nics"] * len(node.nics)
+        for nic, nic_path in zip(node.nics, nic_paths, strict=True):
+            _check_testbed_nic(i, fabrics.index(nic.fabric), nic, nic_path)
+            on_fabric.setdefault(nic.fabric, []).append((node.name, nic_path))
+    for fabric, members in on_fabric.items():
+        if len(members) < 2:
+            raise FieldError(f"{members[0][1]}.fabric" if fabric != "ethernet" else members[0][1],
+                             f"fabric '{fabric}' reaches only node '{members[0][0]}'; link "
+                             "calibration measures between two nodes, so give it a second one")
+
+
+def _check_testbed_nic(i: int, j: int, nic, path: str) -> None:
+    from holmes_sim.backend import topology as tbmod
+
+    longest = max((nic.name, tbmod.peer_name(i, j), tbmod.bridge_name(j)), key=len)
+    if len(longest) > tbmod.IFNAME_MAX or tbmod.name_problem(nic.name) is not None:
+        raise FieldError(path, f"interface name '{longest}' is longer than Linux allows "
+                               f"({tbmod.IFNAME_MAX} characters)")
+    rate = nic.bandwidth_bytes_per_s * 8
+    if not 0 < rate <= tbmod.MAX_RATE_BIT_PER_S:
+        raise FieldError(f"{path}.bandwidth_gbit_per_s", f"{rate / 1e9:g} Gbit/s cannot be "
+                         f"shaped on the testbed (at most {tbmod.MAX_RATE_BIT_PER_S / 1e9:g})")
+
+
+def _node_paths(prepared: Prepared) -> tuple[list[str], list[list[str]]]:
+    """For each node of the cluster, in order: the field that names it, and its NICs' fields."""
+    names, nics = [], []
+    for ci, c in enumerate(prepared.scenario.clusters):
+        for gi, g in enumerate(c.nodes):
+            group = f"clusters[{ci}].nodes[{gi}]"
+            per_nic = [f"{group}.nics[{k}]" for k, spec in enumerate(g.nics) for _ in range(spec.count)]
+            for _ in range(g.count):
+                names.append(f"{group}.name" if g.name is not None else f"clusters[{ci}].name")
+                nics.append(per_nic)
+    return names, nics
+
+
+def transport_lines(plan: Plan) -> list[str]:
+    """Each plan group's transport settings: the gloo interface per member on the testbed, and
+    the NCCL variables a real cluster run sets while creating it (plan NIC names; a site maps
+    them to devices with RunConfig.nic_devices)."""
+    from holmes_sim.backend.nccl import nccl_settings
+
+    lines = []
+    for i, g in enumerate(plan.groups):
+        nccl = nccl_settings(g, {})
+        shown = " ".join(f"{k}={v}" for k, v in sorted(nccl.items())) or "none (NVLink/PCIe)"
+        members = ", ".join(f"{r}:{n or 'lo'}" for r, n in zip(g.ranks, g.nics, strict=True))
+        lines.append(f"  group {i} {g.kind.value}{tuple(g.ranks)} {g.transport}: "
+                     f"gloo {members}; NCCL {shown}")
+    return lines
