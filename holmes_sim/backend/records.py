@@ -58,7 +58,7 @@ def run_dir() -> Path:
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0:
         raise TestbedError(f"{RUN_DIR} is not a directory owned by root (a symlink?); remove it")
     if info.st_mode & 0o077:
-        os.chmod(RUN_DIR, 0o700, follow_symlinks=False)  # made 0755 by an older version
+        os.chmod(RUN_DIR, 0o700, follow_symlinks=False)  # a looser mode would let others read the records
     return RUN_DIR
 
 

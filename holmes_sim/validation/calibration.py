@@ -82,10 +82,8 @@ def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     solo = measure_layer_times(config, prepared.workload.micro_batch, concurrency=1,
                                repeats=spec.calibration_repeats,
                                realtime_priority=REALTIME_PRIORITY)
-    # The median sample of each piece, as real compute takes it. (The fastest samples were
-    # tried, with the NICs' 128 KiB buckets of the time: 20-40% shorter, so communication
-    # weighed more and the testbed's Ethernet, which the simulator over-predicted by ~10%
-    # (bursts, docs/validation.md), dominated the default testbed's error: mean 8.4%, max 13%.)
+    # The median sample of each piece, as real compute takes it: the fastest samples would
+    # understate each op by 20-40% and leave communication too large a share.
     base = _profile_entries(solo)
     overhead = measure_op_overhead(prepared, config, base, spec, tb, emulated=True)
     share = host_share(prepared)
