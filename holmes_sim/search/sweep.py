@@ -26,7 +26,8 @@ import yaml
 from holmes_sim.errors import HolmesError, ScenarioError
 from holmes_sim.policies import get_policy
 from holmes_sim.prepare import Prepared, prepare
-from holmes_sim.spec.load import load_scenario_text
+from holmes_sim.spec.limits import read_text_bounded
+from holmes_sim.spec.load import load_plain, load_scenario_text
 
 METRICS = ("iteration_time_s", "tflops_per_gpu", "samples_per_s", "bubble_fraction",
            "peak_memory_gib", "fits_memory")
@@ -88,8 +89,8 @@ def parse_set(arg: str) -> SweepAxis:
         if not text.strip():
             raise ScenarioError(f"--set {arg}: empty value; list values separated by commas")
         try:
-            value = yaml.safe_load(text.strip())
-        except yaml.YAMLError:
+            value = load_plain(text.strip(), f"--set {arg}")
+        except ScenarioError:
             raise ScenarioError(f"--set {arg}: cannot read value '{text.strip()}' as a YAML "
                                 "scalar") from None
         if isinstance(value, dict | list) or value is None:
@@ -148,16 +149,9 @@ def set_path(data: Any, axis: SweepAxis, value: Any) -> None:
 def build_points(path: Path, axes: Sequence[SweepAxis]) -> list[SweepPoint]:
     """Every combination of the axes' values as scenario YAML text (profile paths made absolute
     so they still resolve against the original scenario's folder)."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}; check the path "
-                            "(`holmes-sim scenarios` lists the bundled ones)") from None
-    try:
-        base = yaml.safe_load(text)
-    except yaml.YAMLError:
-        load_scenario_text(text, str(path))  # raises the loader's message, with the line
-        raise
+    text = read_text_bounded(path, "scenario", "check the path (`holmes-sim scenarios` lists "
+                             "the bundled ones)")
+    base = load_plain(text, str(path))
     if not isinstance(base, dict):
         raise ScenarioError(f"{path}: a scenario must be a mapping of keys (clusters, model, ...)")
     points = []

@@ -160,6 +160,13 @@ def load_scenario_text(text: str, source: str = "<scenario>",
     return scenario
 
 
+def load_plain(text: str, source: str) -> Any:
+    """YAML text -> plain Python values within the loader's limits (depth, aliases, values,
+    tags), before any schema check; ScenarioError naming `source` and the line otherwise."""
+    node = compose_limited(text, source)
+    return None if node is None else _to_python(node, "", _Doc(source), [0])
+
+
 class _LimitedLoader(yaml.SafeLoader):
     """SafeLoader whose composer refuses deep nesting and many aliases."""
 
