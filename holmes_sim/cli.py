@@ -126,8 +126,11 @@ def _is_stdout(path: Path | None) -> bool:
 def _write_plans(directory: Path, prepared, outcomes) -> None:
     """plan_<policy>.json per policy, and a launchable folder per real (non-reference) policy."""
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
-    from holmes_sim.report.files import write_atomic
+    from holmes_sim.report.files import check_file, check_folder, write_atomic
 
+    for o in outcomes:  # every target checked before the first file is written
+        check_file(directory / f"plan_{o.plan.policy}.json")
+        check_folder(directory / o.plan.policy, "--plans")
     skipped = []
     for o in outcomes:
         write_atomic(directory / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
@@ -416,7 +419,11 @@ def _export_plans(directory: Path, prepared, result) -> None:
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
     from holmes_sim.runner import plan_policy
 
+    from holmes_sim.report.files import check_folder
+
     confirmed = [c for c in result.candidates if c.simulated and c.policy not in REFERENCE_POLICIES]
+    for rank, c in enumerate(confirmed, 1):  # every target checked before the first is written
+        check_folder(directory / f"{rank}-{c.policy}", "--export")
     for rank, c in enumerate(confirmed, 1):
         p = planner.prepared_for(prepared, c.layout)
         plan_, cluster = plan_policy(p, c.policy)

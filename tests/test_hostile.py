@@ -89,3 +89,91 @@ def test_deep_set_value_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(small_scenario())
     refused(["sweep", path, "--set", "seed=" + "[" * 3000, "--out", tmp_path / "o"], "--set seed=")
+
+
+# ---- one way out: every output checked first, written whole or not at all -------------------
+@pytest.fixture
+def mounted(tmp_path: Path):
+    """mount(options) -> a fresh tmpfs folder with those mount options (root only)."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    points: list[Path] = []
+
+    def mount(options: str) -> Path:
+        point = tmp_path / f"mnt{len(points)}"
+        point.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], check=True)
+        points.append(point)
+        return point
+
+    yield mount
+    for point in points:
+        subprocess.run(["umount", str(point)], check=False)
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*") if p.name.endswith(".tmp"))
+
+
+def test_existing_file_where_a_launch_folder_goes(tmp_path: Path) -> None:
+    (tmp_path / "holmes").write_text("keep")
+    refused(["run", "mixed_ib_eth", "-q", "-p", "holmes", "--plans", tmp_path],
+            "--plans", f"{tmp_path / 'holmes'} exists and is not a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["holmes"]  # nothing else written
+
+
+def test_planted_symlink_in_plans_folder_is_not_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    (plans / "holmes").symlink_to(outside)
+    refused(["run", "mixed_ib_eth", "-q", "-p", "holmes", "--plans", plans], "is a symlink")
+    assert not list(outside.iterdir())
+
+
+def test_symlink_at_a_file_target_inside_the_folder_is_not_replaced(tmp_path: Path) -> None:
+    from holmes_sim.report.files import OutputError, write_atomic
+
+    (tmp_path / "r.json").symlink_to("/etc/hostname")
+    with pytest.raises(OutputError, match="is a symlink"):
+        write_atomic(tmp_path / "r.json", "x")
+
+
+def test_export_into_a_file_where_a_plan_folder_goes(tmp_path: Path) -> None:
+    (tmp_path / "1-holmes").write_text("keep")
+    path = tmp_path / "s.yaml"
+    path.write_text(small_scenario() + "search: {tensor: [8], pipeline: [2], micro_batch_size: [1], "
+                    "schedule: [1f1b], recompute: [none], sequence_parallel: [false], top_k: 1, "
+                    "policies: [holmes], optimizer: [distributed]}\n")
+    refused(["plan", path, "--export", tmp_path], "--export", "1-holmes exists and is not a folder",
+            limit_s=10)
+
+
+@pytest.mark.parametrize(("option", "target", "fragment"), [
+    ("--json", "/dev/full", "No space left on device"),
+    ("--json", "/proc/holmes.json", "is on /proc"),
+    ("--json", "/proc/self/status", "is on /proc"),
+    ("--report", "/sys/kernel", "is on /sys"),
+    ("--plans", "/proc/self", "is on /proc"),
+])
+def test_special_targets(option: str, target: str, fragment: str) -> None:
+    refused(["run", "mixed_ib_eth", "-q", "-p", "holmes", option, target], fragment)
+
+
+@pytest.mark.parametrize("option", ["--json", "--report", "--plans"])
+def test_read_only_file_system_is_refused_before_any_work(option: str, mounted) -> None:
+    folder = mounted("ro,size=1m")
+    target = folder / ("r.json" if option == "--json" else "out")
+    refused(["run", "mixed_ib_eth", "-q", "-p", "holmes", option, target], option, "read-only")
+    refused(["sweep", "mixed_ib_eth", "--set", "seed=1", "--out", folder], "--out", "read-only")
+
+
+def test_full_disk_leaves_no_partial_file(mounted) -> None:
+    folder = mounted("size=8k")
+    text = refused(["run", "mixed_ib_eth", "-q", "-p", "holmes", "--report", folder / "r"],
+                   "No space left on device", "free some space", limit_s=10)
+    assert str(folder / "r") in text
+    assert _leftovers(folder) == []

@@ -31,6 +31,8 @@ from holmes_sim.spec.load import load_plain, load_scenario_text
 
 METRICS = ("iteration_time_s", "tflops_per_gpu", "samples_per_s", "bubble_fraction",
            "peak_memory_gib", "fits_memory")
+MAX_VALUE_CHARS = 200
+"""Longest `--set` value (a number, name or boolean; longer text is refused before parsing)."""
 _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
 
 
@@ -88,6 +90,9 @@ def parse_set(arg: str) -> SweepAxis:
     for text in raw.split(","):
         if not text.strip():
             raise ScenarioError(f"--set {arg}: empty value; list values separated by commas")
+        if len(text) > MAX_VALUE_CHARS:
+            raise ScenarioError(f"--set {path}=...: a value of {len(text):,} characters; values are "
+                                f"single numbers, names or booleans (at most {MAX_VALUE_CHARS})")
         try:
             value = load_plain(text.strip(), f"--set {arg}")
         except ScenarioError:
