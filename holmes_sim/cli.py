@@ -380,6 +380,9 @@ def plan(
     ray: Annotated[str | None, typer.Option(
         "--ray", help="Run the analytic search as Ray tasks: 'auto' (a running cluster, else a "
                       "local one) or a cluster address. Same ranking as the local run.")] = None,
+    max_candidates: Annotated[int, typer.Option(
+        "--max-candidates", min=1, max=10**8, help="Refuse a search of more candidates (layout "
+        "x policy x optimizer) than this, counted before the search starts.")] = 50_000,
 ) -> None:
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
     confirm the best by simulation, compare with the best Megatron-LM default layout."""
@@ -399,7 +402,7 @@ def plan(
             task = bar.add_task("planning", total=None)
             result = planner.search(prepared, spec,
                                     progress=lambda done, n: bar.update(task, completed=done, total=n),
-                                    jobs=jobs, ray=ray)
+                                    jobs=_capped_jobs(jobs), ray=ray, max_candidates=max_candidates)
         if json_path is not None:
             write_json(json_path, stamp(result.to_json()))
         if export is not None:
@@ -411,6 +414,18 @@ def plan(
     for line in [why_the_winner_wins(result), *infeasible_summary(result)]:
         if line:
             console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _capped_jobs(jobs: int | None) -> int | None:
+    """`--jobs`, at most the cores this process may use (a note says so when it is lowered)."""
+    from holmes_sim.search.planner import usable_cores
+
+    cores = usable_cores()
+    if jobs is not None and jobs > cores:
+        err.print(f"note: --jobs {jobs} lowered to {cores}, the CPU cores available", highlight=False,
+                  markup=False)
+        return cores
+    return jobs
 
 
 def _export_plans(directory: Path, prepared, result) -> None:
@@ -448,6 +463,9 @@ def sweep(
         "--ray", help="Run the points as Ray tasks: 'auto' (a running cluster, else a local "
                       "one) or a cluster address. Same rows as the local run.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
+    max_points: Annotated[int, typer.Option(
+        "--max-points", min=1, max=10**7, help="Refuse a sweep of more points (combinations of "
+        "distinct values) than this, counted before anything runs.")] = 500,
 ) -> None:
     """Run a scenario for every combination of field values and tabulate and plot the results."""
     from rich.progress import Progress
@@ -458,9 +476,10 @@ def sweep(
         _check_outputs((out_dir, True, "--out"))
         with Progress(console=err, transient=True) as bar:
             task = bar.add_task("sweep", total=None)
-            result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy), jobs,
+            result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy),
+                               _capped_jobs(jobs),
                                progress=lambda done, n: bar.update(task, completed=done, total=n),
-                               ray=ray)
+                               ray=ray, max_points=max_points)
         write_sweep(out_dir, result)
     except HolmesError as exc:
         raise _fail(exc) from None

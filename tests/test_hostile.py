@@ -177,3 +177,83 @@ def test_full_disk_leaves_no_partial_file(mounted) -> None:
                    "No space left on device", "free some space", limit_s=10)
     assert str(folder / "r") in text
     assert _leftovers(folder) == []
+
+
+# ---- budgets stated up front --------------------------------------------------------------
+def _scenario(tmp_path: Path, extra: str = "", **kw) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(small_scenario(**kw) + extra)
+    return path
+
+
+def test_check_with_many_micro_batches_is_bounded(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, global_batch=2**22, nodes_ib=1, pp=1)
+    refused(["check", path], "4,194,304 micro-batches", "at most 16,384", f"{path}:")
+
+
+def test_plan_refuses_a_search_space_past_the_limit(tmp_path: Path) -> None:
+    path = _scenario(tmp_path, "search: {virtual_stages: [2, 4, 2, 4]}\n", nodes_ib=4, layers=64,
+                     global_batch=1024)
+    text = refused(["plan", path, "--max-candidates", "100"], "candidates to evaluate",
+                   "above the limit of 100", "--max-candidates")
+    assert "search" in text
+
+
+def test_plan_counts_duplicates_once(tmp_path: Path) -> None:
+    from holmes_sim.prepare import prepare
+    from holmes_sim.search import planner
+
+    path = _scenario(tmp_path, "search: {schedule: [1f1b, 1f1b, gpipe, 1f1b], recompute: [full, "
+                     "full], tensor: [8, 8], pipeline: [2, 2], micro_batch_size: [1, 1]}\n")
+    prepared = prepare(path)
+    spec = planner.distinct(prepared.scenario.search)
+    assert spec.schedule == ("1f1b", "gpipe") and spec.recompute == ("full",)
+    grid = planner.bounded_grid(prepared, spec, 10_000)
+    assert len(grid) == len(set(grid))
+
+
+def test_sweep_refuses_too_many_points_before_building_them(tmp_path: Path) -> None:
+    values = ",".join(str(i) for i in range(1000))
+    refused(["sweep", _scenario(tmp_path), "--set", f"seed={values}", "--set",
+             f"training.global_batch_size={values}", "--out", tmp_path / "o"],
+            "1,000,000 points", "--max-points")
+    assert not (tmp_path / "o").exists()
+
+
+def test_sweep_duplicate_values_count_once(tmp_path: Path) -> None:
+    from holmes_sim.search.sweep import parse_set
+
+    assert parse_set("seed=1,1,2,1").values == (1, 2)
+    assert parse_set("a=1,1.0,true").values == (1, 1.0, True)
+
+
+def test_jobs_are_capped_at_the_cores(tmp_path: Path) -> None:
+    from holmes_sim.search.planner import usable_cores
+
+    result = runner.invoke(app, ["sweep", str(_scenario(tmp_path)), "--set", "seed=1", "-q", "--jobs",
+                                 "1000", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert f"--jobs 1000 lowered to {usable_cores()}" in result.output
+
+
+# ---- the search: block -----------------------------------------------------------------------
+SEARCH = {
+    "unknown policy": ("search: {policies: [holmes, hollmes]}", "search.policies[1]: unknown policy"),
+    "empty policies": ("search: {policies: []}", "search.policies: list at least one value"),
+    "empty schedules": ("search: {schedule: []}", "search.schedule: list at least one value"),
+    "virtual stages 0": ("search: {virtual_stages: [2, 0]}",
+                         "search.virtual_stages[1]: must be at least 1"),
+    "virtual stages -3": ("search: {virtual_stages: [-3]}",
+                          "search.virtual_stages[0]: must be at least 1"),
+    "tensor 4096": ("search: {tensor: [1, 4096]}", "search.tensor[1]: must be at most 1024"),
+    "micro batch 0": ("search: {micro_batch_size: [0]}", "search.micro_batch_size[0]: must be at least 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SEARCH))
+def test_search_block_errors_name_file_and_line(case: str, tmp_path: Path) -> None:
+    extra, fragment = SEARCH[case]
+    path = _scenario(tmp_path, extra + "\n")
+    line = len(small_scenario().splitlines()) + 1
+    refused(["plan", path], fragment, f"{path}:{line}:")
+    refused(["check", path], fragment)

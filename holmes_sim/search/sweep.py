@@ -13,6 +13,7 @@ import copy
 import csv
 import io
 import itertools
+import math
 import re
 import tempfile
 from collections.abc import Callable, Sequence
@@ -26,11 +27,14 @@ import yaml
 from holmes_sim.errors import HolmesError, ScenarioError
 from holmes_sim.policies import get_policy
 from holmes_sim.prepare import Prepared, prepare
+from holmes_sim.search.planner import usable_cores
 from holmes_sim.spec.limits import read_text_bounded
 from holmes_sim.spec.load import load_plain, load_scenario_text
 
 METRICS = ("iteration_time_s", "tflops_per_gpu", "samples_per_s", "bubble_fraction",
            "peak_memory_gib", "fits_memory")
+MAX_POINTS = 500
+"""Most points a sweep runs unless raised with `--max-points` (each simulates every policy)."""
 MAX_VALUE_CHARS = 200
 """Longest `--set` value (a number, name or boolean; longer text is refused before parsing)."""
 _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
@@ -102,7 +106,8 @@ def parse_set(arg: str) -> SweepAxis:
             raise ScenarioError(f"--set {arg}: value '{text.strip()}' is not a single number, "
                                 "string or boolean")
         values.append(value)
-    return SweepAxis(arg, path, tokens, tuple(values))
+    distinct = {(type(v), v): v for v in values}  # 1 and 1.0 and true stay apart
+    return SweepAxis(arg, path, tokens, tuple(distinct.values()))
 
 
 def parse_path(path: str, arg: str) -> tuple[str | int, ...]:
@@ -249,7 +254,7 @@ def _row(point: SweepPoint, axes: Sequence[SweepAxis], policy: str, record: dict
 def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | None = None,
               jobs: int | None = None,
               progress: Callable[[int, int], None] | None = None,
-              ray: str | None = None) -> SweepResult:
+              ray: str | None = None, max_points: int = MAX_POINTS) -> SweepResult:
     """Run every combination of the `--set` values; rows in cartesian-product order.
 
     Args:
@@ -265,24 +270,18 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
     skipped.
 
     Raises:
-        ScenarioError: for a bad `--set`, or when no point is valid, before anything runs.
+        ScenarioError: for a bad `--set`, more than `max_points` points (repeated values
+            count once), or when no point is valid, before anything runs.
     """
     path = Path(path)
-    if not sets:
-        raise ScenarioError("give at least one --set PATH=V1,V2,...")
-    axes = [parse_set(s) for s in sets]
-    seen = [a.path for a in axes]
-    for a in axes:
-        if seen.count(a.path) > 1:
-            raise ScenarioError(f"--set {a.arg}: {a.path} is swept more than once; give its "
-                                "values in one --set")
+    axes = parse_axes(sets, max_points)
     points = build_points(path, axes)
     for point in points:
         check_point_fields(point, path, axes)
     names = list(policies or _first_valid(points, path, axes).scenario.policies)
     for name in names:
         get_policy(name, "--policy")
-    jobs = max(1, jobs if jobs is not None else min(2, len(points)))
+    jobs = max(1, min(jobs if jobs is not None else 2, len(points), usable_cores()))
     results: dict[int, list[dict]] = {}
     if progress:
         progress(0, len(points))
@@ -305,6 +304,29 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
                     progress(len(results), len(points))
     rows = [row for p in points for row in results[p.index]]
     return SweepResult(str(path), axes, names, rows)
+
+
+def parse_axes(sets: Sequence[str], max_points: int) -> list[SweepAxis]:
+    """The `--set` arguments as axes, each field swept once, at most `max_points` points."""
+    if not sets:
+        raise ScenarioError("give at least one --set PATH=V1,V2,...")
+    axes = [parse_set(s) for s in sets]
+    seen = [a.path for a in axes]
+    for a in axes:
+        if seen.count(a.path) > 1:
+            raise ScenarioError(f"--set {a.arg}: {a.path} is swept more than once; give its "
+                                "values in one --set")
+    check_point_count(axes, max_points)
+    return axes
+
+
+def check_point_count(axes: Sequence[SweepAxis], max_points: int) -> None:
+    """ScenarioError when the axes make more than `max_points` points."""
+    count = math.prod(len(a.values) for a in axes)
+    if count > max_points:
+        sizes = " x ".join(f"{len(a.values)} ({a.path})" for a in axes)
+        raise ScenarioError(f"--set: {sizes} = {count:,} points, above the limit of "
+                            f"{max_points:,}; give fewer values or raise --max-points")
 
 
 def _first_valid(points: Sequence[SweepPoint], path: Path, axes: Sequence[SweepAxis]) -> Prepared:

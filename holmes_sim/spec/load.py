@@ -372,6 +372,10 @@ def _check_text(text: str, path: str, doc: _Doc, free: bool) -> None:
 
 
 def _check_rule(name: str, value: Any, path: str, doc: _Doc) -> None:
+    if isinstance(value, tuple):  # a list of values (search.virtual_stages): each one in range
+        for i, item in enumerate(value):
+            _check_rule(name, item, f"{path}[{i}]", doc)
+        return
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
     bound = FIELD_BOUNDS.get(name, Bound(-MAX_NUMBER, MAX_NUMBER))
