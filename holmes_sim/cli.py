@@ -233,7 +233,8 @@ def validate(
                          "published measurements in validation/published and the Holmes paper's "
                          "Figure 6 (no testbed needed).")] = False,
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Only these policies.")] = None,
-    iterations: Annotated[int | None, typer.Option(help="Measured iterations per policy.")] = None,
+    iterations: Annotated[int | None, typer.Option(min=1, max=10_000,
+                                                   help="Measured iterations per policy.")] = None,
     compute: Annotated[str | None, typer.Option(
         "--compute", help="emulated: ranks wait their calibrated compute durations, all "
         "communication real (robust on a busy host); real: ranks compute. Default: the "
@@ -246,6 +247,10 @@ def validate(
     simulator's predictions (exit 1 when a case leaves the tolerance)."""
     if published:  # simulation only: no torch, no testbed
         try:
+            _refuse_unused("--published", {"--real": real, "--dry-run": dry_run, "--cleanup": cleanup,
+                                           "--policy": policy, "--iterations": iterations is not None,
+                                           "--compute": compute, "--report": report,
+                                           "a testbed": testbed})
             _validate_published(json_path)
         except HolmesError as exc:
             raise _fail(exc) from None
@@ -260,6 +265,15 @@ def validate(
         raise _fail(exc) from None
     if result is not None:
         _print_verdict(result, json_path)
+
+
+def _refuse_unused(mode: str, given: dict[str, object]) -> None:
+    """A usage error naming every option of `given` that was set but `mode` does not use."""
+    unused = [name for name, value in given.items() if value]
+    if unused:
+        raise _usage(f"{mode} does not use {', '.join(unused)}; drop "
+                     f"{'it' if len(unused) == 1 else 'them'} (it checks the simulator against "
+                     "published measurements, no testbed)")
 
 
 def _require_torch() -> None:

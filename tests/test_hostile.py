@@ -257,3 +257,49 @@ def test_search_block_errors_name_file_and_line(case: str, tmp_path: Path) -> No
     line = len(small_scenario().splitlines()) + 1
     refused(["plan", path], fragment, f"{path}:{line}:")
     refused(["check", path], fragment)
+
+
+# ---- validate: arguments checked before anything is built ------------------------------------
+@pytest.mark.parametrize("value", ["0", "-1", "100000"])
+def test_validate_iterations_out_of_range(value: str) -> None:
+    refused(["validate", "--real", "--iterations", value], "--iterations")
+
+
+@pytest.mark.parametrize(("extra", "names"), [
+    (["--real"], "--real"), (["--dry-run", "--cleanup"], "--dry-run, --cleanup"),
+    (["-p", "holmes"], "--policy"), (["--report", "r"], "--report"),
+    (["default"], "a testbed"), (["--iterations", "3"], "--iterations"),
+])
+def test_validate_published_refuses_options_it_does_not_use(extra: list[str], names: str) -> None:
+    refused(["validate", "--published", *extra], f"--published does not use {names}")
+
+
+TESTBED = Path(__file__).resolve().parent.parent / "validation" / "testbeds" / "default.yaml"
+
+
+def _testbed(tmp_path: Path, old: str, new: str) -> Path:
+    text = TESTBED.read_text()
+    assert old in text
+    path = tmp_path / "tb.yaml"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize(("rate", "fragment"), [
+    ("0.000001", "1000 bit/s cannot carry the run's largest message"),
+    ("1e-10", "0.1 bit/s cannot carry"),
+])
+def test_validate_refuses_rates_too_low_for_gloo(rate: str, fragment: str, tmp_path: Path) -> None:
+    path = _testbed(tmp_path, "bandwidth_gbit_per_s: 2, fabric: ib}",
+                    f"bandwidth_gbit_per_s: {rate}, fabric: ib}}")
+    text = refused(["validate", path, "--dry-run"], fragment, "give at least", f"{path}:")
+    assert "Gbit/s" in text
+
+
+def test_validate_refuses_more_ranks_than_the_host_runs(tmp_path: Path) -> None:
+    from holmes_sim.validation.host import max_ranks
+
+    path = _testbed(tmp_path, "count: 1, gpu: cpu-rank, gpus_per_node: 1,",
+                    "count: 1, gpu: cpu-rank, gpus_per_node: 64,")
+    path.write_text(path.read_text().replace("global_batch_size: 32", "global_batch_size: 4096"))
+    refused(["validate", path, "--dry-run"], f"this host runs at most {max_ranks()}")
