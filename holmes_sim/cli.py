@@ -172,7 +172,7 @@ def _check_policy_names(names: list[str] | None) -> list[str] | None:
 
     for n in names or []:
         get_policy(n, "--policy")
-    return names or None
+    return list(dict.fromkeys(names)) if names else None  # -p holmes -p holmes: one row
 
 
 def _warn_memory(outcomes) -> None:

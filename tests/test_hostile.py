@@ -303,3 +303,78 @@ def test_validate_refuses_more_ranks_than_the_host_runs(tmp_path: Path) -> None:
                     "count: 1, gpu: cpu-rank, gpus_per_node: 64,")
     path.write_text(path.read_text().replace("global_batch_size: 32", "global_batch_size: 4096"))
     refused(["validate", path, "--dry-run"], f"this host runs at most {max_ranks()}")
+
+
+# ---- the Python API, as strict as the files ----------------------------------------------------
+def _api_refused(fragment: str, *args, **kwargs) -> None:
+    import holmes_sim
+    from holmes_sim.errors import HolmesError
+
+    start = time.monotonic()
+    with pytest.raises(HolmesError) as info:
+        holmes_sim.simulate(*args, **kwargs)
+    assert fragment in str(info.value), str(info.value)
+    assert "\n" not in str(info.value)
+    assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "abc", float("nan"), [1], 2**200, True])
+def test_api_seed_must_be_a_whole_number_in_range(seed) -> None:
+    _api_refused("seed: expected a whole number", "mixed_ib_eth", seed=seed)
+
+
+@pytest.mark.parametrize(("policies", "fragment"), [
+    ("holmes", "expected a list of policy names, got str"),
+    (iter(["holmes"]), "expected a list of policy names, got list_iterator"),
+    (["holmes", 3], "expected policy names, got int"),
+    (["holmes", "hollmes"], "unknown policy 'hollmes'"),
+])
+def test_api_policies_must_be_a_list_of_known_names(policies, fragment: str) -> None:
+    _api_refused(fragment, "mixed_ib_eth", policies=policies)
+
+
+def _mapping() -> dict:
+    import yaml
+
+    return yaml.safe_load(small_scenario())
+
+
+def test_api_numpy_and_path_values_name_the_field() -> None:
+    import numpy as np
+
+    data = _mapping()
+    data["training"]["global_batch_size"] = np.int64(16)
+    _api_refused("training.global_batch_size: a numpy.int64 is not a plain value", data)
+    data = _mapping()
+    data["profile"] = Path("p.json")
+    _api_refused("profile: a pathlib.PosixPath is not a plain value", data)
+
+
+def test_api_deep_and_huge_mappings_are_refused() -> None:
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    data = _mapping()
+    data["x"] = deep
+    _api_refused("nested deeper than", data)
+    data = _mapping()
+    data["description"] = "x" * (50 << 20)
+    _api_refused("KiB of text", data)
+    data = _mapping()
+    data["x"] = list(range(5_000_000))
+    _api_refused("more than 100000 values", data)
+
+
+def test_api_yaml_text_as_scenario_is_named() -> None:
+    _api_refused("looks like YAML text", small_scenario())
+    _api_refused("expected a file path, a bundled name or a dict, got int", 3)
+
+
+def test_repeated_policy_flags_print_one_row() -> None:
+    import holmes_sim
+
+    result = runner.invoke(app, ["run", "mixed_ib_eth", "-p", "holmes", "-p", "holmes", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count('"policy": "holmes"') == 1
+    sim = holmes_sim.simulate("mixed_ib_eth", policies=("holmes", "holmes"))
+    assert [r.policy for r in sim.results] == ["holmes"]
