@@ -378,3 +378,82 @@ def test_repeated_policy_flags_print_one_row() -> None:
     assert result.output.count('"policy": "holmes"') == 1
     sim = holmes_sim.simulate("mixed_ib_eth", policies=("holmes", "holmes"))
     assert [r.policy for r in sim.results] == ["holmes"]
+
+
+# ---- Ray addresses: ASCII forms only, and a peer that is not Ray refused in seconds -----------
+@pytest.mark.parametrize("address", ["host:6²", "host:６３７９", "a..b:6379", ".a:6379",
+                                     "a" * 64 + ".example:6379", "hö.st:6379", "-a:6379",
+                                     "host:000000006379", "[10.0.0.1]:6379", "ray://[]:1"])
+def test_non_ascii_and_bad_labels_are_refused(address: str) -> None:
+    from holmes_sim.errors import FieldError
+    from holmes_sim.search.scaleout import parse_address
+
+    with pytest.raises(FieldError, match="is not a Ray address"):
+        parse_address(address)
+    refused(["sweep", "mixed_ib_eth", "--set", "seed=1", "--ray", address], "--ray",
+            "is not a Ray address")
+
+
+def test_valid_address_forms_still_parse() -> None:
+    from holmes_sim.search.scaleout import parse_address
+
+    assert parse_address("a" * 63 + ".example:6379")[1] == 6379
+    assert parse_address("fd00::1:6379") == ("fd00::1", 6379)
+    assert parse_address("head-1.cluster.local.:10001") == ("head-1.cluster.local.", 10001)
+
+
+@pytest.fixture
+def loopback_server():
+    """serve(reply) -> the loopback address of a TCP server that sends `reply` (None: nothing)
+    to every connection and then holds it open."""
+    import socket
+    import threading
+
+    servers = []
+
+    def serve(reply: bytes | None) -> str:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        servers.append(sock)
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except OSError:
+                    return
+                if reply is not None:
+                    conn.recv(1024)
+                    conn.sendall(reply)
+                servers.append(conn)
+
+        threading.Thread(target=accept, daemon=True).start()
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+    yield serve
+    for s in servers:
+        s.close()
+
+
+def test_an_http_server_is_not_taken_for_ray(loopback_server) -> None:
+    address = loopback_server(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+    refused(["sweep", "mixed_ib_eth", "--set", "seed=1", "--ray", address],
+            "answers, but not as a Ray cluster")
+
+
+def test_a_silent_peer_times_out_in_seconds(loopback_server) -> None:
+    from holmes_sim.errors import FieldError
+    from holmes_sim.search.scaleout import check_reachable
+
+    address = loopback_server(None)
+    start = time.monotonic()
+    with pytest.raises(FieldError, match="answers, but not as a Ray cluster|timed out"):
+        check_reachable(address, timeout_s=0.5)
+    assert time.monotonic() - start < 2.0
+
+
+def test_a_grpc_peer_passes_the_probe(loopback_server) -> None:
+    from holmes_sim.search.scaleout import check_reachable
+
+    check_reachable(loopback_server(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])), timeout_s=1.0)

@@ -234,6 +234,9 @@ def search(prepared: Prepared, spec: SearchSpec | None = None,
     or a cluster address), as Ray tasks; the layouts are cut into contiguous chunks and the
     results put back in grid order, so every way gives the same ranking. A search space of
     more than `max_candidates` candidates is refused before anything is evaluated."""
+    from holmes_sim.search.scaleout import check_address
+
+    check_address(ray)
     spec = distinct(spec or prepared.scenario.search)
     start = time.perf_counter()
     grid = bounded_grid(prepared, spec, max_candidates)

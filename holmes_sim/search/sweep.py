@@ -273,6 +273,9 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
         ScenarioError: for a bad `--set`, more than `max_points` points (repeated values
             count once), or when no point is valid, before anything runs.
     """
+    from holmes_sim.search.scaleout import check_address
+
+    check_address(ray)
     path = Path(path)
     axes = parse_axes(sets, max_points)
     points = build_points(path, axes)
