@@ -126,19 +126,23 @@ def _is_stdout(path: Path | None) -> bool:
 def _write_plans(directory: Path, prepared, outcomes) -> None:
     """plan_<policy>.json per policy, and a launchable folder per real (non-reference) policy."""
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
-    from holmes_sim.report.files import check_file, check_folder, write_atomic
+    from holmes_sim.report.files import (check_file, check_folder, output_lock, stale_entries,
+                                         write_atomic)
 
     for o in outcomes:  # every target checked before the first file is written
         check_file(directory / f"plan_{o.plan.policy}.json")
         check_folder(directory / o.plan.policy, "--plans")
     skipped = []
-    for o in outcomes:
-        write_atomic(directory / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
-        if o.plan.policy in REFERENCE_POLICIES:
-            skipped.append(o.plan.policy)
-            continue
-        launch_files(o.plan, o.cluster, prepared.workload,
-                     prepared.scenario.training.precision).write(directory / o.plan.policy)
+    with output_lock(directory, "--plans"):
+        for o in outcomes:
+            write_atomic(directory / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
+            if o.plan.policy in REFERENCE_POLICIES:
+                skipped.append(o.plan.policy)
+                continue
+            launch_files(o.plan, o.cluster, prepared.workload,
+                         prepared.scenario.training.precision).write(directory / o.plan.policy)
+    written = {n for o in outcomes for n in (f"plan_{o.plan.policy}.json", o.plan.policy)}
+    _note_stale("--plans", directory, stale_entries(directory, written, ["plan_*.json", "*/launch.sh"]))
     if skipped:
         err.print(f"note: no launch files for {', '.join(skipped)}: references on a hypothetical "
                   "network, not placements for this cluster", highlight=False, markup=False)
@@ -148,11 +152,27 @@ def _write_report(directory: Path, prepared, outcomes) -> None:
     from rich.progress import Progress
 
     from holmes_sim.report.document import write_report
+    from holmes_sim.report.files import output_lock, prepare_output, stale_entries
 
-    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
+    directory = prepare_output(directory, directory=True, option="--report")
+    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar, \
+            output_lock(directory, "--report"):
         task = bar.add_task(f"writing {directory}", total=None)
         write_report(directory, prepared, outcomes,
                      progress=lambda done, n: bar.update(task, completed=done, total=n))
+    written = {f"{kind}_{o.plan.policy}.{ext}" for o in outcomes
+               for kind, ext in (("trace", "json"), ("timeline", "png"))}
+    _note_stale("--report", directory, stale_entries(directory, written,
+                                                     ["trace_*.json", "timeline_*.png"]))
+
+
+def _note_stale(option: str, directory: Path, names: list[str]) -> None:
+    """Tell the user about files of an earlier run in `directory` that this run did not write."""
+    if names:
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        err.print(f"note: {option} {directory} also holds {shown} from an earlier run, not this "
+                  "one; remove them or write to a new folder", highlight=False, markup=False,
+                  soft_wrap=True)
 
 
 def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
@@ -448,16 +468,19 @@ def _export_plans(directory: Path, prepared, result) -> None:
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
     from holmes_sim.runner import plan_policy
 
-    from holmes_sim.report.files import check_folder
+    from holmes_sim.report.files import check_folder, output_lock, stale_entries
 
     confirmed = [c for c in result.candidates if c.simulated and c.policy not in REFERENCE_POLICIES]
     for rank, c in enumerate(confirmed, 1):  # every target checked before the first is written
         check_folder(directory / f"{rank}-{c.policy}", "--export")
-    for rank, c in enumerate(confirmed, 1):
-        p = planner.prepared_for(prepared, c.layout)
-        plan_, cluster = plan_policy(p, c.policy)
-        launch_files(plan_, cluster, p.workload, p.scenario.training.precision).write(
-            directory / f"{rank}-{c.policy}")
+    with output_lock(directory, "--export"):
+        for rank, c in enumerate(confirmed, 1):
+            p = planner.prepared_for(prepared, c.layout)
+            plan_, cluster = plan_policy(p, c.policy)
+            launch_files(plan_, cluster, p.workload, p.scenario.training.precision).write(
+                directory / f"{rank}-{c.policy}")
+    written = {f"{rank}-{c.policy}" for rank, c in enumerate(confirmed, 1)}
+    _note_stale("--export", directory, stale_entries(directory, written, ["*/launch.sh"]))
 
 
 @app.command()

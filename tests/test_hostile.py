@@ -457,3 +457,37 @@ def test_a_grpc_peer_passes_the_probe(loopback_server) -> None:
     from holmes_sim.search.scaleout import check_reachable
 
     check_reachable(loopback_server(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])), timeout_s=1.0)
+
+
+# ---- output folders owned, not shared ----------------------------------------------------------
+@pytest.mark.parametrize("option", ["--report", "--plans"])
+def test_a_second_writer_is_refused_by_name(option: str, tmp_path: Path) -> None:
+    from holmes_sim.report.files import LOCK_NAME, output_lock
+
+    with output_lock(tmp_path, option):
+        text = refused(["run", "mixed_ib_eth", "-q", "-p", "holmes", option, tmp_path], option,
+                       "is being written by another holmes-sim run", f"pid {os.getpid()}",
+                       limit_s=10)
+        assert str(tmp_path) in text
+    assert not (tmp_path / LOCK_NAME).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_sweep_out_lock_is_held_and_released(tmp_path: Path) -> None:
+    from holmes_sim.report.files import LOCK_NAME, output_lock
+
+    with output_lock(tmp_path, "--out"):
+        refused(["sweep", _scenario(tmp_path), "--set", "seed=1", "-q", "--out", tmp_path],
+                "--out", "being written by another", limit_s=10)
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_an_earlier_runs_plans_are_named(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["run", "mixed_ib_eth", "-q", "-p", "holmes", "-p", "megatron",
+                                 "--plans", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["run", "mixed_ib_eth", "-q", "-p", "holmes", "--plans", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "also holds megatron, plan_megatron.json from an earlier run" in text
+    assert "plan_holmes.json" not in text.split("also holds")[1]

@@ -12,12 +12,15 @@ operating-system error becomes one `OutputError` naming the path and the fix.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from holmes_sim.errors import HolmesError
@@ -112,6 +115,56 @@ def check_folder(path: str | Path, option: str = "output") -> None:
     if not stat.S_ISDIR(mode):
         raise OutputError(f"{option}: {path} exists and is not a folder; remove it or choose "
                           "another folder")
+
+
+LOCK_NAME = ".holmes-sim.lock"
+"""The lock file a run holds in its output folder while it writes there."""
+
+
+@contextlib.contextmanager
+def output_lock(directory: str | Path, option: str = "output") -> Iterator[None]:
+    """Hold `directory`'s lock while writing into it: a second run that writes there at the same
+    time is refused by name (flock on LOCK_NAME, removed again when done)."""
+    path = Path(directory) / LOCK_NAME
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise os_error(path, exc, "lock") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OutputError(f"{option}: {directory} is being written by another holmes-sim run "
+                              f"(pid {holder}); wait for it to finish or choose another folder") from None
+        if _same_file(fd, path):  # not a lock file an ending run has just removed
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), path.lstat())
+    except OSError:
+        return False
+
+
+def stale_entries(directory: str | Path, written: set[str], patterns: Sequence[str]) -> list[str]:
+    """Names in `directory` that match `patterns` (globs of this kind of output) but that this
+    run did not write: left by an earlier run, so a reader could mix them up with this one's."""
+    directory = Path(directory)
+    found = {p.relative_to(directory).parts[0] for pattern in patterns
+             for p in directory.glob(pattern)}
+    return sorted(found - written - {LOCK_NAME})
 
 
 def write_output(path: str | Path, data: str | bytes) -> None:

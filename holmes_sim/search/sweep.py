@@ -358,18 +358,19 @@ def sweep_csv(result: SweepResult) -> str:
 def write_sweep(directory: str | Path, result: SweepResult) -> None:
     """Write sweep.csv, sweep.json, sweep_iteration_time.png and sweep_tflops.png."""
     from holmes_sim.report import plots
-    from holmes_sim.report.files import prepare_output, write_atomic, write_json
+    from holmes_sim.report.files import output_lock, prepare_output, write_atomic, write_json
     from holmes_sim.runner import stamp
 
     directory = prepare_output(directory, directory=True, option="--out")
-    write_atomic(directory / "sweep.csv", sweep_csv(result))
-    write_json(directory / "sweep.json", stamp(result.to_json()))
-    plots.save_figure(plots.sweep_figure(result.rows, result.fields, "iteration_time_s",
-                                         "iteration time (s)"),
-                      directory / "sweep_iteration_time.png")
-    plots.save_figure(plots.sweep_figure(result.rows, result.fields, "tflops_per_gpu",
-                                         "TFLOP/s per GPU"),
-                      directory / "sweep_tflops.png")
+    with output_lock(directory, "--out"):
+        write_atomic(directory / "sweep.csv", sweep_csv(result))
+        write_json(directory / "sweep.json", stamp(result.to_json()))
+        plots.save_figure(plots.sweep_figure(result.rows, result.fields, "iteration_time_s",
+                                             "iteration time (s)"),
+                          directory / "sweep_iteration_time.png")
+        plots.save_figure(plots.sweep_figure(result.rows, result.fields, "tflops_per_gpu",
+                                             "TFLOP/s per GPU"),
+                          directory / "sweep_tflops.png")
 
 
 def sweep_table(result: SweepResult) -> Any:
