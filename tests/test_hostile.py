@@ -491,3 +491,29 @@ def test_an_earlier_runs_plans_are_named(tmp_path: Path) -> None:
     text = " ".join(result.output.split())
     assert "also holds megatron, plan_megatron.json from an earlier run" in text
     assert "plan_holmes.json" not in text.split("also holds")[1]
+
+
+@pytest.mark.root
+def test_cleanup_removes_the_temp_folder_of_a_killed_dry_run() -> None:
+    import subprocess
+    import tempfile
+
+    from holmes_sim.backend import records
+
+    if os.geteuid() != 0:
+        pytest.skip("--cleanup needs root")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    killed = Path(tempfile.mkdtemp(prefix="holmes-run-"))
+    (killed / records.OWNER_FILE).write_text(f"{dead.pid} 1\n")
+    live = Path(tempfile.mkdtemp(prefix="holmes-run-"))
+    records.mark_owner(live)
+    try:
+        report = records.cleanup_leftovers()
+        assert str(killed) in report.removed and not killed.exists()
+        assert str(live) in report.foreign and live.exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(killed, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)
