@@ -517,3 +517,8 @@ def test_cleanup_removes_the_temp_folder_of_a_killed_dry_run() -> None:
 
         shutil.rmtree(killed, ignore_errors=True)
         shutil.rmtree(live, ignore_errors=True)
+
+
+def test_a_set_with_very_many_values_is_refused_before_parsing(tmp_path: Path) -> None:
+    refused(["sweep", _scenario(tmp_path), "--set", "seed=" + ",".join(["1"] * 100_000)],
+            "100,000 values")

@@ -90,8 +90,12 @@ def parse_set(arg: str) -> SweepAxis:
         raise ScenarioError(f"--set {arg}: expected PATH=V1,V2,... (e.g. "
                             "training.global_batch_size=256,512)")
     tokens = parse_path(path, arg)
+    texts = raw.split(",")
+    if len(texts) > MAX_POINTS * 20:
+        raise ScenarioError(f"--set {path}=...: {len(texts):,} values; a sweep runs at most "
+                            f"{MAX_POINTS:,} points by default, so give fewer values")
     values = []
-    for text in raw.split(","):
+    for text in texts:
         if not text.strip():
             raise ScenarioError(f"--set {arg}: empty value; list values separated by commas")
         if len(text) > MAX_VALUE_CHARS:
