@@ -522,3 +522,13 @@ def test_cleanup_removes_the_temp_folder_of_a_killed_dry_run() -> None:
 def test_a_set_with_very_many_values_is_refused_before_parsing(tmp_path: Path) -> None:
     refused(["sweep", _scenario(tmp_path), "--set", "seed=" + ",".join(["1"] * 100_000)],
             "100,000 values")
+
+
+@pytest.mark.parametrize("case", ["fifo", "folder", "binary"])
+def test_profiles_read_through_the_loader(case: str, tmp_path: Path) -> None:
+    make, fragment = INPUTS[case]
+    sub = tmp_path / "p"
+    sub.mkdir()
+    profile = make(sub)
+    path = _scenario(tmp_path, f"profile: {profile}\n")
+    refused(["check", path], str(profile), fragment)
