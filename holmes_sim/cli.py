@@ -432,6 +432,8 @@ def plan(
         _check_outputs((json_path, False, "--json"), (export, True, "--export"))
         prepared = prepare(resolve_scenario(scenario))
         spec = prepared.scenario.search if top is None else replace(prepared.scenario.search, top_k=top)
+        if export is not None:  # every launch folder the export could write, before the search
+            _check_export_targets(export, spec)
         with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("planning", total=None)
             result = planner.search(prepared, spec,
@@ -460,6 +462,15 @@ def _capped_jobs(jobs: int | None) -> int | None:
                   markup=False)
         return cores
     return jobs
+
+
+def _check_export_targets(export: Path, spec) -> None:
+    from holmes_sim.report.files import check_folder
+
+    if export.is_dir():
+        for rank in range(1, spec.top_k + 2):  # the top K and the baseline
+            for policy in dict.fromkeys(spec.policies):
+                check_folder(export / f"{rank}-{policy}", "--export")
 
 
 def _export_plans(directory: Path, prepared, result) -> None:
