@@ -116,31 +116,57 @@ def simulate(scenario: str | Path | Mapping[str, Any], policies: Sequence[str] |
     """
     from holmes_sim.runner import run_scenario
 
+    _check_seed(seed)
+    names = None if policies is None else _check_policies(policies)
     prepared = _prepare(scenario)
     if seed is not None:
         prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
-    if policies is not None:
-        _check_policies(policies)
-    outcomes = run_scenario(prepared, list(policies) if policies else None, full_simulation)
+    outcomes = run_scenario(prepared, names or None, full_simulation)
     return _simulation(prepared, outcomes)
 
 
 def _prepare(scenario: str | Path | Mapping[str, Any]) -> Prepared:
     from holmes_sim.bundled import resolve_scenario
+    from holmes_sim.errors import ScenarioError
     from holmes_sim.prepare import prepare, prepare_text
 
     if isinstance(scenario, Mapping):
-        import yaml
+        from holmes_sim.spec.load import mapping_text
 
-        return prepare_text(yaml.safe_dump(dict(scenario), sort_keys=False), "<dict scenario>")
+        return prepare_text(mapping_text(scenario, "<dict scenario>"), "<dict scenario>")
+    if isinstance(scenario, str) and ("\n" in scenario or len(scenario) > 4096):
+        raise ScenarioError("scenario: this looks like YAML text, not a file or a bundled name; "
+                            "pass yaml.safe_load(text) (a dict) or write it to a file")
+    if not isinstance(scenario, str | Path):
+        raise ScenarioError(f"scenario: expected a file path, a bundled name or a dict, got "
+                            f"{type(scenario).__name__}")
     return prepare(resolve_scenario(scenario))
 
 
-def _check_policies(names: Sequence[str]) -> None:
+def _check_seed(seed: object) -> None:
+    from holmes_sim.errors import ScenarioError
+
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        shown = repr(seed) if len(repr(seed)) <= 40 else f"a {type(seed).__name__}"
+        raise ScenarioError(f"seed: expected a whole number from 0 to 2**63 - 1, got {shown}")
+
+
+def _check_policies(names: object) -> list[str]:
+    """`names` as a list without repeats; a ScenarioError for a string, an iterator, a non-name
+    or an unknown policy."""
+    from holmes_sim.errors import ScenarioError
     from holmes_sim.policies import get_policy
 
+    if isinstance(names, str | bytes) or not isinstance(names, list | tuple):
+        raise ScenarioError(f"policies: expected a list of policy names, got "
+                            f"{type(names).__name__} (e.g. policies=['holmes'])")
     for name in names:
+        if not isinstance(name, str):
+            raise ScenarioError(f"policies: expected policy names, got {type(name).__name__}")
         get_policy(name, "policies")
+    return list(dict.fromkeys(names))
 
 
 def _simulation(prepared: Prepared, outcomes: list[Outcome]) -> Simulation:

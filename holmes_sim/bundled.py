@@ -40,7 +40,7 @@ def resolve_testbed(name: str | Path) -> Path:
     that name (e.g. `two_clusters`); otherwise the path as given."""
     path = Path(name)
     stem = path.name[:-5] if path.name.endswith(".yaml") else path.name
-    if path.exists() or path.parent != Path(".") or stem not in testbed_names():
+    if _exists(path) or path.parent != Path(".") or stem not in testbed_names():
         return path
     return data_dir("testbeds") / f"{stem}.yaml"
 
@@ -49,6 +49,15 @@ def resolve_scenario(name: str | Path) -> Path:
     """A path as given when it exists or looks like a file path, else the bundled scenario of that
     name; otherwise the path as given (so the loader names it in its error)."""
     path = Path(name)
-    if path.exists() or (path.suffix in (".yaml", ".yml") and path.parent != Path(".")):
+    if _exists(path) or (path.suffix in (".yaml", ".yml") and path.parent != Path(".")):
         return path
     return bundled_scenario(str(name)) or path
+
+
+def _exists(path: Path) -> bool:
+    """Whether `path` exists; False for a name the file system refuses (too long, say), which
+    the loader then reports."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False

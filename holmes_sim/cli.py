@@ -126,16 +126,23 @@ def _is_stdout(path: Path | None) -> bool:
 def _write_plans(directory: Path, prepared, outcomes) -> None:
     """plan_<policy>.json per policy, and a launchable folder per real (non-reference) policy."""
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
-    from holmes_sim.report.files import write_atomic
+    from holmes_sim.report.files import (check_file, check_folder, output_lock, stale_entries,
+                                         write_atomic)
 
+    for o in outcomes:  # every target checked before the first file is written
+        check_file(directory / f"plan_{o.plan.policy}.json")
+        check_folder(directory / o.plan.policy, "--plans")
     skipped = []
-    for o in outcomes:
-        write_atomic(directory / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
-        if o.plan.policy in REFERENCE_POLICIES:
-            skipped.append(o.plan.policy)
-            continue
-        launch_files(o.plan, o.cluster, prepared.workload,
-                     prepared.scenario.training.precision).write(directory / o.plan.policy)
+    with output_lock(directory, "--plans"):
+        for o in outcomes:
+            write_atomic(directory / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
+            if o.plan.policy in REFERENCE_POLICIES:
+                skipped.append(o.plan.policy)
+                continue
+            launch_files(o.plan, o.cluster, prepared.workload,
+                         prepared.scenario.training.precision).write(directory / o.plan.policy)
+    written = {n for o in outcomes for n in (f"plan_{o.plan.policy}.json", o.plan.policy)}
+    _note_stale("--plans", directory, stale_entries(directory, written, ["plan_*.json", "*/launch.sh"]))
     if skipped:
         err.print(f"note: no launch files for {', '.join(skipped)}: references on a hypothetical "
                   "network, not placements for this cluster", highlight=False, markup=False)
@@ -145,11 +152,27 @@ def _write_report(directory: Path, prepared, outcomes) -> None:
     from rich.progress import Progress
 
     from holmes_sim.report.document import write_report
+    from holmes_sim.report.files import output_lock, prepare_output, stale_entries
 
-    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
+    directory = prepare_output(directory, directory=True, option="--report")
+    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar, \
+            output_lock(directory, "--report"):
         task = bar.add_task(f"writing {directory}", total=None)
         write_report(directory, prepared, outcomes,
                      progress=lambda done, n: bar.update(task, completed=done, total=n))
+    written = {f"{kind}_{o.plan.policy}.{ext}" for o in outcomes
+               for kind, ext in (("trace", "json"), ("timeline", "png"))}
+    _note_stale("--report", directory, stale_entries(directory, written,
+                                                     ["trace_*.json", "timeline_*.png"]))
+
+
+def _note_stale(option: str, directory: Path, names: list[str]) -> None:
+    """Tell the user about files of an earlier run in `directory` that this run did not write."""
+    if names:
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        err.print(f"note: {option} {directory} also holds {shown} from an earlier run, not this "
+                  "one; remove them or write to a new folder", highlight=False, markup=False,
+                  soft_wrap=True)
 
 
 def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
@@ -169,7 +192,7 @@ def _check_policy_names(names: list[str] | None) -> list[str] | None:
 
     for n in names or []:
         get_policy(n, "--policy")
-    return names or None
+    return list(dict.fromkeys(names)) if names else None  # -p holmes -p holmes: one row
 
 
 def _warn_memory(outcomes) -> None:
@@ -230,7 +253,8 @@ def validate(
                          "published measurements in validation/published and the Holmes paper's "
                          "Figure 6 (no testbed needed).")] = False,
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="Only these policies.")] = None,
-    iterations: Annotated[int | None, typer.Option(help="Measured iterations per policy.")] = None,
+    iterations: Annotated[int | None, typer.Option(min=1, max=10_000,
+                                                   help="Measured iterations per policy.")] = None,
     compute: Annotated[str | None, typer.Option(
         "--compute", help="emulated: ranks wait their calibrated compute durations, all "
         "communication real (robust on a busy host); real: ranks compute. Default: the "
@@ -243,6 +267,10 @@ def validate(
     simulator's predictions (exit 1 when a case leaves the tolerance)."""
     if published:  # simulation only: no torch, no testbed
         try:
+            _refuse_unused("--published", {"--real": real, "--dry-run": dry_run, "--cleanup": cleanup,
+                                           "--policy": policy, "--iterations": iterations is not None,
+                                           "--compute": compute, "--report": report,
+                                           "a testbed": testbed})
             _validate_published(json_path)
         except HolmesError as exc:
             raise _fail(exc) from None
@@ -257,6 +285,15 @@ def validate(
         raise _fail(exc) from None
     if result is not None:
         _print_verdict(result, json_path)
+
+
+def _refuse_unused(mode: str, given: dict[str, object]) -> None:
+    """A usage error naming every option of `given` that was set but `mode` does not use."""
+    unused = [name for name, value in given.items() if value]
+    if unused:
+        raise _usage(f"{mode} does not use {', '.join(unused)}; drop "
+                     f"{'it' if len(unused) == 1 else 'them'} (it checks the simulator against "
+                     "published measurements, no testbed)")
 
 
 def _require_torch() -> None:
@@ -377,6 +414,9 @@ def plan(
     ray: Annotated[str | None, typer.Option(
         "--ray", help="Run the analytic search as Ray tasks: 'auto' (a running cluster, else a "
                       "local one) or a cluster address. Same ranking as the local run.")] = None,
+    max_candidates: Annotated[int, typer.Option(
+        "--max-candidates", min=1, max=10**8, help="Refuse a search of more candidates (layout "
+        "x policy x optimizer) than this, counted before the search starts.")] = 50_000,
 ) -> None:
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
     confirm the best by simulation, compare with the best Megatron-LM default layout."""
@@ -392,11 +432,13 @@ def plan(
         _check_outputs((json_path, False, "--json"), (export, True, "--export"))
         prepared = prepare(resolve_scenario(scenario))
         spec = prepared.scenario.search if top is None else replace(prepared.scenario.search, top_k=top)
+        if export is not None:  # every launch folder the export could write, before the search
+            _check_export_targets(export, spec)
         with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("planning", total=None)
             result = planner.search(prepared, spec,
                                     progress=lambda done, n: bar.update(task, completed=done, total=n),
-                                    jobs=jobs, ray=ray)
+                                    jobs=_capped_jobs(jobs), ray=ray, max_candidates=max_candidates)
         if json_path is not None:
             write_json(json_path, stamp(result.to_json()))
         if export is not None:
@@ -410,18 +452,46 @@ def plan(
             console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
+def _capped_jobs(jobs: int | None) -> int | None:
+    """`--jobs`, at most the cores this process may use (a note says so when it is lowered)."""
+    from holmes_sim.search.planner import usable_cores
+
+    cores = usable_cores()
+    if jobs is not None and jobs > cores:
+        err.print(f"note: --jobs {jobs} lowered to {cores}, the CPU cores available", highlight=False,
+                  markup=False)
+        return cores
+    return jobs
+
+
+def _check_export_targets(export: Path, spec) -> None:
+    from holmes_sim.report.files import check_folder
+
+    if export.is_dir():
+        for rank in range(1, spec.top_k + 2):  # the top K and the baseline
+            for policy in dict.fromkeys(spec.policies):
+                check_folder(export / f"{rank}-{policy}", "--export")
+
+
 def _export_plans(directory: Path, prepared, result) -> None:
     """A launch folder per simulated (confirmed) plan: <rank>-<policy>/."""
     from holmes_sim.search import planner
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
     from holmes_sim.runner import plan_policy
 
+    from holmes_sim.report.files import check_folder, output_lock, stale_entries
+
     confirmed = [c for c in result.candidates if c.simulated and c.policy not in REFERENCE_POLICIES]
-    for rank, c in enumerate(confirmed, 1):
-        p = planner.prepared_for(prepared, c.layout)
-        plan_, cluster = plan_policy(p, c.policy)
-        launch_files(plan_, cluster, p.workload, p.scenario.training.precision).write(
-            directory / f"{rank}-{c.policy}")
+    for rank, c in enumerate(confirmed, 1):  # every target checked before the first is written
+        check_folder(directory / f"{rank}-{c.policy}", "--export")
+    with output_lock(directory, "--export"):
+        for rank, c in enumerate(confirmed, 1):
+            p = planner.prepared_for(prepared, c.layout)
+            plan_, cluster = plan_policy(p, c.policy)
+            launch_files(plan_, cluster, p.workload, p.scenario.training.precision).write(
+                directory / f"{rank}-{c.policy}")
+    written = {f"{rank}-{c.policy}" for rank, c in enumerate(confirmed, 1)}
+    _note_stale("--export", directory, stale_entries(directory, written, ["*/launch.sh"]))
 
 
 @app.command()
@@ -441,6 +511,9 @@ def sweep(
         "--ray", help="Run the points as Ray tasks: 'auto' (a running cluster, else a local "
                       "one) or a cluster address. Same rows as the local run.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
+    max_points: Annotated[int, typer.Option(
+        "--max-points", min=1, max=10**7, help="Refuse a sweep of more points (combinations of "
+        "distinct values) than this, counted before anything runs.")] = 500,
 ) -> None:
     """Run a scenario for every combination of field values and tabulate and plot the results."""
     from rich.progress import Progress
@@ -451,9 +524,10 @@ def sweep(
         _check_outputs((out_dir, True, "--out"))
         with Progress(console=err, transient=True) as bar:
             task = bar.add_task("sweep", total=None)
-            result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy), jobs,
+            result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy),
+                               _capped_jobs(jobs),
                                progress=lambda done, n: bar.update(task, completed=done, total=n),
-                               ray=ray)
+                               ray=ray, max_points=max_points)
         write_sweep(out_dir, result)
     except HolmesError as exc:
         raise _fail(exc) from None

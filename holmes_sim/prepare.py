@@ -12,13 +12,16 @@ from holmes_sim.hardware.cluster import ETHERNET, Cluster, Nic, build_cluster
 from holmes_sim.cost.compute import ComputeModel, KernelCompute, Profile, load_profile
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.policies import POLICIES, PlanRequest
-from holmes_sim.schedule import ScheduleKind, build_schedule
+from holmes_sim.schedule import ScheduleKind, check_schedule
 from holmes_sim.spec.load import load_scenario, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
 from holmes_sim.model.workload import Workload, build_workload
 
 MAX_GRADIENT_BUCKETS = 100_000
 """Most gradient buckets a model may fill (`training.bucket_size_mb`), so a run stays bounded."""
+MAX_MICROBATCHES = 2**14
+"""Most micro-batches per iteration (times the virtual stages) a schedule is built for: each is
+an op per stage in every simulation (Megatron-LM runs use at most a few thousand)."""
 MAX_NODES = 100_000
 MAX_GPUS = 2**17
 """Most nodes and GPUs of all clusters together (each group's `count` is bounded on its own)."""
@@ -87,6 +90,7 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
     _check_size(s)
     cluster = build_cluster(s.clusters, s.fabrics, s.inter_cluster_links, build_catalog(s.catalog))
     _check_policies(s)
+    _check_search(s)
     profile = _load_profile(s, base_dir, profile_override)
     if profile is not None:
         cluster = apply_link_profile(cluster, profile)
@@ -95,12 +99,26 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
     tp, pp, dp = _degrees(s, cluster)
     m = _microbatches(s, dp)
     _check_layers(s, pp)
+    _check_schedule_size(m, s.parallel.virtual_stages)
     try:
-        build_schedule(s.parallel.schedule, pp, m, s.parallel.virtual_stages)
+        check_schedule(s.parallel.schedule, pp, m, s.parallel.virtual_stages)
     except ScenarioError as exc:
         raise FieldError("parallel.schedule", str(exc)) from None
     compute = profile.compute if profile is not None else KernelCompute()
     return Prepared(s, source, cluster, workload, compute, tp, pp, dp, m, profile)
+
+
+def _check_search(s: Scenario) -> None:
+    """Every list of the `search:` block non-empty, its policies known."""
+    search = s.search
+    for name in search.__dataclass_fields__:
+        if getattr(search, name) == ():
+            raise FieldError(f"search.{name}", "list at least one value, or remove the key to "
+                                               "search every valid value")
+    for i, name in enumerate(search.policies):
+        if name not in POLICIES:
+            raise FieldError(f"search.policies[{i}]", f"unknown policy '{name}' (known: "
+                                                      f"{', '.join(POLICIES)})")
 
 
 def _check_policies(s: Scenario) -> None:
@@ -144,6 +162,14 @@ def _microbatches(s: Scenario, dp: int) -> int:
                          f"{t.micro_batch_size} x data-parallel degree {dp} = {per_step}; use "
                          f"e.g. {max(1, t.global_batch_size // per_step) * per_step}")
     return t.global_batch_size // per_step
+
+
+def _check_schedule_size(m: int, chunks: int) -> None:
+    if m * chunks > MAX_MICROBATCHES:
+        raise FieldError("training.global_batch_size", f"{m:,} micro-batches per iteration"
+                         f"{f' x {chunks} virtual stages' if chunks > 1 else ''}; at most "
+                         f"{MAX_MICROBATCHES:,} are simulated; raise training.micro_batch_size "
+                         "or lower training.global_batch_size")
 
 
 def _check_size(s: Scenario) -> None:

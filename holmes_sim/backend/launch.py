@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from holmes_sim.backend.records import mark_owner
 from holmes_sim.backend.run_config import RunConfig
 from holmes_sim.errors import TestbedError
 from holmes_sim.plan import Plan
@@ -120,6 +121,7 @@ def _run_all(plan: Plan, cfg: RunConfig, spawn: Spawn | None, timeout_s: float,
     tmp = mkdtemp("holmes-run-") if mkdtemp else Path(tempfile.mkdtemp(prefix="holmes-run-"))
     procs: dict[int, subprocess.Popen] = {}
     try:
+        mark_owner(tmp)  # a killed run's folder is then --cleanup's to remove
         config_path = _write_config(plan, cfg, tmp)
         out_dir = Path(cfg.output_dir) if cfg.output_dir else tmp
         for rank in range(plan.world_size):

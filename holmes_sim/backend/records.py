@@ -43,6 +43,25 @@ TEMP_PREFIXES = ("holmes-probe-", "holmes-run-")
 """Prefixes of the temporary folders runs create (and record)."""
 
 
+OWNER_FILE = ".owner"
+"""In each temporary folder: '<pid> <start time>' of the process that made it, so `--cleanup`
+can remove the folder of a killed run that had no record (a --dry-run)."""
+
+
+def mark_owner(folder: Path) -> None:
+    """Write this process's pid and start time into `folder`/OWNER_FILE."""
+    (folder / OWNER_FILE).write_text(f"{os.getpid()} {process_start(os.getpid())}\n")
+
+
+def owner_gone(folder: Path) -> bool:
+    """Whether `folder`'s OWNER_FILE names a process that no longer runs (False without one)."""
+    try:
+        pid, start = (folder / OWNER_FILE).read_text()[:64].split()
+        return process_start(int(pid)) != int(start)
+    except (OSError, ValueError):
+        return False
+
+
 def run_dir() -> Path:
     """/run/holmes-sim, made root-only (0700); TestbedError unless it is a real directory of root's."""
     if os.geteuid() != 0:
@@ -274,7 +293,11 @@ def _report_foreign(known_ns: set[str], known_tmp: set[str], report: Cleanup) ->
             report.foreign.append(f"interface {name}")
     for prefix in TEMP_PREFIXES:
         for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
-            if str(path) not in known_tmp:
+            if str(path) in known_tmp:
+                continue
+            if owner_gone(path):  # an unrecorded run's (a --dry-run) whose process died
+                _remove_temp_dir(path, report)
+            else:
                 report.foreign.append(str(path))
 
 

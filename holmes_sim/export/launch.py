@@ -42,9 +42,9 @@ class LaunchFiles:
     files: dict[str, str]
 
     def write(self, directory: Path) -> list[Path]:
-        from holmes_sim.report.files import write_atomic
+        from holmes_sim.report.files import make_folder, write_atomic
 
-        directory.mkdir(exist_ok=True)
+        make_folder(directory)
         out = []
         for name, text in sorted(self.files.items()):
             write_atomic(directory / name, text)

@@ -3,26 +3,53 @@
 `prepare_output` is the one check every command runs on each output option: a file target must
 be `-` (standard output), a regular file or a new name in an existing folder, or a character
 device or FIFO (written as a stream, so `/dev/stdout` stays what it is); a folder target may be
-created, but never its missing parents. Regular files are written to a temporary file in the
-same folder and renamed, so a failure or Ctrl-C never leaves a half-written result.
+created, but never its missing parents; the folder must be writable and not on a kernel file
+system (/proc, /sys). Regular files are written to a temporary file in the same folder and
+renamed, so a failure or Ctrl-C never leaves a half-written result. Folders inside an output
+folder are made with `make_folder`, which never follows a symlink it did not create. Every
+operating-system error becomes one `OutputError` naming the path and the fix.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from holmes_sim.errors import HolmesError
 
 STDOUT = "-"
+KERNEL_FILE_SYSTEMS = ("/proc", "/sys")
+"""Pseudo file systems an output never goes to (their files are the kernel's, not results)."""
+
+_FIXES = {
+    errno.ENOSPC: "the disk is full; free some space or write to another folder",
+    errno.EDQUOT: "the disk quota is used up; free some space or write to another folder",
+    errno.EROFS: "the file system is read-only; write to a folder on a writable disk",
+    errno.EACCES: "permission denied; write to a folder you own",
+    errno.EPERM: "permission denied; write to a folder you own",
+    errno.EEXIST: "something already exists there; remove it or choose another name",
+    errno.ENOTDIR: "part of the path is a file, not a folder; remove it or choose another folder",
+    errno.EISDIR: "it is a folder; remove it or name a file",
+    errno.ENOENT: "its folder does not exist; create it first",
+}
 
 
 class OutputError(HolmesError):
     """An output target that cannot be written (exit 2)."""
+
+
+def os_error(path: str | Path, exc: OSError, action: str = "write") -> OutputError:
+    """One message for an operating-system error on `path`: what failed and the fix."""
+    fix = _FIXES.get(exc.errno or 0, "choose another target")
+    return OutputError(f"cannot {action} {path}: {exc.strerror or exc}; {fix}")
 
 
 def prepare_output(path: str | Path, directory: bool = False, option: str = "output",
@@ -32,7 +59,8 @@ def prepare_output(path: str | Path, directory: bool = False, option: str = "out
 
     Raises:
         OutputError: a directory where a file is expected or the reverse, a missing parent
-            folder, or a target that is neither a file, a folder, a character device nor a FIFO.
+            folder, a folder that cannot be written, a /proc or /sys target, or a target that
+            is neither a file, a folder, a character device nor a FIFO.
     """
     path = Path(path)
     if str(path) == STDOUT:
@@ -40,17 +68,103 @@ def prepare_output(path: str | Path, directory: bool = False, option: str = "out
             raise OutputError(f"{option}: '-' (standard output) is for files; name a folder")
         return path
     mode = _mode(path)
+    if mode is None or not _streamable(mode):
+        _check_not_kernel(path, option)
     if mode is None:
         _check_parent(path, option)
+        _check_writable(path.parent, option)
         if directory and create:
-            _mkdir(path, option)
+            make_folder(path, option)
     elif directory and not stat.S_ISDIR(mode):
         raise OutputError(f"{option}: {path} exists and is not a folder; name a new or existing folder")
     elif not directory and stat.S_ISDIR(mode):
         raise OutputError(f"{option}: {path} is a folder; name a file in it, e.g. {path / 'results.json'}")
     elif not directory and not _streamable(mode) and not stat.S_ISREG(mode):
         raise OutputError(f"{option}: {path} is not a regular file, a character device or a FIFO")
+    elif not _streamable(mode):
+        _check_writable(path if directory else path.parent, option)
     return path
+
+
+def make_folder(path: str | Path, option: str = "output") -> Path:
+    """Create the folder `path` (its parent must exist) or reuse it when it is a real folder;
+    see `check_folder`."""
+    path = Path(path)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        check_folder(path, option)
+    except OSError as exc:
+        raise os_error(path, exc, "create folder") from None
+    return path
+
+
+def check_folder(path: str | Path, option: str = "output") -> None:
+    """OutputError unless `path` is absent or a real folder: a symlink, file or anything else
+    there is refused, so writes never leave the output folder."""
+    path = Path(path)
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise os_error(path, exc, "use") from None
+    if stat.S_ISLNK(mode):
+        raise OutputError(f"{option}: {path} is a symlink; holmes-sim does not write through "
+                          "links it did not create; remove it or choose another folder")
+    if not stat.S_ISDIR(mode):
+        raise OutputError(f"{option}: {path} exists and is not a folder; remove it or choose "
+                          "another folder")
+
+
+LOCK_NAME = ".holmes-sim.lock"
+"""The lock file a run holds in its output folder while it writes there."""
+
+
+@contextlib.contextmanager
+def output_lock(directory: str | Path, option: str = "output") -> Iterator[None]:
+    """Hold `directory`'s lock while writing into it: a second run that writes there at the same
+    time is refused by name (flock on LOCK_NAME, removed again when done)."""
+    path = Path(directory) / LOCK_NAME
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise os_error(path, exc, "lock") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise OutputError(f"{option}: {directory} is being written by another holmes-sim run "
+                              f"(pid {holder}); wait for it to finish or choose another folder") from None
+        if _same_file(fd, path):  # not a lock file an ending run has just removed
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), path.lstat())
+    except OSError:
+        return False
+
+
+def stale_entries(directory: str | Path, written: set[str], patterns: Sequence[str]) -> list[str]:
+    """Names in `directory` that match `patterns` (globs of this kind of output) but that this
+    run did not write: left by an earlier run, so a reader could mix them up with this one's."""
+    directory = Path(directory)
+    found = {p.relative_to(directory).parts[0] for pattern in patterns
+             for p in directory.glob(pattern)}
+    return sorted(found - written - {LOCK_NAME})
 
 
 def write_output(path: str | Path, data: str | bytes) -> None:
@@ -62,20 +176,24 @@ def write_output(path: str | Path, data: str | bytes) -> None:
         return
     mode = _mode(path)
     if mode is not None and _streamable(mode):
-        with open(path, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+        try:
+            with open(path, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+        except OSError as exc:
+            raise os_error(path, exc) from None
         return
     write_atomic(path, data)
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> None:
     """Write `data` to the regular file `path` atomically (same-folder temp file + os.replace);
-    the folder must exist."""
+    the folder must exist. A folder or symlink at `path` is refused, not replaced."""
     path = Path(path)
+    check_file(path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror}") from None
+        raise os_error(path, exc) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the user's usual mode
         with os.fdopen(fd, "wb") as f:
@@ -83,7 +201,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
-        raise OutputError(f"cannot write {path}: {exc.strerror}") from None
+        raise os_error(path, exc) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -94,17 +212,54 @@ def write_json(path: str | Path, document: object) -> None:
     write_output(path, json.dumps(document, indent=2, sort_keys=True) + "\n")
 
 
+def check_file(path: Path) -> None:
+    """OutputError when a folder or a symlink is where the regular file `path` goes."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    if stat.S_ISLNK(mode):
+        raise OutputError(f"cannot write {path}: it is a symlink; holmes-sim does not replace "
+                          "links it did not create; remove it or choose another folder")
+    if stat.S_ISDIR(mode):
+        raise OutputError(f"cannot write {path}: it is a folder; remove it or choose another folder")
+
+
 def _mode(path: Path) -> int | None:
     try:
         return path.stat().st_mode  # follows symlinks: /dev/stdout is judged by what it points to
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise OutputError(f"cannot use {path}: {exc.strerror}") from None
+        raise os_error(path, exc, "use") from None
 
 
 def _streamable(mode: int) -> bool:
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _check_not_kernel(path: Path, option: str) -> None:
+    real = os.path.realpath(path)
+    for root in KERNEL_FILE_SYSTEMS:
+        if real == root or real.startswith(root + "/"):
+            raise OutputError(f"{option}: {path} is on {root}, the kernel's file system, not a "
+                              "place for results; write to a folder on disk")
+
+
+def _check_writable(folder: Path, option: str) -> None:
+    if not os.access(folder, os.W_OK | os.X_OK):
+        code = errno.EROFS if _read_only(folder) else errno.EACCES
+        exc = OSError(code, os.strerror(code))
+        raise OutputError(f"{option}: {os_error(folder, exc)}")
+
+
+def _read_only(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _check_parent(path: Path, option: str) -> None:
@@ -113,13 +268,6 @@ def _check_parent(path: Path, option: str) -> None:
         what = "is not a folder" if parent.exists() else "does not exist"
         raise OutputError(f"{option}: {parent} {what}; create it first (holmes-sim creates no "
                           "parent folders)")
-
-
-def _mkdir(path: Path, option: str) -> None:
-    try:
-        path.mkdir()
-    except OSError as exc:
-        raise OutputError(f"{option}: cannot create folder {path}: {exc.strerror}") from None
 
 
 def _umask() -> int:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from holmes_sim.errors import FieldError, HolmesError
-from holmes_sim.prepare import Prepared
+from holmes_sim.prepare import MAX_MICROBATCHES, Prepared
 from holmes_sim.schedule import check_schedule
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.model.workload import build_workload
@@ -27,6 +27,12 @@ BASELINE_POLICY = "megatron"
 SCENARIO_OPTIMIZER_POLICIES = ("megatron",)
 """Policies whose optimizer comes from the scenario (the others fix their framework's)."""
 _MAX_TP, _MAX_PP, _MICRO_BATCHES = 8, 64, (1, 2, 4, 8, 16)
+MAX_CANDIDATES = 50_000
+"""Most candidates (layout x policy x optimizer) a search evaluates unless raised with
+`--max-candidates`: each takes a few milliseconds on one core, so the default stays within
+minutes (a bundled scenario has about 10,000)."""
+_COUNT_CAP = 100
+"""A search space is counted up to this many times the limit, then reported as 'more than'."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +134,7 @@ def _variants(prepared, search, tp, pp, dp, mb, m) -> Iterator[Layout]:
     for schedule in search.schedule:
         chunks = search.virtual_stages if schedule == "interleaved" else (1,)
         for v in chunks:
-            if pp == 1 and schedule != "1f1b" or layers < pp * v:
+            if pp == 1 and schedule != "1f1b" or layers < pp * v or m * v > MAX_MICROBATCHES:
                 continue
             try:
                 check_schedule(schedule, pp, m, v)
@@ -221,15 +227,19 @@ def confirm(prepared: Prepared, c: Candidate) -> Candidate:
 
 def search(prepared: Prepared, spec: SearchSpec | None = None,
            progress: Callable[[int, int], None] | None = None, jobs: int | None = None,
-           ray: str | None = None) -> PlanSearch:
+           ray: str | None = None, max_candidates: int = MAX_CANDIDATES) -> PlanSearch:
     """Evaluate every layout x policy (x optimizer), rank, confirm the top K (and the baseline)
     by simulation. `progress(done, total)` counts layouts. The analytic part runs in `jobs`
     local worker processes (default: the CPU count; 1: in this process) or, with `ray` ("auto"
     or a cluster address), as Ray tasks; the layouts are cut into contiguous chunks and the
-    results put back in grid order, so every way gives the same ranking."""
-    spec = spec or prepared.scenario.search
+    results put back in grid order, so every way gives the same ranking. A search space of
+    more than `max_candidates` candidates is refused before anything is evaluated."""
+    from holmes_sim.search.scaleout import check_address
+
+    check_address(ray)
+    spec = distinct(spec or prepared.scenario.search)
     start = time.perf_counter()
-    grid = list(layouts(prepared, spec))
+    grid = bounded_grid(prepared, spec, max_candidates)
     if not grid:
         raise FieldError("search", "no layout satisfies the cluster, model and batch; widen the "
                                    "search block (tensor, pipeline, micro_batch_size)")
@@ -240,6 +250,41 @@ def search(prepared: Prepared, spec: SearchSpec | None = None,
         parts = _local_map(prepared, spec, grid, _jobs(jobs, len(grid)), progress)
     results = [c for part in parts for c in part]
     return _rank(prepared, spec, results, start)
+
+
+def distinct(spec: SearchSpec) -> SearchSpec:
+    """`spec` with every list's repeated values removed (first occurrence kept)."""
+    lists = {f: getattr(spec, f) for f in spec.__dataclass_fields__}
+    return replace(spec, **{f: tuple(dict.fromkeys(v)) for f, v in lists.items()
+                            if isinstance(v, tuple)})
+
+
+def settings_per_layout(spec: SearchSpec) -> int:
+    """Candidates each layout gives: one per policy, times the optimizers for the policies
+    that take the scenario's."""
+    return sum(len(spec.optimizer) if p in SCENARIO_OPTIMIZER_POLICIES else 1 for p in spec.policies)
+
+
+def bounded_grid(prepared: Prepared, spec: SearchSpec, max_candidates: int) -> list[Layout]:
+    """Every layout of the search, or FieldError with the candidate count when there are more
+    than `max_candidates` candidates (counted before any is evaluated)."""
+    per = max(1, settings_per_layout(spec))
+    grid: list[Layout] = []
+    count = 0
+    for lay in layouts(prepared, spec):
+        count += per
+        if count <= max_candidates:
+            grid.append(lay)
+        elif count > _COUNT_CAP * max_candidates:
+            break
+    if count > max_candidates:
+        more = "more than " if count > _COUNT_CAP * max_candidates else ""
+        raise FieldError("search", f"{more}{count:,} candidates to evaluate ({per} policy and "
+                         f"optimizer settings per layout), above the limit of {max_candidates:,}; "
+                         "narrow the search: block (fewer tensor, pipeline, micro_batch_size, "
+                         "schedule, virtual_stages, recompute or optimizer values) or raise "
+                         "--max-candidates")
+    return grid
 
 
 def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) -> list[Candidate]:
@@ -255,7 +300,15 @@ def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) ->
 def _jobs(jobs: int | None, n: int) -> int:
     if jobs is not None and jobs < 1:
         raise FieldError("--jobs", f"must be at least 1, got {jobs}")
-    return max(1, min(jobs or os.cpu_count() or 1, 1 + n // 200))
+    return max(1, min(jobs or os.cpu_count() or 1, 1 + n // 200, usable_cores()))
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, else the CPU count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _chunks(grid: list[Layout], count: int) -> list[list[Layout]]:

@@ -13,6 +13,7 @@ import copy
 import csv
 import io
 import itertools
+import math
 import re
 import tempfile
 from collections.abc import Callable, Sequence
@@ -26,10 +27,16 @@ import yaml
 from holmes_sim.errors import HolmesError, ScenarioError
 from holmes_sim.policies import get_policy
 from holmes_sim.prepare import Prepared, prepare
-from holmes_sim.spec.load import load_scenario_text
+from holmes_sim.search.planner import usable_cores
+from holmes_sim.spec.limits import read_text_bounded
+from holmes_sim.spec.load import load_plain, load_scenario_text
 
 METRICS = ("iteration_time_s", "tflops_per_gpu", "samples_per_s", "bubble_fraction",
            "peak_memory_gib", "fits_memory")
+MAX_POINTS = 500
+"""Most points a sweep runs unless raised with `--max-points` (each simulates every policy)."""
+MAX_VALUE_CHARS = 200
+"""Longest `--set` value (a number, name or boolean; longer text is refused before parsing)."""
 _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
 
 
@@ -83,20 +90,28 @@ def parse_set(arg: str) -> SweepAxis:
         raise ScenarioError(f"--set {arg}: expected PATH=V1,V2,... (e.g. "
                             "training.global_batch_size=256,512)")
     tokens = parse_path(path, arg)
+    texts = raw.split(",")
+    if len(texts) > MAX_POINTS * 20:
+        raise ScenarioError(f"--set {path}=...: {len(texts):,} values; a sweep runs at most "
+                            f"{MAX_POINTS:,} points by default, so give fewer values")
     values = []
-    for text in raw.split(","):
+    for text in texts:
         if not text.strip():
             raise ScenarioError(f"--set {arg}: empty value; list values separated by commas")
+        if len(text) > MAX_VALUE_CHARS:
+            raise ScenarioError(f"--set {path}=...: a value of {len(text):,} characters; values are "
+                                f"single numbers, names or booleans (at most {MAX_VALUE_CHARS})")
         try:
-            value = yaml.safe_load(text.strip())
-        except yaml.YAMLError:
+            value = load_plain(text.strip(), f"--set {arg}")
+        except ScenarioError:
             raise ScenarioError(f"--set {arg}: cannot read value '{text.strip()}' as a YAML "
                                 "scalar") from None
         if isinstance(value, dict | list) or value is None:
             raise ScenarioError(f"--set {arg}: value '{text.strip()}' is not a single number, "
                                 "string or boolean")
         values.append(value)
-    return SweepAxis(arg, path, tokens, tuple(values))
+    distinct = {(type(v), v): v for v in values}  # 1 and 1.0 and true stay apart
+    return SweepAxis(arg, path, tokens, tuple(distinct.values()))
 
 
 def parse_path(path: str, arg: str) -> tuple[str | int, ...]:
@@ -148,16 +163,9 @@ def set_path(data: Any, axis: SweepAxis, value: Any) -> None:
 def build_points(path: Path, axes: Sequence[SweepAxis]) -> list[SweepPoint]:
     """Every combination of the axes' values as scenario YAML text (profile paths made absolute
     so they still resolve against the original scenario's folder)."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}; check the path "
-                            "(`holmes-sim scenarios` lists the bundled ones)") from None
-    try:
-        base = yaml.safe_load(text)
-    except yaml.YAMLError:
-        load_scenario_text(text, str(path))  # raises the loader's message, with the line
-        raise
+    text = read_text_bounded(path, "scenario", "check the path (`holmes-sim scenarios` lists "
+                             "the bundled ones)")
+    base = load_plain(text, str(path))
     if not isinstance(base, dict):
         raise ScenarioError(f"{path}: a scenario must be a mapping of keys (clusters, model, ...)")
     points = []
@@ -250,7 +258,7 @@ def _row(point: SweepPoint, axes: Sequence[SweepAxis], policy: str, record: dict
 def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | None = None,
               jobs: int | None = None,
               progress: Callable[[int, int], None] | None = None,
-              ray: str | None = None) -> SweepResult:
+              ray: str | None = None, max_points: int = MAX_POINTS) -> SweepResult:
     """Run every combination of the `--set` values; rows in cartesian-product order.
 
     Args:
@@ -266,24 +274,21 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
     skipped.
 
     Raises:
-        ScenarioError: for a bad `--set`, or when no point is valid, before anything runs.
+        ScenarioError: for a bad `--set`, more than `max_points` points (repeated values
+            count once), or when no point is valid, before anything runs.
     """
+    from holmes_sim.search.scaleout import check_address
+
+    check_address(ray)
     path = Path(path)
-    if not sets:
-        raise ScenarioError("give at least one --set PATH=V1,V2,...")
-    axes = [parse_set(s) for s in sets]
-    seen = [a.path for a in axes]
-    for a in axes:
-        if seen.count(a.path) > 1:
-            raise ScenarioError(f"--set {a.arg}: {a.path} is swept more than once; give its "
-                                "values in one --set")
+    axes = parse_axes(sets, max_points)
     points = build_points(path, axes)
     for point in points:
         check_point_fields(point, path, axes)
     names = list(policies or _first_valid(points, path, axes).scenario.policies)
     for name in names:
         get_policy(name, "--policy")
-    jobs = max(1, jobs if jobs is not None else min(2, len(points)))
+    jobs = max(1, min(jobs if jobs is not None else 2, len(points), usable_cores()))
     results: dict[int, list[dict]] = {}
     if progress:
         progress(0, len(points))
@@ -306,6 +311,29 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
                     progress(len(results), len(points))
     rows = [row for p in points for row in results[p.index]]
     return SweepResult(str(path), axes, names, rows)
+
+
+def parse_axes(sets: Sequence[str], max_points: int) -> list[SweepAxis]:
+    """The `--set` arguments as axes, each field swept once, at most `max_points` points."""
+    if not sets:
+        raise ScenarioError("give at least one --set PATH=V1,V2,...")
+    axes = [parse_set(s) for s in sets]
+    seen = [a.path for a in axes]
+    for a in axes:
+        if seen.count(a.path) > 1:
+            raise ScenarioError(f"--set {a.arg}: {a.path} is swept more than once; give its "
+                                "values in one --set")
+    check_point_count(axes, max_points)
+    return axes
+
+
+def check_point_count(axes: Sequence[SweepAxis], max_points: int) -> None:
+    """ScenarioError when the axes make more than `max_points` points."""
+    count = math.prod(len(a.values) for a in axes)
+    if count > max_points:
+        sizes = " x ".join(f"{len(a.values)} ({a.path})" for a in axes)
+        raise ScenarioError(f"--set: {sizes} = {count:,} points, above the limit of "
+                            f"{max_points:,}; give fewer values or raise --max-points")
 
 
 def _first_valid(points: Sequence[SweepPoint], path: Path, axes: Sequence[SweepAxis]) -> Prepared:
@@ -334,18 +362,19 @@ def sweep_csv(result: SweepResult) -> str:
 def write_sweep(directory: str | Path, result: SweepResult) -> None:
     """Write sweep.csv, sweep.json, sweep_iteration_time.png and sweep_tflops.png."""
     from holmes_sim.report import plots
-    from holmes_sim.report.files import prepare_output, write_atomic, write_json
+    from holmes_sim.report.files import output_lock, prepare_output, write_atomic, write_json
     from holmes_sim.runner import stamp
 
     directory = prepare_output(directory, directory=True, option="--out")
-    write_atomic(directory / "sweep.csv", sweep_csv(result))
-    write_json(directory / "sweep.json", stamp(result.to_json()))
-    plots.save_figure(plots.sweep_figure(result.rows, result.fields, "iteration_time_s",
-                                         "iteration time (s)"),
-                      directory / "sweep_iteration_time.png")
-    plots.save_figure(plots.sweep_figure(result.rows, result.fields, "tflops_per_gpu",
-                                         "TFLOP/s per GPU"),
-                      directory / "sweep_tflops.png")
+    with output_lock(directory, "--out"):
+        write_atomic(directory / "sweep.csv", sweep_csv(result))
+        write_json(directory / "sweep.json", stamp(result.to_json()))
+        plots.save_figure(plots.sweep_figure(result.rows, result.fields, "iteration_time_s",
+                                             "iteration time (s)"),
+                          directory / "sweep_iteration_time.png")
+        plots.save_figure(plots.sweep_figure(result.rows, result.fields, "tflops_per_gpu",
+                                             "TFLOP/s per GPU"),
+                          directory / "sweep_tflops.png")
 
 
 def sweep_table(result: SweepResult) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from holmes_sim.errors import ScenarioError
@@ -12,15 +13,16 @@ MAX_FILE_BYTES = 1 << 20
 
 
 def read_text_bounded(path: Path, what: str, fix: str, limit: int = MAX_FILE_BYTES) -> str:
-    """The UTF-8 text of `path`, reading at most `limit` + 1 bytes (so /dev/zero is refused too).
+    """The UTF-8 text of the regular file `path`, reading at most `limit` + 1 bytes.
 
     Raises:
-        ScenarioError: unreadable, larger than `limit`, or not UTF-8 text; `fix` says what to do
-            when it cannot be read.
+        ScenarioError: unreadable, not a regular file (a folder, FIFO or device), larger
+            than `limit`, or not UTF-8 text; `fix` says what to do when it cannot be read.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without a writer
         try:
+            _check_regular(path, os.fstat(fd).st_mode, what)
             data = _read_up_to(fd, limit + 1)
         finally:
             os.close(fd)
@@ -36,6 +38,19 @@ def read_text_bounded(path: Path, what: str, fix: str, limit: int = MAX_FILE_BYT
         line = data.count(b"\n", 0, exc.start) + 1
         raise ScenarioError(f"{path}:{line}: {what} file is not UTF-8 text (byte {exc.start}); "
                             "save it as UTF-8") from None
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _check_regular(path: Path, mode: int, what: str) -> None:
+    """ScenarioError unless `mode` is a regular file's (a FIFO would hang, /dev/zero never end)."""
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise ScenarioError(f"{path}: cannot read {what} file: it is {kind}, not a regular file; "
+                            f"give the path of a {what} file")
 
 
 def _read_up_to(fd: int, size: int) -> bytes:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from holmes_sim.errors import FieldError, ScenarioError
-from holmes_sim.spec.limits import read_text_bounded
+from holmes_sim.spec.limits import MAX_FILE_BYTES, read_text_bounded
 from holmes_sim.spec.scenario import Scenario
 
 MAX_DEPTH = 32
@@ -158,6 +158,54 @@ def load_scenario_text(text: str, source: str = "<scenario>",
         except FieldError as exc:
             raise doc.error(exc.path, exc.message) from None
     return scenario
+
+
+def load_plain(text: str, source: str) -> Any:
+    """YAML text -> plain Python values within the loader's limits (depth, aliases, values,
+    tags), before any schema check; ScenarioError naming `source` and the line otherwise."""
+    node = compose_limited(text, source)
+    return None if node is None else _to_python(node, "", _Doc(source), [0])
+
+
+def mapping_text(data: Any, source: str) -> str:
+    """A scenario given as a mapping, as the YAML text a file would hold, within the same limits
+    (depth, values, MAX_FILE_BYTES); ScenarioError naming the field that is not a plain value."""
+    budget = [0, 0]  # values seen, characters of text seen
+    plain = _plain(data, "", budget, source)
+    text = yaml.safe_dump(plain, sort_keys=False)
+    if len(text.encode()) > MAX_FILE_BYTES:
+        raise ScenarioError(f"{source}: larger than the limit of {MAX_FILE_BYTES // 1024} KiB "
+                            "of a scenario file; is it the right mapping?")
+    return text
+
+
+def _plain(value: Any, path: str, budget: list[int], source: str, depth: int = 0) -> Any:
+    """`value` as plain YAML values (str, int, float, bool, None, lists and str-keyed dicts)."""
+    def fail(message: str) -> ScenarioError:
+        return ScenarioError(printable(f"{source}: {path or '(top level)'}: {message}"))
+
+    budget[0] += 1
+    if budget[0] > MAX_VALUES or budget[1] > MAX_FILE_BYTES:
+        raise fail(f"more than {MAX_VALUES} values or {MAX_FILE_BYTES // 1024} KiB of text")
+    if depth > MAX_DEPTH:
+        raise fail(f"nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise fail(f"key {key!r:.40} is a {type(key).__name__}; keys are names (str)")
+            budget[1] += len(key)
+        return {k: _plain(v, _join(path, k), budget, source, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v, f"{path}[{i}]", budget, source, depth + 1) for i, v in enumerate(value)]
+    if isinstance(value, str):
+        budget[1] += len(value)
+        if budget[1] > MAX_FILE_BYTES:
+            raise fail(f"more than {MAX_FILE_BYTES // 1024} KiB of text")
+        return value
+    if value is None or type(value) in (bool, int, float):
+        return value
+    raise fail(f"a {type(value).__module__}.{type(value).__name__} is not a plain value; give "
+               "a str, int, float, bool, list or dict (e.g. int(x), float(x), str(path))")
 
 
 class _LimitedLoader(yaml.SafeLoader):
@@ -365,6 +413,10 @@ def _check_text(text: str, path: str, doc: _Doc, free: bool) -> None:
 
 
 def _check_rule(name: str, value: Any, path: str, doc: _Doc) -> None:
+    if isinstance(value, tuple):  # a list of values (search.virtual_stages): each one in range
+        for i, item in enumerate(value):
+            _check_rule(name, item, f"{path}[{i}]", doc)
+        return
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
     bound = FIELD_BOUNDS.get(name, Bound(-MAX_NUMBER, MAX_NUMBER))

@@ -15,6 +15,37 @@ LOAD_WINDOW_S = 5.0
 """How long `recent_load` samples the run queue before a run, seconds."""
 
 
+RANKS_PER_CORE = 8
+"""Most testbed ranks (processes) per CPU core: each waits on the network most of the time."""
+RANK_MEMORY_BYTES = 400 * 2**20
+"""Memory one rank process takes (torch, gloo and the small testbed model)."""
+
+
+def max_ranks() -> int:
+    """The most ranks this host runs at once: RANKS_PER_CORE per usable core (at least 16), and
+    no more than the available memory holds at RANK_MEMORY_BYTES each."""
+    import os
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    by_memory = _available_memory() // RANK_MEMORY_BYTES
+    return max(1, min(max(16, RANKS_PER_CORE * cores), by_memory or 1 << 30))
+
+
+def _available_memory() -> int:
+    """MemAvailable of /proc/meminfo in bytes (0 when it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _procs_running() -> int:
     """Tasks running or runnable on the host now (`procs_running` of /proc/stat)."""
     with open("/proc/stat") as f:

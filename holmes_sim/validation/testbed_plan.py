@@ -87,13 +87,17 @@ def check_testbed(prepared: Prepared) -> None:
         if not 0 < link.bandwidth_gbit_per_s * 1e9 <= tbmod.MAX_RATE_BIT_PER_S:
             raise FieldError(f"inter_cluster_links[{i}].bandwidth_gbit_per_s",
                              "cannot be shaped on the testbed")
+        _check_rate_carries(link.bandwidth_gbit_per_s * 1e9, smallest_rate_bit_per_s(prepared),
+                            f"inter_cluster_links[{i}].bandwidth_gbit_per_s")
     if len(nodes) > tbmod.MAX_NODES:
         raise FieldError("clusters", f"{len(nodes)} nodes; the testbed emulates at most "
                                      f"{tbmod.MAX_NODES} (one address each in a /24)")
+    _check_rank_count(prepared.cluster.num_gpus)
     fabrics = list(dict.fromkeys(nic.fabric for n in nodes for nic in n.nics))
     if len(fabrics) > tbmod.MAX_FABRICS:
         raise FieldError("fabrics", f"{len(fabrics)} fabrics; the testbed has at most "
                                     f"{tbmod.MAX_FABRICS}")
+    least = smallest_rate_bit_per_s(prepared)
     on_fabric: dict[str, list[tuple[str, str]]] = {}
     for i, (node, name_path, nic_paths) in enumerate(zip(nodes, *_node_paths(prepared), strict=True)):
         problem = tbmod.name_problem(node.name)
@@ -103,7 +107,7 @@ def check_testbed(prepared: Prepared) -> None:
         if len(nic_paths) != len(node.nics):  # NICs split by `gpus`: name the group's list
             nic_paths = [name_path.rsplit(".", 1)[0] + ".nics"] * len(node.nics)
         for nic, nic_path in zip(node.nics, nic_paths, strict=True):
-            _check_testbed_nic(i, fabrics.index(nic.fabric), nic, nic_path)
+            _check_testbed_nic(i, fabrics.index(nic.fabric), nic, nic_path, least)
             on_fabric.setdefault(nic.fabric, []).append((node.name, nic_path))
     for fabric, members in on_fabric.items():
         if len(members) < 2:
@@ -112,7 +116,42 @@ def check_testbed(prepared: Prepared) -> None:
                              "calibration measures between two nodes, so give it a second one")
 
 
-def _check_testbed_nic(i: int, j: int, nic, path: str) -> None:
+def _check_rank_count(ranks: int) -> None:
+    from holmes_sim.validation.host import max_ranks
+
+    if ranks > max_ranks():
+        raise FieldError("clusters", f"{ranks} GPUs, one rank process each; this host runs at "
+                                     f"most {max_ranks()} (its cores and memory); use fewer nodes "
+                                     "or gpus_per_node")
+
+
+def smallest_rate_bit_per_s(prepared: Prepared) -> float:
+    """The lowest NIC rate (bit/s) that carries the run's largest message within half of
+    gloo's operation timeout: a ring all-reduce moves about twice its buffer through each NIC
+    (Patarasuk and Yuan 2009), the other half is left for compute and the other messages."""
+    from holmes_sim.spec.scenario import TestbedSpec
+
+    spec = prepared.scenario.testbed or TestbedSpec()
+    w = prepared.workload
+    largest = max(min(w.bucket_bytes, w.grad_bytes_of(w.total_params)), w.tp_allreduce_bytes(),
+                  spec.link_probe_bytes)
+    return max(MIN_RATE_BIT_PER_S, 2 * largest * 8 / (min(GLOO_TIMEOUT_S, spec.timeout_s) / 2))
+
+
+MIN_RATE_BIT_PER_S = 8.0
+"""tc shapes whole bytes per second."""
+GLOO_TIMEOUT_S = 60.0
+"""The real run's gloo operation timeout (seconds; `real_run._run_real`, at most the
+testbed's timeout_s)."""
+
+
+def _check_rate_carries(rate: float, least: float, path: str) -> None:
+    if rate < least:
+        raise FieldError(path, f"{rate:g} bit/s cannot carry the run's largest message within "
+                               f"gloo's timeout; give at least {least / 1e9:.3g} Gbit/s")
+
+
+def _check_testbed_nic(i: int, j: int, nic, path: str, least: float = MIN_RATE_BIT_PER_S) -> None:
     from holmes_sim.backend import topology as tbmod
 
     longest = max((nic.name, tbmod.peer_name(i, j), tbmod.bridge_name(j)), key=len)
@@ -123,6 +162,7 @@ def _check_testbed_nic(i: int, j: int, nic, path: str) -> None:
     if not 0 < rate <= tbmod.MAX_RATE_BIT_PER_S:
         raise FieldError(f"{path}.bandwidth_gbit_per_s", f"{rate / 1e9:g} Gbit/s cannot be "
                          f"shaped on the testbed (at most {tbmod.MAX_RATE_BIT_PER_S / 1e9:g})")
+    _check_rate_carries(rate, least, f"{path}.bandwidth_gbit_per_s")
 
 
 def _node_paths(prepared: Prepared) -> tuple[list[str], list[list[str]]]:
