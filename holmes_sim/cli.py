@@ -153,15 +153,12 @@ def _write_report(directory: Path, prepared, outcomes) -> None:
 
 
 def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
-    from holmes_sim.report.tables import results_table, table_width
+    from holmes_sim.report.tables import print_table, results_table
 
     title = f"{prepared.scenario.name}: {prepared.cluster.num_gpus} GPUs, TP {prepared.tp} " \
             f"PP {prepared.pp} DP {prepared.dp}, {prepared.num_microbatches} micro-batches " \
             f"({prepared.scenario.parallel.schedule})"
-    table = results_table(title, outcomes, console.width, wide)
-    if table_width(table) > console.width:  # --wide on a narrow console: print whole, unwrapped
-        console = Console(stderr=console.stderr, width=table_width(table))
-    console.print(table)
+    print_table(console, results_table(title, outcomes, console.width, wide), wide)
 
 
 def _check_policy_names(names: list[str] | None) -> list[str] | None:
@@ -238,12 +235,13 @@ def validate(
     json_path: Annotated[Path | None, typer.Option(
         "--json", help="Write the comparison as JSON ('-': standard output).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write figures and report.md here.")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
 ) -> None:
     """Run plans for real with torch.distributed on an emulated testbed and compare with the
     simulator's predictions (exit 1 when a case leaves the tolerance)."""
     if published:  # simulation only: no torch, no testbed
         try:
-            _validate_published(json_path)
+            _validate_published(json_path, wide)
         except HolmesError as exc:
             raise _fail(exc) from None
         return
@@ -256,7 +254,7 @@ def validate(
     except HolmesError as exc:
         raise _fail(exc) from None
     if result is not None:
-        _print_verdict(result, json_path)
+        _print_verdict(result, json_path, wide)
 
 
 def _require_torch() -> None:
@@ -307,12 +305,14 @@ def _write_validation(result, json_path: Path | None, report: Path | None) -> No
         write_validation_report(report, result)
 
 
-def _print_verdict(result, json_path: Path | None) -> None:
+def _print_verdict(result, json_path: Path | None, wide: bool = False) -> None:
     """The comparison table; exit 3 when the host gave no verdict, 1 when a case is out of
     tolerance."""
+    from holmes_sim.report.tables import print_table
     from holmes_sim.validation.comparison import comparison_table
 
-    (err if _is_stdout(json_path) else out).print(comparison_table(result))
+    console = err if _is_stdout(json_path) else out
+    print_table(console, comparison_table(result, console.width, wide), wide)
     if result.host_unstable:  # before the verdict: on such a host it would not mean anything
         for w in result.host_warnings:
             err.print(f"error: {w}; no verdict", highlight=False, markup=False, soft_wrap=True)
@@ -321,8 +321,9 @@ def _print_verdict(result, json_path: Path | None) -> None:
         raise typer.Exit(1)
 
 
-def _validate_published(json_path: Path | None) -> None:
+def _validate_published(json_path: Path | None, wide: bool = False) -> None:
     """`validate --published`: print both tables, exit 1 outside the tolerances."""
+    from holmes_sim.report.tables import print_table
     from holmes_sim.validation.published import check, check_table, paper_table
     from holmes_sim.report.files import write_json
     from holmes_sim.runner import stamp
@@ -332,8 +333,8 @@ def _validate_published(json_path: Path | None) -> None:
     if json_path is not None:
         write_json(json_path, stamp(result.to_json()))
     console = err if _is_stdout(json_path) else out
-    console.print(check_table(result))
-    console.print(paper_table(result))
+    print_table(console, check_table(result, console.width, wide), wide)
+    print_table(console, paper_table(result, console.width, wide), wide)
     if not result.within_tolerance:
         raise typer.Exit(1)
 
@@ -377,6 +378,7 @@ def plan(
     ray: Annotated[str | None, typer.Option(
         "--ray", help="Run the analytic search as Ray tasks: 'auto' (a running cluster, else a "
                       "local one) or a cluster address. Same ranking as the local run.")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
 ) -> None:
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
     confirm the best by simulation, compare with the best Megatron-LM default layout."""
@@ -385,6 +387,7 @@ def plan(
     from holmes_sim.search import planner
     from holmes_sim.prepare import prepare
     from holmes_sim.report.files import prepare_output, write_json
+    from holmes_sim.report.tables import print_table
     from holmes_sim.search.report import infeasible_summary, plan_table, why_the_winner_wins
     from holmes_sim.runner import stamp
 
@@ -404,7 +407,7 @@ def plan(
     except HolmesError as exc:
         raise _fail(exc) from None
     console = err if _is_stdout(json_path) else out
-    console.print(plan_table(result, rows))
+    print_table(console, plan_table(result, rows, console.width, wide), wide)
     for line in [why_the_winner_wins(result), *infeasible_summary(result)]:
         if line:
             console.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -428,8 +431,8 @@ def _export_plans(directory: Path, prepared, result) -> None:
 def sweep(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
     sets: Annotated[list[str], typer.Option("--set", help="PATH=V1,V2,... a scenario field by "
-                    "dotted path with \\[index], e.g. inter_cluster_links[0].bandwidth_gbit_per_s="
-                    "50,100,200 (repeatable: every combination runs).")],
+                    "dotted path with [index], e.g. clusters[0].nodes[0].count=2,4 or "
+                    "training.micro_batch_size=1,2,4 (repeatable: every combination runs).")],
     policy: Annotated[list[str] | None, typer.Option(
         "--policy", "-p", help="Only these policies (repeatable); default: the scenario's list.",
     )] = None,
@@ -441,10 +444,12 @@ def sweep(
         "--ray", help="Run the points as Ray tasks: 'auto' (a running cluster, else a local "
                       "one) or a cluster address. Same rows as the local run.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
 ) -> None:
     """Run a scenario for every combination of field values and tabulate and plot the results."""
     from rich.progress import Progress
 
+    from holmes_sim.report.tables import print_table
     from holmes_sim.search.sweep import run_sweep, sweep_table, write_sweep
 
     try:
@@ -458,7 +463,7 @@ def sweep(
     except HolmesError as exc:
         raise _fail(exc) from None
     if not quiet:
-        out.print(sweep_table(result))
+        print_table(out, sweep_table(result, out.width, wide), wide)
     skipped = sorted({r["point"] for r in result.rows if r["status"] == "infeasible"})
     if skipped:
         err.print(f"warning: {len(skipped)} point(s) infeasible and skipped (point "
