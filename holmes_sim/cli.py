@@ -72,6 +72,9 @@ def run(
         "--plans", help="Write each policy's plan (plan_<policy>.json) and, per real policy, a "
                         "launch folder: hostfile, launch.sh (torchrun per node), Megatron-LM and "
                         "Holmes arguments, NCCL settings (docs/validation.md).")] = None,
+    hosts: Annotated[Path | None, typer.Option(
+        "--hosts", help="With --plans/--export: the real host names of the plan's nodes, one a "
+                        "line in the plan's node order; launch.sh matches nodes by them.")] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
     full_simulation: Annotated[bool, typer.Option(
@@ -92,7 +95,8 @@ def run(
         if json_path is not None:
             write_json(json_path, stamp(results_document(prepared, outcomes, prepared.scenario.seed)))
         if plans is not None:
-            _write_plans(prepare_output(plans, directory=True, option="--plans"), prepared, outcomes)
+            _write_plans(prepare_output(plans, directory=True, option="--plans"), prepared, outcomes,
+                         hosts)
         if report is not None:
             _write_report(report, prepared, outcomes)
     except HolmesError as exc:
@@ -123,7 +127,7 @@ def _is_stdout(path: Path | None) -> bool:
         return False
 
 
-def _write_plans(directory: Path, prepared, outcomes) -> None:
+def _write_plans(directory: Path, prepared, outcomes, hosts: Path | None = None) -> None:
     """plan_<policy>.json per policy, and a launchable folder per real (non-reference) policy."""
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
     from holmes_sim.report.files import write_atomic
@@ -134,11 +138,18 @@ def _write_plans(directory: Path, prepared, outcomes) -> None:
         if o.plan.policy in REFERENCE_POLICIES:
             skipped.append(o.plan.policy)
             continue
-        launch_files(o.plan, o.cluster, prepared.workload,
-                     prepared.scenario.training.precision).write(directory / o.plan.policy)
+        launch_files(o.plan, o.cluster, prepared.workload, prepared.scenario.training.precision,
+                     hosts=_hosts(hosts, o.plan, o.cluster)).write(directory / o.plan.policy)
     if skipped:
         err.print(f"note: no launch files for {', '.join(skipped)}: references on a hypothetical "
                   "network, not placements for this cluster", highlight=False, markup=False)
+
+
+def _hosts(path: Path | None, plan, cluster) -> list[str] | None:
+    """The host names in `path` for the plan's nodes, or None without --hosts."""
+    from holmes_sim.export.launch import node_order, read_hosts
+
+    return None if path is None else read_hosts(path, len(node_order(plan, cluster)))
 
 
 def _write_report(directory: Path, prepared, outcomes) -> None:
@@ -378,6 +389,9 @@ def plan(
     ray: Annotated[str | None, typer.Option(
         "--ray", help="Run the analytic search as Ray tasks: 'auto' (a running cluster, else a "
                       "local one) or a cluster address. Same ranking as the local run.")] = None,
+    hosts: Annotated[Path | None, typer.Option(
+        "--hosts", help="With --plans/--export: the real host names of the plan's nodes, one a "
+                        "line in the plan's node order; launch.sh matches nodes by them.")] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
 ) -> None:
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
@@ -403,7 +417,8 @@ def plan(
         if json_path is not None:
             write_json(json_path, stamp(result.to_json()))
         if export is not None:
-            _export_plans(prepare_output(export, directory=True, option="--export"), prepared, result)
+            _export_plans(prepare_output(export, directory=True, option="--export"), prepared, result,
+                          hosts)
     except HolmesError as exc:
         raise _fail(exc) from None
     console = err if _is_stdout(json_path) else out
@@ -413,7 +428,7 @@ def plan(
             console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
-def _export_plans(directory: Path, prepared, result) -> None:
+def _export_plans(directory: Path, prepared, result, hosts: Path | None = None) -> None:
     """A launch folder per simulated (confirmed) plan: <rank>-<policy>/."""
     from holmes_sim.search import planner
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
@@ -423,8 +438,8 @@ def _export_plans(directory: Path, prepared, result) -> None:
     for rank, c in enumerate(confirmed, 1):
         p = planner.prepared_for(prepared, c.layout)
         plan_, cluster = plan_policy(p, c.policy)
-        launch_files(plan_, cluster, p.workload, p.scenario.training.precision).write(
-            directory / f"{rank}-{c.policy}")
+        launch_files(plan_, cluster, p.workload, p.scenario.training.precision,
+                     hosts=_hosts(hosts, plan_, cluster)).write(directory / f"{rank}-{c.policy}")
 
 
 @app.command()
