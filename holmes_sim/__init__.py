@@ -5,6 +5,7 @@ the package imports nothing heavy (no torch, simpy or matplotlib).
 """
 
 from holmes_sim.api import PolicyResult, Simulation, simulate
+from holmes_sim.errors import HolmesError
 from holmes_sim.version import __version__
 
-__all__ = ["PolicyResult", "Simulation", "simulate", "__version__"]
+__all__ = ["HolmesError", "PolicyResult", "Simulation", "simulate", "__version__"]

@@ -72,6 +72,9 @@ def run(
         "--plans", help="Write each policy's plan (plan_<policy>.json) and, per real policy, a "
                         "launch folder: hostfile, launch.sh (torchrun per node), Megatron-LM and "
                         "Holmes arguments, NCCL settings (docs/validation.md).")] = None,
+    hosts: Annotated[Path | None, typer.Option(
+        "--hosts", help="With --plans/--export: the real host names of the plan's nodes, one a "
+                        "line in the plan's node order; launch.sh matches nodes by them.")] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
     full_simulation: Annotated[bool, typer.Option(
@@ -92,7 +95,8 @@ def run(
         if json_path is not None:
             write_json(json_path, stamp(results_document(prepared, outcomes, prepared.scenario.seed)))
         if plans is not None:
-            _write_plans(prepare_output(plans, directory=True, option="--plans"), prepared, outcomes)
+            _write_plans(prepare_output(plans, directory=True, option="--plans"), prepared, outcomes,
+                         hosts)
         if report is not None:
             _write_report(report, prepared, outcomes)
     except HolmesError as exc:
@@ -123,7 +127,7 @@ def _is_stdout(path: Path | None) -> bool:
         return False
 
 
-def _write_plans(directory: Path, prepared, outcomes) -> None:
+def _write_plans(directory: Path, prepared, outcomes, hosts: Path | None = None) -> None:
     """plan_<policy>.json per policy, and a launchable folder per real (non-reference) policy."""
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
     from holmes_sim.report.files import (check_file, check_folder, output_lock, stale_entries,
@@ -139,13 +143,20 @@ def _write_plans(directory: Path, prepared, outcomes) -> None:
             if o.plan.policy in REFERENCE_POLICIES:
                 skipped.append(o.plan.policy)
                 continue
-            launch_files(o.plan, o.cluster, prepared.workload,
-                         prepared.scenario.training.precision).write(directory / o.plan.policy)
+            launch_files(o.plan, o.cluster, prepared.workload, prepared.scenario.training.precision,
+                         hosts=_hosts(hosts, o.plan, o.cluster)).write(directory / o.plan.policy)
     written = {n for o in outcomes for n in (f"plan_{o.plan.policy}.json", o.plan.policy)}
     _note_stale("--plans", directory, stale_entries(directory, written, ["plan_*.json", "*/launch.sh"]))
     if skipped:
         err.print(f"note: no launch files for {', '.join(skipped)}: references on a hypothetical "
                   "network, not placements for this cluster", highlight=False, markup=False)
+
+
+def _hosts(path: Path | None, plan, cluster) -> list[str] | None:
+    """The host names in `path` for the plan's nodes, or None without --hosts."""
+    from holmes_sim.export.launch import node_order, read_hosts
+
+    return None if path is None else read_hosts(path, len(node_order(plan, cluster)))
 
 
 def _write_report(directory: Path, prepared, outcomes) -> None:
@@ -176,15 +187,12 @@ def _note_stale(option: str, directory: Path, names: list[str]) -> None:
 
 
 def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
-    from holmes_sim.report.tables import results_table, table_width
+    from holmes_sim.report.tables import print_table, results_table
 
     title = f"{prepared.scenario.name}: {prepared.cluster.num_gpus} GPUs, TP {prepared.tp} " \
             f"PP {prepared.pp} DP {prepared.dp}, {prepared.num_microbatches} micro-batches " \
             f"({prepared.scenario.parallel.schedule})"
-    table = results_table(title, outcomes, console.width, wide)
-    if table_width(table) > console.width:  # --wide on a narrow console: print whole, unwrapped
-        console = Console(stderr=console.stderr, width=table_width(table))
-    console.print(table)
+    print_table(console, results_table(title, outcomes, console.width, wide), wide)
 
 
 def _check_policy_names(names: list[str] | None) -> list[str] | None:
@@ -262,6 +270,7 @@ def validate(
     json_path: Annotated[Path | None, typer.Option(
         "--json", help="Write the comparison as JSON ('-': standard output).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write figures and report.md here.")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
 ) -> None:
     """Run plans for real with torch.distributed on an emulated testbed and compare with the
     simulator's predictions (exit 1 when a case leaves the tolerance)."""
@@ -271,7 +280,7 @@ def validate(
                                            "--policy": policy, "--iterations": iterations is not None,
                                            "--compute": compute, "--report": report,
                                            "a testbed": testbed})
-            _validate_published(json_path)
+            _validate_published(json_path, wide)
         except HolmesError as exc:
             raise _fail(exc) from None
         return
@@ -284,7 +293,7 @@ def validate(
     except HolmesError as exc:
         raise _fail(exc) from None
     if result is not None:
-        _print_verdict(result, json_path)
+        _print_verdict(result, json_path, wide)
 
 
 def _refuse_unused(mode: str, given: dict[str, object]) -> None:
@@ -344,12 +353,14 @@ def _write_validation(result, json_path: Path | None, report: Path | None) -> No
         write_validation_report(report, result)
 
 
-def _print_verdict(result, json_path: Path | None) -> None:
+def _print_verdict(result, json_path: Path | None, wide: bool = False) -> None:
     """The comparison table; exit 3 when the host gave no verdict, 1 when a case is out of
     tolerance."""
+    from holmes_sim.report.tables import print_table
     from holmes_sim.validation.comparison import comparison_table
 
-    (err if _is_stdout(json_path) else out).print(comparison_table(result))
+    console = err if _is_stdout(json_path) else out
+    print_table(console, comparison_table(result, console.width, wide), wide)
     if result.host_unstable:  # before the verdict: on such a host it would not mean anything
         for w in result.host_warnings:
             err.print(f"error: {w}; no verdict", highlight=False, markup=False, soft_wrap=True)
@@ -358,8 +369,9 @@ def _print_verdict(result, json_path: Path | None) -> None:
         raise typer.Exit(1)
 
 
-def _validate_published(json_path: Path | None) -> None:
+def _validate_published(json_path: Path | None, wide: bool = False) -> None:
     """`validate --published`: print both tables, exit 1 outside the tolerances."""
+    from holmes_sim.report.tables import print_table
     from holmes_sim.validation.published import check, check_table, paper_table
     from holmes_sim.report.files import write_json
     from holmes_sim.runner import stamp
@@ -369,8 +381,8 @@ def _validate_published(json_path: Path | None) -> None:
     if json_path is not None:
         write_json(json_path, stamp(result.to_json()))
     console = err if _is_stdout(json_path) else out
-    console.print(check_table(result))
-    console.print(paper_table(result))
+    print_table(console, check_table(result, console.width, wide), wide)
+    print_table(console, paper_table(result, console.width, wide), wide)
     if not result.within_tolerance:
         raise typer.Exit(1)
 
@@ -417,6 +429,10 @@ def plan(
     max_candidates: Annotated[int, typer.Option(
         "--max-candidates", min=1, max=10**8, help="Refuse a search of more candidates (layout "
         "x policy x optimizer) than this, counted before the search starts.")] = 50_000,
+    hosts: Annotated[Path | None, typer.Option(
+        "--hosts", help="With --plans/--export: the real host names of the plan's nodes, one a "
+                        "line in the plan's node order; launch.sh matches nodes by them.")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
 ) -> None:
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
     confirm the best by simulation, compare with the best Megatron-LM default layout."""
@@ -425,6 +441,7 @@ def plan(
     from holmes_sim.search import planner
     from holmes_sim.prepare import prepare
     from holmes_sim.report.files import prepare_output, write_json
+    from holmes_sim.report.tables import print_table
     from holmes_sim.search.report import infeasible_summary, plan_table, why_the_winner_wins
     from holmes_sim.runner import stamp
 
@@ -442,11 +459,12 @@ def plan(
         if json_path is not None:
             write_json(json_path, stamp(result.to_json()))
         if export is not None:
-            _export_plans(prepare_output(export, directory=True, option="--export"), prepared, result)
+            _export_plans(prepare_output(export, directory=True, option="--export"), prepared, result,
+                          hosts)
     except HolmesError as exc:
         raise _fail(exc) from None
     console = err if _is_stdout(json_path) else out
-    console.print(plan_table(result, rows))
+    print_table(console, plan_table(result, rows, console.width, wide), wide)
     for line in [why_the_winner_wins(result), *infeasible_summary(result)]:
         if line:
             console.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -473,7 +491,7 @@ def _check_export_targets(export: Path, spec) -> None:
                 check_folder(export / f"{rank}-{policy}", "--export")
 
 
-def _export_plans(directory: Path, prepared, result) -> None:
+def _export_plans(directory: Path, prepared, result, hosts: Path | None = None) -> None:
     """A launch folder per simulated (confirmed) plan: <rank>-<policy>/."""
     from holmes_sim.search import planner
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
@@ -488,8 +506,8 @@ def _export_plans(directory: Path, prepared, result) -> None:
         for rank, c in enumerate(confirmed, 1):
             p = planner.prepared_for(prepared, c.layout)
             plan_, cluster = plan_policy(p, c.policy)
-            launch_files(plan_, cluster, p.workload, p.scenario.training.precision).write(
-                directory / f"{rank}-{c.policy}")
+            launch_files(plan_, cluster, p.workload, p.scenario.training.precision,
+                         hosts=_hosts(hosts, plan_, cluster)).write(directory / f"{rank}-{c.policy}")
     written = {f"{rank}-{c.policy}" for rank, c in enumerate(confirmed, 1)}
     _note_stale("--export", directory, stale_entries(directory, written, ["*/launch.sh"]))
 
@@ -498,8 +516,8 @@ def _export_plans(directory: Path, prepared, result) -> None:
 def sweep(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
     sets: Annotated[list[str], typer.Option("--set", help="PATH=V1,V2,... a scenario field by "
-                    "dotted path with \\[index], e.g. inter_cluster_links[0].bandwidth_gbit_per_s="
-                    "50,100,200 (repeatable: every combination runs).")],
+                    "dotted path with [index], e.g. clusters[0].nodes[0].count=2,4 or "
+                    "training.micro_batch_size=1,2,4 (repeatable: every combination runs).")],
     policy: Annotated[list[str] | None, typer.Option(
         "--policy", "-p", help="Only these policies (repeatable); default: the scenario's list.",
     )] = None,
@@ -514,10 +532,12 @@ def sweep(
     max_points: Annotated[int, typer.Option(
         "--max-points", min=1, max=10**7, help="Refuse a sweep of more points (combinations of "
         "distinct values) than this, counted before anything runs.")] = 500,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
 ) -> None:
     """Run a scenario for every combination of field values and tabulate and plot the results."""
     from rich.progress import Progress
 
+    from holmes_sim.report.tables import print_table
     from holmes_sim.search.sweep import run_sweep, sweep_table, write_sweep
 
     try:
@@ -532,7 +552,7 @@ def sweep(
     except HolmesError as exc:
         raise _fail(exc) from None
     if not quiet:
-        out.print(sweep_table(result))
+        print_table(out, sweep_table(result, out.width, wide), wide)
     skipped = sorted({r["point"] for r in result.rows if r["status"] == "infeasible"})
     if skipped:
         err.print(f"warning: {len(skipped)} point(s) infeasible and skipped (point "

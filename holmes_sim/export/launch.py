@@ -15,7 +15,12 @@ NCCL settings (NCCL environment-variable documentation): RDMA groups name their 
 `NCCL_IB_HCA` (here `mlx5_<k>` in the node's NIC order, the ConnectX device naming; edit if your
 devices are named otherwise); RoCE also needs `NCCL_IB_GID_INDEX` (3: RoCE v2 over IPv4 on a
 default ConnectX set-up); TCP groups use `NCCL_NET=Socket` with `NCCL_SOCKET_IFNAME`; every
-process bootstraps over the Ethernet interface (`NCCL_SOCKET_IFNAME`).
+process bootstraps over the Ethernet interface (`NCCL_SOCKET_IFNAME`). NCCL picks one network
+(`NCCL_NET`: IB or Socket) per communicator when it is created, from the process environment at
+that moment. Upstream Megatron-LM creates every group under one environment, so its export sets
+one network for the whole job (`upstream_net`); the Holmes fork sets the environment of each group
+from its `config.json` (one entry per device type, `heter` for groups that mix them) before
+creating it (`megatron/core/hetnet.py`), which `holmes_config` writes.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import PlanError
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
@@ -48,6 +54,8 @@ class LaunchFiles:
         out = []
         for name, text in sorted(self.files.items()):
             write_atomic(directory / name, text)
+            if name.endswith(".sh"):
+                (directory / name).chmod((directory / name).stat().st_mode | 0o111)
             out.append(directory / name)
         return out
 
@@ -171,6 +179,7 @@ def node_nccl_env(node: Node) -> dict[str, str]:
         env["NCCL_SOCKET_IFNAME"] = eth[0].name
     rdma = [n for n in node.nics if n.type != ETHERNET]
     if rdma:
+        env["NCCL_NET"] = "IB"
         env["NCCL_IB_HCA"] = ",".join(f"mlx5_{k}" for k in range(len(rdma)))
         if any(n.type == "roce" for n in rdma):
             env["NCCL_IB_GID_INDEX"] = str(ROCE_GID_INDEX)
@@ -196,42 +205,98 @@ def group_nccl_settings(plan: Plan) -> dict[str, dict[str, str]]:
     return out
 
 
-def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: str,
-                 script: str = "pretrain_gpt.py") -> LaunchFiles:
-    """Hostfile, per-node torchrun commands and environments, arguments, NCCL settings, plan.
+def upstream_net(plan: Plan) -> str:
+    """The one network upstream Megatron-LM can use for the whole job: "IB" when every group
+    that leaves a node runs over RDMA, else "Socket" (a TCP group and RDMA groups cannot have
+    different NCCL_NET in one process)."""
+    kinds = {g.transport.kind for kind in GroupKind for g in plan.groups_of(kind)}
+    return "Socket" if TransportKind.TCP in kinds else "IB"
+
+
+def upstream_node_env(node: Node, net: str) -> dict[str, str]:
+    """A node's NCCL environment under upstream Megatron-LM's one job-wide network."""
+    env = node_nccl_env(node)
+    if net == "Socket":
+        return {k: v for k, v in env.items() if k == "NCCL_SOCKET_IFNAME"} | {"NCCL_NET": "Socket"}
+    return env
+
+
+def holmes_config(nodes: list[Node]) -> list[dict[str, str]]:
+    """The Holmes fork's config.json: per device type the NCCL environment of its groups, and
+    `heter` (TCP) for groups that mix device types."""
+    entries: dict[str, dict[str, str]] = {}
+    for node in nodes:
+        env = node_nccl_env(node)
+        entries.setdefault(nic_class(node), {"CLUSTER_NAME": nic_class(node), **env})
+    eth = next((node_nccl_env(n).get("NCCL_SOCKET_IFNAME") for n in nodes), None)
+    heter = {"CLUSTER_NAME": "heter", "NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1"}
+    if eth:
+        heter["NCCL_SOCKET_IFNAME"] = eth
+    return [*entries.values(), heter]
+
+
+def read_hosts(path: Path, count: int) -> list[str]:
+    """Host names from a hostfile, one node a line in plan order (the first word of each line,
+    so an MPI-style `host slots=8` line works; `#` starts a comment).
 
     Raises:
-        PlanError: for a reference policy (a hypothetical network) or an unlaunchable rank order.
+        PlanError: when the file cannot be read or names other than `count` hosts.
     """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanError(f"--hosts {path}: cannot read it ({exc.strerror})") from None
+    hosts = [line.split("#", 1)[0].split()[0] for line in text.splitlines()
+             if line.split("#", 1)[0].strip()]
+    if len(hosts) != count:
+        raise PlanError(f"--hosts {path}: names {len(hosts)} hosts, the plan has {count} nodes; "
+                        "list one host a line, in the plan's node order (see hostfile)")
+    return hosts
+
+
+def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: str,
+                 script: str = "pretrain_gpt.py", hosts: list[str] | None = None) -> LaunchFiles:
+    """Hostfile, arguments and NCCL settings for upstream Megatron-LM and for the Holmes fork,
+    `launch.sh` (with `launch_megatron.sh` and `launch_holmes.sh`), a README, the plan. `hosts`
+    are the real host names of the plan's nodes in order (default: the scenario's node names).
+
+    Raises:
+        PlanError: for a reference policy (a hypothetical network), an unlaunchable rank order,
+            or `hosts` of the wrong length.
+    """
+
     if plan.policy in REFERENCE_POLICIES:
         raise PlanError(f"{plan.policy} is a reference on a hypothetical network (it changes the "
                         "NICs), not a placement for this cluster; export a real policy such as holmes")
     nodes = node_order(plan, cluster)
+    if hosts is not None and len(hosts) != len(nodes):
+        raise PlanError(f"{len(hosts)} hosts given for the plan's {len(nodes)} nodes")
+    names = hosts or [n.name for n in nodes]
     margs = megatron_args(plan, workload, precision)
     hargs, why_not = holmes_args(plan, cluster, nodes)
-    files = {"hostfile": "".join(f"{n.name} slots={n.num_gpus} {nic_class(n)}\n" for n in nodes),
+    if hargs and plan.optimizer in (OptimizerMode.PER_MICROBATCH_OVERLAPPED, OptimizerMode.ZERO1):
+        hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
+    fork = [a for a in margs if a not in _layout_args(plan)] + hargs if hargs else []
+    net = upstream_net(plan)
+    files = {"hostfile": "".join(f"{h} slots={n.num_gpus}\n" for h, n in zip(names, nodes)),
              "megatron_args.txt": shlex.join(margs) + "\n",
              "plan.json": plan.to_json() + "\n",
              "nccl.json": json.dumps({"nodes": {n.name: node_nccl_env(n) for n in nodes},
-                                      "groups": group_nccl_settings(plan)}, indent=2, sort_keys=True) + "\n"}
-    files["holmes_args.txt"] = shlex.join(hargs) + "\n" if hargs else f"# not expressible: {why_not}\n"
-    files["launch.sh"] = _launch_script(nodes, margs, hargs, script)
+                                      "groups": group_nccl_settings(plan),
+                                      "upstream_job_wide": {"NCCL_NET": net}},
+                                     indent=2, sort_keys=True) + "\n"}
+    files["holmes_args.txt"] = shlex.join(fork) + "\n" if fork else f"# not expressible: {why_not}\n"
+    if fork:
+        files["holmes_config.json"] = json.dumps(holmes_config(nodes), indent=2) + "\n"
+    launches = [NodeLaunch(h, n.num_gpus, nic_class(n), upstream_node_env(n, net),
+                           upstream_node_env(n, "Socket")) for h, n in zip(names, nodes)]
+    files["launch.sh"] = launch_script(launches, margs, fork, script, net, MASTER_PORT)
+    files["launch_megatron.sh"] = _wrapper("megatron")
+    files["launch_holmes.sh"] = _wrapper("holmes")
+    files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None)
     return LaunchFiles(files)
 
 
-def _launch_script(nodes: list[Node], margs: list[str], hargs: list[str], script: str) -> str:
-    """A script every node runs as is: it picks its own line by short hostname."""
-    master = nodes[0].name
-    lines = ["#!/usr/bin/env bash",
-             "# Run on every node (hostfile order = node rank); each node starts its own torchrun.",
-             "set -euo pipefail", 'case "$(hostname -s)" in']
-    for rank, node in enumerate(nodes):
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(node_nccl_env(node).items()))
-        extra = hargs + ["--hetero-current-device-type", nic_class(node)] if hargs else []
-        cmd = ["torchrun", "--nnodes", str(len(nodes)), "--nproc-per-node", str(node.num_gpus),
-               "--node-rank", str(rank), "--master-addr", master, "--master-port", str(MASTER_PORT),
-               script, *margs, *extra]
-        lines.append(f"  {shlex.quote(node.name)}) exec env {env} {shlex.join(cmd)} ;;")
-    lines += ['  *) echo "$(hostname -s) is not a node of this plan (see hostfile)" >&2; exit 2 ;;',
-              "esac"]
-    return "\n".join(lines) + "\n"
+def _wrapper(target: str) -> str:
+    return ("#!/usr/bin/env bash\n"
+            f'exec "$(dirname "$0")/launch.sh" {target} "$@"\n')

@@ -39,7 +39,8 @@ def write_report(directory: Path, prepared: Prepared, outcomes: list[Outcome],
     name = prepared.scenario.name
     steps: list[tuple[Callable[[], object], Path]] = [
         (lambda: plots.iteration_time_figure(
-            results, f"{name}: iteration time and throughput per policy (fastest first)"),
+            results, f"{name}: iteration time and throughput per policy (fastest first)",
+            references=REFERENCES),
          directory / "iteration_time.png"),
         (lambda: plots.breakdown_figure(
             results, f"{name}: where the iteration goes, per policy (fastest first)"),
@@ -81,6 +82,7 @@ def report_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
         f"seed {s.seed}. Source: `{prepared.source}`.", "",
         "## Findings", "", findings(outcomes), "",
         "## Results (fastest first)", "", results_markdown_table(outcomes), "",
+        "## Which nodes hold which pipeline stage", "", stage_nodes_markdown(outcomes), "",
         "## Figures", "",
         "Iteration time and throughput per policy:", "", "![iteration time](iteration_time.png)",
         "", "Time breakdown (mean over entities; sums to the iteration time):", "",
@@ -98,6 +100,22 @@ def report_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
               "- `results.json`: the `run --json` document (every figure above, per policy).",
               "- `trace_<policy>.json`: Chrome trace of the iteration; open it in "
               "https://ui.perfetto.dev or chrome://tracing.", ""]
+    return "\n".join(lines)
+
+
+def stage_nodes_markdown(outcomes: list[Outcome]) -> str:
+    """A table: per policy, the nodes of every pipeline stage (stage 0 first)."""
+    lines = ["| policy | " + " | ".join(f"stage {k}" for k in range(outcomes[0].plan.pp)) + " |",
+             "|---|" + "---|" * outcomes[0].plan.pp] if outcomes else []
+    for o in outcomes:
+        plan = o.plan
+        cells = []
+        for k in range(plan.pp):
+            nodes = dict.fromkeys(g.node for d in range(plan.dp) for g in plan.entity_gpus(k, d))
+            names = list(nodes)
+            more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+            cells.append(", ".join(names[:8]) + more)
+        lines.append(f"| {o.plan.policy} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -82,10 +82,12 @@ def _barh(ax: Axes, names: list[str], values: list[float], colour: str, fmt: str
     ax.grid(axis="x", alpha=0.3)
 
 
-def iteration_time_figure(results: Sequence[Result], title: str = "") -> Figure:
-    """Two horizontal bar panels, fastest policy on top: iteration time (s), TFLOP/s per GPU."""
+def iteration_time_figure(results: Sequence[Result], title: str = "",
+                          references: Sequence[str] = ()) -> Figure:
+    """Two horizontal bar panels, fastest policy on top: iteration time (s), TFLOP/s per GPU;
+    the policies in `references` (bounds on a hypothetical network) are labelled so."""
     ordered = _fastest_first(results)
-    names = [r.policy for r in ordered]
+    names = [r.policy + (" (reference)" if r.policy in references else "") for r in ordered]
     fig, (left, right) = pyplot().subplots(1, 2, figsize=(12, max(2.6, 1.4 + 0.42 * len(ordered))),
                                            sharey=True, layout="constrained")
     _barh(left, names, [r.iteration_time_s for r in ordered], "#4C72B0", "{:.3f} s")

@@ -7,7 +7,7 @@ markup, so a policy or scenario name prints literally.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -39,14 +39,46 @@ DROP_ORDER = ("layers/stage", "DP exposed s", "PP exposed s", "samples/s", "bubb
 def results_table(title: str, outcomes: list[Outcome], width: int = 80, wide: bool = False) -> Table:
     """One row per policy (fitting plans fastest first, then those that do not fit), with the
     speed-up over megatron, narrowed to `width` columns unless `wide`; footnotes explain marks."""
-    headers = [c[0] for c in COLUMNS]
-    table = _table(title, outcomes, headers)
-    for name in () if wide else DROP_ORDER:
+    return fit_table(lambda headers: _table(title, outcomes, list(headers)),
+                     [c[0] for c in COLUMNS], DROP_ORDER, width, wide)
+
+
+def fit_table(build: Callable[[Sequence[str]], Table], headers: Sequence[str],
+              drop_order: Sequence[str], width: int, wide: bool) -> Table:
+    """`build(shown headers)` with the columns of `drop_order` left out, in that order, until the
+    table fits `width` characters (all kept when `wide`); a caption line names what was left out
+    and that `--wide` shows it. The key column is never in `drop_order`, so it stays whole."""
+    shown = list(headers)
+    table = build(shown)
+    for name in () if wide else drop_order:
         if table_width(table) <= width:
             break
-        headers.remove(name)
-        table = _table(title, outcomes, headers)
+        shown.remove(name)
+        table = build(shown)
+    hidden = [h for h in headers if h not in shown]
+    if hidden:
+        add_caption(table, f"not shown at {width} columns: {', '.join(hidden)} (--wide shows them)")
     return table
+
+
+def add_caption(table: Table, line: str) -> None:
+    """Append `line` (plain text, left-justified) to the table's caption."""
+    old = table.caption
+    text = Text(line) if old is None else Text.assemble(
+        old if isinstance(old, Text) else Text(str(old)), "\n", line)
+    table.caption = text
+    table.caption_justify = "left"
+
+
+def print_table(console: Console, table: Table, wide: bool = False) -> None:
+    """Print `table`; with `wide`, on a console narrower than the table, at the table's own width
+    so no line is cut (a pipe then gets long lines, never a broken character); otherwise rich
+    folds the columns that may wrap to fit the console."""
+    need = table_width(table)
+    if wide and need > console.width:
+        console = Console(file=console.file, width=need, no_color=console.no_color,
+                          force_terminal=console.is_terminal)
+    console.print(table, crop=False)
 
 
 def footnotes(outcomes: list[Outcome]) -> list[str]:

@@ -68,6 +68,9 @@ class Candidate:
     reason: str = ""
     breakdown_s: tuple[tuple[str, float], ...] = ()
     """Where the simulated iteration goes (only for simulated candidates)."""
+    overlap_grad_reduce: bool = False
+    """Whether gradient reduction overlaps the last backward pass (Megatron-LM
+    `--overlap-grad-reduce`), on top of `optimizer`."""
 
     def to_json(self) -> dict:
         lay = self.layout
@@ -75,6 +78,7 @@ class Candidate:
                 "micro_batch_size": lay.micro_batch_size, "schedule": lay.schedule,
                 "virtual_stages": lay.virtual_stages, "recompute": lay.recompute,
                 "sequence_parallel": lay.sequence_parallel, "optimizer": self.optimizer,
+                "overlap_grad_reduce": self.overlap_grad_reduce,
                 "layers_per_stage": list(self.layers_per_stage),
                 "predicted_iteration_s": self.predicted_iteration_s,
                 "tflops_per_gpu": self.tflops_per_gpu, "peak_memory_gib": self.peak_memory_gib,
@@ -182,7 +186,7 @@ def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
         return Candidate(policy, layout, "", (), float("inf"), 0.0, 0.0, False, reason=str(exc))
     mem = memory_report(plan, cluster, p.workload, OpCosts(cluster, p.workload, p.compute, plan.tp))
     base = Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, float("inf"), 0.0,
-                     mem.peak_gib, mem.fits)
+                     mem.peak_gib, mem.fits, overlap_grad_reduce=plan.overlap_grad_reduce)
     if not mem.fits:
         return replace(base, reason=f"needs {mem.peak_gib:.1f} GiB per GPU, the GPUs have "
                                     f"{min(mem.capacity_bytes) / 2**30:.0f}")

@@ -4,10 +4,13 @@ what did not fit. User text is never markup (rich Text)."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from holmes_sim.report.tables import fit_table
 from holmes_sim.search.planner import Candidate, PlanSearch
 
 
@@ -18,26 +21,54 @@ def layout_label(c: Candidate) -> str:
     return f"TP{lay.tp} PP{lay.pp} DP{lay.dp} mb{lay.micro_batch_size} {sched} rc:{lay.recompute}{sp}"
 
 
-def plan_table(result: PlanSearch, rows: int) -> Table:
-    """The best `rows` candidates, then the baseline if it is not among them."""
-    table = Table(title=Text(f"{result.scenario}: {result.evaluated:,} plans in "
-                             f"{result.elapsed_s:.1f} s, best first"), title_justify="left")
-    for col in ("#", "policy", "layout", "optimizer", "iter s", "TFLOP/s", "GiB", "speed-up"):
-        table.add_column(col, justify="left" if col in ("policy", "layout", "optimizer") else "right")
+PLAN_COLUMNS = ("#", "policy", "layout / optimizer", "iter s", "TFLOP/s", "GiB", "speed-up")
+PLAN_DROP_ORDER = ("TFLOP/s", "GiB")
+"""The columns a narrow console loses first; the plan's identity (#, policy, layout and
+optimizer, one line each) stays whole."""
+MATERIAL_SAVING = 0.01
+"""A breakdown term enters "saves most on" only when it saves at least this share of the
+baseline's iteration."""
+
+
+def plan_table(result: PlanSearch, rows: int, width: int = 80, wide: bool = False) -> Table:
+    """The best `rows` candidates, then the baseline if it is not among them, narrowed to
+    `width` columns unless `wide`."""
     shown = list(result.candidates[:rows])
-    for i, c in enumerate(shown, 1):
-        table.add_row(*_row(str(i), c, result))
+    numbered = [(str(i), c) for i, c in enumerate(shown, 1)]
     if result.baseline is not None and result.baseline not in shown:
-        table.add_row(*_row("base", result.baseline, result))
+        numbered.append(("base", result.baseline))
+    return fit_table(lambda headers: _plan_table(result, numbered, headers), PLAN_COLUMNS,
+                     PLAN_DROP_ORDER, width, wide)
+
+
+def _plan_table(result: PlanSearch, numbered: list[tuple[str, Candidate]],
+                headers: Sequence[str]) -> Table:
+    table = Table(title=Text(f"{result.scenario}: {result.evaluated:,} plans in "
+                             f"{result.elapsed_s:.1f} s, best first"), title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                  caption_justify="left")
+    keep = [i for i, col in enumerate(PLAN_COLUMNS) if col in headers]
+    for i in keep:
+        col = PLAN_COLUMNS[i]
+        table.add_column(col, justify="left" if col in PLAN_COLUMNS[1:3] else "right",
+                         no_wrap=col in ("#", "policy"), overflow="fold")
+    for rank, c in numbered:
+        cells = _row(rank, c, result)
+        table.add_row(*(cells[i] for i in keep))
     table.caption = Text("iteration times of simulated rows (*) come from the discrete-event "
                          "simulation, the others from the analytic estimate; speed-up over the "
                          "best Megatron-LM default layout (base)")
     return table
 
 
+def optimizer_label(c: Candidate) -> str:
+    """The optimizer and whether gradient reduction overlaps the backward pass."""
+    return c.optimizer + (" +overlap" if c.overlap_grad_reduce else "")
+
+
 def _row(rank: str, c: Candidate, result: PlanSearch) -> list[Text]:
     up = result.speedup(c)
-    return [Text(rank), Text(c.policy), Text(layout_label(c)), Text(c.optimizer),
+    return [Text(rank), Text(c.policy), Text(f"{layout_label(c)}\n{optimizer_label(c)}"),
             Text(f"{c.predicted_iteration_s:.3f}" + ("*" if c.simulated else "")),
             Text(f"{c.tflops_per_gpu:.1f}"), Text(f"{c.peak_memory_gib:.1f}"),
             Text("-" if up is None else f"{up:.2f}x")]
@@ -52,10 +83,11 @@ def why_the_winner_wins(result: PlanSearch) -> str:
         return ""
     b, a = dict(best.breakdown_s), dict(base.breakdown_s)
     deltas = sorted(((a[k] - b.get(k, 0.0), k) for k in a), reverse=True)
-    parts = [f"{k} {a[k]:.2f} s -> {b.get(k, 0.0):.2f} s" for d, k in deltas[:3] if d > 0]
+    material = MATERIAL_SAVING * base.predicted_iteration_s
+    parts = [f"{k} {a[k]:.2f} s -> {b.get(k, 0.0):.2f} s" for d, k in deltas[:3] if d >= material]
+    saves = f"; it saves most on: {'; '.join(parts)}" if parts else ""
     return (f"The best plan ({best.policy}, {layout_label(best)}) beats the best Megatron-LM default "
-            f"({layout_label(base)}) by {result.speedup(best):.2f}x; it saves most on: "
-            + "; ".join(parts) + ".")
+            f"({layout_label(base)}) by {result.speedup(best):.2f}x{saves}.")
 
 
 def infeasible_summary(result: PlanSearch, examples: int = 3) -> list[str]:

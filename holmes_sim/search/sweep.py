@@ -377,28 +377,55 @@ def write_sweep(directory: str | Path, result: SweepResult) -> None:
                           directory / "sweep_tflops.png")
 
 
-def sweep_table(result: SweepResult) -> Any:
+SWEEP_METRICS = ("iter s", "TFLOP/s/GPU", "mem GiB")
+SWEEP_DROP_ORDER = ("mem GiB", "TFLOP/s/GPU")
+
+
+def sweep_table(result: SweepResult, width: int = 80, wide: bool = False) -> Any:
     """A rich Table: one row per point x policy, the main figures (sweep.csv has them all) and a
-    note saying why a point is infeasible or that a plan does not fit in GPU memory."""
+    note saying why a point is infeasible or that a plan does not fit in GPU memory. A field's
+    header is its last path segment (the caption gives the full path); the field values and
+    the policy, which name the row, are never cut."""
+    from holmes_sim.report.tables import fit_table
+
+    headers = (*result.fields, "policy", *SWEEP_METRICS)
+    return fit_table(lambda shown: _sweep_table(result, shown), headers, SWEEP_DROP_ORDER,
+                     width, wide)
+
+
+def field_headers(fields: Sequence[str]) -> dict[str, str]:
+    """Each swept field's column header: its last dotted segment, or the whole path when two
+    fields share that segment."""
+    last = {f: f.rsplit(".", 1)[-1] for f in fields}
+    shared = {v for v in last.values() if list(last.values()).count(v) > 1}
+    return {f: (f if last[f] in shared else last[f]) for f in fields}
+
+
+def _sweep_table(result: SweepResult, shown: Sequence[str]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title=Text(f"sweep of {result.scenario}: {len(result.rows)} runs"),
-                  title_justify="left")
-    for name in result.fields:  # long dotted paths fold in the header; the values stay whole
-        table.add_column(Text(name), overflow="fold", max_width=max(12, 40 // len(result.fields)))
-    for col in ("policy", "iter s", "TFLOP/s/GPU", "mem GiB"):
-        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
+                  title_justify="left", caption_justify="left")
+    short = field_headers(result.fields)
+    for name in result.fields:
+        table.add_column(Text(short[name]), justify="right", overflow="fold")
+    table.add_column("policy", no_wrap=True)
+    metrics = [i for i, col in enumerate(SWEEP_METRICS) if col in shown]
+    for i in metrics:
+        table.add_column(SWEEP_METRICS[i], justify="right", overflow="fold")
     notes = any(r["status"] != "ok" for r in result.rows)
     if notes:
         table.add_column("note", min_width=12, ratio=1)
     for row in result.rows:
-        cells = (*(str(row[f]) for f in result.fields), row["policy"], *_metric_cells(row))
-        table.add_row(*(Text(c) for c in cells[:None if notes else -1]))
-    reasons = {r["point"]: r["reason"] for r in result.rows if r["status"] == "infeasible"}
-    if reasons:
-        table.caption = Text("\n".join(f"point {p} skipped: {why}" for p, why in reasons.items()))
-        table.caption_justify = "left"
+        cells = _metric_cells(row)
+        table.add_row(*(Text(str(row[f])) for f in result.fields), Text(row["policy"]),
+                      *(Text(cells[i]) for i in metrics), *((Text(cells[-1]),) if notes else ()))
+    lines = [f"{short[f]}: {f}" for f in result.fields if short[f] != f]
+    lines += [f"point {p} skipped: {why}" for p, why in
+              {r["point"]: r["reason"] for r in result.rows if r["status"] == "infeasible"}.items()]
+    if lines:
+        table.caption = Text("\n".join(lines))
     return table
 
 

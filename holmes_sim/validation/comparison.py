@@ -6,9 +6,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.table import Table
+from rich.text import Text
+
+from holmes_sim.report.tables import fit_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,24 +156,37 @@ def ranking_agrees(cases: tuple[Case, ...] | list[Case], tie_pct: float = 3.0) -
     return True
 
 
-def comparison_table(result: ValidationResult) -> Table:
+COMPARISON_COLUMNS = ("policy", "predicted s", "measured s", "95% interval", "error %",
+                      "iterations", "verdict")
+COMPARISON_DROP_ORDER = ("iterations", "95% interval")
+
+
+def comparison_table(result: ValidationResult, width: int = 80, wide: bool = False) -> Table:
     """Predicted against measured (median, ~95% interval), per policy, with mean/max error and
-    the ranking verdict, or why there is none (host warnings)."""
+    the ranking verdict, or why there is none (host warnings); narrowed to `width` columns
+    unless `wide`, the policy always whole."""
+    return fit_table(lambda headers: _comparison_table(result, headers), COMPARISON_COLUMNS,
+                     COMPARISON_DROP_ORDER, width, wide)
+
+
+def _comparison_table(result: ValidationResult, headers: Sequence[str]) -> Table:
     doc = result.to_json()
     verdict = (f"ranking {'agrees' if result.ranking_agrees else 'DISAGREES'}"
                if not result.host_unstable else "NO VERDICT: " + "; ".join(result.host_warnings))
-    table = Table(title=f"validation (tolerance {result.tolerance_pct:.0f}%): mean |error| "
-                        f"{doc['mean_abs_error_pct']:.1f}%, max {doc['max_abs_error_pct']:.1f}%, "
-                        f"{verdict}",
+    table = Table(title=Text(f"validation (tolerance {result.tolerance_pct:.0f}%): mean |error| "
+                             f"{doc['mean_abs_error_pct']:.1f}%, max {doc['max_abs_error_pct']:.1f}%, "
+                             f"{verdict}"),
                   title_justify="left")
-    for col in ("policy", "predicted s", "measured s", "95% interval", "error %", "iterations",
-                "verdict"):
-        table.add_column(col, justify="left" if col in ("policy", "verdict") else "right")
+    keep = [i for i, col in enumerate(COMPARISON_COLUMNS) if col in headers]
+    for i in keep:
+        col = COMPARISON_COLUMNS[i]
+        table.add_column(col, justify="left" if col in ("policy", "verdict") else "right",
+                         no_wrap=col != "verdict", overflow="fold")
     for c in sorted(result.cases, key=lambda c: c.measured_s):
         ok = abs(c.error_pct) <= result.tolerance_pct
         lo, hi = c.measured_ci_s
-        table.add_row(c.policy, f"{c.predicted_s:.3f}", f"{c.measured_s:.3f}",
-                      f"{lo:.3f}-{hi:.3f}", f"{c.error_pct:+.1f}",
-                      str(len(c.measured_iterations_s)),
-                      "ok" if ok else "[red]out of tolerance[/red]")
+        cells = (Text(c.policy), f"{c.predicted_s:.3f}", f"{c.measured_s:.3f}",
+                 f"{lo:.3f}-{hi:.3f}", f"{c.error_pct:+.1f}", str(len(c.measured_iterations_s)),
+                 Text("ok") if ok else Text("out of tolerance", style="red"))
+        table.add_row(*(cells[i] for i in keep))
     return table

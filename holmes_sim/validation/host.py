@@ -73,7 +73,9 @@ def recent_load(window_s: float = LOAD_WINDOW_S, interval_s: float = 0.05,
 
 def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
                   max_calibration_ratio: float = 1.5, lags: list[float] = (),
-                  max_lag_pct: float = 5.0, max_load_per_core: float = 1.0) -> list[str]:
+                  max_lag_pct: float = 5.0, max_load_per_core: float = 1.0,
+                  predictions: dict[str, list[float]] | None = None,
+                  max_prediction_spread_pct: float = 15.0) -> list[str]:
     """Why this host's measurements cannot be trusted, or nothing.
 
     Overloaded: a load (`recent_load`: tasks running or waiting, averaged over a few seconds)
@@ -87,7 +89,11 @@ def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
     whose waits overran by up to 4.5% stayed within 6.3% error; one at 6.1% reached 10.6%.
     Unstable: the per-case compute calibrations of one run differ by more than
     `max_calibration_ratio`. Emulated compute (`lags`, per case): the ranks' compute waits
-    took more than `max_lag_pct` % longer than requested, a time no prediction contains."""
+    took more than `max_lag_pct` % longer than requested, a time no prediction contains.
+    Real compute (`predictions`: per policy, its prediction in each round, each from a compute
+    calibration taken just before): a policy's predictions differ by more than
+    `max_prediction_spread_pct` % (the validation's tolerance): the host's compute speed moved
+    more than the error a verdict would judge."""
     out = []
     if load_before > max_load_per_core * cpu_count:
         out.append(f"host overloaded before the run: {load_before:.1f} tasks running or "
@@ -98,10 +104,25 @@ def host_warnings(load_before: float, cpu_count: int, calibrations: list[dict],
         out.append(f"host unstable: layer-forward calibrations ranged {1e3 * min(layer):.1f}-"
                    f"{1e3 * max(layer):.1f} ms within one run (more than "
                    f"{max_calibration_ratio:g}x)")
+    out += prediction_spread(predictions or {}, max_prediction_spread_pct)
     worst = max(lags, default=0.0)
     if worst > max_lag_pct:
         out.append(f"host too busy for emulated compute: the ranks' waits overran by "
                    f"{worst:.1f}% (more than {max_lag_pct:g}%)")
+    return out
+
+
+def prediction_spread(predictions: dict[str, list[float]], max_spread_pct: float) -> list[str]:
+    """A warning per policy whose per-round predictions (s) differ by more than
+    `max_spread_pct` % (largest over smallest)."""
+    out = []
+    for policy, values in predictions.items():
+        lo, hi = min(values, default=0.0), max(values, default=0.0)
+        if lo > 0 and 100.0 * (hi / lo - 1.0) > max_spread_pct:
+            out.append(f"host unstable for real compute: {policy}'s prediction moved "
+                       f"{lo:.3f}-{hi:.3f} s between rounds ({100.0 * (hi / lo - 1.0):.0f}%, more "
+                       f"than the {max_spread_pct:g}% tolerance); use --compute emulated or a "
+                       "quieter host")
     return out
 
 

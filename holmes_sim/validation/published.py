@@ -237,36 +237,56 @@ def check(with_paper: bool = True, progress=None) -> PublishedCheck:
     return PublishedCheck(tuple(results), paper)
 
 
-def check_table(result: PublishedCheck):
-    """A rich table of the check (user text is not markup)."""
+def check_table(result: PublishedCheck, width: int = 80, wide: bool = False):
+    """A rich table of the check (user text is not markup); the case name always whole."""
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="Predicted against published measurements (catalog defaults)")
-    for col in ("case", "measured", "predicted", "error"):
-        table.add_column(col, justify="left" if col == "case" else "right")
-    for r in result.results:
-        table.add_row(Text(f"{r.case.dataset}/{r.case.name}"), f"{r.case.measured_tflops_per_gpu:.1f}",
-                      f"{r.predicted_tflops_per_gpu:.1f}", f"{100 * r.error:+.1f}%")
-    per_set = "; ".join(f"{name}: mean {100 * m:.1f}%, max {100 * x:.1f}%"
-                        for name, (m, x, _) in result.by_dataset().items())
-    table.caption = (f"TFLOP/s per GPU. {per_set}. All: mean |error| {100 * result.mean_abs_error:.1f}% "
-                     f"(tolerance {result.mean_tolerance_pct:g}%), max {100 * result.max_abs_error:.1f}% "
-                     f"(tolerance {result.max_tolerance_pct:g}%)")
-    return table
+    from holmes_sim.report.tables import fit_table
+
+    def build(headers):
+        table = Table(title="Predicted against published measurements (catalog defaults)",
+                      title_justify="left", caption_justify="left")
+        for col in headers:
+            table.add_column(col, justify="left" if col == "case" else "right", no_wrap=True)
+        for r in result.results:
+            cells = {"case": Text(f"{r.case.dataset}/{r.case.name}"),
+                     "measured": f"{r.case.measured_tflops_per_gpu:.1f}",
+                     "predicted": f"{r.predicted_tflops_per_gpu:.1f}", "error": f"{100 * r.error:+.1f}%"}
+            table.add_row(*(cells[h] for h in headers))
+        per_set = "; ".join(f"{name}: mean {100 * m:.1f}%, max {100 * x:.1f}%"
+                            for name, (m, x, _) in result.by_dataset().items())
+        table.caption = Text(
+            f"TFLOP/s per GPU. {per_set}. All: mean |error| {100 * result.mean_abs_error:.1f}% "
+            f"(tolerance {result.mean_tolerance_pct:g}%), max {100 * result.max_abs_error:.1f}% "
+            f"(tolerance {result.max_tolerance_pct:g}%)")
+        return table
+
+    return fit_table(build, ("case", "measured", "predicted", "error"), ("measured",), width, wide)
 
 
-def paper_table(result: PublishedCheck):
+def paper_table(result: PublishedCheck, width: int = 80, wide: bool = False):
+    """The Figure 6 comparison; the framework name always whole."""
     from rich.table import Table
+    from rich.text import Text
+
+    from holmes_sim.report.tables import fit_table
 
     p = result.paper
-    table = Table(title=f"Holmes Figure 6: throughput over Megatron-LM (Ethernet fitted to "
-                        f"{p.ethernet_gbit_per_s:.1f} Gbit/s on the {p.fitted} ratio)")
-    for col in ("framework", "paper", "predicted", "error"):
-        table.add_column(col, justify="left" if col == "framework" else "right")
-    for name in sorted(p.measured_ratio, key=lambda n: -p.measured_ratio[n]):
-        note = " (fitted)" if name == p.fitted else ""
-        table.add_row(name + note, f"{p.measured_ratio[name]:.3f}", f"{p.predicted_ratio[name]:.3f}",
-                      f"{100 * p.error(name):+.1f}%")
-    table.caption = f"ranking {'agrees' if p.ranking_agrees else 'DISAGREES'}; tolerance {p.tolerance_pct:g}%"
-    return table
+
+    def build(headers):
+        table = Table(title=f"Holmes Figure 6: throughput over Megatron-LM (Ethernet fitted to "
+                            f"{p.ethernet_gbit_per_s:.1f} Gbit/s on the {p.fitted} ratio)",
+                      title_justify="left", caption_justify="left")
+        for col in headers:
+            table.add_column(col, justify="left" if col == "framework" else "right", no_wrap=True)
+        for name in sorted(p.measured_ratio, key=lambda n: -p.measured_ratio[n]):
+            note = " (fitted)" if name == p.fitted else ""
+            cells = {"framework": Text(name + note), "paper": f"{p.measured_ratio[name]:.3f}",
+                     "predicted": f"{p.predicted_ratio[name]:.3f}", "error": f"{100 * p.error(name):+.1f}%"}
+            table.add_row(*(cells[h] for h in headers))
+        table.caption = (f"ranking {'agrees' if p.ranking_agrees else 'DISAGREES'}; "
+                         f"tolerance {p.tolerance_pct:g}%")
+        return table
+
+    return fit_table(build, ("framework", "paper", "predicted", "error"), ("paper",), width, wide)

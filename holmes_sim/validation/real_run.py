@@ -97,7 +97,8 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         links, warnings = _calibrate_links(session)
         runs, profiles = _run_rounds(session, names, links, rounds)
         cases = [_combine(name, runs[name]) for name in names]
-    return _result(session, testbed_path, cases, profiles, warnings, load, started)
+    predictions = {name: [p for p, _, _, _ in runs[name]] for name in names}
+    return _result(session, testbed_path, cases, profiles, warnings, load, started, predictions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,13 +196,16 @@ def _run_rounds(session: _Session, names: list[str], links: dict,
 
 
 def _result(session: _Session, testbed_path: str | Path, cases: list[Case], profiles: list[dict],
-            warnings: list[str], load: dict, started: float) -> ValidationResult:
+            warnings: list[str], load: dict, started: float,
+            predictions: dict[str, list[float]] | None = None) -> ValidationResult:
     """The run's result: its cases, the host's warnings (each also reported to `progress`) and
     the provenance, with the host's load before (`load`) and after the run."""
     spec = session.spec
     warnings = warnings + host_warnings(load["runnable_before"], os.cpu_count() or 1, profiles,
                                         lags=[c.emulation_lag_pct for c in cases],
-                                        max_load_per_core=MAX_LOAD_PER_CORE[spec.compute])
+                                        max_load_per_core=MAX_LOAD_PER_CORE[spec.compute],
+                                        predictions=predictions,
+                                        max_prediction_spread_pct=spec.tolerance_pct)
     for w in warnings:
         session.progress(f"warning: {w}")
     prov = {**provenance(testbed_path, time.time() - started), **load,

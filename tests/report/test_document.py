@@ -62,7 +62,8 @@ def test_report_md_names_winner_speedup_and_largest_cost(report_dir):
     key, seconds = largest_cost(next(o.result for o in outcomes if o.result.policy == winner))
     share = 100 * seconds / times[winner]
     assert f"({key}): {seconds:.3f} s, {share:.1f}% of its iteration" in text
-    table = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    results = text.split("## Results", 1)[1].split("\n## ", 1)[0]
+    table = [line for line in results.splitlines() if line.startswith("| ") and "---" not in line]
     names = [row.split("|")[1].strip().removesuffix(" \\*") for row in table[1:]]
     assert names == [o.result.policy for o in outcomes]
     for p in POLICIES:
@@ -216,3 +217,25 @@ def test_timeline_of_two_wide_stages_shows_both_stages_as_its_note_says():
     assert note == (f"32 of 64 entities: replicas {', '.join(map(str, replicas))} of each of the 2 "
                     "stages")
     assert all(sum(e.replica == r for e in rows) == 2 for r in replicas)
+
+
+def test_report_names_the_nodes_of_every_stage_and_marks_references(report_dir):
+    _, outcomes = default_run()
+    text = (report_dir / "report.md").read_text()
+    assert "## Which nodes hold which pipeline stage" in text
+    for o in outcomes:
+        first = o.plan.entity_gpus(0, 0)[0].node
+        stages = text.split("## Which nodes", 1)[1].split("\n## ", 1)[0]
+        row = next(line for line in stages.splitlines() if line.startswith(f"| {o.plan.policy} |"))
+        assert first in row
+    fig = plots.iteration_time_figure([o.result for o in outcomes], references=("all-ethernet",))
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert "all-ethernet (reference)" in labels and "holmes" in labels
+    plots.pyplot().close(fig)
+
+
+def test_holmes_error_is_importable_from_the_package():
+    import holmes_sim
+    from holmes_sim.errors import HolmesError
+
+    assert holmes_sim.HolmesError is HolmesError

@@ -103,3 +103,18 @@ def test_process_pool_gives_the_serial_results(small):
 def test_bad_jobs_are_refused(small):
     result = CliRunner().invoke(app, ["plan", str(small), "--jobs", "0"])
     assert result.exit_code == 2 and "--jobs" in result.output
+
+
+def _identity(c: planner.Candidate) -> str:
+    """A candidate's JSON without its figures: what the plan is, not how fast it runs."""
+    figures = ("predicted_iteration_s", "tflops_per_gpu", "peak_memory_gib", "fits_memory",
+               "simulated", "breakdown_s", "reason")
+    return json.dumps({k: v for k, v in c.to_json().items() if k not in figures}, sort_keys=True)
+
+
+def test_no_two_candidates_are_the_same_plan(small):
+    result = planner.search(prepare(small), jobs=1)
+    ranked = [*result.candidates, *result.infeasible]
+    assert len({_identity(c) for c in ranked}) == len(ranked)
+    overlap = [c for c in ranked if c.overlap_grad_reduce]
+    assert overlap and all(c.to_json()["overlap_grad_reduce"] for c in overlap)

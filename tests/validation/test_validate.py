@@ -237,6 +237,11 @@ def test_host_checks_name_load_and_calibration_spread():
     assert host_warnings(1.0, 2, [cal(8.0)], lags=[0.4, 4.5]) == []
     [w] = host_warnings(1.0, 2, [cal(8.0)], lags=[0.4, 7.2])
     assert "emulated compute" in w and "7.2%" in w
+    # Real compute: a policy whose prediction moved more than the tolerance between rounds.
+    assert host_warnings(1.0, 2, [cal(8.0)], predictions={"holmes": [0.70, 0.75]}) == []
+    [w] = host_warnings(1.0, 2, [cal(8.0)], predictions={"holmes": [0.790, 0.502],
+                                                          "megatron": [0.9, 0.91]})
+    assert "holmes's prediction moved 0.502-0.790 s" in w and "host unstable" in w
     assert implausible({"ib": 4e-3, "roce": 3e-5, "ethernet": 4e-5}) == ["ib"]
     assert implausible({"ib": 3e-5, "roce": 6e-5, "ethernet": 9e-5}) == []
 

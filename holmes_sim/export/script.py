@@ -1,0 +1,158 @@
+"""The launch script and README of an export: one `launch.sh` that every node runs, for upstream
+Megatron-LM or the Holmes fork, and what the user must still add.
+
+A node finds its rank by its host name in the plan's host list (`hostname -s`, `hostname -f` or
+`hostname`), or from `NODE_RANK`; `MASTER_ADDR` defaults to the first host (torchrun's
+rendezvous, PyTorch elastic documentation); `DRY_RUN=1` prints the command instead of running it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from holmes_sim.plan import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLaunch:
+    """What launch.sh needs of one node, in rank order: its host, GPUs, Holmes device type and
+    the NCCL environment under each target."""
+
+    host: str
+    gpus: int
+    device_type: str
+    env_megatron: dict[str, str]
+    env_holmes: dict[str, str]
+
+
+_FIND_RANK = '''if [[ -n "${NODE_RANK:-}" ]]; then
+  rank=$NODE_RANK
+else
+  rank=""
+  for name in "$(hostname -s)" "$(hostname -f 2>/dev/null || true)" "$(hostname)"; do
+    for i in "${!HOSTS[@]}"; do
+      if [[ -z "$rank" && "${HOSTS[$i]}" == "$name" ]]; then rank=$i; fi
+    done
+  done
+  if [[ -z "$rank" ]]; then
+    echo "$(hostname) is not one of this plan's hosts (${HOSTS[*]}); export with --hosts FILE" \\
+         "or set NODE_RANK" >&2
+    exit 2
+  fi
+fi
+if (( rank < 0 || rank >= ${#HOSTS[@]} )); then
+  echo "NODE_RANK=$rank: the plan has ${#HOSTS[@]} nodes (0..$(( ${#HOSTS[@]} - 1 )))" >&2
+  exit 2
+fi
+MASTER_ADDR="${MASTER_ADDR:-${HOSTS[0]}}"
+MASTER_PORT="${MASTER_PORT:-%d}"
+'''
+
+_RUN = '''case "$TARGET" in
+  megatron) args=("${MEGATRON_ARGS[@]}"); node_env=${ENV_MEGATRON[$rank]} ;;
+  holmes)
+    if (( ${#HOLMES_ARGS[@]} == 0 )); then
+      echo "the Holmes fork cannot run this plan (holmes_args.txt says why)" >&2; exit 2
+    fi
+    if [[ -z "${DRY_RUN:-}" && ! -f config.json ]]; then
+      echo "run from the Holmes fork's checkout with holmes_config.json copied there as" \\
+           "config.json (its per-group NCCL settings)" >&2; exit 2
+    fi
+    args=("${HOLMES_ARGS[@]}" --hetero-current-device-type "${TYPES[$rank]}")
+    node_env=${ENV_HOLMES[$rank]} ;;
+  *) echo "usage: launch.sh [megatron|holmes] [more pretrain_gpt.py arguments]" >&2; exit 2 ;;
+esac
+# shellcheck disable=SC2206  # node_env is KEY=VALUE words without spaces
+cmd=(env $node_env torchrun --nnodes "${#HOSTS[@]}" --nproc-per-node "${GPUS[$rank]}"
+     --node-rank "$rank" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT"
+     "$SCRIPT" "${args[@]}" "$@")
+if [[ -n "${DRY_RUN:-}" ]]; then
+  printf '%q ' "${cmd[@]}"; echo
+else
+  exec "${cmd[@]}"
+fi
+'''
+
+
+def _array(name: str, words: list[str]) -> str:
+    return f"{name}=({' '.join(shlex.quote(w) for w in words)})"
+
+
+def _env_words(env: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(env.items()))
+
+
+def launch_script(nodes: list[NodeLaunch], margs: list[str], fork: list[str], script: str,
+                  net: str, master_port: int) -> str:
+    """`launch.sh [megatron|holmes] [extra arguments]`, the same file on every node."""
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Run on every node: launch.sh [megatron|holmes] [data, tokenizer, schedule and checkpoint",
+        "# arguments] (README.md). megatron: upstream Megatron-LM; holmes: the Holmes fork.",
+        "# The node's rank is its host's place in HOSTS (or NODE_RANK); DRY_RUN=1 prints the command.",
+        "set -euo pipefail",
+        'TARGET="${1:-megatron}"',
+        "shift || true",
+        _array("HOSTS", [n.host for n in nodes]),
+        _array("GPUS", [str(n.gpus) for n in nodes]),
+        _array("TYPES", [n.device_type for n in nodes]),
+        f"# upstream Megatron-LM: one network for the whole job (NCCL_NET={net})",
+        _array("ENV_MEGATRON", [_env_words(n.env_megatron) for n in nodes]),
+        "# the Holmes fork: the world group on TCP; config.json sets each group's network",
+        _array("ENV_HOLMES", [_env_words(n.env_holmes) for n in nodes]),
+        _array("MEGATRON_ARGS", margs),
+        _array("HOLMES_ARGS", fork),
+        f"SCRIPT={shlex.quote(script)}",
+        _FIND_RANK % master_port + _RUN,
+    ]
+    return "\n".join(lines)
+
+
+_USER_ARGS = """\
+| what | upstream Megatron-LM and the Holmes fork |
+|---|---|
+| data | `--data-path PREFIX` (a Megatron `.bin`/`.idx` prefix from `tools/preprocess_data.py`), `--split 949,50,1`; or `--mock-data` (upstream) to try the launch |
+| tokenizer | `--tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt`, or `--tokenizer-type HuggingFaceTokenizer --tokenizer-model NAME` |
+| schedule | `--train-iters N` (or `--train-samples`), `--lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 2000`, `--weight-decay 0.1`, `--clip-grad 1.0` |
+| checkpoints | `--save DIR --load DIR --save-interval 1000` |
+| logging | `--log-interval 10 --eval-interval 1000 --eval-iters 10` |
+"""
+
+
+def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | None) -> str:
+    """README.md of an export: files, how to start, what to add, what upstream cannot express."""
+    fork = (f"The Holmes fork cannot run this plan: {holmes_why_not}." if holmes_why_not else
+            "For the Holmes fork, copy `holmes_config.json` into the fork's checkout as "
+            "`config.json` and run `launch_holmes.sh` from there: it creates every group under "
+            "that group's NCCL settings (`megatron/core/hetnet.py`).")
+    example = ("./launch_megatron.sh --data-path /data/my-corpus_text_document --split 949,50,1 \\\n"
+               "  --tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json "
+               "--merge-file gpt2-merges.txt \\\n"
+               "  --train-iters 10000 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine "
+               "--lr-warmup-iters 500 \\\n"
+               "  --save ckpt --load ckpt --save-interval 1000 --log-interval 10 "
+               "--eval-interval 1000 --eval-iters 10")
+    return "\n".join([
+        f"# Launching the {plan.policy} plan", "",
+        f"Nodes in rank order: {', '.join(hosts)} (`hostfile`). On every node, in a Megatron-LM "
+        "checkout with this folder copied in, run `launch_megatron.sh` (upstream Megatron-LM, "
+        "`megatron_args.txt`) or `launch_holmes.sh` (the Holmes fork, `holmes_args.txt`). Each "
+        "node finds its rank by its host name; if the names differ from the list above, export "
+        "again with `--hosts FILE` (one host a line, in this order) or set `NODE_RANK` and "
+        "`MASTER_ADDR` yourself. `DRY_RUN=1` prints the command a node would run.", "",
+        "## Arguments you must still add", "",
+        "The exported arguments fix the model shape, parallel layout, batch, precision, recompute "
+        "and optimizer. Add these after the script name:", "", _USER_ARGS,
+        "For example:", "", "```bash", example, "```", "",
+        "## Networks", "",
+        f"NCCL picks one network per communicator, from the environment when it is created. "
+        f"Upstream Megatron-LM creates all groups under one environment, so the whole job uses "
+        f"`NCCL_NET={net}` (`nccl.json`, `upstream_job_wide`)"
+        + (": the plan's RDMA groups then run over TCP too, and the job runs slower than "
+           "predicted for the plan." if net == "Socket" else "."), "",
+        fork, "",
+        "`nccl.json` lists each node's NICs as NCCL names them and the transport of every group; "
+        "`NCCL_IB_HCA` assumes ConnectX devices named `mlx5_<k>` in NIC order: edit the "
+        "`ENV_*` lines of `launch.sh` and `holmes_config.json` if yours differ.", "",
+    ])
