@@ -175,3 +175,16 @@ def test_megatron_core_accepts_the_exported_architecture():
     assert config.kv_channels * config.num_query_groups == w.kv_width
     position = inspect.signature(gpt_module.GPTModel.__init__).parameters["position_embedding_type"]
     assert args[args.index("--position-embedding-type") + 1] in typing.get_args(position.annotation)
+
+
+def test_the_real_run_backend_refuses_architectures_its_gpt_does_not_have(tmp_path):
+    from holmes_sim.bundled import default_testbed
+    from holmes_sim.prepare import prepare
+    from holmes_sim.validation.testbed_plan import check_backend
+
+    text = default_testbed().read_text().replace("vocab_size: 512",
+                                                       "vocab_size: 512\n  swiglu: true")
+    path = tmp_path / "swiglu.yaml"
+    path.write_text(text)
+    with pytest.raises(FieldError, match="model.swiglu: the backend's GPT cannot run swiglu"):
+        check_backend(prepare(path))
