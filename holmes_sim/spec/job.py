@@ -8,7 +8,7 @@ from typing import Literal
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
-    """A GPT decoder (Megatron-LM conventions)."""
+    """A decoder-only transformer (Megatron-Core conventions); the defaults are GPT's."""
 
     name: str = "gpt"
     num_layers: int
@@ -17,7 +17,8 @@ class ModelSpec:
     seq_length: int
     """Sequence length in tokens."""
     vocab_size: int = 51200
-    """Padded vocabulary (Megatron pads GPT-2's 50,257 to 51,200 for TP up to 8)."""
+    """Vocabulary; padded up to a multiple of make_vocab_size_divisible_by x TP as Megatron pads
+    it (GPT-2's 50,257 becomes 51,200 for TP up to 8; 51,200 stays 51,200)."""
     ffn_hidden_size: int | None = None
     """MLP width; default 4 * hidden_size."""
     tie_embeddings: bool = True
