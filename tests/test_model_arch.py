@@ -188,3 +188,9 @@ def test_the_real_run_backend_refuses_architectures_its_gpt_does_not_have(tmp_pa
     path.write_text(text)
     with pytest.raises(FieldError, match="model.swiglu: the backend's GPT cannot run swiglu"):
         check_backend(prepare(path))
+
+
+def test_nemotron_4_exports_its_squared_relu_and_keeps_a_non_gated_mlp():
+    w = _preset("nemotron4-15b")
+    assert "--squared-relu" in architecture_args(w) and "--swiglu" not in architecture_args(w)
+    assert layer_kernels(w, 1).dense[2].n == w.ffn

@@ -1,10 +1,11 @@
 """Megatron-LM arguments of a model's architecture beyond GPT's defaults.
 
-Flag names and defaults follow Megatron-LM's megatron/training/arguments.py: `--group-query-attention
---num-query-groups`, `--swiglu`, `--normalization` (LayerNorm default), `--disable-bias-linear`,
-`--add-qkv-bias`, `--position-embedding-type` (learned_absolute default), `--hidden-dropout` and
-`--attention-dropout` (0.1 default), `--make-vocab-size-divisible-by` (128 default). Nothing is
-written for a value equal to Megatron's default.
+Flag names and defaults follow Megatron-LM's megatron/training/arguments.py:
+`--group-query-attention --num-query-groups`, `--swiglu`, `--squared-relu`, `--normalization`
+(LayerNorm default), `--disable-bias-linear`, `--add-qkv-bias`, `--position-embedding-type`
+(learned_absolute default), `--hidden-dropout` and `--attention-dropout` (0.1 default),
+`--make-vocab-size-divisible-by` (128 default). Nothing is written for a value equal to
+Megatron's default.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ def architecture_args(w: Workload) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(w.groups)]
     if w.swiglu:
         args.append("--swiglu")
+    if w.squared_relu:
+        args.append("--squared-relu")
     if w.rmsnorm:
         args += ["--normalization", "RMSNorm"]
     if not w.bias:

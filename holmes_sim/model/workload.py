@@ -59,6 +59,8 @@ class Workload:
     query_groups: int | None = None
     """Key/value groups g; None: one per head (multi-head attention)."""
     swiglu: bool = False
+    squared_relu: bool = False
+    """Squared-ReLU MLP activation: GeLU's GEMMs, FLOPs and traffic; kept for the exporter."""
     rmsnorm: bool = False
     bias: bool = True
     """Biases on the projection and MLP linears."""
@@ -228,6 +230,9 @@ def check_model(model: ModelSpec) -> None:
         raise FieldError("model.num_query_groups", f"num_query_groups={groups} must divide "
                          f"num_attention_heads={heads}; give a divisor (8 for Llama 3 70B) or "
                          "remove it for multi-head attention")
+    if model.swiglu and model.squared_relu:
+        raise FieldError("model.squared_relu", "squared_relu and swiglu are two MLP "
+                         "activations; keep one")
     if model.hidden_size % heads:
         raise FieldError("model.hidden_size", f"hidden_size={model.hidden_size} must be a "
                          f"multiple of num_attention_heads={heads}")
@@ -236,6 +241,7 @@ def check_model(model: ModelSpec) -> None:
 def _is_gpt(model: ModelSpec) -> bool:
     """The GPT-2/3 architecture of [N21]: MHA, GeLU MLP, LayerNorm, biases, learned positions."""
     return (model.num_query_groups in (None, model.num_attention_heads) and not model.swiglu
+            and not model.squared_relu
             and model.normalization == "layernorm" and model.bias
             and model.position_embedding == "learned")
 
@@ -255,7 +261,8 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1) -> Wor
         recompute=training.recompute, sequence_parallel=training.sequence_parallel,
         bucket_bytes=training.bucket_size_mb * 1e6, flash_attention=training.flash_attention,
         tp_comm_overlap=training.tp_comm_overlap, query_groups=model.num_query_groups,
-        swiglu=model.swiglu, rmsnorm=model.normalization == "rmsnorm", bias=model.bias,
+        swiglu=model.swiglu, squared_relu=model.squared_relu,
+        rmsnorm=model.normalization == "rmsnorm", bias=model.bias,
         qkv_bias=model.bias if model.qkv_bias is None else model.qkv_bias,
         position_embedding=model.position_embedding, hidden_dropout=model.hidden_dropout,
         attention_dropout=model.attention_dropout,

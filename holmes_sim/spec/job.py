@@ -31,6 +31,9 @@ class ModelSpec:
     num_attention_heads (multi-head attention). Megatron `--num-query-groups`."""
     swiglu: bool = False
     """Gated MLP (SwiGLU): fc1 is h x 2f (gate and up), fc2 f x h. Megatron `--swiglu`."""
+    squared_relu: bool = False
+    """MLP activation squared ReLU instead of GeLU (Nemotron-4; Megatron `--squared-relu`): not
+    gated, so the same GEMMs, FLOPs and memory traffic."""
     normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
     """Megatron `--normalization`: LayerNorm (weight and bias) or RMSNorm (weight only)."""
     bias: bool = True

@@ -27,9 +27,8 @@ _LLAMA = {"normalization": "rmsnorm", "bias": False, "position_embedding": "rope
           "tie_embeddings": False, "swiglu": True, "hidden_dropout": 0.0,
           "attention_dropout": 0.0}
 _NEMOTRON4 = {"normalization": "layernorm", "bias": False, "position_embedding": "rope",
-              "tie_embeddings": False, "swiglu": False, "hidden_dropout": 0.0,
-              "attention_dropout": 0.0}
-"""Nemotron-4's MLP is not gated: squared ReLU (same GEMMs and FLOPs as GeLU's MLP)."""
+              "tie_embeddings": False, "swiglu": False, "squared_relu": True,
+              "hidden_dropout": 0.0, "attention_dropout": 0.0}
 _QWEN25 = dict(_LLAMA, qkv_bias=True)
 
 
