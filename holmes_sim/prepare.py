@@ -94,7 +94,7 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
     profile = _load_profile(s, base_dir, profile_override)
     if profile is not None:
         cluster = apply_link_profile(cluster, profile)
-    workload = build_workload(s.model, s.training)
+    workload = build_workload(s.model, s.training, s.parallel.tensor)
     _check_buckets(workload)
     tp, pp, dp = _degrees(s, cluster)
     m = _microbatches(s, dp)
@@ -142,6 +142,9 @@ def _degrees(s: Scenario, cluster: Cluster) -> tuple[int, int, int]:
     if s.model.num_attention_heads % tp:
         raise FieldError("parallel.tensor", f"tensor={tp} must divide model.num_attention_heads="
                                             f"{s.model.num_attention_heads}")
+    if s.model.num_query_groups and s.model.num_query_groups % tp:
+        raise FieldError("parallel.tensor", f"tensor={tp} must divide model.num_query_groups="
+                                            f"{s.model.num_query_groups}")
     if n % (tp * pp):
         raise FieldError("parallel.pipeline", f"tensor={tp} x pipeline={pp} = {tp * pp} does not "
                                               f"divide the {n} GPUs of the clusters")

@@ -2,13 +2,17 @@
 TP group of degree t, as Megatron-LM runs them: GEMM shapes, and the HBM bytes of the memory-bound
 kernels between them.
 
-Symbols: b micro-batch, s sequence, h hidden, f FFN width, a heads, V vocabulary, d bytes per
+Symbols: b micro-batch, s sequence, h hidden, f FFN width, a heads, g query groups, V padded
+vocabulary, d bytes per
 element (2 for bf16/fp16). Per GPU: M = b s token rows; E = b s h activation elements; F = b s f / t
 MLP elements; S = b (a / t) s^2 attention-score elements.
 
-GEMMs of a layer forward [N21, section 3.2 and appendix]: QKV (M, 3h/t, h), scores per head
-(s, s, h/a) x b a/t, context (s, h/a, s) x b a/t, projection (M, h, h/t), MLP (M, f/t, h) and
-(M, h, f/t); each has two backward GEMMs (`Gemm.backward`).
+GEMMs of a layer forward [N21, section 3.2 and appendix]: QKV (M, (h + 2k)/t, h) with
+k = h g / a the K and V width of g query groups (3h/t for multi-head attention; Megatron-Core
+`SelfAttention.linear_qkv`, megatron/core/transformer/attention.py), scores per head
+(s, s, h/a) x b a/t, context (s, h/a, s) x b a/t, projection (M, h, h/t), MLP (M, f1/t, h) and
+(M, h, f/t) with f1 = 2f for SwiGLU (gate and up in one GEMM, `MLP.linear_fc1` of
+megatron/core/transformer/mlp.py) else f; each has two backward GEMMs (`Gemm.backward`).
 
 Memory-bound kernels (bytes read + written; Megatron-LM's fused kernels: Apex fused LayerNorm,
 fused bias-GeLU, fused bias-dropout-add, fused scale-mask-softmax; dropout masks one byte per
@@ -18,6 +22,14 @@ element):
 - backward: LayerNorms 2 x 3Ed; GeLU 3Fd; bias-dropout-adds 2 x (2Ed + E); softmax 3Sd; dropout
   S(2d + 1); permute 2(E/t)d.
 With sequence parallelism the LayerNorm and bias-dropout-add terms are divided by t [K22, 4.2.2].
+Architecture variants (Megatron-Core, megatron/core/transformer/): RMSNorm moves the same
+tensors as LayerNorm (only its statistic differs); without biases the GeLU and dropout-add
+kernels move the same tensors; SwiGLU reads both halves of fc1's output and writes one, 3Fd
+forward and 5Fd backward (`bias_swiglu_impl`, megatron/core/fusions/fused_bias_swiglu.py);
+hidden_dropout 0 drops the two masks (E bytes each) and attention_dropout 0 the attention
+dropout (PyTorch's dropout returns its input when p = 0); rotary embeddings read and write q
+and k, 2 b s (h + k) d / t bytes forward and again backward (`apply_rotary_pos_emb`,
+megatron/core/models/common/embeddings/rope_utils.py).
 Every backward also adds each weight gradient into the main gradient buffer: per parameter of
 the GPU's shard, the fresh gradient is read (d) and the main gradient read and written (2g, g the
 bytes of a reduced gradient): Megatron DDP's main_grad hook, or the same traffic as the C operand
@@ -27,8 +39,9 @@ and the two score GEMMs are replaced by one kernel of 4 b s^2 h / t FLOP forward
 that backward (it recomputes the scores; Dao 2023, arXiv 2307.08691, section 3.1) at
 `attention_efficiency` of peak.
 
-Embedding (first stage): lookup, position add and dropout, about 8Ed bytes forward; its backward
-writes a dense (V/t) x h gradient and adds it to the main gradient: (V h / t)(2d + 2g) bytes
+Embedding (first stage): lookup, position add and dropout, about 8Ed bytes forward with a
+learned position table, else the lookup 2Ed plus dropout 2Ed + E when hidden_dropout > 0; its
+backward writes a dense (V/t) x h gradient and adds it to the main gradient: (V h / t)(2d + 2g) bytes
 (PyTorch `embedding_dense_backward`; Megatron's main_grad accumulation). Head (last stage): the
 logits GEMM (M, V/t, h) and the vocab-parallel cross entropy in fp32 over L = b s V / t logits,
 about 40L bytes forward and 16L backward (cast, max, exp, sum, normalise; Megatron
@@ -65,22 +78,38 @@ def layer_kernels(w: Workload, tp: int) -> LayerKernels:
     """The kernels of one transformer layer for one micro-batch on one GPU of a TP group."""
     b, s, h, f, a, d = w.micro_batch, w.seq, w.hidden, w.ffn, w.heads, w.dtype_bytes
     m, hd = b * s, h // a
-    e, ff = b * s * h, b * s * f / tp
-    sp = tp if w.sequence_parallel else 1
-    dense = (Gemm(m, 3 * h // tp, h), Gemm(m, h, h // tp), Gemm(m, f // tp, h), Gemm(m, h, f // tp))
+    e = b * s * h
+    dense = (Gemm(m, (h + 2 * w.kv_width) // tp, h), Gemm(m, h, h // tp),
+             Gemm(m, w.fc1_width // tp, h), Gemm(m, h, f // tp))
     permute = 2 * (e / tp) * d
-    other_fwd = 2 * 2 * e * d / sp + 2 * ff * d + 2 * (3 * e * d + e) / sp
-    other_bwd = 2 * 3 * e * d / sp + 3 * ff * d + 2 * (2 * e * d + e) / sp + \
-        w.layer_params / tp * (d + 2 * w.grad_bytes)
+    other_fwd, other_bwd = _other_bytes(w, tp)
     if w.flash_attention:
         return LayerKernels(dense, (), 4.0 * b * s * s * h / tp, 0.0, 0.0,
                             other_fwd + permute, other_bwd + permute)
     batch = max(1, b * a // tp)
     attention = (Gemm(s, s, hd, batch), Gemm(s, hd, s, batch))
     scores = b * (a / tp) * s * s
-    core_fwd = 2 * scores * d + scores * (2 * d + 1) + permute
-    core_bwd = 3 * scores * d + scores * (2 * d + 1) + permute
+    dropout = scores * (2 * d + 1) if w.attention_dropout > 0 else 0.0
+    core_fwd = 2 * scores * d + dropout + permute
+    core_bwd = 3 * scores * d + dropout + permute
     return LayerKernels(dense, attention, 0.0, core_fwd, core_bwd, other_fwd, other_bwd)
+
+
+def _other_bytes(w: Workload, tp: int) -> tuple[float, float]:
+    """HBM bytes of a layer's memory-bound kernels outside the attention core, forward and
+    backward: norms, MLP activation, residual adds, rotary embedding, main-gradient adds."""
+    b, s, h, f, d = w.micro_batch, w.seq, w.hidden, w.ffn, w.dtype_bytes
+    e, ff = b * s * h, b * s * f / tp
+    sp = tp if w.sequence_parallel else 1
+    mask = e if w.hidden_dropout > 0 else 0
+    act_fwd, act_bwd = (3 * ff * d, 5 * ff * d) if w.swiglu else (2 * ff * d, 3 * ff * d)
+    fwd = 2 * 2 * e * d / sp + act_fwd + 2 * (3 * e * d + mask) / sp
+    bwd = 2 * 3 * e * d / sp + act_bwd + 2 * (2 * e * d + mask) / sp + \
+        w.layer_params / tp * (d + 2 * w.grad_bytes)
+    if w.position_embedding == "rope":
+        rope = 2 * b * s * (h + w.kv_width) / tp * d
+        fwd, bwd = fwd + rope, bwd + rope
+    return fwd, bwd
 
 
 def _memory_s(gpu: GpuModel, nbytes: float) -> float:
@@ -141,8 +170,10 @@ def tp_overlap_windows_s(gpu: GpuModel, w: Workload, tp: int) -> tuple[float, fl
 def embedding_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     """Word and position embedding lookup (forward) or its dense gradient (backward), seconds."""
     e, d = w.micro_batch * w.seq * w.hidden, w.dtype_bytes
-    if not backward:
+    if not backward and w.position_embedding == "learned":
         return _memory_s(gpu, 8 * e * d)
+    if not backward:
+        return _memory_s(gpu, 2 * e * d + (2 * e * d + e if w.hidden_dropout > 0 else 0))
     return _memory_s(gpu, w.vocab * w.hidden / tp * (2 * d + 2 * w.grad_bytes) + 3 * e * d)
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import PlanError
+from holmes_sim.export.model_args import architecture_args
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
 from holmes_sim.model.workload import Workload
 
@@ -99,6 +100,7 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
     args += _layout_args(plan)
     if not w.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
+    args += architecture_args(w)
     if w.sequence_parallel and plan.tp > 1:
         args.append("--sequence-parallel")
     if w.flash_attention:

@@ -1,7 +1,14 @@
 """The transformer's costs: parameters, FLOPs, message and memory sizes (Megatron-LM conventions).
 
 Symbols: h hidden size, f FFN size (4h by default), s sequence length, b micro-batch size,
-V vocabulary, L layers, a attention heads, t tensor-parallel degree.
+V vocabulary (padded), L layers, a attention heads, g key/value groups (g = a: multi-head
+attention), k = h g / a the width of K and of V, t tensor-parallel degree.
+
+Architecture options follow Megatron-Core's `TransformerConfig`
+(megatron/core/transformer/transformer_config.py): `num_query_groups`, `gated_linear_unit`
+(`--swiglu`: fc1 of width 2f, megatron/core/transformer/mlp.py), `normalization`,
+`add_bias_linear` / `add_qkv_bias`, `position_embedding_type`, `hidden_dropout`,
+`attention_dropout`.
 
 Sources:
 - [N21] Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
@@ -9,6 +16,8 @@ Sources:
   TFLOP/s formula, scatter-gather of pipeline messages (section 4.1).
 - [K22] Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models",
   arXiv 2205.05198: activation memory per layer (section 4, Table 2).
+- [MLM] Megatron-LM, megatron/training/training.py `num_floating_point_operations`
+  (`holmes_sim.model.flops`).
 - [R20] Rajbhandari et al., "ZeRO", SC'20, arXiv 1910.02054: 16 bytes/param for mixed-precision
   Adam (section 3.1); sharding the optimizer state over DP (P_os).
 """
@@ -17,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from holmes_sim.errors import FieldError
+from holmes_sim.model.flops import megatron_core_flop, sc21_flop
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
 
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -45,6 +56,42 @@ class Workload:
     """Fused attention (Dao et al. 2022/2023): no s x s score tensor in memory."""
     tp_comm_overlap: bool = False
     """The backward's TP all-reduces overlap the weight-gradient GEMMs (`TrainingSpec`)."""
+    query_groups: int | None = None
+    """Key/value groups g; None: one per head (multi-head attention)."""
+    swiglu: bool = False
+    squared_relu: bool = False
+    """Squared-ReLU MLP activation: GeLU's GEMMs, FLOPs and traffic; kept for the exporter."""
+    rmsnorm: bool = False
+    bias: bool = True
+    """Biases on the projection and MLP linears."""
+    qkv_bias: bool = True
+    position_embedding: str = "learned"
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    vocab_divisible_by: int = 128
+    """Megatron's `make_vocab_size_divisible_by` (`vocab` is already padded with it)."""
+    flops_formula: str = "sc21"
+    """Model FLOPs reported beside TFLOP/s: `sc21` (eq. 3 of [N21], what Megatron-LM logged
+    for GPT in 2021-2022) or `megatron-core` (`num_floating_point_operations`, [MLM])."""
+
+    @property
+    def groups(self) -> int:
+        return self.query_groups or self.heads
+
+    @property
+    def kv_width(self) -> int:
+        """k = h g / a: the width of K and of V (`kv_channels * num_query_groups`)."""
+        return self.hidden * self.groups // self.heads
+
+    @property
+    def fc1_width(self) -> int:
+        """The MLP's first GEMM's output width: 2f for a gated MLP (gate and up), else f."""
+        return 2 * self.ffn if self.swiglu else self.ffn
+
+    @property
+    def norm_params(self) -> int:
+        """One LayerNorm (weight and bias, 2h) or RMSNorm (weight, h)."""
+        return self.hidden if self.rmsnorm else 2 * self.hidden
 
     @property
     def full_recompute(self) -> bool:
@@ -53,34 +100,42 @@ class Workload:
     # ---- parameters [N21] -------------------------------------------------------------------
     @property
     def layer_params(self) -> int:
-        """Parameters of one transformer layer: QKV + projection (4h^2 + 4h), MLP (2hf + f + h),
-        two LayerNorms (4h). Equals 12h^2 + 13h when f = 4h [N21, eq. 2]."""
-        h, f = self.hidden, self.ffn
-        return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+        """Parameters of one transformer layer: QKV h(h + 2k) (+ h + 2k bias), projection h^2
+        (+ h), MLP h f1 + f h (+ f1 + h bias; f1 = 2f gated), two norms. Equals 12h^2 + 13h for
+        GPT (k = h, f = 4h, biases, LayerNorm) [N21, eq. 2]; Megatron-Core
+        `SelfAttention.linear_qkv`, `MLP.linear_fc1` (megatron/core/transformer/attention.py,
+        mlp.py)."""
+        h, f, f1, qkv = self.hidden, self.ffn, self.fc1_width, self.hidden + 2 * self.kv_width
+        weights = h * qkv + h * h + h * f1 + f * h
+        biases = (qkv if self.qkv_bias else 0) + ((h + f1 + h) if self.bias else 0)
+        return weights + biases + 2 * self.norm_params
 
     @property
     def embedding_params(self) -> int:
-        """Word (V h) and position (s h) embeddings, on the first stage."""
-        return self.vocab * self.hidden + self.seq * self.hidden
+        """Word (V h) and, when learned, position (s h) embeddings, on the first stage."""
+        position = self.seq * self.hidden if self.position_embedding == "learned" else 0
+        return self.vocab * self.hidden + position
 
     @property
     def head_params(self) -> int:
-        """Final LayerNorm (2h) plus the output projection (V h) on the last stage; with tied
-        embeddings the last stage holds a copy of the word embedding [N21]."""
-        return 2 * self.hidden + self.vocab * self.hidden
+        """Final norm plus the output projection (V h) on the last stage; with tied embeddings
+        the last stage holds a copy of the word embedding [N21]."""
+        return self.norm_params + self.vocab * self.hidden
 
     @property
     def total_params(self) -> int:
-        head = 2 * self.hidden if self.tie_embeddings else self.head_params
+        head = self.norm_params if self.tie_embeddings else self.head_params
         return self.num_layers * self.layer_params + self.embedding_params + head
 
     # ---- FLOPs per micro-batch [N21, appendix] ------------------------------------------------
     @property
     def layer_forward_flop(self) -> float:
-        """Forward FLOP of one layer for one micro-batch: QKV 6bsh^2, scores and weighted sum
-        4bs^2h, projection 2bsh^2, MLP 4bshf. With f = 4h: 24bsh^2 + 4bs^2h [N21]."""
+        """Forward FLOP of one layer for one micro-batch: QKV 2bsh(h + 2k), scores and weighted
+        sum 4bs^2h, projection 2bsh^2, MLP 2bsh(f1 + f). With k = h, f = 4h: 24bsh^2 + 4bs^2h
+        [N21]."""
         b, s, h, f = self.micro_batch, self.seq, self.hidden, self.ffn
-        return 8 * b * s * h * h + 4 * b * s * s * h + 4 * b * s * h * f
+        qkv = 2 * b * s * h * (h + 2 * self.kv_width)
+        return qkv + 2 * b * s * h * h + 4 * b * s * s * h + 2 * b * s * h * (self.fc1_width + f)
 
     @property
     def logits_forward_flop(self) -> float:
@@ -125,43 +180,92 @@ class Workload:
         s b h (34 + 5 a s / h) without parallelism; with TP t: s b h (10 + 24/t + 5 a s/(h t));
         with sequence parallelism everything is divided by t; with full recomputation only the
         layer input, 2 s b h (divided by t with SP). Selective recomputation (or fused attention,
-        which never stores the scores) drops the 5as/h term: s b h (34/t with SP, else
-        10 + 24/t) [K22, Table 2]."""
+        which never stores the scores) drops the 5as/h term [K22, Table 2].
+        The terms, in bytes per s b h element with 2-byte values [K22, section 4.1]: replicated
+        over TP, the two norm inputs (4), the QKV and fc1 inputs (2 + 2) and the two dropout
+        masks (2, none when hidden_dropout is 0); split over TP, Q (2), K and V (4k/h), the
+        projection input (2), the MLP's activation input (2 f1/h) and fc2 input (2f/h); the scores
+        (5as/h: softmax output 2, dropout mask 1 and output 2; 2as/h without attention dropout)."""
         s, b, h, a = self.seq, self.micro_batch, self.hidden, self.heads
         if self.full_recompute:
             return 2 * s * b * h / (tp if self.sequence_parallel else 1)
-        scores = 0.0 if (self.recompute == "selective" or self.flash_attention) else 5 * a * s / h
+        scores = 0.0
+        if self.recompute != "selective" and not self.flash_attention:
+            scores = (5 if self.attention_dropout > 0 else 2) * a * s / h
+        replicated = 8 + (2 if self.hidden_dropout > 0 else 0)
+        split = 4 + 4 * self.kv_width / h + 2 * (self.fc1_width + self.ffn) / h
         if self.sequence_parallel:
-            return s * b * h * (34 + scores) / tp
-        return s * b * h * (10 + 24 / tp + scores / tp)
+            return s * b * h * (replicated + split + scores) / tp
+        return s * b * h * (replicated + split / tp + scores / tp)
 
-    # ---- reporting [N21, section 5.1] --------------------------------------------------------
+    # ---- reporting ----------------------------------------------------------------------------
     def megatron_tflops_per_gpu(self, iteration_s: float, num_gpus: int) -> float:
-        """TFLOP/s per GPU as Megatron-LM and Holmes log it:
-        F = 96 B s L h^2 (1 + s/(6h) + V/(16 L h)) with full recomputation, 72 without [N21]."""
-        factor = 96 if self.full_recompute else 72
-        flop = self._megatron_flop(factor)
-        return flop / (iteration_s * num_gpus) / 1e12
+        """TFLOP/s per GPU as Megatron-LM logs it, with `flops_formula`'s model FLOPs: `sc21`
+        counts the recomputed forward under full recomputation (96 for 72, [N21]);
+        `megatron-core` never does ([MLM])."""
+        return self._flop(hardware=True) / (iteration_s * num_gpus) / 1e12
 
     def model_flop_per_iteration(self) -> float:
-        """Model FLOP of one iteration (the 72 form, no recomputation): the MFU numerator."""
-        return self._megatron_flop(72)
+        """Model FLOP of one iteration (no recomputation): the MFU numerator."""
+        return self._flop(hardware=False)
 
-    def _megatron_flop(self, factor: int) -> float:
+    def _flop(self, hardware: bool) -> float:
         B, s, L, h, V = self.global_batch, self.seq, self.num_layers, self.hidden, self.vocab
-        return factor * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+        if self.flops_formula == "sc21":
+            return sc21_flop(96 if (hardware and self.full_recompute) else 72, B, s, L, h, V)
+        return megatron_core_flop(B, s, L, h, V, self.ffn, self.heads, self.groups, self.swiglu)
 
 
-def build_workload(model: ModelSpec, training: TrainingSpec) -> Workload:
-    """Resolve defaults (FFN 4h, gradient dtype) into a Workload."""
+def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
+    """Megatron's padded vocabulary: up to a multiple of divisible_by x t
+    (`_vocab_size_with_padding`, megatron/training/tokenizer/tokenizer.py)."""
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+def check_model(model: ModelSpec) -> None:
+    """Raise FieldError for an architecture Megatron-Core refuses."""
+    heads, groups = model.num_attention_heads, model.num_query_groups
+    if groups is not None and heads % groups:
+        raise FieldError("model.num_query_groups", f"num_query_groups={groups} must divide "
+                         f"num_attention_heads={heads}; give a divisor (8 for Llama 3 70B) or "
+                         "remove it for multi-head attention")
+    if model.swiglu and model.squared_relu:
+        raise FieldError("model.squared_relu", "squared_relu and swiglu are two MLP "
+                         "activations; keep one")
+    if model.hidden_size % heads:
+        raise FieldError("model.hidden_size", f"hidden_size={model.hidden_size} must be a "
+                         f"multiple of num_attention_heads={heads}")
+
+
+def _is_gpt(model: ModelSpec) -> bool:
+    """The GPT-2/3 architecture of [N21]: MHA, GeLU MLP, LayerNorm, biases, learned positions."""
+    return (model.num_query_groups in (None, model.num_attention_heads) and not model.swiglu
+            and not model.squared_relu
+            and model.normalization == "layernorm" and model.bias
+            and model.position_embedding == "learned")
+
+
+def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1) -> Workload:
+    """Resolve defaults (FFN 4h, gradient dtype, vocabulary padded for TP degree `tp`) into a
+    Workload. GPT models report [N21]'s FLOPs, every other architecture [MLM]'s."""
+    check_model(model)
     dtype = _DTYPE_BYTES[training.precision]
     return Workload(
         num_layers=model.num_layers, hidden=model.hidden_size, heads=model.num_attention_heads,
-        seq=model.seq_length, vocab=model.vocab_size,
+        seq=model.seq_length,
+        vocab=padded_vocab(model.vocab_size, model.make_vocab_size_divisible_by, tp),
         ffn=model.ffn_hidden_size or 4 * model.hidden_size, tie_embeddings=model.tie_embeddings,
         micro_batch=training.micro_batch_size, global_batch=training.global_batch_size,
         dtype_bytes=dtype, grad_bytes=4 if training.grad_reduce_in_fp32 else dtype,
         recompute=training.recompute, sequence_parallel=training.sequence_parallel,
         bucket_bytes=training.bucket_size_mb * 1e6, flash_attention=training.flash_attention,
-        tp_comm_overlap=training.tp_comm_overlap,
+        tp_comm_overlap=training.tp_comm_overlap, query_groups=model.num_query_groups,
+        swiglu=model.swiglu, squared_relu=model.squared_relu,
+        rmsnorm=model.normalization == "rmsnorm", bias=model.bias,
+        qkv_bias=model.bias if model.qkv_bias is None else model.qkv_bias,
+        position_embedding=model.position_embedding, hidden_dropout=model.hidden_dropout,
+        attention_dropout=model.attention_dropout,
+        vocab_divisible_by=model.make_vocab_size_divisible_by,
+        flops_formula="sc21" if _is_gpt(model) else "megatron-core",
     )

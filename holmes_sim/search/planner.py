@@ -120,7 +120,8 @@ def layouts(prepared: Prepared, search: SearchSpec) -> Iterator[Layout]:
     pps = _allowed(search.pipeline, "search.pipeline", list(range(1, _MAX_PP + 1)))
     mbs = _allowed(search.micro_batch_size, "search.micro_batch_size", list(_MICRO_BATCHES))
     for tp in tps:
-        if node_gpus % tp or s.model.num_attention_heads % tp:
+        groups = s.model.num_query_groups or s.model.num_attention_heads
+        if node_gpus % tp or s.model.num_attention_heads % tp or groups % tp:
             continue
         for pp in pps:
             if n % (tp * pp) or s.model.num_layers < pp:
@@ -169,7 +170,7 @@ def prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
                        schedule=layout.schedule, virtual_stages=layout.virtual_stages)
     m = s.training.global_batch_size // (layout.micro_batch_size * layout.dp)
     return replace(prepared, scenario=replace(s, training=training, parallel=parallel),
-                   workload=build_workload(s.model, training), tp=layout.tp, pp=layout.pp,
+                   workload=build_workload(s.model, training, layout.tp), tp=layout.tp, pp=layout.pp,
                    dp=layout.dp, num_microbatches=m)
 
 

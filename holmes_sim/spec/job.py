@@ -8,7 +8,7 @@ from typing import Literal
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
-    """A GPT decoder (Megatron-LM conventions)."""
+    """A decoder-only transformer (Megatron-Core conventions); the defaults are GPT's."""
 
     name: str = "gpt"
     num_layers: int
@@ -17,12 +17,39 @@ class ModelSpec:
     seq_length: int
     """Sequence length in tokens."""
     vocab_size: int = 51200
-    """Padded vocabulary (Megatron pads GPT-2's 50,257 to 51,200 for TP up to 8)."""
+    """Vocabulary; padded up to a multiple of make_vocab_size_divisible_by x TP as Megatron pads
+    it (GPT-2's 50,257 becomes 51,200 for TP up to 8; 51,200 stays 51,200)."""
     ffn_hidden_size: int | None = None
     """MLP width; default 4 * hidden_size."""
     tie_embeddings: bool = True
     """Input embedding and output head share weights (Megatron default): the first and last
     stages then all-reduce the embedding gradient."""
+    preset: str | None = None
+    """A named architecture (`holmes_sim.spec.presets`); fields given beside it override it."""
+    num_query_groups: int | None = None
+    """Key/value head groups (grouped-query attention; 1 = multi-query); default
+    num_attention_heads (multi-head attention). Megatron `--num-query-groups`."""
+    swiglu: bool = False
+    """Gated MLP (SwiGLU): fc1 is h x 2f (gate and up), fc2 f x h. Megatron `--swiglu`."""
+    squared_relu: bool = False
+    """MLP activation squared ReLU instead of GeLU (Nemotron-4; Megatron `--squared-relu`): not
+    gated, so the same GEMMs, FLOPs and memory traffic."""
+    normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
+    """Megatron `--normalization`: LayerNorm (weight and bias) or RMSNorm (weight only)."""
+    bias: bool = True
+    """Biases on the linear layers (Megatron `add_bias_linear`; `--disable-bias-linear`)."""
+    qkv_bias: bool | None = None
+    """Bias on the QKV projection alone (Megatron `--add-qkv-bias`); default `bias`."""
+    position_embedding: Literal["learned", "rope", "none"] = "learned"
+    """Megatron `--position-embedding-type`: a learned s x h table, rotary (applied to q and
+    k in every layer), or none."""
+    hidden_dropout: float = 0.1
+    """Dropout after the attention projection and the MLP (Megatron `--hidden-dropout`); 0
+    removes the dropout masks and their kernels."""
+    attention_dropout: float = 0.1
+    """Dropout of the attention probabilities (Megatron `--attention-dropout`)."""
+    make_vocab_size_divisible_by: int = 128
+    """Megatron pads vocab_size up to a multiple of this times the TP degree."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

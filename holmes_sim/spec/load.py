@@ -22,6 +22,7 @@ import yaml
 
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.spec.limits import MAX_FILE_BYTES, read_text_bounded
+from holmes_sim.spec.presets import PRESETS, preset_fields
 from holmes_sim.spec.scenario import Scenario
 
 MAX_DEPTH = 32
@@ -68,6 +69,10 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "seq_length": Bound(1, 2**24),
     "vocab_size": Bound(1, 2**24),
     "ffn_hidden_size": Bound(1, 2**22),
+    "num_query_groups": Bound(1, 2**16),
+    "make_vocab_size_divisible_by": Bound(1, 2**16),
+    "hidden_dropout": Bound(0, 1),
+    "attention_dropout": Bound(0, 1),
     "global_batch_size": Bound(1, 2**24),
     "micro_batch_size": Bound(1, 2**24),
     "tensor": Bound(1, 1024),
@@ -318,6 +323,7 @@ def _build(cls: type, data: Any, path: str, doc: _Doc) -> Any:
                               f"{_describe(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    data = _with_preset(data, fields, _join(path, "preset"), doc)
     for key in data:
         if key not in fields:
             hint = difflib.get_close_matches(str(key), list(fields), n=1)
@@ -335,6 +341,18 @@ def _build(cls: type, data: Any, path: str, doc: _Doc) -> Any:
         if name in NON_EMPTY and not kwargs[name]:
             raise doc.error(sub, "must list at least one entry")
     return cls(**kwargs)
+
+
+def _with_preset(data: dict, fields: dict, path: str, doc: _Doc) -> dict:
+    """`data` over the fields of the preset it names (`spec.presets`), if its class has one."""
+    name = data.get("preset")
+    if "preset" not in fields or name is None:
+        return data
+    if not isinstance(name, str) or name not in PRESETS:
+        hint = difflib.get_close_matches(str(name), list(PRESETS), n=1)
+        fix = f"did you mean '{hint[0]}'?" if hint else "or drop preset and give every field"
+        raise doc.error(path, f"unknown preset {str(name)!r}; known: {', '.join(PRESETS)}; {fix}")
+    return {**preset_fields(name), **data}
 
 
 def _convert(tp: Any, value: Any, path: str, doc: _Doc) -> Any:

@@ -44,6 +44,18 @@ def check_backend(prepared: Prepared) -> None:
     if w.tie_embeddings:
         raise FieldError("model.tie_embeddings", "the backend's GPT has an untied head; set "
                                                  "tie_embeddings: false")
+    _check_gpt_architecture(s.model)
+
+
+def _check_gpt_architecture(model) -> None:
+    """The backend's GPT is multi-head, GeLU, LayerNorm, with biases and a learned position table."""
+    gpt = {"num_query_groups": (None, model.num_attention_heads), "swiglu": (False,),
+           "squared_relu": (False,), "normalization": ("layernorm",), "bias": (True,),
+           "position_embedding": ("learned",)}
+    for field, allowed in gpt.items():
+        if getattr(model, field) not in allowed:
+            raise FieldError(f"model.{field}", f"the backend's GPT cannot run {field}="
+                             f"{getattr(model, field)}; remove it (or the preset) for a real run")
 
 
 def testbed_nodes(prepared: Prepared):

@@ -1,0 +1,85 @@
+"""Named model architectures for `model: {preset: NAME}`, each with its published source.
+
+Values are the model card's or its `config.json`'s: layers, hidden size, FFN size, attention
+heads, key/value heads (`num_query_groups`), the tokenizer's vocabulary (unpadded: Megatron pads
+it, `make_vocab_size_divisible_by`), and the pre-training sequence length as the default
+`seq_length`. Fields written beside `preset` override the preset's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """One published architecture: ModelSpec fields and where they come from."""
+
+    fields: Mapping[str, Any]
+    source: str
+
+
+_GPT3 = {"normalization": "layernorm", "bias": True, "position_embedding": "learned",
+         "tie_embeddings": True, "swiglu": False}
+_LLAMA = {"normalization": "rmsnorm", "bias": False, "position_embedding": "rope",
+          "tie_embeddings": False, "swiglu": True, "hidden_dropout": 0.0,
+          "attention_dropout": 0.0}
+_NEMOTRON4 = {"normalization": "layernorm", "bias": False, "position_embedding": "rope",
+              "tie_embeddings": False, "swiglu": False, "squared_relu": True,
+              "hidden_dropout": 0.0, "attention_dropout": 0.0}
+_QWEN25 = dict(_LLAMA, qkv_bias=True)
+
+
+def _arch(base: dict[str, Any], layers: int, hidden: int, ffn: int, heads: int, groups: int,
+          vocab: int, seq: int) -> dict[str, Any]:
+    return dict(base, num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn,
+                num_attention_heads=heads, num_query_groups=groups, vocab_size=vocab,
+                seq_length=seq)
+
+
+_LLAMA2 = ("Touvron et al., 'Llama 2', arXiv 2307.09288, Table 1 and section 2.2; "
+           "meta-llama/Llama-2-{}-hf config.json")
+_LLAMA3 = ("Llama Team, 'The Llama 3 Herd of Models', arXiv 2407.21783, Table 3 (8,192-token "
+           "pre-training sequences, section 3.4); meta-llama/{} config.json")
+_NEMOTRON = "NVIDIA, '{}', {}; GQA, RoPE, squared-ReLU MLP, no biases, untied, dropout 0"
+_QWEN = ("Qwen Team, 'Qwen2.5 Technical Report', arXiv 2412.15115, Table 1 and section 3.1 "
+         "(4,096-token pre-training); Qwen/{} config.json")
+
+PRESETS: Mapping[str, Preset] = MappingProxyType({
+    "gpt3-175b": Preset(_arch(_GPT3, 96, 12288, 49152, 96, 96, 50257, 2048),
+                        "Brown et al., 'Language Models are Few-Shot Learners', arXiv "
+                        "2005.14165, Table 2.1; GPT-2 BPE vocabulary of 50,257"),
+    "llama2-7b": Preset(_arch(_LLAMA, 32, 4096, 11008, 32, 32, 32000, 4096),
+                        _LLAMA2.format("7b")),
+    "llama2-13b": Preset(_arch(_LLAMA, 40, 5120, 13824, 40, 40, 32000, 4096),
+                         _LLAMA2.format("13b")),
+    "llama2-70b": Preset(_arch(_LLAMA, 80, 8192, 28672, 64, 8, 32000, 4096),
+                         _LLAMA2.format("70b")),
+    "llama3-8b": Preset(_arch(_LLAMA, 32, 4096, 14336, 32, 8, 128256, 8192),
+                        _LLAMA3.format("Meta-Llama-3-8B")),
+    "llama3-70b": Preset(_arch(_LLAMA, 80, 8192, 28672, 64, 8, 128256, 8192),
+                         _LLAMA3.format("Meta-Llama-3-70B")),
+    "llama3.1-8b": Preset(_arch(_LLAMA, 32, 4096, 14336, 32, 8, 128256, 8192),
+                          _LLAMA3.format("Llama-3.1-8B")),
+    "llama3.1-70b": Preset(_arch(_LLAMA, 80, 8192, 28672, 64, 8, 128256, 8192),
+                           _LLAMA3.format("Llama-3.1-70B")),
+    "llama3.1-405b": Preset(_arch(_LLAMA, 126, 16384, 53248, 128, 8, 128256, 8192),
+                            _LLAMA3.format("Llama-3.1-405B")),
+    "nemotron4-15b": Preset(_arch(_NEMOTRON4, 32, 6144, 24576, 48, 8, 256000, 4096),
+                            _NEMOTRON.format("Nemotron-4 15B Technical Report",
+                                             "arXiv 2402.16819, Table 1")),
+    "nemotron4-340b": Preset(_arch(_NEMOTRON4, 96, 18432, 73728, 96, 8, 256000, 4096),
+                             _NEMOTRON.format("Nemotron-4 340B Technical Report",
+                                              "arXiv 2406.11704, Table 1")),
+    "qwen2.5-7b": Preset(_arch(_QWEN25, 28, 3584, 18944, 28, 4, 152064, 4096),
+                         _QWEN.format("Qwen2.5-7B")),
+    "qwen2.5-72b": Preset(_arch(_QWEN25, 80, 8192, 29568, 64, 8, 152064, 4096),
+                          _QWEN.format("Qwen2.5-72B")),
+})
+
+
+def preset_fields(name: str) -> dict[str, Any]:
+    """The ModelSpec fields of preset `name` (with `name` set to it); KeyError if unknown."""
+    return dict(PRESETS[name].fields, name=name)
