@@ -43,13 +43,24 @@ class OptimizerMode(StrEnum):
     - distributed: reduce-scatter after the backward, sharded state, all-gather of parameters
       after the step (Megatron-LM `--use-distributed-optimizer`, no overlap).
     - distributed-overlapped: the same, with bucketed reduce-scatter during the last backward and
-      the all-gather overlapped with the next forward (Holmes section 3.4; Megatron-LLaMA's
-      OverlappedDistributedOptimizer; Megatron-LM `--overlap-grad-reduce --overlap-param-gather`).
-    - per-microbatch-overlapped: Megatron-LLaMA's OverlappedDistributedOptimizer as released
-      (alibaba/Megatron-LLaMA, megatron/optimizer/overlapped_dist_optimizer.py, also shipped in
-      the Holmes repository): a gradient hook copies each gradient into its bucket and drops it;
-      a full bucket is reduce-scattered on a side stream in *every* micro-batch's backward and
-      accumulated into the sharded gradient; the parameter all-gather runs inside the step.
+      the all-gather overlapped with the next forward (Holmes section 3.4; Megatron-LM
+      `--overlap-grad-reduce --overlap-param-gather`).
+    - per-microbatch-overlapped: Megatron-LLaMA's OverlappedDistributedOptimizer as its schedules
+      call it since alibaba/Megatron-LLaMA e48bbb3 and 25306de (2023-10; megatron/optimizer/
+      overlapped_dist_optimizer.py, megatron/core/pipeline_parallel/schedules.py): a gradient
+      hook copies each gradient into its bucket and drops it; a full bucket is reduce-scattered
+      on a side stream in *every* micro-batch's backward (`backward_epilogue()` after each
+      backward resets the buckets and accumulates the reduced shard); the parameter all-gather
+      is issued before the next forward and each module's first forward waits for its bucket.
+    - per-microbatch-gather-in-step: the same reduce-scatter in every micro-batch, with the
+      all-gather inside `step()`: the optimizer as first released (d2e05b8, 2023-08) under its
+      no-pipeline schedule, the one schedule there that calls `backward_epilogue()`.
+    - reduce-scatter-once: that release under PP > 1 (its 1F1B and interleaved schedules never
+      call `backward_epilogue()`; the file ships byte-identical in CodexDive/Holmes d8d2ac5): a
+      bucket's `_collected_grad` is never reset, so `is_all_grad_collected()` holds only in the
+      run's first micro-batch and each bucket is reduce-scattered then and never again. A
+      steady-state iteration moves no gradient bytes; its one DP collective is the parameter
+      all-gather inside `step()`.
     - zero-1: DeepSpeed ZeRO stage 1 as Megatron-DeepSpeed runs it with pipeline parallelism:
       gradients all-reduced after the pipeline flush, each rank steps its shard of the optimizer
       state, then the updated parameters are all-gathered (Rajbhandari et al. SC'20, P_os;
@@ -60,6 +71,8 @@ class OptimizerMode(StrEnum):
     DISTRIBUTED = "distributed"
     DISTRIBUTED_OVERLAPPED = "distributed-overlapped"
     PER_MICROBATCH_OVERLAPPED = "per-microbatch-overlapped"
+    PER_MICROBATCH_GATHER_IN_STEP = "per-microbatch-gather-in-step"
+    REDUCE_SCATTER_ONCE = "reduce-scatter-once"
     ZERO1 = "zero-1"
 
     @property
@@ -80,12 +93,32 @@ class OptimizerMode(StrEnum):
     def gathers_after_step(self) -> bool:
         """Parameters are all-gathered after the step, outside the next forward."""
         return self in (OptimizerMode.DISTRIBUTED, OptimizerMode.ZERO1,
+                        OptimizerMode.PER_MICROBATCH_GATHER_IN_STEP,
+                        OptimizerMode.REDUCE_SCATTER_ONCE)
+
+    @property
+    def gathers_before_forward(self) -> bool:
+        """The previous step's parameter all-gathers run ahead of, and gate, the first forward."""
+        return self in (OptimizerMode.DISTRIBUTED_OVERLAPPED,
                         OptimizerMode.PER_MICROBATCH_OVERLAPPED)
+
+    @property
+    def reduces_gradients(self) -> bool:
+        """A steady-state iteration synchronises gradients over DP."""
+        return self is not OptimizerMode.REDUCE_SCATTER_ONCE
 
     @property
     def reduces_every_microbatch(self) -> bool:
         """Gradients are reduced in every micro-batch's backward, not only the last."""
-        return self is OptimizerMode.PER_MICROBATCH_OVERLAPPED
+        return self in (OptimizerMode.PER_MICROBATCH_OVERLAPPED,
+                        OptimizerMode.PER_MICROBATCH_GATHER_IN_STEP)
+
+    @property
+    def is_megatron_llama(self) -> bool:
+        """Megatron-LLaMA's OverlappedDistributedOptimizer (`--overlapped-distributed-optimizer`)."""
+        return self in (OptimizerMode.PER_MICROBATCH_OVERLAPPED,
+                        OptimizerMode.PER_MICROBATCH_GATHER_IN_STEP,
+                        OptimizerMode.REDUCE_SCATTER_ONCE)
 
 
 @dataclass(frozen=True, slots=True)

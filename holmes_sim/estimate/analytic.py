@@ -184,7 +184,7 @@ class _Estimator:
         """Overlapped optimizer: the first forward consumes parameter buckets in order as their
         all-gathers (one stream, back to back) complete; bucket k's share of that forward can
         start only after the first k + 1 all-gathers (`gather_delay_s`)."""
-        if not self.plan.optimizer.overlapped:
+        if not self.plan.optimizer.gathers_before_forward:
             return 0.0
         buckets = self._buckets(s, "all-gather", "param")
         if not buckets:
@@ -195,6 +195,22 @@ class _Estimator:
         """Seconds of one micro-batch's backward over all chunks of stage s."""
         return sum(self._op_s(s, d, self._virtual(s, c), True)
                    for c in range(self.plan.num_chunks))
+
+    def _every_microbatch_tail_s(self, s: int, d: int, reduce) -> float:
+        """Buckets reduced in every micro-batch's backward, m rounds on one stream (one chunk:
+        the optimizers that do this run no interleaved schedule). A saturated stream ends m
+        rounds after the first bucket's release; from its first backward the stage computes m
+        backwards and the forwards of its steady phase (1F1B: m - warmup - 1 with warmup
+        p - s - 1, Megatron's `num_warmup_microbatches`; GPipe: none). Otherwise the last
+        backward's buckets end it (`released_reduction_tail_s`)."""
+        p, m = self.plan, self.plan.num_microbatches
+        backward = self._backward_window(s, d)
+        forward = sum(self._op_s(s, d, self._virtual(s, c), False) for c in range(p.num_chunks))
+        warmup = m if self._shape[0] is ScheduleKind.GPIPE else min(p.pp - s - 1, m)
+        window = m * backward + max(0, m - warmup - 1) * forward
+        first_release = backward / sum(k for k, _ in reduce)
+        return max(released_reduction_tail_s(reduce, backward),
+                   first_release + m * _total_s(reduce) - window)
 
     def _tail(self, s: int, d: int) -> float:
         """Seconds of stage s's gradient sync, embedding all-reduce, optimizer step and
@@ -212,11 +228,9 @@ class _Estimator:
         """Seconds of the work after the stage's last op (see `_tail`)."""
         p, mode, w = self.plan, self.plan.optimizer, self.w
         t = 0.0
-        reduce = self._buckets(s, mode.gradient_collective, "grad")
-        if mode.reduces_every_microbatch:  # m rounds on one stream, each behind one backward at best
-            backward = self._backward_window(s, d)
-            t += max(reduce[-1][1] if reduce else 0.0,
-                     p.num_microbatches * (_total_s(reduce) - backward) + backward)
+        reduce = self._buckets(s, mode.gradient_collective, "grad") if mode.reduces_gradients else ()
+        if mode.reduces_every_microbatch:
+            t += self._every_microbatch_tail_s(s, d, reduce) if reduce else 0.0
         elif p.releases_gradients_in_backward:
             t += released_reduction_tail_s(reduce, self._backward_window(s, d)) if reduce else 0.0
         else:

@@ -130,7 +130,7 @@ def _recompute_args(mode: str) -> list[str]:
 
 def _optimizer_args(plan: Plan) -> list[str]:
     mode = plan.optimizer
-    if mode is OptimizerMode.PER_MICROBATCH_OVERLAPPED:
+    if mode.is_megatron_llama:
         return ["--overlapped-distributed-optimizer"]
     if mode is OptimizerMode.ZERO1:
         return ["--deepspeed", "--zero-stage", "1"]

@@ -6,15 +6,18 @@ from holmes_sim.errors import ScenarioError
 from holmes_sim.plan import OptimizerMode
 from holmes_sim.policies.base import PlanRequest, Policy
 from holmes_sim.policies.holmes import HolmesPolicy
-from holmes_sim.policies.megatron import MegatronPolicy
+from holmes_sim.policies.megatron import LLAMA_FIXED, LLAMA_RELEASED, MegatronPolicy
 from holmes_sim.policies.references import AllEthernetReference, AllIbReference
 
 POLICIES: dict[str, Policy] = {
     p.name: p for p in (
         MegatronPolicy(),
-        MegatronPolicy(name="megatron-llama", optimizer=OptimizerMode.PER_MICROBATCH_OVERLAPPED,
-                       description="Megatron-LLaMA: Megatron-LM placement, overlapped distributed "
-                                   "optimizer"),
+        MegatronPolicy(name="megatron-llama", llama_release=LLAMA_FIXED,
+                       description="Megatron-LLaMA since 2023-10: Megatron-LM placement, overlapped "
+                                   "distributed optimizer reducing every micro-batch"),
+        MegatronPolicy(name="megatron-llama-2023-08", llama_release=LLAMA_RELEASED,
+                       description="Megatron-LLaMA as released 2023-08 (and in the Holmes "
+                                   "repository): under PP each gradient bucket reduced once per run"),
         MegatronPolicy(name="megatron-deepspeed", optimizer=OptimizerMode.ZERO1,
                        description="Megatron-DeepSpeed: Megatron-LM placement, ZeRO-1 data parallel"),
         HolmesPolicy(),

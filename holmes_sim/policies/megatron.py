@@ -7,9 +7,17 @@ whole job: RDMA only where one fabric reaches every node, otherwise TCP for ever
 What differs is the optimizer:
 - `megatron`: Megatron-LM's distributed optimizer without overlap (`training.distributed_optimizer`,
   `training.overlap_grad_reduce` as the scenario sets them);
-- `megatron-llama`: Megatron-LLaMA (Alibaba, github.com/alibaba/Megatron-LLaMA): the same placement
-  with its OverlappedDistributedOptimizer: bucketed reduce-scatter during the backward and the
-  parameter all-gather overlapped with the next forward;
+- `megatron-llama`: Megatron-LLaMA (Alibaba, github.com/alibaba/Megatron-LLaMA) as its schedules
+  call its OverlappedDistributedOptimizer since commits e48bbb3 (2023-10-07) and 25306de
+  (2023-10-09), which answered its issues #29 and #37: each bucket reduce-scattered in every
+  micro-batch's backward, the parameters all-gathered ahead of the next forward
+  (`OptimizerMode.PER_MICROBATCH_OVERLAPPED`). Its interleaved schedule still calls neither the
+  reduction epilogue nor the gather (issue #37: "virtual PP" unsupported), so the policy refuses it;
+- `megatron-llama-2023-08`: the same optimizer as first released (d2e05b8, 2023-08-03; the file
+  ships byte-identical in CodexDive/Holmes' first commit d8d2ac5). Only its no-pipeline schedule
+  calls `backward_epilogue()`; under PP > 1 each bucket is reduce-scattered once, in the run's
+  first micro-batch, and a steady-state iteration's only DP traffic is the parameter all-gather
+  in `step()` (`OptimizerMode.REDUCE_SCATTER_ONCE`; the model then does not train correctly);
 - `megatron-deepspeed`: Megatron-DeepSpeed with ZeRO stage 1 (github.com/microsoft/
   Megatron-DeepSpeed): its pipeline engine all-reduces gradients after the pipeline flush, steps
   each rank's optimizer shard and all-gathers the parameters, none of it overlapped.
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from holmes_sim.errors import PlanError
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.transport import job_wide_fabric, job_wide_transport
 from holmes_sim.plan import OptimizerMode, Plan
@@ -30,6 +39,29 @@ from holmes_sim.policies.base import (
     equal_partition,
     rank_order,
 )
+from holmes_sim.schedule import ScheduleKind
+
+LLAMA_FIXED = "2023-10"
+"""Megatron-LLaMA e48bbb3 + 25306de: the 1F1B schedule reduces every micro-batch."""
+LLAMA_RELEASED = "2023-08"
+"""Megatron-LLaMA d2e05b8: under PP > 1 each bucket is reduced once per run."""
+
+
+def megatron_llama_optimizer(release: str, request: PlanRequest) -> OptimizerMode:
+    """Megatron-LLaMA's OverlappedDistributedOptimizer as `release` runs the request's schedule.
+
+    Raises:
+        PlanError: the fixed release with the interleaved schedule (never adapted upstream).
+    """
+    if request.pp == 1:  # forward_backward_no_pipelining calls backward_epilogue() in both
+        return OptimizerMode.PER_MICROBATCH_OVERLAPPED if release == LLAMA_FIXED \
+            else OptimizerMode.PER_MICROBATCH_GATHER_IN_STEP
+    if release == LLAMA_RELEASED:
+        return OptimizerMode.REDUCE_SCATTER_ONCE
+    if request.schedule_kind is ScheduleKind.INTERLEAVED:
+        raise PlanError("Megatron-LLaMA's overlapped distributed optimizer does not run the "
+                        "interleaved schedule (alibaba/Megatron-LLaMA issue #37); use 1f1b")
+    return OptimizerMode.PER_MICROBATCH_OVERLAPPED
 
 
 @dataclass(frozen=True)
@@ -38,6 +70,8 @@ class MegatronPolicy:
     description: str = "Megatron-LM default: listing order, equal partition, job-wide transport"
     optimizer: OptimizerMode | None = None
     """None: as the scenario's `training` says; else this framework's fixed optimizer."""
+    llama_release: str | None = None
+    """Megatron-LLaMA's release (`LLAMA_FIXED`, `LLAMA_RELEASED`): its optimizer for the request."""
 
     def cluster_view(self, cluster: Cluster) -> Cluster:
         return cluster
@@ -53,5 +87,11 @@ class MegatronPolicy:
         layers = equal_partition(request.workload.num_layers, request.pp * request.num_chunks)
         return Plan(self.name, request.tp, request.pp, request.dp, rank_to_gpu, layers,
                     request.schedule_kind, request.num_microbatches, request.num_chunks,
-                    self.optimizer or default_optimizer(request), groups,
-                    overlap_grad_reduce=self.optimizer is None and request.overlap_grad_reduce)
+                    self._optimizer(request), groups,
+                    overlap_grad_reduce=self.optimizer is None and self.llama_release is None
+                    and request.overlap_grad_reduce)
+
+    def _optimizer(self, request: PlanRequest) -> OptimizerMode:
+        if self.llama_release is not None:
+            return megatron_llama_optimizer(self.llama_release, request)
+        return self.optimizer or default_optimizer(request)

@@ -107,11 +107,15 @@ class StageTimer:
 
     def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
         w, ring = self.r.workload, self.dp_ring[s]
-        reduce = ring.time_s(self.optimizer.gradient_collective, w.grad_bytes_of(params))
-        gather = ring.time_s("all-gather", params * w.dtype_bytes) if self.optimizer.sharded else 0.0
-        if self.optimizer.overlapped:  # hidden behind one micro-batch's backward / forward
-            return max(0.0, reduce - bwd_s) + max(0.0, gather - fwd_s)
-        if self.optimizer.reduces_every_microbatch:  # each micro-batch's behind its backward
+        mode = self.optimizer
+        reduce = ring.time_s(mode.gradient_collective, w.grad_bytes_of(params)) \
+            if mode.reduces_gradients else 0.0
+        gather = ring.time_s("all-gather", params * w.dtype_bytes) if mode.sharded else 0.0
+        if mode.gathers_before_forward:  # hidden behind one micro-batch's forward
+            gather = max(0.0, gather - fwd_s)
+        if mode.overlapped:  # hidden behind one micro-batch's backward
+            return max(0.0, reduce - bwd_s) + gather
+        if mode.reduces_every_microbatch:  # each micro-batch's behind its backward
             return self.r.num_microbatches * max(0.0, reduce - bwd_s) + gather
         return reduce + gather
 

@@ -301,7 +301,7 @@ class _Simulation:
         """Process of one (stage, replica): its schedule, then its gradient sync and step."""
         name = self.entity[(s, d)].name
         node = self.cluster.node(self.entity[(s, d)].node)
-        overlapped = self.plan.optimizer.overlapped and s in self.dp_stream
+        overlapped = self.plan.optimizer.gathers_before_forward and s in self.dp_stream
         release = self.plan.releases_gradients_in_backward and s in self.dp_stream
         every_microbatch = self.plan.optimizer.reduces_every_microbatch
         gathers = self._submit_gathers(s, name) if overlapped else {}
@@ -411,7 +411,8 @@ class _Simulation:
         return events
 
     def _submit_gathers(self, s: int, name: str) -> dict[int, list[tuple[simpy.Event, float]]]:
-        """Overlapped optimizer: the previous step's parameter all-gathers, in forward order."""
+        """Gathers before the forward: the previous step's parameter all-gathers, in forward
+        order."""
         stream = self.dp_stream[s]
         return {c: [(self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes), b.fraction)
                     for b in self.buckets[(s, c)]] for c in range(self.plan.num_chunks)}
@@ -478,7 +479,8 @@ class _Simulation:
         """Gradient sync, embedding all-reduce, optimizer step, and (no overlap) all-gather."""
         mode = self.plan.optimizer
         stream = self.dp_stream.get(s)
-        if stream is not None and not self.plan.releases_gradients_in_backward:
+        if stream is not None and mode.reduces_gradients and \
+                not self.plan.releases_gradients_in_backward:
             reductions = [self.coll.submit(stream, name, self._grad_kind, b.grad_bytes)
                           for c in range(self.plan.num_chunks) for b in self.buckets[(s, c)]]
         yield from self._wait_all(name, reductions)

@@ -211,13 +211,20 @@ class PublishedCheck:
                             for name, (m, x, n) in self.by_dataset().items()},
                "within_tolerance": self.within_tolerance}
         if self.paper is not None:
-            p = self.paper
-            doc["paper_figure6"] = {
-                "fitted_ethernet_gbit_per_s": p.ethernet_gbit_per_s, "fitted": p.fitted,
-                "measured_ratio_over_megatron": p.measured_ratio,
-                "predicted_ratio_over_megatron": p.predicted_ratio,
-                "ranking_agrees": p.ranking_agrees, "within_tolerance": p.within_tolerance}
+            doc["paper_figure6"] = paper_json(self.paper)
         return doc
+
+
+def paper_json(p) -> dict:
+    """The Figure 6 comparison (`paper.PaperComparison`) as JSON."""
+    return {"fitted_ethernet_gbit_per_s": p.ethernet_gbit_per_s, "fitted": p.fitted,
+            "measured_ratio_over_megatron": p.measured_ratio,
+            "predicted_ratio_over_megatron": p.predicted_ratio,
+            "beside": {name: {"bar": bar, "predicted_ratio_over_megatron": p.beside_ratio[name],
+                              "error_against_bar": p.beside_error(name)}
+                       for name, bar in p.beside.items()},
+            "bar_policies": p.bar_policies,
+            "ranking_agrees": p.ranking_agrees, "within_tolerance": p.within_tolerance}
 
 
 def check(with_paper: bool = True, progress=None) -> PublishedCheck:
@@ -285,8 +292,13 @@ def paper_table(result: PublishedCheck, width: int = 80, wide: bool = False):
             cells = {"framework": Text(name + note), "paper": f"{p.measured_ratio[name]:.3f}",
                      "predicted": f"{p.predicted_ratio[name]:.3f}", "error": f"{100 * p.error(name):+.1f}%"}
             table.add_row(*(cells[h] for h in headers))
+            for other in (o for o, bar in p.beside.items() if bar == name):
+                cells = {"framework": Text(f"  {other} (beside)"), "paper": "",
+                         "predicted": f"{p.beside_ratio[other]:.3f}",
+                         "error": f"{100 * p.beside_error(other):+.1f}%"}
+                table.add_row(*(cells[h] for h in headers))
         table.caption = (f"ranking {'agrees' if p.ranking_agrees else 'DISAGREES'}; "
-                         f"tolerance {p.tolerance_pct:g}%")
+                         f"tolerance {p.tolerance_pct:g}%. {p.bar_policies}")
         return table
 
     return fit_table(build, ("framework", "paper", "predicted", "error"), ("paper",), width, wide)
