@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
 
-_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+"""Bytes per stored element: FP8 training keeps activations, weights and communication in bf16."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,8 @@ class Workload:
     """Fused attention (Dao et al. 2022/2023): no s x s score tensor in memory."""
     tp_comm_overlap: bool = False
     """The backward's TP all-reduces overlap the weight-gradient GEMMs (`TrainingSpec`)."""
+    fp8_gemms: bool = False
+    """The linear layers' GEMMs run in FP8 (`precision: fp8`, Transformer Engine)."""
 
     @property
     def full_recompute(self) -> bool:
@@ -163,5 +166,5 @@ def build_workload(model: ModelSpec, training: TrainingSpec) -> Workload:
         dtype_bytes=dtype, grad_bytes=4 if training.grad_reduce_in_fp32 else dtype,
         recompute=training.recompute, sequence_parallel=training.sequence_parallel,
         bucket_bytes=training.bucket_size_mb * 1e6, flash_attention=training.flash_attention,
-        tp_comm_overlap=training.tp_comm_overlap,
+        tp_comm_overlap=training.tp_comm_overlap, fp8_gemms=training.precision == "fp8",
     )
