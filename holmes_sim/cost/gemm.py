@@ -6,25 +6,35 @@ wave leaves SMs idle (wave quantization), and a tile that overhangs the matrix c
 (tile quantization). cuBLAS on Ampere/Hopper uses 128x256 / 256x128 / 128x128 CTA tiles for large
 half-precision GEMMs (Anthony et al., "The Case for Co-Designing Model Architectures with
 Hardware", arXiv 2401.14489, section 4; NVIDIA, "Matrix Multiplication Background User's Guide",
-Deep Learning Performance documentation). A tile's main loop runs at the SM's share of the
-GPU's sustained GEMM rate (peak x `compute_efficiency`); each tile also pays a fixed pipeline fill
-and epilogue (`tile_overhead_s`), so the rate rises with k. The result is bounded below by the time to
-stream the operands and the output through HBM (roofline, Williams et al., CACM 2009), which is
-what limits the small-k batched GEMMs of attention.
+Deep Learning Performance documentation). On a GPU whose GEMMs are data-parallel multistage
+kernels (Ampere) each tile also pays a fixed pipeline fill and epilogue (`tile_overhead_s`)
+besides its main loop, so the rate rises with k; persistent warp-specialized kernels (Hopper,
+Blackwell) hide them under another tile's main loop. The result is bounded below
+by the time to stream the operands and the output through HBM (roofline, Williams et al., CACM
+2009), which is what limits the small-k batched GEMMs of attention.
+
+The catalog's GEMM efficiency is a whole-kernel measurement at one shape (the best shape of S.
+Bekman's MAMF finder, its fill, epilogue and waves included). The main loop's rate is derived
+from it (`mainloop_efficiency`) so that this model, at that shape, takes exactly the measured
+time: nothing is counted twice.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
-from holmes_sim.hardware.catalog import GpuModel
+from holmes_sim.hardware.catalog import GpuModel, gemm_rate
 
 _TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
 _K_BLOCK = 32
 """k-depth of one pipeline stage of the Ampere/Hopper half-precision CTA tiles (CUTLASS defaults)."""
 _FILL_STAGES = 2
 """k-blocks loaded before the first MMA of a 3-stage cp.async pipeline."""
+_FP8_BYTES = (1, 2)
+"""Bytes per operand and per output element of an FP8 GEMM: E4M3/E5M2 inputs, bf16 output
+(Transformer Engine's FP8 linear layers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +50,11 @@ class Gemm:
     def flop(self) -> float:
         return 2.0 * self.m * self.n * self.k * self.batch
 
-    def operand_bytes(self, dtype_bytes: int) -> float:
-        """Bytes read (A, B) and written (C) once each."""
-        return dtype_bytes * self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)
+    def operand_bytes(self, dtype_bytes: int, output_bytes: int | None = None) -> float:
+        """Bytes read (A, B, `dtype_bytes` each element) and written (C, `output_bytes`, default
+        the same) once each."""
+        out = dtype_bytes if output_bytes is None else output_bytes
+        return self.batch * (dtype_bytes * (self.m * self.k + self.k * self.n) + out * self.m * self.n)
 
     def backward(self) -> tuple[Gemm, Gemm]:
         """Input gradient dA = dC B^T (m x k, inner n) and weight gradient dB = A^T dC (k x n,
@@ -66,34 +78,74 @@ def _tile_efficiency(gemm: Gemm, tm: int, tn: int, sm_count: int) -> float:
     return gemm.m * gemm.n * gemm.batch / (_waves(gemm, tm, tn, sm_count) * sm_count * tm * tn)
 
 
-def tile_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, dtype_bytes: int) -> float:
-    """Seconds one SM spends on a tm x tn tile outside its main loop, with the tensor cores idle:
+def tile_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]) -> float:
+    """Seconds one SM spends on a tm x tn tile outside its main loop, with the tensor cores idle
+    (none on a GPU whose persistent warp-specialized kernels overlap them with another tile's
+    main loop, `GpuModel.persistent_gemm`):
     filling the software pipeline before the first MMA (`_FILL_STAGES` k-blocks of A and B, or
     all of k when shorter) and the epilogue storing the tile's outputs, both at the SM's share of
     HBM bandwidth. Modelling assumption: one CTA per SM at a time (a 128x256 tile's fp32
     accumulators take half the register file), so nothing hides these phases; the data-parallel
     tiling of cuBLAS/CUTLASS pays them once per tile and wave (NVIDIA CUTLASS, "Efficient GEMM in
-    CUDA": software pipelining, epilogue; Osama et al., "Stream-K", PPoPP 2023, section 2)."""
+    CUDA": software pipelining, epilogue; Osama et al., "Stream-K", PPoPP 2023, section 2).
+    `nbytes`: bytes per operand element and per output element."""
+    if gpu.persistent_gemm:
+        return 0.0
     fill_blocks = min(_FILL_STAGES, math.ceil(k / _K_BLOCK))
-    nbytes = dtype_bytes * (tm * tn + fill_blocks * (tm + tn) * _K_BLOCK)
-    return nbytes * gpu.sm_count / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
+    operand, output = nbytes
+    moved = output * tm * tn + operand * fill_blocks * (tm + tn) * _K_BLOCK
+    return moved * gpu.sm_count / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
 
 
-def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tm: int, tn: int, dtype_bytes: int) -> float:
-    """Waves x (main loop over k at the sustained per-SM rate + the tile's fixed overhead)."""
-    waves = _waves(gemm, tm, tn, gpu.sm_count)
-    per_sm_rate = gpu.peak_flop_per_s * gpu.compute_efficiency / gpu.sm_count
-    mainloop = 2.0 * tm * tn * gemm.k / per_sm_rate
-    return waves * (mainloop + tile_overhead_s(gpu, tm, tn, gemm.k, dtype_bytes))
+def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tile: tuple[int, int], peak_flop_per_s: float,
+                  nbytes: tuple[int, int]) -> float:
+    """Waves x (main loop over k at the per-SM share of `peak_flop_per_s` + the tile's fixed
+    overhead)."""
+    tm, tn = tile
+    mainloop = 2.0 * tm * tn * gemm.k * gpu.sm_count / peak_flop_per_s
+    return _waves(gemm, tm, tn, gpu.sm_count) * \
+        (mainloop + tile_overhead_s(gpu, tm, tn, gemm.k, nbytes))
 
 
-def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2) -> float:
+def _model_time_s(gpu: GpuModel, gemm: Gemm, mainloop_flop_per_s: float,
+                  nbytes: tuple[int, int]) -> float:
+    return min(_tiled_time_s(gpu, gemm, tile, mainloop_flop_per_s, nbytes) for tile in _TILES)
+
+
+@lru_cache(maxsize=256)
+def mainloop_efficiency(gpu: GpuModel, fp8: bool = False) -> float:
+    """Fraction of peak the tensor cores run at inside a tile's main loop: the efficiency for
+    which the tiled model, at the benchmark shape, takes the measured whole-kernel time
+    flop / (peak x measured efficiency). The model time falls monotonically with the efficiency;
+    bisection to 1e-9. Without an SM count or a benchmark shape: the measured efficiency."""
+    rate = gemm_rate(gpu, fp8)
+    if gpu.sm_count is None or rate.benchmark_shape is None:
+        return rate.measured_efficiency
+    shape, nbytes = Gemm(*rate.benchmark_shape), _FP8_BYTES if fp8 else (2, 2)
+    target = shape.flop / (rate.peak_flop_per_s * rate.measured_efficiency)
+
+    def model_s(efficiency: float) -> float:
+        return _model_time_s(gpu, shape, rate.peak_flop_per_s * efficiency, nbytes)
+
+    low, high = rate.measured_efficiency, 1.0
+    if model_s(high) > target:
+        return high
+    while high - low > 1e-9:
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if model_s(mid) > target else (low, mid)
+    return high
+
+
+def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = False) -> float:
     """Seconds for `gemm` on `gpu`: the fastest tiling's waves x (main loop + fixed tile overhead),
     bounded below by streaming the operands and output through HBM once (roofline, Williams et
-    al., CACM 2009). The fixed overhead is what makes small-k GEMMs (attention scores, row-parallel
-    projections under wide TP) run well below the tensor-core rate. Without an SM count the GEMM
-    runs at the sustained rate, unquantized."""
-    traffic = gemm.operand_bytes(dtype_bytes) / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
+    al., CACM 2009). `fp8`: the GEMM runs at the FP8 tensor rate with one-byte operands and a
+    16-bit output (Transformer Engine). Without an SM count the GEMM runs at the measured
+    efficiency, unquantized."""
+    rate = gemm_rate(gpu, fp8)
+    nbytes = _FP8_BYTES if fp8 else (dtype_bytes, dtype_bytes)
+    traffic = gemm.operand_bytes(*nbytes) / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
     if gpu.sm_count is None:
-        return max(gemm.flop / (gpu.peak_flop_per_s * gpu.compute_efficiency), traffic)
-    return max(min(_tiled_time_s(gpu, gemm, tm, tn, dtype_bytes) for tm, tn in _TILES), traffic)
+        return max(gemm.flop / (rate.peak_flop_per_s * rate.measured_efficiency), traffic)
+    mainloop = rate.peak_flop_per_s * mainloop_efficiency(gpu, fp8)
+    return max(_model_time_s(gpu, gemm, mainloop, nbytes), traffic)

@@ -13,6 +13,11 @@ k = h g / a the K and V width of g query groups (3h/t for multi-head attention; 
 (s, s, h/a) x b a/t, context (s, h/a, s) x b a/t, projection (M, h, h/t), MLP (M, f1/t, h) and
 (M, h, f/t) with f1 = 2f for SwiGLU (gate and up in one GEMM, `MLP.linear_fc1` of
 megatron/core/transformer/mlp.py) else f; each has two backward GEMMs (`Gemm.backward`).
+With `precision: fp8` the four linear layers' GEMMs and their backward GEMMs run at the FP8 tensor
+rate (Transformer Engine's `Linear` layers cast inputs and weights to FP8 for forward, dgrad and
+wgrad, under delayed or current scaling: NVIDIA Transformer Engine documentation, "Using FP8 with
+Transformer Engine"); the attention score and context GEMMs (Transformer Engine's attention runs
+in bf16 unless FP8 attention is enabled), the output layer and every other kernel stay bf16.
 
 Memory-bound kernels (bytes read + written; Megatron-LM's fused kernels: Apex fused LayerNorm,
 fused bias-GeLU, fused bias-dropout-add, fused scale-mask-softmax; dropout masks one byte per
@@ -116,10 +121,11 @@ def _memory_s(gpu: GpuModel, nbytes: float) -> float:
     return nbytes / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
 
 
-def _gemms_s(gpu: GpuModel, gemms: tuple[Gemm, ...], d: int, backward: bool) -> float:
+def _gemms_s(gpu: GpuModel, gemms: tuple[Gemm, ...], d: int, backward: bool,
+             fp8: bool = False) -> float:
     if not backward:
-        return sum(gemm_time_s(gpu, g, d) for g in gemms)
-    return sum(gemm_time_s(gpu, x, d) for g in gemms for x in g.backward())
+        return sum(gemm_time_s(gpu, g, d, fp8) for g in gemms)
+    return sum(gemm_time_s(gpu, x, d, fp8) for g in gemms for x in g.backward())
 
 
 def _flash_s(gpu: GpuModel, flop: float, backward: bool) -> float:
@@ -139,7 +145,7 @@ def layer_pass_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     k = layer_kernels(w, tp)
     d = w.dtype_bytes
     other = k.other_bytes_bwd if backward else k.other_bytes_fwd
-    return _gemms_s(gpu, k.dense, d, backward) + _memory_s(gpu, other) + \
+    return _gemms_s(gpu, k.dense, d, backward, w.fp8_gemms) + _memory_s(gpu, other) + \
         attention_core_s(gpu, k, d, backward)
 
 
@@ -162,8 +168,8 @@ def tp_overlap_windows_s(gpu: GpuModel, w: Workload, tp: int) -> tuple[float, fl
     the windows in which Megatron-LM's asynchronous TP all-reduce of their input gradients runs
     (`LinearWithGradAccumulationAndAsyncCommunication`)."""
     qkv, _, up, _ = layer_kernels(w, tp).dense
-    return (gemm_time_s(gpu, qkv.backward()[1], w.dtype_bytes),
-            gemm_time_s(gpu, up.backward()[1], w.dtype_bytes))
+    return (gemm_time_s(gpu, qkv.backward()[1], w.dtype_bytes, w.fp8_gemms),
+            gemm_time_s(gpu, up.backward()[1], w.dtype_bytes, w.fp8_gemms))
 
 
 @lru_cache(maxsize=4096)

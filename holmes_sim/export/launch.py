@@ -88,6 +88,12 @@ def pipeline_layout(plan: Plan) -> str:
     return "|".join(stages)
 
 
+def _precision_args(precision: str) -> list[str]:
+    """`--bf16`/`--fp16`; fp8: bf16 training with Transformer Engine FP8 GEMMs in the hybrid
+    format (E4M3 forward, E5M2 gradients; Megatron-LM `--fp8-format`)."""
+    return ["--bf16", "--fp8-format", "hybrid"] if precision == "fp8" else [f"--{precision}"]
+
+
 def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
     """Arguments of `pretrain_gpt.py` for the plan's layout, batch, numerics and optimizer."""
     w = workload
@@ -96,7 +102,7 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
             "--ffn-hidden-size", str(w.ffn), "--num-attention-heads", str(w.heads),
             "--seq-length", str(w.seq), "--max-position-embeddings", str(w.seq),
             "--micro-batch-size", str(w.micro_batch), "--global-batch-size", str(w.global_batch),
-            f"--{precision}"]
+            *_precision_args(precision)]
     args += _layout_args(plan)
     if not w.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")

@@ -38,6 +38,39 @@ class GpuModel:
     """Achievable fraction of HBM bandwidth for streaming (memory-bound) kernels."""
     attention_efficiency: float = 0.6
     """Achieved fraction of peak of a fused (flash) attention kernel."""
+    benchmark_shape: tuple[int, int, int] | None = None
+    """(m, n, k) of the GEMM at which `compute_efficiency` was measured (None: not known; the
+    GEMM model then runs its main loop at `compute_efficiency`)."""
+    fp8_peak_flop_per_s: float | None = None
+    """Dense FP8 tensor peak; None: no FP8 tensor cores."""
+    fp8_compute_efficiency: float | None = None
+    """As `compute_efficiency`, for FP8 GEMMs."""
+    fp8_benchmark_shape: tuple[int, int, int] | None = None
+    """As `benchmark_shape`, for FP8 GEMMs."""
+    persistent_gemm: bool = False
+    """cuBLAS runs warp-specialized persistent GEMM kernels that overlap each tile's pipeline fill
+    and epilogue with another tile's main loop (Hopper, Blackwell); False: data-parallel
+    multistage kernels that pay them once per tile (Ampere)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GemmRate:
+    """A GPU's GEMM rate at one precision: dense peak, the measured whole-kernel efficiency and
+    the (m, n, k) it was measured at."""
+
+    peak_flop_per_s: float
+    measured_efficiency: float
+    benchmark_shape: tuple[int, int, int] | None
+
+
+def gemm_rate(gpu: GpuModel, fp8: bool = False) -> GemmRate:
+    """The GPU's 16-bit (bf16/fp16) or FP8 GEMM rate."""
+    if not fp8:
+        return GemmRate(gpu.peak_flop_per_s, gpu.compute_efficiency, gpu.benchmark_shape)
+    if gpu.fp8_peak_flop_per_s is None or gpu.fp8_compute_efficiency is None:
+        raise FieldError("training.precision", f"GPU model '{gpu.name}' has no FP8 tensor rate; "
+                                               "use bf16 or declare fp8_peak_tflops for it")
+    return GemmRate(gpu.fp8_peak_flop_per_s, gpu.fp8_compute_efficiency, gpu.fp8_benchmark_shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,32 +105,76 @@ class LinkModel:
 
 
 # compute_efficiency is the GEMM rate a GPU sustains through a training run, over its data-sheet
-# peak. Source: S. Bekman, "Machine Learning Engineering", compute/accelerator (mamf-finder.py
-# and its results table). MAMF, the best shape's rate in a short boost-clock burst: A100 SXM
-# 271.2 of 312 TFLOP/s BF16 (0.869), H100 SXM 794.5 of 989 (0.803; "H200 is the same"). Under
-# sustained load the clock drops to its power limit: the maximum *sustained* rate (MSMF) measured
-# on H200 is 702.9 TFLOP/s (0.711 of peak, 0.849 of its MAMF); B200 shows the same ratio (0.840).
-# Hopper: 0.711 measured. A100 (no MSMF published): its MAMF x the measured 0.849 = 0.738.
-# SM counts: data sheets / architecture whitepapers (GA100 in A100: 108; GH100 SXM: 132).
+# peak, measured as a whole kernel at one shape (benchmark_shape). Source: S. Bekman, "Machine
+# Learning Engineering", compute/accelerator (mamf-finder.py and its MAMF tables: the best shape
+# MxNxK and its rate in a short boost-clock burst). BF16: A100 SXM 271.2 of 312 TFLOP/s at
+# 1024x10240x5120 (0.869); H100 SXM 794.5 of 989 at 2048x2048x13312 (0.803; "H200 is the same");
+# B200 SXM 1745 of 2250 at 1792x16128x3072 (0.776); GB200 1822 of 2500 at 4096x9728x2048
+# (0.729). FP8 (e4m3): H100 SXM 1402.6 of 1979 at 1024x9216x14336 (0.709); H200 SXM 1453.4 of
+# 1979 at 1280x4096x12032 (0.734); B200 3432.5 of 4500 at 15360x4096x3072 (0.763); GB200 3615.6
+# of 5000 at 19456x5120x1536 (0.723). Under sustained load the clock drops to its power limit:
+# the maximum *sustained* rate (MSMF) measured on H200 is 702.9 TFLOP/s (0.711 of peak, 0.849 of
+# its MAMF); B200 shows 0.840 of its MAMF. Hopper BF16: 0.711 measured. Others: MAMF x the
+# sustained ratio of their architecture (Ampere: Hopper's 0.849 for want of an A100 MSMF;
+# Blackwell: 0.840), at the MAMF's best shape.
+# persistent_gemm: Hopper and Blackwell GEMMs are TMA warp-specialized persistent kernels (CUTLASS
+# 3.x kernel schedules: a producer warp prefetches the next tile's k-blocks during the epilogue,
+# and the ping-pong schedule runs one warp group's epilogue under the other's main loop: NVIDIA
+# CUTLASS, "Efficient GEMM in CUDA", warp-specialized persistent ping-pong and cooperative
+# kernels); Ampere's are multistage cp.async kernels, one tile per CTA.
+# SM counts: data sheets / architecture whitepapers (GA100 in A100: 108; GH100 SXM: 132);
+# Blackwell B200 and the B200 GPUs of GB200: 148 (CUDA device properties, multiProcessorCount).
 # memory_efficiency 0.9: streaming kernels (BabelStream Triad) reach about 90% of the HBM
 # data-sheet bandwidth on A100 and H100 (Deakin et al., BabelStream results).
 # attention_efficiency: FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023, arXiv
 # 2307.08691), FlashAttention-3 up to 75% on H100 forward (Shah et al. 2024, arXiv 2407.08608),
-# less in the backward: 0.6 for both.
+# less in the backward: 0.6 for all.
+_HOPPER_SUSTAINED = 0.849
+_BLACKWELL_SUSTAINED = 0.840
 _A100 = "NVIDIA A100 Tensor Core GPU data sheet (2021): 312 TFLOP/s dense BF16, 108 SMs"
-_H100 = "NVIDIA H100 Tensor Core GPU data sheet (2023), SXM: 989 TFLOP/s dense BF16, 3.35 TB/s, 132 SMs"
-_H200 = "NVIDIA H200 Tensor Core GPU data sheet (2024): 989 TFLOP/s dense BF16, 141 GB, 4.8 TB/s"
+_H100 = ("NVIDIA H100 Tensor Core GPU data sheet (2023), SXM: 989 TFLOP/s dense BF16, 1,979 FP8, "
+         "80 GB HBM3, 3.35 TB/s, 132 SMs")
+_H200 = ("NVIDIA H200 Tensor Core GPU data sheet (2024), SXM: 989 TFLOP/s dense BF16, 1,979 FP8, "
+         "141 GB HBM3e, 4.8 TB/s, 132 SMs")
+_B200 = ("NVIDIA HGX B200 data sheet (2024), per GPU: 2.25 PFLOP/s dense BF16, 4.5 FP8, 180 GB "
+         "HBM3e, 8 TB/s")
+_GB200 = ("NVIDIA GB200 NVL72 data sheet (2024), per GPU (1/72 of the rack): 2.5 PFLOP/s dense "
+          "BF16, 5 FP8, 186 GB HBM3e, 8 TB/s")
+
+
+def _a100(name: str, memory_gb: float, bandwidth_gbyte_per_s: float, hbm: str) -> GpuModel:
+    return GpuModel(name, tflops_to_flop_per_s(312), gib_to_bytes(memory_gb),
+                    gbyte_per_s_to_bytes_per_s(bandwidth_gbyte_per_s), 0.738,
+                    f"{_A100}, {memory_gb:.0f} GB {hbm}, {bandwidth_gbyte_per_s:,.0f} GB/s",
+                    sm_count=108, benchmark_shape=(1024, 10240, 5120))
+
+
+def _modern(name: str, bf16: tuple[float, float, tuple[int, int, int]],
+            fp8: tuple[float, float, tuple[int, int, int]], memory_gb: float,
+            bandwidth_gbyte_per_s: float, sm_count: int, source: str) -> GpuModel:
+    """A GPU with BF16 and FP8 tensor cores: each rate as (peak TFLOP/s, efficiency, shape)."""
+    return GpuModel(name, tflops_to_flop_per_s(bf16[0]), gib_to_bytes(memory_gb),
+                    gbyte_per_s_to_bytes_per_s(bandwidth_gbyte_per_s), bf16[1], source,
+                    sm_count=sm_count, benchmark_shape=bf16[2],
+                    fp8_peak_flop_per_s=tflops_to_flop_per_s(fp8[0]), fp8_compute_efficiency=fp8[1],
+                    fp8_benchmark_shape=fp8[2], persistent_gemm=True)
+
+
 GPUS: dict[str, GpuModel] = {
-    "a100-40gb": GpuModel("a100-40gb", tflops_to_flop_per_s(312), gib_to_bytes(40),
-                          gbyte_per_s_to_bytes_per_s(1555), 0.738, _A100 + ", 40 GB HBM2, 1,555 GB/s",
-                          sm_count=108),
-    "a100-80gb": GpuModel("a100-80gb", tflops_to_flop_per_s(312), gib_to_bytes(80),
-                          gbyte_per_s_to_bytes_per_s(2039), 0.738,
-                          _A100 + ", 80 GB HBM2e, 2,039 GB/s", sm_count=108),
-    "h100-sxm": GpuModel("h100-sxm", tflops_to_flop_per_s(989), gib_to_bytes(80),
-                         gbyte_per_s_to_bytes_per_s(3350), 0.711, _H100, sm_count=132),
-    "h200": GpuModel("h200", tflops_to_flop_per_s(989), gib_to_bytes(141),
-                     gbyte_per_s_to_bytes_per_s(4800), 0.711, _H200, sm_count=132),
+    "a100-40gb": _a100("a100-40gb", 40, 1555, "HBM2"),
+    "a100-80gb": _a100("a100-80gb", 80, 2039, "HBM2e"),
+    "h100-sxm": _modern("h100-sxm", (989, 0.711, (2048, 2048, 13312)),
+                        (1979, round(0.709 * _HOPPER_SUSTAINED, 3), (1024, 9216, 14336)),
+                        80, 3350, 132, _H100),
+    "h200": _modern("h200", (989, 0.711, (2048, 2048, 13312)),
+                    (1979, round(0.734 * _HOPPER_SUSTAINED, 3), (1280, 4096, 12032)),
+                    141, 4800, 132, _H200),
+    "b200": _modern("b200", (2250, round(0.776 * _BLACKWELL_SUSTAINED, 3), (1792, 16128, 3072)),
+                    (4500, round(0.763 * _BLACKWELL_SUSTAINED, 3), (15360, 4096, 3072)),
+                    180, 8000, 148, _B200),
+    "gb200": _modern("gb200", (2500, round(0.729 * _BLACKWELL_SUSTAINED, 3), (4096, 9728, 2048)),
+                     (5000, round(0.723 * _BLACKWELL_SUSTAINED, 3), (19456, 5120, 1536)),
+                     186, 8000, 148, _GB200),
 }
 
 # Line rates: IBTA / NVIDIA ConnectX data sheets (EDR 100, HDR 200, NDR 400 Gb/s) and IEEE 802.3.
@@ -115,6 +192,10 @@ NICS: dict[str, NicModel] = {
                        _IB + ", HDR 200 Gb/s"),
     "ib-ndr": NicModel("ib-ndr", "ib", gbit_per_s_to_bytes_per_s(400), us_to_s(10), 0.92,
                        _IB + ", NDR 400 Gb/s"),
+    "connectx-7": NicModel("connectx-7", "ib", gbit_per_s_to_bytes_per_s(400), us_to_s(10), 0.92,
+                           "NVIDIA ConnectX-7 data sheet: InfiniBand NDR 400 Gb/s per port"),
+    "connectx-8": NicModel("connectx-8", "ib", gbit_per_s_to_bytes_per_s(800), us_to_s(10), 0.92,
+                           "NVIDIA ConnectX-8 SuperNIC data sheet: InfiniBand XDR 800 Gb/s"),
     "roce-100g": NicModel("roce-100g", "roce", gbit_per_s_to_bytes_per_s(100), us_to_s(12), 0.90,
                           "NVIDIA ConnectX-6 Dx data sheet, 100 GbE RoCEv2"),
     "roce-200g": NicModel("roce-200g", "roce", gbit_per_s_to_bytes_per_s(200), us_to_s(12), 0.90,
@@ -125,13 +206,20 @@ NICS: dict[str, NicModel] = {
 }
 
 # Per-GPU, per-direction bandwidth. NVLink 3 (A100): 600 GB/s total = 300 GB/s each way; NVLink 4
-# (H100/H200): 900 GB/s total = 450 each way (NVIDIA data sheets). PCIe 4/5 x16: 32/64 GB/s each
-# way (PCI-SIG). Efficiency 0.77: nccl-tests all-reduce bus bandwidth on DGX A100 ~230 of 300 GB/s.
+# (H100/H200): 900 GB/s total = 450 each way; NVLink 5 (B200, GB200): 1.8 TB/s total = 900 each
+# way (NVIDIA data sheets). PCIe 4/5 x16: 32/64 GB/s each way (PCI-SIG). Efficiency 0.77:
+# nccl-tests all-reduce bus bandwidth on DGX A100 ~230 of 300 GB/s, kept for NVLink 4/5.
+# NVSwitch domain: a node's GPUs share its intra-node link (`gpus_per_node`): 8 on HGX/DGX
+# H100, H200 and B200 boards; 72 in a GB200 NVL72 rack, whose NVLink Switch trays connect all 72
+# GPUs at the full NVLink 5 rate (NVIDIA GB200 NVL72 data sheet: 130 TB/s NVLink domain), so the
+# rack is one 72-GPU node: `gpus_per_node: 72, intra_node: nvlink5, gpu: gb200`.
 LINKS: dict[str, LinkModel] = {
     "nvlink3": LinkModel("nvlink3", gbyte_per_s_to_bytes_per_s(300), us_to_s(3), 0.77,
                          "NVIDIA A100 data sheet: NVLink 600 GB/s"),
     "nvlink4": LinkModel("nvlink4", gbyte_per_s_to_bytes_per_s(450), us_to_s(3), 0.77,
                          "NVIDIA H100 data sheet: NVLink 900 GB/s"),
+    "nvlink5": LinkModel("nvlink5", gbyte_per_s_to_bytes_per_s(900), us_to_s(3), 0.77,
+                         "NVIDIA HGX B200 / GB200 NVL72 data sheets: NVLink 5, 1.8 TB/s per GPU"),
     "pcie4": LinkModel("pcie4", gbyte_per_s_to_bytes_per_s(32), us_to_s(5), 0.8, "PCI-SIG PCIe 4.0 x16"),
     "pcie5": LinkModel("pcie5", gbyte_per_s_to_bytes_per_s(64), us_to_s(5), 0.8, "PCI-SIG PCIe 5.0 x16"),
 }
@@ -159,10 +247,15 @@ def build_catalog(spec: CatalogSpec) -> Catalog:
     """Merge the scenario's catalog entries over the built-in ones."""
     gpus = dict(GPUS)
     for name, g in spec.gpus.items():
+        fp8_peak = None if g.fp8_peak_tflops is None else tflops_to_flop_per_s(g.fp8_peak_tflops)
+        fp8_efficiency = g.compute_efficiency if g.fp8_compute_efficiency is None \
+            else g.fp8_compute_efficiency
         gpus[name] = GpuModel(name, tflops_to_flop_per_s(g.peak_tflops), gib_to_bytes(g.memory_gib),
                               gbyte_per_s_to_bytes_per_s(g.memory_bandwidth_gbyte_per_s),
                               g.compute_efficiency, g.source, g.sm_count, g.memory_efficiency,
-                              g.attention_efficiency)
+                              g.attention_efficiency, fp8_peak_flop_per_s=fp8_peak,
+                              fp8_compute_efficiency=fp8_efficiency,
+                              persistent_gemm=g.persistent_gemm)
     nics = dict(NICS)
     for name, n in spec.nics.items():
         nics[name] = NicModel(name, n.type, gbit_per_s_to_bytes_per_s(n.bandwidth_gbit_per_s),

@@ -30,7 +30,8 @@ from holmes_sim.errors import FieldError
 from holmes_sim.model.flops import megatron_core_flop, sc21_flop
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
 
-_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+"""Bytes per stored element: FP8 training keeps activations, weights and communication in bf16."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,9 @@ class Workload:
     flops_formula: str = "sc21"
     """Model FLOPs reported beside TFLOP/s: `sc21` (eq. 3 of [N21], what Megatron-LM logged
     for GPT in 2021-2022) or `megatron-core` (`num_floating_point_operations`, [MLM])."""
+
+    fp8_gemms: bool = False
+    """The linear layers' GEMMs run in FP8 (`precision: fp8`, Transformer Engine)."""
 
     @property
     def groups(self) -> int:
@@ -260,7 +264,8 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1) -> Wor
         dtype_bytes=dtype, grad_bytes=4 if training.grad_reduce_in_fp32 else dtype,
         recompute=training.recompute, sequence_parallel=training.sequence_parallel,
         bucket_bytes=training.bucket_size_mb * 1e6, flash_attention=training.flash_attention,
-        tp_comm_overlap=training.tp_comm_overlap, query_groups=model.num_query_groups,
+        tp_comm_overlap=training.tp_comm_overlap, fp8_gemms=training.precision == "fp8",
+        query_groups=model.num_query_groups,
         swiglu=model.swiglu, squared_relu=model.squared_relu,
         rmsnorm=model.normalization == "rmsnorm", bias=model.bias,
         qkv_bias=model.bias if model.qkv_bias is None else model.qkv_bias,

@@ -39,11 +39,13 @@ class NodeGroupSpec:
     count: int = 1
     """Number of nodes in this group."""
     gpu: str
-    """Catalog GPU model (a100-40gb, a100-80gb, h100-sxm, h200, or one under catalog.gpus)."""
+    """Catalog GPU model (a100-40gb, a100-80gb, h100-sxm, h200, b200, gb200, or one under
+    catalog.gpus)."""
     gpus_per_node: int = 8
     """GPUs per node."""
     intra_node: str = "nvlink3"
-    """Catalog intra-node link (nvlink3, nvlink4, pcie4, pcie5, or one under catalog.links)."""
+    """Catalog intra-node link (nvlink3, nvlink4, nvlink5, pcie4, pcie5, or one under
+    catalog.links). A GB200 NVL72 rack is one node of 72 GPUs on nvlink5."""
     nics: tuple[NicSpec, ...]
     """The node's NICs."""
     name: str | None = None
@@ -95,6 +97,13 @@ class GpuModelSpec:
     """Achievable fraction of memory bandwidth for streaming kernels."""
     attention_efficiency: float = 0.6
     """Achieved fraction of peak of a fused (flash) attention kernel."""
+    fp8_peak_tflops: float | None = None
+    """Dense FP8 tensor peak TFLOP/s (omit: no FP8; `precision: fp8` is then refused)."""
+    fp8_compute_efficiency: float | None = None
+    """As compute_efficiency, for FP8 GEMMs (omit: compute_efficiency)."""
+    persistent_gemm: bool = False
+    """GEMMs run as persistent warp-specialized kernels that hide each tile's pipeline fill and
+    epilogue (Hopper and later); false: each tile pays them (Ampere)."""
     source: str = "user"
 
 

@@ -60,7 +60,10 @@ class TrainingSpec:
     """Sequences per iteration."""
     micro_batch_size: int
     """Sequences per micro-batch."""
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp32", "fp8"] = "bf16"
+    """Training numerics. fp8: the linear layers' GEMMs (forward, dgrad, wgrad) run at the GPU's
+    FP8 tensor rate (Transformer Engine, delayed or current scaling); everything else, the
+    stored activations and the communication stay bf16."""
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation: full recomputes every layer's forward in the backward;
     selective only the attention core (Korthikanti et al. 2022)."""

@@ -94,6 +94,8 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "compute_efficiency": _positive(1),
     "memory_efficiency": _positive(1),
     "attention_efficiency": _positive(1),
+    "fp8_peak_tflops": _positive(1e6),
+    "fp8_compute_efficiency": _positive(1),
     "sm_count": Bound(1, 100_000),
     "top_k": Bound(1, 1000),
     "bucket_size_mb": Bound(1e-3, 1e9),  # 1e9: one bucket for any model

@@ -9,7 +9,8 @@ import pytest
 
 from holmes_sim.hardware.catalog import GPUS
 from holmes_sim.cost import transformer as T
-from holmes_sim.cost.gemm import Gemm, gemm_time_s, quantization_efficiency, tile_overhead_s
+from holmes_sim.cost.gemm import (Gemm, gemm_time_s, mainloop_efficiency, quantization_efficiency,
+                                  tile_overhead_s)
 from holmes_sim.model.workload import Workload
 
 A100 = GPUS["a100-80gb"]
@@ -23,7 +24,7 @@ def _gpt(**overrides) -> Workload:
 
 
 def _mainloop_s(tm: int, tn: int, k: int) -> float:
-    return 2 * tm * tn * k / (A100.peak_flop_per_s * A100.compute_efficiency / 108)
+    return 2 * tm * tn * k / (A100.peak_flop_per_s * mainloop_efficiency(A100) / 108)
 
 
 def _overhead_s(tm: int, tn: int) -> float:
@@ -36,7 +37,7 @@ def test_full_waves_of_whole_tiles_run_the_main_loop_at_the_sustained_rate_plus_
     g = Gemm(128 * 108, 256 * 4, 8192)  # 432 tiles of 128x256: exactly 4 waves on 108 SMs
     assert quantization_efficiency(g, 108) == pytest.approx(1.0)
     assert gemm_time_s(A100, g) == pytest.approx(4 * (_mainloop_s(128, 256, 8192) + _overhead_s(128, 256)))
-    assert tile_overhead_s(A100, 128, 256, 8192, 2) == pytest.approx(_overhead_s(128, 256))
+    assert tile_overhead_s(A100, 128, 256, 8192, (2, 2)) == pytest.approx(_overhead_s(128, 256))
 
 
 def test_one_tile_row_more_than_a_wave_costs_about_half_a_wave_more():
@@ -51,7 +52,7 @@ def test_gemm_rate_rises_with_the_inner_dimension():
     """The fixed per-tile cost weighs less as k grows: why narrow models run below the MAMF."""
     gemms = {k: Gemm(32768, 6912, k) for k in (768, 2304, 16384)}
     rate = {k: g.flop / gemm_time_s(A100, g) for k, g in gemms.items()}
-    sustained = A100.peak_flop_per_s * A100.compute_efficiency
+    sustained = A100.peak_flop_per_s * mainloop_efficiency(A100)
     assert rate[768] < rate[2304] < rate[16384] < sustained
     assert rate[16384] > 0.97 * sustained and rate[768] < 0.8 * sustained
 
