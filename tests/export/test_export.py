@@ -49,11 +49,7 @@ def test_holmes_arguments_follow_its_parser_rules(write_scenario):
     types = args[args.index("--hetero-device-types") + 1:args.index("--hetero-pipeline-stages")]
     stages = [int(x) for x in args[args.index("--hetero-pipeline-stages") + 1:args.index("--use-hetnet")]]
     assert len(types) == len(set(types))  # one group per device type
-    counts, layers, i = [], [], 0
-    while i < len(stages):
-        counts.append(stages[i])
-        layers += stages[i + 1:i + 1 + stages[i]]
-        i += 1 + stages[i]
+    counts, layers = hetero_stages(stages)
     assert len(counts) == len(types) and sum(counts) == plan.pp
     assert layers == list(plan.layers_per_stage) and sum(layers) == prepared.workload.num_layers
 
@@ -94,3 +90,13 @@ def test_run_plans_writes_launch_folders_for_real_policies_only(tmp_path):
     assert (tmp_path / "plans" / "holmes" / "launch.sh").exists()
     assert not (tmp_path / "plans" / "all-ib").exists()
     assert (tmp_path / "plans" / "plan_all-ib.json").exists()
+
+
+def hetero_stages(stages: list[int]) -> tuple[list[int], list[int]]:
+    """`--hetero-pipeline-stages n_A l.. n_B l..` as (stage counts per type, layers per stage)."""
+    counts, layers, i = [], [], 0
+    while i < len(stages):
+        counts.append(stages[i])
+        layers += stages[i + 1:i + 1 + stages[i]]
+        i += 1 + stages[i]
+    return counts, layers

@@ -18,6 +18,7 @@ from holmes_sim.export.launch import launch_files, node_order, read_hosts
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
 from tests.conftest import SCENARIOS
+from tests.export.test_export import hetero_stages
 
 DATA = Path(__file__).parent / "data"
 UPSTREAM = json.loads((DATA / "megatron_lm_flags.json").read_text())["flags"]
@@ -80,11 +81,7 @@ def test_holmes_arguments_parse_with_the_fork(export):
     stages = [int(x) for x in parsed["--hetero-pipeline-stages"]]
     assert parsed["--hetero-mode"] == ["pp"] and len(types) == len(set(types))
     assert "--global-batch-size" in parsed
-    counts, layers, i = [], [], 0
-    while i < len(stages):
-        counts.append(stages[i])
-        layers += stages[i + 1:i + 1 + stages[i]]
-        i += 1 + stages[i]
+    counts, layers = hetero_stages(stages)
     assert len(counts) == len(types) and sum(counts) == plan.pp
     assert layers == list(plan.layers_per_stage)
     config = {e["CLUSTER_NAME"] for e in json.loads(files["holmes_config.json"])}
