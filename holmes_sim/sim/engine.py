@@ -23,6 +23,7 @@ Timing assumptions (each entity):
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -90,6 +91,14 @@ def _quiet_collector(threshold: int = 200_000):
         gc.unfreeze()
 
 
+class _Stop(Exception):
+    """Raised by the callback that ends `_CountingEnvironment.run_until`."""
+
+
+def _stop(_event: simpy.Event) -> None:
+    raise _Stop
+
+
 class _CountingEnvironment(simpy.Environment):
     """A SimPy environment that counts processed events (reported by benchmarks)."""
 
@@ -97,9 +106,27 @@ class _CountingEnvironment(simpy.Environment):
         super().__init__()
         self.events_processed = 0
 
-    def step(self) -> None:
-        self.events_processed += 1
-        super().step()
+    def run_until(self, until: simpy.Event) -> None:
+        """`run(until)` as one loop: SimPy's `step` inlined (the same events in the same order,
+        failures raised the same way), without a Python call per event."""
+        until.callbacks.append(_stop)
+        queue, pop, n = self._queue, heapq.heappop, 0
+        try:
+            while queue:
+                self._now, _, _, event = pop(queue)
+                n += 1
+                callbacks, event.callbacks = event.callbacks, None
+                for callback in callbacks:
+                    callback(event)
+                if not event._ok and not hasattr(event, "_defused"):
+                    exc = type(event._value)(*event._value.args)
+                    exc.__cause__ = event._value
+                    raise exc
+        except _Stop:
+            return
+        finally:
+            self.events_processed += n
+        raise RuntimeError(f'No scheduled events left but "until" event was not triggered: {until}')
 
 
 class _Jitter:
@@ -291,7 +318,7 @@ class _Simulation:
     def run(self) -> Trace:
         done = [self.env.process(self._entity(s, d)) for s in range(self.plan.pp)
                 for d in self.classes.reps]
-        self.env.run(self.env.all_of(done))
+        self.env.run_until(self.env.all_of(done))
         self.trace.iteration_s = self.env.now
         self.trace.flows = self.net.flows_started
         self.trace.events = self.env.events_processed
@@ -308,40 +335,62 @@ class _Simulation:
         last_b = self._last_backward_per_chunk(s)
         first_f = self._first_forward_per_chunk(s)
         reductions: list[simpy.Event] = []
-        for op in self.schedule.stage_ops[s]:
-            j = self.schedule.virtual_stage(s, op.chunk)
-            yield from self._wait_input(name, op, j, d)
-            backward = op.kind == "B"
+        env, record = self.env, self.trace.op
+        plain = self.cpu is None and not self.jitter.rng  # an op is one timeout of its seconds
+        for op, j, backward in self._stage_ops(s):
+            waited = self._input_wait(op, j, d)
+            if waited is not None:
+                t0 = env._now  # `now` without the property's call (hot path)
+                yield waited[1]
+                self._record_wait(name, op, waited[0], t0)
             dur, tp = self._durations(node, j, backward)
             kind = OpKind.BACKWARD if backward else OpKind.FORWARD
             if overlapped and not backward and first_f[op.chunk] == op:
                 yield from self._gated_compute(name, op, kind, dur, tp, gathers[op.chunk])
             elif release and backward and (last_b[op.chunk] == op or every_microbatch):
                 reductions += (yield from self._releasing_compute(name, s, op, kind, dur, tp))
+            elif plain:  # `_compute` inlined: the same timeout and records
+                start = env._now
+                yield env.timeout(dur + tp)
+                record(start, start + dur, name, "compute", kind, 0, op.microbatch, op.chunk)
+                if tp > 0:
+                    record(start + dur, env._now, name, "compute", OpKind.TP_COMM, 0,
+                           op.microbatch, op.chunk)
             else:
                 yield from self._compute(name, op, kind, dur, tp)
             self._send_output(op, j, d)
         yield from self._finish(name, node, s, d, reductions)
 
-    def _wait_input(self, name: str, op: Op, j: int, d: int):
-        """Wait for the activation (F) or gradient (B) this op consumes, recording the idle time
-        split into bubble (producer not done) and exposed PP (bytes on the wire)."""
+    def _stage_ops(self, s: int) -> list[tuple[Op, int, bool]]:
+        """Stage s's ops in order, each with its virtual stage and whether it is a backward."""
+        virtual = self.schedule.virtual_stage
+        return [(op, virtual(s, op.chunk), op.kind == "B") for op in self.schedule.stage_ops[s]]
+
+    def _input_wait(self, op: Op, j: int, d: int) -> tuple[tuple, simpy.Event] | None:
+        """Post the receive of the activation (F) or gradient (B) this op consumes; return its
+        message key and arrival event if it has not arrived yet, else None."""
         if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
-            return
+            return None
         key = (op.kind, j, d, op.microbatch)
         self._post_receive(key)
         ev = self._arrival(key)
         if ev.processed:
-            return
-        t0 = self.env.now
-        yield ev
-        sent = self.send_start.get(key, t0)
-        split = min(max(sent, t0), self.env.now)
+            del self.arrivals[key], self.send_start[key]  # each message is consumed once
+            return None
+        return key, ev
+
+    def _record_wait(self, name: str, op: Op, key: tuple, t0: float) -> None:
+        """After waiting since t0 for message `key`: record the idle time split into bubble
+        (producer not done) and exposed PP (bytes on the wire)."""
+        now = self.env._now
+        del self.arrivals[key]
+        sent = self.send_start.pop(key, t0)
+        split = min(max(sent, t0), now)
         if split > t0:
             self.trace.op(t0, split, name, "compute", OpKind.WAIT_BUBBLE, 0,
                           op.microbatch, op.chunk)
-        if self.env.now > split:
-            self.trace.op(split, self.env.now, name, "compute", OpKind.WAIT_PP, 0,
+        if now > split:
+            self.trace.op(split, now, name, "compute", OpKind.WAIT_PP, 0,
                           op.microbatch, op.chunk)
 
     def _post_receive(self, key: tuple) -> None:
@@ -427,15 +476,15 @@ class _Simulation:
         """Start the point-to-point transfer of an activation or gradient between virtual stages;
         its arrival event fires when the last byte is in (no compute is blocked by sending)."""
         key = (kind, j_to, d, op.microbatch)
-        self.send_start[key] = self.env.now
+        self.send_start[key] = self.env._now
         links, latency, sender = self._pp_route(kind, j_from, j_to, d)
         size = self.pp_bytes
 
         def start() -> None:
-            begun = self.env.now
+            begun = self.env._now
 
             def arrived(_event) -> None:
-                self.trace.op(begun, self.env.now, sender, "pp", OpKind.PP_SEND, size,
+                self.trace.op(begun, self.env._now, sender, "pp", OpKind.PP_SEND, size,
                               op.microbatch, op.chunk)
                 self._arrival(key).succeed()
 

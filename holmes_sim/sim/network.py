@@ -172,9 +172,11 @@ class FlowNetwork:
         flow = _Flow(self._next_fid, route, float(size_bytes), done)
         self._next_fid += 1
         done.flow = flow
-        at = self._env.now + latency_s
-        self._post(at, flow, 0)
-        self._arm(at)
+        at = self._env._now + latency_s  # `now` without the property's call (hot path)
+        self._seq += 1
+        heapq.heappush(self._agenda, (at, self._seq, flow, 0))  # `_post`, inlined
+        if at not in self._armed:
+            self._arm(at)
         return done
 
     # -- agenda ----------------------------------------------------------------------------
@@ -235,7 +237,7 @@ class FlowNetwork:
 
         A wake-up armed for an entry that a rate change made stale finds nothing due.
         """
-        due: float = event.value
+        due: float = event._value  # the due time the wake-up was armed with
         del self._armed[due]
         agenda, members, seeds = self._agenda, self._members, self._seeds
         while agenda and agenda[0][0] <= due:
@@ -248,7 +250,10 @@ class FlowNetwork:
                     del link_members[flow]
                     if link_members:
                         seeds.append(link)
-                self._finish(flow)
+                flow.state = _DONE  # `_finish`, inlined
+                flow.remaining = 0.0
+                flow.rate = 0.0
+                self._active -= 1
                 flow.done.succeed()
         if seeds:
             self._update()
@@ -262,7 +267,7 @@ class FlowNetwork:
     def _start(self, flow: _Flow) -> None:
         """Put `flow` on its links; alone on all of them, it gets its rate at once."""
         flow.state = _ACTIVE
-        now = flow.since = self._env.now
+        now = flow.since = self._env._now
         members = self._members
         alone = True
         for link, weight in flow.links:
@@ -298,7 +303,7 @@ class FlowNetwork:
 
     def _update(self) -> None:
         """Retire finished flows around the touched links, then re-share what they affect."""
-        now = self._env.now
+        now = self._env._now
         finished: list[_Flow] = []
         seeds = self._gather(list(self._seeds), now, finished)
         self._seeds.clear()
