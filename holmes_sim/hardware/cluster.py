@@ -177,7 +177,10 @@ def build_cluster(clusters: tuple[ClusterSpec, ...], fabrics: tuple[FabricSpec, 
         seen_clusters.add(c.name)
         nodes.extend(_build_nodes(c, path, fabric_types, catalog, start=len(nodes)))
     names = [n.name for n in nodes]
-    dup = next((n for n in names if names.count(n) > 1), None)
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    dup = next((n for n in names if counts[n] > 1), None)  # the first repeated, in order
     if dup:
         raise FieldError("clusters", f"two node groups produce the node name '{dup}'; give the "
                          "groups distinct `name` prefixes")
