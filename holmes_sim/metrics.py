@@ -112,11 +112,16 @@ def time_breakdown(trace: Trace) -> dict[str, float]:
     bubble = everything the compute stream did not spend on the other categories: waiting for a
     producer that had not run yet, and idling at the end while others finish."""
     totals = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
-    weight = trace.weight
-    for start, end, entity, stream, kind in trace.ops():
-        if stream == "compute" and kind in _CATEGORY:
-            k = weight(entity)
-            totals[_CATEGORY[kind]] += end - start if k == 1 else (end - start) * k
+    cols = trace.columns()
+    if "compute" in cols.streams:  # the ops' columns, summed in recording order
+        compute = cols.streams.index("compute")
+        category = [_CATEGORY.get(kind) for kind in OpKind]
+        weight = [trace.weight(name) for name in cols.names]
+        for start, end, e, st, kind in zip(cols.start, cols.end, cols.entity, cols.stream,
+                                           cols.kind, strict=True):
+            if st == compute and (cat := category[kind]) is not None:
+                k = weight[e]
+                totals[cat] += end - start if k == 1 else (end - start) * k
     n = max(1, len(trace.entities))
     out = {k: v / n for k, v in totals.items()}
     out["bubble"] = max(0.0, trace.iteration_s - sum(out[k] for k in BREAKDOWN_KEYS if k != "bubble"))
@@ -126,13 +131,16 @@ def time_breakdown(trace: Trace) -> dict[str, float]:
 def stage_busy(trace: Trace, pp: int) -> tuple[float, ...]:
     """Per pipeline stage, the largest compute-stream busy time (F, B, TP) over its replicas (s)."""
     stage_of = {e.name: e.stage for e in trace.entities}
-    busy: dict[str, float] = {}
-    for start, end, entity, _, kind in trace.ops():  # members are as busy as their representative
-        if kind in (OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM):
-            busy[entity] = busy.get(entity, 0.0) + (end - start)
+    cols = trace.columns()
+    busy_kind = [kind in (OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM) for kind in OpKind]
+    busy: dict[int, float] = {}  # by entity index, in order of each entity's first busy op
+    for start, end, e, kind in zip(cols.start, cols.end, cols.entity, cols.kind, strict=True):
+        if busy_kind[kind]:  # members are as busy as their representative
+            busy[e] = busy.get(e, 0.0) + (end - start)
     per_stage = [0.0] * pp
-    for name, b in busy.items():
-        per_stage[stage_of[name]] = max(per_stage[stage_of[name]], b)
+    for e, b in busy.items():
+        stage = stage_of[cols.names[e]]
+        per_stage[stage] = max(per_stage[stage], b)
     return tuple(per_stage)
 
 

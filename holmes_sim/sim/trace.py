@@ -4,8 +4,10 @@ kind and bytes. Metrics, plots and the Chrome/Perfetto export all read this one 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class OpKind(StrEnum):
@@ -57,6 +59,19 @@ class Entity:
 
 _KINDS = tuple(OpKind)
 _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
+
+
+class TraceColumns(NamedTuple):
+    """A trace's ops as columns (`Trace.columns`): start and end s, entity, stream and kind
+    indices (kinds in `OpKind` order), and the entity and stream names the indices point to."""
+
+    start: Sequence[float]
+    end: Sequence[float]
+    entity: Sequence[int]
+    stream: Sequence[int]
+    kind: Sequence[int]
+    names: tuple[str, ...]
+    streams: tuple[str, ...]
 
 
 class Trace:
@@ -125,6 +140,12 @@ class Trace:
         names, streams = self._names, self._streams
         return zip(self._start, self._end, (names[i] for i in self._entity),
                    (streams[i] for i in self._stream), (_KINDS[i] for i in self._kind), strict=True)
+
+    def columns(self) -> TraceColumns:
+        """The recorded ops as columns (representatives only, in recording order): entities,
+        streams and kinds as indices into `names`, `streams` and `OpKind` order."""
+        return TraceColumns(self._start, self._end, self._entity, self._stream, self._kind,
+                            tuple(self._names), tuple(self._streams))
 
     def weight(self, name: str) -> int:
         """How many entities `name`'s records stand for (1 unless it represents a class)."""
