@@ -160,7 +160,8 @@ class _Simulation:
                  options: EngineOptions):
         self.plan, self.cluster, self.workload = plan, cluster, workload
         self.env = _CountingEnvironment()
-        self.caps = link_capacities(cluster)
+        # A copy of the capacities kept with the cluster (the estimate made them already).
+        self.caps = dict(cluster.derived(("link capacities",), lambda: link_capacities(cluster)))
         self.cpu = options.shared_cpu_cores
         if self.cpu is not None:  # compute durations become core-seconds on a shared host
             self.caps[("cpu",)] = self.cpu
