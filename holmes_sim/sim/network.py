@@ -254,7 +254,8 @@ class FlowNetwork:
                 flow.remaining = 0.0
                 flow.rate = 0.0
                 self._active -= 1
-                flow.done.succeed()
+                done, flow.done = flow.done, None  # no flow <-> event cycle left to collect
+                done.succeed()
         if seeds:
             self._update()
         while agenda:
@@ -321,7 +322,8 @@ class FlowNetwork:
                 flows = self._share_components(links)
             self._reschedule(flows, now)
         for flow in finished:
-            flow.done.succeed()
+            done, flow.done = flow.done, None  # no flow <-> event cycle left to collect
+            done.succeed()
 
     def _gather(self, seeds: list[int], now: float, finished: list[_Flow]) -> list[int]:
         """Build the region of `seeds`, retiring finished flows into `finished` (widening the
