@@ -531,3 +531,13 @@ def test_profiles_read_through_the_loader(case: str, tmp_path: Path) -> None:
     profile = make(sub)
     path = _scenario(tmp_path, f"profile: {profile}\n")
     refused(["check", path], str(profile), fragment)
+
+
+@pytest.mark.parametrize("target, fragment", [("/dev/zero", "character device"),
+                                               ("binary", "not UTF-8 text")])
+def test_hosts_file_reads_through_the_loader(target: str, fragment: str, tmp_path: Path) -> None:
+    if target == "binary":
+        target = str(tmp_path / "hosts")
+        Path(target).write_bytes(b"\xff\xfe\x00host\n")
+    refused(["run", "mixed_ib_roce", "-p", "holmes", "--plans", tmp_path / "p", "--hosts", target,
+             "-q"], "--hosts", fragment, limit_s=10)
