@@ -13,6 +13,7 @@ import importlib.util
 import io
 import os
 import sys
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -49,16 +50,13 @@ def _memory_guard(workers: bool = True):
     """The command's memory bound and its workers' (spec/limits.py): past it, or when a worker
     dies, one message and exit 2."""
     from concurrent.futures.process import BrokenProcessPool
-
     from holmes_sim.spec.limits import MemoryBoundError, MemoryGuard
 
     try:
-        guard = MemoryGuard(workers)
-    except HolmesError as exc:
-        raise _fail(exc) from None
-    try:
-        with guard:
+        with (guard := MemoryGuard(workers)):
             yield
+    except HolmesError as exc:  # a bound that is not a number of GiB
+        raise _fail(exc) from None
     except (MemoryBoundError, BrokenProcessPool) as exc:
         why = guard.reason or (str(exc) if isinstance(exc, MemoryBoundError) else
                                "a worker process died (killed by the system, perhaps out of "
@@ -498,9 +496,11 @@ def plan(
         raise _fail(exc) from None
     console = err if _is_stdout(json_path) else out
     print_table(console, plan_table(result, rows, console.width, wide), wide)
-    for line in [why_the_winner_wins(result), *infeasible_summary(result)]:
-        if line:
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    for line in filter(None, [why_the_winner_wins(result), *infeasible_summary(result)]):
+        indent = " " * (len(line) - len(line.lstrip()) + 2)  # folded at spaces to the width
+        console.print(textwrap.fill(line, console.width, subsequent_indent=indent,
+                                    break_long_words=False, break_on_hyphens=False),
+                      highlight=False, markup=False, soft_wrap=True)
 
 
 def _capped_jobs(jobs: int | None) -> int | None:

@@ -55,3 +55,23 @@ def test_sweep_headers_fold_at_path_separators_never_inside_a_name(width):
             assert before.endswith("_") or after.startswith("."), (before, after)
     assert any(" holmes-no-adaptive-partition " in line for line in lines)
     assert f"nodes[0].nics[1].bandwidth_gbit_per_s: {paths[0]}" in " ".join(buf.getvalue().split())
+
+
+def test_plan_lines_under_the_table_fold_to_80_columns(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import small_scenario
+
+    path = tmp_path / "s.yaml"
+    path.write_text(small_scenario(nodes_ib=2, nodes_roce=2, gpus=8, layers=8, global_batch=64,
+                                   hidden=8192, heads=64, seq=4096))
+    proc = subprocess.run([sys.executable, "-m", "holmes_sim", "plan", str(path), "-j", "1"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, proc.stdout
+    after = proc.stdout.split("--wide shows them)")[-1]
+    assert "The best plan" in after and "plans left out" in after, proc.stdout
