@@ -600,3 +600,23 @@ def test_the_guard_counts_only_what_the_command_started() -> None:
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_descendants_include_grandchildren_both_ways() -> None:
+    from holmes_sim.spec.limits import _descendants_by_scan, descendants
+
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(20)']); time.sleep(20)")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while len(descendants(os.getpid())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = descendants(os.getpid())
+        assert child.pid in found and len(found) >= 2
+        assert set(found) == set(_descendants_by_scan(os.getpid()))
+    finally:
+        for pid in descendants(child.pid):
+            os.kill(pid, 9)
+        child.kill()
+        child.wait()

@@ -134,7 +134,29 @@ def _rss_bytes(pid: int) -> int:
 
 
 def descendants(root: int) -> list[int]:
-    """Every live process below `root` (its workers, their helpers), from /proc's parent ids."""
+    """Every live process below `root` (its workers, their helpers): from each thread's
+    /proc/PID/task/TID/children where the kernel has it, else from every process's parent id."""
+    if not os.path.exists(f"/proc/{root}/task/{root}/children"):
+        return _descendants_by_scan(root)
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _descendants_by_scan(root: int) -> list[int]:
     parent: dict[int, list[int]] = {}
     try:
         entries = [e for e in os.listdir("/proc") if e.isdigit()]
