@@ -79,9 +79,10 @@ def _read_up_to(fd: int, size: int) -> bytes:
 
 
 GROUP_MEMORY_GIB = 8.0
-"""Default bound of a command's whole process group (GiB of resident memory): `run` of the
-largest bundled scenario (1,024 GPUs) peaks at 0.1 GiB, `plan mixed_ib_roce -j 2` at 0.6 GiB for
-the three processes (docs/reports.md, "Memory bounds and progress")."""
+"""Default bound of a command's whole process group (GiB of resident memory): `run` at the
+loader's limits peaks at 0.66 GiB (131,072 GPUs) and 0.50 GiB (16,384 micro-batches),
+`plan mixed_ib_roce -j 2` at 0.57 GiB for its three processes (docs/reports.md, "Memory bounds
+and progress")."""
 WORKER_MEMORY_GIB = 1.0
 """Default bound of one `--jobs` worker (GiB): a `plan` worker peaks at 0.26 GiB on
 mixed_ib_roce, a sweep point of large_175b_1024 at 0.1 GiB."""
