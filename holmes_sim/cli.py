@@ -486,7 +486,8 @@ def plan(
             _check_export_targets(export, spec)
         with WorkProgress(err, "plan", "layouts") as bar:
             result = planner.search(prepared, spec, progress=bar.update, jobs=_capped_jobs(jobs),
-                                    ray=ray, max_candidates=max_candidates)
+                                    ray=ray, max_candidates=max_candidates,
+                                    confirming=bar.stage("plan, simulating the best", "plans"))
         if json_path is not None:
             write_json(json_path, stamp(result.to_json()))
         if export is not None:
@@ -504,9 +505,8 @@ def plan(
 
 
 def _capped_jobs(jobs: int | None) -> int | None:
-    """`--jobs`, at most the cores this process may use and the workers the memory holds at
-    their bound (a note says so when it is lowered); None (the command's default) unless the
-    memory allows fewer workers than the cores."""
+    """`--jobs`, at most the cores and the workers the memory holds at their bound (a note says
+    so when it is lowered); None (the command's default) unless the memory allows fewer."""
     from holmes_sim.search.planner import usable_cores
     from holmes_sim.spec.limits import worker_cap
 

@@ -41,12 +41,12 @@ class WorkProgress:
         self.console, self.label, self.unit = console, label, unit
         self.first_s, self.every_s, self.clock = first_s, every_s, clock
         self.bar: Progress | None = None
-        self.start = self.next_line = 0.0
+        self.began = self.start = self.next_line = 0.0
         self.done = self.total = 0
         self.printed = False
 
     def __enter__(self) -> WorkProgress:
-        self.start = self.clock()
+        self.began = self.start = self.clock()
         self.next_line = self.start + self.first_s
         if self.console.is_terminal:
             self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(),
@@ -56,6 +56,30 @@ class WorkProgress:
             self.task = self.bar.add_task(self.label, total=None)
         return self
 
+    def stage(self, label: str, unit: str) -> Callable[[int, int], None]:
+        """An `update` for a next stage of the work, which gets its own label, count and
+        estimate from its first call on."""
+        started = False
+
+        def update(done: int, total: int) -> None:
+            nonlocal started
+            if not started:
+                started = True
+                self._restart(label, unit)
+            self.update(done, total)
+        return update
+
+    def _restart(self, label: str, unit: str) -> None:
+        self.label, self.unit = label, unit
+        self.start = self.clock()
+        self.next_line = min(self.next_line, self.start + self.first_s)
+        self.done = self.total = 0
+        if self.bar is not None:
+            self.bar.remove_task(self.task)
+            self.bar.columns[0].text_format = label
+            self.bar.columns[3].text_format = unit
+            self.task = self.bar.add_task(label, total=None)
+
     def update(self, done: int, total: int) -> None:
         """`done` of `total` items finished."""
         self.done, self.total = done, total
@@ -63,23 +87,22 @@ class WorkProgress:
             self.bar.update(self.task, completed=done, total=total)
             return
         now = self.clock()
-        if now >= self.next_line and done < total:
+        if now >= self.next_line and 0 < done < total:
             self.next_line = now + self.every_s
             self._line(now)
 
     def _line(self, now: float) -> None:
         elapsed = now - self.start
-        left = time_left(elapsed, self.done, self.total)
-        estimate = "estimating the time left" if left is None else f"about {duration(left)} left"
+        left = time_left(elapsed, self.done, self.total) or 0.0  # done > 0 here
         self.console.print(f"{self.label}: {self.done:,}/{self.total:,} {self.unit}, "
-                           f"{duration(elapsed)} so far, {estimate}", highlight=False,
-                           markup=False, soft_wrap=True)
+                           f"{duration(elapsed)} so far, about {duration(left)} left",
+                           highlight=False, markup=False, soft_wrap=True)
         self.printed = True
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.stop()
         elif self.printed and exc[0] is None:
-            self.console.print(f"{self.label}: {self.done:,}/{self.total:,} {self.unit} in "
-                               f"{duration(self.clock() - self.start)}", highlight=False,
+            self.console.print(f"{self.label}: {self.done:,}/{self.total:,} {self.unit}, "
+                               f"{duration(self.clock() - self.began)} in all", highlight=False,
                                markup=False, soft_wrap=True)

@@ -85,7 +85,8 @@ loader's limits peaks at 0.66 GiB (131,072 GPUs) and 0.50 GiB (16,384 micro-batc
 and progress")."""
 WORKER_MEMORY_GIB = 1.0
 """Default bound of one `--jobs` worker (GiB): a `plan` worker peaks at 0.26 GiB on
-mixed_ib_roce, a sweep point of large_175b_1024 at 0.1 GiB."""
+mixed_ib_roce, a `sweep` worker at 0.04 GiB a point of mixed_ib_roce (`run large_175b_1024`, a
+whole process, at 0.10 GiB)."""
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
