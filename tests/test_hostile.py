@@ -573,11 +573,11 @@ def test_a_worker_past_its_bound_stops_the_sweep_and_leaves_no_output(tmp_path: 
     assert not (tmp_path / "s").exists() and elapsed < 10
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf"])
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf", "1e300", "²"])
 def test_a_bad_memory_bound_names_the_variable(value: str) -> None:
     proc, _ = _guarded_cli({"HOLMES_SIM_MAX_MEMORY_GIB": value}, "check", "mixed_ib_roce")
     assert proc.returncode == 2 and "HOLMES_SIM_MAX_MEMORY_GIB=" in proc.stderr, proc.stderr
-    assert "positive number of GiB" in proc.stderr and "Traceback" not in proc.stderr
+    assert "positive number of GiB up to" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_jobs_are_capped_by_the_memory_per_worker(tmp_path: Path) -> None:

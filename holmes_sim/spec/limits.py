@@ -87,6 +87,8 @@ WORKER_MEMORY_GIB = 1.0
 """Default bound of one `--jobs` worker (GiB): a `plan` worker peaks at 0.26 GiB on
 mixed_ib_roce, a `sweep` worker at 0.04 GiB a point of mixed_ib_roce (`run large_175b_1024`, a
 whole process, at 0.10 GiB)."""
+MAX_BOUND_GIB = 1 << 20
+"""Largest bound accepted (1 PiB): past any machine, and still exact in bytes."""
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -109,9 +111,9 @@ def memory_bound_gib(variable: str, default: float) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ScenarioError(f"{variable}={text!r}: expected a positive number of GiB, e.g. "
-                            f"{variable}={default:g}")
+    if not math.isfinite(value) or not 0 < value <= MAX_BOUND_GIB:
+        raise ScenarioError(f"{variable}={text!r}: expected a positive number of GiB up to "
+                            f"{MAX_BOUND_GIB:,}, e.g. {variable}={default:g}")
     return value
 
 
