@@ -620,3 +620,30 @@ def test_descendants_include_grandchildren_both_ways() -> None:
             os.kill(pid, 9)
         child.kill()
         child.wait()
+
+
+# ---- more of the same kind: outputs, addresses and indices never seen by the cases above ----
+HELD_OUT = {
+    "sweep out is /dev/null": (["sweep", "mixed_ib_eth", "--set", "seed=1", "--out", "/dev/null"],
+                               "exists and is not a folder"),
+    "plan json into /proc": (["plan", "mixed_ib_eth", "--json", "/proc/self/status"],
+                             "the kernel's file system"),
+    "empty ray address": (["plan", "mixed_ib_eth", "--ray", ""], "is not a Ray address"),
+    "ray port past 65535": (["sweep", "mixed_ib_eth", "--set", "seed=1", "--ray",
+                             "localhost:99999"], "is not a Ray address"),
+    "huge list index": (["sweep", "mixed_ib_eth", "--set", "clusters[99999999999999999999].name=a"],
+                        "out of range"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HELD_OUT))
+def test_held_out_hostile_invocations(case: str) -> None:
+    args, fragment = HELD_OUT[case]
+    refused(args, fragment, limit_s=10)
+
+
+def test_export_and_hosts_fifos_are_refused(tmp_path: Path) -> None:
+    fifo = _fifo(tmp_path)
+    refused(["plan", "mixed_ib_eth", "--export", fifo], "exists and is not a folder", limit_s=10)
+    refused(["run", "mixed_ib_eth", "-p", "holmes", "-q", "--plans", tmp_path / "p", "--hosts", fifo],
+            "a FIFO (named pipe)", limit_s=10)
