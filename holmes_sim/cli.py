@@ -7,10 +7,13 @@ scenario file, so a result is reproducible from the YAML plus the seed.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import io
 import os
 import sys
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -42,6 +45,34 @@ def _fail(exc: HolmesError) -> typer.Exit:
     return typer.Exit(2)
 
 
+@contextlib.contextmanager
+def _memory_guard(workers: bool = True):
+    """The command's memory bound and its workers' (spec/limits.py): past it, or when a worker
+    dies, one message and exit 2."""
+    from concurrent.futures.process import BrokenProcessPool
+    from holmes_sim.spec.limits import MemoryBoundError, MemoryGuard
+
+    try:
+        with (guard := MemoryGuard(workers)):
+            yield
+    except HolmesError as exc:  # a bound that is not a number of GiB
+        raise _fail(exc) from None
+    except (MemoryBoundError, BrokenProcessPool) as exc:
+        why = guard.reason or (str(exc) if isinstance(exc, MemoryBoundError) else
+                               "a worker process died (killed by the system, perhaps out of "
+                               "memory); run again with fewer --jobs")
+        raise _fail(HolmesError(f"stopped: {why}")) from None
+
+
+def _memory_guarded(command):
+    """Run `command` under `_memory_guard` (its workers bounded too unless it runs on Ray)."""
+    @functools.wraps(command)
+    def guarded(*args, **kwargs):
+        with _memory_guard(workers=kwargs.get("ray") is None):
+            return command(*args, **kwargs)
+    return guarded
+
+
 def _version(value: bool) -> None:
     if value:
         from holmes_sim.version import tool_version
@@ -57,6 +88,7 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 
 @app.command()
+@_memory_guarded
 def run(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p",
@@ -214,6 +246,7 @@ def _warn_memory(outcomes) -> None:
 
 
 @app.command()
+@_memory_guarded
 def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validate.")]) -> None:
     """Validate a scenario and build every policy's plan, without simulating."""
     from holmes_sim.cost.ops import OpCosts
@@ -280,7 +313,8 @@ def validate(
                                            "--policy": policy, "--iterations": iterations is not None,
                                            "--compute": compute, "--report": report,
                                            "a testbed": testbed})
-            _validate_published(json_path, wide)
+            with _memory_guard():
+                _validate_published(json_path, wide)
         except HolmesError as exc:
             raise _fail(exc) from None
         return
@@ -389,7 +423,6 @@ def _validate_published(json_path: Path | None, wide: bool = False) -> None:
 
 def _usage(message: str) -> HolmesError:
     from holmes_sim.errors import ScenarioError
-
     return ScenarioError(message)
 
 
@@ -409,6 +442,7 @@ def _first_comment(path: Path) -> str:
 
 
 @app.command()
+@_memory_guarded
 def plan(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one); its "
                                             "`search:` block bounds the search.")],
@@ -436,11 +470,10 @@ def plan(
 ) -> None:
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
     confirm the best by simulation, compare with the best Megatron-LM default layout."""
-    from rich.progress import Progress
-
     from holmes_sim.search import planner
     from holmes_sim.prepare import prepare
     from holmes_sim.report.files import prepare_output, write_json
+    from holmes_sim.report.progress import WorkProgress
     from holmes_sim.report.tables import print_table
     from holmes_sim.search.report import infeasible_summary, plan_table, why_the_winner_wins
     from holmes_sim.runner import stamp
@@ -451,11 +484,10 @@ def plan(
         spec = prepared.scenario.search if top is None else replace(prepared.scenario.search, top_k=top)
         if export is not None:  # every launch folder the export could write, before the search
             _check_export_targets(export, spec)
-        with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
-            task = bar.add_task("planning", total=None)
-            result = planner.search(prepared, spec,
-                                    progress=lambda done, n: bar.update(task, completed=done, total=n),
-                                    jobs=_capped_jobs(jobs), ray=ray, max_candidates=max_candidates)
+        with WorkProgress(err, "plan", "layouts") as bar:
+            result = planner.search(prepared, spec, progress=bar.update, jobs=_capped_jobs(jobs),
+                                    ray=ray, max_candidates=max_candidates,
+                                    confirming=bar.stage("plan, simulating the best", "plans"))
         if json_path is not None:
             write_json(json_path, stamp(result.to_json()))
         if export is not None:
@@ -465,21 +497,24 @@ def plan(
         raise _fail(exc) from None
     console = err if _is_stdout(json_path) else out
     print_table(console, plan_table(result, rows, console.width, wide), wide)
-    for line in [why_the_winner_wins(result), *infeasible_summary(result)]:
-        if line:
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    for line in filter(None, [why_the_winner_wins(result), *infeasible_summary(result)]):
+        indent = " " * (len(line) - len(line.lstrip()) + 2)  # folded at spaces to the width
+        console.print(textwrap.fill(line, console.width, subsequent_indent=indent,
+                                    break_long_words=False, break_on_hyphens=False),
+                      highlight=False, markup=False, soft_wrap=True)
 
 
 def _capped_jobs(jobs: int | None) -> int | None:
-    """`--jobs`, at most the cores this process may use (a note says so when it is lowered)."""
+    """`--jobs`, at most the cores and the workers the memory holds at their bound (a note says
+    so when it is lowered); None (the command's default) unless the memory allows fewer."""
     from holmes_sim.search.planner import usable_cores
+    from holmes_sim.spec.limits import worker_cap
 
-    cores = usable_cores()
-    if jobs is not None and jobs > cores:
-        err.print(f"note: --jobs {jobs} lowered to {cores}, the CPU cores available", highlight=False,
-                  markup=False)
-        return cores
-    return jobs
+    cap, why = worker_cap(usable_cores())
+    if jobs is not None and jobs > cap:
+        err.print(f"note: --jobs {jobs} lowered to {cap}: {why}", highlight=False, markup=False)
+        return cap
+    return cap if jobs is None and cap < usable_cores() else jobs
 
 
 def _check_export_targets(export: Path, spec) -> None:
@@ -513,6 +548,7 @@ def _export_plans(directory: Path, prepared, result, hosts: Path | None = None) 
 
 
 @app.command()
+@_memory_guarded
 def sweep(
     scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
     sets: Annotated[list[str], typer.Option("--set", help="PATH=V1,V2,... a scenario field by "
@@ -535,19 +571,16 @@ def sweep(
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
 ) -> None:
     """Run a scenario for every combination of field values and tabulate and plot the results."""
-    from rich.progress import Progress
-
+    from holmes_sim.report.progress import WorkProgress
     from holmes_sim.report.tables import print_table
     from holmes_sim.search.sweep import run_sweep, sweep_table, write_sweep
 
     try:
         _check_outputs((out_dir, True, "--out"))
-        with Progress(console=err, transient=True) as bar:
-            task = bar.add_task("sweep", total=None)
+        with WorkProgress(err, "sweep", "points") as bar:
             result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy),
-                               _capped_jobs(jobs),
-                               progress=lambda done, n: bar.update(task, completed=done, total=n),
-                               ray=ray, max_points=max_points)
+                               _capped_jobs(jobs), progress=bar.update, ray=ray,
+                               max_points=max_points)
         write_sweep(out_dir, result)
     except HolmesError as exc:
         raise _fail(exc) from None

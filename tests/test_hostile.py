@@ -4,6 +4,8 @@ single message naming what is wrong, in under 2 s and without a traceback."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -531,3 +533,117 @@ def test_profiles_read_through_the_loader(case: str, tmp_path: Path) -> None:
     profile = make(sub)
     path = _scenario(tmp_path, f"profile: {profile}\n")
     refused(["check", path], str(profile), fragment)
+
+
+@pytest.mark.parametrize("target, fragment", [("/dev/zero", "character device"),
+                                               ("binary", "not UTF-8 text")])
+def test_hosts_file_reads_through_the_loader(target: str, fragment: str, tmp_path: Path) -> None:
+    if target == "binary":
+        target = str(tmp_path / "hosts")
+        Path(target).write_bytes(b"\xff\xfe\x00host\n")
+    refused(["run", "mixed_ib_roce", "-p", "holmes", "--plans", tmp_path / "p", "--hosts", target,
+             "-q"], "--hosts", fragment, limit_s=10)
+
+
+# ---- the memory guard: the command, its workers and --jobs within stated bounds --------------
+def _guarded_cli(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "holmes_sim", *args], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **env})
+    return proc, time.monotonic() - start
+
+
+def test_a_command_past_its_memory_bound_stops_with_one_message(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc, elapsed = _guarded_cli({"HOLMES_SIM_MAX_MEMORY_GIB": "0.02"}, "run", "mixed_ib_roce",
+                                 "-q", "--json", str(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "above the bound of 0.02 GiB" in proc.stderr
+    assert "HOLMES_SIM_MAX_MEMORY_GIB" in proc.stderr and not out.exists()
+    assert elapsed < 10
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: --jobs runs in-process")
+def test_a_worker_past_its_bound_stops_the_sweep_and_leaves_no_output(tmp_path: Path) -> None:
+    proc, elapsed = _guarded_cli({"HOLMES_SIM_WORKER_MEMORY_GIB": "0.02"}, "sweep", "mixed_ib_roce",
+                                 "--set", "training.micro_batch_size=1,2,4", "-p", "holmes", "-j",
+                                 "2", "-q", "--out", str(tmp_path / "s"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "per worker" in proc.stderr and "HOLMES_SIM_WORKER_MEMORY_GIB" in proc.stderr
+    assert not (tmp_path / "s").exists() and elapsed < 10
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf", "1e300", "²"])
+def test_a_bad_memory_bound_names_the_variable(value: str) -> None:
+    proc, _ = _guarded_cli({"HOLMES_SIM_MAX_MEMORY_GIB": value}, "check", "mixed_ib_roce")
+    assert proc.returncode == 2 and "HOLMES_SIM_MAX_MEMORY_GIB=" in proc.stderr, proc.stderr
+    assert "positive number of GiB up to" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_jobs_are_capped_by_the_memory_per_worker(tmp_path: Path) -> None:
+    proc, _ = _guarded_cli({"HOLMES_SIM_WORKER_MEMORY_GIB": "1000000"}, "sweep",
+                           str(_scenario(tmp_path)), "--set", "seed=1,2", "-q", "-j", "2",
+                           "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr
+    assert "--jobs 2 lowered to 1:" in proc.stderr and "of memory available over" in proc.stderr
+
+
+def test_the_guard_counts_only_what_the_command_started() -> None:
+    from holmes_sim.spec.limits import MemoryGuard
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with MemoryGuard(interval_s=0.05) as guard:
+            guard.worker_bytes = 1  # any process it started would be past this
+            time.sleep(0.3)
+        assert guard.reason is None and bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_descendants_include_grandchildren_both_ways() -> None:
+    from holmes_sim.spec.limits import _descendants_by_scan, descendants
+
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(20)']); time.sleep(20)")
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while len(descendants(os.getpid())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = descendants(os.getpid())
+        assert child.pid in found and len(found) >= 2
+        assert set(found) == set(_descendants_by_scan(os.getpid()))
+    finally:
+        for pid in descendants(child.pid):
+            os.kill(pid, 9)
+        child.kill()
+        child.wait()
+
+
+# ---- more of the same kind: outputs, addresses and indices never seen by the cases above ----
+HELD_OUT = {
+    "sweep out is /dev/null": (["sweep", "mixed_ib_eth", "--set", "seed=1", "--out", "/dev/null"],
+                               "exists and is not a folder"),
+    "plan json into /proc": (["plan", "mixed_ib_eth", "--json", "/proc/self/status"],
+                             "the kernel's file system"),
+    "empty ray address": (["plan", "mixed_ib_eth", "--ray", ""], "is not a Ray address"),
+    "ray port past 65535": (["sweep", "mixed_ib_eth", "--set", "seed=1", "--ray",
+                             "localhost:99999"], "is not a Ray address"),
+    "huge list index": (["sweep", "mixed_ib_eth", "--set", "clusters[99999999999999999999].name=a"],
+                        "out of range"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HELD_OUT))
+def test_held_out_hostile_invocations(case: str) -> None:
+    args, fragment = HELD_OUT[case]
+    refused(args, fragment, limit_s=10)
+
+
+def test_export_and_hosts_fifos_are_refused(tmp_path: Path) -> None:
+    fifo = _fifo(tmp_path)
+    refused(["plan", "mixed_ib_eth", "--export", fifo], "exists and is not a folder", limit_s=10)
+    refused(["run", "mixed_ib_eth", "-p", "holmes", "-q", "--plans", tmp_path / "p", "--hosts", fifo],
+            "a FIFO (named pipe)", limit_s=10)

@@ -32,10 +32,11 @@ from pathlib import Path
 
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
-from holmes_sim.errors import PlanError
+from holmes_sim.errors import PlanError, ScenarioError
 from holmes_sim.export.model_args import architecture_args
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
 from holmes_sim.model.workload import Workload
+from holmes_sim.spec.limits import read_text_bounded
 
 REFERENCE_POLICIES = ("all-ib", "all-ethernet")
 ROCE_GID_INDEX = 3
@@ -250,10 +251,10 @@ def read_hosts(path: Path, count: int) -> list[str]:
     Raises:
         PlanError: when the file cannot be read or names other than `count` hosts.
     """
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PlanError(f"--hosts {path}: cannot read it ({exc.strerror})") from None
+    try:  # a regular UTF-8 file within the loader's size limit (not /dev/zero, not a FIFO)
+        text = read_text_bounded(path, "hosts", "give a text file with one host name a line")
+    except ScenarioError as exc:
+        raise PlanError(f"--hosts {exc}") from None
     hosts = [line.split("#", 1)[0].split()[0] for line in text.splitlines()
              if line.split("#", 1)[0].strip()]
     if len(hosts) != count:
@@ -286,11 +287,12 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
         hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
     fork = [a for a in margs if a not in _layout_args(plan)] + hargs if hargs else []
     net = upstream_net(plan)
+    groups = group_nccl_settings(plan)
     files = {"hostfile": "".join(f"{h} slots={n.num_gpus}\n" for h, n in zip(names, nodes)),
              "megatron_args.txt": shlex.join(margs) + "\n",
              "plan.json": plan.to_json() + "\n",
              "nccl.json": json.dumps({"nodes": {n.name: node_nccl_env(n) for n in nodes},
-                                      "groups": group_nccl_settings(plan),
+                                      "groups": groups,
                                       "upstream_job_wide": {"NCCL_NET": net}},
                                      indent=2, sort_keys=True) + "\n"}
     files["holmes_args.txt"] = shlex.join(fork) + "\n" if fork else f"# not expressible: {why_not}\n"
@@ -301,7 +303,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     files["launch.sh"] = launch_script(launches, margs, fork, script, net, MASTER_PORT)
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
-    files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None)
+    files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups)
     return LaunchFiles(files)
 
 

@@ -120,8 +120,10 @@ _USER_ARGS = """\
 """
 
 
-def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | None) -> str:
-    """README.md of an export: files, how to start, what to add, what upstream cannot express."""
+def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | None,
+                  groups: dict[str, dict[str, str]]) -> str:
+    """README.md of an export: files, how to start, what to add, what upstream cannot express
+    (`groups`: per group class its transports and NCCL setting, as in nccl.json)."""
     fork = (f"The Holmes fork cannot run this plan: {holmes_why_not}." if holmes_why_not else
             "For the Holmes fork, copy `holmes_config.json` into the fork's checkout as "
             "`config.json` and run `launch_holmes.sh` from there: it creates every group under "
@@ -148,11 +150,45 @@ def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | 
         "## Networks", "",
         f"NCCL picks one network per communicator, from the environment when it is created. "
         f"Upstream Megatron-LM creates all groups under one environment, so the whole job uses "
-        f"`NCCL_NET={net}` (`nccl.json`, `upstream_job_wide`)"
-        + (": the plan's RDMA groups then run over TCP too, and the job runs slower than "
-           "predicted for the plan." if net == "Socket" else "."), "",
+        f"`NCCL_NET={net}` (`nccl.json`, `upstream_job_wide`). Per group class:", "",
+        *network_rows(groups, net), "", upstream_gap(groups, net), "",
         fork, "",
         "`nccl.json` lists each node's NICs as NCCL names them and the transport of every group; "
         "`NCCL_IB_HCA` assumes ConnectX devices named `mlx5_<k>` in NIC order: edit the "
         "`ENV_*` lines of `launch.sh` and `holmes_config.json` if yours differ.", "",
     ])
+
+
+def _under_upstream(transports: str, net: str) -> str:
+    """How a group class with the plan's `transports` runs under the job-wide `net`."""
+    kinds = {t.split(":", 1)[0] for t in transports.split(", ")}
+    if kinds <= {"local"}:
+        return "as planned (inside a node: NVLink/P2P, whatever NCCL_NET says)"
+    if net == "Socket" and "rdma" in kinds:
+        return "TCP (NCCL_NET=Socket on NCCL_SOCKET_IFNAME): not as planned"
+    return "as planned"
+
+
+def network_rows(groups: dict[str, dict[str, str]], net: str) -> list[str]:
+    """A Markdown table: each group class, the plan's transports and NCCL setting, and how it
+    runs under upstream Megatron-LM's job-wide `NCCL_NET=net`."""
+    rows = ["| groups | plan's transports | NCCL setting the plan needs | under upstream Megatron-LM |",
+            "|---|---|---|---|"]
+    rows += [f"| {kind} | {g['transports']} | {g['nccl']} | {_under_upstream(g['transports'], net)} |"
+             for kind, g in groups.items()]
+    return rows
+
+
+def upstream_gap(groups: dict[str, dict[str, str]], net: str) -> str:
+    """One sentence: exactly which of the plan's group transports upstream cannot express."""
+    lost = [f"the {kind} groups on "
+            + ", ".join(t for t in g["transports"].split(", ") if t.startswith("rdma:"))
+            for kind, g in groups.items()
+            if _under_upstream(g["transports"], net).endswith("not as planned")]
+    if not lost:
+        return ("Upstream Megatron-LM can express every group's transport of this plan; the "
+                "placement comes from the node order (`hostfile`) and the layout arguments.")
+    return (f"What upstream Megatron-LM cannot express: RDMA for {'; '.join(lost)}. It has one "
+            "NCCL_NET per job, and the plan's TCP groups (or nodes without a shared RDMA fabric) "
+            "force it to Socket, so these groups run over TCP and the job runs slower than "
+            "predicted for the plan; the Holmes fork sets each group's network.")

@@ -232,13 +232,15 @@ def confirm(prepared: Prepared, c: Candidate) -> Candidate:
 
 def search(prepared: Prepared, spec: SearchSpec | None = None,
            progress: Callable[[int, int], None] | None = None, jobs: int | None = None,
-           ray: str | None = None, max_candidates: int = MAX_CANDIDATES) -> PlanSearch:
+           ray: str | None = None, max_candidates: int = MAX_CANDIDATES,
+           confirming: Callable[[int, int], None] | None = None) -> PlanSearch:
     """Evaluate every layout x policy (x optimizer), rank, confirm the top K (and the baseline)
     by simulation. `progress(done, total)` counts layouts. The analytic part runs in `jobs`
     local worker processes (default: the CPU count; 1: in this process) or, with `ray` ("auto"
     or a cluster address), as Ray tasks; the layouts are cut into contiguous chunks and the
     results put back in grid order, so every way gives the same ranking. A search space of
-    more than `max_candidates` candidates is refused before anything is evaluated."""
+    more than `max_candidates` candidates is refused before anything is evaluated.
+    `confirming(done, total)` counts the simulations that confirm the top K."""
     from holmes_sim.search.scaleout import check_address
 
     check_address(ray)
@@ -254,7 +256,7 @@ def search(prepared: Prepared, spec: SearchSpec | None = None,
     else:
         parts = _local_map(prepared, spec, grid, _jobs(jobs, len(grid)), progress)
     results = [c for part in parts for c in part]
-    return _rank(prepared, spec, results, start)
+    return _rank(prepared, spec, results, start, confirming)
 
 
 def distinct(spec: SearchSpec) -> SearchSpec:
@@ -375,10 +377,18 @@ def _feasible(c: Candidate) -> bool:
     return c.fits_memory and c.predicted_iteration_s < float("inf")
 
 
-def _rank(prepared: Prepared, spec: SearchSpec, results: list[Candidate], start: float) -> PlanSearch:
+def _rank(prepared: Prepared, spec: SearchSpec, results: list[Candidate], start: float,
+          confirming: Callable[[int, int], None] | None = None) -> PlanSearch:
     ok = sorted((c for c in results if _feasible(c)), key=_key)
     bad = tuple(c for c in results if not _feasible(c))
-    top = sorted((confirm(prepared, c) for c in ok[:spec.top_k]), key=_key)
+    top: list[Candidate] = []
+    for c in ok[:spec.top_k]:
+        if confirming:
+            confirming(len(top), len(ok[:spec.top_k]))
+        top.append(confirm(prepared, c))
+    if confirming:
+        confirming(len(top), len(top))
+    top.sort(key=_key)
     baseline = next((c for c in ok if c.policy == BASELINE_POLICY), None)
     if baseline is not None:
         confirmed = next((c for c in top if c.policy == BASELINE_POLICY and c.layout == baseline.layout),

@@ -384,24 +384,52 @@ SWEEP_DROP_ORDER = ("mem GiB", "TFLOP/s/GPU")
 def sweep_table(result: SweepResult, width: int = 80, wide: bool = False) -> Any:
     """A rich Table: one row per point x policy, the main figures (sweep.csv has them all) and a
     note saying why a point is infeasible or that a plan does not fit in GPU memory. A field's
-    header is its last path segment (the caption gives the full path); the field values and
-    the policy, which name the row, are never cut."""
-    from holmes_sim.report.tables import fit_table
+    header is the end of its path that tells it apart (the caption gives the full path), folded
+    at dots and underscores to fit `width`; the field values and the policy, which name the row,
+    are never cut."""
+    from holmes_sim.report.tables import fit_table, table_width
 
     headers = (*result.fields, "policy", *SWEEP_METRICS)
-    return fit_table(lambda shown: _sweep_table(result, shown), headers, SWEEP_DROP_ORDER,
-                     width, wide)
+    for line in HEADER_LINES:  # fold the field headers further until the table fits
+        table = fit_table(lambda shown: _sweep_table(result, shown, line), headers,
+                          SWEEP_DROP_ORDER, width, wide)
+        if wide or table_width(table) <= width:
+            break
+    return table
 
 
 def field_headers(fields: Sequence[str]) -> dict[str, str]:
-    """Each swept field's column header: its last dotted segment, or the whole path when two
-    fields share that segment."""
-    last = {f: f.rsplit(".", 1)[-1] for f in fields}
-    shared = {v for v in last.values() if list(last.values()).count(v) > 1}
-    return {f: (f if last[f] in shared else last[f]) for f in fields}
+    """Each swept field's column header: the fewest last dotted segments that tell it apart
+    from the other fields (`bandwidth_gbit_per_s`, or `nodes[1].nics[1].bandwidth_gbit_per_s`
+    when two fields end alike)."""
+    parts = {f: f.split(".") for f in fields}
+    out = {}
+    for f in fields:
+        n = 1
+        while n < len(parts[f]) and any(g != f and parts[g][-n:] == parts[f][-n:] for g in fields):
+            n += 1
+        out[f] = ".".join(parts[f][-n:])
+    return out
 
 
-def _sweep_table(result: SweepResult, shown: Sequence[str]) -> Any:
+HEADER_LINES = (40, 24, 16, 10, 1)
+"""Line lengths a field header is folded to, widest first, until the table fits the console."""
+
+
+def folded_header(header: str, line: int) -> str:
+    """`header` on lines of at most `line` characters (or one unbreakable piece), broken only
+    before a dot or after an underscore, so a narrow column folds `nics[1].bandwidth_gbit` at
+    path separators and word joins, never inside a name."""
+    lines: list[str] = []
+    for piece in re.split(r"(?=\.)|(?<=_)", header):
+        if lines and len(lines[-1]) + len(piece) <= line:
+            lines[-1] += piece
+        elif piece:
+            lines.append(piece)
+    return "\n".join(lines)
+
+
+def _sweep_table(result: SweepResult, shown: Sequence[str], line: int) -> Any:
     from rich.table import Table
     from rich.text import Text
 
@@ -409,7 +437,9 @@ def _sweep_table(result: SweepResult, shown: Sequence[str]) -> Any:
                   title_justify="left", caption_justify="left")
     short = field_headers(result.fields)
     for name in result.fields:
-        table.add_column(Text(short[name]), justify="right", overflow="fold")
+        header = folded_header(short[name], line)
+        table.add_column(Text(header), justify="right", overflow="fold",
+                         min_width=max(map(len, header.splitlines())))
     table.add_column("policy", no_wrap=True)
     metrics = [i for i, col in enumerate(SWEEP_METRICS) if col in shown]
     for i in metrics:

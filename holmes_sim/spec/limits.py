@@ -1,9 +1,22 @@
-"""Reading user files within limits: bounded size, text only, one clear error naming the file."""
+"""Reading user files within limits (bounded size, text only, one clear error naming the file),
+and the memory bound of a command and its worker processes.
+
+`MemoryGuard` samples the resident memory (RSS, /proc/PID/statm) of this process and every
+process it started, every `interval_s`: past the per-worker bound or the whole group's bound it
+kills the workers and raises `MemoryBoundError` in the main thread, so a runaway search or
+sweep ends in one message instead of the kernel's OOM killer. The bounds come from
+HOLMES_SIM_MAX_MEMORY_GIB (the group, default GROUP_MEMORY_GIB) and
+HOLMES_SIM_WORKER_MEMORY_GIB (each worker, default WORKER_MEMORY_GIB). Linux only (elsewhere
+the guard does nothing); a sample may overshoot by what the group allocates in one interval.
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import signal
 import stat
+import threading
 from pathlib import Path
 
 from holmes_sim.errors import ScenarioError
@@ -63,3 +76,187 @@ def _read_up_to(fd: int, size: int) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+GROUP_MEMORY_GIB = 8.0
+"""Default bound of a command's whole process group (GiB of resident memory): `run` at the
+loader's limits peaks at 0.66 GiB (131,072 GPUs) and 0.50 GiB (16,384 micro-batches),
+`plan mixed_ib_roce -j 2` at 0.57 GiB for its three processes (docs/reports.md, "Memory bounds
+and progress")."""
+WORKER_MEMORY_GIB = 1.0
+"""Default bound of one `--jobs` worker (GiB): a `plan` worker peaks at 0.26 GiB on
+mixed_ib_roce, a `sweep` worker at 0.04 GiB a point of mixed_ib_roce (`run large_175b_1024`, a
+whole process, at 0.10 GiB)."""
+MAX_BOUND_GIB = 1 << 20
+"""Largest bound accepted (1 PiB): past any machine, and still exact in bytes."""
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class MemoryBoundError(MemoryError):
+    """A command or one of its workers went past its memory bound (the message says which, how
+    much, and how to narrow the work or raise the bound). A MemoryError, not a HolmesError, so
+    code that turns bad input into a result row never takes it for one."""
+
+
+def memory_bound_gib(variable: str, default: float) -> float:
+    """The bound in GiB from environment `variable`, else `default`.
+
+    Raises:
+        ScenarioError: naming the variable when its value is not a positive number of GiB.
+    """
+    text = os.environ.get(variable)
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 < value <= MAX_BOUND_GIB:
+        raise ScenarioError(f"{variable}={text!r}: expected a positive number of GiB up to "
+                            f"{MAX_BOUND_GIB:,}, e.g. {variable}={default:g}")
+    return value
+
+
+def available_memory_bytes() -> int | None:
+    """The memory the kernel says new work can use (MemAvailable, /proc/meminfo), or None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below `root` (its workers, their helpers): from each thread's
+    /proc/PID/task/TID/children where the kernel has it, else from every process's parent id."""
+    if not os.path.exists(f"/proc/{root}/task/{root}/children"):
+        return _descendants_by_scan(root)
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _descendants_by_scan(root: int) -> list[int]:
+    parent: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parent.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        kids = parent.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+class MemoryGuard:
+    """`with MemoryGuard():` holds this process and the processes it starts within the bounds
+    (module docstring); `workers=False` bounds this process alone (Ray's daemons are its
+    children but not its workers). Raises MemoryBoundError in the main thread when exceeded."""
+
+    def __init__(self, workers: bool = True, interval_s: float = 0.2) -> None:
+        self.group_bytes = int(memory_bound_gib("HOLMES_SIM_MAX_MEMORY_GIB", GROUP_MEMORY_GIB) * 2**30)
+        self.worker_bytes = int(memory_bound_gib("HOLMES_SIM_WORKER_MEMORY_GIB",
+                                                 WORKER_MEMORY_GIB) * 2**30)
+        self.workers, self.interval_s = workers, interval_s
+        self.reason: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._old_handler = None
+        self._before: set[int] = set()
+
+    def __enter__(self) -> MemoryGuard:
+        if os.path.exists("/proc/self/statm") and threading.current_thread() is threading.main_thread():
+            self._before = set(descendants(os.getpid()))  # not this command's: never counted
+            self._old_handler = signal.signal(signal.SIGUSR1, self._raise)
+            self._thread = threading.Thread(target=self._watch, name="memory-guard", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            signal.signal(signal.SIGUSR1, self._old_handler)
+
+    def _raise(self, signum: int, frame: object) -> None:
+        if self.reason is not None:
+            raise MemoryBoundError(self.reason)
+
+    def _watch(self) -> None:
+        me = os.getpid()
+        while not self._stop.wait(self.interval_s):
+            kids = [pid for pid in descendants(me) if pid not in self._before]
+            sizes = {pid: _rss_bytes(pid) for pid in kids} if self.workers else {}
+            total = _rss_bytes(me) + sum(sizes.values())
+            worst = max(sizes, key=sizes.__getitem__, default=None)
+            if worst is not None and sizes[worst] > self.worker_bytes:
+                self.reason = (f"worker process {worst} used {_gib(sizes[worst])}, above the "
+                               f"bound of {_gib(self.worker_bytes)} per worker; narrow the work "
+                               "(fewer search values or --set values) or raise "
+                               "HOLMES_SIM_WORKER_MEMORY_GIB")
+            elif total > self.group_bytes:
+                self.reason = (f"this command and its workers used {_gib(total)}, above the bound "
+                               f"of {_gib(self.group_bytes)}; use fewer --jobs, narrow the work, "
+                               "or raise HOLMES_SIM_MAX_MEMORY_GIB")
+            if self.reason is not None:
+                self._kill(kids)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+                return
+
+    def _kill(self, pids: list[int]) -> None:
+        """SIGKILL the processes this command started (pool workers stop taking memory now)."""
+        for pid in pids if self.workers else []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def worker_cap(cores: int) -> tuple[int, str]:
+    """The most `--jobs` workers the `cores` and the memory allow, and what limits it (for the
+    note): every worker may use the worker bound out of the memory available now."""
+    worker = memory_bound_gib("HOLMES_SIM_WORKER_MEMORY_GIB", WORKER_MEMORY_GIB) * 2**30
+    caps = [(cores, "the CPU cores available")]
+    avail = available_memory_bytes()
+    if avail is not None:
+        caps.append((int(avail // worker), f"{_gib(avail)} of memory available over "
+                                           f"{_gib(worker)} per worker"))
+    n, why = min(caps, key=lambda c: c[0])
+    return max(1, n), why

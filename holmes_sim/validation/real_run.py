@@ -178,9 +178,11 @@ def _run_rounds(session: _Session, names: list[str], links: dict,
     round_spec = dataclasses.replace(s.spec, iterations=per_round)
     runs: dict[str, list] = {name: [] for name in names}
     profiles = []
+    started = time.monotonic()
     for r in range(rounds):
-        for name in names:
-            label = f"round {r + 1}/{rounds}, {name}"
+        for k, name in enumerate(names):
+            left = _time_left(started, r * len(names) + k, rounds * len(names))
+            label = f"round {r + 1}/{rounds}, {name}{left}"
             if s.emulated:
                 profile, outcome, predicted = fixed[name]
             else:
@@ -193,6 +195,14 @@ def _run_rounds(session: _Session, names: list[str], links: dict,
                             profile["compute"] if s.emulated else None)
             runs[name].append((predicted, outcome, run, profile))
     return runs, profiles
+
+
+def _time_left(started: float, done: int, total: int) -> str:
+    """' (about 4.5 min left)' from the time the `done` of `total` runs took, '' before the first."""
+    from holmes_sim.report.progress import duration, time_left
+
+    left = time_left(time.monotonic() - started, done, total)
+    return "" if left is None else f" (about {duration(left)} left)"
 
 
 def _result(session: _Session, testbed_path: str | Path, cases: list[Case], profiles: list[dict],

@@ -49,8 +49,6 @@ def parse(args: list[str], flags: dict[str, str]) -> dict[str, list[str]]:
 
 def _exports():
     for path in sorted(SCENARIOS.glob("*.yaml")):
-        if path.stem == "large_175b_1024":
-            continue  # the same code path at 1,024 GPUs; its Holmes partition search is slow
         prepared = prepare(path)
         for policy in UPSTREAM_POLICIES:
             if policy in prepared.scenario.policies:
@@ -150,3 +148,21 @@ def test_export_readme_lists_what_the_user_must_add(holmes_export):
     assert "TODO" not in readme
     example = readme.split("```bash\n", 1)[1].split("```", 1)[0]
     parse(shlex.split(example.replace("\\\n", " "))[1:], UPSTREAM)
+
+
+def test_export_readme_names_exactly_what_upstream_cannot_express(holmes_export):
+    prepared, plan, cluster = holmes_export
+    readme = launch_files(plan, cluster, prepared.workload, "fp16").files["README.md"]
+    rows = {line.split(" | ")[0].strip("| "): line for line in readme.splitlines()
+            if line.startswith("| dp ") or line.startswith("| pp ")}
+    assert "rdma:ib, rdma:roce" in rows["dp"] and rows["dp"].endswith("not as planned |")
+    assert rows["pp"].endswith("| as planned |")  # TCP groups stay TCP under NCCL_NET=Socket
+    assert "cannot express: RDMA for the dp groups on rdma:ib, rdma:roce." in readme
+
+
+def test_export_readme_of_an_all_rdma_plan_loses_nothing():
+    prepared = prepare(SCENARIOS / "pure_ib.yaml")
+    plan, cluster = plan_policy(prepared, "holmes")
+    readme = launch_files(plan, cluster, prepared.workload, "fp16").files["README.md"]
+    assert "`NCCL_NET=IB`" in readme and "not as planned" not in readme
+    assert "can express every group's transport" in readme
