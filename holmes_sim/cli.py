@@ -193,6 +193,12 @@ def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
             f"PP {prepared.pp} DP {prepared.dp}, {prepared.num_microbatches} micro-batches " \
             f"({prepared.scenario.parallel.schedule})"
     print_table(console, results_table(title, outcomes, console.width, wide), wide)
+    if prepared.nominal_cluster is not None:
+        from holmes_sim.report.stragglers import stragglers_markdown
+
+        console.print("slow hardware (scenario variability), per policy:\n"
+                      + stragglers_markdown(prepared, outcomes).replace("**", ""),
+                      highlight=False, markup=False, soft_wrap=True)
 
 
 def _check_policy_names(names: list[str] | None) -> list[str] | None:
