@@ -1,0 +1,144 @@
+"""Scenario variability: stragglers, a seeded speed spread, slow NICs and uplinks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from holmes_sim.cost.ops import OpCosts
+from holmes_sim.errors import ScenarioError
+from holmes_sim.prepare import prepare, prepare_text
+from holmes_sim.report.stragglers import straggler_costs
+from holmes_sim.runner import results_document, run_policy, run_scenario
+from tests.conftest import SCENARIOS, small_scenario
+from tests.sim.test_symmetry import assert_same
+
+BASE = small_scenario(nodes_ib=4, layers=8, global_batch=16)  # TP 8, PP 2, DP 2, 8 micro-batches
+
+
+def _with(variability: str, text: str = BASE) -> str:
+    return text + "variability:\n" + "".join(f"  {line}\n" for line in variability.splitlines())
+
+
+def test_straggler_adds_what_its_stage_predicts():
+    """One node at 0.85x holding the last stage of one replica: that stage is the critical path
+    (it holds the head), so each of its m forward and backward ops takes 1/0.85 as long."""
+    nominal = prepare_text(BASE)
+    before = run_policy(nominal, "megatron")
+    plan = before.plan
+    node = plan.entity_gpus(1, 0)[0].node
+    slow = prepare_text(_with(f"slow_gpus: [{{node: {node}, speed_factor: 0.85}}]"))
+    after = run_policy(slow, "megatron")
+    assert after.plan.layers_per_stage == plan.layers_per_stage
+    costs = OpCosts(nominal.cluster, nominal.workload, nominal.compute, plan.tp)
+    layers = plan.layers_per_stage[1]
+    per_microbatch = sum(costs.chunk_compute_s(nominal.cluster.node(node), layers, False, True, b)
+                         for b in (False, True))
+    predicted = nominal.num_microbatches * per_microbatch * (1 / 0.85 - 1)
+    added = after.result.iteration_time_s - before.result.iteration_time_s
+    assert added > 0.03 * before.result.iteration_time_s
+    assert added == pytest.approx(predicted, rel=0.02)
+    # The report names the stage and the same cost (the analytic estimate agrees here).
+    (cost,) = straggler_costs(slow, after)
+    assert cost.stages == (1,)
+    assert cost.added_s == pytest.approx(added, rel=0.02)
+    assert f"stage 1 (node {node} at 0.85x speed) adds" in cost.sentence()
+
+
+@pytest.mark.parametrize("variability", [
+    "slow_gpus: [{node: ib-2, speed_factor: 0.85}]",
+    "slow_gpus: [{node: ib-0, gpus: [3], speed_factor: 0.7}]",
+    "compute_spread: 0.05\nseed: 3",
+    "compute_spread: 0.1\ndistribution: uniform",
+    "slow_links: [{node: ib-1, nic: ib0, rate_factor: 0.25}]",
+    "slow_links: [{cluster: c, fabric: ethernet, rate_factor: 0.5}]",
+])
+@pytest.mark.parametrize("policy", ["megatron", "holmes"])
+def test_symmetric_equals_full_simulation_under_variability(variability, policy):
+    prepared = prepare_text(_with(variability, small_scenario(nodes_ib=4, layers=8,
+                                                              global_batch=32, tp=4)))
+    assert_same(prepared, policy)
+
+
+def test_uniform_hardware_is_untouched():
+    """Without variability the cluster is the one built from the file (bundled results stay)."""
+    prepared = prepare(SCENARIOS / "mixed_ib_roce.yaml")
+    assert prepared.nominal_cluster is None
+    assert all(n.speed == 1.0 and n.gpu_speeds == () for n in prepared.cluster.nodes)
+    same = prepare_text(_with("compute_spread: 0\nslow_gpus: []"))
+    assert same.nominal_cluster is None
+
+
+def test_slow_nic_and_uplink_scale_their_rates():
+    text = small_scenario(nodes_ib=2)
+    base = prepare_text(text).cluster
+    slow = prepare_text(_with("slow_links: [{node: ib-1, fabric: ib, rate_factor: 0.4}]",
+                              text)).cluster
+    nominal_nic, slow_nic = base.node("ib-1").nics[0], slow.node("ib-1").nics[0]
+    assert slow_nic.bandwidth_bytes_per_s == pytest.approx(0.4 * nominal_nic.bandwidth_bytes_per_s)
+    assert slow.node("ib-1").nics[1] == base.node("ib-1").nics[1]  # Ethernet untouched
+    assert slow.node("ib-0") == base.node("ib-0")
+    two = (SCENARIOS / "two_clusters_39b.yaml").read_text()
+    clusters = prepare(SCENARIOS / "two_clusters_39b.yaml").cluster.uplinks[0].clusters
+    up = prepare_text(_with(f"slow_uplinks: [{{clusters: [{clusters[1]}, {clusters[0]}], "
+                            "rate_factor: 0.5}]", two)).cluster.uplinks[0]
+    nominal_up = prepare(SCENARIOS / "two_clusters_39b.yaml").cluster.uplinks[0]
+    assert up.bandwidth_bytes_per_s == pytest.approx(0.5 * nominal_up.bandwidth_bytes_per_s)
+
+
+def test_holmes_gives_the_slow_stage_fewer_layers():
+    text = small_scenario(nodes_ib=4, layers=16, global_batch=32)
+    nominal = run_policy(prepare_text(text), "holmes").plan
+    node = nominal.entity_gpus(0, 0)[0].node
+    slow = run_policy(prepare_text(_with(f"slow_gpus: [{{node: {node}, speed_factor: 0.7}}]",
+                                         text)), "holmes").plan
+    assert slow.entity_gpus(0, 0)[0].node == node
+    assert slow.layers_per_stage[0] < nominal.layers_per_stage[0]
+
+
+def _document(variability: str) -> str:
+    prepared = prepare_text(_with(variability))
+    outcomes = run_scenario(prepared)
+    return json.dumps(results_document(prepared, outcomes, prepared.scenario.seed), sort_keys=True)
+
+
+def test_seeded_spread_is_deterministic():
+    a = _document("compute_spread: 0.08\nseed: 11")
+    assert a == _document("compute_spread: 0.08\nseed: 11")
+    assert a != _document("compute_spread: 0.08\nseed: 12")
+    speeds = prepare_text(_with("compute_spread: 0.08\nseed: 11")).cluster.nodes[0].gpu_speeds
+    assert len(speeds) == 8 and len(set(speeds)) == 8
+    assert all(1 - 3 * 0.08 <= v <= 1 + 3 * 0.08 for v in speeds)
+
+
+@pytest.mark.parametrize("variability, where, fix", [
+    ("slow_gpus: [{node: ib-9, speed_factor: 0.8}]", "variability.slow_gpus[0].node",
+     "ib-0 .. ib-3"),
+    ("slow_gpus: [{node: ib-0, gpus: [8], speed_factor: 0.8}]",
+     "variability.slow_gpus[0].gpus[0]", "GPUs 0..7"),
+    ("slow_gpus: [{node: ib-0, speed_factor: 0}]", "variability.slow_gpus[0].speed_factor",
+     "greater than 0"),
+    ("slow_gpus: [{node: ib-0, speed_factor: 3}]", "variability.slow_gpus[0].speed_factor",
+     "at most 2"),
+    ("slow_gpus: [{node: ib-0}]", "variability.slow_gpus[0]", "missing required key 'speed_factor'"),
+    ("slow_links: [{node: ib-0, rate_factor: 1.5}]", "variability.slow_links[0].rate_factor",
+     "at most 1"),
+    ("slow_links: [{node: ib-0, cluster: c, rate_factor: 0.5}]", "variability.slow_links[0]",
+     "exactly one of `node`"),
+    ("slow_links: [{node: ib-0, nic: roce7, rate_factor: 0.5}]",
+     "variability.slow_links[0].nic", "name an existing NIC"),
+    ("slow_links: [{cluster: d, rate_factor: 0.5}]", "variability.slow_links[0].cluster",
+     "clusters: c"),
+    ("slow_uplinks: [{clusters: [c, d], rate_factor: 0.5}]",
+     "variability.slow_uplinks[0].clusters", "name two joined clusters"),
+    ("compute_spread: 0.5", "variability.compute_spread", "at most 0.25"),
+    ("distribution: normall", "variability.distribution", "did you mean 'normal'"),
+    ("speed_factor: 0.9", "variability.speed_factor", "known keys: compute_spread"),
+])
+def test_loader_errors_name_field_and_fix(variability, where, fix):
+    with pytest.raises(ScenarioError) as err:
+        prepare_text(_with(variability))
+    message = str(err.value)
+    assert f": {where}: " in message
+    assert fix in message
