@@ -9,7 +9,9 @@ import pytest
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.errors import ScenarioError
 from holmes_sim.prepare import prepare, prepare_text
-from holmes_sim.report.stragglers import straggler_costs
+from holmes_sim.report.document import report_markdown
+from holmes_sim.report.stragglers import straggler_costs, with_stragglers
+from holmes_sim.search import planner
 from holmes_sim.runner import results_document, run_policy, run_scenario
 from tests.conftest import SCENARIOS, small_scenario
 from tests.sim.test_symmetry import assert_same
@@ -142,3 +144,38 @@ def test_loader_errors_name_field_and_fix(variability, where, fix):
     message = str(err.value)
     assert f": {where}: " in message
     assert fix in message
+
+
+def test_bundled_straggler_report_shows_why_holmes_wins():
+    prepared = prepare(SCENARIOS / "straggler.yaml")
+    outcomes = run_scenario(prepared)
+    by = {o.plan.policy: o for o in outcomes}
+    document = with_stragglers(results_document(prepared, outcomes, 0), prepared, outcomes)
+    cost = {p: c[0]["added_s"] for p, c in document["stragglers"].items()}
+    # Holmes' partition gives the slow node's stage fewer layers, so the straggler costs it less
+    # than the equal split on the same placement, and Holmes beats Megatron-LM's default.
+    slow_stage = document["stragglers"]["holmes"][0]["stages"][0]
+    assert by["holmes"].plan.layers_per_stage[slow_stage] < 18
+    assert cost["holmes"] < 0.5 * cost["holmes-no-adaptive-partition"]
+    assert by["holmes"].result.iteration_time_s < \
+        by["holmes-no-adaptive-partition"].result.iteration_time_s < \
+        by["megatron"].result.iteration_time_s
+    markdown = report_markdown(prepared, outcomes)
+    assert "## Slow hardware" in markdown
+    assert f"stage {slow_stage} (node roce-a-1 at 0.85x speed) adds" in markdown
+    assert "Slow hardware" not in report_markdown(prepare(SCENARIOS / "mixed_ib_roce.yaml"),
+                                                  outcomes)
+
+
+def test_plan_ranks_under_the_scenarios_variability():
+    search = ("search: {tensor: [1], pipeline: [2], micro_batch_size: [4], schedule: [1f1b], "
+              "recompute: [selective], sequence_parallel: [false], optimizer: [distributed], "
+              "top_k: 1}\n")
+    text = (SCENARIOS / "straggler.yaml").read_text()
+    slow = planner.search(prepare_text(text + search))
+    nominal = planner.search(prepare_text(text.split("variability:")[0] + search))
+    assert slow.candidates[0].policy == "holmes" and slow.speedup(slow.candidates[0]) > 1.3
+    assert slow.candidates[0].predicted_iteration_s > nominal.candidates[0].predicted_iteration_s
+    assert slow.baseline.predicted_iteration_s > nominal.baseline.predicted_iteration_s
+    assert nominal.candidates[0].layers_per_stage == (18, 18)
+    assert slow.candidates[0].layers_per_stage == (20, 16)  # the slow node holds stage 1

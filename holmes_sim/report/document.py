@@ -13,7 +13,7 @@ from holmes_sim.prepare import Prepared
 from holmes_sim.report import plots
 from holmes_sim.report.files import prepare_output, write_atomic, write_json
 from holmes_sim.report.perfetto import write_chrome_trace
-from holmes_sim.report.stragglers import stragglers_markdown
+from holmes_sim.report.stragglers import stragglers_markdown, with_stragglers
 from holmes_sim.report.tables import footnotes
 from holmes_sim.runner import BASELINE, REFERENCES, Outcome, ranked, results_document, speedups, stamp
 
@@ -60,8 +60,8 @@ def write_report(directory: Path, prepared: Prepared, outcomes: list[Outcome],
     for i, o in enumerate(outcomes, 1):
         write_chrome_trace(directory / f"trace_{o.plan.policy}.json", o.trace)
         _tick(progress, len(steps) + i, total)
-    write_json(directory / "results.json", stamp(results_document(prepared, outcomes,
-                                                                  prepared.scenario.seed)))
+    write_json(directory / "results.json", stamp(with_stragglers(results_document(
+        prepared, outcomes, prepared.scenario.seed), prepared, outcomes)))
     write_atomic(directory / "report.md", report_markdown(prepared, outcomes))
     _tick(progress, total, total)
 

@@ -73,6 +73,18 @@ def _stages_on(plan, straggler: Straggler) -> tuple[int, ...]:
                         for g in plan.entity_gpus(s, d)))
 
 
+def with_stragglers(document: dict, prepared: Prepared, outcomes: list[Outcome]) -> dict:
+    """The results `document` with a "stragglers" entry (policy -> each straggler's kind, place,
+    factor, stages and added seconds) when the scenario has variability; else as it is."""
+    if prepared.nominal_cluster is None:
+        return document
+    return {**document, "stragglers": {
+        o.plan.policy: [{"kind": c.straggler.kind, "where": c.straggler.where,
+                         "what": c.straggler.what, "factor": c.straggler.factor,
+                         "stages": list(c.stages), "added_s": c.added_s, "text": c.sentence()}
+                        for c in straggler_costs(prepared, o)] for o in outcomes}}
+
+
 def stragglers_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
     """Per policy, one line per straggler: the stages it holds back and its cost."""
     lines = []
@@ -82,3 +94,18 @@ def stragglers_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
                      f"{', '.join(map(str, o.result.layers_per_stage))}): "
                      + "; ".join(c.sentence() for c in costs) + ".")
     return "\n".join(lines)
+
+
+def stragglers_text(prepared: Prepared, outcomes: list[Outcome]) -> str:
+    """`stragglers_markdown` as plain text under a heading, for the terminal."""
+    return ("slow hardware (scenario variability), per policy:\n"
+            + stragglers_markdown(prepared, outcomes).replace("**", ""))
+
+
+def variability_note(prepared: Prepared) -> str:
+    """A line saying which variability plans were ranked under ('' without variability)."""
+    if prepared.nominal_cluster is None:
+        return ""
+    items = "; ".join(" ".join(filter(None, (s.kind, s.where, s.what, f"at {s.factor:g}x")))
+                      for s in stragglers(prepared.scenario.variability))
+    return f"plans ranked on the scenario's variability: {items}"
