@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -179,3 +180,35 @@ def test_plan_ranks_under_the_scenarios_variability():
     assert slow.baseline.predicted_iteration_s > nominal.baseline.predicted_iteration_s
     assert nominal.candidates[0].layers_per_stage == (18, 18)
     assert slow.candidates[0].layers_per_stage == (20, 16)  # the slow node holds stage 1
+
+
+def test_the_real_run_testbed_refuses_variability(tmp_path):
+    from holmes_sim.bundled import default_testbed
+    from holmes_sim.errors import FieldError
+    from holmes_sim.validation.testbed_plan import check_backend
+
+    path = tmp_path / "spread.yaml"
+    path.write_text(_with("compute_spread: 0.05", default_testbed().read_text()))
+    with pytest.raises(FieldError, match="variability: the testbed runs every rank at one speed"):
+        check_backend(prepare(path))
+    check_backend(prepare(default_testbed()))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_symmetric_equals_full_on_random_variability(seed):
+    """Random stragglers and slow NICs on a mixed cluster: the classes the engine keeps still
+    give the full simulation's figures."""
+    rng = random.Random(seed)
+    nodes = [f"{kind}-{k}" for kind in ("ib", "roce", "eth") for k in range(2)]
+    gpus = rng.sample(nodes, rng.randint(1, 2))
+    slow = ", ".join(f"{{node: {n}, speed_factor: {rng.uniform(0.5, 1.2):.3f}}}" for n in gpus)
+    lines = [f"slow_gpus: [{slow}]",
+             f"slow_links: [{{node: {rng.choice(nodes)}, fabric: ethernet, "
+             f"rate_factor: {rng.uniform(0.2, 1):.3f}}}]"]
+    if rng.random() < 0.5:
+        lines.append(f"compute_spread: {rng.uniform(0, 0.1):.3f}")
+    text = small_scenario(nodes_ib=2, nodes_roce=2, nodes_eth=2, tp=rng.choice([2, 4, 8]),
+                          layers=8, global_batch=48)
+    prepared = prepare_text(_with("\n".join(lines), text))
+    for policy in ("megatron", "holmes"):
+        assert_same(prepared, policy)
