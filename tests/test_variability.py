@@ -212,3 +212,19 @@ def test_symmetric_equals_full_on_random_variability(seed):
     prepared = prepare_text(_with("\n".join(lines), text))
     for policy in ("megatron", "holmes"):
         assert_same(prepared, policy)
+
+
+def test_holmes_puts_stragglers_in_one_stage():
+    """Two slow nodes that Megatron-LM's order puts in different stages share Holmes' first
+    stage, which its partition then unloads."""
+    text = _with("slow_gpus: [{node: ib-1, speed_factor: 0.85}, {node: ib-6, speed_factor: 0.85}]",
+                 small_scenario(nodes_ib=8, tp=8, pp=2, layers=16, global_batch=64))
+    prepared = prepare_text(text)
+    stages = {}
+    for policy in ("megatron", "holmes"):
+        plan = run_policy(prepared, policy).plan
+        stages[policy] = {s for s in range(plan.pp) for d in range(plan.dp)
+                          if plan.entity_gpus(s, d)[0].node in ("ib-1", "ib-6")}
+    assert stages == {"megatron": {0, 1}, "holmes": {0}}
+    times = {o.plan.policy: o.result.iteration_time_s for o in run_scenario(prepared)}
+    assert times["holmes"] < times["megatron"]

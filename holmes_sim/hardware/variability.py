@@ -27,7 +27,8 @@ class Straggler:
     """One piece of slow hardware, for reports: what it is and its factor."""
 
     kind: str
-    """"gpu" (compute speed), "nic" or "uplink" (rate)."""
+    """"gpu" (compute speed), "nic" or "uplink" (rate), "spread", or "all" (every one together,
+    for reports)."""
     where: str
     """Node name (gpu, nic) or "a<->b" (uplink)."""
     what: str

@@ -4,7 +4,7 @@ holds back and the seconds per iteration it adds.
 A straggler's cost is the plan's analytic iteration time (`estimate.analytic`) on the scenario's
 hardware less the same plan's on that hardware without this one straggler (everything else kept),
 so stragglers that overlap (two slow nodes holding the same stage) each show what removing it
-alone would win back. The plan is the one the policy made on the varied hardware: a placement
+alone would win back; with several, a last line ("all") gives what removing them all would. The plan is the one the policy made on the varied hardware: a placement
 that adapts (Holmes' partition giving a slow stage fewer layers) shows a smaller cost.
 """
 
@@ -32,6 +32,8 @@ class StragglerCost:
     def sentence(self) -> str:
         """E.g. 'stage 1 (node roce-a-1 at 0.85x) adds 0.210 s/iteration'."""
         st = self.straggler
+        if st.kind == "all":
+            return f"all of them together add {self.added_s:.3f} s/iteration"
         if st.kind == "spread":
             what = f"a {st.what} spread of GPU speed (coefficient of variation {st.factor:g})"
         elif st.kind == "uplink":
@@ -59,9 +61,13 @@ def straggler_costs(prepared: Prepared, outcome: Outcome) -> list[StragglerCost]
 
     base = iteration_s(outcome.cluster)
     out = []
-    for k, st in enumerate(stragglers(s.variability)):
+    items = stragglers(s.variability)
+    for k, st in enumerate(items):
         cluster = view(apply_variability(nominal, without(s.variability, k), s.seed))
         out.append(StragglerCost(st, _stages_on(plan, st), base - iteration_s(cluster)))
+    if len(items) > 1:
+        together = Straggler("all", "", "", 0.0)
+        out.append(StragglerCost(together, (), base - iteration_s(view(nominal))))
     return out
 
 
