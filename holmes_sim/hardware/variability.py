@@ -4,7 +4,8 @@ spread and named stragglers) and NICs and uplinks below their rate (`spec.hardwa
 A GPU's speed scales every op it runs (compute time / speed); a NIC's or uplink's factor scales its
 bandwidth, so the engine's link capacities, the analytic estimate and the policies all see it.
 A seeded spread draws one speed per GPU, node by node in cluster order, from one NumPy
-`Generator` seeded with `SeedSequence(seed)`: the same seed gives the same speeds.
+`Generator` seeded with `SeedSequence(seed)`: the same seed gives the same speeds. Entries that
+name the same hardware multiply (a slow GPU in a slow spread, a port slowed twice).
 """
 
 from __future__ import annotations
@@ -115,6 +116,9 @@ def _apply_slow_gpus(cluster: Cluster, spec: VariabilitySpec, speeds: dict[str, 
         path = f"variability.slow_gpus[{i}]"
         node = _node(cluster, g.node, f"{path}.node")
         gpus = range(node.num_gpus) if g.gpus is None else g.gpus
+        if not gpus or len(set(gpus)) != len(gpus):
+            raise FieldError(f"{path}.gpus", "list each slow GPU's local index once, or remove "
+                                             "`gpus` for the whole node")
         for k, local in enumerate(gpus):
             if not 0 <= local < node.num_gpus:
                 raise FieldError(f"{path}.gpus[{k}]", f"node {node.name} has GPUs 0.."
