@@ -19,8 +19,8 @@ from holmes_sim.errors import FieldError
 from holmes_sim.hardware.cluster import Cluster, Nic, Node
 from holmes_sim.spec.hardware import SlowLinkSpec, VariabilitySpec
 
-_TRUNCATE_SIGMAS = 3.0
-"""The normal spread is cut at this many standard deviations (speeds stay in a sane range)."""
+_CLIP_SIGMAS = 3.0
+"""Normal draws are clipped to this many standard deviations (speeds stay in a sane range)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ def _drawn_speeds(cluster: Cluster, spec: VariabilitySpec, seed: int) -> dict[st
     else:
         rng = np.random.default_rng(np.random.SeedSequence(seed))
         if spec.distribution == "normal":
-            z = np.clip(rng.standard_normal(total), -_TRUNCATE_SIGMAS, _TRUNCATE_SIGMAS)
+            z = np.clip(rng.standard_normal(total), -_CLIP_SIGMAS, _CLIP_SIGMAS)
         else:  # uniform on [-sqrt(3), sqrt(3)]: standard deviation 1
             z = rng.uniform(-math.sqrt(3), math.sqrt(3), total)
         flat = 1.0 + spec.compute_spread * z

@@ -184,7 +184,7 @@ class VariabilitySpec:
     compute_spread: float = 0.0
     """Coefficient of variation of per-GPU compute speed around 1 (0: none); each GPU draws once."""
     distribution: Literal["normal", "uniform"] = "normal"
-    """normal: N(1, spread) truncated at 3 standard deviations; uniform: the uniform
+    """normal: N(1, spread) clipped to 1 +- 3 standard deviations; uniform: the uniform
     distribution of the same mean and standard deviation (half-width sqrt(3) x spread)."""
     seed: int | None = None
     """Seed of the spread's draws (omit: the scenario's seed)."""
