@@ -125,7 +125,10 @@ def run(
             prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
         outcomes = run_scenario(prepared, _check_policy_names(policy), full_simulation)
         if json_path is not None:
-            write_json(json_path, stamp(results_document(prepared, outcomes, prepared.scenario.seed)))
+            from holmes_sim.report.stragglers import with_stragglers
+
+            write_json(json_path, stamp(with_stragglers(results_document(
+                prepared, outcomes, prepared.scenario.seed), prepared, outcomes)))
         if plans is not None:
             _write_plans(prepare_output(plans, directory=True, option="--plans"), prepared, outcomes,
                          hosts)
@@ -225,6 +228,11 @@ def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
             f"PP {prepared.pp} DP {prepared.dp}, {prepared.num_microbatches} micro-batches " \
             f"({prepared.scenario.parallel.schedule})"
     print_table(console, results_table(title, outcomes, console.width, wide), wide)
+    if prepared.nominal_cluster is not None:
+        from holmes_sim.report.stragglers import stragglers_text
+
+        console.print(stragglers_text(prepared, outcomes), highlight=False, markup=False,
+                      soft_wrap=True)
 
 
 def _check_policy_names(names: list[str] | None) -> list[str] | None:
@@ -476,6 +484,7 @@ def plan(
     from holmes_sim.report.progress import WorkProgress
     from holmes_sim.report.tables import print_table
     from holmes_sim.search.report import infeasible_summary, plan_table, why_the_winner_wins
+    from holmes_sim.report.stragglers import variability_note
     from holmes_sim.runner import stamp
 
     try:
@@ -497,7 +506,8 @@ def plan(
         raise _fail(exc) from None
     console = err if _is_stdout(json_path) else out
     print_table(console, plan_table(result, rows, console.width, wide), wide)
-    for line in filter(None, [why_the_winner_wins(result), *infeasible_summary(result)]):
+    notes = [why_the_winner_wins(result), *infeasible_summary(result), variability_note(prepared)]
+    for line in filter(None, notes):
         indent = " " * (len(line) - len(line.lstrip()) + 2)  # folded at spaces to the width
         console.print(textwrap.fill(line, console.width, subsequent_indent=indent,
                                     break_long_words=False, break_on_hyphens=False),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from holmes_sim.hardware.catalog import LinkModel, build_catalog
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Nic, build_cluster
+from holmes_sim.hardware.variability import apply_variability
 from holmes_sim.cost.compute import ComputeModel, KernelCompute, Profile, load_profile
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.policies import POLICIES, PlanRequest
@@ -41,6 +42,8 @@ class Prepared:
     dp: int
     num_microbatches: int
     profile: Profile | None
+    nominal_cluster: Cluster | None = None
+    """The cluster before `scenario.variability` (None: the same as `cluster`)."""
 
     def request(self, cluster: Cluster | None = None) -> PlanRequest:
         """The PlanRequest for a policy (on `cluster` when the policy views another one)."""
@@ -94,6 +97,7 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
     profile = _load_profile(s, base_dir, profile_override)
     if profile is not None:
         cluster = apply_link_profile(cluster, profile)
+    nominal, cluster = cluster, apply_variability(cluster, s.variability, s.seed)
     workload = build_workload(s.model, s.training, s.parallel.tensor)
     _check_buckets(workload)
     tp, pp, dp = _degrees(s, cluster)
@@ -105,7 +109,8 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
     except ScenarioError as exc:
         raise FieldError("parallel.schedule", str(exc)) from None
     compute = profile.compute if profile is not None else KernelCompute()
-    return Prepared(s, source, cluster, workload, compute, tp, pp, dp, m, profile)
+    return Prepared(s, source, cluster, workload, compute, tp, pp, dp, m, profile,
+                    None if nominal is cluster else nominal)
 
 
 def _check_search(s: Scenario) -> None:

@@ -57,7 +57,7 @@ def test_wheel_carries_scenarios_and_testbeds_and_keeps_torch_optional(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert sum(n.startswith("holmes_sim/data/scenarios/") and n.endswith(".yaml") for n in names) == 7
+    assert sum(n.startswith("holmes_sim/data/scenarios/") and n.endswith(".yaml") for n in names) == 8
     assert "holmes_sim/data/testbeds/default.yaml" in names
     torch = [line for line in meta.splitlines() if line.startswith("Requires-Dist: torch")]
     assert torch and all("extra ==" in line for line in torch), torch
@@ -73,12 +73,12 @@ from holmes_sim.cli import app
 assert holmes_sim.__file__.startswith(sys.prefix), (holmes_sim.__file__, sys.prefix)
 assert default_testbed().exists(), default_testbed()
 r = CliRunner().invoke(app, ["scenarios"])
-assert r.exit_code == 0 and len(r.output.strip().splitlines()) == 7, r.output
+assert r.exit_code == 0 and len(r.output.strip().splitlines()) == 8, r.output
 r = CliRunner().invoke(app, ["run", "mixed_ib_roce", "-q", "-p", "holmes", "-p", "megatron"])
 assert r.exit_code == 0, r.output
 print(len(scenario_names()), "torch" in sys.modules)
 """
-    assert _run(venv, code, tmp_path).split() == ["7", "False"]
+    assert _run(venv, code, tmp_path).split() == ["8", "False"]
 
 
 def test_installed_wheel_walks_in_c_where_it_was_built(wheel, venv, tmp_path):

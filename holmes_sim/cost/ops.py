@@ -26,13 +26,15 @@ class OpCosts:
     def chunk_compute_s(self, node: Node, layers: int, first: bool, last: bool,
                         backward: bool) -> float:
         """Compute of a chunk of `layers` layers (plus the embedding on the first virtual stage
-        and the logits/loss on the last) for one micro-batch on one GPU of the TP group."""
-        c, w, g = self.compute, self.workload, node.gpu
-        t = c.op_overhead_s(g) + layers * c.layer_s(g, w, self.tp, backward)
+        and the logits/loss on the last) for one micro-batch on one GPU of the TP group: the
+        GPU model's kernel time over the node's speed (`Node.speed`), plus the framework's
+        per-op overhead (host time, not scaled)."""
+        c, w, g, speed = self.compute, self.workload, node.gpu, node.speed
+        t = c.op_overhead_s(g) + layers * c.layer_s(g, w, self.tp, backward) / speed
         if first:
-            t += c.embedding_s(g, w, self.tp, backward)
+            t += c.embedding_s(g, w, self.tp, backward) / speed
         if last:
-            t += c.head_s(g, w, self.tp, backward)
+            t += c.head_s(g, w, self.tp, backward) / speed
         return t
 
     def tp_comm_s(self, node: Node, layers: int, backward: bool) -> float:
@@ -50,7 +52,7 @@ class OpCosts:
         if backward and w.tp_comm_overlap:
             # The backward's two input-gradient all-reduces each hide behind their linear's
             # weight-gradient GEMM; the recomputed forward's stay exposed.
-            per_layer -= sum(min(one, window) for window in
+            per_layer -= sum(min(one, window / node.speed) for window in
                              self.compute.tp_overlap_windows_s(node.gpu, w, self.tp))
         return layers * per_layer
 
@@ -82,19 +84,20 @@ class OpCosts:
         return max(1, math.ceil(w.grad_bytes_of(params) / self.tp / w.bucket_bytes))
 
     def optimizer_s(self, node: Node, params_per_gpu: float) -> float:
-        return self.compute.optimizer_s(node.gpu, params_per_gpu)
+        """The optimizer step of `params_per_gpu` parameters on one GPU of `node` (s)."""
+        return self.compute.optimizer_s(node.gpu, params_per_gpu) / node.speed
 
 
 class ChunkTimes:
     """`chunk_compute_s + tp_comm_s` of one micro-batch's chunk (s), remembered by the node's GPU
-    model and intra-node link (equal hardware, equal time); get one with `chunk_times`."""
+    model, intra-node link and speed (equal hardware, equal time); get one with `chunk_times`."""
 
     def __init__(self, costs: OpCosts):
         self.costs = costs
         self._seconds: dict[tuple, float] = {}
 
     def op_s(self, node: Node, layers: int, first: bool, last: bool, backward: bool) -> float:
-        key = (id(node.gpu), id(node.intra_link), layers, first, last, backward)
+        key = (id(node.gpu), id(node.intra_link), node.speed, layers, first, last, backward)
         got = self._seconds.get(key)
         if got is None:
             costs = self.costs

@@ -113,7 +113,7 @@ class _Estimator:
         got = self._alike_cache.get((s, d))
         if got is None:
             node, pp = self.net.node(s, d), self.plan.pp
-            got = self._alike_cache[(s, d)] = (id(node.gpu), id(node.intra_link),
+            got = self._alike_cache[(s, d)] = (id(node.gpu), id(node.intra_link), node.speed,
                                                tuple(self.plan.layers_per_stage[s::pp]),  # `stage_layers`
                                                s == 0, s == pp - 1, self.net.dp_ring(s))
         return got

@@ -84,9 +84,9 @@ class NetView:
         return got
 
     def hardware(self, s: int, d: int) -> tuple:
-        """What prices an op of (s, d): the node's GPU model and intra-node link."""
+        """What prices an op of (s, d): the node's GPU model, intra-node link and speed."""
         node = self.node(s, d)
-        return node.gpu, node.intra_link
+        return node.gpu, node.intra_link, node.speed
 
     def memory_bytes(self, s: int) -> float:
         """The smallest GPU memory (bytes) among stage s's replicas."""
@@ -180,7 +180,7 @@ class NetView:
         return self.idle_ring(GroupKind.DATA, s)
 
     def stage_nodes(self, s: int) -> list[Node]:
-        """One node per distinct (GPU, intra-node link) among stage s's replicas, in replica
+        """One node per distinct (GPU, intra-node link, speed) among stage s's replicas, in replica
         order (replicas on identical hardware cost the same)."""
         got = self._stage_nodes.get(s)
         if got is None:

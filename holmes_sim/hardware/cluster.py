@@ -54,7 +54,11 @@ class Nic:
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """One server: its GPUs, intra-node link and NICs."""
+    """One server: its GPUs, intra-node link and NICs.
+
+    `gpu_speeds` holds each local GPU's compute speed relative to its model (empty: all 1;
+    `hardware.variability`); `speed` is the slowest one's, the speed every GPU of the node is
+    priced at (a TP group lives on one node and its ranks wait for each other every layer)."""
 
     name: str
     cluster: str
@@ -62,10 +66,13 @@ class Node:
     num_gpus: int
     intra_link: LinkModel
     nics: tuple[Nic, ...]
+    gpu_speeds: tuple[float, ...] = ()
+    speed: float = field(init=False, compare=False)
     _rdma_fabrics: tuple[str, ...] = field(init=False, repr=False, compare=False)
     _on: dict[str, tuple[Nic, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speed", min(self.gpu_speeds, default=1.0))
         object.__setattr__(self, "_rdma_fabrics",
                            tuple(dict.fromkeys(n.fabric for n in self.nics if n.type != ETHERNET)))
         object.__setattr__(self, "_on", {})

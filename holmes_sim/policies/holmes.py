@@ -1,7 +1,8 @@
 """The Holmes policy (arXiv 2312.03549) and its ablations, composed from four switchable parts:
 
 1. NIC-aware rank order (section 3.1): nodes are ordered by NIC class (their RDMA fabric, or
-   Ethernet only), so each pipeline stage's TP x DP ranks lie on one fabric.
+   Ethernet only), so each pipeline stage's TP x DP ranks lie on one fabric; inside a class,
+   slower nodes (`scenario.variability`) come first, so stragglers share one stage.
 2. Automatic NIC selection (section 3.3): each group uses the best transport all its members share,
    so DP groups run on RDMA and only pipeline (and embedding) traffic crosses fabrics on Ethernet.
 3. Self-adapting pipeline partition (section 3.2): layers per stage by search (`partition.py`),
@@ -90,9 +91,13 @@ def nic_class(node: Node) -> str:
 
 
 def nic_aware_order(nodes: Sequence[Node]) -> list[Node]:
-    """Nodes grouped by NIC class (classes in order of first appearance, stable inside a class)."""
+    """Nodes grouped by NIC class (classes in order of first appearance), slower nodes
+    (`Node.speed`, `scenario.variability`) first inside a class, else stable: stragglers then
+    share the class's first pipeline stage, whose layers the adaptive partition can cut, instead
+    of slowing several stages (a pipeline runs at its slowest stage)."""
     classes = list(dict.fromkeys(nic_class(n) for n in nodes))
-    return [n for c in classes for n in nodes if nic_class(n) == c]
+    return [n for c in classes for n in sorted((n for n in nodes if nic_class(n) == c),
+                                               key=lambda n: n.speed)]
 
 
 _NOTES: IdentityMemo[tuple[str, ...]] = IdentityMemo()

@@ -61,7 +61,7 @@ class StageTimer:
         # Stages priced alike: the same hardware, DP ring, and first or last place (the
         # embedding, head and embedding ring); most stages of a pipeline share one.
         alike: dict[tuple, int] = {}
-        self._alike = [alike.setdefault((tuple((id(n.gpu), id(n.intra_link)) for n in self.nodes[s]),
+        self._alike = [alike.setdefault((tuple((id(n.gpu), id(n.intra_link), n.speed) for n in self.nodes[s]),
                                          self.dp_ring[s], s == 0, s == request.pp - 1), len(alike))
                        for s in range(request.pp)]
         self._stage_times: dict[tuple, float] = {}

@@ -13,6 +13,7 @@ from holmes_sim.prepare import Prepared
 from holmes_sim.report import plots
 from holmes_sim.report.files import prepare_output, write_atomic, write_json
 from holmes_sim.report.perfetto import write_chrome_trace
+from holmes_sim.report.stragglers import stragglers_markdown, with_stragglers
 from holmes_sim.report.tables import footnotes
 from holmes_sim.runner import BASELINE, REFERENCES, Outcome, ranked, results_document, speedups, stamp
 
@@ -59,8 +60,8 @@ def write_report(directory: Path, prepared: Prepared, outcomes: list[Outcome],
     for i, o in enumerate(outcomes, 1):
         write_chrome_trace(directory / f"trace_{o.plan.policy}.json", o.trace)
         _tick(progress, len(steps) + i, total)
-    write_json(directory / "results.json", stamp(results_document(prepared, outcomes,
-                                                                  prepared.scenario.seed)))
+    write_json(directory / "results.json", stamp(with_stragglers(results_document(
+        prepared, outcomes, prepared.scenario.seed), prepared, outcomes)))
     write_atomic(directory / "report.md", report_markdown(prepared, outcomes))
     _tick(progress, total, total)
 
@@ -83,6 +84,7 @@ def report_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
         "## Findings", "", findings(outcomes), "",
         "## Results (fastest first)", "", results_markdown_table(outcomes), "",
         "## Which nodes hold which pipeline stage", "", stage_nodes_markdown(outcomes), "",
+        *_stragglers_section(prepared, outcomes),
         "## Figures", "",
         "Iteration time and throughput per policy:", "", "![iteration time](iteration_time.png)",
         "", "Time breakdown (mean over entities; sums to the iteration time):", "",
@@ -101,6 +103,15 @@ def report_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
               "- `trace_<policy>.json`: Chrome trace of the iteration; open it in "
               "https://ui.perfetto.dev or chrome://tracing.", ""]
     return "\n".join(lines)
+
+
+def _stragglers_section(prepared: Prepared, outcomes: list[Outcome]) -> list[str]:
+    """'Slow hardware' lines when the scenario has variability (`report.stragglers`)."""
+    if prepared.nominal_cluster is None:
+        return []
+    return ["## Slow hardware (scenario variability)", "",
+            "What each straggler costs each plan: the plan's analytic iteration time less the "
+            "same plan's without that straggler.", "", stragglers_markdown(prepared, outcomes), ""]
 
 
 def stage_nodes_markdown(outcomes: list[Outcome]) -> str:

@@ -275,6 +275,6 @@ class ReplicaSignatures:
         got = self._hw_ids.get(node)
         if got is None:
             n = self.cluster.node(node)
-            model = (n.gpu, n.num_gpus, n.intra_link, n.nics)
+            model = (n.gpu, n.num_gpus, n.intra_link, n.nics, n.speed)
             got = self._hw_ids[node] = self._hw_models.setdefault(model, len(self._hw_models))
         return got

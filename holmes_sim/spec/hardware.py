@@ -135,3 +135,59 @@ class CatalogSpec:
     gpus: dict[str, GpuModelSpec] = field(default_factory=dict)
     nics: dict[str, NicModelSpec] = field(default_factory=dict)
     links: dict[str, LinkModelSpec] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlowGpuSpec:
+    """Named GPUs, or a whole node, that compute slower (or faster) than their model."""
+
+    node: str
+    """The node's name as the simulator names it (<group name or cluster>-<index>)."""
+    speed_factor: float
+    """Compute speed relative to the GPU model (0.85: every op takes 1 / 0.85 as long)."""
+    gpus: tuple[int, ...] | None = None
+    """Local GPU indices (omit: every GPU of the node)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlowLinkSpec:
+    """NICs that run below their line rate (a degraded or failed-over port), on one node or on
+    every node of one cluster (a slower rack or cluster uplink to its switch)."""
+
+    rate_factor: float
+    """Fraction of the NIC's rate it achieves (0.5: half)."""
+    node: str | None = None
+    """The node whose NICs are slow (give `node` or `cluster`)."""
+    cluster: str | None = None
+    """The cluster all of whose nodes' NICs are slow."""
+    nic: str | None = None
+    """Node-local NIC name (ib0, roce1, eth0; omit: every NIC that `fabric` allows)."""
+    fabric: str | None = None
+    """Only NICs on this fabric (a declared fabric name, or ethernet; omit: any)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SlowUplinkSpec:
+    """An inter-cluster link that runs below its declared capacity."""
+
+    clusters: tuple[str, str]
+    rate_factor: float
+    """Fraction of the link's capacity it achieves."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VariabilitySpec:
+    """Persistent differences between nominally identical hardware: stragglers, a seeded spread
+    of per-GPU compute speed, degraded NICs and uplinks. Run-to-run jitter of each op's time is
+    `engine.compute_cv` instead."""
+
+    compute_spread: float = 0.0
+    """Coefficient of variation of per-GPU compute speed around 1 (0: none); each GPU draws once."""
+    distribution: Literal["normal", "uniform"] = "normal"
+    """normal: N(1, spread) clipped to 1 +- 3 standard deviations; uniform: the uniform
+    distribution of the same mean and standard deviation (half-width sqrt(3) x spread)."""
+    seed: int | None = None
+    """Seed of the spread's draws (omit: the scenario's seed)."""
+    slow_gpus: tuple[SlowGpuSpec, ...] = ()
+    slow_links: tuple[SlowLinkSpec, ...] = ()
+    slow_uplinks: tuple[SlowUplinkSpec, ...] = ()

@@ -104,6 +104,9 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "tolerance_pct": _positive(1000),
     "timeout_s": _positive(7 * 86400),
     "learning_rate": _positive(1000),
+    "speed_factor": _positive(2),  # variability: a GPU at most twice its model's speed
+    "rate_factor": _positive(1),  # variability: a degraded link runs below its rate
+    "compute_spread": Bound(0, 0.25),  # 3 standard deviations below 1 stay above 0.25
 }
 NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from holmes_sim.spec.hardware import CatalogSpec, ClusterSpec, FabricSpec, InterClusterLinkSpec
+from holmes_sim.spec.hardware import (CatalogSpec, ClusterSpec, FabricSpec, InterClusterLinkSpec,
+                                      VariabilitySpec)
 from holmes_sim.spec.job import ModelSpec, ParallelSpec, TrainingSpec
 
 DEFAULT_POLICIES = (
@@ -103,3 +104,6 @@ class Scenario:
     profile: str | None = None
     """Path (relative to the scenario file) of a measured profile JSON that replaces catalog
     compute and link numbers (written by `holmes-sim validate`)."""
+    variability: VariabilitySpec = field(default_factory=VariabilitySpec)
+    """Stragglers, a seeded per-GPU speed spread, degraded NICs and uplinks
+    (`hardware.variability`)."""

@@ -44,6 +44,9 @@ def check_backend(prepared: Prepared) -> None:
     if w.tie_embeddings:
         raise FieldError("model.tie_embeddings", "the backend's GPT has an untied head; set "
                                                  "tie_embeddings: false")
+    if prepared.nominal_cluster is not None:
+        raise FieldError("variability", "the testbed runs every rank at one speed and shapes "
+                                        "links at their declared rates; remove it for a real run")
     _check_gpt_architecture(s.model)
 
 
