@@ -281,6 +281,44 @@ def walk_plain(table: OpTable, durs: list[list[float]], sends: list[float],
     return state.clock
 
 
+def walk_early_receive(table: OpTable, durs: list[list[float]], sends: list[float],
+                       start: list[float]) -> list[float]:
+    """`walk_plain` with every receive posted two ops ahead: a stage posts the receive of op
+    k + 2 when op k ends (stage start for ops 0 and 1), as Megatron-Core's interleaved schedule
+    does with `overlap_p2p_comm` (after a forward it starts sending its output and receiving
+    the next forward's input, then runs the backward: `forward_backward_pipelining_with_
+    interleaving`, megatron/core/pipeline_parallel/schedules.py). The transfer of op k's input
+    starts at max(sent, end of op k - 2); op k starts at max(end of op k - 1, that + send).
+    Op by op over the full table, in Python (no steady-state jump)."""
+    table = full_op_table(*table.shape)
+    rows, ready = table.rows, [-1.0] * table.slots
+    pos, clock, posted = [0] * len(rows), list(start), list(start)
+    todo = sum(len(row) for row in rows)
+    while todo:
+        progressed = False
+        for s, row in enumerate(rows):
+            k, t, e2, dur = pos[s], clock[s], posted[s], durs[s]
+            while k < len(row):
+                dk, need, sk, out = row[k]
+                before = t  # end of op k - 1: the post time of op k + 1's receive
+                if need >= 0:
+                    sent = ready[need]
+                    if sent < 0.0:
+                        break
+                    t = max(t, max(sent, e2) + sends[sk])
+                t += dur[dk]
+                if out >= 0:
+                    ready[out] = t
+                e2 = before
+                k += 1
+            if k != pos[s]:
+                todo -= k - pos[s]
+                pos[s], clock[s], posted[s] = k, t, e2
+                progressed = True
+        assert progressed, "schedule deadlock"
+    return clock
+
+
 def walk(table: OpTable, durs: list[list[float]], sends: list[float],
          start: list[float]) -> list[float]:
     """`walk_plain`'s result, jumping over the repeating rounds of the steady run (and the

@@ -36,7 +36,7 @@ from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import Group, GroupKind, Plan
-from holmes_sim.schedule import Op
+from holmes_sim.schedule import Op, ScheduleKind
 from holmes_sim.sim import symmetry
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
@@ -154,6 +154,9 @@ class _Simulation:
         self.send_start: dict[tuple, float] = {}
         self.posted: set[tuple] = set()
         self.waiting_sends: dict[tuple, Callable[[], None]] = {}
+        self.early_receive = workload.overlap_p2p_comm and \
+            ScheduleKind(plan.schedule_kind) is ScheduleKind.INTERLEAVED
+        self.early_posted: set[tuple] = set()
         self._index_groups()
         self._build_entities()
         self._dp_rings = self._build_dp_rings()
@@ -308,7 +311,9 @@ class _Simulation:
         last_b = self._last_backward_per_chunk(s)
         first_f = self._first_forward_per_chunk(s)
         reductions: list[simpy.Event] = []
-        for op in self.schedule.stage_ops[s]:
+        ops = self.schedule.stage_ops[s]
+        self._post_early(s, d, ops, 1)
+        for i, op in enumerate(ops):
             j = self.schedule.virtual_stage(s, op.chunk)
             yield from self._wait_input(name, op, j, d)
             backward = op.kind == "B"
@@ -321,7 +326,21 @@ class _Simulation:
             else:
                 yield from self._compute(name, op, kind, dur, tp)
             self._send_output(op, j, d)
+            self._post_early(s, d, ops, i + 2)
         yield from self._finish(name, node, s, d, reductions)
+
+    def _post_early(self, s: int, d: int, ops: tuple[Op, ...], i: int) -> None:
+        """With `overlap_p2p_comm` on the interleaved schedule, post op i's receive now, two ops
+        ahead (`estimate.walk.walk_early_receive`); otherwise each op posts its own."""
+        if not self.early_receive or i >= len(ops):
+            return
+        op = ops[i]
+        j = self.schedule.virtual_stage(s, op.chunk)
+        if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
+            return
+        key = (op.kind, j, d, op.microbatch)
+        self.early_posted.add(key)
+        self._post_receive(key)
 
     def _wait_input(self, name: str, op: Op, j: int, d: int):
         """Wait for the activation (F) or gradient (B) this op consumes, recording the idle time
@@ -329,7 +348,8 @@ class _Simulation:
         if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
             return
         key = (op.kind, j, d, op.microbatch)
-        self._post_receive(key)
+        if key not in self.early_posted:
+            self._post_receive(key)
         ev = self._arrival(key)
         if ev.processed:
             return
@@ -479,6 +499,7 @@ class _Simulation:
         """Gradient sync, embedding all-reduce, optimizer step, and (no overlap) all-gather."""
         mode = self.plan.optimizer
         stream = self.dp_stream.get(s)
+        yield from self._deferred_wgrad(name, node, s)
         if stream is not None and mode.reduces_gradients and \
                 not self.plan.releases_gradients_in_backward:
             reductions = [self.coll.submit(stream, name, self._grad_kind, b.grad_bytes)
@@ -495,6 +516,16 @@ class _Simulation:
             gathers = [self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes)
                        for c in range(self.plan.num_chunks) for b in self.buckets[(s, c)]]
             yield from self._wait_all(name, gathers)
+
+    def _deferred_wgrad(self, name: str, node, s: int):
+        """The last stage's deferred output-layer weight gradients, every micro-batch's, after
+        its last backward and before its gradient sync (`OpCosts.deferred_wgrad_s`)."""
+        seconds = self.plan.num_microbatches * self.costs.deferred_wgrad_s(node) \
+            if s == self.plan.pp - 1 else 0.0
+        if seconds > 0:
+            start = self.env.now
+            yield self._work(name, seconds)
+            self.trace.op(start, self.env.now, name, "compute", OpKind.BACKWARD)
 
     @property
     def _grad_kind(self) -> OpKind:

@@ -103,6 +103,8 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "tolerance_pct": _positive(1000),
     "timeout_s": _positive(7 * 86400),
     "learning_rate": _positive(1000),
+    "decoder_first_pipeline_num_layers": Bound(1, 10_000),
+    "decoder_last_pipeline_num_layers": Bound(1, 10_000),
 }
 NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""
