@@ -302,6 +302,8 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     hargs, why_not = holmes_args(plan, cluster, nodes)
     if hargs and plan.optimizer in (OptimizerMode.PER_MICROBATCH_OVERLAPPED, OptimizerMode.ZERO1):
         hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
+    if hargs and workload.defer_embedding_wgrad:
+        hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
     fork = [a for a in margs if a not in _layout_args(plan, workload)] + hargs if hargs else []
     net = upstream_net(plan)
     files = {"hostfile": "".join(f"{h} slots={n.num_gpus}\n" for h, n in zip(names, nodes)),

@@ -37,7 +37,7 @@ model: {{num_layers: {layers}, hidden_size: 1024, num_attention_heads: 16, seq_l
         vocab_size: {vocab}, tie_embeddings: false}}
 training: {{global_batch_size: {batch}, micro_batch_size: 1{training}}}
 parallel: {{tensor: {tp}, pipeline: {pp}, schedule: {schedule}, virtual_stages: {virtual}}}
-policies: [megatron]
+policies: [megatron, holmes]
 """
 
 
@@ -256,12 +256,35 @@ def test_the_exporter_writes_the_flags_megatron_lm_parses():
         assert flag in parsed, flag
     assert parsed["--num-virtual-stages-per-pipeline-rank"] == ["2"]
     assert "--pipeline-model-parallel-layout" not in parsed
-    first = _scenario(", decoder_first_pipeline_num_layers: 2, overlap_p2p_comm: true", nodes=4,
-                      gpus=8, tp=8, pp=4, layers=11, batch=16)
-    p = prepare_text(first.replace("overlap_p2p_comm: true", "overlap_p2p_comm: false"))
+    p = prepare_text(_scenario(", decoder_first_pipeline_num_layers: 2, "
+                               "defer_embedding_wgrad_compute: true", nodes=4, gpus=8, tp=8, pp=4,
+                               layers=11, batch=16))
+    fork = launch_files(*plan_policy(p, "holmes"), p.workload, "bf16").files["holmes_args.txt"]
+    assert fork.startswith("# not expressible") and "defer" in fork
     plan, cluster = plan_policy(p, "megatron")
     parsed = parse(shlex.split(launch_files(plan, cluster, p.workload, "bf16").files[
         "megatron_args.txt"]), UPSTREAM)
     assert plan.layers_per_stage == (2, 3, 3, 3)
     assert parsed["--decoder-first-pipeline-num-layers"] == ["2"]
     assert "--no-overlap-p2p-communication" not in parsed  # 1F1B: nothing to turn off
+
+
+def test_the_planner_tries_the_param_gather_and_keeps_overlaps_where_the_layout_allows():
+    from holmes_sim.search.planner import Layout, evaluate, prepared_for
+
+    text = _scenario(", sequence_parallel: true, tp_comm_overlap: true, overlap_p2p_comm: true, "
+                     "distributed_optimizer: true, overlap_grad_reduce: true, bucket_size_mb: 10",
+                     nodes=2, gpus=8, tp=8, pp=1, layers=8, batch=16)
+    text = text.replace("schedule: 1f1b", "schedule: interleaved").replace("pipeline: 1", "pipeline: 2")
+    prepared = prepare_text(text.replace("virtual_stages: 1", "virtual_stages: 2"))
+    layout = Layout(8, 1, 2, 1, "1f1b", 1, "none", False, "distributed-overlap")
+    plain, gather = (evaluate(prepared, dataclasses.replace(layout, optimizer=o), "megatron")
+                     for o in ("distributed-overlap", "distributed-overlap-gather"))
+    assert (plain.optimizer, gather.optimizer) == ("distributed", "distributed-overlapped")
+    assert gather.predicted_iteration_s < plain.predicted_iteration_s
+    # Without SP or the interleaved schedule the candidate drops the overlaps it cannot run.
+    w = prepared_for(prepared, layout).workload
+    assert not (w.tp_comm_overlap or w.overlap_p2p_comm)
+    w = prepared_for(prepared, dataclasses.replace(layout, sequence_parallel=True, pp=2, dp=1,
+                                                   schedule="interleaved", virtual_stages=2)).workload
+    assert w.tp_comm_overlap and w.overlap_p2p_comm
