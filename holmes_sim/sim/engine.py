@@ -10,12 +10,16 @@ Timing assumptions (each entity):
 - its compute stream runs the schedule's ops in order; an op starts when the previous op ended and
   its input (activation, or gradient from the next stage) has arrived; a forward or backward is
   followed by its TP all-reduces on the same stream (exposed, as in Megatron without overlap);
-- a finished op's output is sent asynchronously (a flow); sending does not block compute;
+- a finished op's output is sent asynchronously (a flow); sending does not block compute; a stage
+  posts the receive of an op's input when it reaches the op, or with `overlap_p2p_comm` on the
+  interleaved schedule two ops ahead;
 - data-parallel collectives run on one comm stream per stage; when gradients are reduced during
   the backward (the overlapped distributed optimizer, or DDP-style `overlap_grad_reduce`) the last
   micro-batch's backward of each chunk releases gradient buckets as it goes (the reduction runs
   while computing); with the overlapped optimizer the first forward of each chunk also consumes
   parameter buckets as their all-gather completes (the all-gather of the previous step's update);
+- with `defer_embedding_wgrad_compute` the last stage runs every micro-batch's output-layer
+  weight gradient after its last backward, before its gradient sync;
 - the iteration ends when every entity has finished its optimizer step (and, for the distributed
   and ZeRO-1 optimizers, its parameter all-gather).
 """
