@@ -61,7 +61,7 @@ class Workload:
     async_tp_allreduce: bool = False
     """The backward's TP all-reduces overlap the weight-gradient GEMMs (2022, `TrainingSpec`)."""
     overlap_p2p_comm: bool = False
-    """Pipeline receives posted one op early (interleaved schedule, `TrainingSpec`)."""
+    """Pipeline receives posted after the previous op of their kind (interleaved, `TrainingSpec`)."""
     defer_embedding_wgrad: bool = False
     """The output layer's weight gradients run at the pipeline flush (`TrainingSpec`)."""
     pipeline_split: PipelineSplit = PipelineSplit()

@@ -12,7 +12,7 @@ Timing assumptions (each entity):
   followed by its TP all-reduces on the same stream (exposed, as in Megatron without overlap);
 - a finished op's output is sent asynchronously (a flow); sending does not block compute; a stage
   posts the receive of an op's input when it reaches the op, or with `overlap_p2p_comm` on the
-  interleaved schedule two ops ahead;
+  interleaved schedule when its previous op of the same kind (F or B) ends;
 - data-parallel collectives run on one comm stream per stage; when gradients are reduced during
   the backward (the overlapped distributed optimizer, or DDP-style `overlap_grad_reduce`) the last
   micro-batch's backward of each chunk releases gradient buckets as it goes (the reduction runs
@@ -316,7 +316,7 @@ class _Simulation:
         first_f = self._first_forward_per_chunk(s)
         reductions: list[simpy.Event] = []
         ops = self.schedule.stage_ops[s]
-        self._post_early(s, d, ops, 1)
+        next_alike = _next_of_same_kind(ops) if self.early_receive else []
         for i, op in enumerate(ops):
             j = self.schedule.virtual_stage(s, op.chunk)
             yield from self._wait_input(name, op, j, d)
@@ -330,15 +330,14 @@ class _Simulation:
             else:
                 yield from self._compute(name, op, kind, dur, tp)
             self._send_output(op, j, d)
-            self._post_early(s, d, ops, i + 2)
+            if next_alike and next_alike[i] is not None:
+                self._post_early(s, d, ops[next_alike[i]])
         yield from self._finish(name, node, s, d, reductions)
 
-    def _post_early(self, s: int, d: int, ops: tuple[Op, ...], i: int) -> None:
-        """With `overlap_p2p_comm` on the interleaved schedule, post op i's receive now, two ops
-        ahead (`estimate.walk.walk_early_receive`); otherwise each op posts its own."""
-        if not self.early_receive or i >= len(ops):
-            return
-        op = ops[i]
+    def _post_early(self, s: int, d: int, op: Op) -> None:
+        """With `overlap_p2p_comm` on the interleaved schedule, post `op`'s receive now, when the
+        stage's previous op of its kind has ended (`estimate.walk.walk_early_receive`);
+        otherwise each op posts its own when it is reached."""
         j = self.schedule.virtual_stage(s, op.chunk)
         if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
             return
@@ -542,3 +541,13 @@ class _Simulation:
             t0 = self.env.now
             yield self.env.all_of(pending)
             self.trace.op(t0, self.env.now, name, "compute", OpKind.WAIT_DP)
+
+
+def _next_of_same_kind(ops: tuple[Op, ...]) -> list[int | None]:
+    """For each op of a stage, the index of the stage's next op of the same kind (F or B)."""
+    out: list[int | None] = [None] * len(ops)
+    following: dict[str, int] = {}
+    for i in range(len(ops) - 1, -1, -1):
+        out[i] = following.get(ops[i].kind)
+        following[ops[i].kind] = i
+    return out

@@ -89,7 +89,8 @@ class TrainingSpec:
     it needs. Needs distributed_optimizer and overlap_grad_reduce (megatron policy)."""
     overlap_p2p_comm: bool = False
     """Pipeline sends and receives overlap compute (interleaved schedule only): each receive is
-    posted one op early, while the op before it computes (Megatron-Core
+    posted when the stage's previous op of its kind ends, so in the steady phase it runs while
+    the op before it computes (Megatron-Core
     `ModelParallelConfig.overlap_p2p_comm`, default off; pretrain_gpt.py turns it on for the
     interleaved schedule unless `--no-overlap-p2p-communication`). Off: batched, blocking
     point-to-point (`batch_p2p_comm`)."""

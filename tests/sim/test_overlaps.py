@@ -141,6 +141,8 @@ def test_overlap_p2p_comm_leaves_only_the_fill_and_drain_transfers(m):
     """Interleaved, p = 2, v = 2, 1 + 2 ms per chunk, transfers of c < 1 ms: posting each
     receive two ops ahead hides every steady-state transfer; left are the 2 (p v - 1) of the
     forward fill and the backward drain: (v m + p - 1)(f + b) + 6c. Engine = estimate."""
+    # (Posting after the previous op of the same kind hides a transfer only where forwards
+    # and backwards alternate; the fill's forwards and the drain's backwards follow each other.)
     text = _scenario(", overlap_p2p_comm: true", layers=4, schedule="interleaved", virtual=2,
                      batch=m, gbit=32)
     on = dataclasses.replace(prepare_text(text), compute=StepCompute())
