@@ -16,6 +16,7 @@ from holmes_sim.policies import POLICIES, PlanRequest
 from holmes_sim.schedule import ScheduleKind, check_schedule
 from holmes_sim.spec.load import load_scenario, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
+from holmes_sim.model.pipeline_split import PipelineSplit, megatron_layers_per_stage
 from holmes_sim.model.workload import Workload, build_workload
 
 MAX_GRADIENT_BUCKETS = 100_000
@@ -51,7 +52,8 @@ class Prepared:
         return PlanRequest(cluster or self.cluster, self.workload, self.compute, self.tp, self.pp,
                            self.dp, ScheduleKind(par.schedule), self.num_microbatches,
                            par.virtual_stages, self.scenario.training.distributed_optimizer,
-                           self.scenario.training.overlap_grad_reduce)
+                           self.scenario.training.overlap_grad_reduce,
+                           self.scenario.training.overlap_param_gather)
 
 
 def prepare_text(text: str, source: str = "<scenario>", base_dir: str | Path = ".",
@@ -103,6 +105,7 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
     tp, pp, dp = _degrees(s, cluster)
     m = _microbatches(s, dp)
     _check_layers(s, pp)
+    _check_overlaps(s, tp, pp)
     _check_schedule_size(m, s.parallel.virtual_stages)
     try:
         check_schedule(s.parallel.schedule, pp, m, s.parallel.virtual_stages)
@@ -193,6 +196,30 @@ def _check_buckets(workload: Workload) -> None:
     if buckets > MAX_GRADIENT_BUCKETS:
         raise FieldError("training.bucket_size_mb", f"the gradients would fill {buckets:.3g} "
                          f"buckets (at most {MAX_GRADIENT_BUCKETS:,} are simulated); raise it")
+
+
+def _check_overlaps(s: Scenario, tp: int, pp: int) -> None:
+    """The Megatron-LM overlap and split flags only in the combinations Megatron-LM accepts."""
+    t, schedule = s.training, s.parallel.schedule
+    if t.overlap_param_gather and not (t.distributed_optimizer and t.overlap_grad_reduce):
+        raise FieldError("training.overlap_param_gather", "needs training.distributed_optimizer: "
+                         "true and training.overlap_grad_reduce: true (as Megatron-LM requires)")
+    if t.tp_comm_overlap and (tp == 1 or not t.sequence_parallel):
+        raise FieldError("training.tp_comm_overlap", "Transformer Engine's TP overlap needs "
+                         "parallel.tensor > 1 and training.sequence_parallel: true")
+    if t.tp_comm_overlap and t.async_tensor_model_parallel_allreduce:
+        raise FieldError("training.async_tensor_model_parallel_allreduce",
+                         "set it or training.tp_comm_overlap (which overlaps every TP "
+                         "collective), not both")
+    if t.overlap_p2p_comm and schedule != "interleaved":
+        raise FieldError("training.overlap_p2p_comm", f"applies to the interleaved schedule "
+                         f"only (parallel.schedule is {schedule}); remove it or use interleaved")
+    if t.defer_embedding_wgrad_compute and pp == 1:
+        raise FieldError("training.defer_embedding_wgrad_compute", "needs parallel.pipeline > 1 "
+                         "(there is no pipeline flush to hide it in)")
+    split = PipelineSplit.of(t)
+    if split.is_set:
+        megatron_layers_per_stage(s.model.num_layers, pp, s.parallel.virtual_stages, split)
 
 
 def _check_layers(s: Scenario, pp: int) -> None:

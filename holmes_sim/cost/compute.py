@@ -50,7 +50,19 @@ class ComputeModel(Protocol):
 
     def tp_overlap_windows_s(self, gpu: GpuModel, workload: Workload, tp: int) -> tuple[float, ...]:
         """Per layer, the backward GEMMs an asynchronous TP all-reduce can hide behind, seconds
-        (`training.tp_comm_overlap`); empty when the model cannot tell."""
+        (`training.async_tensor_model_parallel_allreduce`); empty when the model cannot tell."""
+        ...
+
+    def tp_userbuffer_windows_s(self, gpu: GpuModel, workload: Workload, tp: int,
+                                backward: bool) -> tuple[float, ...]:
+        """Per layer pass, the GEMM beside each TP all-gather and reduce-scatter under
+        `training.tp_comm_overlap`, seconds (`transformer.tp_userbuffer_windows_s`); empty
+        when the model cannot tell."""
+        ...
+
+    def head_wgrad_s(self, gpu: GpuModel, workload: Workload, tp: int) -> float:
+        """The output layer's weight-gradient GEMM of a micro-batch, seconds (part of
+        `head_s(backward=True)`); 0 when the model cannot tell."""
         ...
 
 
@@ -78,6 +90,13 @@ class KernelCompute:
 
     def tp_overlap_windows_s(self, gpu: GpuModel, workload: Workload, tp: int) -> tuple[float, ...]:
         return transformer.tp_overlap_windows_s(gpu, workload, tp)
+
+    def tp_userbuffer_windows_s(self, gpu: GpuModel, workload: Workload, tp: int,
+                                backward: bool) -> tuple[float, ...]:
+        return transformer.tp_userbuffer_windows_s(gpu, workload, tp, backward)
+
+    def head_wgrad_s(self, gpu: GpuModel, workload: Workload, tp: int) -> float:
+        return transformer.head_wgrad_s(gpu, workload, tp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +131,13 @@ class ProfiledCompute:
 
     def tp_overlap_windows_s(self, gpu: GpuModel, workload: Workload, tp: int) -> tuple[float, ...]:
         return ()  # a measured profile has no GEMM shapes
+
+    def tp_userbuffer_windows_s(self, gpu: GpuModel, workload: Workload, tp: int,
+                                backward: bool) -> tuple[float, ...]:
+        return ()
+
+    def head_wgrad_s(self, gpu: GpuModel, workload: Workload, tp: int) -> float:
+        return 0.0
 
 
 @dataclass(frozen=True, slots=True)

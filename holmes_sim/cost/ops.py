@@ -35,26 +35,64 @@ class OpCosts:
             t += c.embedding_s(g, w, self.tp, backward) / speed
         if last:
             t += c.head_s(g, w, self.tp, backward) / speed
+            if backward:
+                t -= self.deferred_wgrad_s(node)
         return t
+
+    def deferred_wgrad_s(self, node: Node) -> float:
+        """The output layer's weight-gradient GEMM of one micro-batch that
+        `--defer-embedding-wgrad-compute` moves out of the last stage's backward into the
+        pipeline flush (Megatron-Core `finish_embedding_wgrad_compute`, called after the last
+        backward, before the gradient sync), seconds; 0 without the flag."""
+        w = self.workload
+        if not w.defer_embedding_wgrad:
+            return 0.0
+        return self.compute.head_wgrad_s(node.gpu, w, self.tp) / node.speed
 
     def tp_comm_s(self, node: Node, layers: int, backward: bool) -> float:
         """Exposed TP all-reduces of a chunk on the intra-node link (ring, alpha-beta)
-        [Narayanan et al. SC'21, section 3.2]; with `tp_comm_overlap` the backward's two per layer
-        less the weight-gradient GEMMs they overlap [Korthikanti et al. 2022, section 6.2]
-        (the kernel model only: a measured profile has no GEMM shapes). Zero when tp == 1."""
+        [Narayanan et al. SC'21, section 3.2]; with `async_tp_allreduce` the backward's two per
+        layer less the weight-gradient GEMMs they overlap [Korthikanti et al. 2022, section 6.2];
+        with `tp_comm_overlap` what each all-gather and reduce-scatter leaves exposed beside its
+        GEMM (`userbuffer_exposed_s`). Overlaps use the kernel model only (a measured profile has
+        no GEMM shapes). Zero when tp == 1."""
         if self.tp == 1:
             return 0.0
         w, link = self.workload, node.intra_link
-        one = ring_collective_time_s("all-reduce", self.tp, w.tp_allreduce_bytes(),
-                                     link.bandwidth_bytes_per_s * link.efficiency,
+        rate = link.bandwidth_bytes_per_s * link.efficiency
+        one = ring_collective_time_s("all-reduce", self.tp, w.tp_allreduce_bytes(), rate,
                                      link.step_latency_s)
+        if w.tp_comm_overlap and w.sequence_parallel:
+            half = tuple(ring_collective_time_s(k, self.tp, w.tp_allreduce_bytes(), rate,
+                                                link.step_latency_s)
+                         for k in ("all-gather", "reduce-scatter"))
+            per_layer = self.userbuffer_exposed_s(node, backward, half)
+            if backward and w.full_recompute:
+                per_layer += self.userbuffer_exposed_s(node, False, half)
+            return layers * per_layer
         per_layer = w.tp_allreduces_per_layer(backward) * one
-        if backward and w.tp_comm_overlap:
+        if backward and w.async_tp_allreduce:
             # The backward's two input-gradient all-reduces each hide behind their linear's
             # weight-gradient GEMM; the recomputed forward's stay exposed.
             per_layer -= sum(min(one, window / node.speed) for window in
                              self.compute.tp_overlap_windows_s(node.gpu, w, self.tp))
         return layers * per_layer
+
+    def userbuffer_exposed_s(self, node: Node, backward: bool, half: tuple[float, float]) -> float:
+        """Exposed seconds of one layer pass's two all-gathers and two reduce-scatters (`half`:
+        their idle-link times, s) under Transformer Engine's userbuffer overlap, each beside its
+        GEMM of W s (`ComputeModel.tp_userbuffer_windows_s`). A pipelined overlap splits the
+        GEMM into t chunks around t - 1 ring steps, so one chunk's GEMM has no communication
+        beside it: exposed max(0, c - W (t - 1) / t) (TE `CommOverlapP2P`, the forward's four
+        and the backward's data-gradient all-gathers); the backward's reduce-scatters run in
+        bulk beside a whole weight-gradient GEMM: max(0, c - W) (TE `CommOverlap` bulk)."""
+        windows = self.compute.tp_userbuffer_windows_s(node.gpu, self.workload, self.tp, backward)
+        if not windows:
+            return 2 * sum(half)
+        split = (self.tp - 1) / self.tp
+        shares = (split, 1.0, split, 1.0) if backward else (split,) * 4
+        return sum(max(0.0, half[i % 2] - window / node.speed * share)
+                   for i, (window, share) in enumerate(zip(windows, shares, strict=True)))
 
     def chunk_params(self, layers: int, first: bool, last: bool) -> int:
         """Parameters of a chunk across its whole TP group (embedding on the first virtual

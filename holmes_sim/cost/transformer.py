@@ -42,7 +42,8 @@ of the fused weight-gradient GEMM (`--gradient-accumulation-fusion`).
 With fused (flash) attention the score tensor never reaches HBM: the softmax, attention dropout
 and the two score GEMMs are replaced by one kernel of 4 b s^2 h / t FLOP forward and 2.5 times
 that backward (it recomputes the scores; Dao 2023, arXiv 2307.08691, section 3.1) at
-`attention_efficiency` of peak.
+`attention_efficiency` of peak, of which a GPT's causal mask leaves (n + 1) / (2n) for n =
+ceil(s / 128) tiles per side (`causal_block_fraction`). The unfused path computes every score.
 
 Embedding (first stage): lookup, position add and dropout, about 8Ed bytes forward with a
 learned position table, else the lookup 2Ed plus dropout 2Ed + E when hidden_dropout > 0; its
@@ -89,7 +90,7 @@ def layer_kernels(w: Workload, tp: int) -> LayerKernels:
     permute = 2 * (e / tp) * d
     other_fwd, other_bwd = _other_bytes(w, tp)
     if w.flash_attention:
-        return LayerKernels(dense, (), 4.0 * b * s * s * h / tp, 0.0, 0.0,
+        return LayerKernels(dense, (), 4.0 * b * s * s * h / tp * causal_block_fraction(s), 0.0, 0.0,
                             other_fwd + permute, other_bwd + permute)
     batch = max(1, b * a // tp)
     attention = (Gemm(s, s, hd, batch), Gemm(s, hd, s, batch))
@@ -98,6 +99,19 @@ def layer_kernels(w: Workload, tp: int) -> LayerKernels:
     core_fwd = 2 * scores * d + dropout + permute
     core_bwd = 3 * scores * d + dropout + permute
     return LayerKernels(dense, attention, 0.0, core_fwd, core_bwd, other_fwd, other_bwd)
+
+
+FLASH_BLOCK = 128
+"""FlashAttention-2's query and key block size in tokens (128 x 128 tiles for head dimensions up
+to 128; Dao 2023, arXiv 2307.08691, section 3.3)."""
+
+
+def causal_block_fraction(s: int) -> float:
+    """Share of the s x s score tiles a causal FlashAttention kernel computes: of n = ceil(s /
+    128) x n square tiles it skips those wholly above the diagonal and computes n (n + 1) / 2
+    (Dao 2023, arXiv 2307.08691, section 3.1.1 "Causal masking"), (n + 1) / (2 n)."""
+    n = -(-s // FLASH_BLOCK)
+    return (n + 1) / (2 * n)
 
 
 def _other_bytes(w: Workload, tp: int) -> tuple[float, float]:
@@ -170,6 +184,33 @@ def tp_overlap_windows_s(gpu: GpuModel, w: Workload, tp: int) -> tuple[float, fl
     qkv, _, up, _ = layer_kernels(w, tp).dense
     return (gemm_time_s(gpu, qkv.backward()[1], w.dtype_bytes, w.fp8_gemms),
             gemm_time_s(gpu, up.backward()[1], w.dtype_bytes, w.fp8_gemms))
+
+
+@lru_cache(maxsize=4096)
+def tp_userbuffer_windows_s(gpu: GpuModel, w: Workload, tp: int,
+                            backward: bool) -> tuple[float, float, float, float]:
+    """The GEMM each TP collective of a layer pass overlaps under Transformer Engine's userbuffer
+    overlap (`--tp-comm-overlap`; TE `CommOverlap`/`CommOverlapP2P` as Megatron-Core's
+    `TELinear` layers configure them), seconds, in the order all-gather, reduce-scatter,
+    all-gather, reduce-scatter: forward QKV, projection, fc1, fc2 (the all-gathers feed the
+    column-parallel GEMMs, the reduce-scatters drain the row-parallel ones); backward the
+    projection's data-gradient GEMM (all-gather of its output gradient), QKV's weight-gradient
+    GEMM (bulk reduce-scatter of its input gradient), fc2's data gradient and fc1's weight
+    gradient."""
+    qkv, proj, up, down = layer_kernels(w, tp).dense
+    d, fp8 = w.dtype_bytes, w.fp8_gemms
+    if not backward:
+        return tuple(gemm_time_s(gpu, g, d, fp8) for g in (qkv, proj, up, down))
+    return (gemm_time_s(gpu, proj.backward()[0], d, fp8), gemm_time_s(gpu, qkv.backward()[1], d, fp8),
+            gemm_time_s(gpu, down.backward()[0], d, fp8), gemm_time_s(gpu, up.backward()[1], d, fp8))
+
+
+@lru_cache(maxsize=4096)
+def head_wgrad_s(gpu: GpuModel, w: Workload, tp: int) -> float:
+    """The output layer's weight-gradient GEMM (h x V/t, inner b s) of one micro-batch, seconds:
+    what `--defer-embedding-wgrad-compute` moves to the pipeline flush."""
+    logits = Gemm(w.micro_batch * w.seq, max(1, w.vocab // tp), w.hidden)
+    return gemm_time_s(gpu, logits.backward()[1], w.dtype_bytes)
 
 
 @lru_cache(maxsize=4096)

@@ -26,7 +26,7 @@ from holmes_sim.cost.ops import OpCosts, chunk_times
 from holmes_sim.estimate.netview import netview
 from holmes_sim.plan import Plan
 from holmes_sim.schedule import ScheduleKind
-from holmes_sim.estimate.walk import op_table, walk
+from holmes_sim.estimate.walk import op_table, walk, walk_early_receive
 from holmes_sim.model.workload import Workload
 
 
@@ -96,11 +96,12 @@ class _Estimator:
         sends = [self._p2p_s(a, b, d) for a, b in table.sends]
         # The walk depends on nothing else: plans that differ only in what happens after it
         # (the optimizer, the DP sync) or in placement with equal times share it.
-        key = (self._shape, tuple(map(tuple, durs)), tuple(sends), tuple(start))
+        early = self.w.overlap_p2p_comm and self._shape[0] is ScheduleKind.INTERLEAVED
+        key = (self._shape, tuple(map(tuple, durs)), tuple(sends), tuple(start), early)
         got = _WALKS.get(key)
         if got is not None:
             return list(got)
-        clock = walk(table, durs, sends, start)
+        clock = (walk_early_receive if early else walk)(table, durs, sends, start)
         if len(_WALKS) >= 4096:
             _WALKS.clear()
         _WALKS[key] = tuple(clock)
@@ -227,6 +228,10 @@ class _Estimator:
     def _tail_s(self, s: int, d: int, emb) -> float:
         """Seconds of the work after the stage's last op (see `_tail`)."""
         p, mode, w = self.plan, self.plan.optimizer, self.w
+        # The deferred output-layer weight gradients run first; buckets released in the
+        # backward reduce meanwhile, the others after them (`engine._deferred_wgrad`).
+        deferred = p.num_microbatches * self.costs.deferred_wgrad_s(self.net.node(s, d)) \
+            if s == p.pp - 1 else 0.0
         t = 0.0
         reduce = self._buckets(s, mode.gradient_collective, "grad") if mode.reduces_gradients else ()
         if mode.reduces_every_microbatch:
@@ -235,6 +240,7 @@ class _Estimator:
             t += released_reduction_tail_s(reduce, self._backward_window(s, d)) if reduce else 0.0
         else:
             t += _total_s(reduce)
+        t = max(t, deferred) if p.releases_gradients_in_backward else t + deferred
         if emb is not None:
             t += ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
                                         emb[1], emb[2])

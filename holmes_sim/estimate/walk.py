@@ -281,6 +281,49 @@ def walk_plain(table: OpTable, durs: list[list[float]], sends: list[float],
     return state.clock
 
 
+def walk_early_receive(table: OpTable, durs: list[list[float]], sends: list[float],
+                       start: list[float]) -> list[float]:
+    """`walk_plain` with each receive posted when the stage's previous op of the same kind (F or
+    B) ends, as Megatron-Core's interleaved schedule does with `overlap_p2p_comm`: after a
+    forward it starts sending its output and receiving the next forward's input, after a
+    backward the same for backwards (`send_forward_recv_forward`, `send_backward_recv_backward`
+    in `forward_backward_pipelining_with_interleaving`, megatron/core/pipeline_parallel/
+    schedules.py). Where forwards and backwards alternate (the steady phase) that is two ops
+    ahead; in the warm-up and cool-down, and for a stage's first op of a kind, it is the
+    rendezvous of `walk_plain` (the previous op's end). The transfer of op k's input starts at
+    max(sent, post); op k starts at max(end of op k - 1, that + send). Op by op over the full
+    table, in Python (no steady-state jump)."""
+    table = full_op_table(*table.shape)
+    rows, ready = table.rows, [-1.0] * table.slots
+    pos, clock = [0] * len(rows), list(start)
+    posted = [[None, None] for _ in rows]  # end of each stage's last forward and backward (s)
+    todo = sum(len(row) for row in rows)
+    while todo:
+        progressed = False
+        for s, row in enumerate(rows):
+            k, t, dur, kinds, last = pos[s], clock[s], durs[s], table.kinds[s], posted[s]
+            while k < len(row):
+                dk, need, sk, out = row[k]
+                backward = kinds[dk][1]
+                if need >= 0:
+                    sent = ready[need]
+                    if sent < 0.0:
+                        break
+                    post = t if last[backward] is None else last[backward]
+                    t = max(t, max(sent, post) + sends[sk])
+                t += dur[dk]
+                if out >= 0:
+                    ready[out] = t
+                last[backward] = t
+                k += 1
+            if k != pos[s]:
+                todo -= k - pos[s]
+                pos[s], clock[s] = k, t
+                progressed = True
+        assert progressed, "schedule deadlock"
+    return clock
+
+
 def walk(table: OpTable, durs: list[list[float]], sends: list[float],
          start: list[float]) -> list[float]:
     """`walk_plain`'s result, jumping over the repeating rounds of the steady run (and the

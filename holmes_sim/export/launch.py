@@ -33,8 +33,9 @@ from pathlib import Path
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import PlanError, ScenarioError
-from holmes_sim.export.model_args import architecture_args
+from holmes_sim.export.model_args import architecture_args, overlap_args, split_args
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
+from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
 from holmes_sim.spec.limits import read_text_bounded
 
@@ -104,7 +105,8 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
             "--seq-length", str(w.seq), "--max-position-embeddings", str(w.seq),
             "--micro-batch-size", str(w.micro_batch), "--global-batch-size", str(w.global_batch),
             *_precision_args(precision)]
-    args += _layout_args(plan)
+    args += _layout_args(plan, w)
+    args += overlap_args(w, plan.num_chunks > 1)
     if not w.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args += architecture_args(w)
@@ -116,14 +118,30 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
     return args + _optimizer_args(plan)
 
 
-def _layout_args(plan: Plan) -> list[str]:
+def _layout_args(plan: Plan, w: Workload) -> list[str]:
+    """The layers per virtual stage: none (even), per virtual stage, Megatron-Core's split
+    flags when they give the plan's split (`model.pipeline_split`), else the explicit layout."""
     layers = plan.layers_per_stage
     even = len(set(layers)) == 1
-    if plan.pp == 1 or (even and plan.num_chunks == 1):
+    if plan.pp == 1 or (even and plan.num_chunks == 1 and not w.pipeline_split.is_set):
         return []
+    split = w.pipeline_split
+    if split.is_set and layers == _split_layers(w, plan):
+        # Megatron-LM asks for the virtual degree, not layers per chunk, with an uneven split.
+        per_chunk = ["--num-virtual-stages-per-pipeline-rank", str(plan.num_chunks)] \
+            if plan.num_chunks > 1 else []
+        return per_chunk + split_args(split)
     if even:
         return ["--num-layers-per-virtual-pipeline-stage", str(layers[0])]
     return ["--pipeline-model-parallel-layout", pipeline_layout(plan)]
+
+
+def _split_layers(w: Workload, plan: Plan) -> tuple[int, ...] | None:
+    """The split Megatron-Core builds from the workload's split flags, None if it cannot."""
+    try:
+        return megatron_layers_per_stage(w.num_layers, plan.pp, plan.num_chunks, w.pipeline_split)
+    except FieldError:
+        return None
 
 
 def _recompute_args(mode: str) -> list[str]:
@@ -285,7 +303,9 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     hargs, why_not = holmes_args(plan, cluster, nodes)
     if hargs and plan.optimizer in (OptimizerMode.PER_MICROBATCH_OVERLAPPED, OptimizerMode.ZERO1):
         hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
-    fork = [a for a in margs if a not in _layout_args(plan)] + hargs if hargs else []
+    if hargs and workload.defer_embedding_wgrad:
+        hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
+    fork = [a for a in margs if a not in _layout_args(plan, workload)] + hargs if hargs else []
     net = upstream_net(plan)
     groups = group_nccl_settings(plan)
     files = {"hostfile": "".join(f"{h} slots={n.num_gpus}\n" for h, n in zip(names, nodes)),

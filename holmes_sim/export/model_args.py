@@ -6,10 +6,18 @@ Flag names and defaults follow Megatron-LM's megatron/training/arguments.py:
 (learned_absolute default), `--hidden-dropout` and `--attention-dropout` (0.1 default),
 `--make-vocab-size-divisible-by` (128 default). Nothing is written for a value equal to
 Megatron's default.
+
+The overlaps and the uneven split (`overlap_args`, `split_args`): `--tp-comm-overlap`,
+`--no-overlap-p2p-communication` (pretrain_gpt.py overlaps p2p on the interleaved schedule
+unless told not to), `--defer-embedding-wgrad-compute`, `--decoder-first-pipeline-num-layers`,
+`--decoder-last-pipeline-num-layers`, `--account-for-embedding-in-pipeline-split`,
+`--account-for-loss-in-pipeline-split`. The 2022 asynchronous TP all-reduce has no flag in
+current Megatron-LM (always on), so nothing is written for it.
 """
 
 from __future__ import annotations
 
+from holmes_sim.model.pipeline_split import PipelineSplit
 from holmes_sim.model.workload import Workload
 
 _MEGATRON_DROPOUT = 0.1
@@ -40,4 +48,30 @@ def architecture_args(w: Workload) -> list[str]:
         args += ["--attention-dropout", f"{w.attention_dropout:g}"]
     if w.vocab_divisible_by != _MEGATRON_VOCAB_DIVISOR:
         args += ["--make-vocab-size-divisible-by", str(w.vocab_divisible_by)]
+    return args
+
+
+def overlap_args(w: Workload, interleaved: bool) -> list[str]:
+    """Arguments of `pretrain_gpt.py` for the TP, pipeline and output-layer overlaps."""
+    args: list[str] = []
+    if w.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
+    if interleaved and not w.overlap_p2p_comm:
+        args.append("--no-overlap-p2p-communication")
+    if w.defer_embedding_wgrad:
+        args.append("--defer-embedding-wgrad-compute")
+    return args
+
+
+def split_args(split: PipelineSplit) -> list[str]:
+    """Arguments of `pretrain_gpt.py` for Megatron-Core's uneven pipeline split."""
+    args: list[str] = []
+    if split.first_layers is not None:
+        args += ["--decoder-first-pipeline-num-layers", str(split.first_layers)]
+    if split.last_layers is not None:
+        args += ["--decoder-last-pipeline-num-layers", str(split.last_layers)]
+    if split.account_for_embedding:
+        args.append("--account-for-embedding-in-pipeline-split")
+    if split.account_for_loss:
+        args.append("--account-for-loss-in-pipeline-split")
     return args

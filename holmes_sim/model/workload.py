@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from holmes_sim.errors import FieldError
 from holmes_sim.model.flops import megatron_core_flop, sc21_flop
+from holmes_sim.model.pipeline_split import PipelineSplit
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
 
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
@@ -56,7 +57,15 @@ class Workload:
     flash_attention: bool = False
     """Fused attention (Dao et al. 2022/2023): no s x s score tensor in memory."""
     tp_comm_overlap: bool = False
-    """The backward's TP all-reduces overlap the weight-gradient GEMMs (`TrainingSpec`)."""
+    """Transformer Engine userbuffer overlap of every TP collective with a GEMM (`TrainingSpec`)."""
+    async_tp_allreduce: bool = False
+    """The backward's TP all-reduces overlap the weight-gradient GEMMs (2022, `TrainingSpec`)."""
+    overlap_p2p_comm: bool = False
+    """Pipeline receives posted after the previous op of their kind (interleaved, `TrainingSpec`)."""
+    defer_embedding_wgrad: bool = False
+    """The output layer's weight gradients run at the pipeline flush (`TrainingSpec`)."""
+    pipeline_split: PipelineSplit = PipelineSplit()
+    """Megatron-LM's uneven pipeline split flags (used by the megatron policy)."""
     query_groups: int | None = None
     """Key/value groups g; None: one per head (multi-head attention)."""
     swiglu: bool = False
@@ -264,7 +273,11 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1) -> Wor
         dtype_bytes=dtype, grad_bytes=4 if training.grad_reduce_in_fp32 else dtype,
         recompute=training.recompute, sequence_parallel=training.sequence_parallel,
         bucket_bytes=training.bucket_size_mb * 1e6, flash_attention=training.flash_attention,
-        tp_comm_overlap=training.tp_comm_overlap, fp8_gemms=training.precision == "fp8",
+        tp_comm_overlap=training.tp_comm_overlap,
+        async_tp_allreduce=training.async_tensor_model_parallel_allreduce,
+        overlap_p2p_comm=training.overlap_p2p_comm,
+        defer_embedding_wgrad=training.defer_embedding_wgrad_compute,
+        pipeline_split=PipelineSplit.of(training), fp8_gemms=training.precision == "fp8",
         query_groups=model.num_query_groups,
         swiglu=model.swiglu, squared_relu=model.squared_relu,
         rmsnorm=model.normalization == "rmsnorm", bias=model.bias,

@@ -39,6 +39,8 @@ class PlanRequest:
     num_chunks: int
     distributed_optimizer: bool
     overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    """Megatron-LM `--overlap-param-gather` (megatron policy; `TrainingSpec`)."""
 
 
 class Policy(Protocol):
@@ -112,4 +114,10 @@ def equal_partition(num_layers: int, num_virtual_stages: int) -> tuple[int, ...]
 
 
 def default_optimizer(request: PlanRequest) -> OptimizerMode:
-    return OptimizerMode.DISTRIBUTED if request.distributed_optimizer else OptimizerMode.REPLICATED
+    """Megatron-LM's optimizer for the request's flags; `--overlap-param-gather` (with
+    `--overlap-grad-reduce`) gathers the parameters ahead of the next forward."""
+    if not request.distributed_optimizer:
+        return OptimizerMode.REPLICATED
+    if request.overlap_param_gather and request.overlap_grad_reduce:
+        return OptimizerMode.DISTRIBUTED_OVERLAPPED
+    return OptimizerMode.DISTRIBUTED

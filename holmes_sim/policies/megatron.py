@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from holmes_sim.errors import PlanError
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.transport import job_wide_fabric, job_wide_transport
+from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.plan import OptimizerMode, Plan
 from holmes_sim.policies.base import (
     PlanRequest,
@@ -84,7 +85,11 @@ class MegatronPolicy:
                               request.num_chunks, request.workload.tie_embeddings,
                               lambda gpus: job_wide_transport(request.cluster, gpus, fabric),
                               chooser_key=("job-wide", fabric))
-        layers = equal_partition(request.workload.num_layers, request.pp * request.num_chunks)
+        split = request.workload.pipeline_split
+        own = self.optimizer is None and self.llama_release is None  # the forks lack the flags
+        layers = megatron_layers_per_stage(request.workload.num_layers, request.pp,
+                                           request.num_chunks, split) if split.is_set and own else \
+            equal_partition(request.workload.num_layers, request.pp * request.num_chunks)
         return Plan(self.name, request.tp, request.pp, request.dp, rank_to_gpu, layers,
                     request.schedule_kind, request.num_microbatches, request.num_chunks,
                     self._optimizer(request), groups,

@@ -91,6 +91,8 @@ class StageTimer:
         if s in (0, r.pp - 1) and r.pp > 1 and r.workload.tie_embeddings:
             emb = r.workload.grad_bytes_of(r.workload.vocab * r.workload.hidden)
             exposed += self.emb_ring.time_s("all-reduce", emb)
+        if s == r.pp - 1:  # the deferred output-layer weight gradients are its compute too
+            fwd += self.costs.deferred_wgrad_s(node)
         return r.num_microbatches * (fwd + bwd) + exposed
 
     def _chunk(self, node: Node, n: int, first: bool, last: bool) -> tuple[float, float, int]:

@@ -49,7 +49,7 @@ class Layout:
     sequence_parallel: bool
     optimizer: str = "distributed"
     """For policies that take the scenario's optimizer: replicated | distributed |
-    distributed-overlap."""
+    distributed-overlap | distributed-overlap-gather."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,13 +165,26 @@ def prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
     training = replace(s.training, micro_batch_size=layout.micro_batch_size,
                        recompute=layout.recompute, sequence_parallel=layout.sequence_parallel,
                        distributed_optimizer=layout.optimizer != "replicated",
-                       overlap_grad_reduce=layout.optimizer == "distributed-overlap")
+                       overlap_grad_reduce=layout.optimizer.startswith("distributed-overlap"),
+                       overlap_param_gather=layout.optimizer == "distributed-overlap-gather",
+                       **_overlaps_for(s.training, layout))
     parallel = replace(s.parallel, tensor=layout.tp, pipeline=layout.pp, data=layout.dp,
                        schedule=layout.schedule, virtual_stages=layout.virtual_stages)
     m = s.training.global_batch_size // (layout.micro_batch_size * layout.dp)
     return replace(prepared, scenario=replace(s, training=training, parallel=parallel),
                    workload=build_workload(s.model, training, layout.tp), tp=layout.tp, pp=layout.pp,
                    dp=layout.dp, num_microbatches=m)
+
+
+def _overlaps_for(training, layout: Layout) -> dict[str, bool]:
+    """The scenario's TP, p2p and output-layer overlaps where the layout allows them (Megatron-LM
+    ignores or refuses them elsewhere): TP overlap needs TP > 1 and sequence parallelism, p2p
+    overlap the interleaved schedule, the deferred weight gradient a pipeline."""
+    return {"tp_comm_overlap": training.tp_comm_overlap and layout.tp > 1
+            and layout.sequence_parallel,
+            "overlap_p2p_comm": training.overlap_p2p_comm and layout.schedule == "interleaved",
+            "defer_embedding_wgrad_compute": training.defer_embedding_wgrad_compute
+            and layout.pp > 1}
 
 
 def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:

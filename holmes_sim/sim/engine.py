@@ -10,12 +10,16 @@ Timing assumptions (each entity):
 - its compute stream runs the schedule's ops in order; an op starts when the previous op ended and
   its input (activation, or gradient from the next stage) has arrived; a forward or backward is
   followed by its TP all-reduces on the same stream (exposed, as in Megatron without overlap);
-- a finished op's output is sent asynchronously (a flow); sending does not block compute;
+- a finished op's output is sent asynchronously (a flow); sending does not block compute; a stage
+  posts the receive of an op's input when it reaches the op, or with `overlap_p2p_comm` on the
+  interleaved schedule when its previous op of the same kind (F or B) ends;
 - data-parallel collectives run on one comm stream per stage; when gradients are reduced during
   the backward (the overlapped distributed optimizer, or DDP-style `overlap_grad_reduce`) the last
   micro-batch's backward of each chunk releases gradient buckets as it goes (the reduction runs
   while computing); with the overlapped optimizer the first forward of each chunk also consumes
   parameter buckets as their all-gather completes (the all-gather of the previous step's update);
+- with `defer_embedding_wgrad_compute` the last stage runs every micro-batch's output-layer
+  weight gradient after its last backward, before its gradient sync;
 - the iteration ends when every entity has finished its optimizer step (and, for the distributed
   and ZeRO-1 optimizers, its parameter all-gather).
 """
@@ -37,7 +41,7 @@ from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import Group, GroupKind, Plan
-from holmes_sim.schedule import Op
+from holmes_sim.schedule import Op, ScheduleKind
 from holmes_sim.sim import symmetry
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
@@ -182,6 +186,9 @@ class _Simulation:
         self.send_start: dict[tuple, float] = {}
         self.posted: set[tuple] = set()
         self.waiting_sends: dict[tuple, Callable[[], None]] = {}
+        self.early_receive = workload.overlap_p2p_comm and \
+            ScheduleKind(plan.schedule_kind) is ScheduleKind.INTERLEAVED
+        self.early_posted: set[tuple] = set()
         self._index_groups()
         self._build_entities()
         self._dp_rings = self._build_dp_rings()
@@ -338,7 +345,9 @@ class _Simulation:
         reductions: list[simpy.Event] = []
         env, record = self.env, self.trace.op
         plain = self.cpu is None and not self.jitter.rng  # an op is one timeout of its seconds
-        for op, j, backward in self._stage_ops(s):
+        ops = self.schedule.stage_ops[s]
+        next_alike = _next_of_same_kind(ops) if self.early_receive else []
+        for i, (op, j, backward) in enumerate(self._stage_ops(s)):
             waited = self._input_wait(op, j, d)
             if waited is not None:
                 t0 = env._now  # `now` without the property's call (hot path)
@@ -360,6 +369,8 @@ class _Simulation:
             else:
                 yield from self._compute(name, op, kind, dur, tp)
             self._send_output(op, j, d)
+            if next_alike and next_alike[i] is not None:
+                self._post_early(s, d, ops[next_alike[i]])
         yield from self._finish(name, node, s, d, reductions)
 
     def _stage_ops(self, s: int) -> list[tuple[Op, int, bool]]:
@@ -367,13 +378,26 @@ class _Simulation:
         virtual = self.schedule.virtual_stage
         return [(op, virtual(s, op.chunk), op.kind == "B") for op in self.schedule.stage_ops[s]]
 
+    def _post_early(self, s: int, d: int, op: Op) -> None:
+        """With `overlap_p2p_comm` on the interleaved schedule, post `op`'s receive now, when the
+        stage's previous op of its kind has ended (`estimate.walk.walk_early_receive`);
+        otherwise each op posts its own when it is reached."""
+        j = self.schedule.virtual_stage(s, op.chunk)
+        if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
+            return
+        key = (op.kind, j, d, op.microbatch)
+        self.early_posted.add(key)
+        self._post_receive(key)
+
     def _input_wait(self, op: Op, j: int, d: int) -> tuple[tuple, simpy.Event] | None:
-        """Post the receive of the activation (F) or gradient (B) this op consumes; return its
-        message key and arrival event if it has not arrived yet, else None."""
+        """Post the receive of the activation (F) or gradient (B) this op consumes (unless it
+        was posted early); return its message key and arrival event if it has not arrived yet,
+        else None."""
         if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
             return None
         key = (op.kind, j, d, op.microbatch)
-        self._post_receive(key)
+        if key not in self.early_posted:
+            self._post_receive(key)
         ev = self._arrival(key)
         if ev.processed:
             del self.arrivals[key], self.send_start[key]  # each message is consumed once
@@ -529,6 +553,7 @@ class _Simulation:
         """Gradient sync, embedding all-reduce, optimizer step, and (no overlap) all-gather."""
         mode = self.plan.optimizer
         stream = self.dp_stream.get(s)
+        yield from self._deferred_wgrad(name, node, s)
         if stream is not None and mode.reduces_gradients and \
                 not self.plan.releases_gradients_in_backward:
             reductions = [self.coll.submit(stream, name, self._grad_kind, b.grad_bytes)
@@ -546,6 +571,16 @@ class _Simulation:
                        for c in range(self.plan.num_chunks) for b in self.buckets[(s, c)]]
             yield from self._wait_all(name, gathers)
 
+    def _deferred_wgrad(self, name: str, node, s: int):
+        """The last stage's deferred output-layer weight gradients, every micro-batch's, after
+        its last backward and before its gradient sync (`OpCosts.deferred_wgrad_s`)."""
+        seconds = self.plan.num_microbatches * self.costs.deferred_wgrad_s(node) \
+            if s == self.plan.pp - 1 else 0.0
+        if seconds > 0:
+            start = self.env.now
+            yield self._work(name, seconds)
+            self.trace.op(start, self.env.now, name, "compute", OpKind.BACKWARD)
+
     @property
     def _grad_kind(self) -> OpKind:
         return OpKind.DP_ALL_REDUCE if self.plan.optimizer.gradient_collective == "all-reduce" \
@@ -557,3 +592,13 @@ class _Simulation:
             t0 = self.env.now
             yield self.env.all_of(pending)
             self.trace.op(t0, self.env.now, name, "compute", OpKind.WAIT_DP)
+
+
+def _next_of_same_kind(ops: tuple[Op, ...]) -> list[int | None]:
+    """For each op of a stage, the index of the stage's next op of the same kind (F or B)."""
+    out: list[int | None] = [None] * len(ops)
+    following: dict[str, int] = {}
+    for i in range(len(ops) - 1, -1, -1):
+        out[i] = following.get(ops[i].kind)
+        following[ops[i].kind] = i
+    return out

@@ -73,10 +73,42 @@ class TrainingSpec:
     flash_attention: bool = False
     """Fused attention kernel (FlashAttention): no s x s scores in memory."""
     tp_comm_overlap: bool = False
+    """Megatron-LM `--tp-comm-overlap` (Megatron-Core `ModelParallelConfig.tp_comm_overlap`,
+    default off): Transformer Engine's userbuffer overlap of every TP all-gather and
+    reduce-scatter, forward and backward, with the GEMM beside it. Needs sequence_parallel and
+    TP > 1."""
+    async_tensor_model_parallel_allreduce: bool = False
     """The backward's TP all-reduce (reduce-scatter with SP) of each column-parallel linear's
     input gradient runs concurrently with that linear's weight-gradient GEMM: Megatron-LM's
-    asynchronous tensor-parallel all-reduce (on since 2022, Korthikanti et al. section 6.2;
-    absent from the 2021 code of Narayanan et al. SC'21)."""
+    asynchronous tensor-parallel all-reduce of 2022 (`--async-tensor-model-parallel-allreduce`,
+    Korthikanti et al. section 6.2; absent from the 2021 code of Narayanan et al. SC'21). Off
+    by default so 2021 replays keep their semantics."""
+    overlap_param_gather: bool = False
+    """Megatron-LM `--overlap-param-gather` (default off): the distributed optimizer's parameter
+    all-gather runs bucket by bucket ahead of the next forward, which waits only for the bucket
+    it needs. Needs distributed_optimizer and overlap_grad_reduce (megatron policy)."""
+    overlap_p2p_comm: bool = False
+    """Pipeline sends and receives overlap compute (interleaved schedule only): each receive is
+    posted when the stage's previous op of its kind ends, so in the steady phase it runs while
+    the op before it computes (Megatron-Core
+    `ModelParallelConfig.overlap_p2p_comm`, default off; pretrain_gpt.py turns it on for the
+    interleaved schedule unless `--no-overlap-p2p-communication`). Off: batched, blocking
+    point-to-point (`batch_p2p_comm`)."""
+    defer_embedding_wgrad_compute: bool = False
+    """Megatron-LM `--defer-embedding-wgrad-compute` (default off; PP > 1): the output layer's
+    weight-gradient GEMMs of every micro-batch run after the last stage's final backward
+    (`finish_embedding_wgrad_compute`), during the pipeline flush."""
+    decoder_first_pipeline_num_layers: int | None = None
+    """Megatron-LM `--decoder-first-pipeline-num-layers`: layers of the first pipeline stage
+    (megatron policy); the others split the rest evenly."""
+    decoder_last_pipeline_num_layers: int | None = None
+    """Megatron-LM `--decoder-last-pipeline-num-layers`: layers of the last pipeline stage."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Megatron-LM `--account-for-embedding-in-pipeline-split`: the input embedding counts as
+    one layer of the first (virtual) stage in the even split."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Megatron-LM `--account-for-loss-in-pipeline-split`: the output layer and loss count as
+    one layer of the last (virtual) stage in the even split."""
     overlap_grad_reduce: bool = False
     """Gradient reduction overlapped with the backward, bucket by bucket (PyTorch DDP, Megatron
     `--overlap-grad-reduce`); used by the megatron policy (holmes always overlaps)."""

@@ -107,6 +107,8 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "speed_factor": _positive(2),  # variability: a GPU at most twice its model's speed
     "rate_factor": _positive(1),  # variability: a degraded link runs below its rate
     "compute_spread": Bound(0, 0.25),  # 3 standard deviations below 1 stay above 0.25
+    "decoder_first_pipeline_num_layers": Bound(1, 10_000),
+    "decoder_last_pipeline_num_layers": Bound(1, 10_000),
 }
 NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""

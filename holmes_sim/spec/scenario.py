@@ -73,10 +73,12 @@ class SearchSpec:
     """Tried only with TP > 1."""
     policies: tuple[str, ...] = ("holmes", "megatron")
     """Placements to evaluate per layout; megatron is the baseline."""
-    optimizer: tuple[Literal["replicated", "distributed", "distributed-overlap"], ...] = (
+    optimizer: tuple[Literal["replicated", "distributed", "distributed-overlap",
+                             "distributed-overlap-gather"], ...] = (
         "replicated", "distributed", "distributed-overlap")
     """Optimizer settings tried for policies that take the scenario's (megatron): all-reduce,
-    Megatron's distributed optimizer, or it with --overlap-grad-reduce. Other policies fix theirs."""
+    Megatron's distributed optimizer, it with --overlap-grad-reduce, or with that and
+    --overlap-param-gather (listed on request). Other policies fix theirs."""
     top_k: int = 5
     """Candidates the discrete-event simulation confirms."""
 

@@ -4,7 +4,8 @@ policy that row's framework corresponds to, and compared with what its authors m
 
 A dataset file holds `description`, `source`, `common` (fields shared by its rows) and `rows`;
 each row names its model, cluster size, parallel degrees, batch (optionally its own `recompute`,
-`sequence_parallel`, `tp_comm_overlap` and a `variant` naming them) and measured
+`sequence_parallel`, `tp_comm_overlap` (the 2022 asynchronous backward TP all-reduce, rendered as
+`training.async_tensor_model_parallel_allreduce`) and a `variant` naming them) and measured
 `measured_tflops_per_gpu` (reported in the Megatron-LM formula, `Workload.megatron_tflops_per_gpu`)
 and optionally `seconds_per_iteration_derived`. The error of a row is
 (predicted - measured) / measured of the iteration time (the same as of 1 / TFLOP/s).
@@ -92,7 +93,7 @@ training:
   precision: {common['precision']}
   recompute: {recompute}
   sequence_parallel: {str(sequence_parallel).lower()}
-  tp_comm_overlap: {str(tp_overlap).lower()}
+  async_tensor_model_parallel_allreduce: {str(tp_overlap).lower()}
   distributed_optimizer: false
   grad_reduce_in_fp32: false
   overlap_grad_reduce: {str(torch_ddp).lower()}

@@ -126,12 +126,12 @@ def test_tp_comm_overlap_hides_the_backward_all_reduces_behind_the_weight_gradie
     p = prepare(PUBLISHED_DIR / "scenarios" / "megatron_k22_table5" / "gpt-22b-8gpu-full-recompute.yaml")
     node = p.cluster.nodes[0]
     on = OpCosts(p.cluster, p.workload, KernelCompute(), 8)
-    off = OpCosts(p.cluster, dataclasses.replace(p.workload, tp_comm_overlap=False), KernelCompute(), 8)
+    off = OpCosts(p.cluster, dataclasses.replace(p.workload, async_tp_allreduce=False), KernelCompute(), 8)
     link = node.intra_link
     one = ring_collective_time_s("all-reduce", 8, p.workload.tp_allreduce_bytes(),
                                  link.bandwidth_bytes_per_s * link.efficiency, link.latency_s)
     hidden = sum(min(one, x) for x in T.tp_overlap_windows_s(node.gpu, p.workload, 8))
-    assert p.workload.tp_comm_overlap and hidden > 0
+    assert p.workload.async_tp_allreduce and hidden > 0
     assert on.tp_comm_s(node, 3, False) == pytest.approx(off.tp_comm_s(node, 3, False))
     assert on.tp_comm_s(node, 3, True) == pytest.approx(off.tp_comm_s(node, 3, True) - 3 * hidden)
     assert on.tp_comm_s(node, 3, True) >= 3 * 2 * one - 1e-12  # the recomputed forward's two stay
