@@ -19,9 +19,11 @@ from holmes_sim.sim.trace import OpKind, Trace
 from holmes_sim.units import GIB
 from holmes_sim.model.workload import Workload
 
-BREAKDOWN_KEYS = ("compute", "tp_comm", "pp_exposed", "dp_exposed", "optimizer", "bubble")
+BREAKDOWN_KEYS = ("compute", "tp_comm", "cp_comm", "pp_exposed", "dp_exposed", "optimizer",
+                  "bubble")
 _CATEGORY = {
     OpKind.FORWARD: "compute", OpKind.BACKWARD: "compute", OpKind.TP_COMM: "tp_comm",
+    OpKind.CP_COMM: "cp_comm",
     OpKind.WAIT_PP: "pp_exposed", OpKind.WAIT_DP: "dp_exposed", OpKind.OPTIMIZER: "optimizer",
 }
 
@@ -128,7 +130,7 @@ def stage_busy(trace: Trace, pp: int) -> tuple[float, ...]:
     stage_of = {e.name: e.stage for e in trace.entities}
     busy: dict[str, float] = {}
     for start, end, entity, _, kind in trace.ops():  # members are as busy as their representative
-        if kind in (OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM):
+        if kind in (OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM, OpKind.CP_COMM):
             busy[entity] = busy.get(entity, 0.0) + (end - start)
     per_stage = [0.0] * pp
     for name, b in busy.items():

@@ -2,8 +2,9 @@
 arguments, the Holmes repository's arguments and the NCCL environment of every node.
 
 Megatron-LM places global rank r = node_rank x G + local_rank (torchrun) and builds its groups in
-the "tp-dp-pp" order that `Plan` uses, so a plan is launchable when its ranks fill nodes in order
-(every policy here does: they only reorder nodes). Argument names follow Megatron-LM's
+the "tp-cp-ep-dp-pp" order that `Plan` uses (`--context-parallel-size`, `--cp-comm-type`), so a
+plan is launchable when its ranks fill nodes in order (every policy here does: they only reorder
+nodes). Argument names follow Megatron-LM's
 `arguments.py` (`--pipeline-model-parallel-layout` is parsed by Megatron-Core's
 `PipelineParallelLayerLayout`: stages separated by `|`, `E` embedding, `t` a decoder layer, `L` the
 loss), Megatron-LLaMA's README (`--overlapped-distributed-optimizer`), Megatron-DeepSpeed's
@@ -104,6 +105,8 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
             "--micro-batch-size", str(w.micro_batch), "--global-batch-size", str(w.global_batch),
             *_precision_args(precision)]
     args += _layout_args(plan)
+    if plan.cp > 1:
+        args += ["--context-parallel-size", str(plan.cp), *_cp_comm_args(w, plan)]
     if not w.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args += architecture_args(w)
@@ -123,6 +126,10 @@ def _layout_args(plan: Plan) -> list[str]:
     if even:
         return ["--num-layers-per-virtual-pipeline-stage", str(layers[0])]
     return ["--pipeline-model-parallel-layout", pipeline_layout(plan)]
+
+
+def _cp_comm_args(w: Workload, plan: Plan) -> list[str]:
+    return ["--cp-comm-type", w.cp_comm_type] if plan.cp > 1 else []
 
 
 def _recompute_args(mode: str) -> list[str]:
@@ -284,7 +291,12 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     hargs, why_not = holmes_args(plan, cluster, nodes)
     if hargs and plan.optimizer in (OptimizerMode.PER_MICROBATCH_OVERLAPPED, OptimizerMode.ZERO1):
         hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
-    fork = [a for a in margs if a not in _layout_args(plan)] + hargs if hargs else []
+    if hargs and plan.cp > 1 and workload.cp_comm_type != "p2p":
+        # The fork takes --context-parallel-size but not --cp-comm-type: its ring (p2p) only.
+        hargs, why_not = [], f"the Holmes fork runs context parallelism as p2p only, not " \
+            f"{workload.cp_comm_type}"
+    fork = [a for a in margs if a not in _layout_args(plan) + _cp_comm_args(workload, plan)] \
+        + hargs if hargs else []
     net = upstream_net(plan)
     files = {"hostfile": "".join(f"{h} slots={n.num_gpus}\n" for h, n in zip(names, nodes)),
              "megatron_args.txt": shlex.join(margs) + "\n",

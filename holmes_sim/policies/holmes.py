@@ -1,7 +1,9 @@
 """The Holmes policy (arXiv 2312.03549) and its ablations, composed from four switchable parts:
 
 1. NIC-aware rank order (section 3.1): nodes are ordered by NIC class (their RDMA fabric, or
-   Ethernet only), so each pipeline stage's TP x DP ranks lie on one fabric.
+   Ethernet only), so each pipeline stage's TP x DP ranks lie on one fabric; a CP group's
+   ranks are consecutive (TP x CP of them, `plan`), so its ring stays on a node's NVLink or,
+   spanning nodes, on one RDMA fabric, as TP stays on NVLink.
 2. Automatic NIC selection (section 3.3): each group uses the best transport all its members share,
    so DP groups run on RDMA and only pipeline (and embedding) traffic crosses fabrics on Ethernet.
 3. Self-adapting pipeline partition (section 3.2): layers per stage by search (`partition.py`),
@@ -56,7 +58,7 @@ class HolmesPolicy:
         # The chooser depends on the policy's switches and the cluster only: key it by the policy.
         groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
                               request.num_chunks, request.workload.tie_embeddings,
-                              self.chooser(request, rank_to_gpu), chooser_key=self)
+                              self.chooser(request, rank_to_gpu), chooser_key=self, cp=request.cp)
         equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
         notes = _NOTES.get((nodes,), (request.tp, request.pp, request.dp),
                            lambda: _notes(nodes, request))
@@ -64,7 +66,7 @@ class HolmesPolicy:
         def plan_with(layers: tuple[int, ...]) -> Plan:
             return Plan(self.name, request.tp, request.pp, request.dp, rank_to_gpu, layers,
                         request.schedule_kind, request.num_microbatches, request.num_chunks,
-                        optimizer, groups, notes)
+                        optimizer, groups, notes, cp=request.cp)
 
         if not self.adaptive_partition:
             return plan_with(equal)

@@ -83,13 +83,13 @@ class MegatronPolicy:
         groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
                               request.num_chunks, request.workload.tie_embeddings,
                               lambda gpus: job_wide_transport(request.cluster, gpus, fabric),
-                              chooser_key=("job-wide", fabric))
+                              chooser_key=("job-wide", fabric), cp=request.cp)
         layers = equal_partition(request.workload.num_layers, request.pp * request.num_chunks)
         return Plan(self.name, request.tp, request.pp, request.dp, rank_to_gpu, layers,
                     request.schedule_kind, request.num_microbatches, request.num_chunks,
                     self._optimizer(request), groups,
                     overlap_grad_reduce=self.optimizer is None and self.llama_release is None
-                    and request.overlap_grad_reduce)
+                    and request.overlap_grad_reduce, cp=request.cp)
 
     def _optimizer(self, request: PlanRequest) -> OptimizerMode:
         if self.llama_release is not None:

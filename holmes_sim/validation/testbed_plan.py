@@ -44,6 +44,9 @@ def check_backend(prepared: Prepared) -> None:
     if w.tie_embeddings:
         raise FieldError("model.tie_embeddings", "the backend's GPT has an untied head; set "
                                                  "tie_embeddings: false")
+    if prepared.cp > 1:
+        raise FieldError("parallel.context", "the real-run backend has no context parallelism "
+                                             "(no ring attention); set context: 1")
     _check_gpt_architecture(s.model)
 
 
