@@ -204,7 +204,8 @@ class Workload:
         over TP, the two norm inputs (4), the QKV and fc1 inputs (2 + 2) and the two dropout
         masks (2, none when hidden_dropout is 0); split over TP, Q (2), K and V (4k/h), the
         projection input (2), the MLP's activation input (2 f1/h) and fc2 input (2f/h); the scores
-        (5as/h: softmax output 2, dropout mask 1 and output 2; 2as/h without attention dropout)."""
+        (5as/h: softmax output 2, dropout mask 1 and output 2; 2as/h without attention dropout).
+        With CP every term is divided by cp (s/cp tokens, s/cp x s scores a rank) [CP]."""
         s, b, h, a = self.seq, self.micro_batch, self.hidden, self.heads
         if self.cp > 1:  # every term over cp: s/cp tokens, s/cp x s scores a rank [CP]
             return replace(self, cp=1).activation_bytes_per_layer(tp) / self.cp
