@@ -64,6 +64,20 @@ def test_rank_order_is_megatrons_tp_cp_dp_pp(write_scenario):
     assert plan.data_parallel == 2 and plan.cp_peers(3) == (2, 3)
 
 
+@pytest.mark.parametrize("tp,pp,cp,nodes", [(2, 2, 2, 2), (4, 2, 2, 4), (2, 1, 4, 4)])
+def test_rank_order_is_megatron_cores_rank_generator(write_scenario, tp, pp, cp, nodes):
+    """The same groups from Megatron-Core's own `RankGenerator` (the test extra installs it)."""
+    state = pytest.importorskip("megatron.core.parallel_state")
+    prepared = prepare(write_scenario(cp_scenario(nodes=nodes, tp=tp, pp=pp, cp=cp,
+                                                  global_batch=16)))
+    plan, _ = plan_policy(prepared, "megatron")
+    gen = state.RankGenerator(tp=tp, ep=1, dp=prepared.dp, pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
+    for kind, name in ((GroupKind.TENSOR, "tp"), (GroupKind.CONTEXT, "cp"),
+                       (GroupKind.DATA, "dp-cp")):
+        assert sorted(g.ranks for g in plan.groups_of(kind)) == \
+            sorted(tuple(r) for r in gen.get_ranks(name)), name
+
+
 def test_holmes_keeps_cp_rings_on_one_rdma_fabric(write_scenario):
     """Nodes listed IB, RoCE, IB, RoCE with TP 8 and CP 2: Megatron's listing order pairs an IB
     node with a RoCE node (no shared RDMA fabric: TCP); Holmes' NIC-aware order pairs like
