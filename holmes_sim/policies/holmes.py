@@ -60,7 +60,7 @@ class HolmesPolicy:
                               request.num_chunks, request.workload.tie_embeddings,
                               self.chooser(request, rank_to_gpu), chooser_key=self, cp=request.cp)
         equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
-        notes = _NOTES.get((nodes,), (request.tp, request.pp, request.dp),
+        notes = _NOTES.get((nodes,), (request.tp, request.pp, request.dp, request.cp),
                            lambda: _notes(nodes, request))
 
         def plan_with(layers: tuple[int, ...]) -> Plan:
@@ -101,12 +101,18 @@ _NOTES: IdentityMemo[tuple[str, ...]] = IdentityMemo()
 
 
 def _notes(nodes: Sequence[Node], request: PlanRequest) -> tuple[str, ...]:
-    """Say which stages straddle NIC classes (their DP groups then cannot all use RDMA)."""
-    per_stage = request.tp * request.dp
+    """Say which stages straddle NIC classes (their DP groups then cannot all use RDMA), and
+    which CP groups do (their rings then cannot)."""
+    per_stage, ring = request.tp * request.dp, request.tp * request.cp
     gpus = [c for n in nodes for c in [nic_class(n)] * n.num_gpus]
     notes = []
     for s in range(request.pp):
         classes = sorted(set(gpus[s * per_stage:(s + 1) * per_stage]))
         if len(classes) > 1:
             notes.append(f"stage {s} spans NIC classes {', '.join(classes)}")
+        split = [k for k in range(s * per_stage, (s + 1) * per_stage, ring)
+                 if len(set(gpus[k:k + ring])) > 1] if request.cp > 1 else []
+        if split:
+            notes.append(f"stage {s}: {len(split)} CP group(s) span NIC classes (from rank "
+                         f"{split[0]}); their rings leave RDMA")
     return tuple(notes)

@@ -97,6 +97,21 @@ def test_holmes_keeps_cp_rings_on_one_rdma_fabric(write_scenario):
                                                                                "rdma:roce"}
 
 
+def test_holmes_notes_a_cp_ring_it_cannot_keep_on_rdma(write_scenario):
+    """Three IB nodes and one RoCE node, TP 8, CP 2: one CP group must pair IB with RoCE; it runs
+    on TCP and the plan says so."""
+    def group(name, fabric, count):
+        nic = f"{{type: {fabric}, bandwidth_gbit_per_s: 200, count: 1, fabric: {fabric}}}"
+        return (f"      - {{name: {name}, count: {count}, gpu: h100-sxm, gpus_per_node: 8, "
+                f"nics: [{nic}, {{type: ethernet, bandwidth_gbit_per_s: 100}}]}}")
+    groups = group("a", "ib", 3) + "\n" + group("b", "roce", 1)
+    prepared = prepare(write_scenario(cp_scenario(cp=2, groups=groups, policies="[holmes]")))
+    plan, _ = plan_policy(prepared, "holmes")
+    kinds = sorted(str(g.transport) for g in plan.groups_of(GroupKind.CONTEXT))
+    assert kinds == ["rdma:ib"] * 8 + ["tcp:ethernet"] * 8
+    assert any("1 CP group(s) span NIC classes (from rank 16)" in n for n in plan.notes)
+
+
 def _ring_oracle_s(prepared, gbit: float) -> float:
     """Exposed CP time of one entity's iteration from the closed form, by hand: per layer and
     micro-batch, (cp - 1) max(0, T - C) forward and backward, T = latency + the TP group's
