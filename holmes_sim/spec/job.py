@@ -95,7 +95,7 @@ class ParallelSpec:
     tensor: int = 1
     pipeline: int = 1
     data: int | None = None
-    """Data-parallel degree; default: GPUs / (tensor * pipeline)."""
+    """Data-parallel degree; default: GPUs / (tensor * pipeline * context)."""
     schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
     virtual_stages: int = 1
     """Model chunks per pipeline stage (interleaved schedule only)."""
