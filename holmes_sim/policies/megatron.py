@@ -77,6 +77,10 @@ class MegatronPolicy:
         return cluster
 
     def plan(self, request: PlanRequest) -> Plan:
+        if request.cp > 1 and self.name != "megatron":
+            # Megatron-LLaMA (2023) and Megatron-DeepSpeed predate Megatron-Core's CP.
+            raise PlanError(f"{self.name} has no context parallelism (--context-parallel-size "
+                            "is Megatron-Core's); use policy megatron or holmes, or context: 1")
         _, rank_to_gpu = rank_order(request.cluster, "listing", list)
         check_tp_within_nodes(rank_to_gpu, request.tp)
         fabric = job_wide_fabric(request.cluster, rank_to_gpu)

@@ -8,6 +8,7 @@ import pytest
 
 from holmes_sim.cost.context_parallel import kv_chunk_bytes
 from holmes_sim.cost.transformer import attention_core_s, layer_kernels
+from holmes_sim.errors import PlanError
 from holmes_sim.estimate.analytic import estimate_iteration
 from holmes_sim.plan import GroupKind, TransportKind, megatron_cp_rank
 from holmes_sim.prepare import prepare
@@ -181,3 +182,12 @@ def test_cp_splits_compute_and_activations(write_scenario):
     b, c = run_policy(base, "megatron").result, run_policy(cp, "megatron").result
     assert c.breakdown_s["compute"] == pytest.approx(b.breakdown_s["compute"], rel=0.05)
     assert c.memory.per_stage_bytes[0] < b.memory.per_stage_bytes[0]
+
+
+@pytest.mark.parametrize("policy", ["megatron-llama", "megatron-llama-2023-08",
+                                    "megatron-deepspeed"])
+def test_frameworks_without_cp_refuse_it(write_scenario, policy):
+    prepared = prepare(write_scenario(cp_scenario(cp=2, global_batch=4,
+                                                  policies=f"[megatron, {policy}]")))
+    with pytest.raises(PlanError, match="has no context parallelism"):
+        plan_policy(prepared, policy)
