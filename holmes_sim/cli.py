@@ -225,7 +225,8 @@ def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
     from holmes_sim.report.tables import print_table, results_table
 
     title = f"{prepared.scenario.name}: {prepared.cluster.num_gpus} GPUs, TP {prepared.tp} " \
-            f"PP {prepared.pp} DP {prepared.dp}, {prepared.num_microbatches} micro-batches " \
+            f"PP {prepared.pp}{_cp_label(prepared)} DP {prepared.dp}, " \
+            f"{prepared.num_microbatches} micro-batches " \
             f"({prepared.scenario.parallel.schedule})"
     print_table(console, results_table(title, outcomes, console.width, wide), wide)
     if prepared.nominal_cluster is not None:
@@ -282,7 +283,7 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
     except HolmesError as exc:
         raise _fail(exc) from None
     out.print(f"[green]ok[/green]: {escape(prepared.source)}: {prepared.cluster.num_gpus} GPUs, "
-              f"TP {prepared.tp} x PP {prepared.pp} x DP {prepared.dp}, "
+              f"TP {prepared.tp} x PP {prepared.pp}{_cp_label(prepared, ' x')} x DP {prepared.dp}, "
               f"{prepared.num_microbatches} micro-batches", highlight=False, soft_wrap=True)
 
 
@@ -608,3 +609,8 @@ def sweep(
 def main() -> None:  # pragma: no cover - console entry
     app(prog_name="holmes-sim")
     sys.exit(0)
+
+
+def _cp_label(prepared, joint: str = "") -> str:
+    """The text ' CP n' (after `joint`) for a context-parallel scenario, else ''."""
+    return f"{joint} CP {prepared.cp}" if prepared.cp > 1 else ""

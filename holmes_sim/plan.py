@@ -4,6 +4,11 @@ A Plan is immutable and serialises to JSON, so a real run can be replayed from i
 
 Rank layout follows Megatron-LM's default order (tensor fastest, then data, then pipeline):
     rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
+With context parallelism (CP degree cp) a plan's `dp` counts replicas, Megatron's
+data-parallel-with-context group of DP x CP ranks, and replica r is (data rank r // cp, CP rank
+r % cp): Megatron-Core's `RankGenerator` order "tp-cp-ep-dp-pp" (TP fastest, then CP, then DP,
+then PP; megatron/core/parallel_state.py), and gradients are reduced over all DP x CP replicas as
+Megatron reduces them.
 A policy chooses which GPU each rank runs on; the layout of ranks into groups never changes.
 """
 
@@ -34,6 +39,7 @@ class GroupKind(StrEnum):
     DATA = "dp"
     PIPELINE = "pp"
     EMBEDDING = "embedding"
+    CONTEXT = "cp"
 
 
 class OptimizerMode(StrEnum):
@@ -248,6 +254,14 @@ def tp_group_places(rank_to_gpu: Sequence[GpuRef], tp: int
         for part in (rank_to_gpu[k:k + tp] for k in range(0, len(rank_to_gpu), tp))))
 
 
+def megatron_cp_rank(pp_rank: int, dp_rank: int, cp_rank: int, tp_rank: int, dp: int, cp: int,
+                     tp: int) -> int:
+    """Global rank of (pipeline, data, context, tensor) coordinates in Megatron-Core's
+    "tp-cp-ep-dp-pp" order (expert degree 1): TP fastest, then CP, then DP, then PP
+    (`RankGenerator`, megatron/core/parallel_state.py); replica dp_rank * cp + cp_rank."""
+    return megatron_rank(pp_rank, dp_rank * cp + cp_rank, tp_rank, dp * cp, tp)
+
+
 def megatron_rank(pp_rank: int, dp_rank: int, tp_rank: int, dp: int, tp: int) -> int:
     """Global rank of (pipeline, data, tensor) coordinates in Megatron's "tp-dp-pp" order (TP
     fastest, then DP, then PP; Megatron-Core `RankGenerator`)."""
@@ -260,7 +274,8 @@ class Plan:
 
     Attributes:
         policy: the policy's name.
-        tp, pp, dp: tensor, pipeline and data parallel degrees.
+        tp, pp, dp: tensor and pipeline degrees, and the replicas: data-parallel x
+            context-parallel degree (module; `data_parallel`, `cp`).
         rank_to_gpu: the GPU of every global rank.
         layers_per_stage: transformer layers of every virtual stage (length pp * num_chunks),
             in model order.
@@ -287,6 +302,18 @@ class Plan:
     overlap_grad_reduce: bool = False
     """Gradient buckets are reduced during the last backward (PyTorch DDP, Megatron
     `--overlap-grad-reduce`); always so with the distributed-overlapped optimizer."""
+    cp: int = 1
+    """Context-parallel degree: replicas d // cp * cp .. + cp - 1 form a CP group (module)."""
+
+    @property
+    def data_parallel(self) -> int:
+        """Megatron's data-parallel degree: replicas / cp."""
+        return self.dp // self.cp
+
+    def cp_peers(self, d: int) -> tuple[int, ...]:
+        """The replicas of replica d's CP group, in ring order (CP rank order)."""
+        first = d - d % self.cp
+        return tuple(range(first, first + self.cp))
 
     @property
     def releases_gradients_in_backward(self) -> bool:
@@ -357,4 +384,5 @@ class Plan:
                 for g in d["groups"]),
             notes=tuple(d.get("notes", ())),
             overlap_grad_reduce=bool(d.get("overlap_grad_reduce", False)),
+            cp=int(d.get("cp", 1)),
         )

@@ -45,15 +45,18 @@ class Prepared:
     profile: Profile | None
     nominal_cluster: Cluster | None = None
     """The cluster before `scenario.variability` (None: the same as `cluster`)."""
+    cp: int = 1
+    """Context-parallel degree (`dp` is Megatron's data-parallel degree; a plan's replicas are
+    dp x cp, `plan`)."""
 
     def request(self, cluster: Cluster | None = None) -> PlanRequest:
         """The PlanRequest for a policy (on `cluster` when the policy views another one)."""
         par = self.scenario.parallel
         return PlanRequest(cluster or self.cluster, self.workload, self.compute, self.tp, self.pp,
-                           self.dp, ScheduleKind(par.schedule), self.num_microbatches,
+                           self.dp * self.cp, ScheduleKind(par.schedule), self.num_microbatches,
                            par.virtual_stages, self.scenario.training.distributed_optimizer,
                            self.scenario.training.overlap_grad_reduce,
-                           self.scenario.training.overlap_param_gather)
+                           self.scenario.training.overlap_param_gather, cp=self.cp)
 
 
 def prepare_text(text: str, source: str = "<scenario>", base_dir: str | Path = ".",
@@ -100,9 +103,11 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
     if profile is not None:
         cluster = apply_link_profile(cluster, profile)
     nominal, cluster = cluster, apply_variability(cluster, s.variability, s.seed)
-    workload = build_workload(s.model, s.training, s.parallel.tensor)
+    workload = build_workload(s.model, s.training, s.parallel.tensor, s.parallel.context,
+                              s.parallel.cp_comm_type)
     _check_buckets(workload)
     tp, pp, dp = _degrees(s, cluster)
+    cp = check_context(s, s.parallel.context, tp)
     m = _microbatches(s, dp)
     _check_layers(s, pp)
     _check_overlaps(s, tp, pp)
@@ -113,7 +118,7 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
         raise FieldError("parallel.schedule", str(exc)) from None
     compute = profile.compute if profile is not None else KernelCompute()
     return Prepared(s, source, cluster, workload, compute, tp, pp, dp, m, profile,
-                    None if nominal is cluster else nominal)
+                    None if nominal is cluster else nominal, cp)
 
 
 def _check_search(s: Scenario) -> None:
@@ -156,12 +161,42 @@ def _degrees(s: Scenario, cluster: Cluster) -> tuple[int, int, int]:
     if n % (tp * pp):
         raise FieldError("parallel.pipeline", f"tensor={tp} x pipeline={pp} = {tp * pp} does not "
                                               f"divide the {n} GPUs of the clusters")
-    dp = n // (tp * pp)
+    cp = par.context
+    if n % (tp * pp * cp):
+        raise FieldError("parallel.context", f"tensor={tp} x pipeline={pp} x context={cp} = "
+                         f"{tp * pp * cp} does not divide the {n} GPUs of the clusters; use a "
+                         f"context degree that divides {n // (tp * pp)}")
+    dp = n // (tp * pp * cp)
     if par.data is not None and par.data != dp:
-        raise FieldError("parallel.data", f"tensor={tp} x pipeline={pp} x data={par.data} = "
-                         f"{tp * pp * par.data}, but the clusters have {n} GPUs; set data: {dp} "
-                         "or remove it")
+        raise FieldError("parallel.data", f"tensor={tp} x pipeline={pp} x context={cp} x "
+                         f"data={par.data} = {tp * pp * cp * par.data}, but the clusters have {n} "
+                         f"GPUs; set data: {dp} or remove it")
     return tp, pp, dp
+
+
+def check_context(s: Scenario, cp: int, tp: int) -> int:
+    """Check context-parallel degree `cp` against the model and training (Megatron-Core's own
+    conditions); returns it."""
+    if cp == 1:
+        return cp
+    seq = s.model.seq_length
+    if seq % (2 * cp):
+        raise FieldError("parallel.context", f"model.seq_length={seq} must be a multiple of 2 x "
+                         f"context = {2 * cp}: each CP rank holds two load-balanced causal chunks "
+                         f"of seq_length / (2 x context) tokens (Megatron-Core "
+                         f"`get_batch_on_this_cp_rank`); change context or seq_length")
+    if not s.training.flash_attention:
+        raise FieldError("training.flash_attention", f"context={cp} runs only in Transformer "
+                         "Engine's fused attention (Megatron-Core `TEDotProductAttention`); set "
+                         "flash_attention: true or parallel.context: 1")
+    groups = s.model.num_query_groups or s.model.num_attention_heads
+    if s.parallel.cp_comm_type == "a2a" and (s.model.num_attention_heads // tp % cp or
+                                             groups // tp % cp):
+        raise FieldError("parallel.cp_comm_type", f"a2a splits each TP rank's heads over the "
+                         f"CP group: context={cp} must divide num_attention_heads / tensor = "
+                         f"{s.model.num_attention_heads // tp} and the query groups / tensor = "
+                         f"{groups // tp}; use cp_comm_type: p2p or a smaller context")
+    return cp
 
 
 def _microbatches(s: Scenario, dp: int) -> int:

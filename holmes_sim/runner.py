@@ -114,7 +114,7 @@ def results_document(prepared: Prepared, outcomes: list[Outcome], seed: int) -> 
     return {
         "scenario": {"name": s.name, "file": prepared.source, "seed": seed,
                      "gpus": prepared.cluster.num_gpus, "tp": prepared.tp, "pp": prepared.pp,
-                     "dp": prepared.dp, "num_microbatches": prepared.num_microbatches,
+                     "dp": prepared.dp, "cp": prepared.cp, "num_microbatches": prepared.num_microbatches,
                      "schedule": s.parallel.schedule, "model": s.model.name},
         "results": results,
     }

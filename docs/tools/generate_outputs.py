@@ -25,6 +25,7 @@ SCENARIO_BLOCK = re.compile(r"Save this as `my_cluster\.yaml`.*?```yaml\n(.*?)``
 CONSOLE_BLOCK = re.compile(r"```console\n\$ (holmes-sim [^\n]*)\n(.*?)```", re.S)
 FIGURE = re.compile(r"<!-- gen:([a-z_]+) -->(.*?)<!-- /gen -->")
 COST_NAMES = {"tp_comm": "tensor-parallel communication",
+              "cp_comm": "exposed context-parallel communication",
               "pp_exposed": "exposed pipeline communication",
               "dp_exposed": "exposed data-parallel communication",
               "optimizer": "the optimizer step", "bubble": "the pipeline bubble"}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
+from holmes_sim.cost.context_parallel import CpPass, cp_passes, op_exposed_s
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.model.workload import Workload
 
@@ -93,6 +94,18 @@ class OpCosts:
         shares = (split, 1.0, split, 1.0) if backward else (split,) * 4
         return sum(max(0.0, half[i % 2] - window / node.speed * share)
                    for i, (window, share) in enumerate(zip(windows, shares, strict=True)))
+    def cp_passes(self, node: Node, backward: bool) -> tuple[CpPass, ...]:
+        """One layer's CP exchanges in a forward or backward on one GPU (`cost.context_parallel`;
+        empty without CP)."""
+        return cp_passes(node.gpu, self.workload, self.tp, backward)
+
+    def cp_exposed_s(self, node: Node, layers: int, backward: bool, rate_bytes_per_s: float,
+                     latency_s: float) -> float:
+        """Seconds a chunk's CP exchanges add to its op when the TP group's transfer to its CP
+        neighbour runs at `rate_bytes_per_s` (its t GPUs' bytes together, as a pipeline send's)
+        with `latency_s` per step (`cost.context_parallel.op_exposed_s`)."""
+        return op_exposed_s(node.gpu, self.workload, self.tp, layers, backward,
+                            rate_bytes_per_s / self.tp, latency_s)
 
     def chunk_params(self, layers: int, first: bool, last: bool) -> int:
         """Parameters of a chunk across its whole TP group (embedding on the first virtual

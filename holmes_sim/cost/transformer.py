@@ -45,6 +45,11 @@ that backward (it recomputes the scores; Dao 2023, arXiv 2307.08691, section 3.1
 `attention_efficiency` of peak, of which a GPT's causal mask leaves (n + 1) / (2n) for n =
 ceil(s / 128) tiles per side (`causal_block_fraction`). The unfused path computes every score.
 
+With context parallelism of degree cp every per-GPU quantity above counts the rank's s/cp tokens
+(s in M, E, F and the head), and the attention its s/cp queries against all s keys: S = b (a/t)
+(s/cp) s, flash 4 b (s/cp) s h / t FLOP (Megatron-Core's load-balanced causal chunks give each
+rank 1/cp of the causal work; `cost.context_parallel`).
+
 Embedding (first stage): lookup, position add and dropout, about 8Ed bytes forward with a
 learned position table, else the lookup 2Ed plus dropout 2Ed + E when hidden_dropout > 0; its
 backward writes a dense (V/t) x h gradient and adds it to the main gradient: (V h / t)(2d + 2g) bytes
@@ -82,19 +87,20 @@ class LayerKernels:
 @lru_cache(maxsize=4096)
 def layer_kernels(w: Workload, tp: int) -> LayerKernels:
     """The kernels of one transformer layer for one micro-batch on one GPU of a TP group."""
-    b, s, h, f, a, d = w.micro_batch, w.seq, w.hidden, w.ffn, w.heads, w.dtype_bytes
-    m, hd = b * s, h // a
+    b, s, h, f, a, d = w.micro_batch, w.tokens, w.hidden, w.ffn, w.heads, w.dtype_bytes
+    m, hd, keys = b * s, h // a, w.seq  # a CP rank's s/cp queries attend to all s keys
     e = b * s * h
     dense = (Gemm(m, (h + 2 * w.kv_width) // tp, h), Gemm(m, h, h // tp),
              Gemm(m, w.fc1_width // tp, h), Gemm(m, h, f // tp))
     permute = 2 * (e / tp) * d
     other_fwd, other_bwd = _other_bytes(w, tp)
     if w.flash_attention:
-        return LayerKernels(dense, (), 4.0 * b * s * s * h / tp * causal_block_fraction(s), 0.0, 0.0,
+        return LayerKernels(dense, (), 4.0 * b * s * keys * h / tp * causal_block_fraction(keys),
+                            0.0, 0.0,
                             other_fwd + permute, other_bwd + permute)
     batch = max(1, b * a // tp)
-    attention = (Gemm(s, s, hd, batch), Gemm(s, hd, s, batch))
-    scores = b * (a / tp) * s * s
+    attention = (Gemm(s, keys, hd, batch), Gemm(s, hd, keys, batch))
+    scores = b * (a / tp) * s * keys
     dropout = scores * (2 * d + 1) if w.attention_dropout > 0 else 0.0
     core_fwd = 2 * scores * d + dropout + permute
     core_bwd = 3 * scores * d + dropout + permute
@@ -117,7 +123,7 @@ def causal_block_fraction(s: int) -> float:
 def _other_bytes(w: Workload, tp: int) -> tuple[float, float]:
     """HBM bytes of a layer's memory-bound kernels outside the attention core, forward and
     backward: norms, MLP activation, residual adds, rotary embedding, main-gradient adds."""
-    b, s, h, f, d = w.micro_batch, w.seq, w.hidden, w.ffn, w.dtype_bytes
+    b, s, h, f, d = w.micro_batch, w.tokens, w.hidden, w.ffn, w.dtype_bytes
     e, ff = b * s * h, b * s * f / tp
     sp = tp if w.sequence_parallel else 1
     mask = e if w.hidden_dropout > 0 else 0
@@ -216,7 +222,7 @@ def head_wgrad_s(gpu: GpuModel, w: Workload, tp: int) -> float:
 @lru_cache(maxsize=4096)
 def embedding_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     """Word and position embedding lookup (forward) or its dense gradient (backward), seconds."""
-    e, d = w.micro_batch * w.seq * w.hidden, w.dtype_bytes
+    e, d = w.micro_batch * w.tokens * w.hidden, w.dtype_bytes
     if not backward and w.position_embedding == "learned":
         return _memory_s(gpu, 8 * e * d)
     if not backward:
@@ -227,8 +233,8 @@ def embedding_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
 @lru_cache(maxsize=4096)
 def head_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     """Logits GEMM and vocab-parallel cross entropy, seconds."""
-    logits = Gemm(w.micro_batch * w.seq, max(1, w.vocab // tp), w.hidden)
-    n = w.micro_batch * w.seq * w.vocab / tp
+    logits = Gemm(w.micro_batch * w.tokens, max(1, w.vocab // tp), w.hidden)
+    n = w.micro_batch * w.tokens * w.vocab / tp
     accumulate = w.vocab * w.hidden / tp * (w.dtype_bytes + 2 * w.grad_bytes) if backward else 0.0
     return _gemms_s(gpu, (logits,), w.dtype_bytes, backward) + \
         _memory_s(gpu, (16 if backward else 40) * n + accumulate)

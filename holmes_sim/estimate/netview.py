@@ -32,18 +32,19 @@ _VIEWS: IdentityMemo[NetView] = IdentityMemo(64)
 
 
 def netview(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], groups: Sequence[Group], tp: int,
-            pp: int, dp: int, num_chunks: int) -> NetView:
-    """The (shared) view of this placement."""
-    return _VIEWS.get((cluster, rank_to_gpu, groups), (tp, pp, dp, num_chunks),
-                      lambda: NetView(cluster, rank_to_gpu, groups, tp, pp, dp, num_chunks))
+            pp: int, dp: int, num_chunks: int, cp: int = 1) -> NetView:
+    """The (shared) view of this placement (`dp` replicas, each `cp` consecutive a CP group)."""
+    return _VIEWS.get((cluster, rank_to_gpu, groups), (tp, pp, dp, num_chunks, cp),
+                      lambda: NetView(cluster, rank_to_gpu, groups, tp, pp, dp, num_chunks, cp))
 
 
 class NetView:
     """See the module docstring; everything is computed on first use."""
 
     def __init__(self, cluster: Cluster, rank_to_gpu: Sequence[GpuRef], groups: Sequence[Group],
-                 tp: int, pp: int, dp: int, num_chunks: int):
-        self.cluster, self.rank_to_gpu = cluster, rank_to_gpu
+                 tp: int, pp: int, dp: int, num_chunks: int, cp: int = 1):
+        self.cluster, self.rank_to_gpu, self.cp = cluster, rank_to_gpu, cp
+        self._cp_sends: dict[int, list[tuple[float, float]]] = {}
         self.tp, self.pp, self.dp, self.nv = tp, pp, dp, pp * num_chunks
         self.caps = cluster.derived(("link capacities",), lambda: link_capacities(cluster))
         # The few groups asked for (a transport per stage pair, a ring per stage), found
@@ -157,6 +158,29 @@ class NetView:
         self._p2p[(a, b)] = got
         return got
 
+    # ---- context-parallel rings -------------------------------------------------------------
+    def cp_send(self, s: int, d: int) -> tuple[float, float] | None:
+        """(latency s, rate bytes/s) of replica d's send to the next replica of its CP ring on
+        stage s while every replica of the stage sends to its own next (the ring's steps run at
+        once on every CP group of a stage), each link's capacity split over the summed weights
+        of those sends; None without CP."""
+        if self.cp == 1:
+            return None
+        got = self._cp_sends.get(s)
+        if got is None:
+            uses = []
+            for d0 in range(0, self.dp, self.cp):
+                transport = self._groups.first(GroupKind.CONTEXT, self.rank(s, d0))[1]
+                uses += [send_uses(self.cluster, transport, self.entity(s, d0 + c),
+                                   self.entity(s, d0 + (c + 1) % self.cp)) for c in range(self.cp)]
+            load: dict = {}
+            for links, _ in uses:
+                for lk, w in links:
+                    load[lk] = load.get(lk, 0.0) + w
+            got = self._cp_sends[s] = [(latency, min(self.caps[lk] / load[lk] for lk, _ in links))
+                                       for links, latency in uses]
+        return got[d]
+
     # ---- rings --------------------------------------------------------------------------------
     def idle_ring(self, kind: GroupKind, s: int) -> Ring | None:
         """On an idle network, the ring of the `kind` group that starts at stage s's first rank
@@ -231,7 +255,8 @@ class NetView:
             by_signature: dict[tuple, tuple[int, list[int]]] = {}
             for d in range(self.dp):
                 signature = (tuple(self.hardware(s, d) for s in range(self.pp)),
-                             tuple(r[d] for r in rates))
+                             tuple(r[d] for r in rates),
+                             tuple(self.cp_send(s, d) for s in range(self.pp)))
                 by_signature.setdefault(signature, (d, []))[1].append(d)
             self._classes = list(by_signature.values())
         return self._classes

@@ -2,8 +2,9 @@
 arguments, the Holmes repository's arguments and the NCCL environment of every node.
 
 Megatron-LM places global rank r = node_rank x G + local_rank (torchrun) and builds its groups in
-the "tp-dp-pp" order that `Plan` uses, so a plan is launchable when its ranks fill nodes in order
-(every policy here does: they only reorder nodes). Argument names follow Megatron-LM's
+the "tp-cp-ep-dp-pp" order that `Plan` uses (`--context-parallel-size`, `--cp-comm-type`), so a
+plan is launchable when its ranks fill nodes in order (every policy here does: they only reorder
+nodes). Argument names follow Megatron-LM's
 `arguments.py` (`--pipeline-model-parallel-layout` is parsed by Megatron-Core's
 `PipelineParallelLayerLayout`: stages separated by `|`, `E` embedding, `t` a decoder layer, `L` the
 loss), Megatron-LLaMA's README (`--overlapped-distributed-optimizer`), Megatron-DeepSpeed's
@@ -107,6 +108,8 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
             *_precision_args(precision)]
     args += _layout_args(plan, w)
     args += overlap_args(w, plan.num_chunks > 1)
+    if plan.cp > 1:
+        args += ["--context-parallel-size", str(plan.cp), *_cp_comm_args(w, plan)]
     if not w.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     args += architecture_args(w)
@@ -142,6 +145,8 @@ def _split_layers(w: Workload, plan: Plan) -> tuple[int, ...] | None:
         return megatron_layers_per_stage(w.num_layers, plan.pp, plan.num_chunks, w.pipeline_split)
     except FieldError:
         return None
+def _cp_comm_args(w: Workload, plan: Plan) -> list[str]:
+    return ["--cp-comm-type", w.cp_comm_type] if plan.cp > 1 else []
 
 
 def _recompute_args(mode: str) -> list[str]:
@@ -305,7 +310,12 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
         hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
     if hargs and workload.defer_embedding_wgrad:
         hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
-    fork = [a for a in margs if a not in _layout_args(plan, workload)] + hargs if hargs else []
+    if hargs and plan.cp > 1 and workload.cp_comm_type != "p2p":
+        # The fork takes --context-parallel-size but not --cp-comm-type: its ring (p2p) only.
+        hargs, why_not = [], f"the Holmes fork runs context parallelism as p2p only, not " \
+            f"{workload.cp_comm_type}"
+    fork = [a for a in margs if a not in _layout_args(plan, workload)
+            + _cp_comm_args(workload, plan)] + hargs if hargs else []
     net = upstream_net(plan)
     groups = group_nccl_settings(plan)
     files = {"hostfile": "".join(f"{h} slots={n.num_gpus}\n" for h, n in zip(names, nodes)),

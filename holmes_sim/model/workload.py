@@ -20,11 +20,15 @@ Sources:
   (`holmes_sim.model.flops`).
 - [R20] Rajbhandari et al., "ZeRO", SC'20, arXiv 1910.02054: 16 bytes/param for mixed-precision
   Adam (section 3.1); sharding the optimizer state over DP (P_os).
+- [CP] Megatron-Core context parallelism (megatron/core/parallel_state.py; Transformer Engine
+  `attention.py` `AttnFuncWithCPAndKVP2P`): a rank holds s/cp tokens in two load-balanced
+  chunks, so its linear layers, activations and messages scale with s/cp and its causal
+  attention with s^2/cp (`holmes_sim.cost.context_parallel`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from holmes_sim.errors import FieldError
 from holmes_sim.model.flops import megatron_core_flop, sc21_flop
@@ -86,6 +90,15 @@ class Workload:
 
     fp8_gemms: bool = False
     """The linear layers' GEMMs run in FP8 (`precision: fp8`, Transformer Engine)."""
+    cp: int = 1
+    """Context-parallel degree: each rank holds `tokens` = s/cp of every sequence [CP]."""
+    cp_comm_type: str = "p2p"
+    """How a CP group exchanges tokens for attention: p2p | a2a | allgather (`ParallelSpec`)."""
+
+    @property
+    def tokens(self) -> int:
+        """Sequence tokens one rank of a CP group holds: s/cp (s without CP)."""
+        return self.seq // self.cp
 
     @property
     def groups(self) -> int:
@@ -143,17 +156,18 @@ class Workload:
     # ---- FLOPs per micro-batch [N21, appendix] ------------------------------------------------
     @property
     def layer_forward_flop(self) -> float:
-        """Forward FLOP of one layer for one micro-batch: QKV 2bsh(h + 2k), scores and weighted
-        sum 4bs^2h, projection 2bsh^2, MLP 2bsh(f1 + f). With k = h, f = 4h: 24bsh^2 + 4bs^2h
-        [N21]."""
-        b, s, h, f = self.micro_batch, self.seq, self.hidden, self.ffn
+        """Forward FLOP of one layer for one micro-batch on one rank of a CP group: QKV
+        2bsh(h + 2k), scores and weighted sum 4bs^2h, projection 2bsh^2, MLP 2bsh(f1 + f). With
+        k = h, f = 4h: 24bsh^2 + 4bs^2h [N21]; with CP every term over cp [CP]."""
+        b, s, h, f = self.micro_batch, self.tokens, self.hidden, self.ffn
         qkv = 2 * b * s * h * (h + 2 * self.kv_width)
-        return qkv + 2 * b * s * h * h + 4 * b * s * s * h + 2 * b * s * h * (self.fc1_width + f)
+        scores = 4 * b * s * self.seq * h  # s/cp queries against all s keys [CP]
+        return qkv + 2 * b * s * h * h + scores + 2 * b * s * h * (self.fc1_width + f)
 
     @property
     def logits_forward_flop(self) -> float:
-        """Output projection forward, 2bshV, on the last stage [N21]."""
-        return 2 * self.micro_batch * self.seq * self.hidden * self.vocab
+        """Output projection forward, 2bshV, on the last stage (s/cp tokens a rank) [N21]."""
+        return 2 * self.micro_batch * self.tokens * self.hidden * self.vocab
 
     @property
     def backward_factor(self) -> float:
@@ -163,12 +177,13 @@ class Workload:
     # ---- messages (bytes) --------------------------------------------------------------------
     def pp_message_bytes(self, tp: int) -> float:
         """Activation (forward) or its gradient (backward) crossing a stage boundary: b s h
-        elements, divided by t with Megatron's scatter-gather optimisation [N21, section 4.1]."""
-        return self.micro_batch * self.seq * self.hidden * self.dtype_bytes / tp
+        elements (s/cp tokens with CP), divided by t with Megatron's scatter-gather optimisation
+        [N21, section 4.1]."""
+        return self.micro_batch * self.tokens * self.hidden * self.dtype_bytes / tp
 
     def tp_allreduce_bytes(self) -> float:
-        """One TP all-reduce of a layer's b s h activations [N21, section 3.2]."""
-        return self.micro_batch * self.seq * self.hidden * self.dtype_bytes
+        """One TP all-reduce of a layer's b s h activations (s/cp tokens) [N21, section 3.2]."""
+        return self.micro_batch * self.tokens * self.hidden * self.dtype_bytes
 
     def tp_allreduces_per_layer(self, backward: bool) -> int:
         """2 in the forward (attention and MLP); 2 in the backward, 2 more when the backward
@@ -198,8 +213,11 @@ class Workload:
         over TP, the two norm inputs (4), the QKV and fc1 inputs (2 + 2) and the two dropout
         masks (2, none when hidden_dropout is 0); split over TP, Q (2), K and V (4k/h), the
         projection input (2), the MLP's activation input (2 f1/h) and fc2 input (2f/h); the scores
-        (5as/h: softmax output 2, dropout mask 1 and output 2; 2as/h without attention dropout)."""
+        (5as/h: softmax output 2, dropout mask 1 and output 2; 2as/h without attention dropout).
+        With CP every term is divided by cp (s/cp tokens, s/cp x s scores a rank) [CP]."""
         s, b, h, a = self.seq, self.micro_batch, self.hidden, self.heads
+        if self.cp > 1:  # every term over cp: s/cp tokens, s/cp x s scores a rank [CP]
+            return replace(self, cp=1).activation_bytes_per_layer(tp) / self.cp
         if self.full_recompute:
             return 2 * s * b * h / (tp if self.sequence_parallel else 1)
         scores = 0.0
@@ -259,9 +277,11 @@ def _is_gpt(model: ModelSpec) -> bool:
             and model.position_embedding == "learned")
 
 
-def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1) -> Workload:
+def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: int = 1,
+                   cp_comm_type: str = "p2p") -> Workload:
     """Resolve defaults (FFN 4h, gradient dtype, vocabulary padded for TP degree `tp`) into a
-    Workload. GPT models report [N21]'s FLOPs, every other architecture [MLM]'s."""
+    Workload for context-parallel degree `cp`. GPT models report [N21]'s FLOPs, every other
+    architecture [MLM]'s."""
     check_model(model)
     dtype = _DTYPE_BYTES[training.precision]
     return Workload(
@@ -285,5 +305,6 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1) -> Wor
         position_embedding=model.position_embedding, hidden_dropout=model.hidden_dropout,
         attention_dropout=model.attention_dropout,
         vocab_divisible_by=model.make_vocab_size_divisible_by,
-        flops_formula="sc21" if _is_gpt(model) else "megatron-core",
+        flops_formula="sc21" if _is_gpt(model) else "megatron-core", cp=cp,
+        cp_comm_type=cp_comm_type,
     )

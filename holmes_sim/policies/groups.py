@@ -31,14 +31,14 @@ order of first appearance), so it is asked once per distinct node sequence."""
 
 
 class GroupBuilder:
-    """TP, DP, PP and embedding groups of one rank order and degrees (`build`: all, in order;
+    """TP, CP, DP, PP and embedding groups of one rank order and degrees (`build`: all, in order;
     `pair_transport`, `first`: one, as `plan.GroupLookup`). PP groups are ordered pairs (sender,
     receiver) for each forward boundary of virtual stages j -> j + 1 (the backward gradient
     uses the same pair in reverse), each physical pair once, in order of first use."""
 
     def __init__(self, cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: int, dp: int,
-                 num_chunks: int, tie_embeddings: bool, choose: TransportChooser):
-        self.cluster, self.gpus, self.choose = cluster, rank_to_gpu, choose
+                 num_chunks: int, tie_embeddings: bool, choose: TransportChooser, cp: int = 1):
+        self.cluster, self.gpus, self.choose, self.cp = cluster, rank_to_gpu, choose, cp
         self.tp, self.pp, self.dp, self.tie = tp, pp, dp, tie_embeddings and pp > 1
         self.pairs = list(dict.fromkeys((j % pp, (j + 1) % pp) for j in range(pp * num_chunks - 1)))
         self._chosen: dict[tuple[str, ...], Transport] = {}
@@ -54,6 +54,9 @@ class GroupBuilder:
         groups: list[Group] = []
         if tp > 1:
             groups += [self._tensor(s, d) for s in range(pp) for d in range(dp)]
+        if self.cp > 1:
+            groups += [self._context(s, d, i) for s in range(pp) for d in range(0, dp, self.cp)
+                       for i in range(tp)]
         if dp > 1:
             groups += [self._data_group(s, i) for s in range(pp) for i in range(tp)]
         groups += [self._pipeline(a, b, d, i) for a, b in self.pairs for d in range(dp)
@@ -84,6 +87,8 @@ class GroupBuilder:
             group = self._data_group(s, i)
         elif kind is GroupKind.TENSOR and self.tp > 1 and i == 0:
             group = self._tensor(s, d)
+        elif kind is GroupKind.CONTEXT and self.cp > 1 and d % self.cp == 0:
+            group = self._context(s, d, i)
         elif kind is GroupKind.EMBEDDING and self.tie and s == 0:
             group = self._embedding(d, i)
         elif kind is GroupKind.PIPELINE:
@@ -154,6 +159,12 @@ class GroupBuilder:
             return self._member_by_member(GroupKind.PIPELINE, (fa + i, fb + i))
         return Group(GroupKind.PIPELINE, (fa + i, fb + i), transport,
                      (self._names_of(fa, transport)[i], self._names_of(fb, transport)[i]))
+
+    def _context(self, s: int, d: int, i: int) -> Group:
+        """Stage s's CP group of TP rank i over replicas d .. d + cp - 1 (d a multiple of cp):
+        consecutive CP ranks, Megatron-Core's "tp-cp-ep-dp-pp" order (`plan`)."""
+        return self._member_by_member(GroupKind.CONTEXT,
+                                      tuple(self._rank(s, d + c, i) for c in range(self.cp)))
 
     def _embedding(self, d: int, i: int) -> Group:
         return self._member_by_member(GroupKind.EMBEDDING,

@@ -2,7 +2,9 @@
 
 1. NIC-aware rank order (section 3.1): nodes are ordered by NIC class (their RDMA fabric, or
    Ethernet only), so each pipeline stage's TP x DP ranks lie on one fabric; inside a class,
-   slower nodes (`scenario.variability`) come first, so stragglers share one stage.
+   slower nodes (`scenario.variability`) come first, so stragglers share one stage; a CP group's
+   ranks are consecutive (TP x CP of them, `plan`), so its ring stays on a node's NVLink or,
+   spanning nodes, on one RDMA fabric, as TP stays on NVLink.
 2. Automatic NIC selection (section 3.3): each group uses the best transport all its members share,
    so DP groups run on RDMA and only pipeline (and embedding) traffic crosses fabrics on Ethernet.
 3. Self-adapting pipeline partition (section 3.2): layers per stage by search (`partition.py`),
@@ -57,15 +59,15 @@ class HolmesPolicy:
         # The chooser depends on the policy's switches and the cluster only: key it by the policy.
         groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
                               request.num_chunks, request.workload.tie_embeddings,
-                              self.chooser(request, rank_to_gpu), chooser_key=self)
+                              self.chooser(request, rank_to_gpu), chooser_key=self, cp=request.cp)
         equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
-        notes = _NOTES.get((nodes,), (request.tp, request.pp, request.dp),
+        notes = _NOTES.get((nodes,), (request.tp, request.pp, request.dp, request.cp),
                            lambda: _notes(nodes, request))
 
         def plan_with(layers: tuple[int, ...]) -> Plan:
             return Plan(self.name, request.tp, request.pp, request.dp, rank_to_gpu, layers,
                         request.schedule_kind, request.num_microbatches, request.num_chunks,
-                        optimizer, groups, notes)
+                        optimizer, groups, notes, cp=request.cp)
 
         if not self.adaptive_partition:
             return plan_with(equal)
@@ -104,12 +106,18 @@ _NOTES: IdentityMemo[tuple[str, ...]] = IdentityMemo()
 
 
 def _notes(nodes: Sequence[Node], request: PlanRequest) -> tuple[str, ...]:
-    """Say which stages straddle NIC classes (their DP groups then cannot all use RDMA)."""
-    per_stage = request.tp * request.dp
+    """Say which stages straddle NIC classes (their DP groups then cannot all use RDMA), and
+    which CP groups do (their rings then cannot)."""
+    per_stage, ring = request.tp * request.dp, request.tp * request.cp
     gpus = [c for n in nodes for c in [nic_class(n)] * n.num_gpus]
     notes = []
     for s in range(request.pp):
         classes = sorted(set(gpus[s * per_stage:(s + 1) * per_stage]))
         if len(classes) > 1:
             notes.append(f"stage {s} spans NIC classes {', '.join(classes)}")
+        split = [k for k in range(s * per_stage, (s + 1) * per_stage, ring)
+                 if len(set(gpus[k:k + ring])) > 1] if request.cp > 1 else []
+        if split:
+            notes.append(f"stage {s}: {len(split)} CP group(s) span NIC classes (from rank "
+                         f"{split[0]}); their rings leave RDMA")
     return tuple(notes)

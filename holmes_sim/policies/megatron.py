@@ -78,13 +78,17 @@ class MegatronPolicy:
         return cluster
 
     def plan(self, request: PlanRequest) -> Plan:
+        if request.cp > 1 and self.name != "megatron":
+            # Megatron-LLaMA (2023) and Megatron-DeepSpeed predate Megatron-Core's CP.
+            raise PlanError(f"{self.name} has no context parallelism (--context-parallel-size "
+                            "is Megatron-Core's); use policy megatron or holmes, or context: 1")
         _, rank_to_gpu = rank_order(request.cluster, "listing", list)
         check_tp_within_nodes(rank_to_gpu, request.tp)
         fabric = job_wide_fabric(request.cluster, rank_to_gpu)
         groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
                               request.num_chunks, request.workload.tie_embeddings,
                               lambda gpus: job_wide_transport(request.cluster, gpus, fabric),
-                              chooser_key=("job-wide", fabric))
+                              chooser_key=("job-wide", fabric), cp=request.cp)
         split = request.workload.pipeline_split
         own = self.optimizer is None and self.llama_release is None  # the forks lack the flags
         layers = megatron_layers_per_stage(request.workload.num_layers, request.pp,
@@ -94,7 +98,7 @@ class MegatronPolicy:
                     request.schedule_kind, request.num_microbatches, request.num_chunks,
                     self._optimizer(request), groups,
                     overlap_grad_reduce=self.optimizer is None and self.llama_release is None
-                    and request.overlap_grad_reduce)
+                    and request.overlap_grad_reduce, cp=request.cp)
 
     def _optimizer(self, request: PlanRequest) -> OptimizerMode:
         if self.llama_release is not None:

@@ -19,7 +19,9 @@ from holmes_sim.runner import BASELINE, REFERENCES, Outcome, ranked, results_doc
 
 TIE_REL = 1e-6
 COST_NAMES = {
-    "tp_comm": "tensor-parallel communication", "pp_exposed": "exposed pipeline (PP) communication",
+    "tp_comm": "tensor-parallel communication",
+    "cp_comm": "exposed context-parallel (CP) communication",
+    "pp_exposed": "exposed pipeline (PP) communication",
     "dp_exposed": "exposed data-parallel (DP) communication", "optimizer": "the optimizer step",
     "bubble": "pipeline bubble and idle time",
 }
@@ -78,7 +80,8 @@ def report_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
     lines = [
         f"# {s.name}: one simulated training iteration per policy", "",
         f"{s.description or s.name}. Model {s.model.name}, {prepared.cluster.num_gpus} GPUs, "
-        f"TP {prepared.tp} x PP {prepared.pp} x DP {prepared.dp}, "
+        f"TP {prepared.tp} x PP {prepared.pp} x "
+        f"{f'CP {prepared.cp} x ' if prepared.cp > 1 else ''}DP {prepared.dp}, "
         f"{prepared.num_microbatches} micro-batches ({s.parallel.schedule} schedule), "
         f"seed {s.seed}. Source: `{prepared.source}`.", "",
         "## Findings", "", findings(outcomes), "",

@@ -1,6 +1,6 @@
 """`holmes-sim plan`: search parallel layouts, schedules and placements for a cluster.
 
-For every layout (TP inside a node, PP, DP, micro-batch, schedule and virtual stages, recompute,
+For every layout (TP inside a node, PP, CP, DP, micro-batch, schedule and virtual stages, recompute,
 sequence parallelism) allowed by the scenario's `search:` block, every policy of the search builds
 its plan (placement, groups, partition, optimizer). Plans that do not fit in GPU memory are kept
 with the reason and ranked apart; the rest are ranked by the contention-free analytic estimate
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from holmes_sim.errors import FieldError, HolmesError
-from holmes_sim.prepare import MAX_MICROBATCHES, Prepared
+from holmes_sim.prepare import MAX_MICROBATCHES, Prepared, check_context
 from holmes_sim.schedule import check_schedule
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.model.workload import build_workload
@@ -50,6 +50,8 @@ class Layout:
     optimizer: str = "distributed"
     """For policies that take the scenario's optimizer: replicated | distributed |
     distributed-overlap | distributed-overlap-gather."""
+    cp: int = 1
+    """Context-parallel degree (`dp` is the data-parallel degree; GPUs = tp pp cp dp)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,7 @@ class Candidate:
 
     def to_json(self) -> dict:
         lay = self.layout
-        return {"policy": self.policy, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
+        return {"policy": self.policy, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp,
                 "micro_batch_size": lay.micro_batch_size, "schedule": lay.schedule,
                 "virtual_stages": lay.virtual_stages, "recompute": lay.recompute,
                 "sequence_parallel": lay.sequence_parallel, "optimizer": self.optimizer,
@@ -126,15 +128,30 @@ def layouts(prepared: Prepared, search: SearchSpec) -> Iterator[Layout]:
         for pp in pps:
             if n % (tp * pp) or s.model.num_layers < pp:
                 continue
-            dp = n // (tp * pp)
-            for mb in mbs:
-                if s.training.global_batch_size % (mb * dp):
-                    continue
-                m = s.training.global_batch_size // (mb * dp)
-                yield from _variants(prepared, search, tp, pp, dp, mb, m)
+            for cp in _contexts(prepared, search, tp, n // (tp * pp)):
+                dp = n // (tp * pp * cp)
+                for mb in mbs:
+                    if s.training.global_batch_size % (mb * dp):
+                        continue
+                    m = s.training.global_batch_size // (mb * dp)
+                    yield from _variants(prepared, search, tp, pp, dp, mb, m, cp)
 
 
-def _variants(prepared, search, tp, pp, dp, mb, m) -> Iterator[Layout]:
+def _contexts(prepared: Prepared, search: SearchSpec, tp: int, replicas: int) -> Iterator[int]:
+    """The CP degrees of `search.context` (default: the scenario's) that divide the replicas
+    and that Megatron-Core runs with this model and training (`prepare.check_context`)."""
+    s = prepared.scenario
+    for cp in _allowed(search.context, "search.context", [s.parallel.context]):
+        if replicas % cp:
+            continue
+        try:
+            check_context(s, cp, tp)
+        except FieldError:
+            continue
+        yield cp
+
+
+def _variants(prepared, search, tp, pp, dp, mb, m, cp=1) -> Iterator[Layout]:
     layers = prepared.scenario.model.num_layers
     for schedule in search.schedule:
         chunks = search.virtual_stages if schedule == "interleaved" else (1,)
@@ -147,7 +164,7 @@ def _variants(prepared, search, tp, pp, dp, mb, m) -> Iterator[Layout]:
                 continue
             for rc in search.recompute:
                 for sp in (search.sequence_parallel if tp > 1 else (False,)):
-                    yield Layout(tp, pp, dp, mb, schedule, v, rc, sp)
+                    yield Layout(tp, pp, dp, mb, schedule, v, rc, sp, cp=cp)
 
 
 def _allowed(values: tuple[int, ...] | None, path: str, default: list[int]) -> list[int]:
@@ -169,11 +186,13 @@ def prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
                        overlap_param_gather=layout.optimizer == "distributed-overlap-gather",
                        **_overlaps_for(s.training, layout))
     parallel = replace(s.parallel, tensor=layout.tp, pipeline=layout.pp, data=layout.dp,
-                       schedule=layout.schedule, virtual_stages=layout.virtual_stages)
+                       schedule=layout.schedule, virtual_stages=layout.virtual_stages,
+                       context=layout.cp)
     m = s.training.global_batch_size // (layout.micro_batch_size * layout.dp)
+    workload = build_workload(s.model, training, layout.tp, layout.cp, s.parallel.cp_comm_type)
     return replace(prepared, scenario=replace(s, training=training, parallel=parallel),
-                   workload=build_workload(s.model, training, layout.tp), tp=layout.tp, pp=layout.pp,
-                   dp=layout.dp, num_microbatches=m)
+                   workload=workload, tp=layout.tp, pp=layout.pp, dp=layout.dp,
+                   num_microbatches=m, cp=layout.cp)
 
 
 def _overlaps_for(training, layout: Layout) -> dict[str, bool]:
@@ -224,7 +243,7 @@ def _plan(p: Prepared, policy: str, layout: Layout):
     if not isinstance(get_policy(policy), MegatronPolicy):
         return plan_policy(p, policy)
     key = (policy, id(p.cluster), layout.tp, layout.pp, layout.dp, layout.schedule,
-           layout.virtual_stages, p.num_microbatches, layout.optimizer)
+           layout.virtual_stages, p.num_microbatches, layout.optimizer, layout.cp)
     got = _PLANS.get(key)
     if got is None or got[0] is not p.cluster:
         if len(_PLANS) >= 256:

@@ -18,7 +18,9 @@ def layout_label(c: Candidate) -> str:
     lay = c.layout
     sched = f"interleaved x{lay.virtual_stages}" if lay.schedule == "interleaved" else lay.schedule
     sp = " SP" if lay.sequence_parallel else ""
-    return f"TP{lay.tp} PP{lay.pp} DP{lay.dp} mb{lay.micro_batch_size} {sched} rc:{lay.recompute}{sp}"
+    cp = f" CP{lay.cp}" if lay.cp > 1 else ""
+    return f"TP{lay.tp}{cp} PP{lay.pp} DP{lay.dp} mb{lay.micro_batch_size} {sched} " \
+        f"rc:{lay.recompute}{sp}"
 
 
 PLAN_COLUMNS = ("#", "policy", "layout / optimizer", "iter s", "TFLOP/s", "GiB", "speed-up")

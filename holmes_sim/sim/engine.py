@@ -10,6 +10,10 @@ Timing assumptions (each entity):
 - its compute stream runs the schedule's ops in order; an op starts when the previous op ended and
   its input (activation, or gradient from the next stage) has arrived; a forward or backward is
   followed by its TP all-reduces on the same stream (exposed, as in Megatron without overlap);
+- with context parallelism each op also runs its CP exchange (`cost.context_parallel`) as flows
+  from the entity to the next replica of its CP ring over the CP group's links: each ring step's
+  transfer beside one step of attention compute (the step ends when both have), then any
+  exchange that nothing overlaps (a2a, allgather); the wait beyond compute is `cp-comm`;
 - a finished op's output is sent asynchronously (a flow); sending does not block compute; a stage
   posts the receive of an op's input when it reaches the op, or with `overlap_p2p_comm` on the
   interleaved schedule when its previous op of the same kind (F or B) ends;
@@ -268,7 +272,9 @@ class _Simulation:
     def _set_classes(self, options: EngineOptions) -> None:
         """Classes of identical replicas (`symmetry.py`); each simulated by its first member."""
         p = self.plan
-        if options.full_simulation or self.cpu is not None or self.jitter.rng or p.dp == 1:
+        # CP rings tie replicas to their ring neighbours, which the classes do not follow.
+        if options.full_simulation or self.cpu is not None or self.jitter.rng or p.dp == 1 \
+                or p.cp > 1:
             members = symmetry.singletons(p.dp)
         else:
             members = symmetry.ReplicaSignatures(
@@ -355,6 +361,10 @@ class _Simulation:
                 self._record_wait(name, op, waited[0], t0)
             dur, tp = self._durations(node, j, backward)
             kind = OpKind.BACKWARD if backward else OpKind.FORWARD
+            if self.plan.cp > 1:
+                ran = yield from self._cp_exchange(name, s, d, node, op, kind,
+                                                   self.plan.layers_per_stage[j])
+                dur = max(0.0, dur - ran)
             if overlapped and not backward and first_f[op.chunk] == op:
                 yield from self._gated_compute(name, op, kind, dur, tp, gathers[op.chunk])
             elif release and backward and (last_b[op.chunk] == op or every_microbatch):
@@ -455,6 +465,47 @@ class _Simulation:
         if tp > 0:
             self.trace.op(start + dur, self.env.now, name, "compute", OpKind.TP_COMM,
                           0, op.microbatch, op.chunk)
+
+    def _cp_exchange(self, name: str, s: int, d: int, node, op: Op, kind: OpKind, layers: int):
+        """The op's CP exchanges for its `layers` layers together (`cost.context_parallel`;
+        per layer the same steps, so on an idle network the same time): each ring step's
+        flow to the next replica of d's CP ring beside that step's attention compute, then the
+        exposed flow. Returns the attention compute run here (s), which leaves the op's."""
+        links, latency = self._cp_route(s, d)
+        scale, done = layers * self.plan.tp, 0.0
+        for p in self.costs.cp_passes(node, kind is OpKind.BACKWARD):
+            for _ in range(p.ring_steps):
+                start, compute = self.env.now, layers * p.step_s
+                flow = self.net.transfer(links, scale * p.step_bytes, layers * latency)
+                yield self.env.all_of([flow, self._work(name, compute)])
+                self.trace.op(start, start + compute, name, "compute", kind, 0, op.microbatch,
+                              op.chunk)
+                self._cp_wait(name, start + compute, op)
+                done += compute
+            if p.exposed_bytes:
+                start = self.env.now
+                yield self.net.transfer(links, scale * p.exposed_bytes,
+                                        layers * p.exposed_hops * latency)
+                self._cp_wait(name, start, op)
+        return done
+
+    def _cp_wait(self, name: str, since: float, op: Op) -> None:
+        if self.env.now > since:
+            self.trace.op(since, self.env.now, name, "compute", OpKind.CP_COMM, 0, op.microbatch,
+                          op.chunk)
+
+    def _cp_route(self, s: int, d: int) -> tuple[tuple, float]:
+        """(links, latency s) of replica d's transfer to the next replica of its CP ring on
+        stage s, over the CP group's transport, cached."""
+        key = ("cp", s, d)
+        got = self._route_cache.get(key)
+        if got is None:
+            peers = self.plan.cp_peers(d)
+            nxt = peers[(peers.index(d) + 1) % len(peers)]
+            group = self.group_by_first[(GroupKind.CONTEXT, self.plan.rank(s, peers[0], 0))]
+            path = self._entity_path(group, (s, d), (s, nxt))
+            got = self._route_cache[key] = (self.net.resolve(path.links), path.latency_s)
+        return got
 
     def _work(self, name: str, seconds: float) -> simpy.Event:
         """An event after `seconds` of compute: a timeout, or core-seconds on a shared host."""

@@ -16,6 +16,7 @@ class OpKind(StrEnum):
     FORWARD = "forward"
     BACKWARD = "backward"
     TP_COMM = "tp-comm"
+    CP_COMM = "cp-comm"  # compute stream waiting for a context-parallel exchange
     PP_SEND = "pp-send"
     DP_ALL_REDUCE = "dp-all-reduce"
     DP_REDUCE_SCATTER = "dp-reduce-scatter"

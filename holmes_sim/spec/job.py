@@ -127,7 +127,15 @@ class ParallelSpec:
     tensor: int = 1
     pipeline: int = 1
     data: int | None = None
-    """Data-parallel degree; default: GPUs / (tensor * pipeline)."""
+    """Data-parallel degree; default: GPUs / (tensor * pipeline * context)."""
     schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
     virtual_stages: int = 1
     """Model chunks per pipeline stage (interleaved schedule only)."""
+    context: int = 1
+    """Context-parallel degree (Megatron `--context-parallel-size`): each rank of a CP group
+    holds s/context tokens of every sequence; GPUs = tensor x context x data x pipeline."""
+    cp_comm_type: Literal["p2p", "a2a", "allgather"] = "p2p"
+    """How a CP group's attention gets the other ranks' tokens (Megatron `--cp-comm-type`):
+    p2p passes K and V chunks around a ring overlapped with attention (ring attention), a2a
+    swaps the sequence split for a head split by all-to-all (Ulysses), allgather gathers the
+    whole sequence's K and V before attention."""

@@ -63,6 +63,9 @@ class SearchSpec:
     """TP degrees (default: every divisor of the GPUs per node up to 8 that divides the heads)."""
     pipeline: tuple[int, ...] | None = None
     """PP degrees (default: every degree that divides the GPUs and fits the layers, up to 64)."""
+    context: tuple[int, ...] | None = None
+    """Context-parallel degrees (default: the scenario's `parallel.context` alone); list more
+    (1, 2, 4, 8) to search CP."""
     micro_batch_size: tuple[int, ...] | None = None
     """Micro-batch sizes (default: 1, 2, 4, 8, 16 that divide the batch)."""
     schedule: tuple[Literal["gpipe", "1f1b", "interleaved"], ...] = ("gpipe", "1f1b", "interleaved")

@@ -47,6 +47,9 @@ def check_backend(prepared: Prepared) -> None:
     if prepared.nominal_cluster is not None:
         raise FieldError("variability", "the testbed runs every rank at one speed and shapes "
                                         "links at their declared rates; remove it for a real run")
+    if prepared.cp > 1:
+        raise FieldError("parallel.context", "the real-run backend has no context parallelism "
+                                             "(no ring attention); set context: 1")
     _check_gpt_architecture(s.model)
 
 
