@@ -40,6 +40,7 @@ node. CollNet (IB SHARP) and multi-node NVLS need `NCCL_COLLNET_ENABLE=1` and th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import floor, log2
 
 # NCCL hwLatencies (us), [hardware][algorithm] = (LL, LL128, Simple), tuning.cc.
@@ -86,6 +87,9 @@ class CollectiveTopology:
     inter_latency_s: float
     intra_hw: str = "nvlink"
     nvls_efficiency: float | None = None
+    lanes: int = 1
+    """GPUs per member: a member stands for that many parallel communicators (one per TP
+    rank), each moving 1/lanes of the bytes at 1/lanes of the rates."""
 
     @property
     def bus_rate(self) -> float:
@@ -118,10 +122,10 @@ def _ratio(hw: str, algorithm: str, protocol: str) -> float:
 
 
 def _ll_cap(topo: CollectiveTopology) -> float:
-    """llMaxBw in bytes/s."""
+    """llMaxBw in bytes/s, for all of a member's lanes."""
     if topo.nodes == 1:
-        return _LL_MAX_GBPS_ONE_NODE * 1e9
-    return _LL_MAX_GBPS_NODES[0 if topo.nodes <= 2 else 1] * 1e9
+        return _LL_MAX_GBPS_ONE_NODE * 1e9 * topo.lanes
+    return _LL_MAX_GBPS_NODES[0 if topo.nodes <= 2 else 1] * 1e9 * topo.lanes
 
 
 def _time(topo: CollectiveTopology, size: float, latency: float, intra: float, exit_: float) -> float:
@@ -162,7 +166,8 @@ def _tree(topo: CollectiveTopology, protocol: str, size: float) -> Choice:
         eff = min(eff / 3.8, _ll_cap(topo) / topo.bus_rate)
     elif protocol == "LL128":
         eff *= 120 / 128
-    index = floor(log2(size / 64)) if size >= 64 else -1
+    lane = size / topo.lanes
+    index = floor(log2(lane / 64)) if lane >= 64 else -1
     if 0 <= index < 23:
         eff *= _TREE_CORRECTION[protocol][index]
     share = 2 / eff
@@ -205,8 +210,10 @@ def candidates(topo: CollectiveTopology, kind: str, size_bytes: float) -> list[C
     return out
 
 
+@lru_cache(maxsize=4096)
 def choose(topo: CollectiveTopology, kind: str, size_bytes: float) -> Choice:
-    """NCCL's pick: the candidate of least time (ties: the first, ring/Simple before others)."""
+    """NCCL's pick: the candidate of least time (ties: ring/Simple before others); kept for the
+    same arguments (a simulation asks once per bucket)."""
     if topo.members <= 1:
         return Choice("ring", "Simple", 0.0, 0.0, 0.0, 0.0)
     options = candidates(topo, kind, size_bytes)
@@ -220,9 +227,10 @@ def collective_time_s(topo: CollectiveTopology, kind: str, size_bytes: float) ->
 
 
 def topology_of(hops, nodes: int, intra_hw: str = "nvlink",
-                nvls_efficiency: float | None = None) -> CollectiveTopology:
+                nvls_efficiency: float | None = None, lanes: int = 1) -> CollectiveTopology:
     """The topology of a ring whose hops are (leaves a node, rate bytes/s, step latency s), one per
-    member, over `nodes` nodes; `intra_hw` and `nvls_efficiency` of its nodes' GPU link."""
+    member, over `nodes` nodes; `intra_hw` and `nvls_efficiency` of its nodes' GPU link; `lanes`
+    GPUs per member."""
     inf = float("inf")
     intra = [(r, s) for out, r, s in hops if not out]
     exits = [(r, s) for out, r, s in hops if out]
@@ -231,7 +239,7 @@ def topology_of(hops, nodes: int, intra_hw: str = "nvlink",
         len(hops), nodes, min((r for r, _ in intra), default=inf),
         min((r for r, _ in exits), default=inf), step,
         max((s for _, s in intra), default=step), max((s for _, s in exits), default=step),
-        intra_hw, nvls_efficiency)
+        intra_hw, nvls_efficiency, lanes)
 
 
 def leaves_node(links) -> bool:

@@ -151,17 +151,18 @@ def ring_paths(cluster: Cluster, transport: Transport, members: Sequence[Sequenc
                                        [members[i] for i in by_node[dst[0].node]], capacities))
     return Ring(order, tuple(hops), ring_topology(
         cluster, by_node, [(leaves_node(h.links), h.idle_rate_bytes_per_s, h.step_latency_s)
-                           for h in hops]))
+                           for h in hops], len(members[0])))
 
 
-def ring_topology(cluster: Cluster, nodes: Sequence[str], hops) -> CollectiveTopology:
+def ring_topology(cluster: Cluster, nodes: Sequence[str], hops, lanes: int) -> CollectiveTopology:
     """`nccl_algorithms.topology_of` a ring over `nodes` with `hops` (leaves a node, rate bytes/s,
-    step latency s): NVLS only when every node's GPU link has NVLink SHARP."""
+    step latency s) and `lanes` GPUs per member: NVLS only when every node's GPU link has NVLink
+    SHARP."""
     links = [cluster.node(n).intra_link for n in nodes]
     nvls = [lk.nvls_efficiency for lk in links]
     pci = any(lk.name.startswith("pcie") for lk in links)
     return topology_of(hops, len(links), "pci" if pci else "nvlink",
-                       None if None in nvls else min(nvls))
+                       None if None in nvls else min(nvls), lanes)
 
 
 def node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequence[Sequence[GpuRef]],

@@ -178,7 +178,7 @@ class NetView:
                 # `Ring.topology` of `ring_paths`
                 self._topologies[(kind, s)] = ring_topology(
                     self.cluster, list(dict.fromkeys(m[0].node for m in members)),
-                    [(leaves_node(links), rate, step) for links, step, rate in hops])
+                    [(leaves_node(links), rate, step) for links, step, rate in hops], tp)
         return self._rings[(kind, s)]
 
     def dp_topology(self, s: int) -> CollectiveTopology | None:

@@ -153,3 +153,26 @@ ANOMALOUS = {"32node-allgather": "the source reports it as anomalously low (200 
 def test_bus_bandwidth_within_10_percent_of_published_nccl_tests(write_scenario, row):
     modelled = _modelled_busbw(write_scenario, row)
     assert modelled == pytest.approx(row["busbw_gbyte_per_s"], rel=0.10)
+
+
+def test_latency_bound_dp_all_reduce_runs_as_a_tree_in_engine_and_estimate(write_scenario):
+    """TP 8 on 64 nodes: a DP group of one member per node, a few MB of gradients: NCCL's
+    double binary tree (2 log2(64) network steps) beats the ring's 126, in both estimators."""
+    text = _h100_scenario(64, tensor=8).replace("num_layers: 2, hidden_size: 1024",
+                                                "num_layers: 1, hidden_size: 256")
+    prepared = dataclasses.replace(prepare(write_scenario(text)), compute=UniformCompute())
+    out = run_policy(prepared, "megatron")
+    record = next(r for r in out.trace.records if r.kind is OpKind.DP_ALL_REDUCE)
+    plan = out.plan
+    topo = netview(out.cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp,
+                   plan.num_chunks).dp_topology(0)
+    w = prepared.workload
+    # A member (TP group) all-reduces its 8 GPUs' gradients: 8 communicators of 1/8 each.
+    size = w.grad_bytes_of(w.layer_params + w.embedding_params + w.head_params)
+    got = choose(topo, "all-reduce", size)
+    assert (plan.dp, topo.nodes, topo.per_node, topo.lanes) == (64, 64, 1, 8)
+    assert got.algorithm == "tree"
+    nic = prepared.cluster.nodes[0].nics_on("ib")[0]
+    steps = {"LL": 5.0 / 14, "LL128": 8.5 / 14, "Simple": 1.0}[got.protocol]
+    assert got.latency_s == pytest.approx(2 * 6 * nic.latency_s * steps)
+    assert record.duration_s == pytest.approx(got.time_s, rel=0.02)
