@@ -9,6 +9,7 @@ from math import log2
 from pathlib import Path
 
 import pytest
+import simpy
 
 from holmes_sim.cost.nccl_algorithms import CollectiveTopology, candidates, choose
 from holmes_sim.cost.paths import link_capacities, ring_paths
@@ -17,6 +18,8 @@ from holmes_sim.estimate.netview import netview
 from holmes_sim.plan import GpuRef
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import run_policy
+from holmes_sim.sim.collectives import nccl_collective
+from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.trace import OpKind
 from tests.sim.test_engine import UniformCompute
 
@@ -176,3 +179,29 @@ def test_latency_bound_dp_all_reduce_runs_as_a_tree_in_engine_and_estimate(write
     steps = {"LL": 5.0 / 14, "LL128": 8.5 / 14, "Simple": 1.0}[got.protocol]
     assert got.latency_s == pytest.approx(2 * 6 * nic.latency_s * steps)
     assert record.duration_s == pytest.approx(got.time_s, rel=0.02)
+
+
+def test_a_tree_shares_its_links_with_other_traffic_in_the_engine():
+    """`nccl_collective` on a FlowNetwork: a tree all-reduce over 16 one-GPU nodes alone takes its
+    pick's time; with a bulk transfer on one node's NIC (tx) for the whole collective, that node's
+    exit gets half the NIC and the collective's bandwidth term doubles."""
+    cap, k = 50e9, 16
+    hops = tuple(((("nic", i, "tx"), 1.0), (("nic", (i + 1) % k, "rx"), 1.0)) for i in range(k))
+    caps = {(kind, i, d): cap for i in range(k) for kind, d in (("nic", "tx"), ("nic", "rx"))}
+    topo = CollectiveTopology(k, k, float("inf"), cap, 10e-6, 10e-6, 10e-6, "nvlink", None)
+    size = 1 << 20
+    choice = choose(topo, "all-reduce", size)
+    assert choice.algorithm == "tree"
+
+    def run(bulk: bool) -> float:
+        env = simpy.Environment()
+        net = FlowNetwork(env, caps)
+        if bulk:
+            net.transfer(((("nic", 0, "tx"), 1.0),), 1e12)
+        proc = env.process(nccl_collective(env, net, choice, hops, (True,) * k, size))
+        env.run(until=proc)
+        return env.now
+
+    bandwidth = choice.time_s - choice.latency_s
+    assert run(False) == pytest.approx(choice.time_s, rel=1e-9)
+    assert run(True) == pytest.approx(choice.latency_s + 2 * bandwidth, rel=1e-6)
