@@ -24,9 +24,10 @@ that rule with the simulator's own figures:
 Traffic per hop, as a multiple of N (the buffer: the all-reduce input, the all-gather output,
 the reduce-scatter input), over the protocol/algorithm efficiency: ring 2(n-1)/n or (n-1)/n on
 every hop; tree 2 on every hop (N up and N down each chain link and tree edge; a node of the
-double binary tree is inner in one tree and a leaf in the other, so its NICs carry 2N); NVLS
-1 on a GPU's NVLink (all-reduce: N to the switch, N back from it; reduce-scatter and all-gather
-(ppn - 1)/ppn) and NVLS-tree 2 on a node's exit; PAT 1 (its AG/RS bandwidth is not converted
+double binary tree is inner in one tree and a leaf in the other, so its NICs carry 2N; on two
+nodes each tree is one edge and they carry N); NVLS 1 on a GPU's NVLink (all-reduce: N to the
+switch, N back from it; reduce-scatter and all-gather (ppn - 1)/ppn) and NVLS-tree the tree's
+2 (two nodes: 1) on a node's exit; PAT 1 (its AG/RS bandwidth is not converted
 by (n-1)/n in tuning.cc). In this network (GPU and NIC links, no fabric core) those loads are what
 the links see, so the engine carries them on the ring's hops (`sim.collectives`).
 
@@ -170,8 +171,15 @@ def _tree(topo: CollectiveTopology, protocol: str, size: float) -> Choice:
     index = floor(log2(lane / 64)) if lane >= 64 else -1
     if 0 <= index < 23:
         eff *= _TREE_CORRECTION[protocol][index]
-    share = 2 / eff
-    return Choice("tree", protocol, latency, share, share, _time(topo, size, latency, share, share))
+    share, exit_ = 2 / eff, _tree_exit(topo) / eff
+    return Choice("tree", protocol, latency, share, exit_, _time(topo, size, latency, share, exit_))
+
+
+def _tree_exit(topo: CollectiveTopology) -> float:
+    """A node's network bytes in a double binary tree all-reduce, x N: 2 (N/2 up and N/2 down
+    on each of its edges, three in the tree where it is inner, one where it is a leaf); 1 on
+    two nodes, each tree a single edge (tuning.cc doubles NVLS-tree's inter-node rate there)."""
+    return 1.0 if topo.nodes == 2 else 2.0
 
 
 def _nvls(topo: CollectiveTopology, kind: str, size: float) -> Choice:
@@ -185,8 +193,9 @@ def _nvls(topo: CollectiveTopology, kind: str, size: float) -> Choice:
                       _time(topo, size, latency, intra, 0.0))
     latency = topo.intra_latency_s * _ratio("nvlink", "nvls-tree", "Simple") + \
         2 * floor(log2(topo.nodes)) * topo.inter_latency_s * _ratio("net", "nvls-tree", "Simple")
-    return Choice("nvls-tree", "Simple", latency, intra, 2.0,
-                  _time(topo, size, latency, intra, 2.0))
+    exit_ = _tree_exit(topo)
+    return Choice("nvls-tree", "Simple", latency, intra, exit_,
+                  _time(topo, size, latency, intra, exit_))
 
 
 def _pat(topo: CollectiveTopology, size: float) -> Choice:
