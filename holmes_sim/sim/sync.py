@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from holmes_sim.cost.collectives import ring_latency_steps
 from holmes_sim.cost.nccl_algorithms import CollectiveTopology, choose
 from holmes_sim.cost.paths import PathUse
 from holmes_sim.sim.collectives import nccl_collective, ring_collective
@@ -96,9 +97,11 @@ class Collectives:
                                                            size_bytes)
         if choice is None or self.step_by_step and \
                 (choice.algorithm, choice.protocol) == ("ring", "Simple"):
-            # Synchronous steps: each at the ring's slowest hop latency.
+            # Synchronous steps; a picked ring's steps share its hierarchical latency.
+            latency = ring.latency_s if choice is None else \
+                choice.latency_s / ring_latency_steps(_KIND_NAME[kind], ring.p)
             yield self.env.process(ring_collective(self.env, self.net, _KIND_NAME[kind],
-                                                   ring.hops, size_bytes, ring.latency_s,
+                                                   ring.hops, size_bytes, latency,
                                                    self.step_by_step, ring.p))
         else:
             yield self.env.process(nccl_collective(self.env, self.net, choice, ring.hops,

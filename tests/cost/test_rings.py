@@ -12,6 +12,8 @@ import dataclasses
 
 import pytest
 
+from holmes_sim.cost.nccl_algorithms import choose
+from holmes_sim.estimate.netview import netview
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import run_policy
 from holmes_sim.sim.trace import OpKind
@@ -134,3 +136,22 @@ def test_node_to_node_paths_equal_the_member_by_member_loop(name):
         for transport in (best_shared_transport(cluster, src + dst), tcp_transport(cluster, src + dst)):
             assert group_path(cluster, transport, src, dst, caps) == \
                 _member_by_member(cluster, transport, src, dst, caps)
+
+
+def test_step_by_step_ring_pays_the_same_hierarchical_latency(write_scenario):
+    """Synchronous steps of an idle ring move the same bytes and pay the pick's latency spread
+    over its steps: the same time as the steady-state flows."""
+    text = _dp_scenario(4, RAILS).replace("num_layers: 2", "num_layers: 8")
+    times, picks = [], []
+    for extra in ("", "engine: {collectives: step-by-step}\n"):
+        prepared = dataclasses.replace(prepare(write_scenario(text + extra)),
+                                       compute=UniformCompute())
+        out = run_policy(prepared, "megatron")
+        record = next(r for r in out.trace.records if r.kind is OpKind.DP_ALL_REDUCE)
+        times.append(record.duration_s)
+        plan = out.plan
+        topo = netview(out.cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp,
+                       plan.num_chunks).dp_topology(0)
+        picks.append(choose(topo, "all-reduce", record.bytes * 32 / 62))
+    assert {(c.algorithm, c.protocol) for c in picks} == {("ring", "Simple")}
+    assert times[1] == pytest.approx(times[0], rel=0.01)
