@@ -4,6 +4,8 @@
   measured profile);
 - `collectives`: closed-form alpha-beta times of rings and point-to-point sends, NCCL's bus
   bandwidth definitions;
+- `nccl_algorithms`: which algorithm and protocol NCCL runs a collective with (its tuning
+  model: ring, tree, NVLS, NVLS-tree, PAT; LL, LL128, Simple) and what it costs;
 - `transport`: which transport (NVLink, RDMA fabric, TCP) a group uses, and each member's NIC;
 - `paths`: the links of the flow network and the path (and NCCL ring) of a group's transfer,
   as the engine uses them (`Path`, `Ring`);

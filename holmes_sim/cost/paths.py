@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from holmes_sim.cost.nccl_algorithms import CollectiveTopology, leaves_node, topology_of
 from holmes_sim.hardware.cluster import ETHERNET, Cluster
 from holmes_sim.plan import GpuRef, Transport, TransportKind
 
@@ -113,6 +114,8 @@ class Ring:
 
     order: tuple[int, ...]
     hops: tuple[Path, ...]
+    topology: CollectiveTopology | None = None
+    """What NCCL's algorithm choice sees of the ring (`cost.nccl_algorithms`)."""
 
     @property
     def idle_rate_bytes_per_s(self) -> float:
@@ -146,7 +149,20 @@ def ring_paths(cluster: Cluster, transport: Transport, members: Sequence[Sequenc
         else:
             hops.append(node_exit_path(cluster, transport, [members[i] for i in by_node[src[0].node]],
                                        [members[i] for i in by_node[dst[0].node]], capacities))
-    return Ring(order, tuple(hops))
+    return Ring(order, tuple(hops), ring_topology(
+        cluster, by_node, [(leaves_node(h.links), h.idle_rate_bytes_per_s, h.step_latency_s)
+                           for h in hops], len(members[0])))
+
+
+def ring_topology(cluster: Cluster, nodes: Sequence[str], hops, lanes: int) -> CollectiveTopology:
+    """`nccl_algorithms.topology_of` a ring over `nodes` with `hops` (leaves a node, rate bytes/s,
+    step latency s) and `lanes` GPUs per member: NVLS only when every node's GPU link has NVLink
+    SHARP."""
+    links = [cluster.node(n).intra_link for n in nodes]
+    nvls = [lk.nvls_efficiency for lk in links]
+    pci = any(lk.name.startswith("pcie") for lk in links)
+    return topology_of(hops, len(links), "pci" if pci else "nvlink",
+                       None if None in nvls else min(nvls), lanes)
 
 
 def node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequence[Sequence[GpuRef]],

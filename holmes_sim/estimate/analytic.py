@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
+from holmes_sim.cost.nccl_algorithms import collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts, chunk_times
 from holmes_sim.estimate.netview import netview
@@ -175,15 +176,16 @@ class _Estimator:
         if ring is None:
             return ()
         params = self._params(s)
-        key = (ring, params, kind, what)
+        topology = self.net.dp_topology(s)
+        key = (topology, params, kind, what)
         got = self._bucket_cache.get(key)
         if got is None:
-            n, rate, lat = ring
             out = []
             for chunk in params:
                 k = self.costs.gradient_buckets(chunk)
                 size = self.w.grad_bytes_of(chunk) if what == "grad" else chunk * self.w.dtype_bytes
-                out.append((k, ring_collective_time_s(kind, n, size / k, rate, lat)))
+                # The algorithm and protocol NCCL picks (`cost.nccl_algorithms`).
+                out.append((k, collective_time_s(topology, kind, size / k)))
             got = self._bucket_cache[key] = tuple(out)
         return got
 

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.link_uses import node_send_sides, ring_uses, send_uses
-from holmes_sim.cost.paths import link_capacities
+from holmes_sim.cost.nccl_algorithms import CollectiveTopology, leaves_node
+from holmes_sim.cost.paths import link_capacities, ring_topology
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, Group, GroupKind, group_lookup, megatron_rank, tp_group_places
 
@@ -56,6 +57,7 @@ class NetView:
         self._places = tp_group_places(rank_to_gpu, tp)
         self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._rings: dict[tuple[GroupKind, int], Ring | None] = {}
+        self._topologies: dict[tuple[GroupKind, int], CollectiveTopology] = {}
         self._stage_nodes: dict[int, list[Node]] = {}
         self._memory: dict[int, float] = {}
         self._emb: list[Ring | None] | None = None
@@ -197,7 +199,16 @@ class NetView:
                 # `Ring.idle_rate_bytes_per_s` and `Ring.step_latency_s` of `ring_paths`
                 self._rings[(kind, s)] = (len(members), min(h[2] for h in hops),
                                           max(h[1] for h in hops))
+                # `Ring.topology` of `ring_paths`
+                self._topologies[(kind, s)] = ring_topology(
+                    self.cluster, list(dict.fromkeys(m[0].node for m in members)),
+                    [(leaves_node(links), rate, step) for links, step, rate in hops], tp)
         return self._rings[(kind, s)]
+
+    def dp_topology(self, s: int) -> CollectiveTopology | None:
+        """Stage s's data-parallel group as NCCL's algorithm choice sees it (None: no DP group)."""
+        self.idle_ring(GroupKind.DATA, s)
+        return self._topologies.get((GroupKind.DATA, s))
 
     def dp_ring(self, s: int) -> Ring | None:
         """Stage s's data-parallel ring on an idle network (None: no DP group)."""

@@ -97,6 +97,9 @@ class LinkModel:
     efficiency: float
     source: str
     collective_latency_s: float | None = None
+    nvls_efficiency: float | None = None
+    """NVLink SHARP (in-switch reduction, NCCL's NVLS algorithms): NCCL's `nvlsEfficiency` of
+    the GPU generation, the fraction of the link's rate its NVLS kernels reach; None: none."""
 
     @property
     def step_latency_s(self) -> float:
@@ -213,13 +216,20 @@ NICS: dict[str, NicModel] = {
 # H100, H200 and B200 boards; 72 in a GB200 NVL72 rack, whose NVLink Switch trays connect all 72
 # GPUs at the full NVLink 5 rate (NVIDIA GB200 NVL72 data sheet: 130 TB/s NVLink domain), so the
 # rack is one 72-GPU node: `gpus_per_node: 72, intra_node: nvlink5, gpu: gb200`.
+# NVLink SHARP: third-generation NVSwitch (HGX/DGX H100 and H200) and the fourth-generation
+# NVLink Switch (HGX B200, GB200 NVL72) reduce in the switch (NVIDIA NVLink and NVSwitch page and
+# DGX H100 / GB200 NVL72 data sheets: "NVIDIA SHARP in-network reductions"; second-generation
+# NVSwitch, A100, has none). nvls_efficiency: NCCL src/graph/tuning.cc `nvlsEfficiency`, Hopper
+# 0.85, Blackwell 0.74.
 LINKS: dict[str, LinkModel] = {
     "nvlink3": LinkModel("nvlink3", gbyte_per_s_to_bytes_per_s(300), us_to_s(3), 0.77,
                          "NVIDIA A100 data sheet: NVLink 600 GB/s"),
     "nvlink4": LinkModel("nvlink4", gbyte_per_s_to_bytes_per_s(450), us_to_s(3), 0.77,
-                         "NVIDIA H100 data sheet: NVLink 900 GB/s"),
+                         "NVIDIA H100 data sheet: NVLink 900 GB/s; NVSwitch gen3 with SHARP",
+                         nvls_efficiency=0.85),
     "nvlink5": LinkModel("nvlink5", gbyte_per_s_to_bytes_per_s(900), us_to_s(3), 0.77,
-                         "NVIDIA HGX B200 / GB200 NVL72 data sheets: NVLink 5, 1.8 TB/s per GPU"),
+                         "NVIDIA HGX B200 / GB200 NVL72 data sheets: NVLink 5, 1.8 TB/s per GPU; "
+                         "NVLink Switch with SHARP", nvls_efficiency=0.74),
     "pcie4": LinkModel("pcie4", gbyte_per_s_to_bytes_per_s(32), us_to_s(5), 0.8, "PCI-SIG PCIe 4.0 x16"),
     "pcie5": LinkModel("pcie5", gbyte_per_s_to_bytes_per_s(64), us_to_s(5), 0.8, "PCI-SIG PCIe 5.0 x16"),
 }

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from holmes_sim.hardware.cluster import Node
 from holmes_sim.cost.collectives import ring_collective_time_s
+from holmes_sim.cost.nccl_algorithms import CollectiveTopology, collective_time_s
 from holmes_sim.cost.ops import OpCosts, chunk_times
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
@@ -28,15 +29,19 @@ from holmes_sim.policies.base import PlanRequest
 
 @dataclass(frozen=True, slots=True)
 class _Ring:
-    """Idle-network ring: members, bottleneck rate (bytes/s) and per-step latency (s)."""
+    """Idle-network ring: members, bottleneck rate (bytes/s) and per-step latency (s); with a
+    topology, its collectives run as NCCL picks (`cost.nccl_algorithms`), as the estimate's do."""
 
     members: int
     rate: float
     latency_s: float
+    topology: CollectiveTopology | None = None
 
     def time_s(self, kind: str, size_bytes: float) -> float:
         if self.members < 2 or size_bytes <= 0:
             return 0.0
+        if self.topology is not None:
+            return collective_time_s(self.topology, kind, size_bytes)
         return ring_collective_time_s(kind, self.members, size_bytes, self.rate, self.latency_s)
 
 
@@ -52,7 +57,8 @@ class StageTimer:
         # Rings and alike replicas come from the placement's shared view (`netview`).
         self.net = netview(request.cluster, rank_to_gpu, groups, request.tp, request.pp,
                            request.dp, request.num_chunks)
-        self.dp_ring = [_ring(self.net.idle_ring(GroupKind.DATA, s)) for s in range(request.pp)]
+        self.dp_ring = [_ring(self.net.idle_ring(GroupKind.DATA, s), self.net.dp_topology(s))
+                        for s in range(request.pp)]
         # The embedding group pairs stage 0 with the last stage; it is keyed by its stage-0 rank.
         self.emb_ring = _ring(self.net.idle_ring(GroupKind.EMBEDDING, 0))
         # Replicas on identical hardware cost the same: keep one node per distinct (GPU, link).
@@ -165,6 +171,8 @@ def _even(total: int, parts: int) -> list[int]:
     return [base + (1 if c < extra else 0) for c in range(parts)]
 
 
-def _ring(ring: tuple[int, float, float] | None) -> _Ring:
-    """A `NetView` ring, or one member (no communication) when there is no group."""
-    return _Ring(1, 1.0, 0.0) if ring is None else _Ring(*ring)
+def _ring(ring: tuple[int, float, float] | None,
+          topology: CollectiveTopology | None = None) -> _Ring:
+    """A `NetView` ring (with its topology: NCCL's pick), or one member (no communication) when
+    there is no group."""
+    return _Ring(1, 1.0, 0.0) if ring is None else _Ring(*ring, topology)

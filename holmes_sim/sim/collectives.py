@@ -6,6 +6,11 @@ all-reduce and p-1 for reduce-scatter or all-gather, each step moving N / p byte
 On an idle network whose hops all have bandwidth B, both execution modes below take exactly
 `holmes_sim.cost.collectives.ring_collective_time_s`; when hops share links or differ in speed, the
 ring runs at the pace of its slowest hop.
+
+`nccl_collective` runs the algorithm and protocol NCCL picks (`cost.nccl_algorithms.choose`):
+its latency, then each hop carries the algorithm's bytes for that hop (intra-node or node exit,
+over the protocol's efficiency) concurrently, so on an idle network it takes the choice's
+`time_s` and under load it shares links like any flow.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 import simpy
 
 from holmes_sim.cost.collectives import ring_latency_steps, ring_traffic_factor
+from holmes_sim.cost.nccl_algorithms import Choice
 from holmes_sim.sim.network import FlowNetwork, PathUse
 
 
@@ -77,3 +83,20 @@ def _ring_steps(
     for _ in range(steps):
         yield env.timeout(latency_s)
         yield env.all_of([net.transfer(hop, chunk_bytes) for hop in hops])
+
+
+def nccl_collective(
+    env: simpy.Environment, net: FlowNetwork, choice: Choice, hops: Sequence[PathUse],
+    exits: Sequence[bool], size_bytes: float,
+) -> Generator[simpy.Event, Any, None]:
+    """SimPy process body of a collective run as `choice` (`cost.nccl_algorithms`): pays its
+    latency (s), then hop k sends `size_bytes` x its share (`exit_share` where `exits[k]`, the
+    hop leaving a node, else `intra_share`) concurrently; ends when the slowest hop does."""
+    if size_bytes < 0:
+        raise ValueError(f"size must be >= 0, got {size_bytes}")
+    if choice.time_s == 0.0:
+        return
+    yield env.timeout(choice.latency_s)
+    yield env.all_of([net.transfer(hop, size_bytes * (choice.exit_share if out else
+                                                      choice.intra_share))
+                      for hop, out in zip(hops, exits, strict=True)])

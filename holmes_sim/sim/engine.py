@@ -43,6 +43,7 @@ import simpy
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
+from holmes_sim.cost.nccl_algorithms import leaves_node
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import Group, GroupKind, Plan
 from holmes_sim.schedule import Op, ScheduleKind
@@ -247,11 +248,13 @@ class _Simulation:
         p = self.plan
         self.dp_stream: dict[int, Stream] = {}
         for s, (_, ring) in self._dp_rings.items():
-            hops = tuple(self.net.resolve(h) for h in symmetry.quotient_hops(
+            quotient = symmetry.quotient_hops(
                 ring, self.classes.reps, self.classes.rep_of, lambda d, s=s: self._nodes(s, d),
-                self.classes.weight))
+                self.classes.weight)
+            hops = tuple(self.net.resolve(h) for h in quotient)
             names = tuple(self.entity[(s, d)].name for d in self.classes.reps)
-            self.dp_stream[s] = Stream(RingSpec(names, hops, ring.step_latency_s, p.dp))
+            self.dp_stream[s] = Stream(RingSpec(names, hops, ring.step_latency_s, p.dp,
+                                                ring.topology, tuple(map(leaves_node, quotient))))
         self.emb_stream: dict[int, Stream] = {}
         for d in self.classes.reps:
             g = self._embedding_group(d)

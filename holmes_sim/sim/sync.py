@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from holmes_sim.cost.collectives import ring_latency_steps
+from holmes_sim.cost.nccl_algorithms import CollectiveTopology, choose
 from holmes_sim.cost.paths import PathUse
-from holmes_sim.sim.collectives import ring_collective
+from holmes_sim.sim.collectives import nccl_collective, ring_collective
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.trace import OpKind, Trace
 
@@ -33,6 +35,10 @@ class RingSpec:
     hops: tuple[PathUse, ...]
     latency_s: float
     size: int = 0
+    topology: CollectiveTopology | None = None
+    """Set: NCCL picks the algorithm (`cost.nccl_algorithms`); None: always the ring."""
+    exits: tuple[bool, ...] = ()
+    """Per hop, whether it leaves a node (with `topology`)."""
 
     @property
     def p(self) -> int:
@@ -87,9 +93,19 @@ class Collectives:
             yield previous
         start = self.env.now
         ring = stream.ring
-        yield self.env.process(ring_collective(self.env, self.net, _KIND_NAME[kind], ring.hops,
-                                               size_bytes, ring.latency_s, self.step_by_step,
-                                               ring.p))
+        choice = None if ring.topology is None else choose(ring.topology, _KIND_NAME[kind],
+                                                           size_bytes)
+        if choice is None or self.step_by_step and \
+                (choice.algorithm, choice.protocol) == ("ring", "Simple"):
+            # Synchronous steps; a picked ring's steps share its hierarchical latency.
+            latency = ring.latency_s if choice is None else \
+                choice.latency_s / ring_latency_steps(_KIND_NAME[kind], ring.p)
+            yield self.env.process(ring_collective(self.env, self.net, _KIND_NAME[kind],
+                                                   ring.hops, size_bytes, latency,
+                                                   self.step_by_step, ring.p))
+        else:
+            yield self.env.process(nccl_collective(self.env, self.net, choice, ring.hops,
+                                                   ring.exits, size_bytes))
         per_member = _traffic(kind, ring.p, size_bytes)
         for m in ring.members:
             self.trace.op(start, self.env.now, m, "dp", kind, per_member)
