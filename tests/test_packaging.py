@@ -57,7 +57,7 @@ def test_wheel_carries_scenarios_and_testbeds_and_keeps_torch_optional(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert sum(n.startswith("holmes_sim/data/scenarios/") and n.endswith(".yaml") for n in names) == 7
+    assert sum(n.startswith("holmes_sim/data/scenarios/") and n.endswith(".yaml") for n in names) == 8
     assert "holmes_sim/data/testbeds/default.yaml" in names
     torch = [line for line in meta.splitlines() if line.startswith("Requires-Dist: torch")]
     assert torch and all("extra ==" in line for line in torch), torch
