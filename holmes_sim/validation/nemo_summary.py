@@ -3,7 +3,8 @@
 A dataset with `"format": "nemo-performance-summary"` (`validation/published/nemo_dgx_h100.json`)
 holds rows as NVIDIA publishes them: model, GPUs, GBS, MBS, sequence length, TP, PP, CP, VP,
 tokens/s/GPU and model TFLOP/s/GPU, with the row's `source` (release) and holmes-sim's model
-`preset`. The measured step time needs no FLOPs formula:
+`preset` (or, for a model without one, its `architecture` as ModelSpec fields). The measured
+step time needs no FLOPs formula:
 t = GBS x sequence / (tokens/s/GPU x GPUs) seconds.
 
 Settings the table leaves out are the performance recipe's (`common.recipe`: sequence parallelism
@@ -23,6 +24,7 @@ FORMAT = "nemo-performance-summary"
 CONTEXT_FIELD = "context"
 """ParallelSpec's context-parallel degree (Megatron `--context-parallel-size`)."""
 NEEDS_CONTEXT_PARALLELISM = "needs context parallelism"
+NO_ARCHITECTURE = "architecture not among holmes_sim's model presets"
 
 # The TrainingSpec fields every row sets from the dataset, in the order they are written.
 _TRAINING_KEYS = ("distributed_optimizer", "flash_attention", "tp_comm_overlap",
@@ -49,14 +51,27 @@ def not_simulated(row: dict) -> str | None:
     """Why a row is recorded but not simulated, or None when it simulates."""
     if row.get("not_simulated"):
         return row["not_simulated"]
+    if not renders(row):
+        return NO_ARCHITECTURE
     if row["cp"] > 1 and not context_parallel_available():
         return NEEDS_CONTEXT_PARALLELISM
     return None
 
 
 def renders(row: dict) -> bool:
-    """A row renders a scenario when holmes-sim has its architecture (a preset)."""
-    return row.get("preset") is not None
+    """A row renders a scenario when holmes-sim has its architecture: a preset, or the row's own
+    `architecture` (ModelSpec fields, with `architecture_source`)."""
+    return row.get("preset") is not None or bool(row.get("architecture"))
+
+
+def _model_lines(row: dict) -> list[str]:
+    if row.get("preset") is not None:
+        fields = {"preset": row["preset"]}
+    else:
+        fields = {"name": row["model"].lower(), **row["architecture"]}
+    fields["seq_length"] = row["seq_length"]
+    return [f"  {key}: {str(value).lower() if isinstance(value, bool) else value}"
+            for key, value in fields.items()]
 
 
 def measured_iteration_s(row: dict) -> float:
@@ -107,9 +122,7 @@ def render_scenario(dataset: dict, row: dict) -> str:
              "  - name: dgx-h100",
              "    nodes:",
              f"      - {node}",
-             "model:",
-             f"  preset: {row['preset']}",
-             f"  seq_length: {row['seq_length']}",
+             "model:", *_model_lines(row),
              "training:", *_training_lines(common, row),
              "parallel:", *_parallel_lines(row),
              "policies: [megatron]"]

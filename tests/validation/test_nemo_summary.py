@@ -48,20 +48,35 @@ def test_every_row_is_simulated_or_carries_its_reason():
         case = by_name[nemo_summary.row_name(row)]
         if row["cp"] > 1 and not nemo_summary.context_parallel_available():
             assert case.not_simulated == nemo_summary.NEEDS_CONTEXT_PARALLELISM
-        elif row["preset"] is None:
-            assert case.not_simulated and case.scenario is None
         else:
             assert case.not_simulated is None and case.scenario.exists()
-    assert sum(c.not_simulated is None for c in by_name.values()) >= 6
+        if row["preset"] is None:
+            assert row["architecture"]["num_layers"] > 0 and "NVIDIA/NeMo" in row["architecture_source"]
+    assert sum(c.not_simulated is None for c in by_name.values()) >= 10
 
 
 def test_context_parallel_rows_simulate_once_the_spec_has_the_field(monkeypatch):
     """One switch: ParallelSpec growing `context` makes every CP row a simulated row, and its
     committed scenario already carries the degree."""
-    row = next(r for r in _data()["rows"] if r["cp"] > 1 and r["preset"])
+    row = next(r for r in _data()["rows"] if r["cp"] > 1)
     assert f"  {nemo_summary.CONTEXT_FIELD}: {row['cp']}\n" in scenario_text(_data(), row)
     monkeypatch.setattr(nemo_summary, "context_parallel_available", lambda: True)
     assert nemo_summary.not_simulated(row) is None
+
+
+def test_a_row_without_any_architecture_is_recorded_with_its_reason():
+    row = dict(next(r for r in _data()["rows"] if r["model"] == "GPT3-5B"), architecture=None)
+    assert nemo_summary.not_simulated(row) == nemo_summary.NO_ARCHITECTURE
+    assert scenario_text(_data(), row) is None
+
+
+def test_a_row_without_a_preset_renders_its_own_architecture():
+    data = _data()
+    row = next(r for r in data["rows"] if r["model"] == "Nemotron-22B")
+    model = load_scenario_text(scenario_text(data, row)).model
+    assert (model.num_layers, model.hidden_size, model.ffn_hidden_size) == (40, 6144, 24576)
+    assert model.squared_relu and not model.bias and not model.tie_embeddings
+    assert model.position_embedding == "rope" and model.seq_length == 4096
 
 
 def test_rendered_rows_load_with_the_recipe_settings_holmes_sim_has():
@@ -116,4 +131,4 @@ def test_case_names_are_unique_and_match_the_files():
     names = [case_name(data, r) for r in data["rows"]]
     assert len(names) == len(set(names))
     folder = PUBLISHED_DIR / "scenarios" / STEM
-    assert {p.stem for p in folder.glob("*.yaml")} == {n for n, r in zip(names, data["rows"]) if r["preset"]}
+    assert {p.stem for p in folder.glob("*.yaml")} == set(names)
