@@ -32,7 +32,8 @@ def test_rows_parse_with_their_source_and_launch_settings():
     data = _data()
     assert nemo_summary.is_nemo_dataset(data)
     assert "070a0bb168d405d653b9734c0017cf5078e77c0d" in data["sources"]["nemo-24.07"]["measurements"]
-    assert "00b7660be0254ac6f95f44164ddd0c3e9cc798ed" in data["sources"]["megatron-bridge-25.11"]["measurements"]
+    bridge = data["sources"]["megatron-bridge-25.11"]["measurements"]
+    assert "00b7660be0254ac6f95f44164ddd0c3e9cc798ed" in bridge
     for row in data["rows"]:
         assert ROW_KEYS <= set(row), row
         assert row["source"] in data["sources"] and data["sources"][row["source"]]["software"]
