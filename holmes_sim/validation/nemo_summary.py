@@ -9,9 +9,11 @@ t = GBS x sequence / (tokens/s/GPU x GPUs) seconds.
 
 Settings the table leaves out are the performance recipe's (`common.recipe`: sequence parallelism
 when TP > 1, distributed optimizer, fused attention, the overlaps); a recipe switch is written into
-the scenario when holmes-sim's TrainingSpec has a field of that name, and context parallelism
-(`CONTEXT_FIELD`) when ParallelSpec has it. Until then a row with CP > 1 is recorded, rendered and
-reported as "needs context parallelism", never simulated (`not_simulated`).
+the scenario when holmes-sim's TrainingSpec has a field of that name, context parallelism
+(`CONTEXT_FIELD`) when ParallelSpec has it, and a row's `pipeline_split` switches (Megatron-Core's
+uneven split) when either spec has them. Until then a row with CP > 1 is recorded, rendered and
+reported as "needs context parallelism", one whose layers do not divide into PP x VP chunks as
+"needs an uneven pipeline split", never simulated (`not_simulated`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from __future__ import annotations
 import dataclasses
 
 from holmes_sim.spec.job import ParallelSpec, TrainingSpec
+from holmes_sim.spec.presets import PRESETS
 
 FORMAT = "nemo-performance-summary"
 CONTEXT_FIELD = "context"
 """ParallelSpec's context-parallel degree (Megatron `--context-parallel-size`)."""
 NEEDS_CONTEXT_PARALLELISM = "needs context parallelism"
 NO_ARCHITECTURE = "architecture not among holmes_sim's model presets"
+NEEDS_UNEVEN_SPLIT = "needs an uneven pipeline split"
 
 # The TrainingSpec fields every row sets from the dataset, in the order they are written.
 _TRAINING_KEYS = ("distributed_optimizer", "flash_attention", "tp_comm_overlap",
@@ -36,9 +40,31 @@ def is_nemo_dataset(dataset: dict) -> bool:
     return dataset.get("format") == FORMAT
 
 
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
 def context_parallel_available() -> bool:
     """True once ParallelSpec has the context-parallel degree: then CP rows simulate."""
-    return CONTEXT_FIELD in {f.name for f in dataclasses.fields(ParallelSpec)}
+    return CONTEXT_FIELD in _field_names(ParallelSpec)
+
+
+def _split_fields(row: dict) -> dict[str, dict]:
+    """The row's `pipeline_split` switches (Megatron-Core's uneven split, e.g.
+    `account_for_embedding_in_pipeline_split`) by the spec section that has a field of that name."""
+    out: dict[str, dict] = {}
+    for key, value in row.get("pipeline_split", {}).items():
+        for section, cls in (("parallel", ParallelSpec), ("training", TrainingSpec)):
+            if key in _field_names(cls):
+                out.setdefault(section, {})[key] = value
+    return out
+
+
+def _uneven(row: dict) -> bool:
+    """Layers do not divide into PP x VP chunks (Megatron-Core then splits them unevenly)."""
+    layers = (PRESETS[row["preset"]].fields["num_layers"] if row.get("preset")
+              else row["architecture"]["num_layers"])
+    return layers % (row["pp"] * row["vp"]) != 0
 
 
 def row_name(row: dict) -> str:
@@ -55,6 +81,8 @@ def not_simulated(row: dict) -> str | None:
         return NO_ARCHITECTURE
     if row["cp"] > 1 and not context_parallel_available():
         return NEEDS_CONTEXT_PARALLELISM
+    if _uneven(row) and not _split_fields(row):
+        return NEEDS_UNEVEN_SPLIT
     return None
 
 
@@ -81,8 +109,9 @@ def measured_iteration_s(row: dict) -> float:
 
 def _training_lines(common: dict, row: dict) -> list[str]:
     recipe = common["recipe"]
-    fields = {f.name for f in dataclasses.fields(TrainingSpec)}
+    fields = _field_names(TrainingSpec)
     values = {key: recipe[key] for key in _TRAINING_KEYS if key in recipe and key in fields}
+    values.update(_split_fields(row).get("training", {}))
     values["sequence_parallel"] = row["tp"] > 1 and recipe["sequence_parallel"] == "tp > 1"
     lines = [f"  global_batch_size: {row['global_batch']}",
              f"  micro_batch_size: {row['micro_batch']}",
@@ -100,6 +129,8 @@ def _parallel_lines(row: dict) -> list[str]:
         lines += ["  schedule: interleaved", f"  virtual_stages: {row['vp']}"]
     else:
         lines.append("  schedule: 1f1b")
+    lines += [f"  {key}: {str(value).lower()}"
+              for key, value in sorted(_split_fields(row).get("parallel", {}).items())]
     return lines
 
 

@@ -65,6 +65,18 @@ def test_context_parallel_rows_simulate_once_the_spec_has_the_field(monkeypatch)
     assert nemo_summary.not_simulated(row) is None
 
 
+def test_405b_needs_the_uneven_split_once_context_parallelism_exists(monkeypatch):
+    """126 layers do not divide into PP 8 x VP 8 chunks: with CP available the row still waits
+    for a spec field of its recipe's split switches, then renders them."""
+    row = next(r for r in _data()["rows"] if r["model"] == "LLAMA3.1_405B")
+    monkeypatch.setattr(nemo_summary, "context_parallel_available", lambda: True)
+    assert nemo_summary.not_simulated(row) == nemo_summary.NEEDS_UNEVEN_SPLIT
+    split = {"parallel": {"account_for_embedding_in_pipeline_split": True}}
+    monkeypatch.setattr(nemo_summary, "_split_fields", lambda r: split)
+    assert nemo_summary.not_simulated(row) is None
+    assert "  account_for_embedding_in_pipeline_split: true\n" in scenario_text(_data(), row)
+
+
 def test_a_row_without_any_architecture_is_recorded_with_its_reason():
     row = dict(next(r for r in _data()["rows"] if r["model"] == "GPT3-5B"), architecture=None)
     assert nemo_summary.not_simulated(row) == nemo_summary.NO_ARCHITECTURE
