@@ -9,6 +9,7 @@ import json
 import pytest
 from rich.console import Console
 
+from holmes_sim.errors import ScenarioError
 from holmes_sim.spec.load import load_scenario_text
 from holmes_sim.validation import nemo_summary
 from holmes_sim.validation.published import (PUBLISHED_DIR, PublishedCheck, case_name, cases,
@@ -115,7 +116,7 @@ def test_step_time_comes_from_tokens_per_second_and_sets_the_error():
 
 def test_not_simulated_row_refuses_to_evaluate():
     case = next(c for c in _cases().values() if c.not_simulated)
-    with pytest.raises(Exception, match="not simulated"):
+    with pytest.raises(ScenarioError, match="not simulated"):
         evaluate(case)
 
 
