@@ -7,14 +7,15 @@ import json
 
 import pytest
 
-from holmes_sim.validation.published import PUBLISHED_DIR, cases, datasets, evaluate, render_scenario, row_name
+from holmes_sim.validation.published import PUBLISHED_DIR, case_name, cases, datasets, evaluate, scenario_text
 
 
 def test_committed_scenarios_are_the_rendering_of_their_rows():
     for stem, data in datasets().items():
         for row in data["rows"]:
-            path = PUBLISHED_DIR / "scenarios" / stem / f"{row_name(row)}.yaml"
-            assert path.read_text() == render_scenario(data, row), path
+            path = PUBLISHED_DIR / "scenarios" / stem / f"{case_name(data, row)}.yaml"
+            text = scenario_text(data, row)
+            assert (path.read_text() if path.exists() else None) == text, path
 
 
 def test_sc21_rows_carry_their_sources():

@@ -1,0 +1,148 @@
+"""The DGX H100 set from NVIDIA's NeMo / Megatron-Bridge performance summaries: its rows parse with
+their sources, each is either simulated or reported with its reason, the step time comes from the
+published tokens/s, and the table's mean and max come from the simulated rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from holmes_sim.errors import ScenarioError
+from holmes_sim.spec.load import load_scenario_text
+from holmes_sim.validation import nemo_summary
+from holmes_sim.validation.published import (PUBLISHED_DIR, PublishedCheck, case_name, cases,
+                                             check_table, evaluate, scenario_text)
+
+STEM = "nemo_dgx_h100"
+ROW_KEYS = {"source", "model", "preset", "gpus", "global_batch", "micro_batch", "seq_length", "tp",
+            "pp", "cp", "vp", "precision_published", "tokens_per_s_per_gpu",
+            "model_tflops_per_gpu_published"}
+
+
+def _data():
+    return json.loads((PUBLISHED_DIR / f"{STEM}.json").read_text())
+
+
+def _cases():
+    return {c.name: c for c in cases() if c.dataset == STEM}
+
+
+def test_rows_parse_with_their_source_and_launch_settings():
+    data = _data()
+    assert nemo_summary.is_nemo_dataset(data)
+    assert "070a0bb168d405d653b9734c0017cf5078e77c0d" in data["sources"]["nemo-24.07"]["measurements"]
+    bridge = data["sources"]["megatron-bridge-25.11"]["measurements"]
+    assert "00b7660be0254ac6f95f44164ddd0c3e9cc798ed" in bridge
+    for row in data["rows"]:
+        assert ROW_KEYS <= set(row), row
+        assert row["source"] in data["sources"] and data["sources"][row["source"]]["software"]
+        assert row["gpus"] % (row["tp"] * row["pp"] * row["cp"]) == 0, row
+    assert min(r["gpus"] for r in data["rows"]) == 8 and max(r["gpus"] for r in data["rows"]) == 1024
+    assert any(r["cp"] > 1 for r in data["rows"])
+
+
+def test_every_row_is_simulated_or_carries_its_reason():
+    data, by_name = _data(), _cases()
+    assert len(by_name) == len(data["rows"])
+    for row in data["rows"]:
+        case = by_name[nemo_summary.row_name(row)]
+        if row["cp"] > 1 and not nemo_summary.context_parallel_available():
+            assert case.not_simulated == nemo_summary.NEEDS_CONTEXT_PARALLELISM
+        else:
+            assert case.not_simulated is None and case.scenario.exists()
+        if row["preset"] is None:
+            assert row["architecture"]["num_layers"] > 0 and "NVIDIA/NeMo" in row["architecture_source"]
+    assert sum(c.not_simulated is None for c in by_name.values()) >= 10
+
+
+def test_context_parallel_rows_simulate_once_the_spec_has_the_field(monkeypatch):
+    """One switch: ParallelSpec growing `context` makes every CP row a simulated row, and its
+    committed scenario already carries the degree."""
+    row = next(r for r in _data()["rows"] if r["cp"] > 1)
+    assert f"  {nemo_summary.CONTEXT_FIELD}: {row['cp']}\n" in scenario_text(_data(), row)
+    monkeypatch.setattr(nemo_summary, "context_parallel_available", lambda: True)
+    assert nemo_summary.not_simulated(row) is None
+
+
+def test_405b_needs_the_uneven_split_once_context_parallelism_exists(monkeypatch):
+    """126 layers do not divide into PP 8 x VP 8 chunks: with CP available the row still waits
+    for a spec field of its recipe's split switches, then renders them."""
+    row = next(r for r in _data()["rows"] if r["model"] == "LLAMA3.1_405B")
+    monkeypatch.setattr(nemo_summary, "context_parallel_available", lambda: True)
+    assert nemo_summary.not_simulated(row) == nemo_summary.NEEDS_UNEVEN_SPLIT
+    split = {"parallel": {"account_for_embedding_in_pipeline_split": True}}
+    monkeypatch.setattr(nemo_summary, "_split_fields", lambda r: split)
+    assert nemo_summary.not_simulated(row) is None
+    assert "  account_for_embedding_in_pipeline_split: true\n" in scenario_text(_data(), row)
+
+
+def test_a_row_without_any_architecture_is_recorded_with_its_reason():
+    row = dict(next(r for r in _data()["rows"] if r["model"] == "GPT3-5B"), architecture=None)
+    assert nemo_summary.not_simulated(row) == nemo_summary.NO_ARCHITECTURE
+    assert scenario_text(_data(), row) is None
+
+
+def test_a_row_without_a_preset_renders_its_own_architecture():
+    data = _data()
+    row = next(r for r in data["rows"] if r["model"] == "Nemotron-22B")
+    model = load_scenario_text(scenario_text(data, row)).model
+    assert (model.num_layers, model.hidden_size, model.ffn_hidden_size) == (40, 6144, 24576)
+    assert model.squared_relu and not model.bias and not model.tie_embeddings
+    assert model.position_embedding == "rope" and model.seq_length == 4096
+
+
+def test_rendered_rows_load_with_the_recipe_settings_holmes_sim_has():
+    data = _data()
+    row = next(r for r in data["rows"] if r["model"] == "LLAMA2-70B")
+    scenario = load_scenario_text(scenario_text(data, row))
+    t, p = scenario.training, scenario.parallel
+    assert (t.precision, t.recompute, t.micro_batch_size, t.global_batch_size) == ("fp8", "none", 1, 128)
+    assert t.sequence_parallel and t.distributed_optimizer and t.flash_attention and t.tp_comm_overlap
+    assert not t.grad_reduce_in_fp32
+    assert (p.tensor, p.pipeline, p.schedule, p.virtual_stages) == (4, 4, "interleaved", 20)
+    assert scenario.model.num_query_groups == 8 and scenario.model.swiglu
+
+
+def test_step_time_comes_from_tokens_per_second_and_sets_the_error():
+    """LLAMA3_70B on 64 GPUs, Megatron-Bridge 25.11: 128 x 8192 / (1602 x 64) = 10.227 s."""
+    case = _cases()["llama3-70b-64gpu-megatron-bridge-25.11"]
+    assert case.measured_iteration_s == pytest.approx(128 * 8192 / (1602 * 64))
+    result = evaluate(case)
+    assert result.error == pytest.approx(result.predicted_iteration_s / case.measured_iteration_s - 1)
+    assert 500 < result.case.measured_tflops_per_gpu < 900
+
+
+def test_not_simulated_row_refuses_to_evaluate():
+    case = next(c for c in _cases().values() if c.not_simulated)
+    with pytest.raises(ScenarioError, match="not simulated"):
+        evaluate(case)
+
+
+def test_table_mean_and_max_are_computed_from_the_simulated_rows():
+    by_name = _cases()
+    results = tuple(evaluate(by_name[n]) for n in ("llama2-7b-8gpu-nemo-24.07",
+                                                   "llama2-13b-16gpu-nemo-24.07"))
+    skipped = tuple(c for c in by_name.values() if c.not_simulated)
+    check = PublishedCheck(results, None, skipped=skipped)
+    errors = [abs(r.error) for r in results]
+    mean, worst, n = check.by_dataset()[STEM]
+    assert (mean, worst, n) == (pytest.approx(sum(errors) / 2), max(errors), 2)
+    console = Console(width=250, record=True)
+    console.print(check_table(check, 250, wide=True))
+    text = " ".join(console.export_text().split())
+    assert f"{STEM}: mean {100 * mean:.1f}%, max {100 * worst:.1f}%" in text
+    assert nemo_summary.NEEDS_CONTEXT_PARALLELISM in text
+    assert f"{len(skipped)} recorded rows not simulated" in text
+    doc = check.to_json()
+    assert {d["case"] for d in doc["not_simulated"]} == {c.name for c in skipped}
+    assert doc["datasets"][STEM]["cases"] == 2
+
+
+def test_case_names_are_unique_and_match_the_files():
+    data = _data()
+    names = [case_name(data, r) for r in data["rows"]]
+    assert len(names) == len(set(names))
+    folder = PUBLISHED_DIR / "scenarios" / STEM
+    assert {p.stem for p in folder.glob("*.yaml")} == set(names)
