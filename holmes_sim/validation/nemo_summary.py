@@ -113,6 +113,14 @@ def _training_lines(common: dict, row: dict) -> list[str]:
     values = {key: recipe[key] for key in _TRAINING_KEYS if key in recipe and key in fields}
     values.update(_split_fields(row).get("training", {}))
     values["sequence_parallel"] = row["tp"] > 1 and recipe["sequence_parallel"] == "tp > 1"
+    # NeMo's MegatronCommOverlapCallback (nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py)
+    # turns the TP overlap off below TP 2 or without sequence parallelism, and the p2p overlap
+    # off without virtual stages: the recipe's switch applies where the callback keeps it.
+    if "tp_comm_overlap" in values:
+        values["tp_comm_overlap"] = bool(values["tp_comm_overlap"] and values["sequence_parallel"])
+    if "overlap_p2p_comm" in values:
+        values["overlap_p2p_comm"] = bool(values["overlap_p2p_comm"] and row["vp"] > 1
+                                          and row["pp"] > 1)
     lines = [f"  global_batch_size: {row['global_batch']}",
              f"  micro_batch_size: {row['micro_batch']}",
              f"  precision: {common['precision']}",
