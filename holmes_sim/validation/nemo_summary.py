@@ -68,9 +68,10 @@ def _uneven(row: dict) -> bool:
 
 
 def row_name(row: dict) -> str:
-    """`<model>-<gpus>gpu-<source>`, lower case (`llama3-70b-64gpu-nemo-24.07`)."""
+    """`<model>-<gpus>gpu-<source>`, lower case, Megatron-Bridge as `mbridge` so that the case
+    fits an 80-column table whole (`llama3-70b-64gpu-nemo-24.07`)."""
     model = row["model"].lower().replace("_", "-")
-    return f"{model}-{row['gpus']}gpu-{row['source']}"
+    return f"{model}-{row['gpus']}gpu-{row['source'].replace('megatron-bridge', 'mbridge')}"
 
 
 def not_simulated(row: dict) -> str | None:

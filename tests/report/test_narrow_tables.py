@@ -3,6 +3,8 @@ characters, no ellipsis; `--wide` keeps every column."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import io
 
 from rich.console import Console
@@ -80,7 +82,9 @@ def test_validation_table_keeps_every_policy_whole():
 
 
 def test_published_tables_keep_every_case_whole():
-    cases = published.cases()
+    # A NeMo row's measured TFLOP/s comes from its step time once simulated: stand one in.
+    cases = tuple(replace(c, measured_tflops_per_gpu=c.measured_tflops_per_gpu or 500.0)
+                  for c in published.cases())
     results = tuple(published.CaseResult(c, c.measured_tflops_per_gpu * 1.02, 1.0) for c in cases)
     paper = PaperComparison(28.6, {"holmes": 1.38, "megatron-llama": 1.1, "megatron": 1.0},
                             {"holmes": 1.38, "megatron-llama": 1.12, "megatron": 1.0},

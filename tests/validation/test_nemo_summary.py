@@ -4,6 +4,8 @@ published tokens/s, and the table's mean and max come from the simulated rows.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 
 import pytest
@@ -66,16 +68,16 @@ def test_context_parallel_rows_simulate_once_the_spec_has_the_field(monkeypatch)
     assert nemo_summary.not_simulated(row) is None
 
 
-def test_405b_needs_the_uneven_split_once_context_parallelism_exists(monkeypatch):
-    """126 layers do not divide into PP 8 x VP 8 chunks: with CP available the row still waits
-    for a spec field of its recipe's split switches, then renders them."""
+def test_405b_simulates_through_its_recipes_uneven_split(monkeypatch):
+    """126 layers do not divide into PP 8 x VP 8 chunks: the row simulates through its recipe's
+    split switches, rendered into the scenario, and waits without them."""
     row = next(r for r in _data()["rows"] if r["model"] == "LLAMA3.1_405B")
-    monkeypatch.setattr(nemo_summary, "context_parallel_available", lambda: True)
-    assert nemo_summary.not_simulated(row) == nemo_summary.NEEDS_UNEVEN_SPLIT
-    split = {"parallel": {"account_for_embedding_in_pipeline_split": True}}
-    monkeypatch.setattr(nemo_summary, "_split_fields", lambda r: split)
     assert nemo_summary.not_simulated(row) is None
     assert "  account_for_embedding_in_pipeline_split: true\n" in scenario_text(_data(), row)
+    monkeypatch.setattr(nemo_summary, "_split_fields", lambda r: {})
+    assert nemo_summary.not_simulated(row) == nemo_summary.NEEDS_UNEVEN_SPLIT
+    monkeypatch.setattr(nemo_summary, "context_parallel_available", lambda: False)
+    assert nemo_summary.not_simulated(row) == nemo_summary.NEEDS_CONTEXT_PARALLELISM
 
 
 def test_a_row_without_any_architecture_is_recorded_with_its_reason():
@@ -107,15 +109,20 @@ def test_rendered_rows_load_with_the_recipe_settings_holmes_sim_has():
 
 def test_step_time_comes_from_tokens_per_second_and_sets_the_error():
     """LLAMA3_70B on 64 GPUs, Megatron-Bridge 25.11: 128 x 8192 / (1602 x 64) = 10.227 s."""
-    case = _cases()["llama3-70b-64gpu-megatron-bridge-25.11"]
+    case = _cases()["llama3-70b-64gpu-mbridge-25.11"]
     assert case.measured_iteration_s == pytest.approx(128 * 8192 / (1602 * 64))
     result = evaluate(case)
     assert result.error == pytest.approx(result.predicted_iteration_s / case.measured_iteration_s - 1)
     assert 500 < result.case.measured_tflops_per_gpu < 900
 
 
+def _waiting(case):
+    """The case as recorded while context parallelism was missing."""
+    return replace(case, not_simulated=nemo_summary.NEEDS_CONTEXT_PARALLELISM)
+
+
 def test_not_simulated_row_refuses_to_evaluate():
-    case = next(c for c in _cases().values() if c.not_simulated)
+    case = _waiting(_cases()["llama3.1-405b-1024gpu-mbridge-25.11"])
     with pytest.raises(ScenarioError, match="not simulated"):
         evaluate(case)
 
@@ -124,7 +131,7 @@ def test_table_mean_and_max_are_computed_from_the_simulated_rows():
     by_name = _cases()
     results = tuple(evaluate(by_name[n]) for n in ("llama2-7b-8gpu-nemo-24.07",
                                                    "llama2-13b-16gpu-nemo-24.07"))
-    skipped = tuple(c for c in by_name.values() if c.not_simulated)
+    skipped = (_waiting(by_name["llama3.1-405b-1024gpu-mbridge-25.11"]),)
     check = PublishedCheck(results, None, skipped=skipped)
     errors = [abs(r.error) for r in results]
     mean, worst, n = check.by_dataset()[STEM]
