@@ -16,7 +16,8 @@ by the time to stream the operands and the output through HBM (roofline, William
 The catalog's GEMM efficiency is a whole-kernel measurement at one shape (the best shape of S.
 Bekman's MAMF finder, its fill, epilogue and waves included). The main loop's rate is derived
 from it (`mainloop_efficiency`) so that this model, at that shape, takes exactly the measured
-time: nothing is counted twice.
+time: nothing is counted twice. FP8 on persistent-kernel GPUs instead takes the measured rate as
+the maximum over the FP8 search grid (`best_grid_quantization`).
 """
 
 from __future__ import annotations
