@@ -134,6 +134,36 @@ def _other_bytes(w: Workload, tp: int) -> tuple[float, float]:
     if w.position_embedding == "rope":
         rope = 2 * b * s * (h + w.kv_width) / tp * d
         fwd, bwd = fwd + rope, bwd + rope
+    if w.fp8_gemms:
+        cast_fwd, cast_bwd = fp8_quantization_bytes(w, tp)
+        fwd, bwd = fwd + cast_fwd, bwd + cast_bwd
+    return fwd, bwd
+
+
+def fp8_quantization_bytes(w: Workload, tp: int) -> tuple[float, float]:
+    """HBM bytes of Transformer Engine's FP8 quantization kernels in one layer, forward and
+    backward (delayed scaling; Hopper's FP8 GEMMs take both operands K-major, so every GEMM
+    operand is also needed transposed). A cast reads d and writes 1 byte per element, a fused
+    cast-transpose writes 1 + 1, an FP8 transpose reads 1 and writes 1 (TE 1.x,
+    transformer_engine/pytorch/module/: `_LayerNormLinear` for QKV and fc1 (Megatron-Core
+    `TELayerNormColumnParallelLinear`), `_Linear` for the projection and fc2
+    (`TERowParallelLinear`), `grad_output_preprocess` in base.py).
+    Forward: the norms before QKV and fc1 write their outputs in FP8 (d - 1 bytes fewer per
+    element); the projection's and fc2's bf16 inputs are cast-transposed (SP: cast only).
+    Backward: the two FP8 norm outputs (all of b s h) are transposed for the weight gradients
+    (SP: so are the projection's and fc2's inputs); the output gradients of QKV and fc1 are
+    cast-transposed, those of the projection and fc2 likewise (SP: cast on the rank's 1/t, then
+    transposed after the FP8 all-gather). Per-step weight casts (once per step per parameter,
+    `is_first_microbatch`) and the amax/scale updates are not counted."""
+    b, s, h, f, d = w.micro_batch, w.tokens, w.hidden, w.ffn, w.dtype_bytes
+    m, sp = b * s, w.sequence_parallel and tp > 1
+    e = m * h
+    row_inputs = m * h / tp + m * f / tp
+    norms = 2 * e / (tp if sp else 1) * (d - 1)
+    fwd = row_inputs * ((d + 1) if sp else (d + 2)) - norms
+    column_grads = m * ((h + 2 * w.kv_width) + w.fc1_width) / tp * (d + 2)
+    row_grads = 2 * (e / tp * (d + 1) + 2 * e if sp else e * (d + 2))
+    bwd = 2 * 2 * e + (2 * row_inputs if sp else 0.0) + column_grads + row_grads
     return fwd, bwd
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from holmes_sim.cost import transformer as T
-from holmes_sim.cost.gemm import Gemm, gemm_time_s, mainloop_efficiency, tile_overhead_s
+from holmes_sim.cost.gemm import (FP8_SEARCH_GRID, Gemm, best_grid_quantization, gemm_time_s,
+                                  mainloop_efficiency, quantization_efficiency, tile_overhead_s)
 from holmes_sim.errors import FieldError
 from holmes_sim.hardware.catalog import GPUS, LINKS, NICS, gemm_rate
 from holmes_sim.model.workload import Workload
@@ -17,14 +18,42 @@ _RATES = [(name, fp8) for name, gpu in GPUS.items() for fp8 in (False, True)
           if not fp8 or gpu.fp8_peak_flop_per_s is not None]
 
 
-@pytest.mark.parametrize("name,fp8", _RATES)
-def test_the_model_at_the_benchmark_shape_reproduces_the_measured_efficiency(name, fp8):
+@pytest.mark.parametrize("name", list(GPUS))
+def test_the_model_at_the_benchmark_shape_reproduces_the_measured_efficiency(name):
     gpu = GPUS[name]
-    rate = gemm_rate(gpu, fp8)
+    rate = gemm_rate(gpu)
     shape = Gemm(*rate.benchmark_shape)
-    achieved = shape.flop / gemm_time_s(gpu, shape, fp8=fp8) / rate.peak_flop_per_s
+    achieved = shape.flop / gemm_time_s(gpu, shape) / rate.peak_flop_per_s
     assert achieved == pytest.approx(rate.measured_efficiency, rel=0.01)
-    assert rate.measured_efficiency <= mainloop_efficiency(gpu, fp8) < 1.0
+    assert rate.measured_efficiency <= mainloop_efficiency(gpu) < 1.0
+
+
+@pytest.mark.parametrize("name", [n for n, fp8 in _RATES if fp8])
+def test_no_shape_of_the_fp8_search_grid_beats_the_measured_maximum(name):
+    """FP8 MAMF is the maximum over the grid m, n, k in 1024..20480 step 1024: the fastest grid
+    shape of the model runs at the measured efficiency, the best shape itself no faster."""
+    gpu = GPUS[name]
+    rate = gemm_rate(gpu, True)
+    fastest = max(quantization_efficiency(Gemm(m, n, 8192), gpu.sm_count)
+                  for m in FP8_SEARCH_GRID for n in FP8_SEARCH_GRID)
+    assert best_grid_quantization(gpu.sm_count) == fastest
+    assert mainloop_efficiency(gpu, True) == pytest.approx(rate.measured_efficiency / fastest)
+    best = Gemm(*rate.benchmark_shape)
+    achieved = best.flop / gemm_time_s(gpu, best, fp8=True) / rate.peak_flop_per_s
+    assert achieved <= rate.measured_efficiency * (1 + 1e-9)
+
+
+def test_h100_fp8_main_loop_is_the_measured_rate():
+    """Hand calculation: MAMF 1402.6 / 1979 = 0.709, x 0.849 sustained = 0.602; 3072 x 11264 is
+    24 x 88 = 2112 tiles of 128 x 128, exactly 16 waves on 132 SMs; the best shape 1024 x 9216
+    quantizes to 8 x 72 = 576 tiles in 5 waves (0.873), so it runs at 0.873 x 0.602."""
+    h100 = GPUS["h100-sxm"]
+    assert quantization_efficiency(Gemm(3072, 11264, 14336), 132) == 1.0
+    assert best_grid_quantization(132) == 1.0
+    assert mainloop_efficiency(h100, True) == pytest.approx(0.602, abs=1e-12)
+    assert quantization_efficiency(Gemm(1024, 9216, 14336), 132) == pytest.approx(576 / 660)
+    t = gemm_time_s(h100, Gemm(1024, 9216, 14336), fp8=True)
+    assert t == pytest.approx(2 * 1024 * 9216 * 14336 / (1979e12 * 0.602 * 576 / 660), rel=1e-9)
 
 
 def test_a100_mamf_shape_pays_fill_and_epilogue_inside_the_measured_rate():
@@ -110,3 +139,49 @@ def test_unknown_precision_names_the_field(write_scenario):
     with pytest.raises(ScenarioError) as info:
         prepare(write_scenario(text))
     assert "training.precision" in str(info.value) and "fp8" in str(info.value)
+
+
+def _small(fp8: bool, sp: bool) -> Workload:
+    return Workload(num_layers=2, hidden=1024, heads=8, seq=512, vocab=32000, ffn=4096,
+                    tie_embeddings=False, micro_batch=2, global_batch=16, dtype_bytes=2,
+                    grad_bytes=2, recompute="none", sequence_parallel=sp, bucket_bytes=40e6,
+                    flash_attention=True, fp8_gemms=fp8)
+
+
+def test_fp8_quantization_bytes_by_hand_without_sequence_parallelism():
+    """M = 2 x 512 = 1024 tokens, h = 1024, f = 4096, t = 2, multi-head (QKV 3h).
+    Forward: cast-transposes of the projection input (M h/t) and fc2 input (M f/t) at 4 bytes,
+    minus 1 byte for each of the two FP8 norm outputs (M h): 4 (524288 + 2097152) - 2097152.
+    Backward: two FP8 transposes of M h (2 bytes), cast-transposes of QKV's (3 M h / t) and
+    fc1's (M f / t) output gradients and of the two row-parallel M h gradients (4 bytes)."""
+    w = _small(True, False)
+    fwd, bwd = T.fp8_quantization_bytes(w, 2)
+    m, h, f = 1024, 1024, 4096
+    assert fwd == 4 * (m * h / 2 + m * f / 2) - 2 * m * h == 8_388_608
+    assert bwd == 2 * 2 * m * h + 4 * (3 * m * h / 2 + m * f / 2) + 2 * 4 * m * h == 27_262_976
+
+
+def test_fp8_quantization_bytes_by_hand_with_sequence_parallelism():
+    """SP, t = 2: the row-parallel inputs are cast (3 bytes) and transposed in the backward
+    (2 bytes); the norms save 1 byte on the rank's M h / t; the row-parallel output gradients
+    are cast on M h / t (3 bytes) and transposed after the all-gather (2 bytes on M h)."""
+    fwd, bwd = T.fp8_quantization_bytes(_small(True, True), 2)
+    m, h, f = 1024, 1024, 4096
+    rows = m * h / 2 + m * f / 2
+    assert fwd == 3 * rows - 2 * m * h / 2
+    assert bwd == 2 * 2 * m * h + 2 * rows + 4 * (3 * m * h / 2 + m * f / 2) + \
+        2 * (3 * m * h / 2 + 2 * m * h)
+
+
+def test_fp8_quantization_bytes_are_priced_at_hbm_bandwidth_in_the_layer():
+    h100 = GPUS["h100-sxm"]
+    w_fp8, tp = _small(True, False), 2
+    fwd, bwd = T.fp8_quantization_bytes(w_fp8, tp)
+    k = T.layer_kernels(w_fp8, tp)
+    plain = T.layer_kernels(_small(False, False), tp)
+    assert k.other_bytes_fwd - plain.other_bytes_fwd == pytest.approx(fwd)
+    assert k.other_bytes_bwd - plain.other_bytes_bwd == pytest.approx(bwd)
+    extra = T.layer_pass_s(h100, w_fp8, tp, True) - \
+        T._gemms_s(h100, k.dense, 2, True, True) - T._memory_s(h100, plain.other_bytes_bwd) - \
+        T.attention_core_s(h100, k, 2, True)
+    assert extra == pytest.approx(bwd / (3350e9 * 0.9), rel=1e-9)
