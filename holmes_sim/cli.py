@@ -7,13 +7,11 @@ scenario file, so a result is reproducible from the YAML plus the seed.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import io
 import os
 import sys
-import textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -45,31 +43,18 @@ def _fail(exc: HolmesError) -> typer.Exit:
     return typer.Exit(2)
 
 
-@contextlib.contextmanager
-def _memory_guard(workers: bool = True):
-    """The command's memory bound and its workers' (spec/limits.py): past it, or when a worker
-    dies, one message and exit 2."""
-    from concurrent.futures.process import BrokenProcessPool
-    from holmes_sim.spec.limits import MemoryBoundError, MemoryGuard
-
-    try:
-        with (guard := MemoryGuard(workers)):
-            yield
-    except HolmesError as exc:  # a bound that is not a number of GiB
-        raise _fail(exc) from None
-    except (MemoryBoundError, BrokenProcessPool) as exc:
-        why = guard.reason or (str(exc) if isinstance(exc, MemoryBoundError) else
-                               "a worker process died (killed by the system, perhaps out of "
-                               "memory); run again with fewer --jobs")
-        raise _fail(HolmesError(f"stopped: {why}")) from None
-
-
 def _memory_guarded(command):
-    """Run `command` under `_memory_guard` (its workers bounded too unless it runs on Ray)."""
+    """Run `command` within the command's memory bound and its workers' (`spec.limits`;
+    workers unbounded on Ray): past it, or when a worker dies, one message and exit 2."""
     @functools.wraps(command)
     def guarded(*args, **kwargs):
-        with _memory_guard(workers=kwargs.get("ray") is None):
-            return command(*args, **kwargs)
+        from holmes_sim.spec.limits import memory_bounded
+
+        try:
+            with memory_bounded(workers=kwargs.get("ray") is None):
+                return command(*args, **kwargs)
+        except HolmesError as exc:
+            raise _fail(exc) from None
     return guarded
 
 
@@ -322,7 +307,9 @@ def validate(
                                            "--policy": policy, "--iterations": iterations is not None,
                                            "--compute": compute, "--report": report,
                                            "a testbed": testbed})
-            with _memory_guard():
+            from holmes_sim.spec.limits import memory_bounded
+
+            with memory_bounded():
                 _validate_published(json_path, wide)
         except HolmesError as exc:
             raise _fail(exc) from None
@@ -483,7 +470,7 @@ def plan(
     from holmes_sim.prepare import prepare
     from holmes_sim.report.files import prepare_output, write_json
     from holmes_sim.report.progress import WorkProgress
-    from holmes_sim.report.tables import print_table
+    from holmes_sim.report.tables import print_folded, print_table
     from holmes_sim.search.report import infeasible_summary, plan_table, why_the_winner_wins
     from holmes_sim.report.stragglers import variability_note
     from holmes_sim.runner import stamp
@@ -507,12 +494,8 @@ def plan(
         raise _fail(exc) from None
     console = err if _is_stdout(json_path) else out
     print_table(console, plan_table(result, rows, console.width, wide), wide)
-    notes = [why_the_winner_wins(result), *infeasible_summary(result), variability_note(prepared)]
-    for line in filter(None, notes):
-        indent = " " * (len(line) - len(line.lstrip()) + 2)  # folded at spaces to the width
-        console.print(textwrap.fill(line, console.width, subsequent_indent=indent,
-                                    break_long_words=False, break_on_hyphens=False),
-                      highlight=False, markup=False, soft_wrap=True)
+    print_folded(console, [why_the_winner_wins(result), *infeasible_summary(result),
+                           variability_note(prepared)])
 
 
 def _capped_jobs(jobs: int | None) -> int | None:

@@ -17,6 +17,9 @@ import pytest
 
 from tests.conftest import REPO
 
+BUNDLED = len(list((REPO / "holmes_sim" / "data" / "scenarios").glob("*.yaml")))
+"""The bundled scenarios a wheel must carry and list."""
+
 pytestmark = pytest.mark.skipif(os.environ.get("HOLMES_SKIP_WHEEL_TEST") == "1",
                                 reason="HOLMES_SKIP_WHEEL_TEST=1")
 
@@ -57,14 +60,14 @@ def test_wheel_carries_scenarios_and_testbeds_and_keeps_torch_optional(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert sum(n.startswith("holmes_sim/data/scenarios/") and n.endswith(".yaml") for n in names) == 8
+    assert sum(n.startswith("holmes_sim/data/scenarios/") and n.endswith(".yaml") for n in names) == BUNDLED
     assert "holmes_sim/data/testbeds/default.yaml" in names
     torch = [line for line in meta.splitlines() if line.startswith("Requires-Dist: torch")]
     assert torch and all("extra ==" in line for line in torch), torch
 
 
 def test_installed_wheel_lists_runs_and_finds_its_testbed(venv, tmp_path):
-    code = """
+    code = f"""
 import sys
 from typer.testing import CliRunner
 import holmes_sim
@@ -73,12 +76,12 @@ from holmes_sim.cli import app
 assert holmes_sim.__file__.startswith(sys.prefix), (holmes_sim.__file__, sys.prefix)
 assert default_testbed().exists(), default_testbed()
 r = CliRunner().invoke(app, ["scenarios"])
-assert r.exit_code == 0 and len(r.output.strip().splitlines()) == 8, r.output
+assert r.exit_code == 0 and len(r.output.strip().splitlines()) == {BUNDLED}, r.output
 r = CliRunner().invoke(app, ["run", "mixed_ib_roce", "-q", "-p", "holmes", "-p", "megatron"])
 assert r.exit_code == 0, r.output
 print(len(scenario_names()), "torch" in sys.modules)
 """
-    assert _run(venv, code, tmp_path).split() == ["8", "False"]
+    assert _run(venv, code, tmp_path).split() == [str(BUNDLED), "False"]
 
 
 def test_installed_wheel_walks_in_c_where_it_was_built(wheel, venv, tmp_path):

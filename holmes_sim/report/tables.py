@@ -7,6 +7,7 @@ markup, so a policy or scenario name prints literally.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 
 from rich.console import Console
@@ -79,6 +80,16 @@ def print_table(console: Console, table: Table, wide: bool = False) -> None:
         console = Console(file=console.file, width=need, no_color=console.no_color,
                           force_terminal=console.is_terminal)
     console.print(table, crop=False)
+
+
+def print_folded(console: Console, lines: Sequence[str | None]) -> None:
+    """Print each non-empty line folded at spaces to the console's width, continuation lines
+    indented two spaces past the line's own indent."""
+    for line in filter(None, lines):
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        console.print(textwrap.fill(line, console.width, subsequent_indent=indent,
+                                    break_long_words=False, break_on_hyphens=False),
+                      highlight=False, markup=False, soft_wrap=True)
 
 
 def footnotes(outcomes: list[Outcome]) -> list[str]:

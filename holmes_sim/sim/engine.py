@@ -30,14 +30,9 @@ Timing assumptions (each entity):
 
 from __future__ import annotations
 
-import gc
-import heapq
-import math
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 
-import numpy as np
 import simpy
 
 from holmes_sim.hardware.cluster import Cluster
@@ -48,6 +43,7 @@ from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import Group, GroupKind, Plan
 from holmes_sim.schedule import Op, ScheduleKind
 from holmes_sim.sim import symmetry
+from holmes_sim.sim.environment import CountingEnvironment, Jitter, quiet_collector
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
 from holmes_sim.sim.trace import Entity, OpKind, Trace
@@ -81,80 +77,8 @@ def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeM
              options: EngineOptions = EngineOptions()) -> Trace:
     """Simulate one iteration of `plan`; returns its trace (iteration time in `trace.iteration_s`)."""
     sim = _Simulation(plan, cluster, workload, compute, options)
-    with _quiet_collector():
+    with quiet_collector():
         return sim.run()
-
-
-@contextmanager
-def _quiet_collector(threshold: int = 200_000):
-    """Run with the set-up's objects frozen out of garbage collection and a young-generation
-    threshold of `threshold` allocations: the run makes millions of short-lived objects and
-    few cycles, and collections otherwise took a fifth of its CPU time. Restored afterwards."""
-    old = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(threshold, old[1], old[2])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-        gc.unfreeze()
-
-
-class _Stop(Exception):
-    """Raised by the callback that ends `_CountingEnvironment.run_until`."""
-
-
-def _stop(_event: simpy.Event) -> None:
-    raise _Stop
-
-
-class _CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts processed events (reported by benchmarks)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events_processed = 0
-
-    def run_until(self, until: simpy.Event) -> None:
-        """`run(until)` as one loop: SimPy's `step` inlined (the same events in the same order,
-        failures raised the same way), without a Python call per event."""
-        until.callbacks.append(_stop)
-        queue, pop, n = self._queue, heapq.heappop, 0
-        try:
-            while queue:
-                self._now, _, _, event = pop(queue)
-                n += 1
-                callbacks, event.callbacks = event.callbacks, None
-                for callback in callbacks:
-                    callback(event)
-                if not event._ok and not hasattr(event, "_defused"):
-                    exc = type(event._value)(*event._value.args)
-                    exc.__cause__ = event._value
-                    raise exc
-        except _Stop:
-            return
-        finally:
-            self.events_processed += n
-        raise RuntimeError(f'No scheduled events left but "until" event was not triggered: {until}')
-
-
-class _Jitter:
-    """Per-entity random streams of compute-time factors (log-normal, mean 1).
-
-    Streams are derived from the seed and the entity's (stage, replica) with numpy's SeedSequence,
-    so the same seed gives the same factors whatever order entities draw in."""
-
-    def __init__(self, cv: float, seed: int, pp: int, dp: int):
-        self.sigma = math.sqrt(math.log1p(cv * cv)) if cv > 0 else 0.0
-        self.mu = -self.sigma**2 / 2
-        self.rng = {} if cv <= 0 else {
-            f"s{s}.d{d}": np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(s, d)))
-            for s in range(pp) for d in range(dp)}
-
-    def factor(self, entity: str) -> float:
-        if not self.rng:
-            return 1.0
-        return float(self.rng[entity].lognormal(self.mu, self.sigma))
 
 
 @dataclass(slots=True)
@@ -168,7 +92,7 @@ class _Simulation:
     def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
                  options: EngineOptions):
         self.plan, self.cluster, self.workload = plan, cluster, workload
-        self.env = _CountingEnvironment()
+        self.env = CountingEnvironment()
         # A copy of the capacities kept with the cluster (the estimate made them already).
         self.caps = dict(cluster.derived(("link capacities",), lambda: link_capacities(cluster)))
         self.cpu = options.shared_cpu_cores
@@ -176,7 +100,7 @@ class _Simulation:
             self.caps[("cpu",)] = self.cpu
             self.caps.update({("core", s, d): 1.0 for s in range(plan.pp) for d in range(plan.dp)})
         self.net = FlowNetwork(self.env, self.caps)
-        self.jitter = _Jitter(options.compute_cv, options.seed, plan.pp, plan.dp)
+        self.jitter = Jitter(options.compute_cv, options.seed, plan.pp, plan.dp)
         self.trace = Trace()
         self.coll = Collectives(self.env, self.net, self.trace, options.step_by_step)
         self.costs = OpCosts(cluster, workload, compute, plan.tp)

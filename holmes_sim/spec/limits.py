@@ -17,9 +17,11 @@ import os
 import signal
 import stat
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from holmes_sim.errors import ScenarioError
+from holmes_sim.errors import HolmesError, ScenarioError
 
 MAX_FILE_BYTES = 1 << 20
 """Largest scenario, testbed or profile file read (1 MiB; the bundled ones are a few KiB)."""
@@ -260,3 +262,20 @@ def worker_cap(cores: int) -> tuple[int, str]:
                                            f"{_gib(worker)} per worker"))
     n, why = min(caps, key=lambda c: c[0])
     return max(1, n), why
+
+
+@contextmanager
+def memory_bounded(workers: bool = True) -> Iterator[None]:
+    """Run the body under a `MemoryGuard` (its worker processes bounded too unless `workers` is
+    False); past a bound, or when a worker dies, raise one HolmesError that says why and how to
+    narrow the work."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        with (guard := MemoryGuard(workers)):
+            yield
+    except (MemoryBoundError, BrokenProcessPool) as exc:
+        why = guard.reason or (str(exc) if isinstance(exc, MemoryBoundError) else
+                               "a worker process died (killed by the system, perhaps out of "
+                               "memory); run again with fewer --jobs")
+        raise HolmesError(f"stopped: {why}") from None
