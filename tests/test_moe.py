@@ -246,3 +246,18 @@ def test_the_real_run_backend_refuses_moe(tmp_path):
     path.write_text(text)
     with pytest.raises(FieldError, match="model.num_experts: the backend's GPT cannot run"):
         check_backend(prepare(path))
+
+
+def test_planner_runs_moe_with_tp_only_under_sequence_parallelism(write_scenario):
+    """The plan search builds MoE layouts with TP > 1 only with SP (Megatron-Core refuses the
+    others), and confirms its best plan by simulation."""
+    from holmes_sim.search import planner
+
+    text = _scenario(tp=2, sp=True) + ("search: {tensor: [1, 2, 4], pipeline: [1, 2], "
+                                       "micro_batch_size: [1], schedule: [1f1b], top_k: 1}\n")
+    prepared = prepare(write_scenario(text))
+    grid = list(planner.layouts(prepared, prepared.scenario.search))
+    assert any(lay.tp > 1 for lay in grid)
+    assert all(lay.sequence_parallel for lay in grid if lay.tp > 1)
+    result = planner.search(prepared)
+    assert result.candidates and result.candidates[0].simulated
