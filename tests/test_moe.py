@@ -261,3 +261,46 @@ def test_planner_runs_moe_with_tp_only_under_sequence_parallelism(write_scenario
     assert all(lay.sequence_parallel for lay in grid if lay.tp > 1)
     result = planner.search(prepared)
     assert result.candidates and result.candidates[0].simulated
+
+
+def test_memory_holds_every_experts_weights_and_optimizer_state(write_scenario):
+    """TP 2 PP 2 DP 4 of a 4-layer Mixtral, 1F1B: stage 0 holds two layers with all 8 experts
+    (split over TP) and the embedding at 4 + 12/4 bytes a parameter (distributed optimizer over
+    DP 4), plus 2 in-flight micro-batches of 2 layers' activations, each s b h (12 + 4E/h + 47)
+    / t bytes with SP and fused attention: 8 + 2k replicated, router logits 4E/h, 4 + 4k/h for
+    Q, K, V and the projection, 2 k (2 f_e + f_e)/h = 42 for the experts' activations."""
+    prepared = prepare(write_scenario(_scenario(tp=2, pp=2, sp=True)))
+    out = run_policy(prepared, "megatron")
+    w = prepared.workload
+    attention = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 2 * 4096  # QKV, projection, 2 RMSNorms
+    layer = attention + 8 * 4096 + 8 * 3 * 4096 * 14336  # router, 8 SwiGLU experts
+    assert w.layer_params == layer
+    state = (2 * layer + w.vocab * 4096) / 2 * (4 + 12 / 4)
+    per_layer = 4096 * 4096 * (8 + 4 + 8 * 4 / 4096 + 4 + 1 + 42) / 2
+    assert w.activation_bytes_per_layer(2) == pytest.approx(per_layer, rel=1e-12)
+    assert out.result.memory.per_stage_bytes[0] == pytest.approx(state + 2 * 2 * per_layer,
+                                                                 rel=1e-9)
+
+
+def test_userbuffer_overlap_leaves_the_dispatched_rows_exposed(write_scenario):
+    """With --tp-comm-overlap the MoE layers' extra all-gather and reduce-scatter of the
+    dispatched rows stay exposed: Mixtral's TP time exceeds the all-dense layers' by exactly
+    (1.5 - 1) x 2 x (all-gather + reduce-scatter) per layer pass."""
+    from holmes_sim.cost.collectives import ring_collective_time_s
+    from holmes_sim.cost.ops import OpCosts
+
+    text = _scenario(tp=4, sp=True).replace("sequence_parallel: true",
+                                            "sequence_parallel: true, tp_comm_overlap: true")
+    moe = prepare(write_scenario(text))
+    dense = prepare(write_scenario(text.replace("num_layers: 4,",
+                                                "num_layers: 4, moe_layer_freq: [0, 0, 0, 0],")))
+    node = moe.cluster.nodes[0]
+    link = node.intra_link
+    half = sum(ring_collective_time_s(k, 4, moe.workload.tp_allreduce_bytes(),
+                                      link.bandwidth_bytes_per_s * link.efficiency,
+                                      link.step_latency_s)
+               for k in ("all-gather", "reduce-scatter"))
+    for backward in (False, True):
+        got = [OpCosts(p.cluster, p.workload, p.compute, 4).tp_comm_s(node, 2, backward)
+               for p in (moe, dense)]
+        assert got[0] - got[1] == pytest.approx(2 * 0.5 * 2 * half, rel=1e-9)  # 2 layers

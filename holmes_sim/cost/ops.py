@@ -71,6 +71,9 @@ class OpCosts:
             per_layer = self.userbuffer_exposed_s(node, backward, half)
             if backward and w.full_recompute:
                 per_layer += self.userbuffer_exposed_s(node, False, half)
+            # MoE dispatchers' extra gathered rows: not userbuffer-overlapped (`cost.moe`)
+            passes = w.tp_allreduces_per_layer(backward) // 2
+            per_layer += passes * (tp_comm_factor(w) - 1.0) * 2 * sum(half)
             return layers * per_layer
         per_layer = w.tp_allreduces_per_layer(backward) * one * tp_comm_factor(w)
         if backward and w.async_tp_allreduce:
