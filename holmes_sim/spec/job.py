@@ -71,7 +71,8 @@ class ModelSpec:
     `--moe-expert-capacity-factor`); tokens beyond it are dropped. None: dropless."""
     moe_expert_imbalance: float = 1.0
     """Tokens of the busiest expert over the mean tokens per expert (1: perfectly balanced);
-    at most num_experts / moe_router_topk (every token picks it)."""
+    at most num_experts / moe_router_topk (every token picks it). With every expert on each GPU
+    (no expert parallelism) it changes the time only through a capacity factor's drops."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
