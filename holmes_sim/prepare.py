@@ -242,6 +242,10 @@ def _check_overlaps(s: Scenario, tp: int, pp: int) -> None:
     if t.tp_comm_overlap and (tp == 1 or not t.sequence_parallel):
         raise FieldError("training.tp_comm_overlap", "Transformer Engine's TP overlap needs "
                          "parallel.tensor > 1 and training.sequence_parallel: true")
+    if s.model.num_experts is not None and tp > 1 and not t.sequence_parallel:
+        raise FieldError("training.sequence_parallel", "an MoE model with parallel.tensor > 1 "
+                         "needs sequence_parallel: true (Megatron-Core's MoELayer refuses to "
+                         "train without it)")
     if t.tp_comm_overlap and t.async_tensor_model_parallel_allreduce:
         raise FieldError("training.async_tensor_model_parallel_allreduce",
                          "set it or training.tp_comm_overlap (which overlaps every TP "

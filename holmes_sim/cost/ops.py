@@ -11,6 +11,7 @@ from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.context_parallel import CpPass, cp_passes, op_exposed_s
+from holmes_sim.cost.moe import tp_comm_factor
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.model.workload import Workload
 
@@ -70,8 +71,11 @@ class OpCosts:
             per_layer = self.userbuffer_exposed_s(node, backward, half)
             if backward and w.full_recompute:
                 per_layer += self.userbuffer_exposed_s(node, False, half)
+            # MoE dispatchers' extra gathered rows: not userbuffer-overlapped (`cost.moe`)
+            passes = w.tp_allreduces_per_layer(backward) // 2
+            per_layer += passes * (tp_comm_factor(w) - 1.0) * 2 * sum(half)
             return layers * per_layer
-        per_layer = w.tp_allreduces_per_layer(backward) * one
+        per_layer = w.tp_allreduces_per_layer(backward) * one * tp_comm_factor(w)
         if backward and w.async_tp_allreduce:
             # The backward's two input-gradient all-reduces each hide behind their linear's
             # weight-gradient GEMM; the recomputed forward's stay exposed.

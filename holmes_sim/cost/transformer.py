@@ -61,11 +61,12 @@ about 40L bytes forward and 16L backward (cast, max, exp, sum, normalise; Megatr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from holmes_sim.hardware.catalog import GpuModel
 from holmes_sim.cost.gemm import Gemm, gemm_time_s
+from holmes_sim.cost.moe import moe_layer_extra_s
 from holmes_sim.model.workload import Workload
 
 
@@ -191,7 +192,11 @@ def attention_core_s(gpu: GpuModel, k: LayerKernels, d: int, backward: bool) -> 
 
 
 def layer_pass_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
-    """One forward or one backward of a layer (no recomputation), seconds."""
+    """One forward or one backward of a layer (no recomputation), seconds; with MoE layers the
+    dense layer plus what they add on average (`cost.moe.moe_layer_extra_s`)."""
+    if w.moe is not None:
+        return layer_pass_s(gpu, replace(w, moe=None), tp, backward) + \
+            moe_layer_extra_s(gpu, w, tp, backward)
     k = layer_kernels(w, tp)
     d = w.dtype_bytes
     other = k.other_bytes_bwd if backward else k.other_bytes_fwd

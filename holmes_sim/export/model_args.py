@@ -48,7 +48,28 @@ def architecture_args(w: Workload) -> list[str]:
         args += ["--attention-dropout", f"{w.attention_dropout:g}"]
     if w.vocab_divisible_by != _MEGATRON_VOCAB_DIVISOR:
         args += ["--make-vocab-size-divisible-by", str(w.vocab_divisible_by)]
-    return args
+    return args + moe_args(w)
+
+
+def moe_args(w: Workload) -> list[str]:
+    """Arguments of `pretrain_gpt.py` for an MoE model (all in Megatron-LM's
+    megatron/training/arguments.py `_add_moe_args`): experts, top-k, expert and shared FFN
+    widths, the layer pattern, load balancing, capacity; the all-to-all dispatcher and grouped
+    GEMM the cost model prices (`cost.moe`)."""
+    m = w.moe
+    if m is None:
+        return []
+    args = ["--num-experts", str(m.experts), "--moe-router-topk", str(m.topk),
+            "--moe-ffn-hidden-size", str(m.ffn)]
+    if m.shared_ffn:
+        args += ["--moe-shared-expert-intermediate-size", str(m.shared_ffn)]
+    if 0 in m.pattern:
+        args += ["--moe-layer-freq", "[" + ",".join(map(str, m.pattern)) + "]"]
+    if m.load_balancing != "aux_loss":
+        args += ["--moe-router-load-balancing-type", m.load_balancing]
+    if m.capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", f"{m.capacity_factor:g}"]
+    return args + ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
 
 
 def overlap_args(w: Workload, interleaved: bool) -> list[str]:

@@ -22,8 +22,11 @@ def sc21_flop(factor: int, B: int, s: int, L: int, h: int, V: int) -> float:
 
 
 def megatron_core_flop(B: int, s: int, L: int, h: int, V: int, f: int, a: int, g: int,
-                       swiglu: bool) -> float:
-    """[MLM] `transformer_flops` of a dense decoder with kv_channels = h / a."""
+                       swiglu: bool, mlp_term: float | None = None) -> float:
+    """[MLM] `transformer_flops` of a decoder with kv_channels = h / a; `mlp_term` replaces the
+    dense L h f e of every layer's MLP (MoE models: `model.moe.megatron_mlp_term`)."""
     mlp = h * f * (3 if swiglu else 2)
     attention = h * (h + 2 * h * g / a) + h * s + h * h
+    if mlp_term is not None:
+        return 6 * B * s * (mlp_term + L * attention + h * V)
     return 6 * B * s * (L * (mlp + attention) + h * V)

@@ -32,6 +32,8 @@ from dataclasses import dataclass, replace
 
 from holmes_sim.errors import FieldError
 from holmes_sim.model.flops import megatron_core_flop, sc21_flop
+from holmes_sim.model.moe import (MoeShape, megatron_mlp_term, mlp_params, moe_layer_pattern,
+                                  moe_mlp_forward_flop, moe_mlp_params)
 from holmes_sim.model.pipeline_split import PipelineSplit
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
 
@@ -94,6 +96,9 @@ class Workload:
     """Context-parallel degree: each rank holds `tokens` = s/cp of every sequence [CP]."""
     cp_comm_type: str = "p2p"
     """How a CP group exchanges tokens for attention: p2p | a2a | allgather (`ParallelSpec`)."""
+    moe: MoeShape | None = None
+    """The mixture-of-experts layers (`model.moe`); None: every MLP is dense. Every layer is
+    priced at the mean of the model's dense and MoE layers (`moe.moe_fraction`)."""
 
     @property
     def tokens(self) -> int:
@@ -126,7 +131,27 @@ class Workload:
     # ---- parameters [N21] -------------------------------------------------------------------
     @property
     def layer_params(self) -> int:
-        """Parameters of one transformer layer: QKV h(h + 2k) (+ h + 2k bias), projection h^2
+        """Parameters of one layer; with MoE the mean over the layer pattern, rounded
+        (`moe_mlp_params`)."""
+        if self.moe is None:
+            return self.dense_layer_params
+        return round(self.layers_params / self.num_layers)
+
+    @property
+    def layers_params(self) -> int:
+        """Parameters of all transformer layers: dense layers plus MoE layers, whose MLP is the
+        router, the routed experts and the shared expert."""
+        dense, m = self.dense_layer_params, self.moe
+        if m is None:
+            return self.num_layers * dense
+        h, gated = self.hidden, self.swiglu
+        moe_layer = dense - mlp_params(h, self.ffn, gated, self.bias) + \
+            moe_mlp_params(m, h, gated, self.bias)
+        return (m.layers - m.moe_layers) * dense + m.moe_layers * moe_layer
+
+    @property
+    def dense_layer_params(self) -> int:
+        """Parameters of one dense transformer layer: QKV h(h + 2k) (+ h + 2k bias), projection h^2
         (+ h), MLP h f1 + f h (+ f1 + h bias; f1 = 2f gated), two norms. Equals 12h^2 + 13h for
         GPT (k = h, f = 4h, biases, LayerNorm) [N21, eq. 2]; Megatron-Core
         `SelfAttention.linear_qkv`, `MLP.linear_fc1` (megatron/core/transformer/attention.py,
@@ -151,7 +176,7 @@ class Workload:
     @property
     def total_params(self) -> int:
         head = self.norm_params if self.tie_embeddings else self.head_params
-        return self.num_layers * self.layer_params + self.embedding_params + head
+        return self.layers_params + self.embedding_params + head
 
     # ---- FLOPs per micro-batch [N21, appendix] ------------------------------------------------
     @property
@@ -162,7 +187,11 @@ class Workload:
         b, s, h, f = self.micro_batch, self.tokens, self.hidden, self.ffn
         qkv = 2 * b * s * h * (h + 2 * self.kv_width)
         scores = 4 * b * s * self.seq * h  # s/cp queries against all s keys [CP]
-        return qkv + 2 * b * s * h * h + scores + 2 * b * s * h * (self.fc1_width + f)
+        mlp = 2 * b * s * h * (self.fc1_width + f)
+        if self.moe is not None:  # the mean over the layer pattern
+            m = self.moe
+            mlp += m.moe_fraction * (moe_mlp_forward_flop(m, b * s, h, self.swiglu) - mlp)
+        return qkv + 2 * b * s * h * h + scores + mlp
 
     @property
     def logits_forward_flop(self) -> float:
@@ -225,9 +254,24 @@ class Workload:
             scores = (5 if self.attention_dropout > 0 else 2) * a * s / h
         replicated = 8 + (2 if self.hidden_dropout > 0 else 0)
         split = 4 + 4 * self.kv_width / h + 2 * (self.fc1_width + self.ffn) / h
+        if self.moe is not None:
+            extra_replicated, extra_split = self._moe_activation_terms()
+            replicated, split = replicated + extra_replicated, split + extra_split
         if self.sequence_parallel:
             return s * b * h * (replicated + split + scores) / tp
         return s * b * h * (replicated + split / tp + scores / tp)
+
+    def _moe_activation_terms(self) -> tuple[float, float]:
+        """What an MoE MLP stores beyond a dense MLP, per s b h element and averaged over the
+        layer pattern, (replicated over TP, split over TP): the fp32 router logits (4E/h), the
+        k permuted expert inputs (2k), each routed expert's and the shared expert's activation
+        and fc2 inputs in place of the dense MLP's (2 k (f1_e + f_e)/h + 2 (f1_s + f_s)/h)."""
+        m, h = self.moe, self.hidden
+        e = 2 if self.swiglu else 1  # f1 = e f
+        replicated = 4 * m.experts / h + 2 * m.topk
+        split = 2 * (e + 1) * (m.topk * m.ffn + m.shared_ffn) / h - \
+            2 * (self.fc1_width + self.ffn) / h
+        return m.moe_fraction * replicated, m.moe_fraction * split
 
     # ---- reporting ----------------------------------------------------------------------------
     def megatron_tflops_per_gpu(self, iteration_s: float, num_gpus: int) -> float:
@@ -244,6 +288,10 @@ class Workload:
         B, s, L, h, V = self.global_batch, self.seq, self.num_layers, self.hidden, self.vocab
         if self.flops_formula == "sc21":
             return sc21_flop(96 if (hardware and self.full_recompute) else 72, B, s, L, h, V)
+        if self.moe is not None:
+            return megatron_core_flop(B, s, L, h, V, self.ffn, self.heads, self.groups,
+                                      self.swiglu,
+                                      mlp_term=megatron_mlp_term(self.moe, h, self.ffn, self.swiglu))
         return megatron_core_flop(B, s, L, h, V, self.ffn, self.heads, self.groups, self.swiglu)
 
 
@@ -267,6 +315,42 @@ def check_model(model: ModelSpec) -> None:
     if model.hidden_size % heads:
         raise FieldError("model.hidden_size", f"hidden_size={model.hidden_size} must be a "
                          f"multiple of num_attention_heads={heads}")
+    if model.num_experts is not None:
+        check_moe(model)
+
+
+def check_moe(model: ModelSpec) -> None:
+    """Raise FieldError for MoE settings Megatron-Core refuses (`TransformerConfig`)."""
+    experts, topk, freq = model.num_experts, model.moe_router_topk, model.moe_layer_freq
+    if topk > experts:
+        raise FieldError("model.moe_router_topk", f"moe_router_topk={topk} must be at most "
+                         f"num_experts={experts}")
+    if isinstance(freq, int) and freq < 1:
+        raise FieldError("model.moe_layer_freq", "an interval must be at least 1 (1: every "
+                         "layer is MoE); or give a 0/1 list, one entry per layer")
+    if isinstance(freq, tuple) and (len(freq) != model.num_layers or set(freq) - {0, 1}):
+        raise FieldError("model.moe_layer_freq", f"a list needs num_layers={model.num_layers} "
+                         f"entries of 0 (dense) or 1 (MoE), got {len(freq)}")
+    if model.moe_expert_imbalance > experts / topk:
+        raise FieldError("model.moe_expert_imbalance", f"at most num_experts / moe_router_topk "
+                         f"= {experts / topk:g} (every token routed to the busiest expert)")
+    if model.moe_expert_capacity_factor is not None and \
+            model.moe_router_load_balancing_type == "sinkhorn":
+        raise FieldError("model.moe_expert_capacity_factor", "a capacity factor needs "
+                         "aux_loss, seq_aux_loss, global_aux_loss or none load balancing")
+
+
+def moe_shape(model: ModelSpec) -> MoeShape | None:
+    """The MoE part of `model`, None for a dense model."""
+    if model.num_experts is None:
+        return None
+    return MoeShape(
+        experts=model.num_experts, topk=model.moe_router_topk,
+        ffn=model.moe_ffn_hidden_size or model.ffn_hidden_size or 4 * model.hidden_size,
+        shared_ffn=model.moe_shared_expert_intermediate_size or 0,
+        pattern=moe_layer_pattern(model.moe_layer_freq, model.num_layers),
+        capacity_factor=model.moe_expert_capacity_factor, imbalance=model.moe_expert_imbalance,
+        load_balancing=model.moe_router_load_balancing_type)
 
 
 def _is_gpt(model: ModelSpec) -> bool:
@@ -274,7 +358,7 @@ def _is_gpt(model: ModelSpec) -> bool:
     return (model.num_query_groups in (None, model.num_attention_heads) and not model.swiglu
             and not model.squared_relu
             and model.normalization == "layernorm" and model.bias
-            and model.position_embedding == "learned")
+            and model.position_embedding == "learned" and model.num_experts is None)
 
 
 def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: int = 1,
@@ -306,5 +390,5 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         attention_dropout=model.attention_dropout,
         vocab_divisible_by=model.make_vocab_size_divisible_by,
         flops_formula="sc21" if _is_gpt(model) else "megatron-core", cp=cp,
-        cp_comm_type=cp_comm_type,
+        cp_comm_type=cp_comm_type, moe=moe_shape(model),
     )

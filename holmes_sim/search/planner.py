@@ -164,6 +164,8 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1) -> Iterator[Layout]:
                 continue
             for rc in search.recompute:
                 for sp in (search.sequence_parallel if tp > 1 else (False,)):
+                    if tp > 1 and not sp and prepared.scenario.model.num_experts is not None:
+                        continue  # Megatron-Core's MoELayer trains with TP only under SP
                     yield Layout(tp, pp, dp, mb, schedule, v, rc, sp, cp=cp)
 
 

@@ -50,6 +50,29 @@ class ModelSpec:
     """Dropout of the attention probabilities (Megatron `--attention-dropout`)."""
     make_vocab_size_divisible_by: int = 128
     """Megatron pads vocab_size up to a multiple of this times the TP degree."""
+    num_experts: int | None = None
+    """Routed experts of each MoE layer (Megatron `--num-experts`); None: a dense model."""
+    moe_router_topk: int = 2
+    """Experts each token is routed to (Megatron `--moe-router-topk`)."""
+    moe_ffn_hidden_size: int | None = None
+    """One routed expert's FFN width (Megatron `--moe-ffn-hidden-size`); default ffn_hidden_size."""
+    moe_shared_expert_intermediate_size: int | None = None
+    """FFN width of the shared experts every token passes (Megatron
+    `--moe-shared-expert-intermediate-size`); None: no shared expert."""
+    moe_layer_freq: int | tuple[int, ...] = 1
+    """Which layers are MoE (Megatron `--moe-layer-freq`): N makes layer i MoE when i % N == 0;
+    a list of 0/1, one per layer, gives the pattern (0: dense MLP)."""
+    moe_router_load_balancing_type: Literal["aux_loss", "seq_aux_loss", "global_aux_loss",
+                                            "sinkhorn", "none"] = "aux_loss"
+    """Router load-balancing loss (Megatron `--moe-router-load-balancing-type`); every type but
+    none reads the router probabilities once more in the forward."""
+    moe_expert_capacity_factor: float | None = None
+    """Expert capacity as a multiple of the mean tokens per expert (Megatron
+    `--moe-expert-capacity-factor`); tokens beyond it are dropped. None: dropless."""
+    moe_expert_imbalance: float = 1.0
+    """Tokens of the busiest expert over the mean tokens per expert (1: perfectly balanced);
+    at most num_experts / moe_router_topk (every token picks it). With every expert on each GPU
+    (no expert parallelism) it changes the time only through a capacity factor's drops."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

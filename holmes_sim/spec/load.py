@@ -110,6 +110,13 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "compute_spread": Bound(0, 0.25),  # 3 standard deviations below 1 stay above 0.25
     "decoder_first_pipeline_num_layers": Bound(1, 10_000),
     "decoder_last_pipeline_num_layers": Bound(1, 10_000),
+    "num_experts": Bound(1, 2**16),
+    "moe_router_topk": Bound(1, 2**16),
+    "moe_ffn_hidden_size": Bound(1, 2**22),
+    "moe_shared_expert_intermediate_size": Bound(1, 2**22),
+    "moe_layer_freq": Bound(0, 10_000),  # list items 0/1, an interval >= 1 (`check_model`)
+    "moe_expert_capacity_factor": _positive(1e6),
+    "moe_expert_imbalance": Bound(1, 2**16),
 }
 NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""
@@ -397,6 +404,9 @@ def _convert(tp: Any, value: Any, path: str, doc: _Doc) -> Any:
         if value is None and type(None) in args:
             return None
         non_none = [a for a in args if a is not type(None)]
+        listed = [a for a in non_none if typing.get_origin(a) is tuple]
+        if isinstance(value, list) and listed:  # `int | tuple[int, ...]`: a list picks the tuple
+            return _convert(listed[0], value, path, doc)
         return _convert(non_none[0], value, path, doc)
     if origin is Literal:
         if value not in args:

@@ -47,6 +47,18 @@ _NEMOTRON = "NVIDIA, '{}', {}; GQA, RoPE, squared-ReLU MLP, no biases, untied, d
 _QWEN = ("Qwen Team, 'Qwen2.5 Technical Report', arXiv 2412.15115, Table 1 and section 3.1 "
          "(4,096-token pre-training); Qwen/{} config.json")
 
+def _moe(base: dict[str, Any], experts: int, topk: int, expert_ffn: int,
+         shared_ffn: int | None = None) -> dict[str, Any]:
+    return dict(base, num_experts=experts, moe_router_topk=topk, moe_ffn_hidden_size=expert_ffn,
+                moe_shared_expert_intermediate_size=shared_ffn)
+
+
+_MIXTRAL = ("Jiang et al., 'Mixtral of Experts', arXiv 2401.04088, Table 1 (8 experts, top-2, "
+            "32,768-token context); mistralai/{} config.json")
+_QWEN_MOE = ("Qwen Team, {}; Qwen/{} config.json (num_experts, num_experts_per_tok, "
+             "moe_intermediate_size, shared_expert_intermediate_size; the shared expert's "
+             "1-wide sigmoid gate is not modelled)")
+
 PRESETS: Mapping[str, Preset] = MappingProxyType({
     "gpt3-175b": Preset(_arch(_GPT3, 96, 12288, 49152, 96, 96, 50257, 2048),
                         "Brown et al., 'Language Models are Few-Shot Learners', arXiv "
@@ -77,6 +89,24 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
                          _QWEN.format("Qwen2.5-7B")),
     "qwen2.5-72b": Preset(_arch(_QWEN25, 80, 8192, 29568, 64, 8, 152064, 4096),
                           _QWEN.format("Qwen2.5-72B")),
+    "mixtral-8x7b": Preset(_moe(_arch(_LLAMA, 32, 4096, 14336, 32, 8, 32000, 32768),
+                                8, 2, 14336), _MIXTRAL.format("Mixtral-8x7B-v0.1")),
+    "mixtral-8x22b": Preset(_moe(_arch(_LLAMA, 56, 6144, 16384, 48, 8, 32000, 65536),
+                                 8, 2, 16384),
+                            "Mistral AI, 'Cheaper, Better, Faster, Stronger' (Mixtral 8x22B "
+                            "announcement, 141B parameters, 39B active, 64K context); "
+                            "mistralai/Mixtral-8x22B-v0.1 config.json"),
+    "qwen1.5-moe-a2.7b": Preset(_moe(_arch(_QWEN25, 24, 2048, 5632, 16, 16, 151936, 8192),
+                                     60, 4, 1408, 5632),
+                                _QWEN_MOE.format("'Qwen1.5-MoE: Matching 7B Model Performance "
+                                                 "with 1/3 Activated Parameters' (blog, 14.3B "
+                                                 "parameters, 2.7B active)",
+                                                 "Qwen1.5-MoE-A2.7B")),
+    "qwen2-57b-a14b": Preset(_moe(_arch(_QWEN25, 28, 3584, 18944, 28, 4, 151936, 4096),
+                                  64, 8, 2560, 20480),
+                             _QWEN_MOE.format("'Qwen2 Technical Report', arXiv 2407.10671, "
+                                              "Table 1 (4,096-token pre-training, section 3.2)",
+                                              "Qwen2-57B-A14B")),
 })
 
 

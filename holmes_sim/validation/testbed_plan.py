@@ -57,7 +57,7 @@ def _check_gpt_architecture(model) -> None:
     """The backend's GPT is multi-head, GeLU, LayerNorm, with biases and a learned position table."""
     gpt = {"num_query_groups": (None, model.num_attention_heads), "swiglu": (False,),
            "squared_relu": (False,), "normalization": ("layernorm",), "bias": (True,),
-           "position_embedding": ("learned",)}
+           "position_embedding": ("learned",), "num_experts": (None,)}
     for field, allowed in gpt.items():
         if getattr(model, field) not in allowed:
             raise FieldError(f"model.{field}", f"the backend's GPT cannot run {field}="

@@ -1,0 +1,134 @@
+"""The kernels of an MoE layer's MLP on one GPU, per micro-batch, as Megatron-Core runs them with
+the all-to-all token dispatcher and grouped GEMM (`--moe-grouped-gemm`), and what they cost beyond
+the dense MLP they replace.
+
+Symbols as in `cost.transformer`, plus (`model.moe`) E routed experts, k experts per token, f_e
+and f_s the routed and shared experts' FFN widths, t the tensor-parallel degree (the experts'
+tensor-parallel degree equals it), M = b s tokens of the GPU (s/cp with CP; with sequence
+parallelism the dispatcher all-gathers them over the TP group, so every TP rank routes all M),
+R the expert rows of the GPU (`MoeShape.routed_rows`: M k when dropless), d bytes per element.
+
+Kernels [MC: megatron/core/transformer/moe/ `TopKRouter`, `MoEAlltoAllTokenDispatcher`,
+`TEGroupedMLP`, `SharedExpertMLP`; moe_utils.py `permute`, `unpermute`]:
+- the router and the first permutation see the GPU's own M' = M/t tokens (sequence
+  parallelism; M' = M without TP): router GEMM (M', E, h) and its softmax and top-k over fp32
+  logits, 3 x 4 M' E bytes forward (read logits, write probabilities, read them for the top-k)
+  and again backward; a load-balancing loss reads the probabilities once more (4 M' E) forward;
+- permute (read M' h d, write R h d / t) and unpermute (the reverse) forward, the same bytes
+  backward; with t > 1 the gathered R rows are sorted by expert and back (`sort_chunks_by_idxs`,
+  permutation 2): 4 R h d more;
+- the routed experts as one grouped GEMM each for fc1 and fc2: the E experts' GEMMs of R / E rows
+  each, fc1 (R/E, f1_e/t, h) and fc2 (R/E, h, f_e/t), batched so tile and wave quantization apply
+  over all experts' tiles together (`Gemm.batch`); R counts the busiest expert's imbalance and
+  the capacity (`MoeShape.expert_rows`);
+- the activation over R f_e / t elements and the shared expert (M rows, like a dense MLP of
+  width f_s), with the dense MLP's memory-bound bytes (`cost.transformer`);
+- backward: each GEMM's two backward GEMMs and the main-gradient adds of the MoE MLP's
+  parameters on the GPU, (d + 2g) bytes each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from holmes_sim.cost.gemm import Gemm, gemm_time_s
+from holmes_sim.hardware.catalog import GpuModel
+from holmes_sim.model.moe import mlp_params, moe_mlp_params
+from holmes_sim.model.workload import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class MlpKernels:
+    """One MLP (dense or MoE) of a layer on one GPU: GEMMs in the training dtype (`gemms`), GEMMs
+    that run in FP8 under `precision: fp8` (`linear`), memory-bound bytes forward and backward."""
+
+    gemms: tuple[Gemm, ...]
+    linear: tuple[Gemm, ...]
+    bytes_fwd: float
+    bytes_bwd: float
+
+
+def _activation_bytes(w: Workload, elements: float) -> tuple[float, float]:
+    """The MLP activation over `elements` fc1 outputs (per gate half): SwiGLU 3 and 5 bytes per
+    element and d, GeLU 2 and 3 (`cost.transformer`)."""
+    d = w.dtype_bytes
+    return (3 * elements * d, 5 * elements * d) if w.swiglu else (2 * elements * d, 3 * elements * d)
+
+
+def _grad_add_bytes(w: Workload, params: float) -> float:
+    return params * (w.dtype_bytes + 2 * w.grad_bytes)
+
+
+def dense_mlp_kernels(w: Workload, tp: int) -> MlpKernels:
+    """The dense MLP of a layer: fc1 (M, f1/t, h), fc2 (M, h, f/t), its activation and its
+    parameters' main-gradient adds."""
+    m, h, f = w.micro_batch * w.tokens, w.hidden, w.ffn
+    fc1_width = 2 * f if w.swiglu else f
+    fwd, bwd = _activation_bytes(w, m * f / tp)
+    bwd += _grad_add_bytes(w, mlp_params(h, f, w.swiglu, w.bias) / tp)
+    return MlpKernels((), (Gemm(m, fc1_width // tp, h), Gemm(m, h, f // tp)), fwd, bwd)
+
+
+def moe_mlp_kernels(w: Workload, tp: int) -> MlpKernels:
+    """The MoE MLP of a layer: router, permutation, grouped expert GEMMs, shared expert."""
+    moe, h, d = w.moe, w.hidden, w.dtype_bytes
+    m = w.micro_batch * w.tokens
+    rows = moe.routed_rows(m)
+    per_expert = max(1, math.ceil(rows / moe.experts))
+    gated = 2 if w.swiglu else 1
+    linear = [Gemm(per_expert, gated * moe.ffn // tp, h, moe.experts),
+              Gemm(per_expert, h, moe.ffn // tp, moe.experts)]
+    local = m / (tp if w.sequence_parallel else 1)  # the GPU's sequence-parallel share
+    probs = 4 * local * moe.experts
+    permute = 2 * (local + rows / tp) * h * d + (4 * rows * h * d if tp > 1 else 0)
+    fwd, bwd = _activation_bytes(w, rows * moe.ffn / tp)
+    fwd += 3 * probs + (probs if moe.aux_loss else 0) + permute
+    bwd += 3 * probs + permute
+    if moe.shared_ffn:
+        linear += [Gemm(m, gated * moe.shared_ffn // tp, h), Gemm(m, h, moe.shared_ffn // tp)]
+        shared_fwd, shared_bwd = _activation_bytes(w, m * moe.shared_ffn / tp)
+        fwd, bwd = fwd + shared_fwd, bwd + shared_bwd
+    bwd += _grad_add_bytes(w, moe_mlp_params(moe, h, w.swiglu, w.bias) / tp)
+    return MlpKernels((Gemm(math.ceil(local), moe.experts, h),), tuple(linear), fwd, bwd)
+
+
+def mlp_s(gpu: GpuModel, w: Workload, k: MlpKernels, backward: bool) -> float:
+    """One forward or backward of an MLP's kernels, seconds."""
+    d = w.dtype_bytes
+
+    def gemms_s(gemms: tuple[Gemm, ...], fp8: bool) -> float:
+        if backward:
+            return sum(gemm_time_s(gpu, x, d, fp8) for g in gemms for x in g.backward())
+        return sum(gemm_time_s(gpu, g, d, fp8) for g in gemms)
+
+    nbytes = k.bytes_bwd if backward else k.bytes_fwd
+    return gemms_s(k.gemms, False) + gemms_s(k.linear, w.fp8_gemms) + \
+        nbytes / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
+
+
+@lru_cache(maxsize=4096)
+def moe_layer_extra_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
+    """Seconds the MoE layers add to a layer pass, averaged over the layer pattern: the MoE
+    fraction of the layers times (MoE MLP - dense MLP); 0 for a dense model."""
+    if w.moe is None:
+        return 0.0
+    dense = replace(w, moe=None)
+    return w.moe.moe_fraction * (mlp_s(gpu, w, moe_mlp_kernels(w, tp), backward) -
+                                 mlp_s(gpu, dense, dense_mlp_kernels(dense, tp), backward))
+
+
+def tp_comm_factor(w: Workload) -> float:
+    """A layer's TP communication as a multiple of a dense layer's, averaged over the layer
+    pattern. Of a dense layer's collectives half are the MLP's (one all-reduce, or all-gather
+    plus reduce-scatter, of M h elements each way); an MoE layer instead all-gathers the R
+    dispatched rows and reduce-scatters them back (`MoEAlltoAllTokenDispatcher`: the expert
+    TP group's `gather_from_sequence_parallel_region` and `reduce_scatter_to_sequence_parallel_
+    region`), R / M times the bytes, plus the shared expert's dense-MLP pair."""
+    moe = w.moe
+    if moe is None:
+        return 1.0
+    m = w.micro_batch * w.tokens
+    mlp = moe.routed_rows(m) / m + (1 if moe.shared_ffn else 0)
+    return 1.0 + moe.moe_fraction * (mlp - 1) / 2
