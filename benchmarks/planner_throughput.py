@@ -41,6 +41,7 @@ def _cold() -> None:
     if hasattr(plan, "_PLACES"):
         plan._PLACES.clear()
     analytic._WALKS.clear()
+    analytic._ESTIMATES.clear()
     ops._CHUNK_TIMES.clear()
     partition._PARTITIONS.clear()
     holmes._NOTES.clear()
@@ -94,12 +95,13 @@ def _throughput(name: str, layouts: int, jobs: int | None) -> dict:
 
 
 def _estimate_only_cold() -> None:
-    """Empty the caches of the estimate's own work (op durations and walks), keeping what
-    depends on the placement only (paths, rings, replica classes)."""
+    """Empty the caches of the estimate's own work (op durations, walks and whole estimates),
+    keeping what depends on the placement only (paths, rings, replica classes)."""
     from holmes_sim.estimate import analytic
     from holmes_sim.cost import ops
 
     analytic._WALKS.clear()
+    analytic._ESTIMATES.clear()
     ops._CHUNK_TIMES.clear()
 
 
