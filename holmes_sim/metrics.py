@@ -154,13 +154,21 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     activations = (in-flight chunk-micro-batches) x (layers of the stage's largest chunk) x
     per-layer activation bytes [Korthikanti et al. 2022, Table 2]."""
     net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp, plan.num_chunks)
+    state_per_param = workload.state_bytes_per_param(plan.dp, plan.optimizer.sharded)
+    act_per_layer = workload.activation_bytes_per_layer(plan.tp)
+    # A stage's parameters depend on its chunks' layers and on holding the first or the last
+    # virtual stage (`OpCosts.stage_params`): most stages of a pipeline share them.
+    params_of: dict[tuple, int] = {}
     per_stage, capacity = [], []
     for s in range(plan.pp):
-        params = costs.stage_params(plan.layers_per_stage, plan.pp, s)
-        state = params / plan.tp * workload.state_bytes_per_param(plan.dp, plan.optimizer.sharded)
+        layers = plan.stage_layers(s)
+        key = (layers, s == 0, s == plan.pp - 1)
+        params = params_of.get(key)
+        if params is None:
+            params = params_of[key] = costs.stage_params(plan.layers_per_stage, plan.pp, s)
+        state = params / plan.tp * state_per_param
         acts = peak_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks,
-                              s) * max(plan.stage_layers(s)) * \
-            workload.activation_bytes_per_layer(plan.tp)
+                              s) * max(layers) * act_per_layer
         per_stage.append(state + acts)
         capacity.append(net.memory_bytes(s))
     return MemoryReport(tuple(per_stage), tuple(capacity))

@@ -111,11 +111,13 @@ def _build_schedule(kind: ScheduleKind, num_stages: int, num_microbatches: int,
     p, m, v = num_stages, num_microbatches, num_chunks
     check_schedule(kind, p, m, v)
     if kind == ScheduleKind.GPIPE:
-        ops = [_gpipe(m) for _ in range(p)]
-    elif kind == ScheduleKind.ONE_F_ONE_B:
-        ops = [_one_f_one_b(p, s, m) for s in range(p)]
+        ops = [_gpipe(m)] * p
+    elif kind == ScheduleKind.ONE_F_ONE_B:  # every stage runs the same units in its own order
+        units = [Op("F", i) for i in range(m)], [Op("B", i) for i in range(m)]
+        ops = [_one_f_one_b(p, s, m, *units) for s in range(p)]
     else:
-        ops = [_interleaved(p, s, m, v) for s in range(p)]
+        units = _interleaved_units(p, v, m * v, "F"), _interleaved_units(p, v, m * v, "B")
+        ops = [_interleaved(p, s, m, v, *units) for s in range(p)]
     return Schedule(kind, p, m, v, tuple(tuple(o) for o in ops))
 
 
@@ -123,48 +125,37 @@ def _gpipe(m: int) -> list[Op]:
     return [Op("F", i) for i in range(m)] + [Op("B", i) for i in range(m)]
 
 
-def _one_f_one_b(p: int, s: int, m: int) -> list[Op]:
+def _one_f_one_b(p: int, s: int, m: int, forwards: list[Op], backwards: list[Op]) -> list[Op]:
+    """p - s - 1 warm-up forwards, then one forward and one backward, then the backwards left
+    (`forwards`, `backwards`: the m micro-batches' units)."""
     warmup = min(p - s - 1, m)
-    ops = [Op("F", i) for i in range(warmup)]
-    next_f, next_b = warmup, 0
-    while next_f < m:
-        ops.append(Op("F", next_f))
-        ops.append(Op("B", next_b))
-        next_f += 1
-        next_b += 1
-    ops.extend(Op("B", i) for i in range(next_b, m))
+    ops = forwards[:warmup]
+    for f in range(warmup, m):
+        ops.append(forwards[f])
+        ops.append(backwards[f - warmup])
+    ops.extend(backwards[m - warmup:])
     return ops
 
 
-def _interleaved_index(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:
-    """(micro-batch, chunk) of the k-th forward or backward unit, Megatron's ordering."""
-    group, within = divmod(k, p * v)
-    chunk = within // p
-    if not forward:
-        chunk = v - 1 - chunk
-    return group * p + within % p, chunk
+def _interleaved_units(p: int, v: int, total: int, kind: str) -> list[Op]:
+    """The first `total` forward ('F') or backward ('B') units in Megatron's ordering: unit k
+    is micro-batch (k // pv) p + k % p of chunk (k % pv) // p (backward: the chunks from the
+    last)."""
+    pv, last = p * v, v - 1
+    if kind == "F":
+        return [Op("F", (k // pv) * p + k % p, (k % pv) // p) for k in range(total)]
+    return [Op("B", (k // pv) * p + k % p, last - (k % pv) // p) for k in range(total)]
 
 
-def _interleaved(p: int, s: int, m: int, v: int) -> list[Op]:
+def _interleaved(p: int, s: int, m: int, v: int, forwards: list[Op],
+                 backwards: list[Op]) -> list[Op]:
     total = m * v
     warmup = min((p - s - 1) * 2 + (v - 1) * p, total)
-    ops: list[Op] = []
-    f = b = 0
-    for _ in range(warmup):
-        mb, c = _interleaved_index(f, p, v, True)
-        ops.append(Op("F", mb, c))
-        f += 1
-    while f < total:
-        mb, c = _interleaved_index(f, p, v, True)
-        ops.append(Op("F", mb, c))
-        f += 1
-        mb, c = _interleaved_index(b, p, v, False)
-        ops.append(Op("B", mb, c))
-        b += 1
-    while b < total:
-        mb, c = _interleaved_index(b, p, v, False)
-        ops.append(Op("B", mb, c))
-        b += 1
+    ops = forwards[:warmup]
+    for f in range(warmup, total):  # one forward, one backward
+        ops.append(forwards[f])
+        ops.append(backwards[f - warmup])
+    ops.extend(backwards[total - warmup:])
     return ops
 
 

@@ -25,6 +25,7 @@ from holmes_sim.cost.nccl_algorithms import collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts, chunk_times
 from holmes_sim.estimate.netview import netview
+from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import Plan
 from holmes_sim.schedule import ScheduleKind
 from holmes_sim.estimate.walk import op_table, walk, walk_early_receive
@@ -46,8 +47,14 @@ class Estimate:
 
 def estimate_iteration(plan: Plan, cluster: Cluster, workload: Workload,
                        compute: ComputeModel) -> Estimate:
-    """Critical-path estimate of one iteration (see module docstring)."""
-    return _Estimator(plan, cluster, workload, compute).run()
+    """Critical-path estimate of one iteration (see module docstring). Kept for these very
+    objects: a policy that estimates its plans to pick one (`policies.holmes`) and the planner
+    that then estimates the pick share it."""
+    return _ESTIMATES.get((plan, cluster, workload, compute), (),
+                          lambda: _Estimator(plan, cluster, workload, compute).run())
+
+
+_ESTIMATES: IdentityMemo[Estimate] = IdentityMemo(16)
 
 
 class _Estimator:

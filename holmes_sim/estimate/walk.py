@@ -158,23 +158,14 @@ def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
         stage_kinds = sorted({(schedule.virtual_stage(s, c), b) for c in range(schedule.num_chunks)
                               for b in (False, True)})
         kind_index = {k: i for i, k in enumerate(stage_kinds)}
+        bases = {(c, b): _op_bases(s + c * pp, b, nv, m, send_index, kind_index)
+                 for c in range(schedule.num_chunks) for b in "FB"}
         row, fast = [], []
         for op in ops:
-            j = s + op.chunk * pp
+            dk, need, sk, out = bases[(op.chunk, op.kind)]
             mb = op.microbatch
-            if op.kind == "B":
-                src = j + 1
-                need = -1 if j == nv - 1 else ((nv - 1) + j) * m + mb
-                to = j - 1 if j > 0 else -1
-                out = ((nv - 1) + to) * m + mb
-            else:
-                src = j - 1
-                need = -1 if j == 0 else (j - 1) * m + mb
-                to = j + 1 if j < nv - 1 else -1
-                out = (to - 1) * m + mb
-            sk = send_index[(src, j)] if need >= 0 else -1
-            out = out if to >= 0 else -1
-            dk = kind_index[(j, op.kind == "B")]
+            need = -1 if need < 0 else need + mb
+            out = -1 if out < 0 else out + mb
             row.append((dk, need, sk, out))
             # The replayed form (`_program`): -2 reads the "no input" slot at the end of the
             # message list, -1 the sentinel send (0 s) and the slot of ops that send nothing.
@@ -190,6 +181,23 @@ def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
     flat = (array("i", [x for row in rows for op in row for x in op]), array("q", firsts))
     return OpTable((kind, pp, m, v), tuple(rows), tuple(kinds), tuple(sends),
                    messages, run, tuple(fast_rows), flat=flat)
+
+
+def _op_bases(j: int, kind: str, nv: int, m: int, send_index: dict, kind_index: dict
+              ) -> tuple[int, int, int, int]:
+    """An op of virtual stage j ('F' or 'B') as (its kind's index, the slot it reads, the send
+    it waits for, the slot it writes) for micro-batch 0: the slots of micro-batch mb are mb
+    further (m slots a message); -1 for no input, no send or no output."""
+    if kind == "B":
+        src, to = j + 1, (j - 1 if j > 0 else -1)
+        need = -1 if j == nv - 1 else ((nv - 1) + j) * m
+        out = ((nv - 1) + to) * m
+    else:
+        src, to = j - 1, (j + 1 if j < nv - 1 else -1)
+        need = -1 if j == 0 else (j - 1) * m
+        out = (to - 1) * m
+    sk = send_index[(src, j)] if need >= 0 else -1
+    return kind_index[(j, kind == "B")], need, sk, out if to >= 0 else -1
 
 
 def _steady_shape(kind: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], int, int] | None:
@@ -219,12 +227,14 @@ def _steady_run(stage_ops, rows, m: int, starts: tuple[int, ...], period: int,
     outstanding: list[list[tuple[int, int, int]]] = [[] for _ in range(rounds + 1)]
     for i, (sw, kw) in writer.items():
         sr, kr = reader[i]
-        rw = max(0, (kw - starts[sw]) // period + 1)
-        rr = max(0, (kr - starts[sr]) // period + 1)
+        rw = (kw - starts[sw]) // period + 1
+        rw = rw if rw > 0 else 0
+        base = kr - starts[sr]
+        rr = base // period + 1
+        rr = rr if rr > 0 else 0
         if rr < rw:  # cuts rr..rw-1 hold the reader but not the writer: not closed
             rounds = min(rounds, rr - 1)
-        base = kr - starts[sr]
-        for r in range(rw, min(rr, rounds + 1)):
+        for r in range(rw, rr if rr <= rounds else rounds + 1):
             outstanding[r].append((sr, base - r * period, i))
     lists = [tuple(i for *_, i in sorted(o)) for o in outstanding[:rounds + 1]]
     for r in range(rounds):

@@ -173,8 +173,10 @@ def test_estimate_with_jump_equals_plain_walk_on_searched_plans(name, monkeypatc
             except HolmesError:
                 continue
             analytic._WALKS.clear()
+            analytic._ESTIMATES.clear()
             fast = analytic.estimate_iteration(plan, cluster, p.workload, p.compute)
             analytic._WALKS.clear()
+            analytic._ESTIMATES.clear()
             with monkeypatch.context() as m:
                 m.setattr(analytic, "walk", walk_plain)  # walks the full table
                 plain = analytic.estimate_iteration(plan, cluster, p.workload, p.compute)
@@ -182,6 +184,7 @@ def test_estimate_with_jump_equals_plain_walk_on_searched_plans(name, monkeypatc
                           [fast.iteration_s, *fast.stage_end_s]), (layout, policy)
             compared += 1
     analytic._WALKS.clear()
+    analytic._ESTIMATES.clear()
     assert compared >= 10
 
 
