@@ -15,17 +15,20 @@ routes its own M/t of the micro-batch's M = b s tokens (s/cp with CP):
     B = (M / t) k h d   bytes of routed token copies per GPU (k = router top-k, h hidden,
                         d bytes per element; t = 1 without sequence parallelism)
 
-of which 1/ep stays on the GPU and (ep - 1)/ep leaves it, B/ep to each peer. NCCL runs the
-all-to-all as one group of ep - 1 sends and receives (`ncclGroupStart`, one send/recv pair per
-peer; NCCL src/collectives.cc `ncclAllToAll` in nccl-tests' `alltoall.cu`), so on an idle fabric
+of which 1/ep stays on the GPU and (ep - 1)/ep leaves it, B/ep to each peer. Megatron-Core
+calls `torch.distributed.all_to_all_single` (megatron/core/tensor_parallel/mappings.py
+`_AllToAll`), which runs it as one NCCL group of a send and a receive per peer
+(torch/csrc/cuda/nccl.cpp `all2all_single_equal_split`: ncclGroupStart, ncclSend/ncclRecv,
+ncclGroupEnd; nccl-tests src/alltoall.cu the same), all peers at once, so on an idle fabric
 with every peer behind the same kind of path of per-GPU rate r and step latency alpha:
 
     T = (ep - 1) alpha + (ep - 1)/ep B / r        (the pairwise exchange's alpha-beta cost,
-                                                   Thakur et al. 2005, section 4.5)
+                                                   Thakur et al. 2005, all-to-all)
 
 Dropless routing sends M k rows; with a capacity factor the copies an expert drops beyond its
-capacity are not sent (`MoeShape.routed_rows` of the GPU's M/t tokens). A model whose MoE layers are every n-th layer is priced
-per layer at the mean (`MoeShape.moe_fraction`), as `cost.moe` does for the MLP.
+capacity are not sent (`MoeShape.routed_rows` of the GPU's M/t tokens). A model whose MoE
+layers are every n-th layer is priced per layer at the mean (`MoeShape.moe_fraction`), as
+`cost.moe` does for the MLP.
 """
 
 from __future__ import annotations
