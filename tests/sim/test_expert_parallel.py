@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from holmes_sim.cost.expert_parallel import op_exposed_s, token_bytes
-from holmes_sim.errors import ScenarioError
+from holmes_sim.errors import PlanError, ScenarioError
 from holmes_sim.estimate.analytic import estimate_iteration
 from holmes_sim.plan import GroupKind, TransportKind
 from holmes_sim.prepare import prepare
@@ -67,8 +67,9 @@ def test_ep_groups_are_runs_of_consecutive_replicas(write_scenario):
 
 
 def test_policies_without_megatron_core_refuse_ep(write_scenario):
-    prepared = prepare(write_scenario(ep_scenario(groups=node(), ep=2, policies="[megatron-deepspeed]")))
-    with pytest.raises(Exception, match="expert: 1"):
+    prepared = prepare(write_scenario(ep_scenario(groups=node(), ep=2,
+                                                  policies="[megatron-deepspeed]")))
+    with pytest.raises(PlanError, match="expert: 1"):
         plan_policy(prepared, "megatron-deepspeed")
 
 
@@ -186,3 +187,27 @@ def test_plan_searches_ep_and_exports_it(write_scenario):
     out = run_policy(p, "megatron")
     args = launch_files(out.plan, out.cluster, p.workload, "bf16").files["megatron_args.txt"]
     assert parse(shlex.split(args), UPSTREAM)["--expert-model-parallel-size"] == ["8"]
+
+
+def test_bundled_moe_scenario_holmes_keeps_the_all_to_alls_on_rdma():
+    """scenarios/moe_mixed_nics.yaml: Megatron's listing order mixes IB and RoCE nodes in every
+    EP group (TCP over Ethernet); Holmes' keeps each on one RDMA fabric, and the breakdown's
+    ep_comm carries most of the difference. The Holmes fork cannot express the MoE flags."""
+    from holmes_sim.export.launch import launch_files
+    from tests.conftest import SCENARIOS
+
+    prepared = prepare(SCENARIOS / "moe_mixed_nics.yaml")
+    assert prepared.workload.ep == 4
+    runs = {p: run_policy(prepared, p) for p in ("megatron", "holmes")}
+    ep = {p: {g.transport.kind for g in o.plan.groups_of(GroupKind.EXPERT)}
+          for p, o in runs.items()}
+    assert ep == {"megatron": {TransportKind.TCP}, "holmes": {TransportKind.RDMA}}
+    mega, holmes = (runs[p].result for p in ("megatron", "holmes"))
+    assert holmes.iteration_time_s < mega.iteration_time_s
+    saved = mega.breakdown_s["ep_comm"] - holmes.breakdown_s["ep_comm"]
+    assert saved > 0.5 * (mega.iteration_time_s - holmes.iteration_time_s)
+    files = launch_files(runs["holmes"].plan, runs["holmes"].cluster, prepared.workload,
+                         "bf16").files
+    assert "--expert-model-parallel-size 4" in files["megatron_args.txt"]
+    assert files["holmes_args.txt"].startswith("# not expressible") and \
+        "--moe-ffn-hidden-size" in files["holmes_args.txt"]
