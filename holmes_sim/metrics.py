@@ -19,11 +19,11 @@ from holmes_sim.sim.trace import OpKind, Trace
 from holmes_sim.units import GIB
 from holmes_sim.model.workload import Workload
 
-BREAKDOWN_KEYS = ("compute", "tp_comm", "cp_comm", "pp_exposed", "dp_exposed", "optimizer",
-                  "bubble")
+BREAKDOWN_KEYS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_exposed", "dp_exposed",
+                  "optimizer", "bubble")
 _CATEGORY = {
     OpKind.FORWARD: "compute", OpKind.BACKWARD: "compute", OpKind.TP_COMM: "tp_comm",
-    OpKind.CP_COMM: "cp_comm",
+    OpKind.CP_COMM: "cp_comm", OpKind.EP_COMM: "ep_comm",
     OpKind.WAIT_PP: "pp_exposed", OpKind.WAIT_DP: "dp_exposed", OpKind.OPTIMIZER: "optimizer",
 }
 
@@ -134,7 +134,8 @@ def stage_busy(trace: Trace, pp: int) -> tuple[float, ...]:
     """Per pipeline stage, the largest compute-stream busy time (F, B, TP) over its replicas (s)."""
     stage_of = {e.name: e.stage for e in trace.entities}
     cols = trace.columns()
-    busy_kind = [kind in (OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM, OpKind.CP_COMM)
+    busy_kind = [kind in (OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM, OpKind.CP_COMM,
+                          OpKind.EP_COMM)
                  for kind in OpKind]
     busy: dict[int, float] = {}  # by entity index, in order of each entity's first busy op
     for start, end, e, kind in zip(cols.start, cols.end, cols.entity, cols.kind, strict=True):

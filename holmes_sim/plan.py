@@ -40,6 +40,7 @@ class GroupKind(StrEnum):
     PIPELINE = "pp"
     EMBEDDING = "embedding"
     CONTEXT = "cp"
+    EXPERT = "ep"
 
 
 class OptimizerMode(StrEnum):

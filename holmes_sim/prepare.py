@@ -104,10 +104,11 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
         cluster = apply_link_profile(cluster, profile)
     nominal, cluster = cluster, apply_variability(cluster, s.variability, s.seed)
     workload = build_workload(s.model, s.training, s.parallel.tensor, s.parallel.context,
-                              s.parallel.cp_comm_type)
+                              s.parallel.cp_comm_type, s.parallel.expert)
     _check_buckets(workload)
     tp, pp, dp = _degrees(s, cluster)
     cp = check_context(s, s.parallel.context, tp)
+    check_expert(s, s.parallel.expert, dp * cp)
     m = _microbatches(s, dp)
     _check_layers(s, pp)
     _check_overlaps(s, tp, pp)
@@ -172,6 +173,26 @@ def _degrees(s: Scenario, cluster: Cluster) -> tuple[int, int, int]:
                          f"data={par.data} = {tp * pp * cp * par.data}, but the clusters have {n} "
                          f"GPUs; set data: {dp} or remove it")
     return tp, pp, dp
+
+
+def check_expert(s: Scenario, ep: int, replicas: int, field: str = "parallel.expert") -> int:
+    """Check expert-parallel degree `ep` against the model and the `replicas` (data x context)
+    as Megatron-Core does (`TransformerConfig.__post_init__`, `initialize_model_parallel`):
+    an MoE model, ep dividing num_experts and the data x context ranks."""
+    if ep == 1:
+        return ep
+    experts = s.model.num_experts
+    if experts is None:
+        raise FieldError(field, f"expert={ep} needs an MoE model (model.num_experts); use "
+                         "expert: 1 or an MoE model")
+    if experts % ep:
+        raise FieldError(field, f"expert={ep} must divide model.num_experts={experts}: each EP "
+                         f"rank holds num_experts / expert experts; use a divisor of {experts}")
+    if replicas % ep:
+        raise FieldError(field, f"expert={ep} must divide data x context = {replicas}: an EP "
+                         f"group is `expert` consecutive data-parallel replicas (Megatron-Core "
+                         f"`RankGenerator`); use a divisor of {replicas}")
+    return ep
 
 
 def check_context(s: Scenario, cp: int, tp: int) -> int:

@@ -6,7 +6,9 @@ Symbols as in `cost.transformer`, plus (`model.moe`) E routed experts, k experts
 and f_s the routed and shared experts' FFN widths, t the tensor-parallel degree (the experts'
 tensor-parallel degree equals it), M = b s tokens of the GPU (s/cp with CP; with sequence
 parallelism the dispatcher all-gathers them over the TP group, so every TP rank routes all M),
-R the expert rows of the GPU (`MoeShape.routed_rows`: M k when dropless), d bytes per element.
+R the expert rows of the GPU (`MoeShape.rank_rows`: M k when dropless; with expert parallelism
+of degree ep the GPU holds E/ep experts and R the rows the busiest EP rank receives from the
+group's ep x M tokens, `cost.expert_parallel`), d bytes per element.
 
 Kernels [MC: megatron/core/transformer/moe/ `TopKRouter`, `MoEAlltoAllTokenDispatcher`,
 `TEGroupedMLP`, `SharedExpertMLP`; moe_utils.py `permute`, `unpermute`]:
@@ -17,8 +19,8 @@ Kernels [MC: megatron/core/transformer/moe/ `TopKRouter`, `MoEAlltoAllTokenDispa
 - permute (read M' h d, write R h d / t) and unpermute (the reverse) forward, the same bytes
   backward; with t > 1 the gathered R rows are sorted by expert and back (`sort_chunks_by_idxs`,
   permutation 2): 4 R h d more;
-- the routed experts as one grouped GEMM each for fc1 and fc2: the E experts' GEMMs of R / E rows
-  each, fc1 (R/E, f1_e/t, h) and fc2 (R/E, h, f_e/t), batched so tile and wave quantization apply
+- the routed experts as one grouped GEMM each for fc1 and fc2: the E/ep experts' GEMMs of
+  R ep / E rows each, fc1 (R ep/E, f1_e/t, h) and fc2 (R ep/E, h, f_e/t), batched so tile and wave quantization apply
   over all experts' tiles together (`Gemm.batch`); R counts the busiest expert's imbalance and
   the capacity (`MoeShape.expert_rows`);
 - the activation over R f_e / t elements and the shared expert (M rows, like a dense MLP of
@@ -35,7 +37,7 @@ from functools import lru_cache
 
 from holmes_sim.cost.gemm import Gemm, gemm_time_s
 from holmes_sim.hardware.catalog import GpuModel
-from holmes_sim.model.moe import mlp_params, moe_mlp_params
+from holmes_sim.model.moe import expert_params, mlp_params, moe_mlp_params
 from holmes_sim.model.workload import Workload
 
 
@@ -75,11 +77,12 @@ def moe_mlp_kernels(w: Workload, tp: int) -> MlpKernels:
     """The MoE MLP of a layer: router, permutation, grouped expert GEMMs, shared expert."""
     moe, h, d = w.moe, w.hidden, w.dtype_bytes
     m = w.micro_batch * w.tokens
-    rows = moe.routed_rows(m)
-    per_expert = max(1, math.ceil(rows / moe.experts))
+    rows = moe.rank_rows(m, w.ep)
+    local_experts = moe.experts // w.ep
+    per_expert = max(1, math.ceil(rows / local_experts))
     gated = 2 if w.swiglu else 1
-    linear = [Gemm(per_expert, gated * moe.ffn // tp, h, moe.experts),
-              Gemm(per_expert, h, moe.ffn // tp, moe.experts)]
+    linear = [Gemm(per_expert, gated * moe.ffn // tp, h, local_experts),
+              Gemm(per_expert, h, moe.ffn // tp, local_experts)]
     local = m / (tp if w.sequence_parallel else 1)  # the GPU's sequence-parallel share
     probs = 4 * local * moe.experts
     permute = 2 * (local + rows / tp) * h * d + (4 * rows * h * d if tp > 1 else 0)
@@ -90,7 +93,9 @@ def moe_mlp_kernels(w: Workload, tp: int) -> MlpKernels:
         linear += [Gemm(m, gated * moe.shared_ffn // tp, h), Gemm(m, h, moe.shared_ffn // tp)]
         shared_fwd, shared_bwd = _activation_bytes(w, m * moe.shared_ffn / tp)
         fwd, bwd = fwd + shared_fwd, bwd + shared_bwd
-    bwd += _grad_add_bytes(w, moe_mlp_params(moe, h, w.swiglu, w.bias) / tp)
+    held = moe_mlp_params(moe, h, w.swiglu, w.bias) - \
+        expert_params(moe, h, w.swiglu, w.bias) * (w.ep - 1) / w.ep
+    bwd += _grad_add_bytes(w, held / tp)
     return MlpKernels((Gemm(math.ceil(local), moe.experts, h),), tuple(linear), fwd, bwd)
 
 
@@ -130,5 +135,5 @@ def tp_comm_factor(w: Workload) -> float:
     if moe is None:
         return 1.0
     m = w.micro_batch * w.tokens
-    mlp = moe.routed_rows(m) / m + (1 if moe.shared_ffn else 0)
+    mlp = moe.rank_rows(m, w.ep) / m + (1 if moe.shared_ffn else 0)
     return 1.0 + moe.moe_fraction * (mlp - 1) / 2

@@ -23,6 +23,7 @@ from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.nccl_algorithms import collective_time_s
 from holmes_sim.cost.compute import ComputeModel
+from holmes_sim.cost.expert_parallel import sends_exposed_s
 from holmes_sim.cost.ops import OpCosts, chunk_times
 from holmes_sim.estimate.netview import netview
 from holmes_sim.memo import IdentityMemo
@@ -63,7 +64,7 @@ class _Estimator:
         self.costs = OpCosts(cluster, workload, compute, plan.tp)
         self.times = chunk_times(self.costs)
         self.net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp,
-                           plan.num_chunks, plan.cp)
+                           plan.num_chunks, plan.cp, workload.ep)
         # The schedule's shape only: the walk's table stands for its ops (`walk.op_table`), and
         # building every op of a long schedule would cost as much as walking it.
         self.nv = plan.pp * plan.num_chunks
@@ -125,7 +126,7 @@ class _Estimator:
             got = self._alike_cache[(s, d)] = (id(node.gpu), id(node.intra_link), node.speed,
                                                tuple(self.plan.layers_per_stage[s::pp]),  # `stage_layers`
                                                s == 0, s == pp - 1, self.net.dp_ring(s),
-                                               self.net.cp_send(s, d))
+                                               self.net.cp_send(s, d), self.net.ep_sends(s, d))
         return got
 
     def _params(self, s: int) -> tuple[int, ...]:
@@ -151,13 +152,14 @@ class _Estimator:
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
         """Compute plus TP communication of virtual stage j's op on replica d's node (shared by
         equal hardware and across candidates: `cost.ops.ChunkTimes`), plus its CP exchange's
-        exposed time at the rate of every CP ring of the stage sending at once."""
+        exposed time at the rate of every CP ring of the stage sending at once, plus its EP
+        all-to-alls at the rates of every EP group of the stage sending at once."""
         node, layers = self.net.node(s, d), self.plan.layers_per_stage[j]
         t = self.times.op_s(node, layers, j == 0, j == self.nv - 1, backward)
         send = self.net.cp_send(s, d)
         if send is not None:
             t += self.costs.cp_exposed_s(node, layers, backward, send[1], send[0])
-        return t
+        return t + sends_exposed_s(self.w, self.plan.tp, layers, self.net.ep_sends(s, d))
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
         """Latency + bytes at the path's rate when every replica sends the same message at the

@@ -33,19 +33,22 @@ _VIEWS: IdentityMemo[NetView] = IdentityMemo(64)
 
 
 def netview(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], groups: Sequence[Group], tp: int,
-            pp: int, dp: int, num_chunks: int, cp: int = 1) -> NetView:
-    """The (shared) view of this placement (`dp` replicas, each `cp` consecutive a CP group)."""
-    return _VIEWS.get((cluster, rank_to_gpu, groups), (tp, pp, dp, num_chunks, cp),
-                      lambda: NetView(cluster, rank_to_gpu, groups, tp, pp, dp, num_chunks, cp))
+            pp: int, dp: int, num_chunks: int, cp: int = 1, ep: int = 1) -> NetView:
+    """The (shared) view of this placement (`dp` replicas, each `cp` consecutive a CP group,
+    each `ep` consecutive an EP group)."""
+    return _VIEWS.get((cluster, rank_to_gpu, groups), (tp, pp, dp, num_chunks, cp, ep),
+                      lambda: NetView(cluster, rank_to_gpu, groups, tp, pp, dp, num_chunks, cp,
+                                      ep))
 
 
 class NetView:
     """See the module docstring; everything is computed on first use."""
 
     def __init__(self, cluster: Cluster, rank_to_gpu: Sequence[GpuRef], groups: Sequence[Group],
-                 tp: int, pp: int, dp: int, num_chunks: int, cp: int = 1):
-        self.cluster, self.rank_to_gpu, self.cp = cluster, rank_to_gpu, cp
+                 tp: int, pp: int, dp: int, num_chunks: int, cp: int = 1, ep: int = 1):
+        self.cluster, self.rank_to_gpu, self.cp, self.ep = cluster, rank_to_gpu, cp, ep
         self._cp_sends: dict[int, list[tuple[float, float]]] = {}
+        self._ep_sends: dict[int, list[tuple[tuple[float, float], ...]]] = {}
         self.tp, self.pp, self.dp, self.nv = tp, pp, dp, pp * num_chunks
         self.caps = cluster.derived(("link capacities",), lambda: link_capacities(cluster))
         # The few groups asked for (a transport per stage pair, a ring per stage), found
@@ -183,6 +186,32 @@ class NetView:
                                        for links, latency in uses]
         return got[d]
 
+    # ---- expert-parallel all-to-alls -----------------------------------------------------------
+    def ep_sends(self, s: int, d: int) -> tuple[tuple[float, float], ...]:
+        """(latency s, rate bytes/s) of replica d's send to each other replica of its EP group on
+        stage s while every replica of the stage sends to each of its peers (the all-to-alls of
+        a stage's EP groups run at once), each link's capacity split over the summed weights of
+        those sends; empty without EP."""
+        if self.ep == 1:
+            return ()
+        got = self._ep_sends.get(s)
+        if got is None:
+            uses: list[list] = [[] for _ in range(self.dp)]
+            for d0 in range(0, self.dp, self.ep):
+                transport = self._groups.first(GroupKind.EXPERT, self.rank(s, d0))[1]
+                for a in range(d0, d0 + self.ep):
+                    uses[a] = [send_uses(self.cluster, transport, self.entity(s, a),
+                                         self.entity(s, b)) for b in range(d0, d0 + self.ep)
+                               if b != a]
+            load: dict = {}
+            for links, _ in (u for per in uses for u in per):
+                for lk, w in links:
+                    load[lk] = load.get(lk, 0.0) + w
+            got = self._ep_sends[s] = [
+                tuple((latency, min(self.caps[lk] / load[lk] for lk, _ in links))
+                      for links, latency in per) for per in uses]
+        return got[d]
+
     # ---- rings --------------------------------------------------------------------------------
     def idle_ring(self, kind: GroupKind, s: int) -> Ring | None:
         """On an idle network, the ring of the `kind` group that starts at stage s's first rank
@@ -267,7 +296,8 @@ class NetView:
             for d in range(self.dp):
                 signature = (tuple(self.hardware(s, d) for s in range(self.pp)),
                              tuple(r[d] for r in rates),
-                             tuple(self.cp_send(s, d) for s in range(self.pp)))
+                             tuple(self.cp_send(s, d) for s in range(self.pp)),
+                             tuple(self.ep_sends(s, d) for s in range(self.pp)))
                 by_signature.setdefault(signature, (d, []))[1].append(d)
             self._classes = list(by_signature.values())
         return self._classes

@@ -310,6 +310,8 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
         hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
     if hargs and workload.defer_embedding_wgrad:
         hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
+    if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags
+        hargs, why_not = [], "the Holmes fork has no --moe-ffn-hidden-size (Megatron-Core's MoE)"
     if hargs and plan.cp > 1 and workload.cp_comm_type != "p2p":
         # The fork takes --context-parallel-size but not --cp-comm-type: its ring (p2p) only.
         hargs, why_not = [], f"the Holmes fork runs context parallelism as p2p only, not " \

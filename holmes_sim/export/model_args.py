@@ -54,13 +54,16 @@ def architecture_args(w: Workload) -> list[str]:
 def moe_args(w: Workload) -> list[str]:
     """Arguments of `pretrain_gpt.py` for an MoE model (all in Megatron-LM's
     megatron/training/arguments.py `_add_moe_args`): experts, top-k, expert and shared FFN
-    widths, the layer pattern, load balancing, capacity; the all-to-all dispatcher and grouped
-    GEMM the cost model prices (`cost.moe`)."""
+    widths, the layer pattern, load balancing, capacity; the expert-parallel degree (the
+    experts' TP degree is Megatron's default, the TP degree); the all-to-all dispatcher and
+    grouped GEMM the cost model prices (`cost.moe`, `cost.expert_parallel`)."""
     m = w.moe
     if m is None:
         return []
     args = ["--num-experts", str(m.experts), "--moe-router-topk", str(m.topk),
             "--moe-ffn-hidden-size", str(m.ffn)]
+    if w.ep > 1:
+        args += ["--expert-model-parallel-size", str(w.ep)]
     if m.shared_ffn:
         args += ["--moe-shared-expert-intermediate-size", str(m.shared_ffn)]
     if 0 in m.pattern:

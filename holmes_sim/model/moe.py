@@ -77,6 +77,13 @@ class MoeShape:
         busiest, others = self.expert_rows(tokens)
         return max(1, round(busiest + (self.experts - 1) * others))
 
+    def rank_rows(self, tokens: int, ep: int) -> int:
+        """Rows the E/ep routed experts of the busiest rank of an expert-parallel group of `ep`
+        ranks process when each rank routes `tokens` tokens: the busiest expert's rows plus
+        E/ep - 1 others' over the group's ep x tokens, at least 1 (`routed_rows` when ep = 1)."""
+        busiest, others = self.expert_rows(tokens * ep)
+        return max(1, round(busiest + (self.experts // ep - 1) * others))
+
 
 def moe_layer_pattern(freq: int | tuple[int, ...], layers: int) -> tuple[int, ...]:
     """1 for an MoE layer, 0 for a dense one, per layer [MC]."""
@@ -96,6 +103,11 @@ def moe_mlp_params(m: MoeShape, h: int, gated: bool, bias: bool) -> int:
     experts and the shared expert [MC]."""
     shared = mlp_params(h, m.shared_ffn, gated, bias) if m.shared_ffn else 0
     return m.experts * h + m.experts * mlp_params(h, m.ffn, gated, bias) + shared
+
+
+def expert_params(m: MoeShape, h: int, gated: bool, bias: bool) -> int:
+    """The E routed experts' parameters of one MoE layer (split over expert parallelism)."""
+    return m.experts * mlp_params(h, m.ffn, gated, bias)
 
 
 def moe_mlp_forward_flop(m: MoeShape, tokens: float, h: int, gated: bool) -> float:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from holmes_sim.errors import FieldError
 from holmes_sim.model.flops import megatron_core_flop, sc21_flop
-from holmes_sim.model.moe import (MoeShape, megatron_mlp_term, mlp_params, moe_layer_pattern,
+from holmes_sim.model.moe import (MoeShape, expert_params, megatron_mlp_term, mlp_params, moe_layer_pattern,
                                   moe_mlp_forward_flop, moe_mlp_params)
 from holmes_sim.model.pipeline_split import PipelineSplit
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
@@ -96,6 +96,9 @@ class Workload:
     """Context-parallel degree: each rank holds `tokens` = s/cp of every sequence [CP]."""
     cp_comm_type: str = "p2p"
     """How a CP group exchanges tokens for attention: p2p | a2a | allgather (`ParallelSpec`)."""
+    ep: int = 1
+    """Expert-parallel degree: a GPU holds E/ep of each MoE layer's routed experts
+    (`cost.expert_parallel`)."""
     moe: MoeShape | None = None
     """The mixture-of-experts layers (`model.moe`); None: every MLP is dense. Every layer is
     priced at the mean of the model's dense and MoE layers (`moe.moe_fraction`)."""
@@ -131,11 +134,14 @@ class Workload:
     # ---- parameters [N21] -------------------------------------------------------------------
     @property
     def layer_params(self) -> int:
-        """Parameters of one layer; with MoE the mean over the layer pattern, rounded
-        (`moe_mlp_params`)."""
+        """Parameters of one layer a GPU holds (whole TP group); with MoE the mean over the layer
+        pattern, rounded, with 1/ep of the routed experts (`moe_mlp_params`)."""
         if self.moe is None:
             return self.dense_layer_params
-        return round(self.layers_params / self.num_layers)
+        m = self.moe
+        held = self.layers_params - m.moe_layers * expert_params(m, self.hidden, self.swiglu,
+                                                                 self.bias) * (self.ep - 1) // self.ep
+        return round(held / self.num_layers)
 
     @property
     def layers_params(self) -> int:
@@ -362,9 +368,9 @@ def _is_gpt(model: ModelSpec) -> bool:
 
 
 def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: int = 1,
-                   cp_comm_type: str = "p2p") -> Workload:
+                   cp_comm_type: str = "p2p", ep: int = 1) -> Workload:
     """Resolve defaults (FFN 4h, gradient dtype, vocabulary padded for TP degree `tp`) into a
-    Workload for context-parallel degree `cp`. GPT models report [N21]'s FLOPs, every other
+    Workload for context-parallel degree `cp` and expert-parallel degree `ep`. GPT models report [N21]'s FLOPs, every other
     architecture [MLM]'s."""
     check_model(model)
     dtype = _DTYPE_BYTES[training.precision]
@@ -390,5 +396,5 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         attention_dropout=model.attention_dropout,
         vocab_divisible_by=model.make_vocab_size_divisible_by,
         flops_formula="sc21" if _is_gpt(model) else "megatron-core", cp=cp,
-        cp_comm_type=cp_comm_type, moe=moe_shape(model),
+        cp_comm_type=cp_comm_type, ep=ep, moe=moe_shape(model),
     )

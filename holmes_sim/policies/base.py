@@ -93,22 +93,23 @@ def _check_tp(rank_to_gpu: Sequence[GpuRef], tp: int) -> bool:
 
 def build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: int, dp: int,
                  num_chunks: int, tie_embeddings: bool, choose: TransportChooser,
-                 chooser_key: Hashable | None = None, cp: int = 1) -> Groups:
-    """TP, CP, DP, PP and embedding groups for Megatron's rank layout (`dp` replicas of which
-    each `cp` consecutive form a CP group), each with its transport
+                 chooser_key: Hashable | None = None, cp: int = 1, ep: int = 1) -> Groups:
+    """TP, CP, EP, DP, PP and embedding groups for Megatron's rank layout (`dp` replicas of
+    which each `cp` consecutive form a CP group, each `ep` consecutive an EP group), each with
+    its transport
     (`policies.groups`), built when first read; single groups are found without building them
     all. With `chooser_key` (what determines `choose`'s answers besides the cluster), the
     groups are made once per (cluster, rank order, degrees, key) and the same object returned
     after."""
     def make() -> Groups:
         builder = GroupBuilder(cluster, rank_to_gpu, tp, pp, dp, num_chunks, tie_embeddings, choose,
-                               cp)
+                               cp, ep)
         return Groups(builder.build, builder)
 
     if chooser_key is None:
         return make()
     return _GROUPS.get((cluster, rank_to_gpu),
-                       (tp, pp, dp, num_chunks, tie_embeddings, chooser_key, cp), make)
+                       (tp, pp, dp, num_chunks, tie_embeddings, chooser_key, cp, ep), make)
 
 
 def equal_partition(num_layers: int, num_virtual_stages: int) -> tuple[int, ...]:

@@ -37,8 +37,10 @@ class GroupBuilder:
     uses the same pair in reverse), each physical pair once, in order of first use."""
 
     def __init__(self, cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: int, dp: int,
-                 num_chunks: int, tie_embeddings: bool, choose: TransportChooser, cp: int = 1):
+                 num_chunks: int, tie_embeddings: bool, choose: TransportChooser, cp: int = 1,
+                 ep: int = 1):
         self.cluster, self.gpus, self.choose, self.cp = cluster, rank_to_gpu, choose, cp
+        self.ep = ep
         self.tp, self.pp, self.dp, self.tie = tp, pp, dp, tie_embeddings and pp > 1
         self.pairs = list(dict.fromkeys((j % pp, (j + 1) % pp) for j in range(pp * num_chunks - 1)))
         self._chosen: dict[tuple[str, ...], Transport] = {}
@@ -56,6 +58,9 @@ class GroupBuilder:
             groups += [self._tensor(s, d) for s in range(pp) for d in range(dp)]
         if self.cp > 1:
             groups += [self._context(s, d, i) for s in range(pp) for d in range(0, dp, self.cp)
+                       for i in range(tp)]
+        if self.ep > 1:
+            groups += [self._expert(s, d, i) for s in range(pp) for d in range(0, dp, self.ep)
                        for i in range(tp)]
         if dp > 1:
             groups += [self._data_group(s, i) for s in range(pp) for i in range(tp)]
@@ -89,6 +94,8 @@ class GroupBuilder:
             group = self._tensor(s, d)
         elif kind is GroupKind.CONTEXT and self.cp > 1 and d % self.cp == 0:
             group = self._context(s, d, i)
+        elif kind is GroupKind.EXPERT and self.ep > 1 and d % self.ep == 0:
+            group = self._expert(s, d, i)
         elif kind is GroupKind.EMBEDDING and self.tie and s == 0:
             group = self._embedding(d, i)
         elif kind is GroupKind.PIPELINE:
@@ -165,6 +172,13 @@ class GroupBuilder:
         consecutive CP ranks, Megatron-Core's "tp-cp-ep-dp-pp" order (`plan`)."""
         return self._member_by_member(GroupKind.CONTEXT,
                                       tuple(self._rank(s, d + c, i) for c in range(self.cp)))
+
+    def _expert(self, s: int, d: int, i: int) -> Group:
+        """Stage s's EP group of TP rank i over replicas d .. d + ep - 1 (d a multiple of ep):
+        with the experts' TP equal to TP, Megatron-Core's expert ranks "tp-ep-dp-pp" over the
+        replicas (`RankGenerator` of the experts, megatron/core/parallel_state.py)."""
+        return self._member_by_member(GroupKind.EXPERT,
+                                      tuple(self._rank(s, d + e, i) for e in range(self.ep)))
 
     def _embedding(self, d: int, i: int) -> Group:
         return self._member_by_member(GroupKind.EMBEDDING,

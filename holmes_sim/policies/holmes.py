@@ -59,9 +59,11 @@ class HolmesPolicy:
         # The chooser depends on the policy's switches and the cluster only: key it by the policy.
         groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
                               request.num_chunks, request.workload.tie_embeddings,
-                              self.chooser(request, rank_to_gpu), chooser_key=self, cp=request.cp)
+                              self.chooser(request, rank_to_gpu), chooser_key=self, cp=request.cp,
+                              ep=request.workload.ep)
         equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
-        notes = _NOTES.get((nodes,), (request.tp, request.pp, request.dp, request.cp),
+        notes = _NOTES.get((nodes,), (request.tp, request.pp, request.dp, request.cp,
+                                      request.workload.ep),
                            lambda: _notes(nodes, request))
 
         def plan_with(layers: tuple[int, ...]) -> Plan:
@@ -107,8 +109,9 @@ _NOTES: IdentityMemo[tuple[str, ...]] = IdentityMemo()
 
 def _notes(nodes: Sequence[Node], request: PlanRequest) -> tuple[str, ...]:
     """Say which stages straddle NIC classes (their DP groups then cannot all use RDMA), and
-    which CP groups do (their rings then cannot)."""
+    which CP and EP groups do (their rings and all-to-alls then cannot)."""
     per_stage, ring = request.tp * request.dp, request.tp * request.cp
+    ep = request.tp * request.workload.ep
     gpus = [c for n in nodes for c in [nic_class(n)] * n.num_gpus]
     notes = []
     for s in range(request.pp):
@@ -120,4 +123,9 @@ def _notes(nodes: Sequence[Node], request: PlanRequest) -> tuple[str, ...]:
         if split:
             notes.append(f"stage {s}: {len(split)} CP group(s) span NIC classes (from rank "
                          f"{split[0]}); their rings leave RDMA")
+        split = [k for k in range(s * per_stage, (s + 1) * per_stage, ep)
+                 if len(set(gpus[k:k + ep])) > 1] if request.workload.ep > 1 else []
+        if split:
+            notes.append(f"stage {s}: {len(split)} EP group(s) span NIC classes (from rank "
+                         f"{split[0]}); their all-to-alls leave RDMA")
     return tuple(notes)

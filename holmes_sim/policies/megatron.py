@@ -82,13 +82,17 @@ class MegatronPolicy:
             # Megatron-LLaMA (2023) and Megatron-DeepSpeed predate Megatron-Core's CP.
             raise PlanError(f"{self.name} has no context parallelism (--context-parallel-size "
                             "is Megatron-Core's); use policy megatron or holmes, or context: 1")
+        if request.workload.ep > 1 and self.name != "megatron":
+            raise PlanError(f"{self.name} has no expert parallelism (--expert-model-parallel-size "
+                            "is Megatron-Core's); use policy megatron or holmes, or expert: 1")
         _, rank_to_gpu = rank_order(request.cluster, "listing", list)
         check_tp_within_nodes(rank_to_gpu, request.tp)
         fabric = job_wide_fabric(request.cluster, rank_to_gpu)
         groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
                               request.num_chunks, request.workload.tie_embeddings,
                               lambda gpus: job_wide_transport(request.cluster, gpus, fabric),
-                              chooser_key=("job-wide", fabric), cp=request.cp)
+                              chooser_key=("job-wide", fabric), cp=request.cp,
+                              ep=request.workload.ep)
         split = request.workload.pipeline_split
         own = self.optimizer is None and self.llama_release is None  # the forks lack the flags
         layers = megatron_layers_per_stage(request.workload.num_layers, request.pp,

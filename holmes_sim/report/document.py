@@ -21,6 +21,7 @@ TIE_REL = 1e-6
 COST_NAMES = {
     "tp_comm": "tensor-parallel communication",
     "cp_comm": "exposed context-parallel (CP) communication",
+    "ep_comm": "expert-parallel (EP) all-to-all communication",
     "pp_exposed": "exposed pipeline (PP) communication",
     "dp_exposed": "exposed data-parallel (DP) communication", "optimizer": "the optimizer step",
     "bubble": "pipeline bubble and idle time",

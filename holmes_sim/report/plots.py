@@ -25,17 +25,19 @@ DPI = 110
 MAX_TIMELINE_ROWS = 32
 
 CATEGORY_COLOURS = {
-    "compute": "#4C72B0", "tp_comm": "#8172B2", "cp_comm": "#B07AA1", "pp_exposed": "#DD8452",
+    "compute": "#4C72B0", "tp_comm": "#8172B2", "cp_comm": "#B07AA1", "ep_comm": "#64B5CD",
+    "pp_exposed": "#DD8452",
     "dp_exposed": "#C44E52", "optimizer": "#333333", "bubble": "#C8C8C8",
 }
 CATEGORY_LABELS = {
     "compute": "compute (F+B)", "tp_comm": "TP comm", "cp_comm": "CP exposed",
+    "ep_comm": "EP all-to-all",
     "pp_exposed": "PP exposed (wait)",
     "dp_exposed": "DP exposed (wait)", "optimizer": "optimizer", "bubble": "bubble / idle",
 }
 OP_COLOURS = {
     OpKind.FORWARD: "#4C72B0", OpKind.BACKWARD: "#55A868", OpKind.TP_COMM: "#8172B2",
-    OpKind.CP_COMM: "#B07AA1",
+    OpKind.CP_COMM: "#B07AA1", OpKind.EP_COMM: "#64B5CD",
     OpKind.WAIT_PP: "#DD8452", OpKind.WAIT_BUBBLE: "#C8C8C8", OpKind.WAIT_DP: "#C44E52",
     OpKind.OPTIMIZER: "#222222", OpKind.PP_SEND: "#937860",
     OpKind.DP_REDUCE_SCATTER: "#17BECF", OpKind.DP_ALL_GATHER: "#0B6E78",

@@ -19,7 +19,8 @@ def layout_label(c: Candidate) -> str:
     sched = f"interleaved x{lay.virtual_stages}" if lay.schedule == "interleaved" else lay.schedule
     sp = " SP" if lay.sequence_parallel else ""
     cp = f" CP{lay.cp}" if lay.cp > 1 else ""
-    return f"TP{lay.tp}{cp} PP{lay.pp} DP{lay.dp} mb{lay.micro_batch_size} {sched} " \
+    ep = f" EP{lay.ep}" if lay.ep > 1 else ""
+    return f"TP{lay.tp}{cp} PP{lay.pp} DP{lay.dp}{ep} mb{lay.micro_batch_size} {sched} " \
         f"rc:{lay.recompute}{sp}"
 
 

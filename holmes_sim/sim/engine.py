@@ -14,6 +14,8 @@ Timing assumptions (each entity):
   from the entity to the next replica of its CP ring over the CP group's links: each ring step's
   transfer beside one step of attention compute (the step ends when both have), then any
   exchange that nothing overlaps (a2a, allgather); the wait beyond compute is `cp-comm`;
+- with expert parallelism each op first runs its MoE layers' all-to-alls as flows to every EP
+  peer, not overlapped (`sim.expert_exchange`, `ep-comm`);
 - a finished op's output is sent asynchronously (a flow); sending does not block compute; a stage
   posts the receive of an op's input when it reaches the op, or with `overlap_p2p_comm` on the
   interleaved schedule when its previous op of the same kind (F or B) ends;
@@ -43,6 +45,7 @@ from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import Group, GroupKind, Plan
 from holmes_sim.schedule import Op, ScheduleKind
 from holmes_sim.sim import symmetry
+from holmes_sim.sim.expert_exchange import ep_exchange
 from holmes_sim.sim.environment import CountingEnvironment, Jitter, quiet_collector
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
@@ -199,9 +202,9 @@ class _Simulation:
     def _set_classes(self, options: EngineOptions) -> None:
         """Classes of identical replicas (`symmetry.py`); each simulated by its first member."""
         p = self.plan
-        # CP rings tie replicas to their ring neighbours, which the classes do not follow.
+        # CP rings and EP all-to-alls tie replicas to their peers, which the classes do not follow.
         if options.full_simulation or self.cpu is not None or self.jitter.rng or p.dp == 1 \
-                or p.cp > 1:
+                or p.cp > 1 or self.costs.workload.ep > 1:
             members = symmetry.singletons(p.dp)
         else:
             members = symmetry.ReplicaSignatures(
@@ -288,6 +291,8 @@ class _Simulation:
                 self._record_wait(name, op, waited[0], t0)
             dur, tp = self._durations(node, j, backward)
             kind = OpKind.BACKWARD if backward else OpKind.FORWARD
+            if self.costs.workload.ep > 1:
+                yield from ep_exchange(self, name, s, d, op, self.plan.layers_per_stage[j])
             if self.plan.cp > 1:
                 ran = yield from self._cp_exchange(name, s, d, node, op, kind,
                                                    self.plan.layers_per_stage[j])

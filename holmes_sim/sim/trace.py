@@ -17,6 +17,7 @@ class OpKind(StrEnum):
     BACKWARD = "backward"
     TP_COMM = "tp-comm"
     CP_COMM = "cp-comm"  # compute stream waiting for a context-parallel exchange
+    EP_COMM = "ep-comm"  # compute stream waiting for an expert-parallel all-to-all
     PP_SEND = "pp-send"
     DP_ALL_REDUCE = "dp-all-reduce"
     DP_REDUCE_SCATTER = "dp-reduce-scatter"

@@ -157,6 +157,10 @@ class ParallelSpec:
     context: int = 1
     """Context-parallel degree (Megatron `--context-parallel-size`): each rank of a CP group
     holds s/context tokens of every sequence; GPUs = tensor x context x data x pipeline."""
+    expert: int = 1
+    """Expert-parallel degree (Megatron `--expert-model-parallel-size`): each rank of an EP group
+    holds num_experts / expert of every MoE layer's routed experts; an EP group is `expert`
+    consecutive data-parallel replicas (the experts' TP degree is `tensor`)."""
     cp_comm_type: Literal["p2p", "a2a", "allgather"] = "p2p"
     """How a CP group's attention gets the other ranks' tokens (Megatron `--cp-comm-type`):
     p2p passes K and V chunks around a ring overlapped with attention (ring attention), a2a

@@ -66,6 +66,9 @@ class SearchSpec:
     context: tuple[int, ...] | None = None
     """Context-parallel degrees (default: the scenario's `parallel.context` alone); list more
     (1, 2, 4, 8) to search CP."""
+    expert: tuple[int, ...] | None = None
+    """Expert-parallel degrees (default: the scenario's `parallel.expert` alone); list more
+    (1, 2, 4, 8) to search EP."""
     micro_batch_size: tuple[int, ...] | None = None
     """Micro-batch sizes (default: 1, 2, 4, 8, 16 that divide the batch)."""
     schedule: tuple[Literal["gpipe", "1f1b", "interleaved"], ...] = ("gpipe", "1f1b", "interleaved")

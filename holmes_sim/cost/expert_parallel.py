@@ -1,0 +1,97 @@
+"""Expert parallelism (EP) as Megatron-Core runs it with the all-to-all token dispatcher: what one
+GPU of an EP group of degree ep sends per MoE layer, and the closed form of one all-to-all that
+the engine and the estimate share.
+
+With the experts' tensor-parallel degree equal to the TP degree t, an EP group is ep ranks that
+hold the same TP rank of ep different replicas, each with E/ep of the routed experts
+(Megatron-Core `RankGenerator` "tp-ep-dp-pp" for the experts, megatron/core/parallel_state.py).
+`MoEAlltoAllTokenDispatcher` (megatron/core/transformer/moe/token_dispatcher.py) sends every
+routed copy of a token to the rank that holds its expert before the experts (dispatch) and back
+after them (combine), each an all-to-all over the EP group; the backward moves the gradients the
+same way, so an MoE layer has 2 all-to-alls forward and 2 backward per micro-batch, none of them
+overlapped with compute. Megatron-Core requires sequence parallelism with TP and MoE, so a GPU
+routes its own M/t of the micro-batch's M = b s tokens (s/cp with CP):
+
+    B = (M / t) k h d   bytes of routed token copies per GPU (k = router top-k, h hidden,
+                        d bytes per element; t = 1 without sequence parallelism)
+
+of which 1/ep stays on the GPU and (ep - 1)/ep leaves it, B/ep to each peer. Megatron-Core
+calls `torch.distributed.all_to_all_single` (megatron/core/tensor_parallel/mappings.py
+`_AllToAll`), which runs it as one NCCL group of a send and a receive per peer
+(torch/csrc/cuda/nccl.cpp `all2all_single_equal_split`: ncclGroupStart, ncclSend/ncclRecv,
+ncclGroupEnd; nccl-tests src/alltoall.cu the same), all peers at once, so on an idle fabric
+with every peer behind the same kind of path of per-GPU rate r and step latency alpha:
+
+    T = (ep - 1) alpha + (ep - 1)/ep B / r        (the pairwise exchange's alpha-beta cost,
+                                                   Thakur et al. 2005, all-to-all)
+
+Dropless routing sends M k rows; with a capacity factor the copies an expert drops beyond its
+capacity are not sent (`MoeShape.routed_rows` of the GPU's M/t tokens). A model whose MoE
+layers are every n-th layer is priced per layer at the mean (`MoeShape.moe_fraction`), as
+`cost.moe` does for the MLP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from holmes_sim.model.workload import Workload
+
+ALLTOALLS_PER_PASS = 2
+"""All-to-alls per MoE layer in a forward or a backward: dispatch and combine [module]."""
+
+
+def token_bytes(w: Workload, tp: int) -> float:
+    """B: bytes of routed token copies one GPU holds before the dispatch of one MoE layer for one
+    micro-batch (module docstring)."""
+    moe = w.moe
+    if moe is None:
+        return 0.0
+    tokens = w.micro_batch * w.tokens / (tp if w.sequence_parallel else 1)
+    return moe.routed_rows(round(tokens)) * w.hidden * w.dtype_bytes
+
+
+def alltoall_s(bytes_per_gpu: float, ep: int, rate_bytes_per_s: float, step_latency_s: float
+               ) -> float:
+    """T = (ep - 1) alpha + (ep - 1)/ep B / r: one all-to-all of B bytes per GPU over an EP group
+    of ep GPUs whose every peer is reached at r bytes/s per GPU (module docstring)."""
+    if ep == 1 or bytes_per_gpu <= 0:
+        return 0.0
+    return (ep - 1) * step_latency_s + (ep - 1) / ep * bytes_per_gpu / rate_bytes_per_s
+
+
+def peer_bytes(w: Workload, tp: int, ep: int, layers: int) -> float:
+    """Bytes one GPU sends to each EP peer over `layers` layers' all-to-alls of one forward or
+    backward: 2 x moe_fraction x layers x B/ep."""
+    if ep == 1 or w.moe is None:
+        return 0.0
+    return ALLTOALLS_PER_PASS * layers * w.moe.moe_fraction * token_bytes(w, tp) / ep
+
+
+def pass_latency_s(w: Workload, ep: int, layers: int, step_latency_s: float) -> float:
+    """The (ep - 1) alpha steps of `layers` layers' all-to-alls of one forward or backward."""
+    if ep == 1 or w.moe is None:
+        return 0.0
+    return ALLTOALLS_PER_PASS * layers * w.moe.moe_fraction * (ep - 1) * step_latency_s
+
+
+def op_exposed_s(w: Workload, tp: int, ep: int, layers: int, rate_bytes_per_s: float,
+                 step_latency_s: float) -> float:
+    """Seconds the all-to-alls of `layers` layers add to a forward or backward op when every
+    peer is reached at `rate_bytes_per_s` per GPU: 2 x moe_fraction x layers x T."""
+    if ep == 1 or w.moe is None:
+        return 0.0
+    return ALLTOALLS_PER_PASS * layers * w.moe.moe_fraction * alltoall_s(
+        token_bytes(w, tp), ep, rate_bytes_per_s, step_latency_s)
+
+
+def sends_exposed_s(w: Workload, tp: int, layers: int,
+                    sends: Sequence[tuple[float, float]]) -> float:
+    """Seconds the all-to-alls of `layers` layers add to a forward or backward op of a TP group
+    of t GPUs whose send to each EP peer has (latency s, rate bytes/s for the t GPUs together)
+    in `sends` while every EP group sends at once: the last peer's latency steps plus its
+    t x `peer_bytes` at its rate (`op_exposed_s` when every rate is t r)."""
+    if w.ep == 1 or w.moe is None or not sends:
+        return 0.0
+    size = tp * peer_bytes(w, tp, w.ep, layers)
+    return max(pass_latency_s(w, w.ep, layers, latency) + size / rate for latency, rate in sends)
