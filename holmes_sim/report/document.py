@@ -26,6 +26,8 @@ COST_NAMES = {
     "dp_exposed": "exposed data-parallel (DP) communication", "optimizer": "the optimizer step",
     "bubble": "pipeline bubble and idle time",
 }
+COST_GROUPS = {"tp_comm": "tp", "cp_comm": "cp", "ep_comm": "ep", "pp_exposed": "pp",
+               "dp_exposed": "dp"}
 
 
 class ValidationResult(Protocol):
@@ -88,6 +90,9 @@ def report_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
         "## Findings", "", findings(outcomes), "",
         "## Results (fastest first)", "", results_markdown_table(outcomes), "",
         "## Which nodes hold which pipeline stage", "", stage_nodes_markdown(outcomes), "",
+        "## Links each group kind uses", "",
+        "Per policy, the transport of every process group of each kind and how many groups use "
+        "it (`local` is NVLink inside a node).", "", transports_markdown(outcomes), "",
         *_stragglers_section(prepared, outcomes),
         "## Figures", "",
         "Iteration time and throughput per policy:", "", "![iteration time](iteration_time.png)",
@@ -134,6 +139,19 @@ def stage_nodes_markdown(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def transports_markdown(outcomes: list[Outcome]) -> str:
+    """A table: per policy, the transports of its TP/CP/EP/PP/DP groups."""
+    kinds = [k for k in ("tp", "cp", "ep", "pp", "dp")
+             if any(k in o.result.transports for o in outcomes)]
+    if not kinds:
+        return ""
+    lines = ["| policy | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+    for o in outcomes:
+        cells = [o.result.transports.get(k, "-") for k in kinds]
+        lines.append(f"| {o.result.policy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def results_markdown_table(outcomes: list[Outcome]) -> str:
     """A Markdown table with one row per policy, in the given order."""
     ups = speedups(outcomes)
@@ -174,13 +192,14 @@ def findings(outcomes: list[Outcome]) -> str:
         parts.append(f"{winner.policy} is a reference that changes the network, so it is a "
                      f"bound rather than a placement; the fastest policy on the scenario's own "
                      f"hardware is {_win_sentence(real, ordered, lead=False)}")
+    parts.append(_saving_sentence(winner, ordered))
     parts.append(_cost_sentence(winner))
     if real is not None and real is not winner:
         parts.append(_cost_sentence(real))
     oom = [r.policy for r in ordered if not r.memory.fits]
     if oom:
         parts.append(f"Not fitting in GPU memory: {', '.join(oom)}.")
-    return " ".join(parts)
+    return " ".join(p for p in parts if p)
 
 
 def _win_sentence(r: Result, ordered: list[Result], lead: bool = True) -> str:
@@ -199,6 +218,21 @@ def _win_sentence(r: Result, ordered: list[Result], lead: bool = True) -> str:
         gain = (f", {up:.2f}x faster than megatron ({base.iteration_time_s:.3f} s, "
                 f"{100 * (1 - r.iteration_time_s / base.iteration_time_s):.1f}% less time).")
     return ("The fastest policy is " if lead else "") + text + gain
+
+
+def _saving_sentence(r: Result, ordered: list[Result]) -> str:
+    """Which breakdown category saves `r` the most time against megatron, and on which links."""
+    base = next((o for o in ordered if o.policy == BASELINE), None)
+    if base is None or base is r or base.iteration_time_s <= r.iteration_time_s:
+        return ""
+    key = max(BREAKDOWN_KEYS, key=lambda k: base.breakdown_s[k] - r.breakdown_s[k])
+    saved = base.breakdown_s[key] - r.breakdown_s[key]
+    group = COST_GROUPS.get(key)
+    links = (f" ({base.transports[group]} under megatron, {r.transports[group]} under "
+             f"{r.policy})" if group in base.transports and group in r.transports else "")
+    name = COST_NAMES.get(key, key)
+    return (f"Most of the saving is {name} ({key}): {base.breakdown_s[key]:.3f} s against "
+            f"{r.breakdown_s[key]:.3f} s, {saved:.3f} s less{links}.")
 
 
 def _cost_sentence(r: Result) -> str:

@@ -11,7 +11,8 @@ import pytest
 from holmes_sim.metrics import BREAKDOWN_KEYS
 from holmes_sim.prepare import prepare
 from holmes_sim.report import plots
-from holmes_sim.report.document import findings, largest_cost, write_report, write_validation_report
+from holmes_sim.report.document import (COST_NAMES, findings, largest_cost, write_report,
+                                         write_validation_report)
 from holmes_sim.runner import results_document, run_scenario, stamp
 from holmes_sim.units import GIB
 from tests.conftest import SCENARIOS
@@ -239,3 +240,21 @@ def test_holmes_error_is_importable_from_the_package():
     from holmes_sim.errors import HolmesError
 
     assert holmes_sim.HolmesError is HolmesError
+
+
+def test_findings_name_the_category_that_saves_most_and_its_links(report_dir):
+    _, outcomes = default_run()
+    results = {o.result.policy: o.result for o in outcomes}
+    mega, holmes = results["megatron"], results["holmes"]
+    gains = {k: mega.breakdown_s[k] - holmes.breakdown_s[k] for k in BREAKDOWN_KEYS}
+    key = max(gains, key=gains.get)
+    text = (report_dir / "report.md").read_text()
+    assert (f"Most of the saving is {COST_NAMES[key]} ({key}): {mega.breakdown_s[key]:.3f} s "
+            f"against {holmes.breakdown_s[key]:.3f} s") in text
+    links = text.split("## Links each group kind uses", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in links.splitlines() if line.startswith("| ") and "---" not in line}
+    kinds = rows.pop("policy")
+    for policy, cells in rows.items():
+        assert cells == [results[policy].transports.get(k, "-") for k in kinds]
+    assert findings([o for o in outcomes if o.result.policy != "megatron"]).count("saving") == 0
