@@ -14,6 +14,8 @@ Synchronisation points (named SYNC-n in the code):
           forward pre-hook waits for each bucket just before the first module using it).
   SYNC-6 the same barrier after the last iteration, before exit.
   SYNC-7 under NCCL, the end of the iteration's GPU work.
+  SYNC-8 each EP all-to-all (an MoE layer's dispatch and combine, forward and backward) waits
+          for every peer of the rank's EXPERT group (`collectives.pairwise_all_to_all`).
 """
 
 from __future__ import annotations
