@@ -98,7 +98,19 @@ def pairwise_all_to_all(group: BuiltGroup, chunks: torch.Tensor, tag: int) -> to
     sends posted at once, then waited (NCCL's `all_to_all_single`, a send and a receive per peer
     in one group: torch/csrc/cuda/nccl.cpp `all2all_single_equal_split`; the pairwise exchange
     of Thakur et al. 2005). Each member sends (p-1)/p of `chunks`, the volume
-    `cost.expert_parallel` prices. Returns the chunks received, chunk j from group rank j."""
+    `cost.expert_parallel` prices. Returns the chunks received, chunk j from group rank j.
+
+    Under gloo the sends and receives use the group's two connections (one per direction,
+    `groups.py`; gloo's own alltoall would put both directions of a pair on one). Under NCCL
+    (one communicator, no `pg_rev`) it is `all_to_all_single` itself, Megatron-Core's call
+    (megatron/core/tensor_parallel/mappings.py `_AllToAll`): separate sends and receives to one
+    peer share a stream there, where a send could wait for a receive queued behind it."""
+    if group.pg_rev is None:
+        import torch.distributed as dist
+
+        out = torch.empty_like(chunks)
+        dist.all_to_all_single(out, chunks, group=group.pg)
+        return out
     p, i = group.size, group.group_rank
     out = torch.empty_like(chunks)
     out[i].copy_(chunks[i])
