@@ -1,5 +1,5 @@
-"""Ring collectives over a plan group's point-to-point connections, and a rank's TP group
-collectives built on them.
+"""Ring collectives and the all-to-all over a plan group's point-to-point connections, and a
+rank's TP and EP group collectives built on them.
 
 The rings move the volume the analytic model assumes, (p-1)/p * N elements per member and
 phase, which gloo's own collectives do not (see each function).
@@ -91,3 +91,57 @@ class TensorParallelComm:
     def slice(self, tensor: torch.Tensor) -> torch.Tensor:
         """This TP rank's slice of a pipeline message (each rank sends 1/tp of it)."""
         return tensor.reshape(self.size, -1)[self.rank]
+
+
+def pairwise_all_to_all(group: BuiltGroup, chunks: torch.Tensor, tag: int) -> torch.Tensor:
+    """The all-to-all of `chunks` (group size, ...): chunk j to group rank j, all receives and
+    sends posted at once, then waited (NCCL's `all_to_all_single`, a send and a receive per peer
+    in one group: torch/csrc/cuda/nccl.cpp `all2all_single_equal_split`; the pairwise exchange
+    of Thakur et al. 2005). Each member sends (p-1)/p of `chunks`, the volume
+    `cost.expert_parallel` prices. Returns the chunks received, chunk j from group rank j.
+
+    Under gloo the sends and receives use the group's two connections (one per direction,
+    `groups.py`; gloo's own alltoall would put both directions of a pair on one). Under NCCL
+    (one communicator, no `pg_rev`) it is `all_to_all_single` itself, Megatron-Core's call
+    (megatron/core/tensor_parallel/mappings.py `_AllToAll`): separate sends and receives to one
+    peer share a stream there, where a send could wait for a receive queued behind it."""
+    if group.pg_rev is None:
+        import torch.distributed as dist
+
+        out = torch.empty_like(chunks)
+        dist.all_to_all_single(out, chunks, group=group.pg)
+        return out
+    p, i = group.size, group.group_rank
+    out = torch.empty_like(chunks)
+    out[i].copy_(chunks[i])
+    peers = [j for j in range(p) if j != i]
+    # Receives first: gloo's send waits for the receiver's ready message (groups.py).
+    works = [group.recv(out[j], j, tag + j) for j in peers]
+    works += [group.send(chunks[j], j, tag + i) for j in peers]
+    for work in works:
+        work.wait()
+    return out
+
+
+class ExpertParallelComm:
+    """A rank's all-to-alls on its EP group, counted (calls and bytes it sent, of the training
+    iterations) and timed."""
+
+    def __init__(self, group: BuiltGroup) -> None:
+        self.group = group
+        self._calls = 0
+        self.collectives = 0  # all-to-alls of the iterations
+        self.bytes_sent = 0  # bytes sent to peers by them
+        self.comm_s = 0.0  # seconds spent in them
+        self.training = True
+
+    def all_to_all(self, chunks: torch.Tensor) -> torch.Tensor:
+        t = time.perf_counter()
+        self._calls += 1
+        p = self.group.size
+        if self.training:
+            self.collectives += 1
+            self.bytes_sent += (p - 1) * chunks[0].numel() * chunks.element_size()
+        out = pairwise_all_to_all(self.group, chunks, (self._calls % (1 << 24)) * p)
+        self.comm_s += time.perf_counter() - t
+        return out

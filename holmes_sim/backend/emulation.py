@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from holmes_sim.backend.collectives import TensorParallelComm
+from holmes_sim.backend.collectives import ExpertParallelComm, TensorParallelComm
 from holmes_sim.backend.model import Stage
+from holmes_sim.backend.moe import MoeMLP, dispatch_shape
 from holmes_sim.backend.run_config import RunConfig
 from holmes_sim.errors import TestbedError
 from holmes_sim.plan import Plan
@@ -85,16 +86,28 @@ def compute_pieces(stage: Stage, d: dict, tp: int) -> list[tuple[float, float, l
     return out
 
 
+def _expert_span(block) -> tuple[int, int] | None:
+    """(parameter elements of `block` before its experts, its experts' elements) in parameter
+    order, or None for a dense layer."""
+    if not isinstance(block.mlp, MoeMLP):
+        return None
+    experts = sum(p.numel() for p in block.mlp.experts.parameters())
+    return sum(p.numel() for p in block.parameters()) - experts, experts
+
 
 class ComputeEmulator:
-    """A rank's emulated compute: its forwards, backwards and their TP all-reduces as waits on
-    `clock`, the DP side's buckets gated and released as the real ops would (`dp`); `tp` is the
-    rank's TP group's collectives (None: no TP)."""
+    """A rank's emulated compute: its forwards, backwards and their TP all-reduces and EP
+    all-to-alls as waits on `clock`, the DP side's buckets gated and released as the real ops
+    would (`dp`); `tp` is the rank's TP group's collectives (None: no TP), `ep` its EP group's
+    (None: no EP)."""
 
     def __init__(self, durations: dict, plan: Plan, cfg: RunConfig, stages: list[Stage],
                  device: torch.device, dp: DataParallel, tp: TensorParallelComm | None,
-                 clock: PreciseWait) -> None:
+                 clock: PreciseWait, ep: ExpertParallelComm | None = None) -> None:
         self.cfg, self.device, self.dp, self.tp, self.clock = cfg, device, dp, tp, clock
+        self.ep = ep
+        # Per chunk, per MoE layer: parameter elements before its experts, and its experts'.
+        self.moe = [[_expert_span(block) for block in stage.blocks] for stage in stages]
         self.gate = dp.overlapped and plan.optimizer.sharded
         self.pieces = [compute_pieces(stage, durations, plan.tp) for stage in stages]
         # Emulated compute of the measured iterations: requested and actual seconds (the
@@ -119,8 +132,11 @@ class ComputeEmulator:
         forward bucket by bucket. Returns an activation of the real shape (None on the last
         virtual stage: the loss)."""
         self.clock.start()
+        layers = iter(self.moe[chunk])
         for forward_s, _, params, layer in self.pieces[chunk]:
-            self._piece(forward_s, layer, params, gate=self.gate)
+            span = next(layers) if layer else None
+            self._piece(forward_s, layer, params, gate=self.gate,
+                        all_to_all=self._ep_cuts(span, backward=False))
         if last:
             return None
         c = self.cfg.model
@@ -133,21 +149,28 @@ class ComputeEmulator:
         releases them during the backward)."""
         self.clock.start()
         release = chunk if self.dp.overlapped else None
+        layers = reversed(self.moe[chunk])
         for _, backward_s, params, layer in reversed(self.pieces[chunk]):
-            self._piece(backward_s, layer, params[::-1], release=release)
+            span = next(layers) if layer else None
+            self._piece(backward_s, layer, params[::-1], release=release,
+                        all_to_all=self._ep_cuts(span, backward=True))
 
     def _piece(self, seconds: float, layer: bool, params: list, gate: bool = False,
-               release: int | None = None) -> None:
+               release: int | None = None, all_to_all: tuple[int, ...] = ()) -> None:
         """One piece's wait, shared out over `params` (in compute order) by size, one wait per
         run of parameters in one bucket (few waits: each ends in a short spin); `gate`: a run
         first waits for its bucket's all-gather; `release` (a chunk): a run's gradients are
         final after its share. A TP layer runs its two all-reduces of the layer's activations
-        (2 per forward and per backward [N21, 3.2]) after each half of its time."""
+        (2 per forward and per backward [N21, 3.2]) after each half of its time; an MoE layer
+        its EP all-to-alls once the elements in `all_to_all` are done (`_ep_cuts`)."""
         total = sum(p.numel() for p in params)
         if not total:
             self.clock.wait(seconds)
             return
-        cuts = [total / 2, total] if layer and self.tp is not None else []
+        cuts = [(total / 2, self._tp_all_reduce), (total, self._tp_all_reduce)] \
+            if layer and self.tp is not None else []
+        cuts += [(at, self._ep_all_to_all) for at in all_to_all]
+        cuts.sort(key=lambda cut: cut[0])
         done = 0
         for bucket, run in itertools.groupby(params, key=lambda p: self.dp.owner.get(id(p))):
             run = list(run)
@@ -155,16 +178,34 @@ class ComputeEmulator:
                 self.dp.wait_bucket(bucket)
                 self.clock.deadline = max(self.clock.deadline, time.perf_counter())
             end = done + sum(p.numel() for p in run)
-            while cuts and cuts[0] <= end:
-                cut = cuts.pop(0)
+            while cuts and cuts[0][0] <= end:
+                cut, collective = cuts.pop(0)
                 self.clock.wait(seconds * (cut - done) / total)
                 done = cut
-                self._tp_all_reduce()
+                collective()
             self.clock.wait(seconds * (end - done) / total)
             done = end
             if release is not None:
                 for p in run:
                     self.dp.grad_ready(p, release)
+
+    def _ep_cuts(self, span: tuple[int, int] | None, backward: bool) -> tuple[int, ...]:
+        """Where an MoE layer's two all-to-alls fall among its parameter elements in compute
+        order, `span` = (elements before the experts, the experts'): forward, the dispatch
+        once attention and router are done and the combine after the experts; backward (the
+        reverse order), the combine's gradient first and the dispatch's after the experts."""
+        if span is None or self.ep is None:
+            return ()
+        before, experts = span
+        return (0, experts) if backward else (before, before + experts)
+
+    def _ep_all_to_all(self) -> None:
+        """One EP all-to-all of the layer's routed token copies (`moe.dispatch_shape`)."""
+        c = self.cfg.model
+        self.ep.all_to_all(torch.zeros(dispatch_shape(self.cfg.micro_batch_size, c.block_size,
+                                                      c.n_embd, c.moe_topk, self.ep.group.size),
+                                       device=self.device))
+        self.clock.deadline = max(self.clock.deadline, time.perf_counter())
 
     def _tp_all_reduce(self) -> None:
         """A TP all-reduce of one layer's activations (b s h) between emulated compute."""

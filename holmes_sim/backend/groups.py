@@ -14,6 +14,9 @@ Group conventions (the policies produce the same structure):
   For the interleaved schedule the wrap-around (stage p-1 chunk c -> stage 0 chunk c+1) is the
   group (rank of stage p-1, rank of stage 0); for p == 2 that is a second group (1 -> 0) next
   to (0 -> 1). Pairs repeated across chunks appear once.
+- EXPERT: one group per (pp_rank, tp_rank, run of ep consecutive dp_ranks), members in dp_rank
+  order (Megatron-Core's expert rank order, `policies/groups.py`); its all-to-alls are
+  pairwise sends and receives (`collectives.pairwise_all_to_all`).
 - Group rank = index of the global rank in `group.ranks`.
 
 Point-to-point traffic (pipeline sends, the worker's ring collectives) goes through
@@ -232,4 +235,12 @@ def data_group(groups: list[BuiltGroup]) -> BuiltGroup | None:
     found = [g for g in groups if g.group.kind is GroupKind.DATA]
     if len(found) > 1:
         raise TestbedError(f"rank is in {len(found)} DATA groups; expected one")
+    return found[0] if found else None
+
+
+def expert_group(groups: list[BuiltGroup]) -> BuiltGroup | None:
+    """This rank's EXPERT group, or None when the plan has none (EP 1)."""
+    found = [g for g in groups if g.group.kind is GroupKind.EXPERT]
+    if len(found) > 1:
+        raise TestbedError(f"rank is in {len(found)} EXPERT groups; expected one")
     return found[0] if found else None

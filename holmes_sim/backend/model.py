@@ -19,6 +19,10 @@ target's logit and the sum of exponentials are combined over the group). LayerNo
 position embedding are replicated: their inputs are the same on every rank of the group, so
 their gradients are too. A TP piece is cut from the full piece's deterministic weights, so a TP
 stage trains exactly as the full model does.
+
+With `GPTConfig.num_experts` every layer's MLP is a mixture of experts (`moe.py`); a stage built
+with an `ExpertParallel` keeps its EP rank's E / ep experts of each layer, cut from the full
+layer's deterministic weights, and swaps tokens with the group's other ranks by all-to-all.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from holmes_sim.backend.moe import ExpertParallel, MoeMLP
 
 # Piece ids for seeding: the embedding, layer i (1 + i) and the head (a fixed large id).
 _EMBEDDING_ID = 0
@@ -46,10 +52,19 @@ class GPTConfig:
     block_size: int = 32
     vocab_size: int = 128
     seed: int = 1234
+    num_experts: int = 0
+    """Routed experts of every layer's MLP (`moe.MoeMLP`); 0: dense 4h MLPs."""
+    moe_topk: int = 2
+    """Experts each token is routed to."""
+    moe_ffn: int = 0
+    """One expert's FFN width; 0: 4 n_embd."""
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
+        if self.num_experts and not 1 <= self.moe_topk <= self.num_experts:
+            raise ValueError(f"moe_topk ({self.moe_topk}) must be in [1, num_experts "
+                             f"({self.num_experts})]")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,16 +99,21 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-LayerNorm transformer layer: attention and a 4x GELU MLP, no dropout."""
+    """One pre-LayerNorm transformer layer: attention and a 4x GELU MLP (or, with
+    `config.num_experts`, a mixture of experts: `moe.MoeMLP`), no dropout."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd)
-        self.mlp = nn.Sequential(
-            nn.Linear(config.n_embd, 4 * config.n_embd), nn.GELU(),
-            nn.Linear(4 * config.n_embd, config.n_embd))
+        if config.num_experts:
+            self.mlp = MoeMLP(config.n_embd, config.num_experts, config.moe_topk,
+                              config.moe_ffn or 4 * config.n_embd)
+        else:
+            self.mlp = nn.Sequential(
+                nn.Linear(config.n_embd, 4 * config.n_embd), nn.GELU(),
+                nn.Linear(4 * config.n_embd, config.n_embd))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -306,6 +326,8 @@ class ParallelBlock(nn.Module):
 
     def __init__(self, full: Block, config: GPTConfig, tp: TensorParallel) -> None:
         super().__init__()
+        if config.num_experts:
+            raise ValueError("the backend runs mixture-of-experts layers with tensor: 1 only")
         tp.split(config.n_head, "n_head")
         mine = tp.split(4 * config.n_embd, "the MLP width")
         self.ln_1 = full.ln_1
@@ -362,7 +384,8 @@ class Stage(nn.Module):
     """
 
     def __init__(self, config: GPTConfig, first_layer: int, num_layers: int,
-                 has_embedding: bool, has_head: bool, tp: TensorParallel | None = None) -> None:
+                 has_embedding: bool, has_head: bool, tp: TensorParallel | None = None,
+                 ep: ExpertParallel | None = None) -> None:
         super().__init__()
         if first_layer < 0 or num_layers < 0 or first_layer + num_layers > config.n_layer:
             raise ValueError(f"layers [{first_layer}, {first_layer + num_layers}) outside "
@@ -379,6 +402,13 @@ class Stage(nn.Module):
             blocks = [ParallelBlock(b, config, tp) for b in blocks]
             if self.head is not None:
                 self.head = ParallelHead(self.head, config, tp)
+        if ep is not None and ep.size > 1:
+            if not config.num_experts:
+                raise ValueError("expert parallelism needs a model with num_experts")
+            if split:
+                raise ValueError("the backend runs expert parallelism with tensor: 1 only")
+            for b in blocks:
+                b.mlp.keep_local(ep)
         self.blocks = nn.ModuleList(blocks)
 
     @property
@@ -402,10 +432,11 @@ class Stage(nn.Module):
 
 
 def build_stage(config: GPTConfig, first_layer: int, num_layers: int, has_embedding: bool,
-                has_head: bool, tp: TensorParallel | None = None) -> Stage:
+                has_head: bool, tp: TensorParallel | None = None,
+                ep: ExpertParallel | None = None) -> Stage:
     """One pipeline (virtual) stage holding layers [first_layer, first_layer + num_layers), its
-    layers split over `tp`'s group when given."""
-    return Stage(config, first_layer, num_layers, has_embedding, has_head, tp)
+    layers split over `tp`'s group when given, its experts over `ep`'s (E / ep on this rank)."""
+    return Stage(config, first_layer, num_layers, has_embedding, has_head, tp, ep)
 
 
 _SHARDED = (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)

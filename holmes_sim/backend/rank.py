@@ -14,6 +14,8 @@ Synchronisation points (named SYNC-n in the code):
           forward pre-hook waits for each bucket just before the first module using it).
   SYNC-6 the same barrier after the last iteration, before exit.
   SYNC-7 under NCCL, the end of the iteration's GPU work.
+  SYNC-8 each EP all-to-all (an MoE layer's dispatch and combine, forward and backward) waits
+          for every peer of the rank's EXPERT group (`collectives.pairwise_all_to_all`).
 """
 
 from __future__ import annotations
@@ -24,10 +26,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from holmes_sim.backend.collectives import TensorParallelComm
+from holmes_sim.backend.collectives import ExpertParallelComm, TensorParallelComm
 from holmes_sim.backend.data_parallel import DataParallel, make_buckets
 from holmes_sim.backend.emulation import ComputeEmulator, PreciseWait, emulated_durations
-from holmes_sim.backend.groups import BuiltGroup, data_group, pipeline_group, tensor_group
+from holmes_sim.backend.groups import (
+    BuiltGroup,
+    data_group,
+    expert_group,
+    pipeline_group,
+    tensor_group,
+)
 from holmes_sim.backend.model import (
     GPTConfig,
     Stage,
@@ -36,6 +44,7 @@ from holmes_sim.backend.model import (
     shard_placements,
     synthetic_batch,
 )
+from holmes_sim.backend.moe import ExpertParallel
 from holmes_sim.backend.recorder import Recorder
 from holmes_sim.backend.reference import canonical_params
 from holmes_sim.backend.run_config import RunConfig
@@ -60,8 +69,12 @@ class Rank:
             TensorParallel(plan.tp, self.tp_rank, self.tp_comm.all_reduce,
                            self.tp_comm.all_gather,
                            reduce_input_grads=cfg.mutation != "tp-no-input-grad-reduce")
+        ep_group = expert_group(groups)
+        self.ep_comm = None if ep_group is None else ExpertParallelComm(ep_group)
+        self.ep = None if ep_group is None else \
+            ExpertParallel(ep_group.size, ep_group.group_rank, self.ep_comm.all_to_all)
         self.stages = [s.to(self.device) for s in
-                       build_stages(plan, cfg.model, self.pp_rank, self.tp)]
+                       build_stages(plan, cfg.model, self.pp_rank, self.tp, self.ep)]
         dp_group = data_group(groups) if plan.dp > 1 else None
         ops = self.sched.stage_ops[self.pp_rank]
         # Index of each chunk's last backward: its gradients are final after that op.
@@ -76,7 +89,7 @@ class Rank:
                                None if durations is None else durations["optimizer_s_per_param"])
         self.emulator = None if durations is None else ComputeEmulator(
             durations, plan, cfg, self.stages, self.device, self.dp,
-            None if self.tp is None else self.tp_comm, self.clock)
+            None if self.tp is None else self.tp_comm, self.clock, self.ep_comm)
         if self.emulator is None and self.dp.overlapped:
             self.dp.install_hooks(self.stages)
             if plan.optimizer.sharded:
@@ -172,12 +185,12 @@ class Rank:
         x = tokens if v == 0 else self._receive(0, mb, v, mailbox, chunk).requires_grad_(True)
         t, waited = time.perf_counter(), self.dp.gather_wait_s
         if self.emulator is not None:
-            requested, comm = self.clock.waited_s, self.tp_comm.comm_s
+            requested, comm = self.clock.waited_s, self.comm_s
             out = self.emulator.forward(chunk, v == self.num_virtual - 1)
             t += self.dp.gather_wait_s - waited
             self.rec.record("forward", t, time.perf_counter(), mb, chunk)
             self.emulator.count(self.rec.iteration, self.clock.waited_s - requested,
-                                time.perf_counter() - t - (self.tp_comm.comm_s - comm))
+                                time.perf_counter() - t - (self.comm_s - comm))
             inputs[(mb, chunk)], outputs[(mb, chunk)] = x, out
             if v < self.num_virtual - 1:
                 self._send(0, mb, v + 1, out, mailbox, pending)
@@ -200,11 +213,11 @@ class Rank:
         grad = None if v == self.num_virtual - 1 else self._receive(1, mb, v, mailbox, chunk)
         t = time.perf_counter()
         if self.emulator is not None:
-            requested, comm = self.clock.waited_s, self.tp_comm.comm_s
+            requested, comm = self.clock.waited_s, self.comm_s
             self.emulator.backward(chunk)
             self.rec.record("backward", t, time.perf_counter(), mb, chunk)
             self.emulator.count(self.rec.iteration, self.clock.waited_s - requested,
-                                time.perf_counter() - t - (self.tp_comm.comm_s - comm))
+                                time.perf_counter() - t - (self.comm_s - comm))
             if v > 0:
                 self._send(1, mb, v - 1, torch.zeros_like(x), mailbox, pending)
             return
@@ -213,9 +226,17 @@ class Rank:
         if v > 0:
             self._send(1, mb, v - 1, x.grad, mailbox, pending)
 
+    @property
+    def comm_s(self) -> float:
+        """Seconds this rank has spent in TP and EP collectives (not compute)."""
+        return self.tp_comm.comm_s + (0.0 if self.ep_comm is None else self.ep_comm.comm_s)
+
     def full_params(self, stage: Stage) -> dict[str, torch.Tensor]:
         """`stage`'s parameters at full-model shape and name: a TP shard summed with its
         group's (`model.shard_placements`); every TP member runs this in the same order."""
+        if self.ep is not None:
+            raise TestbedError("dump_params: a rank holds only its EP rank's experts; run the "
+                               "gradient-equality checks without expert parallelism")
         self.tp_comm.training = False
         placed = shard_placements(stage, self.cfg.model)
         values = {name: p.detach() if placed[name] is None else self.tp_comm.all_reduce(placed[name])
@@ -228,9 +249,10 @@ class Rank:
 
 
 def build_stages(plan: Plan, config: GPTConfig, pp_rank: int,
-                 tp: TensorParallel | None = None) -> list[Stage]:
+                 tp: TensorParallel | None = None,
+                 ep: ExpertParallel | None = None) -> list[Stage]:
     """The stage module of every chunk pipeline rank `pp_rank` holds (chunk order), split over
-    `tp`'s group when given."""
+    `tp`'s group when given, its experts over `ep`'s."""
     if sum(plan.layers_per_stage) != config.n_layer:
         raise TestbedError(f"plan places {sum(plan.layers_per_stage)} layers, "
                            f"the model has {config.n_layer}")
@@ -239,5 +261,6 @@ def build_stages(plan: Plan, config: GPTConfig, pp_rank: int,
     for c in range(plan.num_chunks):
         v = c * plan.pp + pp_rank
         first = sum(plan.layers_per_stage[:v])
-        stages.append(build_stage(config, first, plan.layers_per_stage[v], v == 0, v == last, tp))
+        stages.append(build_stage(config, first, plan.layers_per_stage[v], v == 0, v == last, tp,
+                                  ep))
     return stages

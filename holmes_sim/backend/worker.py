@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 
 from holmes_sim.backend.emulation import emulated_durations
-from holmes_sim.backend.groups import BuiltGroup, build_groups, init_world
+from holmes_sim.backend.groups import BuiltGroup, build_groups, expert_group, init_world
 from holmes_sim.backend.model import Stage, TensorParallel
+from holmes_sim.backend.moe import ExpertParallel
 from holmes_sim.backend.rank import Rank, build_stages
 from holmes_sim.backend.run_config import MUTATIONS, RunConfig
 from holmes_sim.errors import TestbedError
@@ -85,7 +86,10 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     if cfg.dry_run:
         pp_rank, _, tp_rank = plan.coords(rank)
         tp = None if plan.tp == 1 else TensorParallel(plan.tp, tp_rank, _no_comm, _no_comm)
-        result = summary(rank, plan, groups, build_stages(plan, cfg.model, pp_rank, tp))
+        ep_group = expert_group(groups)
+        ep = None if ep_group is None else ExpertParallel(ep_group.size, ep_group.group_rank,
+                                                          _no_comm)
+        result = summary(rank, plan, groups, build_stages(plan, cfg.model, pp_rank, tp, ep))
         dist.barrier(group=BARRIER_GROUP)  # SYNC-6
         return result
     worker = Rank(plan, cfg, rank, groups, DEVICE, BARRIER_GROUP)
@@ -103,6 +107,10 @@ def run_rank(plan: Plan, cfg: RunConfig, rank: int) -> dict:
     if worker.emulator is not None:
         result["emulation"] = dict(worker.emulator.emulation)
     result["tp_collectives"] = worker.tp_comm.collectives
+    if worker.ep_comm is not None:  # every iteration's all-to-alls, warm-up included
+        result["ep_all_to_all"] = {"calls": worker.ep_comm.collectives,
+                                   "bytes_sent": worker.ep_comm.bytes_sent,
+                                   "seconds": worker.ep_comm.comm_s}
     result["scheduler"] = scheduler
     if cfg.dump_params:
         result["params"] = {n: t.reshape(-1).tolist() for s in worker.stages

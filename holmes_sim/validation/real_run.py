@@ -128,6 +128,11 @@ def _run_spec(prepared: Prepared, testbed_path: str | Path, iterations: int | No
         if compute not in ("emulated", "real"):
             raise ScenarioError(f"compute must be 'emulated' or 'real', got {compute!r}")
         spec = dataclasses.replace(spec, compute=compute)
+    if spec.compute != "emulated" and prepared.workload.moe is not None:
+        raise ScenarioError(f"{testbed_path}: model.num_experts: real compute would sum every "
+                            "rank's expert gradients over the DP group as the simulator prices "
+                            "them (docs/cost_models.md, Expert parallelism), mixing different "
+                            "experts; MoE testbeds use emulated compute; drop --compute real")
     if spec.compute != "emulated" and prepared.tp > 1:
         raise ScenarioError(f"{testbed_path}: parallel.tensor: real compute calibrates the "
                             "unsplit model, so it runs tensor: 1 only; drop --compute real (TP "

@@ -30,8 +30,10 @@ def model_config(prepared: Prepared):
 
     check_backend(prepared)
     s, w = prepared.scenario, prepared.workload
+    moe = {} if w.moe is None else {"num_experts": w.moe.experts, "moe_topk": w.moe.topk,
+                                    "moe_ffn": w.moe.ffn}
     return GPTConfig(n_layer=w.num_layers, n_head=w.heads, n_embd=w.hidden, block_size=w.seq,
-                     vocab_size=w.vocab, seed=1234 + s.seed)
+                     vocab_size=w.vocab, seed=1234 + s.seed, **moe)
 
 
 def check_backend(prepared: Prepared) -> None:
@@ -51,13 +53,38 @@ def check_backend(prepared: Prepared) -> None:
         raise FieldError("parallel.context", "the real-run backend has no context parallelism "
                                              "(no ring attention); set context: 1")
     _check_gpt_architecture(s.model)
+    if w.moe is not None:
+        _check_moe(prepared)
+
+
+def _check_moe(prepared: Prepared) -> None:
+    """The backend's MoE layer (`backend/moe.py`): every layer MoE, no shared expert, dropless,
+    balanced round-robin routing (so M k divisible by E), no tensor parallelism."""
+    model, w = prepared.scenario.model, prepared.workload
+    fixed = {"moe_layer_freq": (1, "1 (every layer MoE)"),
+             "moe_shared_expert_intermediate_size": (None, "no shared expert"),
+             "moe_expert_capacity_factor": (None, "dropless routing"),
+             "moe_expert_imbalance": (1.0, "1 (the backend routes every expert the same tokens)")}
+    for field, (allowed, what) in fixed.items():
+        value = getattr(model, field)
+        if value != allowed and not (field == "moe_layer_freq" and set(w.moe.pattern) == {1}):
+            raise FieldError(f"model.{field}", f"the backend's MoE layer needs {what}; got "
+                                               f"{value}")
+    if prepared.tp > 1:
+        raise FieldError("parallel.tensor", "the backend runs MoE layers with tensor: 1 only "
+                                            "(no sequence parallelism)")
+    tokens = w.micro_batch * w.seq
+    if tokens * w.moe.topk % w.moe.experts:
+        raise FieldError("training.micro_batch_size", f"balanced routing sends micro_batch_size x "
+                         f"seq_length x moe_router_topk = {tokens * w.moe.topk} token copies; "
+                         f"make it a multiple of num_experts={w.moe.experts}")
 
 
 def _check_gpt_architecture(model) -> None:
     """The backend's GPT is multi-head, GeLU, LayerNorm, with biases and a learned position table."""
     gpt = {"num_query_groups": (None, model.num_attention_heads), "swiglu": (False,),
            "squared_relu": (False,), "normalization": ("layernorm",), "bias": (True,),
-           "position_embedding": ("learned",), "num_experts": (None,)}
+           "position_embedding": ("learned",)}
     for field, allowed in gpt.items():
         if getattr(model, field) not in allowed:
             raise FieldError(f"model.{field}", f"the backend's GPT cannot run {field}="
