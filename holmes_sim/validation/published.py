@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from holmes_sim.errors import ScenarioError
-from holmes_sim.validation import moe_model_zoo, nemo_summary
+from holmes_sim.validation import megatron_moe, nemo_summary
 
 PUBLISHED_DIR = Path(__file__).resolve().parents[2] / "validation" / "published"
 
@@ -129,15 +129,15 @@ def datasets(directory: Path = PUBLISHED_DIR) -> dict[str, dict]:
 
 def case_name(dataset: dict, row: dict) -> str:
     """The row's case name in any dataset form."""
-    if moe_model_zoo.is_zoo_dataset(dataset):
-        return moe_model_zoo.row_name(row)
+    if megatron_moe.is_moe_dataset(dataset):
+        return megatron_moe.row_name(row)
     return nemo_summary.row_name(row) if nemo_summary.is_nemo_dataset(dataset) else row_name(row)
 
 
 def scenario_text(dataset: dict, row: dict) -> str | None:
     """The row's scenario YAML; None for a row holmes-sim cannot express (no model preset)."""
-    if moe_model_zoo.is_zoo_dataset(dataset):
-        return moe_model_zoo.render_scenario(dataset, row)
+    if megatron_moe.is_moe_dataset(dataset):
+        return megatron_moe.render_scenario(dataset, row)
     if not nemo_summary.is_nemo_dataset(dataset):
         return render_scenario(dataset, row)
     return nemo_summary.render_scenario(dataset, row) if nemo_summary.renders(row) else None
@@ -165,10 +165,11 @@ def _nemo_case(stem: str, data: dict, row: dict, path: Path) -> Case:
                 not_simulated=nemo_summary.not_simulated(row))
 
 
-def _zoo_case(stem: str, data: dict, row: dict, path: Path) -> Case:
-    return Case(stem, moe_model_zoo.row_name(row), path, float(row["measured_tflops_per_gpu"]),
+def _moe_case(stem: str, data: dict, row: dict, path: Path) -> Case:
+    return Case(stem, megatron_moe.row_name(row), path, None,
                 data["sources"][row["source"]]["measurements"],
-                not_simulated=moe_model_zoo.not_simulated(row))
+                measured_iteration_s=megatron_moe.measured_iteration_s(row),
+                not_simulated=megatron_moe.not_simulated(row))
 
 
 def cases(directory: Path = PUBLISHED_DIR) -> list[Case]:
@@ -187,8 +188,8 @@ def cases(directory: Path = PUBLISHED_DIR) -> list[Case]:
             path = directory / "scenarios" / stem / f"{case_name(data, row)}.yaml"
             if scenario_text(data, row) is not None and not path.exists():
                 raise ScenarioError(f"{path}: missing; run `python -m holmes_sim.validation.published` to render it")
-            if moe_model_zoo.is_zoo_dataset(data):
-                out.append(_zoo_case(stem, data, row, path))
+            if megatron_moe.is_moe_dataset(data):
+                out.append(_moe_case(stem, data, row, path))
             elif nemo_summary.is_nemo_dataset(data):
                 out.append(_nemo_case(stem, data, row, path))
             else:
