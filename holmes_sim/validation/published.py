@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from holmes_sim.errors import ScenarioError
-from holmes_sim.validation import nemo_summary
+from holmes_sim.validation import megatron_moe, nemo_summary
 
 PUBLISHED_DIR = Path(__file__).resolve().parents[2] / "validation" / "published"
 
@@ -128,12 +128,16 @@ def datasets(directory: Path = PUBLISHED_DIR) -> dict[str, dict]:
 
 
 def case_name(dataset: dict, row: dict) -> str:
-    """The row's case name in either dataset form."""
+    """The row's case name in any dataset form."""
+    if megatron_moe.is_moe_dataset(dataset):
+        return megatron_moe.row_name(row)
     return nemo_summary.row_name(row) if nemo_summary.is_nemo_dataset(dataset) else row_name(row)
 
 
 def scenario_text(dataset: dict, row: dict) -> str | None:
     """The row's scenario YAML; None for a row holmes-sim cannot express (no model preset)."""
+    if megatron_moe.is_moe_dataset(dataset):
+        return megatron_moe.render_scenario(dataset, row)
     if not nemo_summary.is_nemo_dataset(dataset):
         return render_scenario(dataset, row)
     return nemo_summary.render_scenario(dataset, row) if nemo_summary.renders(row) else None
@@ -161,6 +165,13 @@ def _nemo_case(stem: str, data: dict, row: dict, path: Path) -> Case:
                 not_simulated=nemo_summary.not_simulated(row))
 
 
+def _moe_case(stem: str, data: dict, row: dict, path: Path) -> Case:
+    return Case(stem, megatron_moe.row_name(row), path, None,
+                data["sources"][row["source"]]["measurements"],
+                measured_iteration_s=megatron_moe.measured_iteration_s(row),
+                not_simulated=megatron_moe.not_simulated(row))
+
+
 def cases(directory: Path = PUBLISHED_DIR) -> list[Case]:
     """Every row with its committed scenario file.
 
@@ -177,7 +188,9 @@ def cases(directory: Path = PUBLISHED_DIR) -> list[Case]:
             path = directory / "scenarios" / stem / f"{case_name(data, row)}.yaml"
             if scenario_text(data, row) is not None and not path.exists():
                 raise ScenarioError(f"{path}: missing; run `python -m holmes_sim.validation.published` to render it")
-            if nemo_summary.is_nemo_dataset(data):
+            if megatron_moe.is_moe_dataset(data):
+                out.append(_moe_case(stem, data, row, path))
+            elif nemo_summary.is_nemo_dataset(data):
                 out.append(_nemo_case(stem, data, row, path))
             else:
                 out.append(Case(stem, row_name(row), path, float(row["measured_tflops_per_gpu"]),
