@@ -5,7 +5,8 @@ holds rows as NVIDIA publishes them: model, GPUs, GBS, MBS, sequence length, TP,
 tokens/s/GPU and model TFLOP/s/GPU, with the row's `source` (release) and holmes-sim's model
 `preset` (or, for a model without one, its `architecture` as ModelSpec fields). The measured
 step time needs no FLOPs formula:
-t = GBS x sequence / (tokens/s/GPU x GPUs) seconds.
+t = GBS x sequence / (tokens/s/GPU x GPUs) seconds. A row published as a step time or as TFLOP/s
+in its software's own FLOP count (the H100 BF16 sets) gets it from `reported_step`.
 
 Settings the table leaves out are the performance recipe's (`common.recipe`: sequence parallelism
 when TP > 1, distributed optimizer, fused attention, the overlaps); a recipe switch is written into
