@@ -236,7 +236,8 @@ def test_megatron_core_accepts_the_exported_moe_settings():
     assert config.moe_layer_freq == [0, 1, 1, 1] and config.num_moe_experts == 60
 
 
-def test_the_real_run_backend_refuses_moe(tmp_path):
+def test_the_real_run_backend_takes_moe_and_refuses_shared_experts(tmp_path):
+    """The backend runs routed experts (tests/backend/test_moe.py) but has no shared expert."""
     from holmes_sim.bundled import default_testbed
     from holmes_sim.validation.testbed_plan import check_backend
 
@@ -244,7 +245,13 @@ def test_the_real_run_backend_refuses_moe(tmp_path):
                                                  "vocab_size: 512\n  num_experts: 4")
     path = tmp_path / "moe.yaml"
     path.write_text(text)
-    with pytest.raises(FieldError, match="model.num_experts: the backend's GPT cannot run"):
+    prepared = prepare(path)
+    check_backend(prepared)
+    assert prepared.workload.moe is not None
+    shared = text.replace("num_experts: 4",
+                          "num_experts: 4\n  moe_shared_expert_intermediate_size: 64")
+    path.write_text(shared)
+    with pytest.raises(FieldError, match="model.moe_shared_expert_intermediate_size"):
         check_backend(prepare(path))
 
 
