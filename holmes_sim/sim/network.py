@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Hashable, Mapping
+from functools import partial
+from itertools import repeat
 from typing import Any
 
 import simpy
@@ -57,16 +60,23 @@ _ROUTE_CACHE_SIZE = 65536
 
 _PENDING, _ACTIVE, _DONE = 0, 1, 2
 
+_consume = partial(deque, maxlen=0)
+"""Run an iterator to its end in C, keeping nothing (a map's side effects)."""
+
 
 class _Route:
-    """A resolved path: ((link index, weight), ...) and, for a flow alone on all its links,
-    its (rate in bytes/s, narrowest link index)."""
+    """A resolved path: ((link index, weight), ...), for a flow alone on all its links its
+    (rate in bytes/s, narrowest link index), and its links' member maps and weights in the
+    same order (for putting a flow on and off its links in one C-level pass)."""
 
-    __slots__ = ("links", "solo")
+    __slots__ = ("links", "solo", "members", "weights")
 
-    def __init__(self, links: tuple[tuple[int, float], ...], solo: tuple[float, int]) -> None:
+    def __init__(self, links: tuple[tuple[int, float], ...], solo: tuple[float, int],
+                 members: tuple[dict, ...]) -> None:
         self.links = links
         self.solo = solo
+        self.members = members
+        self.weights = tuple(w for _, w in links)
 
 
 class _Flow:
@@ -74,11 +84,12 @@ class _Flow:
 
     __slots__ = (
         "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
-        "mark", "new_rate", "bneck", "solo",
+        "mark", "new_rate", "bneck", "solo", "route",
     )
 
     def __init__(self, fid: int, route: _Route, size: float, done: simpy.Event) -> None:
         self.fid = fid
+        self.route = route
         self.links = route.links
         self.solo = route.solo
         self.size = size
@@ -218,7 +229,7 @@ class FlowNetwork:
             rate = self._cap[idx] / weight
             if rate < best:
                 best, bneck = rate, idx
-        return _Route(tuple(out), (best, bneck))
+        return _Route(tuple(out), (best, bneck), tuple(self._members[idx] for idx, _ in out))
 
     def _post(self, at: float, flow: _Flow, token: int) -> None:
         """Add an agenda entry due at `at` seconds."""
@@ -239,17 +250,16 @@ class FlowNetwork:
         """
         due: float = event._value  # the due time the wake-up was armed with
         del self._armed[due]
-        agenda, members, seeds = self._agenda, self._members, self._seeds
+        agenda, seeds = self._agenda, self._seeds
         while agenda and agenda[0][0] <= due:
             _, _, flow, token = heapq.heappop(agenda)
             if flow.state == _PENDING:
                 self._start(flow)
             elif flow.state == _ACTIVE and token == flow.token:
-                for link, _ in flow.links:
-                    link_members = members[link]
-                    del link_members[flow]
-                    if link_members:
-                        seeds.append(link)
+                link_members = flow.route.members
+                _consume(map(dict.pop, link_members, repeat(flow)))  # off every link
+                if any(link_members):  # links with flows left, in the flow's link order
+                    seeds.extend([link for (link, _), m in zip(flow.links, link_members) if m])
                 flow.state = _DONE  # `_finish`, inlined
                 flow.remaining = 0.0
                 flow.rate = 0.0
@@ -269,13 +279,9 @@ class FlowNetwork:
         """Put `flow` on its links; alone on all of them, it gets its rate at once."""
         flow.state = _ACTIVE
         now = flow.since = self._env._now
-        members = self._members
-        alone = True
-        for link, weight in flow.links:
-            link_members = members[link]
-            if link_members:
-                alone = False
-            link_members[flow] = weight
+        route = flow.route
+        alone = not any(route.members)
+        _consume(map(dict.__setitem__, route.members, repeat(flow), route.weights))
         self._active += 1
         self.flows_started += 1
         if not alone:
