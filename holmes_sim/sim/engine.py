@@ -118,6 +118,7 @@ class _Simulation:
         self._paths: dict[tuple, Path] = {}
         self._dur_cache: dict[tuple, tuple[float, float]] = {}
         self._route_cache: dict[tuple, tuple[Path, str]] = {}
+        self._stage_cache: dict[int, list[tuple]] = {}
         self._node_cache: dict[tuple[int, int], frozenset[str]] = {}
         self.pp_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self.send_start: dict[tuple, float] = {}
@@ -322,20 +323,44 @@ class _Simulation:
                 reductions += (yield from self._special_op(name, node, s, d, special, dur, tp,
                                                            gathers))
             if send is not None:
-                self._send(*send, d, mb, chunk)
+                self._send(*send, mb, chunk)
             if post is not None:
                 self._post_early(s, d, post)
         yield from self._finish(name, node, s, d, reductions)
 
     def _steps(self, s: int, d: int, node, name: str) -> tuple[list[tuple], dict]:
         """Entity (s, d)'s ops as (input message key or None, compute s, TP s, micro-batch,
-        chunk, kind code, (op, kind) where `_special_op` runs it else None, (kind, from, to)
-        virtual stages of its send or None, op whose receive it posts early or None), and the
-        parameter all-gathers its first forwards wait for."""
+        chunk, kind code, (op, kind, virtual stage) where `_special_op` runs it else None, (its
+        output's message key, `_pp_route`) or None, op whose receive it posts early or None),
+        and the parameter all-gathers its first forwards wait for."""
+        overlapped = self.plan.optimizer.gathers_before_forward and s in self.dp_stream
+        gathers = self._submit_gathers(s, name) if overlapped else {}
+        durations, routes, steps = {}, {}, []
+        for op, j, backward, kcode, special, has_input, to, post in self._stage_steps(s):
+            dur = durations.get((j, backward))
+            if dur is None:
+                dur = durations[(j, backward)] = self._durations(node, j, backward)
+            send = None
+            if to is not None:
+                route = routes.get((j, to))
+                if route is None:
+                    route = routes[(j, to)] = self._pp_route(op.kind, j, to, d)
+                send = ((op.kind, to, d, op.microbatch), route)
+            steps.append((
+                (op.kind, j, d, op.microbatch) if has_input else None, dur[0], dur[1],
+                op.microbatch, op.chunk, kcode, special, send, post))
+        return steps, gathers
+
+    def _stage_steps(self, s: int) -> list[tuple]:
+        """Stage s's ops as (op, virtual stage, backward, kind code, (op, kind, virtual stage)
+        where `_special_op` runs it else None, whether it waits for an input, the virtual stage
+        it sends to or None, op whose receive it posts early or None), cached."""
+        got = self._stage_cache.get(s)
+        if got is not None:
+            return got
         overlapped = self.plan.optimizer.gathers_before_forward and s in self.dp_stream
         release = self.plan.releases_gradients_in_backward and s in self.dp_stream
         every_microbatch = self.plan.optimizer.reduces_every_microbatch
-        gathers = self._submit_gathers(s, name) if overlapped else {}
         last_b = self._last_backward_per_chunk(s)
         first_f = self._first_forward_per_chunk(s)
         general = self.cpu is not None or bool(self.jitter.rng) or self.plan.cp > 1 \
@@ -343,22 +368,18 @@ class _Simulation:
         ops = self.schedule.stage_ops[s]
         next_alike = _next_of_same_kind(ops) if self.early_receive else [None] * len(ops)
         last = self.nv - 1
-        steps = []
+        got = self._stage_cache[s] = []
         for op, after in zip(ops, next_alike, strict=True):
             j = self.schedule.virtual_stage(s, op.chunk)
             backward = op.kind == "B"
             kind = OpKind.BACKWARD if backward else OpKind.FORWARD
-            dur, tp = self._durations(node, j, backward)
             special = general or (overlapped and not backward and first_f[op.chunk] == op) \
                 or (release and backward and (last_b[op.chunk] == op or every_microbatch))
-            key = None if (j == 0 if op.kind == "F" else j == last) else (op.kind, j, d,
-                                                                            op.microbatch)
-            send = None if (j == last if op.kind == "F" else j == 0) else (
-                op.kind, j, j + 1 if op.kind == "F" else j - 1)
-            steps.append((key, dur, tp, op.microbatch, op.chunk, KIND_CODE[kind],
-                          (op, kind, j) if special else None, send,
-                          None if after is None else ops[after]))
-        return steps, gathers
+            first, end = (0, last) if not backward else (last, 0)
+            got.append((op, j, backward, KIND_CODE[kind], (op, kind, j) if special else None,
+                        j != first, None if j == end else (j - 1 if backward else j + 1),
+                        None if after is None else ops[after]))
+        return got
 
     def _special_op(self, name: str, node, s: int, d: int, special: tuple, dur: float,
                     tp: float, gathers: dict):
@@ -467,22 +488,25 @@ class _Simulation:
         return {c: [(self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes), b.fraction)
                     for b in self.buckets[(s, c)]] for c in range(self.plan.num_chunks)}
 
-    def _send(self, kind: str, j_from: int, j_to: int, d: int, mb: int, chunk: int) -> None:
-        """Start the point-to-point transfer of micro-batch `mb`'s activation or gradient
-        between virtual stages; its arrival event fires when the last byte is in (no compute is
-        blocked by sending)."""
-        key = (kind, j_to, d, mb)
-        self.send_start[key] = self.env._now
-        links, latency, sender = self._pp_route(kind, j_from, j_to, d)
+    def _send(self, key: tuple, route: tuple, mb: int, chunk: int) -> None:
+        """Start the point-to-point transfer of message `key` (micro-batch `mb`'s activation or
+        gradient) over `route` (`_pp_route`); its arrival event fires when the last byte is in
+        (no compute is blocked by sending)."""
+        env, arrivals = self.env, self.arrivals
+        self.send_start[key] = env._now
+        links, latency, (sender, stream) = route
         size = self.pp_bytes
-        extend, env = self.trace.rows.extend, self.env
+        extend = self.trace.rows.extend
 
         def start() -> None:
             begun = env._now
 
             def arrived(_event) -> None:
-                extend(ROW.pack(begun, env._now, size, sender[0], mb, chunk, sender[1], _PP_SEND))
-                self._arrival(key).succeed()
+                extend(ROW.pack(begun, env._now, size, sender, mb, chunk, stream, _PP_SEND))
+                ev = arrivals.get(key)
+                if ev is None:
+                    ev = arrivals[key] = Event(env)
+                ev.succeed()
 
             self.net.transfer(links, size, latency).callbacks.append(arrived)
 

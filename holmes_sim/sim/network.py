@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Hashable, Mapping
-from functools import partial
-from itertools import repeat
 from typing import Any
 
 import simpy
@@ -60,14 +57,11 @@ _ROUTE_CACHE_SIZE = 65536
 
 _PENDING, _ACTIVE, _DONE = 0, 1, 2
 
-_consume = partial(deque, maxlen=0)
-"""Run an iterator to its end in C, keeping nothing (a map's side effects)."""
-
 
 class _Route:
     """A resolved path: ((link index, weight), ...), for a flow alone on all its links its
     (rate in bytes/s, narrowest link index), and its links' member maps and weights in the
-    same order (for putting a flow on and off its links in one C-level pass)."""
+    same order (a flow goes on and off its links without indexing the network's lists)."""
 
     __slots__ = ("links", "solo", "members", "weights")
 
@@ -256,10 +250,14 @@ class FlowNetwork:
             if flow.state == _PENDING:
                 self._start(flow)
             elif flow.state == _ACTIVE and token == flow.token:
-                link_members = flow.route.members
-                _consume(map(dict.pop, link_members, repeat(flow)))  # off every link
-                if any(link_members):  # links with flows left, in the flow's link order
-                    seeds.extend([link for (link, _), m in zip(flow.links, link_members) if m])
+                busy = False
+                for link_members in flow.route.members:  # off every link
+                    del link_members[flow]
+                    if link_members:
+                        busy = True
+                if busy:  # links with flows left, in the flow's link order
+                    seeds.extend([link for (link, _), m in zip(flow.links, flow.route.members)
+                                  if m])
                 flow.state = _DONE  # `_finish`, inlined
                 flow.remaining = 0.0
                 flow.rate = 0.0
@@ -280,8 +278,11 @@ class FlowNetwork:
         flow.state = _ACTIVE
         now = flow.since = self._env._now
         route = flow.route
-        alone = not any(route.members)
-        _consume(map(dict.__setitem__, route.members, repeat(flow), route.weights))
+        alone = True
+        for link_members, weight in zip(route.members, route.weights):
+            if link_members:
+                alone = False
+            link_members[flow] = weight
         self._active += 1
         self.flows_started += 1
         if not alone:
