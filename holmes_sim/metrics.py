@@ -118,10 +118,10 @@ def time_breakdown(trace: Trace) -> dict[str, float]:
     totals = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     cols = trace.columns()
     if "compute" in cols.streams:  # the ops' columns, each category summed in recording order
-        kind = np.frombuffer(cols.kind, dtype=np.int8)
-        on_compute = np.frombuffer(cols.stream, dtype=np.int8) == cols.streams.index("compute")
+        kind = np.asarray(cols.kind)
+        on_compute = np.asarray(cols.stream) == cols.streams.index("compute")
         weight = np.array([trace.weight(name) for name in cols.names], dtype=np.float64)
-        seconds = _durations(cols) * weight[np.frombuffer(cols.entity, dtype=np.int64)]
+        seconds = _durations(cols) * weight[np.asarray(cols.entity)]
         for cat in dict.fromkeys(_CATEGORY.values()):
             codes = [i for i, k in enumerate(OpKind) if _CATEGORY.get(k) == cat]
             totals[cat] = _sum_in_order(seconds[on_compute & np.isin(kind, codes)])
@@ -137,8 +137,8 @@ def stage_busy(trace: Trace, pp: int) -> tuple[float, ...]:
     cols = trace.columns()
     busy_kinds = [i for i, kind in enumerate(OpKind) if kind in (
         OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM, OpKind.CP_COMM, OpKind.EP_COMM)]
-    busy = np.isin(np.frombuffer(cols.kind, dtype=np.int8), busy_kinds)
-    entity = np.frombuffer(cols.entity, dtype=np.int64)[busy]  # members are as busy as
+    busy = np.isin(np.asarray(cols.kind), busy_kinds)
+    entity = np.asarray(cols.entity)[busy]  # members are as busy as
     seconds = _durations(cols)[busy]  # their representative
     order = np.argsort(entity, kind="stable")  # each entity's ops, in recording order
     entity, seconds = entity[order], seconds[order]
@@ -153,7 +153,7 @@ def stage_busy(trace: Trace, pp: int) -> tuple[float, ...]:
 
 def _durations(cols) -> np.ndarray:
     """Each recorded op's end - start (s)."""
-    return np.frombuffer(cols.end, dtype=np.float64) - np.frombuffer(cols.start, dtype=np.float64)
+    return np.asarray(cols.end) - np.asarray(cols.start)
 
 
 def _sum_in_order(values: np.ndarray) -> float:

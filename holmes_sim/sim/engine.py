@@ -282,7 +282,8 @@ class _Simulation:
         through `_special_op`. Both keep the events, records and sends in the same order."""
         name = self.entity[(s, d)].name
         node = self.cluster.node(self.entity[(s, d)].node)
-        steps, gathers = self._steps(s, d, node, name)
+        overlapped = self.plan.optimizer.gathers_before_forward and s in self.dp_stream
+        gathers = self._submit_gathers(s, name) if overlapped else {}
         reductions: list[simpy.Event] = []
         env, arrivals, send_start = self.env, self.arrivals, self.send_start
         early, waiting, posted = self.early_posted, self.waiting_sends, self.posted
@@ -290,7 +291,7 @@ class _Simulation:
         eid, cst = self.trace.ids(name, "compute")
         bubble, wait_pp, tp_comm = (KIND_CODE[k] for k in (OpKind.WAIT_BUBBLE, OpKind.WAIT_PP,
                                                            OpKind.TP_COMM))
-        for key, dur, tp, mb, chunk, kcode, special, send, post in steps:
+        for key, dur, tp, mb, chunk, kcode, special, send, post in self._steps(s, d, node):
             if key is not None:  # the input: post its receive, then wait for its arrival
                 if key not in early:
                     start = waiting.pop(key, None)
@@ -328,14 +329,12 @@ class _Simulation:
                 self._post_early(s, d, post)
         yield from self._finish(name, node, s, d, reductions)
 
-    def _steps(self, s: int, d: int, node, name: str) -> tuple[list[tuple], dict]:
-        """Entity (s, d)'s ops as (input message key or None, compute s, TP s, micro-batch,
-        chunk, kind code, (op, kind, virtual stage) where `_special_op` runs it else None, (its
-        output's message key, `_pp_route`) or None, op whose receive it posts early or None),
-        and the parameter all-gathers its first forwards wait for."""
-        overlapped = self.plan.optimizer.gathers_before_forward and s in self.dp_stream
-        gathers = self._submit_gathers(s, name) if overlapped else {}
-        durations, routes, steps = {}, {}, []
+    def _steps(self, s: int, d: int, node):
+        """Entity (s, d)'s ops, one at a time, as (input message key or None, compute s, TP s,
+        micro-batch, chunk, kind code, (op, kind, virtual stage) where `_special_op` runs it
+        else None, (its output's message key, `_pp_route`) or None, op whose receive it posts
+        early or None)."""
+        durations, routes = {}, {}
         for op, j, backward, kcode, special, has_input, to, post in self._stage_steps(s):
             dur = durations.get((j, backward))
             if dur is None:
@@ -346,10 +345,8 @@ class _Simulation:
                 if route is None:
                     route = routes[(j, to)] = self._pp_route(op.kind, j, to, d)
                 send = ((op.kind, to, d, op.microbatch), route)
-            steps.append((
-                (op.kind, j, d, op.microbatch) if has_input else None, dur[0], dur[1],
-                op.microbatch, op.chunk, kcode, special, send, post))
-        return steps, gathers
+            yield ((op.kind, j, d, op.microbatch) if has_input else None, dur[0], dur[1],
+                   op.microbatch, op.chunk, kcode, special, send, post)
 
     def _stage_steps(self, s: int) -> list[tuple]:
         """Stage s's ops as (op, virtual stage, backward, kind code, (op, kind, virtual stage)

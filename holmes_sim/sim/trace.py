@@ -4,8 +4,6 @@ kind and bytes. Metrics, plots and the Chrome/Perfetto export all read this one 
 from __future__ import annotations
 
 import struct
-from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import NamedTuple
@@ -65,24 +63,24 @@ class Entity:
 _KINDS = tuple(OpKind)
 KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 """Each kind's code in a trace row (its index in `OpKind` order)."""
-ROW = struct.Struct("<dddqqqbb")
+ROW = struct.Struct("<dddiihbb")
 """A trace row as bytes: start s, end s, bytes, entity index, micro-batch, chunk, stream index,
 kind code (`KIND_CODE`)."""
-_CODES = ("d", "d", "d", "q", "q", "q", "b", "b")
 _ROW_DTYPE = np.dtype({"names": ["start", "end", "bytes", "entity", "mb", "chunk", "stream", "kind"],
-                       "formats": ["<f8", "<f8", "<f8", "<i8", "<i8", "<i8", "i1", "i1"],
-                       "offsets": [0, 8, 16, 24, 32, 40, 48, 49], "itemsize": ROW.size})
+                       "formats": ["<f8", "<f8", "<f8", "<i4", "<i4", "<i2", "i1", "i1"],
+                       "offsets": [0, 8, 16, 24, 28, 32, 34, 35], "itemsize": ROW.size})
 
 
 class TraceColumns(NamedTuple):
-    """A trace's ops as columns (`Trace.columns`): start and end s, entity, stream and kind
-    indices (kinds in `OpKind` order), and the entity and stream names the indices point to."""
+    """A trace's ops as columns (`Trace.columns`, numpy arrays): start and end s, entity, stream
+    and kind indices (kinds in `OpKind` order), and the entity and stream names the indices
+    point to."""
 
-    start: Sequence[float]
-    end: Sequence[float]
-    entity: Sequence[int]
-    stream: Sequence[int]
-    kind: Sequence[int]
+    start: np.ndarray
+    end: np.ndarray
+    entity: np.ndarray
+    stream: np.ndarray
+    kind: np.ndarray
     names: tuple[str, ...]
     streams: tuple[str, ...]
 
@@ -90,7 +88,7 @@ class TraceColumns(NamedTuple):
 class Trace:
     """All ops of one iteration, plus the entities they ran on.
 
-    Ops are kept as packed rows (`ROW`, 50 bytes an op instead of about 200 for an `OpRecord`);
+    Ops are kept as packed rows (`ROW`, 36 bytes an op instead of about 200 for an `OpRecord`);
     `columns` unpacks them, `compact` and `records` build `OpRecord`s on demand (reports), `ops`
     iterates them. The engine appends rows itself (`rows`, `ids`, `ROW`, `KIND_CODE`); `op` does
     the same for one op by names.
@@ -150,16 +148,13 @@ class Trace:
             got = self._cache[key] = (len(self.rows), build())
         return got[1]
 
-    def _unpacked(self) -> tuple[array, ...]:
-        """The rows as eight columns (in `ROW` order), each an `array` (exact copies)."""
-        def build():
-            view = np.frombuffer(self.rows, dtype=_ROW_DTYPE)
-            try:
-                return tuple(array(code, np.ascontiguousarray(view[name]).tobytes())
-                             for name, code in zip(_ROW_DTYPE.names, _CODES, strict=True))
-            finally:
-                del view  # the rows can grow again once no view of them is left
-        return self._cached("columns", build)
+    def _column(self, name: str) -> np.ndarray:
+        """One field of every row (`_ROW_DTYPE`'s names) as a numpy array (a copy)."""
+        view = np.frombuffer(self.rows, dtype=_ROW_DTYPE)
+        try:
+            return view[name].copy()
+        finally:
+            del view  # the rows can grow again once no view of them is left
 
     def ops(self):
         """(start s, end s, entity, stream, kind) of every recorded op, in recording order."""
@@ -170,9 +165,9 @@ class Trace:
     def columns(self) -> TraceColumns:
         """The recorded ops as columns (representatives only, in recording order): entities,
         streams and kinds as indices into `names`, `streams` and `OpKind` order."""
-        start, end, _, entity, _, _, stream, kind = self._unpacked()
-        return TraceColumns(start, end, entity, stream, kind, tuple(self._names),
-                            tuple(self._streams))
+        col = self._column
+        return TraceColumns(col("start"), col("end"), col("entity"), col("stream"), col("kind"),
+                            tuple(self._names), tuple(self._streams))
 
     def weight(self, name: str) -> int:
         """How many entities `name`'s records stand for (1 unless it represents a class)."""
