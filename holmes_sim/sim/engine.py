@@ -331,9 +331,8 @@ class _Simulation:
 
     def _steps(self, s: int, d: int, node):
         """Entity (s, d)'s ops, one at a time, as (input message key or None, compute s, TP s,
-        micro-batch, chunk, kind code, (op, kind, virtual stage) where `_special_op` runs it
-        else None, (its output's message key, `_pp_route`) or None, op whose receive it posts
-        early or None)."""
+        micro-batch, chunk, kind code, `_special_op`'s facts of it or None, (its output's
+        message key, `_pp_route`) or None, op whose receive it posts early or None)."""
         durations, routes = {}, {}
         for op, j, backward, kcode, special, has_input, to, post in self._stage_steps(s):
             dur = durations.get((j, backward))
@@ -349,9 +348,10 @@ class _Simulation:
                    op.microbatch, op.chunk, kcode, special, send, post)
 
     def _stage_steps(self, s: int) -> list[tuple]:
-        """Stage s's ops as (op, virtual stage, backward, kind code, (op, kind, virtual stage)
-        where `_special_op` runs it else None, whether it waits for an input, the virtual stage
-        it sends to or None, op whose receive it posts early or None), cached."""
+        """Stage s's ops as (op, virtual stage, backward, kind code, (op, kind, virtual stage,
+        whether its compute waits for gathers, whether it releases gradients) where
+        `_special_op` runs it else None, whether it waits for an input, the virtual stage it
+        sends to or None, op whose receive it posts early or None), cached."""
         got = self._stage_cache.get(s)
         if got is not None:
             return got
@@ -370,10 +370,12 @@ class _Simulation:
             j = self.schedule.virtual_stage(s, op.chunk)
             backward = op.kind == "B"
             kind = OpKind.BACKWARD if backward else OpKind.FORWARD
-            special = general or (overlapped and not backward and first_f[op.chunk] == op) \
-                or (release and backward and (last_b[op.chunk] == op or every_microbatch))
+            gated = overlapped and not backward and first_f[op.chunk] == op
+            releasing = release and backward and (last_b[op.chunk] == op or every_microbatch)
             first, end = (0, last) if not backward else (last, 0)
-            got.append((op, j, backward, KIND_CODE[kind], (op, kind, j) if special else None,
+            special = general or gated or releasing
+            got.append((op, j, backward, KIND_CODE[kind],
+                        (op, kind, j, gated, releasing) if special else None,
                         j != first, None if j == end else (j - 1 if backward else j + 1),
                         None if after is None else ops[after]))
         return got
@@ -382,20 +384,16 @@ class _Simulation:
                     tp: float, gathers: dict):
         """An op with EP all-to-alls, CP exchanges, parameter gathers, gradient releases, jitter
         or a shared host; returns the gradient reductions it submitted."""
-        op, kind, j = special
-        backward = kind is OpKind.BACKWARD
+        op, kind, j, gated, releasing = special
         if self.costs.workload.ep > 1:
             yield from ep_exchange(self, name, s, d, op, self.plan.layers_per_stage[j])
         if self.plan.cp > 1:
             ran = yield from cp_exchange(self, name, s, d, node, op, kind,
                                          self.plan.layers_per_stage[j])
             dur = max(0.0, dur - ran)
-        if self.plan.optimizer.gathers_before_forward and s in self.dp_stream and not backward \
-                and self._first_forward_per_chunk(s)[op.chunk] == op:
+        if gated:
             yield from self._gated_compute(name, op, kind, dur, tp, gathers[op.chunk])
-        elif self.plan.releases_gradients_in_backward and s in self.dp_stream and backward and (
-                self._last_backward_per_chunk(s)[op.chunk] == op
-                or self.plan.optimizer.reduces_every_microbatch):
+        elif releasing:
             return (yield from self._releasing_compute(name, s, op, kind, dur, tp))
         else:
             yield from self._compute(name, op, kind, dur, tp)
