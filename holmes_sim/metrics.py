@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.estimate.netview import netview
@@ -115,15 +117,14 @@ def time_breakdown(trace: Trace) -> dict[str, float]:
     producer that had not run yet, and idling at the end while others finish."""
     totals = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     cols = trace.columns()
-    if "compute" in cols.streams:  # the ops' columns, summed in recording order
-        compute = cols.streams.index("compute")
-        category = [_CATEGORY.get(kind) for kind in OpKind]
-        weight = [trace.weight(name) for name in cols.names]
-        for start, end, e, st, kind in zip(cols.start, cols.end, cols.entity, cols.stream,
-                                           cols.kind, strict=True):
-            if st == compute and (cat := category[kind]) is not None:
-                k = weight[e]
-                totals[cat] += end - start if k == 1 else (end - start) * k
+    if "compute" in cols.streams:  # the ops' columns, each category summed in recording order
+        kind = np.asarray(cols.kind)
+        on_compute = np.asarray(cols.stream) == cols.streams.index("compute")
+        weight = np.array([trace.weight(name) for name in cols.names], dtype=np.float64)
+        seconds = _durations(cols) * weight[np.asarray(cols.entity)]
+        for cat in dict.fromkeys(_CATEGORY.values()):
+            codes = [i for i, k in enumerate(OpKind) if _CATEGORY.get(k) == cat]
+            totals[cat] = _sum_in_order(seconds[on_compute & np.isin(kind, codes)])
     n = max(1, len(trace.entities))
     out = {k: v / n for k, v in totals.items()}
     out["bubble"] = max(0.0, trace.iteration_s - sum(out[k] for k in BREAKDOWN_KEYS if k != "bubble"))
@@ -134,18 +135,30 @@ def stage_busy(trace: Trace, pp: int) -> tuple[float, ...]:
     """Per pipeline stage, the largest compute-stream busy time (F, B, TP) over its replicas (s)."""
     stage_of = {e.name: e.stage for e in trace.entities}
     cols = trace.columns()
-    busy_kind = [kind in (OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM, OpKind.CP_COMM,
-                          OpKind.EP_COMM)
-                 for kind in OpKind]
-    busy: dict[int, float] = {}  # by entity index, in order of each entity's first busy op
-    for start, end, e, kind in zip(cols.start, cols.end, cols.entity, cols.kind, strict=True):
-        if busy_kind[kind]:  # members are as busy as their representative
-            busy[e] = busy.get(e, 0.0) + (end - start)
+    busy_kinds = [i for i, kind in enumerate(OpKind) if kind in (
+        OpKind.FORWARD, OpKind.BACKWARD, OpKind.TP_COMM, OpKind.CP_COMM, OpKind.EP_COMM)]
+    busy = np.isin(np.asarray(cols.kind), busy_kinds)
+    entity = np.asarray(cols.entity)[busy]  # members are as busy as
+    seconds = _durations(cols)[busy]  # their representative
+    order = np.argsort(entity, kind="stable")  # each entity's ops, in recording order
+    entity, seconds = entity[order], seconds[order]
+    bounds = np.flatnonzero(np.diff(entity)) + 1
+    firsts = entity[np.r_[0, bounds]] if entity.size else entity
     per_stage = [0.0] * pp
-    for e, b in busy.items():
+    for e, run in zip(firsts, np.split(seconds, bounds) if entity.size else [], strict=True):
         stage = stage_of[cols.names[e]]
-        per_stage[stage] = max(per_stage[stage], b)
+        per_stage[stage] = max(per_stage[stage], _sum_in_order(run))
     return tuple(per_stage)
+
+
+def _durations(cols) -> np.ndarray:
+    """Each recorded op's end - start (s)."""
+    return np.asarray(cols.end) - np.asarray(cols.start)
+
+
+def _sum_in_order(values: np.ndarray) -> float:
+    """0.0 + values[0] + values[1] + ..., added one by one in order (as a Python loop would)."""
+    return float(np.cumsum(values)[-1]) if values.size else 0.0
 
 
 def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCosts) -> MemoryReport:

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import simpy
+from simpy.events import Event, Timeout
 
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.compute import ComputeModel
@@ -45,12 +46,16 @@ from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import Group, GroupKind, Plan
 from holmes_sim.schedule import Op, ScheduleKind
 from holmes_sim.sim import symmetry
+from holmes_sim.sim.context_exchange import cp_exchange
 from holmes_sim.sim.expert_exchange import ep_exchange
 from holmes_sim.sim.environment import CountingEnvironment, Jitter, quiet_collector
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
-from holmes_sim.sim.trace import Entity, OpKind, Trace
+from holmes_sim.sim.trace import KIND_CODE, ROW, Entity, OpKind, Trace
 from holmes_sim.model.workload import Workload
+
+
+_PP_SEND = KIND_CODE[OpKind.PP_SEND]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,7 @@ class _Simulation:
         self._paths: dict[tuple, Path] = {}
         self._dur_cache: dict[tuple, tuple[float, float]] = {}
         self._route_cache: dict[tuple, tuple[Path, str]] = {}
+        self._stage_cache: dict[int, list[tuple]] = {}
         self._node_cache: dict[tuple[int, int], frozenset[str]] = {}
         self.pp_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self.send_start: dict[tuple, float] = {}
@@ -269,56 +275,129 @@ class _Simulation:
         return self.trace
 
     def _entity(self, s: int, d: int):
-        """Process of one (stage, replica): its schedule, then its gradient sync and step."""
+        """Process of one (stage, replica): its schedule, then its gradient sync and step.
+
+        The common op (no CP, EP, gathers or releases, no jitter or shared host) runs inline:
+        its input wait, one timeout, its records appended as rows and its send; the others go
+        through `_special_op`. Both keep the events, records and sends in the same order."""
         name = self.entity[(s, d)].name
         node = self.cluster.node(self.entity[(s, d)].node)
         overlapped = self.plan.optimizer.gathers_before_forward and s in self.dp_stream
-        release = self.plan.releases_gradients_in_backward and s in self.dp_stream
-        every_microbatch = self.plan.optimizer.reduces_every_microbatch
         gathers = self._submit_gathers(s, name) if overlapped else {}
-        last_b = self._last_backward_per_chunk(s)
-        first_f = self._first_forward_per_chunk(s)
         reductions: list[simpy.Event] = []
-        env, record = self.env, self.trace.op
-        plain = self.cpu is None and not self.jitter.rng  # an op is one timeout of its seconds
-        ops = self.schedule.stage_ops[s]
-        next_alike = _next_of_same_kind(ops) if self.early_receive else []
-        for i, (op, j, backward) in enumerate(self._stage_ops(s)):
-            waited = self._input_wait(op, j, d)
-            if waited is not None:
-                t0 = env._now  # `now` without the property's call (hot path)
-                yield waited[1]
-                self._record_wait(name, op, waited[0], t0)
-            dur, tp = self._durations(node, j, backward)
-            kind = OpKind.BACKWARD if backward else OpKind.FORWARD
-            if self.costs.workload.ep > 1:
-                yield from ep_exchange(self, name, s, d, op, self.plan.layers_per_stage[j])
-            if self.plan.cp > 1:
-                ran = yield from self._cp_exchange(name, s, d, node, op, kind,
-                                                   self.plan.layers_per_stage[j])
-                dur = max(0.0, dur - ran)
-            if overlapped and not backward and first_f[op.chunk] == op:
-                yield from self._gated_compute(name, op, kind, dur, tp, gathers[op.chunk])
-            elif release and backward and (last_b[op.chunk] == op or every_microbatch):
-                reductions += (yield from self._releasing_compute(name, s, op, kind, dur, tp))
-            elif plain:  # `_compute` inlined: the same timeout and records
+        env, arrivals, send_start = self.env, self.arrivals, self.send_start
+        early, waiting, posted = self.early_posted, self.waiting_sends, self.posted
+        rows, pack = self.trace.rows, ROW.pack
+        eid, cst = self.trace.ids(name, "compute")
+        bubble, wait_pp, tp_comm = (KIND_CODE[k] for k in (OpKind.WAIT_BUBBLE, OpKind.WAIT_PP,
+                                                           OpKind.TP_COMM))
+        for key, dur, tp, mb, chunk, kcode, special, send, post in self._steps(s, d, node):
+            if key is not None:  # the input: post its receive, then wait for its arrival
+                if key not in early:
+                    start = waiting.pop(key, None)
+                    if start is None:
+                        posted.add(key)
+                    else:
+                        start()
+                ev = arrivals.get(key)
+                if ev is None:
+                    ev = arrivals[key] = Event(env)
+                if ev.callbacks is None:  # arrived already; each message is consumed once
+                    del arrivals[key], send_start[key]
+                else:  # idle time split into bubble (producer not done) and exposed PP
+                    t0 = env._now
+                    yield ev
+                    now = env._now
+                    del arrivals[key]
+                    split = min(max(send_start.pop(key, t0), t0), now)
+                    if split > t0:
+                        rows += pack(t0, split, 0.0, eid, mb, chunk, cst, bubble)
+                    if now > split:
+                        rows += pack(split, now, 0.0, eid, mb, chunk, cst, wait_pp)
+            if special is None:  # one timeout of the op's compute and TP seconds
                 start = env._now
-                yield env.timeout(dur + tp)
-                record(start, start + dur, name, "compute", kind, 0, op.microbatch, op.chunk)
+                yield Timeout(env, dur + tp)
+                rows += pack(start, start + dur, 0.0, eid, mb, chunk, cst, kcode)
                 if tp > 0:
-                    record(start + dur, env._now, name, "compute", OpKind.TP_COMM, 0,
-                           op.microbatch, op.chunk)
+                    rows += pack(start + dur, env._now, 0.0, eid, mb, chunk, cst, tp_comm)
             else:
-                yield from self._compute(name, op, kind, dur, tp)
-            self._send_output(op, j, d)
-            if next_alike and next_alike[i] is not None:
-                self._post_early(s, d, ops[next_alike[i]])
+                reductions += (yield from self._special_op(name, node, s, d, special, dur, tp,
+                                                           gathers))
+            if send is not None:
+                self._send(*send, mb, chunk)
+            if post is not None:
+                self._post_early(s, d, post)
         yield from self._finish(name, node, s, d, reductions)
 
-    def _stage_ops(self, s: int) -> list[tuple[Op, int, bool]]:
-        """Stage s's ops in order, each with its virtual stage and whether it is a backward."""
-        virtual = self.schedule.virtual_stage
-        return [(op, virtual(s, op.chunk), op.kind == "B") for op in self.schedule.stage_ops[s]]
+    def _steps(self, s: int, d: int, node):
+        """Entity (s, d)'s ops, one at a time, as (input message key or None, compute s, TP s,
+        micro-batch, chunk, kind code, `_special_op`'s facts of it or None, (its output's
+        message key, `_pp_route`) or None, op whose receive it posts early or None)."""
+        durations, routes = {}, {}
+        for op, j, backward, kcode, special, has_input, to, post in self._stage_steps(s):
+            dur = durations.get((j, backward))
+            if dur is None:
+                dur = durations[(j, backward)] = self._durations(node, j, backward)
+            send = None
+            if to is not None:
+                route = routes.get((j, to))
+                if route is None:
+                    route = routes[(j, to)] = self._pp_route(op.kind, j, to, d)
+                send = ((op.kind, to, d, op.microbatch), route)
+            yield ((op.kind, j, d, op.microbatch) if has_input else None, dur[0], dur[1],
+                   op.microbatch, op.chunk, kcode, special, send, post)
+
+    def _stage_steps(self, s: int) -> list[tuple]:
+        """Stage s's ops as (op, virtual stage, backward, kind code, (op, kind, virtual stage,
+        whether its compute waits for gathers, whether it releases gradients) where
+        `_special_op` runs it else None, whether it waits for an input, the virtual stage it
+        sends to or None, op whose receive it posts early or None), cached."""
+        got = self._stage_cache.get(s)
+        if got is not None:
+            return got
+        overlapped = self.plan.optimizer.gathers_before_forward and s in self.dp_stream
+        release = self.plan.releases_gradients_in_backward and s in self.dp_stream
+        every_microbatch = self.plan.optimizer.reduces_every_microbatch
+        last_b = self._last_backward_per_chunk(s)
+        first_f = self._first_forward_per_chunk(s)
+        general = self.cpu is not None or bool(self.jitter.rng) or self.plan.cp > 1 \
+            or self.costs.workload.ep > 1
+        ops = self.schedule.stage_ops[s]
+        next_alike = _next_of_same_kind(ops) if self.early_receive else [None] * len(ops)
+        last = self.nv - 1
+        got = self._stage_cache[s] = []
+        for op, after in zip(ops, next_alike, strict=True):
+            j = self.schedule.virtual_stage(s, op.chunk)
+            backward = op.kind == "B"
+            kind = OpKind.BACKWARD if backward else OpKind.FORWARD
+            gated = overlapped and not backward and first_f[op.chunk] == op
+            releasing = release and backward and (last_b[op.chunk] == op or every_microbatch)
+            first, end = (0, last) if not backward else (last, 0)
+            special = general or gated or releasing
+            got.append((op, j, backward, KIND_CODE[kind],
+                        (op, kind, j, gated, releasing) if special else None,
+                        j != first, None if j == end else (j - 1 if backward else j + 1),
+                        None if after is None else ops[after]))
+        return got
+
+    def _special_op(self, name: str, node, s: int, d: int, special: tuple, dur: float,
+                    tp: float, gathers: dict):
+        """An op with EP all-to-alls, CP exchanges, parameter gathers, gradient releases, jitter
+        or a shared host; returns the gradient reductions it submitted."""
+        op, kind, j, gated, releasing = special
+        if self.costs.workload.ep > 1:
+            yield from ep_exchange(self, name, s, d, op, self.plan.layers_per_stage[j])
+        if self.plan.cp > 1:
+            ran = yield from cp_exchange(self, name, s, d, node, op, kind,
+                                         self.plan.layers_per_stage[j])
+            dur = max(0.0, dur - ran)
+        if gated:
+            yield from self._gated_compute(name, op, kind, dur, tp, gathers[op.chunk])
+        elif releasing:
+            return (yield from self._releasing_compute(name, s, op, kind, dur, tp))
+        else:
+            yield from self._compute(name, op, kind, dur, tp)
+        return []
 
     def _post_early(self, s: int, d: int, op: Op) -> None:
         """With `overlap_p2p_comm` on the interleaved schedule, post `op`'s receive now, when the
@@ -330,35 +409,6 @@ class _Simulation:
         key = (op.kind, j, d, op.microbatch)
         self.early_posted.add(key)
         self._post_receive(key)
-
-    def _input_wait(self, op: Op, j: int, d: int) -> tuple[tuple, simpy.Event] | None:
-        """Post the receive of the activation (F) or gradient (B) this op consumes (unless it
-        was posted early); return its message key and arrival event if it has not arrived yet,
-        else None."""
-        if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
-            return None
-        key = (op.kind, j, d, op.microbatch)
-        if key not in self.early_posted:
-            self._post_receive(key)
-        ev = self._arrival(key)
-        if ev.processed:
-            del self.arrivals[key], self.send_start[key]  # each message is consumed once
-            return None
-        return key, ev
-
-    def _record_wait(self, name: str, op: Op, key: tuple, t0: float) -> None:
-        """After waiting since t0 for message `key`: record the idle time split into bubble
-        (producer not done) and exposed PP (bytes on the wire)."""
-        now = self.env._now
-        del self.arrivals[key]
-        sent = self.send_start.pop(key, t0)
-        split = min(max(sent, t0), now)
-        if split > t0:
-            self.trace.op(t0, split, name, "compute", OpKind.WAIT_BUBBLE, 0,
-                          op.microbatch, op.chunk)
-        if now > split:
-            self.trace.op(split, now, name, "compute", OpKind.WAIT_PP, 0,
-                          op.microbatch, op.chunk)
 
     def _post_receive(self, key: tuple) -> None:
         """The receiving stage reached the op that consumes message `key`: a send waiting for
@@ -398,47 +448,6 @@ class _Simulation:
             self.trace.op(start + dur, self.env.now, name, "compute", OpKind.TP_COMM,
                           0, op.microbatch, op.chunk)
 
-    def _cp_exchange(self, name: str, s: int, d: int, node, op: Op, kind: OpKind, layers: int):
-        """The op's CP exchanges for its `layers` layers together (`cost.context_parallel`;
-        per layer the same steps, so on an idle network the same time): each ring step's
-        flow to the next replica of d's CP ring beside that step's attention compute, then the
-        exposed flow. Returns the attention compute run here (s), which leaves the op's."""
-        links, latency = self._cp_route(s, d)
-        scale, done = layers * self.plan.tp, 0.0
-        for p in self.costs.cp_passes(node, kind is OpKind.BACKWARD):
-            for _ in range(p.ring_steps):
-                start, compute = self.env.now, layers * p.step_s
-                flow = self.net.transfer(links, scale * p.step_bytes, layers * latency)
-                yield self.env.all_of([flow, self._work(name, compute)])
-                self.trace.op(start, start + compute, name, "compute", kind, 0, op.microbatch,
-                              op.chunk)
-                self._cp_wait(name, start + compute, op)
-                done += compute
-            if p.exposed_bytes:
-                start = self.env.now
-                yield self.net.transfer(links, scale * p.exposed_bytes,
-                                        layers * p.exposed_hops * latency)
-                self._cp_wait(name, start, op)
-        return done
-
-    def _cp_wait(self, name: str, since: float, op: Op) -> None:
-        if self.env.now > since:
-            self.trace.op(since, self.env.now, name, "compute", OpKind.CP_COMM, 0, op.microbatch,
-                          op.chunk)
-
-    def _cp_route(self, s: int, d: int) -> tuple[tuple, float]:
-        """(links, latency s) of replica d's transfer to the next replica of its CP ring on
-        stage s, over the CP group's transport, cached."""
-        key = ("cp", s, d)
-        got = self._route_cache.get(key)
-        if got is None:
-            peers = self.plan.cp_peers(d)
-            nxt = peers[(peers.index(d) + 1) % len(peers)]
-            group = self.group_by_first[(GroupKind.CONTEXT, self.plan.rank(s, peers[0], 0))]
-            path = self._entity_path(group, (s, d), (s, nxt))
-            got = self._route_cache[key] = (self.net.resolve(path.links), path.latency_s)
-        return got
-
     def _work(self, name: str, seconds: float) -> simpy.Event:
         """An event after `seconds` of compute: a timeout, or core-seconds on a shared host."""
         seconds *= self.jitter.factor(name)
@@ -474,27 +483,25 @@ class _Simulation:
         return {c: [(self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes), b.fraction)
                     for b in self.buckets[(s, c)]] for c in range(self.plan.num_chunks)}
 
-    def _send_output(self, op: Op, j: int, d: int) -> None:
-        if op.kind == "F" and j < self.nv - 1:
-            self._send("F", j, j + 1, d, op)
-        elif op.kind == "B" and j > 0:
-            self._send("B", j, j - 1, d, op)
-
-    def _send(self, kind: str, j_from: int, j_to: int, d: int, op: Op) -> None:
-        """Start the point-to-point transfer of an activation or gradient between virtual stages;
-        its arrival event fires when the last byte is in (no compute is blocked by sending)."""
-        key = (kind, j_to, d, op.microbatch)
-        self.send_start[key] = self.env._now
-        links, latency, sender = self._pp_route(kind, j_from, j_to, d)
+    def _send(self, key: tuple, route: tuple, mb: int, chunk: int) -> None:
+        """Start the point-to-point transfer of message `key` (micro-batch `mb`'s activation or
+        gradient) over `route` (`_pp_route`); its arrival event fires when the last byte is in
+        (no compute is blocked by sending)."""
+        env, arrivals = self.env, self.arrivals
+        self.send_start[key] = env._now
+        links, latency, (sender, stream) = route
         size = self.pp_bytes
+        extend = self.trace.rows.extend
 
         def start() -> None:
-            begun = self.env._now
+            begun = env._now
 
             def arrived(_event) -> None:
-                self.trace.op(begun, self.env._now, sender, "pp", OpKind.PP_SEND, size,
-                              op.microbatch, op.chunk)
-                self._arrival(key).succeed()
+                extend(ROW.pack(begun, env._now, size, sender, mb, chunk, stream, _PP_SEND))
+                ev = arrivals.get(key)
+                if ev is None:
+                    ev = arrivals[key] = Event(env)
+                ev.succeed()
 
             self.net.transfer(links, size, latency).callbacks.append(arrived)
 
@@ -504,16 +511,16 @@ class _Simulation:
         else:
             self.waiting_sends[key] = start
 
-    def _pp_route(self, kind: str, j_from: int, j_to: int, d: int) -> tuple[tuple, float, str]:
-        """(links, latency s, sender name) of a transfer, cached; the links stand for the
-        transfers of replica d's whole class."""
+    def _pp_route(self, kind: str, j_from: int, j_to: int, d: int) -> tuple[tuple, float, tuple]:
+        """(links, latency s, the sender's (entity, stream) indices in the trace) of a transfer,
+        cached; the links stand for the transfers of replica d's whole class."""
         key = (kind, j_from, j_to, d)
         got = self._route_cache.get(key)
         if got is None:
             path = self._pp_path(kind, j_from, j_to, d)
             links = symmetry.scale_shared(path.links, self.classes.weight(d))
-            got = self._route_cache[key] = (self.net.resolve(links), path.latency_s,
-                                            self.entity[(j_from % self.plan.pp, d)].name)
+            sender = self.trace.ids(self.entity[(j_from % self.plan.pp, d)].name, "pp")
+            got = self._route_cache[key] = (self.net.resolve(links), path.latency_s, sender)
         return got
 
     def _pp_path(self, kind: str, j_from: int, j_to: int, d: int) -> Path:

@@ -38,6 +38,8 @@ from typing import Any
 import simpy
 from simpy.events import Timeout
 
+from holmes_sim.sim.progressive_filling import ProgressiveFilling
+
 LinkId = Hashable
 PathUse = tuple[tuple[LinkId, float], ...]
 
@@ -56,17 +58,23 @@ _LOCAL_TRIES = 4
 _ROUTE_CACHE_SIZE = 65536
 
 _PENDING, _ACTIVE, _DONE = 0, 1, 2
+_SHARED = object()  # a link whose flows are listed in its member map
 
 
 class _Route:
-    """A resolved path: ((link index, weight), ...) and, for a flow alone on all its links,
-    its (rate in bytes/s, narrowest link index)."""
+    """A resolved path: ((link index, weight), ...), for a flow alone on all its links its
+    (rate in bytes/s, narrowest link index), and its links' member maps and weights in the
+    same order (a flow goes on and off its links without indexing the network's lists)."""
 
-    __slots__ = ("links", "solo")
+    __slots__ = ("links", "solo", "members", "weights", "ids")
 
-    def __init__(self, links: tuple[tuple[int, float], ...], solo: tuple[float, int]) -> None:
+    def __init__(self, links: tuple[tuple[int, float], ...], solo: tuple[float, int],
+                 members: tuple[dict, ...]) -> None:
         self.links = links
         self.solo = solo
+        self.members = members
+        self.weights = tuple(w for _, w in links)
+        self.ids = tuple(link for link, _ in links)
 
 
 class _Flow:
@@ -74,11 +82,12 @@ class _Flow:
 
     __slots__ = (
         "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
-        "mark", "new_rate", "bneck", "solo",
+        "mark", "new_rate", "bneck", "solo", "route", "lone",
     )
 
     def __init__(self, fid: int, route: _Route, size: float, done: simpy.Event) -> None:
         self.fid = fid
+        self.route = route
         self.links = route.links
         self.solo = route.solo
         self.size = size
@@ -91,6 +100,7 @@ class _Flow:
         self.mark = 0  # component-search stamp
         self.new_rate = -1.0  # progressive-filling scratch; < 0 means not frozen yet
         self.bneck = -1  # link index where the flow froze in the last filling
+        self.lone = False  # alone on its links and kept out of their member maps (`_occupied`)
 
 
 class TransferEvent(simpy.Event):
@@ -113,13 +123,14 @@ class FlowNetwork:
             self._cap.append(float(cap))
         n = len(self._cap)
         self._members: list[dict[_Flow, float]] = [{} for _ in range(n)]
+        # Per link: None (no flow), the lone flow on it, or _SHARED (its flows in `_members`).
+        self._occupied: list = [None] * n
         # Scratch per link, reused by every recomputation.
-        self._load = [0.0] * n
-        self._wsum = [0.0] * n
+        self._filling = ProgressiveFilling(n, self._members)
+        self._load = self._filling.load  # each link's re-shared load after a filling
         self._resid = [0.0] * n  # capacity left to the flows being re-shared
         self._fixed_max = [0.0] * n  # fastest flow on the link that keeps its rate
         self._new_max = [0.0] * n  # fastest re-shared flow on the link
-        self._nfree = [0] * n
         self._lmark = [0] * n
         self._stamp = 0
         self._comp_links: list[int] = []
@@ -218,7 +229,7 @@ class FlowNetwork:
             rate = self._cap[idx] / weight
             if rate < best:
                 best, bneck = rate, idx
-        return _Route(tuple(out), (best, bneck))
+        return _Route(tuple(out), (best, bneck), tuple(self._members[idx] for idx, _ in out))
 
     def _post(self, at: float, flow: _Flow, token: int) -> None:
         """Add an agenda entry due at `at` seconds."""
@@ -239,21 +250,18 @@ class FlowNetwork:
         """
         due: float = event._value  # the due time the wake-up was armed with
         del self._armed[due]
-        agenda, members, seeds = self._agenda, self._members, self._seeds
+        agenda, seeds, occupied = self._agenda, self._seeds, self._occupied
         while agenda and agenda[0][0] <= due:
             _, _, flow, token = heapq.heappop(agenda)
             if flow.state == _PENDING:
                 self._start(flow)
             elif flow.state == _ACTIVE and token == flow.token:
-                for link, _ in flow.links:
-                    link_members = members[link]
-                    del link_members[flow]
-                    if link_members:
-                        seeds.append(link)
-                flow.state = _DONE  # `_finish`, inlined
-                flow.remaining = 0.0
-                flow.rate = 0.0
-                self._active -= 1
+                if flow.lone:
+                    for link in flow.route.ids:
+                        occupied[link] = None
+                else:
+                    self._take_off(flow, seeds)
+                self._finish(flow)
                 done, flow.done = flow.done, None  # no flow <-> event cycle left to collect
                 done.succeed()
         if seeds:
@@ -266,24 +274,49 @@ class FlowNetwork:
             heapq.heappop(agenda)  # stale
 
     def _start(self, flow: _Flow) -> None:
-        """Put `flow` on its links; alone on all of them, it gets its rate at once."""
+        """Put `flow` on its links; alone on all of them, it gets its rate at once and stays
+        out of their member maps until another flow joins one of them (`_occupied`)."""
         flow.state = _ACTIVE
         now = flow.since = self._env._now
-        members = self._members
-        alone = True
-        for link, weight in flow.links:
-            link_members = members[link]
-            if link_members:
-                alone = False
-            link_members[flow] = weight
+        route, occupied = flow.route, self._occupied
         self._active += 1
         self.flows_started += 1
-        if not alone:
-            self._seeds.extend(link for link, _ in flow.links)
+        for link in route.ids:
+            if occupied[link] is not None:
+                break
+        else:
+            for link in route.ids:
+                occupied[link] = flow
+            flow.lone = True
+            flow.rate, flow.bneck = flow.solo
+            flow.token += 1
+            self._post(now + flow.size / flow.rate, flow, flow.token)
             return
-        flow.rate, flow.bneck = flow.solo
-        flow.token += 1
-        self._post(now + flow.size / flow.rate, flow, flow.token)
+        for link in route.ids:
+            other = occupied[link]
+            if other is not None and other is not _SHARED:
+                self._list(other)  # it was alone on its links: listed as at its start
+        self._list(flow)
+        self._seeds.extend(route.ids)
+
+    def _list(self, flow: _Flow) -> None:
+        """Add `flow` to its links' member maps."""
+        flow.lone = False
+        occupied = self._occupied
+        for link_members, weight, link in zip(flow.route.members, flow.route.weights,
+                                              flow.route.ids):
+            link_members[flow] = weight
+            occupied[link] = _SHARED
+
+    def _take_off(self, flow: _Flow, seeds: list[int] | None) -> None:
+        """Remove a listed `flow` from its links; add those with flows left to `seeds`."""
+        occupied = self._occupied
+        for link_members, link in zip(flow.route.members, flow.route.ids):
+            del link_members[flow]
+            if not link_members:
+                occupied[link] = None
+            elif seeds is not None:
+                seeds.append(link)
 
     def _finish(self, flow: _Flow) -> None:
         flow.state = _DONE
@@ -381,7 +414,7 @@ class FlowNetwork:
             left = cap[link] - fixed
             resid[link] = left if left > 0.0 else 0.0
             fixed_max[link] = fastest
-        self._fill(flows, links, resid)
+        self._filling.fill(flows, links, resid, self._stamp)
         if crossings == sum(len(flow.links) for flow in flows):
             return []  # no kept flow: the region is whole components
         return self._unfair_links(flows, links)
@@ -423,7 +456,7 @@ class FlowNetwork:
         cap = self._cap
         f0 = l0 = 0
         for f1, l1 in bounds:
-            self._fill(flows[f0:f1], links[l0:l1], cap)
+            self._filling.fill(flows[f0:f1], links[l0:l1], cap, self._stamp)
             f0, l0 = f1, l1
         return flows
 
@@ -475,101 +508,11 @@ class FlowNetwork:
                     finished.append(flow)
         if finished:
             finished.sort(key=lambda f: f.fid)
-            members = self._members
             for flow in finished:
-                for link, _ in flow.links:
-                    del members[link][flow]
+                self._take_off(flow, None)
                 self._finish(flow)
             flows[:] = [f for f in flows if f.state == _ACTIVE]
         return finished
-
-    def _fill(self, alive: list[_Flow], links: list[int], caps: list[float]) -> None:
-        """Progressive filling of `alive` over `links` with capacities `caps` (bytes/s).
-
-        Sets each flow's `new_rate` and `bneck`; leaves each link's re-shared load in `_load`.
-        """
-        if len(alive) == 1:
-            self._fill_one(alive[0], caps)
-            return
-        self._count_crossings(alive, links)
-        unfrozen = self._freeze_lone_flows(alive, caps)
-        if unfrozen:
-            self._raise_level(links, caps, unfrozen)
-
-    def _fill_one(self, flow: _Flow, caps: list[float]) -> None:
-        """A single flow takes its narrowest link's capacity / weight."""
-        best, bneck = math.inf, -1
-        for link, w in flow.links:
-            rate = caps[link] / w
-            if rate < best:
-                best, bneck = rate, link
-        flow.new_rate, flow.bneck = best, bneck
-        load = self._load
-        for link, w in flow.links:
-            load[link] = w * best
-
-    def _count_crossings(self, alive: list[_Flow], links: list[int]) -> None:
-        """Zero each link's load; set its summed weight and count of unfrozen flows."""
-        load, wsum, nfree = self._load, self._wsum, self._nfree
-        for link in links:
-            load[link] = 0.0
-            wsum[link] = 0.0
-            nfree[link] = 0
-        for flow in alive:
-            for link, w in flow.links:
-                wsum[link] += w
-                nfree[link] += 1
-
-    def _freeze_lone_flows(self, alive: list[_Flow], caps: list[float]) -> int:
-        """Freeze each flow alone on all its links at its narrowest one (taking those links
-        out of the filling); return how many flows remain unfrozen."""
-        load, nfree = self._load, self._nfree
-        unfrozen = len(alive)
-        for flow in alive:
-            best, bneck = math.inf, -1
-            for link, w in flow.links:
-                if nfree[link] != 1:
-                    break
-                rate = caps[link] / w
-                if rate < best:
-                    best, bneck = rate, link
-            else:
-                flow.new_rate, flow.bneck = best, bneck
-                unfrozen -= 1
-                for link, w in flow.links:
-                    load[link] = w * best
-                    nfree[link] = 0
-        return unfrozen
-
-    def _raise_level(self, links: list[int], caps: list[float], unfrozen: int) -> None:
-        """Raise the `unfrozen` flows' common rate (the level) link by link: the next link to
-        saturate is the one with the lowest (capacity - load) / unfrozen weight (a heap); the
-        re-shared flows on it not yet frozen freeze at the level, loading their other links."""
-        load, wsum, nfree, members = self._load, self._wsum, self._nfree, self._members
-        stamp = self._stamp
-        heap = [(caps[link] / wsum[link], link) for link in links if nfree[link]]
-        heapq.heapify(heap)
-        pop, push = heapq.heappop, heapq.heappush
-        level = 0.0
-        while unfrozen:
-            key, link = pop(heap)
-            if not nfree[link]:
-                continue
-            sat = (caps[link] - load[link]) / wsum[link]
-            if sat > key:  # the link gained headroom since it was pushed
-                push(heap, (sat, link))
-                continue
-            if sat > level:
-                level = sat
-            for flow in members[link]:
-                if flow.new_rate < 0.0 and flow.mark == stamp:
-                    flow.new_rate = level
-                    flow.bneck = link
-                    unfrozen -= 1
-                    for other, w in flow.links:
-                        load[other] += w * level
-                        wsum[other] -= w
-                        nfree[other] -= 1
 
     def _reschedule(self, flows: list[_Flow], now: float) -> None:
         """Adopt each flow's `new_rate`; post a completion only where the rate changed."""

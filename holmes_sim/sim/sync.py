@@ -16,7 +16,7 @@ from holmes_sim.cost.nccl_algorithms import CollectiveTopology, choose
 from holmes_sim.cost.paths import PathUse
 from holmes_sim.sim.collectives import nccl_collective, ring_collective
 from holmes_sim.sim.network import FlowNetwork
-from holmes_sim.sim.trace import OpKind, Trace
+from holmes_sim.sim.trace import KIND_CODE, ROW, OpKind, Trace
 
 _KIND_NAME = {
     OpKind.DP_ALL_REDUCE: "all-reduce", OpKind.DP_REDUCE_SCATTER: "reduce-scatter",
@@ -67,6 +67,7 @@ class Collectives:
 
     def __init__(self, env: simpy.Environment, net: FlowNetwork, trace: Trace, step_by_step: bool):
         self.env, self.net, self.trace, self.step_by_step = env, net, trace, step_by_step
+        self._member_ids: dict[tuple[str, ...], list[tuple[int, int]]] = {}
 
     def submit(self, stream: Stream, member: str, kind: OpKind, size_bytes: float) -> simpy.Event:
         """Member `member` enqueues its next collective on `stream`; returns its completion event.
@@ -106,10 +107,18 @@ class Collectives:
         else:
             yield self.env.process(nccl_collective(self.env, self.net, choice, ring.hops,
                                                    ring.exits, size_bytes))
-        per_member = _traffic(kind, ring.p, size_bytes)
-        for m in ring.members:
-            self.trace.op(start, self.env.now, m, "dp", kind, per_member)
+        per_member, now, code = _traffic(kind, ring.p, size_bytes), self.env.now, KIND_CODE[kind]
+        rows = self.trace.rows
+        for e, st in self._ids(ring.members):  # `Trace.op` of each member, ids looked up once
+            rows += ROW.pack(start, now, per_member, e, -1, 0, st, code)
         done.succeed()
+
+    def _ids(self, members: tuple[str, ...]) -> list[tuple[int, int]]:
+        """Each member's (entity, "dp" stream) indices in the trace, cached."""
+        got = self._member_ids.get(members)
+        if got is None:
+            got = self._member_ids[members] = [self.trace.ids(m, "dp") for m in members]
+        return got
 
 
 def _traffic(kind: OpKind, p: int, size_bytes: float) -> float:

@@ -3,11 +3,12 @@ kind and bytes. Metrics, plots and the Chrome/Perfetto export all read this one 
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Sequence
+import struct
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import NamedTuple
+
+import numpy as np
 
 
 class OpKind(StrEnum):
@@ -60,18 +61,26 @@ class Entity:
 
 
 _KINDS = tuple(OpKind)
-_KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
+KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
+"""Each kind's code in a trace row (its index in `OpKind` order)."""
+ROW = struct.Struct("<dddiihbb")
+"""A trace row as bytes: start s, end s, bytes, entity index, micro-batch, chunk, stream index,
+kind code (`KIND_CODE`)."""
+_ROW_DTYPE = np.dtype({"names": ["start", "end", "bytes", "entity", "mb", "chunk", "stream", "kind"],
+                       "formats": ["<f8", "<f8", "<f8", "<i4", "<i4", "<i2", "i1", "i1"],
+                       "offsets": [0, 8, 16, 24, 28, 32, 34, 35], "itemsize": ROW.size})
 
 
 class TraceColumns(NamedTuple):
-    """A trace's ops as columns (`Trace.columns`): start and end s, entity, stream and kind
-    indices (kinds in `OpKind` order), and the entity and stream names the indices point to."""
+    """A trace's ops as columns (`Trace.columns`, numpy arrays): start and end s, entity, stream
+    and kind indices (kinds in `OpKind` order), and the entity and stream names the indices
+    point to."""
 
-    start: Sequence[float]
-    end: Sequence[float]
-    entity: Sequence[int]
-    stream: Sequence[int]
-    kind: Sequence[int]
+    start: np.ndarray
+    end: np.ndarray
+    entity: np.ndarray
+    stream: np.ndarray
+    kind: np.ndarray
     names: tuple[str, ...]
     streams: tuple[str, ...]
 
@@ -79,15 +88,16 @@ class TraceColumns(NamedTuple):
 class Trace:
     """All ops of one iteration, plus the entities they ran on.
 
-    Ops are kept in columns (about 40 bytes an op instead of about 200 for an `OpRecord`);
-    `compact` and `records` build `OpRecord`s on demand (reports), `ops` iterates the columns.
+    Ops are kept as packed rows (`ROW`, 36 bytes an op instead of about 200 for an `OpRecord`);
+    `columns` unpacks them, `compact` and `records` build `OpRecord`s on demand (reports), `ops`
+    iterates them. The engine appends rows itself (`rows`, `ids`, `ROW`, `KIND_CODE`); `op` does
+    the same for one op by names.
     A symmetric simulation records only one representative entity per class of identical
     entities: `members` maps a representative's name to every member's name (itself first);
     `records` copies the representative's ops to each member, metrics weight them instead."""
 
-    __slots__ = ("entities", "iteration_s", "flows", "events", "members", "_start", "_end",
-                 "_bytes", "_entity", "_stream", "_kind", "_mb", "_chunk", "_names", "_name_id",
-                 "_streams", "_stream_id", "_cache")
+    __slots__ = ("entities", "iteration_s", "flows", "events", "members", "rows", "_names",
+                 "_name_id", "_streams", "_stream_id", "_cache")
 
     def __init__(self, entities: list[Entity] | None = None, records: list[OpRecord] | None = None,
                  iteration_s: float = 0.0, flows: int = 0, events: int = 0) -> None:
@@ -96,20 +106,17 @@ class Trace:
         self.flows = flows
         self.events = events
         self.members: dict[str, tuple[str, ...]] = {}
-        self._start, self._end, self._bytes = array("d"), array("d"), array("d")
-        self._entity, self._mb, self._chunk = array("l"), array("l"), array("l")
-        self._stream, self._kind = array("b"), array("b")
+        self.rows = bytearray()
         self._names: list[str] = []
         self._name_id: dict[str, int] = {}
         self._streams: list[str] = []
         self._stream_id: dict[str, int] = {}
-        self._cache: dict[str, list[OpRecord]] = {}
+        self._cache: dict[str, tuple[int, object]] = {}  # by name: (rows' length, value)
         for r in records or ():
             self.add(r)
 
-    def op(self, start_s: float, end_s: float, entity: str, stream: str, kind: OpKind,
-           bytes_: float = 0.0, microbatch: int = -1, chunk: int = 0) -> None:
-        """Record one op (seconds from the iteration start; bytes sent by `entity`)."""
+    def ids(self, entity: str, stream: str) -> tuple[int, int]:
+        """(entity index, stream index) of a row of `entity` on `stream`, registering new names."""
         e = self._name_id.get(entity)
         if e is None:
             e = self._name_id[entity] = len(self._names)
@@ -118,16 +125,13 @@ class Trace:
         if st is None:
             st = self._stream_id[stream] = len(self._streams)
             self._streams.append(stream)
-        self._start.append(start_s)
-        self._end.append(end_s)
-        self._bytes.append(bytes_)
-        self._entity.append(e)
-        self._stream.append(st)
-        self._kind.append(_KIND_CODE[kind])
-        self._mb.append(microbatch)
-        self._chunk.append(chunk)
-        if self._cache:
-            self._cache.clear()
+        return e, st
+
+    def op(self, start_s: float, end_s: float, entity: str, stream: str, kind: OpKind,
+           bytes_: float = 0.0, microbatch: int = -1, chunk: int = 0) -> None:
+        """Record one op (seconds from the iteration start; bytes sent by `entity`)."""
+        e, st = self.ids(entity, stream)
+        self.rows += ROW.pack(start_s, end_s, bytes_, e, microbatch, chunk, st, KIND_CODE[kind])
 
     def add(self, record: OpRecord) -> None:
         self.op(record.start_s, record.end_s, record.entity, record.stream, record.kind,
@@ -135,18 +139,34 @@ class Trace:
 
     def __len__(self) -> int:
         """Ops recorded (representatives only)."""
-        return len(self._start)
+        return len(self.rows) // ROW.size
+
+    def _cached(self, key: str, build):
+        """`build()`, kept until a row is added."""
+        got = self._cache.get(key)
+        if got is None or got[0] != len(self.rows):
+            got = self._cache[key] = (len(self.rows), build())
+        return got[1]
+
+    def _column(self, name: str) -> np.ndarray:
+        """One field of every row (`_ROW_DTYPE`'s names) as a numpy array (a copy)."""
+        view = np.frombuffer(self.rows, dtype=_ROW_DTYPE)
+        try:
+            return view[name].copy()
+        finally:
+            del view  # the rows can grow again once no view of them is left
 
     def ops(self):
         """(start s, end s, entity, stream, kind) of every recorded op, in recording order."""
         names, streams = self._names, self._streams
-        return zip(self._start, self._end, (names[i] for i in self._entity),
-                   (streams[i] for i in self._stream), (_KINDS[i] for i in self._kind), strict=True)
+        return ((a, b, names[e], streams[st], _KINDS[k])
+                for a, b, _, e, _, _, st, k in ROW.iter_unpack(self.rows))
 
     def columns(self) -> TraceColumns:
         """The recorded ops as columns (representatives only, in recording order): entities,
         streams and kinds as indices into `names`, `streams` and `OpKind` order."""
-        return TraceColumns(self._start, self._end, self._entity, self._stream, self._kind,
+        col = self._column
+        return TraceColumns(col("start"), col("end"), col("entity"), col("stream"), col("kind"),
                             tuple(self._names), tuple(self._streams))
 
     def weight(self, name: str) -> int:
@@ -157,26 +177,19 @@ class Trace:
     @property
     def compact(self) -> list[OpRecord]:
         """The recorded ops as `OpRecord`s (representatives only)."""
-        got = self._cache.get("compact")
-        if got is None:
-            names, streams = self._names, self._streams
-            got = self._cache["compact"] = [
-                OpRecord(a, b, names[e], streams[st], _KINDS[k], n, mb, c) for a, b, n, e, st, k, mb, c
-                in zip(self._start, self._end, self._bytes, self._entity, self._stream, self._kind,
-                       self._mb, self._chunk, strict=True)]
-        return got
+        names, streams = self._names, self._streams
+        return self._cached("compact", lambda: [
+            OpRecord(a, b, names[e], streams[st], _KINDS[k], n, mb, c)
+            for a, b, n, e, mb, c, st, k in ROW.iter_unpack(self.rows)])
 
     @property
     def records(self) -> list[OpRecord]:
         """Every entity's records (the representatives' copied to their members)."""
         if not self.members:
             return self.compact
-        got = self._cache.get("records")
-        if got is None:
-            got = self._cache["records"] = [
-                r if m == r.entity else replace(r, entity=m)
-                for r in self.compact for m in self.members.get(r.entity, (r.entity,))]
-        return got
+        return self._cached("records", lambda: [
+            r if m == r.entity else replace(r, entity=m)
+            for r in self.compact for m in self.members.get(r.entity, (r.entity,))])
 
     def of_entity(self, name: str) -> list[OpRecord]:
         return [r for r in self.records if r.entity == name]
