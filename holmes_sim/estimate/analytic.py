@@ -7,8 +7,9 @@ al. 2005]), and
 the schedule's dependency graph is evaluated as a critical path: an op starts when the previous op
 of its stage ended and its input arrived (`walk.py`, which jumps over the steady rounds of the
 schedule in closed form). Data-parallel collectives of a stage run one after
-another on one stream. Where no two transfers share a link at the same time this equals the
-engine's result; where they do, the engine is slower (contention), which tests can check.
+another on one stream, the routed experts' after the dense ones (`_stage_buckets`). Where no
+two transfers share a link at the same time this equals the engine's result; where they do, the
+engine is slower (contention), which tests can check.
 
 Also the closed forms the tests hold the engine to, for p stages, m micro-batches, v chunks and
 free communication [Narayanan et al. SC'21, section 2.2]: 1F1B and GPipe bubble fraction
@@ -126,7 +127,8 @@ class _Estimator:
             got = self._alike_cache[(s, d)] = (id(node.gpu), id(node.intra_link), node.speed,
                                                tuple(self.plan.layers_per_stage[s::pp]),  # `stage_layers`
                                                s == 0, s == pp - 1, self.net.dp_ring(s),
-                                               self.net.cp_send(s, d), self.net.ep_sends(s, d))
+                                               self.net.cp_send(s, d), self.net.ep_sends(s, d),
+                                               self.net.edp_ring(s, d))
         return got
 
     def _params(self, s: int) -> tuple[int, ...]:
@@ -138,6 +140,15 @@ class _Estimator:
                 self.costs.virtual_stage_params(p.layers_per_stage, self._virtual(s, c))
                 for c in range(p.num_chunks))
         return got
+
+    def _split_params(self, s: int, expert: bool) -> tuple[int, ...]:
+        """Of `_params(s)`, the routed experts' (reduced over the expert-data-parallel group,
+        `Workload.expert_layer_params`) or the dense rest."""
+        p = self.plan
+        experts = tuple(self.costs.virtual_stage_expert_params(p.layers_per_stage,
+                                                               self._virtual(s, c))
+                        for c in range(p.num_chunks))
+        return experts if expert else tuple(a - b for a, b in zip(self._params(s), experts))
 
     def _stage(self, s: int, d: int, kinds) -> tuple[list[float], float]:
         """Durations (s) of stage s's distinct ops (`kinds`: the walk's (virtual stage,
@@ -176,16 +187,18 @@ class _Estimator:
         return got
 
     # ---- data-parallel and optimizer -----------------------------------------------------------
-    def _buckets(self, s: int, kind: str, what: str) -> tuple[tuple[int, float], ...]:
+    def _buckets(self, s: int, kind: str, what: str, d: int | None = None
+                 ) -> tuple[tuple[int, float], ...]:
         """Stage s's DP buckets in release order as (count, ring time s) per chunk: a chunk's
         buckets are equal, so equal in time; `what` is "grad" (gradient bytes) or "param"
-        (parameter bytes). Empty without a DP ring. Stages with equal rings and chunks (most
-        of a pipeline's) share them."""
-        ring = self.net.dp_ring(s)
+        (parameter bytes). With `d` the routed experts' buckets on replica d's expert-data-
+        parallel ring, else the dense ones on the DP ring (`sim.gradient_buckets`). Empty
+        without the ring. Stages with equal rings and chunks (most of a pipeline's) share them."""
+        ring = self.net.dp_ring(s) if d is None else self.net.edp_ring(s, d)
         if ring is None:
             return ()
-        params = self._params(s)
-        topology = self.net.dp_topology(s)
+        params = self._split_params(s, expert=d is not None)
+        topology = self.net.dp_topology(s) if d is None else self.net.edp_topology(s, d)
         key = (topology, params, kind, what)
         got = self._bucket_cache.get(key)
         if got is None:
@@ -204,7 +217,7 @@ class _Estimator:
         start only after the first k + 1 all-gathers (`gather_delay_s`)."""
         if not self.plan.optimizer.gathers_before_forward:
             return 0.0
-        buckets = self._buckets(s, "all-gather", "param")
+        buckets = self._stage_buckets(s, d, "all-gather", "param")
         if not buckets:
             return 0.0
         return gather_delay_s(buckets, self._op_s(s, d, self._virtual(s, 0), False))
@@ -250,7 +263,8 @@ class _Estimator:
         deferred = p.num_microbatches * self.costs.deferred_wgrad_s(self.net.node(s, d)) \
             if s == p.pp - 1 else 0.0
         t = 0.0
-        reduce = self._buckets(s, mode.gradient_collective, "grad") if mode.reduces_gradients else ()
+        reduce = self._stage_buckets(s, d, mode.gradient_collective, "grad") \
+            if mode.reduces_gradients else ()
         if mode.reduces_every_microbatch:
             t += self._every_microbatch_tail_s(s, d, reduce) if reduce else 0.0
         elif p.releases_gradients_in_backward:
@@ -262,11 +276,24 @@ class _Estimator:
             t += ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
                                         emb[1], emb[2])
         node = self.net.node(s, d)
-        params = sum(self._params(s))  # `OpCosts.stage_params`
-        t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
+        params, expert = sum(self._params(s)), sum(self._split_params(s, expert=True))
+        if expert == 0:  # `OpCosts.stage_params`
+            t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
+        else:  # the experts' state sharded over their expert-data-parallel group
+            edp = p.dp // self.w.ep if mode.sharded else 1
+            t += self.costs.optimizer_s(node, (params - expert) / p.tp / (p.dp if mode.sharded else 1)
+                                        + expert / p.tp / edp)
         if mode.gathers_after_step:
-            t += _total_s(self._buckets(s, "all-gather", "param"))
+            t += _total_s(self._stage_buckets(s, d, "all-gather", "param"))
         return t
+
+    def _stage_buckets(self, s: int, d: int, kind: str, what: str
+                       ) -> tuple[tuple[int, float], ...]:
+        """`_buckets` of the dense parameters, then of replica d's routed experts: the engine
+        runs the two on their own streams at once, but both rings leave every member by the
+        same link (its NIC, or its NVLink port inside a node), so their times add up as on one
+        stream."""
+        return self._buckets(s, kind, what) + self._buckets(s, kind, what, d)
 
 
 def _total_s(buckets: tuple[tuple[int, float], ...]) -> float:
