@@ -7,7 +7,7 @@ al. 2005]), and
 the schedule's dependency graph is evaluated as a critical path: an op starts when the previous op
 of its stage ended and its input arrived (`walk.py`, which jumps over the steady rounds of the
 schedule in closed form). Data-parallel collectives of a stage run one after
-another on one stream, the routed experts' after the dense ones (`_stage_buckets`). Where no
+another on one stream, the routed experts' with the dense ones (`merged_delay_s`). Where no
 two transfers share a link at the same time this equals the engine's result; where they do, the
 engine is slower (contention), which tests can check.
 
@@ -217,10 +217,13 @@ class _Estimator:
         start only after the first k + 1 all-gathers (`gather_delay_s`)."""
         if not self.plan.optimizer.gathers_before_forward:
             return 0.0
-        buckets = self._stage_buckets(s, d, "all-gather", "param")
-        if not buckets:
+        dense, expert = (self._buckets(s, "all-gather", "param", e) for e in (None, d))
+        if not dense + expert:
             return 0.0
-        return gather_delay_s(buckets, self._op_s(s, d, self._virtual(s, 0), False))
+        forward = self._op_s(s, d, self._virtual(s, 0), False)
+        if expert:  # both buffers' gathers, consumed in their release order
+            return merged_delay_s(dense, expert, forward, gathers=True)
+        return gather_delay_s(dense, forward)
 
     def _backward_window(self, s: int, d: int) -> float:
         """Seconds of one micro-batch's backward over all chunks of stage s."""
@@ -263,10 +266,13 @@ class _Estimator:
         deferred = p.num_microbatches * self.costs.deferred_wgrad_s(self.net.node(s, d)) \
             if s == p.pp - 1 else 0.0
         t = 0.0
-        reduce = self._stage_buckets(s, d, mode.gradient_collective, "grad") \
-            if mode.reduces_gradients else ()
+        dense, expert = (self._buckets(s, mode.gradient_collective, "grad", e) for e in (None, d)) \
+            if mode.reduces_gradients else ((), ())
+        reduce = dense + expert
         if mode.reduces_every_microbatch:
             t += self._every_microbatch_tail_s(s, d, reduce) if reduce else 0.0
+        elif p.releases_gradients_in_backward and expert:
+            t += merged_delay_s(dense, expert, self._backward_window(s, d), gathers=False)
         elif p.releases_gradients_in_backward:
             t += released_reduction_tail_s(reduce, self._backward_window(s, d)) if reduce else 0.0
         else:
@@ -292,7 +298,7 @@ class _Estimator:
         """`_buckets` of the dense parameters, then of replica d's routed experts: the engine
         runs the two on their own streams at once, but both rings leave every member by the
         same link (its NIC, or its NVLink port inside a node), so their times add up as on one
-        stream."""
+        stream (`merged_delay_s` where their order matters)."""
         return self._buckets(s, kind, what) + self._buckets(s, kind, what, d)
 
 
@@ -328,6 +334,69 @@ def released_reduction_tail_s(buckets: tuple[tuple[int, float], ...], window_s: 
         t = max(t + k * r, window_s * (first + 1) / n + k * r, window_s * (first + k) / n + r)
         first += k
     return max(0.0, t - window_s)
+
+
+def merged_delay_s(dense: tuple[tuple[int, float], ...], expert: tuple[tuple[int, float], ...],
+                   window_s: float, gathers: bool) -> float:
+    """Dense and expert buckets ((count, time s) runs) in the engine's order
+    (`sim.gradient_buckets`: a buffer's bucket k of n at (k + 1)/n of a `window_s` pass), each
+    buffer's on its own stream, the two sharing the link that both rings leave every member by
+    (`shared_link_ends`). gathers=False: reductions released at those points of the backward;
+    seconds the last ends after it (`released_reduction_tail_s`). gathers=True: all-gathers
+    from the start, each bucket's share of the forward waiting for its own; the forward's
+    delay (`gather_delay_s`)."""
+    jobs: tuple[list, list] = ([], [])
+    order, done = [], 0.0
+    for point, is_expert, r in sorted(_marks(dense, False) + _marks(expert, True)):
+        jobs[is_expert].append((0.0 if gathers else window_s * point, r))
+        order.append((is_expert, len(jobs[is_expert]) - 1, done))
+        done = point
+    ends = shared_link_ends(jobs)
+    if gathers:
+        return max(0.0, max(ends[e][k] - window_s * start for e, k, start in order))
+    return max(0.0, max(e[-1] for e in ends if e) - window_s)
+
+
+def shared_link_ends(jobs: tuple[list[tuple[float, float]], ...]) -> list[list[float]]:
+    """End times (s) of each stream's jobs ((release s, seconds alone) in stream order): a
+    stream runs its jobs one after another, each from its release or its predecessor's end,
+    and the streams running at a moment share their common bottleneck link equally (the flow
+    network's max-min share of one link: processor sharing)."""
+    ends: list[list[float]] = [[] for _ in jobs]
+    left: list[float | None] = [None] * len(jobs)
+    now = 0.0
+    while any(len(e) < len(j) for e, j in zip(ends, jobs)):
+        pending = [i for i, j in enumerate(jobs) if len(ends[i]) < len(j)]
+        active = [i for i in pending if jobs[i][len(ends[i])][0] <= now]
+        if not active:
+            now = min(jobs[i][len(ends[i])][0] for i in pending)
+            continue
+        for i in active:
+            if left[i] is None:
+                left[i] = jobs[i][len(ends[i])][1]
+        share = len(active)
+        finish = min(left[i] * share for i in active)
+        releases = [jobs[i][len(ends[i])][0] - now for i in pending if i not in active]
+        step = min([finish] + releases)
+        for i in active:
+            if step == finish and left[i] * share == finish:
+                ends[i].append(now + step)
+                left[i] = None
+            else:
+                left[i] -= step / share
+        now += step
+    return ends
+
+
+def _marks(buckets: tuple[tuple[int, float], ...], expert: bool) -> list[tuple[float, bool, float]]:
+    """(release point in [0, 1], expert, time s) of each of the runs' n buckets: (k + 1)/n."""
+    n = sum(k for k, _ in buckets)
+    out, i = [], 0
+    for k, r in buckets:
+        for _ in range(k):
+            i += 1
+            out.append((i / n, expert, r))
+    return out
 
 
 _WALKS: dict[tuple, tuple[float, ...]] = {}

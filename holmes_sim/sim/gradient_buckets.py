@@ -63,7 +63,8 @@ def _run(costs: OpCosts, params: int, expert: bool) -> list[Bucket]:
 def expert_data_streams(engine) -> dict[tuple[int, int], Stream]:
     """Per (stage, r) with an expert-data-parallel group over replicas r, r + ep, ...: one comm
     stream on the NCCL ring over its members (the engine runs every replica when ep > 1, so
-    the ring is the whole group's)."""
+    the ring is the whole group's), its collectives recorded on the members' "edp" trace
+    stream beside the "dp" one."""
     plan: Plan = engine.plan
     ep = engine.costs.workload.ep
     out = {}
@@ -78,5 +79,5 @@ def expert_data_streams(engine) -> dict[tuple[int, int], Stream]:
             names = tuple(engine.entity[(s, members[k])].name for k in ring.order)
             out[(s, r)] = Stream(RingSpec(names, tuple(engine.net.resolve(h.links) for h in ring.hops),
                                           ring.step_latency_s, len(members), ring.topology,
-                                          tuple(leaves_node(h.links) for h in ring.hops)))
+                                          tuple(leaves_node(h.links) for h in ring.hops), "edp"))
     return out

@@ -273,3 +273,28 @@ def test_with_dp_twice_ep_expert_gradients_go_over_a_ring_of_two(write_scenario)
     assert span < 0.9 * 3 / 4 * (dense + expert) / (8 * nic.effective_bandwidth_bytes_per_s)
     est = estimate_iteration(out.plan, out.cluster, w, prepared.compute)
     assert est.iteration_s == pytest.approx(out.result.iteration_time_s, rel=0.02)
+
+
+@pytest.mark.parametrize("flags", ["", "overlap_grad_reduce: true,",
+                                   "overlap_grad_reduce: true, overlap_param_gather: true,"])
+def test_estimate_follows_the_engine_with_two_gradient_streams(write_scenario, flags):
+    """DP 4, EP 2: the dense and the expert buckets run on their own streams through the same
+    rail NICs, reduced after the backward, during it, or gathered before the next forward; the
+    estimate shares the link between the two streams (`shared_link_ends`) and stays within 1%
+    of the engine."""
+    text = ep_scenario(groups=node(count=4), tp=8, ep=2, global_batch=8)
+    prepared = prepare(write_scenario(text.replace("flash_attention: true,",
+                                                   f"flash_attention: true, {flags}")))
+    out = run_policy(prepared, "megatron")
+    est = estimate_iteration(out.plan, out.cluster, prepared.workload, prepared.compute)
+    assert est.iteration_s == pytest.approx(out.result.iteration_time_s, rel=0.01)
+
+
+def test_two_streams_share_one_link_equally():
+    """Processor sharing of two streams: alone a stream runs at the link's rate, together each
+    at half; a job waits for its release and for its stream's previous job."""
+    from holmes_sim.estimate.analytic import shared_link_ends
+
+    assert shared_link_ends(([(0.0, 1.0), (0.0, 1.0)], [(0.0, 3.0)])) == [[2.0, 4.0], [5.0]]
+    assert shared_link_ends(([(0.0, 1.0)], [(5.0, 1.0)])) == [[1.0], [6.0]]
+    assert shared_link_ends(([(0.0, 2.0)], [(1.0, 1.0)])) == [[3.0], [3.0]]
