@@ -164,7 +164,9 @@ def _sum_in_order(values: np.ndarray) -> float:
 def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCosts) -> MemoryReport:
     """Peak memory per GPU of each stage: model state plus the activations the schedule holds.
 
-    state = params/t x (16 bytes, or 4 + 12/dp sharded) [Rajbhandari et al. 2020];
+    state = params/t x (16 bytes, or 4 + 12/dp sharded) [Rajbhandari et al. 2020], the routed
+    experts' share sharded over their expert-data-parallel group, dp/ep replicas
+    (`Workload.expert_layer_params`);
     activations = (in-flight chunk-micro-batches) x (layers of the stage's largest chunk) x
     per-layer activation bytes [Korthikanti et al. 2022, Table 2]."""
     net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp, plan.num_chunks)
@@ -181,6 +183,10 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
         if params is None:
             params = params_of[key] = costs.stage_params(plan.layers_per_stage, plan.pp, s)
         state = params / plan.tp * state_per_param
+        expert = costs.stage_expert_params(plan.layers_per_stage, plan.pp, s)
+        if expert:
+            edp_state = workload.state_bytes_per_param(plan.dp // workload.ep, plan.optimizer.sharded)
+            state += expert / plan.tp * (edp_state - state_per_param)
         acts = peak_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks,
                               s) * max(layers) * act_per_layer
         per_stage.append(state + acts)

@@ -41,6 +41,8 @@ class GroupKind(StrEnum):
     EMBEDDING = "embedding"
     CONTEXT = "cp"
     EXPERT = "ep"
+    EXPERT_DATA = "edp"
+    """Replicas holding the same experts (Megatron-Core's expert-data-parallel group)."""
 
 
 class OptimizerMode(StrEnum):

@@ -132,6 +132,16 @@ class OpCosts:
         return sum(self.virtual_stage_params(layers_per_stage, j)
                    for j in range(pp_rank, len(layers_per_stage), pp))
 
+    def virtual_stage_expert_params(self, layers_per_stage: tuple[int, ...], j: int) -> int:
+        """Of `virtual_stage_params`, the routed experts' parameters reduced over the
+        expert-data-parallel group (`Workload.expert_layer_params`; 0 for a dense model)."""
+        return layers_per_stage[j] * self.workload.expert_layer_params
+
+    def stage_expert_params(self, layers_per_stage: tuple[int, ...], pp: int, pp_rank: int) -> int:
+        """Of `stage_params`, the routed experts' parameters (`virtual_stage_expert_params`)."""
+        return sum(self.virtual_stage_expert_params(layers_per_stage, j)
+                   for j in range(pp_rank, len(layers_per_stage), pp))
+
     def gradient_buckets(self, params: int) -> int:
         """How many DP buckets `params` parameters' gradients fill, at Megatron's per-GPU
         bucket size (`training.bucket_size_mb`)."""

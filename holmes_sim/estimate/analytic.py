@@ -7,8 +7,9 @@ al. 2005]), and
 the schedule's dependency graph is evaluated as a critical path: an op starts when the previous op
 of its stage ended and its input arrived (`walk.py`, which jumps over the steady rounds of the
 schedule in closed form). Data-parallel collectives of a stage run one after
-another on one stream. Where no two transfers share a link at the same time this equals the
-engine's result; where they do, the engine is slower (contention), which tests can check.
+another on one stream, the routed experts' with the dense ones (`merged_delay_s`). Where no
+two transfers share a link at the same time this equals the engine's result; where they do, the
+engine is slower (contention), which tests can check.
 
 Also the closed forms the tests hold the engine to, for p stages, m micro-batches, v chunks and
 free communication [Narayanan et al. SC'21, section 2.2]: 1F1B and GPipe bubble fraction
@@ -126,7 +127,8 @@ class _Estimator:
             got = self._alike_cache[(s, d)] = (id(node.gpu), id(node.intra_link), node.speed,
                                                tuple(self.plan.layers_per_stage[s::pp]),  # `stage_layers`
                                                s == 0, s == pp - 1, self.net.dp_ring(s),
-                                               self.net.cp_send(s, d), self.net.ep_sends(s, d))
+                                               self.net.cp_send(s, d), self.net.ep_sends(s, d),
+                                               self.net.edp_ring(s, d))
         return got
 
     def _params(self, s: int) -> tuple[int, ...]:
@@ -138,6 +140,15 @@ class _Estimator:
                 self.costs.virtual_stage_params(p.layers_per_stage, self._virtual(s, c))
                 for c in range(p.num_chunks))
         return got
+
+    def _split_params(self, s: int, expert: bool) -> tuple[int, ...]:
+        """Of `_params(s)`, the routed experts' (reduced over the expert-data-parallel group,
+        `Workload.expert_layer_params`) or the dense rest."""
+        p = self.plan
+        experts = tuple(self.costs.virtual_stage_expert_params(p.layers_per_stage,
+                                                               self._virtual(s, c))
+                        for c in range(p.num_chunks))
+        return experts if expert else tuple(a - b for a, b in zip(self._params(s), experts))
 
     def _stage(self, s: int, d: int, kinds) -> tuple[list[float], float]:
         """Durations (s) of stage s's distinct ops (`kinds`: the walk's (virtual stage,
@@ -176,16 +187,18 @@ class _Estimator:
         return got
 
     # ---- data-parallel and optimizer -----------------------------------------------------------
-    def _buckets(self, s: int, kind: str, what: str) -> tuple[tuple[int, float], ...]:
+    def _buckets(self, s: int, kind: str, what: str, d: int | None = None
+                 ) -> tuple[tuple[int, float], ...]:
         """Stage s's DP buckets in release order as (count, ring time s) per chunk: a chunk's
         buckets are equal, so equal in time; `what` is "grad" (gradient bytes) or "param"
-        (parameter bytes). Empty without a DP ring. Stages with equal rings and chunks (most
-        of a pipeline's) share them."""
-        ring = self.net.dp_ring(s)
+        (parameter bytes). With `d` the routed experts' buckets on replica d's expert-data-
+        parallel ring, else the dense ones on the DP ring (`sim.gradient_buckets`). Empty
+        without the ring. Stages with equal rings and chunks (most of a pipeline's) share them."""
+        ring = self.net.dp_ring(s) if d is None else self.net.edp_ring(s, d)
         if ring is None:
             return ()
-        params = self._params(s)
-        topology = self.net.dp_topology(s)
+        params = self._split_params(s, expert=d is not None)
+        topology = self.net.dp_topology(s) if d is None else self.net.edp_topology(s, d)
         key = (topology, params, kind, what)
         got = self._bucket_cache.get(key)
         if got is None:
@@ -204,10 +217,13 @@ class _Estimator:
         start only after the first k + 1 all-gathers (`gather_delay_s`)."""
         if not self.plan.optimizer.gathers_before_forward:
             return 0.0
-        buckets = self._buckets(s, "all-gather", "param")
-        if not buckets:
+        dense, expert = (self._buckets(s, "all-gather", "param", e) for e in (None, d))
+        if not dense + expert:
             return 0.0
-        return gather_delay_s(buckets, self._op_s(s, d, self._virtual(s, 0), False))
+        forward = self._op_s(s, d, self._virtual(s, 0), False)
+        if expert:  # both buffers' gathers, consumed in their release order
+            return merged_delay_s(dense, expert, forward, gathers=True)
+        return gather_delay_s(dense, forward)
 
     def _backward_window(self, s: int, d: int) -> float:
         """Seconds of one micro-batch's backward over all chunks of stage s."""
@@ -250,9 +266,13 @@ class _Estimator:
         deferred = p.num_microbatches * self.costs.deferred_wgrad_s(self.net.node(s, d)) \
             if s == p.pp - 1 else 0.0
         t = 0.0
-        reduce = self._buckets(s, mode.gradient_collective, "grad") if mode.reduces_gradients else ()
+        dense, expert = (self._buckets(s, mode.gradient_collective, "grad", e) for e in (None, d)) \
+            if mode.reduces_gradients else ((), ())
+        reduce = dense + expert
         if mode.reduces_every_microbatch:
             t += self._every_microbatch_tail_s(s, d, reduce) if reduce else 0.0
+        elif p.releases_gradients_in_backward and expert:
+            t += merged_delay_s(dense, expert, self._backward_window(s, d), gathers=False)
         elif p.releases_gradients_in_backward:
             t += released_reduction_tail_s(reduce, self._backward_window(s, d)) if reduce else 0.0
         else:
@@ -262,11 +282,24 @@ class _Estimator:
             t += ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
                                         emb[1], emb[2])
         node = self.net.node(s, d)
-        params = sum(self._params(s))  # `OpCosts.stage_params`
-        t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
+        params, expert = sum(self._params(s)), sum(self._split_params(s, expert=True))
+        if expert == 0:  # `OpCosts.stage_params`
+            t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
+        else:  # the experts' state sharded over their expert-data-parallel group
+            edp = p.dp // self.w.ep if mode.sharded else 1
+            t += self.costs.optimizer_s(node, (params - expert) / p.tp / (p.dp if mode.sharded else 1)
+                                        + expert / p.tp / edp)
         if mode.gathers_after_step:
-            t += _total_s(self._buckets(s, "all-gather", "param"))
+            t += _total_s(self._stage_buckets(s, d, "all-gather", "param"))
         return t
+
+    def _stage_buckets(self, s: int, d: int, kind: str, what: str
+                       ) -> tuple[tuple[int, float], ...]:
+        """`_buckets` of the dense parameters, then of replica d's routed experts: the engine
+        runs the two on their own streams at once, but both rings leave every member by the
+        same link (its NIC, or its NVLink port inside a node), so their times add up as on one
+        stream (`merged_delay_s` where their order matters)."""
+        return self._buckets(s, kind, what) + self._buckets(s, kind, what, d)
 
 
 def _total_s(buckets: tuple[tuple[int, float], ...]) -> float:
@@ -301,6 +334,69 @@ def released_reduction_tail_s(buckets: tuple[tuple[int, float], ...], window_s: 
         t = max(t + k * r, window_s * (first + 1) / n + k * r, window_s * (first + k) / n + r)
         first += k
     return max(0.0, t - window_s)
+
+
+def merged_delay_s(dense: tuple[tuple[int, float], ...], expert: tuple[tuple[int, float], ...],
+                   window_s: float, gathers: bool) -> float:
+    """Dense and expert buckets ((count, time s) runs) in the engine's order
+    (`sim.gradient_buckets`: a buffer's bucket k of n at (k + 1)/n of a `window_s` pass), each
+    buffer's on its own stream, the two sharing the link that both rings leave every member by
+    (`shared_link_ends`). gathers=False: reductions released at those points of the backward;
+    seconds the last ends after it (`released_reduction_tail_s`). gathers=True: all-gathers
+    from the start, each bucket's share of the forward waiting for its own; the forward's
+    delay (`gather_delay_s`)."""
+    jobs: tuple[list, list] = ([], [])
+    order, done = [], 0.0
+    for point, is_expert, r in sorted(_marks(dense, False) + _marks(expert, True)):
+        jobs[is_expert].append((0.0 if gathers else window_s * point, r))
+        order.append((is_expert, len(jobs[is_expert]) - 1, done))
+        done = point
+    ends = shared_link_ends(jobs)
+    if gathers:
+        return max(0.0, max(ends[e][k] - window_s * start for e, k, start in order))
+    return max(0.0, max(e[-1] for e in ends if e) - window_s)
+
+
+def shared_link_ends(jobs: tuple[list[tuple[float, float]], ...]) -> list[list[float]]:
+    """End times (s) of each stream's jobs ((release s, seconds alone) in stream order): a
+    stream runs its jobs one after another, each from its release or its predecessor's end,
+    and the streams running at a moment share their common bottleneck link equally (the flow
+    network's max-min share of one link: processor sharing)."""
+    ends: list[list[float]] = [[] for _ in jobs]
+    left: list[float | None] = [None] * len(jobs)
+    now = 0.0
+    while any(len(e) < len(j) for e, j in zip(ends, jobs)):
+        pending = [i for i, j in enumerate(jobs) if len(ends[i]) < len(j)]
+        active = [i for i in pending if jobs[i][len(ends[i])][0] <= now]
+        if not active:
+            now = min(jobs[i][len(ends[i])][0] for i in pending)
+            continue
+        for i in active:
+            if left[i] is None:
+                left[i] = jobs[i][len(ends[i])][1]
+        share = len(active)
+        finish = min(left[i] * share for i in active)
+        releases = [jobs[i][len(ends[i])][0] - now for i in pending if i not in active]
+        step = min([finish] + releases)
+        for i in active:
+            if step == finish and left[i] * share == finish:
+                ends[i].append(now + step)
+                left[i] = None
+            else:
+                left[i] -= step / share
+        now += step
+    return ends
+
+
+def _marks(buckets: tuple[tuple[int, float], ...], expert: bool) -> list[tuple[float, bool, float]]:
+    """(release point in [0, 1], expert, time s) of each of the runs' n buckets: (k + 1)/n."""
+    n = sum(k for k, _ in buckets)
+    out, i = [], 0
+    for k, r in buckets:
+        for _ in range(k):
+            i += 1
+            out.append((i / n, expert, r))
+    return out
 
 
 _WALKS: dict[tuple, tuple[float, ...]] = {}

@@ -59,8 +59,8 @@ class NetView:
         self._nodes: dict[tuple[int, int], Node] = {}
         self._places = tp_group_places(rank_to_gpu, tp)
         self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
-        self._rings: dict[tuple[GroupKind, int], Ring | None] = {}
-        self._topologies: dict[tuple[GroupKind, int], CollectiveTopology] = {}
+        self._rings: dict[tuple, Ring | None] = {}
+        self._topologies: dict[tuple, CollectiveTopology] = {}
         self._stage_nodes: dict[int, list[Node]] = {}
         self._memory: dict[int, float] = {}
         self._emb: list[Ring | None] | None = None
@@ -213,26 +213,27 @@ class NetView:
         return got[d]
 
     # ---- rings --------------------------------------------------------------------------------
-    def idle_ring(self, kind: GroupKind, s: int) -> Ring | None:
-        """On an idle network, the ring of the `kind` group that starts at stage s's first rank
-        (DATA: stage s's replicas; EMBEDDING: replica 0's first and last stage), over its
-        members' TP groups (None: no such group)."""
-        if (kind, s) not in self._rings:
-            group = self._groups.first(kind, self.rank(s, 0))
+    def idle_ring(self, kind: GroupKind, s: int, d: int = 0) -> Ring | None:
+        """On an idle network, the ring of the `kind` group that starts at stage s's rank of
+        replica d (DATA: stage s's replicas; EXPERT_DATA: replicas d, d + ep, ...; EMBEDDING:
+        replica 0's first and last stage), over its members' TP groups (None: no such group)."""
+        key = (kind, s) if d == 0 else (kind, s, d)
+        if key not in self._rings:
+            group = self._groups.first(kind, self.rank(s, d))
             if group is None:
-                self._rings[(kind, s)] = None
+                self._rings[key] = None
             else:
                 (ranks, transport), tp, gpus = group, self.tp, self.rank_to_gpu
                 members = [gpus[r:r + tp] for r in ranks]
                 hops = ring_uses(self.cluster, transport, members)
                 # `Ring.idle_rate_bytes_per_s` and `Ring.step_latency_s` of `ring_paths`
-                self._rings[(kind, s)] = (len(members), min(h[2] for h in hops),
-                                          max(h[1] for h in hops))
+                self._rings[key] = (len(members), min(h[2] for h in hops),
+                                    max(h[1] for h in hops))
                 # `Ring.topology` of `ring_paths`
-                self._topologies[(kind, s)] = ring_topology(
+                self._topologies[key] = ring_topology(
                     self.cluster, list(dict.fromkeys(m[0].node for m in members)),
                     [(leaves_node(links), rate, step) for links, step, rate in hops], tp)
-        return self._rings[(kind, s)]
+        return self._rings[key]
 
     def dp_topology(self, s: int) -> CollectiveTopology | None:
         """Stage s's data-parallel group as NCCL's algorithm choice sees it (None: no DP group)."""
@@ -242,6 +243,18 @@ class NetView:
     def dp_ring(self, s: int) -> Ring | None:
         """Stage s's data-parallel ring on an idle network (None: no DP group)."""
         return self.idle_ring(GroupKind.DATA, s)
+
+    def edp_ring(self, s: int, d: int) -> Ring | None:
+        """Stage s's expert-data-parallel ring of replica d on an idle network (the replicas
+        d % ep, d % ep + ep, ...; None: no such group, ep = 1 or dp = ep)."""
+        return self.idle_ring(GroupKind.EXPERT_DATA, s, d % self.ep) if self.ep > 1 else None
+
+    def edp_topology(self, s: int, d: int) -> CollectiveTopology | None:
+        """That group as NCCL's algorithm choice sees it (None: no such group)."""
+        r = d % self.ep
+        if self.edp_ring(s, d) is None:
+            return None
+        return self._topologies[(GroupKind.EXPERT_DATA, s) if r == 0 else (GroupKind.EXPERT_DATA, s, r)]
 
     def stage_nodes(self, s: int) -> list[Node]:
         """One node per distinct (GPU, intra-node link, speed) among stage s's replicas, in replica
@@ -316,7 +329,8 @@ class NetView:
                 tails: dict[tuple, int] = {}
                 combos: dict[tuple[int, int], int] = {}
                 for d in range(self.dp):
-                    tail = (self.hardware(s, d), self.embedding_ring(d) if emb else None)
+                    tail = (self.hardware(s, d), self.embedding_ring(d) if emb else None,
+                            self.edp_ring(s, d))
                     combos.setdefault((class_of[d], tails.setdefault(tail, len(tails))), d)
                 got.append([(c, t, d) for (c, t), d in combos.items()])
             self._combos[embedding] = got

@@ -144,6 +144,20 @@ class Workload:
         return round(held / self.num_layers)
 
     @property
+    def expert_layer_params(self) -> int:
+        """Of `layer_params`, the routed experts' parameters (the GPU's 1/ep share, mean over the
+        layers, rounded) that Megatron-Core keeps in its `expert_parallel_buffers` and reduces
+        over the expert-data-parallel group (megatron/core/distributed/
+        distributed_data_parallel.py; expert weights carry `allreduce = not (is_expert and
+        expert_parallel)`, megatron/core/extensions/transformer_engine.py): 0 without MoE or
+        with ep = 1, where they sit in the dense buffers."""
+        if self.moe is None or self.ep == 1:
+            return 0
+        m = self.moe
+        routed = m.moe_layers * expert_params(m, self.hidden, self.swiglu, self.bias)
+        return round((routed - routed * (self.ep - 1) // self.ep) / self.num_layers)
+
+    @property
     def layers_params(self) -> int:
         """Parameters of all transformer layers: dense layers plus MoE layers, whose MLP is the
         router, the routed experts and the shared expert."""
@@ -235,7 +249,9 @@ class Workload:
     # ---- memory (bytes per GPU) [R20, K22] ----------------------------------------------------
     def state_bytes_per_param(self, dp: int, sharded: bool) -> float:
         """Weights + gradients + Adam state per parameter: 16 bytes (2 weight, 2 grad, 12 fp32
-        master, momentum, variance) [R20]; with the optimizer state sharded over DP: 4 + 12/dp."""
+        master, momentum, variance) [R20]; with the optimizer state sharded over DP: 4 + 12/dp.
+        Pass the expert-data-parallel size for expert parameters (their state is sharded over
+        the replicas holding the same experts, `expert_layer_params`)."""
         return 4 + 12 / dp if sharded else 16.0
 
     def activation_bytes_per_layer(self, tp: int) -> float:

@@ -31,7 +31,8 @@ order of first appearance), so it is asked once per distinct node sequence."""
 
 
 class GroupBuilder:
-    """TP, CP, DP, PP and embedding groups of one rank order and degrees (`build`: all, in order;
+    """TP, CP, EP, DP, expert-DP, PP and embedding groups of one rank order and degrees
+    (`build`: all, in order;
     `pair_transport`, `first`: one, as `plan.GroupLookup`). PP groups are ordered pairs (sender,
     receiver) for each forward boundary of virtual stages j -> j + 1 (the backward gradient
     uses the same pair in reverse), each physical pair once, in order of first use."""
@@ -64,6 +65,9 @@ class GroupBuilder:
                        for i in range(tp)]
         if dp > 1:
             groups += [self._data_group(s, i) for s in range(pp) for i in range(tp)]
+        if self._has_expert_data:
+            groups += [self._expert_data(s, r, i) for s in range(pp) for r in range(self.ep)
+                       for i in range(tp)]
         groups += [self._pipeline(a, b, d, i) for a, b in self.pairs for d in range(dp)
                    for i in range(tp)]
         if self.tie:
@@ -96,6 +100,8 @@ class GroupBuilder:
             group = self._context(s, d, i)
         elif kind is GroupKind.EXPERT and self.ep > 1 and d % self.ep == 0:
             group = self._expert(s, d, i)
+        elif kind is GroupKind.EXPERT_DATA and self._has_expert_data and d < self.ep:
+            group = self._expert_data(s, d, i)
         elif kind is GroupKind.EMBEDDING and self.tie and s == 0:
             group = self._embedding(d, i)
         elif kind is GroupKind.PIPELINE:
@@ -179,6 +185,19 @@ class GroupBuilder:
         replicas (`RankGenerator` of the experts, megatron/core/parallel_state.py)."""
         return self._member_by_member(GroupKind.EXPERT,
                                       tuple(self._rank(s, d + e, i) for e in range(self.ep)))
+
+    @property
+    def _has_expert_data(self) -> bool:
+        """Expert-data-parallel groups of more than one member exist: ep > 1 and dp > ep."""
+        return self.ep > 1 and self.dp > self.ep
+
+    def _expert_data(self, s: int, r: int, i: int) -> Group:
+        """Stage s's expert-data-parallel group of TP rank i: replicas r, r + ep, r + 2 ep, ...
+        (0 <= r < ep), the replicas holding the same experts, whose expert gradients Megatron-Core
+        reduces together (`expert_data_parallel` ranks of the "tp-ep-dp-pp" `RankGenerator`,
+        megatron/core/parallel_state.py)."""
+        return self._member_by_member(GroupKind.EXPERT_DATA, tuple(
+            self._rank(s, d, i) for d in range(r, self.dp, self.ep)))
 
     def _embedding(self, d: int, i: int) -> Group:
         return self._member_by_member(GroupKind.EMBEDDING,

@@ -19,7 +19,8 @@ Timing assumptions (each entity):
 - a finished op's output is sent asynchronously (a flow); sending does not block compute; a stage
   posts the receive of an op's input when it reaches the op, or with `overlap_p2p_comm` on the
   interleaved schedule when its previous op of the same kind (F or B) ends;
-- data-parallel collectives run on one comm stream per stage; when gradients are reduced during
+- data-parallel collectives run on one comm stream per stage (routed experts' on one per expert-
+  data-parallel group, `sim.gradient_buckets`); when gradients are reduced during
   the backward (the overlapped distributed optimizer, or DDP-style `overlap_grad_reduce`) the last
   micro-batch's backward of each chunk releases gradient buckets as it goes (the reduction runs
   while computing); with the overlapped optimizer the first forward of each chunk also consumes
@@ -48,6 +49,7 @@ from holmes_sim.schedule import Op, ScheduleKind
 from holmes_sim.sim import symmetry
 from holmes_sim.sim.context_exchange import cp_exchange
 from holmes_sim.sim.expert_exchange import ep_exchange
+from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams
 from holmes_sim.sim.environment import CountingEnvironment, Jitter, quiet_collector
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
@@ -89,13 +91,6 @@ def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeM
         return sim.run()
 
 
-@dataclass(slots=True)
-class _Bucket:
-    grad_bytes: float
-    param_bytes: float
-    fraction: float  # of the chunk's compute
-
-
 class _Simulation:
     def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
                  options: EngineOptions):
@@ -132,6 +127,7 @@ class _Simulation:
         self._dp_rings = self._build_dp_rings()
         self._set_classes(options)
         self._build_streams()
+        self.edp_stream = expert_data_streams(self)
         self.buckets = {(s, c): self._buckets(s, c) for s in range(plan.pp)
                         for c in range(plan.num_chunks)}
 
@@ -251,18 +247,23 @@ class _Simulation:
         return chunks, self._optimizer_s(node, s)
 
     def _optimizer_s(self, node, s: int) -> float:
-        params = self.costs.stage_params(self.plan.layers_per_stage, self.plan.pp, s)
-        shard = self.plan.dp if self.plan.optimizer.sharded else 1
-        return self.costs.optimizer_s(node, params / self.plan.tp / shard)
+        """The step over the GPU's state shard (the experts' over their EDP group, `gradient_buckets`)."""
+        p, expert = self.plan, self.costs.stage_expert_params(self.plan.layers_per_stage, self.plan.pp, s)
+        params = self.costs.stage_params(p.layers_per_stage, p.pp, s)
+        shard = p.dp if p.optimizer.sharded else 1
+        if expert == 0:
+            return self.costs.optimizer_s(node, params / p.tp / shard)
+        edp = p.dp // self.workload.ep if p.optimizer.sharded else 1
+        return self.costs.optimizer_s(node, (params - expert) / p.tp / shard + expert / p.tp / edp)
 
-    def _buckets(self, s: int, c: int) -> list[_Bucket]:
-        """Gradient buckets of chunk c of stage s: per-GPU bucket size as Megatron sizes them."""
-        params = self.costs.virtual_stage_params(self.plan.layers_per_stage,
-                                                 self.schedule.virtual_stage(s, c))
-        grad = self.workload.grad_bytes_of(params)
-        n = self.costs.gradient_buckets(params)
-        param_bytes = params * self.workload.dtype_bytes
-        return [_Bucket(grad / n, param_bytes / n, 1.0 / n) for _ in range(n)]
+    def _buckets(self, s: int, c: int) -> list[Bucket]:
+        """Gradient buckets of chunk c of stage s in release order (`sim.gradient_buckets`)."""
+        return chunk_buckets(self.costs, self.plan.layers_per_stage,
+                             self.schedule.virtual_stage(s, c), (s, 0) in self.edp_stream)
+
+    def _stream_of(self, s: int, d: int, b: Bucket):
+        """The comm stream of entity (s, d) that reduces and gathers bucket `b`."""
+        return self.edp_stream[(s, d % self.workload.ep)] if b.expert else self.dp_stream[s]
 
     # ---- run -----------------------------------------------------------------------------------
     def run(self) -> Trace:
@@ -283,7 +284,7 @@ class _Simulation:
         name = self.entity[(s, d)].name
         node = self.cluster.node(self.entity[(s, d)].node)
         overlapped = self.plan.optimizer.gathers_before_forward and s in self.dp_stream
-        gathers = self._submit_gathers(s, name) if overlapped else {}
+        gathers = self._submit_gathers(s, d, name) if overlapped else {}
         reductions: list[simpy.Event] = []
         env, arrivals, send_start = self.env, self.arrivals, self.send_start
         early, waiting, posted = self.early_posted, self.waiting_sends, self.posted
@@ -394,7 +395,7 @@ class _Simulation:
         if gated:
             yield from self._gated_compute(name, op, kind, dur, tp, gathers[op.chunk])
         elif releasing:
-            return (yield from self._releasing_compute(name, s, op, kind, dur, tp))
+            return (yield from self._releasing_compute(name, s, d, op, kind, dur, tp))
         else:
             yield from self._compute(name, op, kind, dur, tp)
         return []
@@ -466,21 +467,23 @@ class _Simulation:
                               op.microbatch, op.chunk)
             yield from self._compute(name, op, kind, dur * fraction, tp * fraction)
 
-    def _releasing_compute(self, name: str, s: int, op: Op, kind: OpKind, dur: float, tp: float):
+    def _releasing_compute(self, name: str, s: int, d: int, op: Op, kind: OpKind, dur: float, tp: float):
         """A backward that releases gradients (a chunk's last, or every one with a per-micro-batch
         optimizer): each bucket is reduced once its share is done (buckets become ready in
         reverse layer order, Megatron's DDP bucketing)."""
         events = []
         for b in self.buckets[(s, op.chunk)]:
             yield from self._compute(name, op, kind, dur * b.fraction, tp * b.fraction)
-            events.append(self.coll.submit(self.dp_stream[s], name, self._grad_kind, b.grad_bytes))
+            events.append(self.coll.submit(self._stream_of(s, d, b), name, self._grad_kind,
+                                           b.grad_bytes))
         return events
 
-    def _submit_gathers(self, s: int, name: str) -> dict[int, list[tuple[simpy.Event, float]]]:
+    def _submit_gathers(self, s: int, d: int, name: str
+                        ) -> dict[int, list[tuple[simpy.Event, float]]]:
         """Gathers before the forward: the previous step's parameter all-gathers, in forward
         order."""
-        stream = self.dp_stream[s]
-        return {c: [(self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes), b.fraction)
+        return {c: [(self.coll.submit(self._stream_of(s, d, b), name, OpKind.DP_ALL_GATHER,
+                                      b.param_bytes), b.fraction)
                     for b in self.buckets[(s, c)]] for c in range(self.plan.num_chunks)}
 
     def _send(self, key: tuple, route: tuple, mb: int, chunk: int) -> None:
@@ -546,7 +549,8 @@ class _Simulation:
         yield from self._deferred_wgrad(name, node, s)
         if stream is not None and mode.reduces_gradients and \
                 not self.plan.releases_gradients_in_backward:
-            reductions = [self.coll.submit(stream, name, self._grad_kind, b.grad_bytes)
+            reductions = [self.coll.submit(self._stream_of(s, d, b), name, self._grad_kind,
+                                           b.grad_bytes)
                           for c in range(self.plan.num_chunks) for b in self.buckets[(s, c)]]
         yield from self._wait_all(name, reductions)
         emb = self.emb_stream.get(d)
@@ -557,7 +561,8 @@ class _Simulation:
         yield self._work(name, self._optimizer_s(node, s))
         self.trace.op(start, self.env.now, name, "compute", OpKind.OPTIMIZER)
         if stream is not None and mode.gathers_after_step:
-            gathers = [self.coll.submit(stream, name, OpKind.DP_ALL_GATHER, b.param_bytes)
+            gathers = [self.coll.submit(self._stream_of(s, d, b), name, OpKind.DP_ALL_GATHER,
+                                        b.param_bytes)
                        for c in range(self.plan.num_chunks) for b in self.buckets[(s, c)]]
             yield from self._wait_all(name, gathers)
 

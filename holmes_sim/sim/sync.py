@@ -39,6 +39,8 @@ class RingSpec:
     """Set: NCCL picks the algorithm (`cost.nccl_algorithms`); None: always the ring."""
     exits: tuple[bool, ...] = ()
     """Per hop, whether it leaves a node (with `topology`)."""
+    trace_stream: str = "dp"
+    """The members' trace stream its collectives are recorded on."""
 
     @property
     def p(self) -> int:
@@ -67,7 +69,7 @@ class Collectives:
 
     def __init__(self, env: simpy.Environment, net: FlowNetwork, trace: Trace, step_by_step: bool):
         self.env, self.net, self.trace, self.step_by_step = env, net, trace, step_by_step
-        self._member_ids: dict[tuple[str, ...], list[tuple[int, int]]] = {}
+        self._member_ids: dict[tuple[tuple[str, ...], str], list[tuple[int, int]]] = {}
 
     def submit(self, stream: Stream, member: str, kind: OpKind, size_bytes: float) -> simpy.Event:
         """Member `member` enqueues its next collective on `stream`; returns its completion event.
@@ -109,15 +111,15 @@ class Collectives:
                                                    ring.exits, size_bytes))
         per_member, now, code = _traffic(kind, ring.p, size_bytes), self.env.now, KIND_CODE[kind]
         rows = self.trace.rows
-        for e, st in self._ids(ring.members):  # `Trace.op` of each member, ids looked up once
+        for e, st in self._ids(ring.members, ring.trace_stream):  # `Trace.op` of each member, ids looked up once
             rows += ROW.pack(start, now, per_member, e, -1, 0, st, code)
         done.succeed()
 
-    def _ids(self, members: tuple[str, ...]) -> list[tuple[int, int]]:
-        """Each member's (entity, "dp" stream) indices in the trace, cached."""
-        got = self._member_ids.get(members)
+    def _ids(self, members: tuple[str, ...], stream: str) -> list[tuple[int, int]]:
+        """Each member's (entity, `stream`) indices in the trace, cached."""
+        got = self._member_ids.get((members, stream))
         if got is None:
-            got = self._member_ids[members] = [self.trace.ids(m, "dp") for m in members]
+            got = self._member_ids[(members, stream)] = [self.trace.ids(m, stream) for m in members]
         return got
 
 

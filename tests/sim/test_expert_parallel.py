@@ -64,6 +64,9 @@ def test_ep_groups_are_runs_of_consecutive_replicas(write_scenario):
     assert sorted(g.ranks for g in plan.groups_of(GroupKind.EXPERT)) == [
         (0, 2), (1, 3), (4, 6), (5, 7), (8, 10), (9, 11), (12, 14), (13, 15)]
     assert sorted(g.ranks for g in plan.groups_of(GroupKind.DATA))[0] == (0, 2, 4, 6)
+    # Expert-data-parallel: replicas r, r + ep of each stage and TP rank (the same experts).
+    assert sorted(g.ranks for g in plan.groups_of(GroupKind.EXPERT_DATA)) == [
+        (0, 4), (1, 5), (2, 6), (3, 7), (8, 12), (9, 13), (10, 14), (11, 15)]
 
 
 def test_policies_without_megatron_core_refuse_ep(write_scenario):
@@ -211,3 +214,87 @@ def test_bundled_moe_scenario_holmes_keeps_the_all_to_alls_on_rdma():
     assert "--expert-model-parallel-size 4" in files["megatron_args.txt"]
     assert files["holmes_args.txt"].startswith("# not expressible") and \
         "--moe-ffn-hidden-size" in files["holmes_args.txt"]
+
+
+def _reduce_scatters(out, entity: str = "s0.d0"):
+    return [r for r in out.trace.records
+            if r.kind is OpKind.DP_REDUCE_SCATTER and r.entity == entity]
+
+
+def test_with_dp_equal_to_ep_only_dense_gradients_are_reduced(write_scenario):
+    """DP 8 = EP 8 on one node: each replica holds its own experts (expert-data-parallel groups
+    of one, `expert_parallel_buffers` of Megatron-Core's DDP), so the reduce-scatter moves
+    7/8 of the dense gradients only: the EP 1 model's parameters less its 8 routed experts
+    per layer; no expert-data-parallel group exists, and the experts' optimizer state is not
+    sharded: the distributed optimizer saves 16 - (4 + 12/8) bytes of each dense parameter
+    only."""
+    text = ep_scenario(groups=node(), ep=8)
+    one = prepare(write_scenario(ep_scenario(groups=node(), ep=1)))
+    eight = prepare(write_scenario(text))
+    replicated = prepare(write_scenario(text.replace("flash_attention: true,", "flash_attention: "
+                                                     "true, distributed_optimizer: false,")))
+    out = run_policy(eight, "megatron")
+    assert not out.plan.groups_of(GroupKind.EXPERT_DATA)
+    w = eight.workload
+    routed = 4 * 8 * 3 * 2048 * 4096  # 4 MoE layers of 8 SwiGLU experts, no bias
+    assert 4 * w.expert_layer_params == routed // 8
+    dense = one.workload.total_params - routed
+    moved = sum(r.bytes for r in _reduce_scatters(out))
+    assert moved == pytest.approx(7 / 8 * w.grad_bytes_of(dense), rel=1e-12)
+    saved = run_policy(replicated, "megatron").result.memory.per_stage_bytes[0] - \
+        out.result.memory.per_stage_bytes[0]
+    assert saved == pytest.approx(dense * (16 - 4 - 12 / 8), rel=1e-9)
+
+
+def test_with_dp_twice_ep_expert_gradients_go_over_a_ring_of_two(write_scenario):
+    """TP 8 on each of 4 nodes (one NIC per rail), DP 4, EP 2: dense gradients are
+    reduce-scattered over the 4 replicas, the routed experts' over replicas {0, 2} and {1, 3}.
+    Both streams start after the backward and leave every GPU by its rail NIC, which stays
+    busy until both end: the reduce-scatters take (3/4 D + 1/2 X) / (8 r) (D dense and X
+    expert gradient bytes of the TP group, r a NIC's rate), to 2%, where one ring of 4 for all
+    would move 3/4 (D + X). The estimate adds the two streams' times likewise (2%)."""
+    prepared = prepare(write_scenario(ep_scenario(groups=node(count=4), tp=8, ep=2,
+                                                  global_batch=4)))
+    out = run_policy(prepared, "megatron")
+    w = prepared.workload
+    groups = out.plan.groups_of(GroupKind.EXPERT_DATA)
+    assert len(groups) == 2 * 8 and {len(g.ranks) for g in groups} == {2}
+    routed = 4 * 8 * 3 * 2048 * 4096  # 4 MoE layers of 8 SwiGLU experts, no bias
+    expert = w.grad_bytes_of(routed // 2)  # a GPU's TP group holds 4 of the 8
+    dense = w.grad_bytes_of(w.total_params - routed)
+    assert 2 * expert > dense > 0
+    records = _reduce_scatters(out)
+    assert sum(r.bytes for r in records) == pytest.approx(3 / 4 * dense + 1 / 2 * expert,
+                                                          rel=1e-12)
+    nic = prepared.cluster.nodes[0].nics[0]
+    span = max(r.end_s for r in records) - min(r.start_s for r in records)
+    expect = (3 / 4 * dense + 1 / 2 * expert) / (8 * nic.effective_bandwidth_bytes_per_s)
+    assert span == pytest.approx(expect, rel=0.02)
+    assert span < 0.9 * 3 / 4 * (dense + expert) / (8 * nic.effective_bandwidth_bytes_per_s)
+    est = estimate_iteration(out.plan, out.cluster, w, prepared.compute)
+    assert est.iteration_s == pytest.approx(out.result.iteration_time_s, rel=0.02)
+
+
+@pytest.mark.parametrize("flags", ["", "overlap_grad_reduce: true,",
+                                   "overlap_grad_reduce: true, overlap_param_gather: true,"])
+def test_estimate_follows_the_engine_with_two_gradient_streams(write_scenario, flags):
+    """DP 4, EP 2: the dense and the expert buckets run on their own streams through the same
+    rail NICs, reduced after the backward, during it, or gathered before the next forward; the
+    estimate shares the link between the two streams (`shared_link_ends`) and stays within 1%
+    of the engine."""
+    text = ep_scenario(groups=node(count=4), tp=8, ep=2, global_batch=8)
+    prepared = prepare(write_scenario(text.replace("flash_attention: true,",
+                                                   f"flash_attention: true, {flags}")))
+    out = run_policy(prepared, "megatron")
+    est = estimate_iteration(out.plan, out.cluster, prepared.workload, prepared.compute)
+    assert est.iteration_s == pytest.approx(out.result.iteration_time_s, rel=0.01)
+
+
+def test_two_streams_share_one_link_equally():
+    """Processor sharing of two streams: alone a stream runs at the link's rate, together each
+    at half; a job waits for its release and for its stream's previous job."""
+    from holmes_sim.estimate.analytic import shared_link_ends
+
+    assert shared_link_ends(([(0.0, 1.0), (0.0, 1.0)], [(0.0, 3.0)])) == [[2.0, 4.0], [5.0]]
+    assert shared_link_ends(([(0.0, 1.0)], [(5.0, 1.0)])) == [[1.0], [6.0]]
+    assert shared_link_ends(([(0.0, 2.0)], [(1.0, 1.0)])) == [[3.0], [3.0]]
