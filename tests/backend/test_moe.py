@@ -201,6 +201,21 @@ def test_moe_layers_the_backend_cannot_run_are_refused(tmp_path, field, value) -
         prepare(path, check=check_testbed)
 
 
+def test_an_expert_data_parallel_group_is_refused_for_real_runs(tmp_path) -> None:
+    """PP 1 makes DP 4 over EP 2: the simulator reduces each routed expert's gradient over a
+    group of 2, the backend would sum it over all 4 replicas."""
+    from holmes_sim.errors import ScenarioError
+    from holmes_sim.prepare import prepare
+    from holmes_sim.validation.testbed_plan import check_testbed
+
+    text = MOE_TESTBED.read_text().replace("  pipeline: 2\n", "  pipeline: 1\n")
+    path = tmp_path / "moe.yaml"
+    path.write_text(text)
+    assert prepare(path).dp == 4
+    with pytest.raises(ScenarioError, match=r"parallel\.expert.*data-parallel degree \(4\)"):
+        prepare(path, check=check_testbed)
+
+
 CAN_BUILD = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 
 
