@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from holmes_sim.metrics import BREAKDOWN_KEYS, Result
+from holmes_sim.plan import GroupKind
 from holmes_sim.prepare import Prepared
 from holmes_sim.report import plots
 from holmes_sim.report.files import prepare_output, write_atomic, write_json
@@ -26,8 +27,9 @@ COST_NAMES = {
     "dp_exposed": "exposed data-parallel (DP) communication", "optimizer": "the optimizer step",
     "bubble": "pipeline bubble and idle time",
 }
-COST_GROUPS = {"tp_comm": "tp", "cp_comm": "cp", "ep_comm": "ep", "pp_exposed": "pp",
-               "dp_exposed": "dp"}
+COST_GROUPS = {"tp_comm": GroupKind.TENSOR, "cp_comm": GroupKind.CONTEXT,
+               "ep_comm": GroupKind.EXPERT, "pp_exposed": GroupKind.PIPELINE,
+               "dp_exposed": GroupKind.DATA}
 
 
 class ValidationResult(Protocol):
@@ -140,9 +142,8 @@ def stage_nodes_markdown(outcomes: list[Outcome]) -> str:
 
 
 def transports_markdown(outcomes: list[Outcome]) -> str:
-    """A table: per policy, the transports of its TP/CP/EP/PP/DP groups."""
-    kinds = [k for k in ("tp", "cp", "ep", "pp", "dp")
-             if any(k in o.result.transports for o in outcomes)]
+    """A table: per policy, the transports of each group kind any policy has."""
+    kinds = [k.value for k in GroupKind if any(k in o.result.transports for o in outcomes)]
     if not kinds:
         return ""
     lines = ["| policy | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
