@@ -14,6 +14,7 @@ from holmes_sim.model.workload import build_workload, padded_vocab
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
 from holmes_sim.spec.load import load_scenario_text
 from holmes_sim.spec.presets import PRESETS, preset_fields
+from tests.megatron_flops import megatron_transformer_flops
 
 _TRAINING = TrainingSpec(global_batch_size=128, micro_batch_size=1)
 
@@ -23,36 +24,20 @@ def _preset(name: str, tp: int = 1, **training):
     return build_workload(spec, dataclasses.replace(_TRAINING, **training), tp)
 
 
-def _megatron_transformer_flops(B, s, L, h, a, g, f, V, swiglu):
-    """Megatron-LM's `transformer_flops` (megatron/training/training.py), transcribed term by
-    term for a dense model without MLA, MoE or MTP (kv_channels = h / a)."""
-    kv_channels = h // a
-    query_projection_size = kv_channels * a
-    key_projection_size = value_projection_size = kv_channels * g
-    standard_self_attn_term = 3 * 2 * (
-        h * (query_projection_size + key_projection_size + value_projection_size)
-        + query_projection_size * s / 2 * 2
-        + query_projection_size * h)
-    ffn_expansion_factor = 3 if swiglu else 2
-    return B * s * (3 * 2 * h * (f * ffn_expansion_factor) * L
-                    + standard_self_attn_term * L
-                    + 3 * 2 * h * V)
-
-
 def test_a_gqa_swiglu_layer_runs_the_gemm_flops_of_megatrons_formula():
     w = _preset("llama3.1-70b")
     k = layer_kernels(w, 1)
     executed = sum(g.flop + sum(x.flop for x in g.backward()) for g in k.dense)
     # the score and context GEMMs run the full s x s square; Megatron counts the causal half
     attention = sum(g.flop + sum(x.flop for x in g.backward()) for g in k.attention) / 2
-    expected = _megatron_transformer_flops(1, w.seq, 1, w.hidden, w.heads, w.groups, w.ffn, 0,
-                                           swiglu=True)
+    expected = megatron_transformer_flops(1, w.seq, 1, w.hidden, w.heads, w.groups, w.ffn, 0,
+                                          swiglu=True)
     assert executed + attention == pytest.approx(expected, rel=1e-3)
 
 
 def test_llama_3_1_70b_iteration_flops_equal_megatrons_formula():
     w = _preset("llama3.1-70b", tp=8, recompute="full")
-    expected = _megatron_transformer_flops(128, 8192, 80, 8192, 64, 8, 28672, 129024, swiglu=True)
+    expected = megatron_transformer_flops(128, 8192, 80, 8192, 64, 8, 28672, 129024, swiglu=True)
     assert w.vocab == 129024  # 128,256 padded to a multiple of 128 x 8
     assert w.model_flop_per_iteration() == pytest.approx(expected, rel=1e-3)
     # Megatron never counts recomputation in this formula

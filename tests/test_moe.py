@@ -23,6 +23,7 @@ from holmes_sim.runner import run_policy
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
 from holmes_sim.spec.load import load_scenario_text
 from holmes_sim.spec.presets import preset_fields
+from tests.megatron_flops import megatron_transformer_flops
 
 _TRAINING = TrainingSpec(global_batch_size=128, micro_batch_size=1)
 _H100 = GPUS["h100-sxm"]
@@ -31,31 +32,6 @@ _FLAGS = json.loads((Path(__file__).parent / "export/data/megatron_lm_flags.json
 
 def _spec(name: str, **fields) -> ModelSpec:
     return ModelSpec(**dict(preset_fields(name), **fields))
-
-
-def _megatron_moe_flops(B, s, L, h, a, g, f, V, swiglu, experts_layer_freq, topk, moe_ffn,
-                        shared):
-    """Megatron-LM's `transformer_flops` (megatron/training/training.py), transcribed term by
-    term for an MoE model without MLA, MTP or a latent size (kv_channels = h / a)."""
-    if isinstance(experts_layer_freq, int):
-        moe_layer_pattern = [1 if (i % experts_layer_freq == 0) else 0 for i in range(L)]
-    else:
-        moe_layer_pattern = list(experts_layer_freq)
-    num_moe_layers = sum(moe_layer_pattern)
-    num_dense_layers = L - num_moe_layers
-    kv_channels = h // a
-    query_projection_size = kv_channels * a
-    key_projection_size = value_projection_size = kv_channels * g
-    standard_self_attn_term = 3 * 2 * (
-        h * (query_projection_size + key_projection_size + value_projection_size)
-        + query_projection_size * s / 2 * 2
-        + query_projection_size * h)
-    ffn_expansion_factor = 3 if swiglu else 2
-    return B * s * (3 * 2 * h * ((f * ffn_expansion_factor) * num_dense_layers
-                                 + (moe_ffn * topk * ffn_expansion_factor) * num_moe_layers
-                                 + (shared * ffn_expansion_factor) * num_moe_layers)
-                    + standard_self_attn_term * L
-                    + 3 * 2 * h * V)
 
 
 @pytest.mark.parametrize("name,fields", [
@@ -67,11 +43,11 @@ def _megatron_moe_flops(B, s, L, h, a, g, f, V, swiglu, experts_layer_freq, topk
 def test_flops_equal_megatrons_moe_formula(name, fields):
     spec = _spec(name, **fields)
     w = build_workload(spec, _TRAINING, 1)
-    want = _megatron_moe_flops(128, spec.seq_length, spec.num_layers, spec.hidden_size,
-                               spec.num_attention_heads, spec.num_query_groups,
-                               spec.ffn_hidden_size, w.vocab, True, spec.moe_layer_freq,
-                               spec.moe_router_topk, spec.moe_ffn_hidden_size,
-                               spec.moe_shared_expert_intermediate_size or 0)
+    want = megatron_transformer_flops(128, spec.seq_length, spec.num_layers, spec.hidden_size,
+                                      spec.num_attention_heads, spec.num_query_groups,
+                                      spec.ffn_hidden_size, w.vocab, True, spec.moe_layer_freq,
+                                      spec.moe_router_topk, spec.moe_ffn_hidden_size,
+                                      spec.moe_shared_expert_intermediate_size or 0)
     assert w.flops_formula == "megatron-core"
     assert w.model_flop_per_iteration() == pytest.approx(want, rel=1e-3)
 
