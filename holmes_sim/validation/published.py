@@ -328,7 +328,7 @@ def check_table(result: PublishedCheck, width: int = 80, wide: bool = False):
             table.add_row(*(cells[h] for h in headers))
         for c in result.skipped:
             cells = {"case": Text(f"{c.dataset}/{c.name}"), "measured": "",
-                     "predicted": Text(c.not_simulated), "error": ""}
+                     "predicted": "-", "error": ""}
             table.add_row(*(cells[h] for h in headers))
         per_set = "; ".join(f"{name}: mean {100 * m:.1f}%, max {100 * x:.1f}%"
                             for name, (m, x, _) in result.by_dataset().items())
@@ -344,8 +344,9 @@ def check_table(result: PublishedCheck, width: int = 80, wide: bool = False):
 def _skipped_note(result: PublishedCheck) -> str:
     if not result.skipped:
         return ""
-    return (f". {len(result.skipped)} recorded rows not simulated (reason in the predicted "
-            "column), outside the mean and max")
+    reasons = "; ".join(f"{c.dataset}/{c.name}: {c.not_simulated}" for c in result.skipped)
+    return (f". {len(result.skipped)} recorded rows not simulated, outside the mean and max "
+            f"({reasons})")
 
 
 def paper_table(result: PublishedCheck, width: int = 80, wide: bool = False):

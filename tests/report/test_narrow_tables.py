@@ -95,6 +95,20 @@ def test_published_tables_keep_every_case_whole():
     _check(_printed(published.paper_table(check, 80)), ["megatron-llama", "holmes (fitted)"])
 
 
+def test_published_table_keeps_names_whole_beside_a_row_not_simulated():
+    simulated = [replace(c, measured_tflops_per_gpu=c.measured_tflops_per_gpu or 500.0)
+                 for c in published.cases() if not c.not_simulated]
+    skipped = tuple(replace(c, not_simulated="needs a recipe the simulator does not model, "
+                                             "named here at length")
+                    for c in published.cases()[:1])
+    results = tuple(published.CaseResult(c, c.measured_tflops_per_gpu * 1.02, 1.0)
+                    for c in simulated)
+    text = _printed(published.check_table(published.PublishedCheck(results, None, skipped=skipped),
+                                          80))
+    _check(text, [f"{c.dataset}/{c.name}" for c in (*simulated, *skipped)])
+    assert "named here at length" in " ".join(text.split())
+
+
 def test_sweep_table_keeps_values_and_policies_whole():
     path = "clusters[0].nodes[0].nics[1].bandwidth_gbit_per_s"
     axes = [SweepAxis("", path, (), (25, 100)), SweepAxis("", "training.micro_batch_size", (), (2, 4))]
