@@ -40,14 +40,14 @@ the GPU's shard, the fresh gradient is read (d) and the main gradient read and w
 bytes of a reduced gradient): Megatron DDP's main_grad hook, or the same traffic as the C operand
 of the fused weight-gradient GEMM (`--gradient-accumulation-fusion`).
 With fused (flash) attention the score tensor never reaches HBM: the softmax, attention dropout
-and the two score GEMMs are replaced by one kernel of 4 b s^2 h / t FLOP forward and 2.5 times
-that backward (it recomputes the scores; Dao 2023, arXiv 2307.08691, section 3.1) at
-`attention_efficiency` of peak, of which a GPT's causal mask leaves (n + 1) / (2n) for n =
-ceil(s / 128) tiles per side (`causal_block_fraction`). The unfused path computes every score.
+and the two score GEMMs are replaced by one causal kernel of 4 b s^2 h / t FLOP forward unmasked
+and 2.5 times that backward, priced by `cost.attention` (the measured rate of the kernel the
+stack runs, or `attention_efficiency` on the tiles a causal mask leaves). The unfused path
+computes every score.
 
 With context parallelism of degree cp every per-GPU quantity above counts the rank's s/cp tokens
 (s in M, E, F and the head), and the attention its s/cp queries against all s keys: S = b (a/t)
-(s/cp) s, flash 4 b (s/cp) s h / t FLOP (Megatron-Core's load-balanced causal chunks give each
+(s/cp) s, flash 4 b (s/cp) s h / t FLOP unmasked, in kernels of s/cp queries (Megatron-Core's load-balanced causal chunks give each
 rank 1/cp of the causal work; `cost.context_parallel`).
 
 Embedding (first stage): lookup, position add and dropout, about 8Ed bytes forward with a
@@ -65,6 +65,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from holmes_sim.hardware.catalog import GpuModel
+from holmes_sim.cost.attention import fused_attention_s
 from holmes_sim.cost.gemm import Gemm, gemm_time_s
 from holmes_sim.cost.moe import moe_layer_extra_s
 from holmes_sim.model.workload import Workload
@@ -79,6 +80,11 @@ class LayerKernels:
     dense: tuple[Gemm, ...]
     attention: tuple[Gemm, ...]
     flash_flop: float
+    """Forward FLOP of the fused attention kernel without its causal mask (0: unfused)."""
+    flash_seq: int
+    """Queries per sequence of one fused attention call (tokens; the rank's s/cp under CP)."""
+    flash_keys: int
+    """Keys each query attends to at most (tokens)."""
     core_bytes_fwd: float
     core_bytes_bwd: float
     other_bytes_fwd: float
@@ -96,8 +102,7 @@ def layer_kernels(w: Workload, tp: int) -> LayerKernels:
     permute = 2 * (e / tp) * d
     other_fwd, other_bwd = _other_bytes(w, tp)
     if w.flash_attention:
-        return LayerKernels(dense, (), 4.0 * b * s * keys * h / tp * causal_block_fraction(keys),
-                            0.0, 0.0,
+        return LayerKernels(dense, (), 4.0 * b * s * keys * h / tp, s, keys, 0.0, 0.0,
                             other_fwd + permute, other_bwd + permute)
     batch = max(1, b * a // tp)
     attention = (Gemm(s, keys, hd, batch), Gemm(s, hd, keys, batch))
@@ -105,20 +110,7 @@ def layer_kernels(w: Workload, tp: int) -> LayerKernels:
     dropout = scores * (2 * d + 1) if w.attention_dropout > 0 else 0.0
     core_fwd = 2 * scores * d + dropout + permute
     core_bwd = 3 * scores * d + dropout + permute
-    return LayerKernels(dense, attention, 0.0, core_fwd, core_bwd, other_fwd, other_bwd)
-
-
-FLASH_BLOCK = 128
-"""FlashAttention-2's query and key block size in tokens (128 x 128 tiles for head dimensions up
-to 128; Dao 2023, arXiv 2307.08691, section 3.3)."""
-
-
-def causal_block_fraction(s: int) -> float:
-    """Share of the s x s score tiles a causal FlashAttention kernel computes: of n = ceil(s /
-    128) x n square tiles it skips those wholly above the diagonal and computes n (n + 1) / 2
-    (Dao 2023, arXiv 2307.08691, section 3.1.1 "Causal masking"), (n + 1) / (2 n)."""
-    n = -(-s // FLASH_BLOCK)
-    return (n + 1) / (2 * n)
+    return LayerKernels(dense, attention, 0.0, s, keys, core_fwd, core_bwd, other_fwd, other_bwd)
 
 
 def _other_bytes(w: Workload, tp: int) -> tuple[float, float]:
@@ -179,14 +171,10 @@ def _gemms_s(gpu: GpuModel, gemms: tuple[Gemm, ...], d: int, backward: bool,
     return sum(gemm_time_s(gpu, x, d, fp8) for g in gemms for x in g.backward())
 
 
-def _flash_s(gpu: GpuModel, flop: float, backward: bool) -> float:
-    return flop * (2.5 if backward else 1.0) / (gpu.peak_flop_per_s * gpu.attention_efficiency)
-
-
 def attention_core_s(gpu: GpuModel, k: LayerKernels, d: int, backward: bool) -> float:
     """Score and context GEMMs, softmax, attention dropout (or the fused kernel), seconds."""
     if k.flash_flop:
-        return _flash_s(gpu, k.flash_flop, backward)
+        return fused_attention_s(gpu, k.flash_flop, k.flash_seq, k.flash_keys, True, backward)
     nbytes = k.core_bytes_bwd if backward else k.core_bytes_fwd
     return _gemms_s(gpu, k.attention, d, backward) + _memory_s(gpu, nbytes)
 

@@ -51,6 +51,23 @@ class GpuModel:
     """cuBLAS runs warp-specialized persistent GEMM kernels that overlap each tile's pipeline fill
     and epilogue with another tile's main loop (Hopper, Blackwell); False: data-parallel
     multistage kernels that pay them once per tile (Ampere)."""
+    attention_rates: AttentionRates | None = None
+    """Measured rates of the fused attention kernel the training stack runs on this GPU, by
+    sequence length; None: `attention_efficiency` at every length."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionRates:
+    """A fused attention kernel's measured BF16 throughput (TFLOP/s, short boost-clock runs, the
+    benchmark's own FLOP count: causal counted half) at sequence lengths `seq` (tokens), and the
+    ratio of the GPU's sustained to burst tensor rate that turns them into training rates."""
+
+    seq: tuple[int, ...]
+    forward_causal_tflops: tuple[float, ...]
+    forward_full_tflops: tuple[float, ...]
+    backward_full_tflops: tuple[float, ...]
+    sustained_ratio: float
+    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +148,23 @@ class LinkModel:
 # data-sheet bandwidth on A100 and H100 (Deakin et al., BabelStream results).
 # attention_efficiency: FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023, arXiv
 # 2307.08691), FlashAttention-3 up to 75% on H100 forward (Shah et al. 2024, arXiv 2407.08608),
-# less in the backward: 0.6 for all.
+# less in the backward: 0.6 where no kernel measurement by sequence length is in the catalog.
+# attention_rates (Hopper): Transformer Engine, which Megatron-Core's attention runs through,
+# prefers its cuDNN FusedAttention backend over FlashAttention on compute capability 9.0 and
+# later ("Disabling FlashAttention to give FusedAttention preference on Hopper+",
+# transformer_engine/pytorch attention backend selection, `get_attention_backend`). Its BF16
+# rates on H100 SXM5, head dimension 128, 16k tokens per batch, are those of Shah et al. 2024
+# (FlashAttention-3, arXiv 2407.08608, section 4.1, Figure 5 forward with and without the
+# causal mask, Figure 6 backward without it), read at 512 ... 16k tokens.
 _HOPPER_SUSTAINED = 0.849
+_HOPPER_CUDNN_ATTENTION = AttentionRates(
+    seq=(512, 1024, 2048, 4096, 8192, 16384),
+    forward_causal_tflops=(315, 410, 484, 518, 529, 539),
+    forward_full_tflops=(497, 574, 617, 609, 600, 595),
+    backward_full_tflops=(305, 408, 465, 499, 518, 516),
+    sustained_ratio=_HOPPER_SUSTAINED,
+    source="cuDNN fused attention on H100 SXM5, BF16, head dim 128 (Shah et al. 2024, "
+           "arXiv 2407.08608, Figures 5 and 6)")
 _BLACKWELL_SUSTAINED = 0.840
 _A100 = "NVIDIA A100 Tensor Core GPU data sheet (2021): 312 TFLOP/s dense BF16, 108 SMs"
 _H100 = ("NVIDIA H100 Tensor Core GPU data sheet (2023), SXM: 989 TFLOP/s dense BF16, 1,979 FP8, "
@@ -154,13 +186,15 @@ def _a100(name: str, memory_gb: float, bandwidth_gbyte_per_s: float, hbm: str) -
 
 def _modern(name: str, bf16: tuple[float, float, tuple[int, int, int]],
             fp8: tuple[float, float, tuple[int, int, int]], memory_gb: float,
-            bandwidth_gbyte_per_s: float, sm_count: int, source: str) -> GpuModel:
+            bandwidth_gbyte_per_s: float, sm_count: int, source: str,
+            attention: AttentionRates | None = None) -> GpuModel:
     """A GPU with BF16 and FP8 tensor cores: each rate as (peak TFLOP/s, efficiency, shape)."""
     return GpuModel(name, tflops_to_flop_per_s(bf16[0]), gib_to_bytes(memory_gb),
                     gbyte_per_s_to_bytes_per_s(bandwidth_gbyte_per_s), bf16[1], source,
                     sm_count=sm_count, benchmark_shape=bf16[2],
                     fp8_peak_flop_per_s=tflops_to_flop_per_s(fp8[0]), fp8_compute_efficiency=fp8[1],
-                    fp8_benchmark_shape=fp8[2], persistent_gemm=True)
+                    fp8_benchmark_shape=fp8[2], persistent_gemm=True,
+                    attention_rates=attention)
 
 
 GPUS: dict[str, GpuModel] = {
@@ -168,10 +202,10 @@ GPUS: dict[str, GpuModel] = {
     "a100-80gb": _a100("a100-80gb", 80, 2039, "HBM2e"),
     "h100-sxm": _modern("h100-sxm", (989, 0.711, (2048, 2048, 13312)),
                         (1979, round(0.709 * _HOPPER_SUSTAINED, 3), (1024, 9216, 14336)),
-                        80, 3350, 132, _H100),
+                        80, 3350, 132, _H100, _HOPPER_CUDNN_ATTENTION),
     "h200": _modern("h200", (989, 0.711, (2048, 2048, 13312)),
                     (1979, round(0.734 * _HOPPER_SUSTAINED, 3), (1280, 4096, 12032)),
-                    141, 4800, 132, _H200),
+                    141, 4800, 132, _H200, _HOPPER_CUDNN_ATTENTION),
     "b200": _modern("b200", (2250, round(0.776 * _BLACKWELL_SUSTAINED, 3), (1792, 16128, 3072)),
                     (4500, round(0.763 * _BLACKWELL_SUSTAINED, 3), (15360, 4096, 3072)),
                     180, 8000, 148, _B200),

@@ -10,7 +10,9 @@ import pytest
 
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.ops import OpCosts
-from holmes_sim.cost.transformer import causal_block_fraction, layer_kernels
+from holmes_sim.cost.attention import causal_block_fraction
+from holmes_sim.cost.transformer import attention_core_s, layer_kernels
+from holmes_sim.hardware.catalog import GPUS
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.estimate.analytic import estimate_iteration
 from holmes_sim.estimate.netview import netview
@@ -178,7 +180,11 @@ def test_causal_flash_attention_computes_the_tiles_on_and_below_the_diagonal():
     assert causal_block_fraction(100) == 1.0  # one tile, on the diagonal
     p = prepare_text(_scenario(", flash_attention: true", seq=2048))
     w = p.workload
-    assert layer_kernels(w, 1).flash_flop == pytest.approx(4 * 2048**2 * 1024 * 17 / 32)
+    kernels = layer_kernels(w, 1)
+    assert kernels.flash_flop == pytest.approx(4 * 2048**2 * 1024)
+    a100 = GPUS["a100-80gb"]  # no measured attention rates: the tile model prices it
+    assert attention_core_s(a100, kernels, 2, False) == pytest.approx(
+        4 * 2048**2 * 1024 * 17 / 32 / (a100.peak_flop_per_s * a100.attention_efficiency))
     # Megatron's reported model FLOPs stay as its formula counts them.
     unfused = prepare_text(_scenario("", seq=2048)).workload
     assert w.model_flop_per_iteration() == unfused.model_flop_per_iteration()
