@@ -99,18 +99,20 @@ def tile_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, 
 
 
 def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tile: tuple[int, int], peak_flop_per_s: float,
-                  nbytes: tuple[int, int]) -> float:
-    """Waves x (main loop over k at the per-SM share of `peak_flop_per_s` + the tile's fixed
-    overhead)."""
+                  nbytes: tuple[int, int], sms: int) -> float:
+    """Waves of `sms` tiles x (main loop over k at one SM's share of `peak_flop_per_s` + the
+    tile's fixed overhead)."""
     tm, tn = tile
     mainloop = 2.0 * tm * tn * gemm.k * gpu.sm_count / peak_flop_per_s
-    return _waves(gemm, tm, tn, gpu.sm_count) * \
+    return _waves(gemm, tm, tn, sms) * \
         (mainloop + tile_overhead_s(gpu, tm, tn, gemm.k, nbytes))
 
 
 def _model_time_s(gpu: GpuModel, gemm: Gemm, mainloop_flop_per_s: float,
-                  nbytes: tuple[int, int]) -> float:
-    return min(_tiled_time_s(gpu, gemm, tile, mainloop_flop_per_s, nbytes) for tile in _TILES)
+                  nbytes: tuple[int, int], sms: int | None = None) -> float:
+    sms = gpu.sm_count if sms is None else sms
+    return min(_tiled_time_s(gpu, gemm, tile, mainloop_flop_per_s, nbytes, sms)
+               for tile in _TILES)
 
 
 FP8_SEARCH_GRID = range(1024, 20480 + 1, 1024)
@@ -159,16 +161,19 @@ def mainloop_efficiency(gpu: GpuModel, fp8: bool = False) -> float:
     return high
 
 
-def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = False) -> float:
+def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = False,
+                reserved_sms: int = 0) -> float:
     """Seconds for `gemm` on `gpu`: the fastest tiling's waves x (main loop + fixed tile overhead),
     bounded below by streaming the operands and output through HBM once (roofline, Williams et
     al., CACM 2009). `fp8`: the GEMM runs at the FP8 tensor rate with one-byte operands and a
-    16-bit output (Transformer Engine). Without an SM count the GEMM runs at the measured
-    efficiency, unquantized."""
+    16-bit output (Transformer Engine). `reserved_sms`: SMs held by a kernel running beside it,
+    so its waves are of sm_count - reserved_sms tiles at the same per-SM rate. Without an SM
+    count the GEMM runs at the measured efficiency, unquantized, on the whole GPU."""
     rate = gemm_rate(gpu, fp8)
     nbytes = _FP8_BYTES if fp8 else (dtype_bytes, dtype_bytes)
     traffic = gemm.operand_bytes(*nbytes) / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
     if gpu.sm_count is None:
         return max(gemm.flop / (rate.peak_flop_per_s * rate.measured_efficiency), traffic)
     mainloop = rate.peak_flop_per_s * mainloop_efficiency(gpu, fp8)
-    return max(_model_time_s(gpu, gemm, mainloop, nbytes), traffic)
+    sms = max(1, gpu.sm_count - reserved_sms)
+    return max(_model_time_s(gpu, gemm, mainloop, nbytes, sms), traffic)

@@ -179,6 +179,34 @@ def attention_core_s(gpu: GpuModel, k: LayerKernels, d: int, backward: bool) -> 
     return _gemms_s(gpu, k.attention, d, backward) + _memory_s(gpu, nbytes)
 
 
+USERBUFFER_COMM_SMS = 16
+"""SMs a Transformer Engine userbuffer collective of the `pipeline` method holds beside its GEMM
+(`initialize_ub` defaults, transformer_engine/pytorch/module/base.py: `num_sm` 16, with
+`set_sm_margin`, which launches the GEMM on the SMs left; NeMo's tuned H100 configurations,
+nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py, give these overlaps 16-24 SMs
+and the margin too)."""
+
+
+def userbuffer_sm_gemms(w: Workload, tp: int, backward: bool) -> tuple[Gemm, ...]:
+    """The GEMMs of a layer pass that run beside a pipelined userbuffer reduce-scatter under
+    `--tp-comm-overlap`: the forward's projection and fc2 (TE `proj_fprop`, `fc2_fprop`). The
+    all-gathers (`ring_exchange`) move data with the copy engines on one SM, and the backward's
+    `bulk` overlaps run without the margin on 2-16 SMs depending on the configuration: neither
+    is counted. None without the overlap."""
+    if backward or not (w.tp_comm_overlap and w.sequence_parallel and tp > 1):
+        return ()
+    _, proj, _, down = layer_kernels(w, tp).dense
+    return proj, down
+
+
+def userbuffer_sm_loss_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
+    """Seconds a layer pass's GEMMs lose to the SMs their userbuffer collectives hold: each runs
+    on sm_count - 16 SMs at the same per-SM rate."""
+    d, fp8 = w.dtype_bytes, w.fp8_gemms
+    return sum(gemm_time_s(gpu, g, d, fp8, USERBUFFER_COMM_SMS) - gemm_time_s(gpu, g, d, fp8)
+               for g in userbuffer_sm_gemms(w, tp, backward))
+
+
 def layer_pass_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     """One forward or one backward of a layer (no recomputation), seconds; with MoE layers the
     dense layer plus what they add on average (`cost.moe.moe_layer_extra_s`)."""
@@ -189,7 +217,7 @@ def layer_pass_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     d = w.dtype_bytes
     other = k.other_bytes_bwd if backward else k.other_bytes_fwd
     return _gemms_s(gpu, k.dense, d, backward, w.fp8_gemms) + _memory_s(gpu, other) + \
-        attention_core_s(gpu, k, d, backward)
+        attention_core_s(gpu, k, d, backward) + userbuffer_sm_loss_s(gpu, w, tp, backward)
 
 
 @lru_cache(maxsize=4096)
@@ -225,11 +253,13 @@ def tp_userbuffer_windows_s(gpu: GpuModel, w: Workload, tp: int,
     column-parallel GEMMs, the reduce-scatters drain the row-parallel ones); backward the
     projection's data-gradient GEMM (all-gather of its output gradient), QKV's weight-gradient
     GEMM (bulk reduce-scatter of its input gradient), fc2's data gradient and fc1's weight
-    gradient."""
+    gradient. The forward's reduce-scatter GEMMs run on the SMs their collective leaves
+    (`userbuffer_sm_gemms`)."""
     qkv, proj, up, down = layer_kernels(w, tp).dense
-    d, fp8 = w.dtype_bytes, w.fp8_gemms
+    d, fp8, held = w.dtype_bytes, w.fp8_gemms, USERBUFFER_COMM_SMS
     if not backward:
-        return tuple(gemm_time_s(gpu, g, d, fp8) for g in (qkv, proj, up, down))
+        return (gemm_time_s(gpu, qkv, d, fp8), gemm_time_s(gpu, proj, d, fp8, held),
+                gemm_time_s(gpu, up, d, fp8), gemm_time_s(gpu, down, d, fp8, held))
     return (gemm_time_s(gpu, proj.backward()[0], d, fp8), gemm_time_s(gpu, qkv.backward()[1], d, fp8),
             gemm_time_s(gpu, down.backward()[0], d, fp8), gemm_time_s(gpu, up.backward()[1], d, fp8))
 
