@@ -13,7 +13,8 @@ scaled by the GPU's sustained-to-burst tensor rate (the benchmarks are short boo
 as MAMF is; a training run holds the power-limited clock, `hardware.catalog`). The papers
 measure the backward without a mask only; its causal rate is taken as the full one times the
 forward's causal-to-full ratio at the same length (both passes skip the same tiles above the
-diagonal and pay the same diagonal tiles). Without measured rates: `attention_efficiency` of
+diagonal and pay the same diagonal tiles). Ring attention's steps over other ranks' chunks run
+unmasked, at the unmasked rate (`cost.transformer`). Without measured rates: `attention_efficiency` of
 peak on the work of the score tiles the kernel computes, n (n + 1) / 2 of n x n tiles of 128
 tokens (`causal_block_fraction`; Dao 2023, section 3.1.1).
 """
@@ -67,13 +68,19 @@ def measured_rate_flop_per_s(rates: AttentionRates, seq: int, causal: bool,
     return tflops * 1e12 * rates.sustained_ratio
 
 
-def fused_attention_s(gpu: GpuModel, full_flop: float, seq: int, keys: int, causal: bool,
-                      backward: bool) -> float:
-    """Seconds of a fused attention kernel whose forward, unmasked, is `full_flop` FLOP, for
-    query blocks of `seq` tokens against `keys` keys."""
+def fused_attention_s(gpu: GpuModel, full_flop: float, seq: int, keys: int, backward: bool,
+                      causal_share: float = 1.0) -> float:
+    """Seconds of a GPT's causal fused attention whose forward, unmasked, is `full_flop` FLOP,
+    in kernels of `seq` queries against at most `keys` keys; `causal_share` of its (halved)
+    work runs in masked kernels, the rest in unmasked ones (ring attention's off-diagonal
+    steps). Without measured rates every tile the mask leaves of the keys x keys square is
+    priced at `attention_efficiency`."""
     work = full_flop * (BACKWARD_WORK if backward else 1.0)
-    if gpu.attention_rates is not None:
-        counted = work * (0.5 if causal else 1.0)
-        return counted / measured_rate_flop_per_s(gpu.attention_rates, seq, causal, backward)
-    computed = work * (causal_block_fraction(keys) if causal else 1.0)
+    rates = gpu.attention_rates
+    if rates is not None:
+        counted = 0.5 * work
+        masked = measured_rate_flop_per_s(rates, seq, True, backward)
+        unmasked = measured_rate_flop_per_s(rates, seq, False, backward)
+        return counted * (causal_share / masked + (1.0 - causal_share) / unmasked)
+    computed = work * causal_block_fraction(keys)
     return computed / (gpu.peak_flop_per_s * gpu.attention_efficiency)

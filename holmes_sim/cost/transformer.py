@@ -89,6 +89,9 @@ class LayerKernels:
     core_bytes_bwd: float
     other_bytes_fwd: float
     other_bytes_bwd: float
+    flash_causal_share: float = 1.0
+    """Share of the fused attention's work done by kernels under the causal mask; the rest runs
+    unmasked (the off-diagonal steps of ring attention, `cost.context_parallel`)."""
 
 
 @lru_cache(maxsize=4096)
@@ -102,8 +105,9 @@ def layer_kernels(w: Workload, tp: int) -> LayerKernels:
     permute = 2 * (e / tp) * d
     other_fwd, other_bwd = _other_bytes(w, tp)
     if w.flash_attention:
-        return LayerKernels(dense, (), 4.0 * b * s * keys * h / tp, s, keys, 0.0, 0.0,
-                            other_fwd + permute, other_bwd + permute)
+        seq, causal_share = _fused_attention_calls(w)
+        return LayerKernels(dense, (), 4.0 * b * s * keys * h / tp, seq, keys, 0.0, 0.0,
+                            other_fwd + permute, other_bwd + permute, causal_share)
     batch = max(1, b * a // tp)
     attention = (Gemm(s, keys, hd, batch), Gemm(s, hd, keys, batch))
     scores = b * (a / tp) * s * keys
@@ -111,6 +115,22 @@ def layer_kernels(w: Workload, tp: int) -> LayerKernels:
     core_fwd = 2 * scores * d + dropout + permute
     core_bwd = 3 * scores * d + dropout + permute
     return LayerKernels(dense, attention, 0.0, s, keys, core_fwd, core_bwd, other_fwd, other_bwd)
+
+
+def _fused_attention_calls(w: Workload) -> tuple[int, float]:
+    """Query length of one fused attention kernel (tokens) and the share of the rank's attention
+    work under the causal mask, as Transformer Engine's context-parallel attention calls it:
+    ring attention (p2p) runs cp steps of s/cp queries, the first over the rank's own chunks
+    with the mask, the other cp - 1 over earlier chunks without it, each 1/cp of the work
+    (`AttnFuncWithCPAndKVP2P`); Ulysses (a2a) runs one masked kernel over the whole sequence for
+    a/cp heads; all-gather one masked kernel per local chunk. Without CP: one masked kernel of s."""
+    if w.cp == 1:
+        return w.tokens, 1.0
+    if w.cp_comm_type == "p2p":
+        return w.tokens, 1.0 / w.cp
+    if w.cp_comm_type == "a2a":
+        return w.seq, 1.0
+    return w.tokens, 1.0
 
 
 def _other_bytes(w: Workload, tp: int) -> tuple[float, float]:
@@ -174,7 +194,8 @@ def _gemms_s(gpu: GpuModel, gemms: tuple[Gemm, ...], d: int, backward: bool,
 def attention_core_s(gpu: GpuModel, k: LayerKernels, d: int, backward: bool) -> float:
     """Score and context GEMMs, softmax, attention dropout (or the fused kernel), seconds."""
     if k.flash_flop:
-        return fused_attention_s(gpu, k.flash_flop, k.flash_seq, k.flash_keys, True, backward)
+        return fused_attention_s(gpu, k.flash_flop, k.flash_seq, k.flash_keys, backward,
+                                 k.flash_causal_share)
     nbytes = k.core_bytes_bwd if backward else k.core_bytes_fwd
     return _gemms_s(gpu, k.attention, d, backward) + _memory_s(gpu, nbytes)
 
