@@ -175,3 +175,39 @@ def test_plan_searches_expert_tp_and_exports_it(write_scenario):
                               order="tp-cp-ep-dp-pp")
     assert sorted(g.ranks for g in run.plan.groups_of(GroupKind.EXPERT)) == \
         sorted(tuple(r) for r in gen.get_ranks("ep"))
+
+
+def test_holmes_keeps_expert_tp_groups_of_ep_on_one_rdma_fabric(write_scenario):
+    """Nodes IB, RoCE, IB, RoCE (8 GPUs each), TP 8, EP 4, expert TP 4: an EP group is 16
+    consecutive ranks (ETP fastest), two nodes. Megatron's listing order puts an IB and a RoCE
+    node in each (TCP over Ethernet); Holmes' NIC-aware order two nodes of one fabric (RDMA)."""
+    from tests.sim.test_expert_parallel import _mixed_nodes
+
+    prepared = prepare(write_scenario(etp_scenario(
+        groups=_mixed_nodes(("ib", "roce", "ib", "roce")), tp=8, ep=4, etp=4,
+        policies="[megatron, holmes]")))
+    megatron, _ = plan_policy(prepared, "megatron")
+    holmes, _ = plan_policy(prepared, "holmes")
+    assert sorted(g.ranks for g in megatron.groups_of(GroupKind.EXPERT))[:2] == [
+        (0, 4, 8, 12), (1, 5, 9, 13)]
+    assert {g.transport.kind for g in megatron.groups_of(GroupKind.EXPERT)} == {TransportKind.TCP}
+    assert {str(g.transport) for g in holmes.groups_of(GroupKind.EXPERT)} == {"rdma:ib",
+                                                                              "rdma:roce"}
+    assert not any("EP group" in n for n in holmes.notes)
+
+
+def test_expert_state_is_sharded_over_the_new_expert_data_parallel_group(write_scenario):
+    """One node, TP 2, DP 4, EP 4, 4 MoE layers, distributed optimizer. Expert TP 2: a GPU holds
+    1/8 of the routed experts, expert-DP 1 (16 bytes a parameter); expert TP 1: 1/4, expert-DP
+    2 (4 + 12/2 = 10 bytes). The rest of the memory is the same: the difference is
+    4 layers x X (10/4 - 16/8) = 2 X bytes, X one layer's routed experts (8 x 3 h f_e)."""
+    from holmes_sim.cost.ops import OpCosts
+    from holmes_sim.metrics import memory_report
+
+    peak = {}
+    for etp in (None, 1):
+        prepared = prepare(write_scenario(etp_scenario(groups=node(), tp=2, ep=4, etp=etp)))
+        plan, cluster = plan_policy(prepared, "megatron")
+        costs = OpCosts(cluster, prepared.workload, prepared.compute, plan.tp)
+        peak[etp] = memory_report(plan, cluster, prepared.workload, costs).per_stage_bytes[0]
+    assert peak[1] - peak[None] == pytest.approx(2 * 8 * 3 * 2048 * 4096, rel=1e-6)
