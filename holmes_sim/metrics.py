@@ -165,7 +165,7 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     """Peak memory per GPU of each stage: model state plus the activations the schedule holds.
 
     state = params/t x (16 bytes, or 4 + 12/dp sharded) [Rajbhandari et al. 2020], the routed
-    experts' share sharded over their expert-data-parallel group, dp/ep replicas
+    experts' share sharded over their expert-data-parallel group, dp x t / (ep etp) GPUs
     (`Workload.expert_layer_params`);
     activations = (in-flight chunk-micro-batches) x (layers of the stage's largest chunk) x
     per-layer activation bytes [Korthikanti et al. 2022, Table 2]."""
@@ -185,7 +185,8 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
         state = params / plan.tp * state_per_param
         expert = costs.stage_expert_params(plan.layers_per_stage, plan.pp, s)
         if expert:
-            edp_state = workload.state_bytes_per_param(plan.dp // workload.ep, plan.optimizer.sharded)
+            edp_state = workload.state_bytes_per_param(plan.dp // workload.ep_replicas,
+                                                       plan.optimizer.sharded)
             state += expert / plan.tp * (edp_state - state_per_param)
         acts = peak_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks,
                               s) * max(layers) * act_per_layer

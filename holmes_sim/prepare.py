@@ -104,11 +104,12 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
         cluster = apply_link_profile(cluster, profile)
     nominal, cluster = cluster, apply_variability(cluster, s.variability, s.seed)
     workload = build_workload(s.model, s.training, s.parallel.tensor, s.parallel.context,
-                              s.parallel.cp_comm_type, s.parallel.expert)
+                              s.parallel.cp_comm_type, s.parallel.expert,
+                              s.parallel.expert_tensor)
     _check_buckets(workload)
     tp, pp, dp = _degrees(s, cluster)
     cp = check_context(s, s.parallel.context, tp)
-    check_expert(s, s.parallel.expert, dp * cp)
+    check_expert(s, s.parallel.expert, dp * cp, tp=tp, etp=s.parallel.expert_tensor)
     m = _microbatches(s, dp)
     _check_layers(s, pp)
     _check_overlaps(s, tp, pp)
@@ -175,10 +176,14 @@ def _degrees(s: Scenario, cluster: Cluster) -> tuple[int, int, int]:
     return tp, pp, dp
 
 
-def check_expert(s: Scenario, ep: int, replicas: int, field: str = "parallel.expert") -> int:
+def check_expert(s: Scenario, ep: int, replicas: int, field: str = "parallel.expert", tp: int = 1,
+                 etp: int | None = None) -> int:
     """Check expert-parallel degree `ep` against the model and the `replicas` (data x context)
     as Megatron-Core does (`TransformerConfig.__post_init__`, `initialize_model_parallel`):
-    an MoE model, ep dividing num_experts and the data x context ranks."""
+    an MoE model, ep dividing num_experts and the data x context ranks; with the experts' TP
+    degree `etp` (`check_expert_tensor`) ep x etp dividing tensor x context x data."""
+    if etp is not None:
+        return check_expert_tensor(s, ep, replicas, tp, etp)
     if ep == 1:
         return ep
     experts = s.model.num_experts
@@ -192,6 +197,41 @@ def check_expert(s: Scenario, ep: int, replicas: int, field: str = "parallel.exp
         raise FieldError(field, f"expert={ep} must divide data x context = {replicas}: an EP "
                          f"group is `expert` consecutive data-parallel replicas (Megatron-Core "
                          f"`RankGenerator`); use a divisor of {replicas}")
+    return ep
+
+
+def check_expert_tensor(s: Scenario, ep: int, replicas: int, tp: int, etp: int,
+                        field: str = "parallel.expert_tensor") -> int:
+    """Check the experts' TP degree `etp` (`ParallelSpec.expert_tensor`) and `ep` with it: an
+    MoE model, etp dividing the expert FFN width (`TEGroupedMLP` splits it over ETP), Megatron-Core's
+    grid rule tp x cp x dp = etp x ep x edp per pipeline stage (`initialize_model_parallel`:
+    the expert `RankGenerator` over the same ranks), and holmes-sim's own limit: etp divides tp
+    and tp divides ep x etp, so each expert-TP group lies in a TP group and an EP group spans
+    whole TP groups. Returns ep."""
+    experts = s.model.num_experts
+    if experts is None:
+        raise FieldError(field, f"expert_tensor={etp} needs an MoE model (model.num_experts); "
+                         "remove it for a dense model")
+    width = s.model.moe_ffn_hidden_size or s.model.ffn_hidden_size or 4 * s.model.hidden_size
+    if width % etp:
+        raise FieldError(field, f"expert_tensor={etp} must divide the experts' FFN width {width} "
+                         "(model.moe_ffn_hidden_size): each expert-TP rank holds width / "
+                         "expert_tensor of it; use a divisor of it")
+    if tp % etp:
+        raise FieldError(field, f"expert_tensor={etp} must divide tensor={tp}: holmes-sim keeps "
+                         f"each expert-TP group inside a TP group; use 1 or a divisor of {tp}")
+    if experts % ep:
+        raise FieldError("parallel.expert", f"expert={ep} must divide model.num_experts="
+                         f"{experts}: each EP rank holds num_experts / expert experts")
+    if ep * etp % tp:
+        raise FieldError(field, f"expert={ep} x expert_tensor={etp} must be a multiple of "
+                         f"tensor={tp}: holmes-sim builds EP groups of whole TP groups; raise "
+                         f"parallel.expert to a multiple of {tp // etp} or expert_tensor to {tp}")
+    if tp * replicas % (ep * etp):
+        raise FieldError(field, f"expert={ep} x expert_tensor={etp} = {ep * etp} must divide "
+                         f"tensor x context x data = {tp * replicas}, a pipeline stage's ranks "
+                         "(Megatron-Core `initialize_model_parallel`: tp x cp x dp = etp x ep x "
+                         "edp); lower expert or expert_tensor")
     return ep
 
 

@@ -157,8 +157,8 @@ def test_moe_layer_costs_more_than_the_dense_mlp_of_its_flops():
 def test_tp_communication_counts_the_dispatched_rows():
     """Half a layer's TP collectives are the MLP's; Mixtral's MLP moves k = 2 times the tokens,
     Qwen1.5-MoE's 4 routed plus its shared expert's: 1.5 and 3 times a dense layer's."""
-    assert tp_comm_factor(build_workload(_spec("mixtral-8x7b"), _TRAINING, 2)) == 1.5
-    assert tp_comm_factor(build_workload(_spec("qwen1.5-moe-a2.7b"), _TRAINING, 2)) == 3.0
+    assert tp_comm_factor(build_workload(_spec("mixtral-8x7b"), _TRAINING, 2), 2) == 1.5
+    assert tp_comm_factor(build_workload(_spec("qwen1.5-moe-a2.7b"), _TRAINING, 2), 2) == 3.0
 
 
 def test_exported_flags_exist_in_megatron_lm():

@@ -2,15 +2,21 @@
 GPU of an EP group of degree ep sends per MoE layer, and the closed form of one all-to-all that
 the engine and the estimate share.
 
-With the experts' tensor-parallel degree equal to the TP degree t, an EP group is ep ranks that
-hold the same TP rank of ep different replicas, each with E/ep of the routed experts
-(Megatron-Core `RankGenerator` "tp-ep-dp-pp" for the experts, megatron/core/parallel_state.py).
+Megatron-Core numbers a pipeline stage's t x cp x dp ranks a second time for the experts
+(`initialize_model_parallel`, megatron/core/parallel_state.py: a `RankGenerator` of order
+"tp-ep-dp-pp" over expert_tensor_parallel_size etp x expert_model_parallel_size ep x
+expert_data_parallel_size edp): the stage-local rank r = etp_rank + etp (ep_rank + ep edp_rank),
+so an EP group is the ep ranks r with the same etp_rank and edp_rank, each with E/ep of the routed
+experts. With etp = t it holds the same TP rank of ep consecutive replicas (TP groups); with
+etp = t/q (q = `Workload.tp_per_etp`) it spans ep/q replicas (`Workload.ep_replicas`), q of
+its GPUs in each, so a GPU has q - 1 of its ep - 1 peers in its own TP group, on the node's
+intra-node link, and q in each other TP group of the EP group.
 `MoEAlltoAllTokenDispatcher` (megatron/core/transformer/moe/token_dispatcher.py) sends every
 routed copy of a token to the rank that holds its expert before the experts (dispatch) and back
 after them (combine), each an all-to-all over the EP group; the backward moves the gradients the
 same way, so an MoE layer has 2 all-to-alls forward and 2 backward per micro-batch, none of them
 overlapped with compute. Megatron-Core requires sequence parallelism with TP and MoE, so a GPU
-routes its own M/t of the micro-batch's M = b s tokens (s/cp with CP):
+routes its own M/t of the micro-batch's M = b s tokens (s/cp with CP), whatever etp:
 
     B = (M / t) k h d   bytes of routed token copies per GPU (k = router top-k, h hidden,
                         d bytes per element; t = 1 without sequence parallelism)
@@ -24,6 +30,10 @@ with every peer behind the same kind of path of per-GPU rate r and step latency 
 
     T = (ep - 1) alpha + (ep - 1)/ep B / r        (the pairwise exchange's alpha-beta cost,
                                                    Thakur et al. 2005, all-to-all)
+
+A TP group sends t q B/ep to each other TP group of its EP group (its t GPUs' q peers there);
+its GPUs' q - 1 peers in the group itself take (q - 1) alpha + (q - 1) B/ep / r_local on the
+intra-node link, at once with the rest (`local_exposed_s`).
 
 Dropless routing sends M k rows; with a capacity factor the copies an expert drops beyond its
 capacity are not sent (`MoeShape.routed_rows` of the GPU's M/t tokens). A model whose MoE
@@ -85,13 +95,33 @@ def op_exposed_s(w: Workload, tp: int, ep: int, layers: int, rate_bytes_per_s: f
         token_bytes(w, tp), ep, rate_bytes_per_s, step_latency_s)
 
 
-def sends_exposed_s(w: Workload, tp: int, layers: int,
-                    sends: Sequence[tuple[float, float]]) -> float:
-    """Seconds the all-to-alls of `layers` layers add to a forward or backward op of a TP group
-    of t GPUs whose send to each EP peer has (latency s, rate bytes/s for the t GPUs together)
-    in `sends` while every EP group sends at once: the last peer's latency steps plus its
-    t x `peer_bytes` at its rate (`op_exposed_s` when every rate is t r)."""
-    if w.ep == 1 or w.moe is None or not sends:
+def group_peer_bytes(w: Workload, tp: int, layers: int) -> float:
+    """Bytes a TP group of t GPUs sends to each other TP group of its EP group over `layers`
+    layers' all-to-alls of one forward or backward: t q `peer_bytes` (module docstring)."""
+    return tp * w.tp_per_etp * peer_bytes(w, tp, w.ep, layers)
+
+
+def local_exposed_s(w: Workload, tp: int, layers: int, rate_bytes_per_s: float,
+                    step_latency_s: float) -> float:
+    """Seconds the all-to-alls of `layers` layers take to a GPU's q - 1 EP peers inside its own
+    TP group at `rate_bytes_per_s` per GPU on the intra-node link (module docstring); 0 when
+    etp = t (q = 1)."""
+    q = w.tp_per_etp
+    if q == 1 or w.ep == 1 or w.moe is None:
         return 0.0
-    size = tp * peer_bytes(w, tp, w.ep, layers)
-    return max(pass_latency_s(w, w.ep, layers, latency) + size / rate for latency, rate in sends)
+    passes = ALLTOALLS_PER_PASS * layers * w.moe.moe_fraction
+    return passes * (q - 1) * (step_latency_s + token_bytes(w, tp) / w.ep / rate_bytes_per_s)
+
+
+def sends_exposed_s(w: Workload, tp: int, layers: int,
+                    sends: Sequence[tuple[float, float]], local_s: float = 0.0) -> float:
+    """Seconds the all-to-alls of `layers` layers add to a forward or backward op of a TP group
+    of t GPUs whose send to each other TP group of its EP group has (latency s, rate bytes/s for
+    the t GPUs together) in `sends` while every EP group sends at once: the last peer's latency
+    steps plus its `group_peer_bytes` at its rate (`op_exposed_s` when every rate is t r and
+    etp = t), or the sends inside the TP group (`local_s`, `local_exposed_s`) if they end later."""
+    if w.ep == 1 or w.moe is None:
+        return 0.0
+    size = group_peer_bytes(w, tp, layers)
+    return max([local_s] + [pass_latency_s(w, w.ep, layers, latency) + size / rate
+                            for latency, rate in sends])

@@ -3,12 +3,19 @@ the all-to-all token dispatcher and grouped GEMM (`--moe-grouped-gemm`), and wha
 the dense MLP they replace.
 
 Symbols as in `cost.transformer`, plus (`model.moe`) E routed experts, k experts per token, f_e
-and f_s the routed and shared experts' FFN widths, t the tensor-parallel degree (the experts'
-tensor-parallel degree equals it), M = b s tokens of the GPU (s/cp with CP; with sequence
-parallelism the dispatcher all-gathers them over the TP group, so every TP rank routes all M),
-R the expert rows of the GPU (`MoeShape.rank_rows`: M k when dropless; with expert parallelism
-of degree ep the GPU holds E/ep experts and R the rows the busiest EP rank receives from the
-group's ep x M tokens, `cost.expert_parallel`), d bytes per element.
+and f_s the routed and shared experts' FFN widths, t the tensor-parallel degree, etp the
+experts' tensor-parallel degree (`Workload.expert_tp`; etp = t unless `parallel.expert_tensor`
+says otherwise), M = b s tokens of a TP group (s/cp with CP), of which each GPU holds M/t under
+sequence parallelism, R the expert rows of the GPU (`MoeShape.rank_rows`): the GPU's E/ep
+experts' share of the tokens of its ep x etp GPUs' EP x ETP block, ep x etp x M/t tokens
+(ep x M with etp = t; M k rows when dropless without EP), d bytes per element.
+
+The experts' TP group gathers its etp GPUs' dispatched rows after the all-to-all and scatters
+them back before it (`MoEAlltoAllTokenDispatcher`, megatron/core/transformer/moe/
+token_dispatcher.py: `gather_from_sequence_parallel_region` / `reduce_scatter_to_sequence_
+parallel_region` over the expert-TP group, skipped at etp = 1): at etp = 1 the tokens stay
+sequence-split, each attention TP rank dispatching its own M/t (MoE parallel folding, Liu et
+al. arXiv 2504.14960).
 
 Kernels [MC: megatron/core/transformer/moe/ `TopKRouter`, `MoEAlltoAllTokenDispatcher`,
 `TEGroupedMLP`, `SharedExpertMLP`; moe_utils.py `permute`, `unpermute`]:
@@ -16,17 +23,18 @@ Kernels [MC: megatron/core/transformer/moe/ `TopKRouter`, `MoEAlltoAllTokenDispa
   parallelism; M' = M without TP): router GEMM (M', E, h) and its softmax and top-k over fp32
   logits, 3 x 4 M' E bytes forward (read logits, write probabilities, read them for the top-k)
   and again backward; a load-balancing loss reads the probabilities once more (4 M' E) forward;
-- permute (read M' h d, write R h d / t) and unpermute (the reverse) forward, the same bytes
-  backward; with t > 1 the gathered R rows are sorted by expert and back (`sort_chunks_by_idxs`,
-  permutation 2): 4 R h d more;
+- permute (read M' h d, write R h d / etp) and unpermute (the reverse) forward, the same bytes
+  backward; with etp > 1 the gathered R rows are sorted by expert and back
+  (`sort_chunks_by_idxs`, permutation 2): 4 R h d more;
 - the routed experts as one grouped GEMM each for fc1 and fc2: the E/ep experts' GEMMs of
-  R ep / E rows each, fc1 (R ep/E, f1_e/t, h) and fc2 (R ep/E, h, f_e/t), batched so tile and wave quantization apply
-  over all experts' tiles together (`Gemm.batch`); R counts the busiest expert's imbalance and
-  the capacity (`MoeShape.expert_rows`);
-- the activation over R f_e / t elements and the shared expert (M rows, like a dense MLP of
-  width f_s), with the dense MLP's memory-bound bytes (`cost.transformer`);
+  R ep / E rows each, fc1 (R ep/E, f1_e/etp, h) and fc2 (R ep/E, h, f_e/etp), batched so tile
+  and wave quantization apply over all experts' tiles together (`Gemm.batch`); R counts the
+  busiest expert's imbalance and the capacity (`MoeShape.expert_rows`);
+- the activation over R f_e / etp elements and the shared expert (M rows, like a dense MLP of
+  width f_s, split over t), with the dense MLP's memory-bound bytes (`cost.transformer`);
 - backward: each GEMM's two backward GEMMs and the main-gradient adds of the MoE MLP's
-  parameters on the GPU, (d + 2g) bytes each.
+  parameters on the GPU (router and shared expert over t, routed experts over ep x etp),
+  (d + 2g) bytes each.
 """
 
 from __future__ import annotations
@@ -73,28 +81,37 @@ def dense_mlp_kernels(w: Workload, tp: int) -> MlpKernels:
     return MlpKernels((), (Gemm(m, fc1_width // tp, h), Gemm(m, h, f // tp)), fwd, bwd)
 
 
+def expert_rows(w: Workload, tp: int) -> int:
+    """R: rows the GPU's E/ep routed experts process per MoE layer and micro-batch, from the
+    ep x etp x M/t tokens of its EP x ETP block (`MoeShape.rank_rows` of M etp/t tokens per EP
+    rank; M at etp = t)."""
+    m, etp = w.micro_batch * w.tokens, w.expert_tp(tp)
+    return w.moe.rank_rows(m if etp == tp else m * etp / tp, w.ep)
+
+
 def moe_mlp_kernels(w: Workload, tp: int) -> MlpKernels:
     """The MoE MLP of a layer: router, permutation, grouped expert GEMMs, shared expert."""
-    moe, h, d = w.moe, w.hidden, w.dtype_bytes
+    moe, h, d, etp = w.moe, w.hidden, w.dtype_bytes, w.expert_tp(tp)
     m = w.micro_batch * w.tokens
-    rows = moe.rank_rows(m, w.ep)
+    rows = expert_rows(w, tp)
     local_experts = moe.experts // w.ep
     per_expert = max(1, math.ceil(rows / local_experts))
     gated = 2 if w.swiglu else 1
-    linear = [Gemm(per_expert, gated * moe.ffn // tp, h, local_experts),
-              Gemm(per_expert, h, moe.ffn // tp, local_experts)]
+    linear = [Gemm(per_expert, gated * moe.ffn // etp, h, local_experts),
+              Gemm(per_expert, h, moe.ffn // etp, local_experts)]
     local = m / (tp if w.sequence_parallel else 1)  # the GPU's sequence-parallel share
     probs = 4 * local * moe.experts
-    permute = 2 * (local + rows / tp) * h * d + (4 * rows * h * d if tp > 1 else 0)
-    fwd, bwd = _activation_bytes(w, rows * moe.ffn / tp)
+    permute = 2 * (local + rows / etp) * h * d + (4 * rows * h * d if etp > 1 else 0)
+    fwd, bwd = _activation_bytes(w, rows * moe.ffn / etp)
     fwd += 3 * probs + (probs if moe.aux_loss else 0) + permute
     bwd += 3 * probs + permute
     if moe.shared_ffn:
         linear += [Gemm(m, gated * moe.shared_ffn // tp, h), Gemm(m, h, moe.shared_ffn // tp)]
         shared_fwd, shared_bwd = _activation_bytes(w, m * moe.shared_ffn / tp)
         fwd, bwd = fwd + shared_fwd, bwd + shared_bwd
+    n = w.ep_replicas  # held / t: the routed experts' 1/(ep etp), the rest's 1/t
     held = moe_mlp_params(moe, h, w.swiglu, w.bias) - \
-        expert_params(moe, h, w.swiglu, w.bias) * (w.ep - 1) / w.ep
+        expert_params(moe, h, w.swiglu, w.bias) * (n - 1) / n
     bwd += _grad_add_bytes(w, held / tp)
     return MlpKernels((Gemm(math.ceil(local), moe.experts, h),), tuple(linear), fwd, bwd)
 
@@ -124,16 +141,22 @@ def moe_layer_extra_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> fl
                                  mlp_s(gpu, dense, dense_mlp_kernels(dense, tp), backward))
 
 
-def tp_comm_factor(w: Workload) -> float:
+def tp_comm_factor(w: Workload, tp: int) -> float:
     """A layer's TP communication as a multiple of a dense layer's, averaged over the layer
     pattern. Of a dense layer's collectives half are the MLP's (one all-reduce, or all-gather
-    plus reduce-scatter, of M h elements each way); an MoE layer instead all-gathers the R
-    dispatched rows and reduce-scatters them back (`MoEAlltoAllTokenDispatcher`: the expert
-    TP group's `gather_from_sequence_parallel_region` and `reduce_scatter_to_sequence_parallel_
-    region`), R / M times the bytes, plus the shared expert's dense-MLP pair."""
+    plus reduce-scatter, of M h elements each way over t GPUs); an MoE layer instead all-gathers
+    the R dispatched rows over the etp GPUs of its expert-TP group and reduce-scatters them back
+    (`MoEAlltoAllTokenDispatcher`: `gather_from_sequence_parallel_region` and
+    `reduce_scatter_to_sequence_parallel_region` over the expert-TP group), a ring moving
+    (etp - 1)/etp R rows against the dense MLP's (t - 1)/t M: R / M times the bytes at etp = t,
+    none at etp = 1 (the tokens stay sequence-split); plus the shared expert's dense-MLP pair.
+    The ratio scales the whole ring time, its t - 1 latency steps included."""
     moe = w.moe
     if moe is None:
         return 1.0
-    m = w.micro_batch * w.tokens
-    mlp = moe.rank_rows(m, w.ep) / m + (1 if moe.shared_ffn else 0)
+    m, etp = w.micro_batch * w.tokens, w.expert_tp(tp)
+    routed = expert_rows(w, tp) / m
+    if etp != tp:
+        routed *= (etp - 1) / etp * tp / (tp - 1)
+    mlp = routed + (1 if moe.shared_ffn else 0)
     return 1.0 + moe.moe_fraction * (mlp - 1) / 2

@@ -11,6 +11,7 @@ from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.context_parallel import CpPass, cp_passes, op_exposed_s
+from holmes_sim.cost.expert_parallel import local_exposed_s
 from holmes_sim.cost.moe import tp_comm_factor
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.model.workload import Workload
@@ -71,11 +72,14 @@ class OpCosts:
             per_layer = self.userbuffer_exposed_s(node, backward, half)
             if backward and w.full_recompute:
                 per_layer += self.userbuffer_exposed_s(node, False, half)
-            # MoE dispatchers' extra gathered rows: not userbuffer-overlapped (`cost.moe`)
-            passes = w.tp_allreduces_per_layer(backward) // 2
-            per_layer += passes * (tp_comm_factor(w) - 1.0) * 2 * sum(half)
+            # MoE dispatchers' extra gathered rows: not userbuffer-overlapped (`cost.moe`); with
+            # fewer collectives than a dense layer (expert TP below TP) the overlapped ones shrink
+            # in proportion
+            passes, factor = w.tp_allreduces_per_layer(backward) // 2, tp_comm_factor(w, self.tp)
+            scale = min(1.0, factor) if w.tp_per_etp > 1 else 1.0
+            per_layer = per_layer * scale + passes * (factor - scale) * 2 * sum(half)
             return layers * per_layer
-        per_layer = w.tp_allreduces_per_layer(backward) * one * tp_comm_factor(w)
+        per_layer = w.tp_allreduces_per_layer(backward) * one * tp_comm_factor(w, self.tp)
         if backward and w.async_tp_allreduce:
             # The backward's two input-gradient all-reduces each hide behind their linear's
             # weight-gradient GEMM; the recomputed forward's stay exposed.
@@ -110,6 +114,13 @@ class OpCosts:
         with `latency_s` per step (`cost.context_parallel.op_exposed_s`)."""
         return op_exposed_s(node.gpu, self.workload, self.tp, layers, backward,
                             rate_bytes_per_s / self.tp, latency_s)
+
+    def ep_local_s(self, node: Node, layers: int) -> float:
+        """Seconds a chunk's all-to-alls take to each GPU's EP peers inside its own TP group on
+        the node's intra-node link (expert TP below TP; `cost.expert_parallel.local_exposed_s`)."""
+        link = node.intra_link
+        return local_exposed_s(self.workload, self.tp, layers,
+                               link.bandwidth_bytes_per_s * link.efficiency, link.step_latency_s)
 
     def chunk_params(self, layers: int, first: bool, last: bool) -> int:
         """Parameters of a chunk across its whole TP group (embedding on the first virtual

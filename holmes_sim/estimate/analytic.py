@@ -65,7 +65,7 @@ class _Estimator:
         self.costs = OpCosts(cluster, workload, compute, plan.tp)
         self.times = chunk_times(self.costs)
         self.net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp,
-                           plan.num_chunks, plan.cp, workload.ep)
+                           plan.num_chunks, plan.cp, workload.ep_replicas)
         # The schedule's shape only: the walk's table stands for its ops (`walk.op_table`), and
         # building every op of a long schedule would cost as much as walking it.
         self.nv = plan.pp * plan.num_chunks
@@ -170,7 +170,8 @@ class _Estimator:
         send = self.net.cp_send(s, d)
         if send is not None:
             t += self.costs.cp_exposed_s(node, layers, backward, send[1], send[0])
-        return t + sends_exposed_s(self.w, self.plan.tp, layers, self.net.ep_sends(s, d))
+        return t + sends_exposed_s(self.w, self.plan.tp, layers, self.net.ep_sends(s, d),
+                                   self.costs.ep_local_s(node, layers))
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
         """Latency + bytes at the path's rate when every replica sends the same message at the
@@ -286,7 +287,7 @@ class _Estimator:
         if expert == 0:  # `OpCosts.stage_params`
             t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
         else:  # the experts' state sharded over their expert-data-parallel group
-            edp = p.dp // self.w.ep if mode.sharded else 1
+            edp = p.dp // self.w.ep_replicas if mode.sharded else 1
             t += self.costs.optimizer_s(node, (params - expert) / p.tp / (p.dp if mode.sharded else 1)
                                         + expert / p.tp / edp)
         if mode.gathers_after_step:

@@ -35,7 +35,7 @@ _VIEWS: IdentityMemo[NetView] = IdentityMemo(64)
 def netview(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], groups: Sequence[Group], tp: int,
             pp: int, dp: int, num_chunks: int, cp: int = 1, ep: int = 1) -> NetView:
     """The (shared) view of this placement (`dp` replicas, each `cp` consecutive a CP group,
-    each `ep` consecutive an EP group)."""
+    each `ep` consecutive the TP groups of an EP group, `Workload.ep_replicas`)."""
     return _VIEWS.get((cluster, rank_to_gpu, groups), (tp, pp, dp, num_chunks, cp, ep),
                       lambda: NetView(cluster, rank_to_gpu, groups, tp, pp, dp, num_chunks, cp,
                                       ep))
@@ -247,7 +247,7 @@ class NetView:
     def edp_ring(self, s: int, d: int) -> Ring | None:
         """Stage s's expert-data-parallel ring of replica d on an idle network (the replicas
         d % ep, d % ep + ep, ...; None: no such group, ep = 1 or dp = ep)."""
-        return self.idle_ring(GroupKind.EXPERT_DATA, s, d % self.ep) if self.ep > 1 else None
+        return self.idle_ring(GroupKind.EXPERT_DATA, s, d % self.ep)
 
     def edp_topology(self, s: int, d: int) -> CollectiveTopology | None:
         """That group as NCCL's algorithm choice sees it (None: no such group)."""

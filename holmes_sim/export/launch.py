@@ -34,7 +34,8 @@ from pathlib import Path
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import PlanError, ScenarioError
-from holmes_sim.export.model_args import architecture_args, overlap_args, split_args
+from holmes_sim.export.model_args import (architecture_args, expert_tensor_args, overlap_args,
+                                          split_args)
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
@@ -112,7 +113,7 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
         args += ["--context-parallel-size", str(plan.cp), *_cp_comm_args(w, plan)]
     if not w.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
-    args += architecture_args(w)
+    args += architecture_args(w) + expert_tensor_args(w, plan.tp)
     if w.sequence_parallel and plan.tp > 1:
         args.append("--sequence-parallel")
     if w.flash_attention:

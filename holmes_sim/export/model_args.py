@@ -54,9 +54,9 @@ def architecture_args(w: Workload) -> list[str]:
 def moe_args(w: Workload) -> list[str]:
     """Arguments of `pretrain_gpt.py` for an MoE model (all in Megatron-LM's
     megatron/training/arguments.py `_add_moe_args`): experts, top-k, expert and shared FFN
-    widths, the layer pattern, load balancing, capacity; the expert-parallel degree (the
-    experts' TP degree is Megatron's default, the TP degree); the all-to-all dispatcher and
-    grouped GEMM the cost model prices (`cost.moe`, `cost.expert_parallel`)."""
+    widths, the layer pattern, load balancing, capacity; the expert-parallel degree (its
+    expert-TP degree: `expert_parallel_args`); the all-to-all dispatcher and grouped GEMM the
+    cost model prices (`cost.moe`, `cost.expert_parallel`)."""
     m = w.moe
     if m is None:
         return []
@@ -73,6 +73,15 @@ def moe_args(w: Workload) -> list[str]:
     if m.capacity_factor is not None:
         args += ["--moe-expert-capacity-factor", f"{m.capacity_factor:g}"]
     return args + ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+
+
+def expert_tensor_args(w: Workload, tp: int) -> list[str]:
+    """`--expert-tensor-parallel-size` of an MoE model at TP degree `tp` (Megatron-LM
+    arguments.py `_add_moe_args`; default None: the TP degree), written for every MoE plan so
+    the launch states its expert layout; nothing for a dense model."""
+    if w.moe is None:
+        return []
+    return ["--expert-tensor-parallel-size", str(w.expert_tp(tp))]
 
 
 def overlap_args(w: Workload, interleaved: bool) -> list[str]:

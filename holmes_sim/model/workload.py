@@ -99,9 +99,23 @@ class Workload:
     ep: int = 1
     """Expert-parallel degree: a GPU holds E/ep of each MoE layer's routed experts
     (`cost.expert_parallel`)."""
+    tp_per_etp: int = 1
+    """q = t / etp: the TP degree over the experts' TP degree (Megatron-Core
+    `expert_tensor_parallel_size`); 1: the experts split over the TP group like the dense
+    layers. A GPU holds 1/etp of each of its experts' weights."""
     moe: MoeShape | None = None
     """The mixture-of-experts layers (`model.moe`); None: every MLP is dense. Every layer is
     priced at the mean of the model's dense and MoE layers (`moe.moe_fraction`)."""
+
+    @property
+    def ep_replicas(self) -> int:
+        """Replicas (TP groups of t GPUs) one EP group spans: ep x etp / t = ep / q; the
+        expert-data-parallel groups join every `ep_replicas`-th replica (`policies.groups`)."""
+        return self.ep // self.tp_per_etp
+
+    def expert_tp(self, tp: int) -> int:
+        """The experts' tensor-parallel degree etp = t / q for TP degree `tp`."""
+        return tp // self.tp_per_etp
 
     @property
     def tokens(self) -> int:
@@ -134,28 +148,29 @@ class Workload:
     # ---- parameters [N21] -------------------------------------------------------------------
     @property
     def layer_params(self) -> int:
-        """Parameters of one layer a GPU holds (whole TP group); with MoE the mean over the layer
-        pattern, rounded, with 1/ep of the routed experts (`moe_mlp_params`)."""
+        """Parameters of one layer a GPU holds times t (a whole TP group's); with MoE the mean
+        over the layer pattern, rounded, with the routed experts' share t / (ep etp) = 1 /
+        `ep_replicas` (a GPU holds 1/(ep etp) of them; 1/ep with etp = t) (`moe_mlp_params`)."""
         if self.moe is None:
             return self.dense_layer_params
-        m = self.moe
+        m, n = self.moe, self.ep_replicas
         held = self.layers_params - m.moe_layers * expert_params(m, self.hidden, self.swiglu,
-                                                                 self.bias) * (self.ep - 1) // self.ep
+                                                                 self.bias) * (n - 1) // n
         return round(held / self.num_layers)
 
     @property
     def expert_layer_params(self) -> int:
-        """Of `layer_params`, the routed experts' parameters (the GPU's 1/ep share, mean over the
-        layers, rounded) that Megatron-Core keeps in its `expert_parallel_buffers` and reduces
+        """Of `layer_params`, the routed experts' parameters (times t, the GPU's 1/(ep etp) share;
+        mean over the layers, rounded) that Megatron-Core keeps in its `expert_parallel_buffers` and reduces
         over the expert-data-parallel group (megatron/core/distributed/
         distributed_data_parallel.py; expert weights carry `allreduce = not (is_expert and
         expert_parallel)`, megatron/core/extensions/transformer_engine.py): 0 without MoE or
         with ep = 1, where they sit in the dense buffers."""
         if self.moe is None or self.ep == 1:
             return 0
-        m = self.moe
+        m, n = self.moe, self.ep_replicas
         routed = m.moe_layers * expert_params(m, self.hidden, self.swiglu, self.bias)
-        return round((routed - routed * (self.ep - 1) // self.ep) / self.num_layers)
+        return round((routed - routed * (n - 1) // n) / self.num_layers)
 
     @property
     def layers_params(self) -> int:
@@ -384,10 +399,11 @@ def _is_gpt(model: ModelSpec) -> bool:
 
 
 def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: int = 1,
-                   cp_comm_type: str = "p2p", ep: int = 1) -> Workload:
+                   cp_comm_type: str = "p2p", ep: int = 1, etp: int | None = None) -> Workload:
     """Resolve defaults (FFN 4h, gradient dtype, vocabulary padded for TP degree `tp`) into a
-    Workload for context-parallel degree `cp` and expert-parallel degree `ep`. GPT models report [N21]'s FLOPs, every other
-    architecture [MLM]'s."""
+    Workload for context-parallel degree `cp`, expert-parallel degree `ep` and the experts' TP
+    degree `etp` (None: `tp`). GPT models report [N21]'s FLOPs, every other architecture
+    [MLM]'s."""
     check_model(model)
     dtype = _DTYPE_BYTES[training.precision]
     return Workload(
@@ -412,5 +428,5 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         attention_dropout=model.attention_dropout,
         vocab_divisible_by=model.make_vocab_size_divisible_by,
         flops_formula="sc21" if _is_gpt(model) else "megatron-core", cp=cp,
-        cp_comm_type=cp_comm_type, ep=ep, moe=moe_shape(model),
+        cp_comm_type=cp_comm_type, ep=ep, tp_per_etp=tp // (etp or tp), moe=moe_shape(model),
     )

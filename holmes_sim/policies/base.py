@@ -93,9 +93,11 @@ def _check_tp(rank_to_gpu: Sequence[GpuRef], tp: int) -> bool:
 
 def build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: int, dp: int,
                  num_chunks: int, tie_embeddings: bool, choose: TransportChooser,
-                 chooser_key: Hashable | None = None, cp: int = 1, ep: int = 1) -> Groups:
+                 chooser_key: Hashable | None = None, cp: int = 1, ep: int = 1,
+                 etp: int | None = None) -> Groups:
     """TP, CP, EP, DP, PP and embedding groups for Megatron's rank layout (`dp` replicas of
-    which each `cp` consecutive form a CP group, each `ep` consecutive an EP group), each with
+    which each `cp` consecutive form a CP group; EP and expert-DP groups in Megatron-Core's expert
+order with the experts' TP degree `etp`, None: tp, `policies.groups`), each with
     its transport
     (`policies.groups`), built when first read; single groups are found without building them
     all. With `chooser_key` (what determines `choose`'s answers besides the cluster), the
@@ -103,13 +105,13 @@ def build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: i
     after."""
     def make() -> Groups:
         builder = GroupBuilder(cluster, rank_to_gpu, tp, pp, dp, num_chunks, tie_embeddings, choose,
-                               cp, ep)
+                               cp, ep, etp)
         return Groups(builder.build, builder)
 
     if chooser_key is None:
         return make()
     return _GROUPS.get((cluster, rank_to_gpu),
-                       (tp, pp, dp, num_chunks, tie_embeddings, chooser_key, cp, ep), make)
+                       (tp, pp, dp, num_chunks, tie_embeddings, chooser_key, cp, ep, etp), make)
 
 
 def equal_partition(num_layers: int, num_virtual_stages: int) -> tuple[int, ...]:

@@ -39,9 +39,10 @@ class GroupBuilder:
 
     def __init__(self, cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: int, dp: int,
                  num_chunks: int, tie_embeddings: bool, choose: TransportChooser, cp: int = 1,
-                 ep: int = 1):
+                 ep: int = 1, etp: int | None = None):
         self.cluster, self.gpus, self.choose, self.cp = cluster, rank_to_gpu, choose, cp
-        self.ep = ep
+        self.ep, self.etp = ep, tp if etp is None else etp
+        self.edp = tp * dp // (self.ep * self.etp)  # expert-data-parallel degree
         self.tp, self.pp, self.dp, self.tie = tp, pp, dp, tie_embeddings and pp > 1
         self.pairs = list(dict.fromkeys((j % pp, (j + 1) % pp) for j in range(pp * num_chunks - 1)))
         self._chosen: dict[tuple[str, ...], Transport] = {}
@@ -61,13 +62,13 @@ class GroupBuilder:
             groups += [self._context(s, d, i) for s in range(pp) for d in range(0, dp, self.cp)
                        for i in range(tp)]
         if self.ep > 1:
-            groups += [self._expert(s, d, i) for s in range(pp) for d in range(0, dp, self.ep)
-                       for i in range(tp)]
+            groups += [self._expert(s, k, j) for s in range(pp) for k in range(self.edp)
+                       for j in range(self.etp)]
         if dp > 1:
             groups += [self._data_group(s, i) for s in range(pp) for i in range(tp)]
         if self._has_expert_data:
-            groups += [self._expert_data(s, r, i) for s in range(pp) for r in range(self.ep)
-                       for i in range(tp)]
+            groups += [self._expert_data(s, e, j) for s in range(pp) for e in range(self.ep)
+                       for j in range(self.etp)]
         groups += [self._pipeline(a, b, d, i) for a, b in self.pairs for d in range(dp)
                    for i in range(tp)]
         if self.tie:
@@ -86,7 +87,7 @@ class GroupBuilder:
         """Ranks and transport of the first group of `kind` (in `build`'s order) whose first
         rank is `rank`, or None."""
         s, d, i = self._coords(rank)
-        group = None
+        group, local = None, d * self.tp + i  # the stage-local rank
         if s < 0:
             return None
         if kind is GroupKind.DATA and self.dp > 1 and d == 0:
@@ -98,10 +99,11 @@ class GroupBuilder:
             group = self._tensor(s, d)
         elif kind is GroupKind.CONTEXT and self.cp > 1 and d % self.cp == 0:
             group = self._context(s, d, i)
-        elif kind is GroupKind.EXPERT and self.ep > 1 and d % self.ep == 0:
-            group = self._expert(s, d, i)
-        elif kind is GroupKind.EXPERT_DATA and self._has_expert_data and d < self.ep:
-            group = self._expert_data(s, d, i)
+        elif kind is GroupKind.EXPERT and self.ep > 1 and local % (self.ep * self.etp) < self.etp:
+            group = self._expert(s, local // (self.ep * self.etp), local % self.etp)
+        elif kind is GroupKind.EXPERT_DATA and self._has_expert_data and \
+                local < self.ep * self.etp:
+            group = self._expert_data(s, local // self.etp, local % self.etp)
         elif kind is GroupKind.EMBEDDING and self.tie and s == 0:
             group = self._embedding(d, i)
         elif kind is GroupKind.PIPELINE:
@@ -179,25 +181,32 @@ class GroupBuilder:
         return self._member_by_member(GroupKind.CONTEXT,
                                       tuple(self._rank(s, d + c, i) for c in range(self.cp)))
 
-    def _expert(self, s: int, d: int, i: int) -> Group:
-        """Stage s's EP group of TP rank i over replicas d .. d + ep - 1 (d a multiple of ep):
-        with the experts' TP equal to TP, Megatron-Core's expert ranks "tp-ep-dp-pp" over the
-        replicas (`RankGenerator` of the experts, megatron/core/parallel_state.py)."""
-        return self._member_by_member(GroupKind.EXPERT,
-                                      tuple(self._rank(s, d + e, i) for e in range(self.ep)))
+    def _expert_rank(self, s: int, j: int, e: int, k: int) -> int:
+        """Global rank of stage s's expert coordinates (expert-TP rank j, EP rank e, expert-DP
+        rank k): Megatron-Core's expert `RankGenerator` of order "tp-ep-dp-pp" over the stage's
+        tp x cp x dp ranks, ETP fastest (`initialize_model_parallel`,
+        megatron/core/parallel_state.py): stage-local j + etp (e + ep k). With etp = tp it is
+        TP rank j of replica e + ep k."""
+        return s * self.dp * self.tp + j + self.etp * (e + self.ep * k)
+
+    def _expert(self, s: int, k: int, j: int) -> Group:
+        """Stage s's EP group of expert-DP rank k and expert-TP rank j: ranks with EP rank
+        0 .. ep - 1 (`_expert_rank`); with etp = tp, TP rank j of replicas k ep .. k ep + ep - 1."""
+        return self._member_by_member(GroupKind.EXPERT, tuple(
+            self._expert_rank(s, j, e, k) for e in range(self.ep)))
 
     @property
     def _has_expert_data(self) -> bool:
-        """Expert-data-parallel groups of more than one member exist: ep > 1 and dp > ep."""
-        return self.ep > 1 and self.dp > self.ep
+        """Expert-data-parallel groups of more than one member exist: ep > 1 and edp > 1."""
+        return self.ep > 1 and self.edp > 1
 
-    def _expert_data(self, s: int, r: int, i: int) -> Group:
-        """Stage s's expert-data-parallel group of TP rank i: replicas r, r + ep, r + 2 ep, ...
-        (0 <= r < ep), the replicas holding the same experts, whose expert gradients Megatron-Core
-        reduces together (`expert_data_parallel` ranks of the "tp-ep-dp-pp" `RankGenerator`,
-        megatron/core/parallel_state.py)."""
+    def _expert_data(self, s: int, e: int, j: int) -> Group:
+        """Stage s's expert-data-parallel group of EP rank e and expert-TP rank j: the ranks
+        holding the same experts' same shard, whose expert gradients Megatron-Core reduces
+        together (expert-DP ranks 0 .. edp - 1 of `_expert_rank`); with etp = tp, TP rank j of
+        replicas e, e + ep, e + 2 ep, ...; in general every (ep etp / tp)-th replica."""
         return self._member_by_member(GroupKind.EXPERT_DATA, tuple(
-            self._rank(s, d, i) for d in range(r, self.dp, self.ep)))
+            self._expert_rank(s, j, e, k) for k in range(self.edp)))
 
     def _embedding(self, d: int, i: int) -> Group:
         return self._member_by_member(GroupKind.EMBEDDING,

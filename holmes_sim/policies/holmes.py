@@ -4,7 +4,9 @@
    Ethernet only), so each pipeline stage's TP x DP ranks lie on one fabric; inside a class,
    slower nodes (`scenario.variability`) come first, so stragglers share one stage; a CP group's
    ranks are consecutive (TP x CP of them, `plan`), so its ring stays on a node's NVLink or,
-   spanning nodes, on one RDMA fabric, as TP stays on NVLink.
+   spanning nodes, on one RDMA fabric, as TP stays on NVLink; so are an EP group's (EP x expert
+   TP of them, Megatron-Core's expert order, `policies.groups`), which keeps its all-to-alls in
+   one NIC class.
 2. Automatic NIC selection (section 3.3): each group uses the best transport all its members share,
    so DP groups run on RDMA and only pipeline (and embedding) traffic crosses fabrics on Ethernet.
 3. Self-adapting pipeline partition (section 3.2): layers per stage by search (`partition.py`),
@@ -60,10 +62,11 @@ class HolmesPolicy:
         groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
                               request.num_chunks, request.workload.tie_embeddings,
                               self.chooser(request, rank_to_gpu), chooser_key=self, cp=request.cp,
-                              ep=request.workload.ep)
+                              ep=request.workload.ep,
+                              etp=request.workload.expert_tp(request.tp))
         equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
         notes = _NOTES.get((nodes,), (request.tp, request.pp, request.dp, request.cp,
-                                      request.workload.ep),
+                                      request.workload.ep, request.workload.ep_replicas),
                            lambda: _notes(nodes, request))
 
         def plan_with(layers: tuple[int, ...]) -> Plan:
@@ -111,7 +114,7 @@ def _notes(nodes: Sequence[Node], request: PlanRequest) -> tuple[str, ...]:
     """Say which stages straddle NIC classes (their DP groups then cannot all use RDMA), and
     which CP and EP groups do (their rings and all-to-alls then cannot)."""
     per_stage, ring = request.tp * request.dp, request.tp * request.cp
-    ep = request.tp * request.workload.ep
+    ep = request.tp * request.workload.ep_replicas  # an EP group's ranks: ep x etp
     gpus = [c for n in nodes for c in [nic_class(n)] * n.num_gpus]
     notes = []
     for s in range(request.pp):

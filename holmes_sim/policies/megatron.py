@@ -92,7 +92,8 @@ class MegatronPolicy:
                               request.num_chunks, request.workload.tie_embeddings,
                               lambda gpus: job_wide_transport(request.cluster, gpus, fabric),
                               chooser_key=("job-wide", fabric), cp=request.cp,
-                              ep=request.workload.ep)
+                              ep=request.workload.ep,
+                              etp=request.workload.expert_tp(request.tp))
         split = request.workload.pipeline_split
         own = self.optimizer is None and self.llama_release is None  # the forks lack the flags
         layers = megatron_layers_per_stage(request.workload.num_layers, request.pp,

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from holmes_sim.errors import FieldError, HolmesError
-from holmes_sim.prepare import MAX_MICROBATCHES, Prepared, check_context, check_expert
+from holmes_sim.prepare import (MAX_MICROBATCHES, Prepared, check_context, check_expert,
+                                check_expert_tensor)
 from holmes_sim.schedule import check_schedule
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.model.workload import build_workload
@@ -54,6 +55,8 @@ class Layout:
     """Context-parallel degree (`dp` is the data-parallel degree; GPUs = tp pp cp dp)."""
     ep: int = 1
     """Expert-parallel degree: each `ep` consecutive of the dp x cp replicas an EP group."""
+    etp: int | None = None
+    """The experts' TP degree (MoE models; None for a dense model)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +82,7 @@ class Candidate:
     def to_json(self) -> dict:
         lay = self.layout
         return {"policy": self.policy, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp,
-                "ep": lay.ep,
+                "ep": lay.ep, **({"etp": lay.etp} if lay.etp is not None else {}),
                 "micro_batch_size": lay.micro_batch_size, "schedule": lay.schedule,
                 "virtual_stages": lay.virtual_stages, "recompute": lay.recompute,
                 "sequence_parallel": lay.sequence_parallel, "optimizer": self.optimizer,
@@ -133,11 +136,12 @@ def layouts(prepared: Prepared, search: SearchSpec) -> Iterator[Layout]:
                 continue
             for cp in _contexts(prepared, search, tp, n // (tp * pp)):
                 dp = n // (tp * pp * cp)
-                for mb, ep in ((mb, ep) for mb in mbs for ep in _experts(prepared, search, dp * cp)):
+                for mb, ep in ((mb, ep) for mb in mbs for ep in _experts(prepared, search)):
                     if s.training.global_batch_size % (mb * dp):
                         continue
                     m = s.training.global_batch_size // (mb * dp)
-                    yield from _variants(prepared, search, tp, pp, dp, mb, m, cp, ep)
+                    for etp in _expert_tps(prepared, search, tp, dp * cp, ep):
+                        yield from _variants(prepared, search, tp, pp, dp, mb, m, cp, ep, etp)
 
 
 def _contexts(prepared: Prepared, search: SearchSpec, tp: int, replicas: int) -> Iterator[int]:
@@ -154,18 +158,34 @@ def _contexts(prepared: Prepared, search: SearchSpec, tp: int, replicas: int) ->
         yield cp
 
 
-def _experts(prepared: Prepared, search: SearchSpec, replicas: int) -> Iterator[int]:
-    """The EP degrees of `search.expert` (default: the scenario's) that Megatron-Core runs with
-    this model on `replicas` (data x context) replicas (`prepare.check_expert`)."""
+def _experts(prepared: Prepared, search: SearchSpec) -> list[int]:
+    """The EP degrees of `search.expert` (default: the scenario's); `_expert_tps` keeps those
+    that Megatron-Core runs with this model and layout."""
+    return _allowed(search.expert, "search.expert", [prepared.scenario.parallel.expert])
+
+
+def _expert_tps(prepared: Prepared, search: SearchSpec, tp: int, replicas: int,
+                ep: int) -> Iterator[int | None]:
+    """The experts' TP degrees of `search.expert_tensor` (default: tp and 1) with which EP `ep`
+    runs at TP `tp` on `replicas` (data x context) replicas (`prepare.check_expert_tensor`);
+    for a dense model None, when `prepare.check_expert` takes ep."""
     s = prepared.scenario
-    for ep in _allowed(search.expert, "search.expert", [s.parallel.expert]):
+    if s.model.num_experts is None:
         try:
-            yield check_expert(s, ep, replicas)
+            check_expert(s, ep, replicas)
+        except FieldError:
+            return
+        yield None
+        return
+    for etp in _allowed(search.expert_tensor, "search.expert_tensor", sorted({tp, 1}, reverse=True)):
+        try:
+            check_expert_tensor(s, ep, replicas, tp, etp)
         except FieldError:
             continue
+        yield etp
 
 
-def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1) -> Iterator[Layout]:
+def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None) -> Iterator[Layout]:
     layers = prepared.scenario.model.num_layers
     for schedule in search.schedule:
         chunks = search.virtual_stages if schedule == "interleaved" else (1,)
@@ -180,7 +200,7 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1) -> Iterator[Layou
                 for sp in (search.sequence_parallel if tp > 1 else (False,)):
                     if tp > 1 and not sp and prepared.scenario.model.num_experts is not None:
                         continue  # Megatron-Core's MoELayer trains with TP only under SP
-                    yield Layout(tp, pp, dp, mb, schedule, v, rc, sp, cp=cp, ep=ep)
+                    yield Layout(tp, pp, dp, mb, schedule, v, rc, sp, cp=cp, ep=ep, etp=etp)
 
 
 def _allowed(values: tuple[int, ...] | None, path: str, default: list[int]) -> list[int]:
@@ -203,10 +223,10 @@ def prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
                        **_overlaps_for(s.training, layout))
     parallel = replace(s.parallel, tensor=layout.tp, pipeline=layout.pp, data=layout.dp,
                        schedule=layout.schedule, virtual_stages=layout.virtual_stages,
-                       context=layout.cp, expert=layout.ep)
+                       context=layout.cp, expert=layout.ep, expert_tensor=layout.etp)
     m = s.training.global_batch_size // (layout.micro_batch_size * layout.dp)
     workload = build_workload(s.model, training, layout.tp, layout.cp, s.parallel.cp_comm_type,
-                              layout.ep)
+                              layout.ep, layout.etp)
     return replace(prepared, scenario=replace(s, training=training, parallel=parallel),
                    workload=workload, tp=layout.tp, pp=layout.pp, dp=layout.dp,
                    num_microbatches=m, cp=layout.cp)
@@ -260,7 +280,8 @@ def _plan(p: Prepared, policy: str, layout: Layout):
     if not isinstance(get_policy(policy), MegatronPolicy):
         return plan_policy(p, policy)
     key = (policy, id(p.cluster), layout.tp, layout.pp, layout.dp, layout.schedule,
-           layout.virtual_stages, p.num_microbatches, layout.optimizer, layout.cp, layout.ep)
+           layout.virtual_stages, p.num_microbatches, layout.optimizer, layout.cp, layout.ep,
+           layout.etp)
     got = _PLANS.get(key)
     if got is None or got[0] is not p.cluster:
         if len(_PLANS) >= 256:

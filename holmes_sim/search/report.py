@@ -20,6 +20,7 @@ def layout_label(c: Candidate) -> str:
     sp = " SP" if lay.sequence_parallel else ""
     cp = f" CP{lay.cp}" if lay.cp > 1 else ""
     ep = f" EP{lay.ep}" if lay.ep > 1 else ""
+    ep += f" ETP{lay.etp}" if lay.etp is not None and lay.etp != lay.tp else ""
     return f"TP{lay.tp}{cp} PP{lay.pp} DP{lay.dp}{ep} mb{lay.micro_batch_size} {sched} " \
         f"rc:{lay.recompute}{sp}"
 

@@ -253,7 +253,7 @@ class _Simulation:
         shard = p.dp if p.optimizer.sharded else 1
         if expert == 0:
             return self.costs.optimizer_s(node, params / p.tp / shard)
-        edp = p.dp // self.workload.ep if p.optimizer.sharded else 1
+        edp = p.dp // self.workload.ep_replicas if p.optimizer.sharded else 1
         return self.costs.optimizer_s(node, (params - expert) / p.tp / shard + expert / p.tp / edp)
 
     def _buckets(self, s: int, c: int) -> list[Bucket]:
@@ -263,7 +263,7 @@ class _Simulation:
 
     def _stream_of(self, s: int, d: int, b: Bucket):
         """The comm stream of entity (s, d) that reduces and gathers bucket `b`."""
-        return self.edp_stream[(s, d % self.workload.ep)] if b.expert else self.dp_stream[s]
+        return self.edp_stream[(s, d % self.workload.ep_replicas)] if b.expert else self.dp_stream[s]
 
     # ---- run -----------------------------------------------------------------------------------
     def run(self) -> Trace:
@@ -387,7 +387,7 @@ class _Simulation:
         or a shared host; returns the gradient reductions it submitted."""
         op, kind, j, gated, releasing = special
         if self.costs.workload.ep > 1:
-            yield from ep_exchange(self, name, s, d, op, self.plan.layers_per_stage[j])
+            yield from ep_exchange(self, name, s, d, node, op, self.plan.layers_per_stage[j])
         if self.plan.cp > 1:
             ran = yield from cp_exchange(self, name, s, d, node, op, kind,
                                          self.plan.layers_per_stage[j])

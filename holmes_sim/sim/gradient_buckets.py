@@ -4,10 +4,11 @@ Megatron-Core keeps two gradient buffers (megatron/core/distributed/distributed_
 `buffers` for the dense parameters, reduced over the data-parallel-with-context group (every
 replica of the stage), and `expert_parallel_buffers` for the routed experts' parameters under
 expert parallelism, reduced over the expert-data-parallel group: the replicas holding the same
-experts, r, r + ep, r + 2 ep, ... (`GroupKind.EXPERT_DATA`). Each buffer is cut into its own
+experts, r, r + n, r + 2 n, ... (`GroupKind.EXPERT_DATA`; n = `Workload.ep_replicas`, the
+replicas an EP group spans: ep with the experts' TP equal to TP). Each buffer is cut into its own
 buckets of `bucket_size_mb`; a buffer's bucket k of n is ready when (k + 1)/n of the chunk's
 backward has run (buckets fill in reverse layer order and both kinds of parameter run through
-every MoE layer). Where the expert-data-parallel group has one member (dp cp = ep) the expert
+every MoE layer). Where the expert-data-parallel group has one member (dp cp = n) the expert
 gradients are not reduced and their buckets are left out.
 """
 
@@ -61,12 +62,13 @@ def _run(costs: OpCosts, params: int, expert: bool) -> list[Bucket]:
 
 
 def expert_data_streams(engine) -> dict[tuple[int, int], Stream]:
-    """Per (stage, r) with an expert-data-parallel group over replicas r, r + ep, ...: one comm
+    """Per (stage, r) with an expert-data-parallel group over replicas r, r + n, ... (n =
+    `Workload.ep_replicas`, ep with the experts' TP equal to TP): one comm
     stream on the NCCL ring over its members (the engine runs every replica when ep > 1, so
     the ring is the whole group's), its collectives recorded on the members' "edp" trace
     stream beside the "dp" one."""
     plan: Plan = engine.plan
-    ep = engine.costs.workload.ep
+    ep = engine.costs.workload.ep_replicas
     out = {}
     for s in range(plan.pp):
         for r in range(min(ep, plan.dp)):

@@ -160,7 +160,13 @@ class ParallelSpec:
     expert: int = 1
     """Expert-parallel degree (Megatron `--expert-model-parallel-size`): each rank of an EP group
     holds num_experts / expert of every MoE layer's routed experts; an EP group is `expert`
-    consecutive data-parallel replicas (the experts' TP degree is `tensor`)."""
+    consecutive data-parallel replicas when the experts' TP degree is `tensor`."""
+    expert_tensor: int | None = None
+    """The experts' tensor-parallel degree (Megatron-Core `--expert-tensor-parallel-size`, MoE
+    parallel folding); None: `tensor`. Expert ranks follow Megatron-Core's expert order
+    "tp-ep-dp-pp": ETP fastest, then EP, then expert-data-parallel, within each pipeline stage.
+    holmes-sim takes a divisor of `tensor` with expert x expert_tensor a multiple of `tensor`
+    (an EP group spans whole TP groups)."""
     cp_comm_type: Literal["p2p", "a2a", "allgather"] = "p2p"
     """How a CP group's attention gets the other ranks' tokens (Megatron `--cp-comm-type`):
     p2p passes K and V chunks around a ring overlapped with attention (ring attention), a2a

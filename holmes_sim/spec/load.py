@@ -82,6 +82,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "virtual_stages": Bound(1, 1000),
     "context": Bound(1, 2**16),
     "expert": Bound(1, 2**16),
+    "expert_tensor": Bound(1, 1024),
     "iterations": Bound(1, 10_000),
     "warmup": Bound(0, 1000),
     "calibration_repeats": Bound(1, 10_000),

@@ -69,6 +69,9 @@ class SearchSpec:
     expert: tuple[int, ...] | None = None
     """Expert-parallel degrees (default: the scenario's `parallel.expert` alone); list more
     (1, 2, 4, 8) to search EP."""
+    expert_tensor: tuple[int, ...] | None = None
+    """The experts' TP degrees of an MoE model (default: 1 and each layout's TP degree); each
+    must divide the layout's TP degree and pass `parallel.expert_tensor`'s checks, else skipped."""
     micro_batch_size: tuple[int, ...] | None = None
     """Micro-batch sizes (default: 1, 2, 4, 8, 16 that divide the batch)."""
     schedule: tuple[Literal["gpipe", "1f1b", "interleaved"], ...] = ("gpipe", "1f1b", "interleaved")

@@ -180,11 +180,16 @@ def test_plan_searches_ep_and_exports_it(write_scenario):
         "micro_batch_size: [1], schedule: [1f1b], recompute: [none], "
         "sequence_parallel: [true], optimizer: [distributed], top_k: 2}\n")
     prepared = prepare(write_scenario(text))
-    got = {(lay.tp, lay.pp, lay.ep) for lay in planner.layouts(prepared, prepared.scenario.search)}
-    # 16 GPUs, 8 experts: EP 3 and 16 never divide the experts, EP 8 not TP 2 x PP 2's 4 replicas
+    found = list(planner.layouts(prepared, prepared.scenario.search))
+    got = {(lay.tp, lay.pp, lay.ep) for lay in found if lay.etp == lay.tp}
+    # 16 GPUs, 8 experts: EP 3 and 16 never divide the experts, EP 8 at expert TP = TP not
+    # TP 2 x PP 2's 4 replicas
     assert got == {(tp, pp, ep) for tp in (1, 2) for pp in (1, 2) for ep in (1, 2, 8)
                    if 16 // (tp * pp) % ep == 0}
     assert (2, 2, 8) not in got and (2, 1, 8) in got
+    # expert TP 1 at TP 2 folds EP 8 into a stage's 8 ranks; EP 1 cannot take it
+    folded = {(lay.tp, lay.pp, lay.ep) for lay in found if lay.etp != lay.tp}
+    assert folded == {(2, 1, 2), (2, 1, 8), (2, 2, 2), (2, 2, 8)}
     p = planner.prepared_for(prepared, planner.Layout(2, 1, 8, 1, "1f1b", 1, "none", True, ep=8))
     assert p.workload.ep == 8 and p.scenario.parallel.expert == 8
     out = run_policy(p, "megatron")

@@ -11,7 +11,9 @@ import json
 import pytest
 
 from holmes_sim.errors import ScenarioError
+from holmes_sim.plan import GroupKind, TransportKind
 from holmes_sim.prepare import prepare
+from holmes_sim.runner import plan_policy
 from holmes_sim.spec.load import load_scenario_text
 from holmes_sim.validation import megatron_moe
 from holmes_sim.validation.published import PUBLISHED_DIR, case_name, cases, evaluate, scenario_text
@@ -104,15 +106,24 @@ def test_each_readme_scenario_loads_with_the_sources_settings(source):
     assert "Approximation" not in scenario_text(data, row)
 
 
-def test_zoo_rows_say_their_expert_layout_is_approximated():
-    """ETP 1 with TP 2 runs as ETP = TP, and the scenario file says so; ETP = TP needs no note."""
+def test_zoo_rows_run_their_expert_tensor_parallelism():
+    """ETP 1 with TP 2 (the zoo's --expert-tensor-parallel-size 1) is rendered as
+    parallel.expert_tensor: 1, so each EP group is 8 consecutive ranks of a stage (one node) and
+    the all-to-alls stay on NVLink; ETP = TP rows write nothing."""
     data = _data()
     for row in _zoo_rows():
-        note = megatron_moe.approximation(row)
-        assert note and "expert tensor parallelism 1 simulated as TP 2" in note
-        assert f"# Approximation: {note}." in scenario_text(data, row)
+        text = scenario_text(data, row)
+        assert "  expert_tensor: 1\n" in text and "Approximation" not in text
+        p = load_scenario_text(text).parallel
+        assert (p.tensor, p.expert, p.expert_tensor) == (2, 8, 1)
     for row in _readme_rows():
-        assert megatron_moe.approximation(row) is None
+        assert "expert_tensor" not in scenario_text(data, row)
+    case = _cases()["mixtral-8x22b-128gpu-dropless"]
+    prepared = prepare(case.scenario)
+    plan, _ = plan_policy(prepared, "megatron")
+    groups = plan.groups_of(GroupKind.EXPERT)
+    assert groups[0].ranks == tuple(range(8))
+    assert all(g.transport.kind is TransportKind.LOCAL for g in groups)
 
 
 def test_2025_count_is_the_simulators_reporting_formula():
