@@ -201,19 +201,52 @@ def test_moe_layers_the_backend_cannot_run_are_refused(tmp_path, field, value) -
         prepare(path, check=check_testbed)
 
 
-def test_an_expert_data_parallel_group_is_refused_for_real_runs(tmp_path) -> None:
-    """PP 1 makes DP 4 over EP 2: the simulator reduces each routed expert's gradient over a
-    group of 2, the backend would sum it over all 4 replicas."""
-    from holmes_sim.errors import ScenarioError
+def _dp4_ep2_testbed(tmp_path):
+    """The bundled MoE testbed with PP 1: DP 4 over EP 2, so two expert-data-parallel groups."""
+    path = tmp_path / "moe.yaml"
+    path.write_text(MOE_TESTBED.read_text().replace("  pipeline: 2\n", "  pipeline: 1\n"))
+    return path
+
+
+def test_expert_data_parallel_groups_are_the_plans_and_carry_the_expert_gradients(tmp_path):
+    """PP 1 makes DP 4 over EP 2: a real run accepts it, every rank is in exactly the plan's
+    EXPERT_DATA group (the replicas holding its experts: one per EP group) on the plan's NIC, and
+    reduces the routed experts' gradients there, the dense ones over the DATA group."""
+    from holmes_sim.backend.launch import run_plan
+    from holmes_sim.backend.run_config import RunConfig
     from holmes_sim.prepare import prepare
+    from holmes_sim.runner import plan_policy
     from holmes_sim.validation.testbed_plan import check_testbed
 
-    text = MOE_TESTBED.read_text().replace("  pipeline: 2\n", "  pipeline: 1\n")
-    path = tmp_path / "moe.yaml"
-    path.write_text(text)
-    assert prepare(path).dp == 4
-    with pytest.raises(ScenarioError, match=r"parallel\.expert.*data-parallel degree \(4\)"):
-        prepare(path, check=check_testbed)
+    prepared = prepare(_dp4_ep2_testbed(tmp_path), check=check_testbed)
+    assert prepared.dp == 4 and prepared.workload.ep == 2
+    config = GPTConfig(n_layer=4, n_head=2, n_embd=16, block_size=8, vocab_size=32, seed=5,
+                       num_experts=4, moe_topk=2, moe_ffn=24)
+    nics = {}
+    for name in ("megatron", "holmes-no-nic-aware-order"):
+        plan, _ = plan_policy(prepared, name)
+        cfg = RunConfig(model=config, micro_batch_size=2, iterations=1, warmup=0,
+                        interface_map={"*": "lo"}, world_interfaces=["lo"] * plan.world_size,
+                        bucket_numel=200)
+        result = run_plan(plan, cfg, timeout_s=120)
+        for doc in result.ranks:
+            rank = doc["rank"]
+            want = plan.group_containing(GroupKind.EXPERT_DATA, rank)
+            [got] = [g for g in doc["groups"] if g["kind"] == GroupKind.EXPERT_DATA.value]
+            assert tuple(got["ranks"]) == want.ranks and got["size"] == 2
+            assert got["nic"] == want.nics[want.ranks.index(rank)]
+            ep_rank = plan.group_containing(GroupKind.EXPERT, rank).ranks.index(rank)
+            assert [plan.group_containing(GroupKind.EXPERT, r).ranks.index(r)
+                    for r in want.ranks] == [ep_rank] * 2  # the same experts
+            assert len({plan.group_containing(GroupKind.EXPERT, r).ranks
+                        for r in want.ranks}) == 2  # one member of each EP group
+            details = [o["detail"] for o in doc["ops"] if o["kind"] == "dp-sync"]
+            assert any(d.startswith("expert ") for d in details)
+            assert any(not d.startswith("expert ") for d in details)
+            nics[name, rank] = got["nic"]
+    # Megatron's order puts the expert-DP groups on Ethernet, the other on one RDMA fabric each.
+    assert {nics["megatron", r] for r in range(4)} == {"eth0"}
+    assert {nics["holmes-no-nic-aware-order", r] for r in range(4)} == {"ib0", "roce0"}
 
 
 CAN_BUILD = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
