@@ -1,16 +1,18 @@
 """One rank of a real run: it executes exactly `plan.schedule().stage_ops[pp_rank]`, moving
 activations and gradients over the plan's PIPELINE groups, then synchronises gradients over its
-DATA group as the plan's optimizer mode says (`data_parallel.py`), and steps a deterministic SGD
-or Adam. Timestamps are time.perf_counter() seconds (CLOCK_MONOTONIC is system-wide on Linux,
-so ranks on one host share a time base).
+DATA group (the routed experts' over its EXPERT_DATA group) as the plan's optimizer mode says
+(`data_parallel.py`), and steps a deterministic SGD or Adam. Timestamps are
+time.perf_counter() seconds (CLOCK_MONOTONIC is system-wide on Linux, so ranks on one host share
+a time base).
 
 Synchronisation points (named SYNC-n in the code):
   SYNC-1 barrier before each iteration (all ranks start together): the gloo world group on
           the testbed, a separate gloo group under NCCL (`worker.BARRIER_GROUP`).
   SYNC-2 blocking receive of an activation (forward) or gradient (backward).
   SYNC-3 wait for this iteration's outstanding non-blocking sends.
-  SYNC-4 gradient reduction on the DATA group (all-reduce or reduce-scatter).
-  SYNC-5 parameter all-gather on the DATA group (sharded optimizer modes; overlapped mode: a
+  SYNC-4 gradient reduction on the DATA group (all-reduce or reduce-scatter); the routed
+          experts' on the EXPERT_DATA group (`data_parallel.GradientSync`).
+  SYNC-5 parameter all-gather on the same groups (sharded optimizer modes; overlapped mode: a
           forward pre-hook waits for each bucket just before the first module using it).
   SYNC-6 the same barrier after the last iteration, before exit.
   SYNC-7 under NCCL, the end of the iteration's GPU work.
