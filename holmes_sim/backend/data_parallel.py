@@ -211,7 +211,8 @@ class DataParallel:
                 group.pg.allreduce([flat]).wait()  # SYNC-4
                 grads[b] = flat if self.cfg.mutation == "all-reduce-no-dp" \
                     else flat.div_(self.plan.dp)
-        self.rec.record("dp-sync", t, time.perf_counter(), detail=f"{self.label}wait gradient reduction")
+        self.rec.record("dp-sync", t, time.perf_counter(),
+                        detail=f"{self.label}wait gradient reduction")
         return grads
 
     # -- the step and the parameter all-gather (SYNC-5)
