@@ -277,7 +277,7 @@ def validate(
     testbed: Annotated[Path | None, typer.Argument(
         help="Testbed scenario (same schema, small, with a `testbed:` section) or a bundled "
              "testbed's name (default, two_clusters, unequal_speed, interleaved, ethernet, "
-             "tensor_parallel, moe; default: default).", show_default=False)] = None,
+             "tensor_parallel, moe, moe_edp; default: default).", show_default=False)] = None,
     real: Annotated[bool, typer.Option("--real", help="Calibrate, predict, run for real, compare.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Build every group and stage on gloo, "
                                           "without training.")] = False,

@@ -1,6 +1,18 @@
 """A rank's data parallelism: gradient buckets, their reduction over the DATA group, the
 optimizer step of this rank's part, and the parameter all-gather of the sharded modes.
 
+Under expert parallelism the routed experts' parameters have buckets of their own, reduced over
+the EXPERT_DATA group (the replicas holding the same experts) instead of the DATA group, with
+their optimizer state sharded over that group in the sharded modes: Megatron-Core's
+`expert_parallel_buffers` next to its dense `buffers`
+(megatron/core/distributed/distributed_data_parallel.py), each reduced over its own group and
+scaled by 1 / dp (its `expert_gradient_scaling_factor` is `1 / data_parallel_world_size` too: an
+expert's local gradient already sums the tokens of its EP group's replicas, so the sum over the
+expert-data-parallel group covers all dp replicas' tokens once). `GradientSync` holds the two
+`DataParallel` parts; each part reduces and gathers in threads of its own, as the simulator runs
+the expert-data-parallel collectives on a stream beside the data-parallel one
+(`sim/gradient_buckets.py`).
+
 SYNC-4 (gradient reduction) and SYNC-5 (parameter all-gather) of `rank.py` happen here; in the
 overlapped mode each runs in a background thread, bucket by bucket, while the backward (SYNC-4)
 or the next forward (SYNC-5) computes.
@@ -11,6 +23,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +32,7 @@ from holmes_sim.backend.collectives import all_gather, ring_reduce_scatter
 from holmes_sim.backend.emulation import PreciseWait
 from holmes_sim.backend.groups import BuiltGroup
 from holmes_sim.backend.model import Stage
+from holmes_sim.backend.moe import MoeMLP
 from holmes_sim.backend.optimizer import FlatOptimizer
 from holmes_sim.backend.recorder import Recorder
 from holmes_sim.backend.run_config import RunConfig
@@ -57,13 +71,17 @@ def _flat(tensors: list[torch.Tensor], padded: int) -> torch.Tensor:
 
 
 def make_buckets(stages: list[Stage], chunk_order: list[int], dp: int,
-                 bucket_numel: int) -> list[Bucket]:
+                 bucket_numel: int, keep: Callable[[torch.nn.Parameter], bool] | None = None
+                 ) -> list[Bucket]:
     """Buckets in the order their gradients become final: chunks by their last backward, within
-    a chunk parameters in reverse registration order (backward reaches the last layers first)."""
+    a chunk parameters in reverse registration order (backward reaches the last layers first);
+    `keep`: only the parameters it accepts (None: all), padded for a group of `dp`."""
     buckets: list[Bucket] = []
     for c in chunk_order:
         current: list[torch.nn.Parameter] = []
         for p in reversed(list(stages[c].parameters())):
+            if keep is not None and not keep(p):
+                continue
             current.append(p)
             if sum(q.numel() for q in current) >= bucket_numel:
                 buckets.append(make_bucket(current, c, dp))
@@ -79,18 +97,28 @@ def make_bucket(params: list[torch.nn.Parameter], chunk: int, dp: int) -> Bucket
     return Bucket(params, chunk, n, -(-n // dp) * dp)
 
 
+def routed_expert_ids(stages: list[Stage]) -> set[int]:
+    """ids of the parameters of the routed experts split over an EP group (`MoeMLP.keep_local`
+    with ep > 1): the parameters whose gradients go to the expert buckets. Without expert
+    parallelism every rank holds every expert and they are reduced with the dense ones."""
+    return {id(p) for stage in stages for block in stage.blocks
+            if isinstance(block.mlp, MoeMLP) and block.mlp.ep_size > 1
+            for p in block.mlp.experts.parameters()}
+
 
 class DataParallel:
     """A rank's DP side: its buckets, their reduction over `group` (None: dp = 1), the optimizer
     step of its part and the parameter all-gather (sharded modes).
 
     `optimizer_s_per_param` (emulated compute): the step is a wait of that many seconds per
-    parameter on `clock`; None: the real optimizer steps."""
+    parameter on `clock`; None: the real optimizer steps. `label` starts the details of what it
+    records ("expert " for the routed experts' part)."""
 
     def __init__(self, plan: Plan, cfg: RunConfig, group: BuiltGroup | None,
                  buckets: list[Bucket], rec: Recorder, clock: PreciseWait,
-                 optimizer_s_per_param: float | None) -> None:
+                 optimizer_s_per_param: float | None, label: str = "") -> None:
         self.plan, self.cfg, self.group, self.buckets, self.rec = plan, cfg, group, buckets, rec
+        self.label = label
         self.clock, self.optimizer_s_per_param = clock, optimizer_s_per_param
         self.optimizer = FlatOptimizer(cfg.optimizer, cfg.lr)
         self.overlapped = plan.optimizer.overlapped and group is not None
@@ -113,12 +141,13 @@ class DataParallel:
         """Overlapped mode: a parameter's accumulated gradient counts towards its bucket."""
         for c, stage in enumerate(stages):
             for p in stage.parameters():
-                p.register_post_accumulate_grad_hook(lambda q, c=c: self.grad_ready(q, c))
+                if id(p) in self.owner:
+                    p.register_post_accumulate_grad_hook(lambda q, c=c: self.grad_ready(q, c))
 
     def grad_ready(self, p: torch.nn.Parameter, chunk: int) -> None:
         """p's gradient was accumulated; queue its bucket once every member's is final."""
-        if chunk not in self.armed:
-            return  # not this chunk's last backward: the gradient is not final yet
+        if not self.overlapped or chunk not in self.armed:
+            return  # reduced after the backward, or not this chunk's last backward yet
         b = self.owner[id(p)]
         self.buckets[b].ready += 1
         if self.buckets[b].ready == len(self.buckets[b].params):
@@ -142,7 +171,7 @@ class DataParallel:
                     t = time.perf_counter()
                     self._shards[b] = self._reduce(b)  # SYNC-4 (overlapped with backward)
                     self.rec.record("dp-sync", t, time.perf_counter(), -1, self.buckets[b].chunk,
-                                    f"reduce-scatter bucket {b} (async)")
+                                    f"{self.label}reduce-scatter bucket {b} (async)")
             except BaseException as e:  # re-raised in the main thread
                 self._comm_error = e
 
@@ -165,8 +194,9 @@ class DataParallel:
         """Each bucket's gradient (or this rank's shard of it) summed over the group / dp."""
         group = self.group
         t = time.perf_counter()
-        if group is None:
-            grads = {b: bucket.flat_grad() for b, bucket in enumerate(self.buckets)}
+        if group is None:  # dp = 1, or experts whose replicas are all in their EP group
+            grads = {b: bucket.flat_grad().div_(self.plan.dp)
+                     for b, bucket in enumerate(self.buckets)}
         elif comm is not None:
             comm.join()  # SYNC-4: the asynchronous reduce-scatters are done
             if self._comm_error is not None:
@@ -181,7 +211,8 @@ class DataParallel:
                 group.pg.allreduce([flat]).wait()  # SYNC-4
                 grads[b] = flat if self.cfg.mutation == "all-reduce-no-dp" \
                     else flat.div_(self.plan.dp)
-        self.rec.record("dp-sync", t, time.perf_counter(), detail="wait gradient reduction")
+        self.rec.record("dp-sync", t, time.perf_counter(),
+                        detail=f"{self.label}wait gradient reduction")
         return grads
 
     # -- the step and the parameter all-gather (SYNC-5)
@@ -202,7 +233,8 @@ class DataParallel:
                 all_gather(self.group, flats[b], self._tag(b, 1))  # SYNC-5
             bucket.write_params(flats[b])
         if self.sharded:
-            self.rec.record("dp-sync", t, time.perf_counter(), detail="all-gather parameters")
+            self.rec.record("dp-sync", t, time.perf_counter(),
+                            detail=f"{self.label}all-gather parameters")
 
     def _step(self, grads: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """Step this rank's part of every bucket (sharded: its shard); the flat parameters."""
@@ -218,7 +250,7 @@ class DataParallel:
             else:
                 self.optimizer.step(b, local, grads[b])
             flats[b] = flat
-        self.rec.record("optimizer", t, time.perf_counter())
+        self.rec.record("optimizer", t, time.perf_counter(), detail=self.label.strip())
         return flats
 
     def _start_gather(self, flats: dict[int, torch.Tensor]) -> None:
@@ -240,7 +272,7 @@ class DataParallel:
                     t = time.perf_counter()
                     all_gather(self.group, flats[b], tags[b])  # SYNC-5 (overlapped with forward)
                     self.rec.record("dp-sync", t, time.perf_counter(), -1, self.buckets[b].chunk,
-                                    f"all-gather bucket {b} (async)")
+                                    f"{self.label}all-gather bucket {b} (async)")
                     events[b].set()
             except BaseException as e:  # re-raised by the waiting forward
                 self._gather_error = e
@@ -255,8 +287,8 @@ class DataParallel:
         """Forward pre-hooks: a module waits for the buckets holding its own parameters."""
         for stage in stages:
             for module in stage.modules():
-                mine = sorted({self.owner[id(p)] for p in module.parameters(recurse=False)},
-                              reverse=True)  # forward order
+                mine = sorted({self.owner[id(p)] for p in module.parameters(recurse=False)
+                               if id(p) in self.owner}, reverse=True)  # forward order
                 if mine:
                     module.register_forward_pre_hook(self._gather_wait_hook(mine))
 
@@ -279,7 +311,7 @@ class DataParallel:
         end = time.perf_counter()
         self.gather_wait_s += end - t
         self.rec.record("dp-sync", t, end, -1, self.buckets[b].chunk,
-                        f"wait parameter all-gather bucket {b}")
+                        f"{self.label}wait parameter all-gather bucket {b}")
 
     def finish(self) -> None:
         """Complete a background all-gather so the final parameters are in place."""
@@ -287,3 +319,66 @@ class DataParallel:
             self.wait_bucket(b)
         if self._gather is not None:
             self._gather.join()
+
+
+class GradientSync:
+    """A rank's whole data-parallel side: its `DataParallel` parts (the dense parameters' over
+    the DATA group, under expert parallelism the routed experts' over the EXPERT_DATA group; module
+    docstring), driven together. Bucket keys are (part, bucket) pairs."""
+
+    def __init__(self, parts: list[DataParallel]) -> None:
+        self.parts = parts
+        self.owner = {pid: (k, b) for k, part in enumerate(parts)
+                      for pid, b in part.owner.items()}
+
+    @property
+    def overlapped(self) -> bool:
+        return any(part.overlapped for part in self.parts)
+
+    @property
+    def gather_wait_s(self) -> float:
+        """Seconds forwards waited for parameter buckets, all parts."""
+        return sum(part.gather_wait_s for part in self.parts)
+
+    @property
+    def gathered(self) -> set[tuple[int, int]]:
+        """Buckets whose background all-gather a forward has not waited for yet."""
+        return {(k, b) for k, part in enumerate(self.parts) for b in part.gathered}
+
+    def wait_bucket(self, key: tuple[int, int]) -> None:
+        k, b = key
+        self.parts[k].wait_bucket(b)
+
+    def grad_ready(self, p: torch.nn.Parameter, chunk: int) -> None:
+        self.parts[self.owner[id(p)][0]].grad_ready(p, chunk)
+
+    def arm(self, chunk: int) -> None:
+        """Chunk `chunk`'s last backward runs: its gradients become final."""
+        for part in self.parts:
+            part.armed.add(chunk)
+
+    def disarm(self) -> None:
+        for part in self.parts:
+            part.armed.clear()
+
+    def install_hooks(self, stages: list[Stage]) -> None:
+        for part in self.parts:
+            if part.overlapped:
+                part.install_hooks(stages)
+
+    def install_gather_waits(self, stages: list[Stage]) -> None:
+        for part in self.parts:
+            if part.overlapped and part.sharded:
+                part.install_gather_waits(stages)
+
+    def start_comm_threads(self) -> list[threading.Thread | None]:
+        return [part.start_comm_thread() for part in self.parts]
+
+    def sync_and_step(self, comms: list[threading.Thread | None]) -> None:
+        """Each part's reduction, step and parameter all-gather, in part order."""
+        for part, comm in zip(self.parts, comms, strict=True):
+            part.sync_and_step(comm)
+
+    def finish(self) -> None:
+        for part in self.parts:
+            part.finish()

@@ -22,7 +22,7 @@ from holmes_sim.errors import TestbedError
 from holmes_sim.plan import Plan
 
 if TYPE_CHECKING:
-    from holmes_sim.backend.data_parallel import DataParallel
+    from holmes_sim.backend.data_parallel import GradientSync
 
 # The durations an emulated rank waits (RunConfig.emulated_compute), as in a compute profile.
 EMULATED_KEYS = ("layer_forward_s", "layer_backward_s", "embedding_forward_s",
@@ -102,7 +102,7 @@ class ComputeEmulator:
     (None: no EP)."""
 
     def __init__(self, durations: dict, plan: Plan, cfg: RunConfig, stages: list[Stage],
-                 device: torch.device, dp: DataParallel, tp: TensorParallelComm | None,
+                 device: torch.device, dp: GradientSync, tp: TensorParallelComm | None,
                  clock: PreciseWait, ep: ExpertParallelComm | None = None) -> None:
         self.cfg, self.device, self.dp, self.tp, self.clock = cfg, device, dp, tp, clock
         self.ep = ep

@@ -17,6 +17,9 @@ Group conventions (the policies produce the same structure):
 - EXPERT: one group per (pp_rank, tp_rank, run of ep consecutive dp_ranks), members in dp_rank
   order (Megatron-Core's expert rank order, `policies/groups.py`); its all-to-alls are
   pairwise sends and receives (`collectives.pairwise_all_to_all`).
+- EXPERT_DATA: one group per (pp_rank, tp_rank, EP rank e) when dp > ep, members the dp_ranks
+  e, e + ep, e + 2 ep, ... in order (Megatron-Core's expert-data-parallel group); the routed
+  experts' gradients are reduced over it (`data_parallel.py`), the dense ones over DATA.
 - Group rank = index of the global rank in `group.ranks`.
 
 Point-to-point traffic (pipeline sends, the worker's ring collectives) goes through
@@ -243,4 +246,12 @@ def expert_group(groups: list[BuiltGroup]) -> BuiltGroup | None:
     found = [g for g in groups if g.group.kind is GroupKind.EXPERT]
     if len(found) > 1:
         raise TestbedError(f"rank is in {len(found)} EXPERT groups; expected one")
+    return found[0] if found else None
+
+
+def expert_data_group(groups: list[BuiltGroup]) -> BuiltGroup | None:
+    """This rank's EXPERT_DATA group, or None when the plan has none (EP 1, or dp = ep)."""
+    found = [g for g in groups if g.group.kind is GroupKind.EXPERT_DATA]
+    if len(found) > 1:
+        raise TestbedError(f"rank is in {len(found)} EXPERT_DATA groups; expected one")
     return found[0] if found else None

@@ -100,6 +100,11 @@ class MoeMLP(nn.Module):
     def ep_size(self) -> int:
         return 1 if self.ep is None else self.ep.size
 
+    @property
+    def first_expert(self) -> int:
+        """The whole model's index of this rank's first expert (`experts[0]`)."""
+        return 0 if self.ep is None else self.ep.rank * len(self.experts)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
         tokens, k, n = b * t, self.topk, self.num_experts

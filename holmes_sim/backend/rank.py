@@ -1,16 +1,18 @@
 """One rank of a real run: it executes exactly `plan.schedule().stage_ops[pp_rank]`, moving
 activations and gradients over the plan's PIPELINE groups, then synchronises gradients over its
-DATA group as the plan's optimizer mode says (`data_parallel.py`), and steps a deterministic SGD
-or Adam. Timestamps are time.perf_counter() seconds (CLOCK_MONOTONIC is system-wide on Linux,
-so ranks on one host share a time base).
+DATA group (the routed experts' over its EXPERT_DATA group) as the plan's optimizer mode says
+(`data_parallel.py`), and steps a deterministic SGD or Adam. Timestamps are
+time.perf_counter() seconds (CLOCK_MONOTONIC is system-wide on Linux, so ranks on one host share
+a time base).
 
 Synchronisation points (named SYNC-n in the code):
   SYNC-1 barrier before each iteration (all ranks start together): the gloo world group on
           the testbed, a separate gloo group under NCCL (`worker.BARRIER_GROUP`).
   SYNC-2 blocking receive of an activation (forward) or gradient (backward).
   SYNC-3 wait for this iteration's outstanding non-blocking sends.
-  SYNC-4 gradient reduction on the DATA group (all-reduce or reduce-scatter).
-  SYNC-5 parameter all-gather on the DATA group (sharded optimizer modes; overlapped mode: a
+  SYNC-4 gradient reduction on the DATA group (all-reduce or reduce-scatter); the routed
+          experts' on the EXPERT_DATA group (`data_parallel.GradientSync`).
+  SYNC-5 parameter all-gather on the same groups (sharded optimizer modes; overlapped mode: a
           forward pre-hook waits for each bucket just before the first module using it).
   SYNC-6 the same barrier after the last iteration, before exit.
   SYNC-7 under NCCL, the end of the iteration's GPU work.
@@ -27,11 +29,17 @@ import torch
 import torch.distributed as dist
 
 from holmes_sim.backend.collectives import ExpertParallelComm, TensorParallelComm
-from holmes_sim.backend.data_parallel import DataParallel, make_buckets
+from holmes_sim.backend.data_parallel import (
+    DataParallel,
+    GradientSync,
+    make_buckets,
+    routed_expert_ids,
+)
 from holmes_sim.backend.emulation import ComputeEmulator, PreciseWait, emulated_durations
 from holmes_sim.backend.groups import (
     BuiltGroup,
     data_group,
+    expert_data_group,
     expert_group,
     pipeline_group,
     tensor_group,
@@ -75,18 +83,15 @@ class Rank:
             ExpertParallel(ep_group.size, ep_group.group_rank, self.ep_comm.all_to_all)
         self.stages = [s.to(self.device) for s in
                        build_stages(plan, cfg.model, self.pp_rank, self.tp, self.ep)]
-        dp_group = data_group(groups) if plan.dp > 1 else None
         ops = self.sched.stage_ops[self.pp_rank]
         # Index of each chunk's last backward: its gradients are final after that op.
         self.last_backward = {op.chunk: k for k, op in enumerate(ops) if op.kind == "B"}
-        chunk_order = sorted(self.last_backward, key=self.last_backward.get)
-        buckets = make_buckets(self.stages, chunk_order, plan.dp, cfg.bucket_numel)
         self.rec = Recorder()
         self.losses: list[list[float]] = []
         self.clock = PreciseWait()
         durations = emulated_durations(cfg, rank)
-        self.dp = DataParallel(plan, cfg, dp_group, buckets, self.rec, self.clock,
-                               None if durations is None else durations["optimizer_s_per_param"])
+        self.dp = self._gradient_sync(None if durations is None
+                                      else durations["optimizer_s_per_param"])
         self.emulator = None if durations is None else ComputeEmulator(
             durations, plan, cfg, self.stages, self.device, self.dp,
             None if self.tp is None else self.tp_comm, self.clock, self.ep_comm)
@@ -94,6 +99,29 @@ class Rank:
             self.dp.install_hooks(self.stages)
             if plan.optimizer.sharded:
                 self.dp.install_gather_waits(self.stages)
+
+    def _gradient_sync(self, optimizer_s_per_param: float | None) -> GradientSync:
+        """The dense parameters' buckets over the DATA group and, under expert parallelism, the
+        routed experts' over the EXPERT_DATA group (None where dp = ep: nothing to reduce)."""
+        plan, cfg = self.plan, self.cfg
+        chunk_order = sorted(self.last_backward, key=self.last_backward.get)
+        experts = set() if cfg.mutation == "experts-reduced-over-dp" \
+            else routed_expert_ids(self.stages)
+        dense = make_buckets(self.stages, chunk_order, plan.dp, cfg.bucket_numel,
+                             lambda p: id(p) not in experts)
+        parts = [DataParallel(plan, cfg, data_group(self.groups) if plan.dp > 1 else None, dense,
+                              self.rec, self.clock, optimizer_s_per_param)]
+        if experts:
+            edp_group = expert_data_group(self.groups)
+            edp = 1 if edp_group is None else edp_group.size
+            if edp * self.ep.size != plan.dp:
+                raise TestbedError(f"rank {self.rank}: EP group of {self.ep.size} and expert-data-"
+                                   f"parallel group of {edp} do not cover dp = {plan.dp}")
+            routed = make_buckets(self.stages, chunk_order, edp, cfg.bucket_numel,
+                                  lambda p: id(p) in experts)
+            parts.append(DataParallel(plan, cfg, edp_group, routed, self.rec, self.clock,
+                                      optimizer_s_per_param, label="expert "))
+        return GradientSync(parts)
 
     # -- pipeline neighbours and messages
 
@@ -153,19 +181,19 @@ class Rank:
         mailbox: dict[tuple[int, int, int], torch.Tensor] = {}  # same-rank hand-over (p == 1)
         pending: list[tuple[object, torch.Tensor]] = []
         losses: list[float] = []
-        comm = self.dp.start_comm_thread()
+        comm = self.dp.start_comm_threads()
         for k, op in enumerate(self.sched.stage_ops[self.pp_rank]):
             if op.kind == "F":
                 self._forward(op.microbatch, op.chunk, inputs, outputs, mailbox, pending, losses)
             else:
                 if op.chunk in self.last_backward and self.last_backward[op.chunk] == k:
-                    self.dp.armed.add(op.chunk)
+                    self.dp.arm(op.chunk)
                 self._backward(op.microbatch, op.chunk, inputs, outputs, mailbox, pending)
         t = time.perf_counter()
         for work, _ in pending:
             work.wait()  # SYNC-3
         self.rec.record("send-wait", t, time.perf_counter())
-        self.dp.armed.clear()
+        self.dp.disarm()
         self.dp.sync_and_step(comm)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # SYNC-7: GPU work is asynchronous
@@ -233,10 +261,8 @@ class Rank:
 
     def full_params(self, stage: Stage) -> dict[str, torch.Tensor]:
         """`stage`'s parameters at full-model shape and name: a TP shard summed with its
-        group's (`model.shard_placements`); every TP member runs this in the same order."""
-        if self.ep is not None:
-            raise TestbedError("dump_params: a rank holds only its EP rank's experts; run the "
-                               "gradient-equality checks without expert parallelism")
+        group's (`model.shard_placements`), every TP member running this in the same order;
+        under expert parallelism only this rank's experts (`reference.canonical_params`)."""
         self.tp_comm.training = False
         placed = shard_placements(stage, self.cfg.model)
         values = {name: p.detach() if placed[name] is None else self.tp_comm.all_reduce(placed[name])

@@ -13,13 +13,18 @@ from holmes_sim.backend.optimizer import FlatOptimizer
 def canonical_params(stage: Stage, values: dict[str, torch.Tensor] | None = None
                      ) -> dict[str, torch.Tensor]:
     """A stage's parameters (or `values` by stage-local name) under the names the full model
-    (`build_full_model`) gives them."""
+    (`build_full_model`) gives them: layers by their model index, a rank's routed experts (E / ep
+    of them under expert parallelism) by theirs."""
     out = {}
     for name, p in stage.named_parameters():
         if values is not None:
             p = values[name]
         if name.startswith("blocks."):
             _, i, rest = name.split(".", 2)
+            if rest.startswith("mlp.experts."):
+                _, _, e, tail = rest.split(".", 3)
+                first = getattr(stage.blocks[int(i)].mlp, "first_expert", 0)
+                rest = f"mlp.experts.{first + int(e)}.{tail}"
             name = f"blocks.{stage.first_layer + int(i)}.{rest}"
         out[name] = p.detach().cpu()
     return out

@@ -98,4 +98,4 @@ class RunConfig:
 
 # Known bugs the gradient-equality tests must catch (RunConfig.mutation).
 MUTATIONS = ("reduce-scatter-no-dp", "all-reduce-no-dp", "no-microbatch-scaling", "grad-x7",
-             "tp-no-input-grad-reduce")
+             "tp-no-input-grad-reduce", "experts-reduced-over-dp")

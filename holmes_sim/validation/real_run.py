@@ -129,10 +129,10 @@ def _run_spec(prepared: Prepared, testbed_path: str | Path, iterations: int | No
             raise ScenarioError(f"compute must be 'emulated' or 'real', got {compute!r}")
         spec = dataclasses.replace(spec, compute=compute)
     if spec.compute != "emulated" and prepared.workload.moe is not None:
-        raise ScenarioError(f"{testbed_path}: model.num_experts: real compute would sum every "
-                            "rank's expert gradients over the DP group as the simulator prices "
-                            "them (docs/cost_models.md, Expert parallelism), mixing different "
-                            "experts; MoE testbeds use emulated compute; drop --compute real")
+        raise ScenarioError(f"{testbed_path}: model.num_experts: real compute calibrates a "
+                            "whole MoE layer in one process, not a rank's E / ep experts between "
+                            "its all-to-alls, and is not validated for MoE layers; MoE testbeds "
+                            "use emulated compute; drop --compute real")
     if spec.compute != "emulated" and prepared.tp > 1:
         raise ScenarioError(f"{testbed_path}: parallel.tensor: real compute calibrates the "
                             "unsplit model, so it runs tensor: 1 only; drop --compute real (TP "

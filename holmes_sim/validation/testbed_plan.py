@@ -59,8 +59,9 @@ def check_backend(prepared: Prepared) -> None:
 
 def _check_moe(prepared: Prepared) -> None:
     """The backend's MoE layer (`backend/moe.py`): every layer MoE, no shared expert, dropless,
-    balanced round-robin routing (so M k divisible by E), no tensor parallelism, and no
-    expert-data-parallel group (expert = dp cp), whose separate reduction it lacks."""
+    balanced round-robin routing (so M k divisible by E), and no tensor parallelism (so no
+    expert tensor parallelism either). Expert-data-parallel groups (dp > expert) run: the
+    backend reduces the routed experts' gradients over them (`backend/data_parallel.py`)."""
     model, w = prepared.scenario.model, prepared.workload
     fixed = {"moe_layer_freq": (1, "1 (every layer MoE)"),
              "moe_shared_expert_intermediate_size": (None, "no shared expert"),
@@ -74,11 +75,6 @@ def _check_moe(prepared: Prepared) -> None:
     if prepared.tp > 1:
         raise FieldError("parallel.tensor", "the backend runs MoE layers with tensor: 1 only "
                                             "(no sequence parallelism)")
-    if w.ep > 1 and prepared.dp * prepared.cp > w.ep:
-        raise FieldError("parallel.expert", f"the backend reduces every gradient over the whole "
-                         f"data-parallel group, the simulator a routed expert's over its "
-                         f"expert-data-parallel group only; set expert to the data-parallel "
-                         f"degree ({prepared.dp * prepared.cp}) for a real run")
     tokens = w.micro_batch * w.seq
     if tokens * w.moe.topk % w.moe.experts:
         raise FieldError("training.micro_batch_size", f"balanced routing sends micro_batch_size x "

@@ -17,11 +17,14 @@ from holmes_sim.backend.reference import train_reference_model
 from holmes_sim.backend.run_config import MUTATIONS
 from holmes_sim.plan import OptimizerMode
 from holmes_sim.schedule import ScheduleKind
+from tests.backend.conftest import TINY_MOE
 
-# Relative error of the update a correct run stays under (measured <= 3e-7; 3.5e-5 with TP 2,
-# whose partial sums add in another order) and the one every mutation exceeds (measured worst
-# parameter: x7 15, /dp dropped 1.06, no 1/num_microbatches 4.0, TP input gradients not
-# all-reduced 1.06). Every copy counts: DP replicas and TP members.
+# Relative error of the update a correct run stays under (measured <= 3e-7; 1.9e-6 with MoE
+# layers, whose routed copies add in another order; 3.5e-5 with TP 2, whose partial sums do)
+# and the one every mutation exceeds (measured worst parameter: x7 15, /dp dropped 1.06, no
+# 1/num_microbatches 4.0, TP input gradients not all-reduced 1.06, routed experts reduced over
+# the DP group instead of their expert-DP group 1.42).
+# Every copy counts: DP replicas, TP members and the expert-DP replicas of each expert.
 UPDATE_RTOL = 1e-3
 
 CASES = {
@@ -34,6 +37,12 @@ CASES = {
                                            optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED),
     "tp2-pp2-dp2-1f1b-overlapped": dict(tp=2, pp=2, dp=2,
                                         optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED),
+    # MoE with EP 2 < dp 4: routed experts reduced over expert-DP groups of 2, the rest over 4.
+    "moe-dp4-ep2-replicated": dict(dp=4, ep=2),
+    "moe-pp2-dp4-ep2-distributed-uneven": dict(pp=2, dp=4, ep=2, layers=(1, 3),
+                                              optimizer=OptimizerMode.DISTRIBUTED),
+    "moe-dp4-ep2-overlapped": dict(dp=4, ep=2, num_microbatches=3,
+                                   optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED),
 }
 
 # Each mutation on a case whose code path it breaks.
@@ -43,6 +52,7 @@ MUTATION_CASES = {
     "no-microbatch-scaling": "pp2-dp2-interleaved-overlapped",
     "grad-x7": "pp2-dp2-1f1b-replicated",
     "tp-no-input-grad-reduce": "tp2-pp2-dp2-1f1b-overlapped",
+    "experts-reduced-over-dp": "moe-dp4-ep2-replicated",
 }
 
 
@@ -50,7 +60,9 @@ def _update_errors(case: str, plan_factory, run_config_factory, tiny_config,
                    mutation: str = "") -> dict[str, float]:
     """Per parameter: ||update_dist - update_ref|| / ||update_ref||, checking DP replicas agree."""
     plan = plan_factory(**CASES[case])
-    cfg = run_config_factory(optimizer="sgd", lr=0.5, iterations=2, warmup=1,
+    if case.startswith("moe-"):
+        tiny_config = TINY_MOE
+    cfg = run_config_factory(model=tiny_config, optimizer="sgd", lr=0.5, iterations=2, warmup=1,
                              bucket_numel=20_000, dump_params=True, mutation=mutation)
     result = run_plan(plan, cfg, timeout_s=90)
     _, ref_model = train_reference_model(tiny_config, cfg.micro_batch_size,
