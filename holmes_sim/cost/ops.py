@@ -17,6 +17,32 @@ from holmes_sim.model.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkParts:
+    """What a chunk's compute on one node adds up, for one direction (forward or backward):
+    the framework's per-op overhead, one layer's, the embedding's and the head's kernel times
+    at full speed, the node's speed and the deferred output-layer weight gradients (s; 0 in
+    the forward). See `OpCosts.chunk_compute_s`."""
+
+    overhead_s: float
+    layer_s: float
+    speed: float
+    embedding_s: float
+    head_s: float
+    deferred_s: float
+
+    def compute_s(self, layers: int, first: bool, last: bool) -> float:
+        """`OpCosts.chunk_compute_s` of a chunk of `layers` layers (s)."""
+        speed = self.speed
+        t = self.overhead_s + layers * self.layer_s / speed
+        if first:
+            t += self.embedding_s / speed
+        if last:
+            t += self.head_s / speed
+            t -= self.deferred_s
+        return t
+
+
+@dataclass(frozen=True, slots=True)
 class OpCosts:
     """Prices ops of `workload` on `cluster` with `compute`. Times in seconds, per micro-batch."""
 
@@ -31,15 +57,15 @@ class OpCosts:
         and the logits/loss on the last) for one micro-batch on one GPU of the TP group: the
         GPU model's kernel time over the node's speed (`Node.speed`), plus the framework's
         per-op overhead (host time, not scaled)."""
-        c, w, g, speed = self.compute, self.workload, node.gpu, node.speed
-        t = c.op_overhead_s(g) + layers * c.layer_s(g, w, self.tp, backward) / speed
-        if first:
-            t += c.embedding_s(g, w, self.tp, backward) / speed
-        if last:
-            t += c.head_s(g, w, self.tp, backward) / speed
-            if backward:
-                t -= self.deferred_wgrad_s(node)
-        return t
+        return self.chunk_parts(node, backward).compute_s(layers, first, last)
+
+    def chunk_parts(self, node: Node, backward: bool) -> ChunkParts:
+        """The per-micro-batch times `chunk_compute_s` adds up for a chunk on `node`, which
+        do not depend on its layer count (s)."""
+        c, w, g = self.compute, self.workload, node.gpu
+        return ChunkParts(c.op_overhead_s(g), c.layer_s(g, w, self.tp, backward), node.speed,
+                          c.embedding_s(g, w, self.tp, backward), c.head_s(g, w, self.tp, backward),
+                          self.deferred_wgrad_s(node) if backward else 0.0)
 
     def deferred_wgrad_s(self, node: Node) -> float:
         """The output layer's weight-gradient GEMM of one micro-batch that
@@ -58,6 +84,10 @@ class OpCosts:
         with `tp_comm_overlap` what each all-gather and reduce-scatter leaves exposed beside its
         GEMM (`userbuffer_exposed_s`). Overlaps use the kernel model only (a measured profile has
         no GEMM shapes). Zero when tp == 1."""
+        return layers * self.tp_comm_layer_s(node, backward)
+
+    def tp_comm_layer_s(self, node: Node, backward: bool) -> float:
+        """`tp_comm_s` of one layer (s); a chunk's is its layer count times this."""
         if self.tp == 1:
             return 0.0
         w, link = self.workload, node.intra_link
@@ -74,14 +104,14 @@ class OpCosts:
             # MoE dispatchers' extra gathered rows: not userbuffer-overlapped (`cost.moe`)
             passes = w.tp_allreduces_per_layer(backward) // 2
             per_layer += passes * (tp_comm_factor(w) - 1.0) * 2 * sum(half)
-            return layers * per_layer
+            return per_layer
         per_layer = w.tp_allreduces_per_layer(backward) * one * tp_comm_factor(w)
         if backward and w.async_tp_allreduce:
             # The backward's two input-gradient all-reduces each hide behind their linear's
             # weight-gradient GEMM; the recomputed forward's stay exposed.
             per_layer -= sum(min(one, window / node.speed) for window in
                              self.compute.tp_overlap_windows_s(node.gpu, w, self.tp))
-        return layers * per_layer
+        return per_layer
 
     def userbuffer_exposed_s(self, node: Node, backward: bool, half: tuple[float, float]) -> float:
         """Exposed seconds of one layer pass's two all-gathers and two reduce-scatters (`half`:
@@ -160,14 +190,20 @@ class ChunkTimes:
     def __init__(self, costs: OpCosts):
         self.costs = costs
         self._seconds: dict[tuple, float] = {}
+        self._parts: dict[tuple, tuple[ChunkParts, float]] = {}
 
     def op_s(self, node: Node, layers: int, first: bool, last: bool, backward: bool) -> float:
         key = (id(node.gpu), id(node.intra_link), node.speed, layers, first, last, backward)
         got = self._seconds.get(key)
         if got is None:
-            costs = self.costs
-            got = self._seconds[key] = costs.chunk_compute_s(node, layers, first, last, backward) + \
-                costs.tp_comm_s(node, layers, backward)
+            # What does not depend on the layer count, once per hardware and direction.
+            hardware = key[:3] + key[6:]
+            parts = self._parts.get(hardware)
+            if parts is None:
+                costs = self.costs
+                parts = self._parts[hardware] = (costs.chunk_parts(node, backward),
+                                                 costs.tp_comm_layer_s(node, backward))
+            got = self._seconds[key] = parts[0].compute_s(layers, first, last) + layers * parts[1]
         return got
 
 
