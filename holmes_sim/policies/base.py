@@ -20,8 +20,10 @@ from holmes_sim.model.workload import Workload
 _ORDERS: IdentityMemo = IdentityMemo()
 _TP_CHECKED: IdentityMemo = IdentityMemo()
 _GROUPS: IdentityMemo = IdentityMemo()
-"""Rank orders, checked TP layouts and groups, shared by the candidates of a search (a policy's
-are the same for every micro-batch size, schedule and recompute mode of a layout)."""
+_FAMILIES: IdentityMemo = IdentityMemo()
+"""Rank orders, checked TP layouts, groups and their families (`GroupBuilder.family`), shared
+by the candidates of a search (a policy's are the same for every micro-batch size, schedule
+and recompute mode of a layout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,9 @@ def build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: i
     def make() -> Groups:
         builder = GroupBuilder(cluster, rank_to_gpu, tp, pp, dp, num_chunks, tie_embeddings, choose,
                                cp, ep)
+        if chooser_key is not None:  # `GroupBuilder.family`: all but the chunk count
+            builder.family = _FAMILIES.get((cluster, rank_to_gpu),
+                                           (tp, pp, dp, tie_embeddings, chooser_key, cp, ep), object)
         return Groups(builder.build, builder)
 
     if chooser_key is None:
