@@ -5,7 +5,7 @@ policies' partition search, so all three price an op the same way."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.collectives import ring_collective_time_s
@@ -50,6 +50,11 @@ class OpCosts:
     workload: Workload
     compute: ComputeModel
     tp: int
+    _layer_params: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # `Workload.layer_params` once: `chunk_params` prices every chunk with it.
+        object.__setattr__(self, "_layer_params", self.workload.layer_params)
 
     def chunk_compute_s(self, node: Node, layers: int, first: bool, last: bool,
                         backward: bool) -> float:
@@ -145,7 +150,7 @@ class OpCosts:
         """Parameters of a chunk across its whole TP group (embedding on the first virtual
         stage; the output head, or its tied copy, on the last)."""
         w = self.workload
-        n = layers * w.layer_params
+        n = layers * self._layer_params
         if first:
             n += w.embedding_params
         if last:
