@@ -46,7 +46,8 @@ def _cold() -> None:
     partition._PARTITIONS.clear()
     holmes._NOTES.clear()
     netview._VIEWS.clear()
-    for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS):
+    netview._FACTS.clear()
+    for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES):
         memo.clear()
     walk.op_table.cache_clear()
     walk.full_op_table.cache_clear()
@@ -174,7 +175,9 @@ def _estimate_cost(name: str = "large_175b_1024", repeat: int = 40) -> dict:
         _cold()
         analytic.estimate_iteration(plan, cluster, w, c)  # schedule tables only
         netview._VIEWS.clear()
-        for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, partition._PARTITIONS):
+        netview._FACTS.clear()
+        for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES,
+                     partition._PARTITIONS):
             memo.clear()
         _estimate_only_cold()
         _timed(build, cold)

@@ -9,6 +9,7 @@ cache is emptied (a search moves on to other layouts, and the entries are cheap 
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import is_
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -24,7 +25,8 @@ class IdentityMemo(Generic[T]):
     def get(self, objects: tuple, key: tuple, make: Callable[[], T]) -> T:
         k = (tuple(map(id, objects)), key)
         got = self._entries.get(k)
-        if got is not None and all(a is b for a, b in zip(got[0], objects, strict=True)):
+        # The held objects are these very ones (equal ids, equal count: `k`).
+        if got is not None and all(map(is_, got[0], objects)):
             return got[1]
         value = make()
         if len(self._entries) >= self.size:

@@ -5,7 +5,7 @@ policies' partition search, so all three price an op the same way."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.collectives import ring_collective_time_s
@@ -18,6 +18,32 @@ from holmes_sim.model.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkParts:
+    """What a chunk's compute on one node adds up, for one direction (forward or backward):
+    the framework's per-op overhead, one layer's, the embedding's and the head's kernel times
+    at full speed, the node's speed and the deferred output-layer weight gradients (s; 0 in
+    the forward). See `OpCosts.chunk_compute_s`."""
+
+    overhead_s: float
+    layer_s: float
+    speed: float
+    embedding_s: float
+    head_s: float
+    deferred_s: float
+
+    def compute_s(self, layers: int, first: bool, last: bool) -> float:
+        """`OpCosts.chunk_compute_s` of a chunk of `layers` layers (s)."""
+        speed = self.speed
+        t = self.overhead_s + layers * self.layer_s / speed
+        if first:
+            t += self.embedding_s / speed
+        if last:
+            t += self.head_s / speed
+            t -= self.deferred_s
+        return t
+
+
+@dataclass(frozen=True, slots=True)
 class OpCosts:
     """Prices ops of `workload` on `cluster` with `compute`. Times in seconds, per micro-batch."""
 
@@ -25,6 +51,11 @@ class OpCosts:
     workload: Workload
     compute: ComputeModel
     tp: int
+    _layer_params: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # `Workload.layer_params` once: `chunk_params` prices every chunk with it.
+        object.__setattr__(self, "_layer_params", self.workload.layer_params)
 
     def chunk_compute_s(self, node: Node, layers: int, first: bool, last: bool,
                         backward: bool) -> float:
@@ -32,15 +63,15 @@ class OpCosts:
         and the logits/loss on the last) for one micro-batch on one GPU of the TP group: the
         GPU model's kernel time over the node's speed (`Node.speed`), plus the framework's
         per-op overhead (host time, not scaled)."""
-        c, w, g, speed = self.compute, self.workload, node.gpu, node.speed
-        t = c.op_overhead_s(g) + layers * c.layer_s(g, w, self.tp, backward) / speed
-        if first:
-            t += c.embedding_s(g, w, self.tp, backward) / speed
-        if last:
-            t += c.head_s(g, w, self.tp, backward) / speed
-            if backward:
-                t -= self.deferred_wgrad_s(node)
-        return t
+        return self.chunk_parts(node, backward).compute_s(layers, first, last)
+
+    def chunk_parts(self, node: Node, backward: bool) -> ChunkParts:
+        """The per-micro-batch times `chunk_compute_s` adds up for a chunk on `node`, which
+        do not depend on its layer count (s)."""
+        c, w, g = self.compute, self.workload, node.gpu
+        return ChunkParts(c.op_overhead_s(g), c.layer_s(g, w, self.tp, backward), node.speed,
+                          c.embedding_s(g, w, self.tp, backward), c.head_s(g, w, self.tp, backward),
+                          self.deferred_wgrad_s(node) if backward else 0.0)
 
     def deferred_wgrad_s(self, node: Node) -> float:
         """The output layer's weight-gradient GEMM of one micro-batch that
@@ -59,6 +90,10 @@ class OpCosts:
         with `tp_comm_overlap` what each all-gather and reduce-scatter leaves exposed beside its
         GEMM (`userbuffer_exposed_s`). Overlaps use the kernel model only (a measured profile has
         no GEMM shapes). Zero when tp == 1."""
+        return layers * self.tp_comm_layer_s(node, backward)
+
+    def tp_comm_layer_s(self, node: Node, backward: bool) -> float:
+        """`tp_comm_s` of one layer (s); a chunk's is its layer count times this."""
         if self.tp == 1:
             return 0.0
         w, link = self.workload, node.intra_link
@@ -78,14 +113,14 @@ class OpCosts:
             passes, factor = w.tp_allreduces_per_layer(backward) // 2, tp_comm_factor(w, self.tp)
             scale = min(1.0, factor) if w.tp_per_etp > 1 else 1.0
             per_layer = per_layer * scale + passes * (factor - scale) * 2 * sum(half)
-            return layers * per_layer
+            return per_layer
         per_layer = w.tp_allreduces_per_layer(backward) * one * tp_comm_factor(w, self.tp)
         if backward and w.async_tp_allreduce:
             # The backward's two input-gradient all-reduces each hide behind their linear's
             # weight-gradient GEMM; the recomputed forward's stay exposed.
             per_layer -= sum(min(one, window / node.speed) for window in
                              self.compute.tp_overlap_windows_s(node.gpu, w, self.tp))
-        return layers * per_layer
+        return per_layer
 
     def userbuffer_exposed_s(self, node: Node, backward: bool, half: tuple[float, float]) -> float:
         """Exposed seconds of one layer pass's two all-gathers and two reduce-scatters (`half`:
@@ -126,7 +161,7 @@ class OpCosts:
         """Parameters of a chunk across its whole TP group (embedding on the first virtual
         stage; the output head, or its tied copy, on the last)."""
         w = self.workload
-        n = layers * w.layer_params
+        n = layers * self._layer_params
         if first:
             n += w.embedding_params
         if last:
@@ -171,14 +206,20 @@ class ChunkTimes:
     def __init__(self, costs: OpCosts):
         self.costs = costs
         self._seconds: dict[tuple, float] = {}
+        self._parts: dict[tuple, tuple[ChunkParts, float]] = {}
 
     def op_s(self, node: Node, layers: int, first: bool, last: bool, backward: bool) -> float:
         key = (id(node.gpu), id(node.intra_link), node.speed, layers, first, last, backward)
         got = self._seconds.get(key)
         if got is None:
-            costs = self.costs
-            got = self._seconds[key] = costs.chunk_compute_s(node, layers, first, last, backward) + \
-                costs.tp_comm_s(node, layers, backward)
+            # What does not depend on the layer count, once per hardware and direction.
+            hardware = key[:3] + key[6:]
+            parts = self._parts.get(hardware)
+            if parts is None:
+                costs = self.costs
+                parts = self._parts[hardware] = (costs.chunk_parts(node, backward),
+                                                 costs.tp_comm_layer_s(node, backward))
+            got = self._seconds[key] = parts[0].compute_s(layers, first, last) + layers * parts[1]
         return got
 
 

@@ -77,6 +77,7 @@ class _Estimator:
         self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
         self._alike_cache: dict[tuple[int, int], tuple] = {}
         self._params_cache: dict[int, tuple[int, ...]] = {}
+        self._split_cache: dict[tuple[int, bool], tuple[int, ...]] = {}
         self._send_cache: dict[tuple[int, int, int], float] = {}
 
     def run(self) -> Estimate:
@@ -144,11 +145,15 @@ class _Estimator:
     def _split_params(self, s: int, expert: bool) -> tuple[int, ...]:
         """Of `_params(s)`, the routed experts' (reduced over the expert-data-parallel group,
         `Workload.expert_layer_params`) or the dense rest."""
-        p = self.plan
-        experts = tuple(self.costs.virtual_stage_expert_params(p.layers_per_stage,
-                                                               self._virtual(s, c))
-                        for c in range(p.num_chunks))
-        return experts if expert else tuple(a - b for a, b in zip(self._params(s), experts))
+        got = self._split_cache.get((s, expert))
+        if got is None:
+            p = self.plan
+            experts = tuple(self.costs.virtual_stage_expert_params(p.layers_per_stage,
+                                                                   self._virtual(s, c))
+                            for c in range(p.num_chunks))
+            got = self._split_cache[(s, expert)] = experts if expert else \
+                tuple(a - b for a, b in zip(self._params(s), experts))
+        return got
 
     def _stage(self, s: int, d: int, kinds) -> tuple[list[float], float]:
         """Durations (s) of stage s's distinct ops (`kinds`: the walk's (virtual stage,

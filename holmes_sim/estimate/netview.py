@@ -12,7 +12,9 @@ and the number of model chunks; it fixes, independently of the model and batch:
   rates, so one walk stands for all of them.
 `netview(...)` returns the same object for the same placement objects (`memo.IdentityMemo`); a
 policy that builds its rank order and groups once (`policies.base`) then shares it across the
-micro-batch sizes, schedules of equal chunk count and recompute modes of a layout.
+micro-batch sizes, schedules of equal chunk count and recompute modes of a layout, and its views
+for other chunk counts share every fact above except which stage pairs send and which
+replicas are alike (`GroupBuilder.family`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,28 @@ Ring = tuple[int, float, float]
 _VIEWS: IdentityMemo[NetView] = IdentityMemo(64)
 
 
+class _Facts:
+    """What the views of one placement share whatever their chunk count (`NetView`): each TP
+    group's GPUs and node, the rings and their topologies, stage nodes and memory, the
+    embedding rings, the CP and EP sends, and the sends of stage pairs whose every replica's
+    pair is a pipeline group."""
+
+    def __init__(self) -> None:
+        self.entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
+        self.nodes: dict[tuple[int, int], Node] = {}
+        self.rings: dict[tuple, Ring | None] = {}
+        self.topologies: dict[tuple, CollectiveTopology] = {}
+        self.stage_nodes: dict[int, list[Node]] = {}
+        self.memory: dict[int, float] = {}
+        self.embedding: list[Ring | None] | None = None
+        self.cp_sends: dict[int, list[tuple[float, float]]] = {}
+        self.ep_sends: dict[int, list[tuple[tuple[float, float], ...]]] = {}
+        self.sends: dict[tuple[int, int], list[tuple[float, float]]] = {}
+
+
+_FACTS: IdentityMemo[_Facts] = IdentityMemo(64)
+
+
 def netview(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], groups: Sequence[Group], tp: int,
             pp: int, dp: int, num_chunks: int, cp: int = 1, ep: int = 1) -> NetView:
     """The (shared) view of this placement (`dp` replicas, each `cp` consecutive a CP group,
@@ -47,23 +71,23 @@ class NetView:
     def __init__(self, cluster: Cluster, rank_to_gpu: Sequence[GpuRef], groups: Sequence[Group],
                  tp: int, pp: int, dp: int, num_chunks: int, cp: int = 1, ep: int = 1):
         self.cluster, self.rank_to_gpu, self.cp, self.ep = cluster, rank_to_gpu, cp, ep
-        self._cp_sends: dict[int, list[tuple[float, float]]] = {}
-        self._ep_sends: dict[int, list[tuple[tuple[float, float], ...]]] = {}
         self.tp, self.pp, self.dp, self.nv = tp, pp, dp, pp * num_chunks
         self.caps = cluster.derived(("link capacities",), lambda: link_capacities(cluster))
         # The few groups asked for (a transport per stage pair, a ring per stage), found
         # without building all of a plan's groups where they are built lazily (`plan.Groups`).
         self._groups = group_lookup(groups)
+        # Groups of one family (`policies.groups.GroupBuilder.family`) differ only in their
+        # pipeline pairs: their views share every fact but those that depend on the chunk count.
+        family = getattr(self._groups, "family", None)
+        self._facts = facts = _FACTS.get((cluster, rank_to_gpu, groups if family is None else family),
+                                         (tp, pp, dp, cp, ep), _Facts)
         self._forward = {(j % pp, (j + 1) % pp) for j in range(self.nv - 1)}
-        self._entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
-        self._nodes: dict[tuple[int, int], Node] = {}
+        self._entities, self._nodes = facts.entities, facts.nodes
         self._places = tp_group_places(rank_to_gpu, tp)
         self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
-        self._rings: dict[tuple, Ring | None] = {}
-        self._topologies: dict[tuple, CollectiveTopology] = {}
-        self._stage_nodes: dict[int, list[Node]] = {}
-        self._memory: dict[int, float] = {}
-        self._emb: list[Ring | None] | None = None
+        self._rings, self._topologies = facts.rings, facts.topologies
+        self._stage_nodes, self._memory = facts.stage_nodes, facts.memory
+        self._cp_sends, self._ep_sends = facts.cp_sends, facts.ep_sends
         self._classes: list[tuple[int, list[int]]] | None = None
         self._combos: dict[bool, list[list[tuple[int, tuple]]]] = {}
 
@@ -128,9 +152,20 @@ class NetView:
         are their own: a send's rate is its sides' smallest capacity / weight (kept with the
         cluster) and the uplink's capacity over the sends crossing it; else each link's load
         is summed over the replicas' sends. The same floats either way (a link's load is its
-        one weight, an uplink's the count)."""
+        one weight, an uplink's the count). Kept with the placement's facts when every
+        replica's pair is a pipeline group (the same transports in every view)."""
         transports = [self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
                       for d in range(self.dp)]
+        if None in transports:
+            return self._new_send_rates(a, b, transports)
+        got = self._facts.sends.get((a, b))
+        if got is None:
+            got = self._facts.sends[(a, b)] = self._new_send_rates(a, b, transports)
+        self._p2p[(a, b)] = got
+        return got
+
+    def _new_send_rates(self, a: int, b: int, transports: list) -> list[tuple[float, float]]:
+        """`_send_rates` with the pair's transport of every replica."""
         sides = [node_send_sides(self.cluster, t, self._on_one_node(a, d), self._on_one_node(b, d))
                  for d, t in enumerate(transports)]
         nodes = {self.entity(s, d)[0].node for s in (a, b) for d in range(self.dp)}
@@ -218,6 +253,8 @@ class NetView:
         replica d (DATA: stage s's replicas; EXPERT_DATA: replicas d, d + ep, ...; EMBEDDING:
         replica 0's first and last stage), over its members' TP groups (None: no such group)."""
         key = (kind, s) if d == 0 else (kind, s, d)
+        if kind is GroupKind.PIPELINE:  # which pair is first depends on the chunk count
+            key += (self.nv,)
         if key not in self._rings:
             group = self._groups.first(kind, self.rank(s, d))
             if group is None:
@@ -269,7 +306,7 @@ class NetView:
         """Replica d's embedding all-reduce ring (first and last stage) at the rate it gets while
         every replica's runs at once: each hop link's capacity split over the summed weights of
         all replicas' rings (None: no embedding group)."""
-        if self._emb is None:
+        if self._facts.embedding is None:
             rings, load = {}, {}
             for r in range(self.dp):
                 group = self._groups.first(GroupKind.EMBEDDING, self.rank(0, r))
@@ -281,10 +318,10 @@ class NetView:
                     for lk, w in links:
                         load[lk] = load.get(lk, 0.0) + w
             caps = self.caps
-            self._emb = [None if r not in rings else
+            self._facts.embedding = [None if r not in rings else
                          (2, min(caps[lk] / load[lk] for links, _, _ in rings[r] for lk, _ in links),
                           max(step for _, step, _ in rings[r])) for r in range(self.dp)]
-        return self._emb[d]
+        return self._facts.embedding[d]
 
     # ---- alike replicas -----------------------------------------------------------------------
     def replica_classes(self) -> list[tuple[int, list[int]]]:

@@ -20,8 +20,10 @@ from holmes_sim.model.workload import Workload
 _ORDERS: IdentityMemo = IdentityMemo()
 _TP_CHECKED: IdentityMemo = IdentityMemo()
 _GROUPS: IdentityMemo = IdentityMemo()
-"""Rank orders, checked TP layouts and groups, shared by the candidates of a search (a policy's
-are the same for every micro-batch size, schedule and recompute mode of a layout)."""
+_FAMILIES: IdentityMemo = IdentityMemo()
+"""Rank orders, checked TP layouts, groups and their families (`GroupBuilder.family`), shared
+by the candidates of a search (a policy's are the same for every micro-batch size, schedule
+and recompute mode of a layout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +99,7 @@ def build_groups(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: i
                  etp: int | None = None) -> Groups:
     """TP, CP, EP, DP, PP and embedding groups for Megatron's rank layout (`dp` replicas of
     which each `cp` consecutive form a CP group; EP and expert-DP groups in Megatron-Core's expert
-order with the experts' TP degree `etp`, None: tp, `policies.groups`), each with
-    its transport
+    order with the experts' TP degree `etp`, None: tp), each with its transport
     (`policies.groups`), built when first read; single groups are found without building them
     all. With `chooser_key` (what determines `choose`'s answers besides the cluster), the
     groups are made once per (cluster, rank order, degrees, key) and the same object returned
@@ -106,6 +107,9 @@ order with the experts' TP degree `etp`, None: tp, `policies.groups`), each with
     def make() -> Groups:
         builder = GroupBuilder(cluster, rank_to_gpu, tp, pp, dp, num_chunks, tie_embeddings, choose,
                                cp, ep, etp)
+        if chooser_key is not None:  # `GroupBuilder.family`: all but the chunk count
+            family = (tp, pp, dp, tie_embeddings, chooser_key, cp, ep, etp)
+            builder.family = _FAMILIES.get((cluster, rank_to_gpu), family, object)
         return Groups(builder.build, builder)
 
     if chooser_key is None:

@@ -37,6 +37,11 @@ class GroupBuilder:
     receiver) for each forward boundary of virtual stages j -> j + 1 (the backward gradient
     uses the same pair in reverse), each physical pair once, in order of first use."""
 
+    family: object | None = None
+    """Shared by the builders of one cluster, rank order, degrees and chooser that differ only
+    in their chunk count (`policies.base.build_groups`): their groups but the pipeline pairs
+    are the same, with the same transports, and so are the pairs they both have (None: none)."""
+
     def __init__(self, cluster: Cluster, rank_to_gpu: Sequence[GpuRef], tp: int, pp: int, dp: int,
                  num_chunks: int, tie_embeddings: bool, choose: TransportChooser, cp: int = 1,
                  ep: int = 1, etp: int | None = None):

@@ -71,6 +71,11 @@ class StageTimer:
                                          self.dp_ring[s], s == 0, s == request.pp - 1), len(alike))
                        for s in range(request.pp)]
         self._stage_times: dict[tuple, float] = {}
+        # Whether each of a stage's chunks is the first or the last virtual stage, in order.
+        nv = request.pp * request.num_chunks
+        self._ends = [[(c * request.pp + s == 0, c * request.pp + s == nv - 1)
+                       for c in range(request.num_chunks)] for s in range(request.pp)]
+        self._emb_s: float | None = None
 
     def stage_time_s(self, s: int, chunk_layers: Sequence[int]) -> float:
         """Compute of all micro-batches plus exposed DP and embedding sync of stage `s` (s),
@@ -84,33 +89,35 @@ class StageTimer:
 
     def _replica_time_s(self, s: int, node: Node, chunk_layers: Sequence[int]) -> float:
         r = self.r
-        nv = r.pp * r.num_chunks
         fwd = bwd = 0.0
         params = 0
-        for c, n in enumerate(chunk_layers):
-            j = c * r.pp + s
-            f, b, k = self._chunk(node, n, j == 0, j == nv - 1)
-            fwd += f
-            bwd += b
-            params += k
+        chunks, place = self._chunks, id(node)
+        for (first, last), n in zip(self._ends[s], chunk_layers, strict=True):
+            got = chunks.get((place, n, first, last)) or self._chunk(node, n, first, last)
+            fwd += got[0]
+            bwd += got[1]
+            params += got[2]
         exposed = self._dp_exposed_s(s, params, fwd, bwd)
         if s in (0, r.pp - 1) and r.pp > 1 and r.workload.tie_embeddings:
-            emb = r.workload.grad_bytes_of(r.workload.vocab * r.workload.hidden)
-            exposed += self.emb_ring.time_s("all-reduce", emb)
+            exposed += self._embedding_s()
         if s == r.pp - 1:  # the deferred output-layer weight gradients are its compute too
             fwd += self.costs.deferred_wgrad_s(node)
         return r.num_microbatches * (fwd + bwd) + exposed
 
+    def _embedding_s(self) -> float:
+        """The tied embeddings' all-reduce on the embedding ring (s), priced once."""
+        if self._emb_s is None:
+            w = self.r.workload
+            self._emb_s = self.emb_ring.time_s("all-reduce", w.grad_bytes_of(w.vocab * w.hidden))
+        return self._emb_s
+
     def _chunk(self, node: Node, n: int, first: bool, last: bool) -> tuple[float, float, int]:
         """Forward and backward seconds (compute + TP) and parameters of a chunk of n layers on
         `node`, priced once per search (stages and trials share chunks)."""
-        key = (id(node), n, first, last)
-        got = self._chunks.get(key)
-        if got is None:
-            times = self.times
-            got = self._chunks[key] = (times.op_s(node, n, first, last, False),
-                                       times.op_s(node, n, first, last, True),
-                                       self.costs.chunk_params(n, first, last))
+        times = self.times
+        got = self._chunks[(id(node), n, first, last)] = (
+            times.op_s(node, n, first, last, False), times.op_s(node, n, first, last, True),
+            self.costs.chunk_params(n, first, last))
         return got
 
     def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
@@ -152,6 +159,8 @@ def _greedy(timer: StageTimer) -> tuple[int, ...]:
     lower stage). Only the stage that got the layer has a new trial time."""
     r = timer.r
     v = r.num_chunks
+    if r.pp == 1:  # every layer goes to the one stage
+        return tuple(_even(r.workload.num_layers, v))
     totals = [v] * r.pp
     # Each stage's trial time once, in a heap of (trial, stage): its top is the smallest trial,
     # the lowest stage among equal ones.

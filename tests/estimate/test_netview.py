@@ -235,3 +235,42 @@ def test_transport_kept_per_nic_layouts_equals_the_choice_made_each_time(name, t
             TransportKind.RDMA, max(common, key=lambda f, ns=nodes: transport._slowest_member_rate(ns, f))) \
             if common else transport._tcp(nodes)
         assert best_shared_transport(cluster, members) == fresh
+
+
+def _figures(net, pp: int, dp: int, chunks: int) -> tuple:
+    """Everything a view answers for a placement of pp stages, dp replicas and `chunks` chunks."""
+    forward = {(j % pp, (j + 1) % pp) for j in range(pp * chunks - 1)}
+    return ([net.p2p(a, b, d) for a, b in sorted(forward | {(b, a) for a, b in forward})
+             for d in range(dp)],
+            [(net.dp_ring(s), net.dp_topology(s), net.idle_ring(GroupKind.PIPELINE, s),
+              net.stage_nodes(s), net.memory_bytes(s)) for s in range(pp)],
+            [net.embedding_ring(d) for d in range(dp)], net.replica_classes(),
+            net.stage_combos(True), net.stage_combos(False))
+
+
+@pytest.mark.parametrize("name", ["uneven", "mixed_ib_roce", "two_clusters_39b"])
+def test_views_of_other_chunk_counts_share_the_placements_facts_and_figures(name, tmp_path):
+    """Groups of one rank order, degrees and chooser that differ only in their chunk count are
+    one family: their views share what does not depend on the chunk count, and each gives the
+    figures of a view made on its own (its pipeline pairs, its own first pipeline group)."""
+    from holmes_sim.estimate import netview as nv_module
+
+    shared = 0
+    for cluster, gpus, tp, pp, dp, _, choose in _placements(_cluster(name, tmp_path), 12, 3):
+        if pp == 1:
+            continue
+        groups = {v: build_groups(cluster, gpus, tp, pp, dp, v, True, choose, chooser_key=name)
+                  for v in (1, 2, 3)}
+        alone = {}
+        for v in (1, 2, 3):
+            nv_module._FACTS.clear()
+            alone[v] = _figures(nv_module.netview(cluster, gpus, groups[v], tp, pp, dp, v), pp, dp, v)
+        nv_module._FACTS.clear()
+        nv_module._VIEWS.clear()
+        views = {v: nv_module.netview(cluster, gpus, groups[v], tp, pp, dp, v) for v in (2, 1, 3)}
+        for v in (2, 1, 3):
+            assert _figures(views[v], pp, dp, v) == alone[v], v
+        assert views[1]._facts is views[2]._facts is views[3]._facts
+        assert views[1].replica_classes() is not views[2].replica_classes()
+        shared += 1
+    assert shared >= 5

@@ -1,0 +1,50 @@
+"""An op's duration: `OpCosts.chunk_compute_s` as its parts add up, and the shared `ChunkTimes`
+(the estimate's and the partition search's) equal to what the engine prices, bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from holmes_sim.bundled import bundled_scenario
+from holmes_sim.cost.ops import ChunkTimes, OpCosts
+from holmes_sim.prepare import prepare
+
+
+def _workloads(w):
+    """The scenario's workload and variants that change how a chunk is priced."""
+    return [w, dataclasses.replace(w, defer_embedding_wgrad=True),
+            dataclasses.replace(w, async_tp_allreduce=True, recompute="full"),
+            dataclasses.replace(w, tp_comm_overlap=True, sequence_parallel=True)]
+
+
+@pytest.mark.parametrize("name", ["straggler", "large_175b_1024"])
+def test_chunk_times_equal_the_engines_compute_plus_tp_and_the_hand_sum(name):
+    p = prepare(bundled_scenario(name))
+    slow = min(p.cluster.nodes, key=lambda n: n.speed)
+    nodes = [p.cluster.nodes[0], slow]
+    assert name != "straggler" or slow.speed < 1.0  # a node whose kernels run slower
+    for w in _workloads(p.workload):
+        for tp in (1, 8):
+            costs = OpCosts(p.cluster, w, p.compute, tp)
+            times = ChunkTimes(costs)
+            c = p.compute
+            for node in nodes:
+                g, speed = node.gpu, node.speed
+                for layers in (1, 3, 7):
+                    for first, last, backward in ((True, False, False), (False, True, True),
+                                                  (True, True, True), (False, False, False)):
+                        hand = c.op_overhead_s(g) + layers * c.layer_s(g, w, tp, backward) / speed
+                        if first:
+                            hand += c.embedding_s(g, w, tp, backward) / speed
+                        if last:
+                            hand += c.head_s(g, w, tp, backward) / speed
+                            if backward:
+                                hand -= costs.deferred_wgrad_s(node)
+                        compute = costs.chunk_compute_s(node, layers, first, last, backward)
+                        tp_s = costs.tp_comm_s(node, layers, backward)
+                        assert compute == hand
+                        assert tp_s == layers * costs.tp_comm_s(node, 1, backward)
+                        assert (tp_s > 0) == (tp > 1)
+                        assert times.op_s(node, layers, first, last, backward) == compute + tp_s
