@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import simpy
-from simpy.events import Event, Timeout
+from simpy.events import Timeout
 
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.compute import ComputeModel
@@ -51,7 +51,7 @@ from holmes_sim.sim.expert_exchange import ep_exchange
 from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams
 from holmes_sim.sim.environment import CountingEnvironment, Jitter, quiet_collector
 from holmes_sim.sim.network import FlowNetwork
-from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages
+from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages, new_event
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
 from holmes_sim.sim.trace import KIND_CODE, ROW, Entity, OpKind, Trace
 from holmes_sim.model.workload import Workload
@@ -295,7 +295,7 @@ class _Simulation:
                     msgs.post(k)  # its send waiting, or posted early
                 ev = arrival[k]
                 if ev is None:
-                    ev = arrival[k] = Event(env)
+                    ev = arrival[k] = new_event(env)
                 if ev.callbacks is None:  # arrived already; each message is consumed once
                     arrival[k] = sent_at[k] = None
                 else:  # idle time split into bubble (producer not done) and exposed PP

@@ -14,6 +14,7 @@ from __future__ import annotations
 import simpy
 from simpy.events import Event
 
+from holmes_sim.sim.environment import CountingEnvironment
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.trace import KIND_CODE, ROW, OpKind
 
@@ -22,6 +23,15 @@ POSTED = object()
 """A message's state: its receive is posted and nothing was sent yet."""
 STARTED = object()
 """A message's state: its transfer has started."""
+_make = object.__new__
+
+
+def new_event(env: simpy.Environment) -> Event:
+    """`Event(env)` (a Python call, cheaper than a class call that runs Python code)."""
+    event = _make(Event)
+    event.env = env
+    event.callbacks = []
+    return event
 
 
 class PipelineMessages:
@@ -36,7 +46,7 @@ class PipelineMessages:
     __slots__ = ("env", "net", "rows", "size", "nv", "m", "per_replica", "slot", "state",
                  "arrival", "sent_at", "_on_arrival")
 
-    def __init__(self, env: simpy.Environment, net: FlowNetwork, rows: bytearray,
+    def __init__(self, env: CountingEnvironment, net: FlowNetwork, rows: bytearray,
                  size_bytes: float, num_virtual: int, num_microbatches: int,
                  replicas: list[int]) -> None:
         self.env, self.net, self.rows, self.size = env, net, rows, size_bytes
@@ -60,12 +70,15 @@ class PipelineMessages:
     def send(self, k: int, route: tuple, mb: int, chunk: int) -> None:
         """The sender's op ended: start message k's transfer over `route` (the engine's
         `_pp_route`) if its receive is posted, else leave it waiting for the receive."""
-        self.sent_at[k] = self.env._now
+        now = self.sent_at[k] = self.env._now
         if self.state[k] is None:
             self.state[k] = (route, mb, chunk)
-        else:
+        else:  # `_start`, inlined
             self.state[k] = STARTED
-            self._start(k, route, mb, chunk)
+            links, latency, ids = route
+            done = self.net.transfer(links, self.size, latency)
+            done.message = (k, now, ids, mb, chunk)
+            done.callbacks.append(self._on_arrival)
 
     def post(self, k: int) -> None:
         """The receiver posts message k's receive: a waiting send starts now. A receive posted
@@ -84,11 +97,17 @@ class PipelineMessages:
         done.callbacks.append(self._on_arrival)
 
     def _arrived(self, done: simpy.Event) -> None:
-        """The last byte is in: record the send and fire the message's arrival event."""
+        """The last byte is in: record the send and fire the message's arrival event
+        (`Event(env).succeed()`, inlined, on the engine's `CountingEnvironment`)."""
         k, begun, (sender, stream), mb, chunk = done.message
         env = self.env
-        self.rows += ROW.pack(begun, env._now, self.size, sender, mb, chunk, stream, _PP_SEND)
+        now = env._now
+        self.rows += ROW.pack(begun, now, self.size, sender, mb, chunk, stream, _PP_SEND)
         ev = self.arrival[k]
         if ev is None:
-            ev = self.arrival[k] = Event(env)
-        ev.succeed()
+            ev = self.arrival[k] = new_event(env)
+        ev._ok, ev._value = True, None
+        bucket = env.normal.get(now)
+        if bucket is None:
+            bucket = env.new_bucket(now)
+        bucket.append(ev)
