@@ -302,9 +302,9 @@ class _Simulation:
                     t0 = env._now
                     yield ev
                     now = env._now
-                    sent = sent_at[k]
-                    arrival[k] = sent_at[k] = None
-                    split = min(max(t0 if sent is None else sent, t0), now)
+                    sent, arrival[k], sent_at[k] = sent_at[k], None, None
+                    split = t0 if sent is None or t0 > sent else sent  # max(sent, t0), min(., now)
+                    split = now if now < split else split
                     if split > t0:
                         rows += pack(t0, split, 0.0, eid, mb, chunk, cst, _BUBBLE)
                     if now > split:

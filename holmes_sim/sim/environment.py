@@ -96,12 +96,16 @@ class CountingEnvironment(simpy.Environment):
         self._urgent: dict[float, deque] = {}  # URGENT-priority buckets by time
         self._current: tuple[float, int] = (-math.inf, 0)  # the key being processed
         self._ahead: list[tuple[float, int]] = []  # keys made before `_current` while in it
+        self.now_bucket: deque | None = None  # NORMAL bucket of `now` while `run_until` is in it
 
     def process(self, generator) -> LeanProcess:  # type: ignore[override]
         return LeanProcess(self, generator)
 
     def schedule(self, event: simpy.Event, priority: int = NORMAL, delay: float = 0) -> None:
         """Add `event` at `now + delay` (SimPy's `schedule`, on the calendar)."""
+        if not delay and priority == NORMAL and self.now_bucket is not None:
+            self.now_bucket.append(event)
+            return
         at = self._now + delay
         buckets = self.normal if priority == NORMAL else self._urgent
         bucket = buckets.get(at)
@@ -160,6 +164,7 @@ class CountingEnvironment(simpy.Environment):
             while (got := self._bucket()) is not None:
                 self._current, bucket = got
                 self._now = got[0][0]
+                self.now_bucket = bucket if got[0][1] == NORMAL else None
                 popleft = bucket.popleft
                 while bucket:
                     event = popleft()
@@ -177,6 +182,7 @@ class CountingEnvironment(simpy.Environment):
         finally:
             self.events_processed += n
             self._current = (-math.inf, 0)
+            self.now_bucket = None
         raise RuntimeError(f'No scheduled events left but "until" event was not triggered: {until}')
 
 

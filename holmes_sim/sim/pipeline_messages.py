@@ -107,7 +107,9 @@ class PipelineMessages:
         if ev is None:
             ev = self.arrival[k] = new_event(env)
         ev._ok, ev._value = True, None
-        bucket = env.normal.get(now)
+        bucket = env.now_bucket  # the bucket being processed: `now`'s NORMAL one, if that
         if bucket is None:
-            bucket = env.new_bucket(now)
+            bucket = env.normal.get(now)
+            if bucket is None:
+                bucket = env.new_bucket(now)
         bucket.append(ev)
