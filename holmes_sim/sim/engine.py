@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import simpy
-from simpy.events import Timeout
+from simpy.events import Event, Timeout
 
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.compute import ComputeModel
@@ -51,7 +51,7 @@ from holmes_sim.sim.expert_exchange import ep_exchange
 from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams
 from holmes_sim.sim.environment import CountingEnvironment, Jitter, quiet_collector
 from holmes_sim.sim.network import FlowNetwork
-from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages, new_event
+from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
 from holmes_sim.sim.trace import KIND_CODE, ROW, Entity, OpKind, Trace
 from holmes_sim.model.workload import Workload
@@ -276,17 +276,12 @@ class _Simulation:
         """Process of one (stage, replica): its schedule, then its gradient sync and step. The
         common op runs inline (its receive and input wait, one timeout, its rows and its send),
         the others through `_special_op`, with the same events, records and sends in order."""
-        name, node, gathers, steps, durations, route_keys, (eid, cst) = self._entity_setup(s, d)
+        name, node, gathers, steps, durations, (eid, cst), routes = self._entity_setup(s, d)
         reductions: list[simpy.Event] = []
-        routes: list = [None] * len(route_keys)
-        env, calendar, new, msgs = self.env, self.env.normal, Timeout.__new__, self.messages
+        env, calendar, make, msgs = self.env, self.env.normal, object.__new__, self.messages
         base, state, arrival, sent_at = msgs.base(d), msgs.state, msgs.arrival, msgs.sent_at
         rows, pack = self.trace.rows, ROW.pack
         for k, jb, mb, chunk, kcode, special, out, r, post in steps:
-            if out is not None:  # its route, resolved when the op is reached (trace ids in order)
-                route = routes[r]
-                if route is None:
-                    route = routes[r] = self._pp_route(*route_keys[r], d)
             if k is not None:  # the input: post its receive, then wait for its arrival
                 k += base
                 if state[k] is None:
@@ -294,8 +289,9 @@ class _Simulation:
                 else:
                     msgs.post(k)  # its send waiting, or posted early
                 ev = arrival[k]
-                if ev is None:
-                    ev = arrival[k] = new_event(env)
+                if ev is None:  # `Event(env)`, inlined
+                    ev = arrival[k] = make(Event)
+                    ev.env, ev.callbacks = env, []
                 if ev.callbacks is None:  # arrived already; each message is consumed once
                     arrival[k] = sent_at[k] = None
                 else:  # idle time split into bubble (producer not done) and exposed PP
@@ -312,7 +308,7 @@ class _Simulation:
             dur, tp = durations[jb]
             if special is None:  # one timeout of the op's compute and TP seconds (`Timeout`, inlined)
                 start = env._now
-                timeout = new(Timeout)
+                timeout = make(Timeout)
                 timeout.env, timeout.callbacks, timeout._value, timeout._ok, timeout._delay = \
                     env, [], None, True, dur + tp
                 at = start + (dur + tp)
@@ -328,23 +324,25 @@ class _Simulation:
                 reductions += (yield from self._special_op(name, node, s, d, special, dur, tp,
                                                            gathers))
             if out is not None:
-                msgs.send(out + base, route, mb, chunk)
+                msgs.send(out + base, routes[r], mb, chunk)
             if post is not None:
                 msgs.post(post + base)
         yield from self._finish(name, node, s, d, reductions)
 
     def _entity_setup(self, s: int, d: int) -> tuple:
         """Entity (s, d)'s name, node, submitted parameter gathers (by chunk), its stage's steps
-        (`_stage_steps`), their durations on its node, its routes' keys and its compute rows'
-        (entity, stream) indices."""
+        (`_stage_steps`), their durations on its node, its compute rows' (entity, stream)
+        indices and its sends' routes (the first entity's register the trace's "pp" stream
+        right after "compute", as its first op's send would)."""
         name = self.entity[(s, d)].name
         node = self.cluster.node(self.entity[(s, d)].node)
         overlapped = self.plan.optimizer.gathers_before_forward and s in self.dp_stream
         gathers = self._submit_gathers(s, d, name) if overlapped else {}
         steps, durations, route_keys = self._stage_steps(s)
+        ids = self.trace.ids(name, "compute")
         return name, node, gathers, steps, [self._durations(node, j, backward)
-                                            for j, backward in durations], route_keys, \
-            self.trace.ids(name, "compute")
+                                            for j, backward in durations], \
+            ids, [self._pp_route(*key, d) for key in route_keys]
 
     def _stage_steps(self, s: int) -> tuple[list[tuple], list[tuple[int, bool]], list[tuple]]:
         """Stage s's ops, cached, as (steps, the (virtual stage, backward) pairs whose durations

@@ -26,14 +26,6 @@ STARTED = object()
 _make = object.__new__
 
 
-def new_event(env: simpy.Environment) -> Event:
-    """`Event(env)` (a Python call, cheaper than a class call that runs Python code)."""
-    event = _make(Event)
-    event.env = env
-    event.callbacks = []
-    return event
-
-
 class PipelineMessages:
     """Every message of a simulation: per number its state (None: neither side is there yet;
     `POSTED`; a waiting send's (route, micro-batch, chunk); `STARTED`), its arrival event until
@@ -73,7 +65,7 @@ class PipelineMessages:
         now = self.sent_at[k] = self.env._now
         if self.state[k] is None:
             self.state[k] = (route, mb, chunk)
-        else:  # `_start`, inlined
+        else:  # the receive is posted: the transfer starts
             self.state[k] = STARTED
             links, latency, ids = route
             done = self.net.transfer(links, self.size, latency)
@@ -86,15 +78,12 @@ class PipelineMessages:
         state = self.state[k]
         if state is None:
             self.state[k] = POSTED
-        elif type(state) is tuple:
+        elif type(state) is tuple:  # the waiting send starts
             self.state[k] = STARTED
-            self._start(k, *state)
-
-    def _start(self, k: int, route: tuple, mb: int, chunk: int) -> None:
-        links, latency, ids = route
-        done = self.net.transfer(links, self.size, latency)
-        done.message = (k, self.env._now, ids, mb, chunk)
-        done.callbacks.append(self._on_arrival)
+            (links, latency, ids), mb, chunk = state
+            done = self.net.transfer(links, self.size, latency)
+            done.message = (k, self.env._now, ids, mb, chunk)
+            done.callbacks.append(self._on_arrival)
 
     def _arrived(self, done: simpy.Event) -> None:
         """The last byte is in: record the send and fire the message's arrival event
@@ -104,8 +93,9 @@ class PipelineMessages:
         now = env._now
         self.rows += ROW.pack(begun, now, self.size, sender, mb, chunk, stream, _PP_SEND)
         ev = self.arrival[k]
-        if ev is None:
-            ev = self.arrival[k] = new_event(env)
+        if ev is None:  # `Event(env)`, inlined
+            ev = self.arrival[k] = _make(Event)
+            ev.env, ev.callbacks = env, []
         ev._ok, ev._value = True, None
         bucket = env.now_bucket  # the bucket being processed: `now`'s NORMAL one, if that
         if bucket is None:
