@@ -33,6 +33,7 @@ Timing assumptions (each entity):
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import simpy
@@ -58,6 +59,8 @@ from holmes_sim.model.workload import Workload
 
 _BUBBLE, _WAIT_PP, _TP_COMM = (KIND_CODE[k] for k in (OpKind.WAIT_BUBBLE, OpKind.WAIT_PP,
                                                       OpKind.TP_COMM))
+_TWO_ROWS = struct.Struct(ROW.format + ROW.format[1:])
+"""Two trace rows (`ROW`) in one pack."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,9 +320,11 @@ class _Simulation:
                     bucket = env.new_bucket(at)
                 bucket.append(timeout)
                 yield timeout
-                rows += pack(start, start + dur, 0.0, eid, mb, chunk, cst, kcode)
-                if tp > 0:
-                    rows += pack(start + dur, env._now, 0.0, eid, mb, chunk, cst, _TP_COMM)
+                if tp > 0:  # the op's row and its TP row, packed together
+                    rows += _TWO_ROWS.pack(start, start + dur, 0.0, eid, mb, chunk, cst, kcode,
+                                           start + dur, env._now, 0.0, eid, mb, chunk, cst, _TP_COMM)
+                else:
+                    rows += pack(start, start + dur, 0.0, eid, mb, chunk, cst, kcode)
             else:
                 reductions += (yield from self._special_op(name, node, s, d, special, dur, tp,
                                                            gathers))
