@@ -33,7 +33,7 @@ Timing assumptions (each entity):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import struct
 from dataclasses import dataclass
 
 import simpy
@@ -52,12 +52,15 @@ from holmes_sim.sim.expert_exchange import ep_exchange
 from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams
 from holmes_sim.sim.environment import CountingEnvironment, Jitter, quiet_collector
 from holmes_sim.sim.network import FlowNetwork
+from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
 from holmes_sim.sim.trace import KIND_CODE, ROW, Entity, OpKind, Trace
 from holmes_sim.model.workload import Workload
 
-
-_PP_SEND = KIND_CODE[OpKind.PP_SEND]
+_BUBBLE, _WAIT_PP, _TP_COMM = (KIND_CODE[k] for k in (OpKind.WAIT_BUBBLE, OpKind.WAIT_PP,
+                                                      OpKind.TP_COMM))
+_TWO_ROWS = struct.Struct(ROW.format + ROW.format[1:])
+"""Two trace rows (`ROW`) in one pack."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,23 +112,20 @@ class _Simulation:
         self.costs = OpCosts(cluster, workload, compute, plan.tp)
         self.schedule = plan.schedule()
         self.nv = self.schedule.num_virtual_stages
-        self.arrivals: dict[tuple, simpy.Event] = {}
         self._paths: dict[tuple, Path] = {}
         self._dur_cache: dict[tuple, tuple[float, float]] = {}
-        self._route_cache: dict[tuple, tuple[Path, str]] = {}
-        self._stage_cache: dict[int, list[tuple]] = {}
+        self._route_cache: dict[tuple, tuple[tuple, float, tuple]] = {}
+        self._stage_cache: dict[int, tuple[list[tuple], list, list]] = {}
         self._node_cache: dict[tuple[int, int], frozenset[str]] = {}
         self.pp_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
-        self.send_start: dict[tuple, float] = {}
-        self.posted: set[tuple] = set()
-        self.waiting_sends: dict[tuple, Callable[[], None]] = {}
         self.early_receive = workload.overlap_p2p_comm and \
             ScheduleKind(plan.schedule_kind) is ScheduleKind.INTERLEAVED
-        self.early_posted: set[tuple] = set()
         self._index_groups()
         self._build_entities()
         self._dp_rings = self._build_dp_rings()
         self._set_classes(options)
+        self.messages = PipelineMessages(self.env, self.net, self.trace.rows, self.pp_bytes, self.nv,
+                                         self.schedule.num_microbatches, self.classes.reps)
         self._build_streams()
         self.edp_stream = expert_data_streams(self)
         self.buckets = {(s, c): self._buckets(s, c) for s in range(plan.pp)
@@ -276,83 +276,87 @@ class _Simulation:
         return self.trace
 
     def _entity(self, s: int, d: int):
-        """Process of one (stage, replica): its schedule, then its gradient sync and step.
-
-        The common op (no CP, EP, gathers or releases, no jitter or shared host) runs inline:
-        its input wait, one timeout, its records appended as rows and its send; the others go
-        through `_special_op`. Both keep the events, records and sends in the same order."""
-        name = self.entity[(s, d)].name
-        node = self.cluster.node(self.entity[(s, d)].node)
-        overlapped = self.plan.optimizer.gathers_before_forward and s in self.dp_stream
-        gathers = self._submit_gathers(s, d, name) if overlapped else {}
+        """Process of one (stage, replica): its schedule, then its gradient sync and step. The
+        common op runs inline (its receive and input wait, one timeout, its rows and its send),
+        the others through `_special_op`, with the same events, records and sends in order."""
+        name, node, gathers, steps, durations, (eid, cst), routes = self._entity_setup(s, d)
         reductions: list[simpy.Event] = []
-        env, arrivals, send_start = self.env, self.arrivals, self.send_start
-        early, waiting, posted = self.early_posted, self.waiting_sends, self.posted
+        env, calendar, make, msgs = self.env, self.env.normal, object.__new__, self.messages
+        base, state, arrival, sent_at = msgs.base(d), msgs.state, msgs.arrival, msgs.sent_at
         rows, pack = self.trace.rows, ROW.pack
-        eid, cst = self.trace.ids(name, "compute")
-        bubble, wait_pp, tp_comm = (KIND_CODE[k] for k in (OpKind.WAIT_BUBBLE, OpKind.WAIT_PP,
-                                                           OpKind.TP_COMM))
-        for key, dur, tp, mb, chunk, kcode, special, send, post in self._steps(s, d, node):
-            if key is not None:  # the input: post its receive, then wait for its arrival
-                if key not in early:
-                    start = waiting.pop(key, None)
-                    if start is None:
-                        posted.add(key)
-                    else:
-                        start()
-                ev = arrivals.get(key)
-                if ev is None:
-                    ev = arrivals[key] = Event(env)
+        for k, jb, mb, chunk, kcode, special, out, r, post in steps:
+            if k is not None:  # the input: post its receive, then wait for its arrival
+                k += base
+                if state[k] is None:
+                    state[k] = POSTED
+                else:
+                    msgs.post(k)  # its send waiting, or posted early
+                ev = arrival[k]
+                if ev is None:  # `Event(env)`, inlined
+                    ev = arrival[k] = make(Event)
+                    ev.env, ev.callbacks = env, []
                 if ev.callbacks is None:  # arrived already; each message is consumed once
-                    del arrivals[key], send_start[key]
+                    arrival[k] = sent_at[k] = None
                 else:  # idle time split into bubble (producer not done) and exposed PP
                     t0 = env._now
                     yield ev
                     now = env._now
-                    del arrivals[key]
-                    split = min(max(send_start.pop(key, t0), t0), now)
+                    sent, arrival[k], sent_at[k] = sent_at[k], None, None
+                    split = t0 if sent is None or t0 > sent else sent  # max(sent, t0), min(., now)
+                    split = now if now < split else split
                     if split > t0:
-                        rows += pack(t0, split, 0.0, eid, mb, chunk, cst, bubble)
+                        rows += pack(t0, split, 0.0, eid, mb, chunk, cst, _BUBBLE)
                     if now > split:
-                        rows += pack(split, now, 0.0, eid, mb, chunk, cst, wait_pp)
-            if special is None:  # one timeout of the op's compute and TP seconds
+                        rows += pack(split, now, 0.0, eid, mb, chunk, cst, _WAIT_PP)
+            dur, tp = durations[jb]
+            if special is None:  # one timeout of the op's compute and TP seconds (`Timeout`, inlined)
                 start = env._now
-                yield Timeout(env, dur + tp)
-                rows += pack(start, start + dur, 0.0, eid, mb, chunk, cst, kcode)
-                if tp > 0:
-                    rows += pack(start + dur, env._now, 0.0, eid, mb, chunk, cst, tp_comm)
+                timeout = make(Timeout)
+                timeout.env, timeout.callbacks, timeout._value, timeout._ok, timeout._delay = \
+                    env, [], None, True, dur + tp
+                at = start + (dur + tp)
+                bucket = calendar.get(at)
+                if bucket is None:
+                    bucket = env.new_bucket(at)
+                bucket.append(timeout)
+                yield timeout
+                if tp > 0:  # the op's row and its TP row, packed together
+                    rows += _TWO_ROWS.pack(start, start + dur, 0.0, eid, mb, chunk, cst, kcode,
+                                           start + dur, env._now, 0.0, eid, mb, chunk, cst, _TP_COMM)
+                else:
+                    rows += pack(start, start + dur, 0.0, eid, mb, chunk, cst, kcode)
             else:
                 reductions += (yield from self._special_op(name, node, s, d, special, dur, tp,
                                                            gathers))
-            if send is not None:
-                self._send(*send, mb, chunk)
+            if out is not None:
+                msgs.send(out + base, routes[r], mb, chunk)
             if post is not None:
-                self._post_early(s, d, post)
+                msgs.post(post + base)
         yield from self._finish(name, node, s, d, reductions)
 
-    def _steps(self, s: int, d: int, node):
-        """Entity (s, d)'s ops, one at a time, as (input message key or None, compute s, TP s,
-        micro-batch, chunk, kind code, `_special_op`'s facts of it or None, (its output's
-        message key, `_pp_route`) or None, op whose receive it posts early or None)."""
-        durations, routes = {}, {}
-        for op, j, backward, kcode, special, has_input, to, post in self._stage_steps(s):
-            dur = durations.get((j, backward))
-            if dur is None:
-                dur = durations[(j, backward)] = self._durations(node, j, backward)
-            send = None
-            if to is not None:
-                route = routes.get((j, to))
-                if route is None:
-                    route = routes[(j, to)] = self._pp_route(op.kind, j, to, d)
-                send = ((op.kind, to, d, op.microbatch), route)
-            yield ((op.kind, j, d, op.microbatch) if has_input else None, dur[0], dur[1],
-                   op.microbatch, op.chunk, kcode, special, send, post)
+    def _entity_setup(self, s: int, d: int) -> tuple:
+        """Entity (s, d)'s name, node, submitted parameter gathers (by chunk), its stage's steps
+        (`_stage_steps`), their durations on its node, its compute rows' (entity, stream)
+        indices and its sends' routes (the first entity's register the trace's "pp" stream
+        right after "compute", as its first op's send would)."""
+        name = self.entity[(s, d)].name
+        node = self.cluster.node(self.entity[(s, d)].node)
+        overlapped = self.plan.optimizer.gathers_before_forward and s in self.dp_stream
+        gathers = self._submit_gathers(s, d, name) if overlapped else {}
+        steps, durations, route_keys = self._stage_steps(s)
+        ids = self.trace.ids(name, "compute")
+        return name, node, gathers, steps, [self._durations(node, j, backward)
+                                            for j, backward in durations], \
+            ids, [self._pp_route(*key, d) for key in route_keys]
 
-    def _stage_steps(self, s: int) -> list[tuple]:
-        """Stage s's ops as (op, virtual stage, backward, kind code, (op, kind, virtual stage,
-        whether its compute waits for gathers, whether it releases gradients) where
-        `_special_op` runs it else None, whether it waits for an input, the virtual stage it
-        sends to or None, op whose receive it posts early or None), cached."""
+    def _stage_steps(self, s: int) -> tuple[list[tuple], list[tuple[int, bool]], list[tuple]]:
+        """Stage s's ops, cached, as (steps, the (virtual stage, backward) pairs whose durations
+        the steps index, the (kind, virtual stage, virtual stage sent to) the sends' routes
+        are indexed by). A step is (input message's `PipelineMessages.local_id` or None,
+        durations index, micro-batch, chunk, kind code, (op, kind, virtual stage, whether its
+        compute waits for gathers, whether it releases gradients) where `_special_op` runs it
+        else None, its output message's local id or None, routes index, local id of the message
+        whose receive it posts early or None)."""
         got = self._stage_cache.get(s)
         if got is not None:
             return got
@@ -365,20 +369,30 @@ class _Simulation:
             or self.costs.workload.ep > 1
         ops = self.schedule.stage_ops[s]
         next_alike = _next_of_same_kind(ops) if self.early_receive else [None] * len(ops)
-        last = self.nv - 1
-        got = self._stage_cache[s] = []
+        last, local = self.nv - 1, self.messages.local_id
+        steps, durations, routes = [], {}, {}
         for op, after in zip(ops, next_alike, strict=True):
+            if not 0 <= op.microbatch < self.schedule.num_microbatches:
+                raise ValueError(f"op {op} of stage {s}: micro-batch out of range")
             j = self.schedule.virtual_stage(s, op.chunk)
             backward = op.kind == "B"
             kind = OpKind.BACKWARD if backward else OpKind.FORWARD
             gated = overlapped and not backward and first_f[op.chunk] == op
             releasing = release and backward and (last_b[op.chunk] == op or every_microbatch)
             first, end = (0, last) if not backward else (last, 0)
-            special = general or gated or releasing
-            got.append((op, j, backward, KIND_CODE[kind],
-                        (op, kind, j, gated, releasing) if special else None,
-                        j != first, None if j == end else (j - 1 if backward else j + 1),
-                        None if after is None else ops[after]))
+            to = None if j == end else (j - 1 if backward else j + 1)
+            post = None if after is None else ops[after]
+            post_j = None if post is None else self.schedule.virtual_stage(s, post.chunk)
+            steps.append((
+                local(op.kind, j, op.microbatch) if j != first else None,
+                durations.setdefault((j, backward), len(durations)), op.microbatch, op.chunk,
+                KIND_CODE[kind],
+                (op, kind, j, gated, releasing) if general or gated or releasing else None,
+                None if to is None else local(op.kind, to, op.microbatch),
+                None if to is None else routes.setdefault((op.kind, j, to), len(routes)),
+                None if post is None or post_j == (0 if post.kind == "F" else last)
+                else local(post.kind, post_j, post.microbatch)))
+        got = self._stage_cache[s] = (steps, list(durations), list(routes))
         return got
 
     def _special_op(self, name: str, node, s: int, d: int, special: tuple, dur: float,
@@ -399,32 +413,6 @@ class _Simulation:
         else:
             yield from self._compute(name, op, kind, dur, tp)
         return []
-
-    def _post_early(self, s: int, d: int, op: Op) -> None:
-        """With `overlap_p2p_comm` on the interleaved schedule, post `op`'s receive now, when the
-        stage's previous op of its kind has ended (`estimate.walk.walk_early_receive`);
-        otherwise each op posts its own when it is reached."""
-        j = self.schedule.virtual_stage(s, op.chunk)
-        if (op.kind == "F" and j == 0) or (op.kind == "B" and j == self.nv - 1):
-            return
-        key = (op.kind, j, d, op.microbatch)
-        self.early_posted.add(key)
-        self._post_receive(key)
-
-    def _post_receive(self, key: tuple) -> None:
-        """The receiving stage reached the op that consumes message `key`: a send waiting for
-        its receive starts now, a later one at once (rendezvous, as NCCL and gloo run it)."""
-        start = self.waiting_sends.pop(key, None)
-        if start is None:
-            self.posted.add(key)
-        else:
-            start()
-
-    def _arrival(self, key: tuple) -> simpy.Event:
-        ev = self.arrivals.get(key)
-        if ev is None:
-            ev = self.arrivals[key] = self.env.event()
-        return ev
 
     def _durations(self, node, j: int, backward: bool) -> tuple[float, float]:
         """(compute, TP all-reduce) seconds of virtual stage j's op on `node`, cached."""
@@ -485,34 +473,6 @@ class _Simulation:
         return {c: [(self.coll.submit(self._stream_of(s, d, b), name, OpKind.DP_ALL_GATHER,
                                       b.param_bytes), b.fraction)
                     for b in self.buckets[(s, c)]] for c in range(self.plan.num_chunks)}
-
-    def _send(self, key: tuple, route: tuple, mb: int, chunk: int) -> None:
-        """Start the point-to-point transfer of message `key` (micro-batch `mb`'s activation or
-        gradient) over `route` (`_pp_route`); its arrival event fires when the last byte is in
-        (no compute is blocked by sending)."""
-        env, arrivals = self.env, self.arrivals
-        self.send_start[key] = env._now
-        links, latency, (sender, stream) = route
-        size = self.pp_bytes
-        extend = self.trace.rows.extend
-
-        def start() -> None:
-            begun = env._now
-
-            def arrived(_event) -> None:
-                extend(ROW.pack(begun, env._now, size, sender, mb, chunk, stream, _PP_SEND))
-                ev = arrivals.get(key)
-                if ev is None:
-                    ev = arrivals[key] = Event(env)
-                ev.succeed()
-
-            self.net.transfer(links, size, latency).callbacks.append(arrived)
-
-        if key in self.posted:
-            self.posted.discard(key)
-            start()
-        else:
-            self.waiting_sends[key] = start
 
     def _pp_route(self, kind: str, j_from: int, j_to: int, d: int) -> tuple[tuple, float, tuple]:
         """(links, latency s, the sender's (entity, stream) indices in the trace) of a transfer,

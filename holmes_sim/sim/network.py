@@ -33,6 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Hashable, Mapping
+from operator import itemgetter
 from typing import Any
 
 import simpy
@@ -66,7 +67,7 @@ class _Route:
     (rate in bytes/s, narrowest link index), and its links' member maps and weights in the
     same order (a flow goes on and off its links without indexing the network's lists)."""
 
-    __slots__ = ("links", "solo", "members", "weights", "ids")
+    __slots__ = ("links", "solo", "members", "weights", "ids", "pick", "free")
 
     def __init__(self, links: tuple[tuple[int, float], ...], solo: tuple[float, int],
                  members: tuple[dict, ...]) -> None:
@@ -75,38 +76,54 @@ class _Route:
         self.members = members
         self.weights = tuple(w for _, w in links)
         self.ids = tuple(link for link, _ in links)
+        # `pick(occupied)` equals `free` when no flow is on any of the links.
+        self.pick = itemgetter(*self.ids) if self.ids else _nothing
+        self.free = (None,) * len(self.ids) if len(self.ids) != 1 else None
+
+
+def _nothing(_occupied: list) -> tuple:
+    return ()
 
 
 class _Flow:
-    """One flow. `links` holds (link index, weight) pairs; `token` names its live agenda entry."""
+    """One flow (made by `_new_flow`). `links` holds (link index, weight) pairs; `token` names
+    its live agenda entry."""
 
     __slots__ = (
         "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
         "mark", "new_rate", "bneck", "solo", "route", "lone",
     )
 
-    def __init__(self, fid: int, route: _Route, size: float, done: simpy.Event) -> None:
-        self.fid = fid
-        self.route = route
-        self.links = route.links
-        self.solo = route.solo
-        self.size = size
-        self.remaining = size  # bytes left at time `since`
-        self.rate = 0.0  # bytes/s since `since`
-        self.since = 0.0
-        self.done = done
-        self.state = _PENDING
-        self.token = 0  # the start entry has token 0; each completion entry a new one
-        self.mark = 0  # component-search stamp
-        self.new_rate = -1.0  # progressive-filling scratch; < 0 means not frozen yet
-        self.bneck = -1  # link index where the flow froze in the last filling
-        self.lone = False  # alone on its links and kept out of their member maps (`_occupied`)
+
+def _new_flow(fid: int, route: _Route, size: float, done: simpy.Event) -> _Flow:
+    """A pending flow of `size` bytes over `route` (a function, not `__init__`: a Python
+    call is cheaper than a class call that runs Python code)."""
+    flow = _make(_Flow)
+    flow.fid = fid
+    flow.route = route
+    flow.links = route.links
+    flow.solo = route.solo
+    flow.size = size
+    flow.remaining = size  # bytes left at time `since`
+    flow.rate = 0.0  # bytes/s since `since`
+    flow.since = 0.0
+    flow.done = done
+    flow.state = _PENDING
+    flow.token = 0  # the start entry has token 0; each completion entry a new one
+    flow.mark = 0  # component-search stamp
+    flow.new_rate = -1.0  # progressive-filling scratch; < 0 means not frozen yet
+    flow.bneck = -1  # link index where the flow froze in the last filling
+    flow.lone = False  # alone on its links and kept out of their member maps (`_occupied`)
+    return flow
 
 
 class TransferEvent(simpy.Event):
     """Succeeds when the last byte of a transfer arrives; `flow` is the network's handle."""
 
     flow: _Flow | None = None
+
+
+_make = object.__new__
 
 
 class FlowNetwork:
@@ -140,9 +157,12 @@ class FlowNetwork:
         self._comp_bounds: list[tuple[int, int]] = []
         self._routes: dict[PathUse, _Route] = {}
         self._seeds: list[int] = []  # links touched since the last recomputation
-        # Agenda: (time s, sequence, flow, token); one SimPy wake-up for its earliest entry.
-        self._agenda: list[tuple[float, int, _Flow, int]] = []
-        self._seq = 0
+        # Agenda: (flow, token) entries in buckets by due time (s), in the order posted, and a
+        # heap of the due times; one SimPy wake-up for its earliest entry.
+        self._times: list[float] = []
+        self._due: dict[float, list[tuple[_Flow, int]]] = {}
+        self._current = math.inf  # the due time being applied by `_on_wake`
+        self._ahead: list[float] = []  # due times posted before `_current` while applying it
         self._armed: dict[float, Timeout] = {}  # pending wake-ups by due time (look-up only)
         self._next_fid = 0
         self._active = 0
@@ -179,13 +199,17 @@ class FlowNetwork:
         route = path if type(path) is _Route else self._route(path)
         if size_bytes == 0 or not route.links:
             return self._env.timeout(latency_s)
-        done = TransferEvent(self._env)
-        flow = _Flow(self._next_fid, route, float(size_bytes), done)
+        env = self._env
+        done = _make(TransferEvent)  # `TransferEvent(env)`, inlined
+        done.env, done.callbacks = env, []
+        flow = _new_flow(self._next_fid, route, float(size_bytes), done)
         self._next_fid += 1
         done.flow = flow
-        at = self._env._now + latency_s  # `now` without the property's call (hot path)
-        self._seq += 1
-        heapq.heappush(self._agenda, (at, self._seq, flow, 0))  # `_post`, inlined
+        at = env._now + latency_s  # `now` without the property's call (hot path)
+        bucket = self._due.get(at)  # `_post`, inlined
+        if bucket is None:
+            bucket = self._bucket(at)
+        bucket.append((flow, 0))
         if at not in self._armed:
             self._arm(at)
         return done
@@ -233,8 +257,18 @@ class FlowNetwork:
 
     def _post(self, at: float, flow: _Flow, token: int) -> None:
         """Add an agenda entry due at `at` seconds."""
-        self._seq += 1
-        heapq.heappush(self._agenda, (at, self._seq, flow, token))
+        bucket = self._due.get(at)
+        if bucket is None:
+            bucket = self._bucket(at)
+        bucket.append((flow, token))
+
+    def _bucket(self, at: float) -> list[tuple[_Flow, int]]:
+        """A new (empty) agenda bucket due at `at` seconds."""
+        bucket = self._due[at] = []
+        heapq.heappush(self._times, at)
+        if at < self._current:  # before the entries being applied: `_on_wake` takes it first
+            self._ahead.append(at)
+        return bucket
 
     def _arm(self, at: float) -> None:
         """Make sure a SimPy wake-up fires at `at` seconds (one per distinct time)."""
@@ -244,54 +278,82 @@ class FlowNetwork:
             self._armed[at] = wake
 
     def _on_wake(self, event: simpy.Event) -> None:
-        """Apply every agenda entry due by this wake-up, recompute once, arm the next one.
-
-        A wake-up armed for an entry that a rate change made stale finds nothing due.
-        """
+        """Apply every agenda entry due by this wake-up (bucket by bucket in time order, each
+        in the order posted: start a pending flow, finish an active one whose entry is live),
+        recompute once, arm the next one. A stale entry (`token`) does nothing."""
         due: float = event._value  # the due time the wake-up was armed with
         del self._armed[due]
-        agenda, seeds, occupied = self._agenda, self._seeds, self._occupied
-        while agenda and agenda[0][0] <= due:
-            _, _, flow, token = heapq.heappop(agenda)
-            if flow.state == _PENDING:
-                self._start(flow)
-            elif flow.state == _ACTIVE and token == flow.token:
-                if flow.lone:
-                    for link in flow.route.ids:
-                        occupied[link] = None
-                else:
-                    self._take_off(flow, seeds)
-                self._finish(flow)
-                done, flow.done = flow.done, None  # no flow <-> event cycle left to collect
-                done.succeed()
+        times, seeds, occupied, ahead = self._times, self._seeds, self._occupied, self._ahead
+        now, schedule, post = self._env._now, self._env.schedule, self._post
+        while times and times[0] <= due:
+            at = self._current = times[0]
+            bucket = self._due[at]
+            i = 0
+            while i < len(bucket):  # entries posted meanwhile at `at` join the end
+                flow, token = bucket[i]
+                i += 1
+                state = flow.state
+                if state == _PENDING:
+                    route = flow.route
+                    if route.pick(occupied) != route.free:
+                        self._start(flow, now)
+                        continue
+                    # Alone on all its links: its rate at once, out of their member maps.
+                    flow.state, flow.since, flow.lone, flow.token = _ACTIVE, now, True, 1
+                    for link in route.ids:
+                        occupied[link] = flow
+                    flow.rate, flow.bneck = flow.solo
+                    self._active += 1
+                    self.flows_started += 1
+                    post(now + flow.size / flow.rate, flow, 1)
+                    if ahead:  # it is due before `at`: apply it first
+                        break
+                elif state == _ACTIVE and token == flow.token:
+                    if flow.lone:
+                        for link in flow.route.ids:
+                            occupied[link] = None
+                    else:
+                        self._take_off(flow, seeds)
+                    flow.state, flow.remaining, flow.rate = _DONE, 0.0, 0.0  # `_finish`
+                    self._active -= 1
+                    done, flow.done = flow.done, None  # no flow <-> event cycle to collect
+                    done._ok, done._value = True, None  # `done.succeed()`, inlined
+                    schedule(done)
+            else:
+                heapq.heappop(times)
+                del self._due[at]
+                continue
+            del bucket[:i]
+            ahead.clear()
+        self._current = math.inf
         if seeds:
             self._update()
-        while agenda:
-            at, _, flow, token = agenda[0]
-            if flow.state == _PENDING or (flow.state == _ACTIVE and token == flow.token):
-                self._arm(at)
-                break
-            heapq.heappop(agenda)  # stale
+        self._arm_next()
 
-    def _start(self, flow: _Flow) -> None:
-        """Put `flow` on its links; alone on all of them, it gets its rate at once and stays
-        out of their member maps until another flow joins one of them (`_occupied`)."""
+    def _arm_next(self) -> None:
+        """Arm a wake-up for the earliest live agenda entry, dropping stale ones before it."""
+        times = self._times
+        while times:
+            at = times[0]
+            bucket = self._due[at]
+            for i, (flow, token) in enumerate(bucket):
+                if flow.state == _PENDING or (flow.state == _ACTIVE and token == flow.token):
+                    del bucket[:i]
+                    self._arm(at)
+                    return
+            heapq.heappop(times)
+            del self._due[at]
+
+    def _start(self, flow: _Flow, now: float) -> None:
+        """Put `flow` on its links where another flow is on one of them: any flow alone on its
+        links there is listed in their member maps (as at its start), then `flow`, and the
+        links are re-shared. (A flow alone on all its links gets its rate at once and stays out
+        of their member maps until another flow joins one of them, `_occupied`: `_on_wake`.)"""
         flow.state = _ACTIVE
-        now = flow.since = self._env._now
+        flow.since = now
         route, occupied = flow.route, self._occupied
         self._active += 1
         self.flows_started += 1
-        for link in route.ids:
-            if occupied[link] is not None:
-                break
-        else:
-            for link in route.ids:
-                occupied[link] = flow
-            flow.lone = True
-            flow.rate, flow.bneck = flow.solo
-            flow.token += 1
-            self._post(now + flow.size / flow.rate, flow, flow.token)
-            return
         for link in route.ids:
             other = occupied[link]
             if other is not None and other is not _SHARED:
@@ -516,8 +578,7 @@ class FlowNetwork:
 
     def _reschedule(self, flows: list[_Flow], now: float) -> None:
         """Adopt each flow's `new_rate`; post a completion only where the rate changed."""
-        agenda = self._agenda
-        seq = self._seq
+        post = self._post
         for flow in flows:
             new = flow.new_rate
             flow.new_rate = -1.0
@@ -529,6 +590,4 @@ class FlowNetwork:
             flow.since = now
             flow.rate = new
             flow.token += 1
-            seq += 1
-            heapq.heappush(agenda, (now + flow.remaining / new, seq, flow, flow.token))
-        self._seq = seq
+            post(now + flow.remaining / new, flow, flow.token)

@@ -1,0 +1,105 @@
+"""The engine's point-to-point messages between pipeline stages: one micro-batch's activation
+(forward) or gradient (backward), sent when the producing op ends and consumed by the next
+virtual stage's op of the same kind and micro-batch.
+
+A transfer is a rendezvous, as NCCL and gloo run it: it starts when the sender has sent and the
+receiver has posted its receive, whichever comes later; its arrival event fires when the last
+byte is in, and the sender's `pp-send` row is recorded then. Messages are numbered (`local_id`
+within a replica, `base` per simulated replica) and their state kept in lists indexed by
+number, so the engine's hot loop looks them up without hashing tuples.
+"""
+
+from __future__ import annotations
+
+import simpy
+from simpy.events import Event
+
+from holmes_sim.sim.environment import CountingEnvironment
+from holmes_sim.sim.network import FlowNetwork
+from holmes_sim.sim.trace import KIND_CODE, ROW, OpKind
+
+_PP_SEND = KIND_CODE[OpKind.PP_SEND]
+POSTED = object()
+"""A message's state: its receive is posted and nothing was sent yet."""
+STARTED = object()
+"""A message's state: its transfer has started."""
+_make = object.__new__
+
+
+class PipelineMessages:
+    """Every message of a simulation: per number its state (None: neither side is there yet;
+    `POSTED`; a waiting send's (route, micro-batch, chunk); `STARTED`), its arrival event until
+    consumed and its send time until consumed.
+
+    Attributes:
+        state, arrival, sent_at: the per-message lists (the engine reads them inline).
+    """
+
+    __slots__ = ("env", "net", "rows", "size", "nv", "m", "per_replica", "slot", "state",
+                 "arrival", "sent_at", "_on_arrival")
+
+    def __init__(self, env: CountingEnvironment, net: FlowNetwork, rows: bytearray,
+                 size_bytes: float, num_virtual: int, num_microbatches: int,
+                 replicas: list[int]) -> None:
+        self.env, self.net, self.rows, self.size = env, net, rows, size_bytes
+        self.nv, self.m = num_virtual, num_microbatches
+        self.per_replica = 2 * num_virtual * num_microbatches
+        self.slot = {d: i for i, d in enumerate(replicas)}
+        n = len(replicas) * self.per_replica
+        self.state: list = [None] * n
+        self.arrival: list[Event | None] = [None] * n
+        self.sent_at: list[float | None] = [None] * n
+        self._on_arrival = self._arrived  # bound once, appended to every transfer
+
+    def local_id(self, kind: str, j: int, microbatch: int) -> int:
+        """Number of the message of `kind` ("F" or "B") into virtual stage j, within a replica."""
+        return ((kind == "B") * self.nv + j) * self.m + microbatch
+
+    def base(self, d: int) -> int:
+        """What replica d's messages add to their `local_id` (d simulated)."""
+        return self.slot[d] * self.per_replica
+
+    def send(self, k: int, route: tuple, mb: int, chunk: int) -> None:
+        """The sender's op ended: start message k's transfer over `route` (the engine's
+        `_pp_route`) if its receive is posted, else leave it waiting for the receive."""
+        now = self.sent_at[k] = self.env._now
+        if self.state[k] is None:
+            self.state[k] = (route, mb, chunk)
+        else:  # the receive is posted: the transfer starts
+            self.state[k] = STARTED
+            links, latency, ids = route
+            done = self.net.transfer(links, self.size, latency)
+            done.message = (k, now, ids, mb, chunk)
+            done.callbacks.append(self._on_arrival)
+
+    def post(self, k: int) -> None:
+        """The receiver posts message k's receive: a waiting send starts now. A receive posted
+        before (early, `overlap_p2p_comm`) is not posted again."""
+        state = self.state[k]
+        if state is None:
+            self.state[k] = POSTED
+        elif type(state) is tuple:  # the waiting send starts
+            self.state[k] = STARTED
+            (links, latency, ids), mb, chunk = state
+            done = self.net.transfer(links, self.size, latency)
+            done.message = (k, self.env._now, ids, mb, chunk)
+            done.callbacks.append(self._on_arrival)
+
+    def _arrived(self, done: simpy.Event) -> None:
+        """The last byte is in: record the send and fire the message's arrival event
+        (`Event(env).succeed()`, inlined, on the engine's `CountingEnvironment`)."""
+        k, begun, (sender, stream), mb, chunk = done.message
+        env = self.env
+        now = env._now
+        self.rows += ROW.pack(begun, now, self.size, sender, mb, chunk, stream, _PP_SEND)
+        ev = self.arrival[k]
+        if ev is None:  # `Event(env)`, inlined
+            ev = self.arrival[k] = _make(Event)
+            ev.env, ev.callbacks = env, []
+        ev._ok, ev._value = True, None
+        bucket = env.now_bucket  # the bucket being processed: `now`'s NORMAL one, if that
+        if bucket is None:
+            bucket = env.normal.get(now)
+            if bucket is None:
+                bucket = env.new_bucket(now)
+        bucket.append(ev)
