@@ -225,33 +225,29 @@ def pipeline_group(groups: list[BuiltGroup], src: int, dst: int) -> BuiltGroup:
     raise TestbedError(f"plan has no PIPELINE group with ranks ({src}, {dst})")
 
 
+def _only_group(groups: list[BuiltGroup], kind: GroupKind) -> BuiltGroup | None:
+    """This rank's one group of `kind`, or None when the plan has none."""
+    found = [g for g in groups if g.group.kind is kind]
+    if len(found) > 1:
+        raise TestbedError(f"rank is in {len(found)} {kind.name} groups; expected one")
+    return found[0] if found else None
+
+
 def tensor_group(groups: list[BuiltGroup]) -> BuiltGroup | None:
     """This rank's TENSOR group, or None when the plan has none (tp == 1)."""
-    found = [g for g in groups if g.group.kind is GroupKind.TENSOR]
-    if len(found) > 1:
-        raise TestbedError(f"rank is in {len(found)} TENSOR groups; expected one")
-    return found[0] if found else None
+    return _only_group(groups, GroupKind.TENSOR)
 
 
 def data_group(groups: list[BuiltGroup]) -> BuiltGroup | None:
     """This rank's DATA group, or None when the plan has none (dp == 1)."""
-    found = [g for g in groups if g.group.kind is GroupKind.DATA]
-    if len(found) > 1:
-        raise TestbedError(f"rank is in {len(found)} DATA groups; expected one")
-    return found[0] if found else None
+    return _only_group(groups, GroupKind.DATA)
 
 
 def expert_group(groups: list[BuiltGroup]) -> BuiltGroup | None:
     """This rank's EXPERT group, or None when the plan has none (EP 1)."""
-    found = [g for g in groups if g.group.kind is GroupKind.EXPERT]
-    if len(found) > 1:
-        raise TestbedError(f"rank is in {len(found)} EXPERT groups; expected one")
-    return found[0] if found else None
+    return _only_group(groups, GroupKind.EXPERT)
 
 
 def expert_data_group(groups: list[BuiltGroup]) -> BuiltGroup | None:
     """This rank's EXPERT_DATA group, or None when the plan has none (EP 1, or dp = ep)."""
-    found = [g for g in groups if g.group.kind is GroupKind.EXPERT_DATA]
-    if len(found) > 1:
-        raise TestbedError(f"rank is in {len(found)} EXPERT_DATA groups; expected one")
-    return found[0] if found else None
+    return _only_group(groups, GroupKind.EXPERT_DATA)
