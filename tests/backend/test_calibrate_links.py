@@ -3,32 +3,16 @@ that prices an unshaped intra-node link as the ranks use it."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from holmes_sim.backend.calibrate_links import alpha_beta, probe
 from holmes_sim.cost.collectives import ring_collective_time_s
+from tests.backend.threads import in_threads
 
 
 def _both_sides(tmp_path, **kw) -> dict:
-    results: dict[int, dict] = {}
-    errors: list[BaseException] = []
-
-    def side(rank: int) -> None:
-        try:
-            results[rank] = probe(rank, str(tmp_path / "store"), "lo", 1 << 20, 30.0, **kw)
-        except BaseException as e:  # re-raised below
-            errors.append(e)
-
-    threads = [threading.Thread(target=side, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return results[0]
+    store = str(tmp_path / "store")
+    return in_threads((0, 1), lambda rank: probe(rank, store, "lo", 1 << 20, 30.0, **kw), 120)[0]
 
 
 def test_probe_reports_rate_latency_and_step(tmp_path) -> None:

@@ -20,31 +20,12 @@ from holmes_sim.backend.model import GPTConfig, build_full_model, build_stage, s
 from holmes_sim.backend.moe import ExpertParallel, expert_of_copies
 from holmes_sim.cost.expert_parallel import peer_bytes
 from holmes_sim.plan import GroupKind
+from tests.backend.threads import in_threads
 from tests.conftest import REPO
 
 MOE = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=32, seed=3,
                 num_experts=4, moe_topk=2, moe_ffn=24)
 MOE_TESTBED = REPO / "holmes_sim" / "data" / "testbeds" / "moe.yaml"
-
-
-def _in_threads(size: int, body) -> dict:
-    """body(rank) in one thread per rank; their results by rank (the first error re-raised)."""
-    results, errors = {}, []
-
-    def one(rank: int) -> None:
-        try:
-            results[rank] = body(rank)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=one, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return results
 
 
 def test_routing_gives_every_expert_the_same_rows() -> None:
@@ -83,7 +64,7 @@ def test_expert_parallel_split_trains_as_the_whole_model() -> None:
         loss.backward()
         return loss.item(), stage
 
-    got = _in_threads(2, rank_body)
+    got = in_threads(range(2), rank_body, 60)
     for rank, (loss, stage) in got.items():
         assert loss == pytest.approx(ref_losses[rank], rel=1e-6)
         for layer, block in enumerate(stage.blocks):
@@ -108,7 +89,7 @@ def test_pairwise_all_to_all_on_gloo_swaps_every_chunk() -> None:
         chunks = torch.stack([torch.full((4,), 10.0 * rank + j) for j in range(p)])
         return pairwise_all_to_all(group, chunks, 100)
 
-    got = _in_threads(p, body)
+    got = in_threads(range(p), body, 60)
     for rank, out in got.items():
         assert out[:, 0].tolist() == [10.0 * j + rank for j in range(p)]
 
@@ -250,6 +231,11 @@ def test_expert_data_parallel_groups_are_the_plans_and_carry_the_expert_gradient
     assert {nics["holmes-no-nic-aware-order", r] for r in range(4)} == {"ib0", "roce0"}
 
 
+# Emulated compute of the root testbed runs (seconds; per parameter for the optimizer).
+EMULATED_DURATIONS = {"layer_forward_s": 4e-3, "layer_backward_s": 8e-3,
+                      "embedding_forward_s": 2e-4, "embedding_backward_s": 2e-4,
+                      "head_forward_s": 1e-3, "head_backward_s": 2e-3,
+                      "optimizer_s_per_param": 1e-9}
 CAN_BUILD = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 
 
@@ -275,16 +261,13 @@ def test_moe_testbed_all_to_alls_cross_fabrics_under_megatron_only() -> None:
     prepared = prepare(MOE_TESTBED, check=check_testbed)
     w = prepared.workload
     spec = dataclasses.replace(prepared.scenario.testbed, iterations=1, warmup=1)
-    durations = {"layer_forward_s": 4e-3, "layer_backward_s": 8e-3, "embedding_forward_s": 2e-4,
-                 "embedding_backward_s": 2e-4, "head_forward_s": 1e-3, "head_backward_s": 2e-3,
-                 "optimizer_s_per_param": 1e-9}
     fabric_of = {nic.name: nic.fabric for node in prepared.cluster.nodes for nic in node.nics}
     a2a_s = {}
     with Testbed(testbed_nodes(prepared), uplinks=testbed_uplinks(prepared)) as tb:
         for name in ("megatron", "holmes"):
             plan, _ = plan_policy(prepared, name)
             run = _run_real(plan, prepared, model_config(prepared), spec, tb,
-                            {"cpu-rank": durations})
+                            {"cpu-rank": EMULATED_DURATIONS})
             schedule = plan.schedule()
             for group in plan.groups_of(GroupKind.EXPERT):
                 fabrics = {fabric_of[nic] for nic in group.nics}
@@ -333,16 +316,13 @@ def test_moe_edp_testbed_reduces_expert_gradients_on_the_plans_nics() -> None:
 
     prepared = prepare(MOE_TESTBED.with_name("moe_edp.yaml"), check=check_testbed)
     spec = dataclasses.replace(prepared.scenario.testbed, iterations=1, warmup=1)
-    durations = {"layer_forward_s": 4e-3, "layer_backward_s": 8e-3, "embedding_forward_s": 2e-4,
-                 "embedding_backward_s": 2e-4, "head_forward_s": 1e-3, "head_backward_s": 2e-3,
-                 "optimizer_s_per_param": 1e-9}
     fabric_of = {nic.name: nic.fabric for node in prepared.cluster.nodes for nic in node.nics}
     reduce_s = {}
     with Testbed(testbed_nodes(prepared), uplinks=testbed_uplinks(prepared)) as tb:
         for name in ("holmes", "holmes-no-nic-aware-order"):
             plan, _ = plan_policy(prepared, name)
             run = _run_real(plan, prepared, model_config(prepared), spec, tb,
-                            {"cpu-rank": durations})
+                            {"cpu-rank": EMULATED_DURATIONS})
             for doc in run.ranks:
                 [edp] = [g for g in doc["groups"] if g["kind"] == GroupKind.EXPERT_DATA.value]
                 want = plan.group_containing(GroupKind.EXPERT_DATA, doc["rank"])

@@ -29,6 +29,7 @@ from holmes_sim.backend.run_config import RunConfig
 from holmes_sim.errors import TestbedError
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan
 from holmes_sim.schedule import ScheduleKind
+from tests.backend.threads import in_threads
 
 LOSS_RTOL = 1e-5
 
@@ -37,23 +38,9 @@ def _build_all(plan: Plan, interface_of: Callable[[str], str],
                timeout_s: float = 20.0) -> dict[int, list[BuiltGroup]]:
     """Every rank's groups, built in one process (one thread per rank, a shared HashStore)."""
     store = dist.HashStore()
-    built: dict[int, list[BuiltGroup]] = {}
-    errors: list[BaseException] = []
-
-    def one(rank: int) -> None:
-        try:
-            built[rank] = build_groups(plan, rank, store, interface_of, timeout_s)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=one, args=(r,)) for r in range(plan.world_size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s + 10)
-    if errors:
-        raise errors[0]
-    return built
+    return in_threads(range(plan.world_size),
+                      lambda rank: build_groups(plan, rank, store, interface_of, timeout_s),
+                      timeout_s + 10)
 
 
 def test_private_gloo_spelling_still_works() -> None:
