@@ -21,6 +21,7 @@ tokens (`causal_block_fraction`; Dao 2023, section 3.1.1).
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from holmes_sim.hardware.catalog import AttentionRates, GpuModel
@@ -48,12 +49,9 @@ def _interpolate(rates: AttentionRates, values: tuple[float, ...], seq: int) -> 
         return values[0]
     if seq >= points[-1]:
         return values[-1]
-    x = math.log2(seq)
-    for i in range(1, len(points)):
-        if seq <= points[i]:
-            x0, x1 = math.log2(points[i - 1]), math.log2(points[i])
-            return values[i - 1] + (values[i] - values[i - 1]) * (x - x0) / (x1 - x0)
-    raise AssertionError("unreachable: seq is inside the measured range")
+    i = bisect.bisect_left(points, seq)
+    x0, x1 = math.log2(points[i - 1]), math.log2(points[i])
+    return values[i - 1] + (values[i] - values[i - 1]) * (math.log2(seq) - x0) / (x1 - x0)
 
 
 def measured_rate_flop_per_s(rates: AttentionRates, seq: int, causal: bool,

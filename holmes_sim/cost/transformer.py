@@ -213,7 +213,7 @@ def userbuffer_sm_gemms(w: Workload, tp: int, backward: bool) -> tuple[Gemm, ...
     `--tp-comm-overlap`: the forward's projection and fc2 (TE `proj_fprop`, `fc2_fprop`). The
     all-gathers (`ring_exchange`) move data with the copy engines on one SM, and the backward's
     `bulk` overlaps run without the margin on 2-16 SMs depending on the configuration: neither
-    is counted. None without the overlap."""
+    is counted. Empty without the overlap."""
     if backward or not (w.tp_comm_overlap and w.sequence_parallel and tp > 1):
         return ()
     _, proj, _, down = layer_kernels(w, tp).dense
