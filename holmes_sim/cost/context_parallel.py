@@ -81,13 +81,14 @@ def cp_pass(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> CpPass:
 
 def cp_passes(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> tuple[CpPass, ...]:
     """The CP exchanges of one layer's op: the forward's; the backward's, plus the forward's
-    again when the backward recomputes the attention (full recomputation, or selective
-    without fused attention). Empty without CP."""
+    again when the backward recomputes the attention (full or selective recomputation:
+    Megatron-Core checkpoints the core attention, CP exchanges included, `transformer.layer_s`).
+    Empty without CP."""
     if w.cp == 1:
         return ()
     if not backward:
         return (cp_pass(gpu, w, tp, False),)
-    recomputes = w.recompute == "full" or (w.recompute == "selective" and not w.flash_attention)
+    recomputes = w.recompute in ("full", "selective")
     own = cp_pass(gpu, w, tp, True)
     return (own, cp_pass(gpu, w, tp, False)) if recomputes else (own,)
 

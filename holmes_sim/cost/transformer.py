@@ -243,13 +243,17 @@ def layer_pass_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
 
 @lru_cache(maxsize=4096)
 def layer_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
-    """A layer's forward, or its backward including what the recomputation mode redoes."""
+    """A layer's forward, or its backward including what the recomputation mode redoes: full
+    the whole forward; selective the attention core, fused kernel included (Megatron-Core
+    checkpoints the core attention whatever its kernel: `checkpoint_core_attention` in
+    megatron/core/transformer/attention.py, core_r0.8.0 onwards, `recompute_modules`
+    ["core_attn"] by default in later releases)."""
     if not backward:
         return layer_pass_s(gpu, w, tp, False)
     t = layer_pass_s(gpu, w, tp, True)
     if w.recompute == "full":
         t += layer_pass_s(gpu, w, tp, False)
-    elif w.recompute == "selective" and not w.flash_attention:
+    elif w.recompute == "selective":
         t += attention_core_s(gpu, layer_kernels(w, tp), w.dtype_bytes, False)
     return t
 

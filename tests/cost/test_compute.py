@@ -91,11 +91,16 @@ def test_full_recompute_adds_a_forward_and_selective_only_the_attention_core():
     assert 0 < core < fwd
 
 
-def test_flash_attention_drops_the_score_traffic_and_selective_recompute():
+def test_flash_attention_drops_the_score_traffic_and_selective_recomputes_the_kernel():
+    # Megatron-Core checkpoints the core attention whatever its kernel (attention.py
+    # `checkpoint_core_attention`): the backward redoes the fused forward, nothing else
     flash = _gpt(flash_attention=True, recompute="selective")
     k = T.layer_kernels(flash, 1)
     assert k.attention == () and k.core_bytes_fwd == 0 and k.flash_flop > 0
-    assert T.layer_s(A100, flash, 1, True) == pytest.approx(T.layer_pass_s(A100, flash, 1, True))
+    kernel = T.attention_core_s(A100, k, 2, False)
+    assert kernel > 0
+    assert T.layer_s(A100, flash, 1, True) == \
+        pytest.approx(T.layer_pass_s(A100, flash, 1, True) + kernel)
 
 
 def test_sequence_parallel_splits_layernorm_and_dropout_work():

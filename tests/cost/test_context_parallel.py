@@ -99,3 +99,6 @@ def test_passes_of_an_op():
     full = cp_passes(GPU, _workload(2, recompute="full"), 2, True)
     assert len(full) == 2 and full[1] == cp_pass(GPU, _workload(2, recompute="full"), 2, False)
     assert isinstance(full[0], CpPass)
+    # selective recomputation redoes the core attention, its ring exchanges included
+    selective = _workload(2, recompute="selective")
+    assert cp_passes(GPU, selective, 2, True)[1] == cp_pass(GPU, selective, 2, False)
