@@ -13,11 +13,11 @@ Blackwell) hide them under another tile's main loop. The result is bounded below
 by the time to stream the operands and the output through HBM (roofline, Williams et al., CACM
 2009), which is what limits the small-k batched GEMMs of attention.
 
-The catalog's GEMM efficiency is a whole-kernel measurement at one shape (the best shape of S.
-Bekman's MAMF finder, its fill, epilogue and waves included). The main loop's rate is derived
-from it (`mainloop_efficiency`) so that this model, at that shape, takes exactly the measured
-time: nothing is counted twice. FP8 on persistent-kernel GPUs instead takes the measured rate as
-the maximum over the FP8 search grid (`best_grid_quantization`).
+The catalog's GEMM efficiency is a whole-kernel measurement: the maximum of S. Bekman's MAMF
+finder over its search grid of shapes, fill, epilogue and waves included. The main loop's rate
+is derived from it (`mainloop_efficiency`) so that this model's fastest shape of that grid runs
+at exactly the measured rate: nothing is counted twice, and no grid shape beats the measured
+maximum.
 """
 
 from __future__ import annotations
@@ -115,49 +115,75 @@ def _model_time_s(gpu: GpuModel, gemm: Gemm, mainloop_flop_per_s: float,
                for tile in _TILES)
 
 
+BF16_SEARCH_GRID = range(256, 20480 + 1, 256)
+"""m, n and k of the BF16 MAMF search (S. Bekman, "Machine Learning Engineering",
+compute/accelerator/benchmarks/README.md: the exhaustive command and the H100 one,
+`mamf-finder.py --m_range 0 20480 256 --n_range 0 20480 256 --k_range 0 20480 256`; it holds
+every catalog GPU's published best shape)."""
 FP8_SEARCH_GRID = range(1024, 20480 + 1, 1024)
-"""m and n of the FP8 MAMF search (S. Bekman, "Machine Learning Engineering",
-compute/accelerator/benchmarks/README.md, "fp8 on NVIDIA GPUs example": `mamf-finder.py
+"""m, n and k of the FP8 MAMF search (same README, "fp8 on NVIDIA GPUs example": `mamf-finder.py
 --m_range 0 20480 1024 --n_range 0 20480 1024 --k_range 0 20480 1024 --dtype float8_e4m3fn`; the
 finer 256-step grids contain it)."""
 
 
-@lru_cache(maxsize=16)
-def best_grid_quantization(sm_count: int) -> float:
-    """The best `quantization_efficiency` of any m x n of `FP8_SEARCH_GRID` (k does not quantize):
-    1.0 on 132 SMs (3072 x 11264 is 24 x 88 tiles of 128 x 128, 16 waves of 132), 0.9998 on 148."""
-    return max(quantization_efficiency(Gemm(m, n, 1024), sm_count)
-               for m in FP8_SEARCH_GRID for n in FP8_SEARCH_GRID)
+def search_grid(fp8: bool) -> range:
+    """The MAMF search grid of a precision (each of m, n, k)."""
+    return FP8_SEARCH_GRID if fp8 else BF16_SEARCH_GRID
+
+
+@lru_cache(maxsize=64)
+def best_tile_quantization(sm_count: int, tile: tuple[int, int], grid: range) -> float:
+    """The best `_tile_efficiency` of one tile over every m x n of `grid` (k does not quantize)."""
+    tm, tn = tile
+    return max(_tile_efficiency(Gemm(m, n, 1), tm, tn, sm_count) for m in grid for n in grid)
+
+
+def best_grid_quantization(sm_count: int, grid: range = FP8_SEARCH_GRID) -> float:
+    """The best `quantization_efficiency` of any m x n of `grid`: 1.0 on 132 SMs for the FP8 grid
+    (3072 x 11264 is 24 x 88 tiles of 128 x 128, 16 waves of 132), 0.9998 on 148."""
+    return max(best_tile_quantization(sm_count, t, grid) for t in _TILES)
+
+
+def grid_maximum_efficiency(gpu: GpuModel, mainloop_efficiency: float, fp8: bool) -> float:
+    """The model's highest whole-kernel efficiency (fraction of peak) over the precision's search
+    grid, for a given main-loop efficiency: at the grid's deepest k, where a tile's fixed
+    overhead weighs least, and each tile's best quantization over the grid's m x n (the model
+    takes the fastest tile of each shape, so the grid's maximum is the best tile's)."""
+    grid, rate = search_grid(fp8), gemm_rate(gpu, fp8)
+    k, nbytes = grid[-1], _FP8_BYTES if fp8 else (2, 2)
+    best = 0.0
+    for tile in _TILES:
+        tm, tn = tile
+        mainloop = 2.0 * tm * tn * k * gpu.sm_count / (rate.peak_flop_per_s * mainloop_efficiency)
+        overhead = tile_overhead_s(gpu, tm, tn, k, nbytes)
+        share = best_tile_quantization(gpu.sm_count, tile, grid) * mainloop / (mainloop + overhead)
+        best = max(best, share * mainloop_efficiency)
+    return best
 
 
 @lru_cache(maxsize=256)
 def mainloop_efficiency(gpu: GpuModel, fp8: bool = False) -> float:
     """Fraction of peak the tensor cores run at inside a tile's main loop: the efficiency for
-    which the tiled model, at the benchmark shape, takes the measured whole-kernel time
-    flop / (peak x measured efficiency). The model time falls monotonically with the efficiency;
-    bisection to 1e-9. Without an SM count or a benchmark shape: the measured efficiency.
-    FP8 on persistent-kernel GPUs: the measured efficiency over the best quantization of the MAMF
-    search grid. MAMF is the maximum over that grid, and the grid holds shapes this model tiles
-    without loss (`best_grid_quantization`), so no main loop faster than the maximum is
-    consistent with it; solving at the best shape instead (1024 x 9216 on H100: 0.873 under
-    128 x 128 tiles) would put those shapes 15% above the measured maximum."""
+    which the model's fastest shape of the MAMF search grid runs at the measured efficiency
+    (MAMF is the maximum over that grid, so no faster main loop is consistent with it, and a
+    slower one would leave the measured maximum unexplained). On persistent-kernel GPUs that is
+    the measured efficiency over the grid's best quantization (1.0 on 132 SMs); on Ampere the
+    tile overhead at the grid's deepest k is also divided out (bisection to 1e-9, the grid's
+    maximum rising monotonically with the main loop). The published best shape itself then runs
+    at or below its measurement. Without an SM count or a measured grid: the measured
+    efficiency."""
     rate = gemm_rate(gpu, fp8)
     if gpu.sm_count is None or rate.benchmark_shape is None:
         return rate.measured_efficiency
-    if fp8 and gpu.persistent_gemm:
-        return rate.measured_efficiency / best_grid_quantization(gpu.sm_count)
-    shape, nbytes = Gemm(*rate.benchmark_shape), _FP8_BYTES if fp8 else (2, 2)
-    target = shape.flop / (rate.peak_flop_per_s * rate.measured_efficiency)
-
-    def model_s(efficiency: float) -> float:
-        return _model_time_s(gpu, shape, rate.peak_flop_per_s * efficiency, nbytes)
-
+    if gpu.persistent_gemm:
+        return rate.measured_efficiency / best_grid_quantization(gpu.sm_count, search_grid(fp8))
     low, high = rate.measured_efficiency, 1.0
-    if model_s(high) > target:
+    if grid_maximum_efficiency(gpu, high, fp8) < rate.measured_efficiency:
         return high
     while high - low > 1e-9:
         mid = 0.5 * (low + high)
-        low, high = (mid, high) if model_s(mid) > target else (low, mid)
+        low, high = (mid, high) if grid_maximum_efficiency(gpu, mid, fp8) < \
+            rate.measured_efficiency else (low, mid)
     return high
 
 

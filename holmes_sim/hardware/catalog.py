@@ -39,8 +39,9 @@ class GpuModel:
     attention_efficiency: float = 0.6
     """Achieved fraction of peak of a fused (flash) attention kernel."""
     benchmark_shape: tuple[int, int, int] | None = None
-    """(m, n, k) of the GEMM at which `compute_efficiency` was measured (None: not known; the
-    GEMM model then runs its main loop at `compute_efficiency`)."""
+    """(m, n, k) of the best shape of the MAMF search whose maximum `compute_efficiency` is
+    (None: no search known; the GEMM model then runs its main loop at `compute_efficiency`,
+    unquantized). `cost.gemm.mainloop_efficiency` solves on the search's whole grid."""
     fp8_peak_flop_per_s: float | None = None
     """Dense FP8 tensor peak; None: no FP8 tensor cores."""
     fp8_compute_efficiency: float | None = None
@@ -136,7 +137,7 @@ class LinkModel:
 # the maximum *sustained* rate (MSMF) measured on H200 is 702.9 TFLOP/s (0.711 of peak, 0.849 of
 # its MAMF); B200 shows 0.840 of its MAMF. Hopper BF16: 0.711 measured. Others: MAMF x the
 # sustained ratio of their architecture (Ampere: Hopper's 0.849 for want of an A100 MSMF;
-# Blackwell: 0.840), at the MAMF's best shape.
+# Blackwell: 0.840). Each is the maximum over the finder's search grid (`cost.gemm`).
 # persistent_gemm: Hopper and Blackwell GEMMs are TMA warp-specialized persistent kernels (CUTLASS
 # 3.x kernel schedules: a producer warp prefetches the next tile's k-blocks during the epilogue,
 # and the ping-pong schedule runs one warp group's epilogue under the other's main loop: NVIDIA

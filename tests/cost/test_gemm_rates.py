@@ -1,13 +1,15 @@
-"""One GEMM derivation: the model reproduces each catalog GPU's measured efficiency at the shape
-it was measured at; FP8 GEMMs at the FP8 tensor rate; the Hopper/Blackwell catalog entries."""
+"""One GEMM derivation: the model's fastest shape of each MAMF search grid runs at the catalog
+GPU's measured (maximum) efficiency, BF16 and FP8 alike; FP8 GEMMs at the FP8 tensor rate; the
+Hopper/Blackwell catalog entries."""
 
 from __future__ import annotations
 
 import pytest
 
 from holmes_sim.cost import transformer as T
-from holmes_sim.cost.gemm import (FP8_SEARCH_GRID, Gemm, best_grid_quantization, gemm_time_s,
-                                  mainloop_efficiency, quantization_efficiency, tile_overhead_s)
+from holmes_sim.cost.gemm import (BF16_SEARCH_GRID, FP8_SEARCH_GRID, Gemm, best_grid_quantization,
+                                  gemm_time_s, grid_maximum_efficiency, mainloop_efficiency,
+                                  quantization_efficiency, search_grid, tile_overhead_s)
 from holmes_sim.errors import FieldError
 from holmes_sim.hardware.catalog import GPUS, LINKS, NICS, gemm_rate
 from holmes_sim.model.workload import Workload
@@ -18,14 +20,32 @@ _RATES = [(name, fp8) for name, gpu in GPUS.items() for fp8 in (False, True)
           if not fp8 or gpu.fp8_peak_flop_per_s is not None]
 
 
-@pytest.mark.parametrize("name", list(GPUS))
-def test_the_model_at_the_benchmark_shape_reproduces_the_measured_efficiency(name):
+@pytest.mark.parametrize("name,fp8", _RATES)
+def test_the_fastest_grid_shape_runs_at_the_measured_maximum(name, fp8):
+    """MAMF is the maximum over its search grid: the model's fastest grid shape (deepest k, best
+    quantization) runs at the measured efficiency, and the published best shape no faster."""
     gpu = GPUS[name]
-    rate = gemm_rate(gpu)
-    shape = Gemm(*rate.benchmark_shape)
-    achieved = shape.flop / gemm_time_s(gpu, shape) / rate.peak_flop_per_s
-    assert achieved == pytest.approx(rate.measured_efficiency, rel=0.01)
-    assert rate.measured_efficiency <= mainloop_efficiency(gpu) < 1.0
+    rate = gemm_rate(gpu, fp8)
+    e_main = mainloop_efficiency(gpu, fp8)
+    assert rate.measured_efficiency <= e_main < 1.0
+    assert grid_maximum_efficiency(gpu, e_main, fp8) == \
+        pytest.approx(rate.measured_efficiency, rel=1e-8)
+    best = Gemm(*rate.benchmark_shape)
+    assert all(d in BF16_SEARCH_GRID for d in rate.benchmark_shape)  # the 256-step grid
+    achieved = best.flop / gemm_time_s(gpu, best, fp8=fp8) / rate.peak_flop_per_s
+    assert achieved <= rate.measured_efficiency * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("name,fp8", _RATES)
+def test_no_sampled_grid_shape_beats_the_measured_maximum(name, fp8):
+    gpu, grid = GPUS[name], search_grid(fp8)
+    rate = gemm_rate(gpu, fp8)
+    for m in grid[::7]:
+        for n in grid[::5]:
+            for k in (grid[0], grid[len(grid) // 2], grid[-1]):
+                g = Gemm(m, n, k)
+                achieved = g.flop / gemm_time_s(gpu, g, fp8=fp8) / rate.peak_flop_per_s
+                assert achieved <= rate.measured_efficiency * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("name", [n for n, fp8 in _RATES if fp8])
@@ -38,9 +58,18 @@ def test_no_shape_of_the_fp8_search_grid_beats_the_measured_maximum(name):
                   for m in FP8_SEARCH_GRID for n in FP8_SEARCH_GRID)
     assert best_grid_quantization(gpu.sm_count) == fastest
     assert mainloop_efficiency(gpu, True) == pytest.approx(rate.measured_efficiency / fastest)
-    best = Gemm(*rate.benchmark_shape)
-    achieved = best.flop / gemm_time_s(gpu, best, fp8=True) / rate.peak_flop_per_s
-    assert achieved <= rate.measured_efficiency * (1 + 1e-9)
+
+
+def test_h100_bf16_main_loop_is_the_measured_sustained_rate():
+    """Hand calculation: MSMF 0.711; the BF16 grid holds whole waves on 132 SMs (4224 x 1024 is
+    33 x 4 = 132 tiles of 128 x 256), so nothing is divided out; the best shape 2048 x 2048
+    (128 tiles of 128 x 256 on 132 SMs, 0.970) runs at 0.970 x 0.711."""
+    h100 = GPUS["h100-sxm"]
+    assert quantization_efficiency(Gemm(4224, 1024, 8192), 132) == 1.0
+    assert best_grid_quantization(132, BF16_SEARCH_GRID) == 1.0
+    assert mainloop_efficiency(h100) == pytest.approx(0.711, abs=1e-12)
+    t = gemm_time_s(h100, Gemm(2048, 2048, 13312))
+    assert t == pytest.approx(2 * 2048 * 2048 * 13312 / (989e12 * 0.711 * 128 / 132), rel=1e-9)
 
 
 def test_h100_fp8_main_loop_is_the_measured_rate():
@@ -56,14 +85,22 @@ def test_h100_fp8_main_loop_is_the_measured_rate():
     assert t == pytest.approx(2 * 1024 * 9216 * 14336 / (1979e12 * 0.602 * 576 / 660), rel=1e-9)
 
 
-def test_a100_mamf_shape_pays_fill_and_epilogue_inside_the_measured_rate():
-    """A100's 0.738 is MAMF 0.869 at 1024x10240x5120 x the sustained-clock ratio 0.849; the main
-    loop runs faster, by what the tile overhead and the waves cost at that shape."""
+def test_a100_main_loop_divides_out_the_tile_overhead_at_the_grids_deepest_k():
+    """A100's 0.738 is MAMF 0.869 x the sustained-clock ratio 0.849; the model's fastest grid
+    shape is a whole-wave shape at k = 20480, where a 128 x 256 tile's fill and epilogue cost
+    what the main loop must make up: the main loop runs faster than 0.738, and the published
+    best shape (k = 5120, more overhead per tile) below it."""
     a100 = GPUS["a100-80gb"]
     assert a100.benchmark_shape == (1024, 10240, 5120)
     assert a100.compute_efficiency == pytest.approx(0.869 * 0.849, abs=5e-4)
-    assert tile_overhead_s(a100, 128, 256, 5120, (2, 2)) > 0
-    assert mainloop_efficiency(a100) == pytest.approx(0.781, abs=0.002)
+    e_main = mainloop_efficiency(a100)
+    tm, tn, k = 128, 256, 20480
+    mainloop = 2 * tm * tn * k * 108 / (a100.peak_flop_per_s * e_main)
+    whole_wave = e_main * mainloop / (mainloop + tile_overhead_s(a100, tm, tn, k, (2, 2)))
+    assert whole_wave == pytest.approx(a100.compute_efficiency, rel=1e-8)
+    assert mainloop_efficiency(a100) == pytest.approx(0.746, abs=0.002)
+    best = Gemm(1024, 10240, 5120)
+    assert best.flop / gemm_time_s(a100, best) / a100.peak_flop_per_s < 0.738
 
 
 def test_hopper_and_blackwell_hide_the_tile_overhead():

@@ -46,5 +46,8 @@ def test_chunk_times_equal_the_engines_compute_plus_tp_and_the_hand_sum(name):
                         tp_s = costs.tp_comm_s(node, layers, backward)
                         assert compute == hand
                         assert tp_s == layers * costs.tp_comm_s(node, 1, backward)
-                        assert (tp_s > 0) == (tp > 1)
+                        # TP 1 has none; under TP a GEMM long enough may hide it all
+                        assert tp_s >= 0 and (tp > 1 or tp_s == 0)
+                        if w is p.workload and tp > 1:
+                            assert tp_s > 0  # plain all-reduces: nothing hides them
                         assert times.op_s(node, layers, first, last, backward) == compute + tp_s
