@@ -119,6 +119,11 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "moe_layer_freq": Bound(0, 10_000),  # list items 0/1, an interval >= 1 (`check_model`)
     "moe_expert_capacity_factor": _positive(1e6),
     "moe_expert_imbalance": Bound(1, 2**16),
+    "q_lora_rank": Bound(1, 2**20),
+    "kv_lora_rank": Bound(1, 2**20),
+    "qk_head_dim": Bound(1, 2**16),
+    "qk_pos_emb_head_dim": Bound(1, 2**16),
+    "v_head_dim": Bound(1, 2**16),
 }
 NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""
