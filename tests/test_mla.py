@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from holmes_sim.cost.transformer import layer_kernels
-from holmes_sim.errors import FieldError
+from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.export.model_args import architecture_args
 from holmes_sim.model.moe import mlp_params
 from holmes_sim.model.workload import build_workload
 from holmes_sim.prepare import prepare
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
+from holmes_sim.spec.load import load_scenario_text
 from holmes_sim.spec.presets import preset_fields
 from tests.megatron_flops import megatron_mla_transformer_flops
 
@@ -227,3 +228,33 @@ def test_the_real_run_backend_refuses_latent_attention(tmp_path):
     path.write_text(text)
     with pytest.raises(FieldError, match="multi_latent_attention"):
         check_backend(prepare(path))
+
+
+def _yaml(model: str) -> str:
+    return f"""name: mla
+clusters:
+  - name: c
+    nodes: [{{count: 1, gpu: h100-sxm, nics: [{{type: ethernet, bandwidth_gbit_per_s: 100}}]}}]
+model: {model}
+training: {{global_batch_size: 8, micro_batch_size: 1, sequence_parallel: true}}
+parallel: {{tensor: 2}}
+"""
+
+
+def test_deepseek_preset_loads_with_its_dense_first_layers():
+    spec = load_scenario_text(_yaml("{preset: deepseek-v3}")).model
+    assert spec.moe_layer_freq == (0, 0, 0) + (1,) * 58
+    assert (spec.q_lora_rank, spec.kv_lora_rank, spec.multi_latent_attention) == (1536, 512, True)
+    assert build_workload(spec, _TRAINING, 2).moe.moe_layers == 58
+
+
+def test_a_latent_rank_out_of_bounds_names_the_field():
+    with pytest.raises(ScenarioError, match="model.kv_lora_rank: must be at least 1, got 0"):
+        load_scenario_text(_yaml("{preset: deepseek-v2-lite, kv_lora_rank: 0}"))
+
+
+def test_mla_with_query_groups_is_refused_at_its_line(write_scenario):
+    path = write_scenario(_yaml("{preset: deepseek-v2-lite, num_layers: 2, num_query_groups: 4,\n"
+                                "        moe_layer_freq: [0, 1]}"))
+    with pytest.raises(ScenarioError, match="model.num_query_groups: multi-head latent"):
+        prepare(path)

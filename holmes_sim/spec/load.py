@@ -401,7 +401,8 @@ def _with_preset(data: dict, fields: dict, path: str, doc: _Doc) -> dict:
         hint = difflib.get_close_matches(str(name), list(PRESETS), n=1)
         fix = f"did you mean '{hint[0]}'?" if hint else "or drop preset and give every field"
         raise doc.error(path, f"unknown preset {str(name)!r}; known: {', '.join(PRESETS)}; {fix}")
-    return {**preset_fields(name), **data}
+    preset = {k: list(v) if isinstance(v, tuple) else v for k, v in preset_fields(name).items()}
+    return {**preset, **data}  # a preset's tuple (a layer pattern) read as the YAML list it is
 
 
 def _convert(tp: Any, value: Any, path: str, doc: _Doc) -> Any:
