@@ -248,6 +248,16 @@ def test_deepseek_preset_loads_with_its_dense_first_layers():
     assert build_workload(spec, _TRAINING, 2).moe.moe_layers == 58
 
 
+def test_the_planner_skips_context_parallelism_for_mla():
+    """`prepare.check_context`, which the planner's CP search asks, refuses CP with MLA."""
+    from holmes_sim.prepare import check_context
+
+    scenario = load_scenario_text(_yaml("{preset: deepseek-v2-lite}"))
+    with pytest.raises(FieldError, match="multi-head latent") as err:
+        check_context(scenario, 2, 2)
+    assert err.value.path == "parallel.context" and check_context(scenario, 1, 2) == 1
+
+
 def test_a_latent_rank_out_of_bounds_names_the_field():
     with pytest.raises(ScenarioError, match="model.kv_lora_rank: must be at least 1, got 0"):
         load_scenario_text(_yaml("{preset: deepseek-v2-lite, kv_lora_rank: 0}"))

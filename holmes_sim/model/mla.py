@@ -186,9 +186,15 @@ def check_mla(model: ModelSpec, cp: int, precision: str) -> None:
         raise FieldError("model.position_embedding", "multi-head latent attention applies "
                          "rotary embeddings to its qk_pos_emb_head_dim part; set "
                          "position_embedding: rope")
-    if cp > 1:
-        raise FieldError("parallel.context", "context parallelism with multi-head latent "
-                         "attention is not modelled; use context: 1")
+    check_mla_context(model, cp)
     if precision == "fp8":
         raise FieldError("training.precision", "FP8 with multi-head latent attention is not "
                          "modelled; use bf16")
+
+
+def check_mla_context(model: ModelSpec, cp: int) -> None:
+    """Raise FieldError for MLA under context parallelism (its K/V exchange is priced for
+    standard attention's K and V only)."""
+    if model.multi_latent_attention and cp > 1:
+        raise FieldError("parallel.context", "context parallelism with multi-head latent "
+                         "attention is not modelled; use context: 1")
