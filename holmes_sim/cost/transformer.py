@@ -35,6 +35,11 @@ hidden_dropout 0 drops the two masks (E bytes each) and attention_dropout 0 the 
 dropout (PyTorch's dropout returns its input when p = 0); rotary embeddings read and write q
 and k, 2 b s (h + k) d / t bytes forward and again backward (`apply_rotary_pos_emb`,
 megatron/core/models/common/embeddings/rope_utils.py).
+Multi-head latent attention (`model.mla`): QKV and the projection become its query, key/value
+down and up and output projections (the output projection stays second of the four last
+GEMMs, the key/value up projection stands in QKV's place for the TP overlap windows); its core
+runs score heads of d_n + d_r and context heads of d_v; its latent norms, rotary parts and
+query/key assembly replace the rotary bytes above (`MlaShape.norm_rope_bytes`).
 Every backward also adds each weight gradient into the main gradient buffer: per parameter of
 the GPU's shard, the fresh gradient is read (d) and the main gradient read and written (2g, g the
 bytes of a reduced gradient): Megatron DDP's main_grad hook, or the same traffic as the C operand
