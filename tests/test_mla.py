@@ -84,6 +84,9 @@ def test_deepseek_v3_gemms_split_over_tp_as_megatron_core_builds_them():
     scores, context = layer_kernels(w, 4).attention
     assert (scores.m, scores.n, scores.k, scores.batch) == (4096, 4096, 192, 32)
     assert (context.m, context.n, context.k) == (4096, 128, 4096)
+    fused = build_workload(_spec("deepseek-v3"), dataclasses.replace(_TRAINING,
+                                                                    flash_attention=True), 4)
+    assert layer_kernels(fused, 4).flash_flop == 2 * 4096 * 4096 * (128 * 192 + 128 * 128) / 4
 
 
 def test_deepseek_v2_lite_projects_queries_directly():
