@@ -224,18 +224,19 @@ class Workload:
     def layer_forward_flop(self) -> float:
         """Forward FLOP of one layer for one micro-batch on one rank of a CP group: QKV
         2bsh(h + 2k), scores and weighted sum 4bs^2h, projection 2bsh^2, MLP 2bsh(f1 + f). With
-        k = h, f = 4h: 24bsh^2 + 4bs^2h [N21]; with CP every term over cp [CP]."""
+        k = h, f = 4h: 24bsh^2 + 4bs^2h [N21]; with CP every term over cp [CP]. Latent
+        attention's projections and core replace QKV, projection and scores (`model.mla`)."""
         b, s, h, f = self.micro_batch, self.tokens, self.hidden, self.ffn
-        qkv = 2 * b * s * h * (h + 2 * self.kv_width) + 2 * b * s * h * h
+        projections = 2 * b * s * h * (h + 2 * self.kv_width) + 2 * b * s * h * h
         scores = 4 * b * s * self.seq * h  # s/cp queries against all s keys [CP]
         if self.mla is not None:  # its projections and core (`MlaShape`)
-            qkv = self.mla.projection_forward_flop(b * s, h)
+            projections = self.mla.projection_forward_flop(b * s, h)
             scores = self.mla.core_forward_flop(b * s, self.seq)
         mlp = 2 * b * s * h * (self.fc1_width + f)
         if self.moe is not None:  # the mean over the layer pattern
             m = self.moe
             mlp += m.moe_fraction * (moe_mlp_forward_flop(m, b * s, h, self.swiglu) - mlp)
-        return qkv + scores + mlp
+        return projections + scores + mlp
 
     @property
     def logits_forward_flop(self) -> float:
