@@ -17,6 +17,7 @@ from holmes_sim.schedule import ScheduleKind, check_schedule
 from holmes_sim.spec.load import load_scenario, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
 from holmes_sim.model.pipeline_split import PipelineSplit, megatron_layers_per_stage
+from holmes_sim.model.mla import check_mla_context
 from holmes_sim.model.workload import Workload, build_workload
 
 MAX_GRADIENT_BUCKETS = 100_000
@@ -240,6 +241,7 @@ def check_context(s: Scenario, cp: int, tp: int) -> int:
     conditions); returns it."""
     if cp == 1:
         return cp
+    check_mla_context(s.model, cp)
     seq = s.model.seq_length
     if seq % (2 * cp):
         raise FieldError("parallel.context", f"model.seq_length={seq} must be a multiple of 2 x "

@@ -35,6 +35,11 @@ hidden_dropout 0 drops the two masks (E bytes each) and attention_dropout 0 the 
 dropout (PyTorch's dropout returns its input when p = 0); rotary embeddings read and write q
 and k, 2 b s (h + k) d / t bytes forward and again backward (`apply_rotary_pos_emb`,
 megatron/core/models/common/embeddings/rope_utils.py).
+Multi-head latent attention (`model.mla`): QKV and the projection become its query, key/value
+down and up and output projections (the output projection stays second of the four last
+GEMMs, the key/value up projection stands in QKV's place for the TP overlap windows); its core
+runs score heads of d_n + d_r and context heads of d_v; its latent norms, rotary parts and
+query/key assembly replace the rotary bytes above (`MlaShape.norm_rope_bytes`).
 Every backward also adds each weight gradient into the main gradient buffer: per parameter of
 the GPU's shard, the fresh gradient is read (d) and the main gradient read and written (2g, g the
 bytes of a reduced gradient): Megatron DDP's main_grad hook, or the same traffic as the C operand
@@ -100,21 +105,35 @@ def layer_kernels(w: Workload, tp: int) -> LayerKernels:
     b, s, h, f, a, d = w.micro_batch, w.tokens, w.hidden, w.ffn, w.heads, w.dtype_bytes
     m, hd, keys = b * s, h // a, w.seq  # a CP rank's s/cp queries attend to all s keys
     e = b * s * h
-    dense = (Gemm(m, (h + 2 * w.kv_width) // tp, h), Gemm(m, h, h // tp),
-             Gemm(m, w.fc1_width // tp, h), Gemm(m, h, f // tp))
-    permute = 2 * (e / tp) * d
+    dense = _attention_gemms(w, tp) + (Gemm(m, w.fc1_width // tp, h), Gemm(m, h, f // tp))
+    context = e if w.mla is None else b * s * w.mla.v_width  # the core attention's output
+    permute = 2 * (context / tp) * d
     other_fwd, other_bwd = _other_bytes(w, tp)
     if w.flash_attention:
         seq, causal_share = _fused_attention_calls(w)
-        return LayerKernels(dense, (), 4.0 * b * s * keys * h / tp, seq, keys, 0.0, 0.0,
+        flop = 4.0 * b * s * keys * h / tp if w.mla is None else \
+            w.mla.core_forward_flop(b * s, keys) / tp
+        return LayerKernels(dense, (), flop, seq, keys, 0.0, 0.0,
                             other_fwd + permute, other_bwd + permute, causal_share)
     batch = max(1, b * a // tp)
-    attention = (Gemm(s, keys, hd, batch), Gemm(s, hd, keys, batch))
+    attention = (Gemm(s, keys, hd, batch), Gemm(s, hd, keys, batch)) if w.mla is None else \
+        tuple(Gemm(*shape, batch) for shape in w.mla.core_shapes(s, keys))
     scores = b * (a / tp) * s * keys
     dropout = scores * (2 * d + 1) if w.attention_dropout > 0 else 0.0
     core_fwd = 2 * scores * d + dropout + permute
     core_bwd = 3 * scores * d + dropout + permute
     return LayerKernels(dense, attention, 0.0, s, keys, core_fwd, core_bwd, other_fwd, other_bwd)
+
+
+def _attention_gemms(w: Workload, tp: int) -> tuple[Gemm, ...]:
+    """The attention's projections on one GPU, the output projection last: QKV and projection,
+    or multi-head latent attention's query, key/value down and up and output projections
+    (`model.mla.MlaShape.gemm_shapes`)."""
+    m, h = w.micro_batch * w.tokens, w.hidden
+    if w.mla is not None:
+        return tuple(Gemm(*shape) for shape in
+                     w.mla.gemm_shapes(m, h, tp, w.sequence_parallel))
+    return Gemm(m, (h + 2 * w.kv_width) // tp, h), Gemm(m, h, h // tp)
 
 
 def _fused_attention_calls(w: Workload) -> tuple[int, float]:
@@ -144,7 +163,10 @@ def _other_bytes(w: Workload, tp: int) -> tuple[float, float]:
     fwd = 2 * 2 * e * d / sp + act_fwd + 2 * (3 * e * d + mask) / sp
     bwd = 2 * 3 * e * d / sp + act_bwd + 2 * (2 * e * d + mask) / sp + \
         w.layer_params / tp * (d + 2 * w.grad_bytes)
-    if w.position_embedding == "rope":
+    if w.mla is not None:  # latent norms, rotary parts, query and key assembly
+        fwd += w.mla.norm_rope_bytes(b * s, tp, w.sequence_parallel, d, False)
+        bwd += w.mla.norm_rope_bytes(b * s, tp, w.sequence_parallel, d, True)
+    elif w.position_embedding == "rope":
         rope = 2 * b * s * (h + w.kv_width) / tp * d
         fwd, bwd = fwd + rope, bwd + rope
     if w.fp8_gemms:
@@ -216,7 +238,7 @@ def userbuffer_sm_gemms(w: Workload, tp: int, backward: bool) -> tuple[Gemm, ...
     is counted. Empty without the overlap."""
     if backward or not (w.tp_comm_overlap and w.sequence_parallel and tp > 1):
         return ()
-    _, proj, _, down = layer_kernels(w, tp).dense
+    _, proj, _, down = layer_kernels(w, tp).dense[-4:]
     return proj, down
 
 
@@ -263,7 +285,7 @@ def tp_overlap_windows_s(gpu: GpuModel, w: Workload, tp: int) -> tuple[float, fl
     """Weight-gradient GEMMs of the two column-parallel linears (QKV, MLP up-projection), seconds:
     the windows in which Megatron-LM's asynchronous TP all-reduce of their input gradients runs
     (`LinearWithGradAccumulationAndAsyncCommunication`)."""
-    qkv, _, up, _ = layer_kernels(w, tp).dense
+    qkv, _, up, _ = layer_kernels(w, tp).dense[-4:]
     return (gemm_time_s(gpu, qkv.backward()[1], w.dtype_bytes, w.fp8_gemms),
             gemm_time_s(gpu, up.backward()[1], w.dtype_bytes, w.fp8_gemms))
 
@@ -280,7 +302,7 @@ def tp_userbuffer_windows_s(gpu: GpuModel, w: Workload, tp: int,
     GEMM (bulk reduce-scatter of its input gradient), fc2's data gradient and fc1's weight
     gradient. The forward's reduce-scatter GEMMs run on the SMs their collective leaves
     (`userbuffer_sm_gemms`)."""
-    qkv, proj, up, down = layer_kernels(w, tp).dense
+    qkv, proj, up, down = layer_kernels(w, tp).dense[-4:]
     d, fp8, held = w.dtype_bytes, w.fp8_gemms, USERBUFFER_COMM_SMS
     if not backward:
         return (gemm_time_s(gpu, qkv, d, fp8), gemm_time_s(gpu, proj, d, fp8, held),

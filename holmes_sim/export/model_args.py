@@ -4,7 +4,9 @@ Flag names and defaults follow Megatron-LM's megatron/training/arguments.py:
 `--group-query-attention --num-query-groups`, `--swiglu`, `--squared-relu`, `--normalization`
 (LayerNorm default), `--disable-bias-linear`, `--add-qkv-bias`, `--position-embedding-type`
 (learned_absolute default), `--hidden-dropout` and `--attention-dropout` (0.1 default),
-`--make-vocab-size-divisible-by` (128 default). Nothing is written for a value equal to
+`--make-vocab-size-divisible-by` (128 default), `--multi-latent-attention` with `--q-lora-rank`,
+`--kv-lora-rank`, `--qk-head-dim`, `--qk-pos-emb-head-dim`, `--v-head-dim` (`_add_mla_args`;
+all written, the latent norms as `--qk-layernorm`). Nothing else is written for a value equal to
 Megatron's default.
 
 The overlaps and the uneven split (`overlap_args`, `split_args`): `--tp-comm-overlap`,
@@ -48,7 +50,22 @@ def architecture_args(w: Workload) -> list[str]:
         args += ["--attention-dropout", f"{w.attention_dropout:g}"]
     if w.vocab_divisible_by != _MEGATRON_VOCAB_DIVISOR:
         args += ["--make-vocab-size-divisible-by", str(w.vocab_divisible_by)]
-    return args + moe_args(w)
+    return args + mla_args(w) + moe_args(w)
+
+
+def mla_args(w: Workload) -> list[str]:
+    """Arguments of `pretrain_gpt.py` for multi-head latent attention (Megatron-LM
+    arguments.py `_add_mla_args`); `--qk-layernorm` builds the latent norms the cost model
+    prices (`model.mla`); nothing without MLA."""
+    m = w.mla
+    if m is None:
+        return []
+    args = ["--multi-latent-attention"]
+    if m.q_rank:
+        args += ["--q-lora-rank", str(m.q_rank)]
+    return args + ["--kv-lora-rank", str(m.kv_rank), "--qk-head-dim", str(m.qk_dim),
+                   "--qk-pos-emb-head-dim", str(m.rope_dim), "--v-head-dim", str(m.v_dim),
+                   "--qk-layernorm"]
 
 
 def moe_args(w: Workload) -> list[str]:

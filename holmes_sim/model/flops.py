@@ -10,7 +10,7 @@ Sources:
   (`transformer_flops`, dense layers, no multi-latent attention): every GEMM counted 3 times
   (forward, weight and data gradient), 2 FLOP per multiply-add, causal attention counted half:
   F = 6 B s [L (h f e + h (h + 2 h g / a) + h s + h^2) + h V], e = 3 with SwiGLU, else 2.
-  Recomputation is never counted.
+  Recomputation is never counted. Its multi-latent-attention branch: `model.mla`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,15 @@ def sc21_flop(factor: int, B: int, s: int, L: int, h: int, V: int) -> float:
 
 
 def megatron_core_flop(B: int, s: int, L: int, h: int, V: int, f: int, a: int, g: int,
-                       swiglu: bool, mlp_term: float | None = None) -> float:
+                       swiglu: bool, mlp_term: float | None = None,
+                       attention_term: float | None = None) -> float:
     """[MLM] `transformer_flops` of a decoder with kv_channels = h / a; `mlp_term` replaces the
-    dense L h f e of every layer's MLP (MoE models: `model.moe.megatron_mlp_term`)."""
+    dense L h f e of every layer's MLP (MoE models: `model.moe.megatron_mlp_term`),
+    `attention_term` one layer's h (h + 2 h g / a) + h s + h^2 (multi-head latent attention:
+    `model.mla.MlaShape.megatron_attention_term`)."""
     mlp = h * f * (3 if swiglu else 2)
-    attention = h * (h + 2 * h * g / a) + h * s + h * h
+    attention = h * (h + 2 * h * g / a) + h * s + h * h if attention_term is None \
+        else attention_term
     if mlp_term is not None:
         return 6 * B * s * (mlp_term + L * attention + h * V)
     return 6 * B * s * (L * (mlp + attention) + h * V)

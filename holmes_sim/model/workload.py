@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from holmes_sim.errors import FieldError
 from holmes_sim.model.flops import megatron_core_flop, sc21_flop
+from holmes_sim.model.mla import MlaShape, check_mla, mla_shape
 from holmes_sim.model.moe import (MoeShape, expert_params, megatron_mlp_term, mlp_params, moe_layer_pattern,
                                   moe_mlp_forward_flop, moe_mlp_params)
 from holmes_sim.model.pipeline_split import PipelineSplit
@@ -106,6 +107,8 @@ class Workload:
     moe: MoeShape | None = None
     """The mixture-of-experts layers (`model.moe`); None: every MLP is dense. Every layer is
     priced at the mean of the model's dense and MoE layers (`moe.moe_fraction`)."""
+    mla: MlaShape | None = None
+    """Multi-head latent attention in every layer (`model.mla`); None: standard attention."""
 
     @property
     def ep_replicas(self) -> int:
@@ -191,10 +194,13 @@ class Workload:
         GPT (k = h, f = 4h, biases, LayerNorm) [N21, eq. 2]; Megatron-Core
         `SelfAttention.linear_qkv`, `MLP.linear_fc1` (megatron/core/transformer/attention.py,
         mlp.py)."""
-        h, f, f1, qkv = self.hidden, self.ffn, self.fc1_width, self.hidden + 2 * self.kv_width
-        weights = h * qkv + h * h + h * f1 + f * h
-        biases = (qkv if self.qkv_bias else 0) + ((h + f1 + h) if self.bias else 0)
-        return weights + biases + 2 * self.norm_params
+        h, qkv = self.hidden, self.hidden + 2 * self.kv_width
+        mlp = mlp_params(h, self.ffn, self.swiglu, self.bias)
+        if self.mla is not None:  # its projections and latent norms (`MlaShape.params`)
+            return self.mla.params(h, self.norm_params // h, self.bias) + mlp + \
+                2 * self.norm_params
+        attention = h * qkv + h * h + (qkv if self.qkv_bias else 0) + (h if self.bias else 0)
+        return attention + mlp + 2 * self.norm_params
 
     @property
     def embedding_params(self) -> int:
@@ -218,15 +224,19 @@ class Workload:
     def layer_forward_flop(self) -> float:
         """Forward FLOP of one layer for one micro-batch on one rank of a CP group: QKV
         2bsh(h + 2k), scores and weighted sum 4bs^2h, projection 2bsh^2, MLP 2bsh(f1 + f). With
-        k = h, f = 4h: 24bsh^2 + 4bs^2h [N21]; with CP every term over cp [CP]."""
+        k = h, f = 4h: 24bsh^2 + 4bs^2h [N21]; with CP every term over cp [CP]. Latent
+        attention's projections and core replace QKV, projection and scores (`model.mla`)."""
         b, s, h, f = self.micro_batch, self.tokens, self.hidden, self.ffn
-        qkv = 2 * b * s * h * (h + 2 * self.kv_width)
+        projections = 2 * b * s * h * (h + 2 * self.kv_width) + 2 * b * s * h * h
         scores = 4 * b * s * self.seq * h  # s/cp queries against all s keys [CP]
+        if self.mla is not None:  # its projections and core (`MlaShape`)
+            projections = self.mla.projection_forward_flop(b * s, h)
+            scores = self.mla.core_forward_flop(b * s, self.seq)
         mlp = 2 * b * s * h * (self.fc1_width + f)
         if self.moe is not None:  # the mean over the layer pattern
             m = self.moe
             mlp += m.moe_fraction * (moe_mlp_forward_flop(m, b * s, h, self.swiglu) - mlp)
-        return qkv + 2 * b * s * h * h + scores + mlp
+        return projections + scores + mlp
 
     @property
     def logits_forward_flop(self) -> float:
@@ -291,6 +301,10 @@ class Workload:
             scores = (5 if self.attention_dropout > 0 else 2) * a * s / h
         replicated = 8 + (2 if self.hidden_dropout > 0 else 0)
         split = 4 + 4 * self.kv_width / h + 2 * (self.fc1_width + self.ffn) / h
+        if self.mla is not None:  # its latents, Q, K, V and projection input (`MlaShape`)
+            extra_replicated, attention_split = self.mla.activation_terms(h)
+            replicated += extra_replicated
+            split += attention_split - 4 - 4 * self.kv_width / h
         if self.moe is not None:
             extra_replicated, extra_split = self._moe_activation_terms()
             replicated, split = replicated + extra_replicated, split + extra_split
@@ -325,11 +339,11 @@ class Workload:
         B, s, L, h, V = self.global_batch, self.seq, self.num_layers, self.hidden, self.vocab
         if self.flops_formula == "sc21":
             return sc21_flop(96 if (hardware and self.full_recompute) else 72, B, s, L, h, V)
-        if self.moe is not None:
-            return megatron_core_flop(B, s, L, h, V, self.ffn, self.heads, self.groups,
-                                      self.swiglu,
-                                      mlp_term=megatron_mlp_term(self.moe, h, self.ffn, self.swiglu))
-        return megatron_core_flop(B, s, L, h, V, self.ffn, self.heads, self.groups, self.swiglu)
+        mlp_term = None if self.moe is None else \
+            megatron_mlp_term(self.moe, h, self.ffn, self.swiglu)
+        attention_term = None if self.mla is None else self.mla.megatron_attention_term(h, s)
+        return megatron_core_flop(B, s, L, h, V, self.ffn, self.heads, self.groups, self.swiglu,
+                                  mlp_term=mlp_term, attention_term=attention_term)
 
 
 def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
@@ -395,7 +409,8 @@ def _is_gpt(model: ModelSpec) -> bool:
     return (model.num_query_groups in (None, model.num_attention_heads) and not model.swiglu
             and not model.squared_relu
             and model.normalization == "layernorm" and model.bias
-            and model.position_embedding == "learned" and model.num_experts is None)
+            and model.position_embedding == "learned" and model.num_experts is None
+            and not model.multi_latent_attention)
 
 
 def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: int = 1,
@@ -405,6 +420,7 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
     degree `etp` (None: `tp`). GPT models report [N21]'s FLOPs, every other architecture
     [MLM]'s."""
     check_model(model)
+    check_mla(model, cp, training.precision)
     dtype = _DTYPE_BYTES[training.precision]
     return Workload(
         num_layers=model.num_layers, hidden=model.hidden_size, heads=model.num_attention_heads,
@@ -429,4 +445,5 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         vocab_divisible_by=model.make_vocab_size_divisible_by,
         flops_formula="sc21" if _is_gpt(model) else "megatron-core", cp=cp,
         cp_comm_type=cp_comm_type, ep=ep, tp_per_etp=tp // (etp or tp), moe=moe_shape(model),
+        mla=mla_shape(model),
     )

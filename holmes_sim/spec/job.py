@@ -73,6 +73,22 @@ class ModelSpec:
     """Tokens of the busiest expert over the mean tokens per expert (1: perfectly balanced);
     at most num_experts / moe_router_topk (every token picks it). With every expert on each GPU
     (no expert parallelism) it changes the time only through a capacity factor's drops."""
+    multi_latent_attention: bool = False
+    """Multi-head latent attention (DeepSeek-V2/V3; Megatron `--multi-latent-attention`,
+    `MLASelfAttention`): queries, keys and values come from low-rank latents (`model.mla`).
+    Not with num_query_groups; needs position_embedding rope."""
+    q_lora_rank: int | None = None
+    """MLA's query latent (Megatron `--q-lora-rank`); None: queries projected directly."""
+    kv_lora_rank: int | None = None
+    """MLA's key/value latent (Megatron `--kv-lora-rank`); default 32, Megatron's."""
+    qk_head_dim: int | None = None
+    """MLA: per head, the query/key dimension without rotary embedding (Megatron
+    `--qk-head-dim`); default 128."""
+    qk_pos_emb_head_dim: int | None = None
+    """MLA: per head, the rotary query/key dimension, the key's shared by all heads (Megatron
+    `--qk-pos-emb-head-dim`); default 64."""
+    v_head_dim: int | None = None
+    """MLA: per head, the value dimension (Megatron `--v-head-dim`); default 128."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -119,6 +119,11 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "moe_layer_freq": Bound(0, 10_000),  # list items 0/1, an interval >= 1 (`check_model`)
     "moe_expert_capacity_factor": _positive(1e6),
     "moe_expert_imbalance": Bound(1, 2**16),
+    "q_lora_rank": Bound(1, 2**20),
+    "kv_lora_rank": Bound(1, 2**20),
+    "qk_head_dim": Bound(1, 2**16),
+    "qk_pos_emb_head_dim": Bound(1, 2**16),
+    "v_head_dim": Bound(1, 2**16),
 }
 NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""
@@ -396,7 +401,8 @@ def _with_preset(data: dict, fields: dict, path: str, doc: _Doc) -> dict:
         hint = difflib.get_close_matches(str(name), list(PRESETS), n=1)
         fix = f"did you mean '{hint[0]}'?" if hint else "or drop preset and give every field"
         raise doc.error(path, f"unknown preset {str(name)!r}; known: {', '.join(PRESETS)}; {fix}")
-    return {**preset_fields(name), **data}
+    preset = {k: list(v) if isinstance(v, tuple) else v for k, v in preset_fields(name).items()}
+    return {**preset, **data}  # a preset's tuple (a layer pattern) read as the YAML list it is
 
 
 def _convert(tp: Any, value: Any, path: str, doc: _Doc) -> Any:

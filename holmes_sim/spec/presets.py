@@ -59,6 +59,28 @@ _QWEN_MOE = ("Qwen Team, {}; Qwen/{} config.json (num_experts, num_experts_per_t
              "moe_intermediate_size, shared_expert_intermediate_size; the shared expert's "
              "1-wide sigmoid gate is not modelled)")
 
+
+def _deepseek(layers: int, hidden: int, dense_ffn: int, heads: int, vocab: int, q_rank: int | None,
+              experts: int, topk: int, expert_ffn: int, shared: int,
+              dense_layers: int) -> dict[str, Any]:
+    """A DeepSeek-V2/V3 model: multi-head latent attention (kv_lora_rank 512, qk_nope_head_dim
+    128, qk_rope_head_dim 64, v_head_dim 128 in both), `dense_layers` dense layers first
+    (`first_k_dense_replace`), then MoE layers with `shared` shared experts of the routed
+    experts' width (Megatron's one shared MLP of their summed width), 4,096-token
+    pre-training sequences."""
+    base = dict(_LLAMA, multi_latent_attention=True, q_lora_rank=q_rank, kv_lora_rank=512,
+                qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
+                moe_router_load_balancing_type="seq_aux_loss",
+                moe_layer_freq=(0,) * dense_layers + (1,) * (layers - dense_layers))
+    return _moe(dict(_arch(base, layers, hidden, dense_ffn, heads, heads, vocab, 4096),
+                     num_query_groups=None), experts, topk, expert_ffn, shared * expert_ffn)
+
+
+_DEEPSEEK = ("DeepSeek-AI, {}; deepseek-ai/{} config.json (hidden_size, intermediate_size, "
+             "moe_intermediate_size, n_routed_experts, n_shared_experts, num_experts_per_tok, "
+             "first_k_dense_replace, q_lora_rank, kv_lora_rank, qk_nope_head_dim, "
+             "qk_rope_head_dim, v_head_dim, vocab_size); {}")
+
 PRESETS: Mapping[str, Preset] = MappingProxyType({
     "gpt3-175b": Preset(_arch(_GPT3, 96, 12288, 49152, 96, 96, 50257, 2048),
                         "Brown et al., 'Language Models are Few-Shot Learners', arXiv "
@@ -107,6 +129,20 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
                              _QWEN_MOE.format("'Qwen2 Technical Report', arXiv 2407.10671, "
                                               "Table 1 (4,096-token pre-training, section 3.2)",
                                               "Qwen2-57B-A14B")),
+    "deepseek-v2-lite": Preset(_deepseek(27, 2048, 10944, 16, 102400, None, 64, 6, 1408, 2, 1),
+                               _DEEPSEEK.format("'DeepSeek-V2', arXiv 2405.04434, Appendix B "
+                                                "(DeepSeek-V2-Lite: 15.7B parameters, 2.4B "
+                                                "active, no query compression) and section "
+                                                "3.1.2 (4K sequences)", "DeepSeek-V2-Lite",
+                                                "softmax router with sequence-wise auxiliary "
+                                                "loss")),
+    "deepseek-v3": Preset(_deepseek(61, 7168, 18432, 128, 129280, 1536, 256, 8, 2048, 1, 3),
+                          _DEEPSEEK.format("'DeepSeek-V3 Technical Report', arXiv 2412.19437, "
+                                           "section 4.2 (671B parameters, 37B active; 4K "
+                                           "pre-training sequences)", "DeepSeek-V3",
+                                           "the multi-token-prediction module (1 extra layer, "
+                                           "14B parameters) and the sigmoid router's "
+                                           "bias-based balancing are not modelled")),
 })
 
 

@@ -83,8 +83,9 @@ def _check_moe(prepared: Prepared) -> None:
 
 
 def _check_gpt_architecture(model) -> None:
-    """The backend's GPT is multi-head, GeLU, LayerNorm, with biases and a learned position table."""
-    gpt = {"num_query_groups": (None, model.num_attention_heads), "swiglu": (False,),
+    """The backend's GPT is multi-head (no latent attention), GeLU, LayerNorm, with biases and a
+    learned position table."""
+    gpt = {"multi_latent_attention": (False,), "num_query_groups": (None, model.num_attention_heads), "swiglu": (False,),
            "squared_relu": (False,), "normalization": ("layernorm",), "bias": (True,),
            "position_embedding": ("learned",)}
     for field, allowed in gpt.items():

@@ -15,8 +15,12 @@ import pytest
 
 from holmes_sim.errors import PlanError
 from holmes_sim.export.launch import launch_files, node_order, read_hosts
+from holmes_sim.export.model_args import architecture_args
+from holmes_sim.model.workload import build_workload
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
+from holmes_sim.spec.job import ModelSpec, TrainingSpec
+from holmes_sim.spec.presets import preset_fields
 from tests.conftest import SCENARIOS
 from tests.export.test_export import hetero_stages
 
@@ -166,3 +170,15 @@ def test_export_readme_of_an_all_rdma_plan_loses_nothing():
     readme = launch_files(plan, cluster, prepared.workload, "fp16").files["README.md"]
     assert "`NCCL_NET=IB`" in readme and "not as planned" not in readme
     assert "can express every group's transport" in readme
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v3"])
+def test_latent_attention_arguments_parse_with_megatron_lm(preset):
+    """The multi-head latent attention and MoE flags of the DeepSeek presets, with the values
+    each flag takes (`_add_mla_args`, `_add_moe_args`)."""
+    w = build_workload(ModelSpec(**preset_fields(preset)),
+                       TrainingSpec(global_batch_size=8, micro_batch_size=1), 8, ep=8)
+    parsed = parse(architecture_args(w), UPSTREAM)
+    assert parsed["--multi-latent-attention"] == [] and parsed["--kv-lora-rank"] == ["512"]
+    assert parsed["--qk-pos-emb-head-dim"] == ["64"] and parsed["--v-head-dim"] == ["128"]
+    assert ("--q-lora-rank" in parsed) == (preset == "deepseek-v3")
