@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from holmes_sim.backend.data_parallel import make_buckets, routed_expert_ids
+from holmes_sim.backend.data_parallel import bucket_size, make_buckets, routed_expert_ids
 from holmes_sim.backend.model import TensorParallel
 from holmes_sim.backend.moe import ExpertParallel
 from holmes_sim.backend.rank import build_stages
@@ -25,8 +25,9 @@ TESTBEDS = REPO / "holmes_sim" / "data" / "testbeds"
 @pytest.mark.parametrize("name", sorted(p.stem for p in TESTBEDS.glob("*.yaml")))
 def test_simulated_buckets_are_the_backends_for_every_bundled_testbed(name):
     """Every chunk of every stage of each policy's plan: the dense and the routed experts'
-    buckets have the elements the backend's buckets of the same model have, in the same order,
-    with and without the distributed optimizer's parameter alignment."""
+    buckets have the elements the backend's buckets of the same model have, in the same order
+    (one per buffer where the plan reduces after the backward), with and without the
+    distributed optimizer's parameter alignment."""
     prepared = prepare(TESTBEDS / f"{name}.yaml")
     w = prepared.workload
     for policy in prepared.scenario.policies:
@@ -37,14 +38,15 @@ def test_simulated_buckets_are_the_backends_for_every_bundled_testbed(name):
             stages = build_stages(plan, model_config(prepared), s, tp, ep)
             experts = routed_expert_ids(stages)
             for c in range(plan.num_chunks):
-                backend = [[b.numel for b in make_buckets(stages, [c], plan.dp,
-                                                          int(w.bucket_bytes // 4), keep)]
+                numel = bucket_size(plan, int(w.bucket_bytes // 4))
+                backend = [[b.numel for b in make_buckets(stages, [c], plan.dp, numel, keep)]
                            for keep in (lambda p: id(p) not in experts, lambda p: id(p) in experts)]
                 v = c * plan.pp + s
                 for sharded in (False, True):
                     dense, routed = chunk_bucket_runs(
                         w, plan.tp, sum(plan.layers_per_stage[:v]), plan.layers_per_stage[v],
-                        v == 0, v == len(plan.layers_per_stage) - 1, sharded, True)
+                        v == 0, v == len(plan.layers_per_stage) - 1, sharded,
+                        plan.releases_gradients_in_backward)
                     assert list(dense.numels) == backend[0], (policy, s, c)
                     assert list(routed.numels if routed else ()) == backend[1], (policy, s, c)
 
