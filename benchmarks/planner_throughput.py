@@ -36,6 +36,7 @@ def _cold() -> None:
     from holmes_sim.search import planner
     from holmes_sim.estimate import walk
     from holmes_sim.cost import ops
+    from holmes_sim.model import bucket_layout
     from holmes_sim.policies import base, holmes, partition
 
     if hasattr(plan, "_PLACES"):
@@ -43,6 +44,7 @@ def _cold() -> None:
     analytic._WALKS.clear()
     analytic._ESTIMATES.clear()
     ops._CHUNK_TIMES.clear()
+    bucket_layout._RUNS.clear()
     partition._PARTITIONS.clear()
     holmes._NOTES.clear()
     netview._VIEWS.clear()

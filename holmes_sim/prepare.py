@@ -16,6 +16,7 @@ from holmes_sim.policies import POLICIES, PlanRequest
 from holmes_sim.schedule import ScheduleKind, check_schedule
 from holmes_sim.spec.load import load_scenario, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
+from holmes_sim.model.bucket_layout import BUCKET_ELEMENT_BYTES
 from holmes_sim.model.pipeline_split import PipelineSplit, megatron_layers_per_stage
 from holmes_sim.model.mla import check_mla_context
 from holmes_sim.model.workload import Workload, build_workload
@@ -290,7 +291,8 @@ def _check_size(s: Scenario) -> None:
 
 
 def _check_buckets(workload: Workload) -> None:
-    buckets = workload.grad_bytes_of(workload.total_params) / workload.bucket_bytes
+    # `bucket_size_mb` counts fp32 elements (`model.bucket_layout`), whatever the gradient dtype
+    buckets = workload.total_params * BUCKET_ELEMENT_BYTES / workload.bucket_bytes
     if buckets > MAX_GRADIENT_BUCKETS:
         raise FieldError("training.bucket_size_mb", f"the gradients would fill {buckets:.3g} "
                          f"buckets (at most {MAX_GRADIENT_BUCKETS:,} are simulated); raise it")

@@ -70,12 +70,21 @@ def _flat(tensors: list[torch.Tensor], padded: int) -> torch.Tensor:
     return flat
 
 
+def bucket_size(plan: Plan, bucket_numel: int) -> int | None:
+    """Elements per bucket: `bucket_numel` where the plan reduces gradients during the backward,
+    else None (one bucket per chunk and buffer), as Megatron-Core sets `bucket_size` to None
+    without `overlap_grad_reduce` (megatron/core/distributed/distributed_data_parallel.py)."""
+    return bucket_numel if plan.releases_gradients_in_backward else None
+
+
 def make_buckets(stages: list[Stage], chunk_order: list[int], dp: int,
-                 bucket_numel: int, keep: Callable[[torch.nn.Parameter], bool] | None = None
-                 ) -> list[Bucket]:
+                 bucket_numel: int | None,
+                 keep: Callable[[torch.nn.Parameter], bool] | None = None) -> list[Bucket]:
     """Buckets in the order their gradients become final: chunks by their last backward, within
-    a chunk parameters in reverse registration order (backward reaches the last layers first);
-    `keep`: only the parameters it accepts (None: all), padded for a group of `dp`."""
+    a chunk parameters in reverse registration order (backward reaches the last layers first),
+    a bucket closed at the first parameter that brings it to `bucket_numel` elements (None: one
+    per chunk; Megatron-Core's `_ParamAndGradBuffer`); `keep`: only the parameters it accepts
+    (None: all), padded for a group of `dp`."""
     buckets: list[Bucket] = []
     for c in chunk_order:
         current: list[torch.nn.Parameter] = []
@@ -83,7 +92,7 @@ def make_buckets(stages: list[Stage], chunk_order: list[int], dp: int,
             if keep is not None and not keep(p):
                 continue
             current.append(p)
-            if sum(q.numel() for q in current) >= bucket_numel:
+            if bucket_numel is not None and sum(q.numel() for q in current) >= bucket_numel:
                 buckets.append(make_bucket(current, c, dp))
                 current = []
         if current:

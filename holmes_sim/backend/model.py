@@ -395,13 +395,13 @@ class Stage(nn.Module):
         split = tp is not None and tp.size > 1
         self.embedding = make_embedding(config) if has_embedding else None
         blocks = [make_block(config, first_layer + i) for i in range(num_layers)]
-        self.head = make_head(config) if has_head else None
+        head = make_head(config) if has_head else None
         if split:
             if self.embedding is not None:
                 self.embedding = ParallelEmbedding(self.embedding, config, tp)
             blocks = [ParallelBlock(b, config, tp) for b in blocks]
-            if self.head is not None:
-                self.head = ParallelHead(self.head, config, tp)
+            if head is not None:
+                head = ParallelHead(head, config, tp)
         if ep is not None and ep.size > 1:
             if not config.num_experts:
                 raise ValueError("expert parallelism needs a model with num_experts")
@@ -409,7 +409,10 @@ class Stage(nn.Module):
                 raise ValueError("the backend runs expert parallelism with tensor: 1 only")
             for b in blocks:
                 b.mlp.keep_local(ep)
+        # Registered after the layers, as Megatron-Core's `GPTModel` registers its output layer:
+        # the DP buckets take parameters in reverse registration order (`data_parallel.py`).
         self.blocks = nn.ModuleList(blocks)
+        self.head = head
 
     @property
     def has_embedding(self) -> bool:

@@ -32,6 +32,7 @@ from holmes_sim.backend.collectives import ExpertParallelComm, TensorParallelCom
 from holmes_sim.backend.data_parallel import (
     DataParallel,
     GradientSync,
+    bucket_size,
     make_buckets,
     routed_expert_ids,
 )
@@ -107,7 +108,8 @@ class Rank:
         chunk_order = sorted(self.last_backward, key=self.last_backward.get)
         experts = set() if cfg.mutation == "experts-reduced-over-dp" \
             else routed_expert_ids(self.stages)
-        dense = make_buckets(self.stages, chunk_order, plan.dp, cfg.bucket_numel,
+        numel = bucket_size(plan, cfg.bucket_numel)
+        dense = make_buckets(self.stages, chunk_order, plan.dp, numel,
                              lambda p: id(p) not in experts)
         parts = [DataParallel(plan, cfg, data_group(self.groups) if plan.dp > 1 else None, dense,
                               self.rec, self.clock, optimizer_s_per_param)]
@@ -117,7 +119,7 @@ class Rank:
             if edp * self.ep.size != plan.dp:
                 raise TestbedError(f"rank {self.rank}: EP group of {self.ep.size} and expert-data-"
                                    f"parallel group of {edp} do not cover dp = {plan.dp}")
-            routed = make_buckets(self.stages, chunk_order, edp, cfg.bucket_numel,
+            routed = make_buckets(self.stages, chunk_order, edp, numel,
                                   lambda p: id(p) in experts)
             parts.append(DataParallel(plan, cfg, edp_group, routed, self.rec, self.clock,
                                       optimizer_s_per_param, label="expert "))

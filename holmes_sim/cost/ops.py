@@ -4,7 +4,6 @@ policies' partition search, so all three price an op the same way."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from holmes_sim.hardware.cluster import Cluster, Node
@@ -14,7 +13,11 @@ from holmes_sim.cost.context_parallel import CpPass, cp_passes, op_exposed_s
 from holmes_sim.cost.expert_parallel import local_exposed_s
 from holmes_sim.cost.moe import tp_comm_factor
 from holmes_sim.memo import IdentityMemo
+from holmes_sim.model.bucket_layout import BucketRun, chunk_bucket_runs
 from holmes_sim.model.workload import Workload
+
+Bucketed = tuple[float, float, float]
+"""A DP bucket: (gradient bytes, parameter bytes, ready point of its chunk's backward, 0..1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,11 +191,29 @@ class OpCosts:
         return sum(self.virtual_stage_expert_params(layers_per_stage, j)
                    for j in range(pp_rank, len(layers_per_stage), pp))
 
-    def gradient_buckets(self, params: int) -> int:
-        """How many DP buckets `params` parameters' gradients fill, at Megatron's per-GPU
-        bucket size (`training.bucket_size_mb`)."""
+    def gradient_buckets(self, layers_per_stage: tuple[int, ...], j: int, sharded: bool,
+                         bucketed: bool) -> tuple[tuple[Bucketed, ...], tuple[Bucketed, ...]]:
+        """Virtual stage j's DP buckets as Megatron-Core cuts them (`model.bucket_layout`):
+        (dense, routed experts') per buffer in release order, each bucket's (gradient bytes,
+        parameter bytes, ready point of the chunk's backward in 0..1), the bytes the whole TP
+        group's (`virtual_stage_params`) in the cut's shares; `sharded`: distributed optimizer;
+        `bucketed`: gradients reduced during the backward (else one bucket per buffer)."""
         w = self.workload
-        return max(1, math.ceil(w.grad_bytes_of(params) / self.tp / w.bucket_bytes))
+        params = self.virtual_stage_params(layers_per_stage, j)
+        expert = self.virtual_stage_expert_params(layers_per_stage, j)
+        dense_run, expert_run = chunk_bucket_runs(
+            w, self.tp, sum(layers_per_stage[:j]), layers_per_stage[j], j == 0,
+            j == len(layers_per_stage) - 1, sharded, bucketed)
+        if expert_run is None:  # no routed experts of their own in this chunk's layers
+            expert = 0
+
+        def of(run: BucketRun | None, n: int) -> tuple[Bucketed, ...]:
+            if run is None or n == 0:
+                return ()
+            grad, param = w.grad_bytes_of(n), n * w.dtype_bytes
+            return tuple((grad * share, param * share, point)
+                         for share, point in zip(run.shares, run.ready, strict=True))
+        return of(dense_run, params - expert), of(expert_run, expert)
 
     def optimizer_s(self, node: Node, params_per_gpu: float) -> float:
         """The optimizer step of `params_per_gpu` parameters on one GPU of `node` (s)."""

@@ -73,7 +73,7 @@ class _Estimator:
                        plan.num_chunks)
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
-        self._bucket_cache: dict[tuple, tuple[tuple[int, float], ...]] = {}
+        self._bucket_cache: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
         self._alike_cache: dict[tuple[int, int], tuple] = {}
         self._params_cache: dict[int, tuple[int, ...]] = {}
@@ -194,40 +194,49 @@ class _Estimator:
 
     # ---- data-parallel and optimizer -----------------------------------------------------------
     def _buckets(self, s: int, kind: str, what: str, d: int | None = None
-                 ) -> tuple[tuple[int, float], ...]:
-        """Stage s's DP buckets in release order as (count, ring time s) per chunk: a chunk's
-        buckets are equal, so equal in time; `what` is "grad" (gradient bytes) or "param"
-        (parameter bytes). With `d` the routed experts' buckets on replica d's expert-data-
-        parallel ring, else the dense ones on the DP ring (`sim.gradient_buckets`). Empty
-        without the ring. Stages with equal rings and chunks (most of a pipeline's) share them."""
+                 ) -> tuple[tuple[float, float], ...]:
+        """Stage s's DP buckets in release order as (ring time s, ready point 0..1 of the
+        stage's backward window), Megatron-Core's cut (`OpCosts.gradient_buckets`): chunk c's
+        points placed in its share of the window (chunks in order, each its share of the
+        stage's parameters); `what` is "grad" (gradient bytes) or "param" (parameter bytes).
+        With `d` the routed experts' buckets on replica d's expert-data-parallel ring, else the
+        dense ones on the DP ring (`sim.gradient_buckets`). Empty without the ring."""
         ring = self.net.dp_ring(s) if d is None else self.net.edp_ring(s, d)
         if ring is None:
             return ()
-        params = self._split_params(s, expert=d is not None)
         topology = self.net.dp_topology(s) if d is None else self.net.edp_topology(s, d)
-        key = (topology, params, kind, what)
+        key = (topology, s, kind, what, d is None)
         got = self._bucket_cache.get(key)
         if got is None:
-            out = []
-            for chunk in params:
-                k = self.costs.gradient_buckets(chunk)
-                size = self.w.grad_bytes_of(chunk) if what == "grad" else chunk * self.w.dtype_bytes
-                # The algorithm and protocol NCCL picks (`cost.nccl_algorithms`).
-                out.append((k, collective_time_s(topology, kind, size / k)))
+            p = self.plan
+            widths = self._params(s)
+            out, offset, times = [], 0.0, {}
+            for c, width in enumerate(widths):
+                share = width / sum(widths)
+                run = self.costs.gradient_buckets(p.layers_per_stage, self._virtual(s, c),
+                                                  p.optimizer.sharded,
+                                                  p.releases_gradients_in_backward)[d is not None]
+                for grad, param, point in run:
+                    size = grad if what == "grad" else param
+                    r = times.get(size)
+                    if r is None:  # the algorithm and protocol NCCL picks (`cost.nccl_algorithms`)
+                        r = times[size] = collective_time_s(topology, kind, size)
+                    out.append((r, offset + share * point))
+                offset += share
             got = self._bucket_cache[key] = tuple(out)
         return got
 
     def _start_delay(self, s: int, d: int) -> float:
-        """Overlapped optimizer: the first forward consumes parameter buckets in order as their
-        all-gathers (one stream, back to back) complete; bucket k's share of that forward can
-        start only after the first k + 1 all-gathers (`gather_delay_s`)."""
+        """Overlapped optimizer: the first forward consumes parameter buckets in forward order as
+        their all-gathers (one stream, back to back, in that order) complete; a bucket's share
+        of that forward can start only after its own all-gather (`gather_delay_s`)."""
         if not self.plan.optimizer.gathers_before_forward:
             return 0.0
         dense, expert = (self._buckets(s, "all-gather", "param", e) for e in (None, d))
         if not dense + expert:
             return 0.0
         forward = self._op_s(s, d, self._virtual(s, 0), False)
-        if expert:  # both buffers' gathers, consumed in their release order
+        if expert:  # both buffers' gathers, consumed in forward order
             return merged_delay_s(dense, expert, forward, gathers=True)
         return gather_delay_s(dense, forward)
 
@@ -248,7 +257,7 @@ class _Estimator:
         forward = sum(self._op_s(s, d, self._virtual(s, c), False) for c in range(p.num_chunks))
         warmup = m if self._shape[0] is ScheduleKind.GPIPE else min(p.pp - s - 1, m)
         window = m * backward + max(0, m - warmup - 1) * forward
-        first_release = backward / sum(k for k, _ in reduce)
+        first_release = backward * min(point for _, point in reduce)
         return max(released_reduction_tail_s(reduce, backward),
                    first_release + m * _total_s(reduce) - window)
 
@@ -300,7 +309,7 @@ class _Estimator:
         return t
 
     def _stage_buckets(self, s: int, d: int, kind: str, what: str
-                       ) -> tuple[tuple[int, float], ...]:
+                       ) -> tuple[tuple[float, float], ...]:
         """`_buckets` of the dense parameters, then of replica d's routed experts: the engine
         runs the two on their own streams at once, but both rings leave every member by the
         same link (its NIC, or its NVLink port inside a node), so their times add up as on one
@@ -308,55 +317,56 @@ class _Estimator:
         return self._buckets(s, kind, what) + self._buckets(s, kind, what, d)
 
 
-def _total_s(buckets: tuple[tuple[int, float], ...]) -> float:
-    """Seconds of (count, time) buckets back to back on one stream."""
-    return sum(k * r for k, r in buckets)
+def _total_s(buckets: tuple[tuple[float, float], ...]) -> float:
+    """Seconds of (time s, ready point) buckets back to back on one stream."""
+    return sum(r for r, _ in buckets)
 
 
-def gather_delay_s(buckets: tuple[tuple[int, float], ...], forward_s: float) -> float:
-    """How long the first forward (`forward_s` s) must wait to consume the n buckets in order
-    as their all-gathers complete back to back ((count, time s) per run of equal buckets):
-    max(0, max over k of (end of gather k) - forward_s k / n). Over a run of equal buckets that
-    difference is linear in k, so its first and last bucket give the run's maximum."""
-    n = sum(k for k, _ in buckets)
-    best, done, first = 0.0, 0.0, 0
-    for k, r in buckets:
-        best = max(best, done + r - forward_s * first / n)
-        done += k * r
-        first += k
-        best = max(best, done - forward_s * (first - 1) / n)
+def gather_delay_s(buckets: tuple[tuple[float, float], ...], forward_s: float) -> float:
+    """How long the first forward (`forward_s` s) must wait to consume the buckets ((time s,
+    ready point p of the backward) in release order) in forward order, the reverse, as their
+    all-gathers complete back to back in that order (Megatron-Core's
+    `next_param_gather_bucket_group`): bucket i's share of the forward starts at 1 - p_i (the
+    last released at 0), so the delay is max(0, max over i of (end of gather i) - forward_s
+    (1 - p_i))."""
+    best, done, last = 0.0, 0.0, len(buckets) - 1
+    for i in range(last, -1, -1):
+        r, point = buckets[i]
+        done += r
+        best = max(best, done - forward_s * (0.0 if i == last else 1.0 - point))
     return best
 
 
-def released_reduction_tail_s(buckets: tuple[tuple[int, float], ...], window_s: float) -> float:
-    """Gradient buckets ((count, reduction time s) per run of equal buckets, n in all) released
-    evenly during the last backward (bucket k at window_s (k + 1) / n) and reduced one after
-    another on one stream: seconds the last reduction ends after the backward does. Over a run
-    of k equal reductions r entered at t, the stream ends at max(t + k r, first release + k r,
-    last release + r) (the release times are linear in the bucket index)."""
-    n = sum(k for k, _ in buckets)
-    t, first = 0.0, 0
-    for k, r in buckets:
-        t = max(t + k * r, window_s * (first + 1) / n + k * r, window_s * (first + k) / n + r)
-        first += k
+def released_reduction_tail_s(buckets: tuple[tuple[float, float], ...], window_s: float) -> float:
+    """Gradient buckets ((reduction time s, ready point p) in release order) released during
+    the last backward (bucket i at window_s p_i) and reduced one after another on one stream:
+    seconds the last reduction ends after the backward does."""
+    t = 0.0
+    for r, point in buckets:
+        t = max(t, window_s * point) + r
     return max(0.0, t - window_s)
 
 
-def merged_delay_s(dense: tuple[tuple[int, float], ...], expert: tuple[tuple[int, float], ...],
+def merged_delay_s(dense: tuple[tuple[float, float], ...], expert: tuple[tuple[float, float], ...],
                    window_s: float, gathers: bool) -> float:
-    """Dense and expert buckets ((count, time s) runs) in the engine's order
-    (`sim.gradient_buckets`: a buffer's bucket k of n at (k + 1)/n of a `window_s` pass), each
-    buffer's on its own stream, the two sharing the link that both rings leave every member by
-    (`shared_link_ends`). gathers=False: reductions released at those points of the backward;
-    seconds the last ends after it (`released_reduction_tail_s`). gathers=True: all-gathers
-    from the start, each bucket's share of the forward waiting for its own; the forward's
-    delay (`gather_delay_s`)."""
+    """Dense and expert buckets ((time s, ready point) each) in the engine's order
+    (`sim.gradient_buckets`: both buffers' buckets by ready point, the last ending the pass),
+    each buffer's on its own stream, the two sharing the link that both rings leave every
+    member by (`shared_link_ends`). gathers=False: reductions released at their points of a
+    `window_s` backward; seconds the last ends after it (`released_reduction_tail_s`).
+    gathers=True: all-gathers from the start in forward order (the reverse), each bucket's
+    share of the forward, from 1 - its point, waiting for its own; the forward's delay
+    (`gather_delay_s`)."""
+    marks = sorted([(point, False, r) for r, point in dense] +
+                   [(point, True, r) for r, point in expert], key=lambda m: (m[0], m[1]))
+    if gathers:
+        marks = [(1.0 if k == len(marks) - 1 else m[0], m[1], m[2]) for k, m in enumerate(marks)]
+        marks.reverse()
     jobs: tuple[list, list] = ([], [])
-    order, done = [], 0.0
-    for point, is_expert, r in sorted(_marks(dense, False) + _marks(expert, True)):
+    order = []
+    for point, is_expert, r in marks:
         jobs[is_expert].append((0.0 if gathers else window_s * point, r))
-        order.append((is_expert, len(jobs[is_expert]) - 1, done))
-        done = point
+        order.append((is_expert, len(jobs[is_expert]) - 1, 1.0 - point))
     ends = shared_link_ends(jobs)
     if gathers:
         return max(0.0, max(ends[e][k] - window_s * start for e, k, start in order))
@@ -392,17 +402,6 @@ def shared_link_ends(jobs: tuple[list[tuple[float, float]], ...]) -> list[list[f
                 left[i] -= step / share
         now += step
     return ends
-
-
-def _marks(buckets: tuple[tuple[int, float], ...], expert: bool) -> list[tuple[float, bool, float]]:
-    """(release point in [0, 1], expert, time s) of each of the runs' n buckets: (k + 1)/n."""
-    n = sum(k for k, _ in buckets)
-    out, i = [], 0
-    for k, r in buckets:
-        for _ in range(k):
-            i += 1
-            out.append((i / n, expert, r))
-    return out
 
 
 _WALKS: dict[tuple, tuple[float, ...]] = {}

@@ -258,8 +258,10 @@ class _Simulation:
 
     def _buckets(self, s: int, c: int) -> list[Bucket]:
         """Gradient buckets of chunk c of stage s in release order (`sim.gradient_buckets`)."""
-        return chunk_buckets(self.costs, self.plan.layers_per_stage,
-                             self.schedule.virtual_stage(s, c), (s, 0) in self.edp_stream)
+        p = self.plan
+        return chunk_buckets(self.costs, p.layers_per_stage, self.schedule.virtual_stage(s, c),
+                             (s, 0) in self.edp_stream, p.optimizer.sharded,
+                             p.releases_gradients_in_backward)
 
     def _stream_of(self, s: int, d: int, b: Bucket):
         """The comm stream of entity (s, d) that reduces and gathers bucket `b`."""
@@ -469,10 +471,10 @@ class _Simulation:
     def _submit_gathers(self, s: int, d: int, name: str
                         ) -> dict[int, list[tuple[simpy.Event, float]]]:
         """Gathers before the forward: the previous step's parameter all-gathers, in forward
-        order."""
+        order (the buckets' reverse, Megatron-Core's `next_param_gather_bucket_group`)."""
         return {c: [(self.coll.submit(self._stream_of(s, d, b), name, OpKind.DP_ALL_GATHER,
                                       b.param_bytes), b.fraction)
-                    for b in self.buckets[(s, c)]] for c in range(self.plan.num_chunks)}
+                    for b in reversed(self.buckets[(s, c)])] for c in range(self.plan.num_chunks)}
 
     def _pp_route(self, kind: str, j_from: int, j_to: int, d: int) -> tuple[tuple, float, tuple]:
         """(links, latency s, the sender's (entity, stream) indices in the trace) of a transfer,

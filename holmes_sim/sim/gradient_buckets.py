@@ -6,10 +6,10 @@ replica of the stage), and `expert_parallel_buffers` for the routed experts' par
 expert parallelism, reduced over the expert-data-parallel group: the replicas holding the same
 experts, r, r + n, r + 2 n, ... (`GroupKind.EXPERT_DATA`; n = `Workload.ep_replicas`, the
 replicas an EP group spans: ep with the experts' TP equal to TP). Each buffer is cut into its own
-buckets of `bucket_size_mb`; a buffer's bucket k of n is ready when (k + 1)/n of the chunk's
-backward has run (buckets fill in reverse layer order and both kinds of parameter run through
-every MoE layer). Where the expert-data-parallel group has one member (dp cp = n) the expert
-gradients are not reduced and their buckets are left out.
+buckets at parameter boundaries as Megatron-Core cuts them (`model.bucket_layout`), each ready at
+the point of the chunk's backward where its last gradient is produced. Where the expert-data-
+parallel group has one member (dp cp = n) the expert gradients are not reduced and their
+buckets are left out.
 """
 
 from __future__ import annotations
@@ -33,32 +33,22 @@ class Bucket:
 
 
 def chunk_buckets(costs: OpCosts, layers_per_stage: tuple[int, ...], j: int,
-                  reduce_experts: bool) -> list[Bucket]:
-    """Gradient buckets of virtual stage j in release order, per-GPU bucket size as Megatron
-    sizes them; `reduce_experts`: the expert-data-parallel group has more than one member."""
-    params = costs.virtual_stage_params(layers_per_stage, j)
-    expert = costs.virtual_stage_expert_params(layers_per_stage, j)
-    if expert == 0:
-        return _run(costs, params, False)
-    dense = _run(costs, params - expert, False)
-    if not reduce_experts:
-        return dense
-    marks = [((k + 1) / len(run), run is not dense, b)
-             for run in (dense, _run(costs, expert, True)) for k, b in enumerate(run)]
-    marks.sort(key=lambda m: (m[0], m[1]))
-    done = 0.0
-    for point, _, b in marks:
-        b.fraction, done = point - done, point
-    return [b for _, _, b in marks]
-
-
-def _run(costs: OpCosts, params: int, expert: bool) -> list[Bucket]:
-    """`params` parameters' gradients in equal buckets, each 1/n of the compute."""
-    w = costs.workload
-    grad = w.grad_bytes_of(params)
-    n = costs.gradient_buckets(params)
-    param_bytes = params * w.dtype_bytes
-    return [Bucket(grad / n, param_bytes / n, 1.0 / n, expert) for _ in range(n)]
+                  reduce_experts: bool, sharded: bool, bucketed: bool) -> list[Bucket]:
+    """Gradient buckets of virtual stage j in release order, as Megatron-Core cuts them
+    (`OpCosts.gradient_buckets`: `sharded` distributed optimizer, `bucketed` reduced during the
+    backward); `reduce_experts`: the expert-data-parallel group has more than one member. Each
+    bucket's `fraction` is the share of the chunk's compute between the previous bucket's ready
+    point and its own (the last ends the chunk)."""
+    dense, expert = costs.gradient_buckets(layers_per_stage, j, sharded, bucketed)
+    marks = sorted([(point, False, g, p) for g, p, point in dense] +
+                   ([(point, True, g, p) for g, p, point in expert] if reduce_experts else []),
+                   key=lambda m: (m[0], m[1]))
+    out, done = [], 0.0
+    for k, (point, is_expert, grad, param) in enumerate(marks):
+        point = 1.0 if k == len(marks) - 1 else point
+        out.append(Bucket(grad, param, point - done, is_expert))
+        done = point
+    return out
 
 
 def expert_data_streams(engine) -> dict[tuple[int, int], Stream]:

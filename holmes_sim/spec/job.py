@@ -156,7 +156,9 @@ class TrainingSpec:
     grad_reduce_in_fp32: bool = True
     """Gradients are reduced in fp32 (Megatron's default for bf16), else in the training dtype."""
     bucket_size_mb: float = 160.0
-    """Gradient bucket size in MB (Megatron: 40M fp32 elements = 160 MB)."""
+    """Gradient bucket size in MB of fp32 elements: Megatron-Core's `bucket_size` elements x 4
+    (40M = 160 MB), whatever the gradient dtype; a bucket closes at the first parameter boundary
+    past it (`model.bucket_layout`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

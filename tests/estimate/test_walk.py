@@ -188,29 +188,35 @@ def test_estimate_with_jump_equals_plain_walk_on_searched_plans(name, monkeypatc
     assert compared >= 10
 
 
-def _buckets(rng: random.Random) -> tuple[tuple[int, float], ...]:
-    return tuple((rng.choice([1, 1, 2, 7, 36, 136]), rng.choice([rng.uniform(1e-5, 5e-2), 1e-3]))
-                 for _ in range(rng.choice([1, 2, 3, 4])))
+def _buckets(rng: random.Random) -> tuple[tuple[float, float], ...]:
+    """(time s, ready point) buckets in release order, the points nondecreasing, the last 1."""
+    n = rng.choice([1, 2, 3, 7, 36])
+    points = sorted(rng.choice([rng.random(), 0.5]) for _ in range(n - 1)) + [1.0]
+    return tuple((rng.choice([rng.uniform(1e-5, 5e-2), 1e-3]), p) for p in points)
 
 
-def test_bucket_runs_in_closed_form_equal_the_bucket_by_bucket_loops():
-    """The start delay and the released-reduction tail over runs of equal buckets equal the
-    loops over every bucket that `analytic` ran before (to rounding)."""
+def test_bucket_delays_equal_the_step_by_step_timelines():
+    """The start delay equals the forward run piece by piece in forward order (the buckets'
+    reverse; bucket i's piece spans 1 - p_i to 1 - p_(i-1) of it), each piece starting once its
+    own all-gather (back to back, in that order) has ended; the released-reduction tail equals
+    one stream reducing each bucket from its release at its point of the backward."""
     rng = random.Random(13)
     for _ in range(2000):
         buckets = _buckets(rng)
-        times = [r for k, r in buckets for _ in range(k)]
-        n = len(times)
-        forward = rng.choice([0.0, rng.uniform(1e-4, 1.0), sum(times)])
-        done, delay = 0.0, 0.0
-        for k, r in enumerate(times):
-            done += r
-            delay = max(delay, done - forward * k / n)
-        assert analytic.gather_delay_s(buckets, forward) == pytest.approx(delay, rel=1e-9, abs=1e-15)
-        window = rng.choice([rng.uniform(1e-4, 1.0), sum(times), 0.5 * sum(times)])
+        total = sum(r for r, _ in buckets)
+        forward = rng.choice([0.0, rng.uniform(1e-4, 1.0), total])
+        gathered, now, done = 0.0, 0.0, 0.0
+        for i in range(len(buckets) - 1, -1, -1):
+            gathered += buckets[i][0]
+            upto = 1.0 - (buckets[i - 1][1] if i > 0 else 0.0)
+            now = max(now, gathered) + forward * (upto - done)
+            done = upto
+        assert analytic.gather_delay_s(buckets, forward) == pytest.approx(
+            now - forward, rel=1e-9, abs=1e-12)
+        window = rng.choice([rng.uniform(1e-4, 1.0), total, 0.5 * total])
         t = 0.0
-        for k, r in enumerate(times):
-            t = max(t, window * (k + 1) / n) + r
+        for r, point in buckets:
+            t = max(t, window * point) + r
         tail = max(0.0, t - window)
         assert analytic.released_reduction_tail_s(buckets, window) == pytest.approx(
             tail, rel=1e-9, abs=1e-12 * window)

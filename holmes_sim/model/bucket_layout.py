@@ -1,0 +1,230 @@
+"""The gradient buckets Megatron-Core cuts one model chunk's parameters into, and when each is
+ready in the chunk's backward.
+
+Sources (Megatron-LM main, commit 001199898c, 2026; the same rules since Megatron-Core 0.6):
+- [BUF] megatron/core/distributed/param_and_grad_buffer.py, `_ParamAndGradBuffer.__init__`:
+  parameters are taken in reverse order of registration (`params[::-1]`, "to roughly follow
+  backprop order"); a bucket closes at the first parameter whose end reaches `bucket_size`
+  elements from the bucket's start; with the distributed optimizer every parameter starts at a
+  multiple of 64 elements (`_pad_start_of_param_if_needed`, counted in that test) and every
+  bucket's end is padded to lcm(dp, 128) (`_pad_end_of_bucket_if_needed`, no effect on the cut);
+  a shared (tied) embedding weight gets a bucket of its own under the distributed optimizer
+  (`_does_param_require_new_bucket`).
+- [DDP] megatron/core/distributed/distributed_data_parallel.py: the routed experts' parameters
+  (`allreduce = False`) go to a buffer of their own (`expert_parallel_buffers`), cut the same way;
+  `bucket_size` is None (one bucket) without `overlap_grad_reduce`.
+- Registration order: `GPTModel` (embedding: word, position; decoder layers; final norm;
+  output layer), `TransformerLayer` (input norm, self-attention, pre-MLP norm, MLP),
+  `Attention.__init__` builds `linear_proj` before `SelfAttention.__init__` builds `linear_qkv`,
+  `MLP` (fc1, fc2), `MoELayer` (router, experts, shared experts), `SequentialMLP` (expert by
+  expert, each fc1 then fc2); a linear registers its weight before its bias, a norm likewise
+  (megatron/core/models/gpt/gpt_model.py, transformer/transformer_layer.py,
+  transformer/attention.py, transformer/mlp.py, transformer/moe/moe_layer.py, experts.py).
+
+Sizes are one GPU's of a TP group of t (column- and row-parallel weights, column-parallel biases,
+word embedding and output layer over t, the experts' over their TP degree; norms, row-parallel
+biases, the position embedding and the router replicated). A parameter's gradient is ready when
+the backward has done its op: the chunk's backward FLOPs run the output layer (2 b s h V x 2, its
+weight-gradient half left out under `defer_embedding_wgrad`), then the layers last to first, each
+(after the recomputed forward under full recomputation) in reverse forward order at twice their
+forward FLOPs (`Workload.layer_forward_flop`'s terms; the routed experts' split evenly over the
+GPU's experts; the attention core's recomputed forward too under selective recomputation), then
+the embedding (no FLOPs). A bucket is ready at the latest point of its parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from holmes_sim.model.moe import moe_mlp_forward_flop
+from holmes_sim.model.workload import Workload
+
+BUCKET_ELEMENT_BYTES = 4
+"""`bucket_size_mb` counts fp32 elements: Megatron-Core's `bucket_size` (elements) x 4 bytes, so
+the default 160 MB is its 40,000,000 elements whatever the gradient dtype."""
+PARAM_ALIGN = 64
+"""Elements a parameter's start is aligned to under the distributed optimizer [BUF]."""
+
+
+@dataclass(frozen=True, slots=True)
+class BucketRun:
+    """One buffer's buckets of a chunk in release order: each bucket's share of the buffer's
+    gradient elements and the point of the chunk's backward (0..1) at which it is ready
+    (nondecreasing; the last bucket of the chunk's last buffer ends at 1)."""
+
+    shares: tuple[float, ...]
+    ready: tuple[float, ...]
+    numels: tuple[int, ...]
+    """Each bucket's elements on one GPU, without padding."""
+
+
+_Param = tuple[int, float, bool, bool]
+"""(elements on one GPU, ready point of the chunk's backward, routed expert's, own bucket)."""
+_Piece = tuple[float, tuple[tuple[int, bool, bool, float], ...]]
+"""A piece of the backward (the head, a layer, the embedding): its FLOP and its parameters in
+reverse registration order, each (elements, routed expert's, own bucket, FLOP of the piece done
+when its gradient is ready)."""
+
+
+def chunk_bucket_runs(w: Workload, tp: int, first_layer: int, layers: int, first: bool,
+                      last: bool, sharded: bool, bucketed: bool
+                      ) -> tuple[BucketRun, BucketRun | None]:
+    """(dense, routed experts') buckets of the chunk holding layers [first_layer, first_layer +
+    layers) (with the embedding when `first`, the output layer when `last`) on one GPU of a TP
+    group of `tp`; `sharded`: the distributed optimizer's padding and tied-embedding bucket;
+    `bucketed`: gradients reduced during the backward (else one bucket per buffer, [DDP]).
+    The experts' run is None where they share the dense buffer (no expert parallelism).
+    Cached by the workload's shape (`_shape_key`) and the other arguments."""
+    shape = _shape_key(w)
+    key = (shape, tp, first_layer if w.moe is not None else 0, layers, first, last, sharded,
+           bucketed)
+    got = _RUNS.get(key)
+    if got is None:
+        if len(_RUNS) >= 4096:
+            _RUNS.clear()
+        params = chunk_params(w, tp, first_layer, layers, first, last)
+        limit = w.bucket_bytes / BUCKET_ELEMENT_BYTES if bucketed else None
+        experts = [p for p in params if p[2]]
+        got = _RUNS[key] = (_cut([p for p in params if not p[2]], limit, sharded),
+                            _cut(experts, limit, sharded) if experts else None)
+    return got
+
+
+_RUNS: dict[tuple, tuple[BucketRun, BucketRun | None]] = {}
+_PIECES: dict[tuple, _Piece] = {}
+
+
+def _shape_key(w: Workload) -> tuple:
+    """What of `w` the cut and the ready points depend on (the micro-batch's tokens scale every
+    FLOP alike, so they do not)."""
+    return (w.hidden, w.kv_width, w.ffn, w.fc1_width, w.vocab, w.seq, w.bias, w.qkv_bias,
+            w.rmsnorm, w.swiglu, w.position_embedding, w.tie_embeddings, w.moe, w.ep,
+            w.tp_per_etp, w.recompute, w.defer_embedding_wgrad, w.bucket_bytes)
+
+
+def _cut(params: list[_Param], limit: float | None, sharded: bool) -> BucketRun:
+    """Megatron-Core's cut of `params` (reverse registration order) at `limit` elements [BUF]."""
+    numels: list[int] = []
+    ready: list[float] = []
+    count, end, point = 0, 0, 0.0  # the open bucket's elements, end with alignment, ready
+    for numel, at, _, own in params:
+        start = -(-end // PARAM_ALIGN) * PARAM_ALIGN if sharded else end
+        own = own and sharded
+        if own and count:
+            numels.append(count)
+            ready.append(point)
+            count, start = 0, 0
+        count += numel
+        end = start + numel
+        point = max(point, at)
+        if (limit is not None and end >= limit) or own:
+            numels.append(count)
+            ready.append(point)
+            count, end = 0, 0
+    if count:
+        numels.append(count)
+        ready.append(point)
+    total = sum(numels)
+    return BucketRun(tuple(n / total for n in numels), tuple(ready), tuple(numels))
+
+
+def chunk_params(w: Workload, tp: int, first_layer: int, layers: int, first: bool,
+                 last: bool) -> list[_Param]:
+    """The chunk's parameters on one GPU in reverse registration order, each with the point of
+    the chunk's backward FLOPs at which its gradient is ready (module docstring)."""
+    pieces = [_piece(w, tp, "head", first)] if last else []
+    pieces += [_piece(w, tp, "layer", w.moe is not None and w.moe.pattern[i] == 1)
+               for i in reversed(range(first_layer, first_layer + layers))]
+    if first:
+        pieces.append(_piece(w, tp, "embedding", last))
+    total = sum(flop for flop, _ in pieces)
+    out: list[_Param] = []
+    done = 0.0
+    for flop, params in pieces:
+        out += [(n, (done + at) / total if total > 0 else 1.0, e, own) for n, e, own, at in params]
+        done += flop
+    return out
+
+
+def _piece(w: Workload, tp: int, kind: str, flag: bool) -> _Piece:
+    """The head (`flag`: the chunk also holds the embedding), a layer (`flag`: MoE) or the
+    embedding (`flag`: the chunk also holds the head), cached."""
+    key = (_shape_key(w), tp, kind, flag)
+    got = _PIECES.get(key)
+    if got is None:
+        if len(_PIECES) >= 1024:
+            _PIECES.clear()
+        h, b_s = w.hidden, 1  # FLOP per token: every term scales with the tokens alike
+        if kind == "head":  # output layer (a tied copy: its own bucket), final norm
+            head = 2 * 2 * h * w.vocab * (0.5 if w.defer_embedding_wgrad else 1.0)
+            output = [] if (w.tie_embeddings and flag) else \
+                [(w.vocab * h // tp, False, w.tie_embeddings)]
+            ops = [(head, output, 0), (0.0, _norm(w), 1)]
+        elif kind == "layer":
+            ops = [(_layer_flop(w, b_s, flag), [], 0)] if w.full_recompute else []
+            ops += _layer_ops(w, tp, b_s, flag)
+        else:  # position, then word embedding (a tied one: its own bucket); no FLOPs
+            position = [(w.seq * h, False, False)] if w.position_embedding == "learned" else []
+            ops = [(0.0, position + [(w.vocab * h // tp, False, w.tie_embeddings and not flag)], 0)]
+        placed, done = [], 0.0
+        for k, (flop, params, slot) in enumerate(ops):
+            done += flop
+            placed += [((slot, k, j), (n, e, own, done)) for j, (n, e, own) in enumerate(params)]
+        got = _PIECES[key] = (done, tuple(p for _, p in sorted(placed, key=lambda x: x[0])))
+    return got
+
+
+def _norm(w: Workload) -> list[tuple[int, bool, bool]]:
+    """A norm's parameters, reversed: bias then weight (LayerNorm), weight (RMSNorm)."""
+    return [(w.hidden, False, False)] if w.rmsnorm else [(w.hidden, False, False)] * 2
+
+
+def _linear(rows: int, cols: int, split: int, bias_split: int, bias: bool,
+            expert: bool = False) -> list[tuple[int, bool, bool]]:
+    """A linear's parameters on one GPU, reversed: bias (`rows` / `bias_split`), weight."""
+    out = [(rows // bias_split, expert, False)] if bias else []
+    return out + [(rows * cols // split, expert, False)]
+
+
+def _layer_flop(w: Workload, b_s: int, moe: bool) -> float:
+    """One layer's forward FLOP for a micro-batch (`Workload.layer_forward_flop`'s terms, the
+    MLP dense or MoE as the layer is)."""
+    h = w.hidden
+    mlp = moe_mlp_forward_flop(w.moe, b_s, h, w.swiglu) if moe else \
+        2 * b_s * h * (w.fc1_width + w.ffn)
+    return 2 * b_s * h * (h + 2 * w.kv_width) + 4 * b_s * w.seq * h + 2 * b_s * h * h + mlp
+
+
+def _layer_ops(w: Workload, tp: int, b_s: int, moe: bool
+               ) -> list[tuple[float, list[tuple[int, bool, bool]], int]]:
+    """One layer's backward ops (FLOP, parameters produced, slot) in backward order: the MLP,
+    the pre-MLP norm, the projection, the attention core, QKV, the input norm. Slots give
+    reverse registration order: MLP, pre-MLP norm, QKV, projection, input norm."""
+    h, bias = w.hidden, w.bias
+    qkv = h + 2 * w.kv_width
+    core = 2 * 4 * b_s * w.seq * h + (4 * b_s * w.seq * h if w.recompute == "selective" else 0)
+    mlp = _moe_ops(w, tp, b_s) if moe else \
+        [(4 * b_s * w.ffn * h, _linear(h, w.ffn, tp, 1, bias)),
+         (4 * b_s * h * w.fc1_width, _linear(w.fc1_width, h, tp, tp, bias))]
+    return [(f, p, 1) for f, p in mlp] + [
+        (0.0, _norm(w), 2), (4 * b_s * h * h, _linear(h, h, tp, 1, bias), 4), (core, [], 4),
+        (4 * b_s * h * qkv, _linear(qkv, h, tp, tp, w.qkv_bias), 3), (0.0, _norm(w), 5)]
+
+
+def _moe_ops(w: Workload, tp: int, b_s: int) -> list[tuple[float, list[tuple[int, bool, bool]]]]:
+    """An MoE MLP's backward ops in reverse registration order: the shared expert (fc2, fc1),
+    the GPU's routed experts last to first (fc2, fc1 each; in the expert buffer under expert
+    parallelism), the router (E x h, replicated)."""
+    m, h, bias = w.moe, w.hidden, w.bias
+    f1 = 2 * m.ffn if w.swiglu else m.ffn
+    ops = []
+    if m.shared_ffn:
+        s1 = 2 * m.shared_ffn if w.swiglu else m.shared_ffn
+        ops += [(4 * b_s * m.shared_ffn * h, _linear(h, m.shared_ffn, tp, 1, bias)),
+                (4 * b_s * h * s1, _linear(s1, h, tp, tp, bias))]
+    local, etp, expert = m.experts // w.ep, w.expert_tp(tp), w.ep > 1
+    rows = b_s * m.topk / local if expert else b_s * m.topk / m.experts  # per local expert
+    for _ in range(local if expert else m.experts):
+        ops += [(4 * rows * m.ffn * h, _linear(h, m.ffn, etp, 1, bias, expert)),
+                (4 * rows * h * f1, _linear(f1, h, etp, etp, bias, expert))]
+    return ops + [(4 * b_s * h * m.experts, [(m.experts * h, False, False)])]

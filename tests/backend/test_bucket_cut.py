@@ -1,0 +1,107 @@
+"""The simulator's gradient buckets (`model.bucket_layout`, Megatron-Core's cut) against the
+backend's (`backend/data_parallel.py`), and the cut's rules on hand-worked cases."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from holmes_sim.backend.data_parallel import bucket_size, make_buckets, routed_expert_ids
+from holmes_sim.backend.model import TensorParallel
+from holmes_sim.backend.moe import ExpertParallel
+from holmes_sim.backend.rank import build_stages
+from holmes_sim.cost.ops import OpCosts
+from holmes_sim.model.bucket_layout import chunk_bucket_runs
+from holmes_sim.prepare import prepare
+from holmes_sim.runner import plan_policy
+from holmes_sim.sim.gradient_buckets import chunk_buckets
+from holmes_sim.validation.testbed_plan import model_config
+from tests.conftest import REPO
+
+TESTBEDS = REPO / "holmes_sim" / "data" / "testbeds"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in TESTBEDS.glob("*.yaml")))
+def test_simulated_buckets_are_the_backends_for_every_bundled_testbed(name):
+    """Every chunk of every stage of each policy's plan: the dense and the routed experts'
+    buckets have the elements the backend's buckets of the same model have, in the same order
+    (one per buffer where the plan reduces after the backward), with and without the
+    distributed optimizer's parameter alignment."""
+    prepared = prepare(TESTBEDS / f"{name}.yaml")
+    w = prepared.workload
+    for policy in prepared.scenario.policies:
+        plan, _ = plan_policy(prepared, policy)
+        for s in range(plan.pp):
+            tp = TensorParallel(plan.tp, 0, lambda x: x, lambda x: x) if plan.tp > 1 else None
+            ep = ExpertParallel(w.ep, 0, None) if w.ep > 1 else None
+            stages = build_stages(plan, model_config(prepared), s, tp, ep)
+            experts = routed_expert_ids(stages)
+            for c in range(plan.num_chunks):
+                numel = bucket_size(plan, int(w.bucket_bytes // 4))
+                backend = [[b.numel for b in make_buckets(stages, [c], plan.dp, numel, keep)]
+                           for keep in (lambda p: id(p) not in experts, lambda p: id(p) in experts)]
+                v = c * plan.pp + s
+                for sharded in (False, True):
+                    dense, routed = chunk_bucket_runs(
+                        w, plan.tp, sum(plan.layers_per_stage[:v]), plan.layers_per_stage[v],
+                        v == 0, v == len(plan.layers_per_stage) - 1, sharded,
+                        plan.releases_gradients_in_backward)
+                    assert list(dense.numels) == backend[0], (policy, s, c)
+                    assert list(routed.numels if routed else ()) == backend[1], (policy, s, c)
+
+
+def test_moe_edp_cut_by_hand():
+    """moe_edp (h 128, 4 layers, V 512, s 128, E 4 of FFN 256, EP 2, 0.5 MB = 125,000 fp32
+    elements): reversed, the output layer (65,536) and final norm (256), then layer 3's router
+    (512), pre-MLP norm (256), QKV (384 + 49,152) reach 116,096 < 125,000, its projection
+    (128 + 16,384) closes the bucket at 132,608; the next ends with layer 1's QKV at 134,144;
+    the last holds the rest (149,248). Each layer's two local experts (2 x 65,920) close an
+    expert bucket at the layer's end. The head's bucket is ready first, the last at 1."""
+    w = prepare(TESTBEDS / "moe_edp.yaml").workload
+    dense, routed = chunk_bucket_runs(w, 1, 0, 4, True, True, True, True)
+    assert dense.numels == (132_608, 134_144, 149_248)
+    assert routed.numels == (131_840,) * 4
+    assert sum(dense.shares) == pytest.approx(1.0) and dense.ready[-1] == 1.0
+    assert list(dense.ready) == sorted(dense.ready) and list(routed.ready) == sorted(routed.ready)
+    assert routed.ready[-1] < 1.0  # layer 0's attention runs after its experts
+    # Without overlapped reduction Megatron-Core keeps one bucket per buffer.
+    one, experts = chunk_bucket_runs(w, 1, 0, 4, True, True, True, False)
+    assert one.numels == (sum(dense.numels),) and experts.numels == (4 * 131_840,)
+
+
+def test_alignment_and_tied_embeddings_under_the_distributed_optimizer():
+    """Sharded: parameters start at multiples of 64 elements, which can close a bucket one
+    parameter earlier; a tied word embedding on a pipeline's first or last stage gets a bucket
+    of its own."""
+    prepared = prepare(TESTBEDS / "default.yaml")
+    # h 100, V 512: the output layer (51,200) and the final norm's bias (100) end at 51,300
+    # either way; aligned, the norm's weight starts at 51,328 and ends past 51,410, closing the
+    # bucket; unaligned it ends at 51,400 and the next parameter (layer 3's fc2 bias) closes it.
+    w = dataclasses.replace(prepared.workload, hidden=100, bucket_bytes=4 * 51_410)
+    plain, _ = chunk_bucket_runs(w, 1, 2, 2, False, True, False, True)
+    aligned, _ = chunk_bucket_runs(w, 1, 2, 2, False, True, True, True)
+    assert sum(plain.numels) == sum(aligned.numels)
+    assert plain.numels[0] == 51_500 and aligned.numels[0] == 51_400
+    tied = dataclasses.replace(w, tie_embeddings=True, bucket_bytes=1e12)
+    last, _ = chunk_bucket_runs(tied, 1, 2, 2, False, True, True, True)
+    first, _ = chunk_bucket_runs(tied, 1, 0, 2, True, False, True, True)
+    assert last.numels[0] == w.vocab * w.hidden and len(last.numels) == 2
+    assert first.numels[-1] == w.vocab * w.hidden and len(first.numels) == 2
+    assert len(chunk_bucket_runs(tied, 1, 0, 2, True, False, False, True)[0].numels) == 1
+
+
+def test_engine_buckets_carry_the_chunks_bytes_and_its_whole_compute():
+    """The engine's buckets of each chunk: gradient bytes add up to the chunk's, compute
+    fractions to 1, released in order of their ready points."""
+    prepared = prepare(TESTBEDS / "moe_edp.yaml")
+    plan, cluster = plan_policy(prepared, "megatron")
+    w = prepared.workload
+    costs = OpCosts(cluster, w, prepared.compute, plan.tp)
+    got = chunk_buckets(costs, plan.layers_per_stage, 0, True, True, True)
+    params = costs.virtual_stage_params(plan.layers_per_stage, 0)
+    assert sum(b.grad_bytes for b in got) == pytest.approx(w.grad_bytes_of(params), rel=1e-12)
+    assert sum(b.fraction for b in got) == pytest.approx(1.0, rel=1e-12)
+    assert [b.expert for b in got].count(True) == 4 and min(b.fraction for b in got) >= 0
+    dense_only = chunk_buckets(costs, plan.layers_per_stage, 0, False, True, True)
+    assert [b.expert for b in dense_only] == [False] * 3
