@@ -105,6 +105,26 @@ def test_deepseek_presets_have_their_published_size(name, published, rel):
     assert w.total_params == pytest.approx(published, rel=rel)
 
 
+@pytest.mark.parametrize("q_rank", [None, 48])
+def test_gradient_buckets_hold_every_mla_parameter_once(q_rank):
+    """The bucket cut (`model.bucket_layout`) lists MLA's own linears and latent norms: on one
+    GPU without TP they add up to the model's parameters; under TP the up projections split and
+    the down projections and latent norms do not."""
+    from holmes_sim.model.bucket_layout import chunk_params
+    w = build_workload(_small(q_lora_rank=q_rank), _TRAINING)
+    params = chunk_params(w, 1, 0, w.num_layers, True, True)
+    assert sum(p[0] for p in params) == w.total_params
+    ready = [p[1] for p in params]
+    assert all(0 < r <= 1.0 for r in ready) and max(ready) == 1.0
+    m, h = w.mla, w.hidden
+    split = chunk_params(build_workload(_small(q_lora_rank=q_rank), _TRAINING, 2), 2, 0, 1,
+                         False, False)
+    sizes = [p[0] for p in split]
+    assert m.kv_rank * m.kv_up_width // 2 in sizes  # kv up: column-parallel
+    assert h * (m.kv_rank + m.rope_dim) in sizes  # kv down: replicated
+    assert h * m.v_width // 2 in sizes  # output projection: row-parallel
+
+
 def test_deepseek_v3_activates_its_published_37b_per_token():
     w = build_workload(_spec("deepseek-v3"), _TRAINING)
     m = w.moe

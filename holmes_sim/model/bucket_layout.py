@@ -99,7 +99,7 @@ def _shape_key(w: Workload) -> tuple:
     FLOP alike, so they do not)."""
     return (w.hidden, w.kv_width, w.ffn, w.fc1_width, w.vocab, w.seq, w.bias, w.qkv_bias,
             w.rmsnorm, w.swiglu, w.position_embedding, w.tie_embeddings, w.moe, w.ep,
-            w.tp_per_etp, w.recompute, w.defer_embedding_wgrad, w.bucket_bytes)
+            w.tp_per_etp, w.recompute, w.defer_embedding_wgrad, w.bucket_bytes, w.mla)
 
 
 def _cut(params: list[_Param], limit: float | None, sharded: bool) -> BucketRun:
@@ -192,6 +192,8 @@ def _layer_flop(w: Workload, b_s: int, moe: bool) -> float:
     h = w.hidden
     mlp = moe_mlp_forward_flop(w.moe, b_s, h, w.swiglu) if moe else \
         2 * b_s * h * (w.fc1_width + w.ffn)
+    if w.mla is not None:
+        return w.mla.projection_forward_flop(b_s, h) + w.mla.core_forward_flop(b_s, w.seq) + mlp
     return 2 * b_s * h * (h + 2 * w.kv_width) + 4 * b_s * w.seq * h + 2 * b_s * h * h + mlp
 
 
@@ -206,9 +208,36 @@ def _layer_ops(w: Workload, tp: int, b_s: int, moe: bool
     mlp = _moe_ops(w, tp, b_s) if moe else \
         [(4 * b_s * w.ffn * h, _linear(h, w.ffn, tp, 1, bias)),
          (4 * b_s * h * w.fc1_width, _linear(w.fc1_width, h, tp, tp, bias))]
+    if w.mla is not None:
+        return [(f, p, 1) for f, p in mlp] + [(0.0, _norm(w), 2)] + _mla_ops(w, tp, b_s) + \
+            [(0.0, _norm(w), 5)]
     return [(f, p, 1) for f, p in mlp] + [
         (0.0, _norm(w), 2), (4 * b_s * h * h, _linear(h, h, tp, 1, bias), 4), (core, [], 4),
         (4 * b_s * h * qkv, _linear(qkv, h, tp, tp, w.qkv_bias), 3), (0.0, _norm(w), 5)]
+
+
+def _mla_ops(w: Workload, tp: int, b_s: int
+             ) -> list[tuple[float, list[tuple[int, bool, bool]], int]]:
+    """Latent attention's backward ops (`model.mla`), in backward order: the output projection
+    (slot 4: `linear_proj`, registered first), the core, the up projections, the latent norms,
+    the down projections (slot 3, Megatron-Core `MLASelfAttention` registers them after
+    `linear_proj`). Down projections and norms are replicated over TP, the up projections
+    column-parallel, the output projection row-parallel."""
+    m, h = w.mla, w.hidden
+    norm = 1 if w.rmsnorm else 2
+    core = 2 * m.core_forward_flop(b_s, w.seq) * (1.5 if w.recompute == "selective" else 1.0)
+    ups = [(4 * b_s * m.kv_rank * m.kv_up_width, _linear(m.kv_up_width, m.kv_rank, tp, tp, False))]
+    downs = [(4 * b_s * h * (m.kv_rank + m.rope_dim),
+              _linear(m.kv_rank + m.rope_dim, h, 1, 1, False))]
+    norms = [(m.kv_rank * norm, False, False)]
+    if m.q_rank:
+        ups.append((4 * b_s * m.q_rank * m.q_width, _linear(m.q_width, m.q_rank, tp, tp, False)))
+        downs.append((4 * b_s * h * m.q_rank, _linear(m.q_rank, h, 1, 1, False)))
+        norms.append((m.q_rank * norm, False, False))
+    else:
+        downs.append((4 * b_s * h * m.q_width, _linear(m.q_width, h, tp, tp, False)))
+    return [(4 * b_s * h * m.v_width, _linear(h, m.v_width, tp, 1, w.bias), 4), (core, [], 4)] + \
+        [(f, p, 3) for f, p in ups] + [(0.0, norms, 3)] + [(f, p, 3) for f, p in downs]
 
 
 def _moe_ops(w: Workload, tp: int, b_s: int) -> list[tuple[float, list[tuple[int, bool, bool]]]]:
