@@ -437,7 +437,8 @@ class _Simulation:
 
     def _work(self, name: str, seconds: float) -> simpy.Event:
         """An event after `seconds` of compute: a timeout, or core-seconds on a shared host."""
-        seconds *= self.jitter.factor(name)
+        if self.jitter.rng:
+            seconds *= self.jitter.factor(name)
         if self.cpu is None:
             return self.env.timeout(seconds)
         return self.net.transfer(self._cpu_path[name], seconds)

@@ -288,6 +288,7 @@ class FlowNetwork:
         env, due_at, now = self._env, self._due, self._env._now
         # A completion's `env.schedule(done)`: to the bucket being processed where there is one.
         fire = env.schedule if getattr(env, "now_bucket", None) is None else env.now_bucket.append
+        lone = ended = 0  # flows started alone on their links, flows ended (counted at the end)
         while times and times[0] <= due:
             at = self._current = times[0]
             bucket = due_at[at]
@@ -306,8 +307,7 @@ class FlowNetwork:
                     for link in route.ids:
                         occupied[link] = flow
                     flow.rate, flow.bneck = flow.solo
-                    self._active += 1
-                    self.flows_started += 1
+                    lone += 1
                     end = now + flow.size / flow.rate
                     later = due_at.get(end)  # `_post(end, flow, 1)`, inlined
                     if later is None:
@@ -322,7 +322,7 @@ class FlowNetwork:
                     else:
                         self._take_off(flow, seeds)
                     flow.state, flow.remaining, flow.rate = _DONE, 0.0, 0.0
-                    self._active -= 1
+                    ended += 1
                     done, flow.done = flow.done, None  # no flow <-> event cycle to collect
                     done._ok, done._value = True, None  # `done.succeed()`, inlined
                     fire(done)
@@ -333,6 +333,8 @@ class FlowNetwork:
             del bucket[:i]
             ahead.clear()
         self._current = math.inf
+        self._active += lone - ended
+        self.flows_started += lone
         if seeds:
             self._update()
         self._arm_next()
