@@ -183,26 +183,23 @@ class FlowNetwork:
             return self._env.timeout(latency_s)
         done = _make(TransferEvent)  # `TransferEvent(env)`, inlined
         done.env, done.callbacks = self._env, []
-        self._begin(done, route, float(size_bytes), latency_s)
-        return done
+        return self.send(route, size_bytes, latency_s, None, done)
 
-    def send(self, route: _Route, size_bytes: float, latency_s: float, callback) -> Any:
+    def send(self, route: _Route, size_bytes: float, latency_s: float, callback,
+             done: Any = None) -> Any:
         """`transfer(route, size_bytes, latency_s)` where only `callback(event)` waits for the
-        last byte (the engine's pipeline messages): the same flow, its event a `LeanTransfer`."""
-        if size_bytes == 0 or not route.links:  # no flow: `transfer`'s timeout
-            done = self.transfer(route, size_bytes, latency_s)
-            done.callbacks.append(callback)
-            return done
-        done = _make(LeanTransfer)
-        done.callbacks = [callback]
-        self._begin(done, route, float(size_bytes), latency_s)
-        return done
-
-    def _begin(self, done, route: _Route, size_bytes: float, latency_s: float) -> None:
-        """Make the pending flow of `done`'s transfer and post its start `latency_s` s on."""
+        last byte (the engine's pipeline messages): the same flow, its event a `LeanTransfer`
+        (or `done`, `transfer`'s own). Returns the event."""
+        if done is None:
+            if size_bytes == 0 or not route.links:  # no flow: `transfer`'s timeout
+                done = self.transfer(route, size_bytes, latency_s)
+                done.callbacks.append(callback)
+                return done
+            done = _make(LeanTransfer)
+            done.callbacks = [callback]
         done.flow = flow = _make(_Flow)  # a pending flow; `_Flow` lists what each field holds
         flow.fid, flow.route, flow.links, flow.solo = self._next_fid, route, route.links, route.solo
-        flow.size = flow.remaining = size_bytes  # bytes left at time `since`
+        flow.size = flow.remaining = float(size_bytes)  # bytes left at time `since`
         flow.rate = flow.since = 0.0  # bytes/s since `since`
         flow.done, flow.state, flow.token, flow.mark = done, _PENDING, 0, 0
         flow.new_rate, flow.bneck, flow.lone = -1.0, -1, False
@@ -214,6 +211,7 @@ class FlowNetwork:
         bucket.append((flow, 0))
         if at not in self._armed:
             self._arm(at)
+        return done
 
     # -- agenda ----------------------------------------------------------------------------
 
