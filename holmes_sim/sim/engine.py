@@ -37,7 +37,6 @@ import struct
 from dataclasses import dataclass
 
 import simpy
-from simpy.events import Event, Timeout
 
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.compute import ComputeModel
@@ -50,7 +49,7 @@ from holmes_sim.sim import symmetry
 from holmes_sim.sim.context_exchange import cp_exchange
 from holmes_sim.sim.expert_exchange import ep_exchange
 from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams
-from holmes_sim.sim.environment import CountingEnvironment, Jitter, quiet_collector
+from holmes_sim.sim.environment import CountingEnvironment, Jitter, LeanEvent, quiet_collector
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
@@ -294,9 +293,9 @@ class _Simulation:
                 else:
                     msgs.post(k)  # its send waiting, or posted early
                 ev = arrival[k]
-                if ev is None:  # `Event(env)`, inlined
-                    ev = arrival[k] = make(Event)
-                    ev.env, ev.callbacks = env, []
+                if ev is None:  # not sent yet: its arrival event
+                    ev = arrival[k] = make(LeanEvent)
+                    ev.callbacks = []
                 if ev.callbacks is None:  # arrived already; each message is consumed once
                     arrival[k] = sent_at[k] = None
                 else:  # idle time split into bubble (producer not done) and exposed PP
@@ -311,11 +310,10 @@ class _Simulation:
                     if now > split:
                         rows += pack(split, now, 0.0, eid, mb, chunk, cst, _WAIT_PP)
             dur, tp = durations[jb]
-            if special is None:  # one timeout of the op's compute and TP seconds (`Timeout`, inlined)
+            if special is None:  # one timeout of the op's compute and TP seconds
                 start = env._now
-                timeout = make(Timeout)
-                timeout.env, timeout.callbacks, timeout._value, timeout._ok, timeout._delay = \
-                    env, [], None, True, dur + tp
+                timeout = make(LeanEvent)
+                timeout.callbacks, timeout._value, timeout._ok = [], None, True
                 at = start + (dur + tp)
                 bucket = calendar.get(at)
                 if bucket is None:
@@ -441,7 +439,8 @@ class _Simulation:
 
     def _work(self, name: str, seconds: float) -> simpy.Event:
         """An event after `seconds` of compute: a timeout, or core-seconds on a shared host."""
-        seconds *= self.jitter.factor(name)
+        if self.jitter.rng:
+            seconds *= self.jitter.factor(name)
         if self.cpu is None:
             return self.env.timeout(seconds)
         return self.net.transfer(self._cpu_path[name], seconds)

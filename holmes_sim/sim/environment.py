@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import numpy as np
 import simpy
 from simpy.core import EmptySchedule
-from simpy.events import NORMAL, Process
+from simpy.events import NORMAL, Event, Process, Timeout
 
 
 @contextmanager
@@ -31,12 +31,25 @@ def quiet_collector(threshold: int = 200_000):
         gc.unfreeze()
 
 
+_make = object.__new__
+
+
 class _Stop(Exception):
     """Raised by the callback that ends `CountingEnvironment.run_until`."""
 
 
 def _stop(_event: simpy.Event) -> None:
     raise _Stop
+
+
+class LeanEvent:
+    """An event of the engine's own (a message's arrival, an op's compute), made with
+    `object.__new__` and its three fields set by the maker: what `CountingEnvironment.run_until`
+    and `LeanProcess` read of a SimPy event (`callbacks`: None once processed; `_ok`; `_value`),
+    in slots, so it is made and freed with less work than a `simpy.Event`. Only a
+    `LeanProcess` may wait for it, and it never fails."""
+
+    __slots__ = ("callbacks", "_ok", "_value")
 
 
 class LeanProcess(Process):
@@ -100,6 +113,22 @@ class CountingEnvironment(simpy.Environment):
 
     def process(self, generator) -> LeanProcess:  # type: ignore[override]
         return LeanProcess(self, generator)
+
+    def timeout(self, delay: float = 0, value=None) -> Timeout:  # type: ignore[override]
+        """SimPy's `Timeout(env, delay, value)`, built without its Python `__init__` call."""
+        if delay < 0:
+            raise ValueError(f"Negative delay {delay}")
+        timeout = _make(Timeout)
+        timeout.env, timeout.callbacks, timeout._value, timeout._delay, timeout._ok = \
+            self, [], value, delay, True
+        self.schedule(timeout, NORMAL, delay)
+        return timeout
+
+    def event(self) -> Event:  # type: ignore[override]
+        """SimPy's `Event(env)`, built without its Python `__init__` call."""
+        event = _make(Event)
+        event.env, event.callbacks = self, []
+        return event
 
     def schedule(self, event: simpy.Event, priority: int = NORMAL, delay: float = 0) -> None:
         """Add `event` at `now + delay` (SimPy's `schedule`, on the calendar)."""

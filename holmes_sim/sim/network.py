@@ -77,17 +77,13 @@ class _Route:
         self.weights = tuple(w for _, w in links)
         self.ids = tuple(link for link, _ in links)
         # `pick(occupied)` equals `free` when no flow is on any of the links.
-        self.pick = itemgetter(*self.ids) if self.ids else _nothing
+        self.pick = itemgetter(*self.ids) if self.ids else None  # no flow has an empty route
         self.free = (None,) * len(self.ids) if len(self.ids) != 1 else None
 
 
-def _nothing(_occupied: list) -> tuple:
-    return ()
-
-
 class _Flow:
-    """One flow (made by `_new_flow`). `links` holds (link index, weight) pairs; `token` names
-    its live agenda entry."""
+    """One flow (made by `FlowNetwork.transfer`). `links` holds (link index, weight) pairs;
+    `token` names its live agenda entry."""
 
     __slots__ = (
         "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
@@ -95,32 +91,18 @@ class _Flow:
     )
 
 
-def _new_flow(fid: int, route: _Route, size: float, done: simpy.Event) -> _Flow:
-    """A pending flow of `size` bytes over `route` (a function, not `__init__`: a Python
-    call is cheaper than a class call that runs Python code)."""
-    flow = _make(_Flow)
-    flow.fid = fid
-    flow.route = route
-    flow.links = route.links
-    flow.solo = route.solo
-    flow.size = size
-    flow.remaining = size  # bytes left at time `since`
-    flow.rate = 0.0  # bytes/s since `since`
-    flow.since = 0.0
-    flow.done = done
-    flow.state = _PENDING
-    flow.token = 0  # the start entry has token 0; each completion entry a new one
-    flow.mark = 0  # component-search stamp
-    flow.new_rate = -1.0  # progressive-filling scratch; < 0 means not frozen yet
-    flow.bneck = -1  # link index where the flow froze in the last filling
-    flow.lone = False  # alone on its links and kept out of their member maps (`_occupied`)
-    return flow
-
-
 class TransferEvent(simpy.Event):
     """Succeeds when the last byte of a transfer arrives; `flow` is the network's handle."""
 
     flow: _Flow | None = None
+
+
+class LeanTransfer:
+    """The event of a `FlowNetwork.send`: what the loop reads of a SimPy event (`callbacks`,
+    `_ok`, `_value`, as `environment.LeanEvent`), the network's `flow` and the sender's
+    `message`, in slots. Nothing may wait for it or combine it with other events."""
+
+    __slots__ = ("callbacks", "_ok", "_value", "flow", "message")
 
 
 _make = object.__new__
@@ -199,13 +181,30 @@ class FlowNetwork:
         route = path if type(path) is _Route else self._route(path)
         if size_bytes == 0 or not route.links:
             return self._env.timeout(latency_s)
-        env = self._env
         done = _make(TransferEvent)  # `TransferEvent(env)`, inlined
-        done.env, done.callbacks = env, []
-        flow = _new_flow(self._next_fid, route, float(size_bytes), done)
+        done.env, done.callbacks = self._env, []
+        return self.send(route, size_bytes, latency_s, None, done)
+
+    def send(self, route: _Route, size_bytes: float, latency_s: float, callback,
+             done: Any = None) -> Any:
+        """`transfer(route, size_bytes, latency_s)` where only `callback(event)` waits for the
+        last byte (the engine's pipeline messages): the same flow, its event a `LeanTransfer`
+        (or `done`, `transfer`'s own). Returns the event."""
+        if done is None:
+            if size_bytes == 0 or not route.links:  # no flow: `transfer`'s timeout
+                done = self.transfer(route, size_bytes, latency_s)
+                done.callbacks.append(callback)
+                return done
+            done = _make(LeanTransfer)
+            done.callbacks = [callback]
+        done.flow = flow = _make(_Flow)  # a pending flow; `_Flow` lists what each field holds
+        flow.fid, flow.route, flow.links, flow.solo = self._next_fid, route, route.links, route.solo
+        flow.size = flow.remaining = float(size_bytes)  # bytes left at time `since`
+        flow.rate = flow.since = 0.0  # bytes/s since `since`
+        flow.done, flow.state, flow.token, flow.mark = done, _PENDING, 0, 0
+        flow.new_rate, flow.bneck, flow.lone = -1.0, -1, False
         self._next_fid += 1
-        done.flow = flow
-        at = env._now + latency_s  # `now` without the property's call (hot path)
+        at = self._env._now + latency_s  # `now` without the property's call (hot path)
         bucket = self._due.get(at)  # `_post`, inlined
         if bucket is None:
             bucket = self._bucket(at)
@@ -284,10 +283,13 @@ class FlowNetwork:
         due: float = event._value  # the due time the wake-up was armed with
         del self._armed[due]
         times, seeds, occupied, ahead = self._times, self._seeds, self._occupied, self._ahead
-        now, schedule, post = self._env._now, self._env.schedule, self._post
+        env, due_at, now = self._env, self._due, self._env._now
+        # A completion's `env.schedule(done)`: to the bucket being processed where there is one.
+        fire = env.schedule if getattr(env, "now_bucket", None) is None else env.now_bucket.append
+        lone = ended = 0  # flows started alone on their links, flows ended (counted at the end)
         while times and times[0] <= due:
             at = self._current = times[0]
-            bucket = self._due[at]
+            bucket = due_at[at]
             i = 0
             while i < len(bucket):  # entries posted meanwhile at `at` join the end
                 flow, token = bucket[i]
@@ -303,9 +305,12 @@ class FlowNetwork:
                     for link in route.ids:
                         occupied[link] = flow
                     flow.rate, flow.bneck = flow.solo
-                    self._active += 1
-                    self.flows_started += 1
-                    post(now + flow.size / flow.rate, flow, 1)
+                    lone += 1
+                    end = now + flow.size / flow.rate
+                    later = due_at.get(end)  # `_post(end, flow, 1)`, inlined
+                    if later is None:
+                        later = self._bucket(end)
+                    later.append((flow, 1))
                     if ahead:  # it is due before `at`: apply it first
                         break
                 elif state == _ACTIVE and token == flow.token:
@@ -314,18 +319,20 @@ class FlowNetwork:
                             occupied[link] = None
                     else:
                         self._take_off(flow, seeds)
-                    flow.state, flow.remaining, flow.rate = _DONE, 0.0, 0.0  # `_finish`
-                    self._active -= 1
+                    flow.state, flow.remaining, flow.rate = _DONE, 0.0, 0.0
+                    ended += 1
                     done, flow.done = flow.done, None  # no flow <-> event cycle to collect
                     done._ok, done._value = True, None  # `done.succeed()`, inlined
-                    schedule(done)
+                    fire(done)
             else:
                 heapq.heappop(times)
-                del self._due[at]
+                del due_at[at]
                 continue
             del bucket[:i]
             ahead.clear()
         self._current = math.inf
+        self._active += lone - ended
+        self.flows_started += lone
         if seeds:
             self._update()
         self._arm_next()
@@ -380,12 +387,6 @@ class FlowNetwork:
             elif seeds is not None:
                 seeds.append(link)
 
-    def _finish(self, flow: _Flow) -> None:
-        flow.state = _DONE
-        flow.remaining = 0.0
-        flow.rate = 0.0
-        self._active -= 1
-
     # -- sharing ---------------------------------------------------------------------------
     #
     # A recomputation first re-shares only the region R: the flows on the touched links. Flows
@@ -416,9 +417,11 @@ class FlowNetwork:
             else:
                 flows = self._share_components(links)
             self._reschedule(flows, now)
-        for flow in finished:
+        schedule = self._env.schedule
+        for flow in finished:  # `done.succeed()`, inlined (a `LeanTransfer` has no methods)
             done, flow.done = flow.done, None  # no flow <-> event cycle left to collect
-            done.succeed()
+            done._ok, done._value = True, None
+            schedule(done)
 
     def _gather(self, seeds: list[int], now: float, finished: list[_Flow]) -> list[int]:
         """Build the region of `seeds`, retiring finished flows into `finished` (widening the
@@ -572,7 +575,8 @@ class FlowNetwork:
             finished.sort(key=lambda f: f.fid)
             for flow in finished:
                 self._take_off(flow, None)
-                self._finish(flow)
+                flow.state, flow.remaining, flow.rate = _DONE, 0.0, 0.0
+                self._active -= 1
             flows[:] = [f for f in flows if f.state == _ACTIVE]
         return finished
 

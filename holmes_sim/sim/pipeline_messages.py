@@ -12,9 +12,8 @@ number, so the engine's hot loop looks them up without hashing tuples.
 from __future__ import annotations
 
 import simpy
-from simpy.events import Event
 
-from holmes_sim.sim.environment import CountingEnvironment
+from holmes_sim.sim.environment import CountingEnvironment, LeanEvent
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.trace import KIND_CODE, ROW, OpKind
 
@@ -47,7 +46,7 @@ class PipelineMessages:
         self.slot = {d: i for i, d in enumerate(replicas)}
         n = len(replicas) * self.per_replica
         self.state: list = [None] * n
-        self.arrival: list[Event | None] = [None] * n
+        self.arrival: list[LeanEvent | None] = [None] * n
         self.sent_at: list[float | None] = [None] * n
         self._on_arrival = self._arrived  # bound once, appended to every transfer
 
@@ -68,9 +67,8 @@ class PipelineMessages:
         else:  # the receive is posted: the transfer starts
             self.state[k] = STARTED
             links, latency, ids = route
-            done = self.net.transfer(links, self.size, latency)
+            done = self.net.send(links, self.size, latency, self._on_arrival)
             done.message = (k, now, ids, mb, chunk)
-            done.callbacks.append(self._on_arrival)
 
     def post(self, k: int) -> None:
         """The receiver posts message k's receive: a waiting send starts now. A receive posted
@@ -81,21 +79,20 @@ class PipelineMessages:
         elif type(state) is tuple:  # the waiting send starts
             self.state[k] = STARTED
             (links, latency, ids), mb, chunk = state
-            done = self.net.transfer(links, self.size, latency)
+            done = self.net.send(links, self.size, latency, self._on_arrival)
             done.message = (k, self.env._now, ids, mb, chunk)
-            done.callbacks.append(self._on_arrival)
 
     def _arrived(self, done: simpy.Event) -> None:
         """The last byte is in: record the send and fire the message's arrival event
-        (`Event(env).succeed()`, inlined, on the engine's `CountingEnvironment`)."""
+        (a `LeanEvent`, scheduled as `succeed()` would on the engine's `CountingEnvironment`)."""
         k, begun, (sender, stream), mb, chunk = done.message
         env = self.env
         now = env._now
         self.rows += ROW.pack(begun, now, self.size, sender, mb, chunk, stream, _PP_SEND)
         ev = self.arrival[k]
-        if ev is None:  # `Event(env)`, inlined
-            ev = self.arrival[k] = _make(Event)
-            ev.env, ev.callbacks = env, []
+        if ev is None:  # nobody waits for it yet
+            ev = self.arrival[k] = _make(LeanEvent)
+            ev.callbacks = []
         ev._ok, ev._value = True, None
         bucket = env.now_bucket  # the bucket being processed: `now`'s NORMAL one, if that
         if bucket is None:
