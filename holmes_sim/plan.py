@@ -23,6 +23,10 @@ from typing import Protocol
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.schedule import Schedule, ScheduleKind, build_schedule
 
+DEFAULT_BUCKET_NUMEL = 40_000_000
+"""Gradient elements per bucket unless the scenario sets `bucket_size_mb`: Megatron-Core
+`DistributedDataParallel`'s floor (raised with dp, `Plan.bucket_numel`), kept for the others."""
+
 
 class TransportKind(StrEnum):
     """How a communication group moves bytes."""
@@ -322,6 +326,28 @@ class Plan:
     def releases_gradients_in_backward(self) -> bool:
         return self.overlap_grad_reduce or self.optimizer.overlapped or \
             self.optimizer.reduces_every_microbatch
+
+    def bucket_numel(self, j: int, given: int | None) -> int | None:
+        """Gradient elements per bucket of virtual stage j (`given`: the scenario's, None for
+        the framework's default); None: one bucket per buffer, reduced once the chunk's backward
+        is done. With `overlap_grad_reduce` the buckets are Megatron-Core
+        `DistributedDataParallel`'s (megatron/core/distributed/distributed_data_parallel.py,
+        `__init__`): its default `bucket_size` is max(40,000,000, 1,000,000 x dp) elements, dp
+        the data-parallel group's size without context parallelism (`dp_group`), and it sets
+        `bucket_size` to None on pipeline ranks > 0 and where `disable_bucketing`, which
+        megatron/training/training.py `get_model` passes for every model chunk after the first:
+        only virtual stage 0 (pipeline rank 0, chunk 0) is cut. Holmes' overlapped optimizer and
+        Megatron-LLaMA's (megatron/optimizer/overlapped_dist_optimizer.py) cut every chunk,
+        by default into 40,000,000-element buckets; without reduction during the backward
+        (Megatron-Core without `overlap_grad_reduce`, ZeRO-1) there is one bucket."""
+        if not self.releases_gradients_in_backward:
+            return None
+        if not self.overlap_grad_reduce:
+            return DEFAULT_BUCKET_NUMEL if given is None else given
+        if j > 0:
+            return None
+        return max(DEFAULT_BUCKET_NUMEL, 1_000_000 * self.data_parallel) if given is None \
+            else given
 
     @property
     def world_size(self) -> int:

@@ -70,29 +70,33 @@ def _flat(tensors: list[torch.Tensor], padded: int) -> torch.Tensor:
     return flat
 
 
-def bucket_size(plan: Plan, bucket_numel: int) -> int | None:
-    """Elements per bucket: `bucket_numel` where the plan reduces gradients during the backward,
-    else None (one bucket per chunk and buffer), as Megatron-Core sets `bucket_size` to None
-    without `overlap_grad_reduce` (megatron/core/distributed/distributed_data_parallel.py)."""
-    return bucket_numel if plan.releases_gradients_in_backward else None
+def bucket_sizes(plan: Plan, pp_rank: int, bucket_numel: int | None) -> list[int | None]:
+    """Elements per bucket of each of the rank's chunks (`bucket_numel`: the scenario's, None
+    for the framework's default), None for one bucket per chunk and buffer: the simulator's
+    `Plan.bucket_numel` of the chunk's virtual stage (Megatron-Core cuts only pipeline rank 0's
+    first chunk, and none without `overlap_grad_reduce`)."""
+    schedule = plan.schedule()
+    return [plan.bucket_numel(schedule.virtual_stage(pp_rank, c), bucket_numel)
+            for c in range(plan.num_chunks)]
 
 
 def make_buckets(stages: list[Stage], chunk_order: list[int], dp: int,
-                 bucket_numel: int | None,
+                 bucket_numel: list[int | None],
                  keep: Callable[[torch.nn.Parameter], bool] | None = None) -> list[Bucket]:
     """Buckets in the order their gradients become final: chunks by their last backward, within
     a chunk parameters in reverse registration order (backward reaches the last layers first),
-    a bucket closed at the first parameter that brings it to `bucket_numel` elements (None: one
-    per chunk; Megatron-Core's `_ParamAndGradBuffer`); `keep`: only the parameters it accepts
-    (None: all), padded for a group of `dp`."""
+    a bucket of chunk c closed at the first parameter that brings it to `bucket_numel[c]`
+    elements (None: one per chunk; Megatron-Core's `_ParamAndGradBuffer`); `keep`: only the
+    parameters it accepts (None: all), padded for a group of `dp`."""
     buckets: list[Bucket] = []
     for c in chunk_order:
         current: list[torch.nn.Parameter] = []
+        limit = bucket_numel[c]
         for p in reversed(list(stages[c].parameters())):
             if keep is not None and not keep(p):
                 continue
             current.append(p)
-            if bucket_numel is not None and sum(q.numel() for q in current) >= bucket_numel:
+            if limit is not None and sum(q.numel() for q in current) >= limit:
                 buckets.append(make_bucket(current, c, dp))
                 current = []
         if current:

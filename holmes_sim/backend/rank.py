@@ -32,7 +32,7 @@ from holmes_sim.backend.collectives import ExpertParallelComm, TensorParallelCom
 from holmes_sim.backend.data_parallel import (
     DataParallel,
     GradientSync,
-    bucket_size,
+    bucket_sizes,
     make_buckets,
     routed_expert_ids,
 )
@@ -108,7 +108,7 @@ class Rank:
         chunk_order = sorted(self.last_backward, key=self.last_backward.get)
         experts = set() if cfg.mutation == "experts-reduced-over-dp" \
             else routed_expert_ids(self.stages)
-        numel = bucket_size(plan, cfg.bucket_numel)
+        numel = bucket_sizes(plan, self.pp_rank, cfg.bucket_numel)
         dense = make_buckets(self.stages, chunk_order, plan.dp, numel,
                              lambda p: id(p) not in experts)
         parts = [DataParallel(plan, cfg, data_group(self.groups) if plan.dp > 1 else None, dense,

@@ -27,7 +27,8 @@ class RunConfig:
         world_interfaces: per-rank interface of the world (barrier) group, or empty: gloo default.
         output_dir: where rank_R.json / rank_R.log go; empty: launch fills it in.
         timeout_s: gloo operation and rendezvous timeout, seconds.
-        bucket_numel: gradient elements per DP bucket (the overlapped mode's unit of launch).
+        bucket_numel: gradient elements per DP bucket (the overlapped mode's unit of launch);
+            None: the framework's default (`Plan.bucket_numel`).
         torch_threads: intra-op threads per rank (1: ranks share few cores honestly).
         dry_run: build groups and stages, then exit without training.
     """
@@ -43,7 +44,7 @@ class RunConfig:
     world_interfaces: list = field(default_factory=list)
     output_dir: str = ""
     timeout_s: float = 60.0
-    bucket_numel: int = 1 << 16
+    bucket_numel: int | None = 1 << 16
     torch_threads: int = 1
     dry_run: bool = False
     backend: str = "gloo"

@@ -192,18 +192,18 @@ class OpCosts:
                    for j in range(pp_rank, len(layers_per_stage), pp))
 
     def gradient_buckets(self, layers_per_stage: tuple[int, ...], j: int, sharded: bool,
-                         bucketed: bool) -> tuple[tuple[Bucketed, ...], tuple[Bucketed, ...]]:
+                         numel: int | None) -> tuple[tuple[Bucketed, ...], tuple[Bucketed, ...]]:
         """Virtual stage j's DP buckets as Megatron-Core cuts them (`model.bucket_layout`):
         (dense, routed experts') per buffer in release order, each bucket's (gradient bytes,
         parameter bytes, ready point of the chunk's backward in 0..1), the bytes the whole TP
         group's (`virtual_stage_params`) in the cut's shares; `sharded`: distributed optimizer;
-        `bucketed`: gradients reduced during the backward (else one bucket per buffer)."""
+        `numel`: elements per bucket (`Plan.bucket_numel`; None: one bucket per buffer)."""
         w = self.workload
         params = self.virtual_stage_params(layers_per_stage, j)
         expert = self.virtual_stage_expert_params(layers_per_stage, j)
         dense_run, expert_run = chunk_bucket_runs(
             w, self.tp, sum(layers_per_stage[:j]), layers_per_stage[j], j == 0,
-            j == len(layers_per_stage) - 1, sharded, bucketed)
+            j == len(layers_per_stage) - 1, sharded, numel)
         if expert_run is None:  # no routed experts of their own in this chunk's layers
             expert = 0
 

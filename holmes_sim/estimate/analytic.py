@@ -213,9 +213,10 @@ class _Estimator:
             out, offset, times = [], 0.0, {}
             for c, width in enumerate(widths):
                 share = width / sum(widths)
-                run = self.costs.gradient_buckets(p.layers_per_stage, self._virtual(s, c),
-                                                  p.optimizer.sharded,
-                                                  p.releases_gradients_in_backward)[d is not None]
+                j = self._virtual(s, c)
+                run = self.costs.gradient_buckets(
+                    p.layers_per_stage, j, p.optimizer.sharded,
+                    p.bucket_numel(j, self.costs.workload.given_bucket_numel))[d is not None]
                 for grad, param, point in run:
                     size = grad if what == "grad" else param
                     r = times.get(size)

@@ -12,7 +12,8 @@ Sources (Megatron-LM main, commit 001199898c, 2026; the same rules since Megatro
   (`_does_param_require_new_bucket`).
 - [DDP] megatron/core/distributed/distributed_data_parallel.py: the routed experts' parameters
   (`allreduce = False`) go to a buffer of their own (`expert_parallel_buffers`), cut the same way;
-  `bucket_size` is None (one bucket) without `overlap_grad_reduce`.
+  `bucket_size` is None (one bucket) without `overlap_grad_reduce`, on pipeline ranks > 0 and
+  for model chunks after the first; its default grows with dp (`Plan.bucket_numel`).
 - Registration order: `GPTModel` (embedding: word, position; decoder layers; final norm;
   output layer), `TransformerLayer` (input norm, self-attention, pre-MLP norm, MLP),
   `Attention.__init__` builds `linear_proj` before `SelfAttention.__init__` builds `linear_qkv`,
@@ -40,8 +41,8 @@ from holmes_sim.model.moe import moe_mlp_forward_flop
 from holmes_sim.model.workload import Workload
 
 BUCKET_ELEMENT_BYTES = 4
-"""`bucket_size_mb` counts fp32 elements: Megatron-Core's `bucket_size` (elements) x 4 bytes, so
-the default 160 MB is its 40,000,000 elements whatever the gradient dtype."""
+"""`bucket_size_mb` counts fp32 elements: Megatron-Core's `bucket_size` (elements) x 4 bytes
+whatever the gradient dtype (160 MB: 40,000,000 elements)."""
 PARAM_ALIGN = 64
 """Elements a parameter's start is aligned to under the distributed optimizer [BUF]."""
 
@@ -67,26 +68,25 @@ when its gradient is ready)."""
 
 
 def chunk_bucket_runs(w: Workload, tp: int, first_layer: int, layers: int, first: bool,
-                      last: bool, sharded: bool, bucketed: bool
+                      last: bool, sharded: bool, numel: int | None
                       ) -> tuple[BucketRun, BucketRun | None]:
     """(dense, routed experts') buckets of the chunk holding layers [first_layer, first_layer +
     layers) (with the embedding when `first`, the output layer when `last`) on one GPU of a TP
     group of `tp`; `sharded`: the distributed optimizer's padding and tied-embedding bucket;
-    `bucketed`: gradients reduced during the backward (else one bucket per buffer, [DDP]).
+    `numel`: elements per bucket (`Plan.bucket_numel`; None: one bucket per buffer, [DDP]).
     The experts' run is None where they share the dense buffer (no expert parallelism).
     Cached by the workload's shape (`_shape_key`) and the other arguments."""
     shape = _shape_key(w)
     key = (shape, tp, first_layer if w.moe is not None else 0, layers, first, last, sharded,
-           bucketed)
+           numel)
     got = _RUNS.get(key)
     if got is None:
         if len(_RUNS) >= 4096:
             _RUNS.clear()
         params = chunk_params(w, tp, first_layer, layers, first, last)
-        limit = w.bucket_bytes / BUCKET_ELEMENT_BYTES if bucketed else None
         experts = [p for p in params if p[2]]
-        got = _RUNS[key] = (_cut([p for p in params if not p[2]], limit, sharded),
-                            _cut(experts, limit, sharded) if experts else None)
+        got = _RUNS[key] = (_cut([p for p in params if not p[2]], numel, sharded),
+                            _cut(experts, numel, sharded) if experts else None)
     return got
 
 
@@ -99,10 +99,10 @@ def _shape_key(w: Workload) -> tuple:
     FLOP alike, so they do not)."""
     return (w.hidden, w.kv_width, w.ffn, w.fc1_width, w.vocab, w.seq, w.bias, w.qkv_bias,
             w.rmsnorm, w.swiglu, w.position_embedding, w.tie_embeddings, w.moe, w.ep,
-            w.tp_per_etp, w.recompute, w.defer_embedding_wgrad, w.bucket_bytes, w.mla)
+            w.tp_per_etp, w.recompute, w.defer_embedding_wgrad, w.mla)
 
 
-def _cut(params: list[_Param], limit: float | None, sharded: bool) -> BucketRun:
+def _cut(params: list[_Param], limit: int | None, sharded: bool) -> BucketRun:
     """Megatron-Core's cut of `params` (reverse registration order) at `limit` elements [BUF]."""
     numels: list[int] = []
     ready: list[float] = []

@@ -109,6 +109,15 @@ class Workload:
     priced at the mean of the model's dense and MoE layers (`moe.moe_fraction`)."""
     mla: MlaShape | None = None
     """Multi-head latent attention in every layer (`model.mla`); None: standard attention."""
+    bucket_size_given: bool = True
+    """`bucket_bytes` is the scenario's `training.bucket_size_mb`; False: it was unset and
+    `bucket_bytes` holds 160 MB, the framework's default (`Plan.bucket_numel`)."""
+
+    @property
+    def given_bucket_numel(self) -> int | None:
+        """The scenario's gradient elements per bucket (`bucket_bytes` / 4 bytes of fp32,
+        `model.bucket_layout`); None where it leaves the framework's default."""
+        return max(1, int(self.bucket_bytes // 4)) if self.bucket_size_given else None
 
     @property
     def ep_replicas(self) -> int:
@@ -430,7 +439,9 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         micro_batch=training.micro_batch_size, global_batch=training.global_batch_size,
         dtype_bytes=dtype, grad_bytes=4 if training.grad_reduce_in_fp32 else dtype,
         recompute=training.recompute, sequence_parallel=training.sequence_parallel,
-        bucket_bytes=training.bucket_size_mb * 1e6, flash_attention=training.flash_attention,
+        bucket_bytes=160e6 if training.bucket_size_mb is None else training.bucket_size_mb * 1e6,
+        bucket_size_given=training.bucket_size_mb is not None,
+        flash_attention=training.flash_attention,
         tp_comm_overlap=training.tp_comm_overlap,
         async_tp_allreduce=training.async_tensor_model_parallel_allreduce,
         overlap_p2p_comm=training.overlap_p2p_comm,

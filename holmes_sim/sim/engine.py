@@ -258,9 +258,10 @@ class _Simulation:
     def _buckets(self, s: int, c: int) -> list[Bucket]:
         """Gradient buckets of chunk c of stage s in release order (`sim.gradient_buckets`)."""
         p = self.plan
-        return chunk_buckets(self.costs, p.layers_per_stage, self.schedule.virtual_stage(s, c),
-                             (s, 0) in self.edp_stream, p.optimizer.sharded,
-                             p.releases_gradients_in_backward)
+        j = self.schedule.virtual_stage(s, c)
+        return chunk_buckets(self.costs, p.layers_per_stage, j, (s, 0) in self.edp_stream,
+                             p.optimizer.sharded,
+                             p.bucket_numel(j, self.workload.given_bucket_numel))
 
     def _stream_of(self, s: int, d: int, b: Bucket):
         """The comm stream of entity (s, d) that reduces and gathers bucket `b`."""

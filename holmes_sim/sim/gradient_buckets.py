@@ -33,13 +33,13 @@ class Bucket:
 
 
 def chunk_buckets(costs: OpCosts, layers_per_stage: tuple[int, ...], j: int,
-                  reduce_experts: bool, sharded: bool, bucketed: bool) -> list[Bucket]:
+                  reduce_experts: bool, sharded: bool, numel: int | None) -> list[Bucket]:
     """Gradient buckets of virtual stage j in release order, as Megatron-Core cuts them
-    (`OpCosts.gradient_buckets`: `sharded` distributed optimizer, `bucketed` reduced during the
-    backward); `reduce_experts`: the expert-data-parallel group has more than one member. Each
+    (`OpCosts.gradient_buckets`: `sharded` distributed optimizer, `numel` elements per bucket,
+    `Plan.bucket_numel`); `reduce_experts`: the expert-data-parallel group has more than one member. Each
     bucket's `fraction` is the share of the chunk's compute between the previous bucket's ready
     point and its own (the last ends the chunk)."""
-    dense, expert = costs.gradient_buckets(layers_per_stage, j, sharded, bucketed)
+    dense, expert = costs.gradient_buckets(layers_per_stage, j, sharded, numel)
     marks = sorted([(point, False, g, p) for g, p, point in dense] +
                    ([(point, True, g, p) for g, p, point in expert] if reduce_experts else []),
                    key=lambda m: (m[0], m[1]))

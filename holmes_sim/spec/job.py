@@ -155,10 +155,11 @@ class TrainingSpec:
     """Shard optimizer state across DP (used by the megatron policy; holmes always shards)."""
     grad_reduce_in_fp32: bool = True
     """Gradients are reduced in fp32 (Megatron's default for bf16), else in the training dtype."""
-    bucket_size_mb: float = 160.0
-    """Gradient bucket size in MB of fp32 elements: Megatron-Core's `bucket_size` elements x 4
-    (40M = 160 MB), whatever the gradient dtype; a bucket closes at the first parameter boundary
-    past it (`model.bucket_layout`)."""
+    bucket_size_mb: float | None = None
+    """Gradient bucket size in MB of fp32 elements: Megatron-Core's `bucket_size` elements x 4,
+    whatever the gradient dtype; a bucket closes at the first parameter boundary past it
+    (`model.bucket_layout`). None (unset): the framework's default, Megatron-Core's
+    max(40M, 1M x dp) elements, 40M (160 MB) for the others (`Plan.bucket_numel`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -156,7 +156,7 @@ def measure_op_overhead(prepared: Prepared, config, compute: dict, spec: Testbed
     cfg = RunConfig(model=config, micro_batch_size=prepared.workload.micro_batch,
                     iterations=_OVERHEAD_ITERATIONS + 2, warmup=2, interface_map={"*": "lo"},
                     world_interfaces=["lo"], lr=spec.learning_rate, optimizer=spec.optimizer,
-                    bucket_numel=max(1, int(prepared.workload.bucket_bytes // 4)),
+                    bucket_numel=prepared.workload.given_bucket_numel,
                     emulated_compute=[emulated_durations(compute)] if emulated else [],
                     realtime_priority=REALTIME_PRIORITY if emulated else 0)
     # The fastest iteration: noise on a shared host only ever adds time.

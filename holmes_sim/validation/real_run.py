@@ -289,7 +289,7 @@ def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb,
                     iterations=spec.warmup + spec.iterations, warmup=spec.warmup,
                     lr=spec.learning_rate, optimizer=spec.optimizer, world_interfaces=eth,
                     timeout_s=min(60.0, spec.timeout_s),
-                    bucket_numel=max(1, int(prepared.workload.bucket_bytes // 4)),
+                    bucket_numel=prepared.workload.given_bucket_numel,
                     emulated_compute=[] if emulated is None else [
                         emulated_durations(emulated[prepared.cluster.node(g.node).gpu.name])
                         for g in plan.rank_to_gpu],

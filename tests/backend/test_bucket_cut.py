@@ -7,13 +7,14 @@ import dataclasses
 
 import pytest
 
-from holmes_sim.backend.data_parallel import bucket_size, make_buckets, routed_expert_ids
+from holmes_sim.backend.data_parallel import bucket_sizes, make_buckets, routed_expert_ids
 from holmes_sim.backend.model import TensorParallel
 from holmes_sim.backend.moe import ExpertParallel
 from holmes_sim.backend.rank import build_stages
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.model.bucket_layout import chunk_bucket_runs
-from holmes_sim.prepare import prepare
+from holmes_sim.plan import DEFAULT_BUCKET_NUMEL, OptimizerMode
+from holmes_sim.prepare import prepare, prepare_text
 from holmes_sim.runner import plan_policy
 from holmes_sim.sim.gradient_buckets import chunk_buckets
 from holmes_sim.validation.testbed_plan import model_config
@@ -30,23 +31,27 @@ def test_simulated_buckets_are_the_backends_for_every_bundled_testbed(name):
     distributed optimizer's parameter alignment."""
     prepared = prepare(TESTBEDS / f"{name}.yaml")
     w = prepared.workload
-    for policy in prepared.scenario.policies:
-        plan, _ = plan_policy(prepared, policy)
+    plans = [plan_policy(prepared, policy)[0] for policy in prepared.scenario.policies]
+    # Megatron-Core's DDP with overlapped reduction: only pipeline rank 0's first chunk is cut.
+    plans += [dataclasses.replace(p, overlap_grad_reduce=True) for p in plans
+              if p.policy == "megatron" and not p.overlap_grad_reduce]
+    for plan in plans:
+        policy = (plan.policy, plan.overlap_grad_reduce)
         for s in range(plan.pp):
             tp = TensorParallel(plan.tp, 0, lambda x: x, lambda x: x) if plan.tp > 1 else None
             ep = ExpertParallel(w.ep, 0, None) if w.ep > 1 else None
             stages = build_stages(plan, model_config(prepared), s, tp, ep)
             experts = routed_expert_ids(stages)
+            numels = bucket_sizes(plan, s, w.given_bucket_numel)
             for c in range(plan.num_chunks):
-                numel = bucket_size(plan, int(w.bucket_bytes // 4))
-                backend = [[b.numel for b in make_buckets(stages, [c], plan.dp, numel, keep)]
+                backend = [[b.numel for b in make_buckets(stages, [c], plan.dp, numels, keep)]
                            for keep in (lambda p: id(p) not in experts, lambda p: id(p) in experts)]
                 v = c * plan.pp + s
                 for sharded in (False, True):
                     dense, routed = chunk_bucket_runs(
                         w, plan.tp, sum(plan.layers_per_stage[:v]), plan.layers_per_stage[v],
                         v == 0, v == len(plan.layers_per_stage) - 1, sharded,
-                        plan.releases_gradients_in_backward)
+                        plan.bucket_numel(v, w.given_bucket_numel))
                     assert list(dense.numels) == backend[0], (policy, s, c)
                     assert list(routed.numels if routed else ()) == backend[1], (policy, s, c)
 
@@ -59,14 +64,14 @@ def test_moe_edp_cut_by_hand():
     the last holds the rest (149,248). Each layer's two local experts (2 x 65,920) close an
     expert bucket at the layer's end. The head's bucket is ready first, the last at 1."""
     w = prepare(TESTBEDS / "moe_edp.yaml").workload
-    dense, routed = chunk_bucket_runs(w, 1, 0, 4, True, True, True, True)
+    dense, routed = chunk_bucket_runs(w, 1, 0, 4, True, True, True, 125_000)
     assert dense.numels == (132_608, 134_144, 149_248)
     assert routed.numels == (131_840,) * 4
     assert sum(dense.shares) == pytest.approx(1.0) and dense.ready[-1] == 1.0
     assert list(dense.ready) == sorted(dense.ready) and list(routed.ready) == sorted(routed.ready)
     assert routed.ready[-1] < 1.0  # layer 0's attention runs after its experts
     # Without overlapped reduction Megatron-Core keeps one bucket per buffer.
-    one, experts = chunk_bucket_runs(w, 1, 0, 4, True, True, True, False)
+    one, experts = chunk_bucket_runs(w, 1, 0, 4, True, True, True, None)
     assert one.numels == (sum(dense.numels),) and experts.numels == (4 * 131_840,)
 
 
@@ -78,17 +83,17 @@ def test_alignment_and_tied_embeddings_under_the_distributed_optimizer():
     # h 100, V 512: the output layer (51,200) and the final norm's bias (100) end at 51,300
     # either way; aligned, the norm's weight starts at 51,328 and ends past 51,410, closing the
     # bucket; unaligned it ends at 51,400 and the next parameter (layer 3's fc2 bias) closes it.
-    w = dataclasses.replace(prepared.workload, hidden=100, bucket_bytes=4 * 51_410)
-    plain, _ = chunk_bucket_runs(w, 1, 2, 2, False, True, False, True)
-    aligned, _ = chunk_bucket_runs(w, 1, 2, 2, False, True, True, True)
+    w = dataclasses.replace(prepared.workload, hidden=100)
+    plain, _ = chunk_bucket_runs(w, 1, 2, 2, False, True, False, 51_410)
+    aligned, _ = chunk_bucket_runs(w, 1, 2, 2, False, True, True, 51_410)
     assert sum(plain.numels) == sum(aligned.numels)
     assert plain.numels[0] == 51_500 and aligned.numels[0] == 51_400
-    tied = dataclasses.replace(w, tie_embeddings=True, bucket_bytes=1e12)
-    last, _ = chunk_bucket_runs(tied, 1, 2, 2, False, True, True, True)
-    first, _ = chunk_bucket_runs(tied, 1, 0, 2, True, False, True, True)
+    tied = dataclasses.replace(w, tie_embeddings=True)
+    last, _ = chunk_bucket_runs(tied, 1, 2, 2, False, True, True, 250_000_000_000)
+    first, _ = chunk_bucket_runs(tied, 1, 0, 2, True, False, True, 250_000_000_000)
     assert last.numels[0] == w.vocab * w.hidden and len(last.numels) == 2
     assert first.numels[-1] == w.vocab * w.hidden and len(first.numels) == 2
-    assert len(chunk_bucket_runs(tied, 1, 0, 2, True, False, False, True)[0].numels) == 1
+    assert len(chunk_bucket_runs(tied, 1, 0, 2, True, False, False, 250_000_000_000)[0].numels) == 1
 
 
 def test_engine_buckets_carry_the_chunks_bytes_and_its_whole_compute():
@@ -98,10 +103,63 @@ def test_engine_buckets_carry_the_chunks_bytes_and_its_whole_compute():
     plan, cluster = plan_policy(prepared, "megatron")
     w = prepared.workload
     costs = OpCosts(cluster, w, prepared.compute, plan.tp)
-    got = chunk_buckets(costs, plan.layers_per_stage, 0, True, True, True)
+    got = chunk_buckets(costs, plan.layers_per_stage, 0, True, True, 125_000)
     params = costs.virtual_stage_params(plan.layers_per_stage, 0)
     assert sum(b.grad_bytes for b in got) == pytest.approx(w.grad_bytes_of(params), rel=1e-12)
     assert sum(b.fraction for b in got) == pytest.approx(1.0, rel=1e-12)
     assert [b.expert for b in got].count(True) == 4 and min(b.fraction for b in got) >= 0
-    dense_only = chunk_buckets(costs, plan.layers_per_stage, 0, False, True, True)
+    dense_only = chunk_buckets(costs, plan.layers_per_stage, 0, False, True, 125_000)
     assert [b.expert for b in dense_only] == [False] * 3
+
+
+def _megatron_plan(testbed: str, **changes):
+    prepared = prepare(TESTBEDS / f"{testbed}.yaml")
+    plan = plan_policy(prepared, "megatron")[0]
+    return prepared.workload, dataclasses.replace(plan, **changes)
+
+
+def test_megatron_core_cuts_only_the_first_chunk_of_pipeline_rank_0():
+    """`DistributedDataParallel.__init__`: `bucket_size` None where `pp_rank > 0` or
+    `disable_bucketing` (every model chunk after the first, `get_model`): on the interleaved
+    testbed (PP 2 x 2 chunks) virtual stage 0 keeps the scenario's 0.5 MB (125,000 elements)
+    and is cut into several buckets; stage 1 (rank 1) and stages 2, 3 (second chunks) hold one
+    bucket per buffer, ready at the end of the chunk's backward, in the engine and the backend."""
+    w, plan = _megatron_plan("interleaved", overlap_grad_reduce=True)
+    assert plan.pp == 2 and plan.num_chunks == 2 and w.given_bucket_numel == 125_000
+    assert [plan.bucket_numel(j, 125_000) for j in range(4)] == [125_000, None, None, None]
+    assert bucket_sizes(plan, 0, 125_000) == [125_000, None]
+    assert bucket_sizes(plan, 1, 125_000) == [None, None]
+    prepared = prepare(TESTBEDS / "interleaved.yaml")
+    costs = OpCosts(plan_policy(prepared, "megatron")[1], w, prepared.compute, plan.tp)
+    for j in range(4):
+        got = chunk_buckets(costs, plan.layers_per_stage, j, False, True,
+                            plan.bucket_numel(j, w.given_bucket_numel))
+        assert len(got) > 1 if j == 0 else [b.fraction for b in got] == [1.0], j
+    # Holmes' overlapped optimizer (Megatron-LLaMA's code) cuts every chunk.
+    holmes = dataclasses.replace(plan, overlap_grad_reduce=False,
+                                 optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED)
+    assert [holmes.bucket_numel(j, 125_000) for j in range(4)] == [125_000] * 4
+
+
+def test_default_bucket_size_follows_megatron_core_and_a_given_size_stays():
+    """Unset `bucket_size_mb`: Megatron-Core's max(40,000,000, 1,000,000 x dp) elements, dp the
+    data-parallel group without context parallelism (`dp_group`); 48M at dp 48, 40M at dp 8
+    and at dp 24 x cp 2; a given size stays as given at any dp; the other frameworks' default
+    stays 40M; ZeRO-1 and Megatron-Core without overlapped reduction keep one bucket."""
+    _, plan = _megatron_plan("default", overlap_grad_reduce=True, dp=48, cp=1)
+    assert plan.bucket_numel(0, None) == 48_000_000
+    assert dataclasses.replace(plan, dp=8).bucket_numel(0, None) == DEFAULT_BUCKET_NUMEL
+    assert dataclasses.replace(plan, dp=48, cp=2).bucket_numel(0, None) == 40_000_000
+    assert plan.bucket_numel(0, 125_000) == 125_000 and plan.bucket_numel(1, 125_000) is None
+    llama = dataclasses.replace(plan, overlap_grad_reduce=False,
+                                optimizer=OptimizerMode.PER_MICROBATCH_OVERLAPPED)
+    assert llama.bucket_numel(3, None) == 40_000_000 and llama.bucket_numel(3, 7) == 7
+    for optimizer in (OptimizerMode.ZERO1, OptimizerMode.DISTRIBUTED):
+        assert dataclasses.replace(plan, overlap_grad_reduce=False,
+                                   optimizer=optimizer).bucket_numel(0, 125_000) is None
+    text = (TESTBEDS / "default.yaml").read_text()
+    given = prepare(TESTBEDS / "default.yaml").workload
+    assert given.bucket_size_given and given.given_bucket_numel == 125_000
+    unset = prepare_text(text.replace("bucket_size_mb: 0.5", "")).workload
+    assert not unset.bucket_size_given and unset.given_bucket_numel is None
+    assert unset.bucket_bytes == 160e6

@@ -90,7 +90,8 @@ def test_overlap_param_gather_exposes_only_what_the_forward_cannot_hide():
         assert plan.optimizer is OptimizerMode.DISTRIBUTED_OVERLAPPED and plan.overlap_grad_reduce
         assert plan_policy(off, "megatron")[0].optimizer is OptimizerMode.DISTRIBUTED
         costs = OpCosts(cluster, on.workload, on.compute, 8)
-        buckets, expert = costs.gradient_buckets((8,), 0, True, True)
+        buckets, expert = costs.gradient_buckets((8,), 0, True, plan.bucket_numel(
+            0, on.workload.given_bucket_numel))
         n, rate, latency = netview(cluster, plan.rank_to_gpu, plan.groups, 8, 1, 2, 1).dp_ring(0)
         gathers = [(ring_collective_time_s("all-gather", n, param, rate, latency), point)
                    for _, param, point in reversed(buckets)]  # forward order
