@@ -119,7 +119,15 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
     if w.flash_attention:
         args.append("--use-flash-attn")
     args += _recompute_args(w.recompute)
-    return args + _optimizer_args(plan)
+    return args + _optimizer_args(plan) + _bucket_args(plan, w)
+
+
+def _bucket_args(plan: Plan, w: Workload) -> list[str]:
+    """`--ddp-bucket-size` (elements) where the scenario sets `bucket_size_mb` and the plan's
+    gradients are reduced in buckets during the backward; Megatron-Core's default otherwise."""
+    if w.given_bucket_numel is None or not plan.releases_gradients_in_backward:
+        return []
+    return ["--ddp-bucket-size", str(w.given_bucket_numel)]
 
 
 def _layout_args(plan: Plan, w: Workload) -> list[str]:

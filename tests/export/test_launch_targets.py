@@ -182,3 +182,19 @@ def test_latent_attention_arguments_parse_with_megatron_lm(preset):
     assert parsed["--multi-latent-attention"] == [] and parsed["--kv-lora-rank"] == ["512"]
     assert parsed["--qk-pos-emb-head-dim"] == ["64"] and parsed["--v-head-dim"] == ["128"]
     assert ("--q-lora-rank" in parsed) == (preset == "deepseek-v3")
+
+
+@pytest.mark.parametrize("bucket_mb", [None, 200])
+def test_a_given_bucket_size_is_exported_in_elements(bucket_mb):
+    """`bucket_size_mb` counts fp32 megabytes (`model.bucket_layout`): 200 MB is 50,000,000
+    elements, `--ddp-bucket-size 50000000`; unset, Megatron-Core's own default applies."""
+    from holmes_sim.prepare import prepare_text
+    text = (SCENARIOS / "llama3_70b_h100.yaml").read_text()
+    if bucket_mb is not None:
+        text = text.replace("training:\n", f"training:\n  bucket_size_mb: {bucket_mb}\n", 1)
+    prepared = prepare_text(text)
+    plan, cluster = plan_policy(prepared, "megatron")
+    assert plan.releases_gradients_in_backward
+    files = launch_files(plan, cluster, prepared.workload, "bf16").files
+    parsed = parse(shlex.split(files["megatron_args.txt"]), UPSTREAM)
+    assert parsed.get("--ddp-bucket-size") == (None if bucket_mb is None else ["50000000"])
