@@ -28,6 +28,12 @@ def send_uses(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
     if sides is None:
         path = group_path(cluster, transport, src, dst, _capacities(cluster))
         return path.links, path.latency_s
+    return side_links(sides)
+
+
+def side_links(sides: tuple[tuple, tuple, tuple[LinkId, float] | None]) -> tuple[PathUse, float]:
+    """`send_uses` of a send given as its NIC sides and uplink (`node_send_sides`): its links
+    with their weights, and its latency (s)."""
     out, into, up = sides
     links, latency = out[0] + into[0], max(out[1], into[1])
     if up is None:

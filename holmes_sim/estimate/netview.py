@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.hardware.cluster import Cluster, Node
-from holmes_sim.cost.link_uses import node_send_sides, ring_uses, send_uses
+from holmes_sim.cost.link_uses import node_send_sides, ring_uses, send_uses, side_links
 from holmes_sim.cost.nccl_algorithms import CollectiveTopology, leaves_node
 from holmes_sim.cost.paths import link_capacities, ring_topology
 from holmes_sim.memo import IdentityMemo
@@ -166,13 +166,15 @@ class NetView:
 
     def _new_send_rates(self, a: int, b: int, transports: list) -> list[tuple[float, float]]:
         """`_send_rates` with the pair's transport of every replica."""
-        sides = [node_send_sides(self.cluster, t, self._on_one_node(a, d), self._on_one_node(b, d))
-                 for d, t in enumerate(transports)]
-        nodes = {self.entity(s, d)[0].node for s in (a, b) for d in range(self.dp)}
-        if None not in sides and len(nodes) == 2 * self.dp:
+        ends = [(self._on_one_node(a, d), self._on_one_node(b, d)) for d in range(self.dp)]
+        sides = [node_send_sides(self.cluster, t, *e) for t, e in zip(transports, ends, strict=True)]
+        # Sides exist only where both ends are on one node each: their nodes.
+        if None not in sides and len({e[0] for pair in ends for e in pair}) == 2 * self.dp:
             return self._own_links(a, b, sides)
-        uses = [send_uses(self.cluster, t, self.entity(a, d), self.entity(b, d))
-                for d, t in enumerate(transports)]
+        # A send with NIC sides is those sides and the uplink (`send_uses`).
+        uses = [send_uses(self.cluster, t, self.entity(a, d), self.entity(b, d)) if side is None
+                else side_links(side)
+                for d, (t, side) in enumerate(zip(transports, sides, strict=True))]
         load: dict = {}
         get = load.get
         for links, _ in uses:

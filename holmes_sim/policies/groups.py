@@ -50,6 +50,7 @@ class GroupBuilder:
         self.edp = tp * dp // (self.ep * self.etp)  # expert-data-parallel degree
         self.tp, self.pp, self.dp, self.tie = tp, pp, dp, tie_embeddings and pp > 1
         self.pairs = list(dict.fromkeys((j % pp, (j + 1) % pp) for j in range(pp * num_chunks - 1)))
+        self._pair_set = set(self.pairs)
         self._chosen: dict[tuple[str, ...], Transport] = {}
         self._places = tp_group_places(rank_to_gpu, tp)
         self._names: dict[tuple[int, str], tuple[str, ...]] = {}
@@ -84,7 +85,7 @@ class GroupBuilder:
     def pair_transport(self, ranks: tuple[int, ...]) -> Transport | None:
         """The transport of the pipeline group of these (sender, receiver) ranks, or None."""
         (a, d, i), (b, e, k) = self._coords(ranks[0]), self._coords(ranks[1])
-        if (d, i) != (e, k) or (a, b) not in self.pairs:
+        if (d, i) != (e, k) or (a, b) not in self._pair_set:
             return None
         return self._pipe_of(a, b, d)[2] or self._member_by_member(GroupKind.PIPELINE, ranks).transport
 
