@@ -54,6 +54,7 @@ def _cold() -> None:
     planner._PLANS.clear()
     schedule._build_schedule.cache_clear()
     schedule._peak_in_flight.cache_clear()
+    schedule.peaks_in_flight.cache_clear()
 
 
 def _import_everything() -> None:
