@@ -153,13 +153,15 @@ class NetView:
         cluster) and the uplink's capacity over the sends crossing it; else each link's load
         is summed over the replicas' sends. The same floats either way (a link's load is its
         one weight, an uplink's the count). Kept with the placement's facts when every
-        replica's pair is a pipeline group (the same transports in every view)."""
-        transports = [self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
-                      for d in range(self.dp)]
-        if None in transports:
-            return self._new_send_rates(a, b, transports)
+        replica's pair is a pipeline group, and found there without asking the groups again:
+        the facts' views have the same groups, or groups of one family, whose common pairs
+        have the same transports."""
         got = self._facts.sends.get((a, b))
         if got is None:
+            transports = [self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
+                          for d in range(self.dp)]
+            if None in transports:
+                return self._new_send_rates(a, b, transports)
             got = self._facts.sends[(a, b)] = self._new_send_rates(a, b, transports)
         self._p2p[(a, b)] = got
         return got
