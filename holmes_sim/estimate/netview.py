@@ -114,9 +114,12 @@ class NetView:
         return got
 
     def hardware(self, s: int, d: int) -> tuple:
-        """What prices an op of (s, d): the node's GPU model, intra-node link and speed."""
+        """What prices an op of (s, d): the node's GPU model and intra-node link (by identity:
+        a cluster's nodes share their catalogue's objects, and ints hash faster than specs;
+        equal specs in distinct objects only split classes that then price the same) and
+        speed."""
         node = self.node(s, d)
-        return node.gpu, node.intra_link, node.speed
+        return id(node.gpu), id(node.intra_link), node.speed
 
     def memory_bytes(self, s: int) -> float:
         """The smallest GPU memory (bytes) among stage s's replicas."""
@@ -347,11 +350,14 @@ class NetView:
             rates = [self._pair_rates(a, b) for a, b in pairs] + \
                 [self._pair_rates(b, a) for a, b in pairs]
             by_signature: dict[tuple, tuple[int, list[int]]] = {}
+            stages = range(self.pp)
+            # Without CP or EP every replica has no CP sends (None) and no EP sends (()).
+            no_cp, no_ep = (None,) * self.pp, ((),) * self.pp
             for d in range(self.dp):
-                signature = (tuple(self.hardware(s, d) for s in range(self.pp)),
+                signature = (tuple(self.hardware(s, d) for s in stages),
                              tuple(r[d] for r in rates),
-                             tuple(self.cp_send(s, d) for s in range(self.pp)),
-                             tuple(self.ep_sends(s, d) for s in range(self.pp)))
+                             no_cp if self.cp == 1 else tuple(self.cp_send(s, d) for s in stages),
+                             no_ep if self.ep == 1 else tuple(self.ep_sends(s, d) for s in stages))
                 by_signature.setdefault(signature, (d, []))[1].append(d)
             self._classes = list(by_signature.values())
         return self._classes
@@ -369,9 +375,10 @@ class NetView:
                 emb = embedding and self.pp > 1 and s in (0, self.pp - 1)
                 tails: dict[tuple, int] = {}
                 combos: dict[tuple[int, int], int] = {}
+                edp = self.edp_ring(s, 0) if self.ep == 1 else None  # one group (or none)
                 for d in range(self.dp):
                     tail = (self.hardware(s, d), self.embedding_ring(d) if emb else None,
-                            self.edp_ring(s, d))
+                            edp if self.ep == 1 else self.edp_ring(s, d))
                     combos.setdefault((class_of[d], tails.setdefault(tail, len(tails))), d)
                 got.append([(c, t, d) for (c, t), d in combos.items()])
             self._combos[embedding] = got
