@@ -47,11 +47,13 @@ def _cold() -> None:
     holmes._NOTES.clear()
     netview._VIEWS.clear()
     netview._FACTS.clear()
-    for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES):
+    for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES, base._FABRICS):
         memo.clear()
     walk.op_table.cache_clear()
     walk.full_op_table.cache_clear()
     planner._PLANS.clear()
+    planner._PREPARED.clear()
+    planner._WORKLOADS.clear()
     schedule._build_schedule.cache_clear()
     schedule._peak_in_flight.cache_clear()
     schedule.peaks_in_flight.cache_clear()

@@ -22,7 +22,7 @@ from holmes_sim.prepare import (MAX_MICROBATCHES, Prepared, check_context, check
                                 check_expert_tensor)
 from holmes_sim.schedule import check_schedule
 from holmes_sim.spec.scenario import SearchSpec
-from holmes_sim.model.workload import build_workload
+from holmes_sim.model.workload import Workload, build_workload
 
 BASELINE_POLICY = "megatron"
 SCENARIO_OPTIMIZER_POLICIES = ("megatron",)
@@ -212,8 +212,43 @@ def _allowed(values: tuple[int, ...] | None, path: str, default: list[int]) -> l
     return sorted(set(values))
 
 
+_PREPARED: dict[tuple, tuple[Prepared, Prepared]] = {}
+"""`prepared_for`'s results by (id of the prepared scenario, layout), with that scenario."""
+_WORKLOADS: dict[tuple, tuple[Prepared, Workload]] = {}
+"""Workloads by (id of the prepared scenario, what `build_workload` reads of a layout), with
+that scenario: a layout's optimizers share one, and so the caches kept by workload identity
+(`cost.ops.chunk_times`, the partition search's)."""
+
+
 def prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
-    """The prepared scenario with `layout` in place of its own parallel and training settings."""
+    """The prepared scenario with `layout` in place of its own parallel and training settings
+    (kept: a layout's policies ask for it in turn)."""
+    got = _PREPARED.get((id(prepared), layout))
+    if got is None or got[0] is not prepared:
+        if len(_PREPARED) >= 64:
+            _PREPARED.clear()
+        got = _PREPARED[(id(prepared), layout)] = (prepared, _prepared_for(prepared, layout))
+    return got[1]
+
+
+def _workload_for(prepared: Prepared, training, layout: Layout) -> Workload:
+    """`build_workload` of the layout's training settings. It reads no optimizer setting
+    (tests/search/test_planner.py holds it to a fresh build), so the key leaves them out."""
+    key = (id(prepared), layout.tp, layout.pp, layout.micro_batch_size, layout.schedule,
+           layout.recompute, layout.sequence_parallel, layout.cp, layout.ep, layout.etp)
+    got = _WORKLOADS.get(key)
+    if got is None or got[0] is not prepared:
+        if len(_WORKLOADS) >= 64:
+            _WORKLOADS.clear()
+        s = prepared.scenario
+        got = _WORKLOADS[key] = (prepared, build_workload(
+            s.model, training, layout.tp, layout.cp, s.parallel.cp_comm_type, layout.ep,
+            layout.etp))
+    return got[1]
+
+
+def _prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
+    """`prepared_for`, made."""
     s = prepared.scenario
     training = replace(s.training, micro_batch_size=layout.micro_batch_size,
                        recompute=layout.recompute, sequence_parallel=layout.sequence_parallel,
@@ -225,8 +260,7 @@ def prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
                        schedule=layout.schedule, virtual_stages=layout.virtual_stages,
                        context=layout.cp, expert=layout.ep, expert_tensor=layout.etp)
     m = s.training.global_batch_size // (layout.micro_batch_size * layout.dp)
-    workload = build_workload(s.model, training, layout.tp, layout.cp, s.parallel.cp_comm_type,
-                              layout.ep, layout.etp)
+    workload = _workload_for(prepared, training, layout)
     return replace(prepared, scenario=replace(s, training=training, parallel=parallel),
                    workload=workload, tp=layout.tp, pp=layout.pp, dp=layout.dp,
                    num_microbatches=m, cp=layout.cp)
