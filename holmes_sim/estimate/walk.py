@@ -290,27 +290,43 @@ def _steady_run(ops: _OpColumns, m: int, starts: tuple[int, ...], period: int,
     unclosed = rr < rw  # cuts rr..rw-1 hold the reader but not the writer
     if unclosed.any():
         rounds = min(rounds, int(rr[unclosed].min()) - 1)
-    lists = _outstanding(slots, rs, base, rw, np.minimum(rr, rounds + 1), rounds)
-    for r in range(rounds):
-        if not _shifted(lists[r], lists[r + 1], m, shift):
-            rounds = r
-            break
     if rounds < 3:
         return None
-    return SteadyRun(starts, period, shift, rounds, tuple(lists[:rounds + 1]))
+    slot, bounds = _outstanding(slots, rs, base, rw, np.minimum(rr, rounds + 1), rounds)
+    rounds = _shifted_rounds(slot, bounds, rounds, m, shift)
+    if rounds < 3:
+        return None
+    slot = slot.tolist()
+    return SteadyRun(starts, period, shift, rounds,
+                     tuple(tuple(slot[a:b]) for a, b in zip(bounds[:rounds + 1],
+                                                            bounds[1:rounds + 2])))
 
 
-def _outstanding(slots, stage, base, first, end, rounds: int) -> list[tuple[int, ...]]:
-    """Per cut r = 0..rounds, the slots with first <= r < end, ordered by their reader's
-    (stage, position after cut r), i.e. by (stage, `base`), then slot."""
+def _outstanding(slots, stage, base, first, end, rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """The slots in flight at cuts r = 0..rounds (those with first <= r < end), cut after cut,
+    and where each cut's begin (rounds + 2 bounds): in a cut ordered by their reader's (stage,
+    position after the cut), i.e. by (stage, `base`), then slot."""
     order = np.lexsort((slots, base, stage))
     count = np.maximum(end - first, 0)[order]
     slot = np.repeat(slots[order], count)
     offset = np.arange(slot.size) - np.repeat(np.cumsum(count) - count, count)
     cut = np.repeat(first[order], count) + offset
     by_cut = np.argsort(cut, kind="stable")
-    slot, bounds = slot[by_cut].tolist(), np.searchsorted(cut[by_cut], np.arange(rounds + 2))
-    return [tuple(slot[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    return slot[by_cut], np.searchsorted(cut[by_cut], np.arange(rounds + 2))
+
+
+def _shifted_rounds(slot: np.ndarray, bounds: np.ndarray, rounds: int, m: int, shift: int) -> int:
+    """The first r < rounds whose cut r + 1 does not hold cut r's messages with each one's
+    micro-batch + shift, in order (a message's slot is its (direction, virtual stage) block
+    times m plus its micro-batch), else `rounds` (`_outstanding`'s slots and bounds)."""
+    sizes = np.diff(bounds)
+    differ = np.flatnonzero(sizes[1:] != sizes[:-1])
+    limit = int(differ[0]) if differ.size else rounds  # cuts 0..limit hold n messages each
+    n = int(sizes[0])
+    cuts = slot[:(limit + 1) * n].reshape(limit + 1, n)
+    before, after = cuts[:-1], cuts[1:]
+    bad = np.flatnonzero(~((after == before + shift) & (before % m + shift < m)).all(axis=1))
+    return int(bad[0]) if bad.size else limit
 
 
 def _repeating_rounds(ops: _OpColumns, lo: int, hi: int, start: int, period: int,
@@ -323,14 +339,6 @@ def _repeating_rounds(ops: _OpColumns, lo: int, hi: int, start: int, period: int
     bad = np.flatnonzero((unit[period:] != unit[:b - a - period]) |
                          (mb[period:] != mb[:b - a - period] + shift))
     return full if bad.size == 0 else int(bad[0]) // period + 1
-
-
-def _shifted(before: tuple[int, ...], after: tuple[int, ...], m: int, shift: int) -> bool:
-    """Whether `after` is `before` with each message's micro-batch + shift (a message's slot is
-    its (direction, virtual stage) block times m plus its micro-batch)."""
-    if len(before) != len(after):
-        return False
-    return all(b == a + shift and a % m + shift < m for a, b in zip(before, after, strict=True))
 
 
 def walk_plain(table: OpTable, durs: list[list[float]], sends: list[float],
