@@ -176,7 +176,7 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     # virtual stage (`OpCosts.stage_params`): most stages of a pipeline share them.
     params_of: dict[tuple, tuple[int, int]] = {}
     peaks = peaks_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks)
-    per_stage, capacity = [], []
+    per_stage = []
     for s in range(plan.pp):
         layers = tuple(plan.layers_per_stage[s::plan.pp])  # `Plan.stage_layers`
         key = (layers, s == 0, s == plan.pp - 1)
@@ -192,8 +192,7 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
             state += expert / plan.tp * (edp_state - state_per_param)
         acts = peaks[s] * max(layers) * act_per_layer
         per_stage.append(state + acts)
-        capacity.append(net.memory_bytes(s))
-    return MemoryReport(tuple(per_stage), tuple(capacity))
+    return MemoryReport(tuple(per_stage), net.stage_memory_bytes())
 
 
 def transport_summary(plan: Plan) -> dict[str, str]:

@@ -156,9 +156,12 @@ def _uplink_use(cluster: Cluster, transport: Transport, a: str, b: str) -> tuple
     (as `group_path` adds it), else None."""
     if transport.kind is not TransportKind.TCP:
         return None
-    ca, cb = cluster.node(a).cluster, cluster.node(b).cluster
-    up = cluster.uplink(ca, cb)
-    return None if up is None else (("uplink", ca, cb), up.latency_s)
+    table = cluster.derived(("uplink uses",), dict)  # by node pair, kept with the cluster
+    if (a, b) not in table:
+        ca, cb = cluster.node(a).cluster, cluster.node(b).cluster
+        up = cluster.uplink(ca, cb)
+        table[(a, b)] = None if up is None else (("uplink", ca, cb), up.latency_s)
+    return table[(a, b)]
 
 
 def _capacities(cluster: Cluster) -> dict[LinkId, float]:

@@ -89,6 +89,7 @@ class NetView:
         self._stage_nodes, self._memory = facts.stage_nodes, facts.memory
         self._cp_sends, self._ep_sends = facts.cp_sends, facts.ep_sends
         self._classes: list[tuple[int, list[int]]] | None = None
+        self._capacity: tuple[float, ...] | None = None
         self._combos: dict[bool, list[list[tuple[int, tuple]]]] = {}
 
     def rank(self, s: int, d: int, i: int = 0) -> int:
@@ -127,6 +128,12 @@ class NetView:
         if got is None:
             got = self._memory[s] = min(self.node(s, d).gpu.memory_bytes for d in range(self.dp))
         return got
+
+    def stage_memory_bytes(self) -> tuple[float, ...]:
+        """`memory_bytes` of every stage."""
+        if self._capacity is None:
+            self._capacity = tuple(self.memory_bytes(s) for s in range(self.pp))
+        return self._capacity
 
     # ---- pipeline sends ---------------------------------------------------------------------
     def p2p(self, a: int, b: int, d: int) -> tuple[float, float]:
