@@ -11,6 +11,7 @@ layout (policy `megatron`), so a speed-up compares the best each placement can d
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import time
@@ -399,13 +400,25 @@ def bounded_grid(prepared: Prepared, spec: SearchSpec, max_candidates: int) -> l
 
 
 def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) -> list[Candidate]:
-    """Every policy (and optimizer) of every layout of `chunk`, in order."""
-    out: list[Candidate] = []
-    for layout in chunk:
-        for policy in spec.policies:
-            for opt in (spec.optimizer if policy in SCENARIO_OPTIMIZER_POLICIES else ("distributed",)):
-                out.append(evaluate(prepared, replace(layout, optimizer=opt), policy))
-    return out
+    """Every policy (and optimizer) of every layout of `chunk`, in order. The objects alive
+    before it (the scenario, the cluster and its facts, earlier chunks' caches) are kept out of
+    garbage collection meanwhile (`gc.freeze`, unless something froze objects already): they
+    are not garbage, and full collections over them were about 7% of a 1,024-GPU chunk's
+    time."""
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    try:
+        out: list[Candidate] = []
+        for layout in chunk:
+            for policy in spec.policies:
+                for opt in (spec.optimizer if policy in SCENARIO_OPTIMIZER_POLICIES
+                            else ("distributed",)):
+                    out.append(evaluate(prepared, replace(layout, optimizer=opt), policy))
+        return out
+    finally:
+        if freeze:
+            gc.unfreeze()
 
 
 def _jobs(jobs: int | None, n: int) -> int:
