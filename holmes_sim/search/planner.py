@@ -290,14 +290,15 @@ def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
     except HolmesError as exc:
         return Candidate(policy, layout, "", (), float("inf"), 0.0, 0.0, False, reason=str(exc))
     mem = memory_report(plan, cluster, p.workload, OpCosts(cluster, p.workload, p.compute, plan.tp))
-    base = Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, float("inf"), 0.0,
-                     mem.peak_gib, mem.fits, overlap_grad_reduce=plan.overlap_grad_reduce)
     if not mem.fits:
-        return replace(base, reason=f"needs {mem.peak_gib:.1f} GiB per GPU, the GPUs have "
-                                    f"{min(mem.capacity_bytes) / 2**30:.0f}")
+        return Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, float("inf"),
+                         0.0, mem.peak_gib, False, overlap_grad_reduce=plan.overlap_grad_reduce,
+                         reason=f"needs {mem.peak_gib:.1f} GiB per GPU, the GPUs have "
+                                f"{min(mem.capacity_bytes) / 2**30:.0f}")
     t = estimate_iteration(plan, cluster, p.workload, p.compute).iteration_s
-    return replace(base, predicted_iteration_s=t,
-                   tflops_per_gpu=p.workload.megatron_tflops_per_gpu(t, cluster.num_gpus))
+    return Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, t,
+                     p.workload.megatron_tflops_per_gpu(t, cluster.num_gpus), mem.peak_gib, True,
+                     overlap_grad_reduce=plan.overlap_grad_reduce)
 
 
 _PLANS: dict[tuple, tuple] = {}
@@ -414,7 +415,8 @@ def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) ->
             for policy in spec.policies:
                 for opt in (spec.optimizer if policy in SCENARIO_OPTIMIZER_POLICIES
                             else ("distributed",)):
-                    out.append(evaluate(prepared, replace(layout, optimizer=opt), policy))
+                    out.append(evaluate(prepared, layout if layout.optimizer == opt
+                                        else replace(layout, optimizer=opt), policy))
         return out
     finally:
         if freeze:
