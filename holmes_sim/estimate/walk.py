@@ -197,11 +197,8 @@ def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
                 bases[s, c, b] = _op_bases(s + c * pp, name, nv, m, send_index, kind_index)
         kinds.append(tuple(stage_kinds))
     lengths = [len(ops) for ops in schedule.stage_ops]
-    ops = list(chain.from_iterable(schedule.stage_ops))
-    n = len(ops)
-    chunk = np.fromiter(map(attrgetter("chunk"), ops), np.int64, n)
-    backward = np.fromiter(map("B".__eq__, map(attrgetter("kind"), ops)), np.int64, n)
-    mb = np.fromiter(map(attrgetter("microbatch"), ops), np.int64, n)
+    chunk, backward, mb = _op_columns(schedule.stage_ops)
+    n = len(mb)
     stage = np.repeat(np.arange(pp), lengths)
     table = bases[stage, chunk, backward]
     for col in (1, 3):  # the input and output slots of micro-batch mb: mb further
@@ -213,6 +210,24 @@ def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
         _OpColumns(stage, np.arange(n) - firsts[stage], chunk * 2 + backward, mb, table[:, 1],
                    table[:, 3], lengths), m, *shape)
     return OpTable((kind, pp, m, v), tuple(kinds), tuple(sends), messages, flat, run)
+
+
+def _op_columns(stage_ops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every op's chunk, backward (1) or forward (0) and micro-batch, stage after stage. Each
+    stage runs every unit (micro-batch, chunk, kind) once, and the schedules make one `Op` per
+    unit for all stages (`schedule.py`): the units are read once, from stage 0, and each op
+    found there by identity (ops made per stage are read one by one)."""
+    ops = list(chain.from_iterable(stage_ops))
+    units = stage_ops[0]
+    position = {id(op): i for i, op in enumerate(units)}
+    try:
+        index = np.fromiter(map(position.__getitem__, map(id, ops)), np.int64, len(ops))
+    except KeyError:
+        units, index = ops, np.arange(len(ops))
+    n = len(units)
+    return (np.fromiter(map(attrgetter("chunk"), units), np.int64, n)[index],
+            np.fromiter(map("B".__eq__, map(attrgetter("kind"), units)), np.int64, n)[index],
+            np.fromiter(map(attrgetter("microbatch"), units), np.int64, n)[index])
 
 
 def _op_bases(j: int, kind: str, nv: int, m: int, send_index: dict, kind_index: dict
