@@ -111,7 +111,8 @@ class GroupBuilder:
                 local < self.ep * self.etp:
             group = self._expert_data(s, local // self.etp, local % self.etp)
         elif kind is GroupKind.EMBEDDING and self.tie and s == 0:
-            group = self._embedding(d, i)
+            ranks = self._embedding_ranks(d, i)  # without the NIC names a Group carries
+            return ranks, self._ranks_transport(ranks)
         elif kind is GroupKind.PIPELINE:
             b = next((b for a, b in self.pairs if a == s), None)
             if b is not None:
@@ -214,14 +215,21 @@ class GroupBuilder:
         return self._member_by_member(GroupKind.EXPERT_DATA, tuple(
             self._expert_rank(s, j, e, k) for k in range(self.edp)))
 
+    def _embedding_ranks(self, d: int, i: int) -> tuple[int, int]:
+        return self._rank(0, d, i), self._rank(self.pp - 1, d, i)
+
     def _embedding(self, d: int, i: int) -> Group:
-        return self._member_by_member(GroupKind.EMBEDDING,
-                                      (self._rank(0, d, i), self._rank(self.pp - 1, d, i)))
+        return self._member_by_member(GroupKind.EMBEDDING, self._embedding_ranks(d, i))
 
     def _member_by_member(self, kind: GroupKind, ranks: tuple[int, ...]) -> Group:
+        transport = self._ranks_transport(ranks)
+        return Group(kind, ranks, transport,
+                     member_nics(self.cluster, [self.gpus[r] for r in ranks], transport))
+
+    def _ranks_transport(self, ranks: tuple[int, ...]) -> Transport:
+        """The transport of the group of these ranks, chosen by their nodes."""
         gpus = [self.gpus[r] for r in ranks]
-        transport = self._transport(tuple(dict.fromkeys(g.node for g in gpus)), gpus)
-        return Group(kind, ranks, transport, member_nics(self.cluster, gpus, transport))
+        return self._transport(tuple(dict.fromkeys(g.node for g in gpus)), gpus)
 
     # ---- what groups are made of ----------------------------------------------------------------
     def _transport(self, nodes: tuple[str, ...], gpus: Sequence[GpuRef]) -> Transport:
