@@ -44,6 +44,7 @@ def _cold() -> None:
     analytic._ESTIMATES.clear()
     ops._CHUNK_TIMES.clear()
     partition._PARTITIONS.clear()
+    partition._TIMER_FACTS.clear()
     holmes._NOTES.clear()
     netview._VIEWS.clear()
     netview._FACTS.clear()
@@ -179,8 +180,8 @@ def _estimate_cost(name: str = "large_175b_1024", repeat: int = 40) -> dict:
         analytic.estimate_iteration(plan, cluster, w, c)  # schedule tables only
         netview._VIEWS.clear()
         netview._FACTS.clear()
-        for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES,
-                     partition._PARTITIONS):
+        for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES, base._FABRICS,
+                     partition._PARTITIONS, partition._TIMER_FACTS):
             memo.clear()
         _estimate_only_cold()
         _timed(build, cold)
