@@ -168,8 +168,10 @@ class NetView:
         have the same transports."""
         got = self._facts.sends.get((a, b))
         if got is None:
-            transports = [self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
-                          for d in range(self.dp)]
+            every = getattr(self._groups, "stage_pair_transports", None)  # a builder's, at once
+            transports = every(a, b) if every is not None else [
+                self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
+                for d in range(self.dp)]
             if None in transports:
                 return self._new_send_rates(a, b, transports)
             got = self._facts.sends[(a, b)] = self._new_send_rates(a, b, transports)

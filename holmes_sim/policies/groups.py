@@ -89,6 +89,15 @@ class GroupBuilder:
             return None
         return self._pipe_of(a, b, d)[2] or self._member_by_member(GroupKind.PIPELINE, ranks).transport
 
+    def stage_pair_transports(self, a: int, b: int) -> list[Transport | None]:
+        """`pair_transport` of every replica's pair (stage a, stage b), TP rank 0, in replica
+        order."""
+        if (a, b) not in self._pair_set:
+            return [None] * self.dp
+        return [self._pipe_of(a, b, d)[2] or self._member_by_member(
+            GroupKind.PIPELINE, (self._rank(a, d, 0), self._rank(b, d, 0))).transport
+            for d in range(self.dp)]
+
     def first(self, kind: GroupKind, rank: int) -> tuple[tuple[int, ...], Transport] | None:
         """Ranks and transport of the first group of `kind` (in `build`'s order) whose first
         rank is `rank`, or None."""
