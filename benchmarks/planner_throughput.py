@@ -46,16 +46,20 @@ def _cold() -> None:
     ops._CHUNK_TIMES.clear()
     bucket_layout._RUNS.clear()
     partition._PARTITIONS.clear()
+    partition._TIMER_FACTS.clear()
     holmes._NOTES.clear()
     netview._VIEWS.clear()
     netview._FACTS.clear()
-    for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES):
+    for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES, base._FABRICS):
         memo.clear()
     walk.op_table.cache_clear()
     walk.full_op_table.cache_clear()
     planner._PLANS.clear()
+    planner._PREPARED.clear()
+    planner._WORKLOADS.clear()
     schedule._build_schedule.cache_clear()
     schedule._peak_in_flight.cache_clear()
+    schedule.peaks_in_flight.cache_clear()
 
 
 def _import_everything() -> None:
@@ -178,8 +182,8 @@ def _estimate_cost(name: str = "large_175b_1024", repeat: int = 40) -> dict:
         analytic.estimate_iteration(plan, cluster, w, c)  # schedule tables only
         netview._VIEWS.clear()
         netview._FACTS.clear()
-        for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES,
-                     partition._PARTITIONS):
+        for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES, base._FABRICS,
+                     partition._PARTITIONS, partition._TIMER_FACTS):
             memo.clear()
         _estimate_only_cold()
         _timed(build, cold)

@@ -16,7 +16,7 @@ from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.estimate.netview import netview
 from holmes_sim.plan import GroupKind, Plan
-from holmes_sim.schedule import peak_in_flight
+from holmes_sim.schedule import peaks_in_flight
 from holmes_sim.sim.trace import OpKind, Trace
 from holmes_sim.units import GIB
 from holmes_sim.model.workload import Workload
@@ -174,25 +174,25 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     act_per_layer = workload.activation_bytes_per_layer(plan.tp)
     # A stage's parameters depend on its chunks' layers and on holding the first or the last
     # virtual stage (`OpCosts.stage_params`): most stages of a pipeline share them.
-    params_of: dict[tuple, int] = {}
-    per_stage, capacity = [], []
+    params_of: dict[tuple, tuple[int, int]] = {}
+    peaks = peaks_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks)
+    per_stage = []
     for s in range(plan.pp):
-        layers = plan.stage_layers(s)
+        layers = tuple(plan.layers_per_stage[s::plan.pp])  # `Plan.stage_layers`
         key = (layers, s == 0, s == plan.pp - 1)
-        params = params_of.get(key)
-        if params is None:
-            params = params_of[key] = costs.stage_params(plan.layers_per_stage, plan.pp, s)
+        got = params_of.get(key)
+        if got is None:
+            got = params_of[key] = (costs.stage_params(plan.layers_per_stage, plan.pp, s),
+                                    costs.stage_expert_params(plan.layers_per_stage, plan.pp, s))
+        params, expert = got
         state = params / plan.tp * state_per_param
-        expert = costs.stage_expert_params(plan.layers_per_stage, plan.pp, s)
         if expert:
             edp_state = workload.state_bytes_per_param(plan.dp // workload.ep_replicas,
                                                        plan.optimizer.sharded)
             state += expert / plan.tp * (edp_state - state_per_param)
-        acts = peak_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks,
-                              s) * max(layers) * act_per_layer
+        acts = peaks[s] * max(layers) * act_per_layer
         per_stage.append(state + acts)
-        capacity.append(net.memory_bytes(s))
-    return MemoryReport(tuple(per_stage), tuple(capacity))
+    return MemoryReport(tuple(per_stage), net.stage_memory_bytes())
 
 
 def transport_summary(plan: Plan) -> dict[str, str]:

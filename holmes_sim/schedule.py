@@ -176,6 +176,13 @@ def peak_in_flight(kind: str | ScheduleKind, p: int, m: int, v: int, stage: int)
     return _peak_in_flight(kind, p, m, v, stage)
 
 
+@lru_cache(maxsize=1024)
+def peaks_in_flight(kind: str | ScheduleKind, p: int, m: int, v: int) -> tuple[int, ...]:
+    """`peak_in_flight` of every stage (cached: the planner's memory check asks for all of them
+    once per candidate)."""
+    return tuple(peak_in_flight(kind, p, m, v, s) for s in range(p))
+
+
 @lru_cache(maxsize=4096)
 def _peak_in_flight(kind: ScheduleKind, p: int, m: int, v: int, stage: int) -> int:
     held = peak = 0

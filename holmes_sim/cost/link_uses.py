@@ -28,6 +28,12 @@ def send_uses(cluster: Cluster, transport: Transport, src: Sequence[GpuRef],
     if sides is None:
         path = group_path(cluster, transport, src, dst, _capacities(cluster))
         return path.links, path.latency_s
+    return side_links(sides)
+
+
+def side_links(sides: tuple[tuple, tuple, tuple[LinkId, float] | None]) -> tuple[PathUse, float]:
+    """`send_uses` of a send given as its NIC sides and uplink (`node_send_sides`): its links
+    with their weights, and its latency (s)."""
     out, into, up = sides
     links, latency = out[0] + into[0], max(out[1], into[1])
     if up is None:
@@ -88,6 +94,9 @@ def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence
     for k, m in enumerate(order):
         src, dst = members[m], members[order[(k + 1) % len(order)]]
         a, b = src[0].node, dst[0].node
+        if a == b and spread[a] is not None:  # both TP groups on one node
+            hops.append(_intra_node_hop(cluster, a, src, dst))
+            continue
         if a == b or spread[a] is None or spread[b] is None:
             caps = _capacities(cluster)
             path = group_path(cluster, transport, src, dst, caps) if a == b else node_exit_path(
@@ -105,6 +114,26 @@ def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence
             rate = min(rate, _capacities(cluster)[up[0]])
         hops.append((links, step, rate))
     return hops
+
+
+def _intra_node_hop(cluster: Cluster, node: str, src: Sequence[GpuRef], dst: Sequence[GpuRef]
+                    ) -> tuple[PathUse, float, float]:
+    """`group_path`'s hop from `src` to `dst`, all their GPUs on `node` (each GPU i sends 1/t of
+    the bytes over its intra-node link to GPU i; no NIC, no uplink): (links with weights, ring-step
+    latency s, idle rate bytes/s), kept with the cluster."""
+    key = (node, tuple(g.local_index for g in src), tuple(g.local_index for g in dst))
+    table = cluster.derived(("intra-node hops",), dict)
+    got = table.get(key)
+    if got is None:
+        share = 1.0 / len(src)
+        weights: dict[LinkId, float] = {}
+        for a, b in zip(key[1], key[2], strict=True):
+            for link in (("gpu", node, a, "tx"), ("gpu", node, b, "rx")):
+                weights[link] = weights.get(link, 0.0) + share
+        links, caps = tuple(weights.items()), _capacities(cluster)
+        got = table[key] = (links, max(0.0, cluster.node(node).intra_link.step_latency_s),
+                            min(caps[lk] / w for lk, w in links))
+    return got
 
 
 def _side_uses(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
@@ -127,9 +156,12 @@ def _uplink_use(cluster: Cluster, transport: Transport, a: str, b: str) -> tuple
     (as `group_path` adds it), else None."""
     if transport.kind is not TransportKind.TCP:
         return None
-    ca, cb = cluster.node(a).cluster, cluster.node(b).cluster
-    up = cluster.uplink(ca, cb)
-    return None if up is None else (("uplink", ca, cb), up.latency_s)
+    table = cluster.derived(("uplink uses",), dict)  # by node pair, kept with the cluster
+    if (a, b) not in table:
+        ca, cb = cluster.node(a).cluster, cluster.node(b).cluster
+        up = cluster.uplink(ca, cb)
+        table[(a, b)] = None if up is None else (("uplink", ca, cb), up.latency_s)
+    return table[(a, b)]
 
 
 def _capacities(cluster: Cluster) -> dict[LinkId, float]:

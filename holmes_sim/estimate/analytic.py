@@ -175,8 +175,8 @@ class _Estimator:
         send = self.net.cp_send(s, d)
         if send is not None:
             t += self.costs.cp_exposed_s(node, layers, backward, send[1], send[0])
-        return t + sends_exposed_s(self.w, self.plan.tp, layers, self.net.ep_sends(s, d),
-                                   self.costs.ep_local_s(node, layers))
+        local = self.costs.ep_local_s(node, layers) if self.w.ep > 1 else 0.0  # no EP: unused
+        return t + sends_exposed_s(self.w, self.plan.tp, layers, self.net.ep_sends(s, d), local)
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
         """Latency + bytes at the path's rate when every replica sends the same message at the

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.hardware.cluster import Cluster, Node
-from holmes_sim.cost.link_uses import node_send_sides, ring_uses, send_uses
+from holmes_sim.cost.link_uses import node_send_sides, ring_uses, send_uses, side_links
 from holmes_sim.cost.nccl_algorithms import CollectiveTopology, leaves_node
 from holmes_sim.cost.paths import link_capacities, ring_topology
 from holmes_sim.memo import IdentityMemo
@@ -89,6 +89,7 @@ class NetView:
         self._stage_nodes, self._memory = facts.stage_nodes, facts.memory
         self._cp_sends, self._ep_sends = facts.cp_sends, facts.ep_sends
         self._classes: list[tuple[int, list[int]]] | None = None
+        self._capacity: tuple[float, ...] | None = None
         self._combos: dict[bool, list[list[tuple[int, tuple]]]] = {}
 
     def rank(self, s: int, d: int, i: int = 0) -> int:
@@ -114,9 +115,12 @@ class NetView:
         return got
 
     def hardware(self, s: int, d: int) -> tuple:
-        """What prices an op of (s, d): the node's GPU model, intra-node link and speed."""
+        """What prices an op of (s, d): the node's GPU model and intra-node link (by identity:
+        a cluster's nodes share their catalogue's objects, and ints hash faster than specs;
+        equal specs in distinct objects only split classes that then price the same) and
+        speed."""
         node = self.node(s, d)
-        return node.gpu, node.intra_link, node.speed
+        return id(node.gpu), id(node.intra_link), node.speed
 
     def memory_bytes(self, s: int) -> float:
         """The smallest GPU memory (bytes) among stage s's replicas."""
@@ -124,6 +128,12 @@ class NetView:
         if got is None:
             got = self._memory[s] = min(self.node(s, d).gpu.memory_bytes for d in range(self.dp))
         return got
+
+    def stage_memory_bytes(self) -> tuple[float, ...]:
+        """`memory_bytes` of every stage."""
+        if self._capacity is None:
+            self._capacity = tuple(self.memory_bytes(s) for s in range(self.pp))
+        return self._capacity
 
     # ---- pipeline sends ---------------------------------------------------------------------
     def p2p(self, a: int, b: int, d: int) -> tuple[float, float]:
@@ -153,26 +163,32 @@ class NetView:
         cluster) and the uplink's capacity over the sends crossing it; else each link's load
         is summed over the replicas' sends. The same floats either way (a link's load is its
         one weight, an uplink's the count). Kept with the placement's facts when every
-        replica's pair is a pipeline group (the same transports in every view)."""
-        transports = [self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
-                      for d in range(self.dp)]
-        if None in transports:
-            return self._new_send_rates(a, b, transports)
+        replica's pair is a pipeline group, and found there without asking the groups again:
+        the facts' views have the same groups, or groups of one family, whose common pairs
+        have the same transports."""
         got = self._facts.sends.get((a, b))
         if got is None:
+            every = getattr(self._groups, "stage_pair_transports", None)  # a builder's, at once
+            transports = every(a, b) if every is not None else [
+                self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
+                for d in range(self.dp)]
+            if None in transports:
+                return self._new_send_rates(a, b, transports)
             got = self._facts.sends[(a, b)] = self._new_send_rates(a, b, transports)
         self._p2p[(a, b)] = got
         return got
 
     def _new_send_rates(self, a: int, b: int, transports: list) -> list[tuple[float, float]]:
         """`_send_rates` with the pair's transport of every replica."""
-        sides = [node_send_sides(self.cluster, t, self._on_one_node(a, d), self._on_one_node(b, d))
-                 for d, t in enumerate(transports)]
-        nodes = {self.entity(s, d)[0].node for s in (a, b) for d in range(self.dp)}
-        if None not in sides and len(nodes) == 2 * self.dp:
+        ends = [(self._on_one_node(a, d), self._on_one_node(b, d)) for d in range(self.dp)]
+        sides = [node_send_sides(self.cluster, t, *e) for t, e in zip(transports, ends, strict=True)]
+        # Sides exist only where both ends are on one node each: their nodes.
+        if None not in sides and len({e[0] for pair in ends for e in pair}) == 2 * self.dp:
             return self._own_links(a, b, sides)
-        uses = [send_uses(self.cluster, t, self.entity(a, d), self.entity(b, d))
-                for d, t in enumerate(transports)]
+        # A send with NIC sides is those sides and the uplink (`send_uses`).
+        uses = [send_uses(self.cluster, t, self.entity(a, d), self.entity(b, d)) if side is None
+                else side_links(side)
+                for d, (t, side) in enumerate(zip(transports, sides, strict=True))]
         load: dict = {}
         get = load.get
         for links, _ in uses:
@@ -343,11 +359,14 @@ class NetView:
             rates = [self._pair_rates(a, b) for a, b in pairs] + \
                 [self._pair_rates(b, a) for a, b in pairs]
             by_signature: dict[tuple, tuple[int, list[int]]] = {}
+            stages = range(self.pp)
+            # Without CP or EP every replica has no CP sends (None) and no EP sends (()).
+            no_cp, no_ep = (None,) * self.pp, ((),) * self.pp
             for d in range(self.dp):
-                signature = (tuple(self.hardware(s, d) for s in range(self.pp)),
+                signature = (tuple(self.hardware(s, d) for s in stages),
                              tuple(r[d] for r in rates),
-                             tuple(self.cp_send(s, d) for s in range(self.pp)),
-                             tuple(self.ep_sends(s, d) for s in range(self.pp)))
+                             no_cp if self.cp == 1 else tuple(self.cp_send(s, d) for s in stages),
+                             no_ep if self.ep == 1 else tuple(self.ep_sends(s, d) for s in stages))
                 by_signature.setdefault(signature, (d, []))[1].append(d)
             self._classes = list(by_signature.values())
         return self._classes
@@ -365,9 +384,10 @@ class NetView:
                 emb = embedding and self.pp > 1 and s in (0, self.pp - 1)
                 tails: dict[tuple, int] = {}
                 combos: dict[tuple[int, int], int] = {}
+                edp = self.edp_ring(s, 0) if self.ep == 1 else None  # one group (or none)
                 for d in range(self.dp):
                     tail = (self.hardware(s, d), self.embedding_ring(d) if emb else None,
-                            self.edp_ring(s, d))
+                            edp if self.ep == 1 else self.edp_ring(s, d))
                     combos.setdefault((class_of[d], tails.setdefault(tail, len(tails))), d)
                 got.append([(c, t, d) for (c, t), d in combos.items()])
             self._combos[embedding] = got

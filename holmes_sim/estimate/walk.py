@@ -39,6 +39,10 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
 
 from holmes_sim.schedule import ScheduleKind, build_schedule
 
@@ -85,20 +89,48 @@ class OpTable:
 
     shape: tuple[str, int, int, int]
     """(kind, p, m, v) of the schedule this table stands for."""
-    rows: tuple[tuple[tuple, ...], ...]
     kinds: tuple[tuple[tuple[int, bool], ...], ...]
     sends: tuple[tuple[int, int], ...]
     slots: int
     """Size of the walk's message list (by direction, virtual stage, micro-batch)."""
+    flat: tuple
+    """The ops as the compiled walk reads them: (every op's four ints, stage after stage, as
+    array('i'); each stage's first op index and the total, as array('q')). `rows` and `fast`
+    are made from it when first asked for (only the walk in Python reads them)."""
     run: SteadyRun | None = None
     """The steady run (None: the walk goes op by op)."""
-    fast: tuple[tuple[tuple, ...], ...] = ()
-    """`rows` in the form `walk` replays them (`_program`)."""
     programs: dict = field(default_factory=dict, compare=False, repr=False)
     """`walk`'s recorded segments by (first op index, limit) of every stage (`_program`)."""
-    flat: tuple = ()
-    """`rows` as the compiled walk reads them: (every op's four ints, stage after stage, as
-    array('i'); each stage's first op index and the total, as array('q'))."""
+    tuples: dict = field(default_factory=dict, compare=False, repr=False)
+    """`rows` and `fast`, once made (shared by the tables of one schedule's ops)."""
+
+    @property
+    def lengths(self) -> list[int]:
+        """Ops per stage."""
+        firsts = self.flat[1]
+        return [b - a for a, b in zip(firsts, firsts[1:])]
+
+    @property
+    def rows(self) -> tuple[tuple[tuple, ...], ...]:
+        """Each stage's ops as (kind index, input slot, send index, output slot) tuples."""
+        got = self.tuples.get("rows")
+        if got is None:
+            ops = list(zip(*[iter(self.flat[0].tolist())] * 4))
+            firsts = self.flat[1]
+            got = self.tuples["rows"] = tuple(tuple(ops[a:b]) for a, b in zip(firsts, firsts[1:]))
+        return got
+
+    @property
+    def fast(self) -> tuple[tuple[tuple, ...], ...]:
+        """`rows` in the form `walk` replays them (`_program`): -2 reads the "no input" slot at
+        the end of the message list, -1 the sentinel send (0 s) and the slot of ops that send
+        nothing."""
+        got = self.tuples.get("fast")
+        if got is None:
+            got = self.tuples["fast"] = tuple(
+                tuple((dk, -2 if need < 0 else need, sk, out) for dk, need, sk, out in row)
+                for row in self.rows)
+        return got
 
 
 _TARGET_ROUNDS = {ScheduleKind.ONE_F_ONE_B: (6, 24), ScheduleKind.INTERLEAVED: (1, 8)}
@@ -121,10 +153,10 @@ def op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
     table = full_op_table(kind, pp, m_small, v)
     if table.run is None:
         return full_op_table(kind, pp, m, v)
-    return OpTable((kind, pp, m, v), table.rows, table.kinds, table.sends, table.slots,
+    return OpTable((kind, pp, m, v), table.kinds, table.sends, table.slots, table.flat,
                    SteadyRun(table.run.starts, table.run.period, table.run.shift,
-                                           table.run.rounds, table.run.outstanding, extra),
-                   table.fast, flat=table.flat)
+                             table.run.rounds, table.run.outstanding, extra),
+                   tuples=table.tuples)
 
 
 def _fewer_microbatches(kind: ScheduleKind, p: int, m: int, v: int) -> tuple[int, int] | None:
@@ -145,42 +177,57 @@ def _fewer_microbatches(kind: ScheduleKind, p: int, m: int, v: int) -> tuple[int
 
 @lru_cache(maxsize=256)
 def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
-    """The dependency structure of every op of schedule (kind, p, m, v), with its steady run."""
+    """The dependency structure of every op of schedule (kind, p, m, v), with its steady run.
+    An op's four ints are its (chunk, kind)'s for micro-batch 0 on its stage (`_op_bases`)
+    with the micro-batch added to its slots, worked out for all ops at once (numpy)."""
     schedule = build_schedule(kind, pp, m, v)
-    nv = schedule.num_virtual_stages
+    nv, nc = schedule.num_virtual_stages, schedule.num_chunks
     sends = sorted({(j, j + 1) for j in range(nv - 1)} | {(j + 1, j) for j in range(nv - 1)})
     send_index = {pair: i for i, pair in enumerate(sends)}
     # Message (direction, to, micro-batch): forward inputs of j = 1..nv-1, then backward inputs
     # of j = 0..nv-2, m slots each.
     messages = 2 * (nv - 1) * m
-    rows, kinds, fast_rows = [], [], []
-    for s, ops in enumerate(schedule.stage_ops):
-        stage_kinds = sorted({(schedule.virtual_stage(s, c), b) for c in range(schedule.num_chunks)
+    kinds, bases = [], np.empty((pp, nc, 2, 4), dtype=np.int64)
+    for s in range(pp):
+        stage_kinds = sorted({(schedule.virtual_stage(s, c), b) for c in range(nc)
                               for b in (False, True)})
         kind_index = {k: i for i, k in enumerate(stage_kinds)}
-        bases = {(c, b): _op_bases(s + c * pp, b, nv, m, send_index, kind_index)
-                 for c in range(schedule.num_chunks) for b in "FB"}
-        row, fast = [], []
-        for op in ops:
-            dk, need, sk, out = bases[(op.chunk, op.kind)]
-            mb = op.microbatch
-            need = -1 if need < 0 else need + mb
-            out = -1 if out < 0 else out + mb
-            row.append((dk, need, sk, out))
-            # The replayed form (`_program`): -2 reads the "no input" slot at the end of the
-            # message list, -1 the sentinel send (0 s) and the slot of ops that send nothing.
-            fast.append((dk, -2 if need < 0 else need, sk, out))
-        rows.append(tuple(row))
-        fast_rows.append(tuple(fast))
+        for c in range(nc):
+            for b, name in enumerate("FB"):
+                bases[s, c, b] = _op_bases(s + c * pp, name, nv, m, send_index, kind_index)
         kinds.append(tuple(stage_kinds))
+    lengths = [len(ops) for ops in schedule.stage_ops]
+    chunk, backward, mb = _op_columns(schedule.stage_ops)
+    n = len(mb)
+    stage = np.repeat(np.arange(pp), lengths)
+    table = bases[stage, chunk, backward]
+    for col in (1, 3):  # the input and output slots of micro-batch mb: mb further
+        table[:, col] = np.where(table[:, col] < 0, -1, table[:, col] + mb)
+    firsts = np.concatenate(([0], np.cumsum(lengths)))
+    flat = (array("i", table.astype(np.intc).tobytes()), array("q", firsts.tolist()))
     shape = _steady_shape(kind, pp, m, v)
-    run = None if shape is None else _steady_run(schedule.stage_ops, rows, m, *shape)
-    firsts = [0]
-    for row in rows:
-        firsts.append(firsts[-1] + len(row))
-    flat = (array("i", [x for row in rows for op in row for x in op]), array("q", firsts))
-    return OpTable((kind, pp, m, v), tuple(rows), tuple(kinds), tuple(sends),
-                   messages, run, tuple(fast_rows), flat=flat)
+    run = None if shape is None else _steady_run(
+        _OpColumns(stage, np.arange(n) - firsts[stage], chunk * 2 + backward, mb, table[:, 1],
+                   table[:, 3], lengths), m, *shape)
+    return OpTable((kind, pp, m, v), tuple(kinds), tuple(sends), messages, flat, run)
+
+
+def _op_columns(stage_ops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every op's chunk, backward (1) or forward (0) and micro-batch, stage after stage. Each
+    stage runs every unit (micro-batch, chunk, kind) once, and the schedules make one `Op` per
+    unit for all stages (`schedule.py`): the units are read once, from stage 0, and each op
+    found there by identity (ops made per stage are read one by one)."""
+    ops = list(chain.from_iterable(stage_ops))
+    units = stage_ops[0]
+    position = {id(op): i for i, op in enumerate(units)}
+    try:
+        index = np.fromiter(map(position.__getitem__, map(id, ops)), np.int64, len(ops))
+    except KeyError:
+        units, index = ops, np.arange(len(ops))
+    n = len(units)
+    return (np.fromiter(map(attrgetter("chunk"), units), np.int64, n)[index],
+            np.fromiter(map("B".__eq__, map(attrgetter("kind"), units)), np.int64, n)[index],
+            np.fromiter(map(attrgetter("microbatch"), units), np.int64, n)[index])
 
 
 def _op_bases(j: int, kind: str, nv: int, m: int, send_index: dict, kind_index: dict
@@ -213,71 +260,100 @@ def _steady_shape(kind: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], i
     return tuple(min((p - s - 1) * 2 + (v - 1) * p, m * v) for s in range(p)), 2 * p * v, p
 
 
-def _steady_run(stage_ops, rows, m: int, starts: tuple[int, ...], period: int,
+@dataclass(frozen=True)
+class _OpColumns:
+    """Every op of a schedule, stage after stage, as numpy columns: its stage, its index on the
+    stage, its (chunk, kind) as one int, its micro-batch, the slot it reads and the slot it
+    writes (-1: none); and the ops per stage."""
+
+    stage: np.ndarray
+    index: np.ndarray
+    unit: np.ndarray
+    microbatch: np.ndarray
+    need: np.ndarray
+    out: np.ndarray
+    lengths: list[int]
+
+
+def _steady_run(ops: _OpColumns, m: int, starts: tuple[int, ...], period: int,
                 shift: int) -> SteadyRun | None:
     """The verified steady run from `starts`: as many rounds as every stage's ops repeat with
     micro-batches + `shift`, every cut is closed under dependencies, and the messages in flight
     at each cut are those at the previous cut one round later (None: fewer than 3 rounds)."""
-    rounds = min(_repeating_rounds(ops, a, period, shift) for ops, a in zip(stage_ops, starts,
-                                                                            strict=True))
+    firsts = [0]
+    for n in ops.lengths:
+        firsts.append(firsts[-1] + n)
+    rounds = min(_repeating_rounds(ops, firsts[s], firsts[s + 1], a, period, shift)
+                 for s, a in enumerate(starts))
     if rounds < 3:
         return None
-    writer, reader = _slot_positions(rows)
+    # Each message's writer and reader (stage, op index); every message written is read.
+    written, read = ops.out >= 0, ops.need >= 0
+    slots = ops.out[written]
+    order = np.argsort(slots)
+    slots, ws, wk = slots[order], ops.stage[written][order], ops.index[written][order]
+    where = np.full(max(ops.out.max(initial=-1), ops.need.max(initial=-1)) + 1, -1, dtype=np.int64)
+    where[ops.need[read]] = np.flatnonzero(read)
+    readers = where[slots]
+    assert (readers >= 0).all(), "a message is written but never read"
+    rs, kr = ops.stage[readers], ops.index[readers]
     # A slot is inside cut r from the first round whose cut passes its writer (reader).
-    outstanding: list[list[tuple[int, int, int]]] = [[] for _ in range(rounds + 1)]
-    for i, (sw, kw) in writer.items():
-        sr, kr = reader[i]
-        rw = (kw - starts[sw]) // period + 1
-        rw = rw if rw > 0 else 0
-        base = kr - starts[sr]
-        rr = base // period + 1
-        rr = rr if rr > 0 else 0
-        if rr < rw:  # cuts rr..rw-1 hold the reader but not the writer: not closed
-            rounds = min(rounds, rr - 1)
-        for r in range(rw, rr if rr <= rounds else rounds + 1):
-            outstanding[r].append((sr, base - r * period, i))
-    lists = [tuple(i for *_, i in sorted(o)) for o in outstanding[:rounds + 1]]
-    for r in range(rounds):
-        if not _shifted(lists[r], lists[r + 1], m, shift):
-            rounds = r
-            break
+    begin = np.array(starts)
+    rw = np.maximum((wk - begin[ws]) // period + 1, 0)
+    base = kr - begin[rs]
+    rr = np.maximum(base // period + 1, 0)
+    unclosed = rr < rw  # cuts rr..rw-1 hold the reader but not the writer
+    if unclosed.any():
+        rounds = min(rounds, int(rr[unclosed].min()) - 1)
     if rounds < 3:
         return None
-    return SteadyRun(starts, period, shift, rounds, tuple(lists[:rounds + 1]))
+    slot, bounds = _outstanding(slots, rs, base, rw, np.minimum(rr, rounds + 1), rounds)
+    rounds = _shifted_rounds(slot, bounds, rounds, m, shift)
+    if rounds < 3:
+        return None
+    slot = slot.tolist()
+    return SteadyRun(starts, period, shift, rounds,
+                     tuple(tuple(slot[a:b]) for a, b in zip(bounds[:rounds + 1],
+                                                            bounds[1:rounds + 2])))
 
 
-def _repeating_rounds(ops, start: int, period: int, shift: int) -> int:
-    """Rounds from `start` in which each op is the op one round earlier, micro-batch + shift."""
-    r = 0
-    while start + (r + 1) * period <= len(ops):
-        if r > 0:
-            for k in range(start + r * period, start + (r + 1) * period):
-                a, b = ops[k - period], ops[k]
-                if (a.kind, a.chunk, a.microbatch + shift) != (b.kind, b.chunk, b.microbatch):
-                    return r
-        r += 1
-    return r
+def _outstanding(slots, stage, base, first, end, rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """The slots in flight at cuts r = 0..rounds (those with first <= r < end), cut after cut,
+    and where each cut's begin (rounds + 2 bounds): in a cut ordered by their reader's (stage,
+    position after the cut), i.e. by (stage, `base`), then slot."""
+    order = np.lexsort((slots, base, stage))
+    count = np.maximum(end - first, 0)[order]
+    slot = np.repeat(slots[order], count)
+    offset = np.arange(slot.size) - np.repeat(np.cumsum(count) - count, count)
+    cut = np.repeat(first[order], count) + offset
+    by_cut = np.argsort(cut, kind="stable")
+    return slot[by_cut], np.searchsorted(cut[by_cut], np.arange(rounds + 2))
 
 
-def _slot_positions(rows) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
-    """(stage, op index) that writes and that reads each message slot."""
-    writer: dict[int, tuple[int, int]] = {}
-    reader: dict[int, tuple[int, int]] = {}
-    for s, row in enumerate(rows):
-        for k, (_, need, _, out) in enumerate(row):
-            if need >= 0:
-                reader[need] = (s, k)
-            if out >= 0:
-                writer[out] = (s, k)
-    return writer, reader
+def _shifted_rounds(slot: np.ndarray, bounds: np.ndarray, rounds: int, m: int, shift: int) -> int:
+    """The first r < rounds whose cut r + 1 does not hold cut r's messages with each one's
+    micro-batch + shift, in order (a message's slot is its (direction, virtual stage) block
+    times m plus its micro-batch), else `rounds` (`_outstanding`'s slots and bounds)."""
+    sizes = np.diff(bounds)
+    differ = np.flatnonzero(sizes[1:] != sizes[:-1])
+    limit = int(differ[0]) if differ.size else rounds  # cuts 0..limit hold n messages each
+    n = int(sizes[0])
+    cuts = slot[:(limit + 1) * n].reshape(limit + 1, n)
+    before, after = cuts[:-1], cuts[1:]
+    bad = np.flatnonzero(~((after == before + shift) & (before % m + shift < m)).all(axis=1))
+    return int(bad[0]) if bad.size else limit
 
 
-def _shifted(before: tuple[int, ...], after: tuple[int, ...], m: int, shift: int) -> bool:
-    """Whether `after` is `before` with each message's micro-batch + shift (a message's slot is
-    its (direction, virtual stage) block times m plus its micro-batch)."""
-    if len(before) != len(after):
-        return False
-    return all(b == a + shift and a % m + shift < m for a, b in zip(before, after, strict=True))
+def _repeating_rounds(ops: _OpColumns, lo: int, hi: int, start: int, period: int,
+                      shift: int) -> int:
+    """Rounds from `start` of the stage whose ops are `lo:hi` in which each op is the op one
+    round earlier, micro-batch + shift."""
+    full = max(0, (hi - lo - start) // period)
+    a, b = lo + start, lo + start + full * period
+    unit, mb = ops.unit[a:b], ops.microbatch[a:b]
+    bad = np.flatnonzero((unit[period:] != unit[:b - a - period]) |
+                         (mb[period:] != mb[:b - a - period] + shift))
+    return full if bad.size == 0 else int(bad[0]) // period + 1
 
 
 def walk_plain(table: OpTable, durs: list[list[float]], sends: list[float],
@@ -287,7 +363,7 @@ def walk_plain(table: OpTable, durs: list[list[float]], sends: list[float],
     op may not start before). Walks the full table of `table`'s schedule, in Python."""
     table = full_op_table(*table.shape)
     state = _State(table, durs, sends, start, compiled=False)
-    state.advance_checked([len(row) for row in table.rows])
+    state.advance_checked(table.lengths)
     return state.clock
 
 
@@ -346,7 +422,7 @@ def walk(table: OpTable, durs: list[list[float]], sends: list[float],
         state.advance(run.cut(0))
         if not _through_run(state, table, run) and run.extra:
             return walk(full_op_table(*table.shape), durs, sends, start)
-    state.advance([len(row) for row in table.rows])
+    state.advance(table.lengths)
     return list(state.clock)
 
 
@@ -448,7 +524,7 @@ def _through_run(state: _State, table: OpTable, run: SteadyRun) -> bool:
     state to the schedule's last steady cut at once (see module docstring). False: it never
     repeated (the state is then at the run's last cut)."""
     history = [state.vector(run.outstanding[0])]
-    cycles = _MAX_CYCLE * len(table.rows)
+    cycles = _MAX_CYCLE * len(table.kinds)
     rounds = run.rounds + run.extra  # of the full schedule
     for r in range(1, run.rounds + 1):
         state.advance(run.cut(r))

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
+from holmes_sim.cost.transport import job_wide_fabric
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, Groups, OptimizerMode, Plan, tp_group_places
@@ -21,9 +22,10 @@ _ORDERS: IdentityMemo = IdentityMemo()
 _TP_CHECKED: IdentityMemo = IdentityMemo()
 _GROUPS: IdentityMemo = IdentityMemo()
 _FAMILIES: IdentityMemo = IdentityMemo()
-"""Rank orders, checked TP layouts, groups and their families (`GroupBuilder.family`), shared
-by the candidates of a search (a policy's are the same for every micro-batch size, schedule
-and recompute mode of a layout)."""
+_FABRICS: IdentityMemo = IdentityMemo()
+"""Rank orders, checked TP layouts, groups and their families (`GroupBuilder.family`) and job-wide
+fabrics, shared by the candidates of a search (a policy's are the same for every micro-batch
+size, schedule and recompute mode of a layout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,13 @@ def rank_order(cluster: Cluster, name: str, order: Callable[[Sequence[Node]], Se
                                                        for n in cluster.nodes})
         return nodes, tuple(chain.from_iterable(refs[n.name] for n in nodes))
     return _ORDERS.get((cluster,), (name,), make)
+
+
+def job_fabric(cluster: Cluster, rank_to_gpu: Sequence[GpuRef]) -> str | None:
+    """`cost.transport.job_wide_fabric` of a rank order's job, found once per rank order (by
+    identity; it looks at every node)."""
+    return _FABRICS.get((cluster, rank_to_gpu), (),
+                        lambda: job_wide_fabric(cluster, rank_to_gpu))
 
 
 def check_tp_within_nodes(rank_to_gpu: Sequence[GpuRef], tp: int) -> None:

@@ -50,6 +50,7 @@ class GroupBuilder:
         self.edp = tp * dp // (self.ep * self.etp)  # expert-data-parallel degree
         self.tp, self.pp, self.dp, self.tie = tp, pp, dp, tie_embeddings and pp > 1
         self.pairs = list(dict.fromkeys((j % pp, (j + 1) % pp) for j in range(pp * num_chunks - 1)))
+        self._pair_set = set(self.pairs)
         self._chosen: dict[tuple[str, ...], Transport] = {}
         self._places = tp_group_places(rank_to_gpu, tp)
         self._names: dict[tuple[int, str], tuple[str, ...]] = {}
@@ -84,9 +85,18 @@ class GroupBuilder:
     def pair_transport(self, ranks: tuple[int, ...]) -> Transport | None:
         """The transport of the pipeline group of these (sender, receiver) ranks, or None."""
         (a, d, i), (b, e, k) = self._coords(ranks[0]), self._coords(ranks[1])
-        if (d, i) != (e, k) or (a, b) not in self.pairs:
+        if (d, i) != (e, k) or (a, b) not in self._pair_set:
             return None
         return self._pipe_of(a, b, d)[2] or self._member_by_member(GroupKind.PIPELINE, ranks).transport
+
+    def stage_pair_transports(self, a: int, b: int) -> list[Transport | None]:
+        """`pair_transport` of every replica's pair (stage a, stage b), TP rank 0, in replica
+        order."""
+        if (a, b) not in self._pair_set:
+            return [None] * self.dp
+        return [self._pipe_of(a, b, d)[2] or self._member_by_member(
+            GroupKind.PIPELINE, (self._rank(a, d, 0), self._rank(b, d, 0))).transport
+            for d in range(self.dp)]
 
     def first(self, kind: GroupKind, rank: int) -> tuple[tuple[int, ...], Transport] | None:
         """Ranks and transport of the first group of `kind` (in `build`'s order) whose first
@@ -110,7 +120,8 @@ class GroupBuilder:
                 local < self.ep * self.etp:
             group = self._expert_data(s, local // self.etp, local % self.etp)
         elif kind is GroupKind.EMBEDDING and self.tie and s == 0:
-            group = self._embedding(d, i)
+            ranks = self._embedding_ranks(d, i)  # without the NIC names a Group carries
+            return ranks, self._ranks_transport(ranks)
         elif kind is GroupKind.PIPELINE:
             b = next((b for a, b in self.pairs if a == s), None)
             if b is not None:
@@ -213,14 +224,21 @@ class GroupBuilder:
         return self._member_by_member(GroupKind.EXPERT_DATA, tuple(
             self._expert_rank(s, j, e, k) for k in range(self.edp)))
 
+    def _embedding_ranks(self, d: int, i: int) -> tuple[int, int]:
+        return self._rank(0, d, i), self._rank(self.pp - 1, d, i)
+
     def _embedding(self, d: int, i: int) -> Group:
-        return self._member_by_member(GroupKind.EMBEDDING,
-                                      (self._rank(0, d, i), self._rank(self.pp - 1, d, i)))
+        return self._member_by_member(GroupKind.EMBEDDING, self._embedding_ranks(d, i))
 
     def _member_by_member(self, kind: GroupKind, ranks: tuple[int, ...]) -> Group:
+        transport = self._ranks_transport(ranks)
+        return Group(kind, ranks, transport,
+                     member_nics(self.cluster, [self.gpus[r] for r in ranks], transport))
+
+    def _ranks_transport(self, ranks: tuple[int, ...]) -> Transport:
+        """The transport of the group of these ranks, chosen by their nodes."""
         gpus = [self.gpus[r] for r in ranks]
-        transport = self._transport(tuple(dict.fromkeys(g.node for g in gpus)), gpus)
-        return Group(kind, ranks, transport, member_nics(self.cluster, gpus, transport))
+        return self._transport(tuple(dict.fromkeys(g.node for g in gpus)), gpus)
 
     # ---- what groups are made of ----------------------------------------------------------------
     def _transport(self, nodes: tuple[str, ...], gpus: Sequence[GpuRef]) -> Transport:

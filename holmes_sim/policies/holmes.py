@@ -24,13 +24,14 @@ from dataclasses import dataclass
 
 from holmes_sim.estimate.analytic import estimate_iteration
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
-from holmes_sim.cost.transport import best_shared_transport, job_wide_fabric, job_wide_transport
+from holmes_sim.cost.transport import best_shared_transport, job_wide_transport
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan
 from holmes_sim.policies.base import (
     PlanRequest,
     build_groups,
     check_tp_within_nodes,
+    job_fabric,
     equal_partition,
     rank_order,
 )
@@ -88,7 +89,7 @@ class HolmesPolicy:
         cluster = request.cluster
         if self.nic_selection:
             return lambda gpus: best_shared_transport(cluster, gpus)
-        fabric = job_wide_fabric(cluster, rank_to_gpu)
+        fabric = job_fabric(cluster, rank_to_gpu)
         return lambda gpus: job_wide_transport(cluster, gpus, fabric)
 
 

@@ -29,13 +29,14 @@ from dataclasses import dataclass
 
 from holmes_sim.errors import PlanError
 from holmes_sim.hardware.cluster import Cluster
-from holmes_sim.cost.transport import job_wide_fabric, job_wide_transport
+from holmes_sim.cost.transport import job_wide_transport
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.plan import OptimizerMode, Plan
 from holmes_sim.policies.base import (
     PlanRequest,
     build_groups,
     check_tp_within_nodes,
+    job_fabric,
     default_optimizer,
     equal_partition,
     rank_order,
@@ -87,7 +88,7 @@ class MegatronPolicy:
                             "is Megatron-Core's); use policy megatron or holmes, or expert: 1")
         _, rank_to_gpu = rank_order(request.cluster, "listing", list)
         check_tp_within_nodes(rank_to_gpu, request.tp)
-        fabric = job_wide_fabric(request.cluster, rank_to_gpu)
+        fabric = job_fabric(request.cluster, rank_to_gpu)
         groups = build_groups(request.cluster, rank_to_gpu, request.tp, request.pp, request.dp,
                               request.num_chunks, request.workload.tie_embeddings,
                               lambda gpus: job_wide_transport(request.cluster, gpus, fabric),

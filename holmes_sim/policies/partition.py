@@ -57,24 +57,10 @@ class StageTimer:
         # Rings and alike replicas come from the placement's shared view (`netview`).
         self.net = netview(request.cluster, rank_to_gpu, groups, request.tp, request.pp,
                            request.dp, request.num_chunks)
-        self.dp_ring = [_ring(self.net.idle_ring(GroupKind.DATA, s), self.net.dp_topology(s))
-                        for s in range(request.pp)]
-        # The embedding group pairs stage 0 with the last stage; it is keyed by its stage-0 rank.
-        self.emb_ring = _ring(self.net.idle_ring(GroupKind.EMBEDDING, 0))
-        # Replicas on identical hardware cost the same: keep one node per distinct (GPU, link).
-        self.nodes = [self.net.stage_nodes(s) for s in range(request.pp)]
+        self.dp_ring, self.emb_ring, self.nodes, self._alike, self._ends = _TIMER_FACTS.get(
+            (self.net,), (), lambda: _placement_facts(self.net, request.pp, request.num_chunks))
         self._chunks: dict[tuple, tuple[float, float, int]] = {}
-        # Stages priced alike: the same hardware, DP ring, and first or last place (the
-        # embedding, head and embedding ring); most stages of a pipeline share one.
-        alike: dict[tuple, int] = {}
-        self._alike = [alike.setdefault((tuple((id(n.gpu), id(n.intra_link), n.speed) for n in self.nodes[s]),
-                                         self.dp_ring[s], s == 0, s == request.pp - 1), len(alike))
-                       for s in range(request.pp)]
         self._stage_times: dict[tuple, float] = {}
-        # Whether each of a stage's chunks is the first or the last virtual stage, in order.
-        nv = request.pp * request.num_chunks
-        self._ends = [[(c * request.pp + s == 0, c * request.pp + s == nv - 1)
-                       for c in range(request.num_chunks)] for s in range(request.pp)]
         self._emb_s: float | None = None
 
     def stage_time_s(self, s: int, chunk_layers: Sequence[int]) -> float:
@@ -133,6 +119,30 @@ class StageTimer:
         if mode.reduces_every_microbatch:  # each micro-batch's behind its backward
             return self.r.num_microbatches * max(0.0, reduce - bwd_s) + gather
         return reduce + gather
+
+
+def _placement_facts(net, pp: int, num_chunks: int) -> tuple:
+    """What a `StageTimer` needs of its placement's view, the same for every candidate of it:
+    each stage's DP ring and the embedding ring, each stage's distinct nodes, which stages are
+    priced alike, and whether each of a stage's chunks is the first or the last virtual stage."""
+    dp_ring = [_ring(net.idle_ring(GroupKind.DATA, s), net.dp_topology(s)) for s in range(pp)]
+    # The embedding group pairs stage 0 with the last stage; it is keyed by its stage-0 rank.
+    emb_ring = _ring(net.idle_ring(GroupKind.EMBEDDING, 0))
+    # Replicas on identical hardware cost the same: keep one node per distinct (GPU, link).
+    nodes = [net.stage_nodes(s) for s in range(pp)]
+    # Stages priced alike: the same hardware, DP ring, and first or last place (the
+    # embedding, head and embedding ring); most stages of a pipeline share one.
+    alike: dict[tuple, int] = {}
+    kinds = [alike.setdefault((tuple((id(n.gpu), id(n.intra_link), n.speed) for n in nodes[s]),
+                               dp_ring[s], s == 0, s == pp - 1), len(alike)) for s in range(pp)]
+    nv = pp * num_chunks
+    ends = [[(c * pp + s == 0, c * pp + s == nv - 1) for c in range(num_chunks)]
+            for s in range(pp)]
+    return dp_ring, emb_ring, nodes, kinds, ends
+
+
+_TIMER_FACTS: IdentityMemo[tuple] = IdentityMemo(64)
+"""`_placement_facts` by view (`estimate.netview`: one per placement and chunk count)."""
 
 
 def adaptive_partition(timer: StageTimer) -> tuple[int, ...]:

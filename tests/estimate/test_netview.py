@@ -142,6 +142,13 @@ def test_groups_equal_the_member_by_member_builder(name, tmp_path):
             _same_lookups(groups, built, tp * pp * dp)  # before and after they are built
             assert groups == built and built == groups and hash(groups) == hash(built)
             _same_lookups(groups, built, tp * pp * dp)
+            index = _Index(built)
+            for a in range(pp):
+                for b in range(pp):
+                    assert groups.lookup.stage_pair_transports(a, b) == [
+                        index.pair_transport((megatron_rank(a, d, 0, dp, tp),
+                                              megatron_rank(b, d, 0, dp, tp)))
+                        for d in range(dp)], (a, b)
 
 
 def _same_lookups(groups: Groups, built: tuple[Group, ...], world: int) -> None:

@@ -118,3 +118,25 @@ def test_no_two_candidates_are_the_same_plan(small):
     assert len({_identity(c) for c in ranked}) == len(ranked)
     overlap = [c for c in ranked if c.overlap_grad_reduce]
     assert overlap and all(c.to_json()["overlap_grad_reduce"] for c in overlap)
+
+
+def test_a_layouts_optimizers_share_one_workload_equal_to_a_fresh_build(small):
+    """`prepared_for` gives every optimizer of a layout one Workload (caches kept by its
+    identity then serve them all), which is right only while `build_workload` reads no optimizer
+    setting: each optimizer's training settings build an equal one afresh."""
+    from dataclasses import replace
+
+    from holmes_sim.model.workload import build_workload
+
+    prepared = prepare(small)
+    for layout in list(planner.layouts(prepared, prepared.scenario.search))[::7]:
+        got = [planner.prepared_for(prepared, replace(layout, optimizer=o))
+               for o in ("replicated", "distributed", "distributed-overlap",
+                         "distributed-overlap-gather")]
+        assert len({id(p.workload) for p in got}) == 1
+        assert len({(p.scenario.training.distributed_optimizer,
+                     p.scenario.training.overlap_param_gather) for p in got}) == 3
+        for p in got:
+            s = p.scenario
+            assert p.workload == build_workload(s.model, s.training, layout.tp, layout.cp,
+                                                s.parallel.cp_comm_type, layout.ep, layout.etp)
