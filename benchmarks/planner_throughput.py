@@ -43,7 +43,9 @@ def _cold() -> None:
         plan._PLACES.clear()
     analytic._WALKS.clear()
     analytic._ESTIMATES.clear()
+    analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
+    ops._BUCKET_BYTES.clear()
     bucket_layout._RUNS.clear()
     partition._PARTITIONS.clear()
     partition._TIMER_FACTS.clear()
@@ -109,7 +111,9 @@ def _estimate_only_cold() -> None:
 
     analytic._WALKS.clear()
     analytic._ESTIMATES.clear()
+    analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
+    ops._BUCKET_BYTES.clear()
 
 
 def _median_ms(times: list[float]) -> float:

@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from holmes_sim.hardware.catalog import GpuModel, gemm_rate
 
 _TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
@@ -135,7 +137,11 @@ def search_grid(fp8: bool) -> range:
 def best_tile_quantization(sm_count: int, tile: tuple[int, int], grid: range) -> float:
     """The best `_tile_efficiency` of one tile over every m x n of `grid` (k does not quantize)."""
     tm, tn = tile
-    return max(_tile_efficiency(Gemm(m, n, 1), tm, tn, sm_count) for m in grid for n in grid)
+    sizes = np.arange(grid.start, grid.stop, grid.step, dtype=np.int64)
+    m, n = sizes[:, None], sizes[None, :]
+    tiles = -(-m // tm) * -(-n // tn)
+    waves = -(-tiles // sm_count)
+    return float(np.max(m * n / (waves * sm_count * tm * tn)))
 
 
 def best_grid_quantization(sm_count: int, grid: range = FP8_SEARCH_GRID) -> float:

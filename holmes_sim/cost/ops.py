@@ -211,8 +211,9 @@ class OpCosts:
             if run is None or n == 0:
                 return ()
             grad, param = w.grad_bytes_of(n), n * w.dtype_bytes
-            return tuple((grad * share, param * share, point)
-                         for share, point in zip(run.shares, run.ready, strict=True))
+            return _BUCKET_BYTES.get((run,), (grad, param), lambda: tuple(
+                (grad * share, param * share, point)
+                for share, point in zip(run.shares, run.ready, strict=True)))
         return of(dense_run, params - expert), of(expert_run, expert)
 
     def optimizer_s(self, node: Node, params_per_gpu: float) -> float:
@@ -245,6 +246,8 @@ class ChunkTimes:
 
 
 _CHUNK_TIMES: IdentityMemo[ChunkTimes] = IdentityMemo(64)
+_BUCKET_BYTES: IdentityMemo[tuple[tuple[float, float, float], ...]] = IdentityMemo(4096)
+"""A cut's buckets in bytes (`OpCosts.gradient_buckets`), by the cut and its buffer's bytes."""
 """Shared by every OpCosts of one cluster (held, so its hardware objects' ids stay valid),
 compute model, workload and TP degree: the candidates of a search that differ only in placement,
 schedule or optimizer, and the partition search and estimate of one candidate."""

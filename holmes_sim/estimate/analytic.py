@@ -31,6 +31,7 @@ from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import Plan
 from holmes_sim.schedule import ScheduleKind
 from holmes_sim.estimate.walk import op_table, walk, walk_early_receive
+from holmes_sim.model.bucket_layout import shape_key as bucket_shape_key
 from holmes_sim.model.workload import Workload
 
 
@@ -57,6 +58,9 @@ def estimate_iteration(plan: Plan, cluster: Cluster, workload: Workload,
 
 
 _ESTIMATES: IdentityMemo[Estimate] = IdentityMemo(16)
+_BUCKETS: IdentityMemo[tuple[tuple[float, float], ...]] = IdentityMemo(4096)
+"""`_Estimator._buckets` by what the cut and its timing depend on (the workload's shape, not its
+micro-batch): candidates of a search with equal rings and stages share them."""
 
 
 class _Estimator:
@@ -209,23 +213,41 @@ class _Estimator:
         got = self._bucket_cache.get(key)
         if got is None:
             p = self.plan
-            widths = self._params(s)
-            out, offset, times = [], 0.0, {}
-            for c, width in enumerate(widths):
-                share = width / sum(widths)
-                j = self._virtual(s, c)
-                run = self.costs.gradient_buckets(
-                    p.layers_per_stage, j, p.optimizer.sharded,
-                    p.bucket_numel(j, self.costs.workload.given_bucket_numel))[d is not None]
-                for grad, param, point in run:
-                    size = grad if what == "grad" else param
-                    r = times.get(size)
-                    if r is None:  # the algorithm and protocol NCCL picks (`cost.nccl_algorithms`)
-                        r = times[size] = collective_time_s(topology, kind, size)
-                    out.append((r, offset + share * point))
-                offset += share
-            got = self._bucket_cache[key] = tuple(out)
+            given = self.costs.workload.given_bucket_numel
+            numels = tuple(p.bucket_numel(self._virtual(s, c), given)
+                           for c in range(p.num_chunks))
+            # What the cut depends on: each chunk's layers (and, with MoE layers, where they
+            # start), whether the stage holds the embedding or the head, the bucket sizes.
+            js = [self._virtual(s, c) for c in range(p.num_chunks)]
+            chunks = tuple((p.layers_per_stage[j], sum(p.layers_per_stage[:j])
+                            if self.costs.workload.moe is not None else 0) for j in js)
+            shared = (topology, kind, what, d is None, chunks, s == 0, s == p.pp - 1,
+                      p.optimizer.sharded, numels, p.tp)
+            w = self.costs.workload
+            got = self._bucket_cache[key] = _BUCKETS.get(
+                (), (bucket_shape_key(w), w.grad_bytes, w.dtype_bytes, *shared),
+                lambda: self._cut_buckets(s, kind, what, d is not None, topology, numels))
         return got
+
+    def _cut_buckets(self, s: int, kind: str, what: str, expert: bool, topology,
+                     numels: tuple[int | None, ...]) -> tuple[tuple[float, float], ...]:
+        """`_buckets` computed: each chunk's cut (`OpCosts.gradient_buckets`, `numels` its
+        elements per bucket) timed on `topology`, its points placed in the chunk's share."""
+        p = self.plan
+        widths = self._params(s)
+        out, offset, times = [], 0.0, {}
+        for c, width in enumerate(widths):
+            share = width / sum(widths)
+            run = self.costs.gradient_buckets(p.layers_per_stage, self._virtual(s, c),
+                                              p.optimizer.sharded, numels[c])[expert]
+            for grad, param, point in run:
+                size = grad if what == "grad" else param
+                r = times.get(size)
+                if r is None:  # the algorithm and protocol NCCL picks (`cost.nccl_algorithms`)
+                    r = times[size] = collective_time_s(topology, kind, size)
+                out.append((r, offset + share * point))
+            offset += share
+        return tuple(out)
 
     def _start_delay(self, s: int, d: int) -> float:
         """Overlapped optimizer: the first forward consumes parameter buckets in forward order as

@@ -75,8 +75,8 @@ def chunk_bucket_runs(w: Workload, tp: int, first_layer: int, layers: int, first
     group of `tp`; `sharded`: the distributed optimizer's padding and tied-embedding bucket;
     `numel`: elements per bucket (`Plan.bucket_numel`; None: one bucket per buffer, [DDP]).
     The experts' run is None where they share the dense buffer (no expert parallelism).
-    Cached by the workload's shape (`_shape_key`) and the other arguments."""
-    shape = _shape_key(w)
+    Cached by the workload's shape (`shape_key`) and the other arguments."""
+    shape = shape_key(w)
     key = (shape, tp, first_layer if w.moe is not None else 0, layers, first, last, sharded,
            numel)
     got = _RUNS.get(key)
@@ -94,7 +94,7 @@ _RUNS: dict[tuple, tuple[BucketRun, BucketRun | None]] = {}
 _PIECES: dict[tuple, _Piece] = {}
 
 
-def _shape_key(w: Workload) -> tuple:
+def shape_key(w: Workload) -> tuple:
     """What of `w` the cut and the ready points depend on (the micro-batch's tokens scale every
     FLOP alike, so they do not)."""
     return (w.hidden, w.kv_width, w.ffn, w.fc1_width, w.vocab, w.seq, w.bias, w.qkv_bias,
@@ -149,7 +149,7 @@ def chunk_params(w: Workload, tp: int, first_layer: int, layers: int, first: boo
 def _piece(w: Workload, tp: int, kind: str, flag: bool) -> _Piece:
     """The head (`flag`: the chunk also holds the embedding), a layer (`flag`: MoE) or the
     embedding (`flag`: the chunk also holds the head), cached."""
-    key = (_shape_key(w), tp, kind, flag)
+    key = (shape_key(w), tp, kind, flag)
     got = _PIECES.get(key)
     if got is None:
         if len(_PIECES) >= 1024:
