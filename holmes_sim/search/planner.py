@@ -11,7 +11,6 @@ layout (policy `megatron`), so a speed-up compares the best each placement can d
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import time
@@ -22,6 +21,7 @@ from holmes_sim.errors import FieldError, HolmesError
 from holmes_sim.prepare import (MAX_MICROBATCHES, Prepared, check_context, check_expert,
                                 check_expert_tensor)
 from holmes_sim.schedule import check_schedule
+from holmes_sim.sim.environment import quiet_collector
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.model.workload import Workload, build_workload
 
@@ -403,13 +403,10 @@ def bounded_grid(prepared: Prepared, spec: SearchSpec, max_candidates: int) -> l
 def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) -> list[Candidate]:
     """Every policy (and optimizer) of every layout of `chunk`, in order. The objects alive
     before it (the scenario, the cluster and its facts, earlier chunks' caches) are kept out of
-    garbage collection meanwhile (`gc.freeze`, unless something froze objects already): they
-    are not garbage, and full collections over them were about 7% of a 1,024-GPU chunk's
-    time."""
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    try:
+    garbage collection meanwhile (`sim.environment.quiet_collector`, the collector's thresholds
+    unchanged): they are not garbage, and full collections over them were about 7% of a
+    1,024-GPU chunk's time."""
+    with quiet_collector(threshold=None):
         out: list[Candidate] = []
         for layout in chunk:
             for policy in spec.policies:
@@ -418,9 +415,6 @@ def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) ->
                     out.append(evaluate(prepared, layout if layout.optimizer == opt
                                         else replace(layout, optimizer=opt), policy))
         return out
-    finally:
-        if freeze:
-            gc.unfreeze()
 
 
 def _jobs(jobs: int | None, n: int) -> int:

@@ -17,18 +17,23 @@ from simpy.events import NORMAL, Event, Process, Timeout
 
 
 @contextmanager
-def quiet_collector(threshold: int = 200_000):
-    """Run with the set-up's objects frozen out of garbage collection and a young-generation
-    threshold of `threshold` allocations: the run makes millions of short-lived objects and
-    few cycles, and collections otherwise took a fifth of its CPU time. Restored afterwards."""
+def quiet_collector(threshold: int | None = 200_000):
+    """Run with the objects alive at the start frozen out of garbage collection (unless a caller
+    froze them already: freezing does not nest) and, with `threshold`, a young-generation
+    threshold of that many allocations: a run makes millions of short-lived objects and few
+    cycles, and collections otherwise took a fifth of its CPU time. Restored afterwards."""
     old = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(threshold, old[1], old[2])
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    if threshold is not None:
+        gc.set_threshold(threshold, old[1], old[2])
     try:
         yield
     finally:
         gc.set_threshold(*old)
-        gc.unfreeze()
+        if freeze:
+            gc.unfreeze()
 
 
 _make = object.__new__
