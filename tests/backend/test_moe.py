@@ -239,15 +239,12 @@ EMULATED_DURATIONS = {"layer_forward_s": 4e-3, "layer_backward_s": 8e-3,
 CAN_BUILD = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 
 
-@pytest.mark.root
-@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
-def test_moe_testbed_all_to_alls_cross_fabrics_under_megatron_only() -> None:
-    # Both placements on the emulated testbed (one measured iteration each): every rank sends
-    # the simulator's all-to-all bytes; Holmes' EP groups stay on one RDMA fabric, Megatron's
-    # pair an IB with a RoCE node and run on TCP over the 100 Mbit/s Ethernet, where an
-    # all-to-all's bytes take their line rate's time.
+def _run_on_testbed(path, names: tuple[str, ...]):
+    """Each of `names`' plans run for real on the testbed `path` describes, one measured
+    iteration with `EMULATED_DURATIONS`: (the prepared testbed, each NIC's fabric, name ->
+    (plan, run)). Every run ends before this returns, so the testbed is gone whatever the
+    caller's assertions do."""
     from holmes_sim.backend.testbed import Testbed
-    from holmes_sim.plan import TransportKind
     from holmes_sim.prepare import prepare
     from holmes_sim.runner import plan_policy
     from holmes_sim.validation.real_run import _run_real
@@ -258,37 +255,52 @@ def test_moe_testbed_all_to_alls_cross_fabrics_under_megatron_only() -> None:
         testbed_uplinks,
     )
 
-    prepared = prepare(MOE_TESTBED, check=check_testbed)
-    w = prepared.workload
+    prepared = prepare(path, check=check_testbed)
     spec = dataclasses.replace(prepared.scenario.testbed, iterations=1, warmup=1)
     fabric_of = {nic.name: nic.fabric for node in prepared.cluster.nodes for nic in node.nics}
-    a2a_s = {}
+    runs = {}
     with Testbed(testbed_nodes(prepared), uplinks=testbed_uplinks(prepared)) as tb:
-        for name in ("megatron", "holmes"):
+        for name in names:
             plan, _ = plan_policy(prepared, name)
-            run = _run_real(plan, prepared, model_config(prepared), spec, tb,
-                            {"cpu-rank": EMULATED_DURATIONS})
-            schedule = plan.schedule()
-            for group in plan.groups_of(GroupKind.EXPERT):
-                fabrics = {fabric_of[nic] for nic in group.nics}
-                if name == "holmes":
-                    assert group.transport.kind is TransportKind.RDMA and len(fabrics) == 1
-                    assert fabrics <= {"ib", "roce"}
-                else:
-                    assert group.transport.kind is TransportKind.TCP and fabrics == {"ethernet"}
-                    nodes = {plan.rank_to_gpu[r].node.split("-")[0] for r in group.ranks}
-                    assert nodes == {"ib", "roce"}  # one IB and one RoCE node
-            for doc in run.ranks:
-                [ep_doc] = [g for g in doc["groups"] if g["kind"] == GroupKind.EXPERT.value]
-                # Its gloo connections are bound to the NIC the plan chose.
-                assert ep_doc["interface"] == ep_doc["nic"]
-                assert fabric_of[ep_doc["nic"]] in (("ethernet",) if name == "megatron" else
-                                                    ("ib", "roce"))
-                layers = plan.stage_layers(doc["pp_rank"])
-                per_iteration = sum(peer_bytes(w, 1, 2, layers[op.chunk])
-                                    for op in schedule.stage_ops[doc["pp_rank"]])
-                assert doc["ep_all_to_all"]["bytes_sent"] == 2 * per_iteration
-            a2a_s[name] = max(d["ep_all_to_all"]["seconds"] for d in run.ranks) / 2
+            runs[name] = plan, _run_real(plan, prepared, model_config(prepared), spec, tb,
+                                         {"cpu-rank": EMULATED_DURATIONS})
+    return prepared, fabric_of, runs
+
+
+@pytest.mark.root
+@pytest.mark.skipif(not CAN_BUILD, reason="needs root with `ip` and `tc`")
+def test_moe_testbed_all_to_alls_cross_fabrics_under_megatron_only() -> None:
+    # Both placements on the emulated testbed (one measured iteration each): every rank sends
+    # the simulator's all-to-all bytes; Holmes' EP groups stay on one RDMA fabric, Megatron's
+    # pair an IB with a RoCE node and run on TCP over the 100 Mbit/s Ethernet, where an
+    # all-to-all's bytes take their line rate's time.
+    from holmes_sim.plan import TransportKind
+
+    prepared, fabric_of, runs = _run_on_testbed(MOE_TESTBED, ("megatron", "holmes"))
+    w = prepared.workload
+    a2a_s = {}
+    for name, (plan, run) in runs.items():
+        schedule = plan.schedule()
+        for group in plan.groups_of(GroupKind.EXPERT):
+            fabrics = {fabric_of[nic] for nic in group.nics}
+            if name == "holmes":
+                assert group.transport.kind is TransportKind.RDMA and len(fabrics) == 1
+                assert fabrics <= {"ib", "roce"}
+            else:
+                assert group.transport.kind is TransportKind.TCP and fabrics == {"ethernet"}
+                nodes = {plan.rank_to_gpu[r].node.split("-")[0] for r in group.ranks}
+                assert nodes == {"ib", "roce"}  # one IB and one RoCE node
+        for doc in run.ranks:
+            [ep_doc] = [g for g in doc["groups"] if g["kind"] == GroupKind.EXPERT.value]
+            # Its gloo connections are bound to the NIC the plan chose.
+            assert ep_doc["interface"] == ep_doc["nic"]
+            assert fabric_of[ep_doc["nic"]] in (("ethernet",) if name == "megatron" else
+                                                ("ib", "roce"))
+            layers = plan.stage_layers(doc["pp_rank"])
+            per_iteration = sum(peer_bytes(w, 1, 2, layers[op.chunk])
+                                for op in schedule.stage_ops[doc["pp_rank"]])
+            assert doc["ep_all_to_all"]["bytes_sent"] == 2 * per_iteration
+        a2a_s[name] = max(d["ep_all_to_all"]["seconds"] for d in run.ranks) / 2
     eth_rate = 0.1e9 / 8
     assert 0.9 < a2a_s["megatron"] / (per_iteration / eth_rate) < 1.3, a2a_s
     assert a2a_s["megatron"] > 5 * a2a_s["holmes"], a2a_s
@@ -303,35 +315,19 @@ def test_moe_edp_testbed_reduces_expert_gradients_on_the_plans_nics() -> None:
     # holmes-no-nic-aware-order, on the 100 Mbit/s Ethernet (beside the DP ring) under holmes.
     import statistics
 
-    from holmes_sim.backend.testbed import Testbed
-    from holmes_sim.prepare import prepare
-    from holmes_sim.runner import plan_policy
-    from holmes_sim.validation.real_run import _run_real
-    from holmes_sim.validation.testbed_plan import (
-        check_testbed,
-        model_config,
-        testbed_nodes,
-        testbed_uplinks,
-    )
-
-    prepared = prepare(MOE_TESTBED.with_name("moe_edp.yaml"), check=check_testbed)
-    spec = dataclasses.replace(prepared.scenario.testbed, iterations=1, warmup=1)
-    fabric_of = {nic.name: nic.fabric for node in prepared.cluster.nodes for nic in node.nics}
+    _, fabric_of, runs = _run_on_testbed(MOE_TESTBED.with_name("moe_edp.yaml"),
+                                         ("holmes", "holmes-no-nic-aware-order"))
     reduce_s = {}
-    with Testbed(testbed_nodes(prepared), uplinks=testbed_uplinks(prepared)) as tb:
-        for name in ("holmes", "holmes-no-nic-aware-order"):
-            plan, _ = plan_policy(prepared, name)
-            run = _run_real(plan, prepared, model_config(prepared), spec, tb,
-                            {"cpu-rank": EMULATED_DURATIONS})
-            for doc in run.ranks:
-                [edp] = [g for g in doc["groups"] if g["kind"] == GroupKind.EXPERT_DATA.value]
-                want = plan.group_containing(GroupKind.EXPERT_DATA, doc["rank"])
-                assert tuple(edp["ranks"]) == want.ranks
-                assert edp["interface"] == edp["nic"] == want.nics[want.ranks.index(doc["rank"])]
-                assert fabric_of[edp["nic"]] in (("ethernet",) if name == "holmes" else
-                                                 ("ib", "roce"))
-            reduce_s[name] = [o["end"] - o["start"] for doc in run.ranks for o in doc["ops"]
-                              if o["detail"].startswith("expert reduce-scatter bucket")]
+    for name, (plan, run) in runs.items():
+        for doc in run.ranks:
+            [edp] = [g for g in doc["groups"] if g["kind"] == GroupKind.EXPERT_DATA.value]
+            want = plan.group_containing(GroupKind.EXPERT_DATA, doc["rank"])
+            assert tuple(edp["ranks"]) == want.ranks
+            assert edp["interface"] == edp["nic"] == want.nics[want.ranks.index(doc["rank"])]
+            assert fabric_of[edp["nic"]] in (("ethernet",) if name == "holmes" else
+                                             ("ib", "roce"))
+        reduce_s[name] = [o["end"] - o["start"] for doc in run.ranks for o in doc["ops"]
+                          if o["detail"].startswith("expert reduce-scatter bucket")]
     # A 0.53 MB bucket sends 0.26 MB: 22 ms at the Ethernet's rate (measured 20-52 ms, the
     # DP ring sharing the NIC), 1.1 ms on RDMA (measured median 1.5 ms).
     eth, rdma = reduce_s["holmes"], reduce_s["holmes-no-nic-aware-order"]
