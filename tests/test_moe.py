@@ -7,6 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from holmes_sim.cost.gemm import Gemm
@@ -16,7 +17,7 @@ from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.estimate.analytic import estimate_iteration
 from holmes_sim.export.model_args import architecture_args
 from holmes_sim.hardware.catalog import GPUS
-from holmes_sim.model.moe import mlp_params
+from holmes_sim.model.moe import expected_max_normal, mlp_params
 from holmes_sim.model.workload import build_workload
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import run_policy
@@ -140,6 +141,43 @@ def test_grouped_gemm_shapes_and_capacity():
     assert moe_mlp_kernels(capped, 1).linear[0].m == 896
 
 
+def _busiest_rank_rows_by_sampling(moe, tokens: int, ep: int, draws: int) -> float:
+    """Mean over `draws` micro-batches of the busiest rank's rows when each of ep x tokens
+    tokens picks k distinct experts uniformly at random (Megatron's forced load balancing:
+    random normal logits, then top-k)."""
+    rng = np.random.default_rng(7)
+    picks = np.argsort(rng.random((draws, tokens * ep, moe.experts)), axis=2)[:, :, :moe.topk]
+    rank = picks // (moe.experts // ep)
+    counts = np.stack([(rank == r).sum(axis=(1, 2)) for r in range(ep)], axis=1)
+    return float(counts.max(axis=1).mean())
+
+
+@pytest.mark.parametrize("experts, topk, ep, tokens, draws", [(16, 2, 4, 256, 2000),
+                                                               (64, 6, 8, 64, 2000)])
+def test_random_routing_busiest_rank_matches_sampling(experts, topk, ep, tokens, draws):
+    """The busiest EP rank's expected rows under random routing (order-statistic closed form)
+    equal the mean of sampled micro-batches: the excess over the mean within 5%."""
+    moe = dataclasses.replace(build_workload(_spec("mixtral-8x7b"), _TRAINING, 1).moe,
+                              experts=experts, topk=topk)
+    mean = tokens * topk
+    sampled = _busiest_rank_rows_by_sampling(moe, tokens, ep, draws)
+    closed = moe.rank_rows(tokens, ep)
+    assert sampled > mean + 5
+    assert closed - mean == pytest.approx(sampled - mean, rel=0.05)
+    even = dataclasses.replace(moe, routing="even")
+    assert even.rank_rows(tokens, ep) == mean
+
+
+def test_random_routing_excess_is_capped_at_the_capacity():
+    """A capacity factor of 1 caps every expert at its mean share, so random routing adds no
+    rows; dropless, Mixtral 8x7B on EP 8 gets 8,192 + 119 rows (e_8 = 1.4236)."""
+    dropless = build_workload(_spec("mixtral-8x7b", seq_length=4096), _TRAINING, 1).moe
+    assert dropless.rank_rows(4096, 8) == round(8192 + 1.4236 * (32768 * 2 * 6 / 64 * 8 / 7) ** 0.5)
+    capped = dataclasses.replace(dropless, capacity_factor=1.0)
+    assert capped.rank_rows(4096, 8) == 8192
+    assert expected_max_normal(2) == pytest.approx(1 / np.sqrt(np.pi), rel=1e-9)
+
+
 def test_moe_layer_costs_more_than_the_dense_mlp_of_its_flops():
     """Mixtral's MoE layer against a dense layer of FFN width k f_e (the same GEMM FLOPs): the
     router, permutations and 8 smaller GEMMs add time, each expert's weights make the backward's
@@ -220,6 +258,10 @@ def test_the_real_run_backend_takes_moe_and_refuses_shared_experts(tmp_path):
     text = default_testbed().read_text().replace("vocab_size: 512",
                                                  "vocab_size: 512\n  num_experts: 4")
     path = tmp_path / "moe.yaml"
+    path.write_text(text)
+    with pytest.raises(FieldError, match="model.moe_routing.*even"):
+        check_backend(prepare(path))
+    text = text.replace("num_experts: 4", "num_experts: 4\n  moe_routing: even")
     path.write_text(text)
     prepared = prepare(path)
     check_backend(prepared)

@@ -14,12 +14,20 @@ Sources:
 - [MLM] Megatron-LM `num_floating_point_operations` (megatron/training/training.py,
   `transformer_flops`): the MLP term 6 B s h e (f L_dense + (f_e k + f_s) L_moe); the router
   GEMM is not counted.
+- [RND] `--moe-router-force-load-balancing` (`TopKRouter.forward`, router.py; `RandomSTE`,
+  moe_utils.py): the router's logits replaced by normal random values per token and rank, so
+  each token's top-k is a uniformly random k-subset of the E experts.
+- [ORD] The expected maximum of n exchangeable normal variables with a fixed sum: with
+  Y = mu + c (Z - mean(Z)), Z independent standard normal, E[max Y] = mu + c e_n, e_n the
+  expected maximum of n standard normals (Blom 1958; David and Nagaraja, *Order Statistics*,
+  3rd ed., section 4.5), Var Y = c^2 (n - 1)/n.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +47,9 @@ class MoeShape:
     """Tokens of the busiest expert over the mean, >= 1."""
     load_balancing: str
     """Megatron's `moe_router_load_balancing_type`."""
+    routing: str = "random"
+    """`random`: each token's k experts an independent draw, balanced in expectation [RND];
+    `even`: every expert exactly its share each micro-batch."""
 
     @property
     def layers(self) -> int:
@@ -82,7 +93,42 @@ class MoeShape:
         ranks process when each rank routes `tokens` tokens: the busiest expert's rows plus
         E/ep - 1 others' over the group's ep x tokens, at least 1 (`routed_rows` when ep = 1)."""
         busiest, others = self.expert_rows(tokens * ep)
-        return max(1, round(busiest + (self.experts // ep - 1) * others))
+        local = self.experts // ep
+        rows = busiest + (local - 1) * others + self.routing_excess(tokens * ep, ep)
+        if self.capacity_factor is not None:
+            rows = min(rows, local * math.ceil(tokens * ep * self.topk / self.experts
+                                               * self.capacity_factor))
+        return max(1, round(rows))
+
+    def routing_excess(self, tokens: float, ep: int) -> float:
+        """Expected rows by which the busiest of `ep` ranks, each holding E/ep experts, exceeds
+        a rank's mean when `tokens` tokens route at random [RND]: a token sends one of its k
+        distinct picks to a given rank with hypergeometric variance k p (1 - p) (E - k)/(E - 1),
+        p = 1/ep; the ranks' counts sum to `tokens` k, so the excess is
+        sqrt(tokens x that x ep/(ep - 1)) e_ep [ORD]. Zero for `even` routing or one rank."""
+        if self.routing != "random" or ep < 2 or self.topk >= self.experts:
+            return 0.0
+        p = 1.0 / ep
+        per_token = self.topk * p * (1 - p) * (self.experts - self.topk) / (self.experts - 1)
+        return math.sqrt(tokens * per_token * ep / (ep - 1)) * expected_max_normal(ep)
+
+
+@lru_cache(maxsize=None)
+def expected_max_normal(n: int) -> float:
+    """e_n, the expected maximum of n independent standard normal variables: the integral of
+    x n phi(x) Phi(x)^(n - 1) over x, by the trapezoidal rule on [-12, 12] in steps of 1/400
+    (e_2 = 1/sqrt(pi), e_8 = 1.4236) [ORD]."""
+    if n < 2:
+        return 0.0
+    step = 1.0 / 400
+    xs = [-12.0 + i * step for i in range(int(24 / step) + 1)]
+    total = 0.0
+    for i, x in enumerate(xs):
+        weight = 0.5 if i in (0, len(xs) - 1) else 1.0
+        pdf = math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        cdf = 0.5 * (1.0 + math.erf(x / math.sqrt(2)))
+        total += weight * x * n * pdf * cdf ** (n - 1)
+    return total * step
 
 
 def moe_layer_pattern(freq: int | tuple[int, ...], layers: int) -> tuple[int, ...]:

@@ -410,7 +410,7 @@ def moe_shape(model: ModelSpec) -> MoeShape | None:
         shared_ffn=model.moe_shared_expert_intermediate_size or 0,
         pattern=moe_layer_pattern(model.moe_layer_freq, model.num_layers),
         capacity_factor=model.moe_expert_capacity_factor, imbalance=model.moe_expert_imbalance,
-        load_balancing=model.moe_router_load_balancing_type)
+        load_balancing=model.moe_router_load_balancing_type, routing=model.moe_routing)
 
 
 def _is_gpt(model: ModelSpec) -> bool:

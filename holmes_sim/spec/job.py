@@ -73,6 +73,12 @@ class ModelSpec:
     """Tokens of the busiest expert over the mean tokens per expert (1: perfectly balanced);
     at most num_experts / moe_router_topk (every token picks it). With every expert on each GPU
     (no expert parallelism) it changes the time only through a capacity factor's drops."""
+    moe_routing: Literal["random", "even"] = "random"
+    """How each micro-batch's tokens spread over the experts. random: each token's k experts an
+    independent draw, balanced in expectation (Megatron's `--moe-router-force-load-balancing`
+    routes exactly so; a learned router kept balanced by its loss does so at best), so in each
+    MoE layer the busiest expert-parallel rank gets its share plus the draw's expected maximum
+    excess; even: every expert exactly its share (the testbed backend's round-robin routing)."""
     multi_latent_attention: bool = False
     """Multi-head latent attention (DeepSeek-V2/V3; Megatron `--multi-latent-attention`,
     `MLASelfAttention`): queries, keys and values come from low-rank latents (`model.mla`).

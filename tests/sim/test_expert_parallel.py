@@ -25,9 +25,11 @@ def node(name="n", count=1, fabric="ib", gbit=200, nics=8) -> str:
 
 def ep_scenario(*, groups: str, tp: int = 1, pp: int = 1, ep: int = 8, experts: int = 8,
                 layers: int = 4, global_batch: int = 8, policies: str = "[megatron]",
-                moe: bool = True) -> str:
-    moe_fields = (f", num_experts: {experts}, moe_router_topk: 2, moe_ffn_hidden_size: 4096"
-                  if moe else "")
+                moe: bool = True, routing: str = "even") -> str:
+    """An MoE scenario routed `even` by default (every expert its share), so the closed forms
+    of the tests below hold exactly."""
+    moe_fields = (f", num_experts: {experts}, moe_router_topk: 2, moe_ffn_hidden_size: 4096, "
+                  f"moe_routing: {routing}" if moe else "")
     return f"""name: ep
 fabrics:
   - {{name: ib, type: ib}}
