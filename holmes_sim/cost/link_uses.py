@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from holmes_sim.cost.paths import (LinkId, PathUse, group_path, link_capacities, nic_side,
-                                   node_exit_path)
+from holmes_sim.cost.paths import (LinkId, PathUse, group_path, link_capacities, nic_kind,
+                                   nic_side, node_exit_path)
 from holmes_sim.hardware.cluster import ETHERNET, Cluster
 from holmes_sim.plan import GpuRef, Transport, TransportKind
 
@@ -139,15 +139,26 @@ def _intra_node_hop(cluster: Cluster, node: str, src: Sequence[GpuRef], dst: Seq
 def _side_uses(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
                share: float) -> tuple[PathUse, float, float, float]:
     """`nic_side` as (links with summed weights, latency s, ring-step latency s, the smallest
-    capacity / weight over its links in bytes/s), kept with the cluster."""
+    capacity / weight over its links in bytes/s), kept with the cluster. Nodes of one NIC
+    kind (`paths.nic_kind`) have the same uses but for their name in the links: one is found
+    per kind, the others are it renamed."""
     key = (node, gpus, out, share)
     table = cluster.derived(("nic side uses", fabric), dict)
     got = table.get(key)
     if got is None:
-        entries, latency, step = nic_side(cluster, fabric, out, node, gpus, share)
-        caps = _capacities(cluster)
-        links = tuple((lk, w) for _, _, lk, w in entries)
-        got = table[key] = (links, latency, step, min(caps[lk] / w for lk, w in links))
+        kinds = cluster.derived(("nic side use kinds", fabric), dict)
+        kind_key = (nic_kind(cluster, node), gpus, out, share)
+        model = kinds.get(kind_key)
+        if model is None:
+            entries, latency, step = nic_side(cluster, fabric, out, node, gpus, share)
+            caps = _capacities(cluster)
+            links = tuple((lk, w) for _, _, lk, w in entries)
+            got = kinds[kind_key] = (links, latency, step, min(caps[lk] / w for lk, w in links))
+        else:
+            links, latency, step, rate = model
+            got = (tuple([((lk[0], node, lk[2], lk[3]), w) for lk, w in links]), latency, step,
+                   rate)
+        table[key] = got
     return got
 
 

@@ -34,11 +34,12 @@ Timing assumptions (each entity):
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import simpy
 
-from holmes_sim.hardware.cluster import Cluster
+from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.nccl_algorithms import leaves_node
@@ -212,13 +213,27 @@ class _Simulation:
                 p, self.cluster, self.caps, nodes_of=self._nodes,
                 dp_rings={s: ring for s, (_, ring) in self._dp_rings.items()},
                 send_group=self._send_group, embedding_group=self._embedding_group,
-                stage_costs=self._stage_costs).classes()
+                stage_costs=self._stage_costs_by_hardware()).classes()
         self.classes = symmetry.ReplicaClasses(members)
         for c in members:
             if len(c) > 1:
                 for s in range(p.pp):
                     self.trace.members[self.entity[(s, c[0])].name] = tuple(
                         self.entity[(s, d)].name for d in c)
+
+    def _stage_costs_by_hardware(self) -> Callable[[Node, int], tuple]:
+        """`_stage_costs`, priced once per (GPU model, intra-node link, speed, stage): what
+        `OpCosts` prices a node by (as `cost.ops.ChunkTimes` remembers it)."""
+        memo: dict[tuple, tuple] = {}
+
+        def costs(node: Node, s: int) -> tuple:
+            key = (id(node.gpu), id(node.intra_link), node.speed, s)
+            got = memo.get(key)
+            if got is None:
+                got = memo[key] = self._stage_costs(node, s)
+            return got
+
+        return costs
 
     def _nodes(self, s: int, d: int) -> frozenset[str]:
         """Nodes of entity (s, d), cached."""
