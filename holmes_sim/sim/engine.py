@@ -88,8 +88,11 @@ class EngineOptions:
 
 def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
              options: EngineOptions = EngineOptions()) -> Trace:
-    """Simulate one iteration of `plan`; returns its trace (iteration time in `trace.iteration_s`)."""
-    sim = _Simulation(plan, cluster, workload, compute, options)
+    """Simulate one iteration of `plan`; returns its trace (iteration time in `trace.iteration_s`).
+    The set-up (per-replica signatures, paths, rings) and the run each make many objects and few
+    cycles: each runs with the objects alive before it frozen out of garbage collection."""
+    with quiet_collector():
+        sim = _Simulation(plan, cluster, workload, compute, options)
     with quiet_collector():
         return sim.run()
 
