@@ -140,25 +140,21 @@ def _side_uses(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[i
                share: float) -> tuple[PathUse, float, float, float]:
     """`nic_side` as (links with summed weights, latency s, ring-step latency s, the smallest
     capacity / weight over its links in bytes/s), kept with the cluster. Nodes of one NIC
-    kind (`paths.nic_kind`) have the same uses but for their name in the links: one is found
-    per kind, the others are it renamed."""
+    kind (`paths.nic_kind`) have the same capacities: the smallest capacity / weight is found
+    once per kind."""
     key = (node, gpus, out, share)
     table = cluster.derived(("nic side uses", fabric), dict)
     got = table.get(key)
     if got is None:
-        kinds = cluster.derived(("nic side use kinds", fabric), dict)
+        entries, latency, step = nic_side(cluster, fabric, out, node, gpus, share)
+        links = tuple([(lk, w) for _, _, lk, w in entries])
+        rates = cluster.derived(("nic side rates", fabric), dict)
         kind_key = (nic_kind(cluster, node), gpus, out, share)
-        model = kinds.get(kind_key)
-        if model is None:
-            entries, latency, step = nic_side(cluster, fabric, out, node, gpus, share)
+        rate = rates.get(kind_key)
+        if rate is None:
             caps = _capacities(cluster)
-            links = tuple((lk, w) for _, _, lk, w in entries)
-            got = kinds[kind_key] = (links, latency, step, min(caps[lk] / w for lk, w in links))
-        else:
-            links, latency, step, rate = model
-            got = (tuple([((lk[0], node, lk[2], lk[3]), w) for lk, w in links]), latency, step,
-                   rate)
-        table[key] = got
+            rate = rates[kind_key] = min(caps[lk] / w for lk, w in links)
+        got = table[key] = (links, latency, step, rate)
     return got
 
 

@@ -164,6 +164,7 @@ class ReplicaSignatures:
         self._hw_ids: dict[str, int] = {}
         self._node_hw: dict[str, tuple[str, int]] = {}
         self._hw_models: dict[tuple, int] = {}
+        self._hw_objects: dict[tuple, int] = {}  # by the ids of the cluster's model objects
         self._neighbours: dict[int, tuple] = {}
 
     def classes(self) -> list[tuple[int, ...]]:
@@ -283,10 +284,16 @@ class ReplicaSignatures:
         return got
 
     def _hw_id(self, node: str) -> int:
-        """A small id per distinct node model (GPU, links, NICs), cached per node."""
+        """A small id per distinct node model (GPU, links, NICs), cached per node and per
+        model objects (the cluster's nodes share their catalogue's and node group's)."""
         got = self._hw_ids.get(node)
         if got is None:
             n = self.cluster.node(node)
-            model = (n.gpu, n.num_gpus, n.intra_link, n.nics, n.speed)
-            got = self._hw_ids[node] = self._hw_models.setdefault(model, len(self._hw_models))
+            objects = (id(n.gpu), n.num_gpus, id(n.intra_link), id(n.nics), n.speed)
+            got = self._hw_objects.get(objects)
+            if got is None:
+                model = (n.gpu, n.num_gpus, n.intra_link, n.nics, n.speed)
+                got = self._hw_objects[objects] = self._hw_models.setdefault(
+                    model, len(self._hw_models))
+            self._hw_ids[node] = got
         return got
