@@ -89,9 +89,10 @@ class EngineOptions:
 def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
              options: EngineOptions = EngineOptions()) -> Trace:
     """Simulate one iteration of `plan`; returns its trace (iteration time in `trace.iteration_s`).
-    The set-up (per-replica signatures, paths, rings) and the run each make many objects and few
-    cycles: each runs with the objects alive before it frozen out of garbage collection."""
-    with quiet_collector():
+    The set-up (per-replica signatures, paths, rings) makes many long-lived objects and no
+    garbage: it runs without automatic collections, and the run, which makes many short-lived
+    objects and few cycles, with every object alive before it frozen out of collection."""
+    with quiet_collector(threshold=0):  # 0: no automatic collection (`gc.set_threshold`)
         sim = _Simulation(plan, cluster, workload, compute, options)
     with quiet_collector():
         return sim.run()
