@@ -278,7 +278,7 @@ def _nic_links(cluster: Cluster, gpu: GpuRef, fabric: str) -> tuple[LinkId, Link
 def _path(weights: dict[LinkId, float], capacities: dict[LinkId, float], latency_s: float,
           step_s: float) -> Path:
     links = tuple(weights.items())
-    rate = min(capacities[lk] / w for lk, w in links)
+    rate = min([capacities[lk] / w for lk, w in links])
     return Path(links, latency_s, rate, step_s)
 
 
