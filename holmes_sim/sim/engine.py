@@ -33,6 +33,7 @@ Timing assumptions (each entity):
 
 from __future__ import annotations
 
+import gc
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,10 +91,14 @@ def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeM
              options: EngineOptions = EngineOptions()) -> Trace:
     """Simulate one iteration of `plan`; returns its trace (iteration time in `trace.iteration_s`).
     The set-up (per-replica signatures, paths, rings) makes many long-lived objects and no
-    garbage: it runs without automatic collections, and the run, which makes many short-lived
-    objects and few cycles, with every object alive before it frozen out of collection."""
+    garbage: it runs without automatic collections and ends with its objects frozen too, so no
+    collection traverses them (a young one would, once collections resume); the run, which
+    makes many short-lived objects and few cycles, with every object alive before it frozen."""
+    ours = gc.get_freeze_count() == 0  # else a caller froze and unfreezes (`quiet_collector`)
     with quiet_collector(threshold=0):  # 0: no automatic collection (`gc.set_threshold`)
         sim = _Simulation(plan, cluster, workload, compute, options)
+        if ours:  # unfrozen with the others as the context ends, into the oldest generation
+            gc.freeze()
     with quiet_collector():
         return sim.run()
 
