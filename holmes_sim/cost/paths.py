@@ -247,7 +247,7 @@ def _new_nic_side(cluster: Cluster, fabric: str, out: int, node: str, gpus: tupl
 def nic_kind(cluster: Cluster, node: str) -> int:
     """A small id per distinct NIC set (`Node.nics`, equal values), kept with the cluster per
     node and per NIC tuple object (a node group's nodes share theirs): the NIC links of nodes
-    of one kind differ only by the node's name, and so do their capacities."""
+    of one kind differ only by the node's name, and their latencies and capacities are equal."""
     by_node = cluster.derived(("nic kind of node",), dict)
     got = by_node.get(node)
     if got is None:
