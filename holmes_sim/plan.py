@@ -378,8 +378,9 @@ class Plan:
         return None
 
     def entity_gpus(self, pp_rank: int, dp_rank: int) -> tuple[GpuRef, ...]:
-        """The GPUs of the TP group at (pp_rank, dp_rank), in TP-rank order."""
-        return tuple(self.rank_to_gpu[self.rank(pp_rank, dp_rank, i)] for i in range(self.tp))
+        """The GPUs of the TP group at (pp_rank, dp_rank), in TP-rank order (consecutive ranks)."""
+        first = self.rank(pp_rank, dp_rank, 0)
+        return tuple(self.rank_to_gpu[first:first + self.tp])
 
     def transport_of(self, kind: GroupKind, rank: int) -> Transport | None:
         """Transport of the group of `kind` holding `rank` (None if there is none)."""

@@ -10,10 +10,11 @@ group's send between two nodes and a ring hop leaving a node are their two nodes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from holmes_sim.cost.paths import (LinkId, PathUse, group_path, link_capacities, nic_side,
-                                   node_exit_path)
+from holmes_sim.cost.nccl_algorithms import leaves_node
+from holmes_sim.cost.paths import (LinkId, PathUse, group_path, link_capacities, nic_kind,
+                                   nic_side, node_exit_path)
 from holmes_sim.hardware.cluster import ETHERNET, Cluster
 from holmes_sim.plan import GpuRef, Transport, TransportKind
 
@@ -78,6 +79,24 @@ def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence
     two nodes' NIC sides (each node's GPUs found once; the sides kept with the cluster) and the
     uplink; a hop inside a node is `group_path`'s. The rates use the cluster's link capacities
     (`link_capacities`)."""
+    return _ring_hops(cluster, transport, members, _exit_uses, lambda hop: hop)
+
+
+def ring_hop_facts(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]]
+                   ) -> list[tuple[bool, float, float]]:
+    """Each hop of `ring_uses` as (whether it leaves a node, `nccl_algorithms.leaves_node`;
+    ring-step latency s; idle rate bytes/s): what an idle ring's rate, step latency and
+    topology need. A hop leaving a node for another, each node holding all its members' GPUs,
+    is priced from its NIC sides' kinds (`_side_facts`) and the uplink, without its links."""
+    return _ring_hops(cluster, transport, members, _exit_facts,
+                      lambda hop: (leaves_node(hop[0]), hop[1], hop[2]))
+
+
+def _ring_hops(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]],
+               exit_hop: Callable, other_hop: Callable) -> list:
+    """The hops of `ring_uses`: `exit_hop(cluster, transport, fabric, a, side of a, b, side of
+    b)` of a hop leaving node a for node b, each holding all its members' GPUs (side: those
+    GPUs' local indices and share), else `other_hop` of the (links, step, rate) hop."""
     by_node: dict[str, list[int]] = {}
     for m, gpus in enumerate(members):
         by_node.setdefault(gpus[0].node, []).append(m)
@@ -95,25 +114,61 @@ def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence
         src, dst = members[m], members[order[(k + 1) % len(order)]]
         a, b = src[0].node, dst[0].node
         if a == b and spread[a] is not None:  # both TP groups on one node
-            hops.append(_intra_node_hop(cluster, a, src, dst))
+            hops.append(other_hop(_intra_node_hop(cluster, a, src, dst)))
             continue
         if a == b or spread[a] is None or spread[b] is None:
             caps = _capacities(cluster)
             path = group_path(cluster, transport, src, dst, caps) if a == b else node_exit_path(
                 cluster, transport, [members[i] for i in by_node[a]],
                 [members[i] for i in by_node[b]], caps)
-            hops.append((path.links, path.step_latency_s, path.idle_rate_bytes_per_s))
+            hops.append(other_hop((path.links, path.step_latency_s, path.idle_rate_bytes_per_s)))
             continue
-        out_links, _, out_step, out_rate = _side_uses(cluster, fabric, 0, a, *spread[a])
-        in_links, _, in_step, in_rate = _side_uses(cluster, fabric, 1, b, *spread[b])
-        links, step, rate = out_links + in_links, max(out_step, in_step), min(out_rate, in_rate)
-        up = _uplink_use(cluster, transport, a, b)
-        if up is not None:
-            links += ((up[0], 1.0),)
-            step += up[1]
-            rate = min(rate, _capacities(cluster)[up[0]])
-        hops.append((links, step, rate))
+        hops.append(exit_hop(cluster, transport, fabric, a, spread[a], b, spread[b]))
     return hops
+
+
+def _exit_uses(cluster: Cluster, transport: Transport, fabric: str, a: str,
+               side_a: tuple[tuple[int, ...], float], b: str, side_b: tuple[tuple[int, ...], float]
+               ) -> tuple[PathUse, float, float]:
+    """`ring_uses`' hop from node a to node b: their NIC sides' links and the uplink's, ring-step
+    latency (s) and idle rate (bytes/s)."""
+    out_links, _, out_step, out_rate = _side_uses(cluster, fabric, 0, a, *side_a)
+    in_links, _, in_step, in_rate = _side_uses(cluster, fabric, 1, b, *side_b)
+    links, step, rate = out_links + in_links, max(out_step, in_step), min(out_rate, in_rate)
+    up = _uplink_use(cluster, transport, a, b)
+    if up is not None:
+        links += ((up[0], 1.0),)
+        step += up[1]
+        rate = min(rate, _capacities(cluster)[up[0]])
+    return links, step, rate
+
+
+def _exit_facts(cluster: Cluster, transport: Transport, fabric: str, a: str,
+                side_a: tuple[tuple[int, ...], float], b: str,
+                side_b: tuple[tuple[int, ...], float]) -> tuple[bool, float, float]:
+    """`ring_hop_facts`' hop from node a to node b: it leaves a node (its sending side's links
+    are NIC links), and `_exit_uses`' step latency and rate, from the sides' kinds."""
+    out_step, out_rate = _side_facts(cluster, fabric, 0, a, *side_a)
+    in_step, in_rate = _side_facts(cluster, fabric, 1, b, *side_b)
+    step, rate = max(out_step, in_step), min(out_rate, in_rate)
+    up = _uplink_use(cluster, transport, a, b)
+    if up is not None:
+        step += up[1]
+        rate = min(rate, _capacities(cluster)[up[0]])
+    return True, step, rate
+
+
+def _side_facts(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
+                share: float) -> tuple[float, float]:
+    """`_side_uses`' ring-step latency (s) and smallest capacity / weight (bytes/s), found once
+    per NIC kind (`paths.nic_kind`: the same NICs, so the same latencies and capacities)."""
+    table = cluster.derived(("nic side facts", fabric), dict)
+    key = (nic_kind(cluster, node), gpus, out, share)
+    got = table.get(key)
+    if got is None:
+        _, _, step, rate = _side_uses(cluster, fabric, out, node, gpus, share)
+        got = table[key] = (step, rate)
+    return got
 
 
 def _intra_node_hop(cluster: Cluster, node: str, src: Sequence[GpuRef], dst: Sequence[GpuRef]
@@ -139,15 +194,22 @@ def _intra_node_hop(cluster: Cluster, node: str, src: Sequence[GpuRef], dst: Seq
 def _side_uses(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
                share: float) -> tuple[PathUse, float, float, float]:
     """`nic_side` as (links with summed weights, latency s, ring-step latency s, the smallest
-    capacity / weight over its links in bytes/s), kept with the cluster."""
+    capacity / weight over its links in bytes/s), kept with the cluster. Nodes of one NIC
+    kind (`paths.nic_kind`) have the same capacities: the smallest capacity / weight is found
+    once per kind."""
     key = (node, gpus, out, share)
     table = cluster.derived(("nic side uses", fabric), dict)
     got = table.get(key)
     if got is None:
         entries, latency, step = nic_side(cluster, fabric, out, node, gpus, share)
-        caps = _capacities(cluster)
-        links = tuple((lk, w) for _, _, lk, w in entries)
-        got = table[key] = (links, latency, step, min(caps[lk] / w for lk, w in links))
+        links = tuple([(lk, w) for _, _, lk, w in entries])
+        rates = cluster.derived(("nic side rates", fabric), dict)
+        kind_key = (nic_kind(cluster, node), gpus, out, share)
+        rate = rates.get(kind_key)
+        if rate is None:
+            caps = _capacities(cluster)
+            rate = rates[kind_key] = min(caps[lk] / w for lk, w in links)
+        got = table[key] = (links, latency, step, rate)
     return got
 
 

@@ -208,23 +208,59 @@ def nic_side(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int
     """GPUs `gpus` of `node` each sending (out 0) or receiving (out 1) `share` of a transfer
     over their NICs on `fabric`: ((first member, out, link, summed weight) in order of first
     use, latency s, ring-step latency s), the weights summed member by member as the paths'
-    loops sum them; kept with the cluster (`Cluster.derived`)."""
+    loops sum them; kept with the cluster (`Cluster.derived`). Nodes with equal NICs have the
+    same sides but for their name in the links: one is found per NIC kind (`nic_kind`), the
+    others are it renamed."""
     key = (node, gpus, out, share)
     table = cluster.derived(("nic sides", fabric), dict)
     got = table.get(key)
     if got is None:
-        nics = cluster.derived(("nic links", fabric), dict)
-        weights: dict[LinkId, float] = {}
-        first: dict[LinkId, int] = {}
-        latency = step = 0.0
-        for i, local in enumerate(gpus):
-            nic = nics.get((node, local)) or _nic_links(cluster, GpuRef(node, local), fabric)
-            link = nic[out]
-            first.setdefault(link, i)
-            weights[link] = weights.get(link, 0.0) + share
-            latency, step = max(latency, nic[2]), max(step, nic[3])
-        got = table[key] = (tuple((first[lk], out, lk, w) for lk, w in weights.items()),
-                            latency, step)
+        kinds = cluster.derived(("nic side kinds", fabric), dict)
+        kind_key = (nic_kind(cluster, node), gpus, out, share)
+        model = kinds.get(kind_key)
+        if model is None:
+            got = kinds[kind_key] = _new_nic_side(cluster, fabric, out, node, gpus, share)
+        else:
+            entries, latency, step = model
+            got = (tuple([(i, o, (lk[0], node, lk[2], lk[3]), w) for i, o, lk, w in entries]),
+                   latency, step)
+        table[key] = got
+    return got
+
+
+def _new_nic_side(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
+                  share: float) -> tuple[tuple, float, float]:
+    """`nic_side` found link by link."""
+    nics = cluster.derived(("nic links", fabric), dict)
+    weights: dict[LinkId, float] = {}
+    first: dict[LinkId, int] = {}
+    latency = step = 0.0
+    for i, local in enumerate(gpus):
+        nic = nics.get((node, local)) or _nic_links(cluster, GpuRef(node, local), fabric)
+        link = nic[out]
+        first.setdefault(link, i)
+        weights[link] = weights.get(link, 0.0) + share
+        latency, step = max(latency, nic[2]), max(step, nic[3])
+    return tuple((first[lk], out, lk, w) for lk, w in weights.items()), latency, step
+
+
+def nic_kind(cluster: Cluster, node: str) -> int:
+    """A small id per distinct NIC set (`Node.nics`, equal values), kept with the cluster per
+    node and per NIC tuple object (a node group's nodes share theirs): the NIC links of nodes
+    of one kind differ only by the node's name, and their latencies and capacities are equal."""
+    by_node = cluster.derived(("nic kind of node",), dict)
+    got = by_node.get(node)
+    if got is None:
+        nics = cluster.node(node).nics
+        by_object = cluster.derived(("nic kind of nics object",), dict)
+        seen = by_object.get(id(nics))
+        if seen is not None and seen[0] is nics:
+            got = seen[1]
+        else:
+            by_value = cluster.derived(("nic kind of nics",), dict)
+            got = by_value.setdefault(nics, len(by_value))
+            by_object[id(nics)] = (nics, got)
+        by_node[node] = got
     return got
 
 
@@ -242,7 +278,7 @@ def _nic_links(cluster: Cluster, gpu: GpuRef, fabric: str) -> tuple[LinkId, Link
 def _path(weights: dict[LinkId, float], capacities: dict[LinkId, float], latency_s: float,
           step_s: float) -> Path:
     links = tuple(weights.items())
-    rate = min(capacities[lk] / w for lk, w in links)
+    rate = min([capacities[lk] / w for lk, w in links])
     return Path(links, latency_s, rate, step_s)
 
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.hardware.cluster import Cluster, Node
-from holmes_sim.cost.link_uses import node_send_sides, ring_uses, send_uses, side_links
-from holmes_sim.cost.nccl_algorithms import CollectiveTopology, leaves_node
+from holmes_sim.cost.link_uses import (node_send_sides, ring_hop_facts, ring_uses, send_uses,
+                                       side_links)
+from holmes_sim.cost.nccl_algorithms import CollectiveTopology
 from holmes_sim.cost.paths import link_capacities, ring_topology
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, Group, GroupKind, group_lookup, megatron_rank, tp_group_places
@@ -278,14 +279,14 @@ class NetView:
             else:
                 (ranks, transport), tp, gpus = group, self.tp, self.rank_to_gpu
                 members = [gpus[r:r + tp] for r in ranks]
-                hops = ring_uses(self.cluster, transport, members)
+                hops = ring_hop_facts(self.cluster, transport, members)
                 # `Ring.idle_rate_bytes_per_s` and `Ring.step_latency_s` of `ring_paths`
                 self._rings[key] = (len(members), min(h[2] for h in hops),
                                     max(h[1] for h in hops))
                 # `Ring.topology` of `ring_paths`
                 self._topologies[key] = ring_topology(
                     self.cluster, list(dict.fromkeys(m[0].node for m in members)),
-                    [(leaves_node(links), rate, step) for links, step, rate in hops], tp)
+                    [(leaves, rate, step) for leaves, step, rate in hops], tp)
         return self._rings[key]
 
     def dp_topology(self, s: int) -> CollectiveTopology | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from holmes_sim.hardware.cluster import ETHERNET, Cluster
+from holmes_sim.cost.paths import nic_kind
 from holmes_sim.cost.transport import member_nics
 from holmes_sim.plan import (
     GpuRef,
@@ -54,6 +55,7 @@ class GroupBuilder:
         self._chosen: dict[tuple[str, ...], Transport] = {}
         self._places = tp_group_places(rank_to_gpu, tp)
         self._names: dict[tuple[int, str], tuple[str, ...]] = {}
+        self._kind_names: dict[tuple | None, tuple[str, ...]] = {}
         self._data: dict[int, tuple] = {}
         self._pipe: dict[tuple[int, int, int], tuple[int, int, Transport | None]] = {}
         self._blank = ("",) * tp
@@ -75,8 +77,9 @@ class GroupBuilder:
         if self._has_expert_data:
             groups += [self._expert_data(s, e, j) for s in range(pp) for e in range(self.ep)
                        for j in range(self.etp)]
-        groups += [self._pipeline(a, b, d, i) for a, b in self.pairs for d in range(dp)
-                   for i in range(tp)]
+        for a, b in self.pairs:
+            for d in range(dp):
+                groups += self._pipelines(a, b, d)
         if self.tie:
             groups += [self._embedding(d, i) for d in range(dp) for i in range(tp)]
         return tuple(groups)
@@ -183,13 +186,17 @@ class GroupBuilder:
             got = self._pipe[(a, b, d)] = (fa, fb, transport)
         return got
 
-    def _pipeline(self, a: int, b: int, d: int, i: int) -> Group:
-        """The pair (GPU i of stage a's TP group of replica d, GPU i of stage b's)."""
+    def _pipelines(self, a: int, b: int, d: int) -> list[Group]:
+        """The pairs (GPU i of stage a's TP group of replica d, GPU i of stage b's) of every TP
+        rank i, in TP-rank order."""
         fa, fb, transport = self._pipe_of(a, b, d)
         if transport is None:
-            return self._member_by_member(GroupKind.PIPELINE, (fa + i, fb + i))
-        return Group(GroupKind.PIPELINE, (fa + i, fb + i), transport,
-                     (self._names_of(fa, transport)[i], self._names_of(fb, transport)[i]))
+            return [self._member_by_member(GroupKind.PIPELINE, (fa + i, fb + i))
+                    for i in range(self.tp)]
+        kind, names_a, names_b = GroupKind.PIPELINE, self._names_of(fa, transport), \
+            self._names_of(fb, transport)
+        return [Group(kind, (fa + i, fb + i), transport, (names_a[i], names_b[i]))
+                for i in range(self.tp)]
 
     def _context(self, s: int, d: int, i: int) -> Group:
         """Stage s's CP group of TP rank i over replicas d .. d + cp - 1 (d a multiple of cp):
@@ -253,16 +260,25 @@ class GroupBuilder:
         return self._places[first // self.tp][0]
 
     def _names_of(self, first: int, transport: Transport) -> tuple[str, ...]:
-        """Each GPU's NIC name of that TP group on `transport` ("" for LOCAL; `member_nics`)."""
+        """Each GPU's NIC name of that TP group on `transport` ("" for LOCAL; `member_nics`),
+        found once per NIC kind of its node (`cost.paths.nic_kind`) and local GPUs when the TP
+        group lies on one node."""
         if transport.kind is TransportKind.LOCAL:
             return self._blank
         fabric = transport.fabric or ETHERNET
         got = self._names.get((first, fabric))
         if got is None:
-            names = []
-            for g in self.gpus[first:first + self.tp]:
-                nic = self.cluster.nic_of_gpu(g.node, g.local_index, fabric)
-                assert nic is not None, f"{g} has no NIC on {fabric}"
-                names.append(nic.name)
-            got = self._names[(first, fabric)] = tuple(names)
+            nodes, local = self._places[first // self.tp]
+            kind = (nic_kind(self.cluster, nodes[0]), local, fabric) if len(nodes) == 1 else None
+            got = self._kind_names.get(kind)
+            if got is None:
+                names = []
+                for g in self.gpus[first:first + self.tp]:
+                    nic = self.cluster.nic_of_gpu(g.node, g.local_index, fabric)
+                    assert nic is not None, f"{g} has no NIC on {fabric}"
+                    names.append(nic.name)
+                got = tuple(names)
+                if kind is not None:
+                    self._kind_names[kind] = got
+            self._names[(first, fabric)] = got
         return got

@@ -33,12 +33,14 @@ Timing assumptions (each entity):
 
 from __future__ import annotations
 
+import gc
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import simpy
 
-from holmes_sim.hardware.cluster import Cluster
+from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.nccl_algorithms import leaves_node
@@ -87,8 +89,16 @@ class EngineOptions:
 
 def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
              options: EngineOptions = EngineOptions()) -> Trace:
-    """Simulate one iteration of `plan`; returns its trace (iteration time in `trace.iteration_s`)."""
-    sim = _Simulation(plan, cluster, workload, compute, options)
+    """Simulate one iteration of `plan`; returns its trace (iteration time in `trace.iteration_s`).
+    The set-up (per-replica signatures, paths, rings) makes many long-lived objects and no
+    garbage: it runs without automatic collections and ends with its objects frozen too, so no
+    collection traverses them (a young one would, once collections resume); the run, which
+    makes many short-lived objects and few cycles, with every object alive before it frozen."""
+    ours = gc.get_freeze_count() == 0  # else a caller froze and unfreezes (`quiet_collector`)
+    with quiet_collector(threshold=0):  # 0: no automatic collection (`gc.set_threshold`)
+        sim = _Simulation(plan, cluster, workload, compute, options)
+        if ours:  # unfrozen with the others as the context ends, into the oldest generation
+            gc.freeze()
     with quiet_collector():
         return sim.run()
 
@@ -212,13 +222,27 @@ class _Simulation:
                 p, self.cluster, self.caps, nodes_of=self._nodes,
                 dp_rings={s: ring for s, (_, ring) in self._dp_rings.items()},
                 send_group=self._send_group, embedding_group=self._embedding_group,
-                stage_costs=self._stage_costs).classes()
+                stage_costs=self._stage_costs_by_hardware()).classes()
         self.classes = symmetry.ReplicaClasses(members)
         for c in members:
             if len(c) > 1:
                 for s in range(p.pp):
                     self.trace.members[self.entity[(s, c[0])].name] = tuple(
                         self.entity[(s, d)].name for d in c)
+
+    def _stage_costs_by_hardware(self) -> Callable[[Node, int], tuple]:
+        """`_stage_costs`, priced once per (GPU model, intra-node link, speed, stage): what
+        `OpCosts` prices a node by (as `cost.ops.ChunkTimes` remembers it)."""
+        memo: dict[tuple, tuple] = {}
+
+        def costs(node: Node, s: int) -> tuple:
+            key = (id(node.gpu), id(node.intra_link), node.speed, s)
+            got = memo.get(key)
+            if got is None:
+                got = memo[key] = self._stage_costs(node, s)
+            return got
+
+        return costs
 
     def _nodes(self, s: int, d: int) -> frozenset[str]:
         """Nodes of entity (s, d), cached."""

@@ -35,15 +35,19 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from holmes_sim.cost.paths import PathUse, Ring, ring_paths
 from holmes_sim.hardware.cluster import Cluster, Node
-from holmes_sim.plan import Group, Plan
+from holmes_sim.plan import Group, Plan, tp_group_places
 
 NodeMap = dict[str, Hashable]
 
 
+_NODE_LINKS = frozenset(("gpu", "nic"))
+
+
 def relabel(links: PathUse, nodes: NodeMap) -> PathUse:
     """`links` with node names replaced by their labels in `nodes` (others kept)."""
-    return tuple(((lk[0], nodes.get(lk[1], lk[1]), *lk[2:]) if lk[0] in ("gpu", "nic") else lk, w)
-                 for lk, w in links)
+    get = nodes.get
+    return tuple([((lk[0], get(lk[1], lk[1]), *lk[2:]) if lk[0] in _NODE_LINKS else lk, w)
+                  for lk, w in links])
 
 
 def scale_shared(links: PathUse, k: int) -> PathUse:
@@ -153,11 +157,14 @@ class ReplicaSignatures:
         self._nodes, self._dp_rings = nodes_of, dp_rings
         self._send_group, self._embedding_group = send_group, embedding_group
         self._stage_costs = stage_costs
+        self._places = tp_group_places(plan.rank_to_gpu, plan.tp)
         self._ring_order = {s: ring_neighbours(r) for s, r in dp_rings.items()}
         self._tenants = self._tenants_by_node()
         self._relative: dict[tuple, int] = {}
         self._hw_ids: dict[str, int] = {}
+        self._node_hw: dict[str, tuple[str, int]] = {}
         self._hw_models: dict[tuple, int] = {}
+        self._hw_objects: dict[tuple, int] = {}  # by the ids of the cluster's model objects
         self._neighbours: dict[int, tuple] = {}
 
     def classes(self) -> list[tuple[int, ...]]:
@@ -173,28 +180,27 @@ class ReplicaSignatures:
         tenants: dict[str, list[tuple[int, int]]] = {}
         for s in range(p.pp):
             for d in range(p.dp):
-                for node in dict.fromkeys(g.node for g in p.entity_gpus(s, d)):
+                for node in self._places[s * p.dp + d][0]:
                     tenants.setdefault(node, []).append((s, d))
         return tenants
 
     def local(self, d: int) -> tuple:
         """What replica d's stages run on and send over, with its own nodes named by position."""
         p = self.plan
-        nodes = [self._nodes(s, d) for s in range(p.pp)]
-        if any(len(ns) != 1 for ns in nodes):
+        places = [self._places[s * p.dp + d] for s in range(p.pp)]  # (nodes, local GPUs)
+        if any(len(nodes) != 1 for nodes, _ in places):
             return ("own", d)  # a stage spans nodes
         labels: dict[str, int] = {}
-        for ns in nodes:
-            labels.setdefault(next(iter(ns)), len(labels))
+        for nodes, _ in places:
+            labels.setdefault(nodes[0], len(labels))
         stages = []
-        for s in range(p.pp):
-            node = self.cluster.node(next(iter(nodes[s])))
-            gpus = tuple(g.local_index for g in p.entity_gpus(s, d))
-            costs = self._stage_costs(node, s)
-            hw = (node.cluster, self._hw_id(node.name))
-            stages.append((labels[node.name], hw, gpus, costs))
+        for s, (nodes, gpus) in enumerate(places):
+            name = nodes[0]
+            costs = self._stage_costs(self.cluster.node(name), s)
+            stages.append((labels[name], self._hardware(name), gpus, costs))
         nv = p.pp * p.num_chunks
-        sends = tuple(self._relative_send(kind, j, j + 1 if kind == "F" else j - 1, d, labels)
+        sends = tuple(self._relative_send(kind, j, j + 1 if kind == "F" else j - 1, d, labels,
+                                          places)
                       for j in range(nv) for kind in "FB"
                       if (kind == "F" and j < nv - 1) or (kind == "B" and j > 0))
         return (tuple(stages), sends, self._embedding_signature(d, labels))
@@ -220,8 +226,8 @@ class ReplicaSignatures:
         """What `neighbours` needs that colours do not change, cached per replica."""
         got = self._neighbours.get(d)
         if got is None:
-            p = self.plan
-            tenants = tuple(tuple((s2, p.entity_gpus(s2, d2)[0].local_index, d2)
+            p, places = self.plan, self._places
+            tenants = tuple(tuple((s2, places[s2 * p.dp + d2][1][0], d2)
                                   for s2, d2 in self._tenants[next(iter(self._nodes(s, d)))])
                             for s in range(p.pp))
             got = self._neighbours[d] = (self._ring_hops_out(d), tenants)
@@ -241,7 +247,7 @@ class ReplicaSignatures:
                             return False
 
         def slots(node: str, rep) -> list:
-            return sorted((s, rep(d), tuple(g.local_index for g in p.entity_gpus(s, d)))
+            return sorted((s, rep(d), self._places[s * p.dp + d][1])
                           for s, d in self._tenants[node])
 
         return all(slots(a, rep_of.__getitem__) == slots(b, lambda d: d) for a, b in image.items())
@@ -256,25 +262,38 @@ class ReplicaSignatures:
             out.append(((relabel(hop.links, mapping), hop.latency_s), n, prv[d]))
         return tuple(out)
 
-    def _relative_send(self, kind: str, j_from: int, j_to: int, d: int, labels: dict) -> tuple:
+    def _relative_send(self, kind: str, j_from: int, j_to: int, d: int, labels: dict,
+                       places: list[tuple[tuple[str, ...], tuple[int, ...]]]) -> tuple:
         """One send of replica d as (kind, j, path model id, sender and receiver node labels):
-        its path is a function of the transport, node models, GPUs and clusters (the model)."""
+        its path is a function of the transport, node models, GPUs and clusters (the model).
+        `places`: each stage's (nodes, local GPUs) of replica d, one node each."""
         p = self.plan
-        s_from, s_to = j_from % p.pp, j_to % p.pp
-        group = self._send_group(kind, j_from, j_to, d)
-        a, b = next(iter(self._nodes(s_from, d))), next(iter(self._nodes(s_to, d)))
-        key = (group.transport, self._hw_id(a), self._hw_id(b), a == b,
-               self.cluster.node(a).cluster, self.cluster.node(b).cluster,
-               tuple(g.local_index for g in p.entity_gpus(s_from, d)),
-               tuple(g.local_index for g in p.entity_gpus(s_to, d)))
+        (a,), gpus_a = places[j_from % p.pp]
+        (b,), gpus_b = places[j_to % p.pp]
+        (cluster_a, hw_a), (cluster_b, hw_b) = self._hardware(a), self._hardware(b)
+        key = (self._send_group(kind, j_from, j_to, d).transport, hw_a, hw_b, a == b,
+               cluster_a, cluster_b, gpus_a, gpus_b)
         model = self._relative.setdefault(key, len(self._relative))
         return kind, j_from, model, labels[a], labels[b]
 
+    def _hardware(self, node: str) -> tuple[str, int]:
+        """(cluster, `_hw_id`) of a node, cached per node."""
+        got = self._node_hw.get(node)
+        if got is None:
+            got = self._node_hw[node] = (self.cluster.node(node).cluster, self._hw_id(node))
+        return got
+
     def _hw_id(self, node: str) -> int:
-        """A small id per distinct node model (GPU, links, NICs), cached per node."""
+        """A small id per distinct node model (GPU, links, NICs), cached per node and per
+        model objects (the cluster's nodes share their catalogue's and node group's)."""
         got = self._hw_ids.get(node)
         if got is None:
             n = self.cluster.node(node)
-            model = (n.gpu, n.num_gpus, n.intra_link, n.nics, n.speed)
-            got = self._hw_ids[node] = self._hw_models.setdefault(model, len(self._hw_models))
+            objects = (id(n.gpu), n.num_gpus, id(n.intra_link), id(n.nics), n.speed)
+            got = self._hw_objects.get(objects)
+            if got is None:
+                model = (n.gpu, n.num_gpus, n.intra_link, n.nics, n.speed)
+                got = self._hw_objects[objects] = self._hw_models.setdefault(
+                    model, len(self._hw_models))
+            self._hw_ids[node] = got
         return got

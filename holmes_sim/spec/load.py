@@ -137,6 +137,8 @@ class _Doc:
     def __init__(self, source: str):
         self.source = source
         self.lines: dict[str, int] = {}
+        self.constructor = yaml.constructor.SafeConstructor()
+        """Constructs this document's non-string scalars (`_scalar`)."""
 
     def line(self, path: str) -> int | None:
         while path:
@@ -346,17 +348,26 @@ def _key(node: yaml.Node, path: str, doc: _Doc) -> str:
     return str(node.value)
 
 
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
 def _scalar(node: yaml.ScalarNode, path: str, doc: _Doc) -> Any:
-    loader = yaml.SafeLoader("")
+    """The value of a plain scalar as `yaml.SafeLoader` constructs it (a string is its text,
+    as `SafeConstructor.construct_yaml_str` returns it); the document's constructor serves
+    every scalar."""
+    if node.tag == _STR_TAG:
+        return node.value
+    constructor = doc.constructor
     try:
-        return loader.construct_object(node, deep=True)
+        return constructor.construct_object(node, deep=True)
     except ValueError:  # e.g. an integer of more digits than Python converts
         raise doc.error(path, f"number too long ({len(node.value)} characters); numbers are "
                               f"bounded by {_fmt(MAX_NUMBER)}") from None
     except yaml.YAMLError as exc:
         raise doc.error(path, f"cannot read value: {getattr(exc, 'problem', exc)}") from None
-    finally:
-        loader.dispose()
+    finally:  # forget the node, as a new loader would
+        constructor.constructed_objects.clear()
+        constructor.recursive_objects.clear()
 
 
 @functools.cache

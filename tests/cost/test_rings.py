@@ -155,3 +155,33 @@ def test_step_by_step_ring_pays_the_same_hierarchical_latency(write_scenario):
         picks.append(choose(topo, "all-reduce", record.bytes * 32 / 62))
     assert {(c.algorithm, c.protocol) for c in picks} == {("ring", "Simple")}
     assert times[1] == pytest.approx(times[0], rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["mixed_ib_roce", "two_clusters_39b", "pure_ethernet"])
+def test_ring_hop_facts_equal_the_ring_uses_figures(name):
+    """The idle-ring facts found from NIC kinds (`ring_hop_facts`) are each hop's leaving a
+    node, step latency and rate of its links (`ring_uses`), on rings of TP groups that share
+    nodes, span nodes and cross clusters."""
+    import random
+
+    from holmes_sim.bundled import bundled_scenario
+    from holmes_sim.cost.link_uses import ring_hop_facts, ring_uses
+    from holmes_sim.cost.nccl_algorithms import leaves_node
+    from holmes_sim.cost.transport import best_shared_transport, tcp_transport
+    from holmes_sim.plan import GpuRef
+
+    cluster = prepare(bundled_scenario(name)).cluster
+    rng = random.Random(5)
+    for _ in range(60):
+        t = rng.choice([1, 2, 4])
+        members = []
+        for node in rng.sample(cluster.nodes, rng.randint(2, min(6, len(cluster.nodes)))):
+            for _ in range(rng.choice([1, 1, 2])):  # two TP groups on a node, now and then
+                members.append(tuple(GpuRef(node.name, g) for g in rng.sample(range(node.num_gpus), t)))
+        if rng.random() < 0.2:  # a TP group spanning two nodes
+            members[0] = members[0][:1] + members[-1][1:]
+        gpus = [g for m in members for g in m]
+        for transport in (best_shared_transport(cluster, gpus), tcp_transport(cluster, gpus)):
+            assert ring_hop_facts(cluster, transport, members) == [
+                (leaves_node(links), step, rate)
+                for links, step, rate in ring_uses(cluster, transport, members)]
