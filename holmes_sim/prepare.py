@@ -20,6 +20,7 @@ from holmes_sim.model.bucket_layout import BUCKET_ELEMENT_BYTES
 from holmes_sim.model.pipeline_split import PipelineSplit, megatron_layers_per_stage
 from holmes_sim.model.mla import check_mla_context
 from holmes_sim.model.workload import Workload, build_workload
+from holmes_sim.sim.environment import quiet_collector
 
 MAX_GRADIENT_BUCKETS = 100_000
 """Most gradient buckets a model may fill (`training.bucket_size_mb`), so a run stays bounded."""
@@ -92,7 +93,8 @@ def prepare(path: str | Path, profile_override: str | Path | None = None,
         if check is not None:
             check(box[0])
 
-    load_scenario(path, check=resolve)
+    with quiet_collector():
+        load_scenario(path, check=resolve)
     return box[0]
 
 

@@ -11,6 +11,7 @@ from holmes_sim.plan import Plan
 from holmes_sim.policies import get_policy
 from holmes_sim.prepare import Prepared
 from holmes_sim.sim.engine import EngineOptions, simulate
+from holmes_sim.sim.environment import quiet_collector
 from holmes_sim.sim.trace import Trace
 
 BASELINE = "megatron"
@@ -43,7 +44,8 @@ def run_policy(prepared: Prepared, name: str, seed: int | None = None,
                full_simulation: bool = False) -> Outcome:
     """Plan and simulate one policy (`seed` overrides the scenario's; `full_simulation`
     simulates every replica instead of one per class of identical replicas)."""
-    plan, cluster = plan_policy(prepared, name)
+    with quiet_collector():
+        plan, cluster = plan_policy(prepared, name)
     options = replace(engine_options(prepared, seed), full_simulation=full_simulation)
     trace = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     costs = OpCosts(cluster, prepared.workload, prepared.compute, plan.tp)
