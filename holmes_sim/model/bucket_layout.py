@@ -36,6 +36,7 @@ the embedding (no FLOPs). A bucket is ready at the latest point of its parameter
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import count
 
 from holmes_sim.model.moe import moe_mlp_forward_flop
 from holmes_sim.model.workload import Workload
@@ -75,9 +76,8 @@ def chunk_bucket_runs(w: Workload, tp: int, first_layer: int, layers: int, first
     group of `tp`; `sharded`: the distributed optimizer's padding and tied-embedding bucket;
     `numel`: elements per bucket (`Plan.bucket_numel`; None: one bucket per buffer, [DDP]).
     The experts' run is None where they share the dense buffer (no expert parallelism).
-    Cached by the workload's shape (`shape_key`) and the other arguments."""
-    shape = shape_key(w)
-    key = (shape, tp, first_layer if w.moe is not None else 0, layers, first, last, sharded,
+    Cached by the workload's shape (`shape_token`) and the other arguments."""
+    key = (shape_token(w), tp, first_layer if w.moe is not None else 0, layers, first, last, sharded,
            numel)
     got = _RUNS.get(key)
     if got is None:
@@ -100,6 +100,31 @@ def shape_key(w: Workload) -> tuple:
     return (w.hidden, w.kv_width, w.ffn, w.fc1_width, w.vocab, w.seq, w.bias, w.qkv_bias,
             w.rmsnorm, w.swiglu, w.position_embedding, w.tie_embeddings, w.moe, w.ep,
             w.tp_per_etp, w.recompute, w.defer_embedding_wgrad, w.mla)
+
+
+def shape_token(w: Workload) -> int:
+    """A number for `shape_key(w)`: equal for workloads of equal shape, kept per workload object
+    (the candidates of a search share a few), so a cache key holds one int instead of the
+    shape's fields. Numbers are never reused, also after the tables are emptied."""
+    got = _TOKENS.get(id(w))
+    if got is not None and got[0] is w:
+        return got[1]
+    shape = shape_key(w)
+    token = _SHAPE_TOKENS.get(shape)
+    if token is None:
+        if len(_SHAPE_TOKENS) >= 1024:
+            _SHAPE_TOKENS.clear()
+        token = _SHAPE_TOKENS[shape] = next(_NEXT_TOKEN)
+    if len(_TOKENS) >= 1024:
+        _TOKENS.clear()
+    _TOKENS[id(w)] = (w, token)
+    return token
+
+
+_TOKENS: dict[int, tuple[Workload, int]] = {}
+"""`shape_token` by the workload's id, with the workload (held, so its id stays its own)."""
+_SHAPE_TOKENS: dict[tuple, int] = {}
+_NEXT_TOKEN = count()
 
 
 def _cut(params: list[_Param], limit: int | None, sharded: bool) -> BucketRun:
@@ -149,7 +174,7 @@ def chunk_params(w: Workload, tp: int, first_layer: int, layers: int, first: boo
 def _piece(w: Workload, tp: int, kind: str, flag: bool) -> _Piece:
     """The head (`flag`: the chunk also holds the embedding), a layer (`flag`: MoE) or the
     embedding (`flag`: the chunk also holds the head), cached."""
-    key = (shape_key(w), tp, kind, flag)
+    key = (shape_token(w), tp, kind, flag)
     got = _PIECES.get(key)
     if got is None:
         if len(_PIECES) >= 1024:
