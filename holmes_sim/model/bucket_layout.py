@@ -35,8 +35,11 @@ the embedding (no FLOPs). A bucket is ready at the latest point of its parameter
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import count
+
+import numpy as np
 
 from holmes_sim.model.moe import moe_mlp_forward_flop
 from holmes_sim.model.workload import Workload
@@ -83,10 +86,11 @@ def chunk_bucket_runs(w: Workload, tp: int, first_layer: int, layers: int, first
     if got is None:
         if len(_RUNS) >= 4096:
             _RUNS.clear()
-        params = chunk_params(w, tp, first_layer, layers, first, last)
-        experts = [p for p in params if p[2]]
-        got = _RUNS[key] = (_cut([p for p in params if not p[2]], numel, sharded),
-                            _cut(experts, numel, sharded) if experts else None)
+        n, at, expert, own = _chunk_columns(w, tp, first_layer, layers, first, last)
+        dense = ~expert
+        got = _RUNS[key] = (_cut(n[dense], at[dense], own[dense], numel, sharded),
+                            _cut(n[expert], at[expert], own[expert], numel, sharded)
+                            if expert.any() else None)
     return got
 
 
@@ -127,30 +131,93 @@ _SHAPE_TOKENS: dict[tuple, int] = {}
 _NEXT_TOKEN = count()
 
 
-def _cut(params: list[_Param], limit: int | None, sharded: bool) -> BucketRun:
-    """Megatron-Core's cut of `params` (reverse registration order) at `limit` elements [BUF]."""
+def _cut(n: np.ndarray, at: np.ndarray, own: np.ndarray, limit: int | None,
+         sharded: bool) -> BucketRun:
+    """Megatron-Core's cut [BUF] of the parameters (reverse registration order) of `n`
+    elements, ready at `at`, `own` a bucket of their own (under `sharded` only), at `limit`
+    elements. A bucket from parameter b starts at 0 and each parameter at a multiple of
+    `PARAM_ALIGN` (`sharded`), so parameter k ends at S[k] - S[b] + n[k], S the prefix sums of
+    the aligned sizes: the bucket closes at the first k where that reaches `limit` (a search in
+    the nondecreasing S[k] + n[k]), or before an own parameter, which closes its own. A bucket
+    is ready at the latest point of every parameter up to its last (the running maximum from
+    0); a last bucket without elements is dropped."""
+    size = n.size
+    padded = -(-n // PARAM_ALIGN) * PARAM_ALIGN if sharded else n
+    starts = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(padded, out=starts[1:])
+    ends = (starts[:-1] + n).tolist()
+    counts = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(n, out=counts[1:])
+    starts, counts = starts.tolist(), counts.tolist()
+    points = np.maximum.accumulate(np.maximum(at, 0.0)).tolist() if size else []
+    owns = np.flatnonzero(own).tolist() + [size] if sharded else [size]
     numels: list[int] = []
     ready: list[float] = []
-    count, end, point = 0, 0, 0.0  # the open bucket's elements, end with alignment, ready
-    for numel, at, _, own in params:
-        start = -(-end // PARAM_ALIGN) * PARAM_ALIGN if sharded else end
-        own = own and sharded
-        if own and count:
-            numels.append(count)
-            ready.append(point)
-            count, start = 0, 0
-        count += numel
-        end = start + numel
-        point = max(point, at)
-        if (limit is not None and end >= limit) or own:
-            numels.append(count)
-            ready.append(point)
-            count, end = 0, 0
-    if count:
-        numels.append(count)
-        ready.append(point)
+    b, o = 0, 0  # the open bucket's first parameter, the next own parameter's index in owns
+    while b < size:
+        while owns[o] < b:
+            o += 1
+        stop = owns[o]
+        k = stop if limit is None else bisect_left(ends, limit + starts[b], b, stop)
+        if k < stop:  # the limit closes the bucket at k
+            numels.append(counts[k + 1] - counts[b])
+            ready.append(points[k])
+            b = k + 1
+            continue
+        if counts[stop] > counts[b]:  # what precedes the own parameter (or the end)
+            numels.append(counts[stop] - counts[b])
+            ready.append(points[stop - 1])
+        if stop < size:
+            numels.append(counts[stop + 1] - counts[stop])
+            ready.append(points[stop])
+        b = stop + 1
     total = sum(numels)
-    return BucketRun(tuple(n / total for n in numels), tuple(ready), tuple(numels))
+    return BucketRun(tuple(x / total for x in numels), tuple(ready), tuple(numels))
+
+
+def _chunk_columns(w: Workload, tp: int, first_layer: int, layers: int, first: bool, last: bool
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`chunk_params` as columns: elements, ready point, routed expert's, own bucket."""
+    pieces = [_piece_columns(w, tp, "head", first)] if last else []
+    pieces += [_piece_columns(w, tp, "layer", w.moe is not None and w.moe.pattern[i] == 1)
+               for i in reversed(range(first_layer, first_layer + layers))]
+    if first:
+        pieces.append(_piece_columns(w, tp, "embedding", last))
+    if not pieces:
+        return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0, dtype=bool), \
+            np.empty(0, dtype=bool)
+    total = sum(p[0] for p in pieces)
+    dones, done = [], 0.0
+    for p in pieces:
+        dones.append(done)
+        done += p[0]
+    n = np.concatenate([p[1] for p in pieces])
+    if total > 0:
+        at = (np.repeat(dones, [p[1].size for p in pieces])
+              + np.concatenate([p[2] for p in pieces])) / total
+    else:
+        at = np.ones(n.size)
+    return n, at, np.concatenate([p[3] for p in pieces]), np.concatenate([p[4] for p in pieces])
+
+
+def _piece_columns(w: Workload, tp: int, kind: str, flag: bool
+                   ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`_piece` as its FLOP and columns of its parameters: elements, FLOP done when ready,
+    routed expert's, own bucket (cached)."""
+    key = (shape_token(w), tp, kind, flag)
+    got = _COLUMNS.get(key)
+    if got is None:
+        if len(_COLUMNS) >= 1024:
+            _COLUMNS.clear()
+        flop, params = _piece(w, tp, kind, flag)
+        got = _COLUMNS[key] = (flop, np.array([p[0] for p in params], dtype=np.int64),
+                               np.array([p[3] for p in params], dtype=np.float64),
+                               np.array([p[1] for p in params], dtype=bool),
+                               np.array([p[2] for p in params], dtype=bool))
+    return got
+
+
+_COLUMNS: dict[tuple, tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
 
 
 def chunk_params(w: Workload, tp: int, first_layer: int, layers: int, first: bool,
