@@ -60,8 +60,9 @@ def estimate_iteration(plan: Plan, cluster: Cluster, workload: Workload,
 _ESTIMATES: IdentityMemo[Estimate] = IdentityMemo(16)
 _BUCKETS: IdentityMemo[tuple] = IdentityMemo(4096)
 """`_Estimator._layout` by what the cut depends on (the workload's shape, not its micro-batch),
-and `_Estimator._buckets` by the layout (held) and what its timing depends on: candidates of a
-search with equal stages (and rings) share them."""
+`_Estimator._buckets` by the layout (held) and what its timing depends on, and each ring's and
+collective's times by bucket size: candidates of a search with equal stages (and rings) share
+them."""
 
 
 class _Estimator:
@@ -178,10 +179,12 @@ class _Estimator:
         all-to-alls at the rates of every EP group of the stage sending at once."""
         node, layers = self.net.node(s, d), self.plan.layers_per_stage[j]
         t = self.times.op_s(node, layers, j == 0, j == self.nv - 1, backward)
-        send = self.net.cp_send(s, d)
+        send = self.net.cp_send(s, d) if self.net.cp != 1 else None  # none without CP
         if send is not None:
             t += self.costs.cp_exposed_s(node, layers, backward, send[1], send[0])
-        local = self.costs.ep_local_s(node, layers) if self.w.ep > 1 else 0.0  # no EP: unused
+        if self.w.ep == 1 or self.w.moe is None:  # no all-to-alls (`sends_exposed_s`)
+            return t
+        local = self.costs.ep_local_s(node, layers)
         return t + sends_exposed_s(self.w, self.plan.tp, layers, self.net.ep_sends(s, d), local)
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
@@ -218,7 +221,8 @@ class _Estimator:
             layout = self._layout(s, d is not None)
             got = self._bucket_cache[key] = _BUCKETS.get(
                 (layout,), (topology, kind, what),
-                lambda: _timed_buckets(layout, topology, kind, what == "grad"))
+                lambda: _timed_buckets(layout, _BUCKETS.get((), (topology, kind), dict),
+                                       topology, kind, what == "grad"))
         return got
 
     def _layout(self, s: int, expert: bool) -> tuple[tuple[float, float, float], ...]:
@@ -349,12 +353,12 @@ class _Estimator:
         return self._buckets(s, kind, what) + self._buckets(s, kind, what, d)
 
 
-def _timed_buckets(layout: tuple[tuple[float, float, float], ...], topology, kind: str,
-                   grad: bool) -> tuple[tuple[float, float], ...]:
+def _timed_buckets(layout: tuple[tuple[float, float, float], ...], times: dict[float, float],
+                   topology, kind: str, grad: bool) -> tuple[tuple[float, float], ...]:
     """(ring time s, ready point) of each (gradient bytes, parameter bytes, ready point) bucket
     of `layout`: its gradient (`grad`) or parameter bytes' `kind` collective on `topology`, the
-    algorithm and protocol NCCL picks (`cost.nccl_algorithms`)."""
-    out, times = [], {}
+    algorithm and protocol NCCL picks (`cost.nccl_algorithms`), kept in `times` by size."""
+    out = []
     for grad_bytes, param_bytes, point in layout:
         size = grad_bytes if grad else param_bytes
         r = times.get(size)
