@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from itertools import count
+from itertools import accumulate, count
 
 import numpy as np
 
@@ -87,10 +87,13 @@ def chunk_bucket_runs(w: Workload, tp: int, first_layer: int, layers: int, first
         if len(_RUNS) >= 4096:
             _RUNS.clear()
         n, at, expert, own = _chunk_columns(w, tp, first_layer, layers, first, last)
-        dense = ~expert
-        got = _RUNS[key] = (_cut(n[dense], at[dense], own[dense], numel, sharded),
-                            _cut(n[expert], at[expert], own[expert], numel, sharded)
-                            if expert.any() else None)
+        if expert.any():
+            dense = ~expert
+            got = (_cut(n[dense], at[dense], own[dense], numel, sharded),
+                   _cut(n[expert], at[expert], own[expert], numel, sharded))
+        else:
+            got = (_cut(n, at, own, numel, sharded), None)
+        _RUNS[key] = got
     return got
 
 
@@ -178,21 +181,23 @@ def _cut(n: np.ndarray, at: np.ndarray, own: np.ndarray, limit: int | None,
 def _chunk_columns(w: Workload, tp: int, first_layer: int, layers: int, first: bool, last: bool
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """`chunk_params` as columns: elements, ready point, routed expert's, own bucket."""
-    pieces = [_piece_columns(w, tp, "head", first)] if last else []
-    pieces += [_piece_columns(w, tp, "layer", w.moe is not None and w.moe.pattern[i] == 1)
-               for i in reversed(range(first_layer, first_layer + layers))]
+    token = shape_token(w)
+    pieces = [_piece_columns(w, token, tp, "head", first)] if last else []
+    if w.moe is None:
+        pieces += [_piece_columns(w, token, tp, "layer", False)] * layers
+    else:
+        kinds = tuple(_piece_columns(w, token, tp, "layer", moe) for moe in (False, True))
+        pattern = w.moe.pattern
+        pieces += [kinds[pattern[i] == 1] for i in reversed(range(first_layer, first_layer + layers))]
     if first:
-        pieces.append(_piece_columns(w, tp, "embedding", last))
+        pieces.append(_piece_columns(w, token, tp, "embedding", last))
     if not pieces:
         return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0, dtype=bool), \
             np.empty(0, dtype=bool)
     total = sum(p[0] for p in pieces)
-    dones, done = [], 0.0
-    for p in pieces:
-        dones.append(done)
-        done += p[0]
     n = np.concatenate([p[1] for p in pieces])
-    if total > 0:
+    if total > 0:  # each piece's points after the FLOP of those before it
+        dones = list(accumulate([p[0] for p in pieces[:-1]], initial=0.0))
         at = (np.repeat(dones, [p[1].size for p in pieces])
               + np.concatenate([p[2] for p in pieces])) / total
     else:
@@ -200,11 +205,11 @@ def _chunk_columns(w: Workload, tp: int, first_layer: int, layers: int, first: b
     return n, at, np.concatenate([p[3] for p in pieces]), np.concatenate([p[4] for p in pieces])
 
 
-def _piece_columns(w: Workload, tp: int, kind: str, flag: bool
+def _piece_columns(w: Workload, token: int, tp: int, kind: str, flag: bool
                    ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """`_piece` as its FLOP and columns of its parameters: elements, FLOP done when ready,
-    routed expert's, own bucket (cached)."""
-    key = (shape_token(w), tp, kind, flag)
+    """`_piece` (`token`: `shape_token(w)`) as its FLOP and columns of its parameters:
+    elements, FLOP done when ready, routed expert's, own bucket (cached)."""
+    key = (token, tp, kind, flag)
     got = _COLUMNS.get(key)
     if got is None:
         if len(_COLUMNS) >= 1024:
