@@ -250,15 +250,18 @@ class _Estimator:
     def _cut_layout(self, s: int, expert: bool, numels: tuple[int | None, ...]
                     ) -> tuple[tuple[float, float, float], ...]:
         """`_layout` computed: each chunk's cut (`OpCosts.gradient_buckets`, `numels` its
-        elements per bucket), its points placed in the chunk's share."""
+        elements per bucket), its bytes in the cut's shares, its points placed in the chunk's
+        share."""
         p = self.plan
         widths = self._params(s)
         out, offset = [], 0.0
         for c, width in enumerate(widths):
             share = width / sum(widths)
-            run = self.costs.gradient_buckets(p.layers_per_stage, self._virtual(s, c),
-                                              p.optimizer.sharded, numels[c])[expert]
-            out += [(grad, param, offset + share * point) for grad, param, point in run]
+            run, grad, param = self.costs.bucket_runs(p.layers_per_stage, self._virtual(s, c),
+                                                      p.optimizer.sharded, numels[c])[expert]
+            if run is not None:
+                out += [(grad * part, param * part, offset + share * point)
+                        for part, point in zip(run.shares, run.ready, strict=True)]
             offset += share
         return tuple(out)
 

@@ -86,7 +86,11 @@ def chunk_bucket_runs(w: Workload, tp: int, first_layer: int, layers: int, first
     if got is None:
         if len(_RUNS) >= 4096:
             _RUNS.clear()
-        n, at, expert, own = _chunk_columns(w, tp, first_layer, layers, first, last)
+        pieces = _chunk_pieces(w, tp, first_layer, layers, first, last)
+        if numel is None and not (sharded and w.tie_embeddings):  # nothing cuts a buffer
+            _RUNS[key] = got = _whole_buffers(pieces)
+            return got
+        n, at, expert, own = _chunk_columns(pieces)
         if expert.any():
             dense = ~expert
             got = (_cut(n[dense], at[dense], own[dense], numel, sharded),
@@ -178,9 +182,9 @@ def _cut(n: np.ndarray, at: np.ndarray, own: np.ndarray, limit: int | None,
     return BucketRun(tuple(x / total for x in numels), tuple(ready), tuple(numels))
 
 
-def _chunk_columns(w: Workload, tp: int, first_layer: int, layers: int, first: bool, last: bool
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """`chunk_params` as columns: elements, ready point, routed expert's, own bucket."""
+def _chunk_pieces(w: Workload, tp: int, first_layer: int, layers: int, first: bool, last: bool
+                  ) -> list[_Columns]:
+    """The chunk's pieces (`_piece_columns`) in backward order, as `chunk_params` takes them."""
     token = shape_token(w)
     pieces = [_piece_columns(w, token, tp, "head", first)] if last else []
     if w.moe is None:
@@ -191,6 +195,33 @@ def _chunk_columns(w: Workload, tp: int, first_layer: int, layers: int, first: b
         pieces += [kinds[pattern[i] == 1] for i in reversed(range(first_layer, first_layer + layers))]
     if first:
         pieces.append(_piece_columns(w, token, tp, "embedding", last))
+    return pieces
+
+
+def _whole_buffers(pieces: list[_Columns]) -> tuple[BucketRun, BucketRun | None]:
+    """`_cut` of each buffer of `pieces` into one bucket (no limit, no own bucket): all its
+    elements, ready at the latest point of its parameters; no experts' run without routed
+    experts' parameters. A piece's latest point is (FLOP before it + its latest FLOP) / the
+    chunk's FLOP, rounding being monotonic."""
+    total = sum(p[0] for p in pieces)
+    dones = list(accumulate([p[0] for p in pieces[:-1]], initial=0.0)) if pieces else []
+    runs = []
+    for buffer in (0, 1):
+        held = [(done, p[5][buffer]) for done, p in zip(dones, pieces) if p[5][buffer] is not None]
+        if buffer == 1 and not held:
+            runs.append(None)
+            continue
+        count = sum(elements for _, (elements, _) in held)
+        point = max([0.0] + [(done + latest) / total if total > 0 else 1.0
+                             for done, (_, latest) in held])
+        runs.append(BucketRun((count / count,), (point,), (count,)) if count else
+                    BucketRun((), (), ()))
+    return runs[0], runs[1]
+
+
+def _chunk_columns(pieces: list[_Columns]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`chunk_params` of the chunk's `pieces` as columns: elements, ready point, routed
+    expert's, own bucket."""
     if not pieces:
         return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0, dtype=bool), \
             np.empty(0, dtype=bool)
@@ -205,24 +236,29 @@ def _chunk_columns(w: Workload, tp: int, first_layer: int, layers: int, first: b
     return n, at, np.concatenate([p[3] for p in pieces]), np.concatenate([p[4] for p in pieces])
 
 
-def _piece_columns(w: Workload, token: int, tp: int, kind: str, flag: bool
-                   ) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """`_piece` (`token`: `shape_token(w)`) as its FLOP and columns of its parameters:
-    elements, FLOP done when ready, routed expert's, own bucket (cached)."""
+def _piece_columns(w: Workload, token: int, tp: int, kind: str, flag: bool) -> _Columns:
+    """`_piece` (`token`: `shape_token(w)`) as its FLOP, columns of its parameters (elements,
+    FLOP done when ready, routed expert's, own bucket) and, per buffer (dense, routed
+    experts'), its elements and latest FLOP (None: no parameters in it), cached."""
     key = (token, tp, kind, flag)
     got = _COLUMNS.get(key)
     if got is None:
         if len(_COLUMNS) >= 1024:
             _COLUMNS.clear()
         flop, params = _piece(w, tp, kind, flag)
+        buffers = tuple([p for p in params if bool(p[1]) is expert] for expert in (False, True))
         got = _COLUMNS[key] = (flop, np.array([p[0] for p in params], dtype=np.int64),
                                np.array([p[3] for p in params], dtype=np.float64),
                                np.array([p[1] for p in params], dtype=bool),
-                               np.array([p[2] for p in params], dtype=bool))
+                               np.array([p[2] for p in params], dtype=bool),
+                               tuple((sum(p[0] for p in b), max(p[3] for p in b)) if b else None
+                                     for b in buffers))
     return got
 
 
-_COLUMNS: dict[tuple, tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+_Columns = tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                 tuple[tuple[int, float] | None, ...]]
+_COLUMNS: dict[tuple, _Columns] = {}
 
 
 def chunk_params(w: Workload, tp: int, first_layer: int, layers: int, first: bool,
