@@ -23,9 +23,9 @@ class IdentityMemo(Generic[T]):
         self._entries: dict[tuple, tuple[tuple, T]] = {}
 
     def get(self, objects: tuple, key: tuple, make: Callable[[], T]) -> T:
-        k = (tuple(map(id, objects)), key)
+        k = (*map(id, objects), key)
         got = self._entries.get(k)
-        # The held objects are these very ones (equal ids, equal count: `k`).
+        # The held objects are these very ones (equal ids, equal count: `k`'s length).
         if got is not None and all(map(is_, got[0], objects)):
             return got[1]
         value = make()

@@ -198,6 +198,20 @@ class OpCosts:
         parameter bytes, ready point of the chunk's backward in 0..1), the bytes the whole TP
         group's (`virtual_stage_params`) in the cut's shares; `sharded`: distributed optimizer;
         `numel`: elements per bucket (`Plan.bucket_numel`; None: one bucket per buffer)."""
+        def of(run: BucketRun | None, grad: float, param: float) -> tuple[Bucketed, ...]:
+            if run is None:
+                return ()
+            return _BUCKET_BYTES.get((run,), (grad, param), lambda: tuple(
+                (grad * share, param * share, point)
+                for share, point in zip(run.shares, run.ready, strict=True)))
+        return tuple(of(*buffer) for buffer in self.bucket_runs(layers_per_stage, j, sharded,
+                                                                numel))
+
+    def bucket_runs(self, layers_per_stage: tuple[int, ...], j: int, sharded: bool,
+                    numel: int | None) -> tuple[tuple[BucketRun | None, float, float], ...]:
+        """`gradient_buckets` before its bytes: (dense, routed experts') buffers, each as the
+        cut's run (None: no buckets) and the buffer's gradient and parameter bytes (whole TP
+        group)."""
         w = self.workload
         params = self.virtual_stage_params(layers_per_stage, j)
         expert = self.virtual_stage_expert_params(layers_per_stage, j)
@@ -206,15 +220,9 @@ class OpCosts:
             j == len(layers_per_stage) - 1, sharded, numel)
         if expert_run is None:  # no routed experts of their own in this chunk's layers
             expert = 0
-
-        def of(run: BucketRun | None, n: int) -> tuple[Bucketed, ...]:
-            if run is None or n == 0:
-                return ()
-            grad, param = w.grad_bytes_of(n), n * w.dtype_bytes
-            return _BUCKET_BYTES.get((run,), (grad, param), lambda: tuple(
-                (grad * share, param * share, point)
-                for share, point in zip(run.shares, run.ready, strict=True)))
-        return of(dense_run, params - expert), of(expert_run, expert)
+        return tuple((None, 0.0, 0.0) if run is None or n == 0 else
+                     (run, w.grad_bytes_of(n), n * w.dtype_bytes)
+                     for run, n in ((dense_run, params - expert), (expert_run, expert)))
 
     def optimizer_s(self, node: Node, params_per_gpu: float) -> float:
         """The optimizer step of `params_per_gpu` parameters on one GPU of `node` (s)."""

@@ -31,7 +31,7 @@ from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import Plan
 from holmes_sim.schedule import ScheduleKind
 from holmes_sim.estimate.walk import op_table, walk, walk_early_receive
-from holmes_sim.model.bucket_layout import shape_key as bucket_shape_key
+from holmes_sim.model.bucket_layout import shape_token as bucket_shape_token
 from holmes_sim.model.workload import Workload
 
 
@@ -58,9 +58,11 @@ def estimate_iteration(plan: Plan, cluster: Cluster, workload: Workload,
 
 
 _ESTIMATES: IdentityMemo[Estimate] = IdentityMemo(16)
-_BUCKETS: IdentityMemo[tuple[tuple[float, float], ...]] = IdentityMemo(4096)
-"""`_Estimator._buckets` by what the cut and its timing depend on (the workload's shape, not its
-micro-batch): candidates of a search with equal rings and stages share them."""
+_BUCKETS: IdentityMemo[tuple] = IdentityMemo(4096)
+"""`_Estimator._layout` by what the cut depends on (the workload's shape, not its micro-batch),
+`_Estimator._buckets` by the layout (held) and what its timing depends on, and each ring's and
+collective's times by bucket size: candidates of a search with equal stages (and rings) share
+them."""
 
 
 class _Estimator:
@@ -78,6 +80,7 @@ class _Estimator:
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
         self._bucket_cache: dict[tuple, tuple[tuple[float, float], ...]] = {}
+        self._layout_cache: dict[tuple[int, bool], tuple[tuple[float, float, float], ...]] = {}
         self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
         self._alike_cache: dict[tuple[int, int], tuple] = {}
         self._params_cache: dict[int, tuple[int, ...]] = {}
@@ -176,10 +179,12 @@ class _Estimator:
         all-to-alls at the rates of every EP group of the stage sending at once."""
         node, layers = self.net.node(s, d), self.plan.layers_per_stage[j]
         t = self.times.op_s(node, layers, j == 0, j == self.nv - 1, backward)
-        send = self.net.cp_send(s, d)
+        send = self.net.cp_send(s, d) if self.net.cp != 1 else None  # none without CP
         if send is not None:
             t += self.costs.cp_exposed_s(node, layers, backward, send[1], send[0])
-        local = self.costs.ep_local_s(node, layers) if self.w.ep > 1 else 0.0  # no EP: unused
+        if self.w.ep == 1 or self.w.moe is None:  # no all-to-alls (`sends_exposed_s`)
+            return t
+        local = self.costs.ep_local_s(node, layers)
         return t + sends_exposed_s(self.w, self.plan.tp, layers, self.net.ep_sends(s, d), local)
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
@@ -200,52 +205,63 @@ class _Estimator:
     def _buckets(self, s: int, kind: str, what: str, d: int | None = None
                  ) -> tuple[tuple[float, float], ...]:
         """Stage s's DP buckets in release order as (ring time s, ready point 0..1 of the
-        stage's backward window), Megatron-Core's cut (`OpCosts.gradient_buckets`): chunk c's
-        points placed in its share of the window (chunks in order, each its share of the
-        stage's parameters); `what` is "grad" (gradient bytes) or "param" (parameter bytes).
-        With `d` the routed experts' buckets on replica d's expert-data-parallel ring, else the
-        dense ones on the DP ring (`sim.gradient_buckets`). Empty without the ring."""
+        stage's backward window): `_layout`'s buckets timed on the ring (the algorithm and
+        protocol NCCL picks, `cost.nccl_algorithms`); `what` is "grad" (gradient bytes) or
+        "param" (parameter bytes). With `d` the routed experts' buckets on replica d's
+        expert-data-parallel ring, else the dense ones on the DP ring (`sim.gradient_buckets`).
+        Empty without the ring."""
         ring = self.net.dp_ring(s) if d is None else self.net.edp_ring(s, d)
         if ring is None:
             return ()
         topology = self.net.dp_topology(s) if d is None else self.net.edp_topology(s, d)
-        key = (topology, s, kind, what, d is None)
+        # The view holds its topologies while this estimator lives: their ids are theirs.
+        key = (id(topology), s, kind, what, d is None)
         got = self._bucket_cache.get(key)
         if got is None:
-            p = self.plan
-            given = self.costs.workload.given_bucket_numel
-            numels = tuple(p.bucket_numel(self._virtual(s, c), given)
-                           for c in range(p.num_chunks))
-            # What the cut depends on: each chunk's layers (and, with MoE layers, where they
-            # start), whether the stage holds the embedding or the head, the bucket sizes.
-            js = [self._virtual(s, c) for c in range(p.num_chunks)]
-            chunks = tuple((p.layers_per_stage[j], sum(p.layers_per_stage[:j])
-                            if self.costs.workload.moe is not None else 0) for j in js)
-            shared = (topology, kind, what, d is None, chunks, s == 0, s == p.pp - 1,
-                      p.optimizer.sharded, numels, p.tp)
-            w = self.costs.workload
+            layout = self._layout(s, d is not None)
             got = self._bucket_cache[key] = _BUCKETS.get(
-                (), (bucket_shape_key(w), w.grad_bytes, w.dtype_bytes, *shared),
-                lambda: self._cut_buckets(s, kind, what, d is not None, topology, numels))
+                (layout,), (topology, kind, what),
+                lambda: _timed_buckets(layout, _BUCKETS.get((), (topology, kind), dict),
+                                       topology, kind, what == "grad"))
         return got
 
-    def _cut_buckets(self, s: int, kind: str, what: str, expert: bool, topology,
-                     numels: tuple[int | None, ...]) -> tuple[tuple[float, float], ...]:
-        """`_buckets` computed: each chunk's cut (`OpCosts.gradient_buckets`, `numels` its
-        elements per bucket) timed on `topology`, its points placed in the chunk's share."""
+    def _layout(self, s: int, expert: bool) -> tuple[tuple[float, float, float], ...]:
+        """Stage s's dense (or routed experts') DP buckets in release order as (gradient bytes,
+        parameter bytes, ready point 0..1 of the stage's backward window), Megatron-Core's cut
+        (`OpCosts.gradient_buckets`): chunk c's points placed in its share of the window
+        (chunks in order, each its share of the stage's parameters). Shared through `_BUCKETS`
+        by what the cut depends on (the workload's shape, not its micro-batch)."""
+        got = self._layout_cache.get((s, expert))
+        if got is None:
+            p, w = self.plan, self.costs.workload
+            given = w.given_bucket_numel
+            js = range(s, p.pp * p.num_chunks, p.pp)  # `_virtual(s, c)` of its chunks
+            numels = tuple(p.bucket_numel(j, given) for j in js)
+            # What the cut depends on: each chunk's layers (and, with MoE layers, where they
+            # start), whether the stage holds the embedding or the head, the bucket sizes.
+            layers = tuple(p.layers_per_stage[s::p.pp])
+            starts = tuple(sum(p.layers_per_stage[:j]) for j in js) if w.moe is not None else ()
+            got = self._layout_cache[(s, expert)] = _BUCKETS.get(
+                (), (bucket_shape_token(w), w.grad_bytes, w.dtype_bytes, expert, layers, starts,
+                     s == 0, s == p.pp - 1, p.optimizer.sharded, numels, p.tp),
+                lambda: self._cut_layout(s, expert, numels))
+        return got
+
+    def _cut_layout(self, s: int, expert: bool, numels: tuple[int | None, ...]
+                    ) -> tuple[tuple[float, float, float], ...]:
+        """`_layout` computed: each chunk's cut (`OpCosts.gradient_buckets`, `numels` its
+        elements per bucket), its bytes in the cut's shares, its points placed in the chunk's
+        share."""
         p = self.plan
         widths = self._params(s)
-        out, offset, times = [], 0.0, {}
+        out, offset = [], 0.0
         for c, width in enumerate(widths):
             share = width / sum(widths)
-            run = self.costs.gradient_buckets(p.layers_per_stage, self._virtual(s, c),
-                                              p.optimizer.sharded, numels[c])[expert]
-            for grad, param, point in run:
-                size = grad if what == "grad" else param
-                r = times.get(size)
-                if r is None:  # the algorithm and protocol NCCL picks (`cost.nccl_algorithms`)
-                    r = times[size] = collective_time_s(topology, kind, size)
-                out.append((r, offset + share * point))
+            run, grad, param = self.costs.bucket_runs(p.layers_per_stage, self._virtual(s, c),
+                                                      p.optimizer.sharded, numels[c])[expert]
+            if run is not None:
+                out += [(grad * part, param * part, offset + share * point)
+                        for part, point in zip(run.shares, run.ready, strict=True)]
             offset += share
         return tuple(out)
 
@@ -338,6 +354,21 @@ class _Estimator:
         same link (its NIC, or its NVLink port inside a node), so their times add up as on one
         stream (`merged_delay_s` where their order matters)."""
         return self._buckets(s, kind, what) + self._buckets(s, kind, what, d)
+
+
+def _timed_buckets(layout: tuple[tuple[float, float, float], ...], times: dict[float, float],
+                   topology, kind: str, grad: bool) -> tuple[tuple[float, float], ...]:
+    """(ring time s, ready point) of each (gradient bytes, parameter bytes, ready point) bucket
+    of `layout`: its gradient (`grad`) or parameter bytes' `kind` collective on `topology`, the
+    algorithm and protocol NCCL picks (`cost.nccl_algorithms`), kept in `times` by size."""
+    out = []
+    for grad_bytes, param_bytes, point in layout:
+        size = grad_bytes if grad else param_bytes
+        r = times.get(size)
+        if r is None:
+            r = times[size] = collective_time_s(topology, kind, size)
+        out.append((r, point))
+    return tuple(out)
 
 
 def _total_s(buckets: tuple[tuple[float, float], ...]) -> float:

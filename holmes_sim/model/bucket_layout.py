@@ -35,7 +35,11 @@ the embedding (no FLOPs). A bucket is ready at the latest point of its parameter
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
+from itertools import accumulate, count
+
+import numpy as np
 
 from holmes_sim.model.moe import moe_mlp_forward_flop
 from holmes_sim.model.workload import Workload
@@ -75,18 +79,25 @@ def chunk_bucket_runs(w: Workload, tp: int, first_layer: int, layers: int, first
     group of `tp`; `sharded`: the distributed optimizer's padding and tied-embedding bucket;
     `numel`: elements per bucket (`Plan.bucket_numel`; None: one bucket per buffer, [DDP]).
     The experts' run is None where they share the dense buffer (no expert parallelism).
-    Cached by the workload's shape (`shape_key`) and the other arguments."""
-    shape = shape_key(w)
-    key = (shape, tp, first_layer if w.moe is not None else 0, layers, first, last, sharded,
+    Cached by the workload's shape (`shape_token`) and the other arguments."""
+    key = (shape_token(w), tp, first_layer if w.moe is not None else 0, layers, first, last, sharded,
            numel)
     got = _RUNS.get(key)
     if got is None:
         if len(_RUNS) >= 4096:
             _RUNS.clear()
-        params = chunk_params(w, tp, first_layer, layers, first, last)
-        experts = [p for p in params if p[2]]
-        got = _RUNS[key] = (_cut([p for p in params if not p[2]], numel, sharded),
-                            _cut(experts, numel, sharded) if experts else None)
+        pieces = _chunk_pieces(w, tp, first_layer, layers, first, last)
+        if numel is None and not (sharded and w.tie_embeddings):  # nothing cuts a buffer
+            _RUNS[key] = got = _whole_buffers(pieces)
+            return got
+        n, at, expert, own = _chunk_columns(pieces)
+        if expert.any():
+            dense = ~expert
+            got = (_cut(n[dense], at[dense], own[dense], numel, sharded),
+                   _cut(n[expert], at[expert], own[expert], numel, sharded))
+        else:
+            got = (_cut(n, at, own, numel, sharded), None)
+        _RUNS[key] = got
     return got
 
 
@@ -102,30 +113,152 @@ def shape_key(w: Workload) -> tuple:
             w.tp_per_etp, w.recompute, w.defer_embedding_wgrad, w.mla)
 
 
-def _cut(params: list[_Param], limit: int | None, sharded: bool) -> BucketRun:
-    """Megatron-Core's cut of `params` (reverse registration order) at `limit` elements [BUF]."""
+def shape_token(w: Workload) -> int:
+    """A number for `shape_key(w)`: equal for workloads of equal shape, kept per workload object
+    (the candidates of a search share a few), so a cache key holds one int instead of the
+    shape's fields. Numbers are never reused, also after the tables are emptied."""
+    got = _TOKENS.get(id(w))
+    if got is not None and got[0] is w:
+        return got[1]
+    shape = shape_key(w)
+    token = _SHAPE_TOKENS.get(shape)
+    if token is None:
+        if len(_SHAPE_TOKENS) >= 1024:
+            _SHAPE_TOKENS.clear()
+        token = _SHAPE_TOKENS[shape] = next(_NEXT_TOKEN)
+    if len(_TOKENS) >= 1024:
+        _TOKENS.clear()
+    _TOKENS[id(w)] = (w, token)
+    return token
+
+
+_TOKENS: dict[int, tuple[Workload, int]] = {}
+"""`shape_token` by the workload's id, with the workload (held, so its id stays its own)."""
+_SHAPE_TOKENS: dict[tuple, int] = {}
+_NEXT_TOKEN = count()
+
+
+def _cut(n: np.ndarray, at: np.ndarray, own: np.ndarray, limit: int | None,
+         sharded: bool) -> BucketRun:
+    """Megatron-Core's cut [BUF] of the parameters (reverse registration order) of `n`
+    elements, ready at `at`, `own` a bucket of their own (under `sharded` only), at `limit`
+    elements. A bucket from parameter b starts at 0 and each parameter at a multiple of
+    `PARAM_ALIGN` (`sharded`), so parameter k ends at S[k] - S[b] + n[k], S the prefix sums of
+    the aligned sizes: the bucket closes at the first k where that reaches `limit` (a search in
+    the nondecreasing S[k] + n[k]), or before an own parameter, which closes its own. A bucket
+    is ready at the latest point of every parameter up to its last (the running maximum from
+    0); a last bucket without elements is dropped."""
+    size = n.size
+    padded = -(-n // PARAM_ALIGN) * PARAM_ALIGN if sharded else n
+    starts = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(padded, out=starts[1:])
+    ends = (starts[:-1] + n).tolist()
+    counts = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(n, out=counts[1:])
+    starts, counts = starts.tolist(), counts.tolist()
+    points = np.maximum.accumulate(np.maximum(at, 0.0)).tolist() if size else []
+    owns = np.flatnonzero(own).tolist() + [size] if sharded else [size]
     numels: list[int] = []
     ready: list[float] = []
-    count, end, point = 0, 0, 0.0  # the open bucket's elements, end with alignment, ready
-    for numel, at, _, own in params:
-        start = -(-end // PARAM_ALIGN) * PARAM_ALIGN if sharded else end
-        own = own and sharded
-        if own and count:
-            numels.append(count)
-            ready.append(point)
-            count, start = 0, 0
-        count += numel
-        end = start + numel
-        point = max(point, at)
-        if (limit is not None and end >= limit) or own:
-            numels.append(count)
-            ready.append(point)
-            count, end = 0, 0
-    if count:
-        numels.append(count)
-        ready.append(point)
+    b, o = 0, 0  # the open bucket's first parameter, the next own parameter's index in owns
+    while b < size:
+        while owns[o] < b:
+            o += 1
+        stop = owns[o]
+        k = stop if limit is None else bisect_left(ends, limit + starts[b], b, stop)
+        if k < stop:  # the limit closes the bucket at k
+            numels.append(counts[k + 1] - counts[b])
+            ready.append(points[k])
+            b = k + 1
+            continue
+        if counts[stop] > counts[b]:  # what precedes the own parameter (or the end)
+            numels.append(counts[stop] - counts[b])
+            ready.append(points[stop - 1])
+        if stop < size:
+            numels.append(counts[stop + 1] - counts[stop])
+            ready.append(points[stop])
+        b = stop + 1
     total = sum(numels)
-    return BucketRun(tuple(n / total for n in numels), tuple(ready), tuple(numels))
+    return BucketRun(tuple(x / total for x in numels), tuple(ready), tuple(numels))
+
+
+def _chunk_pieces(w: Workload, tp: int, first_layer: int, layers: int, first: bool, last: bool
+                  ) -> list[_Columns]:
+    """The chunk's pieces (`_piece_columns`) in backward order, as `chunk_params` takes them."""
+    token = shape_token(w)
+    pieces = [_piece_columns(w, token, tp, "head", first)] if last else []
+    if w.moe is None:
+        pieces += [_piece_columns(w, token, tp, "layer", False)] * layers
+    else:
+        kinds = tuple(_piece_columns(w, token, tp, "layer", moe) for moe in (False, True))
+        pattern = w.moe.pattern
+        pieces += [kinds[pattern[i] == 1] for i in reversed(range(first_layer, first_layer + layers))]
+    if first:
+        pieces.append(_piece_columns(w, token, tp, "embedding", last))
+    return pieces
+
+
+def _whole_buffers(pieces: list[_Columns]) -> tuple[BucketRun, BucketRun | None]:
+    """`_cut` of each buffer of `pieces` into one bucket (no limit, no own bucket): all its
+    elements, ready at the latest point of its parameters; no experts' run without routed
+    experts' parameters. A piece's latest point is (FLOP before it + its latest FLOP) / the
+    chunk's FLOP, rounding being monotonic."""
+    total = sum(p[0] for p in pieces)
+    dones = list(accumulate([p[0] for p in pieces[:-1]], initial=0.0)) if pieces else []
+    runs = []
+    for buffer in (0, 1):
+        held = [(done, p[5][buffer]) for done, p in zip(dones, pieces) if p[5][buffer] is not None]
+        if buffer == 1 and not held:
+            runs.append(None)
+            continue
+        count = sum(elements for _, (elements, _) in held)
+        point = max([0.0] + [(done + latest) / total if total > 0 else 1.0
+                             for done, (_, latest) in held])
+        runs.append(BucketRun((count / count,), (point,), (count,)) if count else
+                    BucketRun((), (), ()))
+    return runs[0], runs[1]
+
+
+def _chunk_columns(pieces: list[_Columns]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`chunk_params` of the chunk's `pieces` as columns: elements, ready point, routed
+    expert's, own bucket."""
+    if not pieces:
+        return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0, dtype=bool), \
+            np.empty(0, dtype=bool)
+    total = sum(p[0] for p in pieces)
+    n = np.concatenate([p[1] for p in pieces])
+    if total > 0:  # each piece's points after the FLOP of those before it
+        dones = list(accumulate([p[0] for p in pieces[:-1]], initial=0.0))
+        at = (np.repeat(dones, [p[1].size for p in pieces])
+              + np.concatenate([p[2] for p in pieces])) / total
+    else:
+        at = np.ones(n.size)
+    return n, at, np.concatenate([p[3] for p in pieces]), np.concatenate([p[4] for p in pieces])
+
+
+def _piece_columns(w: Workload, token: int, tp: int, kind: str, flag: bool) -> _Columns:
+    """`_piece` (`token`: `shape_token(w)`) as its FLOP, columns of its parameters (elements,
+    FLOP done when ready, routed expert's, own bucket) and, per buffer (dense, routed
+    experts'), its elements and latest FLOP (None: no parameters in it), cached."""
+    key = (token, tp, kind, flag)
+    got = _COLUMNS.get(key)
+    if got is None:
+        if len(_COLUMNS) >= 1024:
+            _COLUMNS.clear()
+        flop, params = _piece(w, tp, kind, flag)
+        buffers = tuple([p for p in params if bool(p[1]) is expert] for expert in (False, True))
+        got = _COLUMNS[key] = (flop, np.array([p[0] for p in params], dtype=np.int64),
+                               np.array([p[3] for p in params], dtype=np.float64),
+                               np.array([p[1] for p in params], dtype=bool),
+                               np.array([p[2] for p in params], dtype=bool),
+                               tuple((sum(p[0] for p in b), max(p[3] for p in b)) if b else None
+                                     for b in buffers))
+    return got
+
+
+_Columns = tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                 tuple[tuple[int, float] | None, ...]]
+_COLUMNS: dict[tuple, _Columns] = {}
 
 
 def chunk_params(w: Workload, tp: int, first_layer: int, layers: int, first: bool,
@@ -149,7 +282,7 @@ def chunk_params(w: Workload, tp: int, first_layer: int, layers: int, first: boo
 def _piece(w: Workload, tp: int, kind: str, flag: bool) -> _Piece:
     """The head (`flag`: the chunk also holds the embedding), a layer (`flag`: MoE) or the
     embedding (`flag`: the chunk also holds the head), cached."""
-    key = (shape_key(w), tp, kind, flag)
+    key = (shape_token(w), tp, kind, flag)
     got = _PIECES.get(key)
     if got is None:
         if len(_PIECES) >= 1024:

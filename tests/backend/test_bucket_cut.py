@@ -163,3 +163,97 @@ def test_default_bucket_size_follows_megatron_core_and_a_given_size_stays():
     unset = prepare_text(text.replace("bucket_size_mb: 0.5", "")).workload
     assert not unset.bucket_size_given and unset.given_bucket_numel is None
     assert unset.bucket_bytes == 160e6
+
+
+def _cut_one_by_one(params, limit, sharded):
+    """Megatron-Core's cut [BUF] as its loop: parameter after parameter (elements, ready point,
+    routed expert's, own bucket), the reference `bucket_layout._cut` is held to."""
+    numels, ready = [], []
+    count, end, point = 0, 0, 0.0
+    for numel, at, _, own in params:
+        start = -(-end // 64) * 64 if sharded else end
+        own = own and sharded
+        if own and count:
+            numels.append(count)
+            ready.append(point)
+            count, start = 0, 0
+        count += numel
+        end = start + numel
+        point = max(point, at)
+        if (limit is not None and end >= limit) or own:
+            numels.append(count)
+            ready.append(point)
+            count, end = 0, 0
+    if count:
+        numels.append(count)
+        ready.append(point)
+    return tuple(numels), tuple(ready)
+
+
+def _workloads():
+    """Every testbed's and bundled scenario's workload and a small latent-attention model's,
+    each also with tied embeddings and without the learned position embedding."""
+    from holmes_sim.bundled import bundled_scenario, scenario_names
+    from holmes_sim.model.workload import build_workload
+    from tests.test_mla import _TRAINING, _small
+
+    found = [prepare(p).workload for p in sorted(TESTBEDS.glob("*.yaml"))]
+    found += [prepare(bundled_scenario(n)).workload for n in scenario_names()]
+    found += [build_workload(_small(q_lora_rank=48), _TRAINING, 2)]
+    return [v for w in found for v in (w, dataclasses.replace(w, tie_embeddings=True,
+                                                              position_embedding="rope"))]
+
+
+def test_cut_by_prefix_sums_is_the_loops_for_every_workload():
+    """`chunk_bucket_runs` (prefix sums and a search per bucket) gives the buckets, shares and
+    ready points of the loop over `chunk_params`, bit for bit: every workload, TP 1 and 2,
+    chunks of one, two and all layers at the start, middle and end, with and without the
+    embedding and head, sharded or not, at bucket sizes from a parameter's to the whole."""
+    from holmes_sim.model.bucket_layout import chunk_params
+
+    for w in _workloads():
+        n = w.num_layers
+        for tp in (1, 2):
+            for first_layer, layers in {(0, 1), (0, n), (n - 1, 1), (n // 2, 2), (0, 2)}:
+                if first_layer + layers > n or layers < 1:
+                    continue
+                for first, last in ((False, False), (True, False), (False, True), (True, True)):
+                    params = chunk_params(w, tp, first_layer, layers, first, last)
+                    whole = sum(p[0] for p in params)
+                    for numel in (None, 1, 7_000, whole // 5 + 1, whole, 40_000_000):
+                        for sharded in (False, True):
+                            dense, routed = chunk_bucket_runs(w, tp, first_layer, layers, first,
+                                                              last, sharded, numel)
+                            ways = [(dense, [p for p in params if not p[2]])]
+                            if routed is not None:
+                                ways.append((routed, [p for p in params if p[2]]))
+                            assert routed is not None or not any(p[2] for p in params)
+                            for run, part in ways:
+                                numels, ready = _cut_one_by_one(part, numel, sharded)
+                                assert (run.numels, run.ready) == (numels, ready), \
+                                    (tp, first_layer, layers, first, last, numel, sharded)
+                                total = sum(numels)
+                                assert run.shares == tuple(x / total for x in numels)
+
+
+def test_cut_by_prefix_sums_is_the_loops_on_odd_sizes():
+    """Random parameter lists with sizes of 0 and off the alignment, own buckets (of some
+    elements) anywhere and points out of order: the same buckets as the loop."""
+    import random
+
+    import numpy as np
+
+    from holmes_sim.model.bucket_layout import _cut
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        size = rng.randrange(0, 12)
+        sizes = [rng.choice((0, 1, 63, 64, 65, rng.randrange(0, 300))) for _ in range(size)]
+        params = [(n, rng.random(), False, n > 0 and rng.random() < 0.15) for n in sizes]
+        limit = rng.choice((None, 1, 64, 100, 200, 1000))
+        for sharded in (False, True):
+            run = _cut(np.array([p[0] for p in params], dtype=np.int64),
+                       np.array([p[1] for p in params]), np.array([p[3] for p in params], dtype=bool),
+                       limit, sharded)
+            assert (run.numels, run.ready) == _cut_one_by_one(params, limit, sharded), \
+                (params, limit, sharded)
