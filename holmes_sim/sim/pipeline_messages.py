@@ -11,8 +11,6 @@ number, so the engine's hot loop looks them up without hashing tuples.
 
 from __future__ import annotations
 
-import simpy
-
 from holmes_sim.sim.environment import CountingEnvironment, LeanEvent
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.trace import KIND_CODE, ROW, OpKind
@@ -82,18 +80,21 @@ class PipelineMessages:
             done = self.net.send(links, self.size, latency, self._on_arrival)
             done.message = (k, self.env._now, ids, mb, chunk)
 
-    def _arrived(self, done: simpy.Event) -> None:
-        """The last byte is in: record the send and fire the message's arrival event
-        (a `LeanEvent`, scheduled as `succeed()` would on the engine's `CountingEnvironment`)."""
+    def _arrived(self, done) -> None:
+        """The last byte is in: record the send and fire the message's arrival event, scheduled
+        as `succeed()` would on the engine's `CountingEnvironment`: the receiver's `LeanEvent`
+        where it waits, else the transfer's flow itself (`FlowNetwork.send`: an event that
+        succeeded, now free to fire again), consumed when the receiver gets there."""
         k, begun, (sender, stream), mb, chunk = done.message
         env = self.env
         now = env._now
         self.rows += ROW.pack(begun, now, self.size, sender, mb, chunk, stream, _PP_SEND)
         ev = self.arrival[k]
         if ev is None:  # nobody waits for it yet
-            ev = self.arrival[k] = _make(LeanEvent)
-            ev.callbacks = []
-        ev._ok, ev._value = True, None
+            ev = self.arrival[k] = done
+            ev.callbacks = ()  # none: the receiver sets its own when it waits
+        else:
+            ev._ok, ev._value = True, None
         bucket = env.now_bucket  # the bucket being processed: `now`'s NORMAL one, if that
         if bucket is None:
             bucket = env.normal.get(now)
