@@ -33,7 +33,7 @@ class PipelineMessages:
     """
 
     __slots__ = ("env", "net", "rows", "size", "nv", "m", "per_replica", "slot", "state",
-                 "arrival", "sent_at", "_on_arrival")
+                 "arrival", "sent_at", "_on_arrival", "lean", "bytes")
 
     def __init__(self, env: CountingEnvironment, net: FlowNetwork, rows: bytearray,
                  size_bytes: float, num_virtual: int, num_microbatches: int,
@@ -46,7 +46,9 @@ class PipelineMessages:
         self.state: list = [None] * n
         self.arrival: list[LeanEvent | None] = [None] * n
         self.sent_at: list[float | None] = [None] * n
-        self._on_arrival = self._arrived  # bound once, appended to every transfer
+        self._on_arrival = [self._arrived]  # every transfer's callbacks (nobody changes them)
+        self.lean = size_bytes > 0  # transfers with bytes: `FlowNetwork.send_message`
+        self.bytes = float(size_bytes)  # a flow's size
 
     def local_id(self, kind: str, j: int, microbatch: int) -> int:
         """Number of the message of `kind` ("F" or "B") into virtual stage j, within a replica."""
@@ -65,8 +67,11 @@ class PipelineMessages:
         else:  # the receive is posted: the transfer starts
             self.state[k] = STARTED
             links, latency, ids = route
-            done = self.net.send(links, self.size, latency, self._on_arrival)
-            done.message = (k, now, ids, mb, chunk)
+            if self.lean and links.links:
+                self.net.send_message(links, self.bytes, latency, self._on_arrival,
+                                      (k, now, ids, mb, chunk))
+            else:
+                self._send_plain(k, route, mb, chunk)
 
     def post(self, k: int) -> None:
         """The receiver posts message k's receive: a waiting send starts now. A receive posted
@@ -77,8 +82,17 @@ class PipelineMessages:
         elif type(state) is tuple:  # the waiting send starts
             self.state[k] = STARTED
             (links, latency, ids), mb, chunk = state
-            done = self.net.send(links, self.size, latency, self._on_arrival)
-            done.message = (k, self.env._now, ids, mb, chunk)
+            if self.lean and links.links:
+                self.net.send_message(links, self.bytes, latency, self._on_arrival,
+                                      (k, self.env._now, ids, mb, chunk))
+            else:
+                self._send_plain(k, state[0], mb, chunk)
+
+    def _send_plain(self, k: int, route: tuple, mb: int, chunk: int) -> None:
+        """Message k's transfer where no bytes cross a link (`FlowNetwork.send`'s timeout)."""
+        links, latency, ids = route
+        done = self.net.send(links, self.size, latency, self._arrived)
+        done.message = (k, self.env._now, ids, mb, chunk)
 
     def _arrived(self, done) -> None:
         """The last byte is in: record the send and fire the message's arrival event, scheduled
