@@ -292,6 +292,8 @@ class _Simulation:
         resume_me = [process._send]  # the callbacks of every event it waits for inline
         timeout = make(LeanEvent)  # the op's compute, made once: one is pending at a time
         timeout._value, timeout._ok = None, True
+        waiter = make(LeanEvent)  # the arrival of a message it waits for before it is sent
+        waiter._value, waiter._ok = None, True  # (`PipelineMessages._arrived` fires it)
         for k, jb, mb, chunk, kcode, special, out, r, post in steps:
             if k is not None:  # the input: post its receive, then wait for its arrival
                 k += base
@@ -304,7 +306,7 @@ class _Simulation:
                     arrival[k] = sent_at[k] = None
                 else:  # idle time split into bubble (producer not done) and exposed PP
                     if ev is None:  # not sent yet: its arrival event
-                        ev = arrival[k] = make(LeanEvent)
+                        ev = arrival[k] = waiter
                     ev.callbacks = resume_me  # its only waiter
                     t0 = env._now
                     yield DETACHED

@@ -20,7 +20,6 @@ POSTED = object()
 """A message's state: its receive is posted and nothing was sent yet."""
 STARTED = object()
 """A message's state: its transfer has started."""
-_make = object.__new__
 
 
 class PipelineMessages:
@@ -107,8 +106,6 @@ class PipelineMessages:
         if ev is None:  # nobody waits for it yet
             ev = self.arrival[k] = done
             ev.callbacks = ()  # none: the receiver sets its own when it waits
-        else:
-            ev._ok, ev._value = True, None
         bucket = env.now_bucket  # the bucket being processed: `now`'s NORMAL one, if that
         if bucket is None:
             bucket = env.normal.get(now)
