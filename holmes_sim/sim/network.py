@@ -121,7 +121,7 @@ class FlowNetwork:
             self._cap.append(float(cap))
         n = len(self._cap)
         self._members: list[dict[_Flow, float]] = [{} for _ in range(n)]
-        self._link_routes: list[list[_Route]] = [[] for _ in range(n)]  # routes crossing each
+        self._link_routes: dict[int, list[_Route]] = {}  # by link index: the routes crossing it
         # Scratch per link, reused by every recomputation.
         self._filling = ProgressiveFilling(n, self._members)
         self._load = self._filling.load  # each link's re-shared load after a filling
@@ -278,7 +278,7 @@ class FlowNetwork:
         known = {id(route)}
         conflicts = route.conflicts
         for idx in route.ids:
-            crossing = self._link_routes[idx]
+            crossing = self._link_routes.setdefault(idx, [])
             for other in crossing:
                 if id(other) not in known:
                     known.add(id(other))
