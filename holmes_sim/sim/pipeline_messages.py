@@ -96,8 +96,8 @@ class PipelineMessages:
     def _arrived(self, done) -> None:
         """The last byte is in: record the send and fire the message's arrival event, scheduled
         as `succeed()` would on the engine's `CountingEnvironment`: the receiver's `LeanEvent`
-        where it waits, else the transfer's flow itself (`FlowNetwork.send`: an event that
-        succeeded, now free to fire again), consumed when the receiver gets there."""
+        where it waits, else the transfer's own event (the flow of `FlowNetwork.send_message`,
+        which succeeded and is free to fire again), consumed when the receiver gets there."""
         k, begun, (sender, stream), mb, chunk = done.message
         env = self.env
         now = env._now
