@@ -49,8 +49,8 @@ from holmes_sim.sim import symmetry
 from holmes_sim.sim.context_exchange import cp_exchange
 from holmes_sim.sim.expert_exchange import ep_exchange
 from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams
-from holmes_sim.sim.environment import (DETACHED, CountingEnvironment, Jitter, LeanEvent,
-                                        LeanProcess, quiet_collector, start_direct, via_process)
+from holmes_sim.sim.environment import (DETACHED, CountingEnvironment, Jitter, LeanProcess,
+                                        fired_event, quiet_collector, start_direct, via_process)
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
@@ -280,20 +280,17 @@ class _Simulation:
 
     def _entity(self, s: int, d: int, me: list[LeanProcess]):
         """Process of one (stage, replica), `me[0]` (`environment.start_direct`): its schedule,
-        then its gradient sync and step. The common op runs inline (its receive and input wait,
-        one timeout, its rows and its send), its waits resumed directly by their events, the
-        others through `_special_op`, with the same events, records and sends in order."""
+        then its gradient sync and step. The common op runs inline (receive, input wait, one
+        timeout, rows, send), resumed by its events (one reused for compute, one for an unsent
+        input), the others via `_special_op`, the last waits via the process; events in order."""
         name, node, gathers, steps, durations, (eid, cst), routes = self._entity_setup(s, d)
         reductions: list[simpy.Event] = []
-        env, calendar, make, msgs = self.env, self.env.normal, object.__new__, self.messages
+        env, calendar, msgs = self.env, self.env.normal, self.messages
         base, state, arrival, sent_at = msgs.base(d), msgs.state, msgs.arrival, msgs.sent_at
         rows, pack = self.trace.rows, ROW.pack
         process = me[0]
         resume_me = [process._send]  # the callbacks of every event it waits for inline
-        timeout = make(LeanEvent)  # the op's compute, made once: one is pending at a time
-        timeout._value, timeout._ok = None, True
-        waiter = make(LeanEvent)  # the arrival of a message it waits for before it is sent
-        waiter._value, waiter._ok = None, True  # (`PipelineMessages._arrived` fires it)
+        timeout, waiter = fired_event(), fired_event()  # op compute, unsent input's arrival
         for k, jb, mb, chunk, kcode, special, out, r, post in steps:
             if k is not None:  # the input: post its receive, then wait for its arrival
                 k += base
@@ -340,7 +337,6 @@ class _Simulation:
                 msgs.send(out + base, routes[r], mb, chunk)
             if post is not None:
                 msgs.post(post + base)
-        # Its last waits (the optimizer step's at least) resume the process, which ends it.
         yield from via_process(self._finish(name, node, s, d, reductions), process)
 
     def _entity_setup(self, s: int, d: int) -> tuple:

@@ -57,6 +57,14 @@ class LeanEvent:
     __slots__ = ("callbacks", "_ok", "_value")
 
 
+def fired_event() -> LeanEvent:
+    """A `LeanEvent` that succeeded (`_ok` True, `_value` None): given callbacks and appended to
+    a calendar bucket, it resumes them when the loop takes it; it may fire again once taken."""
+    event = _make(LeanEvent)
+    event._ok, event._value = True, None
+    return event
+
+
 class _Detached:
     """The type of `DETACHED`."""
 

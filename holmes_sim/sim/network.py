@@ -64,7 +64,6 @@ class _Route:
     """A resolved path: ((link index, weight), ...), for a flow alone on all its links its
     (rate in bytes/s, narrowest link index), and its links' member maps and weights in the
     same order (a flow goes on and off its links without indexing the network's lists).
-
     Which links carry flows is kept per route: `active` flows on it, `lone` its flow that is
     alone on all its links (kept out of their member maps) or None, and `conflicts` every
     route that shares a link with it, itself included (`FlowNetwork._register`): a flow's
@@ -74,23 +73,18 @@ class _Route:
 
     def __init__(self, links: tuple[tuple[int, float], ...], solo: tuple[float, int],
                  members: tuple[dict, ...]) -> None:
-        self.links = links
-        self.solo = solo
-        self.members = members
+        self.links, self.solo, self.members = links, solo, members
         self.weights = tuple(w for _, w in links)
         self.ids = tuple(link for link, _ in links)
-        self.conflicts: list[_Route] = [self]
-        self.active = 0
-        self.lone: _Flow | None = None
+        self.conflicts, self.active, self.lone = [self], 0, None
 
 
 class _Flow:
-    """One flow (made by `FlowNetwork.send`). `token` names its live agenda entry. A flow that
-    never shares a link sets only what its start and end read; `links` ((link index, weight)
-    pairs), `mark`, `new_rate` and `bneck` are set when it joins its links' member maps
-    (`_list`). The flow of a `send` with a callback is its own event: what the loop reads of
-    a SimPy event (`callbacks`, `_ok`, `_value`, as `environment.LeanEvent`) and the sender's
-    `message`; nothing may wait for it or combine it with other events."""
+    """One flow (`FlowNetwork.transfer`, `send_message`); `token` names its live agenda entry.
+    It sets only what its start and end read; `links` ((link index, weight) pairs), `mark`,
+    `new_rate` and `bneck` are set when it joins its links' member maps (`_list`). The flow of
+    `send_message` is its own event (`callbacks`, `_ok`, `_value`, as `environment.LeanEvent`,
+    and the sender's `message`): nothing may wait for it or combine it with other events."""
 
     __slots__ = (
         "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
@@ -181,38 +175,18 @@ class FlowNetwork:
             return self._env.timeout(latency_s)
         done = _make(TransferEvent)  # `TransferEvent(env)`, inlined
         done.env, done.callbacks = self._env, []
-        return self.send(route, size_bytes, latency_s, None, done)
-
-    def send(self, route: _Route, size_bytes: float, latency_s: float, callback,
-             done: Any = None) -> Any:
-        """`transfer(route, size_bytes, latency_s)` where only `callback(event)` waits for the
-        last byte (the engine's pipeline messages): the same flow, which is its own event (or
-        `done`, `transfer`'s own). Returns the event."""
-        flow = _make(_Flow)  # a pending flow; `_Flow` lists what each field holds
-        if done is None:
-            if size_bytes == 0 or not route.links:  # no flow: `transfer`'s timeout
-                done = self.transfer(route, size_bytes, latency_s)
-                done.callbacks.append(callback)
-                return done
-            flow.callbacks = [callback]
-            done = flow
-        else:
-            done.flow = flow
+        done.flow = flow = _make(_Flow)  # a pending flow; `_Flow` lists what each field holds
         flow.fid, flow.route, flow.done, flow.state = self._next_fid, route, done, _PENDING
         flow.size = flow.remaining = float(size_bytes)  # bytes left at time `since`
         self._next_fid += 1
-        at = self._env._now + latency_s  # `now` without the property's call (hot path)
-        bucket = self._due.get(at)  # `_post`, inlined
-        if bucket is None:
-            bucket = self._bucket(at)
-        bucket.append((flow, 0))
-        if at not in self._armed:
-            self._arm(at)
+        at = self._env._now + latency_s
+        self._post(at, flow, 0)
+        self._arm(at)
         return done
 
     def send_message(self, route: _Route, size_bytes: float, latency_s: float,
                      callbacks: list, message: Any) -> _Flow:
-        """`send` of `size_bytes` > 0 over a route with links, whose event (the flow) calls
+        """`transfer` of `size_bytes` > 0 over a route with links, whose event (the flow) calls
         `callbacks` (a list nobody changes, shared by many flows) and carries `message`: the
         engine's pipeline messages, with less work per flow. Returns the flow."""
         flow = _make(_Flow)
@@ -273,8 +247,8 @@ class FlowNetwork:
         return route
 
     def _register(self, route: _Route) -> None:
-        """Add `route` to its links' routes and to the `conflicts` of each route sharing a link
-        with it (and those to its own). Routes stay registered for the network's life."""
+        """Add `route` to its links' routes and to the `conflicts` of the routes sharing a link
+        with it (and those to its own), for the network's life."""
         known = {id(route)}
         conflicts = route.conflicts
         for idx in route.ids:

@@ -88,9 +88,10 @@ class PipelineMessages:
                 self._send_plain(k, state[0], mb, chunk)
 
     def _send_plain(self, k: int, route: tuple, mb: int, chunk: int) -> None:
-        """Message k's transfer where no bytes cross a link (`FlowNetwork.send`'s timeout)."""
+        """Message k's transfer where no bytes cross a link (`FlowNetwork.transfer`'s timeout)."""
         links, latency, ids = route
-        done = self.net.send(links, self.size, latency, self._arrived)
+        done = self.net.transfer(links, self.size, latency)
+        done.callbacks.append(self._arrived)
         done.message = (k, self.env._now, ids, mb, chunk)
 
     def _arrived(self, done) -> None:
