@@ -51,7 +51,8 @@ from holmes_sim.sim import symmetry
 from holmes_sim.sim.context_exchange import cp_exchange
 from holmes_sim.sim.expert_exchange import ep_exchange
 from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams
-from holmes_sim.sim.environment import CountingEnvironment, Jitter, LeanEvent, quiet_collector
+from holmes_sim.sim.environment import (DETACHED, CountingEnvironment, Jitter, LeanProcess,
+                                        fired_event, quiet_collector, start_direct, via_process)
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
@@ -293,23 +294,27 @@ class _Simulation:
 
     # ---- run -----------------------------------------------------------------------------------
     def run(self) -> Trace:
-        done = [self.env.process(self._entity(s, d)) for s in range(self.plan.pp)
-                for d in self.classes.reps]
+        done = [start_direct(self.env, lambda me, s=s, d=d: self._entity(s, d, me))
+                for s in range(self.plan.pp) for d in self.classes.reps]
         self.env.run_until(self.env.all_of(done))
         self.trace.iteration_s = self.env.now
         self.trace.flows = self.net.flows_started
         self.trace.events = self.env.events_processed
         return self.trace
 
-    def _entity(self, s: int, d: int):
-        """Process of one (stage, replica): its schedule, then its gradient sync and step. The
-        common op runs inline (its receive and input wait, one timeout, its rows and its send),
-        the others through `_special_op`, with the same events, records and sends in order."""
+    def _entity(self, s: int, d: int, me: list[LeanProcess]):
+        """Process of one (stage, replica), `me[0]` (`environment.start_direct`): its schedule,
+        then its gradient sync and step. The common op runs inline (receive, input wait, one
+        timeout, rows, send), resumed by its events (one reused for compute, one for an unsent
+        input), the others via `_special_op`, the last waits via the process; events in order."""
         name, node, gathers, steps, durations, (eid, cst), routes = self._entity_setup(s, d)
         reductions: list[simpy.Event] = []
-        env, calendar, make, msgs = self.env, self.env.normal, object.__new__, self.messages
+        env, calendar, msgs = self.env, self.env.normal, self.messages
         base, state, arrival, sent_at = msgs.base(d), msgs.state, msgs.arrival, msgs.sent_at
         rows, pack = self.trace.rows, ROW.pack
+        process = me[0]
+        resume_me = [process._send]  # the callbacks of every event it waits for inline
+        timeout, waiter = fired_event(), fired_event()  # op compute, unsent input's arrival
         for k, jb, mb, chunk, kcode, special, out, r, post in steps:
             if k is not None:  # the input: post its receive, then wait for its arrival
                 k += base
@@ -318,14 +323,14 @@ class _Simulation:
                 else:
                     msgs.post(k)  # its send waiting, or posted early
                 ev = arrival[k]
-                if ev is None:  # not sent yet: its arrival event
-                    ev = arrival[k] = make(LeanEvent)
-                    ev.callbacks = []
-                if ev.callbacks is None:  # arrived already; each message is consumed once
+                if ev is not None and ev.callbacks is None:  # arrived; each is consumed once
                     arrival[k] = sent_at[k] = None
                 else:  # idle time split into bubble (producer not done) and exposed PP
+                    if ev is None:  # not sent yet: its arrival event
+                        ev = arrival[k] = waiter
+                    ev.callbacks = resume_me  # its only waiter
                     t0 = env._now
-                    yield ev
+                    yield DETACHED
                     now = env._now
                     sent, arrival[k], sent_at[k] = sent_at[k], None, None
                     split = t0 if sent is None or t0 > sent else sent  # max(sent, t0), min(., now)
@@ -337,27 +342,26 @@ class _Simulation:
             dur, tp = durations[jb]
             if special is None:  # one timeout of the op's compute and TP seconds
                 start = env._now
-                timeout = make(LeanEvent)
-                timeout.callbacks, timeout._value, timeout._ok = [], None, True
+                timeout.callbacks = resume_me
                 at = start + (dur + tp)
                 bucket = calendar.get(at)
                 if bucket is None:
                     bucket = env.new_bucket(at)
                 bucket.append(timeout)
-                yield timeout
+                yield DETACHED
                 if tp > 0:  # the op's row and its TP row, packed together
                     rows += _TWO_ROWS.pack(start, start + dur, 0.0, eid, mb, chunk, cst, kcode,
                                            start + dur, env._now, 0.0, eid, mb, chunk, cst, _TP_COMM)
                 else:
                     rows += pack(start, start + dur, 0.0, eid, mb, chunk, cst, kcode)
             else:
-                reductions += (yield from self._special_op(name, node, s, d, special, dur, tp,
-                                                           gathers))
+                reductions += (yield from via_process(
+                    self._special_op(name, node, s, d, special, dur, tp, gathers), process))
             if out is not None:
                 msgs.send(out + base, routes[r], mb, chunk)
             if post is not None:
                 msgs.post(post + base)
-        yield from self._finish(name, node, s, d, reductions)
+        yield from via_process(self._finish(name, node, s, d, reductions), process)
 
     def _entity_setup(self, s: int, d: int) -> tuple:
         """Entity (s, d)'s name, node, submitted parameter gathers (by chunk), its stage's steps

@@ -57,11 +57,31 @@ class LeanEvent:
     __slots__ = ("callbacks", "_ok", "_value")
 
 
+def fired_event() -> LeanEvent:
+    """A `LeanEvent` that succeeded (`_ok` True, `_value` None): given callbacks and appended to
+    a calendar bucket, it resumes them when the loop takes it; it may fire again once taken."""
+    event = _make(LeanEvent)
+    event._ok, event._value = True, None
+    return event
+
+
+class _Detached:
+    """The type of `DETACHED`."""
+
+    __slots__ = ()
+
+
+DETACHED = _Detached()
+"""What a `LeanProcess`'s generator yields when it has put a callback of its own on the event
+it waits for (`start_direct`): the process leaves its resumption to that callback."""
+
+
 class LeanProcess(Process):
     """A SimPy process resumed with less work per event: the generator's `send` and the resume
     callback are bound once (SimPy binds a new method at every yield), and the active-process
     bookkeeping that only interrupts and `active_process` read is skipped (the engine uses
-    neither). Values, failures and scheduling are SimPy's: the same events in the same order."""
+    neither). Values, failures and scheduling are SimPy's: the same events in the same order.
+    A yielded `DETACHED` leaves the resumption to the generator (`start_direct`)."""
 
     def __init__(self, env: simpy.Environment, generator) -> None:
         super().__init__(env, generator)
@@ -87,11 +107,42 @@ class LeanProcess(Process):
                 self.env.schedule(self)
                 self._target = None
                 return
+            if event is DETACHED:  # the generator is resumed by its own callback
+                self._target = None
+                return
             callbacks = event.callbacks
             if callbacks is not None:  # not processed yet: resume when it is
                 callbacks.append(self._callback)
                 self._target = event
                 return
+
+
+def start_direct(env: simpy.Environment, body) -> LeanProcess:
+    """Start the process of generator function `body(process)`, given its own `LeanProcess`.
+    Its generator may wait for a `LeanEvent` by setting the event's callbacks to
+    `[process._send]` (or a list that holds only that, reused) and yielding `DETACHED`: the
+    loop then resumes the generator itself, without `_resume`'s call, and ignores what it
+    yields next. Waits for other events go through `via_process`; so must the process's last
+    wait (a generator that ends while resumed directly would raise in the loop)."""
+    holder: list[LeanProcess] = []
+    process = env.process(body(holder))
+    holder.append(process)
+    return process
+
+
+def via_process(sub, process: LeanProcess):
+    """Run `sub`, a SimPy process body (it yields events; it may use no values they send),
+    inside a `start_direct` generator: its first wait resumes `process` (`_resume`), which
+    then drives it as SimPy does. Returns what `sub` returns."""
+    try:
+        event = sub.send(None)
+        while event.callbacks is None:  # processed already: SimPy's process goes on at once
+            event = sub.send(event._value) if event._ok else sub.throw(event._value)
+    except StopIteration as stop:
+        return stop.value
+    event.callbacks.append(process._callback)
+    yield DETACHED
+    return (yield from sub)
 
 
 class CountingEnvironment(simpy.Environment):

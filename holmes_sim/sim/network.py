@@ -33,7 +33,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Hashable, Mapping
-from operator import itemgetter
 from typing import Any
 
 import simpy
@@ -59,35 +58,37 @@ _LOCAL_TRIES = 4
 _ROUTE_CACHE_SIZE = 65536
 
 _PENDING, _ACTIVE, _DONE = 0, 1, 2
-_SHARED = object()  # a link whose flows are listed in its member map
 
 
 class _Route:
     """A resolved path: ((link index, weight), ...), for a flow alone on all its links its
     (rate in bytes/s, narrowest link index), and its links' member maps and weights in the
-    same order (a flow goes on and off its links without indexing the network's lists)."""
+    same order (a flow goes on and off its links without indexing the network's lists).
+    Which links carry flows is kept per route: `active` flows on it, `lone` its flow that is
+    alone on all its links (kept out of their member maps) or None, and `conflicts` every
+    route that shares a link with it, itself included (`FlowNetwork._register`): a flow's
+    links are all free iff no route in its route's `conflicts` has an active flow."""
 
-    __slots__ = ("links", "solo", "members", "weights", "ids", "pick", "free")
+    __slots__ = ("links", "solo", "members", "weights", "ids", "conflicts", "active", "lone")
 
     def __init__(self, links: tuple[tuple[int, float], ...], solo: tuple[float, int],
                  members: tuple[dict, ...]) -> None:
-        self.links = links
-        self.solo = solo
-        self.members = members
+        self.links, self.solo, self.members = links, solo, members
         self.weights = tuple(w for _, w in links)
         self.ids = tuple(link for link, _ in links)
-        # `pick(occupied)` equals `free` when no flow is on any of the links.
-        self.pick = itemgetter(*self.ids) if self.ids else None  # no flow has an empty route
-        self.free = (None,) * len(self.ids) if len(self.ids) != 1 else None
+        self.conflicts, self.active, self.lone = [self], 0, None
 
 
 class _Flow:
-    """One flow (made by `FlowNetwork.transfer`). `links` holds (link index, weight) pairs;
-    `token` names its live agenda entry."""
+    """One flow (`FlowNetwork.transfer`, `send_message`); `token` names its live agenda entry.
+    It sets only what its start and end read; `links` ((link index, weight) pairs), `mark`,
+    `new_rate` and `bneck` are set when it joins its links' member maps (`_list`). The flow of
+    `send_message` is its own event (`callbacks`, `_ok`, `_value`, as `environment.LeanEvent`,
+    and the sender's `message`): nothing may wait for it or combine it with other events."""
 
     __slots__ = (
         "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
-        "mark", "new_rate", "bneck", "solo", "route", "lone",
+        "mark", "new_rate", "bneck", "route", "lone", "callbacks", "_ok", "_value", "message",
     )
 
 
@@ -95,14 +96,6 @@ class TransferEvent(simpy.Event):
     """Succeeds when the last byte of a transfer arrives; `flow` is the network's handle."""
 
     flow: _Flow | None = None
-
-
-class LeanTransfer:
-    """The event of a `FlowNetwork.send`: what the loop reads of a SimPy event (`callbacks`,
-    `_ok`, `_value`, as `environment.LeanEvent`), the network's `flow` and the sender's
-    `message`, in slots. Nothing may wait for it or combine it with other events."""
-
-    __slots__ = ("callbacks", "_ok", "_value", "flow", "message")
 
 
 _make = object.__new__
@@ -122,8 +115,7 @@ class FlowNetwork:
             self._cap.append(float(cap))
         n = len(self._cap)
         self._members: list[dict[_Flow, float]] = [{} for _ in range(n)]
-        # Per link: None (no flow), the lone flow on it, or _SHARED (its flows in `_members`).
-        self._occupied: list = [None] * n
+        self._link_routes: dict[int, list[_Route]] = {}  # by link index: the routes crossing it
         # Scratch per link, reused by every recomputation.
         self._filling = ProgressiveFilling(n, self._members)
         self._load = self._filling.load  # each link's re-shared load after a filling
@@ -183,35 +175,33 @@ class FlowNetwork:
             return self._env.timeout(latency_s)
         done = _make(TransferEvent)  # `TransferEvent(env)`, inlined
         done.env, done.callbacks = self._env, []
-        return self.send(route, size_bytes, latency_s, None, done)
-
-    def send(self, route: _Route, size_bytes: float, latency_s: float, callback,
-             done: Any = None) -> Any:
-        """`transfer(route, size_bytes, latency_s)` where only `callback(event)` waits for the
-        last byte (the engine's pipeline messages): the same flow, its event a `LeanTransfer`
-        (or `done`, `transfer`'s own). Returns the event."""
-        if done is None:
-            if size_bytes == 0 or not route.links:  # no flow: `transfer`'s timeout
-                done = self.transfer(route, size_bytes, latency_s)
-                done.callbacks.append(callback)
-                return done
-            done = _make(LeanTransfer)
-            done.callbacks = [callback]
         done.flow = flow = _make(_Flow)  # a pending flow; `_Flow` lists what each field holds
-        flow.fid, flow.route, flow.links, flow.solo = self._next_fid, route, route.links, route.solo
+        flow.fid, flow.route, flow.done, flow.state = self._next_fid, route, done, _PENDING
         flow.size = flow.remaining = float(size_bytes)  # bytes left at time `since`
-        flow.rate = flow.since = 0.0  # bytes/s since `since`
-        flow.done, flow.state, flow.token, flow.mark = done, _PENDING, 0, 0
-        flow.new_rate, flow.bneck, flow.lone = -1.0, -1, False
         self._next_fid += 1
-        at = self._env._now + latency_s  # `now` without the property's call (hot path)
+        at = self._env._now + latency_s
+        self._post(at, flow, 0)
+        self._arm(at)
+        return done
+
+    def send_message(self, route: _Route, size_bytes: float, latency_s: float,
+                     callbacks: list, message: Any) -> _Flow:
+        """`transfer` of `size_bytes` > 0 over a route with links, whose event (the flow) calls
+        `callbacks` (a list nobody changes, shared by many flows) and carries `message`: the
+        engine's pipeline messages, with less work per flow. Returns the flow."""
+        flow = _make(_Flow)
+        flow.fid, flow.route, flow.done, flow.state = self._next_fid, route, flow, _PENDING
+        flow.callbacks, flow.message = callbacks, message
+        flow.size = flow.remaining = size_bytes
+        self._next_fid += 1
+        at = self._env._now + latency_s
         bucket = self._due.get(at)  # `_post`, inlined
         if bucket is None:
             bucket = self._bucket(at)
         bucket.append((flow, 0))
         if at not in self._armed:
             self._arm(at)
-        return done
+        return flow
 
     # -- agenda ----------------------------------------------------------------------------
 
@@ -252,7 +242,23 @@ class FlowNetwork:
             rate = self._cap[idx] / weight
             if rate < best:
                 best, bneck = rate, idx
-        return _Route(tuple(out), (best, bneck), tuple(self._members[idx] for idx, _ in out))
+        route = _Route(tuple(out), (best, bneck), tuple(self._members[idx] for idx, _ in out))
+        self._register(route)
+        return route
+
+    def _register(self, route: _Route) -> None:
+        """Add `route` to its links' routes and to the `conflicts` of the routes sharing a link
+        with it (and those to its own), for the network's life."""
+        known = {id(route)}
+        conflicts = route.conflicts
+        for idx in route.ids:
+            crossing = self._link_routes.setdefault(idx, [])
+            for other in crossing:
+                if id(other) not in known:
+                    known.add(id(other))
+                    conflicts.append(other)
+                    other.conflicts.append(route)
+            crossing.append(route)
 
     def _post(self, at: float, flow: _Flow, token: int) -> None:
         """Add an agenda entry due at `at` seconds."""
@@ -282,7 +288,7 @@ class FlowNetwork:
         recompute once, arm the next one. A stale entry (`token`) does nothing."""
         due: float = event._value  # the due time the wake-up was armed with
         del self._armed[due]
-        times, seeds, occupied, ahead = self._times, self._seeds, self._occupied, self._ahead
+        times, seeds, ahead = self._times, self._seeds, self._ahead
         env, due_at, now = self._env, self._due, self._env._now
         # A completion's `env.schedule(done)`: to the bucket being processed where there is one.
         fire = env.schedule if getattr(env, "now_bucket", None) is None else env.now_bucket.append
@@ -290,36 +296,36 @@ class FlowNetwork:
         while times and times[0] <= due:
             at = self._current = times[0]
             bucket = due_at[at]
-            i = 0
-            while i < len(bucket):  # entries posted meanwhile at `at` join the end
-                flow, token = bucket[i]
-                i += 1
+            # Entries posted meanwhile at `at` join the end (the list's iterator takes them).
+            for i, (flow, token) in enumerate(bucket, 1):
                 state = flow.state
                 if state == _PENDING:
                     route = flow.route
-                    if route.pick(occupied) != route.free:
-                        self._start(flow, now)
-                        continue
-                    # Alone on all its links: its rate at once, out of their member maps.
-                    flow.state, flow.since, flow.lone, flow.token = _ACTIVE, now, True, 1
-                    for link in route.ids:
-                        occupied[link] = flow
-                    flow.rate, flow.bneck = flow.solo
-                    lone += 1
-                    end = now + flow.size / flow.rate
-                    later = due_at.get(end)  # `_post(end, flow, 1)`, inlined
-                    if later is None:
-                        later = self._bucket(end)
-                    later.append((flow, 1))
-                    if ahead:  # it is due before `at`: apply it first
-                        break
+                    for other in route.conflicts:
+                        if other.active:  # a flow on one of its links
+                            self._start(flow, now)
+                            break
+                    else:  # alone on all its links: its rate at once, out of their member maps
+                        flow.state, flow.since, flow.lone, flow.token = _ACTIVE, now, True, 1
+                        route.active, route.lone = 1, flow
+                        rate, flow.bneck = route.solo
+                        flow.rate = rate
+                        lone += 1
+                        end = now + flow.size / rate
+                        later = due_at.get(end)  # `_post(end, flow, 1)`, inlined
+                        if later is None:
+                            later = self._bucket(end)
+                        later.append((flow, 1))
+                        if ahead:  # it is due before `at`: apply it first
+                            break
                 elif state == _ACTIVE and token == flow.token:
-                    if flow.lone:
-                        for link in flow.route.ids:
-                            occupied[link] = None
+                    if flow.lone:  # nothing reads its rate or remaining bytes any more
+                        route = flow.route
+                        route.active, route.lone = 0, None
+                        flow.state = _DONE
                     else:
                         self._take_off(flow, seeds)
-                    flow.state, flow.remaining, flow.rate = _DONE, 0.0, 0.0
+                        flow.state, flow.remaining, flow.rate = _DONE, 0.0, 0.0
                     ended += 1
                     done, flow.done = flow.done, None  # no flow <-> event cycle to collect
                     done._ok, done._value = True, None  # `done.succeed()`, inlined
@@ -355,36 +361,32 @@ class FlowNetwork:
         """Put `flow` on its links where another flow is on one of them: any flow alone on its
         links there is listed in their member maps (as at its start), then `flow`, and the
         links are re-shared. (A flow alone on all its links gets its rate at once and stays out
-        of their member maps until another flow joins one of them, `_occupied`: `_on_wake`.)"""
-        flow.state = _ACTIVE
-        flow.since = now
-        route, occupied = flow.route, self._occupied
+        of their member maps until another flow joins one of them, `_Route.lone`: `_on_wake`.)"""
+        flow.state, flow.since, flow.rate, flow.token, flow.bneck = _ACTIVE, now, 0.0, 0, -1
+        route = flow.route
         self._active += 1
         self.flows_started += 1
-        for link in route.ids:
-            other = occupied[link]
-            if other is not None and other is not _SHARED:
-                self._list(other)  # it was alone on its links: listed as at its start
+        for other in route.conflicts:
+            lone = other.lone
+            if lone is not None:  # it was alone on its links: listed as at its start
+                other.lone = None
+                self._list(lone)
+        route.active += 1
         self._list(flow)
         self._seeds.extend(route.ids)
 
     def _list(self, flow: _Flow) -> None:
-        """Add `flow` to its links' member maps."""
-        flow.lone = False
-        occupied = self._occupied
-        for link_members, weight, link in zip(flow.route.members, flow.route.weights,
-                                              flow.route.ids):
+        """Add `flow` to its links' member maps, with the fields that sharing reads."""
+        flow.lone, flow.links, flow.mark, flow.new_rate = False, flow.route.links, 0, -1.0
+        for link_members, weight in zip(flow.route.members, flow.route.weights):
             link_members[flow] = weight
-            occupied[link] = _SHARED
 
     def _take_off(self, flow: _Flow, seeds: list[int] | None) -> None:
         """Remove a listed `flow` from its links; add those with flows left to `seeds`."""
-        occupied = self._occupied
+        flow.route.active -= 1
         for link_members, link in zip(flow.route.members, flow.route.ids):
             del link_members[flow]
-            if not link_members:
-                occupied[link] = None
-            elif seeds is not None:
+            if link_members and seeds is not None:
                 seeds.append(link)
 
     # -- sharing ---------------------------------------------------------------------------
@@ -418,7 +420,7 @@ class FlowNetwork:
                 flows = self._share_components(links)
             self._reschedule(flows, now)
         schedule = self._env.schedule
-        for flow in finished:  # `done.succeed()`, inlined (a `LeanTransfer` has no methods)
+        for flow in finished:  # `done.succeed()`, inlined (a flow as event has no methods)
             done, flow.done = flow.done, None  # no flow <-> event cycle left to collect
             done._ok, done._value = True, None
             schedule(done)

@@ -11,8 +11,6 @@ number, so the engine's hot loop looks them up without hashing tuples.
 
 from __future__ import annotations
 
-import simpy
-
 from holmes_sim.sim.environment import CountingEnvironment, LeanEvent
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.trace import KIND_CODE, ROW, OpKind
@@ -22,7 +20,6 @@ POSTED = object()
 """A message's state: its receive is posted and nothing was sent yet."""
 STARTED = object()
 """A message's state: its transfer has started."""
-_make = object.__new__
 
 
 class PipelineMessages:
@@ -35,7 +32,7 @@ class PipelineMessages:
     """
 
     __slots__ = ("env", "net", "rows", "size", "nv", "m", "per_replica", "slot", "state",
-                 "arrival", "sent_at", "_on_arrival")
+                 "arrival", "sent_at", "_on_arrival", "lean", "bytes")
 
     def __init__(self, env: CountingEnvironment, net: FlowNetwork, rows: bytearray,
                  size_bytes: float, num_virtual: int, num_microbatches: int,
@@ -48,7 +45,9 @@ class PipelineMessages:
         self.state: list = [None] * n
         self.arrival: list[LeanEvent | None] = [None] * n
         self.sent_at: list[float | None] = [None] * n
-        self._on_arrival = self._arrived  # bound once, appended to every transfer
+        self._on_arrival = [self._arrived]  # every transfer's callbacks (nobody changes them)
+        self.lean = size_bytes > 0  # transfers with bytes: `FlowNetwork.send_message`
+        self.bytes = float(size_bytes)  # a flow's size
 
     def local_id(self, kind: str, j: int, microbatch: int) -> int:
         """Number of the message of `kind` ("F" or "B") into virtual stage j, within a replica."""
@@ -67,8 +66,11 @@ class PipelineMessages:
         else:  # the receive is posted: the transfer starts
             self.state[k] = STARTED
             links, latency, ids = route
-            done = self.net.send(links, self.size, latency, self._on_arrival)
-            done.message = (k, now, ids, mb, chunk)
+            if self.lean and links.links:
+                self.net.send_message(links, self.bytes, latency, self._on_arrival,
+                                      (k, now, ids, mb, chunk))
+            else:
+                self._send_plain(k, route, mb, chunk)
 
     def post(self, k: int) -> None:
         """The receiver posts message k's receive: a waiting send starts now. A receive posted
@@ -79,21 +81,32 @@ class PipelineMessages:
         elif type(state) is tuple:  # the waiting send starts
             self.state[k] = STARTED
             (links, latency, ids), mb, chunk = state
-            done = self.net.send(links, self.size, latency, self._on_arrival)
-            done.message = (k, self.env._now, ids, mb, chunk)
+            if self.lean and links.links:
+                self.net.send_message(links, self.bytes, latency, self._on_arrival,
+                                      (k, self.env._now, ids, mb, chunk))
+            else:
+                self._send_plain(k, state[0], mb, chunk)
 
-    def _arrived(self, done: simpy.Event) -> None:
-        """The last byte is in: record the send and fire the message's arrival event
-        (a `LeanEvent`, scheduled as `succeed()` would on the engine's `CountingEnvironment`)."""
+    def _send_plain(self, k: int, route: tuple, mb: int, chunk: int) -> None:
+        """Message k's transfer where no bytes cross a link (`FlowNetwork.transfer`'s timeout)."""
+        links, latency, ids = route
+        done = self.net.transfer(links, self.size, latency)
+        done.callbacks.append(self._arrived)
+        done.message = (k, self.env._now, ids, mb, chunk)
+
+    def _arrived(self, done) -> None:
+        """The last byte is in: record the send and fire the message's arrival event, scheduled
+        as `succeed()` would on the engine's `CountingEnvironment`: the receiver's `LeanEvent`
+        where it waits, else the transfer's own event (the flow of `FlowNetwork.send_message`,
+        which succeeded and is free to fire again), consumed when the receiver gets there."""
         k, begun, (sender, stream), mb, chunk = done.message
         env = self.env
         now = env._now
         self.rows += ROW.pack(begun, now, self.size, sender, mb, chunk, stream, _PP_SEND)
         ev = self.arrival[k]
         if ev is None:  # nobody waits for it yet
-            ev = self.arrival[k] = _make(LeanEvent)
-            ev.callbacks = []
-        ev._ok, ev._value = True, None
+            ev = self.arrival[k] = done
+            ev.callbacks = ()  # none: the receiver sets its own when it waits
         bucket = env.now_bucket  # the bucket being processed: `now`'s NORMAL one, if that
         if bucket is None:
             bucket = env.normal.get(now)

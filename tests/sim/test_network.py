@@ -10,6 +10,7 @@ import simpy
 
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.sim.collectives import p2p, ring_collective
+from holmes_sim.sim.environment import CountingEnvironment
 from holmes_sim.sim.network import FlowNetwork, PathUse
 
 C = 1e10  # bytes/s
@@ -334,3 +335,23 @@ def test_paths_given_as_lists_work() -> None:
     net = FlowNetwork(env, {"a": C, "b": C / 4})
     env.run(until=net.transfer([["a", 1.0], ["b", 1.0]], N))  # type: ignore[arg-type]
     assert env.now == pytest.approx(4 * N / C, rel=1e-12)
+
+
+def test_send_message_flow_is_its_own_event() -> None:
+    # A message's flow calls the shared callbacks with itself, carrying its message; a second
+    # flow on a route sharing one link with it (not the same route) halves its rate.
+    env = CountingEnvironment()
+    net = FlowNetwork(env, {"a": C, "s": C, "b": C})
+    got: list = []
+    callbacks = [lambda flow: got.append((env.now, flow.message))]
+    left = net.resolve((("a", 1.0), ("s", 1.0)))
+    right = net.resolve((("s", 1.0), ("b", 1.0)))
+    net.send_message(left, N, 0.0, callbacks, "first")
+    env.run_until(env.timeout(N / C / 2))
+    net.send_message(right, N, 0.0, callbacks, "second")
+    env.run_until(env.timeout(2 * N / C))
+    assert [m for _, m in got] == ["first", "second"]
+    # first: half its bytes alone, the other half at C/2; second: N/2 at C/2, then alone
+    assert got[0][0] == pytest.approx(1.5 * N / C, rel=1e-12)
+    assert got[1][0] == pytest.approx(2.0 * N / C, rel=1e-12)
+    assert net.active_flows == 0 and net.flows_started == 2
