@@ -109,6 +109,8 @@ def _ring_hops(cluster: Cluster, transport: Transport, members: Sequence[Sequenc
         gpus = [g for i in ms for g in members[i]]
         spread[node] = None if any(g.node != node for g in gpus) else \
             (tuple(g.local_index for g in gpus), 1.0 / len(gpus))
+    # A hop leaving a node depends only on its two nodes and sides: kept with the cluster.
+    exits = cluster.derived(("ring exit hops", exit_hop, transport), dict)
     hops = []
     for k, m in enumerate(order):
         src, dst = members[m], members[order[(k + 1) % len(order)]]
@@ -123,7 +125,11 @@ def _ring_hops(cluster: Cluster, transport: Transport, members: Sequence[Sequenc
                 [members[i] for i in by_node[b]], caps)
             hops.append(other_hop((path.links, path.step_latency_s, path.idle_rate_bytes_per_s)))
             continue
-        hops.append(exit_hop(cluster, transport, fabric, a, spread[a], b, spread[b]))
+        key = (a, spread[a], b, spread[b])
+        got = exits.get(key)
+        if got is None:
+            got = exits[key] = exit_hop(cluster, transport, fabric, a, spread[a], b, spread[b])
+        hops.append(got)
     return hops
 
 
