@@ -72,6 +72,26 @@ def node_send_sides(cluster: Cluster, transport: Transport, src: tuple[str, tupl
             _uplink_use(cluster, transport, src[0], dst[0]))
 
 
+def pair_send_sides(cluster: Cluster, transports: Sequence[Transport],
+                    ends: Sequence[tuple]) -> list[tuple | None]:
+    """`node_send_sides` of each send (its transport; its ends as `on_one_node` gives them),
+    kept with the cluster by transport and ends."""
+    tables: dict[int, dict] = {}  # by transport object, for this call
+    got = []
+    for transport, (src, dst) in zip(transports, ends, strict=True):
+        if src is None or dst is None or src[0] == dst[0]:
+            got.append(None)
+            continue
+        table = tables.get(id(transport))
+        if table is None:
+            table = tables[id(transport)] = cluster.derived(("node send sides", transport), dict)
+        sides = table.get((src, dst))
+        if sides is None:
+            sides = table[(src, dst)] = node_send_sides(cluster, transport, src, dst)
+        got.append(sides)
+    return got
+
+
 def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]]
               ) -> list[tuple[PathUse, float, float]]:
     """Each hop of `paths.ring_paths`' ring as (links with weights in another order, ring-step

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.hardware.cluster import Cluster, Node
-from holmes_sim.cost.link_uses import (node_send_sides, ring_hop_facts, ring_uses, send_uses,
+from holmes_sim.cost.link_uses import (pair_send_sides, ring_hop_facts, ring_uses, send_uses,
                                        side_links)
 from holmes_sim.cost.nccl_algorithms import CollectiveTopology
 from holmes_sim.cost.paths import link_capacities, ring_topology
@@ -33,6 +33,12 @@ Ring = tuple[int, float, float]
 """(members, rate in bytes/s, per-step latency in s) of a ring collective."""
 
 _VIEWS: IdentityMemo[NetView] = IdentityMemo(64)
+
+
+def _one_node(place: tuple[tuple[str, ...], tuple[int, ...]]) -> tuple[str, tuple[int, ...]] | None:
+    """`cost.link_uses.on_one_node` of a TP group given as `plan.tp_group_places` gives it."""
+    nodes, local = place
+    return (nodes[0], local) if len(nodes) == 1 else None
 
 
 class _Facts:
@@ -52,6 +58,7 @@ class _Facts:
         self.cp_sends: dict[int, list[tuple[float, float]]] = {}
         self.ep_sends: dict[int, list[tuple[tuple[float, float], ...]]] = {}
         self.sends: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        self.hardware: list[list[tuple]] | None = None
 
 
 _FACTS: IdentityMemo[_Facts] = IdentityMemo(64)
@@ -104,11 +111,6 @@ class NetView:
             got = self._entities[(s, d)] = tuple(self.rank_to_gpu[r:r + self.tp])
         return got
 
-    def _on_one_node(self, s: int, d: int) -> tuple[str, tuple[int, ...]] | None:
-        """`cost.link_uses.on_one_node` of the TP group at (stage s, replica d)."""
-        nodes, local = self._places[self.rank(s, d) // self.tp]
-        return (nodes[0], local) if len(nodes) == 1 else None
-
     def node(self, s: int, d: int) -> Node:
         got = self._nodes.get((s, d))
         if got is None:
@@ -122,6 +124,14 @@ class NetView:
         speed."""
         node = self.node(s, d)
         return id(node.gpu), id(node.intra_link), node.speed
+
+    def hardware_rows(self) -> list[list[tuple]]:
+        """`hardware` of every replica, per stage (kept with the placement's facts)."""
+        got = self._facts.hardware
+        if got is None:
+            got = self._facts.hardware = [[self.hardware(s, d) for d in range(self.dp)]
+                                          for s in range(self.pp)]
+        return got
 
     def memory_bytes(self, s: int) -> float:
         """The smallest GPU memory (bytes) among stage s's replicas."""
@@ -181,8 +191,10 @@ class NetView:
 
     def _new_send_rates(self, a: int, b: int, transports: list) -> list[tuple[float, float]]:
         """`_send_rates` with the pair's transport of every replica."""
-        ends = [(self._on_one_node(a, d), self._on_one_node(b, d)) for d in range(self.dp)]
-        sides = [node_send_sides(self.cluster, t, *e) for t, e in zip(transports, ends, strict=True)]
+        dp = self.dp
+        ends = [(_one_node(at), _one_node(to)) for at, to in
+                zip(self._places[a * dp:(a + 1) * dp], self._places[b * dp:(b + 1) * dp])]
+        sides = pair_send_sides(self.cluster, transports, ends)
         # Sides exist only where both ends are on one node each: their nodes.
         if None not in sides and len({e[0] for pair in ends for e in pair}) == 2 * self.dp:
             return self._own_links(a, b, sides)
@@ -323,6 +335,10 @@ class NetView:
         """Replica d's embedding all-reduce ring (first and last stage) at the rate it gets while
         every replica's runs at once: each hop link's capacity split over the summed weights of
         all replicas' rings (None: no embedding group)."""
+        return self._embedding_rings()[d]
+
+    def _embedding_rings(self) -> list[Ring | None]:
+        """`embedding_ring` of every replica, kept with the placement's facts."""
         if self._facts.embedding is None:
             rings, load = {}, {}
             for r in range(self.dp):
@@ -338,7 +354,7 @@ class NetView:
             self._facts.embedding = [None if r not in rings else
                          (2, min(caps[lk] / load[lk] for links, _, _ in rings[r] for lk, _ in links),
                           max(step for _, step, _ in rings[r])) for r in range(self.dp)]
-        return self._facts.embedding[d]
+        return self._facts.embedding
 
     # ---- alike replicas -----------------------------------------------------------------------
     def replica_classes(self) -> list[tuple[int, list[int]]]:
@@ -361,11 +377,13 @@ class NetView:
                 [self._pair_rates(b, a) for a, b in pairs]
             by_signature: dict[tuple, tuple[int, list[int]]] = {}
             stages = range(self.pp)
+            # Per replica: its hardware on every stage, its sends' figures.
+            hardware = list(zip(*self.hardware_rows()))
+            sends = list(zip(*rates)) if rates else [()] * self.dp
             # Without CP or EP every replica has no CP sends (None) and no EP sends (()).
             no_cp, no_ep = (None,) * self.pp, ((),) * self.pp
             for d in range(self.dp):
-                signature = (tuple(self.hardware(s, d) for s in stages),
-                             tuple(r[d] for r in rates),
+                signature = (hardware[d], sends[d],
                              no_cp if self.cp == 1 else tuple(self.cp_send(s, d) for s in stages),
                              no_ep if self.ep == 1 else tuple(self.ep_sends(s, d) for s in stages))
                 by_signature.setdefault(signature, (d, []))[1].append(d)
@@ -381,14 +399,15 @@ class NetView:
         if got is None:
             class_of = {d: c for c, (_, members) in enumerate(self.replica_classes()) for d in members}
             got = []
+            rows = self.hardware_rows()
             for s in range(self.pp):
                 emb = embedding and self.pp > 1 and s in (0, self.pp - 1)
                 tails: dict[tuple, int] = {}
                 combos: dict[tuple[int, int], int] = {}
+                rings = self._embedding_rings() if emb else [None] * self.dp
                 edp = self.edp_ring(s, 0) if self.ep == 1 else None  # one group (or none)
-                for d in range(self.dp):
-                    tail = (self.hardware(s, d), self.embedding_ring(d) if emb else None,
-                            edp if self.ep == 1 else self.edp_ring(s, d))
+                for d, (hardware, ring) in enumerate(zip(rows[s], rings)):
+                    tail = (hardware, ring, edp if self.ep == 1 else self.edp_ring(s, d))
                     combos.setdefault((class_of[d], tails.setdefault(tail, len(tails))), d)
                 got.append([(c, t, d) for (c, t), d in combos.items()])
             self._combos[embedding] = got
