@@ -49,7 +49,7 @@ class _Facts:
 
     def __init__(self) -> None:
         self.entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
-        self.nodes: dict[tuple[int, int], Node] = {}
+        self.nodes: list[list[Node]] | None = None
         self.rings: dict[tuple, Ring | None] = {}
         self.topologies: dict[tuple, CollectiveTopology] = {}
         self.stage_nodes: dict[int, list[Node]] = {}
@@ -90,7 +90,7 @@ class NetView:
         self._facts = facts = _FACTS.get((cluster, rank_to_gpu, groups if family is None else family),
                                          (tp, pp, dp, cp, ep), _Facts)
         self._forward = {(j % pp, (j + 1) % pp) for j in range(self.nv - 1)}
-        self._entities, self._nodes = facts.entities, facts.nodes
+        self._entities = facts.entities
         self._places = tp_group_places(rank_to_gpu, tp)
         self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._rings, self._topologies = facts.rings, facts.topologies
@@ -112,9 +112,17 @@ class NetView:
         return got
 
     def node(self, s: int, d: int) -> Node:
-        got = self._nodes.get((s, d))
+        """The node of the TP group at (stage s, replica d) (of its first GPU)."""
+        return self.node_rows()[s][d]
+
+    def node_rows(self) -> list[list[Node]]:
+        """`node` of every replica, per stage (kept with the placement's facts): TP group
+        s dp + d's first node (`plan.tp_group_places`)."""
+        got = self._facts.nodes
         if got is None:
-            got = self._nodes[(s, d)] = self.cluster.node(self.entity(s, d)[0].node)
+            node, places, dp = self.cluster.node, self._places, self.dp
+            got = self._facts.nodes = [[node(p[0][0]) for p in places[s * dp:(s + 1) * dp]]
+                                       for s in range(self.pp)]
         return got
 
     def hardware(self, s: int, d: int) -> tuple:
@@ -122,22 +130,21 @@ class NetView:
         a cluster's nodes share their catalogue's objects, and ints hash faster than specs;
         equal specs in distinct objects only split classes that then price the same) and
         speed."""
-        node = self.node(s, d)
-        return id(node.gpu), id(node.intra_link), node.speed
+        return self.hardware_rows()[s][d]
 
     def hardware_rows(self) -> list[list[tuple]]:
         """`hardware` of every replica, per stage (kept with the placement's facts)."""
         got = self._facts.hardware
         if got is None:
-            got = self._facts.hardware = [[self.hardware(s, d) for d in range(self.dp)]
-                                          for s in range(self.pp)]
+            got = self._facts.hardware = [[(id(n.gpu), id(n.intra_link), n.speed) for n in row]
+                                          for row in self.node_rows()]
         return got
 
     def memory_bytes(self, s: int) -> float:
         """The smallest GPU memory (bytes) among stage s's replicas."""
         got = self._memory.get(s)
         if got is None:
-            got = self._memory[s] = min(self.node(s, d).gpu.memory_bytes for d in range(self.dp))
+            got = self._memory[s] = min(n.gpu.memory_bytes for n in self.node_rows()[s])
         return got
 
     def stage_memory_bytes(self) -> tuple[float, ...]:
@@ -327,8 +334,8 @@ class NetView:
         order (replicas on identical hardware cost the same)."""
         got = self._stage_nodes.get(s)
         if got is None:
-            got = self._stage_nodes[s] = list({self.hardware(s, d): self.node(s, d)
-                                               for d in range(self.dp)}.values())
+            got = self._stage_nodes[s] = list(dict(zip(self.hardware_rows()[s],
+                                                       self.node_rows()[s])).values())
         return got
 
     def embedding_ring(self, d: int) -> Ring | None:
