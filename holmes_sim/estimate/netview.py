@@ -348,10 +348,13 @@ class NetView:
         """`embedding_ring` of every replica, kept with the placement's facts."""
         if self._facts.embedding is None:
             rings, load = {}, {}
-            for r in range(self.dp):
-                group = self._groups.first(GroupKind.EMBEDDING, self.rank(0, r))
-                if group is not None:
-                    rings[r] = ring_uses(self.cluster, group[1],
+            every = getattr(self._groups, "embedding_transports", None)  # a builder's, at once
+            transports = every() if every is not None else [
+                None if group is None else group[1] for group in
+                (self._groups.first(GroupKind.EMBEDDING, self.rank(0, r)) for r in range(self.dp))]
+            for r, transport in enumerate(transports):
+                if transport is not None:
+                    rings[r] = ring_uses(self.cluster, transport,
                                          [self.entity(0, r), self.entity(self.pp - 1, r)])
             for hops in rings.values():
                 for links, _, _ in hops:

@@ -101,6 +101,13 @@ class GroupBuilder:
             GroupKind.PIPELINE, (self._rank(a, d, 0), self._rank(b, d, 0))).transport
             for d in range(self.dp)]
 
+    def embedding_transports(self) -> list[Transport | None]:
+        """The transport of `first(EMBEDDING, ...)` of every replica's TP rank 0, in replica
+        order (None: no embedding group)."""
+        if not self.tie:
+            return [None] * self.dp
+        return [self._ranks_transport(self._embedding_ranks(d, 0)) for d in range(self.dp)]
+
     def first(self, kind: GroupKind, rank: int) -> tuple[tuple[int, ...], Transport] | None:
         """Ranks and transport of the first group of `kind` (in `build`'s order) whose first
         rank is `rank`, or None."""
