@@ -72,6 +72,26 @@ def node_send_sides(cluster: Cluster, transport: Transport, src: tuple[str, tupl
             _uplink_use(cluster, transport, src[0], dst[0]))
 
 
+def pair_send_sides(cluster: Cluster, transports: Sequence[Transport],
+                    ends: Sequence[tuple]) -> list[tuple | None]:
+    """`node_send_sides` of each send (its transport; its ends as `on_one_node` gives them),
+    kept with the cluster by transport and ends."""
+    tables: dict[int, dict] = {}  # by transport object, for this call
+    got = []
+    for transport, (src, dst) in zip(transports, ends, strict=True):
+        if src is None or dst is None or src[0] == dst[0]:
+            got.append(None)
+            continue
+        table = tables.get(id(transport))
+        if table is None:
+            table = tables[id(transport)] = cluster.derived(("node send sides", transport), dict)
+        sides = table.get((src, dst))
+        if sides is None:
+            sides = table[(src, dst)] = node_send_sides(cluster, transport, src, dst)
+        got.append(sides)
+    return got
+
+
 def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]]
               ) -> list[tuple[PathUse, float, float]]:
     """Each hop of `paths.ring_paths`' ring as (links with weights in another order, ring-step
@@ -109,6 +129,8 @@ def _ring_hops(cluster: Cluster, transport: Transport, members: Sequence[Sequenc
         gpus = [g for i in ms for g in members[i]]
         spread[node] = None if any(g.node != node for g in gpus) else \
             (tuple(g.local_index for g in gpus), 1.0 / len(gpus))
+    # A hop leaving a node depends only on its two nodes and sides: kept with the cluster.
+    exits = cluster.derived(("ring exit hops", exit_hop, transport), dict)
     hops = []
     for k, m in enumerate(order):
         src, dst = members[m], members[order[(k + 1) % len(order)]]
@@ -123,7 +145,11 @@ def _ring_hops(cluster: Cluster, transport: Transport, members: Sequence[Sequenc
                 [members[i] for i in by_node[b]], caps)
             hops.append(other_hop((path.links, path.step_latency_s, path.idle_rate_bytes_per_s)))
             continue
-        hops.append(exit_hop(cluster, transport, fabric, a, spread[a], b, spread[b]))
+        key = (a, spread[a], b, spread[b])
+        got = exits.get(key)
+        if got is None:
+            got = exits[key] = exit_hop(cluster, transport, fabric, a, spread[a], b, spread[b])
+        hops.append(got)
     return hops
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from holmes_sim.hardware.cluster import Cluster, Node
-from holmes_sim.cost.link_uses import (node_send_sides, ring_hop_facts, ring_uses, send_uses,
+from holmes_sim.cost.link_uses import (pair_send_sides, ring_hop_facts, ring_uses, send_uses,
                                        side_links)
 from holmes_sim.cost.nccl_algorithms import CollectiveTopology
 from holmes_sim.cost.paths import link_capacities, ring_topology
@@ -35,6 +35,12 @@ Ring = tuple[int, float, float]
 _VIEWS: IdentityMemo[NetView] = IdentityMemo(64)
 
 
+def _one_node(place: tuple[tuple[str, ...], tuple[int, ...]]) -> tuple[str, tuple[int, ...]] | None:
+    """`cost.link_uses.on_one_node` of a TP group given as `plan.tp_group_places` gives it."""
+    nodes, local = place
+    return (nodes[0], local) if len(nodes) == 1 else None
+
+
 class _Facts:
     """What the views of one placement share whatever their chunk count (`NetView`): each TP
     group's GPUs and node, the rings and their topologies, stage nodes and memory, the
@@ -43,7 +49,7 @@ class _Facts:
 
     def __init__(self) -> None:
         self.entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
-        self.nodes: dict[tuple[int, int], Node] = {}
+        self.nodes: list[list[Node]] | None = None
         self.rings: dict[tuple, Ring | None] = {}
         self.topologies: dict[tuple, CollectiveTopology] = {}
         self.stage_nodes: dict[int, list[Node]] = {}
@@ -52,6 +58,7 @@ class _Facts:
         self.cp_sends: dict[int, list[tuple[float, float]]] = {}
         self.ep_sends: dict[int, list[tuple[tuple[float, float], ...]]] = {}
         self.sends: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        self.hardware: list[list[tuple]] | None = None
 
 
 _FACTS: IdentityMemo[_Facts] = IdentityMemo(64)
@@ -83,7 +90,7 @@ class NetView:
         self._facts = facts = _FACTS.get((cluster, rank_to_gpu, groups if family is None else family),
                                          (tp, pp, dp, cp, ep), _Facts)
         self._forward = {(j % pp, (j + 1) % pp) for j in range(self.nv - 1)}
-        self._entities, self._nodes = facts.entities, facts.nodes
+        self._entities = facts.entities
         self._places = tp_group_places(rank_to_gpu, tp)
         self._p2p: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self._rings, self._topologies = facts.rings, facts.topologies
@@ -104,15 +111,18 @@ class NetView:
             got = self._entities[(s, d)] = tuple(self.rank_to_gpu[r:r + self.tp])
         return got
 
-    def _on_one_node(self, s: int, d: int) -> tuple[str, tuple[int, ...]] | None:
-        """`cost.link_uses.on_one_node` of the TP group at (stage s, replica d)."""
-        nodes, local = self._places[self.rank(s, d) // self.tp]
-        return (nodes[0], local) if len(nodes) == 1 else None
-
     def node(self, s: int, d: int) -> Node:
-        got = self._nodes.get((s, d))
+        """The node of the TP group at (stage s, replica d) (of its first GPU)."""
+        return self.node_rows()[s][d]
+
+    def node_rows(self) -> list[list[Node]]:
+        """`node` of every replica, per stage (kept with the placement's facts): TP group
+        s dp + d's first node (`plan.tp_group_places`)."""
+        got = self._facts.nodes
         if got is None:
-            got = self._nodes[(s, d)] = self.cluster.node(self.entity(s, d)[0].node)
+            node, places, dp = self.cluster.node, self._places, self.dp
+            got = self._facts.nodes = [[node(p[0][0]) for p in places[s * dp:(s + 1) * dp]]
+                                       for s in range(self.pp)]
         return got
 
     def hardware(self, s: int, d: int) -> tuple:
@@ -120,14 +130,21 @@ class NetView:
         a cluster's nodes share their catalogue's objects, and ints hash faster than specs;
         equal specs in distinct objects only split classes that then price the same) and
         speed."""
-        node = self.node(s, d)
-        return id(node.gpu), id(node.intra_link), node.speed
+        return self.hardware_rows()[s][d]
+
+    def hardware_rows(self) -> list[list[tuple]]:
+        """`hardware` of every replica, per stage (kept with the placement's facts)."""
+        got = self._facts.hardware
+        if got is None:
+            got = self._facts.hardware = [[(id(n.gpu), id(n.intra_link), n.speed) for n in row]
+                                          for row in self.node_rows()]
+        return got
 
     def memory_bytes(self, s: int) -> float:
         """The smallest GPU memory (bytes) among stage s's replicas."""
         got = self._memory.get(s)
         if got is None:
-            got = self._memory[s] = min(self.node(s, d).gpu.memory_bytes for d in range(self.dp))
+            got = self._memory[s] = min(n.gpu.memory_bytes for n in self.node_rows()[s])
         return got
 
     def stage_memory_bytes(self) -> tuple[float, ...]:
@@ -181,8 +198,10 @@ class NetView:
 
     def _new_send_rates(self, a: int, b: int, transports: list) -> list[tuple[float, float]]:
         """`_send_rates` with the pair's transport of every replica."""
-        ends = [(self._on_one_node(a, d), self._on_one_node(b, d)) for d in range(self.dp)]
-        sides = [node_send_sides(self.cluster, t, *e) for t, e in zip(transports, ends, strict=True)]
+        dp = self.dp
+        ends = [(_one_node(at), _one_node(to)) for at, to in
+                zip(self._places[a * dp:(a + 1) * dp], self._places[b * dp:(b + 1) * dp])]
+        sides = pair_send_sides(self.cluster, transports, ends)
         # Sides exist only where both ends are on one node each: their nodes.
         if None not in sides and len({e[0] for pair in ends for e in pair}) == 2 * self.dp:
             return self._own_links(a, b, sides)
@@ -315,20 +334,27 @@ class NetView:
         order (replicas on identical hardware cost the same)."""
         got = self._stage_nodes.get(s)
         if got is None:
-            got = self._stage_nodes[s] = list({self.hardware(s, d): self.node(s, d)
-                                               for d in range(self.dp)}.values())
+            got = self._stage_nodes[s] = list(dict(zip(self.hardware_rows()[s],
+                                                       self.node_rows()[s])).values())
         return got
 
     def embedding_ring(self, d: int) -> Ring | None:
         """Replica d's embedding all-reduce ring (first and last stage) at the rate it gets while
         every replica's runs at once: each hop link's capacity split over the summed weights of
         all replicas' rings (None: no embedding group)."""
+        return self._embedding_rings()[d]
+
+    def _embedding_rings(self) -> list[Ring | None]:
+        """`embedding_ring` of every replica, kept with the placement's facts."""
         if self._facts.embedding is None:
             rings, load = {}, {}
-            for r in range(self.dp):
-                group = self._groups.first(GroupKind.EMBEDDING, self.rank(0, r))
-                if group is not None:
-                    rings[r] = ring_uses(self.cluster, group[1],
+            every = getattr(self._groups, "embedding_transports", None)  # a builder's, at once
+            transports = every() if every is not None else [
+                None if group is None else group[1] for group in
+                (self._groups.first(GroupKind.EMBEDDING, self.rank(0, r)) for r in range(self.dp))]
+            for r, transport in enumerate(transports):
+                if transport is not None:
+                    rings[r] = ring_uses(self.cluster, transport,
                                          [self.entity(0, r), self.entity(self.pp - 1, r)])
             for hops in rings.values():
                 for links, _, _ in hops:
@@ -338,7 +364,7 @@ class NetView:
             self._facts.embedding = [None if r not in rings else
                          (2, min(caps[lk] / load[lk] for links, _, _ in rings[r] for lk, _ in links),
                           max(step for _, step, _ in rings[r])) for r in range(self.dp)]
-        return self._facts.embedding[d]
+        return self._facts.embedding
 
     # ---- alike replicas -----------------------------------------------------------------------
     def replica_classes(self) -> list[tuple[int, list[int]]]:
@@ -361,11 +387,13 @@ class NetView:
                 [self._pair_rates(b, a) for a, b in pairs]
             by_signature: dict[tuple, tuple[int, list[int]]] = {}
             stages = range(self.pp)
+            # Per replica: its hardware on every stage, its sends' figures.
+            hardware = list(zip(*self.hardware_rows()))
+            sends = list(zip(*rates)) if rates else [()] * self.dp
             # Without CP or EP every replica has no CP sends (None) and no EP sends (()).
             no_cp, no_ep = (None,) * self.pp, ((),) * self.pp
             for d in range(self.dp):
-                signature = (tuple(self.hardware(s, d) for s in stages),
-                             tuple(r[d] for r in rates),
+                signature = (hardware[d], sends[d],
                              no_cp if self.cp == 1 else tuple(self.cp_send(s, d) for s in stages),
                              no_ep if self.ep == 1 else tuple(self.ep_sends(s, d) for s in stages))
                 by_signature.setdefault(signature, (d, []))[1].append(d)
@@ -381,14 +409,15 @@ class NetView:
         if got is None:
             class_of = {d: c for c, (_, members) in enumerate(self.replica_classes()) for d in members}
             got = []
+            rows = self.hardware_rows()
             for s in range(self.pp):
                 emb = embedding and self.pp > 1 and s in (0, self.pp - 1)
                 tails: dict[tuple, int] = {}
                 combos: dict[tuple[int, int], int] = {}
+                rings = self._embedding_rings() if emb else [None] * self.dp
                 edp = self.edp_ring(s, 0) if self.ep == 1 else None  # one group (or none)
-                for d in range(self.dp):
-                    tail = (self.hardware(s, d), self.embedding_ring(d) if emb else None,
-                            edp if self.ep == 1 else self.edp_ring(s, d))
+                for d, (hardware, ring) in enumerate(zip(rows[s], rings)):
+                    tail = (hardware, ring, edp if self.ep == 1 else self.edp_ring(s, d))
                     combos.setdefault((class_of[d], tails.setdefault(tail, len(tails))), d)
                 got.append([(c, t, d) for (c, t), d in combos.items()])
             self._combos[embedding] = got

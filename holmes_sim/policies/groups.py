@@ -101,6 +101,13 @@ class GroupBuilder:
             GroupKind.PIPELINE, (self._rank(a, d, 0), self._rank(b, d, 0))).transport
             for d in range(self.dp)]
 
+    def embedding_transports(self) -> list[Transport | None]:
+        """The transport of `first(EMBEDDING, ...)` of every replica's TP rank 0, in replica
+        order (None: no embedding group)."""
+        if not self.tie:
+            return [None] * self.dp
+        return [self._ranks_transport(self._embedding_ranks(d, 0)) for d in range(self.dp)]
+
     def first(self, kind: GroupKind, rank: int) -> tuple[tuple[int, ...], Transport] | None:
         """Ranks and transport of the first group of `kind` (in `build`'s order) whose first
         rank is `rank`, or None."""
@@ -179,8 +186,10 @@ class GroupBuilder:
         node, the transport of all their pairs."""
         got = self._pipe.get((a, b, d))
         if got is None:
-            fa, fb = self._rank(a, d, 0), self._rank(b, d, 0)
-            na, nb = self._nodes_of(fa), self._nodes_of(fb)
+            # `_rank(a, d, 0)` and `_nodes_of` of it (TP group a dp + d), and b's
+            ga, gb = a * self.dp + d, b * self.dp + d
+            fa, fb = ga * self.tp, gb * self.tp
+            na, nb = self._places[ga][0], self._places[gb][0]
             transport = None if len(na) > 1 or len(nb) > 1 else self._transport(
                 na if na == nb else na + nb, [self.gpus[fa], self.gpus[fb]])
             got = self._pipe[(a, b, d)] = (fa, fb, transport)
