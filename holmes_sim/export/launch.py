@@ -33,7 +33,7 @@ from pathlib import Path
 
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
-from holmes_sim.errors import PlanError, ScenarioError
+from holmes_sim.errors import FieldError, PlanError, ScenarioError
 from holmes_sim.export.model_args import (architecture_args, expert_tensor_args, overlap_args,
                                           split_args)
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
@@ -154,6 +154,8 @@ def _split_layers(w: Workload, plan: Plan) -> tuple[int, ...] | None:
         return megatron_layers_per_stage(w.num_layers, plan.pp, plan.num_chunks, w.pipeline_split)
     except FieldError:
         return None
+
+
 def _cp_comm_args(w: Workload, plan: Plan) -> list[str]:
     return ["--cp-comm-type", w.cp_comm_type] if plan.cp > 1 else []
 

@@ -4,6 +4,7 @@ Holmes repository's argument rules, torchrun's rank layout and each node's NICs.
 from __future__ import annotations
 
 import shlex
+from types import SimpleNamespace
 
 import pytest
 
@@ -100,3 +101,17 @@ def hetero_stages(stages: list[int]) -> tuple[list[int], list[int]]:
         layers += stages[i + 1:i + 1 + stages[i]]
         i += 1 + stages[i]
     return counts, layers
+
+
+def test_a_split_megatron_cannot_build_falls_back_to_the_plans_layout(monkeypatch):
+    """When Megatron-Core's split flags cannot give a plan's chunks (FieldError from
+    `megatron_layers_per_stage`), the exporter compares against no split instead of failing."""
+    from holmes_sim.errors import FieldError
+    from holmes_sim.export import launch
+
+    def refuse(*_args, **_kwargs):
+        raise FieldError("model.decoder_last_pipeline_num_layers", "cannot split")
+
+    monkeypatch.setattr(launch, "megatron_layers_per_stage", refuse)
+    workload = SimpleNamespace(num_layers=4, pipeline_split=None)
+    assert launch._split_layers(workload, SimpleNamespace(pp=2, num_chunks=1)) is None
