@@ -59,9 +59,10 @@ def check_backend(prepared: Prepared) -> None:
 
 def _check_moe(prepared: Prepared) -> None:
     """The backend's MoE layer (`backend/moe.py`): every layer MoE, no shared expert, dropless,
-    balanced round-robin routing (`moe_routing: even`, M k divisible by E), and no tensor parallelism (so no
-    expert tensor parallelism either). Expert-data-parallel groups (dp > expert) run: the
-    backend reduces the routed experts' gradients over them (`backend/data_parallel.py`)."""
+    balanced round-robin routing (`moe_routing: even`, M k divisible by E), and no tensor
+    parallelism (so no expert tensor parallelism either). Expert-data-parallel groups
+    (dp > expert) run: the backend reduces the routed experts' gradients over them
+    (`backend/data_parallel.py`)."""
     model, w = prepared.scenario.model, prepared.workload
     fixed = {"moe_layer_freq": (1, "1 (every layer MoE)"),
              "moe_shared_expert_intermediate_size": (None, "no shared expert"),
