@@ -10,6 +10,7 @@ from pathlib import Path
 from holmes_sim.hardware.catalog import LinkModel, build_catalog
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Nic, build_cluster
 from holmes_sim.hardware.variability import apply_variability
+from holmes_sim.collector import quiet_collector
 from holmes_sim.cost.compute import ComputeModel, KernelCompute, Profile, load_profile
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.policies import POLICIES, PlanRequest
@@ -20,7 +21,6 @@ from holmes_sim.model.bucket_layout import BUCKET_ELEMENT_BYTES
 from holmes_sim.model.pipeline_split import PipelineSplit, megatron_layers_per_stage
 from holmes_sim.model.mla import check_mla_context
 from holmes_sim.model.workload import Workload, build_workload
-from holmes_sim.sim.environment import quiet_collector
 
 MAX_GRADIENT_BUCKETS = 100_000
 """Most gradient buckets a model may fill (`training.bucket_size_mb`), so a run stays bounded."""

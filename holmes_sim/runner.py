@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from holmes_sim.collector import quiet_collector
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.metrics import Result, summarize
@@ -11,7 +12,6 @@ from holmes_sim.plan import Plan
 from holmes_sim.policies import get_policy
 from holmes_sim.prepare import Prepared
 from holmes_sim.sim.engine import EngineOptions, simulate
-from holmes_sim.sim.environment import quiet_collector
 from holmes_sim.sim.trace import Trace
 
 BASELINE = "megatron"
@@ -34,18 +34,19 @@ class Outcome:
 
 
 def plan_policy(prepared: Prepared, name: str) -> tuple[Plan, Cluster]:
-    """Ask policy `name` for its plan on the prepared scenario."""
+    """Ask policy `name` for its plan on the prepared scenario (with the collector quieted:
+    planning builds many long-lived objects and few cycles)."""
     policy = get_policy(name)
-    cluster = policy.cluster_view(prepared.cluster)
-    return policy.plan(prepared.request(cluster)), cluster
+    with quiet_collector():
+        cluster = policy.cluster_view(prepared.cluster)
+        return policy.plan(prepared.request(cluster)), cluster
 
 
 def run_policy(prepared: Prepared, name: str, seed: int | None = None,
                full_simulation: bool = False) -> Outcome:
     """Plan and simulate one policy (`seed` overrides the scenario's; `full_simulation`
     simulates every replica instead of one per class of identical replicas)."""
-    with quiet_collector():
-        plan, cluster = plan_policy(prepared, name)
+    plan, cluster = plan_policy(prepared, name)
     options = replace(engine_options(prepared, seed), full_simulation=full_simulation)
     trace = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     costs = OpCosts(cluster, prepared.workload, prepared.compute, plan.tp)

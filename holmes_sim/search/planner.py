@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from holmes_sim.collector import quiet_collector
 from holmes_sim.errors import FieldError, HolmesError
 from holmes_sim.prepare import (MAX_MICROBATCHES, Prepared, check_context, check_expert,
                                 check_expert_tensor)
 from holmes_sim.schedule import check_schedule
-from holmes_sim.sim.environment import quiet_collector
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.model.workload import Workload, build_workload
 
@@ -403,7 +403,7 @@ def bounded_grid(prepared: Prepared, spec: SearchSpec, max_candidates: int) -> l
 def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) -> list[Candidate]:
     """Every policy (and optimizer) of every layout of `chunk`, in order. The objects alive
     before it (the scenario, the cluster and its facts, earlier chunks' caches) are kept out of
-    garbage collection meanwhile (`sim.environment.quiet_collector`, the collector's thresholds
+    garbage collection meanwhile (`collector.quiet_collector`, the collector's thresholds
     unchanged): they are not garbage, and full collections over them were about 7% of a
     1,024-GPU chunk's time."""
     with quiet_collector(threshold=None):

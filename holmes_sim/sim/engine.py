@@ -42,6 +42,7 @@ import simpy
 
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
+from holmes_sim.collector import quiet_collector
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.nccl_algorithms import leaves_node
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
@@ -52,7 +53,7 @@ from holmes_sim.sim.context_exchange import cp_exchange
 from holmes_sim.sim.expert_exchange import ep_exchange
 from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams
 from holmes_sim.sim.environment import (DETACHED, CountingEnvironment, Jitter, LeanProcess,
-                                        fired_event, quiet_collector, start_direct, via_process)
+                                        fired_event, start_direct, via_process)
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream

@@ -1,39 +1,16 @@
 """The engine's SimPy environment and its run-time settings: an event loop that counts the
-events it processes, garbage collection tuned for a run's many short-lived objects, and the
-seeded per-entity compute jitter."""
+events it processes and the seeded per-entity compute jitter."""
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
 from collections import deque
-from contextlib import contextmanager
 
 import numpy as np
 import simpy
 from simpy.core import EmptySchedule
 from simpy.events import NORMAL, Event, Process, Timeout
-
-
-@contextmanager
-def quiet_collector(threshold: int | None = 200_000):
-    """Run with the objects alive at the start frozen out of garbage collection (unless a caller
-    froze them already: freezing does not nest) and, with `threshold`, a young-generation
-    threshold of that many allocations: a run makes millions of short-lived objects and few
-    cycles, and collections otherwise took a fifth of its CPU time. Restored afterwards."""
-    old = gc.get_threshold()
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.freeze()
-    if threshold is not None:
-        gc.set_threshold(threshold, old[1], old[2])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-        if freeze:
-            gc.unfreeze()
 
 
 _make = object.__new__
