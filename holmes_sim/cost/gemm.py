@@ -81,33 +81,47 @@ def _tile_efficiency(gemm: Gemm, tm: int, tn: int, sm_count: int) -> float:
     return gemm.m * gemm.n * gemm.batch / (_waves(gemm, tm, tn, sm_count) * sm_count * tm * tn)
 
 
-def tile_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]) -> float:
-    """Seconds one SM spends on a tm x tn tile outside its main loop, with the tensor cores idle
-    (none on a GPU whose persistent warp-specialized kernels overlap them with another tile's
-    main loop, `GpuModel.persistent_gemm`):
-    filling the software pipeline before the first MMA (`_FILL_STAGES` k-blocks of A and B, or
-    all of k when shorter) and the epilogue storing the tile's outputs, both at the SM's share of
-    HBM bandwidth. Modelling assumption: one CTA per SM at a time (a 128x256 tile's fp32
-    accumulators take half the register file), so nothing hides these phases; the data-parallel
-    tiling of cuBLAS/CUTLASS pays them once per tile and wave (NVIDIA CUTLASS, "Efficient GEMM in
-    CUDA": software pipelining, epilogue; Osama et al., "Stream-K", PPoPP 2023, section 2).
-    `nbytes`: bytes per operand element and per output element."""
-    if gpu.persistent_gemm:
-        return 0.0
+def fill_epilogue_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]) -> float:
+    """Seconds one SM spends on a tm x tn tile outside its main loop, with its tensor cores idle
+    unless another tile's main loop runs beside them: filling the software pipeline before the
+    first MMA (`_FILL_STAGES` k-blocks of A and B, or all of k when shorter) and the epilogue
+    storing the tile's outputs, both at the SM's share of HBM bandwidth (NVIDIA CUTLASS,
+    "Efficient GEMM in CUDA": software pipelining, epilogue). `nbytes`: bytes per operand element
+    and per output element."""
     fill_blocks = min(_FILL_STAGES, math.ceil(k / _K_BLOCK))
     operand, output = nbytes
     moved = output * tm * tn + operand * fill_blocks * (tm + tn) * _K_BLOCK
     return moved * gpu.sm_count / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
 
 
+def tile_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]) -> float:
+    """Seconds of `fill_epilogue_s` every tile pays: all of it on a GPU whose GEMMs are
+    data-parallel multistage kernels (Ampere), where one CTA per SM at a time (a 128x256 tile's
+    fp32 accumulators take half the register file) leaves nothing to hide it under and the
+    tiling pays it once per tile and wave (Osama et al., "Stream-K", PPoPP 2023, section 2);
+    none on a GPU whose persistent warp-specialized kernels overlap it with another tile's main
+    loop (`GpuModel.persistent_gemm`; `kernel_overhead_s` keeps what they cannot hide)."""
+    return 0.0 if gpu.persistent_gemm else fill_epilogue_s(gpu, tm, tn, k, nbytes)
+
+
+def kernel_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]) -> float:
+    """Seconds a persistent warp-specialized GEMM (Hopper, Blackwell) pays once per kernel: each
+    SM's first tile fills the pipeline before there is a main loop to prefetch under, and its
+    last tile's epilogue stores after the last main loop (CUTLASS 3.x ping-pong and cooperative
+    schedules overlap only a tile's fill and epilogue with a neighbouring tile's main loop), so
+    one `fill_epilogue_s` stays on every SM's critical path. None on data-parallel kernels,
+    which pay it per tile (`tile_overhead_s`)."""
+    return fill_epilogue_s(gpu, tm, tn, k, nbytes) if gpu.persistent_gemm else 0.0
+
+
 def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tile: tuple[int, int], peak_flop_per_s: float,
                   nbytes: tuple[int, int], sms: int) -> float:
     """Waves of `sms` tiles x (main loop over k at one SM's share of `peak_flop_per_s` + the
-    tile's fixed overhead)."""
+    tile's fixed overhead) + the kernel's fixed overhead."""
     tm, tn = tile
     mainloop = 2.0 * tm * tn * gemm.k * gpu.sm_count / peak_flop_per_s
-    return _waves(gemm, tm, tn, sms) * \
-        (mainloop + tile_overhead_s(gpu, tm, tn, gemm.k, nbytes))
+    return _waves(gemm, tm, tn, sms) * (mainloop + tile_overhead_s(gpu, tm, tn, gemm.k, nbytes)) \
+        + kernel_overhead_s(gpu, tm, tn, gemm.k, nbytes)
 
 
 def _model_time_s(gpu: GpuModel, gemm: Gemm, mainloop_flop_per_s: float,
@@ -134,14 +148,20 @@ def search_grid(fp8: bool) -> range:
 
 
 @lru_cache(maxsize=64)
-def best_tile_quantization(sm_count: int, tile: tuple[int, int], grid: range) -> float:
-    """The best `_tile_efficiency` of one tile over every m x n of `grid` (k does not quantize)."""
+def _grid_tilings(sm_count: int, tile: tuple[int, int], grid: range) -> tuple[np.ndarray, np.ndarray]:
+    """For every m x n of `grid` (k does not quantize): the useful fraction of a whole wave's
+    tiles the shape computes, m n / (tm tn sm_count) (its work in full waves), and its waves."""
     tm, tn = tile
     sizes = np.arange(grid.start, grid.stop, grid.step, dtype=np.int64)
     m, n = sizes[:, None], sizes[None, :]
-    tiles = -(-m // tm) * -(-n // tn)
-    waves = -(-tiles // sm_count)
-    return float(np.max(m * n / (waves * sm_count * tm * tn)))
+    waves = -(-(-(-m // tm) * -(-n // tn)) // sm_count)
+    return (m * n / (sm_count * tm * tn)).ravel(), waves.ravel()
+
+
+def best_tile_quantization(sm_count: int, tile: tuple[int, int], grid: range) -> float:
+    """The best `_tile_efficiency` of one tile over every m x n of `grid`."""
+    work, waves = _grid_tilings(sm_count, tile, grid)
+    return float(np.max(work / waves))
 
 
 def best_grid_quantization(sm_count: int, grid: range = FP8_SEARCH_GRID) -> float:
@@ -152,18 +172,20 @@ def best_grid_quantization(sm_count: int, grid: range = FP8_SEARCH_GRID) -> floa
 
 def grid_maximum_efficiency(gpu: GpuModel, mainloop_efficiency: float, fp8: bool) -> float:
     """The model's highest whole-kernel efficiency (fraction of peak) over the precision's search
-    grid, for a given main-loop efficiency: at the grid's deepest k, where a tile's fixed
-    overhead weighs least, and each tile's best quantization over the grid's m x n (the model
-    takes the fastest tile of each shape, so the grid's maximum is the best tile's)."""
+    grid, for a given main-loop efficiency: at the grid's deepest k, where the fixed overheads
+    weigh least, over every m x n and tile (the model takes the fastest tile of each shape, so
+    the grid's maximum is the best (shape, tile) pair's). A shape of work w whole waves run in W
+    waves takes W (mainloop + tile overhead) + kernel overhead for w mainloops of work."""
     grid, rate = search_grid(fp8), gemm_rate(gpu, fp8)
     k, nbytes = grid[-1], _FP8_BYTES if fp8 else (2, 2)
     best = 0.0
     for tile in _TILES:
         tm, tn = tile
         mainloop = 2.0 * tm * tn * k * gpu.sm_count / (rate.peak_flop_per_s * mainloop_efficiency)
-        overhead = tile_overhead_s(gpu, tm, tn, k, nbytes)
-        share = best_tile_quantization(gpu.sm_count, tile, grid) * mainloop / (mainloop + overhead)
-        best = max(best, share * mainloop_efficiency)
+        work, waves = _grid_tilings(gpu.sm_count, tile, grid)
+        time = waves * (mainloop + tile_overhead_s(gpu, tm, tn, k, nbytes)) \
+            + kernel_overhead_s(gpu, tm, tn, k, nbytes)
+        best = max(best, float(np.max(work * mainloop / time)) * mainloop_efficiency)
     return best
 
 
@@ -172,17 +194,14 @@ def mainloop_efficiency(gpu: GpuModel, fp8: bool = False) -> float:
     """Fraction of peak the tensor cores run at inside a tile's main loop: the efficiency for
     which the model's fastest shape of the MAMF search grid runs at the measured efficiency
     (MAMF is the maximum over that grid, so no faster main loop is consistent with it, and a
-    slower one would leave the measured maximum unexplained). On persistent-kernel GPUs that is
-    the measured efficiency over the grid's best quantization (1.0 on 132 SMs); on Ampere the
-    tile overhead at the grid's deepest k is also divided out (bisection to 1e-9, the grid's
-    maximum rising monotonically with the main loop). The published best shape itself then runs
-    at or below its measurement. Without an SM count or a measured grid: the measured
-    efficiency."""
+    slower one would leave the measured maximum unexplained): the measured efficiency with the
+    grid's best quantization and the fixed overheads at its deepest k divided out (bisection to
+    1e-9, the grid's maximum rising monotonically with the main loop). The published best shape
+    itself then runs at or below its measurement. Without an SM count or a measured grid: the
+    measured efficiency."""
     rate = gemm_rate(gpu, fp8)
     if gpu.sm_count is None or rate.benchmark_shape is None:
         return rate.measured_efficiency
-    if gpu.persistent_gemm:
-        return rate.measured_efficiency / best_grid_quantization(gpu.sm_count, search_grid(fp8))
     low, high = rate.measured_efficiency, 1.0
     if grid_maximum_efficiency(gpu, high, fp8) < rate.measured_efficiency:
         return high
@@ -195,8 +214,8 @@ def mainloop_efficiency(gpu: GpuModel, fp8: bool = False) -> float:
 
 def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = False,
                 reserved_sms: int = 0) -> float:
-    """Seconds for `gemm` on `gpu`: the fastest tiling's waves x (main loop + fixed tile overhead),
-    bounded below by streaming the operands and output through HBM once (roofline, Williams et
+    """Seconds for `gemm` on `gpu`: the fastest tiling's waves x (main loop + fixed tile overhead)
+    + the kernel's fixed overhead, bounded below by streaming the operands and output through HBM once (roofline, Williams et
     al., CACM 2009). `fp8`: the GEMM runs at the FP8 tensor rate with one-byte operands and a
     16-bit output (Transformer Engine). `reserved_sms`: SMs held by a kernel running beside it,
     so its waves are of sm_count - reserved_sms tiles at the same per-SM rate. Without an SM
