@@ -20,6 +20,7 @@ replicas are alike (`GroupBuilder.family`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.link_uses import (pair_send_sides, ring_hop_facts, ring_uses, send_uses,
@@ -215,7 +216,7 @@ class NetView:
             for lk, w in links:
                 load[lk] = get(lk, 0.0) + w
         caps = self.caps
-        got = self._p2p[(a, b)] = [(latency, min(caps[lk] / load[lk] for lk, _ in links))
+        got = self._p2p[(a, b)] = [(latency, min([caps[lk] / load[lk] for lk, _ in links]))
                                    for links, latency in uses]
         return got
 
@@ -300,8 +301,8 @@ class NetView:
                 members = [gpus[r:r + tp] for r in ranks]
                 hops = ring_hop_facts(self.cluster, transport, members)
                 # `Ring.idle_rate_bytes_per_s` and `Ring.step_latency_s` of `ring_paths`
-                self._rings[key] = (len(members), min(h[2] for h in hops),
-                                    max(h[1] for h in hops))
+                self._rings[key] = (len(members), min(map(itemgetter(2), hops)),
+                                    max(map(itemgetter(1), hops)))
                 # `Ring.topology` of `ring_paths`
                 self._topologies[key] = ring_topology(
                     self.cluster, list(dict.fromkeys(m[0].node for m in members)),
