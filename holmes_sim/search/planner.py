@@ -11,6 +11,7 @@ layout (policy `megatron`), so a speed-up compares the best each placement can d
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import time
@@ -415,6 +416,10 @@ def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) ->
                             else ("distributed",)):
                     out.append(evaluate(prepared, layout if layout.optimizer == opt
                                         else replace(layout, optimizer=opt), policy))
+        # The caches the chunk made join the frozen objects, unfrozen with them into the oldest
+        # generation as the context ends: else the first young collection after it traverses
+        # them all.
+        gc.freeze()
         return out
 
 
