@@ -92,6 +92,43 @@ def pair_send_sides(cluster: Cluster, transports: Sequence[Transport],
     return got
 
 
+def pair_send_facts(cluster: Cluster, transports: Sequence[Transport],
+                    ends: Sequence[tuple]) -> list[tuple]:
+    """Of each send of `pair_send_sides` (its transport; its ends as `on_one_node` gives them,
+    on two different nodes), its sending and its receiving side's (latency s, smallest
+    capacity / weight bytes/s) and its uplink ((link, latency s) or None): the figures
+    `node_send_sides` gives, without the sides' links. Kept with the cluster by transport and
+    ends; the sides' figures are found once per NIC kind (`_side_figures`)."""
+    tables: dict[int, dict] = {}  # by transport object, for this call
+    got = []
+    for transport, (src, dst) in zip(transports, ends, strict=True):
+        table = tables.get(id(transport))
+        if table is None:
+            table = tables[id(transport)] = cluster.derived(("node send facts", transport), dict)
+        facts = table.get((src, dst))
+        if facts is None:
+            fabric, share = transport.fabric or ETHERNET, 1.0 / len(src[1])
+            facts = table[(src, dst)] = (
+                _side_figures(cluster, fabric, 0, src[0], src[1], share),
+                _side_figures(cluster, fabric, 1, dst[0], dst[1], share),
+                _uplink_use(cluster, transport, src[0], dst[0]))
+        got.append(facts)
+    return got
+
+
+def _side_figures(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
+                  share: float) -> tuple[float, float]:
+    """`_side_uses`' latency (s) and smallest capacity / weight (bytes/s), found once per NIC
+    kind (`paths.nic_kind`: the same NICs, so the same latencies and capacities)."""
+    table = cluster.derived(("nic side figures", fabric), dict)
+    key = (nic_kind(cluster, node), gpus, out, share)
+    got = table.get(key)
+    if got is None:
+        _, latency, _, rate = _side_uses(cluster, fabric, out, node, gpus, share)
+        got = table[key] = (latency, rate)
+    return got
+
+
 def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]]
               ) -> list[tuple[PathUse, float, float]]:
     """Each hop of `paths.ring_paths`' ring as (links with weights in another order, ring-step
