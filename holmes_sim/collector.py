@@ -21,15 +21,16 @@ def _frozen() -> bool:
 def quiet_collector(threshold: int | None = 200_000):
     """Run with the objects alive at the start frozen out of garbage collection (unless a caller
     froze them already: freezing does not nest) and, with `threshold`, a young-generation
-    threshold of that many allocations: a run makes millions of short-lived objects and few
-    cycles, and collections otherwise took a fifth of its CPU time. Restored afterwards."""
+    threshold of that many allocations (0: no automatic collection; inside a context that
+    turned it off, it stays off): a run makes millions of short-lived objects and few cycles,
+    and collections otherwise took a fifth of its CPU time. Restored afterwards."""
     global _frozen_here
     old = gc.get_threshold()
     freeze = not _frozen()
     if freeze:
         gc.freeze()
         _frozen_here = True
-    if threshold is not None:
+    if threshold is not None and old[0] != 0:
         gc.set_threshold(threshold, old[1], old[2])
     try:
         yield
