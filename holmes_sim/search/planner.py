@@ -404,11 +404,11 @@ def bounded_grid(prepared: Prepared, spec: SearchSpec, max_candidates: int) -> l
 def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) -> list[Candidate]:
     """Every policy (and optimizer) of every layout of `chunk`, in order. The objects alive
     before it (the scenario, the cluster and its facts, earlier chunks' caches) are kept out of
-    garbage collection meanwhile, and no collection runs by itself (`collector.quiet_collector`
-    with threshold 0): the objects are not garbage, full collections over them were about 7% of
-    a 1,024-GPU chunk's time, the default young threshold of 700 ran about 50 young collections
-    over the caches a 64-GPU chunk builds and 200,000 one as long, and a chunk of the
-    benchmark's sample leaves no cyclic garbage (`gc.collect()` finds none)."""
+    garbage collection meanwhile and no collection runs by itself (`collector.quiet_collector`
+    with threshold 0): those objects are not garbage, a chunk of the benchmark's sample leaves
+    no cyclic garbage (`gc.collect()` after it finds none), and collections cost 5-7% of a
+    chunk's time (full ones over the objects before it; at the default young threshold of 700,
+    about 50 young ones over the caches a 64-GPU chunk builds)."""
     with quiet_collector(threshold=0):
         out: list[Candidate] = []
         for layout in chunk:
