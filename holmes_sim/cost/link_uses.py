@@ -92,6 +92,43 @@ def pair_send_sides(cluster: Cluster, transports: Sequence[Transport],
     return got
 
 
+def pair_send_facts(cluster: Cluster, transports: Sequence[Transport],
+                    ends: Sequence[tuple]) -> list[tuple]:
+    """Of each send of `pair_send_sides` (its transport; its ends as `on_one_node` gives them,
+    on two different nodes), its sending and its receiving side's (latency s, smallest
+    capacity / weight bytes/s) and its uplink ((link, latency s) or None): the figures
+    `node_send_sides` gives, without the sides' links. Kept with the cluster by transport and
+    ends; the sides' figures are found once per NIC kind (`_side_figures`)."""
+    tables: dict[int, dict] = {}  # by transport object, for this call
+    got = []
+    for transport, (src, dst) in zip(transports, ends, strict=True):
+        table = tables.get(id(transport))
+        if table is None:
+            table = tables[id(transport)] = cluster.derived(("node send facts", transport), dict)
+        facts = table.get((src, dst))
+        if facts is None:
+            fabric, share = transport.fabric or ETHERNET, 1.0 / len(src[1])
+            facts = table[(src, dst)] = (
+                _side_figures(cluster, fabric, 0, src[0], src[1], share),
+                _side_figures(cluster, fabric, 1, dst[0], dst[1], share),
+                _uplink_use(cluster, transport, src[0], dst[0]))
+        got.append(facts)
+    return got
+
+
+def _side_figures(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
+                  share: float) -> tuple[float, float]:
+    """`_side_uses`' latency (s) and smallest capacity / weight (bytes/s), found once per NIC
+    kind (`paths.nic_kind`: the same NICs, so the same latencies and capacities)."""
+    table = cluster.derived(("nic side figures", fabric), dict)
+    key = (nic_kind(cluster, node), gpus, out, share)
+    got = table.get(key)
+    if got is None:
+        _, latency, _, rate = _side_uses(cluster, fabric, out, node, gpus, share)
+        got = table[key] = (latency, rate)
+    return got
+
+
 def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]]
               ) -> list[tuple[PathUse, float, float]]:
     """Each hop of `paths.ring_paths`' ring as (links with weights in another order, ring-step
@@ -99,7 +136,7 @@ def ring_uses(cluster: Cluster, transport: Transport, members: Sequence[Sequence
     two nodes' NIC sides (each node's GPUs found once; the sides kept with the cluster) and the
     uplink; a hop inside a node is `group_path`'s. The rates use the cluster's link capacities
     (`link_capacities`)."""
-    return _ring_hops(cluster, transport, members, _exit_uses, lambda hop: hop)
+    return _ring_hops(cluster, transport, members, _exit_uses, _hop_uses)
 
 
 def ring_hop_facts(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]]
@@ -108,15 +145,25 @@ def ring_hop_facts(cluster: Cluster, transport: Transport, members: Sequence[Seq
     ring-step latency s; idle rate bytes/s): what an idle ring's rate, step latency and
     topology need. A hop leaving a node for another, each node holding all its members' GPUs,
     is priced from its NIC sides' kinds (`_side_facts`) and the uplink, without its links."""
-    return _ring_hops(cluster, transport, members, _exit_facts,
-                      lambda hop: (leaves_node(hop[0]), hop[1], hop[2]))
+    return _ring_hops(cluster, transport, members, _exit_facts, _hop_facts)
+
+
+def _hop_uses(hop: tuple[PathUse, float, float]) -> tuple[PathUse, float, float]:
+    """`ring_uses`' form of a (links, step latency s, rate bytes/s) hop: itself."""
+    return hop
+
+
+def _hop_facts(hop: tuple[PathUse, float, float]) -> tuple[bool, float, float]:
+    """`ring_hop_facts`' form of a (links, step latency s, rate bytes/s) hop."""
+    return leaves_node(hop[0]), hop[1], hop[2]
 
 
 def _ring_hops(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]],
                exit_hop: Callable, other_hop: Callable) -> list:
     """The hops of `ring_uses`: `exit_hop(cluster, transport, fabric, a, side of a, b, side of
     b)` of a hop leaving node a for node b, each holding all its members' GPUs (side: those
-    GPUs' local indices and share), else `other_hop` of the (links, step, rate) hop."""
+    GPUs' local indices and share), else `other_hop` of the (links, step, rate) hop; a hop
+    inside a node as `other_hop` gives it is kept with the cluster too."""
     by_node: dict[str, list[int]] = {}
     for m, gpus in enumerate(members):
         by_node.setdefault(gpus[0].node, []).append(m)
@@ -131,12 +178,17 @@ def _ring_hops(cluster: Cluster, transport: Transport, members: Sequence[Sequenc
             (tuple(g.local_index for g in gpus), 1.0 / len(gpus))
     # A hop leaving a node depends only on its two nodes and sides: kept with the cluster.
     exits = cluster.derived(("ring exit hops", exit_hop, transport), dict)
+    inner = cluster.derived(("ring hops inside a node", other_hop), dict)
     hops = []
     for k, m in enumerate(order):
         src, dst = members[m], members[order[(k + 1) % len(order)]]
         a, b = src[0].node, dst[0].node
         if a == b and spread[a] is not None:  # both TP groups on one node
-            hops.append(other_hop(_intra_node_hop(cluster, a, src, dst)))
+            key = (a, _local(src), _local(dst))
+            got = inner.get(key)
+            if got is None:
+                got = inner[key] = other_hop(_intra_node_hop(cluster, a, src, dst))
+            hops.append(got)
             continue
         if a == b or spread[a] is None or spread[b] is None:
             caps = _capacities(cluster)
@@ -197,12 +249,17 @@ def _side_facts(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[
     return got
 
 
+def _local(gpus: Sequence[GpuRef]) -> tuple[int, ...]:
+    """Each GPU's index on its node."""
+    return tuple([g.local_index for g in gpus])
+
+
 def _intra_node_hop(cluster: Cluster, node: str, src: Sequence[GpuRef], dst: Sequence[GpuRef]
                     ) -> tuple[PathUse, float, float]:
     """`group_path`'s hop from `src` to `dst`, all their GPUs on `node` (each GPU i sends 1/t of
     the bytes over its intra-node link to GPU i; no NIC, no uplink): (links with weights, ring-step
     latency s, idle rate bytes/s), kept with the cluster."""
-    key = (node, tuple(g.local_index for g in src), tuple(g.local_index for g in dst))
+    key = (node, _local(src), _local(dst))
     table = cluster.derived(("intra-node hops",), dict)
     got = table.get(key)
     if got is None:

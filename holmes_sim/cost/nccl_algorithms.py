@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from math import floor, log2
+from operator import itemgetter
 
 # NCCL hwLatencies (us), [hardware][algorithm] = (LL, LL128, Simple), tuning.cc.
 _HW_LATENCY_US = {
@@ -241,13 +242,13 @@ def topology_of(hops, nodes: int, intra_hw: str = "nvlink",
     member, over `nodes` nodes; `intra_hw` and `nvls_efficiency` of its nodes' GPU link; `lanes`
     GPUs per member."""
     inf = float("inf")
-    intra = [(r, s) for out, r, s in hops if not out]
-    exits = [(r, s) for out, r, s in hops if out]
-    step = max(s for _, _, s in hops)
+    intra = [h for h in hops if not h[0]]
+    exits = [h for h in hops if h[0]]
+    rate, step = itemgetter(1), itemgetter(2)
+    slowest = max(map(step, hops))
     return CollectiveTopology(
-        len(hops), nodes, min((r for r, _ in intra), default=inf),
-        min((r for r, _ in exits), default=inf), step,
-        max((s for _, s in intra), default=step), max((s for _, s in exits), default=step),
+        len(hops), nodes, min(map(rate, intra), default=inf), min(map(rate, exits), default=inf),
+        slowest, max(map(step, intra), default=slowest), max(map(step, exits), default=slowest),
         intra_hw, nvls_efficiency, lanes)
 
 

@@ -361,14 +361,11 @@ def _timed_buckets(layout: tuple[tuple[float, float, float], ...], times: dict[f
     """(ring time s, ready point) of each (gradient bytes, parameter bytes, ready point) bucket
     of `layout`: its gradient (`grad`) or parameter bytes' `kind` collective on `topology`, the
     algorithm and protocol NCCL picks (`cost.nccl_algorithms`), kept in `times` by size."""
-    out = []
-    for grad_bytes, param_bytes, point in layout:
-        size = grad_bytes if grad else param_bytes
-        r = times.get(size)
-        if r is None:
-            r = times[size] = collective_time_s(topology, kind, size)
-        out.append((r, point))
-    return tuple(out)
+    sizes = [b[0] if grad else b[1] for b in layout]
+    for size in dict.fromkeys(sizes):  # each distinct size once (most buckets are full)
+        if size not in times:
+            times[size] = collective_time_s(topology, kind, size)
+    return tuple(zip(map(times.__getitem__, sizes), [b[2] for b in layout]))
 
 
 def _total_s(buckets: tuple[tuple[float, float], ...]) -> float:
@@ -387,7 +384,9 @@ def gather_delay_s(buckets: tuple[tuple[float, float], ...], forward_s: float) -
     for i in range(last, -1, -1):
         r, point = buckets[i]
         done += r
-        best = max(best, done - forward_s * (0.0 if i == last else 1.0 - point))
+        wait = done - forward_s * (0.0 if i == last else 1.0 - point)
+        if wait > best:  # `max(best, wait)`
+            best = wait
     return best
 
 
@@ -397,7 +396,8 @@ def released_reduction_tail_s(buckets: tuple[tuple[float, float], ...], window_s
     seconds the last reduction ends after the backward does."""
     t = 0.0
     for r, point in buckets:
-        t = max(t, window_s * point) + r
+        release = window_s * point
+        t = (release if release > t else t) + r  # `max(t, release) + r`
     return max(0.0, t - window_s)
 
 

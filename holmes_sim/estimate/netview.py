@@ -20,10 +20,11 @@ replicas are alike (`GroupBuilder.family`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 from holmes_sim.hardware.cluster import Cluster, Node
-from holmes_sim.cost.link_uses import (pair_send_sides, ring_hop_facts, ring_uses, send_uses,
-                                       side_links)
+from holmes_sim.cost.link_uses import (pair_send_facts, pair_send_sides, ring_hop_facts,
+                                       ring_uses, send_uses, side_links)
 from holmes_sim.cost.nccl_algorithms import CollectiveTopology
 from holmes_sim.cost.paths import link_capacities, ring_topology
 from holmes_sim.memo import IdentityMemo
@@ -201,11 +202,13 @@ class NetView:
         dp = self.dp
         ends = [(_one_node(at), _one_node(to)) for at, to in
                 zip(self._places[a * dp:(a + 1) * dp], self._places[b * dp:(b + 1) * dp])]
+        placed = [e for pair in ends for e in pair]
+        # Every end on one node, each on a node of its own: the sends' NIC links are their own.
+        if None not in placed and len({e[0] for e in placed}) == 2 * dp:
+            return self._own_links(a, b, pair_send_facts(self.cluster, transports, ends))
+        # Sides exist only where both ends are on one node each: their nodes. A send with NIC
+        # sides is those sides and the uplink (`send_uses`).
         sides = pair_send_sides(self.cluster, transports, ends)
-        # Sides exist only where both ends are on one node each: their nodes.
-        if None not in sides and len({e[0] for pair in ends for e in pair}) == 2 * self.dp:
-            return self._own_links(a, b, sides)
-        # A send with NIC sides is those sides and the uplink (`send_uses`).
         uses = [send_uses(self.cluster, t, self.entity(a, d), self.entity(b, d)) if side is None
                 else side_links(side)
                 for d, (t, side) in enumerate(zip(transports, sides, strict=True))]
@@ -215,19 +218,20 @@ class NetView:
             for lk, w in links:
                 load[lk] = get(lk, 0.0) + w
         caps = self.caps
-        got = self._p2p[(a, b)] = [(latency, min(caps[lk] / load[lk] for lk, _ in links))
+        got = self._p2p[(a, b)] = [(latency, min([caps[lk] / load[lk] for lk, _ in links]))
                                    for links, latency in uses]
         return got
 
-    def _own_links(self, a: int, b: int, sides: list) -> list[tuple[float, float]]:
-        """`_send_rates` of sends whose NIC links no other send of the pair uses."""
+    def _own_links(self, a: int, b: int, sends: list) -> list[tuple[float, float]]:
+        """`_send_rates` of sends whose NIC links no other send of the pair uses, each as its
+        sides' (latency s, rate bytes/s) and its uplink (`link_uses.pair_send_facts`)."""
         crossing: dict = {}
-        for _, _, up in sides:
+        for _, _, up in sends:
             if up is not None:
                 crossing[up[0]] = crossing.get(up[0], 0.0) + 1.0
         got = []
-        for out, into, up in sides:
-            latency, rate = max(out[1], into[1]), min(out[3], into[3])
+        for out, into, up in sends:
+            latency, rate = max(out[0], into[0]), min(out[1], into[1])
             if up is not None:
                 latency, rate = latency + up[1], min(rate, self.caps[up[0]] / crossing[up[0]])
             got.append((latency, rate))
@@ -300,8 +304,8 @@ class NetView:
                 members = [gpus[r:r + tp] for r in ranks]
                 hops = ring_hop_facts(self.cluster, transport, members)
                 # `Ring.idle_rate_bytes_per_s` and `Ring.step_latency_s` of `ring_paths`
-                self._rings[key] = (len(members), min(h[2] for h in hops),
-                                    max(h[1] for h in hops))
+                self._rings[key] = (len(members), min(map(itemgetter(2), hops)),
+                                    max(map(itemgetter(1), hops)))
                 # `Ring.topology` of `ring_paths`
                 self._topologies[key] = ring_topology(
                     self.cluster, list(dict.fromkeys(m[0].node for m in members)),
