@@ -33,10 +33,12 @@ class LeanEvent:
     __slots__ = ("callbacks", "_ok", "_value")
 
 
-def fired_event() -> LeanEvent:
+def fired_event(kind: type = LeanEvent) -> LeanEvent:
     """A `LeanEvent` that succeeded (`_ok` True, `_value` None): given callbacks and appended to
-    a calendar bucket, it resumes them when the loop takes it; it may fire again once taken."""
-    event = _make(LeanEvent)
+    a calendar bucket, it resumes them when the loop takes it; it may fire again once taken.
+    `kind` may be another slotted type with the same three fields (a type the loop takes
+    most, so that its reads of those fields stay specialised to one type)."""
+    event = _make(kind)
     event._ok, event._value = True, None
     return event
 

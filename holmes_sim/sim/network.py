@@ -92,6 +92,12 @@ class _Flow:
     )
 
 
+EVENT_TYPE = _Flow
+"""The type of a `send_message` flow, which is an event of `environment.LeanEvent`'s fields: an
+engine that makes its own lean events of it (`environment.fired_event`) gives the run loop one
+type to read for most events."""
+
+
 class TransferEvent(simpy.Event):
     """Succeeds when the last byte of a transfer arrives; `flow` is the network's handle."""
 
