@@ -234,8 +234,14 @@ class CountingEnvironment(simpy.Environment):
                 try:
                     for event in bucket:
                         n += 1
-                        callbacks, event.callbacks = event.callbacks, None
-                        for callback in callbacks:
+                        callbacks = event.callbacks
+                        event.callbacks = None
+                        try:  # most events have one callback: called without an iterator
+                            callback, = callbacks
+                        except ValueError:
+                            for callback in callbacks:
+                                callback(event)
+                        else:
                             callback(event)
                         if not event._ok and not hasattr(event, "_defused"):
                             _raise_failure(event)
