@@ -286,7 +286,8 @@ class FlowNetwork:
     def _arm(self, at: float) -> None:
         """Make sure a SimPy wake-up fires at `at` seconds (one per distinct time)."""
         if at not in self._armed:
-            wake = Timeout(self._env, max(at - self._env.now, 0.0), at)
+            env = self._env
+            wake = env.timeout(max(at - env._now, 0.0), at)  # the engine's builds it lean
             wake.callbacks.append(self._on_wake)
             self._armed[at] = wake
 
