@@ -37,7 +37,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 import simpy
-from simpy.events import Timeout
+from simpy.events import NORMAL
 
 from holmes_sim.sim.progressive_filling import ProgressiveFilling
 
@@ -87,9 +87,10 @@ class _Flow:
     It sets only what its start and end read; `links` ((link index, weight) pairs), `mark`,
     `new_rate`, `remaining` (bytes left at time `since`) and, for a flow that started alone
     on its links, `bneck` are set when it joins its links' member maps (`_list`); a flow alone
-    on its links is its route's `lone`. The flow of
-    `send_message` is its own event (`callbacks`, `_ok`, `_value`, as `environment.LeanEvent`,
-    and the sender's `message`): nothing may wait for it or combine it with other events."""
+    on its links is its route's `lone`. The flow of `send_message` is its own event
+    (`callbacks`, `_ok`, `_value`, as `environment.LeanEvent`, and the sender's `message`):
+    nothing may wait for it or combine it with other events. The network's wake-ups (`_arm`)
+    are events of this type too, with only those three fields."""
 
     __slots__ = (
         "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
@@ -148,7 +149,7 @@ class FlowNetwork:
         self._due: dict[float, list[tuple[_Flow, int]]] = {}
         self._current = math.inf  # the due time being applied by `_on_wake`
         self._ahead: list[float] = []  # due times posted before `_current` while applying it
-        self._armed: dict[float, Timeout] = {}  # pending wake-ups by due time (look-up only)
+        self._armed: dict[float, _Flow] = {}  # pending wake-ups by due time (look-up only)
         self._next_fid = itertools.count().__next__  # a new flow's id
         self._active = 0
         self.rate_recomputations = 0
@@ -286,9 +287,10 @@ class FlowNetwork:
     def _arm(self, at: float) -> None:
         """Make sure a SimPy wake-up fires at `at` seconds (one per distinct time)."""
         if at not in self._armed:
-            env = self._env
-            wake = env.timeout(max(at - env._now, 0.0), at)  # the engine's builds it lean
-            wake.callbacks.append(self._on_wake)
+            env = self._env  # the wake-up: a succeeded event of the flows' type (`EVENT_TYPE`)
+            wake = _make(_Flow)
+            wake.callbacks, wake._ok, wake._value = [self._on_wake], True, at
+            env.schedule(wake, NORMAL, max(at - env._now, 0.0))
             self._armed[at] = wake
 
     def _on_wake(self, event: simpy.Event) -> None:
