@@ -205,7 +205,8 @@ class CountingEnvironment(simpy.Environment):
         return math.inf if got is None else got[0][0]
 
     def step(self) -> None:
-        """Process the next event (SimPy's `step`)."""
+        """Process the next event (SimPy's `step`): the first of its bucket, taken off the list
+        in time linear in the bucket's length (`run_until` takes a bucket in one pass)."""
         got = self._bucket()
         if got is None:
             raise EmptySchedule
