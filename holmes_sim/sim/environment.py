@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 
 import numpy as np
 import simpy
@@ -34,10 +33,12 @@ class LeanEvent:
     __slots__ = ("callbacks", "_ok", "_value")
 
 
-def fired_event() -> LeanEvent:
+def fired_event(kind: type = LeanEvent) -> LeanEvent:
     """A `LeanEvent` that succeeded (`_ok` True, `_value` None): given callbacks and appended to
-    a calendar bucket, it resumes them when the loop takes it; it may fire again once taken."""
-    event = _make(LeanEvent)
+    a calendar bucket, it resumes them when the loop takes it; it may fire again once taken.
+    `kind` may be another slotted type with the same three fields (a type the loop takes
+    most, so that its reads of those fields stay specialised to one type)."""
+    event = _make(kind)
     event._ok, event._value = True, None
     return event
 
@@ -138,11 +139,11 @@ class CountingEnvironment(simpy.Environment):
         super().__init__()
         self.events_processed = 0
         self._keys: list[tuple[float, int]] = []  # heap of the buckets' (time, priority)
-        self.normal: dict[float, deque] = {}  # NORMAL-priority buckets by time
-        self._urgent: dict[float, deque] = {}  # URGENT-priority buckets by time
+        self.normal: dict[float, list] = {}  # NORMAL-priority buckets by time
+        self._urgent: dict[float, list] = {}  # URGENT-priority buckets by time
         self._current: tuple[float, int] = (-math.inf, 0)  # the key being processed
         self._ahead: list[tuple[float, int]] = []  # keys made before `_current` while in it
-        self.now_bucket: deque | None = None  # NORMAL bucket of `now` while `run_until` is in it
+        self.now_bucket: list | None = None  # NORMAL bucket of `now` while `run_until` is in it
 
     def process(self, generator) -> LeanProcess:  # type: ignore[override]
         return LeanProcess(self, generator)
@@ -176,9 +177,9 @@ class CountingEnvironment(simpy.Environment):
         else:
             bucket.append(event)
 
-    def new_bucket(self, at: float, priority: int = NORMAL) -> deque:
+    def new_bucket(self, at: float, priority: int = NORMAL) -> list:
         """The (empty) bucket of a key with none yet."""
-        bucket = deque()
+        bucket: list = []
         (self.normal if priority == NORMAL else self._urgent)[at] = bucket
         key = (at, priority)
         heapq.heappush(self._keys, key)
@@ -186,7 +187,7 @@ class CountingEnvironment(simpy.Environment):
             self._ahead.append(key)
         return bucket
 
-    def _bucket(self) -> tuple[tuple[float, int], deque] | None:
+    def _bucket(self) -> tuple[tuple[float, int], list] | None:
         """The first key with events and its bucket (empty ones dropped), or None."""
         keys = self._keys
         while keys:
@@ -204,12 +205,13 @@ class CountingEnvironment(simpy.Environment):
         return math.inf if got is None else got[0][0]
 
     def step(self) -> None:
-        """Process the next event (SimPy's `step`)."""
+        """Process the next event (SimPy's `step`): the first of its bucket, taken off the list
+        in time linear in the bucket's length (`run_until` takes a bucket in one pass)."""
         got = self._bucket()
         if got is None:
             raise EmptySchedule
         self._now = got[0][0]
-        event = got[1].popleft()
+        event = got[1].pop(0)
         self.events_processed += 1
         callbacks, event.callbacks = event.callbacks, None
         for callback in callbacks:
@@ -219,7 +221,9 @@ class CountingEnvironment(simpy.Environment):
 
     def run_until(self, until: simpy.Event) -> None:
         """`run(until)` as one loop: `step` inlined (the same events in the same order,
-        failures raised the same way), a bucket's events taken one after another."""
+        failures raised the same way), a bucket's events taken one after another by a list
+        iterator, which also takes the events appended to the bucket meanwhile; the events
+        taken leave the bucket when the loop leaves it."""
         until.callbacks.append(_stop)
         ahead, n = self._ahead, 0
         try:
@@ -227,18 +231,26 @@ class CountingEnvironment(simpy.Environment):
                 self._current, bucket = got
                 self._now = got[0][0]
                 self.now_bucket = bucket if got[0][1] == NORMAL else None
-                popleft = bucket.popleft
-                while bucket:
-                    event = popleft()
-                    n += 1
-                    callbacks, event.callbacks = event.callbacks, None
-                    for callback in callbacks:
-                        callback(event)
-                    if not event._ok and not hasattr(event, "_defused"):
-                        _raise_failure(event)
-                    if ahead:  # a key before this one appeared: take it first
-                        ahead.clear()
-                        break
+                first = n
+                try:
+                    for event in bucket:
+                        n += 1
+                        callbacks = event.callbacks
+                        event.callbacks = None
+                        try:  # most events have one callback: called without an iterator
+                            callback, = callbacks
+                        except ValueError:
+                            for callback in callbacks:
+                                callback(event)
+                        else:
+                            callback(event)
+                        if not event._ok and not hasattr(event, "_defused"):
+                            _raise_failure(event)
+                        if ahead:  # a key before this one appeared: take it first
+                            ahead.clear()
+                            break
+                finally:
+                    del bucket[:n - first]
         except _Stop:
             return
         finally:

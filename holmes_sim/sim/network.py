@@ -31,12 +31,13 @@ insertion-ordered dicts.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Hashable, Mapping
 from typing import Any
 
 import simpy
-from simpy.events import Timeout
+from simpy.events import NORMAL
 
 from holmes_sim.sim.progressive_filling import ProgressiveFilling
 
@@ -62,18 +63,20 @@ _PENDING, _ACTIVE, _DONE = 0, 1, 2
 
 class _Route:
     """A resolved path: ((link index, weight), ...), for a flow alone on all its links its
-    (rate in bytes/s, narrowest link index), and its links' member maps and weights in the
-    same order (a flow goes on and off its links without indexing the network's lists).
+    rate in bytes/s (`solo`) and narrowest link index (`solo_bneck`), and its links' member
+    maps and weights in the same order (a flow goes on and off its links without indexing the network's lists).
     Which links carry flows is kept per route: `active` flows on it, `lone` its flow that is
     alone on all its links (kept out of their member maps) or None, and `conflicts` every
     route that shares a link with it, itself included (`FlowNetwork._register`): a flow's
     links are all free iff no route in its route's `conflicts` has an active flow."""
 
-    __slots__ = ("links", "solo", "members", "weights", "ids", "conflicts", "active", "lone")
+    __slots__ = ("links", "solo", "solo_bneck", "members", "weights", "ids", "conflicts",
+                 "active", "lone")
 
     def __init__(self, links: tuple[tuple[int, float], ...], solo: tuple[float, int],
                  members: tuple[dict, ...]) -> None:
-        self.links, self.solo, self.members = links, solo, members
+        self.links, self.members = links, members
+        self.solo, self.solo_bneck = solo
         self.weights = tuple(w for _, w in links)
         self.ids = tuple(link for link, _ in links)
         self.conflicts, self.active, self.lone = [self], 0, None
@@ -82,14 +85,23 @@ class _Route:
 class _Flow:
     """One flow (`FlowNetwork.transfer`, `send_message`); `token` names its live agenda entry.
     It sets only what its start and end read; `links` ((link index, weight) pairs), `mark`,
-    `new_rate` and `bneck` are set when it joins its links' member maps (`_list`). The flow of
-    `send_message` is its own event (`callbacks`, `_ok`, `_value`, as `environment.LeanEvent`,
-    and the sender's `message`): nothing may wait for it or combine it with other events."""
+    `new_rate`, `remaining` (bytes left at time `since`) and, for a flow that started alone
+    on its links, `bneck` are set when it joins its links' member maps (`_list`); a flow alone
+    on its links is its route's `lone`. The flow of `send_message` is its own event
+    (`callbacks`, `_ok`, `_value`, as `environment.LeanEvent`, and the sender's `message`):
+    nothing may wait for it or combine it with other events. The network's wake-ups (`_arm`)
+    are events of this type too, with only those three fields."""
 
     __slots__ = (
         "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
-        "mark", "new_rate", "bneck", "route", "lone", "callbacks", "_ok", "_value", "message",
+        "mark", "new_rate", "bneck", "route", "callbacks", "_ok", "_value", "message",
     )
+
+
+EVENT_TYPE = _Flow
+"""The type of a `send_message` flow, which is an event of `environment.LeanEvent`'s fields: an
+engine that makes its own lean events of it (`environment.fired_event`) gives the run loop one
+type to read for most events."""
 
 
 class TransferEvent(simpy.Event):
@@ -137,8 +149,8 @@ class FlowNetwork:
         self._due: dict[float, list[tuple[_Flow, int]]] = {}
         self._current = math.inf  # the due time being applied by `_on_wake`
         self._ahead: list[float] = []  # due times posted before `_current` while applying it
-        self._armed: dict[float, Timeout] = {}  # pending wake-ups by due time (look-up only)
-        self._next_fid = 0
+        self._armed: dict[float, _Flow] = {}  # pending wake-ups by due time (look-up only)
+        self._next_fid = itertools.count().__next__  # a new flow's id
         self._active = 0
         self.rate_recomputations = 0
         self.flows_started = 0
@@ -176,9 +188,8 @@ class FlowNetwork:
         done = _make(TransferEvent)  # `TransferEvent(env)`, inlined
         done.env, done.callbacks = self._env, []
         done.flow = flow = _make(_Flow)  # a pending flow; `_Flow` lists what each field holds
-        flow.fid, flow.route, flow.done, flow.state = self._next_fid, route, done, _PENDING
-        flow.size = flow.remaining = float(size_bytes)  # bytes left at time `since`
-        self._next_fid += 1
+        flow.fid, flow.route, flow.done, flow.state = self._next_fid(), route, done, _PENDING
+        flow.size = float(size_bytes)
         at = self._env._now + latency_s
         self._post(at, flow, 0)
         self._arm(at)
@@ -190,10 +201,8 @@ class FlowNetwork:
         `callbacks` (a list nobody changes, shared by many flows) and carries `message`: the
         engine's pipeline messages, with less work per flow. Returns the flow."""
         flow = _make(_Flow)
-        flow.fid, flow.route, flow.done, flow.state = self._next_fid, route, flow, _PENDING
-        flow.callbacks, flow.message = callbacks, message
-        flow.size = flow.remaining = size_bytes
-        self._next_fid += 1
+        flow.fid, flow.route, flow.done, flow.state = self._next_fid(), route, flow, _PENDING
+        flow.callbacks, flow.message, flow.size = callbacks, message, size_bytes
         at = self._env._now + latency_s
         bucket = self._due.get(at)  # `_post`, inlined
         if bucket is None:
@@ -278,8 +287,10 @@ class FlowNetwork:
     def _arm(self, at: float) -> None:
         """Make sure a SimPy wake-up fires at `at` seconds (one per distinct time)."""
         if at not in self._armed:
-            wake = Timeout(self._env, max(at - self._env.now, 0.0), at)
-            wake.callbacks.append(self._on_wake)
+            env = self._env  # the wake-up: a succeeded event of the flows' type (`EVENT_TYPE`)
+            wake = _make(_Flow)
+            wake.callbacks, wake._ok, wake._value = [self._on_wake], True, at
+            env.schedule(wake, NORMAL, max(at - env._now, 0.0))
             self._armed[at] = wake
 
     def _on_wake(self, event: simpy.Event) -> None:
@@ -306,10 +317,9 @@ class FlowNetwork:
                             self._start(flow, now)
                             break
                     else:  # alone on all its links: its rate at once, out of their member maps
-                        flow.state, flow.since, flow.lone, flow.token = _ACTIVE, now, True, 1
+                        flow.state, flow.since, flow.token = _ACTIVE, now, 1
                         route.active, route.lone = 1, flow
-                        rate, flow.bneck = route.solo
-                        flow.rate = rate
+                        flow.rate = rate = route.solo
                         lone += 1
                         end = now + flow.size / rate
                         later = due_at.get(end)  # `_post(end, flow, 1)`, inlined
@@ -319,8 +329,8 @@ class FlowNetwork:
                         if ahead:  # it is due before `at`: apply it first
                             break
                 elif state == _ACTIVE and token == flow.token:
-                    if flow.lone:  # nothing reads its rate or remaining bytes any more
-                        route = flow.route
+                    route = flow.route
+                    if route.lone is flow:  # nothing reads its rate or bytes any more
                         route.active, route.lone = 0, None
                         flow.state = _DONE
                     else:
@@ -369,15 +379,16 @@ class FlowNetwork:
         for other in route.conflicts:
             lone = other.lone
             if lone is not None:  # it was alone on its links: listed as at its start
-                other.lone = None
+                other.lone, lone.bneck = None, other.solo_bneck
                 self._list(lone)
         route.active += 1
         self._list(flow)
         self._seeds.extend(route.ids)
 
     def _list(self, flow: _Flow) -> None:
-        """Add `flow` to its links' member maps, with the fields that sharing reads."""
-        flow.lone, flow.links, flow.mark, flow.new_rate = False, flow.route.links, 0, -1.0
+        """Add `flow` to its links' member maps, with the fields that sharing reads (the bytes
+        it had left when it started moving, as it was not re-shared before)."""
+        flow.links, flow.mark, flow.new_rate, flow.remaining = flow.route.links, 0, -1.0, flow.size
         for link_members, weight in zip(flow.route.members, flow.route.weights):
             link_members[flow] = weight
 

@@ -45,7 +45,9 @@ class PipelineMessages:
         self.state: list = [None] * n
         self.arrival: list[LeanEvent | None] = [None] * n
         self.sent_at: list[float | None] = [None] * n
-        self._on_arrival = [self._arrived]  # every transfer's callbacks (nobody changes them)
+        arrivals = self._arrivals()
+        next(arrivals)  # to its first wait
+        self._on_arrival = [arrivals.send]  # every transfer's callbacks (nobody changes them)
         self.lean = size_bytes > 0  # transfers with bytes: `FlowNetwork.send_message`
         self.bytes = float(size_bytes)  # a flow's size
 
@@ -91,25 +93,29 @@ class PipelineMessages:
         """Message k's transfer where no bytes cross a link (`FlowNetwork.transfer`'s timeout)."""
         links, latency, ids = route
         done = self.net.transfer(links, self.size, latency)
-        done.callbacks.append(self._arrived)
+        done.callbacks.append(self._on_arrival[0])
         done.message = (k, self.env._now, ids, mb, chunk)
 
-    def _arrived(self, done) -> None:
-        """The last byte is in: record the send and fire the message's arrival event, scheduled
-        as `succeed()` would on the engine's `CountingEnvironment`: the receiver's `LeanEvent`
-        where it waits, else the transfer's own event (the flow of `FlowNetwork.send_message`,
-        which succeeded and is free to fire again), consumed when the receiver gets there."""
-        k, begun, (sender, stream), mb, chunk = done.message
-        env = self.env
-        now = env._now
-        self.rows += ROW.pack(begun, now, self.size, sender, mb, chunk, stream, _PP_SEND)
-        ev = self.arrival[k]
-        if ev is None:  # nobody waits for it yet
-            ev = self.arrival[k] = done
-            ev.callbacks = ()  # none: the receiver sets its own when it waits
-        bucket = env.now_bucket  # the bucket being processed: `now`'s NORMAL one, if that
-        if bucket is None:
-            bucket = env.normal.get(now)
+    def _arrivals(self):
+        """The transfers' callback, a generator sent each transfer's event when its last byte is
+        in (resuming a generator costs the event loop less than calling a method): record the
+        send and fire the message's arrival event, scheduled as `succeed()` would on the
+        engine's `CountingEnvironment`: the receiver's `LeanEvent` where it waits, else the
+        transfer's own event (the flow of `FlowNetwork.send_message`, which succeeded and is
+        free to fire again), consumed when the receiver gets there."""
+        env, rows, arrival, pack, size = self.env, self.rows, self.arrival, ROW.pack, self.size
+        while True:
+            done = yield
+            k, begun, (sender, stream), mb, chunk = done.message
+            now = env._now
+            rows += pack(begun, now, size, sender, mb, chunk, stream, _PP_SEND)
+            ev = arrival[k]
+            if ev is None:  # nobody waits for it yet
+                ev = arrival[k] = done
+                ev.callbacks = ()  # none: the receiver sets its own when it waits
+            bucket = env.now_bucket  # the bucket being processed: `now`'s NORMAL one, if that
             if bucket is None:
-                bucket = env.new_bucket(now)
-        bucket.append(ev)
+                bucket = env.normal.get(now)
+                if bucket is None:
+                    bucket = env.new_bucket(now)
+            bucket.append(ev)
