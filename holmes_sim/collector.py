@@ -10,7 +10,7 @@ _frozen_here = False
 """Whether a `quiet_collector` context froze the objects and has not unfrozen them yet."""
 
 
-def _frozen() -> bool:
+def frozen() -> bool:
     """Whether objects are frozen out of collection: by an enclosing `quiet_collector` (known
     at no cost) or by another caller (`gc.get_freeze_count`, which walks every frozen object:
     milliseconds under a chunk of the planner, so asked only when no context froze)."""
@@ -26,7 +26,7 @@ def quiet_collector(threshold: int | None = 200_000):
     and collections otherwise took a fifth of its CPU time. Restored afterwards."""
     global _frozen_here
     old = gc.get_threshold()
-    freeze = not _frozen()
+    freeze = not frozen()
     if freeze:
         gc.freeze()
         _frozen_here = True
