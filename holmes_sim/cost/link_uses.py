@@ -108,24 +108,25 @@ def pair_send_facts(cluster: Cluster, transports: Sequence[Transport],
         facts = table.get((src, dst))
         if facts is None:
             fabric, share = transport.fabric or ETHERNET, 1.0 / len(src[1])
-            facts = table[(src, dst)] = (
-                _side_figures(cluster, fabric, 0, src[0], src[1], share),
-                _side_figures(cluster, fabric, 1, dst[0], dst[1], share),
-                _uplink_use(cluster, transport, src[0], dst[0]))
+            out_latency, _, out_rate = _side_figures(cluster, fabric, 0, src[0], src[1], share)
+            in_latency, _, in_rate = _side_figures(cluster, fabric, 1, dst[0], dst[1], share)
+            facts = table[(src, dst)] = ((out_latency, out_rate), (in_latency, in_rate),
+                                         _uplink_use(cluster, transport, src[0], dst[0]))
         got.append(facts)
     return got
 
 
 def _side_figures(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
-                  share: float) -> tuple[float, float]:
-    """`_side_uses`' latency (s) and smallest capacity / weight (bytes/s), found once per NIC
-    kind (`paths.nic_kind`: the same NICs, so the same latencies and capacities)."""
+                  share: float) -> tuple[float, float, float]:
+    """`_side_uses`' latency (s), ring-step latency (s) and smallest capacity / weight
+    (bytes/s), found once per NIC kind (`paths.nic_kind`: the same NICs, so the same latencies
+    and capacities)."""
     table = cluster.derived(("nic side figures", fabric), dict)
     key = (nic_kind(cluster, node), gpus, out, share)
     got = table.get(key)
     if got is None:
-        _, latency, _, rate = _side_uses(cluster, fabric, out, node, gpus, share)
-        got = table[key] = (latency, rate)
+        _, latency, step, rate = _side_uses(cluster, fabric, out, node, gpus, share)
+        got = table[key] = (latency, step, rate)
     return got
 
 
@@ -144,7 +145,7 @@ def ring_hop_facts(cluster: Cluster, transport: Transport, members: Sequence[Seq
     """Each hop of `ring_uses` as (whether it leaves a node, `nccl_algorithms.leaves_node`;
     ring-step latency s; idle rate bytes/s): what an idle ring's rate, step latency and
     topology need. A hop leaving a node for another, each node holding all its members' GPUs,
-    is priced from its NIC sides' kinds (`_side_facts`) and the uplink, without its links."""
+    is priced from its NIC sides' kinds (`_side_figures`) and the uplink, without its links."""
     return _ring_hops(cluster, transport, members, _exit_facts, _hop_facts)
 
 
@@ -226,27 +227,14 @@ def _exit_facts(cluster: Cluster, transport: Transport, fabric: str, a: str,
                 side_b: tuple[tuple[int, ...], float]) -> tuple[bool, float, float]:
     """`ring_hop_facts`' hop from node a to node b: it leaves a node (its sending side's links
     are NIC links), and `_exit_uses`' step latency and rate, from the sides' kinds."""
-    out_step, out_rate = _side_facts(cluster, fabric, 0, a, *side_a)
-    in_step, in_rate = _side_facts(cluster, fabric, 1, b, *side_b)
+    _, out_step, out_rate = _side_figures(cluster, fabric, 0, a, *side_a)
+    _, in_step, in_rate = _side_figures(cluster, fabric, 1, b, *side_b)
     step, rate = max(out_step, in_step), min(out_rate, in_rate)
     up = _uplink_use(cluster, transport, a, b)
     if up is not None:
         step += up[1]
         rate = min(rate, _capacities(cluster)[up[0]])
     return True, step, rate
-
-
-def _side_facts(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
-                share: float) -> tuple[float, float]:
-    """`_side_uses`' ring-step latency (s) and smallest capacity / weight (bytes/s), found once
-    per NIC kind (`paths.nic_kind`: the same NICs, so the same latencies and capacities)."""
-    table = cluster.derived(("nic side facts", fabric), dict)
-    key = (nic_kind(cluster, node), gpus, out, share)
-    got = table.get(key)
-    if got is None:
-        _, _, step, rate = _side_uses(cluster, fabric, out, node, gpus, share)
-        got = table[key] = (step, rate)
-    return got
 
 
 def _local(gpus: Sequence[GpuRef]) -> tuple[int, ...]:
