@@ -54,7 +54,8 @@ from holmes_sim.sim.expert_exchange import ep_exchange
 from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams
 from holmes_sim.sim.environment import (DETACHED, CountingEnvironment, Jitter, LeanProcess,
                                         fired_event, start_direct, via_process)
-from holmes_sim.sim.network import EVENT_TYPE, FlowNetwork
+from holmes_sim.sim.flow_records import EVENT_TYPE
+from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
 from holmes_sim.sim.trace import KIND_CODE, ROW, Entity, OpKind, Trace
@@ -315,8 +316,7 @@ class _Simulation:
         rows, pack = self.trace.rows, ROW.pack
         process = me[0]
         resume_me = [process._send]  # the callbacks of every event it waits for inline
-        # op compute, unsent input's arrival: of the type of the messages' flows, as they are
-        timeout, waiter = fired_event(EVENT_TYPE), fired_event(EVENT_TYPE)
+        timeout, waiter = fired_event(EVENT_TYPE), fired_event(EVENT_TYPE)  # compute, an input
         for k, jb, mb, chunk, kcode, special, out, r, post in steps:
             if k is not None:  # the input: post its receive, then wait for its arrival
                 k += base

@@ -39,6 +39,7 @@ from typing import Any
 import simpy
 from simpy.events import NORMAL
 
+from holmes_sim.sim.flow_records import ACTIVE, DONE, PENDING, Flow, Route
 from holmes_sim.sim.progressive_filling import ProgressiveFilling
 
 LinkId = Hashable
@@ -58,56 +59,10 @@ _LOCAL_TRIES = 4
 # Resolved paths kept for reuse (paths repeat: ring hops, pipeline sends).
 _ROUTE_CACHE_SIZE = 65536
 
-_PENDING, _ACTIVE, _DONE = 0, 1, 2
-
-
-class _Route:
-    """A resolved path: ((link index, weight), ...), for a flow alone on all its links its
-    rate in bytes/s (`solo`) and narrowest link index (`solo_bneck`), and its links' member
-    maps and weights in the same order (a flow goes on and off its links without indexing the network's lists).
-    Which links carry flows is kept per route: `active` flows on it, `lone` its flow that is
-    alone on all its links (kept out of their member maps) or None, and `conflicts` every
-    route that shares a link with it, itself included (`FlowNetwork._register`): a flow's
-    links are all free iff no route in its route's `conflicts` has an active flow."""
-
-    __slots__ = ("links", "solo", "solo_bneck", "members", "weights", "ids", "conflicts",
-                 "active", "lone")
-
-    def __init__(self, links: tuple[tuple[int, float], ...], solo: tuple[float, int],
-                 members: tuple[dict, ...]) -> None:
-        self.links, self.members = links, members
-        self.solo, self.solo_bneck = solo
-        self.weights = tuple(w for _, w in links)
-        self.ids = tuple(link for link, _ in links)
-        self.conflicts, self.active, self.lone = [self], 0, None
-
-
-class _Flow:
-    """One flow (`FlowNetwork.transfer`, `send_message`); `token` names its live agenda entry.
-    It sets only what its start and end read; `links` ((link index, weight) pairs), `mark`,
-    `new_rate`, `remaining` (bytes left at time `since`) and, for a flow that started alone
-    on its links, `bneck` are set when it joins its links' member maps (`_list`); a flow alone
-    on its links is its route's `lone`. The flow of `send_message` is its own event
-    (`callbacks`, `_ok`, `_value`, as `environment.LeanEvent`, and the sender's `message`):
-    nothing may wait for it or combine it with other events. The network's wake-ups (`_arm`)
-    are events of this type too, with only those three fields."""
-
-    __slots__ = (
-        "fid", "links", "size", "remaining", "rate", "since", "done", "state", "token",
-        "mark", "new_rate", "bneck", "route", "callbacks", "_ok", "_value", "message",
-    )
-
-
-EVENT_TYPE = _Flow
-"""The type of a `send_message` flow, which is an event of `environment.LeanEvent`'s fields: an
-engine that makes its own lean events of it (`environment.fired_event`) gives the run loop one
-type to read for most events."""
-
-
 class TransferEvent(simpy.Event):
     """Succeeds when the last byte of a transfer arrives; `flow` is the network's handle."""
 
-    flow: _Flow | None = None
+    flow: Flow | None = None
 
 
 _make = object.__new__
@@ -126,8 +81,8 @@ class FlowNetwork:
             self._index[link] = len(self._cap)
             self._cap.append(float(cap))
         n = len(self._cap)
-        self._members: list[dict[_Flow, float]] = [{} for _ in range(n)]
-        self._link_routes: dict[int, list[_Route]] = {}  # by link index: the routes crossing it
+        self._members: list[dict[Flow, float]] = [{} for _ in range(n)]
+        self._link_routes: dict[int, list[Route]] = {}  # by link index: the routes crossing it
         # Scratch per link, reused by every recomputation.
         self._filling = ProgressiveFilling(n, self._members)
         self._load = self._filling.load  # each link's re-shared load after a filling
@@ -137,19 +92,19 @@ class FlowNetwork:
         self._lmark = [0] * n
         self._stamp = 0
         self._comp_links: list[int] = []
-        self._comp_flows: list[_Flow] = []
+        self._comp_flows: list[Flow] = []
         self._region_links: list[int] = []
-        self._region_flows: list[_Flow] = []
+        self._region_flows: list[Flow] = []
         self._comp_bounds: list[tuple[int, int]] = []
-        self._routes: dict[PathUse, _Route] = {}
+        self._routes: dict[PathUse, Route] = {}
         self._seeds: list[int] = []  # links touched since the last recomputation
         # Agenda: (flow, token) entries in buckets by due time (s), in the order posted, and a
         # heap of the due times; one SimPy wake-up for its earliest entry.
         self._times: list[float] = []
-        self._due: dict[float, list[tuple[_Flow, int]]] = {}
+        self._due: dict[float, list[tuple[Flow, int]]] = {}
         self._current = math.inf  # the due time being applied by `_on_wake`
         self._ahead: list[float] = []  # due times posted before `_current` while applying it
-        self._armed: dict[float, _Flow] = {}  # pending wake-ups by due time (look-up only)
+        self._armed: dict[float, Flow] = {}  # pending wake-ups by due time (look-up only)
         self._next_fid = itertools.count().__next__  # a new flow's id
         self._active = 0
         self.rate_recomputations = 0
@@ -167,13 +122,13 @@ class FlowNetwork:
     def current_rate(self, handle: Any) -> float:
         """Rate in bytes/s of the transfer whose event `transfer` returned; 0 if not active."""
         flow = getattr(handle, "flow", None)
-        return flow.rate if flow is not None and flow.state == _ACTIVE else 0.0
+        return flow.rate if flow is not None and flow.state == ACTIVE else 0.0
 
-    def resolve(self, path: PathUse) -> _Route:
+    def resolve(self, path: PathUse) -> Route:
         """`path` resolved once (link indices, solo rate), to pass to `transfer` many times."""
         return self._resolve(path)
 
-    def transfer(self, path: PathUse | _Route, size_bytes: float, latency_s: float = 0.0) -> simpy.Event:
+    def transfer(self, path: PathUse | Route, size_bytes: float, latency_s: float = 0.0) -> simpy.Event:
         """Send `size_bytes` along `path` (or a route from `resolve`) after `latency_s` seconds.
 
         Returns an event that succeeds when the last byte arrives. A zero size or an empty path
@@ -182,26 +137,26 @@ class FlowNetwork:
         """
         if size_bytes < 0 or latency_s < 0:
             raise ValueError(f"size and latency must be >= 0, got {size_bytes}, {latency_s}")
-        route = path if type(path) is _Route else self._route(path)
+        route = path if type(path) is Route else self._route(path)
         if size_bytes == 0 or not route.links:
             return self._env.timeout(latency_s)
         done = _make(TransferEvent)  # `TransferEvent(env)`, inlined
         done.env, done.callbacks = self._env, []
-        done.flow = flow = _make(_Flow)  # a pending flow; `_Flow` lists what each field holds
-        flow.fid, flow.route, flow.done, flow.state = self._next_fid(), route, done, _PENDING
+        done.flow = flow = _make(Flow)  # a pending flow; `Flow` lists what each field holds
+        flow.fid, flow.route, flow.done, flow.state = self._next_fid(), route, done, PENDING
         flow.size = float(size_bytes)
         at = self._env._now + latency_s
         self._post(at, flow, 0)
         self._arm(at)
         return done
 
-    def send_message(self, route: _Route, size_bytes: float, latency_s: float,
-                     callbacks: list, message: Any) -> _Flow:
+    def send_message(self, route: Route, size_bytes: float, latency_s: float,
+                     callbacks: list, message: Any) -> Flow:
         """`transfer` of `size_bytes` > 0 over a route with links, whose event (the flow) calls
         `callbacks` (a list nobody changes, shared by many flows) and carries `message`: the
         engine's pipeline messages, with less work per flow. Returns the flow."""
-        flow = _make(_Flow)
-        flow.fid, flow.route, flow.done, flow.state = self._next_fid(), route, flow, _PENDING
+        flow = _make(Flow)
+        flow.fid, flow.route, flow.done, flow.state = self._next_fid(), route, flow, PENDING
         flow.callbacks, flow.message, flow.size = callbacks, message, size_bytes
         at = self._env._now + latency_s
         bucket = self._due.get(at)  # `_post`, inlined
@@ -220,7 +175,7 @@ class FlowNetwork:
         except KeyError:
             raise KeyError(f"unknown link {link!r}") from None
 
-    def _route(self, path: PathUse) -> _Route:
+    def _route(self, path: PathUse) -> Route:
         """Resolved `path`, cached when the path is hashable (a tuple of tuples)."""
         try:
             route = self._routes.get(path)
@@ -233,7 +188,7 @@ class FlowNetwork:
             self._routes[path] = route
         return route
 
-    def _resolve(self, path: PathUse) -> _Route:
+    def _resolve(self, path: PathUse) -> Route:
         """Path to (link index, weight) pairs; repeated links add their weights."""
         out: list[tuple[int, float]] = []
         for link, weight in path:
@@ -251,11 +206,11 @@ class FlowNetwork:
             rate = self._cap[idx] / weight
             if rate < best:
                 best, bneck = rate, idx
-        route = _Route(tuple(out), (best, bneck), tuple(self._members[idx] for idx, _ in out))
+        route = Route(tuple(out), (best, bneck), tuple(self._members[idx] for idx, _ in out))
         self._register(route)
         return route
 
-    def _register(self, route: _Route) -> None:
+    def _register(self, route: Route) -> None:
         """Add `route` to its links' routes and to the `conflicts` of the routes sharing a link
         with it (and those to its own), for the network's life."""
         known = {id(route)}
@@ -269,14 +224,14 @@ class FlowNetwork:
                     other.conflicts.append(route)
             crossing.append(route)
 
-    def _post(self, at: float, flow: _Flow, token: int) -> None:
+    def _post(self, at: float, flow: Flow, token: int) -> None:
         """Add an agenda entry due at `at` seconds."""
         bucket = self._due.get(at)
         if bucket is None:
             bucket = self._bucket(at)
         bucket.append((flow, token))
 
-    def _bucket(self, at: float) -> list[tuple[_Flow, int]]:
+    def _bucket(self, at: float) -> list[tuple[Flow, int]]:
         """A new (empty) agenda bucket due at `at` seconds."""
         bucket = self._due[at] = []
         heapq.heappush(self._times, at)
@@ -287,8 +242,8 @@ class FlowNetwork:
     def _arm(self, at: float) -> None:
         """Make sure a SimPy wake-up fires at `at` seconds (one per distinct time)."""
         if at not in self._armed:
-            env = self._env  # the wake-up: a succeeded event of the flows' type (`EVENT_TYPE`)
-            wake = _make(_Flow)
+            env = self._env  # the wake-up: a succeeded event of the flows' type (`flow_records.EVENT_TYPE`)
+            wake = _make(Flow)
             wake.callbacks, wake._ok, wake._value = [self._on_wake], True, at
             env.schedule(wake, NORMAL, max(at - env._now, 0.0))
             self._armed[at] = wake
@@ -310,14 +265,14 @@ class FlowNetwork:
             # Entries posted meanwhile at `at` join the end (the list's iterator takes them).
             for i, (flow, token) in enumerate(bucket, 1):
                 state = flow.state
-                if state == _PENDING:
+                if state == PENDING:
                     route = flow.route
                     for other in route.conflicts:
                         if other.active:  # a flow on one of its links
                             self._start(flow, now)
                             break
                     else:  # alone on all its links: its rate at once, out of their member maps
-                        flow.state, flow.since, flow.token = _ACTIVE, now, 1
+                        flow.state, flow.since, flow.token = ACTIVE, now, 1
                         route.active, route.lone = 1, flow
                         flow.rate = rate = route.solo
                         lone += 1
@@ -328,14 +283,14 @@ class FlowNetwork:
                         later.append((flow, 1))
                         if ahead:  # it is due before `at`: apply it first
                             break
-                elif state == _ACTIVE and token == flow.token:
+                elif state == ACTIVE and token == flow.token:
                     route = flow.route
                     if route.lone is flow:  # nothing reads its rate or bytes any more
                         route.active, route.lone = 0, None
-                        flow.state = _DONE
+                        flow.state = DONE
                     else:
                         self._take_off(flow, seeds)
-                        flow.state, flow.remaining, flow.rate = _DONE, 0.0, 0.0
+                        flow.state, flow.remaining, flow.rate = DONE, 0.0, 0.0
                     ended += 1
                     done, flow.done = flow.done, None  # no flow <-> event cycle to collect
                     done._ok, done._value = True, None  # `done.succeed()`, inlined
@@ -360,19 +315,19 @@ class FlowNetwork:
             at = times[0]
             bucket = self._due[at]
             for i, (flow, token) in enumerate(bucket):
-                if flow.state == _PENDING or (flow.state == _ACTIVE and token == flow.token):
+                if flow.state == PENDING or (flow.state == ACTIVE and token == flow.token):
                     del bucket[:i]
                     self._arm(at)
                     return
             heapq.heappop(times)
             del self._due[at]
 
-    def _start(self, flow: _Flow, now: float) -> None:
+    def _start(self, flow: Flow, now: float) -> None:
         """Put `flow` on its links where another flow is on one of them: any flow alone on its
         links there is listed in their member maps (as at its start), then `flow`, and the
         links are re-shared. (A flow alone on all its links gets its rate at once and stays out
-        of their member maps until another flow joins one of them, `_Route.lone`: `_on_wake`.)"""
-        flow.state, flow.since, flow.rate, flow.token, flow.bneck = _ACTIVE, now, 0.0, 0, -1
+        of their member maps until another flow joins one of them, `Route.lone`: `_on_wake`.)"""
+        flow.state, flow.since, flow.rate, flow.token, flow.bneck = ACTIVE, now, 0.0, 0, -1
         route = flow.route
         self._active += 1
         self.flows_started += 1
@@ -385,14 +340,14 @@ class FlowNetwork:
         self._list(flow)
         self._seeds.extend(route.ids)
 
-    def _list(self, flow: _Flow) -> None:
+    def _list(self, flow: Flow) -> None:
         """Add `flow` to its links' member maps, with the fields that sharing reads (the bytes
         it had left when it started moving, as it was not re-shared before)."""
         flow.links, flow.mark, flow.new_rate, flow.remaining = flow.route.links, 0, -1.0, flow.size
         for link_members, weight in zip(flow.route.members, flow.route.weights):
             link_members[flow] = weight
 
-    def _take_off(self, flow: _Flow, seeds: list[int] | None) -> None:
+    def _take_off(self, flow: Flow, seeds: list[int] | None) -> None:
         """Remove a listed `flow` from its links; add those with flows left to `seeds`."""
         flow.route.active -= 1
         for link_members, link in zip(flow.route.members, flow.route.ids):
@@ -414,7 +369,7 @@ class FlowNetwork:
     def _update(self) -> None:
         """Retire finished flows around the touched links, then re-share what they affect."""
         now = self._env._now
-        finished: list[_Flow] = []
+        finished: list[Flow] = []
         seeds = self._gather(list(self._seeds), now, finished)
         self._seeds.clear()
         flows, links = self._region_flows, self._region_links
@@ -436,7 +391,7 @@ class FlowNetwork:
             done._ok, done._value = True, None
             schedule(done)
 
-    def _gather(self, seeds: list[int], now: float, finished: list[_Flow]) -> list[int]:
+    def _gather(self, seeds: list[int], now: float, finished: list[Flow]) -> list[int]:
         """Build the region of `seeds`, retiring finished flows into `finished` (widening the
         seeds to their links, whose capacity they free); return the final seeds."""
         flows, links = self._region(seeds)
@@ -448,7 +403,7 @@ class FlowNetwork:
             more = self._retire(flows, now)
         return seeds
 
-    def _region(self, seeds: list[int]) -> tuple[list[_Flow], list[int]]:
+    def _region(self, seeds: list[int]) -> tuple[list[Flow], list[int]]:
         """Active flows on the `seeds` links, and every link those flows cross (stamped)."""
         self._stamp += 1
         stamp = self._stamp
@@ -471,7 +426,7 @@ class FlowNetwork:
                     links.append(link)
         return flows, links
 
-    def _share_locally(self, flows: list[_Flow], links: list[int]) -> list[int]:
+    def _share_locally(self, flows: list[Flow], links: list[int]) -> list[int]:
         """Re-share `flows` (the region, stamped) around the kept flows.
 
         Returns [] if the result is max-min fair, else the links whose flows must join.
@@ -497,7 +452,7 @@ class FlowNetwork:
             return []  # no kept flow: the region is whole components
         return self._unfair_links(flows, links)
 
-    def _unfair_links(self, flows: list[_Flow], links: list[int]) -> list[int]:
+    def _unfair_links(self, flows: list[Flow], links: list[int]) -> list[int]:
         """Bottleneck links that break max-min fairness after a local re-share (see above)."""
         stamp = self._stamp
         cap, load, resid, members = self._cap, self._load, self._resid, self._members
@@ -526,7 +481,7 @@ class FlowNetwork:
                     wider.append(b)  # the kept flow lost its bottleneck
         return wider
 
-    def _share_components(self, seeds: list[int]) -> list[_Flow]:
+    def _share_components(self, seeds: list[int]) -> list[Flow]:
         """Re-share whole connected components around `seeds`; return their flows."""
         for flow in self._region_flows:
             flow.new_rate = -1.0  # discard the rejected local result
@@ -538,7 +493,7 @@ class FlowNetwork:
             f0, l0 = f1, l1
         return flows
 
-    def _components(self, seeds: list[int]) -> tuple[list[_Flow], list[int], list[tuple[int, int]]]:
+    def _components(self, seeds: list[int]) -> tuple[list[Flow], list[int], list[tuple[int, int]]]:
         """Flows and links connected to `seeds`, grouped by connected component.
 
         Returns (flows, links, bounds): component k spans flows[f_{k-1}:f_k] and
@@ -574,9 +529,9 @@ class FlowNetwork:
                 del links[-1]  # an empty link on its own
         return flows, links, bounds
 
-    def _retire(self, flows: list[_Flow], now: float) -> list[_Flow]:
+    def _retire(self, flows: list[Flow], now: float) -> list[Flow]:
         """Remove from `flows` (in place) those within epsilon of their last byte, by id."""
-        finished: list[_Flow] = []
+        finished: list[Flow] = []
         time_eps = now * _REL_EPS_TIME
         for flow in flows:
             rate = flow.rate
@@ -588,12 +543,12 @@ class FlowNetwork:
             finished.sort(key=lambda f: f.fid)
             for flow in finished:
                 self._take_off(flow, None)
-                flow.state, flow.remaining, flow.rate = _DONE, 0.0, 0.0
+                flow.state, flow.remaining, flow.rate = DONE, 0.0, 0.0
                 self._active -= 1
-            flows[:] = [f for f in flows if f.state == _ACTIVE]
+            flows[:] = [f for f in flows if f.state == ACTIVE]
         return finished
 
-    def _reschedule(self, flows: list[_Flow], now: float) -> None:
+    def _reschedule(self, flows: list[Flow], now: float) -> None:
         """Adopt each flow's `new_rate`; post a completion only where the rate changed."""
         post = self._post
         for flow in flows:
