@@ -57,6 +57,19 @@ def estimate_iteration(plan: Plan, cluster: Cluster, workload: Workload,
                           lambda: _Estimator(plan, cluster, workload, compute).run())
 
 
+def iteration_floor_s(plan: Plan, cluster: Cluster, workload: Workload,
+                      compute: ComputeModel) -> float:
+    """A lower bound of `estimate_iteration(...).iteration_s` (s), from the walk's durations
+    alone: on a walked replica, a stage's ops run one after another (its m forwards and
+    backwards of each chunk back to back); its first op, a forward of virtual stage j >= s,
+    waits for that micro-batch's forwards on virtual stages 0..j-1; its last op, a backward
+    (each forward's backward follows it on the stage), precedes that micro-batch's backwards
+    on virtual stages j-1..0; the iteration ends no earlier than the last of them (sends and
+    the work after a stage's last op take no negative time). The sum here is rounded apart
+    from the walk's, so a caller comparing it leaves a margin."""
+    return _Estimator(plan, cluster, workload, compute).iteration_floor_s()
+
+
 _ESTIMATES: IdentityMemo[Estimate] = IdentityMemo(16)
 _BUCKETS: IdentityMemo[tuple] = IdentityMemo(4096)
 """`_Estimator._layout` by what the cut depends on (the workload's shape, not its micro-batch),
@@ -96,6 +109,18 @@ class _Estimator:
         finish = [max(clocks[c][s] + self._tail(s, d) for c, _, d in combos[s])
                   for s in range(p.pp)]
         return Estimate(max(finish), tuple(max(clock[s] for clock in clocks) for s in range(p.pp)))
+
+    def iteration_floor_s(self) -> float:
+        """See the module function."""
+        p, best = self.plan, 0.0
+        for d, _ in self.net.replica_classes():
+            ops = [self._op_s(j % p.pp, d, j, False) + self._op_s(j % p.pp, d, j, True)
+                   for j in range(self.nv)]
+            before = 0.0  # virtual stages 0..s-1: a forward and a backward each
+            for s in range(p.pp):
+                best = max(best, before + p.num_microbatches * sum(ops[s::p.pp]))
+                before += ops[s]
+        return best
 
     def _virtual(self, s: int, c: int) -> int:
         """Virtual stage of chunk c of stage s (`Schedule.virtual_stage`)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from holmes_sim.estimate.analytic import estimate_iteration
+from holmes_sim.estimate.analytic import estimate_iteration, iteration_floor_s
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.cost.transport import best_shared_transport, job_wide_transport
 from holmes_sim.memo import IdentityMemo
@@ -82,8 +82,13 @@ class HolmesPolicy:
         if adaptive.layers_per_stage == equal:
             return adaptive
         even = plan_with(equal)
-        return min((adaptive, even), key=lambda p: estimate_iteration(
-            p, request.cluster, request.workload, request.compute).iteration_s)
+        priced = (request.cluster, request.workload, request.compute)
+        best = estimate_iteration(adaptive, *priced).iteration_s
+        # The equal split loses when its iteration's lower bound reaches the adaptive split's
+        # iteration (ties keep the adaptive split); the margin covers the two sums' rounding.
+        if iteration_floor_s(even, *priced) * (1.0 - _MARGIN) >= best:
+            return adaptive
+        return even if estimate_iteration(even, *priced).iteration_s < best else adaptive
 
     def chooser(self, request: PlanRequest, rank_to_gpu: Sequence[GpuRef]) -> TransportChooser:
         cluster = request.cluster
@@ -106,6 +111,11 @@ def nic_aware_order(nodes: Sequence[Node]) -> list[Node]:
     classes = list(dict.fromkeys(nic_class(n) for n in nodes))
     return [n for c in classes for n in sorted((n for n in nodes if nic_class(n) == c),
                                                key=lambda n: n.speed)]
+
+
+_MARGIN = 1e-9
+"""Relative margin of `iteration_floor_s` below the estimate: far above the rounding of a sum
+of a few thousand durations (about 1e-13), far below the splits' differences."""
 
 
 _NOTES: IdentityMemo[tuple[str, ...]] = IdentityMemo()
