@@ -18,12 +18,16 @@ def frozen() -> bool:
 
 
 @contextmanager
-def quiet_collector(threshold: int | None = 200_000):
+def quiet_collector(threshold: int | None = 200_000, freeze_made: bool = False):
     """Run with the objects alive at the start frozen out of garbage collection (unless a caller
     froze them already: freezing does not nest) and, with `threshold`, a young-generation
     threshold of that many allocations (0: no automatic collection; inside a context that
     turned it off, it stays off): a run makes millions of short-lived objects and few cycles,
-    and collections otherwise took a fifth of its CPU time. Restored afterwards."""
+    and collections otherwise took a fifth of its CPU time. Restored afterwards. With
+    `freeze_made`, the objects made inside (long-lived caches, a set-up) join the frozen ones
+    before the thresholds are restored, when a `quiet_collector` froze them (this one or an
+    enclosing one, which unfreezes them all into the oldest generation): otherwise the first
+    young collection after it traverses them all."""
     global _frozen_here
     old = gc.get_threshold()
     freeze = not frozen()
@@ -34,6 +38,8 @@ def quiet_collector(threshold: int | None = 200_000):
         gc.set_threshold(threshold, old[1], old[2])
     try:
         yield
+        if freeze_made and _frozen_here:
+            gc.freeze()
     finally:
         gc.set_threshold(*old)
         if freeze:

@@ -56,3 +56,26 @@ def test_a_callers_own_freeze_is_seen_and_kept():
         assert gc.get_freeze_count() > 0  # not unfrozen by the context
     finally:
         gc.unfreeze()
+
+
+def test_objects_made_inside_join_the_frozen_ones_and_leave_with_them():
+    with quiet_collector(threshold=0):
+        before = gc.get_freeze_count()
+        with quiet_collector(freeze_made=True):
+            made = [[i] for i in range(1000)]
+        assert gc.get_freeze_count() >= before + len(made)  # frozen with the outer's objects
+    assert gc.get_freeze_count() == 0  # the outer context unfroze them all
+    with quiet_collector(freeze_made=True):
+        made = [[i] for i in range(1000)]
+        inside = gc.get_freeze_count()
+    assert gc.get_freeze_count() == 0 and inside > 0
+
+
+def test_nothing_is_frozen_after_an_error_inside():
+    with quiet_collector(threshold=0):
+        before = gc.get_freeze_count()
+        with pytest.raises(RuntimeError):
+            with quiet_collector(freeze_made=True):
+                made = [[i] for i in range(1000)]
+                raise RuntimeError(f"boom after {len(made)} objects")
+        assert gc.get_freeze_count() == before

@@ -11,7 +11,6 @@ layout (policy `megatron`), so a speed-up compares the best each placement can d
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import time
@@ -404,12 +403,13 @@ def bounded_grid(prepared: Prepared, spec: SearchSpec, max_candidates: int) -> l
 def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) -> list[Candidate]:
     """Every policy (and optimizer) of every layout of `chunk`, in order. The objects alive
     before it (the scenario, the cluster and its facts, earlier chunks' caches) are kept out of
-    garbage collection meanwhile and no collection runs by itself (`collector.quiet_collector`
-    with threshold 0): those objects are not garbage, a chunk of the benchmark's sample leaves
-    no cyclic garbage (`gc.collect()` after it finds none), and collections cost 5-7% of a
-    chunk's time (full ones over the objects before it; at the default young threshold of 700,
-    about 50 young ones over the caches a 64-GPU chunk builds)."""
-    with quiet_collector(threshold=0):
+    garbage collection meanwhile, no collection runs by itself, and the caches it makes join
+    them as it ends (`collector.quiet_collector` with threshold 0 and `freeze_made`): those
+    objects are not garbage, a chunk of the benchmark's sample leaves no cyclic garbage
+    (`gc.collect()` after it finds none), and collections cost 5-7% of a chunk's time (full
+    ones over the objects before it; at the default young threshold of 700, about 50 young ones
+    over the caches a 64-GPU chunk builds)."""
+    with quiet_collector(threshold=0, freeze_made=True):
         out: list[Candidate] = []
         for layout in chunk:
             for policy in spec.policies:
@@ -417,10 +417,6 @@ def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) ->
                             else ("distributed",)):
                     out.append(evaluate(prepared, layout if layout.optimizer == opt
                                         else replace(layout, optimizer=opt), policy))
-        # The caches the chunk made join the frozen objects, unfrozen with them into the oldest
-        # generation as the context ends: else the first young collection after it traverses
-        # them all.
-        gc.freeze()
         return out
 
 

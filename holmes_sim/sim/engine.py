@@ -33,7 +33,6 @@ Timing assumptions (each entity):
 
 from __future__ import annotations
 
-import gc
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ import simpy
 
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
-from holmes_sim.collector import frozen, quiet_collector
+from holmes_sim.collector import quiet_collector
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.nccl_algorithms import leaves_node
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
@@ -97,11 +96,8 @@ def simulate(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeM
     garbage: it runs without automatic collections and ends with its objects frozen too, so no
     collection traverses them (a young one would, once collections resume); the run, which
     makes many short-lived objects and few cycles, with every object alive before it frozen."""
-    ours = not frozen()  # else a caller froze and unfreezes (`quiet_collector`)
-    with quiet_collector(threshold=0):  # 0: no automatic collection (`gc.set_threshold`)
+    with quiet_collector(threshold=0, freeze_made=True):  # 0: no automatic collection
         sim = _Simulation(plan, cluster, workload, compute, options)
-        if ours:  # unfrozen with the others as the context ends, into the oldest generation
-            gc.freeze()
     with quiet_collector():
         return sim.run()
 
