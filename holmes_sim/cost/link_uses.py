@@ -118,15 +118,16 @@ def pair_send_facts(cluster: Cluster, transports: Sequence[Transport],
 
 def _side_figures(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
                   share: float) -> tuple[float, float, float]:
-    """`_side_uses`' latency (s), ring-step latency (s) and smallest capacity / weight
-    (bytes/s), found once per NIC kind (`paths.nic_kind`: the same NICs, so the same latencies
+    """`nic_side`'s latency (s), ring-step latency (s) and smallest capacity / weight over its
+    links (bytes/s), found once per NIC kind (`paths.nic_kind`: the same NICs, so the same latencies
     and capacities)."""
     table = cluster.derived(("nic side figures", fabric), dict)
     key = (nic_kind(cluster, node), gpus, out, share)
     got = table.get(key)
     if got is None:
-        _, latency, step, rate = _side_uses(cluster, fabric, out, node, gpus, share)
-        got = table[key] = (latency, step, rate)
+        entries, latency, step = nic_side(cluster, fabric, out, node, gpus, share)
+        caps = _capacities(cluster)
+        got = table[key] = (latency, step, min(caps[lk] / w for _, _, lk, w in entries))
     return got
 
 
@@ -265,21 +266,14 @@ def _intra_node_hop(cluster: Cluster, node: str, src: Sequence[GpuRef], dst: Seq
 def _side_uses(cluster: Cluster, fabric: str, out: int, node: str, gpus: tuple[int, ...],
                share: float) -> tuple[PathUse, float, float, float]:
     """`nic_side` as (links with summed weights, latency s, ring-step latency s, the smallest
-    capacity / weight over its links in bytes/s), kept with the cluster. Nodes of one NIC
-    kind (`paths.nic_kind`) have the same capacities: the smallest capacity / weight is found
-    once per kind."""
+    capacity / weight over its links in bytes/s, `_side_figures`'), kept with the cluster."""
     key = (node, gpus, out, share)
     table = cluster.derived(("nic side uses", fabric), dict)
     got = table.get(key)
     if got is None:
         entries, latency, step = nic_side(cluster, fabric, out, node, gpus, share)
         links = tuple([(lk, w) for _, _, lk, w in entries])
-        rates = cluster.derived(("nic side rates", fabric), dict)
-        kind_key = (nic_kind(cluster, node), gpus, out, share)
-        rate = rates.get(kind_key)
-        if rate is None:
-            caps = _capacities(cluster)
-            rate = rates[kind_key] = min(caps[lk] / w for lk, w in links)
+        rate = _side_figures(cluster, fabric, out, node, gpus, share)[2]
         got = table[key] = (links, latency, step, rate)
     return got
 
