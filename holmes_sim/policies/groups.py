@@ -186,10 +186,8 @@ class GroupBuilder:
         node, the transport of all their pairs."""
         got = self._pipe.get((a, b, d))
         if got is None:
-            # `_rank(a, d, 0)` and `_nodes_of` of it (TP group a dp + d), and b's
-            ga, gb = a * self.dp + d, b * self.dp + d
-            fa, fb = ga * self.tp, gb * self.tp
-            na, nb = self._places[ga][0], self._places[gb][0]
+            fa, fb = self._rank(a, d, 0), self._rank(b, d, 0)
+            na, nb = self._nodes_of(fa), self._nodes_of(fb)
             transport = None if len(na) > 1 or len(nb) > 1 else self._transport(
                 na if na == nb else na + nb, [self.gpus[fa], self.gpus[fb]])
             got = self._pipe[(a, b, d)] = (fa, fb, transport)
