@@ -148,7 +148,8 @@ def search_grid(fp8: bool) -> range:
 
 
 @lru_cache(maxsize=64)
-def _grid_tilings(sm_count: int, tile: tuple[int, int], grid: range) -> tuple[np.ndarray, np.ndarray]:
+def _grid_tilings(sm_count: int, tile: tuple[int, int], grid: range
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """For every m x n of `grid` (k does not quantize): the useful fraction of a whole wave's
     tiles the shape computes, m n / (tm tn sm_count) (its work in full waves), and its waves."""
     tm, tn = tile
@@ -215,11 +216,12 @@ def mainloop_efficiency(gpu: GpuModel, fp8: bool = False) -> float:
 def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = False,
                 reserved_sms: int = 0) -> float:
     """Seconds for `gemm` on `gpu`: the fastest tiling's waves x (main loop + fixed tile overhead)
-    + the kernel's fixed overhead, bounded below by streaming the operands and output through HBM once (roofline, Williams et
-    al., CACM 2009). `fp8`: the GEMM runs at the FP8 tensor rate with one-byte operands and a
-    16-bit output (Transformer Engine). `reserved_sms`: SMs held by a kernel running beside it,
-    so its waves are of sm_count - reserved_sms tiles at the same per-SM rate. Without an SM
-    count the GEMM runs at the measured efficiency, unquantized, on the whole GPU."""
+    + the kernel's fixed overhead, bounded below by streaming the operands and output through
+    HBM once (roofline, Williams et al., CACM 2009). `fp8`: the GEMM runs at the FP8 tensor
+    rate with one-byte operands and a 16-bit output (Transformer Engine). `reserved_sms`: SMs
+    held by a kernel running beside it, so its waves are of sm_count - reserved_sms tiles at the
+    same per-SM rate. Without an SM count the GEMM runs at the measured efficiency, unquantized,
+    on the whole GPU."""
     rate = gemm_rate(gpu, fp8)
     nbytes = _FP8_BYTES if fp8 else (dtype_bytes, dtype_bytes)
     traffic = gemm.operand_bytes(*nbytes) / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
