@@ -278,7 +278,8 @@ def test_moe_testbed_all_to_alls_cross_fabrics_under_megatron_only() -> None:
 
     prepared, fabric_of, runs = _run_on_testbed(MOE_TESTBED, ("megatron", "holmes"))
     w = prepared.workload
-    a2a_s = {}
+    a2a_s, ethernet_s = {}, {}
+    eth_rate = 0.1e9 / 8
     for name, (plan, run) in runs.items():
         schedule = plan.schedule()
         for group in plan.groups_of(GroupKind.EXPERT):
@@ -290,6 +291,7 @@ def test_moe_testbed_all_to_alls_cross_fabrics_under_megatron_only() -> None:
                 assert group.transport.kind is TransportKind.TCP and fabrics == {"ethernet"}
                 nodes = {plan.rank_to_gpu[r].node.split("-")[0] for r in group.ranks}
                 assert nodes == {"ib", "roce"}  # one IB and one RoCE node
+        busiest_bytes = 0
         for doc in run.ranks:
             [ep_doc] = [g for g in doc["groups"] if g["kind"] == GroupKind.EXPERT.value]
             # Its gloo connections are bound to the NIC the plan chose.
@@ -300,10 +302,13 @@ def test_moe_testbed_all_to_alls_cross_fabrics_under_megatron_only() -> None:
             per_iteration = sum(peer_bytes(w, 1, 2, layers[op.chunk])
                                 for op in schedule.stage_ops[doc["pp_rank"]])
             assert doc["ep_all_to_all"]["bytes_sent"] == 2 * per_iteration
+            busiest_bytes = max(busiest_bytes, per_iteration)
         a2a_s[name] = max(d["ep_all_to_all"]["seconds"] for d in run.ranks) / 2
-    eth_rate = 0.1e9 / 8
-    assert 0.9 < a2a_s["megatron"] / (per_iteration / eth_rate) < 1.3, a2a_s
-    assert a2a_s["megatron"] > 5 * a2a_s["holmes"], a2a_s
+        ethernet_s[name] = busiest_bytes / eth_rate
+    assert 0.9 < a2a_s["megatron"] / ethernet_s["megatron"] < 1.3, (a2a_s, ethernet_s)
+    # Holmes' measured seconds include waiting for peers still computing; half the Ethernet
+    # line-rate time of its bytes is a bound they could not meet had they crossed it.
+    assert a2a_s["holmes"] < 0.5 * ethernet_s["holmes"], (a2a_s, ethernet_s)
 
 
 @pytest.mark.root
