@@ -8,4 +8,6 @@ from setuptools import Extension, setup
 setup(ext_modules=[Extension("holmes_sim.estimate._walk_kernel",
                              ["holmes_sim/estimate/_walk_kernel.c"], optional=True),
                    Extension("holmes_sim.sim._trace_rows",
-                             ["holmes_sim/sim/_trace_rows.c"], optional=True)])
+                             ["holmes_sim/sim/_trace_rows.c"], optional=True),
+                   Extension("holmes_sim.sim._run_loop",
+                             ["holmes_sim/sim/_run_loop.c"], optional=True)])
