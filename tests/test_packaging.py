@@ -108,5 +108,5 @@ def test_installed_wheel_runs_the_engine_loop_and_rows_in_c_where_it_was_built(w
     assert built == ["_run_loop", "_trace_rows"]
     code = ("from holmes_sim.sim import environment, trace; "
             "print(environment.take is not environment._take, "
-            "trace.append_rows is not trace._append_rows_struct)")
+            "trace.append_row is not trace._append_row_struct)")
     assert _run(venv, code, tmp_path).split() == ["True", "True"]

@@ -56,7 +56,7 @@ from holmes_sim.sim.flow_records import EVENT_TYPE
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
-from holmes_sim.sim.trace import KIND_CODE, Entity, OpKind, Trace, append_rows
+from holmes_sim.sim.trace import KIND_CODE, Entity, OpKind, Trace, append_row, append_rows
 from holmes_sim.model.workload import Workload
 
 _BUBBLE, _WAIT_PP, _TP_COMM = (KIND_CODE[k] for k in (OpKind.WAIT_BUBBLE, OpKind.WAIT_PP,
@@ -306,7 +306,7 @@ class _Simulation:
         reductions: list[simpy.Event] = []
         env, calendar, msgs = self.env, self.env.normal, self.messages
         base, state, arrival, sent_at = msgs.base(d), msgs.state, msgs.arrival, msgs.sent_at
-        rows, append = self.trace.rows, append_rows
+        rows, append = self.trace.rows, append_row
         process = me[0]
         resume_me = [process._send]  # the callbacks of every event it waits for inline
         timeout, waiter = fired_event(EVENT_TYPE), fired_event(EVENT_TYPE)  # compute, an input
@@ -345,8 +345,8 @@ class _Simulation:
                 bucket.append(timeout)
                 yield DETACHED
                 if tp > 0:  # the op's row and its TP row, packed together
-                    append(rows, start, start + dur, 0.0, eid, mb, chunk, cst, kcode,
-                           start + dur, env._now, 0.0, eid, mb, chunk, cst, _TP_COMM)
+                    append_rows(rows, start, start + dur, 0.0, eid, mb, chunk, cst, kcode,
+                                start + dur, env._now, 0.0, eid, mb, chunk, cst, _TP_COMM)
                 else:
                     append(rows, start, start + dur, 0.0, eid, mb, chunk, cst, kcode)
             else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from holmes_sim.sim.environment import CountingEnvironment, LeanEvent
 from holmes_sim.sim.network import FlowNetwork
-from holmes_sim.sim.trace import KIND_CODE, OpKind, append_rows
+from holmes_sim.sim.trace import KIND_CODE, OpKind, append_row
 
 _PP_SEND = KIND_CODE[OpKind.PP_SEND]
 POSTED = object()
@@ -103,7 +103,7 @@ class PipelineMessages:
         engine's `CountingEnvironment`: the receiver's `LeanEvent` where it waits, else the
         transfer's own event (the flow of `FlowNetwork.send_message`, which succeeded and is
         free to fire again), consumed when the receiver gets there."""
-        env, rows, arrival, append, size = self.env, self.rows, self.arrival, append_rows, self.size
+        env, rows, arrival, append, size = self.env, self.rows, self.arrival, append_row, self.size
         while True:
             done = yield
             k, begun, (sender, stream), mb, chunk = done.message

@@ -1,5 +1,5 @@
-"""The trace's row packing (`trace.append_rows`): in C where the extension was built, with
-`struct` otherwise; the same bytes either way, and the same simulated trace."""
+"""The trace's row packing (`trace.append_row`, `trace.append_rows`): in C where the extension
+was built, with `struct` otherwise; the same bytes either way, and the same simulated trace."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from tests.conftest import SCENARIOS
 
 PACKERS = [pytest.param(trace._append_rows_struct, id="struct"),
            pytest.param(trace.append_rows, id="built")]
+ONE_ROW = [pytest.param(trace._append_row_struct, id="struct"),
+           pytest.param(trace.append_row, id="built")]
 
 
 def _random_row(rng: random.Random) -> tuple:
@@ -33,6 +35,17 @@ def test_rows_are_the_bytes_struct_packs(append):
         append(rows, *one)
         append(rows, *one, *two)
         expected += trace.ROW.pack(*one) + trace.ROW.pack(*one) + trace.ROW.pack(*two)
+    assert rows == expected
+
+
+@pytest.mark.parametrize("append", ONE_ROW)
+def test_one_row_is_the_bytes_struct_packs(append):
+    rng = random.Random(26)
+    rows, expected = bytearray(), bytearray()
+    for _ in range(500):
+        row = _random_row(rng)
+        append(rows, *row)
+        expected += trace.ROW.pack(*row)
     assert rows == expected
 
 
@@ -58,6 +71,8 @@ def test_a_simulation_records_the_same_rows_with_struct(monkeypatch):
     options = EngineOptions(full_simulation=True)
     built = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     for module in (engine, pipeline_messages, sync, trace):
+        monkeypatch.setattr(module, "append_row", trace._append_row_struct)
+    for module in (engine, trace):
         monkeypatch.setattr(module, "append_rows", trace._append_rows_struct)
     packed = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     assert len(built) > 1000 and built.rows == packed.rows
