@@ -33,7 +33,6 @@ Timing assumptions (each entity):
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,13 +56,11 @@ from holmes_sim.sim.flow_records import EVENT_TYPE
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.pipeline_messages import POSTED, PipelineMessages
 from holmes_sim.sim.sync import Collectives, RingSpec, Stream
-from holmes_sim.sim.trace import KIND_CODE, ROW, Entity, OpKind, Trace
+from holmes_sim.sim.trace import KIND_CODE, Entity, OpKind, Trace, append_row, append_rows
 from holmes_sim.model.workload import Workload
 
 _BUBBLE, _WAIT_PP, _TP_COMM = (KIND_CODE[k] for k in (OpKind.WAIT_BUBBLE, OpKind.WAIT_PP,
                                                       OpKind.TP_COMM))
-_TWO_ROWS = struct.Struct(ROW.format + ROW.format[1:])
-"""Two trace rows (`ROW`) in one pack."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +306,7 @@ class _Simulation:
         reductions: list[simpy.Event] = []
         env, calendar, msgs = self.env, self.env.normal, self.messages
         base, state, arrival, sent_at = msgs.base(d), msgs.state, msgs.arrival, msgs.sent_at
-        rows, pack = self.trace.rows, ROW.pack
+        rows, append = self.trace.rows, append_row
         process = me[0]
         resume_me = [process._send]  # the callbacks of every event it waits for inline
         timeout, waiter = fired_event(EVENT_TYPE), fired_event(EVENT_TYPE)  # compute, an input
@@ -334,9 +331,9 @@ class _Simulation:
                     split = t0 if sent is None or t0 > sent else sent  # max(sent, t0), min(., now)
                     split = now if now < split else split
                     if split > t0:
-                        rows += pack(t0, split, 0.0, eid, mb, chunk, cst, _BUBBLE)
+                        append(rows, t0, split, 0.0, eid, mb, chunk, cst, _BUBBLE)
                     if now > split:
-                        rows += pack(split, now, 0.0, eid, mb, chunk, cst, _WAIT_PP)
+                        append(rows, split, now, 0.0, eid, mb, chunk, cst, _WAIT_PP)
             dur, tp = durations[jb]
             if special is None:  # one timeout of the op's compute and TP seconds
                 start = env._now
@@ -348,10 +345,10 @@ class _Simulation:
                 bucket.append(timeout)
                 yield DETACHED
                 if tp > 0:  # the op's row and its TP row, packed together
-                    rows += _TWO_ROWS.pack(start, start + dur, 0.0, eid, mb, chunk, cst, kcode,
-                                           start + dur, env._now, 0.0, eid, mb, chunk, cst, _TP_COMM)
+                    append_rows(rows, start, start + dur, 0.0, eid, mb, chunk, cst, kcode,
+                                start + dur, env._now, 0.0, eid, mb, chunk, cst, _TP_COMM)
                 else:
-                    rows += pack(start, start + dur, 0.0, eid, mb, chunk, cst, kcode)
+                    append(rows, start, start + dur, 0.0, eid, mb, chunk, cst, kcode)
             else:
                 reductions += (yield from via_process(
                     self._special_op(name, node, s, d, special, dur, tp, gathers), process))

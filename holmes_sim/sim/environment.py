@@ -221,43 +221,62 @@ class CountingEnvironment(simpy.Environment):
 
     def run_until(self, until: simpy.Event) -> None:
         """`run(until)` as one loop: `step` inlined (the same events in the same order,
-        failures raised the same way), a bucket's events taken one after another by a list
-        iterator, which also takes the events appended to the bucket meanwhile; the events
-        taken leave the bucket when the loop leaves it."""
+        failures raised the same way), a bucket's events taken one after another by `take`,
+        which also takes the events appended to the bucket meanwhile; the events taken leave
+        the bucket when the loop leaves it."""
         until.callbacks.append(_stop)
-        ahead, n = self._ahead, 0
+        ahead, counter = self._ahead, [0]
         try:
             while (got := self._bucket()) is not None:
                 self._current, bucket = got
                 self._now = got[0][0]
                 self.now_bucket = bucket if got[0][1] == NORMAL else None
-                first = n
-                try:
-                    for event in bucket:
-                        n += 1
-                        callbacks = event.callbacks
-                        event.callbacks = None
-                        try:  # most events have one callback: called without an iterator
-                            callback, = callbacks
-                        except ValueError:
-                            for callback in callbacks:
-                                callback(event)
-                        else:
-                            callback(event)
-                        if not event._ok and not hasattr(event, "_defused"):
-                            _raise_failure(event)
-                        if ahead:  # a key before this one appeared: take it first
-                            ahead.clear()
-                            break
-                finally:
-                    del bucket[:n - first]
+                failure = take(bucket, ahead, counter)
+                if failure is not None:
+                    _raise_failure(failure)
         except _Stop:
             return
         finally:
-            self.events_processed += n
+            self.events_processed += counter[0]
             self._current = (-math.inf, 0)
             self.now_bucket = None
         raise RuntimeError(f'No scheduled events left but "until" event was not triggered: {until}')
+
+
+def _take(bucket: list, ahead: list, counter: list[int]):
+    """Take `bucket`'s events from its start (also those appended meanwhile): each event's
+    callbacks are called with it, most events' one without an iterator; stop after an event
+    when `ahead` holds a key (clearing it) or when the event failed and nothing defused it
+    (returned, for the caller to raise). The events taken leave the bucket and are counted in
+    `counter[0]`. `_run_loop.take` is this loop in C."""
+    n = 0
+    try:
+        for event in bucket:
+            n += 1
+            callbacks = event.callbacks
+            event.callbacks = None
+            try:  # most events have one callback: called without an iterator
+                callback, = callbacks
+            except ValueError:
+                for callback in callbacks:
+                    callback(event)
+            else:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):
+                return event
+            if ahead:  # a key before this one appeared: take it first
+                ahead.clear()
+                break
+        return None
+    finally:
+        del bucket[:n]
+        counter[0] += n
+
+
+try:  # the loop in C (`_run_loop.c`, an optional extension): the same calls in the same order
+    from holmes_sim.sim._run_loop import take
+except ImportError:  # pragma: no cover - built wherever there is a C compiler
+    take = _take
 
 
 def _raise_failure(event: simpy.Event) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from holmes_sim.sim.environment import CountingEnvironment, LeanEvent
 from holmes_sim.sim.network import FlowNetwork
-from holmes_sim.sim.trace import KIND_CODE, ROW, OpKind
+from holmes_sim.sim.trace import KIND_CODE, OpKind, append_row
 
 _PP_SEND = KIND_CODE[OpKind.PP_SEND]
 POSTED = object()
@@ -103,12 +103,12 @@ class PipelineMessages:
         engine's `CountingEnvironment`: the receiver's `LeanEvent` where it waits, else the
         transfer's own event (the flow of `FlowNetwork.send_message`, which succeeded and is
         free to fire again), consumed when the receiver gets there."""
-        env, rows, arrival, pack, size = self.env, self.rows, self.arrival, ROW.pack, self.size
+        env, rows, arrival, append, size = self.env, self.rows, self.arrival, append_row, self.size
         while True:
             done = yield
             k, begun, (sender, stream), mb, chunk = done.message
             now = env._now
-            rows += pack(begun, now, size, sender, mb, chunk, stream, _PP_SEND)
+            append(rows, begun, now, size, sender, mb, chunk, stream, _PP_SEND)
             ev = arrival[k]
             if ev is None:  # nobody waits for it yet
                 ev = arrival[k] = done

@@ -16,7 +16,7 @@ from holmes_sim.cost.nccl_algorithms import CollectiveTopology, choose
 from holmes_sim.cost.paths import PathUse
 from holmes_sim.sim.collectives import nccl_collective, ring_collective
 from holmes_sim.sim.network import FlowNetwork
-from holmes_sim.sim.trace import KIND_CODE, ROW, OpKind, Trace
+from holmes_sim.sim.trace import KIND_CODE, OpKind, Trace, append_row
 
 _KIND_NAME = {
     OpKind.DP_ALL_REDUCE: "all-reduce", OpKind.DP_REDUCE_SCATTER: "reduce-scatter",
@@ -112,7 +112,7 @@ class Collectives:
         per_member, now, code = _traffic(kind, ring.p, size_bytes), self.env.now, KIND_CODE[kind]
         rows = self.trace.rows
         for e, st in self._ids(ring.members, ring.trace_stream):  # `Trace.op` of each member, ids looked up once
-            rows += ROW.pack(start, now, per_member, e, -1, 0, st, code)
+            append_row(rows, start, now, per_member, e, -1, 0, st, code)
         done.succeed()
 
     def _ids(self, members: tuple[str, ...], stream: str) -> list[tuple[int, int]]:

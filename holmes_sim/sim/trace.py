@@ -3,6 +3,7 @@ kind and bytes. Metrics, plots and the Chrome/Perfetto export all read this one 
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -66,6 +67,39 @@ KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 ROW = struct.Struct("<dddiihbb")
 """A trace row as bytes: start s, end s, bytes, entity index, micro-batch, chunk, stream index,
 kind code (`KIND_CODE`)."""
+
+
+_TWO_ROWS = struct.Struct(ROW.format + ROW.format[1:])
+
+
+def _append_row_struct(rows: bytearray, start: float, end: float, nbytes: float, entity: int,
+                       microbatch: int, chunk: int, stream: int, kind: int) -> None:
+    """`append_row` with `struct` (where the C extension was not built)."""
+    rows += ROW.pack(start, end, nbytes, entity, microbatch, chunk, stream, kind)
+
+
+def _append_rows_struct(rows: bytearray, *fields) -> None:
+    """`append_rows` with `struct` (where the C extension was not built)."""
+    rows += (_TWO_ROWS if len(fields) == 16 else _row_struct(len(fields))).pack(*fields)
+
+
+@functools.cache
+def _row_struct(n_fields: int) -> struct.Struct:
+    """A `struct.Struct` of `n_fields // 8` rows (`ROW` repeated)."""
+    if n_fields < 8 or n_fields % 8:
+        raise TypeError(f"8 fields a row expected, got {n_fields}")
+    return struct.Struct("<" + ROW.format[1:] * (n_fields // 8))
+
+
+try:  # the rows packed in C (`_trace_rows.c`, an optional extension): the same bytes
+    from holmes_sim.sim._trace_rows import append as append_row, append as append_rows
+except ImportError:  # pragma: no cover - built wherever there is a C compiler
+    append_row, append_rows = _append_row_struct, _append_rows_struct
+"""`append_rows(rows, *fields)`: append to bytearray `rows` one `ROW` per 8 `fields` (in `ROW`'s
+order), the bytes `ROW.pack` makes of them; `append_row(rows, ...)` appends exactly one. In C
+when the optional extension `_trace_rows` was built (no bytes object per row), else with
+`struct` (`append_row` then with a fixed signature, which CPython calls with less work than
+one taking `*fields`)."""
 _ROW_DTYPE = np.dtype({"names": ["start", "end", "bytes", "entity", "mb", "chunk", "stream", "kind"],
                        "formats": ["<f8", "<f8", "<f8", "<i4", "<i4", "<i2", "i1", "i1"],
                        "offsets": [0, 8, 16, 24, 28, 32, 34, 35], "itemsize": ROW.size})
@@ -131,7 +165,7 @@ class Trace:
            bytes_: float = 0.0, microbatch: int = -1, chunk: int = 0) -> None:
         """Record one op (seconds from the iteration start; bytes sent by `entity`)."""
         e, st = self.ids(entity, stream)
-        self.rows += ROW.pack(start_s, end_s, bytes_, e, microbatch, chunk, st, KIND_CODE[kind])
+        append_row(self.rows, start_s, end_s, bytes_, e, microbatch, chunk, st, KIND_CODE[kind])
 
     def add(self, record: OpRecord) -> None:
         self.op(record.start_s, record.end_s, record.entity, record.stream, record.kind,

@@ -1,10 +1,22 @@
-"""The engine's calendar event loop processes events in SimPy's own order."""
+"""The engine's calendar event loop processes events in SimPy's own order (each test with the
+loop in C, `_run_loop`, where it was built, and in Python)."""
 
 import random
 
+import pytest
 import simpy
 
+from holmes_sim.sim import environment
 from holmes_sim.sim.environment import CountingEnvironment
+
+
+@pytest.fixture(autouse=True, params=["built", "python"])
+def run_loop(request, monkeypatch):
+    """The bucket loop `CountingEnvironment.run_until` uses: the built one or `_take`."""
+    if request.param == "python":
+        monkeypatch.setattr(environment, "take", environment._take)
+    elif environment.take is environment._take:
+        pytest.skip("the C run loop was not built")
 
 
 def _workload(env: simpy.Environment, log: list, seed: int) -> simpy.Event:
@@ -122,3 +134,48 @@ def test_direct_resumption_keeps_simpys_order():
     assert logs[0] == logs[1]
     assert values == ["done", "done"]
     assert len(logs[0]) == 6 * 2 + 20
+
+
+def _failing(env: simpy.Environment, defused: bool) -> simpy.Event:
+    """A timeout at 1 s, after an event failing at 0.5 s (defused or not) and two others."""
+    env.timeout(0.25)
+    failing = env.event()
+    env.schedule(failing, delay=0.5)
+    failing._ok, failing._value = False, ValueError("boom")
+    if defused:
+        failing.defused = True
+    env.timeout(0.75)
+    return env.timeout(1.0)
+
+
+@pytest.mark.parametrize("defused", [False, True])
+def test_a_failed_event_raises_unless_defused_as_in_simpy(defused):
+    plain = simpy.Environment()
+    calendar = CountingEnvironment()
+    runs = ((plain, lambda: plain.run(until=_failing(plain, defused))),
+            (calendar, lambda: calendar.run_until(_failing(calendar, defused))))
+    for env, run in runs:
+        if defused:
+            run()
+            assert env.now == 1.0
+        else:
+            with pytest.raises(ValueError, match="boom"):
+                run()
+            assert env.now == 0.5
+    assert calendar.events_processed == (4 if defused else 2)
+
+
+def test_a_raising_callback_stops_the_loop_and_the_events_taken_are_counted():
+    env = CountingEnvironment()
+    log = []
+    first, second = env.timeout(0.5), env.timeout(0.5)
+    first.callbacks.append(lambda ev: log.append("first"))
+    second.callbacks.append(lambda ev: 1 / 0)
+    second.callbacks.append(lambda ev: log.append("not called"))
+    later = env.timeout(1.0)
+    with pytest.raises(ZeroDivisionError):
+        env.run_until(later)
+    assert log == ["first"] and env.events_processed == 2
+    assert first.processed and second.processed and not later.processed
+    env.run_until(later)  # the bucket lost the events taken: the run goes on from there
+    assert env.now == 1.0 and env.events_processed == 3 and log == ["first"]
