@@ -58,6 +58,8 @@ def _cold() -> None:
     walk.full_op_table.cache_clear()
     planner._PLANS.clear()
     planner._PREPARED.clear()
+    planner._TRAININGS.clear()
+    planner._PARALLELS.clear()
     planner._WORKLOADS.clear()
     schedule._build_schedule.cache_clear()
     schedule._peak_in_flight.cache_clear()
