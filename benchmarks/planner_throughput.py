@@ -42,6 +42,7 @@ def _cold() -> None:
     if hasattr(plan, "_PLACES"):
         plan._PLACES.clear()
     analytic._WALKS.clear()
+    analytic._REPLICAS.clear()
     analytic._ESTIMATES.clear()
     analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
@@ -112,6 +113,7 @@ def _estimate_only_cold() -> None:
     from holmes_sim.cost import ops
 
     analytic._WALKS.clear()
+    analytic._REPLICAS.clear()
     analytic._ESTIMATES.clear()
     analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()

@@ -104,7 +104,7 @@ class _Estimator:
         """Each class of alike replicas is walked once (their pipelines are independent until
         the DP sync); a stage ends when its slowest replica's tail does."""
         p, net = self.plan, self.net
-        clocks = [self._evaluate_replica(d) for d, _ in net.replica_classes()]
+        clocks = [self._replica(d) for d, _ in net.replica_classes()]
         combos = net.stage_combos(self.w.tie_embeddings)
         finish = [max(clocks[c][s] + self._tail(s, d) for c, _, d in combos[s])
                   for s in range(p.pp)]
@@ -125,6 +125,18 @@ class _Estimator:
     def _virtual(self, s: int, c: int) -> int:
         """Virtual stage of chunk c of stage s (`Schedule.virtual_stage`)."""
         return c * self.plan.pp + s
+
+    def _replica(self, d: int) -> list[float]:
+        """`_evaluate_replica`, shared by plans whose walk is the same: without parameter
+        gathers before the first forward (no start delays), a replica's walk depends on its op
+        durations (the chunk times, that is the cluster, workload, compute model and TP degree,
+        and the placement's view), the layers of each virtual stage and the schedule's shape
+        only; a layout's optimizers then share it."""
+        if self.plan.optimizer.gathers_before_forward:
+            return self._evaluate_replica(d)
+        return list(_REPLICAS.get((self.times, self.net), (self.plan.layers_per_stage,
+                                                            self._shape, d),
+                                  lambda: tuple(self._evaluate_replica(d))))
 
     def _evaluate_replica(self, d: int) -> list[float]:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
@@ -483,5 +495,7 @@ def shared_link_ends(jobs: tuple[list[tuple[float, float]], ...]) -> list[list[f
     return ends
 
 
+_REPLICAS: IdentityMemo[tuple[float, ...]] = IdentityMemo(1024)
+"""`_Estimator._replica`'s walks by chunk times, view, layers and schedule shape."""
 _WALKS: dict[tuple, tuple[float, ...]] = {}
 """Replica walks by their inputs (exact reuse across the candidates of a search)."""
