@@ -205,9 +205,17 @@ class _Estimator:
         key = self._alike(s, d)
         got = self._stage_cache.get(key)
         if got is None:
-            got = self._stage_cache[key] = ([self._op_s(s, d, j, b) for j, b in kinds],
-                                            self._start_delay(s, d))
+            got = self._stage_cache[key] = (self._ops_s(s, d, kinds), self._start_delay(s, d))
         return got
+
+    def _ops_s(self, s: int, d: int, kinds) -> list[float]:
+        """`_op_s` of each (virtual stage, backward) of `kinds` on stage s of replica d; without
+        CP and EP all-to-alls, the chunk times alone (the node found once)."""
+        if self.net.cp != 1 or (self.w.ep != 1 and self.w.moe is not None):
+            return [self._op_s(s, d, j, b) for j, b in kinds]
+        node, layers, last, op_s = self.net.node(s, d), self.plan.layers_per_stage, self.nv - 1, \
+            self.times.op_s
+        return [op_s(node, layers[j], j == 0, j == last, b) for j, b in kinds]
 
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
         """Compute plus TP communication of virtual stage j's op on replica d's node (shared by
