@@ -2,13 +2,18 @@
 and the analytic estimate; no simulation), at 64 GPUs (`mixed_ib_roce`) and 1,024 GPUs
 (`large_175b_1024`), and what one estimate costs at 1,024 GPUs (issue 11's targets).
 
-    python benchmarks/planner_throughput.py [--layouts 120] [--jobs N] [--estimate-only] [--json]
+    python benchmarks/planner_throughput.py [--layouts 120] [--jobs N] [--repeat 5]
+                                            [--estimate-only] [--json]
 
 For each scenario, `--layouts` layouts (four contiguous blocks spread over its search grid,
 as neighbours in a whole search share caches) are evaluated with
-every policy (and optimizer) of the search, once in this process and once in the local process
-pool (`--jobs`, default the CPU count), each from cold caches; plans/s counts candidate plans,
-with every module the evaluation imports already imported (a one-time cost of a process).
+every policy (and optimizer) of the search, `--repeat` times in this process and as many times
+in the local process pool (`--jobs`, default the CPU count), each from cold caches (the
+compute model's and NCCL choice's too, so no repeat finds what an earlier one priced); plans/s
+counts candidate plans (the median of the repeats: one evaluation takes a quarter to half a
+second, and single ones on a shared machine spread by up to 2x), with every module the
+evaluation imports already imported (a one-time cost of a process). Each plans/s figure is
+printed against issue 25's target (`TARGETS`).
 Then the scenario's own holmes plan at 1,024 GPUs: the estimate on a built plan (a warm plan:
 its op times and walk redone each time, the placement's paths and rings kept; target 0.5 ms),
 and plan building plus the estimate (target 5 ms), from cold caches (the cluster's facts of
@@ -26,22 +31,32 @@ import os
 import time
 
 
-def _cold() -> None:
-    """Empty every cache the search fills, so each measurement starts cold. The cluster's
-    facts of the hardware alone (`Cluster.derived`: link capacities, each GPU's NIC links) stay:
-    one search has one cluster."""
+def _cold(models: bool = False) -> None:
+    """Empty every cache the search fills, so each measurement starts cold; with `models` the
+    compute model's and NCCL choice's too (a repeated plans/s figure as cold as a process's
+    first search). The cluster's facts of the hardware alone (`Cluster.derived`: link
+    capacities, each GPU's NIC links) stay: one search has one cluster."""
     from holmes_sim import plan, schedule
     from holmes_sim.estimate import analytic
     from holmes_sim.estimate import netview
     from holmes_sim.search import planner
     from holmes_sim.estimate import walk
-    from holmes_sim.cost import ops
+    from holmes_sim.cost import gemm, moe, nccl_algorithms, ops, transformer
     from holmes_sim.model import bucket_layout
+    from holmes_sim.model import moe as model_moe
     from holmes_sim.policies import base, holmes, partition
+
+    for module in (gemm, moe, nccl_algorithms, transformer, model_moe) if models else ():
+        for f in vars(module).values():
+            if callable(getattr(f, "cache_clear", None)):
+                f.cache_clear()
+    bucket_layout._PIECES.clear()
+    bucket_layout._COLUMNS.clear()
 
     if hasattr(plan, "_PLACES"):
         plan._PLACES.clear()
     analytic._WALKS.clear()
+    analytic._REPLICAS.clear()
     analytic._ESTIMATES.clear()
     analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
@@ -58,6 +73,8 @@ def _cold() -> None:
     walk.full_op_table.cache_clear()
     planner._PLANS.clear()
     planner._PREPARED.clear()
+    planner._TRAININGS.clear()
+    planner._PARALLELS.clear()
     planner._WORKLOADS.clear()
     schedule._build_schedule.cache_clear()
     schedule._peak_in_flight.cache_clear()
@@ -74,7 +91,11 @@ def _import_everything() -> None:
     import holmes_sim.runner  # noqa: F401
 
 
-def _throughput(name: str, layouts: int, jobs: int | None) -> dict:
+TARGETS = {64: 3_000.0, 1024: 1_000.0}
+"""Issue 25's plans/s targets by GPU count (`mixed_ib_roce`, `large_175b_1024`)."""
+
+
+def _throughput(name: str, layouts: int, jobs: int | None, repeat: int = 5) -> dict:
     from holmes_sim.search import planner
     from holmes_sim.bundled import bundled_scenario
     from holmes_sim.prepare import prepare
@@ -87,20 +108,38 @@ def _throughput(name: str, layouts: int, jobs: int | None) -> dict:
     block = max(1, layouts // 4)
     sample = [lay for b in range(4) for lay in
               grid[b * len(grid) // 4:b * len(grid) // 4 + block]]
-    _cold()
-    t0 = time.perf_counter()
-    one = planner.evaluate_chunk(prepared, spec, sample)
-    serial_s = time.perf_counter() - t0
-    _cold()
     n_jobs = jobs or os.cpu_count() or 1
-    t0 = time.perf_counter()
-    pooled = [c for part in planner._local_map(prepared, spec, sample, n_jobs, None) for c in part]
-    pool_s = time.perf_counter() - t0
-    assert [c.predicted_iteration_s for c in pooled] == [c.predicted_iteration_s for c in one]
+    serial, pool = [], []
+    for _ in range(repeat):  # alternating, so a busy spell of the machine hits both
+        _cold(models=True)
+        t0 = time.perf_counter()
+        one = planner.evaluate_chunk(prepared, spec, sample)
+        serial.append(time.perf_counter() - t0)
+        _cold(models=True)
+        t0 = time.perf_counter()
+        pooled = [c for part in planner._local_map(prepared, spec, sample, n_jobs, None)
+                  for c in part]
+        pool.append(time.perf_counter() - t0)
+        assert [c.predicted_iteration_s for c in pooled] == [c.predicted_iteration_s for c in one]
     return {"scenario": name, "gpus": prepared.cluster.num_gpus, "grid_layouts": len(grid),
-            "plans": len(one), "fit": sum(c.fits_memory for c in one),
-            "serial_plans_per_s": len(one) / serial_s, "jobs": n_jobs,
-            "pool_plans_per_s": len(one) / pool_s}
+            "plans": len(one), "fit": sum(c.fits_memory for c in one), "repeat": repeat,
+            "serial_plans_per_s": len(one) / _median(serial), "jobs": n_jobs,
+            "pool_plans_per_s": len(one) / _median(pool)}
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _verdicts(row: dict) -> list[str]:
+    """Each plans/s figure of a throughput row against its target: '... ok' (or MISSED)."""
+    target = TARGETS.get(row["gpus"])
+    if target is None:
+        return []
+    return [f"{what} {row[key]:,.0f} plans/s >= {target:,.0f} "
+            f"{'ok' if row[key] >= target else 'MISSED'}"
+            for what, key in (("one process", "serial_plans_per_s"),
+                              (f"{row['jobs']} workers", "pool_plans_per_s"))]
 
 
 def _estimate_only_cold() -> None:
@@ -110,6 +149,7 @@ def _estimate_only_cold() -> None:
     from holmes_sim.cost import ops
 
     analytic._WALKS.clear()
+    analytic._REPLICAS.clear()
     analytic._ESTIMATES.clear()
     analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
@@ -117,7 +157,7 @@ def _estimate_only_cold() -> None:
 
 
 def _median_ms(times: list[float]) -> float:
-    return 1e3 * sorted(times)[len(times) // 2]
+    return 1e3 * _median(times)
 
 
 def _timed(f, out: list[tuple[float, float]]) -> None:
@@ -209,17 +249,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layouts", type=int, default=120, help="layouts sampled per scenario")
     ap.add_argument("--jobs", type=int, default=None, help="pool workers (default: CPU count)")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="cold evaluations per plans/s figure (their median)")
     ap.add_argument("--estimate-only", action="store_true",
                     help="only the cost of one estimate at 1,024 GPUs (no plans/s)")
     ap.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = ap.parse_args()
     _import_everything()
     rows = [] if args.estimate_only else \
-        [_throughput(n, args.layouts, args.jobs) for n in ("mixed_ib_roce", "large_175b_1024")]
+        [_throughput(n, args.layouts, args.jobs, max(1, args.repeat))
+         for n in ("mixed_ib_roce", "large_175b_1024")]
     for r in rows:
         print(f"{r['gpus']:5d} GPUs ({r['scenario']}): {r['plans']} plans ({r['fit']} fit) from "
               f"{r['grid_layouts']} layouts: {r['serial_plans_per_s']:.0f} plans/s in one process, "
-              f"{r['pool_plans_per_s']:.0f} plans/s with {r['jobs']} workers")
+              f"{r['pool_plans_per_s']:.0f} plans/s with {r['jobs']} workers (medians of "
+              f"{r['repeat']})")
+        for verdict in _verdicts(r):
+            print(f"        target: {verdict}")
     e = _estimate_cost()
     print(f"analytic estimate at {e['gpus']:,} GPUs ({e['scenario']}, holmes, TP{e['tp']} PP{e['pp']} "
           f"DP{e['dp']}, {e['schedule']} m={e['microbatches']} v={e['chunks']}; walk in {e['walk']}), "

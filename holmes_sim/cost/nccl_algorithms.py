@@ -222,13 +222,39 @@ def candidates(topo: CollectiveTopology, kind: str, size_bytes: float) -> list[C
 
 @lru_cache(maxsize=4096)
 def choose(topo: CollectiveTopology, kind: str, size_bytes: float) -> Choice:
-    """NCCL's pick: the candidate of least time (ties: ring/Simple before others); kept for the
-    same arguments (a simulation asks once per bucket)."""
+    """NCCL's pick: the candidate of least time (ties: ring/Simple before others, then the
+    first); kept for the same arguments (a simulation asks once per bucket). The candidates'
+    latencies and shares come from `_shapes`, their times from `_time` as `candidates` prices
+    them."""
     if topo.members <= 1:
         return Choice("ring", "Simple", 0.0, 0.0, 0.0, 0.0)
-    options = candidates(topo, kind, size_bytes)
-    ring_simple = options[2]
-    return min(options, key=lambda c: (c.time_s, c is not ring_simple))
+    shapes = _shapes(topo, kind, _tree_index(topo, kind, size_bytes))
+    times = [_time(topo, size_bytes, latency, intra, exit_)
+             for _, _, latency, intra, exit_ in shapes]
+    best = min(range(len(shapes)), key=lambda i: (times[i], i != 2))  # 2: ring/Simple
+    return Choice(*shapes[best], times[best])
+
+
+def _tree_index(topo: CollectiveTopology, kind: str, size_bytes: float) -> int:
+    """The tree's correction index (`_tree`) of a size where the candidates have a tree and it
+    corrects the efficiency, else -1: the candidates' latencies and shares depend on the size
+    through it alone."""
+    if kind != "all-reduce" or topo.nodes <= 1:
+        return -1
+    lane = size_bytes / topo.lanes
+    index = floor(log2(lane / 64)) if lane >= 64 else -1
+    return index if 0 <= index < 23 else -1
+
+
+@lru_cache(maxsize=1024)
+def _shapes(topo: CollectiveTopology, kind: str, index: int
+            ) -> tuple[tuple[str, str, float, float, float], ...]:
+    """(algorithm, protocol, latency s, intra share, exit share) of `candidates` for sizes of
+    tree correction index `index` (`_tree_index`), priced at a size of that index: 64 x
+    2^index bytes per lane (exact in binary), or none."""
+    size = 64.0 * 2.0 ** index * topo.lanes if index >= 0 else 0.0
+    return tuple((c.algorithm, c.protocol, c.latency_s, c.intra_share, c.exit_share)
+                 for c in candidates(topo, kind, size))
 
 
 def collective_time_s(topo: CollectiveTopology, kind: str, size_bytes: float) -> float:

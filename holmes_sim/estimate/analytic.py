@@ -18,7 +18,9 @@ free communication [Narayanan et al. SC'21, section 2.2]: 1F1B and GPipe bubble 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from operator import is_
 
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.collectives import ring_collective_time_s
@@ -54,22 +56,40 @@ def estimate_iteration(plan: Plan, cluster: Cluster, workload: Workload,
     objects: a policy that estimates its plans to pick one (`policies.holmes`) and the planner
     that then estimates the pick share it."""
     return _ESTIMATES.get((plan, cluster, workload, compute), (),
-                          lambda: _Estimator(plan, cluster, workload, compute).run())
+                          lambda: _estimator(plan, cluster, workload, compute).run())
+
+
+def _estimator(plan: Plan, cluster: Cluster, workload: Workload,
+               compute: ComputeModel) -> _Estimator:
+    """The estimator `iteration_floor_s` last made, when it was for these very objects (its
+    prices kept), else a new one."""
+    objects = (plan, cluster, workload, compute)
+    if _FLOORED and all(map(is_, _FLOORED[0][0], objects)):
+        return _FLOORED.pop()[1]
+    return _Estimator(*objects)
 
 
 def iteration_floor_s(plan: Plan, cluster: Cluster, workload: Workload,
-                      compute: ComputeModel) -> float:
-    """A lower bound of `estimate_iteration(...).iteration_s` (s), from the walk's durations
-    alone: on a walked replica, a stage's ops run one after another (its m forwards and
+                      compute: ComputeModel, reach: float = math.inf) -> float:
+    """A lower bound of `estimate_iteration(...).iteration_s` (s), from the walk's op and send
+    durations and stage 0's tail: on a walked replica, a stage's ops run one after another (its m forwards and
     backwards of each chunk back to back); its first op, a forward of virtual stage j >= s,
     waits for that micro-batch's forwards on virtual stages 0..j-1; its last op, a backward
     (each forward's backward follows it on the stage), precedes that micro-batch's backwards
-    on virtual stages j-1..0; the iteration ends no earlier than the last of them (sends and
-    the work after a stage's last op take no negative time). The sum here is rounded apart
-    from the walk's, so a caller comparing it leaves a margin."""
-    return _Estimator(plan, cluster, workload, compute).iteration_floor_s()
+    on virtual stages j-1..0, the last of them on stage 0, each step of both chains after its
+    send's idle-path time; the iteration ends no earlier than that plus stage 0's work after
+    its last op (its tail, as `estimate_iteration` prices it). The tail is priced only where
+    the chains alone stay below `reach` (a caller asking whether the bound reaches it learns
+    as much without). The sum here is rounded apart from the walk's, so a caller comparing it
+    leaves a margin."""
+    estimator = _Estimator(plan, cluster, workload, compute)
+    _FLOORED[:] = [((plan, cluster, workload, compute), estimator)]
+    return estimator.iteration_floor_s(reach)
 
 
+_FLOORED: list[tuple[tuple, "_Estimator"]] = []
+"""The last estimator of `iteration_floor_s`, with its objects: a caller whose bound does not
+reach estimates the same plan next."""
 _ESTIMATES: IdentityMemo[Estimate] = IdentityMemo(16)
 _BUCKETS: IdentityMemo[tuple] = IdentityMemo(4096)
 """`_Estimator._layout` by what the cut depends on (the workload's shape, not its micro-batch),
@@ -104,27 +124,48 @@ class _Estimator:
         """Each class of alike replicas is walked once (their pipelines are independent until
         the DP sync); a stage ends when its slowest replica's tail does."""
         p, net = self.plan, self.net
-        clocks = [self._evaluate_replica(d) for d, _ in net.replica_classes()]
+        clocks = [self._replica(d) for d, _ in net.replica_classes()]
         combos = net.stage_combos(self.w.tie_embeddings)
         finish = [max(clocks[c][s] + self._tail(s, d) for c, _, d in combos[s])
                   for s in range(p.pp)]
         return Estimate(max(finish), tuple(max(clock[s] for clock in clocks) for s in range(p.pp)))
 
-    def iteration_floor_s(self) -> float:
+    def iteration_floor_s(self, reach: float) -> float:
         """See the module function."""
-        p, best = self.plan, 0.0
+        p, walked = self.plan, []
         for d, _ in self.net.replica_classes():
             ops = [self._op_s(j % p.pp, d, j, False) + self._op_s(j % p.pp, d, j, True)
                    for j in range(self.nv)]
-            before = 0.0  # virtual stages 0..s-1: a forward and a backward each
+            # Virtual stages 0..s-1: a forward and a backward each, and the sends between them
+            # (a transfer starts no earlier than its op's end).
+            before, best = 0.0, 0.0
             for s in range(p.pp):
                 best = max(best, before + p.num_microbatches * sum(ops[s::p.pp]))
                 before += ops[s]
-        return best
+                if s + 1 < p.pp:
+                    before += self._p2p_s(s, s + 1, d) + self._p2p_s(s + 1, s, d)
+            walked.append(best)
+        if max(walked) >= reach:
+            return max(walked)
+        # Each chain ends with virtual stage 0's op on stage 0, whose tail follows (`run`).
+        return max(walked[c] + self._tail(0, d)
+                   for c, _, d in self.net.stage_combos(self.w.tie_embeddings)[0])
 
     def _virtual(self, s: int, c: int) -> int:
         """Virtual stage of chunk c of stage s (`Schedule.virtual_stage`)."""
         return c * self.plan.pp + s
+
+    def _replica(self, d: int) -> list[float]:
+        """`_evaluate_replica`, shared by plans whose walk is the same: without parameter
+        gathers before the first forward (no start delays), a replica's walk depends on its op
+        durations (the chunk times, that is the cluster, workload, compute model and TP degree,
+        and the placement's view), the layers of each virtual stage and the schedule's shape
+        only; a layout's optimizers then share it."""
+        if self.plan.optimizer.gathers_before_forward:
+            return self._evaluate_replica(d)
+        return list(_REPLICAS.get((self.times, self.net), (self.plan.layers_per_stage,
+                                                            self._shape, d),
+                                  lambda: tuple(self._evaluate_replica(d))))
 
     def _evaluate_replica(self, d: int) -> list[float]:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
@@ -193,9 +234,17 @@ class _Estimator:
         key = self._alike(s, d)
         got = self._stage_cache.get(key)
         if got is None:
-            got = self._stage_cache[key] = ([self._op_s(s, d, j, b) for j, b in kinds],
-                                            self._start_delay(s, d))
+            got = self._stage_cache[key] = (self._ops_s(s, d, kinds), self._start_delay(s, d))
         return got
+
+    def _ops_s(self, s: int, d: int, kinds) -> list[float]:
+        """`_op_s` of each (virtual stage, backward) of `kinds` on stage s of replica d; without
+        CP and EP all-to-alls, the chunk times alone (the node found once)."""
+        if self.net.cp != 1 or (self.w.ep != 1 and self.w.moe is not None):
+            return [self._op_s(s, d, j, b) for j, b in kinds]
+        node, layers, last, op_s = self.net.node(s, d), self.plan.layers_per_stage, self.nv - 1, \
+            self.times.op_s
+        return [op_s(node, layers[j], j == 0, j == last, b) for j, b in kinds]
 
     def _op_s(self, s: int, d: int, j: int, backward: bool) -> float:
         """Compute plus TP communication of virtual stage j's op on replica d's node (shared by
@@ -483,5 +532,7 @@ def shared_link_ends(jobs: tuple[list[tuple[float, float]], ...]) -> list[list[f
     return ends
 
 
+_REPLICAS: IdentityMemo[tuple[float, ...]] = IdentityMemo(1024)
+"""`_Estimator._replica`'s walks by chunk times, view, layers and schedule shape."""
 _WALKS: dict[tuple, tuple[float, ...]] = {}
 """Replica walks by their inputs (exact reuse across the candidates of a search)."""

@@ -86,7 +86,8 @@ class HolmesPolicy:
         best = estimate_iteration(adaptive, *priced).iteration_s
         # The equal split loses when its iteration's lower bound reaches the adaptive split's
         # iteration (ties keep the adaptive split); the margin covers the two sums' rounding.
-        if iteration_floor_s(even, *priced) * (1.0 - _MARGIN) >= best:
+        reach = best / (1.0 - _MARGIN)
+        if iteration_floor_s(even, *priced, reach=reach) * (1.0 - _MARGIN) >= best:
             return adaptive
         return even if estimate_iteration(even, *priced).iteration_s < best else adaptive
 

@@ -59,6 +59,10 @@ class StageTimer:
                            request.dp, request.num_chunks)
         self.dp_ring, self.emb_ring, self.nodes, self._alike, self._ends = _TIMER_FACTS.get(
             (self.net,), (), lambda: _placement_facts(self.net, request.pp, request.num_chunks))
+        # The optimizer's properties `_dp_exposed_s` reads on every trial, read once.
+        self._flags = (optimizer.reduces_gradients, optimizer.gradient_collective,
+                       optimizer.sharded, optimizer.gathers_before_forward, optimizer.overlapped,
+                       optimizer.reduces_every_microbatch)
         self._chunks: dict[tuple, tuple[float, float, int]] = {}
         self._stage_times: dict[tuple, float] = {}
         self._emb_s: float | None = None
@@ -108,15 +112,14 @@ class StageTimer:
 
     def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
         w, ring = self.r.workload, self.dp_ring[s]
-        mode = self.optimizer
-        reduce = ring.time_s(mode.gradient_collective, w.grad_bytes_of(params)) \
-            if mode.reduces_gradients else 0.0
-        gather = ring.time_s("all-gather", params * w.dtype_bytes) if mode.sharded else 0.0
-        if mode.gathers_before_forward:  # hidden behind one micro-batch's forward
+        reduces, collective, sharded, gathers_first, overlapped, every = self._flags
+        reduce = ring.time_s(collective, w.grad_bytes_of(params)) if reduces else 0.0
+        gather = ring.time_s("all-gather", params * w.dtype_bytes) if sharded else 0.0
+        if gathers_first:  # hidden behind one micro-batch's forward
             gather = max(0.0, gather - fwd_s)
-        if mode.overlapped:  # hidden behind one micro-batch's backward
+        if overlapped:  # hidden behind one micro-batch's backward
             return max(0.0, reduce - bwd_s) + gather
-        if mode.reduces_every_microbatch:  # each micro-batch's behind its backward
+        if every:  # each micro-batch's behind its backward
             return self.r.num_microbatches * max(0.0, reduce - bwd_s) + gather
         return reduce + gather
 
