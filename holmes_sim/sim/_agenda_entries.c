@@ -9,6 +9,12 @@
  *   now:     float, the clock (s)
  *   fire:    callable, given each finished flow's event
  *   context: (due buckets by time, new_bucket, start, take_off, seeds, ahead)
+ *
+ * post(context, route, size, latency, callbacks, message) -> flow
+ *   `network.FlowNetwork.send_message` in C: a new pending flow of the context's flow type,
+ *   its start entry (flow, 0) due at `env._now + latency`, a wake-up armed for it;
+ *   context: (env, flow type, next flow id, due buckets by time, new_bucket, armed, arm).
+ *
  * Fields of a flow, its route and its event are read and set as attributes, through the
  * slots of `flow_records.Flow` and `Route` where the objects are of a type seen last.
  */
@@ -18,10 +24,10 @@
 
 enum { PENDING = 0, ACTIVE = 1, DONE = 2 };
 enum { FL_STATE, FL_ROUTE, FL_SINCE, FL_TOKEN, FL_RATE, FL_SIZE, FL_DONE, FL_REMAINING, FL_OK, FL_VALUE,
-       RT_CONFLICTS, RT_ACTIVE, RT_LONE, RT_SOLO, N_NAMES };
+       FL_FID, FL_CALLBACKS, FL_MESSAGE, RT_CONFLICTS, RT_ACTIVE, RT_LONE, RT_SOLO, N_NAMES };
 static const char *names[N_NAMES] = {"state", "route", "since", "token", "rate", "size", "done",
-                                     "remaining", "_ok", "_value", "conflicts", "active",
-                                     "lone", "solo"};
+                                     "remaining", "_ok", "_value", "fid", "callbacks", "message",
+                                     "conflicts", "active", "lone", "solo"};
 static PyObject *str[N_NAMES];
 static PyObject *zero, *one, *active, *finished, *zero_f;
 
@@ -275,7 +281,68 @@ static PyObject *apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return Py_BuildValue("(nnn)", stop, lone, ended);
 }
 
+static PyObject *str_now;
+
+/* The new flow's fields; 0, or -1 with an error. */
+static int fill(PyObject *flow, PyObject *const *args, PyObject *fid) {
+    return set(flow, flow_type, FL_FID, fid) < 0 || set(flow, flow_type, FL_ROUTE, args[1]) < 0 ||
+        set(flow, flow_type, FL_DONE, flow) < 0 || set(flow, flow_type, FL_STATE, zero) < 0 ||
+        set(flow, flow_type, FL_CALLBACKS, args[4]) < 0 ||
+        set(flow, flow_type, FL_MESSAGE, args[5]) < 0 || set(flow, flow_type, FL_SIZE, args[2]) < 0
+        ? -1 : 0;
+}
+
+/* The flow's start entry in the bucket due at `at` and its wake-up; 0, or -1 with an error. */
+static int enter(PyObject *flow, PyObject *at, PyObject **context) {
+    PyObject *bucket = PyDict_GetItemWithError(context[3], at);  /* borrowed */
+    if (bucket != NULL)
+        Py_INCREF(bucket);
+    else if (PyErr_Occurred() || (bucket = PyObject_CallOneArg(context[4], at)) == NULL)
+        return -1;
+    PyObject *entry = PyTuple_Pack(2, flow, zero);
+    int status = entry == NULL || !PyList_Check(bucket) ? -1 : PyList_Append(bucket, entry);
+    if (entry != NULL && !PyList_Check(bucket))
+        PyErr_SetString(PyExc_TypeError, "an agenda bucket must be a list");
+    Py_XDECREF(entry);
+    Py_DECREF(bucket);
+    if (status < 0)
+        return -1;
+    int armed = PyDict_Contains(context[5], at);
+    if (armed != 0)
+        return armed < 0 ? -1 : 0;
+    PyObject *r = PyObject_CallOneArg(context[6], at);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 7 ||
+            !PyType_Check(PyTuple_GET_ITEM(args[0], 1)) ||
+            !PyDict_Check(PyTuple_GET_ITEM(args[0], 3)) ||
+            !PyDict_Check(PyTuple_GET_ITEM(args[0], 5))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "post(context, route, size, latency, callbacks, message): context "
+                        "(env, flow type, next id, dict, new_bucket, dict, arm) expected");
+        return NULL;
+    }
+    PyObject **context = &PyTuple_GET_ITEM(args[0], 0);
+    PyTypeObject *type = (PyTypeObject *)context[1];
+    if (type != flow_type)
+        learn(&flow_type, type, FL_STATE, RT_CONFLICTS);
+    PyObject *flow = type->tp_alloc(type, 0), *fid = NULL, *now = NULL, *at = NULL;
+    if (flow == NULL || (fid = PyObject_CallNoArgs(context[2])) == NULL ||
+            fill(flow, args, fid) < 0 || (now = PyObject_GetAttr(context[0], str_now)) == NULL ||
+            (at = PyNumber_Add(now, args[3])) == NULL || enter(flow, at, context) < 0)
+        Py_CLEAR(flow);
+    Py_XDECREF(fid);
+    Py_XDECREF(now);
+    Py_XDECREF(at);
+    return flow;
+}
+
 static PyMethodDef methods[] = {
+    {"post", (PyCFunction)(void (*)(void))post, METH_FASTCALL,
+     "post(context, route, size, latency, callbacks, message): start entry of a new flow."},
     {"apply", (PyCFunction)(void (*)(void))apply, METH_FASTCALL,
      "apply(bucket, now, fire, context): apply an agenda bucket's entries in order."},
     {NULL, NULL, 0, NULL},
@@ -289,6 +356,8 @@ PyMODINIT_FUNC PyInit__agenda_entries(void) {
     for (int i = 0; i < N_NAMES; i++)
         if ((str[i] = PyUnicode_InternFromString(names[i])) == NULL)
             return NULL;
+    if ((str_now = PyUnicode_InternFromString("_now")) == NULL)
+        return NULL;
     zero = PyLong_FromLong(0);
     one = PyLong_FromLong(1);
     active = PyLong_FromLong(ACTIVE);

@@ -3,7 +3,7 @@
 end at once; else `FlowNetwork._start`), an active flow whose entry is live ends (alone on its
 links: its route freed; else `FlowNetwork._take_off`) and its event fires. `_agenda_entries.c`
 is `apply` in C, where it was built: the same stores, calls and float arithmetic in the same
-order."""
+order; its `post` is `FlowNetwork.send_message` in C (None where it was not built)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,6 @@ def _apply(bucket: list, now: float, fire, context: tuple) -> tuple[int, int, in
 
 
 try:  # the loop in C (`_agenda_entries.c`, an optional extension)
-    from holmes_sim.sim._agenda_entries import apply
+    from holmes_sim.sim._agenda_entries import apply, post
 except ImportError:  # pragma: no cover - built wherever there is a C compiler
-    apply = _apply
+    apply, post = _apply, None

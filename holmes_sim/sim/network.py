@@ -30,6 +30,7 @@ insertion-ordered dicts.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -39,7 +40,7 @@ from typing import Any
 import simpy
 from simpy.events import NORMAL
 
-from holmes_sim.sim.agenda_entries import apply
+from holmes_sim.sim.agenda_entries import apply, post
 from holmes_sim.sim.flow_records import ACTIVE, DONE, PENDING, Flow, Route
 from holmes_sim.sim.progressive_filling import ProgressiveFilling
 
@@ -112,6 +113,9 @@ class FlowNetwork:
         self._active = 0
         self.rate_recomputations = 0
         self.flows_started = 0
+        if post is not None:  # `send_message` in C: the same flow, entry and wake-up
+            self.send_message = functools.partial(post, (env, Flow, self._next_fid, self._due,
+                                                         self._bucket, self._armed, self._arm))
 
     @property
     def active_flows(self) -> int:
@@ -157,7 +161,9 @@ class FlowNetwork:
                      callbacks: list, message: Any) -> Flow:
         """`transfer` of `size_bytes` > 0 over a route with links, whose event (the flow) calls
         `callbacks` (a list nobody changes, shared by many flows) and carries `message`: the
-        engine's pipeline messages, with less work per flow. Returns the flow."""
+        engine's pipeline messages, with less work per flow. Returns the flow. Where
+        `_agenda_entries` was built, the network's own `send_message` is its `post`, the same
+        work in C."""
         flow = _make(Flow)
         flow.fid, flow.route, flow.done, flow.state = self._next_fid(), route, flow, PENDING
         flow.callbacks, flow.message, flow.size = callbacks, message, size_bytes

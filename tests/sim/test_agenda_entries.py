@@ -22,6 +22,7 @@ def test_a_simulation_is_the_same_with_the_python_entries(monkeypatch, scenario)
     options = EngineOptions(full_simulation=True)
     built = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     monkeypatch.setattr(network, "apply", agenda_entries._apply)
+    monkeypatch.setattr(network, "post", None)
     python = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     assert built.flows > 100 and built.rows == python.rows
     assert (built.iteration_s, built.events, built.flows) == \
@@ -37,3 +38,10 @@ def test_bad_entries_raise(apply):
     with pytest.raises((TypeError, ValueError)):
         apply([], 0.0, None, context[:5])
     assert apply([], 0.0, None, context) == (-1, 0, 0)
+
+
+def test_a_bad_post_context_raises():
+    if agenda_entries.post is None:
+        pytest.skip("the C agenda entries were not built")
+    with pytest.raises(TypeError):
+        agenda_entries.post((), None, 1.0, 0.0, [], None)

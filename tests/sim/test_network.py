@@ -22,9 +22,11 @@ N = 4e9  # bytes
 
 @pytest.fixture(autouse=True, params=["built", "python"])
 def apply_entries(request, monkeypatch):
-    """What `FlowNetwork._on_wake` applies agenda entries with: the built one or `_apply`."""
+    """What `FlowNetwork._on_wake` applies agenda entries with and `send_message` posts flows
+    with: the built ones or Python's."""
     if request.param == "python":
         monkeypatch.setattr(network, "apply", agenda_entries._apply)
+        monkeypatch.setattr(network, "post", None)
     elif network.apply is agenda_entries._apply:
         pytest.skip("the C agenda entries were not built")
 
