@@ -30,6 +30,7 @@ insertion-ordered dicts.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -39,6 +40,7 @@ from typing import Any
 import simpy
 from simpy.events import NORMAL
 
+from holmes_sim.sim.agenda_entries import apply, post
 from holmes_sim.sim.flow_records import ACTIVE, DONE, PENDING, Flow, Route
 from holmes_sim.sim.progressive_filling import ProgressiveFilling
 
@@ -105,10 +107,15 @@ class FlowNetwork:
         self._current = math.inf  # the due time being applied by `_on_wake`
         self._ahead: list[float] = []  # due times posted before `_current` while applying it
         self._armed: dict[float, Flow] = {}  # pending wake-ups by due time (look-up only)
+        self._apply_context = (self._due, self._bucket, self._start, self._take_off, self._seeds,
+                               self._ahead)  # what `agenda_entries.apply` reads
         self._next_fid = itertools.count().__next__  # a new flow's id
         self._active = 0
         self.rate_recomputations = 0
         self.flows_started = 0
+        if post is not None:  # `send_message` in C: the same flow, entry and wake-up
+            self.send_message = functools.partial(post, (env, Flow, self._next_fid, self._due,
+                                                         self._bucket, self._armed, self._arm))
 
     @property
     def active_flows(self) -> int:
@@ -154,7 +161,9 @@ class FlowNetwork:
                      callbacks: list, message: Any) -> Flow:
         """`transfer` of `size_bytes` > 0 over a route with links, whose event (the flow) calls
         `callbacks` (a list nobody changes, shared by many flows) and carries `message`: the
-        engine's pipeline messages, with less work per flow. Returns the flow."""
+        engine's pipeline messages, with less work per flow. Returns the flow. Where
+        `_agenda_entries` was built, the network's own `send_message` is its `post`, the same
+        work in C."""
         flow = _make(Flow)
         flow.fid, flow.route, flow.done, flow.state = self._next_fid(), route, flow, PENDING
         flow.callbacks, flow.message, flow.size = callbacks, message, size_bytes
@@ -254,57 +263,29 @@ class FlowNetwork:
         recompute once, arm the next one. A stale entry (`token`) does nothing."""
         due: float = event._value  # the due time the wake-up was armed with
         del self._armed[due]
-        times, seeds, ahead = self._times, self._seeds, self._ahead
+        times, ahead = self._times, self._ahead
         env, due_at, now = self._env, self._due, self._env._now
         # A completion's `env.schedule(done)`: to the bucket being processed where there is one.
         fire = env.schedule if getattr(env, "now_bucket", None) is None else env.now_bucket.append
         lone = ended = 0  # flows started alone on their links, flows ended (counted at the end)
+        context = self._apply_context
         while times and times[0] <= due:
             at = self._current = times[0]
             bucket = due_at[at]
-            # Entries posted meanwhile at `at` join the end (the list's iterator takes them).
-            for i, (flow, token) in enumerate(bucket, 1):
-                state = flow.state
-                if state == PENDING:
-                    route = flow.route
-                    for other in route.conflicts:
-                        if other.active:  # a flow on one of its links
-                            self._start(flow, now)
-                            break
-                    else:  # alone on all its links: its rate at once, out of their member maps
-                        flow.state, flow.since, flow.token = ACTIVE, now, 1
-                        route.active, route.lone = 1, flow
-                        flow.rate = rate = route.solo
-                        lone += 1
-                        end = now + flow.size / rate
-                        later = due_at.get(end)  # `_post(end, flow, 1)`, inlined
-                        if later is None:
-                            later = self._bucket(end)
-                        later.append((flow, 1))
-                        if ahead:  # it is due before `at`: apply it first
-                            break
-                elif state == ACTIVE and token == flow.token:
-                    route = flow.route
-                    if route.lone is flow:  # nothing reads its rate or bytes any more
-                        route.active, route.lone = 0, None
-                        flow.state = DONE
-                    else:
-                        self._take_off(flow, seeds)
-                        flow.state, flow.remaining, flow.rate = DONE, 0.0, 0.0
-                    ended += 1
-                    done, flow.done = flow.done, None  # no flow <-> event cycle to collect
-                    done._ok, done._value = True, None  # `done.succeed()`, inlined
-                    fire(done)
-            else:
+            # Entries posted meanwhile at `at` join the end (`apply` takes them too).
+            i, started, finished = apply(bucket, now, fire, context)
+            lone += started
+            ended += finished
+            if i < 0:
                 heapq.heappop(times)
                 del due_at[at]
-                continue
-            del bucket[:i]
-            ahead.clear()
+            else:  # stopped for an entry due before `at`: apply it first
+                del bucket[:i]
+                ahead.clear()
         self._current = math.inf
         self._active += lone - ended
         self.flows_started += lone
-        if seeds:
+        if self._seeds:
             self._update()
         self._arm_next()
 

@@ -1,4 +1,6 @@
-"""Flow-level network: max-min sharing by hand, latency, collectives vs the alpha-beta model."""
+"""Flow-level network: max-min sharing by hand, latency, collectives vs the alpha-beta model
+(each test with the agenda entries applied in C, `_agenda_entries`, where it was built, and in
+Python)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,22 @@ import simpy
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.sim.collectives import p2p, ring_collective
 from holmes_sim.sim.environment import CountingEnvironment
+from holmes_sim.sim import agenda_entries, network
 from holmes_sim.sim.network import FlowNetwork, PathUse
 
 C = 1e10  # bytes/s
 N = 4e9  # bytes
+
+
+@pytest.fixture(autouse=True, params=["built", "python"])
+def apply_entries(request, monkeypatch):
+    """What `FlowNetwork._on_wake` applies agenda entries with and `send_message` posts flows
+    with: the built ones or Python's."""
+    if request.param == "python":
+        monkeypatch.setattr(network, "apply", agenda_entries._apply)
+        monkeypatch.setattr(network, "post", None)
+    elif network.apply is agenda_entries._apply:
+        pytest.skip("the C agenda entries were not built")
 
 
 def one(link: object) -> PathUse:
