@@ -7,8 +7,9 @@ nodes alternately on InfiniBand and RoCE, planned and simulated by the `holmes` 
 
 Per size, in fresh processes: the simulate call's CPU time (planning excluded), events and
 events/s, the peak RSS of that process, and the wall time and peak RSS of a whole
-`holmes-sim run SCENARIO -q` process. A bare SimPy timeout loop measured in the same run gives
-the machine's events/s, so figures compare across machines as ratios. `--straggler` makes the
+`holmes-sim run SCENARIO -q` process. A bare SimPy timeout loop, measured in the simulating
+process just before and just after the simulate call (the median of six loops), gives the
+machine's events/s, so figures compare across machines as ratios. `--straggler` makes the
 cluster's first node run at 0.85 of its speed (its node group's `speed_factor` where the
 scenario schema has one, else a GPU model with 0.85 of the A100's peak FLOP/s and memory
 bandwidth), so that replica's class cannot be merged. `--acceptance` runs issue 25's cases:
@@ -114,6 +115,11 @@ def bare_simpy_events_per_s(n: int = 300_000) -> float:
     return n / (time.process_time() - t0)
 
 
+def bare_simpy_samples(repeat: int = 3) -> list[float]:
+    """Events/s (CPU time) of `repeat` bare SimPy loops of 200,000 events each."""
+    return [bare_simpy_events_per_s(200_000) for _ in range(repeat)]
+
+
 def measure_simulate(path: str, full: bool, queue) -> None:
     """Child process: plan, then time the simulate call alone (CPU seconds)."""
     from dataclasses import replace
@@ -125,14 +131,18 @@ def measure_simulate(path: str, full: bool, queue) -> None:
     prepared = prepare(Path(path))
     plan, cluster = plan_policy(prepared, "holmes")
     options = replace(engine_options(prepared), full_simulation=full)
+    bare = bare_simpy_samples()
     t0 = time.process_time()
     trace = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     cpu = time.process_time() - t0
+    bare = sorted(bare + bare_simpy_samples())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     queue.put({"sim_cpu_s": cpu, "events": trace.events, "flows": trace.flows,
                "entities": len(trace.entities),
                "simulated_entities": len({e for _, _, e, _, _ in trace.ops()}),
-               "sim_rss_mib": rss, "iteration_s": trace.iteration_s})
+               "sim_rss_mib": rss, "iteration_s": trace.iteration_s,
+               "bare_simpy_events_per_s": (bare[2] + bare[3]) / 2,
+               "bare_simpy_range": (bare[0], bare[-1])})
 
 
 def measure_run(path: str, full: bool) -> dict:
@@ -188,18 +198,17 @@ def main() -> int:
     args = ap.parse_args()
     cases = ACCEPTANCE if args.acceptance else \
         [(g, args.full_simulation, args.straggler) for g in args.gpus]
-    bare = bare_simpy_events_per_s()
-    print(f"bare SimPy: {bare / 1e6:.2f} M events/s (CPU)", flush=True)
     rows = []
     for gpus, full, straggler in cases:
         row = measure(gpus, args.microbatches, full, straggler)
-        row["bare_simpy_events_per_s"] = bare
-        row["x_bare"] = row["events_per_s"] / bare
+        row["x_bare"] = row["events_per_s"] / row["bare_simpy_events_per_s"]
         rows.append(row)
         case = ("full" if full else "symmetric") + (", straggler" if straggler else "")
         print(f"{gpus:6d} GPUs ({case}): simulate {row['sim_cpu_s']:6.2f} s CPU, "
               f"{row['events']:8d} events, {row['events_per_s'] / 1e3:6.0f} k events/s "
-              f"({row['x_bare']:.2f} x bare), {row['simulated_entities']}/{row['entities']} "
+              f"({row['x_bare']:.2f} x bare SimPy's {row['bare_simpy_events_per_s'] / 1e6:.2f} M, "
+              f"its loops {row['bare_simpy_range'][0] / 1e6:.2f}-{row['bare_simpy_range'][1] / 1e6:.2f} M), "
+              f"{row['simulated_entities']}/{row['entities']} "
               f"entities simulated, iteration {row['iteration_s']:.4f} s; holmes-sim run "
               f"{row['run_wall_s']:6.2f} s wall, {row['run_cpu_s']:6.2f} s CPU, peak RSS "
               f"{row['run_rss_mib']:6.1f} MiB", flush=True)
