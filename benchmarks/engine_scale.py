@@ -3,7 +3,8 @@
 nodes alternately on InfiniBand and RoCE, planned and simulated by the `holmes` policy.
 
     python benchmarks/engine_scale.py [--gpus 1024 9216 131072] [--microbatches 192]
-                                      [--full-simulation] [--straggler] [--acceptance] [--json]
+                                      [--full-simulation] [--straggler] [--acceptance]
+                                      [--repeat N] [--json]
 
 Per size, in fresh processes: the simulate call's CPU time (planning excluded), events and
 events/s, the peak RSS of that process, and the wall time and peak RSS of a whole
@@ -13,8 +14,9 @@ machine's events/s, so figures compare across machines as ratios. `--straggler` 
 cluster's first node run at 0.85 of its speed (its node group's `speed_factor` where the
 scenario schema has one, else a GPU model with 0.85 of the A100's peak FLOP/s and memory
 bandwidth), so that replica's class cannot be merged. `--acceptance` runs issue 25's cases:
-symmetric 1,024, 9,216 and 131,072 GPUs; full simulation of 9,216, plain and with a straggler.
-Each row prints its figures beside their targets. With --json the last line is a JSON list of
+symmetric 1,024, 9,216 and 131,072 GPUs; full simulation of 9,216, plain and with a straggler,
+each case run three times in rotation (`--repeat`); the medians of its runs are checked against
+their targets. With --json the last line is a JSON list of
 the rows.
 """
 
@@ -185,6 +187,31 @@ def verdicts(row: dict) -> list[str]:
     return out
 
 
+def median_row(runs: list[dict]) -> dict:
+    """One row of a case's runs: each numeric figure's median (the lower middle of an even
+    count), everything else as the first run has it."""
+    row = dict(runs[0])
+    for key, value in row.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            row[key] = sorted(r[key] for r in runs)[(len(runs) - 1) // 2]
+    row["runs"] = len(runs)
+    return row
+
+
+def describe(row: dict) -> str:
+    """One line of a row's figures."""
+    case = ("full" if row["full_simulation"] else "symmetric") + \
+        (", straggler" if row["straggler"] else "")
+    low, high = row["bare_simpy_range"]
+    return (f"{row['gpus']:6d} GPUs ({case}): simulate {row['sim_cpu_s']:6.2f} s CPU, "
+            f"{row['events']:8d} events, {row['events_per_s'] / 1e3:6.0f} k events/s "
+            f"({row['x_bare']:.2f} x bare SimPy's {row['bare_simpy_events_per_s'] / 1e6:.2f} M, "
+            f"its loops {low / 1e6:.2f}-{high / 1e6:.2f} M), "
+            f"{row['simulated_entities']}/{row['entities']} entities simulated, iteration "
+            f"{row['iteration_s']:.4f} s; holmes-sim run {row['run_wall_s']:6.2f} s wall, "
+            f"{row['run_cpu_s']:6.2f} s CPU, peak RSS {row['run_rss_mib']:6.1f} MiB")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[1024, 4096, 9216, 16384, 131072])
@@ -194,24 +221,25 @@ def main() -> int:
                     help=f"the first node at {STRAGGLER_SPEED} of its speed")
     ap.add_argument("--acceptance", action="store_true",
                     help="issue 25's cases (ignores --gpus, --full-simulation, --straggler)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="runs of every case, in rotation; each target is checked on the "
+                         "medians (default 1, with --acceptance 3)")
     ap.add_argument("--json", action="store_true", help="print a JSON list as the last line")
     args = ap.parse_args()
     cases = ACCEPTANCE if args.acceptance else \
         [(g, args.full_simulation, args.straggler) for g in args.gpus]
-    rows = []
-    for gpus, full, straggler in cases:
-        row = measure(gpus, args.microbatches, full, straggler)
-        row["x_bare"] = row["events_per_s"] / row["bare_simpy_events_per_s"]
-        rows.append(row)
-        case = ("full" if full else "symmetric") + (", straggler" if straggler else "")
-        print(f"{gpus:6d} GPUs ({case}): simulate {row['sim_cpu_s']:6.2f} s CPU, "
-              f"{row['events']:8d} events, {row['events_per_s'] / 1e3:6.0f} k events/s "
-              f"({row['x_bare']:.2f} x bare SimPy's {row['bare_simpy_events_per_s'] / 1e6:.2f} M, "
-              f"its loops {row['bare_simpy_range'][0] / 1e6:.2f}-{row['bare_simpy_range'][1] / 1e6:.2f} M), "
-              f"{row['simulated_entities']}/{row['entities']} "
-              f"entities simulated, iteration {row['iteration_s']:.4f} s; holmes-sim run "
-              f"{row['run_wall_s']:6.2f} s wall, {row['run_cpu_s']:6.2f} s CPU, peak RSS "
-              f"{row['run_rss_mib']:6.1f} MiB", flush=True)
+    repeat = max(1, args.repeat or (3 if args.acceptance else 1))
+    runs: dict[tuple, list[dict]] = {case: [] for case in cases}
+    for r in range(repeat):  # in rotation, so a busy spell of the host hits every case
+        for case in cases:
+            row = measure(case[0], args.microbatches, case[1], case[2])
+            row["x_bare"] = row["events_per_s"] / row["bare_simpy_events_per_s"]
+            runs[case].append(row)
+            print(("" if repeat == 1 else f"[run {r + 1}/{repeat}] ") + describe(row), flush=True)
+    rows = [median_row(runs[case]) for case in cases]
+    for row in rows:
+        if repeat > 1:
+            print(f"median of {repeat}: " + describe(row), flush=True)
         for verdict in verdicts(row):
             print(f"        target: {verdict}", flush=True)
     if args.json:
