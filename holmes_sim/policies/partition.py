@@ -63,6 +63,10 @@ class StageTimer:
         self._flags = (optimizer.reduces_gradients, optimizer.gradient_collective,
                        optimizer.sharded, optimizer.gathers_before_forward, optimizer.overlapped,
                        optimizer.reduces_every_microbatch)
+        self._bytes = (request.workload.grad_bytes, request.workload.dtype_bytes)
+        # The stages that all-reduce the tied embeddings: the first and the last.
+        self._embedding_stages = (0, request.pp - 1) if request.pp > 1 and \
+            request.workload.tie_embeddings else ()
         self._chunks: dict[tuple, tuple[float, float, int]] = {}
         self._stage_times: dict[tuple, float] = {}
         self._emb_s: float | None = None
@@ -73,8 +77,10 @@ class StageTimer:
         key = (self._alike[s], tuple(chunk_layers))
         got = self._stage_times.get(key)
         if got is None:
-            got = self._stage_times[key] = max(self._replica_time_s(s, node, chunk_layers)
-                                               for node in self.nodes[s])
+            nodes = self.nodes[s]
+            got = self._stage_times[key] = self._replica_time_s(s, nodes[0], chunk_layers) \
+                if len(nodes) == 1 else max(self._replica_time_s(s, node, chunk_layers)
+                                            for node in nodes)
         return got
 
     def _replica_time_s(self, s: int, node: Node, chunk_layers: Sequence[int]) -> float:
@@ -88,7 +94,7 @@ class StageTimer:
             bwd += got[1]
             params += got[2]
         exposed = self._dp_exposed_s(s, params, fwd, bwd)
-        if s in (0, r.pp - 1) and r.pp > 1 and r.workload.tie_embeddings:
+        if s in self._embedding_stages:
             exposed += self._embedding_s()
         if s == r.pp - 1:  # the deferred output-layer weight gradients are its compute too
             fwd += self.costs.deferred_wgrad_s(node)
@@ -111,10 +117,11 @@ class StageTimer:
         return got
 
     def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
-        w, ring = self.r.workload, self.dp_ring[s]
+        ring = self.dp_ring[s]
         reduces, collective, sharded, gathers_first, overlapped, every = self._flags
-        reduce = ring.time_s(collective, w.grad_bytes_of(params)) if reduces else 0.0
-        gather = ring.time_s("all-gather", params * w.dtype_bytes) if sharded else 0.0
+        grad_bytes, dtype_bytes = self._bytes  # `Workload.grad_bytes_of`'s factor, dtype_bytes
+        reduce = ring.time_s(collective, params * grad_bytes) if reduces else 0.0
+        gather = ring.time_s("all-gather", params * dtype_bytes) if sharded else 0.0
         if gathers_first:  # hidden behind one micro-batch's forward
             gather = max(0.0, gather - fwd_s)
         if overlapped:  # hidden behind one micro-batch's backward
@@ -187,10 +194,19 @@ def _greedy(timer: StageTimer) -> tuple[int, ...]:
     return tuple(per_stage[j % r.pp][j // r.pp] for j in range(r.pp * v))
 
 
-def _even(total: int, parts: int) -> list[int]:
-    """`total` split into `parts` near-equal counts, the larger ones first."""
-    base, extra = divmod(total, parts)
-    return [base + (1 if c < extra else 0) for c in range(parts)]
+def _even(total: int, parts: int) -> tuple[int, ...]:
+    """`total` split into `parts` near-equal counts, the larger ones first (kept: the search
+    asks for a few splits many times)."""
+    got = _EVEN.get((total, parts))
+    if got is None:
+        base, extra = divmod(total, parts)
+        if len(_EVEN) >= 4096:
+            _EVEN.clear()
+        got = _EVEN[(total, parts)] = tuple(base + (1 if c < extra else 0) for c in range(parts))
+    return got
+
+
+_EVEN: dict[tuple[int, int], tuple[int, ...]] = {}
 
 
 def _ring(ring: tuple[int, float, float] | None,
