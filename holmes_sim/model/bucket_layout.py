@@ -90,33 +90,37 @@ def chunk_bucket_runs(w: Workload, tp: int, first_layer: int, layers: int, first
         if numel is None and not (sharded and w.tie_embeddings):  # nothing cuts a buffer
             _RUNS[key] = got = _whole_buffers(pieces)
             return got
-        n, at, expert, own = _chunk_columns(pieces)
         # The cut reads the elements only: workloads that differ in their FLOPs alone (the
         # recompute mode) share it, and only the ready points are their own.
-        dense, cuts = _shared_cuts((param_token(w),) + key[1:], n, expert, own, numel, sharded)
-        if dense is None:
-            got = (_ready_run(at, cuts[0]), None)
+        cut_key = (param_token(w),) + key[1:]
+        cuts = _CUTS.get(cut_key)
+        if cuts is None:
+            n, at, expert, own = _chunk_columns(pieces)
+            cuts = _shared_cuts(cut_key, n, expert, own, numel, sharded)
         else:
-            got = (_ready_run(at[dense], cuts[0]), _ready_run(at[expert], cuts[1]))
+            at = _chunk_points(pieces)
+        masks, shapes = cuts
+        if masks is None:
+            got = (_ready_run(at, shapes[0]), None)
+        else:
+            got = (_ready_run(at[masks[0]], shapes[0]), _ready_run(at[masks[1]], shapes[1]))
         _RUNS[key] = got
     return got
 
 
 def _shared_cuts(key: tuple, n: np.ndarray, expert: np.ndarray, own: np.ndarray,
                  numel: int | None, sharded: bool) -> tuple:
-    """(the dense parameters' mask, None without routed experts; each buffer's `_cut_shape`),
-    kept in `_CUTS` by `key`."""
-    got = _CUTS.get(key)
-    if got is None:
-        if len(_CUTS) >= 4096:
-            _CUTS.clear()
-        if expert.any():
-            dense = ~expert
-            got = (dense, (_cut_shape(n[dense], own[dense], numel, sharded),
-                           _cut_shape(n[expert], own[expert], numel, sharded)))
-        else:
-            got = (None, (_cut_shape(n, own, numel, sharded),))
-        _CUTS[key] = got
+    """(the dense and the routed experts' parameters' masks, None without routed experts; each
+    buffer's `_cut_shape`), kept in `_CUTS` by `key`."""
+    if len(_CUTS) >= 4096:
+        _CUTS.clear()
+    if expert.any():
+        dense = ~expert
+        got = ((dense, expert), (_cut_shape(n[dense], own[dense], numel, sharded),
+                                 _cut_shape(n[expert], own[expert], numel, sharded)))
+    else:
+        got = (None, (_cut_shape(n, own, numel, sharded),))
+    _CUTS[key] = got
     return got
 
 
@@ -276,20 +280,26 @@ def _whole_buffers(pieces: list[_Columns]) -> tuple[BucketRun, BucketRun | None]
 
 
 def _chunk_columns(pieces: list[_Columns]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """`chunk_params` of the chunk's `pieces` as columns: elements, ready point, routed
-    expert's, own bucket."""
+    """`chunk_params` of the chunk's `pieces` as columns: elements, ready point
+    (`_chunk_points`), routed expert's, own bucket."""
     if not pieces:
         return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0, dtype=bool), \
             np.empty(0, dtype=bool)
+    return np.concatenate([p[1] for p in pieces]), _chunk_points(pieces), \
+        np.concatenate([p[3] for p in pieces]), np.concatenate([p[4] for p in pieces])
+
+
+def _chunk_points(pieces: list[_Columns]) -> np.ndarray:
+    """Each parameter's ready point of the chunk's backward (0..1): its piece's point after the
+    FLOP of the pieces before it, over the chunk's FLOP (1 without FLOPs)."""
+    if not pieces:
+        return np.empty(0)
     total = sum(p[0] for p in pieces)
-    n = np.concatenate([p[1] for p in pieces])
-    if total > 0:  # each piece's points after the FLOP of those before it
+    if total > 0:
         dones = list(accumulate([p[0] for p in pieces[:-1]], initial=0.0))
-        at = (np.repeat(dones, [p[1].size for p in pieces])
-              + np.concatenate([p[2] for p in pieces])) / total
-    else:
-        at = np.ones(n.size)
-    return n, at, np.concatenate([p[3] for p in pieces]), np.concatenate([p[4] for p in pieces])
+        return (np.repeat(dones, [p[1].size for p in pieces])
+                + np.concatenate([p[2] for p in pieces])) / total
+    return np.ones(sum(p[1].size for p in pieces))
 
 
 def _piece_columns(w: Workload, token: int, tp: int, kind: str, flag: bool) -> _Columns:
