@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from holmes_sim.hardware.cluster import Node
 from holmes_sim.cost.collectives import ring_collective_time_s
@@ -36,12 +36,22 @@ class _Ring:
     rate: float
     latency_s: float
     topology: CollectiveTopology | None = None
+    times: dict[tuple[str, float], float] = field(default_factory=dict, compare=False,
+                                                  hash=False, repr=False)
+    """NCCL's times by (kind, size), kept: the trials of the candidates sharing the ring ask for
+    the same sizes again, and a look-up here skips hashing the topology."""
 
     def time_s(self, kind: str, size_bytes: float) -> float:
         if self.members < 2 or size_bytes <= 0:
             return 0.0
         if self.topology is not None:
-            return collective_time_s(self.topology, kind, size_bytes)
+            got = self.times.get((kind, size_bytes))
+            if got is None:
+                if len(self.times) >= 4096:
+                    self.times.clear()
+                got = self.times[(kind, size_bytes)] = collective_time_s(self.topology, kind,
+                                                                         size_bytes)
+            return got
         return ring_collective_time_s(kind, self.members, size_bytes, self.rate, self.latency_s)
 
 
