@@ -52,6 +52,7 @@ def _cold(models: bool = False) -> None:
                 f.cache_clear()
     bucket_layout._PIECES.clear()
     bucket_layout._COLUMNS.clear()
+    bucket_layout._CUTS.clear()
 
     if hasattr(plan, "_PLACES"):
         plan._PLACES.clear()

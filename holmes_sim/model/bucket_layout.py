@@ -90,18 +90,44 @@ def chunk_bucket_runs(w: Workload, tp: int, first_layer: int, layers: int, first
         if numel is None and not (sharded and w.tie_embeddings):  # nothing cuts a buffer
             _RUNS[key] = got = _whole_buffers(pieces)
             return got
-        n, at, expert, own = _chunk_columns(pieces)
-        if expert.any():
-            dense = ~expert
-            got = (_cut(n[dense], at[dense], own[dense], numel, sharded),
-                   _cut(n[expert], at[expert], own[expert], numel, sharded))
+        # The cut reads the elements only: workloads that differ in their FLOPs alone (the
+        # recompute mode) share it, and only the ready points are their own.
+        cut_key = (param_token(w),) + key[1:]
+        cuts = _CUTS.get(cut_key)
+        if cuts is None:
+            n, at, expert, own = _chunk_columns(pieces)
+            cuts = _shared_cuts(cut_key, n, expert, own, numel, sharded)
         else:
-            got = (_cut(n, at, own, numel, sharded), None)
+            at = _chunk_points(pieces)
+        masks, shapes = cuts
+        if masks is None:
+            got = (_ready_run(at, shapes[0]), None)
+        else:
+            got = (_ready_run(at[masks[0]], shapes[0]), _ready_run(at[masks[1]], shapes[1]))
         _RUNS[key] = got
     return got
 
 
+def _shared_cuts(key: tuple, n: np.ndarray, expert: np.ndarray, own: np.ndarray,
+                 numel: int | None, sharded: bool) -> tuple:
+    """(the dense and the routed experts' parameters' masks, None without routed experts; each
+    buffer's `_cut_shape`), kept in `_CUTS` by `key`."""
+    if len(_CUTS) >= 4096:
+        _CUTS.clear()
+    if expert.any():
+        dense = ~expert
+        got = ((dense, expert), (_cut_shape(n[dense], own[dense], numel, sharded),
+                                 _cut_shape(n[expert], own[expert], numel, sharded)))
+    else:
+        got = (None, (_cut_shape(n, own, numel, sharded),))
+    _CUTS[key] = got
+    return got
+
+
 _RUNS: dict[tuple, tuple[BucketRun, BucketRun | None]] = {}
+_CUTS: dict[tuple, tuple] = {}
+"""`chunk_bucket_runs`' cuts without their ready points (`_cut_shape` per buffer, with the dense
+parameters' mask, None without routed experts), by `param_token` and the other arguments."""
 _PIECES: dict[tuple, _Piece] = {}
 
 
@@ -113,28 +139,48 @@ def shape_key(w: Workload) -> tuple:
             w.tp_per_etp, w.recompute, w.defer_embedding_wgrad, w.mla)
 
 
+def param_key(w: Workload) -> tuple:
+    """What of `w` the parameters' elements and order depend on: `shape_key` less what changes
+    FLOPs only (the recompute mode, the deferred output-layer weight gradient)."""
+    return (w.hidden, w.kv_width, w.ffn, w.fc1_width, w.vocab, w.seq, w.bias, w.qkv_bias,
+            w.rmsnorm, w.swiglu, w.position_embedding, w.tie_embeddings, w.moe, w.ep,
+            w.tp_per_etp, w.mla)
+
+
 def shape_token(w: Workload) -> int:
     """A number for `shape_key(w)`: equal for workloads of equal shape, kept per workload object
     (the candidates of a search share a few), so a cache key holds one int instead of the
     shape's fields. Numbers are never reused, also after the tables are emptied."""
-    got = _TOKENS.get(id(w))
+    return _token(w, shape_key, _TOKENS, _SHAPE_TOKENS)
+
+
+def param_token(w: Workload) -> int:
+    """`shape_token` of `param_key`."""
+    return _token(w, param_key, _PARAM_TOKENS, _PARAM_SHAPES)
+
+
+def _token(w: Workload, key, tokens: dict, shapes: dict) -> int:
+    """The number of `key(w)` in `shapes`, kept in `tokens` by the workload's id."""
+    got = tokens.get(id(w))
     if got is not None and got[0] is w:
         return got[1]
-    shape = shape_key(w)
-    token = _SHAPE_TOKENS.get(shape)
+    shape = key(w)
+    token = shapes.get(shape)
     if token is None:
-        if len(_SHAPE_TOKENS) >= 1024:
-            _SHAPE_TOKENS.clear()
-        token = _SHAPE_TOKENS[shape] = next(_NEXT_TOKEN)
-    if len(_TOKENS) >= 1024:
-        _TOKENS.clear()
-    _TOKENS[id(w)] = (w, token)
+        if len(shapes) >= 1024:
+            shapes.clear()
+        token = shapes[shape] = next(_NEXT_TOKEN)
+    if len(tokens) >= 1024:
+        tokens.clear()
+    tokens[id(w)] = (w, token)
     return token
 
 
 _TOKENS: dict[int, tuple[Workload, int]] = {}
 """`shape_token` by the workload's id, with the workload (held, so its id stays its own)."""
 _SHAPE_TOKENS: dict[tuple, int] = {}
+_PARAM_TOKENS: dict[int, tuple[Workload, int]] = {}
+_PARAM_SHAPES: dict[tuple, int] = {}
 _NEXT_TOKEN = count()
 
 
@@ -142,12 +188,27 @@ def _cut(n: np.ndarray, at: np.ndarray, own: np.ndarray, limit: int | None,
          sharded: bool) -> BucketRun:
     """Megatron-Core's cut [BUF] of the parameters (reverse registration order) of `n`
     elements, ready at `at`, `own` a bucket of their own (under `sharded` only), at `limit`
-    elements. A bucket from parameter b starts at 0 and each parameter at a multiple of
-    `PARAM_ALIGN` (`sharded`), so parameter k ends at S[k] - S[b] + n[k], S the prefix sums of
-    the aligned sizes: the bucket closes at the first k where that reaches `limit` (a search in
-    the nondecreasing S[k] + n[k]), or before an own parameter, which closes its own. A bucket
-    is ready at the latest point of every parameter up to its last (the running maximum from
-    0); a last bucket without elements is dropped."""
+    elements (`_cut_shape`). A bucket is ready at the latest point of every parameter up to its
+    last (the running maximum from 0)."""
+    return _ready_run(at, _cut_shape(n, own, limit, sharded))
+
+
+def _ready_run(at: np.ndarray, cut: tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]
+               ) -> BucketRun:
+    """The `BucketRun` of a `_cut_shape` with its parameters ready at `at`."""
+    numels, lasts, shares = cut
+    points = np.maximum.accumulate(np.maximum(at, 0.0)).tolist() if at.size else []
+    return BucketRun(shares, tuple([points[k] for k in lasts]), numels)
+
+
+def _cut_shape(n: np.ndarray, own: np.ndarray, limit: int | None, sharded: bool
+               ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
+    """`_cut` without the ready points: each bucket's elements, its last parameter's index and
+    its share of the elements. A bucket from parameter b starts at 0 and each parameter at a
+    multiple of `PARAM_ALIGN` (`sharded`), so parameter k ends at S[k] - S[b] + n[k], S the
+    prefix sums of the aligned sizes: the bucket closes at the first k where that reaches
+    `limit` (a search in the nondecreasing S[k] + n[k]), or before an own parameter, which
+    closes its own; a last bucket without elements is dropped."""
     size = n.size
     padded = -(-n // PARAM_ALIGN) * PARAM_ALIGN if sharded else n
     starts = np.zeros(size + 1, dtype=np.int64)
@@ -156,10 +217,9 @@ def _cut(n: np.ndarray, at: np.ndarray, own: np.ndarray, limit: int | None,
     counts = np.zeros(size + 1, dtype=np.int64)
     np.cumsum(n, out=counts[1:])
     starts, counts = starts.tolist(), counts.tolist()
-    points = np.maximum.accumulate(np.maximum(at, 0.0)).tolist() if size else []
     owns = np.flatnonzero(own).tolist() + [size] if sharded else [size]
     numels: list[int] = []
-    ready: list[float] = []
+    lasts: list[int] = []
     b, o = 0, 0  # the open bucket's first parameter, the next own parameter's index in owns
     while b < size:
         while owns[o] < b:
@@ -168,18 +228,18 @@ def _cut(n: np.ndarray, at: np.ndarray, own: np.ndarray, limit: int | None,
         k = stop if limit is None else bisect_left(ends, limit + starts[b], b, stop)
         if k < stop:  # the limit closes the bucket at k
             numels.append(counts[k + 1] - counts[b])
-            ready.append(points[k])
+            lasts.append(k)
             b = k + 1
             continue
         if counts[stop] > counts[b]:  # what precedes the own parameter (or the end)
             numels.append(counts[stop] - counts[b])
-            ready.append(points[stop - 1])
+            lasts.append(stop - 1)
         if stop < size:
             numels.append(counts[stop + 1] - counts[stop])
-            ready.append(points[stop])
+            lasts.append(stop)
         b = stop + 1
     total = sum(numels)
-    return BucketRun(tuple(x / total for x in numels), tuple(ready), tuple(numels))
+    return tuple(numels), tuple(lasts), tuple(x / total for x in numels)
 
 
 def _chunk_pieces(w: Workload, tp: int, first_layer: int, layers: int, first: bool, last: bool
@@ -220,20 +280,26 @@ def _whole_buffers(pieces: list[_Columns]) -> tuple[BucketRun, BucketRun | None]
 
 
 def _chunk_columns(pieces: list[_Columns]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """`chunk_params` of the chunk's `pieces` as columns: elements, ready point, routed
-    expert's, own bucket."""
+    """`chunk_params` of the chunk's `pieces` as columns: elements, ready point
+    (`_chunk_points`), routed expert's, own bucket."""
     if not pieces:
         return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0, dtype=bool), \
             np.empty(0, dtype=bool)
+    return np.concatenate([p[1] for p in pieces]), _chunk_points(pieces), \
+        np.concatenate([p[3] for p in pieces]), np.concatenate([p[4] for p in pieces])
+
+
+def _chunk_points(pieces: list[_Columns]) -> np.ndarray:
+    """Each parameter's ready point of the chunk's backward (0..1): its piece's point after the
+    FLOP of the pieces before it, over the chunk's FLOP (1 without FLOPs)."""
+    if not pieces:
+        return np.empty(0)
     total = sum(p[0] for p in pieces)
-    n = np.concatenate([p[1] for p in pieces])
-    if total > 0:  # each piece's points after the FLOP of those before it
+    if total > 0:
         dones = list(accumulate([p[0] for p in pieces[:-1]], initial=0.0))
-        at = (np.repeat(dones, [p[1].size for p in pieces])
-              + np.concatenate([p[2] for p in pieces])) / total
-    else:
-        at = np.ones(n.size)
-    return n, at, np.concatenate([p[3] for p in pieces]), np.concatenate([p[4] for p in pieces])
+        return (np.repeat(dones, [p[1].size for p in pieces])
+                + np.concatenate([p[2] for p in pieces])) / total
+    return np.ones(sum(p[1].size for p in pieces))
 
 
 def _piece_columns(w: Workload, token: int, tp: int, kind: str, flag: bool) -> _Columns:

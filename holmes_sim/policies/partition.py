@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from holmes_sim.hardware.cluster import Node
 from holmes_sim.cost.collectives import ring_collective_time_s
@@ -36,12 +36,22 @@ class _Ring:
     rate: float
     latency_s: float
     topology: CollectiveTopology | None = None
+    times: dict[tuple[str, float], float] = field(default_factory=dict, compare=False,
+                                                  hash=False, repr=False)
+    """NCCL's times by (kind, size), kept: the trials of the candidates sharing the ring ask for
+    the same sizes again, and a look-up here skips hashing the topology."""
 
     def time_s(self, kind: str, size_bytes: float) -> float:
         if self.members < 2 or size_bytes <= 0:
             return 0.0
         if self.topology is not None:
-            return collective_time_s(self.topology, kind, size_bytes)
+            got = self.times.get((kind, size_bytes))
+            if got is None:
+                if len(self.times) >= 4096:
+                    self.times.clear()
+                got = self.times[(kind, size_bytes)] = collective_time_s(self.topology, kind,
+                                                                         size_bytes)
+            return got
         return ring_collective_time_s(kind, self.members, size_bytes, self.rate, self.latency_s)
 
 
@@ -63,6 +73,10 @@ class StageTimer:
         self._flags = (optimizer.reduces_gradients, optimizer.gradient_collective,
                        optimizer.sharded, optimizer.gathers_before_forward, optimizer.overlapped,
                        optimizer.reduces_every_microbatch)
+        self._bytes = (request.workload.grad_bytes, request.workload.dtype_bytes)
+        # The stages that all-reduce the tied embeddings: the first and the last.
+        self._embedding_stages = (0, request.pp - 1) if request.pp > 1 and \
+            request.workload.tie_embeddings else ()
         self._chunks: dict[tuple, tuple[float, float, int]] = {}
         self._stage_times: dict[tuple, float] = {}
         self._emb_s: float | None = None
@@ -73,8 +87,10 @@ class StageTimer:
         key = (self._alike[s], tuple(chunk_layers))
         got = self._stage_times.get(key)
         if got is None:
-            got = self._stage_times[key] = max(self._replica_time_s(s, node, chunk_layers)
-                                               for node in self.nodes[s])
+            nodes = self.nodes[s]
+            got = self._stage_times[key] = self._replica_time_s(s, nodes[0], chunk_layers) \
+                if len(nodes) == 1 else max(self._replica_time_s(s, node, chunk_layers)
+                                            for node in nodes)
         return got
 
     def _replica_time_s(self, s: int, node: Node, chunk_layers: Sequence[int]) -> float:
@@ -88,7 +104,7 @@ class StageTimer:
             bwd += got[1]
             params += got[2]
         exposed = self._dp_exposed_s(s, params, fwd, bwd)
-        if s in (0, r.pp - 1) and r.pp > 1 and r.workload.tie_embeddings:
+        if s in self._embedding_stages:
             exposed += self._embedding_s()
         if s == r.pp - 1:  # the deferred output-layer weight gradients are its compute too
             fwd += self.costs.deferred_wgrad_s(node)
@@ -111,10 +127,11 @@ class StageTimer:
         return got
 
     def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
-        w, ring = self.r.workload, self.dp_ring[s]
+        ring = self.dp_ring[s]
         reduces, collective, sharded, gathers_first, overlapped, every = self._flags
-        reduce = ring.time_s(collective, w.grad_bytes_of(params)) if reduces else 0.0
-        gather = ring.time_s("all-gather", params * w.dtype_bytes) if sharded else 0.0
+        grad_bytes, dtype_bytes = self._bytes  # `Workload.grad_bytes_of`'s factor, dtype_bytes
+        reduce = ring.time_s(collective, params * grad_bytes) if reduces else 0.0
+        gather = ring.time_s("all-gather", params * dtype_bytes) if sharded else 0.0
         if gathers_first:  # hidden behind one micro-batch's forward
             gather = max(0.0, gather - fwd_s)
         if overlapped:  # hidden behind one micro-batch's backward
@@ -187,10 +204,19 @@ def _greedy(timer: StageTimer) -> tuple[int, ...]:
     return tuple(per_stage[j % r.pp][j // r.pp] for j in range(r.pp * v))
 
 
-def _even(total: int, parts: int) -> list[int]:
-    """`total` split into `parts` near-equal counts, the larger ones first."""
-    base, extra = divmod(total, parts)
-    return [base + (1 if c < extra else 0) for c in range(parts)]
+def _even(total: int, parts: int) -> tuple[int, ...]:
+    """`total` split into `parts` near-equal counts, the larger ones first (kept: the search
+    asks for a few splits many times)."""
+    got = _EVEN.get((total, parts))
+    if got is None:
+        base, extra = divmod(total, parts)
+        if len(_EVEN) >= 4096:
+            _EVEN.clear()
+        got = _EVEN[(total, parts)] = tuple(base + (1 if c < extra else 0) for c in range(parts))
+    return got
+
+
+_EVEN: dict[tuple[int, int], tuple[int, ...]] = {}
 
 
 def _ring(ring: tuple[int, float, float] | None,

@@ -257,3 +257,29 @@ def test_cut_by_prefix_sums_is_the_loops_on_odd_sizes():
                        limit, sharded)
             assert (run.numels, run.ready) == _cut_one_by_one(params, limit, sharded), \
                 (params, limit, sharded)
+
+
+def test_cut_shared_across_recompute_modes_keeps_each_modes_ready_points():
+    """Workloads that differ in their recompute mode or deferred weight gradient share one cut
+    (`param_token`) and keep their own ready points: each the loop's over `chunk_params`, asked
+    in turn with the caches warm from the others, every workload with and without MoE."""
+    from holmes_sim.model import bucket_layout
+    from holmes_sim.model.bucket_layout import chunk_params, param_token, shape_token
+
+    for base in _workloads():
+        n = base.num_layers
+        variants = [dataclasses.replace(base, recompute=r, defer_embedding_wgrad=d)
+                    for r in ("none", "selective", "full") for d in (False, True)]
+        assert len({param_token(w) for w in variants}) == 1
+        assert len({shape_token(w) for w in variants}) == len(variants)
+        bucket_layout._CUTS.clear()
+        for w in variants:
+            for first_layer, layers, first, last in ((0, n, True, True), (0, 1, True, False),
+                                                     (n - 1, 1, False, True)):
+                params = chunk_params(w, 1, first_layer, layers, first, last)
+                for numel, sharded in ((7_000, True), (None, True), (40_000_000, False)):
+                    dense, routed = chunk_bucket_runs(w, 1, first_layer, layers, first, last,
+                                                      sharded, numel)
+                    for run, part in [(dense, [p for p in params if not p[2]])] + (
+                            [(routed, [p for p in params if p[2]])] if routed else []):
+                        assert (run.numels, run.ready) == _cut_one_by_one(part, numel, sharded)
