@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from holmes_sim.collector import quiet_collector
 from holmes_sim.errors import FieldError, HolmesError
+from holmes_sim.memo import IdentityMemo
 from holmes_sim.prepare import (MAX_MICROBATCHES, Prepared, check_context, check_expert,
                                 check_expert_tensor)
 from holmes_sim.schedule import check_schedule
@@ -252,8 +253,8 @@ def _prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
     """`prepared_for`, made: the layout's training and parallel settings are kept apart by what
     each reads of it (a layout's settings share them with its neighbours)."""
     s = prepared.scenario
-    training = _kept(
-        _TRAININGS, prepared, (layout.micro_batch_size, layout.recompute, layout.sequence_parallel,
+    training = _TRAININGS.get(
+        (prepared,), (layout.micro_batch_size, layout.recompute, layout.sequence_parallel,
                       layout.optimizer, layout.tp > 1, layout.schedule == "interleaved",
                       layout.pp > 1),
         lambda: replace(s.training, micro_batch_size=layout.micro_batch_size,
@@ -262,8 +263,8 @@ def _prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
                         overlap_grad_reduce=layout.optimizer.startswith("distributed-overlap"),
                         overlap_param_gather=layout.optimizer == "distributed-overlap-gather",
                         **_overlaps_for(s.training, layout)))
-    parallel = _kept(
-        _PARALLELS, prepared, (layout.tp, layout.pp, layout.dp, layout.schedule, layout.virtual_stages,
+    parallel = _PARALLELS.get(
+        (prepared,), (layout.tp, layout.pp, layout.dp, layout.schedule, layout.virtual_stages,
                       layout.cp, layout.ep, layout.etp),
         lambda: replace(s.parallel, tensor=layout.tp, pipeline=layout.pp, data=layout.dp,
                         schedule=layout.schedule, virtual_stages=layout.virtual_stages,
@@ -275,24 +276,13 @@ def _prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
                    num_microbatches=m, cp=layout.cp)
 
 
-_TRAININGS: dict[tuple, tuple] = {}
-"""`_prepared_for`'s training settings by (id of the prepared scenario, what they read of a
+_TRAININGS: IdentityMemo = IdentityMemo(256)
+"""`_prepared_for`'s training settings by the prepared scenario and what they read of a
 layout: its micro-batch, recompute, sequence parallelism, optimizer and `_overlaps_for`'s
-tests), with that scenario."""
-_PARALLELS: dict[tuple, tuple] = {}
-"""`_prepared_for`'s parallel settings by (id of the prepared scenario, the layout's degrees,
-schedule and virtual stages), with that scenario."""
-
-
-def _kept(table: dict[tuple, tuple], prepared: Prepared, key: tuple, make: Callable):
-    """`make()`, kept in `table` by (id of `prepared`, `key`) with `prepared` (held, so its id
-    stays its own); a full table is emptied."""
-    got = table.get((id(prepared), key))
-    if got is None or got[0] is not prepared:
-        if len(table) >= 256:
-            table.clear()
-        got = table[(id(prepared), key)] = (prepared, make())
-    return got[1]
+tests."""
+_PARALLELS: IdentityMemo = IdentityMemo(256)
+"""`_prepared_for`'s parallel settings by the prepared scenario and the layout's degrees,
+schedule and virtual stages."""
 
 
 def _overlaps_for(training, layout: Layout) -> dict[str, bool]:
