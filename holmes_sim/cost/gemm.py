@@ -213,6 +213,7 @@ def mainloop_efficiency(gpu: GpuModel, fp8: bool = False) -> float:
     return high
 
 
+@lru_cache(maxsize=4096)
 def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = False,
                 reserved_sms: int = 0) -> float:
     """Seconds for `gemm` on `gpu`: the fastest tiling's waves x (main loop + fixed tile overhead)
@@ -221,7 +222,8 @@ def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = Fal
     rate with one-byte operands and a 16-bit output (Transformer Engine). `reserved_sms`: SMs
     held by a kernel running beside it, so its waves are of sm_count - reserved_sms tiles at the
     same per-SM rate. Without an SM count the GEMM runs at the measured efficiency, unquantized,
-    on the whole GPU."""
+    on the whole GPU. Kept: a search's layer, head and overlap prices ask for the same GEMMs many
+    times (a cold 64-GPU planner sample for each about eight times)."""
     rate = gemm_rate(gpu, fp8)
     nbytes = _FP8_BYTES if fp8 else (dtype_bytes, dtype_bytes)
     traffic = gemm.operand_bytes(*nbytes) / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)

@@ -75,11 +75,6 @@ from holmes_sim.cost.gemm import Gemm, gemm_time_s
 from holmes_sim.cost.moe import moe_layer_extra_s
 from holmes_sim.model.workload import Workload
 
-_gemm_s = lru_cache(maxsize=4096)(gemm_time_s)
-"""`gemm_time_s`, kept: the layer, head and TP-overlap prices of a search's shapes ask for the
-same GEMMs many times (a cold 64-GPU planner sample for each about eight times)."""
-
-
 @dataclass(frozen=True, slots=True)
 class LayerKernels:
     """Kernels of one layer on one GPU: the dense GEMMs, the attention GEMMs (empty with fused
@@ -213,8 +208,8 @@ def _memory_s(gpu: GpuModel, nbytes: float) -> float:
 def _gemms_s(gpu: GpuModel, gemms: tuple[Gemm, ...], d: int, backward: bool,
              fp8: bool = False) -> float:
     if not backward:
-        return sum(_gemm_s(gpu, g, d, fp8) for g in gemms)
-    return sum(_gemm_s(gpu, x, d, fp8) for g in gemms for x in g.backward())
+        return sum(gemm_time_s(gpu, g, d, fp8) for g in gemms)
+    return sum(gemm_time_s(gpu, x, d, fp8) for g in gemms for x in g.backward())
 
 
 def attention_core_s(gpu: GpuModel, k: LayerKernels, d: int, backward: bool) -> float:
@@ -250,7 +245,7 @@ def userbuffer_sm_loss_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) ->
     """Seconds a layer pass's GEMMs lose to the SMs their userbuffer collectives hold: each runs
     on sm_count - 16 SMs at the same per-SM rate."""
     d, fp8 = w.dtype_bytes, w.fp8_gemms
-    return sum(_gemm_s(gpu, g, d, fp8, USERBUFFER_COMM_SMS) - _gemm_s(gpu, g, d, fp8)
+    return sum(gemm_time_s(gpu, g, d, fp8, USERBUFFER_COMM_SMS) - gemm_time_s(gpu, g, d, fp8)
                for g in userbuffer_sm_gemms(w, tp, backward))
 
 
@@ -290,8 +285,8 @@ def tp_overlap_windows_s(gpu: GpuModel, w: Workload, tp: int) -> tuple[float, fl
     the windows in which Megatron-LM's asynchronous TP all-reduce of their input gradients runs
     (`LinearWithGradAccumulationAndAsyncCommunication`)."""
     qkv, _, up, _ = layer_kernels(w, tp).dense[-4:]
-    return (_gemm_s(gpu, qkv.backward()[1], w.dtype_bytes, w.fp8_gemms),
-            _gemm_s(gpu, up.backward()[1], w.dtype_bytes, w.fp8_gemms))
+    return (gemm_time_s(gpu, qkv.backward()[1], w.dtype_bytes, w.fp8_gemms),
+            gemm_time_s(gpu, up.backward()[1], w.dtype_bytes, w.fp8_gemms))
 
 
 @lru_cache(maxsize=4096)
@@ -309,10 +304,10 @@ def tp_userbuffer_windows_s(gpu: GpuModel, w: Workload, tp: int,
     qkv, proj, up, down = layer_kernels(w, tp).dense[-4:]
     d, fp8, held = w.dtype_bytes, w.fp8_gemms, USERBUFFER_COMM_SMS
     if not backward:
-        return (_gemm_s(gpu, qkv, d, fp8), _gemm_s(gpu, proj, d, fp8, held),
-                _gemm_s(gpu, up, d, fp8), _gemm_s(gpu, down, d, fp8, held))
-    return (_gemm_s(gpu, proj.backward()[0], d, fp8), _gemm_s(gpu, qkv.backward()[1], d, fp8),
-            _gemm_s(gpu, down.backward()[0], d, fp8), _gemm_s(gpu, up.backward()[1], d, fp8))
+        return (gemm_time_s(gpu, qkv, d, fp8), gemm_time_s(gpu, proj, d, fp8, held),
+                gemm_time_s(gpu, up, d, fp8), gemm_time_s(gpu, down, d, fp8, held))
+    return (gemm_time_s(gpu, proj.backward()[0], d, fp8), gemm_time_s(gpu, qkv.backward()[1], d, fp8),
+            gemm_time_s(gpu, down.backward()[0], d, fp8), gemm_time_s(gpu, up.backward()[1], d, fp8))
 
 
 @lru_cache(maxsize=4096)
@@ -320,7 +315,7 @@ def head_wgrad_s(gpu: GpuModel, w: Workload, tp: int) -> float:
     """The output layer's weight-gradient GEMM (h x V/t, inner b s) of one micro-batch, seconds:
     what `--defer-embedding-wgrad-compute` moves to the pipeline flush."""
     logits = Gemm(w.micro_batch * w.seq, max(1, w.vocab // tp), w.hidden)
-    return _gemm_s(gpu, logits.backward()[1], w.dtype_bytes)
+    return gemm_time_s(gpu, logits.backward()[1], w.dtype_bytes)
 
 
 @lru_cache(maxsize=4096)
