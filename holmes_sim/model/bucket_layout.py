@@ -132,16 +132,14 @@ _PIECES: dict[tuple, _Piece] = {}
 
 
 def shape_key(w: Workload) -> tuple:
-    """What of `w` the cut and the ready points depend on (the micro-batch's tokens scale every
-    FLOP alike, so they do not)."""
-    return (w.hidden, w.kv_width, w.ffn, w.fc1_width, w.vocab, w.seq, w.bias, w.qkv_bias,
-            w.rmsnorm, w.swiglu, w.position_embedding, w.tie_embeddings, w.moe, w.ep,
-            w.tp_per_etp, w.recompute, w.defer_embedding_wgrad, w.mla)
+    """What of `w` the cut and the ready points depend on: `param_key` and what changes the
+    FLOPs only, the recompute mode and the deferred output-layer weight gradient (the
+    micro-batch's tokens scale every FLOP alike, so they do not)."""
+    return param_key(w) + (w.recompute, w.defer_embedding_wgrad)
 
 
 def param_key(w: Workload) -> tuple:
-    """What of `w` the parameters' elements and order depend on: `shape_key` less what changes
-    FLOPs only (the recompute mode, the deferred output-layer weight gradient)."""
+    """What of `w` the parameters' elements and order depend on."""
     return (w.hidden, w.kv_width, w.ffn, w.fc1_width, w.vocab, w.seq, w.bias, w.qkv_bias,
             w.rmsnorm, w.swiglu, w.position_embedding, w.tie_embeddings, w.moe, w.ep,
             w.tp_per_etp, w.mla)
