@@ -69,9 +69,6 @@ ROW = struct.Struct("<dddiihbb")
 kind code (`KIND_CODE`)."""
 
 
-_TWO_ROWS = struct.Struct(ROW.format + ROW.format[1:])
-
-
 def _append_row_struct(rows: bytearray, start: float, end: float, nbytes: float, entity: int,
                        microbatch: int, chunk: int, stream: int, kind: int) -> None:
     """`append_row` with `struct` (where the C extension was not built)."""
@@ -80,7 +77,7 @@ def _append_row_struct(rows: bytearray, start: float, end: float, nbytes: float,
 
 def _append_rows_struct(rows: bytearray, *fields) -> None:
     """`append_rows` with `struct` (where the C extension was not built)."""
-    rows += (_TWO_ROWS if len(fields) == 16 else _row_struct(len(fields))).pack(*fields)
+    rows += _row_struct(len(fields)).pack(*fields)
 
 
 @functools.cache
