@@ -1,7 +1,8 @@
 """The optional C extensions (the estimate's walk, `holmes_sim/estimate/_walk_kernel.c`, the
 trace's row packing, `holmes_sim/sim/_trace_rows.c`, the calendar's bucket loop,
 `holmes_sim/sim/_run_loop.c`, and the flow network's agenda entries,
-`holmes_sim/sim/_agenda_entries.c`); everything else is in pyproject.toml. Without a C compiler
+`holmes_sim/sim/_agenda_entries.c`, the last two sharing `holmes_sim/sim/_slots.h`);
+everything else is in pyproject.toml. Without a C compiler
 the build goes on without them: each module runs the same work in Python."""
 
 from setuptools import Extension, setup
@@ -11,6 +12,8 @@ setup(ext_modules=[Extension("holmes_sim.estimate._walk_kernel",
                    Extension("holmes_sim.sim._trace_rows",
                              ["holmes_sim/sim/_trace_rows.c"], optional=True),
                    Extension("holmes_sim.sim._run_loop",
-                             ["holmes_sim/sim/_run_loop.c"], optional=True),
+                             ["holmes_sim/sim/_run_loop.c"],
+                             depends=["holmes_sim/sim/_slots.h"], optional=True),
                    Extension("holmes_sim.sim._agenda_entries",
-                             ["holmes_sim/sim/_agenda_entries.c"], optional=True)])
+                             ["holmes_sim/sim/_agenda_entries.c"],
+                             depends=["holmes_sim/sim/_slots.h"], optional=True)])

@@ -18,9 +18,7 @@
  * Fields of a flow, its route and its event are read and set as attributes, through the
  * slots of `flow_records.Flow` and `Route` where the objects are of a type seen last.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
+#include "_slots.h"
 
 enum { PENDING = 0, ACTIVE = 1, DONE = 2 };
 enum { FL_STATE, FL_ROUTE, FL_SINCE, FL_TOKEN, FL_RATE, FL_SIZE, FL_DONE, FL_REMAINING, FL_OK, FL_VALUE,
@@ -34,16 +32,6 @@ static PyObject *zero, *one, *active, *finished, *zero_f;
 /* Slot offsets per attribute for the last flow type and the last route type (0: not a slot). */
 static PyTypeObject *flow_type, *route_type;
 static Py_ssize_t offset[N_NAMES];
-
-static Py_ssize_t slot_offset(PyTypeObject *type, PyObject *name) {
-    PyObject *descr = _PyType_Lookup(type, name);
-    if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
-        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
-            return m->offset;
-    }
-    return 0;
-}
 
 static void learn(PyTypeObject **kept, PyTypeObject *type, int first, int last) {
     Py_INCREF(type);  /* a strong reference, so that its address is not reused */

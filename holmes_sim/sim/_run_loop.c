@@ -11,9 +11,7 @@
  * an event whose `_ok` is false and that has no `_defused` stops the loop and is returned (the
  * caller raises its failure). The events taken leave the bucket, also when a callback raises.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
+#include "_slots.h"
 
 static PyObject *str_callbacks, *str_ok, *str_defused;
 
@@ -24,16 +22,6 @@ static struct {
     Py_ssize_t callbacks, ok;
 } cache[CACHE];
 static int cache_next;
-
-static Py_ssize_t slot_offset(PyTypeObject *type, PyObject *name) {
-    PyObject *descr = _PyType_Lookup(type, name);
-    if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
-        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
-            return m->offset;
-    }
-    return 0;
-}
 
 static int cache_last;  /* the entry found last (most events are of one type) */
 
