@@ -126,3 +126,21 @@ def test_catalog_override_is_used(write_scenario):
     prepared = prepare(write_scenario(text))
     gpu = prepared.cluster.nodes[0].gpu
     assert gpu.peak_flop_per_s == 100e12 and gpu.memory_bytes == 24 * 2**30
+
+
+def test_a_declared_gpu_names_its_gemm_kernels(write_scenario):
+    """`persistent_gemm` and `overlapped_epilogue` reach the GEMM model: a Hopper-like GPU pays
+    each tile's epilogue, a Blackwell-like one (the default with persistent kernels) does not."""
+    from holmes_sim.cost.gemm import epilogue_s, tile_overhead_s
+
+    def declared(extra: str):
+        text = small_scenario().replace("a100-80gb", "my-gpu") + (
+            "catalog:\n  gpus:\n    my-gpu: {peak_tflops: 100, memory_gib: 24, sm_count: 100, "
+            f"memory_bandwidth_gbyte_per_s: 900, persistent_gemm: true{extra}}}\n")
+        return prepare(write_scenario(text)).cluster.nodes[0].gpu
+
+    hopper_like, blackwell_like = declared(", overlapped_epilogue: false"), declared("")
+    assert not hopper_like.overlapped_epilogue and blackwell_like.overlapped_epilogue
+    assert tile_overhead_s(hopper_like, 128, 256, 4096, (2, 2)) == \
+        epilogue_s(hopper_like, 128, 256, (2, 2)) > 0.0
+    assert tile_overhead_s(blackwell_like, 128, 256, 4096, (2, 2)) == 0.0

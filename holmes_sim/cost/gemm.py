@@ -8,8 +8,9 @@ half-precision GEMMs (Anthony et al., "The Case for Co-Designing Model Architect
 Hardware", arXiv 2401.14489, section 4; NVIDIA, "Matrix Multiplication Background User's Guide",
 Deep Learning Performance documentation). On a GPU whose GEMMs are data-parallel multistage
 kernels (Ampere) each tile also pays a fixed pipeline fill and epilogue (`tile_overhead_s`)
-besides its main loop, so the rate rises with k; persistent warp-specialized kernels (Hopper,
-Blackwell) hide them under another tile's main loop. The result is bounded below
+besides its main loop, so the rate rises with k; persistent warp-specialized kernels hide the
+fill under the previous tile, and Blackwell's the epilogue too, while Hopper's cooperative
+kernels store each tile with the tensor cores idle. The result is bounded below
 by the time to stream the operands and the output through HBM (roofline, Williams et al., CACM
 2009), which is what limits the small-k batched GEMMs of attention.
 
@@ -81,37 +82,60 @@ def _tile_efficiency(gemm: Gemm, tm: int, tn: int, sm_count: int) -> float:
     return gemm.m * gemm.n * gemm.batch / (_waves(gemm, tm, tn, sm_count) * sm_count * tm * tn)
 
 
+def fill_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]) -> float:
+    """Seconds one SM spends filling a tm x tn tile's software pipeline before its first MMA:
+    `_FILL_STAGES` k-blocks of A and B (or all of k when shorter) at the SM's share of HBM
+    bandwidth (NVIDIA CUTLASS, "Efficient GEMM in CUDA": software pipelining). `nbytes`: bytes
+    per operand element and per output element."""
+    fill_blocks = min(_FILL_STAGES, math.ceil(k / _K_BLOCK))
+    return nbytes[0] * fill_blocks * (tm + tn) * _K_BLOCK * _sm_seconds_per_byte(gpu)
+
+
+def epilogue_s(gpu: GpuModel, tm: int, tn: int, nbytes: tuple[int, int]) -> float:
+    """Seconds one SM spends storing a tm x tn tile's outputs after its main loop, at the SM's
+    share of HBM bandwidth (CUTLASS, "Efficient GEMM in CUDA": epilogue)."""
+    return nbytes[1] * tm * tn * _sm_seconds_per_byte(gpu)
+
+
+def _sm_seconds_per_byte(gpu: GpuModel) -> float:
+    return gpu.sm_count / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
+
+
 def fill_epilogue_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]) -> float:
     """Seconds one SM spends on a tm x tn tile outside its main loop, with its tensor cores idle
-    unless another tile's main loop runs beside them: filling the software pipeline before the
-    first MMA (`_FILL_STAGES` k-blocks of A and B, or all of k when shorter) and the epilogue
-    storing the tile's outputs, both at the SM's share of HBM bandwidth (NVIDIA CUTLASS,
-    "Efficient GEMM in CUDA": software pipelining, epilogue). `nbytes`: bytes per operand element
-    and per output element."""
-    fill_blocks = min(_FILL_STAGES, math.ceil(k / _K_BLOCK))
-    operand, output = nbytes
-    moved = output * tm * tn + operand * fill_blocks * (tm + tn) * _K_BLOCK
-    return moved * gpu.sm_count / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
+    unless another tile's main loop runs beside them: the pipeline fill and the epilogue."""
+    return fill_s(gpu, tm, tn, k, nbytes) + epilogue_s(gpu, tm, tn, nbytes)
 
 
 def tile_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]) -> float:
-    """Seconds of `fill_epilogue_s` every tile pays: all of it on a GPU whose GEMMs are
-    data-parallel multistage kernels (Ampere), where one CTA per SM at a time (a 128x256 tile's
-    fp32 accumulators take half the register file) leaves nothing to hide it under and the
-    tiling pays it once per tile and wave (Osama et al., "Stream-K", PPoPP 2023, section 2);
-    none on a GPU whose persistent warp-specialized kernels overlap it with another tile's main
-    loop (`GpuModel.persistent_gemm`; `kernel_overhead_s` keeps what they cannot hide)."""
-    return 0.0 if gpu.persistent_gemm else fill_epilogue_s(gpu, tm, tn, k, nbytes)
+    """Seconds of a tile's fill and epilogue that every tile pays with the tensor cores idle.
+    Data-parallel multistage kernels (Ampere) pay both: one CTA per SM at a time (a 128x256
+    tile's fp32 accumulators take half the register file) leaves nothing to hide them under,
+    once per tile and wave (Osama et al., "Stream-K", PPoPP 2023, section 2). Persistent
+    warp-specialized kernels (`GpuModel.persistent_gemm`) hide the fill: the producer warp's TMA
+    loads the next tile's first k-blocks while the consumers finish the last one. Hopper's
+    cooperative kernels still pay the epilogue (`GpuModel.overlapped_epilogue` False): both
+    consumer warp groups split one tile and store it before starting the next one's MMAs, where
+    only the ping-pong schedule runs one group's epilogue beside the other's math (CUTLASS,
+    "Efficient GEMM in CUDA", Hopper warp specialization); cuBLAS's sm90 kernels for large
+    GEMMs are of the two-group kind (kernel names `..._tilesize256x128x64_warpgroupsize2x1x1_...`
+    in profiler traces). Blackwell double-buffers the accumulators in tensor memory and drains
+    one while the MMAs fill the other, so neither is paid per tile."""
+    if not gpu.persistent_gemm:
+        return fill_epilogue_s(gpu, tm, tn, k, nbytes)
+    return 0.0 if gpu.overlapped_epilogue else epilogue_s(gpu, tm, tn, nbytes)
 
 
 def kernel_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]) -> float:
-    """Seconds a persistent warp-specialized GEMM (Hopper, Blackwell) pays once per kernel: each
-    SM's first tile fills the pipeline before there is a main loop to prefetch under, and its
-    last tile's epilogue stores after the last main loop (CUTLASS 3.x ping-pong and cooperative
-    schedules overlap only a tile's fill and epilogue with a neighbouring tile's main loop), so
-    one `fill_epilogue_s` stays on every SM's critical path. None on data-parallel kernels,
-    which pay it per tile (`tile_overhead_s`)."""
-    return fill_epilogue_s(gpu, tm, tn, k, nbytes) if gpu.persistent_gemm else 0.0
+    """Seconds a persistent GEMM pays once per kernel on every SM: its first tile's fill, before
+    there is a main loop to prefetch under, and, where epilogues overlap the next tile's math,
+    its last tile's epilogue, after the last main loop. None on data-parallel kernels, which pay
+    both per tile (`tile_overhead_s`)."""
+    if not gpu.persistent_gemm:
+        return 0.0
+    if gpu.overlapped_epilogue:
+        return fill_epilogue_s(gpu, tm, tn, k, nbytes)
+    return fill_s(gpu, tm, tn, k, nbytes)
 
 
 def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tile: tuple[int, int], peak_flop_per_s: float,

@@ -50,8 +50,13 @@ class GpuModel:
     """As `benchmark_shape`, for FP8 GEMMs."""
     persistent_gemm: bool = False
     """cuBLAS runs warp-specialized persistent GEMM kernels that overlap each tile's pipeline fill
-    and epilogue with another tile's main loop (Hopper, Blackwell); False: data-parallel
-    multistage kernels that pay them once per tile (Ampere)."""
+    with another tile's main loop (Hopper, Blackwell); False: data-parallel multistage kernels
+    that pay fill and epilogue once per tile (Ampere)."""
+    overlapped_epilogue: bool = True
+    """With `persistent_gemm`: each tile's epilogue also runs beside another tile's main loop
+    (Blackwell: accumulators double-buffered in tensor memory); False: the kernel's consumer warp
+    groups store each tile with the tensor cores idle (Hopper's cooperative kernels,
+    `cost.gemm.tile_overhead_s`)."""
     attention_rates: AttentionRates | None = None
     """Measured rates of the fused attention kernel the training stack runs on this GPU, by
     sequence length; None: `attention_efficiency` at every length."""
@@ -188,14 +193,16 @@ def _a100(name: str, memory_gb: float, bandwidth_gbyte_per_s: float, hbm: str) -
 def _modern(name: str, bf16: tuple[float, float, tuple[int, int, int]],
             fp8: tuple[float, float, tuple[int, int, int]], memory_gb: float,
             bandwidth_gbyte_per_s: float, sm_count: int, source: str,
-            attention: AttentionRates | None = None) -> GpuModel:
-    """A GPU with BF16 and FP8 tensor cores: each rate as (peak TFLOP/s, efficiency, shape)."""
+            attention: AttentionRates | None = None,
+            overlapped_epilogue: bool = True) -> GpuModel:
+    """A GPU with BF16 and FP8 tensor cores and persistent GEMM kernels: each rate as (peak
+    TFLOP/s, efficiency, shape)."""
     return GpuModel(name, tflops_to_flop_per_s(bf16[0]), gib_to_bytes(memory_gb),
                     gbyte_per_s_to_bytes_per_s(bandwidth_gbyte_per_s), bf16[1], source,
                     sm_count=sm_count, benchmark_shape=bf16[2],
                     fp8_peak_flop_per_s=tflops_to_flop_per_s(fp8[0]), fp8_compute_efficiency=fp8[1],
                     fp8_benchmark_shape=fp8[2], persistent_gemm=True,
-                    attention_rates=attention)
+                    overlapped_epilogue=overlapped_epilogue, attention_rates=attention)
 
 
 GPUS: dict[str, GpuModel] = {
@@ -203,10 +210,10 @@ GPUS: dict[str, GpuModel] = {
     "a100-80gb": _a100("a100-80gb", 80, 2039, "HBM2e"),
     "h100-sxm": _modern("h100-sxm", (989, 0.711, (2048, 2048, 13312)),
                         (1979, round(0.709 * _HOPPER_SUSTAINED, 3), (1024, 9216, 14336)),
-                        80, 3350, 132, _H100, _HOPPER_CUDNN_ATTENTION),
+                        80, 3350, 132, _H100, _HOPPER_CUDNN_ATTENTION, overlapped_epilogue=False),
     "h200": _modern("h200", (989, 0.711, (2048, 2048, 13312)),
                     (1979, round(0.734 * _HOPPER_SUSTAINED, 3), (1280, 4096, 12032)),
-                    141, 4800, 132, _H200, _HOPPER_CUDNN_ATTENTION),
+                    141, 4800, 132, _H200, _HOPPER_CUDNN_ATTENTION, overlapped_epilogue=False),
     "b200": _modern("b200", (2250, round(0.776 * _BLACKWELL_SUSTAINED, 3), (1792, 16128, 3072)),
                     (4500, round(0.763 * _BLACKWELL_SUSTAINED, 3), (15360, 4096, 3072)),
                     180, 8000, 148, _B200),
@@ -300,7 +307,8 @@ def build_catalog(spec: CatalogSpec) -> Catalog:
                               g.compute_efficiency, g.source, g.sm_count, g.memory_efficiency,
                               g.attention_efficiency, fp8_peak_flop_per_s=fp8_peak,
                               fp8_compute_efficiency=fp8_efficiency,
-                              persistent_gemm=g.persistent_gemm)
+                              persistent_gemm=g.persistent_gemm,
+                              overlapped_epilogue=g.overlapped_epilogue)
     nics = dict(NICS)
     for name, n in spec.nics.items():
         nics[name] = NicModel(name, n.type, gbit_per_s_to_bytes_per_s(n.bandwidth_gbit_per_s),

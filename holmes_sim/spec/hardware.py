@@ -102,8 +102,11 @@ class GpuModelSpec:
     fp8_compute_efficiency: float | None = None
     """As compute_efficiency, for FP8 GEMMs (omit: compute_efficiency)."""
     persistent_gemm: bool = False
-    """GEMMs run as persistent warp-specialized kernels that hide each tile's pipeline fill and
-    epilogue (Hopper and later); false: each tile pays them (Ampere)."""
+    """GEMMs run as persistent warp-specialized kernels that hide each tile's pipeline fill
+    (Hopper and later); false: each tile pays its fill and epilogue (Ampere)."""
+    overlapped_epilogue: bool = True
+    """With persistent_gemm: each tile's epilogue runs beside the next tile's math (Blackwell);
+    false: each tile pays it (Hopper's cooperative kernels)."""
     source: str = "user"
 
 

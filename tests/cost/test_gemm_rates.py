@@ -8,7 +8,8 @@ import pytest
 
 from holmes_sim.cost import transformer as T
 from holmes_sim.cost.gemm import (BF16_SEARCH_GRID, FP8_SEARCH_GRID, Gemm, best_grid_quantization,
-                                  fill_epilogue_s, gemm_time_s, grid_maximum_efficiency,
+                                  epilogue_s, fill_epilogue_s, fill_s, gemm_time_s,
+                                  grid_maximum_efficiency,
                                   kernel_overhead_s, mainloop_efficiency, quantization_efficiency,
                                   search_grid, tile_overhead_s)
 from holmes_sim.errors import FieldError
@@ -62,55 +63,74 @@ def test_the_fastest_shape_of_the_whole_fp8_grid_runs_at_the_measured_maximum(na
     assert fastest == pytest.approx(rate.measured_efficiency, rel=1e-8)
 
 
-# One 128 x 128 tile's pipeline fill (two 32-deep k-blocks of A and B, 2 bytes each) and epilogue
-# (its bf16 outputs) at an H100 SM's share of 0.9 x 3.35 TB/s: 2.87 us (a 128 x 256 tile's: 5.02).
-_H100_FILL_EPILOGUE_S = (2 * 128 * 128 + 2 * 2 * (128 + 128) * 32) * 132 / (0.9 * 3350e9)
+# At an H100 SM's share of 0.9 x 3.35 TB/s: a 128 x 128 tile's pipeline fill (two 32-deep k-blocks
+# of A and B, 2 bytes each) 1.44 us and its epilogue (its bf16 outputs) 1.43 us; 2.87 us together.
+_H100_S_PER_BYTE = 132 / (0.9 * 3350e9)
+_H100_FILL_S = 2 * 2 * (128 + 128) * 32 * _H100_S_PER_BYTE
+_H100_EPILOGUE_S = 2 * 128 * 128 * _H100_S_PER_BYTE
+
+
+def _main_loop_over_epilogue(peak_flop_per_s: float, e_main: float, k: int) -> float:
+    """A tile's epilogue over its main loop on H100 at depth k, for bf16 outputs (the tile size
+    cancels): 2 tm tn s / (2 tm tn k 132 / (peak e_main)) = s peak e_main / (132 k), s the SM's
+    seconds per byte."""
+    return _H100_S_PER_BYTE * peak_flop_per_s * e_main / (132 * k)
 
 
 def test_h100_bf16_main_loop_is_the_measured_sustained_rate():
     """Hand calculation: MSMF 0.711 is the BF16 grid's maximum; the grid holds whole waves on 132
-    SMs (4224 x 1024 is 33 x 4 = 132 tiles of 128 x 256) and shapes of many whole waves, whose
-    one fill and epilogue per kernel weigh under 0.02%, so the main loop runs within 0.02% above
-    0.711; the best shape 2048 x 2048 (256 tiles of 128 x 128 on 132 SMs, two waves: the same
-    quantization as one wave of 128 tiles of 128 x 256, and a smaller tile to fill and store)
-    takes two waves' main loops plus one fill and epilogue."""
+    SMs (4224 x 1024 is 33 x 4 = 132 tiles of 128 x 256) and shapes of many whole waves at its
+    deepest k = 20480, where each tile's epilogue (cooperative kernels: paid per tile) costs
+    c = s peak e_main / (132 k) of its main loop and the one fill per kernel under 0.02%: so
+    0.711 = e_main / (1 + c), e_main = 0.711 / (1 - 0.711 s peak / (132 k)) = 0.7192. The best shape
+    2048 x 2048 (256 tiles of 128 x 128 on 132 SMs, two waves: the same quantization and the
+    same epilogue bytes per SM as one wave of 128 tiles of 128 x 256, and a smaller fill) takes
+    two waves' main loops and epilogues plus one fill."""
     h100 = GPUS["h100-sxm"]
+    assert not h100.overlapped_epilogue
     assert quantization_efficiency(Gemm(4224, 1024, 8192), 132) == 1.0
     assert best_grid_quantization(132, BF16_SEARCH_GRID) == 1.0
     e_main = mainloop_efficiency(h100)
-    assert 0.711 < e_main < 0.711 * 1.0002
+    per_unit = _main_loop_over_epilogue(989e12, 1.0, 20480)
+    assert e_main == pytest.approx(0.711 / (1 - 0.711 * per_unit), rel=2e-4)
+    assert e_main == pytest.approx(0.7192, abs=1e-4)
     t = gemm_time_s(h100, Gemm(2048, 2048, 13312))
     mainloop = 2 * 128 * 128 * 13312 * 132 / (989e12 * e_main)
-    assert t == pytest.approx(2 * mainloop + _H100_FILL_EPILOGUE_S, rel=1e-9)
-    assert 2 * 2048 * 2048 * 13312 / t / 989e12 == pytest.approx(0.678, abs=5e-4)
+    assert t == pytest.approx(2 * (mainloop + _H100_EPILOGUE_S) + _H100_FILL_S, rel=1e-9)
+    assert 2 * 2048 * 2048 * 13312 / t / 989e12 == pytest.approx(0.679, abs=5e-4)
 
 
 def test_h100_fp8_main_loop_is_the_measured_rate():
     """Hand calculation: MAMF 1402.6 / 1979 = 0.709, x 0.849 sustained = 0.602 at the FP8 grid's
     fastest shape; 3072 x 11264 is 24 x 88 = 2112 tiles of 128 x 128, exactly 16 waves on 132
-    SMs, one fill and epilogue beside them; the best shape 1024 x 9216 quantizes to 8 x 72 = 576
-    tiles in 5 waves (0.873) and pays the same once."""
+    SMs, each tile's bf16 epilogue c = s 1979e12 e_main / (132 x 20480) of its main loop and
+    one fill beside them: e_main = 0.602 / (1 - 0.602 c / e_main) = 0.614; the best shape
+    1024 x 9216 quantizes to 8 x 72 = 576 tiles in 5 waves (0.873): five main loops and
+    epilogues and one fill of one-byte operands."""
     h100 = GPUS["h100-sxm"]
     assert quantization_efficiency(Gemm(3072, 11264, 14336), 132) == 1.0
     assert best_grid_quantization(132) == 1.0
     e_main = mainloop_efficiency(h100, True)
-    assert 0.602 < e_main < 0.602 * 1.001
+    per_unit = _main_loop_over_epilogue(1979e12, 1.0, 20480)
+    assert e_main == pytest.approx(0.602 / (1 - 0.602 * per_unit), rel=1e-3)
     assert quantization_efficiency(Gemm(1024, 9216, 14336), 132) == pytest.approx(576 / 660)
     t = gemm_time_s(h100, Gemm(1024, 9216, 14336), fp8=True)
-    fill_epilogue = (2 * 128 * 128 + 2 * 1 * 256 * 32) * 132 / (0.9 * 3350e9)
-    assert fill_epilogue == pytest.approx(kernel_overhead_s(h100, 128, 128, 14336, (1, 2)))
+    fill = 2 * 1 * 256 * 32 * _H100_S_PER_BYTE
+    assert fill == pytest.approx(kernel_overhead_s(h100, 128, 128, 14336, (1, 2)))
     mainloop = 2 * 128 * 128 * 14336 * 132 / (1979e12 * e_main)
-    assert t == pytest.approx(5 * mainloop + fill_epilogue, rel=1e-9)
+    assert t == pytest.approx(5 * (mainloop + _H100_EPILOGUE_S) + fill, rel=1e-9)
 
 
-def test_a_hopper_gemm_pays_one_fill_and_epilogue_per_kernel():
+def test_a_hopper_gemm_pays_one_fill_per_kernel_and_an_epilogue_per_tile():
     """Ten whole waves of 128 x 128 tiles at k = 2048 on H100 (4224 x 1280): ten main loops and
-    one fill and epilogue of 2.87 us, not ten (Ampere's rule would add 28.7 us)."""
+    epilogues of 1.43 us and one fill of 1.44 us (Ampere's rule would add ten fills too)."""
     h100 = GPUS["h100-sxm"]
     g = Gemm(128 * 33, 128 * 10 * 4, 2048)
     mainloop = 2 * 128 * 128 * 2048 * 132 / (989e12 * mainloop_efficiency(h100))
-    assert _H100_FILL_EPILOGUE_S == pytest.approx(2.87e-6, abs=0.01e-6)
-    assert gemm_time_s(h100, g) == pytest.approx(10 * mainloop + _H100_FILL_EPILOGUE_S, rel=1e-9)
+    assert _H100_FILL_S == pytest.approx(1.44e-6, abs=0.01e-6)
+    assert _H100_EPILOGUE_S == pytest.approx(1.43e-6, abs=0.01e-6)
+    assert gemm_time_s(h100, g) == \
+        pytest.approx(10 * (mainloop + _H100_EPILOGUE_S) + _H100_FILL_S, rel=1e-9)
 
 
 def test_a100_main_loop_divides_out_the_tile_overhead_at_the_grids_deepest_k():
@@ -131,16 +151,23 @@ def test_a100_main_loop_divides_out_the_tile_overhead_at_the_grids_deepest_k():
     assert best.flop / gemm_time_s(a100, best) / a100.peak_flop_per_s < 0.738
 
 
-def test_hopper_and_blackwell_hide_the_tile_overhead_but_one_per_kernel():
-    for name in ("h100-sxm", "h200", "b200", "gb200"):
+def test_each_kernel_family_pays_what_it_cannot_hide():
+    """Ampere: fill and epilogue per tile; Hopper (cooperative): epilogue per tile, one fill per
+    kernel; Blackwell (epilogue beside the next tile's math): one fill and epilogue per kernel."""
+    args = (128, 256, 64, (2, 2))
+    for name in ("h100-sxm", "h200"):
         gpu = GPUS[name]
-        assert gpu.persistent_gemm
-        assert tile_overhead_s(gpu, 128, 256, 64, (2, 2)) == 0.0
-        assert kernel_overhead_s(gpu, 128, 256, 64, (2, 2)) == \
-            fill_epilogue_s(gpu, 128, 256, 64, (2, 2)) > 0.0
+        assert gpu.persistent_gemm and not gpu.overlapped_epilogue
+        assert tile_overhead_s(gpu, *args) == epilogue_s(gpu, 128, 256, (2, 2)) > 0.0
+        assert kernel_overhead_s(gpu, *args) == fill_s(gpu, *args) > 0.0
+    for name in ("b200", "gb200"):
+        gpu = GPUS[name]
+        assert gpu.persistent_gemm and gpu.overlapped_epilogue
+        assert tile_overhead_s(gpu, *args) == 0.0
+        assert kernel_overhead_s(gpu, *args) == fill_epilogue_s(gpu, *args) > 0.0
     a100 = GPUS["a100-80gb"]
-    assert kernel_overhead_s(a100, 128, 256, 64, (2, 2)) == 0.0
-    assert tile_overhead_s(a100, 128, 256, 64, (2, 2)) == fill_epilogue_s(a100, 128, 256, 64, (2, 2))
+    assert kernel_overhead_s(a100, *args) == 0.0
+    assert tile_overhead_s(a100, *args) == fill_epilogue_s(a100, *args)
 
 
 @pytest.mark.parametrize("name,bf16,fp8,memory_gb,bandwidth_gbyte_per_s,sms", [
@@ -181,7 +208,9 @@ def test_fp8_gemm_is_faster_by_the_rate_ratio_on_a_large_gemm():
     ratio = gemm_time_s(h100, g) / gemm_time_s(h100, g, fp8=True)
     fp8_rate = h100.fp8_peak_flop_per_s * mainloop_efficiency(h100, True)
     bf16_rate = h100.peak_flop_per_s * mainloop_efficiency(h100)
-    assert ratio == pytest.approx(fp8_rate / bf16_rate, rel=1e-3)  # one fill and epilogue aside
+    epilogues = 2 * g.m * g.n / (0.9 * 3350e9)  # the bf16 outputs of both, per-tile epilogues
+    assert ratio == pytest.approx((g.flop / bf16_rate + epilogues) / (g.flop / fp8_rate + epilogues),
+                                  rel=1e-3)  # one fill aside
     assert ratio > 1.5
 
 

@@ -25,7 +25,7 @@ def _llama(**overrides) -> Workload:
 def test_a_reserved_sm_block_adds_waves_at_the_same_per_sm_rate():
     one_wave = Gemm(128 * 12, 128 * 11, 4096)  # 132 tiles of 128 x 128: one wave on 132 SMs
     whole = gemm_time_s(H100, one_wave)
-    once = kernel_overhead_s(H100, 128, 128, 4096, (2, 2))  # one fill and epilogue per kernel
+    once = kernel_overhead_s(H100, 128, 128, 4096, (2, 2))  # one fill per kernel
     assert gemm_time_s(H100, one_wave, reserved_sms=16) == pytest.approx(2 * whole - once)
     eight_waves = Gemm(128 * 116, 128 * 8, 4096)  # 928 tiles: 8 waves on 116 SMs and on 132
     assert gemm_time_s(H100, eight_waves, reserved_sms=16) == gemm_time_s(H100, eight_waves)
