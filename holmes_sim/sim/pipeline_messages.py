@@ -6,7 +6,9 @@ A transfer is a rendezvous, as NCCL and gloo run it: it starts when the sender h
 receiver has posted its receive, whichever comes later; its arrival event fires when the last
 byte is in, and the sender's `pp-send` row is recorded then. Messages are numbered (`local_id`
 within a replica, `base` per simulated replica) and their state kept in lists indexed by
-number, so the engine's hot loop looks them up without hashing tuples.
+number, so the engine's hot loop looks them up without hashing tuples. The replicas' messages
+of one (kind, virtual stage, micro-batch) are adjacent: replicas run alike, so the messages
+touched one after another at an instant share cache lines.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class PipelineMessages:
         state, arrival, sent_at: the per-message lists (the engine reads them inline).
     """
 
-    __slots__ = ("env", "net", "rows", "size", "nv", "m", "per_replica", "slot", "state",
+    __slots__ = ("env", "net", "rows", "size", "nv", "m", "replicas", "slot", "state",
                  "arrival", "sent_at", "_on_arrival", "lean", "bytes")
 
     def __init__(self, env: CountingEnvironment, net: FlowNetwork, rows: bytearray,
@@ -39,9 +41,9 @@ class PipelineMessages:
                  replicas: list[int]) -> None:
         self.env, self.net, self.rows, self.size = env, net, rows, size_bytes
         self.nv, self.m = num_virtual, num_microbatches
-        self.per_replica = 2 * num_virtual * num_microbatches
+        self.replicas = len(replicas)
         self.slot = {d: i for i, d in enumerate(replicas)}
-        n = len(replicas) * self.per_replica
+        n = len(replicas) * 2 * num_virtual * num_microbatches
         self.state: list = [None] * n
         self.arrival: list[LeanEvent | None] = [None] * n
         self.sent_at: list[float | None] = [None] * n
@@ -52,12 +54,13 @@ class PipelineMessages:
         self.bytes = float(size_bytes)  # a flow's size
 
     def local_id(self, kind: str, j: int, microbatch: int) -> int:
-        """Number of the message of `kind` ("F" or "B") into virtual stage j, within a replica."""
-        return ((kind == "B") * self.nv + j) * self.m + microbatch
+        """Number of the message of `kind` ("F" or "B") into virtual stage j of the first
+        simulated replica."""
+        return (((kind == "B") * self.nv + j) * self.m + microbatch) * self.replicas
 
     def base(self, d: int) -> int:
         """What replica d's messages add to their `local_id` (d simulated)."""
-        return self.slot[d] * self.per_replica
+        return self.slot[d]
 
     def send(self, k: int, route: tuple, mb: int, chunk: int) -> None:
         """The sender's op ended: start message k's transfer over `route` (the engine's
