@@ -270,6 +270,8 @@ static PyObject *apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 }
 
 static PyObject *str_now;
+static PyTypeObject *env_type;  /* the last environment type seen, and its `_now` slot offset */
+static Py_ssize_t now_offset;
 
 /* The new flow's fields; 0, or -1 with an error. */
 static int fill(PyObject *flow, PyObject *const *args, PyObject *fid) {
@@ -319,7 +321,8 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         learn(&flow_type, type, FL_STATE, RT_CONFLICTS);
     PyObject *flow = type->tp_alloc(type, 0), *fid = NULL, *now = NULL, *at = NULL;
     if (flow == NULL || (fid = PyObject_CallNoArgs(context[2])) == NULL ||
-            fill(flow, args, fid) < 0 || (now = PyObject_GetAttr(context[0], str_now)) == NULL ||
+            fill(flow, args, fid) < 0 ||
+            (now = slot_value(context[0], str_now, &env_type, &now_offset)) == NULL ||
             (at = PyNumber_Add(now, args[3])) == NULL || enter(flow, at, context) < 0)
         Py_CLEAR(flow);
     Py_XDECREF(fid);

@@ -38,6 +38,8 @@ typedef struct {
 static PyObject *str_now, *str_normal, *str_new_bucket, *str_callbacks, *zero_f;
 static PyTypeObject *event_type;  /* the last event type seen, and its `callbacks` slot offset */
 static Py_ssize_t callbacks_offset;
+static PyTypeObject *env_type;  /* the last environment type seen, and its `_now` slot offset */
+static Py_ssize_t now_offset;
 
 static PyObject **fields(Steps *self) { return &self->env; }
 
@@ -57,6 +59,11 @@ static void dealloc(Steps *self) {
     PyObject_GC_UnTrack(self);
     clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* env._now (a new reference, or NULL with an error). */
+static PyObject *now_of(Steps *self) {
+    return slot_value(self->env, str_now, &env_type, &now_offset);
 }
 
 /* Whether `a` < `b` as Python compares them: 1, 0, or -1 with an error. */
@@ -162,7 +169,7 @@ static int take_input(Steps *self, PyObject *step) {
     }
     if (set_callbacks(ev, self->resume) < 0)
         return -1;
-    Py_XSETREF(self->t0, PyObject_GetAttr(self->env, str_now));
+    Py_XSETREF(self->t0, now_of(self));
     if (self->t0 == NULL)
         return -1;
     self->k = k;
@@ -180,7 +187,7 @@ static void row_of(Steps *self, PyObject *step, PyObject *t0, PyObject *t1, PyOb
 
 /* The input arrived: its wait rows (bubble until sent, then wait-pp); 0 or -1. */
 static int input_arrived(Steps *self, PyObject *step) {
-    PyObject *now = PyObject_GetAttr(self->env, str_now), *t0 = self->t0;
+    PyObject *now = now_of(self), *t0 = self->t0;
     if (now == NULL)
         return -1;
     PyObject *sent = PyList_GET_ITEM(self->sent_at, self->k);
@@ -217,7 +224,7 @@ static int input_arrived(Steps *self, PyObject *step) {
 /* The op's compute: one timeout of its compute and TP seconds; 0 or -1. */
 static int compute(Steps *self, PyObject *pair) {
     PyObject *busy = add(PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1)), *at = NULL;
-    Py_XSETREF(self->start, PyObject_GetAttr(self->env, str_now));
+    Py_XSETREF(self->start, now_of(self));
     if (busy == NULL || self->start == NULL || set_callbacks(self->timeout, self->resume) < 0 ||
             (at = add(self->start, busy)) == NULL) {
         Py_XDECREF(busy);
@@ -243,7 +250,7 @@ static int compute(Steps *self, PyObject *pair) {
 
 /* The compute ended: the op's rows (and its TP row), its send and early post; 0 or -1. */
 static int computed(Steps *self, PyObject *step, PyObject *pair) {
-    PyObject *now = PyObject_GetAttr(self->env, str_now), *tp = PyTuple_GET_ITEM(pair, 1);
+    PyObject *now = now_of(self), *tp = PyTuple_GET_ITEM(pair, 1);
     PyObject *end = now == NULL ? NULL : add(self->start, PyTuple_GET_ITEM(pair, 0));
     int status = end == NULL ? -1 : less(zero_f, tp);
     if (status >= 0) {

@@ -29,10 +29,10 @@ typedef struct {
 static PyObject *str_now, *str_now_bucket, *str_normal, *str_new_bucket, *str_links,
     *str_message, *str_callbacks;
 
-/* Slot offsets of `links` for the last route type, and of `message` and `callbacks` for the
- * last event type (0: not a plain slot). */
-static PyTypeObject *route_type, *event_type;
-static Py_ssize_t links_offset, message_offset, callbacks_offset;
+/* Slot offsets (0: not a plain slot) of the last types seen: a route's `links`, an event's
+ * `message` and `callbacks`, the environment's `_now` and `now_bucket` (`slot_value`). */
+static PyTypeObject *route_type, *event_type, *callbacks_type, *env_type, *bucket_env_type;
+static Py_ssize_t links_offset, message_offset, callbacks_offset, now_offset, bucket_offset;
 
 static PyObject **fields(Core *self) { return &self->env; }
 
@@ -95,24 +95,13 @@ static int init(Core *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-/* obj.<name> through a slot offset kept for the last type seen (a new reference or NULL). */
-static PyObject *get_slot(PyObject *obj, PyObject *name, PyTypeObject **type, Py_ssize_t *offset) {
-    if (Py_TYPE(obj) != *type) {
-        Py_INCREF(Py_TYPE(obj));  /* a strong reference, so that its address is not reused */
-        Py_XDECREF(*type);
-        *type = Py_TYPE(obj);
-        *offset = slot_offset(*type, name);
-        if (name == str_message)
-            callbacks_offset = slot_offset(*type, str_callbacks);
-    }
-    if (*offset) {
-        PyObject *value = *(PyObject **)((char *)obj + *offset);
-        if (value == NULL)
-            PyErr_SetObject(PyExc_AttributeError, name);
-        Py_XINCREF(value);
-        return value;
-    }
-    return PyObject_GetAttr(obj, name);
+/* env._now and env.now_bucket (new references, or NULL with an error). */
+static PyObject *now_of(Core *self) {
+    return slot_value(self->env, str_now, &env_type, &now_offset);
+}
+
+static PyObject *now_bucket(Core *self) {
+    return slot_value(self->env, str_now_bucket, &bucket_env_type, &bucket_offset);
 }
 
 /* The transfer of message k over `route` (links, latency, (sender, stream)) starts at `now`. */
@@ -125,7 +114,7 @@ static int start(Core *self, PyObject *k, PyObject *route, PyObject *mb, PyObjec
     PyObject *links = PyTuple_GET_ITEM(route, 0), *r;
     int crosses = 0;
     if (self->lean) {
-        PyObject *used = get_slot(links, str_links, &route_type, &links_offset);
+        PyObject *used = slot_value(links, str_links, &route_type, &links_offset);
         if (used == NULL)
             return -1;
         crosses = PyObject_IsTrue(used);
@@ -137,9 +126,11 @@ static int start(Core *self, PyObject *k, PyObject *route, PyObject *mb, PyObjec
         PyObject *message = PyTuple_Pack(5, k, now, PyTuple_GET_ITEM(route, 2), mb, chunk);
         if (message == NULL)
             return -1;
-        PyObject *args[5] = {links, self->bytes, PyTuple_GET_ITEM(route, 1), self->on_arrival,
-                             message};
-        r = PyObject_Vectorcall(self->send_message, args, 5, NULL);
+        /* args[0] is free for the callee (a `functools.partial` prepends its argument) */
+        PyObject *args[6] = {NULL, links, self->bytes, PyTuple_GET_ITEM(route, 1),
+                             self->on_arrival, message};
+        r = PyObject_Vectorcall(self->send_message, args + 1,
+                                5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         Py_DECREF(message);
     } else {
         PyObject *args[4] = {k, route, mb, chunk};
@@ -157,7 +148,7 @@ static PyObject *send(Core *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t i = position(self->state, args[0]), j = position(self->sent_at, args[0]);
     if (i < 0 || j < 0)
         return NULL;
-    PyObject *now = PyObject_GetAttr(self->env, str_now);
+    PyObject *now = now_of(self);
     if (now == NULL)
         return NULL;
     store(self->sent_at, j, now);
@@ -194,7 +185,7 @@ static PyObject *post(Core *self, PyObject *k) {
         }
         Py_INCREF(state);
         store(self->state, i, self->started);
-        PyObject *now = PyObject_GetAttr(self->env, str_now);
+        PyObject *now = now_of(self);
         int status = now == NULL ? -1 : start(self, k, PyTuple_GET_ITEM(state, 0),
                                               PyTuple_GET_ITEM(state, 1),
                                               PyTuple_GET_ITEM(state, 2), now);
@@ -211,7 +202,13 @@ static int no_callbacks(PyObject *done) {
     PyObject *empty = PyTuple_New(0);
     if (empty == NULL)
         return -1;
-    if (Py_TYPE(done) == event_type && callbacks_offset) {
+    if (Py_TYPE(done) != callbacks_type) {
+        Py_INCREF(Py_TYPE(done));  /* a strong reference, so that its address is not reused */
+        Py_XDECREF(callbacks_type);
+        callbacks_type = Py_TYPE(done);
+        callbacks_offset = slot_offset(callbacks_type, str_callbacks);
+    }
+    if (callbacks_offset) {
         PyObject **slot = (PyObject **)((char *)done + callbacks_offset);
         PyObject *old = *slot;
         *slot = empty;  /* the new reference moves to the slot */
@@ -225,7 +222,7 @@ static int no_callbacks(PyObject *done) {
 
 /* The bucket of `now` to append an arrival to (a new reference), or NULL with an error. */
 static PyObject *bucket_of(Core *self, PyObject *now) {
-    PyObject *bucket = PyObject_GetAttr(self->env, str_now_bucket);
+    PyObject *bucket = now_bucket(self);
     if (bucket == NULL || bucket != Py_None)
         return bucket;
     Py_DECREF(bucket);
@@ -274,10 +271,10 @@ static int arrived(Core *self, PyObject *done, PyObject *message, PyObject *now)
 }
 
 static PyObject *arrive(Core *self, PyObject *done) {
-    PyObject *message = get_slot(done, str_message, &event_type, &message_offset);
+    PyObject *message = slot_value(done, str_message, &event_type, &message_offset);
     if (message == NULL)
         return NULL;
-    PyObject *now = PyObject_GetAttr(self->env, str_now);
+    PyObject *now = now_of(self);
     int status = now == NULL ? -1 : arrived(self, done, message, now);
     Py_DECREF(message);
     Py_XDECREF(now);
