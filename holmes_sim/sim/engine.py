@@ -441,8 +441,9 @@ class _Simulation:
         return []
 
     def _durations(self, node, j: int, backward: bool) -> tuple[float, float]:
-        """(compute, TP all-reduce) seconds of virtual stage j's op on `node`, cached."""
-        key = (node.name, j, backward)
+        """(compute, TP all-reduce) seconds of virtual stage j's op on `node`, cached by what
+        `OpCosts` prices a node by (as `cost.ops.ChunkTimes` remembers it)."""
+        key = (id(node.gpu), id(node.intra_link), node.speed, j, backward)
         got = self._dur_cache.get(key)
         if got is None:
             layers = self.plan.layers_per_stage[j]

@@ -200,16 +200,17 @@ class FlowNetwork:
     def _resolve(self, path: PathUse) -> Route:
         """Path to (link index, weight) pairs; repeated links add their weights."""
         out: list[tuple[int, float]] = []
+        at: dict[int, int] = {}  # each link's place in `out`
         for link, weight in path:
             idx = self._link_index(link)
             if not (0.0 < weight < math.inf):
                 raise ValueError(f"weight on link {link!r} must be finite and > 0, got {weight}")
-            for k, (seen, w0) in enumerate(out):
-                if seen == idx:
-                    out[k] = (idx, w0 + weight)
-                    break
-            else:
+            k = at.get(idx)
+            if k is None:
+                at[idx] = len(out)
                 out.append((idx, float(weight)))
+            else:
+                out[k] = (idx, out[k][1] + weight)
         best, bneck = math.inf, -1
         for idx, weight in out:
             rate = self._cap[idx] / weight
