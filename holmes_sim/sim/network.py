@@ -109,12 +109,13 @@ class FlowNetwork:
         self._armed: dict[float, Flow] = {}  # pending wake-ups by due time (look-up only)
         self._apply_context = (self._due, self._bucket, self._start, self._take_off, self._seeds,
                                self._ahead)  # what `agenda_entries.apply` reads
-        self._next_fid = itertools.count().__next__  # a new flow's id
+        self._fids = itertools.count()  # the flows' ids, in order
+        self._next_fid = self._fids.__next__  # a new flow's id
         self._active = 0
         self.rate_recomputations = 0
         self.flows_started = 0
         if post is not None:  # `send_message` in C: the same flow, entry and wake-up
-            self.send_message = functools.partial(post, (env, Flow, self._next_fid, self._due,
+            self.send_message = functools.partial(post, (env, Flow, self._fids, self._due,
                                                          self._bucket, self._armed, self._arm))
 
     @property
