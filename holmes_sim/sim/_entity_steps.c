@@ -224,8 +224,10 @@ static int input_arrived(Steps *self, PyObject *step) {
 /* The op's compute: one timeout of its compute and TP seconds; 0 or -1. */
 static int compute(Steps *self, PyObject *pair) {
     PyObject *busy = add(PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1)), *at = NULL;
+    if (busy == NULL)
+        return -1;
     Py_XSETREF(self->start, now_of(self));
-    if (busy == NULL || self->start == NULL || set_callbacks(self->timeout, self->resume) < 0 ||
+    if (self->start == NULL || set_callbacks(self->timeout, self->resume) < 0 ||
             (at = add(self->start, busy)) == NULL) {
         Py_XDECREF(busy);
         Py_XDECREF(at);
