@@ -97,18 +97,23 @@ def test_installed_wheel_walks_in_c_where_it_was_built(wheel, venv, tmp_path):
 
 
 def test_installed_wheel_runs_the_engine_loop_and_rows_in_c_where_it_was_built(wheel, venv, tmp_path):
-    """The run loop, the trace's row packing and the network's agenda entries are optional C
-    extensions too (`sim/_run_loop.c`, `sim/_trace_rows.c`, `sim/_agenda_entries.c`): a wheel
-    built with a C compiler carries them and uses them."""
+    """The run loop, the trace's row packing, the network's agenda entries, the pipeline
+    messages and an entity's common ops are optional C extensions too (`sim/_run_loop.c`,
+    `sim/_trace_rows.c`, `sim/_agenda_entries.c`, `sim/_pipeline_messages.c`,
+    `sim/_entity_steps.c`): a wheel built with a C compiler carries them and uses them."""
     with zipfile.ZipFile(wheel) as z:
-        built = [m for m in ("_agenda_entries", "_run_loop", "_trace_rows")
+        built = [m for m in ("_agenda_entries", "_entity_steps", "_pipeline_messages",
+                             "_run_loop", "_trace_rows")
                  if any(n.startswith(f"holmes_sim/sim/{m}.") and n.endswith((".so", ".pyd"))
                         for n in z.namelist())]
     if not built:
         pytest.skip("built without a C compiler: the loop and the rows run in Python")
-    assert built == ["_agenda_entries", "_run_loop", "_trace_rows"]
-    code = ("from holmes_sim.sim import agenda_entries, environment, network, trace; "
+    assert built == ["_agenda_entries", "_entity_steps", "_pipeline_messages", "_run_loop",
+                     "_trace_rows"]
+    code = ("from holmes_sim.sim import agenda_entries, entity_steps, environment, network, "
+            "pipeline_messages, trace; "
             "print(environment.take is not environment._take, "
             "trace.append_row is not trace._append_row_struct, "
-            "network.apply is not agenda_entries._apply)")
-    assert _run(venv, code, tmp_path).split() == ["True", "True", "True"]
+            "network.apply is not agenda_entries._apply, "
+            "pipeline_messages.Core is not None, entity_steps.Steps is not None)")
+    assert _run(venv, code, tmp_path).split() == ["True"] * 5

@@ -13,7 +13,8 @@
  * post(context, route, size, latency, callbacks, message) -> flow
  *   `network.FlowNetwork.send_message` in C: a new pending flow of the context's flow type,
  *   its start entry (flow, 0) due at `env._now + latency`, a wake-up armed for it;
- *   context: (env, flow type, next flow id, due buckets by time, new_bucket, armed, arm).
+ *   context: (env, flow type, flow ids (an iterator, or a callable giving the next id), due
+ *            buckets by time, new_bucket, armed, arm).
  *
  * Fields of a flow, its route and its event are read and set as attributes, through the
  * slots of `flow_records.Flow` and `Route` where the objects are of a type seen last.
@@ -270,6 +271,19 @@ static PyObject *apply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 }
 
 static PyObject *str_now;
+static PyTypeObject *env_type;  /* the last environment type seen, and its `_now` slot offset */
+static Py_ssize_t now_offset;
+
+/* The next flow id of `ids`, an iterator or a callable (a new reference, or NULL with an
+ * error). */
+static PyObject *next_id(PyObject *ids) {
+    if (!PyIter_Check(ids))
+        return PyObject_CallNoArgs(ids);
+    PyObject *id = Py_TYPE(ids)->tp_iternext(ids);
+    if (id == NULL && !PyErr_Occurred())
+        PyErr_SetNone(PyExc_StopIteration);
+    return id;
+}
 
 /* The new flow's fields; 0, or -1 with an error. */
 static int fill(PyObject *flow, PyObject *const *args, PyObject *fid) {
@@ -310,7 +324,7 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             !PyDict_Check(PyTuple_GET_ITEM(args[0], 5))) {
         PyErr_SetString(PyExc_TypeError,
                         "post(context, route, size, latency, callbacks, message): context "
-                        "(env, flow type, next id, dict, new_bucket, dict, arm) expected");
+                        "(env, flow type, ids, dict, new_bucket, dict, arm) expected");
         return NULL;
     }
     PyObject **context = &PyTuple_GET_ITEM(args[0], 0);
@@ -318,8 +332,9 @@ static PyObject *post(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (type != flow_type)
         learn(&flow_type, type, FL_STATE, RT_CONFLICTS);
     PyObject *flow = type->tp_alloc(type, 0), *fid = NULL, *now = NULL, *at = NULL;
-    if (flow == NULL || (fid = PyObject_CallNoArgs(context[2])) == NULL ||
-            fill(flow, args, fid) < 0 || (now = PyObject_GetAttr(context[0], str_now)) == NULL ||
+    if (flow == NULL || (fid = next_id(context[2])) == NULL ||
+            fill(flow, args, fid) < 0 ||
+            (now = slot_value(context[0], str_now, &env_type, &now_offset)) == NULL ||
             (at = PyNumber_Add(now, args[3])) == NULL || enter(flow, at, context) < 0)
         Py_CLEAR(flow);
     Py_XDECREF(fid);

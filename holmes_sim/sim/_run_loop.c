@@ -132,7 +132,9 @@ static int run(PyObject *bucket, PyObject *ahead, Py_ssize_t *taken, PyObject **
             return -1;
         }
         int status;
-        if ((PyList_CheckExact(callbacks) && PyList_GET_SIZE(callbacks) == 1) ||
+        if (PyTuple_CheckExact(callbacks) && PyTuple_GET_SIZE(callbacks) == 0) {
+            status = 0;  /* none to call */
+        } else if ((PyList_CheckExact(callbacks) && PyList_GET_SIZE(callbacks) == 1) ||
                 (PyTuple_CheckExact(callbacks) && PyTuple_GET_SIZE(callbacks) == 1)) {
             PyObject *callback = PySequence_Fast_GET_ITEM(callbacks, 0);
             Py_INCREF(callback);

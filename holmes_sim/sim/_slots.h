@@ -19,4 +19,25 @@ static Py_ssize_t slot_offset(PyTypeObject *type, PyObject *name) {
     return 0;
 }
 
+/* obj.<name> (a new reference, or NULL with an error), read at its slot's offset where `obj`
+ * is of the type `*type` last seen here (`*offset` its slot's offset, 0 where it is not a
+ * slot; both kept by the caller and updated for a new type), else by attribute look-up. */
+static inline PyObject *slot_value(PyObject *obj, PyObject *name, PyTypeObject **type,
+                                   Py_ssize_t *offset) {
+    if (Py_TYPE(obj) != *type) {
+        Py_INCREF(Py_TYPE(obj));  /* a strong reference, so that its address is not reused */
+        Py_XDECREF(*type);
+        *type = Py_TYPE(obj);
+        *offset = slot_offset(*type, name);
+    }
+    if (*offset) {
+        PyObject *value = *(PyObject **)((char *)obj + *offset);
+        if (value == NULL)
+            PyErr_SetObject(PyExc_AttributeError, name);
+        Py_XINCREF(value);
+        return value;
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
 #endif

@@ -46,7 +46,7 @@ from holmes_sim.cost.nccl_algorithms import leaves_node
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import Group, GroupKind, Plan
 from holmes_sim.schedule import Op, ScheduleKind
-from holmes_sim.sim import symmetry
+from holmes_sim.sim import entity_steps, symmetry
 from holmes_sim.sim.context_exchange import cp_exchange
 from holmes_sim.sim.expert_exchange import ep_exchange
 from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams
@@ -289,7 +289,9 @@ class _Simulation:
 
     # ---- run -----------------------------------------------------------------------------------
     def run(self) -> Trace:
-        done = [start_direct(self.env, lambda me, s=s, d=d: self._entity(s, d, me))
+        entity = self._entity if entity_steps.Steps is None else \
+            lambda s, d, me: entity_steps.stepped(self, s, d, me)  # the common ops in C
+        done = [start_direct(self.env, lambda me, s=s, d=d: entity(s, d, me))
                 for s in range(self.plan.pp) for d in self.classes.reps]
         self.env.run_until(self.env.all_of(done))
         self.trace.iteration_s = self.env.now
@@ -439,8 +441,9 @@ class _Simulation:
         return []
 
     def _durations(self, node, j: int, backward: bool) -> tuple[float, float]:
-        """(compute, TP all-reduce) seconds of virtual stage j's op on `node`, cached."""
-        key = (node.name, j, backward)
+        """(compute, TP all-reduce) seconds of virtual stage j's op on `node`, cached by what
+        `OpCosts` prices a node by (as `cost.ops.ChunkTimes` remembers it)."""
+        key = (id(node.gpu), id(node.intra_link), node.speed, j, backward)
         got = self._dur_cache.get(key)
         if got is None:
             layers = self.plan.layers_per_stage[j]

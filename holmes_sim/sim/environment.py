@@ -133,7 +133,12 @@ class CountingEnvironment(simpy.Environment):
     events at 17k distinct (time, priority) keys in the 9,216-GPU benchmark), and a bucket's
     events are taken out without heap operations. The order is SimPy's: an event scheduled at
     the instant being processed goes to the end of its bucket, and one of a higher priority
-    (URGENT, a process's start) makes the loop take its bucket first (`_ahead`)."""
+    (URGENT, a process's start) makes the loop take its bucket first (`_ahead`).
+
+    The clock (`_now`, which SimPy's code sets and reads) and the bucket being processed are
+    slots, which the engine's C code reads at their offsets (`_slots.h`)."""
+
+    __slots__ = ("_now", "now_bucket")
 
     def __init__(self) -> None:
         super().__init__()

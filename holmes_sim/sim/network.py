@@ -109,12 +109,13 @@ class FlowNetwork:
         self._armed: dict[float, Flow] = {}  # pending wake-ups by due time (look-up only)
         self._apply_context = (self._due, self._bucket, self._start, self._take_off, self._seeds,
                                self._ahead)  # what `agenda_entries.apply` reads
-        self._next_fid = itertools.count().__next__  # a new flow's id
+        self._fids = itertools.count()  # the flows' ids, in order
+        self._next_fid = self._fids.__next__  # a new flow's id
         self._active = 0
         self.rate_recomputations = 0
         self.flows_started = 0
         if post is not None:  # `send_message` in C: the same flow, entry and wake-up
-            self.send_message = functools.partial(post, (env, Flow, self._next_fid, self._due,
+            self.send_message = functools.partial(post, (env, Flow, self._fids, self._due,
                                                          self._bucket, self._armed, self._arm))
 
     @property
@@ -200,16 +201,17 @@ class FlowNetwork:
     def _resolve(self, path: PathUse) -> Route:
         """Path to (link index, weight) pairs; repeated links add their weights."""
         out: list[tuple[int, float]] = []
+        at: dict[int, int] = {}  # each link's place in `out`
         for link, weight in path:
             idx = self._link_index(link)
             if not (0.0 < weight < math.inf):
                 raise ValueError(f"weight on link {link!r} must be finite and > 0, got {weight}")
-            for k, (seen, w0) in enumerate(out):
-                if seen == idx:
-                    out[k] = (idx, w0 + weight)
-                    break
-            else:
+            k = at.get(idx)
+            if k is None:
+                at[idx] = len(out)
                 out.append((idx, float(weight)))
+            else:
+                out[k] = (idx, out[k][1] + weight)
         best, bneck = math.inf, -1
         for idx, weight in out:
             rate = self._cap[idx] / weight

@@ -6,7 +6,9 @@ A transfer is a rendezvous, as NCCL and gloo run it: it starts when the sender h
 receiver has posted its receive, whichever comes later; its arrival event fires when the last
 byte is in, and the sender's `pp-send` row is recorded then. Messages are numbered (`local_id`
 within a replica, `base` per simulated replica) and their state kept in lists indexed by
-number, so the engine's hot loop looks them up without hashing tuples.
+number, so the engine's hot loop looks them up without hashing tuples. The replicas' messages
+of one (kind, virtual stage, micro-batch) are adjacent: replicas run alike, so the messages
+touched one after another at an instant share cache lines.
 """
 
 from __future__ import annotations
@@ -29,37 +31,49 @@ class PipelineMessages:
 
     Attributes:
         state, arrival, sent_at: the per-message lists (the engine reads them inline).
+        send, post: `_send` and `_post`, or the same in C (`_pipeline_messages.Core`, where
+            it was built, which also replaces `_arrivals`).
     """
 
-    __slots__ = ("env", "net", "rows", "size", "nv", "m", "per_replica", "slot", "state",
-                 "arrival", "sent_at", "_on_arrival", "lean", "bytes")
+    __slots__ = ("env", "net", "rows", "size", "nv", "m", "replicas", "slot", "state",
+                 "arrival", "sent_at", "_on_arrival", "lean", "bytes", "send", "post")
 
     def __init__(self, env: CountingEnvironment, net: FlowNetwork, rows: bytearray,
                  size_bytes: float, num_virtual: int, num_microbatches: int,
                  replicas: list[int]) -> None:
         self.env, self.net, self.rows, self.size = env, net, rows, size_bytes
         self.nv, self.m = num_virtual, num_microbatches
-        self.per_replica = 2 * num_virtual * num_microbatches
+        self.replicas = len(replicas)
         self.slot = {d: i for i, d in enumerate(replicas)}
-        n = len(replicas) * self.per_replica
+        n = len(replicas) * 2 * num_virtual * num_microbatches
         self.state: list = [None] * n
         self.arrival: list[LeanEvent | None] = [None] * n
         self.sent_at: list[float | None] = [None] * n
-        arrivals = self._arrivals()
-        next(arrivals)  # to its first wait
-        self._on_arrival = [arrivals.send]  # every transfer's callbacks (nobody changes them)
         self.lean = size_bytes > 0  # transfers with bytes: `FlowNetwork.send_message`
         self.bytes = float(size_bytes)  # a flow's size
+        self._on_arrival: list = []  # every transfer's callbacks (nobody changes them)
+        if Core is None:
+            arrivals = self._arrivals()
+            next(arrivals)  # to its first wait
+            self._on_arrival.append(arrivals.send)
+            self.send, self.post = self._send, self._post
+        else:
+            core = Core(env, self.state, self.arrival, self.sent_at, rows, size_bytes,
+                        self.bytes, self.lean, net.send_message, self._on_arrival,
+                        self._send_plain, POSTED, STARTED, _PP_SEND)
+            self._on_arrival.append(core.arrive)
+            self.send, self.post = core.send, core.post
 
     def local_id(self, kind: str, j: int, microbatch: int) -> int:
-        """Number of the message of `kind` ("F" or "B") into virtual stage j, within a replica."""
-        return ((kind == "B") * self.nv + j) * self.m + microbatch
+        """Number of the message of `kind` ("F" or "B") into virtual stage j of the first
+        simulated replica."""
+        return (((kind == "B") * self.nv + j) * self.m + microbatch) * self.replicas
 
     def base(self, d: int) -> int:
         """What replica d's messages add to their `local_id` (d simulated)."""
-        return self.slot[d] * self.per_replica
+        return self.slot[d]
 
-    def send(self, k: int, route: tuple, mb: int, chunk: int) -> None:
+    def _send(self, k: int, route: tuple, mb: int, chunk: int) -> None:
         """The sender's op ended: start message k's transfer over `route` (the engine's
         `_pp_route`) if its receive is posted, else leave it waiting for the receive."""
         now = self.sent_at[k] = self.env._now
@@ -74,7 +88,7 @@ class PipelineMessages:
             else:
                 self._send_plain(k, route, mb, chunk)
 
-    def post(self, k: int) -> None:
+    def _post(self, k: int) -> None:
         """The receiver posts message k's receive: a waiting send starts now. A receive posted
         before (early, `overlap_p2p_comm`) is not posted again."""
         state = self.state[k]
@@ -119,3 +133,9 @@ class PipelineMessages:
                 if bucket is None:
                     bucket = env.new_bucket(now)
             bucket.append(ev)
+
+
+try:  # send, post and arrival in C (`_pipeline_messages.c`, an optional extension)
+    from holmes_sim.sim._pipeline_messages import Core
+except ImportError:  # pragma: no cover - built wherever there is a C compiler
+    Core = None

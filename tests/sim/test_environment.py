@@ -179,3 +179,20 @@ def test_a_raising_callback_stops_the_loop_and_the_events_taken_are_counted():
     assert first.processed and second.processed and not later.processed
     env.run_until(later)  # the bucket lost the events taken: the run goes on from there
     assert env.now == 1.0 and env.events_processed == 3 and log == ["first"]
+
+
+def test_events_without_callbacks_are_taken_and_counted():
+    """An event whose callbacks are an empty tuple or list (a message's arrival nobody waits
+    for yet) is taken, counted and left processed; the others' callbacks run in order."""
+    from holmes_sim.sim.environment import fired_event
+
+    env = CountingEnvironment()
+    log = []
+    events = [fired_event() for _ in range(4)]
+    events[0].callbacks, events[1].callbacks = (), []
+    events[2].callbacks, events[3].callbacks = [lambda ev: log.append(2)], ()
+    for ev in events:
+        env.schedule(ev, delay=0.5)
+    env.run_until(env.timeout(1.0))
+    assert log == [2] and env.events_processed == 5
+    assert all(ev.callbacks is None for ev in events)
