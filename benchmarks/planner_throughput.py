@@ -58,6 +58,7 @@ def _cold(models: bool = False) -> None:
         plan._PLACES.clear()
     analytic._WALKS.clear()
     analytic._REPLICAS.clear()
+    analytic._ALIKES.clear()
     analytic._ESTIMATES.clear()
     analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
@@ -151,6 +152,7 @@ def _estimate_only_cold() -> None:
 
     analytic._WALKS.clear()
     analytic._REPLICAS.clear()
+    analytic._ALIKES.clear()
     analytic._ESTIMATES.clear()
     analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()

@@ -115,7 +115,10 @@ class _Estimator:
         self._bucket_cache: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self._layout_cache: dict[tuple[int, bool], tuple[tuple[float, float, float], ...]] = {}
         self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
-        self._alike_cache: dict[tuple[int, int], tuple] = {}
+        # `_alike` depends on the view and the layers only: estimates of one plan's placement
+        # and split (a Megatron plan's optimizers, recompute modes, micro-batch sizes) share it.
+        self._alike_cache: dict[tuple[int, int], tuple] = _ALIKES.get(
+            (self.net,), (plan.layers_per_stage,), dict)
         self._params_cache: dict[int, tuple[int, ...]] = {}
         self._split_cache: dict[tuple[int, bool], tuple[int, ...]] = {}
         self._send_cache: dict[tuple[int, int, int], float] = {}
@@ -532,6 +535,8 @@ def shared_link_ends(jobs: tuple[list[tuple[float, float]], ...]) -> list[list[f
     return ends
 
 
+_ALIKES: IdentityMemo[dict[tuple[int, int], tuple]] = IdentityMemo(256)
+"""`_Estimator._alike` of each (stage, replica) by view and layers per virtual stage."""
 _REPLICAS: IdentityMemo[tuple[float, ...]] = IdentityMemo(1024)
 """`_Estimator._replica`'s walks by chunk times, view, layers and schedule shape."""
 _WALKS: dict[tuple, tuple[float, ...]] = {}
