@@ -235,9 +235,13 @@ def prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
 
 def _workload_for(prepared: Prepared, training, layout: Layout) -> Workload:
     """`build_workload` of the layout's training settings. It reads no optimizer setting
-    (tests/search/test_planner.py holds it to a fresh build), so the key leaves them out."""
-    key = (id(prepared), layout.tp, layout.pp, layout.micro_batch_size, layout.schedule,
-           layout.recompute, layout.sequence_parallel, layout.cp, layout.ep, layout.etp)
+    (tests/search/test_planner.py holds it to a fresh build), and of the schedule and pipeline
+    only what `_prepared_for` sets in the training settings from them (the p2p overlap with the
+    interleaved schedule, the deferred weight gradient with a pipeline), so the key leaves the
+    rest out: layouts of other pipeline degrees and of GPipe and 1F1B share a workload."""
+    key = (id(prepared), layout.tp, layout.micro_batch_size, layout.schedule == "interleaved",
+           layout.pp > 1, layout.recompute, layout.sequence_parallel, layout.cp, layout.ep,
+           layout.etp)
     got = _WORKLOADS.get(key)
     if got is None or got[0] is not prepared:
         if len(_WORKLOADS) >= 64:
