@@ -87,6 +87,9 @@ def iteration_floor_s(plan: Plan, cluster: Cluster, workload: Workload,
     return estimator.iteration_floor_s(reach)
 
 
+_Layout = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
+"""A stage's DP buckets in release order as columns: gradient bytes, parameter bytes, ready
+point 0..1 of the stage's backward window (`_Estimator._layout`)."""
 _FLOORED: list[tuple[tuple, "_Estimator"]] = []
 """The last estimator of `iteration_floor_s`, with its objects: a caller whose bound does not
 reach estimates the same plan next."""
@@ -113,7 +116,7 @@ class _Estimator:
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
         self._bucket_cache: dict[tuple, tuple[tuple[float, float], ...]] = {}
-        self._layout_cache: dict[tuple[int, bool], tuple[tuple[float, float, float], ...]] = {}
+        self._layout_cache: dict[tuple[int, bool], _Layout] = {}
         self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
         # `_alike` depends on the view and the layers only: estimates of one plan's placement
         # and split (a Megatron plan's optimizers, recompute modes, micro-batch sizes) share it.
@@ -302,12 +305,13 @@ class _Estimator:
                                        topology, kind, what == "grad"))
         return got
 
-    def _layout(self, s: int, expert: bool) -> tuple[tuple[float, float, float], ...]:
-        """Stage s's dense (or routed experts') DP buckets in release order as (gradient bytes,
-        parameter bytes, ready point 0..1 of the stage's backward window), Megatron-Core's cut
-        (`OpCosts.gradient_buckets`): chunk c's points placed in its share of the window
-        (chunks in order, each its share of the stage's parameters). Shared through `_BUCKETS`
-        by what the cut depends on (the workload's shape, not its micro-batch)."""
+    def _layout(self, s: int, expert: bool) -> _Layout:
+        """Stage s's dense (or routed experts') DP buckets in release order as columns: each
+        bucket's gradient bytes, parameter bytes and ready point 0..1 of the stage's backward
+        window, Megatron-Core's cut (`OpCosts.gradient_buckets`): chunk c's points placed in its
+        share of the window (chunks in order, each its share of the stage's parameters). Shared
+        through `_BUCKETS` by what the cut depends on (the workload's shape, not its
+        micro-batch)."""
         got = self._layout_cache.get((s, expert))
         if got is None:
             p, w = self.plan, self.costs.workload
@@ -324,23 +328,27 @@ class _Estimator:
                 lambda: self._cut_layout(s, expert, numels))
         return got
 
-    def _cut_layout(self, s: int, expert: bool, numels: tuple[int | None, ...]
-                    ) -> tuple[tuple[float, float, float], ...]:
+    def _cut_layout(self, s: int, expert: bool, numels: tuple[int | None, ...]) -> _Layout:
         """`_layout` computed: each chunk's cut (`OpCosts.gradient_buckets`, `numels` its
         elements per bucket), its bytes in the cut's shares, its points placed in the chunk's
         share."""
         p = self.plan
         widths = self._params(s)
-        out, offset = [], 0.0
+        total = sum(widths)
+        grads: list[float] = []
+        params: list[float] = []
+        points: list[float] = []
+        offset = 0.0
         for c, width in enumerate(widths):
-            share = width / sum(widths)
+            share = width / total
             run, grad, param = self.costs.bucket_runs(p.layers_per_stage, self._virtual(s, c),
                                                       p.optimizer.sharded, numels[c])[expert]
             if run is not None:
-                out += [(grad * part, param * part, offset + share * point)
-                        for part, point in zip(run.shares, run.ready, strict=True)]
+                grads += [grad * part for part in run.shares]
+                params += [param * part for part in run.shares]
+                points += [offset + share * point for point in run.ready]
             offset += share
-        return tuple(out)
+        return tuple(grads), tuple(params), tuple(points)
 
     def _start_delay(self, s: int, d: int) -> float:
         """Overlapped optimizer: the first forward consumes parameter buckets in forward order as
@@ -433,16 +441,16 @@ class _Estimator:
         return self._buckets(s, kind, what) + self._buckets(s, kind, what, d)
 
 
-def _timed_buckets(layout: tuple[tuple[float, float, float], ...], times: dict[float, float],
-                   topology, kind: str, grad: bool) -> tuple[tuple[float, float], ...]:
-    """(ring time s, ready point) of each (gradient bytes, parameter bytes, ready point) bucket
-    of `layout`: its gradient (`grad`) or parameter bytes' `kind` collective on `topology`, the
-    algorithm and protocol NCCL picks (`cost.nccl_algorithms`), kept in `times` by size."""
-    sizes = [b[0] if grad else b[1] for b in layout]
+def _timed_buckets(layout: _Layout, times: dict[float, float], topology, kind: str,
+                   grad: bool) -> tuple[tuple[float, float], ...]:
+    """(ring time s, ready point) of each bucket of `layout` (`_Estimator._layout`'s columns):
+    its gradient (`grad`) or parameter bytes' `kind` collective on `topology`, the algorithm
+    and protocol NCCL picks (`cost.nccl_algorithms`), kept in `times` by size."""
+    sizes = layout[0] if grad else layout[1]
     for size in dict.fromkeys(sizes):  # each distinct size once (most buckets are full)
         if size not in times:
             times[size] = collective_time_s(topology, kind, size)
-    return tuple(zip(map(times.__getitem__, sizes), [b[2] for b in layout]))
+    return tuple(zip(map(times.__getitem__, sizes), layout[2]))
 
 
 def _total_s(buckets: tuple[tuple[float, float], ...]) -> float:
