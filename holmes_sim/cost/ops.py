@@ -257,11 +257,13 @@ _CHUNK_TIMES: IdentityMemo[ChunkTimes] = IdentityMemo(64)
 _BUCKET_BYTES: IdentityMemo[tuple[tuple[float, float, float], ...]] = IdentityMemo(4096)
 """A cut's buckets in bytes (`OpCosts.gradient_buckets`), by the cut and its buffer's bytes."""
 """Shared by every OpCosts of one cluster (held, so its hardware objects' ids stay valid),
-compute model, workload and TP degree: the candidates of a search that differ only in placement,
-schedule or optimizer, and the partition search and estimate of one candidate."""
+compute model, workload (by identity: hashing one reads all its fields; the planner builds one
+per distinct setting, `search.planner._workload_for`) and TP degree: the candidates of a search
+that differ only in placement, schedule or optimizer, and the partition search and estimate of
+one candidate."""
 
 
 def chunk_times(costs: OpCosts) -> ChunkTimes:
     """The shared `ChunkTimes` of `costs`."""
-    return _CHUNK_TIMES.get((costs.cluster, costs.compute), (costs.workload, costs.tp),
+    return _CHUNK_TIMES.get((costs.cluster, costs.compute, costs.workload), (costs.tp,),
                             lambda: ChunkTimes(costs))

@@ -177,8 +177,8 @@ def adaptive_partition(timer: StageTimer) -> tuple[int, ...]:
     if r.workload.num_layers < r.pp * r.num_chunks:
         raise PlanError(f"{r.workload.num_layers} layers cannot fill {r.pp * r.num_chunks} "
                         "pipeline stages")
-    return _PARTITIONS.get((timer.net, r.compute), (r.workload, timer.optimizer, r.num_microbatches),
-                           lambda: _greedy(timer))
+    return _PARTITIONS.get((timer.net, r.compute, r.workload),
+                           (timer.optimizer, r.num_microbatches), lambda: _greedy(timer))
 
 
 _PARTITIONS: IdentityMemo[tuple[int, ...]] = IdentityMemo()
