@@ -261,7 +261,7 @@ def _prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
         (prepared,), (layout.micro_batch_size, layout.recompute, layout.sequence_parallel,
                       layout.optimizer, layout.tp > 1, layout.schedule == "interleaved",
                       layout.pp > 1),
-        lambda: replace(s.training, micro_batch_size=layout.micro_batch_size,
+        lambda: _copy(s.training, micro_batch_size=layout.micro_batch_size,
                         recompute=layout.recompute, sequence_parallel=layout.sequence_parallel,
                         distributed_optimizer=layout.optimizer != "replicated",
                         overlap_grad_reduce=layout.optimizer.startswith("distributed-overlap"),
@@ -270,16 +270,28 @@ def _prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
     parallel = _PARALLELS.get(
         (prepared,), (layout.tp, layout.pp, layout.dp, layout.schedule, layout.virtual_stages,
                       layout.cp, layout.ep, layout.etp),
-        lambda: replace(s.parallel, tensor=layout.tp, pipeline=layout.pp, data=layout.dp,
+        lambda: _copy(s.parallel, tensor=layout.tp, pipeline=layout.pp, data=layout.dp,
                         schedule=layout.schedule, virtual_stages=layout.virtual_stages,
                         context=layout.cp, expert=layout.ep, expert_tensor=layout.etp))
     m = s.training.global_batch_size // (layout.micro_batch_size * layout.dp)
     workload = _workload_for(prepared, training, layout)
-    return replace(prepared, scenario=replace(s, training=training, parallel=parallel),
+    return _copy(prepared, scenario=_copy(s, training=training, parallel=parallel),
                    workload=workload, tp=layout.tp, pp=layout.pp, dp=layout.dp,
                    num_microbatches=m, cp=layout.cp)
 
 
+def _copy(obj, **changes):
+    """`dataclasses.replace(obj, **changes)` for the frozen dataclasses `_prepared_for` and
+    `evaluate_chunk` copy (every field set by `__init__`, no `__post_init__`; the planner's
+    tests hold them so), each field set as `__init__` sets it: half `replace`'s cost, which
+    checks and gathers the fields and calls `__init__` with them by keyword."""
+    new = object.__new__(type(obj))
+    for name in type(obj).__dataclass_fields__:
+        _set(new, name, changes[name] if name in changes else getattr(obj, name))
+    return new
+
+
+_set = object.__setattr__
 _TRAININGS: IdentityMemo = IdentityMemo(256)
 """`_prepared_for`'s training settings by the prepared scenario and what they read of a
 layout: its micro-batch, recompute, sequence parallelism, optimizer and `_overlaps_for`'s
@@ -438,7 +450,7 @@ def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) ->
                 for opt in (spec.optimizer if policy in SCENARIO_OPTIMIZER_POLICIES
                             else ("distributed",)):
                     out.append(evaluate(prepared, layout if layout.optimizer == opt
-                                        else replace(layout, optimizer=opt), policy))
+                                        else _copy(layout, optimizer=opt), policy))
         return out
 
 
