@@ -62,6 +62,7 @@ def _cold(models: bool = False) -> None:
     analytic._ESTIMATES.clear()
     analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
+    ops._OP_COSTS.clear()
     ops._BUCKET_BYTES.clear()
     bucket_layout._RUNS.clear()
     partition._PARTITIONS.clear()
@@ -156,6 +157,7 @@ def _estimate_only_cold() -> None:
     analytic._ESTIMATES.clear()
     analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
+    ops._OP_COSTS.clear()
     ops._BUCKET_BYTES.clear()
 
 

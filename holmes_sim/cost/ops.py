@@ -263,6 +263,16 @@ that differ only in placement, schedule or optimizer, and the partition search a
 one candidate."""
 
 
+def op_costs(cluster: Cluster, workload: Workload, compute: ComputeModel, tp: int) -> OpCosts:
+    """`OpCosts(cluster, workload, compute, tp)`, one per these objects and TP degree: the
+    planner's partition search, memory check and estimates of a candidate ask for the same."""
+    return _OP_COSTS.get((cluster, workload, compute), (tp,),
+                         lambda: OpCosts(cluster, workload, compute, tp))
+
+
+_OP_COSTS: IdentityMemo[OpCosts] = IdentityMemo(256)
+
+
 def chunk_times(costs: OpCosts) -> ChunkTimes:
     """The shared `ChunkTimes` of `costs`."""
     return _CHUNK_TIMES.get((costs.cluster, costs.compute, costs.workload), (costs.tp,),

@@ -27,7 +27,7 @@ from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.nccl_algorithms import collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.expert_parallel import sends_exposed_s
-from holmes_sim.cost.ops import OpCosts, chunk_times
+from holmes_sim.cost.ops import chunk_times, op_costs
 from holmes_sim.estimate.netview import netview
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import Plan
@@ -104,7 +104,7 @@ them."""
 class _Estimator:
     def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel):
         self.plan, self.cluster, self.w = plan, cluster, workload
-        self.costs = OpCosts(cluster, workload, compute, plan.tp)
+        self.costs = op_costs(cluster, workload, compute, plan.tp)
         self.times = chunk_times(self.costs)
         self.net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp,
                            plan.num_chunks, plan.cp, workload.ep_replicas)
@@ -289,7 +289,10 @@ class _Estimator:
         protocol NCCL picks, `cost.nccl_algorithms`); `what` is "grad" (gradient bytes) or
         "param" (parameter bytes). With `d` the routed experts' buckets on replica d's
         expert-data-parallel ring, else the dense ones on the DP ring (`sim.gradient_buckets`).
-        Empty without the ring."""
+        Empty without the ring (without expert parallelism there are no expert-data-parallel
+        groups, `policies.groups`)."""
+        if d is not None and self.w.ep == 1:
+            return ()
         ring = self.net.dp_ring(s) if d is None else self.net.edp_ring(s, d)
         if ring is None:
             return ()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from holmes_sim.hardware.cluster import Node
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.nccl_algorithms import CollectiveTopology, collective_time_s
-from holmes_sim.cost.ops import OpCosts, chunk_times
+from holmes_sim.cost.ops import chunk_times, op_costs
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.estimate.netview import netview
@@ -62,7 +62,7 @@ class StageTimer:
                  groups: Sequence[Group], optimizer: OptimizerMode):
         self.r = request
         self.optimizer = optimizer
-        self.costs = OpCosts(request.cluster, request.workload, request.compute, request.tp)
+        self.costs = op_costs(request.cluster, request.workload, request.compute, request.tp)
         self.times = chunk_times(self.costs)
         # Rings and alike replicas come from the placement's shared view (`netview`).
         self.net = netview(request.cluster, rank_to_gpu, groups, request.tp, request.pp,

@@ -315,7 +315,7 @@ def _overlaps_for(training, layout: Layout) -> dict[str, bool]:
 def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
     """Plan `policy` on `layout`; memory check, then the analytic estimate."""
     from holmes_sim.estimate.analytic import estimate_iteration
-    from holmes_sim.cost.ops import OpCosts
+    from holmes_sim.cost.ops import op_costs
     from holmes_sim.metrics import memory_report
 
     p = prepared_for(prepared, layout)
@@ -323,7 +323,7 @@ def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
         plan, cluster = _plan(p, policy, layout)
     except HolmesError as exc:
         return Candidate(policy, layout, "", (), float("inf"), 0.0, 0.0, False, reason=str(exc))
-    mem = memory_report(plan, cluster, p.workload, OpCosts(cluster, p.workload, p.compute, plan.tp))
+    mem = memory_report(plan, cluster, p.workload, op_costs(cluster, p.workload, p.compute, plan.tp))
     if not mem.fits:
         return Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, float("inf"),
                          0.0, mem.peak_gib, False, overlap_grad_reduce=plan.overlap_grad_reduce,
