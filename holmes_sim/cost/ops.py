@@ -273,6 +273,36 @@ def op_costs(cluster: Cluster, workload: Workload, compute: ComputeModel, tp: in
 _OP_COSTS: IdentityMemo[OpCosts] = IdentityMemo(256)
 
 
+def stage_param_counts(costs: OpCosts, layers_per_stage: tuple[int, ...], pp: int
+                       ) -> tuple[tuple[int, int, int], ...]:
+    """Each pipeline rank's parameters and routed experts' parameters (`OpCosts.stage_params`,
+    `stage_expert_params`) and its largest chunk's layers, kept by the op costs (their
+    workload), layers and pipeline degree: the planner's memory checks of one split (a
+    Megatron plan's optimizers) share them."""
+    return _STAGE_PARAMS.get((costs,), (layers_per_stage, pp),
+                             lambda: _stage_param_counts(costs, layers_per_stage, pp))
+
+
+def _stage_param_counts(costs: OpCosts, layers_per_stage: tuple[int, ...], pp: int
+                        ) -> tuple[tuple[int, int, int], ...]:
+    """`stage_param_counts` computed; a stage's counts depend on its chunks' layers and on
+    holding the first or the last virtual stage: most stages of a pipeline share them."""
+    params_of: dict[tuple, tuple[int, int]] = {}
+    out = []
+    for s in range(pp):
+        layers = tuple(layers_per_stage[s::pp])  # `Plan.stage_layers`
+        key = (layers, s == 0, s == pp - 1)
+        got = params_of.get(key)
+        if got is None:
+            got = params_of[key] = (costs.stage_params(layers_per_stage, pp, s),
+                                    costs.stage_expert_params(layers_per_stage, pp, s))
+        out.append((*got, max(layers)))
+    return tuple(out)
+
+
+_STAGE_PARAMS: IdentityMemo[tuple[tuple[int, int, int], ...]] = IdentityMemo(256)
+
+
 def chunk_times(costs: OpCosts) -> ChunkTimes:
     """The shared `ChunkTimes` of `costs`."""
     return _CHUNK_TIMES.get((costs.cluster, costs.compute, costs.workload), (costs.tp,),
