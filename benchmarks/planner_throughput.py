@@ -68,6 +68,7 @@ def _cold(models: bool = False) -> None:
     bucket_layout._RUNS.clear()
     partition._PARTITIONS.clear()
     partition._TIMER_FACTS.clear()
+    partition._RINGS.clear()
     holmes._NOTES.clear()
     netview._VIEWS.clear()
     netview._FACTS.clear()
@@ -233,7 +234,7 @@ def _estimate_cost(name: str = "large_175b_1024", repeat: int = 40) -> dict:
         netview._VIEWS.clear()
         netview._FACTS.clear()
         for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES, base._FABRICS,
-                     partition._PARTITIONS, partition._TIMER_FACTS):
+                     partition._PARTITIONS, partition._TIMER_FACTS, partition._RINGS):
             memo.clear()
         _estimate_only_cold()
         _timed(build, cold)

@@ -222,5 +222,13 @@ _EVEN: dict[tuple[int, int], tuple[int, ...]] = {}
 def _ring(ring: tuple[int, float, float] | None,
           topology: CollectiveTopology | None = None) -> _Ring:
     """A `NetView` ring (with its topology: NCCL's pick), or one member (no communication) when
-    there is no group."""
-    return _Ring(1, 1.0, 0.0) if ring is None else _Ring(*ring, topology)
+    there is no group. One per topology object and ring: the views of a placement with other
+    chunk counts share their topologies (`NetView`), and so NCCL's times (`_Ring.times`)."""
+    if ring is None:
+        return _Ring(1, 1.0, 0.0)
+    if topology is None:
+        return _Ring(*ring)
+    return _RINGS.get((topology,), ring, lambda: _Ring(*ring, topology))
+
+
+_RINGS: IdentityMemo[_Ring] = IdentityMemo(1024)
