@@ -129,12 +129,15 @@ class _Estimator:
     def run(self) -> Estimate:
         """Each class of alike replicas is walked once (their pipelines are independent until
         the DP sync); a stage ends when its slowest replica's tail does."""
-        p, net = self.plan, self.net
+        p, net, tail = self.plan, self.net, self._tail
         clocks = [self._replica(d) for d, _ in net.replica_classes()]
-        combos = net.stage_combos(self.w.tie_embeddings)
-        finish = [max(clocks[c][s] + self._tail(s, d) for c, _, d in combos[s])
-                  for s in range(p.pp)]
-        return Estimate(max(finish), tuple(max(clock[s] for clock in clocks) for s in range(p.pp)))
+        # Most stages have one (class, tail) combination, and most plans one class.
+        finish = [clocks[row[0][0]][s] + tail(s, row[0][2]) if len(row) == 1 else
+                  max(clocks[c][s] + tail(s, d) for c, _, d in row)
+                  for s, row in enumerate(net.stage_combos(self.w.tie_embeddings))]
+        ends = tuple(clocks[0]) if len(clocks) == 1 else \
+            tuple(max(clock[s] for clock in clocks) for s in range(p.pp))
+        return Estimate(max(finish), ends)
 
     def iteration_floor_s(self, reach: float) -> float:
         """See the module function."""
