@@ -418,13 +418,21 @@ class NetView:
         and last stages all-reduce tied embeddings."""
         got = self._combos.get(embedding)
         if got is None:
-            class_of = {d: c for c, (_, members) in enumerate(self.replica_classes()) for d in members}
+            class_of = [0] * self.dp
+            for c, (_, members) in enumerate(self.replica_classes()):
+                for d in members:
+                    class_of[d] = c
             got = []
             rows = self.hardware_rows()
             for s in range(self.pp):
                 emb = embedding and self.pp > 1 and s in (0, self.pp - 1)
-                tails: dict[tuple, int] = {}
+                tails: dict = {}
                 combos: dict[tuple[int, int], int] = {}
+                if not emb and self.ep == 1:  # no embedding ring, one EDP group (or none):
+                    for d, (c, hardware) in enumerate(zip(class_of, rows[s])):  # by hardware
+                        combos.setdefault((c, tails.setdefault(hardware, len(tails))), d)
+                    got.append([(c, t, d) for (c, t), d in combos.items()])
+                    continue
                 rings = self._embedding_rings() if emb else [None] * self.dp
                 edp = self.edp_ring(s, 0) if self.ep == 1 else None  # one group (or none)
                 for d, (hardware, ring) in enumerate(zip(rows[s], rings)):
