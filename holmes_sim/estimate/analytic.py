@@ -122,8 +122,12 @@ class _Estimator:
         # and split (a Megatron plan's optimizers, recompute modes, micro-batch sizes) share it.
         self._alike_cache: dict[tuple[int, int], tuple] = _ALIKES.get(
             (self.net,), (plan.layers_per_stage,), dict)
-        self._params_cache: dict[int, tuple[int, ...]] = {}
-        self._split_cache: dict[tuple[int, bool], tuple[int, ...]] = {}
+        # Stage parameter counts depend on the op costs' workload and the layers only: the
+        # estimates of one split with one workload (a Megatron plan's optimizers) share them.
+        self._params_cache: dict[int, tuple[int, ...]]
+        self._split_cache: dict[tuple[int, bool], tuple[int, ...]]
+        self._params_cache, self._split_cache = _PARAMS.get(
+            (self.costs,), (plan.layers_per_stage, plan.pp), lambda: ({}, {}))
         self._send_cache: dict[tuple[int, int, int], float] = {}
 
     def run(self) -> Estimate:
@@ -549,6 +553,9 @@ def shared_link_ends(jobs: tuple[list[tuple[float, float]], ...]) -> list[list[f
     return ends
 
 
+_PARAMS: IdentityMemo[tuple[dict, dict]] = IdentityMemo(256)
+"""`_Estimator._params` and `_split_params` of each stage by op costs, layers per virtual
+stage and pipeline degree."""
 _ALIKES: IdentityMemo[dict[tuple[int, int], tuple]] = IdentityMemo(256)
 """`_Estimator._alike` of each (stage, replica) by view and layers per virtual stage."""
 _REPLICAS: IdentityMemo[tuple[float, ...]] = IdentityMemo(1024)
