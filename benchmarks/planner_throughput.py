@@ -58,13 +58,18 @@ def _cold(models: bool = False) -> None:
         plan._PLACES.clear()
     analytic._WALKS.clear()
     analytic._REPLICAS.clear()
+    analytic._ALIKES.clear()
+    analytic._PARAMS.clear()
     analytic._ESTIMATES.clear()
     analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
+    ops._OP_COSTS.clear()
     ops._BUCKET_BYTES.clear()
+    ops._STAGE_PARAMS.clear()
     bucket_layout._RUNS.clear()
     partition._PARTITIONS.clear()
     partition._TIMER_FACTS.clear()
+    partition._RINGS.clear()
     holmes._NOTES.clear()
     netview._VIEWS.clear()
     netview._FACTS.clear()
@@ -151,9 +156,12 @@ def _estimate_only_cold() -> None:
 
     analytic._WALKS.clear()
     analytic._REPLICAS.clear()
+    analytic._ALIKES.clear()
+    analytic._PARAMS.clear()
     analytic._ESTIMATES.clear()
     analytic._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
+    ops._OP_COSTS.clear()
     ops._BUCKET_BYTES.clear()
 
 
@@ -228,7 +236,7 @@ def _estimate_cost(name: str = "large_175b_1024", repeat: int = 40) -> dict:
         netview._VIEWS.clear()
         netview._FACTS.clear()
         for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES, base._FABRICS,
-                     partition._PARTITIONS, partition._TIMER_FACTS):
+                     partition._PARTITIONS, partition._TIMER_FACTS, partition._RINGS):
             memo.clear()
         _estimate_only_cold()
         _timed(build, cold)

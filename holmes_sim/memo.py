@@ -9,7 +9,6 @@ cache is emptied (a search moves on to other layouts, and the entries are cheap 
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import is_
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -25,8 +24,9 @@ class IdentityMemo(Generic[T]):
     def get(self, objects: tuple, key: tuple, make: Callable[[], T]) -> T:
         k = (*map(id, objects), key)
         got = self._entries.get(k)
-        # The held objects are these very ones (equal ids, equal count: `k`'s length).
-        if got is not None and all(map(is_, got[0], objects)):
+        # The entry holds its objects, so no other object has their ids while it lives: equal
+        # ids (and count: `k`'s length) are these very objects.
+        if got is not None:
             return got[1]
         value = make()
         if len(self._entries) >= self.size:

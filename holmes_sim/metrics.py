@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from holmes_sim.hardware.cluster import Cluster
-from holmes_sim.cost.ops import OpCosts
+from holmes_sim.cost.ops import OpCosts, stage_param_counts
 from holmes_sim.estimate.netview import netview
 from holmes_sim.plan import GroupKind, Plan
 from holmes_sim.schedule import peaks_in_flight
@@ -172,25 +172,16 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp, plan.num_chunks)
     state_per_param = workload.state_bytes_per_param(plan.dp, plan.optimizer.sharded)
     act_per_layer = workload.activation_bytes_per_layer(plan.tp)
-    # A stage's parameters depend on its chunks' layers and on holding the first or the last
-    # virtual stage (`OpCosts.stage_params`): most stages of a pipeline share them.
-    params_of: dict[tuple, tuple[int, int]] = {}
     peaks = peaks_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks)
     per_stage = []
-    for s in range(plan.pp):
-        layers = tuple(plan.layers_per_stage[s::plan.pp])  # `Plan.stage_layers`
-        key = (layers, s == 0, s == plan.pp - 1)
-        got = params_of.get(key)
-        if got is None:
-            got = params_of[key] = (costs.stage_params(plan.layers_per_stage, plan.pp, s),
-                                    costs.stage_expert_params(plan.layers_per_stage, plan.pp, s))
-        params, expert = got
+    for s, (params, expert, most) in enumerate(
+            stage_param_counts(costs, plan.layers_per_stage, plan.pp)):
         state = params / plan.tp * state_per_param
         if expert:
             edp_state = workload.state_bytes_per_param(plan.dp // workload.ep_replicas,
                                                        plan.optimizer.sharded)
             state += expert / plan.tp * (edp_state - state_per_param)
-        acts = peaks[s] * max(layers) * act_per_layer
+        acts = peaks[s] * most * act_per_layer
         per_stage.append(state + acts)
     return MemoryReport(tuple(per_stage), net.stage_memory_bytes())
 

@@ -257,11 +257,53 @@ _CHUNK_TIMES: IdentityMemo[ChunkTimes] = IdentityMemo(64)
 _BUCKET_BYTES: IdentityMemo[tuple[tuple[float, float, float], ...]] = IdentityMemo(4096)
 """A cut's buckets in bytes (`OpCosts.gradient_buckets`), by the cut and its buffer's bytes."""
 """Shared by every OpCosts of one cluster (held, so its hardware objects' ids stay valid),
-compute model, workload and TP degree: the candidates of a search that differ only in placement,
-schedule or optimizer, and the partition search and estimate of one candidate."""
+compute model, workload (by identity: hashing one reads all its fields; the planner builds one
+per distinct setting, `search.planner._workload_for`) and TP degree: the candidates of a search
+that differ only in placement, schedule or optimizer, and the partition search and estimate of
+one candidate."""
+
+
+def op_costs(cluster: Cluster, workload: Workload, compute: ComputeModel, tp: int) -> OpCosts:
+    """`OpCosts(cluster, workload, compute, tp)`, one per these objects and TP degree: the
+    planner's partition search, memory check and estimates of a candidate ask for the same."""
+    return _OP_COSTS.get((cluster, workload, compute), (tp,),
+                         lambda: OpCosts(cluster, workload, compute, tp))
+
+
+_OP_COSTS: IdentityMemo[OpCosts] = IdentityMemo(256)
+
+
+def stage_param_counts(costs: OpCosts, layers_per_stage: tuple[int, ...], pp: int
+                       ) -> tuple[tuple[int, int, int], ...]:
+    """Each pipeline rank's parameters and routed experts' parameters (`OpCosts.stage_params`,
+    `stage_expert_params`) and its largest chunk's layers, kept by the op costs (their
+    workload), layers and pipeline degree: the planner's memory checks of one split (a
+    Megatron plan's optimizers) share them."""
+    return _STAGE_PARAMS.get((costs,), (layers_per_stage, pp),
+                             lambda: _stage_param_counts(costs, layers_per_stage, pp))
+
+
+def _stage_param_counts(costs: OpCosts, layers_per_stage: tuple[int, ...], pp: int
+                        ) -> tuple[tuple[int, int, int], ...]:
+    """`stage_param_counts` computed; a stage's counts depend on its chunks' layers and on
+    holding the first or the last virtual stage: most stages of a pipeline share them."""
+    params_of: dict[tuple, tuple[int, int]] = {}
+    out = []
+    for s in range(pp):
+        layers = tuple(layers_per_stage[s::pp])  # `Plan.stage_layers`
+        key = (layers, s == 0, s == pp - 1)
+        got = params_of.get(key)
+        if got is None:
+            got = params_of[key] = (costs.stage_params(layers_per_stage, pp, s),
+                                    costs.stage_expert_params(layers_per_stage, pp, s))
+        out.append((*got, max(layers)))
+    return tuple(out)
+
+
+_STAGE_PARAMS: IdentityMemo[tuple[tuple[int, int, int], ...]] = IdentityMemo(256)
 
 
 def chunk_times(costs: OpCosts) -> ChunkTimes:
     """The shared `ChunkTimes` of `costs`."""
-    return _CHUNK_TIMES.get((costs.cluster, costs.compute), (costs.workload, costs.tp),
+    return _CHUNK_TIMES.get((costs.cluster, costs.compute, costs.workload), (costs.tp,),
                             lambda: ChunkTimes(costs))

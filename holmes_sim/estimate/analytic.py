@@ -27,7 +27,7 @@ from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.nccl_algorithms import collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.expert_parallel import sends_exposed_s
-from holmes_sim.cost.ops import OpCosts, chunk_times
+from holmes_sim.cost.ops import chunk_times, op_costs
 from holmes_sim.estimate.netview import netview
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import Plan
@@ -87,6 +87,9 @@ def iteration_floor_s(plan: Plan, cluster: Cluster, workload: Workload,
     return estimator.iteration_floor_s(reach)
 
 
+_Layout = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
+"""A stage's DP buckets in release order as columns: gradient bytes, parameter bytes, ready
+point 0..1 of the stage's backward window (`_Estimator._layout`)."""
 _FLOORED: list[tuple[tuple, "_Estimator"]] = []
 """The last estimator of `iteration_floor_s`, with its objects: a caller whose bound does not
 reach estimates the same plan next."""
@@ -101,7 +104,7 @@ them."""
 class _Estimator:
     def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel):
         self.plan, self.cluster, self.w = plan, cluster, workload
-        self.costs = OpCosts(cluster, workload, compute, plan.tp)
+        self.costs = op_costs(cluster, workload, compute, plan.tp)
         self.times = chunk_times(self.costs)
         self.net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp,
                            plan.num_chunks, plan.cp, workload.ep_replicas)
@@ -113,22 +116,32 @@ class _Estimator:
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
         self._bucket_cache: dict[tuple, tuple[tuple[float, float], ...]] = {}
-        self._layout_cache: dict[tuple[int, bool], tuple[tuple[float, float, float], ...]] = {}
+        self._layout_cache: dict[tuple[int, bool], _Layout] = {}
         self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
-        self._alike_cache: dict[tuple[int, int], tuple] = {}
-        self._params_cache: dict[int, tuple[int, ...]] = {}
-        self._split_cache: dict[tuple[int, bool], tuple[int, ...]] = {}
+        # `_alike` depends on the view and the layers only: estimates of one plan's placement
+        # and split (a Megatron plan's optimizers, recompute modes, micro-batch sizes) share it.
+        self._alike_cache: dict[tuple[int, int], tuple] = _ALIKES.get(
+            (self.net,), (plan.layers_per_stage,), dict)
+        # Stage parameter counts depend on the op costs' workload and the layers only: the
+        # estimates of one split with one workload (a Megatron plan's optimizers) share them.
+        self._params_cache: dict[int, tuple[int, ...]]
+        self._split_cache: dict[tuple[int, bool], tuple[int, ...]]
+        self._params_cache, self._split_cache = _PARAMS.get(
+            (self.costs,), (plan.layers_per_stage, plan.pp), lambda: ({}, {}))
         self._send_cache: dict[tuple[int, int, int], float] = {}
 
     def run(self) -> Estimate:
         """Each class of alike replicas is walked once (their pipelines are independent until
         the DP sync); a stage ends when its slowest replica's tail does."""
-        p, net = self.plan, self.net
+        p, net, tail = self.plan, self.net, self._tail
         clocks = [self._replica(d) for d, _ in net.replica_classes()]
-        combos = net.stage_combos(self.w.tie_embeddings)
-        finish = [max(clocks[c][s] + self._tail(s, d) for c, _, d in combos[s])
-                  for s in range(p.pp)]
-        return Estimate(max(finish), tuple(max(clock[s] for clock in clocks) for s in range(p.pp)))
+        # Most stages have one (class, tail) combination, and most plans one class.
+        finish = [clocks[row[0][0]][s] + tail(s, row[0][2]) if len(row) == 1 else
+                  max(clocks[c][s] + tail(s, d) for c, _, d in row)
+                  for s, row in enumerate(net.stage_combos(self.w.tie_embeddings))]
+        ends = tuple(clocks[0]) if len(clocks) == 1 else \
+            tuple(max(clock[s] for clock in clocks) for s in range(p.pp))
+        return Estimate(max(finish), ends)
 
     def iteration_floor_s(self, reach: float) -> float:
         """See the module function."""
@@ -283,7 +296,10 @@ class _Estimator:
         protocol NCCL picks, `cost.nccl_algorithms`); `what` is "grad" (gradient bytes) or
         "param" (parameter bytes). With `d` the routed experts' buckets on replica d's
         expert-data-parallel ring, else the dense ones on the DP ring (`sim.gradient_buckets`).
-        Empty without the ring."""
+        Empty without the ring (without expert parallelism there are no expert-data-parallel
+        groups, `policies.groups`)."""
+        if d is not None and self.w.ep == 1:
+            return ()
         ring = self.net.dp_ring(s) if d is None else self.net.edp_ring(s, d)
         if ring is None:
             return ()
@@ -299,12 +315,13 @@ class _Estimator:
                                        topology, kind, what == "grad"))
         return got
 
-    def _layout(self, s: int, expert: bool) -> tuple[tuple[float, float, float], ...]:
-        """Stage s's dense (or routed experts') DP buckets in release order as (gradient bytes,
-        parameter bytes, ready point 0..1 of the stage's backward window), Megatron-Core's cut
-        (`OpCosts.gradient_buckets`): chunk c's points placed in its share of the window
-        (chunks in order, each its share of the stage's parameters). Shared through `_BUCKETS`
-        by what the cut depends on (the workload's shape, not its micro-batch)."""
+    def _layout(self, s: int, expert: bool) -> _Layout:
+        """Stage s's dense (or routed experts') DP buckets in release order as columns: each
+        bucket's gradient bytes, parameter bytes and ready point 0..1 of the stage's backward
+        window, Megatron-Core's cut (`OpCosts.gradient_buckets`): chunk c's points placed in its
+        share of the window (chunks in order, each its share of the stage's parameters). Shared
+        through `_BUCKETS` by what the cut depends on (the workload's shape, not its
+        micro-batch)."""
         got = self._layout_cache.get((s, expert))
         if got is None:
             p, w = self.plan, self.costs.workload
@@ -321,23 +338,27 @@ class _Estimator:
                 lambda: self._cut_layout(s, expert, numels))
         return got
 
-    def _cut_layout(self, s: int, expert: bool, numels: tuple[int | None, ...]
-                    ) -> tuple[tuple[float, float, float], ...]:
+    def _cut_layout(self, s: int, expert: bool, numels: tuple[int | None, ...]) -> _Layout:
         """`_layout` computed: each chunk's cut (`OpCosts.gradient_buckets`, `numels` its
         elements per bucket), its bytes in the cut's shares, its points placed in the chunk's
         share."""
         p = self.plan
         widths = self._params(s)
-        out, offset = [], 0.0
+        total = sum(widths)
+        grads: list[float] = []
+        params: list[float] = []
+        points: list[float] = []
+        offset = 0.0
         for c, width in enumerate(widths):
-            share = width / sum(widths)
+            share = width / total
             run, grad, param = self.costs.bucket_runs(p.layers_per_stage, self._virtual(s, c),
                                                       p.optimizer.sharded, numels[c])[expert]
             if run is not None:
-                out += [(grad * part, param * part, offset + share * point)
-                        for part, point in zip(run.shares, run.ready, strict=True)]
+                grads += [grad * part for part in run.shares]
+                params += [param * part for part in run.shares]
+                points += [offset + share * point for point in run.ready]
             offset += share
-        return tuple(out)
+        return tuple(grads), tuple(params), tuple(points)
 
     def _start_delay(self, s: int, d: int) -> float:
         """Overlapped optimizer: the first forward consumes parameter buckets in forward order as
@@ -430,16 +451,16 @@ class _Estimator:
         return self._buckets(s, kind, what) + self._buckets(s, kind, what, d)
 
 
-def _timed_buckets(layout: tuple[tuple[float, float, float], ...], times: dict[float, float],
-                   topology, kind: str, grad: bool) -> tuple[tuple[float, float], ...]:
-    """(ring time s, ready point) of each (gradient bytes, parameter bytes, ready point) bucket
-    of `layout`: its gradient (`grad`) or parameter bytes' `kind` collective on `topology`, the
-    algorithm and protocol NCCL picks (`cost.nccl_algorithms`), kept in `times` by size."""
-    sizes = [b[0] if grad else b[1] for b in layout]
+def _timed_buckets(layout: _Layout, times: dict[float, float], topology, kind: str,
+                   grad: bool) -> tuple[tuple[float, float], ...]:
+    """(ring time s, ready point) of each bucket of `layout` (`_Estimator._layout`'s columns):
+    its gradient (`grad`) or parameter bytes' `kind` collective on `topology`, the algorithm
+    and protocol NCCL picks (`cost.nccl_algorithms`), kept in `times` by size."""
+    sizes = layout[0] if grad else layout[1]
     for size in dict.fromkeys(sizes):  # each distinct size once (most buckets are full)
         if size not in times:
             times[size] = collective_time_s(topology, kind, size)
-    return tuple(zip(map(times.__getitem__, sizes), [b[2] for b in layout]))
+    return tuple(zip(map(times.__getitem__, sizes), layout[2]))
 
 
 def _total_s(buckets: tuple[tuple[float, float], ...]) -> float:
@@ -532,6 +553,11 @@ def shared_link_ends(jobs: tuple[list[tuple[float, float]], ...]) -> list[list[f
     return ends
 
 
+_PARAMS: IdentityMemo[tuple[dict, dict]] = IdentityMemo(256)
+"""`_Estimator._params` and `_split_params` of each stage by op costs, layers per virtual
+stage and pipeline degree."""
+_ALIKES: IdentityMemo[dict[tuple[int, int], tuple]] = IdentityMemo(256)
+"""`_Estimator._alike` of each (stage, replica) by view and layers per virtual stage."""
 _REPLICAS: IdentityMemo[tuple[float, ...]] = IdentityMemo(1024)
 """`_Estimator._replica`'s walks by chunk times, view, layers and schedule shape."""
 _WALKS: dict[tuple, tuple[float, ...]] = {}

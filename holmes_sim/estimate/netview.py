@@ -44,7 +44,7 @@ def _one_node(place: tuple[tuple[str, ...], tuple[int, ...]]) -> tuple[str, tupl
 
 class _Facts:
     """What the views of one placement share whatever their chunk count (`NetView`): each TP
-    group's GPUs and node, the rings and their topologies, stage nodes and memory, the
+    group's GPUs and node (and node with local GPUs when it lies on one), the rings and their topologies, stage nodes and memory, the
     embedding rings, the CP and EP sends, and the sends of stage pairs whose every replica's
     pair is a pipeline group."""
 
@@ -60,6 +60,7 @@ class _Facts:
         self.ep_sends: dict[int, list[tuple[tuple[float, float], ...]]] = {}
         self.sends: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self.hardware: list[list[tuple]] | None = None
+        self.one_nodes: list[tuple[str, tuple[int, ...]] | None] | None = None
 
 
 _FACTS: IdentityMemo[_Facts] = IdentityMemo(64)
@@ -199,9 +200,8 @@ class NetView:
 
     def _new_send_rates(self, a: int, b: int, transports: list) -> list[tuple[float, float]]:
         """`_send_rates` with the pair's transport of every replica."""
-        dp = self.dp
-        ends = [(_one_node(at), _one_node(to)) for at, to in
-                zip(self._places[a * dp:(a + 1) * dp], self._places[b * dp:(b + 1) * dp])]
+        dp, ones = self.dp, self._one_nodes()
+        ends = list(zip(ones[a * dp:(a + 1) * dp], ones[b * dp:(b + 1) * dp]))
         placed = [e for pair in ends for e in pair]
         # Every end on one node, each on a node of its own: the sends' NIC links are their own.
         if None not in placed and len({e[0] for e in placed}) == 2 * dp:
@@ -220,6 +220,13 @@ class NetView:
         caps = self.caps
         got = self._p2p[(a, b)] = [(latency, min([caps[lk] / load[lk] for lk, _ in links]))
                                    for links, latency in uses]
+        return got
+
+    def _one_nodes(self) -> list[tuple[str, tuple[int, ...]] | None]:
+        """`_one_node` of every TP group (kept with the placement's facts)."""
+        got = self._facts.one_nodes
+        if got is None:
+            got = self._facts.one_nodes = [_one_node(p) for p in self._places]
         return got
 
     def _own_links(self, a: int, b: int, sends: list) -> list[tuple[float, float]]:
@@ -411,13 +418,21 @@ class NetView:
         and last stages all-reduce tied embeddings."""
         got = self._combos.get(embedding)
         if got is None:
-            class_of = {d: c for c, (_, members) in enumerate(self.replica_classes()) for d in members}
+            class_of = [0] * self.dp
+            for c, (_, members) in enumerate(self.replica_classes()):
+                for d in members:
+                    class_of[d] = c
             got = []
             rows = self.hardware_rows()
             for s in range(self.pp):
                 emb = embedding and self.pp > 1 and s in (0, self.pp - 1)
-                tails: dict[tuple, int] = {}
+                tails: dict = {}
                 combos: dict[tuple[int, int], int] = {}
+                if not emb and self.ep == 1:  # no embedding ring, one EDP group (or none):
+                    for d, (c, hardware) in enumerate(zip(class_of, rows[s])):  # by hardware
+                        combos.setdefault((c, tails.setdefault(hardware, len(tails))), d)
+                    got.append([(c, t, d) for (c, t), d in combos.items()])
+                    continue
                 rings = self._embedding_rings() if emb else [None] * self.dp
                 edp = self.edp_ring(s, 0) if self.ep == 1 else None  # one group (or none)
                 for d, (hardware, ring) in enumerate(zip(rows[s], rings)):

@@ -39,12 +39,10 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain
-from operator import attrgetter
 
 import numpy as np
 
-from holmes_sim.schedule import ScheduleKind, build_schedule
+from holmes_sim.schedule import ScheduleKind, check_schedule
 
 try:  # the walk in C (`_walk_kernel.c`, an optional extension): the same sums bit for bit
     from holmes_sim.estimate import _walk_kernel
@@ -179,9 +177,10 @@ def _fewer_microbatches(kind: ScheduleKind, p: int, m: int, v: int) -> tuple[int
 def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
     """The dependency structure of every op of schedule (kind, p, m, v), with its steady run.
     An op's four ints are its (chunk, kind)'s for micro-batch 0 on its stage (`_op_bases`)
-    with the micro-batch added to its slots, worked out for all ops at once (numpy)."""
-    schedule = build_schedule(kind, pp, m, v)
-    nv, nc = schedule.num_virtual_stages, schedule.num_chunks
+    with the micro-batch added to its slots, worked out for all ops at once (numpy) from the
+    schedule's closed form (`_op_columns`)."""
+    check_schedule(kind, pp, m, v)
+    nv, nc = pp * v, v
     sends = sorted({(j, j + 1) for j in range(nv - 1)} | {(j + 1, j) for j in range(nv - 1)})
     send_index = {pair: i for i, pair in enumerate(sends)}
     # Message (direction, to, micro-batch): forward inputs of j = 1..nv-1, then backward inputs
@@ -189,15 +188,14 @@ def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
     messages = 2 * (nv - 1) * m
     kinds, bases = [], np.empty((pp, nc, 2, 4), dtype=np.int64)
     for s in range(pp):
-        stage_kinds = sorted({(schedule.virtual_stage(s, c), b) for c in range(nc)
-                              for b in (False, True)})
+        # (virtual stage, backward) of the stage's chunks: `Schedule.virtual_stage` c p + s
+        stage_kinds = sorted({(c * pp + s, b) for c in range(nc) for b in (False, True)})
         kind_index = {k: i for i, k in enumerate(stage_kinds)}
         for c in range(nc):
             for b, name in enumerate("FB"):
                 bases[s, c, b] = _op_bases(s + c * pp, name, nv, m, send_index, kind_index)
         kinds.append(tuple(stage_kinds))
-    lengths = [len(ops) for ops in schedule.stage_ops]
-    chunk, backward, mb = _op_columns(schedule.stage_ops)
+    chunk, backward, mb, lengths = _op_columns(ScheduleKind(kind), pp, m, v)
     n = len(mb)
     stage = np.repeat(np.arange(pp), lengths)
     table = bases[stage, chunk, backward]
@@ -212,22 +210,39 @@ def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
     return OpTable((kind, pp, m, v), tuple(kinds), tuple(sends), messages, flat, run)
 
 
-def _op_columns(stage_ops) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every op's chunk, backward (1) or forward (0) and micro-batch, stage after stage. Each
-    stage runs every unit (micro-batch, chunk, kind) once, and the schedules make one `Op` per
-    unit for all stages (`schedule.py`): the units are read once, from stage 0, and each op
-    found there by identity (ops made per stage are read one by one)."""
-    ops = list(chain.from_iterable(stage_ops))
-    units = stage_ops[0]
-    position = {id(op): i for i, op in enumerate(units)}
-    try:
-        index = np.fromiter(map(position.__getitem__, map(id, ops)), np.int64, len(ops))
-    except KeyError:
-        units, index = ops, np.arange(len(ops))
-    n = len(units)
-    return (np.fromiter(map(attrgetter("chunk"), units), np.int64, n)[index],
-            np.fromiter(map("B".__eq__, map(attrgetter("kind"), units)), np.int64, n)[index],
-            np.fromiter(map(attrgetter("microbatch"), units), np.int64, n)[index])
+def _op_columns(kind: ScheduleKind, p: int, m: int, v: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+    """Every op's chunk, backward (1) or forward (0) and micro-batch, stage after stage, and the
+    ops per stage, of `schedule.build_schedule`'s schedule without building it: of T = m v units
+    of each kind, stage s runs w warm-up forwards (units 0..w-1), then forward unit f and
+    backward unit f - w for f = w..T-1, then backward units T-w..T-1 (`schedule.py`: GPipe
+    w = T; 1F1B min(p - s - 1, m); interleaved min(2 (p - s - 1) + (v - 1) p, T)); units in
+    `_interleaved_units`' order (one chunk: unit k is micro-batch k)."""
+    total = m * v
+    k = np.arange(total, dtype=np.int64)
+    if kind is ScheduleKind.INTERLEAVED:
+        pv = p * v
+        micro, forward_chunk = (k // pv) * p + k % p, (k % pv) // p
+        units = (forward_chunk, micro, v - 1 - forward_chunk, micro)
+    else:
+        zero = np.zeros(total, dtype=np.int64)
+        units = (zero, k, zero, k)
+    unit = np.empty((p, 2 * total), dtype=np.int64)
+    back = np.zeros((p, 2 * total), dtype=np.int64)
+    for s in range(p):
+        w = total if kind is ScheduleKind.GPIPE else min(p - s - 1, m) \
+            if kind is ScheduleKind.ONE_F_ONE_B else min((p - s - 1) * 2 + (v - 1) * p, total)
+        pairs, row = total - w, unit[s]
+        row[:w] = k[:w]
+        row[w:w + 2 * pairs:2] = k[w:]
+        row[w + 1:w + 2 * pairs:2] = k[:pairs]
+        row[w + 2 * pairs:] = k[pairs:]
+        back[s, w + 1:w + 2 * pairs:2] = 1
+        back[s, w + 2 * pairs:] = 1
+    unit, back = unit.ravel(), back.ravel()
+    backward = back.astype(bool)
+    return (np.where(backward, units[2][unit], units[0][unit]), back,
+            np.where(backward, units[3][unit], units[1][unit]), [2 * total] * p)
 
 
 def _op_bases(j: int, kind: str, nv: int, m: int, send_index: dict, kind_index: dict

@@ -95,14 +95,14 @@ def chunk_bucket_runs(w: Workload, tp: int, first_layer: int, layers: int, first
         cut_key = (param_token(w),) + key[1:]
         cuts = _CUTS.get(cut_key)
         if cuts is None:
-            n, at, expert, own = _chunk_columns(pieces)
+            n, expert, own = _chunk_columns(pieces)
             cuts = _shared_cuts(cut_key, n, expert, own, numel, sharded)
+        masks, shapes = cuts
+        if masks is None:  # one buffer: the ready points of its buckets' last parameters only
+            numels, lasts, shares = shapes[0]
+            got = (BucketRun(shares, _last_points(pieces, lasts), numels), None)
         else:
             at = _chunk_points(pieces)
-        masks, shapes = cuts
-        if masks is None:
-            got = (_ready_run(at, shapes[0]), None)
-        else:
             got = (_ready_run(at[masks[0]], shapes[0]), _ready_run(at[masks[1]], shapes[1]))
         _RUNS[key] = got
     return got
@@ -277,14 +277,46 @@ def _whole_buffers(pieces: list[_Columns]) -> tuple[BucketRun, BucketRun | None]
     return runs[0], runs[1]
 
 
-def _chunk_columns(pieces: list[_Columns]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """`chunk_params` of the chunk's `pieces` as columns: elements, ready point
-    (`_chunk_points`), routed expert's, own bucket."""
+def _chunk_columns(pieces: list[_Columns]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`chunk_params` of the chunk's `pieces` as columns: elements, routed expert's, own
+    bucket."""
     if not pieces:
-        return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0, dtype=bool), \
-            np.empty(0, dtype=bool)
-    return np.concatenate([p[1] for p in pieces]), _chunk_points(pieces), \
-        np.concatenate([p[3] for p in pieces]), np.concatenate([p[4] for p in pieces])
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=bool), np.empty(0, dtype=bool)
+    return np.concatenate([p[1] for p in pieces]), np.concatenate([p[3] for p in pieces]), \
+        np.concatenate([p[4] for p in pieces])
+
+
+def _last_points(pieces: list[_Columns], lasts: tuple[int, ...]) -> tuple[float, ...]:
+    """`_ready_run`'s points of `_chunk_points(pieces)` at the parameter indices `lasts`
+    (ascending): the running maximum from 0 at each. Within a piece the points are (FLOP
+    before it + each parameter's FLOP) / the chunk's FLOP, which rounding keeps monotonic in
+    the parameter's FLOP, so their running maximum is that of the piece's running maximum of
+    FLOPs (`_piece_columns`), and before the piece the largest point of the pieces before:
+    the same floats without a point per parameter."""
+    if not lasts:
+        return ()
+    total = sum(p[0] for p in pieces)
+    if not total > 0:
+        return (1.0,) * len(lasts)
+    out: list[float] = []
+    carry, start, done, i, k = 0.0, 0, 0.0, 0, lasts[0]
+    for piece in pieces:
+        peaks = piece[6]
+        end = start + len(peaks)
+        while k < end:
+            point = (done + peaks[k - start]) / total
+            out.append(point if point > carry else carry)  # `max(carry, point)`
+            i += 1
+            if i == len(lasts):
+                return tuple(out)
+            k = lasts[i]
+        if peaks:
+            point = (done + peaks[-1]) / total
+            if point > carry:
+                carry = point
+        start = end
+        done += piece[0]
+    raise AssertionError("a bucket's last parameter is past the chunk's")
 
 
 def _chunk_points(pieces: list[_Columns]) -> np.ndarray:
@@ -302,8 +334,9 @@ def _chunk_points(pieces: list[_Columns]) -> np.ndarray:
 
 def _piece_columns(w: Workload, token: int, tp: int, kind: str, flag: bool) -> _Columns:
     """`_piece` (`token`: `shape_token(w)`) as its FLOP, columns of its parameters (elements,
-    FLOP done when ready, routed expert's, own bucket) and, per buffer (dense, routed
-    experts'), its elements and latest FLOP (None: no parameters in it), cached."""
+    FLOP done when ready, routed expert's, own bucket), per buffer (dense, routed experts')
+    its elements and latest FLOP (None: no parameters in it), and the running maximum of the
+    FLOP done column (`_last_points`), cached."""
     key = (token, tp, kind, flag)
     got = _COLUMNS.get(key)
     if got is None:
@@ -311,17 +344,18 @@ def _piece_columns(w: Workload, token: int, tp: int, kind: str, flag: bool) -> _
             _COLUMNS.clear()
         flop, params = _piece(w, tp, kind, flag)
         buffers = tuple([p for p in params if bool(p[1]) is expert] for expert in (False, True))
-        got = _COLUMNS[key] = (flop, np.array([p[0] for p in params], dtype=np.int64),
-                               np.array([p[3] for p in params], dtype=np.float64),
+        done = np.array([p[3] for p in params], dtype=np.float64)
+        got = _COLUMNS[key] = (flop, np.array([p[0] for p in params], dtype=np.int64), done,
                                np.array([p[1] for p in params], dtype=bool),
                                np.array([p[2] for p in params], dtype=bool),
                                tuple((sum(p[0] for p in b), max(p[3] for p in b)) if b else None
-                                     for b in buffers))
+                                     for b in buffers),
+                               np.maximum.accumulate(done).tolist() if params else [])
     return got
 
 
 _Columns = tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                 tuple[tuple[int, float] | None, ...]]
+                 tuple[tuple[int, float] | None, ...], list[float]]
 _COLUMNS: dict[tuple, _Columns] = {}
 
 

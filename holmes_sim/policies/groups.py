@@ -97,9 +97,24 @@ class GroupBuilder:
         order."""
         if (a, b) not in self._pair_set:
             return [None] * self.dp
-        return [self._pipe_of(a, b, d)[2] or self._member_by_member(
-            GroupKind.PIPELINE, (self._rank(a, d, 0), self._rank(b, d, 0))).transport
-            for d in range(self.dp)]
+        dp, gpus, chosen = self.dp, self.gpus, self._chosen
+        out = []
+        # `_pipe_of`'s transport per replica d, its TP groups' places read in order (TP group
+        # s dp + d is stage s's of replica d, `_nodes_of`).
+        for d, (na, nb) in enumerate(zip(self._places[a * dp:(a + 1) * dp],
+                                         self._places[b * dp:(b + 1) * dp])):
+            na, nb = na[0], nb[0]
+            if len(na) > 1 or len(nb) > 1:
+                out.append(self._member_by_member(GroupKind.PIPELINE, (
+                    self._rank(a, d, 0), self._rank(b, d, 0))).transport)
+                continue
+            nodes = na if na == nb else na + nb
+            got = chosen.get(nodes)
+            if got is None:
+                fa, fb = self._rank(a, d, 0), self._rank(b, d, 0)
+                got = self._transport(nodes, [gpus[fa], gpus[fb]])
+            out.append(got)
+        return out
 
     def embedding_transports(self) -> list[Transport | None]:
         """The transport of `first(EMBEDDING, ...)` of every replica's TP rank 0, in replica

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from holmes_sim.hardware.cluster import Node
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.nccl_algorithms import CollectiveTopology, collective_time_s
-from holmes_sim.cost.ops import OpCosts, chunk_times
+from holmes_sim.cost.ops import chunk_times, op_costs
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.estimate.netview import netview
@@ -62,7 +62,7 @@ class StageTimer:
                  groups: Sequence[Group], optimizer: OptimizerMode):
         self.r = request
         self.optimizer = optimizer
-        self.costs = OpCosts(request.cluster, request.workload, request.compute, request.tp)
+        self.costs = op_costs(request.cluster, request.workload, request.compute, request.tp)
         self.times = chunk_times(self.costs)
         # Rings and alike replicas come from the placement's shared view (`netview`).
         self.net = netview(request.cluster, rank_to_gpu, groups, request.tp, request.pp,
@@ -177,8 +177,8 @@ def adaptive_partition(timer: StageTimer) -> tuple[int, ...]:
     if r.workload.num_layers < r.pp * r.num_chunks:
         raise PlanError(f"{r.workload.num_layers} layers cannot fill {r.pp * r.num_chunks} "
                         "pipeline stages")
-    return _PARTITIONS.get((timer.net, r.compute), (r.workload, timer.optimizer, r.num_microbatches),
-                           lambda: _greedy(timer))
+    return _PARTITIONS.get((timer.net, r.compute, r.workload),
+                           (timer.optimizer, r.num_microbatches), lambda: _greedy(timer))
 
 
 _PARTITIONS: IdentityMemo[tuple[int, ...]] = IdentityMemo()
@@ -222,5 +222,13 @@ _EVEN: dict[tuple[int, int], tuple[int, ...]] = {}
 def _ring(ring: tuple[int, float, float] | None,
           topology: CollectiveTopology | None = None) -> _Ring:
     """A `NetView` ring (with its topology: NCCL's pick), or one member (no communication) when
-    there is no group."""
-    return _Ring(1, 1.0, 0.0) if ring is None else _Ring(*ring, topology)
+    there is no group. One per topology object and ring: the views of a placement with other
+    chunk counts share their topologies (`NetView`), and so NCCL's times (`_Ring.times`)."""
+    if ring is None:
+        return _Ring(1, 1.0, 0.0)
+    if topology is None:
+        return _Ring(*ring)
+    return _RINGS.get((topology,), ring, lambda: _Ring(*ring, topology))
+
+
+_RINGS: IdentityMemo[_Ring] = IdentityMemo(1024)

@@ -235,9 +235,13 @@ def prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
 
 def _workload_for(prepared: Prepared, training, layout: Layout) -> Workload:
     """`build_workload` of the layout's training settings. It reads no optimizer setting
-    (tests/search/test_planner.py holds it to a fresh build), so the key leaves them out."""
-    key = (id(prepared), layout.tp, layout.pp, layout.micro_batch_size, layout.schedule,
-           layout.recompute, layout.sequence_parallel, layout.cp, layout.ep, layout.etp)
+    (tests/search/test_planner.py holds it to a fresh build), and of the schedule and pipeline
+    only what `_prepared_for` sets in the training settings from them (the p2p overlap with the
+    interleaved schedule, the deferred weight gradient with a pipeline), so the key leaves the
+    rest out: layouts of other pipeline degrees and of GPipe and 1F1B share a workload."""
+    key = (id(prepared), layout.tp, layout.micro_batch_size, layout.schedule == "interleaved",
+           layout.pp > 1, layout.recompute, layout.sequence_parallel, layout.cp, layout.ep,
+           layout.etp)
     got = _WORKLOADS.get(key)
     if got is None or got[0] is not prepared:
         if len(_WORKLOADS) >= 64:
@@ -257,7 +261,7 @@ def _prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
         (prepared,), (layout.micro_batch_size, layout.recompute, layout.sequence_parallel,
                       layout.optimizer, layout.tp > 1, layout.schedule == "interleaved",
                       layout.pp > 1),
-        lambda: replace(s.training, micro_batch_size=layout.micro_batch_size,
+        lambda: _copy(s.training, micro_batch_size=layout.micro_batch_size,
                         recompute=layout.recompute, sequence_parallel=layout.sequence_parallel,
                         distributed_optimizer=layout.optimizer != "replicated",
                         overlap_grad_reduce=layout.optimizer.startswith("distributed-overlap"),
@@ -266,16 +270,28 @@ def _prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
     parallel = _PARALLELS.get(
         (prepared,), (layout.tp, layout.pp, layout.dp, layout.schedule, layout.virtual_stages,
                       layout.cp, layout.ep, layout.etp),
-        lambda: replace(s.parallel, tensor=layout.tp, pipeline=layout.pp, data=layout.dp,
+        lambda: _copy(s.parallel, tensor=layout.tp, pipeline=layout.pp, data=layout.dp,
                         schedule=layout.schedule, virtual_stages=layout.virtual_stages,
                         context=layout.cp, expert=layout.ep, expert_tensor=layout.etp))
     m = s.training.global_batch_size // (layout.micro_batch_size * layout.dp)
     workload = _workload_for(prepared, training, layout)
-    return replace(prepared, scenario=replace(s, training=training, parallel=parallel),
+    return _copy(prepared, scenario=_copy(s, training=training, parallel=parallel),
                    workload=workload, tp=layout.tp, pp=layout.pp, dp=layout.dp,
                    num_microbatches=m, cp=layout.cp)
 
 
+def _copy(obj, **changes):
+    """`dataclasses.replace(obj, **changes)` for the frozen dataclasses `_prepared_for` and
+    `evaluate_chunk` copy (every field set by `__init__`, no `__post_init__`; the planner's
+    tests hold them so), each field set as `__init__` sets it: half `replace`'s cost, which
+    checks and gathers the fields and calls `__init__` with them by keyword."""
+    new = object.__new__(type(obj))
+    for name in type(obj).__dataclass_fields__:
+        _set(new, name, changes[name] if name in changes else getattr(obj, name))
+    return new
+
+
+_set = object.__setattr__
 _TRAININGS: IdentityMemo = IdentityMemo(256)
 """`_prepared_for`'s training settings by the prepared scenario and what they read of a
 layout: its micro-batch, recompute, sequence parallelism, optimizer and `_overlaps_for`'s
@@ -299,7 +315,7 @@ def _overlaps_for(training, layout: Layout) -> dict[str, bool]:
 def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
     """Plan `policy` on `layout`; memory check, then the analytic estimate."""
     from holmes_sim.estimate.analytic import estimate_iteration
-    from holmes_sim.cost.ops import OpCosts
+    from holmes_sim.cost.ops import op_costs
     from holmes_sim.metrics import memory_report
 
     p = prepared_for(prepared, layout)
@@ -307,7 +323,7 @@ def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
         plan, cluster = _plan(p, policy, layout)
     except HolmesError as exc:
         return Candidate(policy, layout, "", (), float("inf"), 0.0, 0.0, False, reason=str(exc))
-    mem = memory_report(plan, cluster, p.workload, OpCosts(cluster, p.workload, p.compute, plan.tp))
+    mem = memory_report(plan, cluster, p.workload, op_costs(cluster, p.workload, p.compute, plan.tp))
     if not mem.fits:
         return Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, float("inf"),
                          0.0, mem.peak_gib, False, overlap_grad_reduce=plan.overlap_grad_reduce,
@@ -434,7 +450,7 @@ def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) ->
                 for opt in (spec.optimizer if policy in SCENARIO_OPTIMIZER_POLICIES
                             else ("distributed",)):
                     out.append(evaluate(prepared, layout if layout.optimizer == opt
-                                        else replace(layout, optimizer=opt), policy))
+                                        else _copy(layout, optimizer=opt), policy))
         return out
 
 

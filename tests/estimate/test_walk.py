@@ -220,3 +220,25 @@ def test_bucket_delays_equal_the_step_by_step_timelines():
         tail = max(0.0, t - window)
         assert analytic.released_reduction_tail_s(buckets, window) == pytest.approx(
             tail, rel=1e-9, abs=1e-12 * window)
+
+
+def test_op_columns_are_the_built_schedules():
+    """`walk._op_columns` (the schedules' closed form) gives every op's chunk, kind and
+    micro-batch, stage after stage, as `schedule.build_schedule`'s ops: every kind, p up to 16,
+    m up to 40 (interleaved: multiples of p), v up to 4."""
+    import numpy as np
+
+    from holmes_sim.schedule import ScheduleKind, build_schedule
+
+    shapes = [(k, p, m, 1) for k in ("gpipe", "1f1b") for p in (1, 2, 3, 4, 7, 16)
+              for m in (1, 2, 3, 5, 8, 17, 40)]
+    shapes += [("interleaved", p, m, v) for p in (1, 2, 3, 4, 8) for v in (1, 2, 3, 4)
+               for m in range(p, 41, p)]
+    for kind, p, m, v in shapes:
+        ops = [op for stage in build_schedule(kind, p, m, v).stage_ops for op in stage]
+        chunk, backward, mb, lengths = walk_module._op_columns(ScheduleKind(kind), p, m, v)
+        assert lengths == [len(stage) for stage in build_schedule(kind, p, m, v).stage_ops]
+        assert chunk.tolist() == [op.chunk for op in ops], (kind, p, m, v)
+        assert backward.tolist() == [int(op.kind == "B") for op in ops], (kind, p, m, v)
+        assert mb.tolist() == [op.microbatch for op in ops], (kind, p, m, v)
+        assert chunk.dtype == backward.dtype == mb.dtype == np.int64

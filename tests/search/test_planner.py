@@ -140,3 +140,23 @@ def test_a_layouts_optimizers_share_one_workload_equal_to_a_fresh_build(small):
             s = p.scenario
             assert p.workload == build_workload(s.model, s.training, layout.tp, layout.cp,
                                                 s.parallel.cp_comm_type, layout.ep, layout.etp)
+
+
+def test_prepared_for_copies_as_replace_does(small):
+    """`planner._copy` stands for `dataclasses.replace` on the classes it copies: frozen, every
+    field set by `__init__`, no `__post_init__`; its copies equal `replace`'s."""
+    from dataclasses import fields, replace
+
+    prepared = prepare(small)
+    s = prepared.scenario
+    layout = next(iter(planner.layouts(prepared, s.search)))
+    cases = [(layout, {"optimizer": "replicated"}), (prepared, {"tp": 4, "num_microbatches": 3}),
+             (s, {"training": replace(s.training, micro_batch_size=8)}),
+             (s.training, {"micro_batch_size": 8, "recompute": "full"}),
+             (s.parallel, {"tensor": 4, "schedule": "interleaved", "virtual_stages": 2})]
+    for obj, changes in cases:
+        cls = type(obj)
+        assert cls.__dataclass_params__.frozen and not hasattr(cls, "__post_init__")
+        assert all(f.init for f in fields(cls))
+        got = planner._copy(obj, **changes)
+        assert type(got) is cls and got == replace(obj, **changes) and got is not obj
