@@ -144,8 +144,22 @@ def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tile: tuple[int, int], peak_flop_pe
     tile's fixed overhead) + the kernel's fixed overhead."""
     tm, tn = tile
     mainloop = 2.0 * tm * tn * gemm.k * gpu.sm_count / peak_flop_per_s
-    return _waves(gemm, tm, tn, sms) * (mainloop + tile_overhead_s(gpu, tm, tn, gemm.k, nbytes)) \
-        + kernel_overhead_s(gpu, tm, tn, gemm.k, nbytes)
+    per_tile, per_kernel = _overheads(gpu, tm, tn, gemm.k, nbytes)
+    return _waves(gemm, tm, tn, sms) * (mainloop + per_tile) + per_kernel
+
+
+def _overheads(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]
+               ) -> tuple[float, float]:
+    """(`tile_overhead_s`, `kernel_overhead_s`) in one pass, the same arithmetic: the planner
+    prices thousands of GEMMs from cold caches."""
+    per_byte = _sm_seconds_per_byte(gpu)
+    fill = nbytes[0] * min(_FILL_STAGES, math.ceil(k / _K_BLOCK)) * (tm + tn) * _K_BLOCK * per_byte
+    epilogue = nbytes[1] * tm * tn * per_byte
+    if not gpu.persistent_gemm:
+        return fill + epilogue, 0.0
+    if gpu.overlapped_epilogue:
+        return 0.0, fill + epilogue
+    return epilogue, fill
 
 
 def _model_time_s(gpu: GpuModel, gemm: Gemm, mainloop_flop_per_s: float,

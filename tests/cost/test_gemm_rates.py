@@ -285,3 +285,12 @@ def test_fp8_quantization_bytes_are_priced_at_hbm_bandwidth_in_the_layer():
         T._gemms_s(h100, k.dense, 2, True, True) - T._memory_s(h100, plain.other_bytes_bwd) - \
         T.attention_core_s(h100, k, 2, True)
     assert extra == pytest.approx(bwd / (3350e9 * 0.9), rel=1e-9)
+
+
+def test_the_one_pass_overheads_equal_the_documented_terms():
+    from holmes_sim.cost.gemm import _overheads
+    for gpu in GPUS.values():
+        for tm, tn in ((128, 256), (256, 128), (128, 128)):
+            for k, nbytes in ((16, (2, 2)), (48, (1, 2)), (4096, (2, 2))):
+                assert _overheads(gpu, tm, tn, k, nbytes) == \
+                    (tile_overhead_s(gpu, tm, tn, k, nbytes), kernel_overhead_s(gpu, tm, tn, k, nbytes))
