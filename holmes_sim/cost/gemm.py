@@ -121,9 +121,7 @@ def tile_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, 
     GEMMs are of the two-group kind (kernel names `..._tilesize256x128x64_warpgroupsize2x1x1_...`
     in profiler traces). Blackwell double-buffers the accumulators in tensor memory and drains
     one while the MMAs fill the other, so neither is paid per tile."""
-    if not gpu.persistent_gemm:
-        return fill_epilogue_s(gpu, tm, tn, k, nbytes)
-    return 0.0 if gpu.overlapped_epilogue else epilogue_s(gpu, tm, tn, nbytes)
+    return _overheads(gpu, tm, tn, k, nbytes)[0]
 
 
 def kernel_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]) -> float:
@@ -131,11 +129,7 @@ def kernel_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int
     there is a main loop to prefetch under, and, where epilogues overlap the next tile's math,
     its last tile's epilogue, after the last main loop. None on data-parallel kernels, which pay
     both per tile (`tile_overhead_s`)."""
-    if not gpu.persistent_gemm:
-        return 0.0
-    if gpu.overlapped_epilogue:
-        return fill_epilogue_s(gpu, tm, tn, k, nbytes)
-    return fill_s(gpu, tm, tn, k, nbytes)
+    return _overheads(gpu, tm, tn, k, nbytes)[1]
 
 
 def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tile: tuple[int, int], peak_flop_per_s: float,
@@ -150,11 +144,9 @@ def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tile: tuple[int, int], peak_flop_pe
 
 def _overheads(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]
                ) -> tuple[float, float]:
-    """(`tile_overhead_s`, `kernel_overhead_s`) in one pass, the same arithmetic: the planner
-    prices thousands of GEMMs from cold caches."""
-    per_byte = _sm_seconds_per_byte(gpu)
-    fill = nbytes[0] * min(_FILL_STAGES, math.ceil(k / _K_BLOCK)) * (tm + tn) * _K_BLOCK * per_byte
-    epilogue = nbytes[1] * tm * tn * per_byte
+    """(`tile_overhead_s`, `kernel_overhead_s`) in one pass: the planner prices thousands of
+    GEMMs from cold caches."""
+    fill, epilogue = fill_s(gpu, tm, tn, k, nbytes), epilogue_s(gpu, tm, tn, nbytes)
     if not gpu.persistent_gemm:
         return fill + epilogue, 0.0
     if gpu.overlapped_epilogue:
@@ -222,8 +214,8 @@ def grid_maximum_efficiency(gpu: GpuModel, mainloop_efficiency: float, fp8: bool
         tm, tn = tile
         mainloop = 2.0 * tm * tn * k * gpu.sm_count / (rate.peak_flop_per_s * mainloop_efficiency)
         work, waves = _grid_tilings(gpu.sm_count, tile, grid)
-        time = waves * (mainloop + tile_overhead_s(gpu, tm, tn, k, nbytes)) \
-            + kernel_overhead_s(gpu, tm, tn, k, nbytes)
+        per_tile, per_kernel = _overheads(gpu, tm, tn, k, nbytes)
+        time = waves * (mainloop + per_tile) + per_kernel
         best = max(best, float(np.max(work * mainloop / time)) * mainloop_efficiency)
     return best
 
