@@ -11,9 +11,8 @@ events/s, the peak RSS of that process, and the wall time and peak RSS of a whol
 `holmes-sim run SCENARIO -q` process. A bare SimPy timeout loop, measured in the simulating
 process just before and just after the simulate call (the median of six loops), gives the
 machine's events/s, so figures compare across machines as ratios. `--straggler` makes the
-cluster's first node run at 0.85 of its speed (its node group's `speed_factor` where the
-scenario schema has one, else a GPU model with 0.85 of the A100's peak FLOP/s and memory
-bandwidth), so that replica's class cannot be merged. `--acceptance` runs issue 25's cases:
+cluster's first node run at 0.85 of its speed (a GPU model with 0.85 of the A100's peak FLOP/s
+and memory bandwidth), so that replica's class cannot be merged. `--acceptance` runs issue 25's cases:
 symmetric 1,024, 9,216 and 131,072 GPUs; full simulation of 9,216, plain and with a straggler,
 each case run three times in rotation (`--repeat`); the medians of its runs are checked against
 their targets. With --json the last line is a JSON list of
@@ -51,18 +50,9 @@ STRAGGLER_SPEED = 0.85
 _A100_80GB = {"peak_tflops": 312.0, "memory_bandwidth_gbyte_per_s": 2039.0}
 
 
-def _has_speed_factor() -> bool:
-    """Whether the scenario schema gives node groups a `speed_factor`."""
-    import dataclasses
-
-    from holmes_sim.spec.hardware import NodeGroupSpec
-
-    return any(f.name == "speed_factor" for f in dataclasses.fields(NodeGroupSpec))
-
-
-def _rack(name: str, count: int, kind: str, gpu: str = "a100-80gb", extra: str = "") -> str:
+def _rack(name: str, count: int, kind: str, gpu: str = "a100-80gb") -> str:
     model = "ib-hdr" if kind == "ib" else "roce-200g"
-    return (f"      - {{name: {name}, count: {count}, gpu: {gpu}{extra}, nics: "
+    return (f"      - {{name: {name}, count: {count}, gpu: {gpu}, nics: "
             f"[{{type: {kind}, model: {model}, count: 8, fabric: {kind}}}, "
             f"{{type: ethernet, model: eth-100g}}]}}")
 
@@ -80,13 +70,10 @@ def scenario_yaml(gpus: int, microbatches: int, straggler: bool = False) -> str:
     for i in range(nodes // group):
         kind = "ib" if i % 2 == 0 else "roce"
         if i == 0 and straggler:  # rack 0 as its slow first node and the rest
-            if _has_speed_factor():
-                racks.append(_rack("r0s", 1, kind, extra=f", speed_factor: {STRAGGLER_SPEED}"))
-            else:
-                racks.append(_rack("r0s", 1, kind, gpu="a100-80gb-slow"))
-                catalog = ["catalog:", "  gpus: {a100-80gb-slow: {" + ", ".join(
-                    [f"{k}: {v * STRAGGLER_SPEED:.4f}" for k, v in _A100_80GB.items()]
-                    + ["memory_gib: 80", "compute_efficiency: 0.738", "sm_count: 108"]) + "}}"]
+            racks.append(_rack("r0s", 1, kind, gpu="a100-80gb-slow"))
+            catalog = ["catalog:", "  gpus: {a100-80gb-slow: {" + ", ".join(
+                [f"{k}: {v * STRAGGLER_SPEED:.4f}" for k, v in _A100_80GB.items()]
+                + ["memory_gib: 80", "compute_efficiency: 0.738", "sm_count: 108"]) + "}}"]
             if group > 1:
                 racks.append(_rack("r0", group - 1, kind))
             continue
