@@ -13,7 +13,7 @@ increasing costs).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from holmes_sim.hardware.cluster import Node
@@ -77,7 +77,9 @@ class StageTimer:
         # The stages that all-reduce the tied embeddings: the first and the last.
         self._embedding_stages = (0, request.pp - 1) if request.pp > 1 and \
             request.workload.tie_embeddings else ()
-        self._chunks: dict[tuple, tuple[float, float, int]] = {}
+        # Chunk prices depend on the chunk times (cluster, compute model, workload, TP degree)
+        # only: the searches of a workload's other pipelines and schedules share them.
+        self._chunks: dict[tuple, tuple[float, float, int]] = _CHUNKS.get((self.times,), (), dict)
         self._stage_times: dict[tuple, float] = {}
         self._emb_s: float | None = None
 
@@ -92,6 +94,40 @@ class StageTimer:
                 if len(nodes) == 1 else max(self._replica_time_s(s, node, chunk_layers)
                                             for node in nodes)
         return got
+
+    def trial(self, s: int) -> Callable[[int], float]:
+        """`stage_time_s` of stage s with `total` layers split evenly over its chunks (`_even`),
+        as a function of `total`: what a trial reads of the stage (its node, chunk ends,
+        embedding and deferred output-layer gradient) found once, for the partition search's
+        many trials. The same sums in the same order as `_replica_time_s`."""
+        nodes, v = self.nodes[s], self.r.num_chunks
+        if len(nodes) > 1:
+            return lambda total: self.stage_time_s(s, _even(total, v))
+        node, ends, alike, cache = nodes[0], self._ends[s], self._alike[s], self._stage_times
+        place, chunks, chunk, exposed = id(node), self._chunks, self._chunk, self._dp_exposed_s
+        m = self.r.num_microbatches
+        embedding = self._embedding_s() if s in self._embedding_stages else None
+        deferred = self.costs.deferred_wgrad_s(node) if s == self.r.pp - 1 else None
+
+        def price(total: int) -> float:
+            layers = _even(total, v)
+            got = cache.get((alike, layers))
+            if got is None:
+                fwd = bwd = 0.0
+                params = 0
+                for (first, last), n in zip(ends, layers):
+                    got = chunks.get((place, n, first, last)) or chunk(node, n, first, last)
+                    fwd += got[0]
+                    bwd += got[1]
+                    params += got[2]
+                extra = exposed(s, params, fwd, bwd)
+                if embedding is not None:
+                    extra += embedding
+                if deferred is not None:
+                    fwd += deferred
+                got = cache[(alike, layers)] = m * (fwd + bwd) + extra
+            return got
+        return price
 
     def _replica_time_s(self, s: int, node: Node, chunk_layers: Sequence[int]) -> float:
         r = self.r
@@ -119,7 +155,7 @@ class StageTimer:
 
     def _chunk(self, node: Node, n: int, first: bool, last: bool) -> tuple[float, float, int]:
         """Forward and backward seconds (compute + TP) and parameters of a chunk of n layers on
-        `node`, priced once per search (stages and trials share chunks)."""
+        `node`, priced once per chunk times (stages, trials and searches share chunks)."""
         times = self.times
         got = self._chunks[(id(node), n, first, last)] = (
             times.op_s(node, n, first, last, False), times.op_s(node, n, first, last, True),
@@ -163,6 +199,9 @@ def _placement_facts(net, pp: int, num_chunks: int) -> tuple:
 
 _TIMER_FACTS: IdentityMemo[tuple] = IdentityMemo(64)
 """`_placement_facts` by view (`estimate.netview`: one per placement and chunk count)."""
+_CHUNKS: IdentityMemo[dict[tuple, tuple[float, float, int]]] = IdentityMemo(64)
+"""`StageTimer._chunk`'s prices by chunk times (`cost.ops.chunk_times`), each by (id of the
+node, layers, first, last virtual stage): the nodes are the chunk times' cluster's."""
 
 
 def adaptive_partition(timer: StageTimer) -> tuple[int, ...]:
@@ -192,14 +231,16 @@ def _greedy(timer: StageTimer) -> tuple[int, ...]:
     if r.pp == 1:  # every layer goes to the one stage
         return tuple(_even(r.workload.num_layers, v))
     totals = [v] * r.pp
+    price = [timer.trial(s) for s in range(r.pp)]
     # Each stage's trial time once, in a heap of (trial, stage): its top is the smallest trial,
     # the lowest stage among equal ones.
-    trials = [(timer.stage_time_s(s, _even(v + 1, v)), s) for s in range(r.pp)]
+    trials = [(price[s](v + 1), s) for s in range(r.pp)]
     heapq.heapify(trials)
+    replace = heapq.heapreplace
     for _ in range(r.workload.num_layers - r.pp * v):
         best = trials[0][1]
         totals[best] += 1
-        heapq.heapreplace(trials, (timer.stage_time_s(best, _even(totals[best] + 1, v)), best))
+        replace(trials, (price[best](totals[best] + 1), best))
     per_stage = [_even(t, v) for t in totals]
     return tuple(per_stage[j % r.pp][j // r.pp] for j in range(r.pp * v))
 
