@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import floor, log2
+from math import floor, inf, log2
 from operator import itemgetter
 
 # NCCL hwLatencies (us), [hardware][algorithm] = (LL, LL128, Simple), tuning.cc.
@@ -132,9 +132,9 @@ def _ll_cap(topo: CollectiveTopology) -> float:
 
 def _time(topo: CollectiveTopology, size: float, latency: float, intra: float, exit_: float) -> float:
     t = 0.0
-    if topo.intra_rate < float("inf"):
+    if topo.intra_rate < inf:
         t = intra * size / topo.intra_rate
-    if topo.exit_rate < float("inf"):
+    if topo.exit_rate < inf:
         t = max(t, exit_ * size / topo.exit_rate)
     return latency + t
 
@@ -229,10 +229,14 @@ def choose(topo: CollectiveTopology, kind: str, size_bytes: float) -> Choice:
     if topo.members <= 1:
         return Choice("ring", "Simple", 0.0, 0.0, 0.0, 0.0)
     shapes = _shapes(topo, kind, _tree_index(topo, kind, size_bytes))
-    times = [_time(topo, size_bytes, latency, intra, exit_)
-             for _, _, latency, intra, exit_ in shapes]
-    best = min(range(len(shapes)), key=lambda i: (times[i], i != 2))  # 2: ring/Simple
-    return Choice(*shapes[best], times[best])
+    # `min` of (time, not ring/Simple) over the candidates (ring/Simple is the third), the
+    # first on a tie: a later candidate wins when faster, ring/Simple also when as fast.
+    best, best_t = 0, _time(topo, size_bytes, *shapes[0][2:])
+    for i in range(1, len(shapes)):
+        t = _time(topo, size_bytes, *shapes[i][2:])
+        if t < best_t or (t == best_t and i == 2):
+            best, best_t = i, t
+    return Choice(*shapes[best], best_t)
 
 
 def _tree_index(topo: CollectiveTopology, kind: str, size_bytes: float) -> int:
@@ -267,7 +271,6 @@ def topology_of(hops, nodes: int, intra_hw: str = "nvlink",
     """The topology of a ring whose hops are (leaves a node, rate bytes/s, step latency s), one per
     member, over `nodes` nodes; `intra_hw` and `nvls_efficiency` of its nodes' GPU link; `lanes`
     GPUs per member."""
-    inf = float("inf")
     intra = [h for h in hops if not h[0]]
     exits = [h for h in hops if h[0]]
     rate, step = itemgetter(1), itemgetter(2)
