@@ -40,7 +40,7 @@ node. CollNet (IB SHARP) and multi-node NVLS need `NCCL_COLLNET_ENABLE=1` and th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from math import floor, inf, log2
 from operator import itemgetter
@@ -92,6 +92,19 @@ class CollectiveTopology:
     lanes: int = 1
     """GPUs per member: a member stands for that many parallel communicators (one per TP
     rank), each moving 1/lanes of the bytes at 1/lanes of the rates."""
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+    """The hash, found once: a planner's caches look NCCL's picks and bucket times up by
+    topology thousands of times. Of numbers only (`intra_hw` as whether it is "pci", no
+    NVLS as -1), so the same in every process."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((
+            self.members, self.nodes, self.intra_rate, self.exit_rate, self.step_latency_s,
+            self.intra_latency_s, self.inter_latency_s, self.intra_hw == "pci",
+            -1.0 if self.nvls_efficiency is None else self.nvls_efficiency, self.lanes)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def bus_rate(self) -> float:
