@@ -79,7 +79,7 @@ class StageTimer:
             request.workload.tie_embeddings else ()
         # Chunk prices depend on the chunk times (cluster, compute model, workload, TP degree)
         # only: the searches of a workload's other pipelines and schedules share them.
-        self._chunks: dict[tuple, tuple[float, float, int]] = _CHUNKS.get((self.times,), (), dict)
+        self._chunks: dict[tuple, list] = _CHUNKS.get((self.times,), (), dict)
         self._stage_times: dict[tuple, float] = {}
         self._emb_s: float | None = None
 
@@ -104,7 +104,7 @@ class StageTimer:
         if len(nodes) > 1:
             return lambda total: self.stage_time_s(s, _even(total, v))
         node, ends, alike, cache = nodes[0], self._ends[s], self._alike[s], self._stage_times
-        place, chunks, chunk, exposed = id(node), self._chunks, self._chunk, self._dp_exposed_s
+        rows, chunk, exposed = self._rows(node, s), self._chunk, self._exposed(s)
         m = self.r.num_microbatches
         embedding = self._embedding_s() if s in self._embedding_stages else None
         deferred = self.costs.deferred_wgrad_s(node) if s == self.r.pp - 1 else None
@@ -115,12 +115,12 @@ class StageTimer:
             if got is None:
                 fwd = bwd = 0.0
                 params = 0
-                for (first, last), n in zip(ends, layers):
-                    got = chunks.get((place, n, first, last)) or chunk(node, n, first, last)
+                for row, end, n in zip(rows, ends, layers):
+                    got = row[n] or chunk(node, n, *end)
                     fwd += got[0]
                     bwd += got[1]
                     params += got[2]
-                extra = exposed(s, params, fwd, bwd)
+                extra = exposed(params, fwd, bwd)
                 if embedding is not None:
                     extra += embedding
                 if deferred is not None:
@@ -129,13 +129,35 @@ class StageTimer:
             return got
         return price
 
+    def _exposed(self, s: int) -> Callable[[int, float, float], float]:
+        """`_dp_exposed_s` of stage s as a function of (parameters, forward s, backward s): for
+        the overlapped distributed optimizer on a ring with NCCL's times (Holmes' own), the same
+        sums with the times looked up directly (`_Ring.time_s`)."""
+        ring = self.dp_ring[s]
+        if self._flags != _OVERLAPPED or ring.topology is None or ring.members < 2:
+            return lambda params, fwd_s, bwd_s: self._dp_exposed_s(s, params, fwd_s, bwd_s)
+        times, time_s, (grad_bytes, dtype_bytes) = ring.times, ring.time_s, self._bytes
+
+        def exposed(params: int, fwd_s: float, bwd_s: float) -> float:
+            size = params * grad_bytes
+            reduce = times.get(("reduce-scatter", size))
+            if reduce is None:
+                reduce = time_s("reduce-scatter", size)
+            size = params * dtype_bytes
+            gather = times.get(("all-gather", size))
+            if gather is None:
+                gather = time_s("all-gather", size)
+            gather -= fwd_s  # hidden behind one micro-batch's forward, then the reduction
+            reduce -= bwd_s  # behind its backward: `max(0.0, ...)` of each
+            return (reduce if reduce > 0.0 else 0.0) + (gather if gather > 0.0 else 0.0)
+        return exposed
+
     def _replica_time_s(self, s: int, node: Node, chunk_layers: Sequence[int]) -> float:
         r = self.r
         fwd = bwd = 0.0
         params = 0
-        chunks, place = self._chunks, id(node)
-        for (first, last), n in zip(self._ends[s], chunk_layers, strict=True):
-            got = chunks.get((place, n, first, last)) or self._chunk(node, n, first, last)
+        for row, end, n in zip(self._rows(node, s), self._ends[s], chunk_layers, strict=True):
+            got = (row[n] if n < len(row) else None) or self._chunk(node, n, *end)
             fwd += got[0]
             bwd += got[1]
             params += got[2]
@@ -153,13 +175,23 @@ class StageTimer:
             self._emb_s = self.emb_ring.time_s("all-reduce", w.grad_bytes_of(w.vocab * w.hidden))
         return self._emb_s
 
+    def _rows(self, node: Node, s: int) -> list[list]:
+        """For each chunk of stage s on `node`, `_chunk`'s prices by layer count (None: not
+        priced yet), shared by the chunks of equal ends (first, last virtual stage); a row
+        holds the model's layers and one more (a trial adds a layer to a stage)."""
+        return [self._chunks.get((id(node), *end)) or self._row(node, *end) for end in self._ends[s]]
+
+    def _row(self, node: Node, first: bool, last: bool) -> list:
+        got = self._chunks[(id(node), first, last)] = [None] * (self.r.workload.num_layers + 2)
+        return got
+
     def _chunk(self, node: Node, n: int, first: bool, last: bool) -> tuple[float, float, int]:
         """Forward and backward seconds (compute + TP) and parameters of a chunk of n layers on
         `node`, priced once per chunk times (stages, trials and searches share chunks)."""
-        times = self.times
-        got = self._chunks[(id(node), n, first, last)] = (
-            times.op_s(node, n, first, last, False), times.op_s(node, n, first, last, True),
-            self.costs.chunk_params(n, first, last))
+        times, row = self.times, self._chunks[(id(node), first, last)]
+        row += [None] * (n + 1 - len(row))  # none but past the model's layers
+        got = row[n] = (times.op_s(node, n, first, last, False),
+                        times.op_s(node, n, first, last, True), self.costs.chunk_params(n, first, last))
         return got
 
     def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
@@ -175,6 +207,10 @@ class StageTimer:
         if every:  # each micro-batch's behind its backward
             return self.r.num_microbatches * max(0.0, reduce - bwd_s) + gather
         return reduce + gather
+
+
+_OVERLAPPED = (True, "reduce-scatter", True, True, True, False)
+"""`StageTimer._flags` of the overlapped distributed optimizer."""
 
 
 def _placement_facts(net, pp: int, num_chunks: int) -> tuple:
@@ -199,9 +235,10 @@ def _placement_facts(net, pp: int, num_chunks: int) -> tuple:
 
 _TIMER_FACTS: IdentityMemo[tuple] = IdentityMemo(64)
 """`_placement_facts` by view (`estimate.netview`: one per placement and chunk count)."""
-_CHUNKS: IdentityMemo[dict[tuple, tuple[float, float, int]]] = IdentityMemo(64)
+_CHUNKS: IdentityMemo[dict[tuple, list]] = IdentityMemo(64)
 """`StageTimer._chunk`'s prices by chunk times (`cost.ops.chunk_times`), each by (id of the
-node, layers, first, last virtual stage): the nodes are the chunk times' cluster's."""
+node, first, last virtual stage) a list by layer count: the nodes are the chunk times'
+cluster's."""
 
 
 def adaptive_partition(timer: StageTimer) -> tuple[int, ...]:
