@@ -243,11 +243,17 @@ def choose(topo: CollectiveTopology, kind: str, size_bytes: float) -> Choice:
         return Choice("ring", "Simple", 0.0, 0.0, 0.0, 0.0)
     shapes = _shapes(topo, kind, _tree_index(topo, kind, size_bytes))
     # `min` of (time, not ring/Simple) over the candidates (ring/Simple is the third), the
-    # first on a tie: a later candidate wins when faster, ring/Simple also when as fast.
-    best, best_t = 0, _time(topo, size_bytes, *shapes[0][2:])
-    for i in range(1, len(shapes)):
-        t = _time(topo, size_bytes, *shapes[i][2:])
-        if t < best_t or (t == best_t and i == 2):
+    # first on a tie: a later candidate wins when faster, ring/Simple also when as fast. Each
+    # time as `_time` prices it.
+    intra_rate, exit_rate = topo.intra_rate, topo.exit_rate
+    best, best_t = 0, inf
+    for i, (_, _, latency, intra, exit_) in enumerate(shapes):
+        t = intra * size_bytes / intra_rate if intra_rate < inf else 0.0
+        if exit_rate < inf:
+            t_exit = exit_ * size_bytes / exit_rate
+            t = t_exit if t_exit > t else t  # `max(t, t_exit)`
+        t = latency + t
+        if t < best_t or (t == best_t and i == 2) or i == 0:
             best, best_t = i, t
     return Choice(*shapes[best], best_t)
 
