@@ -70,6 +70,7 @@ def _cold(models: bool = False) -> None:
     partition._PARTITIONS.clear()
     partition._TIMER_FACTS.clear()
     partition._RINGS.clear()
+    partition._CHUNKS.clear()
     holmes._NOTES.clear()
     netview._VIEWS.clear()
     netview._FACTS.clear()

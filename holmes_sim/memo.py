@@ -22,7 +22,8 @@ class IdentityMemo(Generic[T]):
         self._entries: dict[tuple, tuple[tuple, T]] = {}
 
     def get(self, objects: tuple, key: tuple, make: Callable[[], T]) -> T:
-        k = (*map(id, objects), key)
+        # One object (most callers): the same key without unpacking a map.
+        k = (id(objects[0]), key) if len(objects) == 1 else (*map(id, objects), key)
         got = self._entries.get(k)
         # The entry holds its objects, so no other object has their ids while it lives: equal
         # ids (and count: `k`'s length) are these very objects.

@@ -40,9 +40,9 @@ node. CollNet (IB SHARP) and multi-node NVLS need `NCCL_COLLNET_ENABLE=1` and th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
-from math import floor, log2
+from math import floor, inf, log2
 from operator import itemgetter
 
 # NCCL hwLatencies (us), [hardware][algorithm] = (LL, LL128, Simple), tuning.cc.
@@ -92,6 +92,19 @@ class CollectiveTopology:
     lanes: int = 1
     """GPUs per member: a member stands for that many parallel communicators (one per TP
     rank), each moving 1/lanes of the bytes at 1/lanes of the rates."""
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+    """The hash, found once: a planner's caches look NCCL's picks and bucket times up by
+    topology thousands of times. Of numbers only (`intra_hw` as whether it is "pci", no
+    NVLS as -1), so the same in every process."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((
+            self.members, self.nodes, self.intra_rate, self.exit_rate, self.step_latency_s,
+            self.intra_latency_s, self.inter_latency_s, self.intra_hw == "pci",
+            -1.0 if self.nvls_efficiency is None else self.nvls_efficiency, self.lanes)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def bus_rate(self) -> float:
@@ -132,9 +145,9 @@ def _ll_cap(topo: CollectiveTopology) -> float:
 
 def _time(topo: CollectiveTopology, size: float, latency: float, intra: float, exit_: float) -> float:
     t = 0.0
-    if topo.intra_rate < float("inf"):
+    if topo.intra_rate < inf:
         t = intra * size / topo.intra_rate
-    if topo.exit_rate < float("inf"):
+    if topo.exit_rate < inf:
         t = max(t, exit_ * size / topo.exit_rate)
     return latency + t
 
@@ -229,10 +242,20 @@ def choose(topo: CollectiveTopology, kind: str, size_bytes: float) -> Choice:
     if topo.members <= 1:
         return Choice("ring", "Simple", 0.0, 0.0, 0.0, 0.0)
     shapes = _shapes(topo, kind, _tree_index(topo, kind, size_bytes))
-    times = [_time(topo, size_bytes, latency, intra, exit_)
-             for _, _, latency, intra, exit_ in shapes]
-    best = min(range(len(shapes)), key=lambda i: (times[i], i != 2))  # 2: ring/Simple
-    return Choice(*shapes[best], times[best])
+    # `min` of (time, not ring/Simple) over the candidates (ring/Simple is the third), the
+    # first on a tie: a later candidate wins when faster, ring/Simple also when as fast. Each
+    # time as `_time` prices it.
+    intra_rate, exit_rate = topo.intra_rate, topo.exit_rate
+    best, best_t = 0, inf
+    for i, (_, _, latency, intra, exit_) in enumerate(shapes):
+        t = intra * size_bytes / intra_rate if intra_rate < inf else 0.0
+        if exit_rate < inf:
+            t_exit = exit_ * size_bytes / exit_rate
+            t = t_exit if t_exit > t else t  # `max(t, t_exit)`
+        t = latency + t
+        if t < best_t or (t == best_t and i == 2) or i == 0:
+            best, best_t = i, t
+    return Choice(*shapes[best], best_t)
 
 
 def _tree_index(topo: CollectiveTopology, kind: str, size_bytes: float) -> int:
@@ -267,7 +290,6 @@ def topology_of(hops, nodes: int, intra_hw: str = "nvlink",
     """The topology of a ring whose hops are (leaves a node, rate bytes/s, step latency s), one per
     member, over `nodes` nodes; `intra_hw` and `nvls_efficiency` of its nodes' GPU link; `lanes`
     GPUs per member."""
-    inf = float("inf")
     intra = [h for h in hops if not h[0]]
     exits = [h for h in hops if h[0]]
     rate, step = itemgetter(1), itemgetter(2)

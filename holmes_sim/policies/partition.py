@@ -13,7 +13,7 @@ increasing costs).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from holmes_sim.hardware.cluster import Node
@@ -77,7 +77,9 @@ class StageTimer:
         # The stages that all-reduce the tied embeddings: the first and the last.
         self._embedding_stages = (0, request.pp - 1) if request.pp > 1 and \
             request.workload.tie_embeddings else ()
-        self._chunks: dict[tuple, tuple[float, float, int]] = {}
+        # Chunk prices depend on the chunk times (cluster, compute model, workload, TP degree)
+        # only: the searches of a workload's other pipelines and schedules share them.
+        self._chunks: dict[tuple, list] = _CHUNKS.get((self.times,), (), dict)
         self._stage_times: dict[tuple, float] = {}
         self._emb_s: float | None = None
 
@@ -93,13 +95,69 @@ class StageTimer:
                                             for node in nodes)
         return got
 
+    def trial(self, s: int) -> Callable[[int], float]:
+        """`stage_time_s` of stage s with `total` layers split evenly over its chunks (`_even`),
+        as a function of `total`: what a trial reads of the stage (its node, chunk ends,
+        embedding and deferred output-layer gradient) found once, for the partition search's
+        many trials. The same sums in the same order as `_replica_time_s`."""
+        nodes, v = self.nodes[s], self.r.num_chunks
+        if len(nodes) > 1:
+            return lambda total: self.stage_time_s(s, _even(total, v))
+        node, ends, alike, cache = nodes[0], self._ends[s], self._alike[s], self._stage_times
+        rows, chunk, exposed = self._rows(node, s), self._chunk, self._exposed(s)
+        m = self.r.num_microbatches
+        embedding = self._embedding_s() if s in self._embedding_stages else None
+        deferred = self.costs.deferred_wgrad_s(node) if s == self.r.pp - 1 else None
+
+        def price(total: int) -> float:
+            layers = _even(total, v)
+            got = cache.get((alike, layers))
+            if got is None:
+                fwd = bwd = 0.0
+                params = 0
+                for row, end, n in zip(rows, ends, layers):
+                    got = row[n] or chunk(node, n, *end)
+                    fwd += got[0]
+                    bwd += got[1]
+                    params += got[2]
+                extra = exposed(params, fwd, bwd)
+                if embedding is not None:
+                    extra += embedding
+                if deferred is not None:
+                    fwd += deferred
+                got = cache[(alike, layers)] = m * (fwd + bwd) + extra
+            return got
+        return price
+
+    def _exposed(self, s: int) -> Callable[[int, float, float], float]:
+        """`_dp_exposed_s` of stage s as a function of (parameters, forward s, backward s): for
+        the overlapped distributed optimizer on a ring with NCCL's times (Holmes' own), the same
+        sums with the times looked up directly (`_Ring.time_s`)."""
+        ring = self.dp_ring[s]
+        if self._flags != _OVERLAPPED or ring.topology is None or ring.members < 2:
+            return lambda params, fwd_s, bwd_s: self._dp_exposed_s(s, params, fwd_s, bwd_s)
+        times, time_s, (grad_bytes, dtype_bytes) = ring.times, ring.time_s, self._bytes
+
+        def exposed(params: int, fwd_s: float, bwd_s: float) -> float:
+            size = params * grad_bytes
+            reduce = times.get(("reduce-scatter", size))
+            if reduce is None:
+                reduce = time_s("reduce-scatter", size)
+            size = params * dtype_bytes
+            gather = times.get(("all-gather", size))
+            if gather is None:
+                gather = time_s("all-gather", size)
+            gather -= fwd_s  # hidden behind one micro-batch's forward, then the reduction
+            reduce -= bwd_s  # behind its backward: `max(0.0, ...)` of each
+            return (reduce if reduce > 0.0 else 0.0) + (gather if gather > 0.0 else 0.0)
+        return exposed
+
     def _replica_time_s(self, s: int, node: Node, chunk_layers: Sequence[int]) -> float:
         r = self.r
         fwd = bwd = 0.0
         params = 0
-        chunks, place = self._chunks, id(node)
-        for (first, last), n in zip(self._ends[s], chunk_layers, strict=True):
-            got = chunks.get((place, n, first, last)) or self._chunk(node, n, first, last)
+        for row, end, n in zip(self._rows(node, s), self._ends[s], chunk_layers, strict=True):
+            got = (row[n] if n < len(row) else None) or self._chunk(node, n, *end)
             fwd += got[0]
             bwd += got[1]
             params += got[2]
@@ -117,13 +175,23 @@ class StageTimer:
             self._emb_s = self.emb_ring.time_s("all-reduce", w.grad_bytes_of(w.vocab * w.hidden))
         return self._emb_s
 
+    def _rows(self, node: Node, s: int) -> list[list]:
+        """For each chunk of stage s on `node`, `_chunk`'s prices by layer count (None: not
+        priced yet), shared by the chunks of equal ends (first, last virtual stage); a row
+        holds the model's layers and one more (a trial adds a layer to a stage)."""
+        return [self._chunks.get((id(node), *end)) or self._row(node, *end) for end in self._ends[s]]
+
+    def _row(self, node: Node, first: bool, last: bool) -> list:
+        got = self._chunks[(id(node), first, last)] = [None] * (self.r.workload.num_layers + 2)
+        return got
+
     def _chunk(self, node: Node, n: int, first: bool, last: bool) -> tuple[float, float, int]:
         """Forward and backward seconds (compute + TP) and parameters of a chunk of n layers on
-        `node`, priced once per search (stages and trials share chunks)."""
-        times = self.times
-        got = self._chunks[(id(node), n, first, last)] = (
-            times.op_s(node, n, first, last, False), times.op_s(node, n, first, last, True),
-            self.costs.chunk_params(n, first, last))
+        `node`, priced once per chunk times (stages, trials and searches share chunks)."""
+        times, row = self.times, self._chunks[(id(node), first, last)]
+        row += [None] * (n + 1 - len(row))  # none but past the model's layers
+        got = row[n] = (times.op_s(node, n, first, last, False),
+                        times.op_s(node, n, first, last, True), self.costs.chunk_params(n, first, last))
         return got
 
     def _dp_exposed_s(self, s: int, params: int, fwd_s: float, bwd_s: float) -> float:
@@ -139,6 +207,10 @@ class StageTimer:
         if every:  # each micro-batch's behind its backward
             return self.r.num_microbatches * max(0.0, reduce - bwd_s) + gather
         return reduce + gather
+
+
+_OVERLAPPED = (True, "reduce-scatter", True, True, True, False)
+"""`StageTimer._flags` of the overlapped distributed optimizer."""
 
 
 def _placement_facts(net, pp: int, num_chunks: int) -> tuple:
@@ -163,6 +235,10 @@ def _placement_facts(net, pp: int, num_chunks: int) -> tuple:
 
 _TIMER_FACTS: IdentityMemo[tuple] = IdentityMemo(64)
 """`_placement_facts` by view (`estimate.netview`: one per placement and chunk count)."""
+_CHUNKS: IdentityMemo[dict[tuple, list]] = IdentityMemo(64)
+"""`StageTimer._chunk`'s prices by chunk times (`cost.ops.chunk_times`), each by (id of the
+node, first, last virtual stage) a list by layer count: the nodes are the chunk times'
+cluster's."""
 
 
 def adaptive_partition(timer: StageTimer) -> tuple[int, ...]:
@@ -192,14 +268,16 @@ def _greedy(timer: StageTimer) -> tuple[int, ...]:
     if r.pp == 1:  # every layer goes to the one stage
         return tuple(_even(r.workload.num_layers, v))
     totals = [v] * r.pp
+    price = [timer.trial(s) for s in range(r.pp)]
     # Each stage's trial time once, in a heap of (trial, stage): its top is the smallest trial,
     # the lowest stage among equal ones.
-    trials = [(timer.stage_time_s(s, _even(v + 1, v)), s) for s in range(r.pp)]
+    trials = [(price[s](v + 1), s) for s in range(r.pp)]
     heapq.heapify(trials)
+    replace = heapq.heapreplace
     for _ in range(r.workload.num_layers - r.pp * v):
         best = trials[0][1]
         totals[best] += 1
-        heapq.heapreplace(trials, (timer.stage_time_s(best, _even(totals[best] + 1, v)), best))
+        replace(trials, (price[best](totals[best] + 1), best))
     per_stage = [_even(t, v) for t in totals]
     return tuple(per_stage[j % r.pp][j // r.pp] for j in range(r.pp * v))
 

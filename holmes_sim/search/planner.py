@@ -314,13 +314,20 @@ def _overlaps_for(training, layout: Layout) -> dict[str, bool]:
 
 def evaluate(prepared: Prepared, layout: Layout, policy: str) -> Candidate:
     """Plan `policy` on `layout`; memory check, then the analytic estimate."""
+    return _evaluate(prepared, layout, policy, prepared_for(prepared, layout))
+
+
+def _evaluate(prepared: Prepared, layout: Layout, policy: str, p: Prepared) -> Candidate:
+    """`evaluate` with `p`, the prepared scenario of `layout` with any optimizer: its cluster,
+    workload, compute model and micro-batch count are those of every optimizer of the layout
+    (`_workload_for` reads no optimizer setting), so only a plan that is not kept needs the
+    layout's own (`_plan`)."""
     from holmes_sim.estimate.analytic import estimate_iteration
     from holmes_sim.cost.ops import op_costs
     from holmes_sim.metrics import memory_report
 
-    p = prepared_for(prepared, layout)
     try:
-        plan, cluster = _plan(p, policy, layout)
+        plan, cluster = _plan(p, policy, layout, prepared)
     except HolmesError as exc:
         return Candidate(policy, layout, "", (), float("inf"), 0.0, 0.0, False, reason=str(exc))
     mem = memory_report(plan, cluster, p.workload, op_costs(cluster, p.workload, p.compute, plan.tp))
@@ -339,16 +346,18 @@ _PLANS: dict[tuple, tuple] = {}
 """Megatron-family plans by what they depend on (see `_plan`)."""
 
 
-def _plan(p: Prepared, policy: str, layout: Layout):
+def _plan(p: Prepared, policy: str, layout: Layout, prepared: Prepared | None = None):
     """`runner.plan_policy`, reusing Megatron-family plans: their placement, groups and equal
     partition depend on the degrees, schedule, micro-batch count and optimizer, not on the
-    recompute mode, sequence parallelism or micro-batch size (the same plan, built once)."""
+    recompute mode, sequence parallelism or micro-batch size (the same plan, built once). With
+    `prepared`, `p` is the layout's prepared scenario with any optimizer (the key's cluster and
+    micro-batch count) and a plan is made on `prepared_for(prepared, layout)`."""
     from holmes_sim.policies import get_policy
     from holmes_sim.policies.megatron import MegatronPolicy
     from holmes_sim.runner import plan_policy
 
     if not isinstance(get_policy(policy), MegatronPolicy):
-        return plan_policy(p, policy)
+        return plan_policy(p if prepared is None else prepared_for(prepared, layout), policy)
     key = (policy, id(p.cluster), layout.tp, layout.pp, layout.dp, layout.schedule,
            layout.virtual_stages, p.num_microbatches, layout.optimizer, layout.cp, layout.ep,
            layout.etp)
@@ -356,7 +365,8 @@ def _plan(p: Prepared, policy: str, layout: Layout):
     if got is None or got[0] is not p.cluster:
         if len(_PLANS) >= 256:
             _PLANS.clear()
-        got = _PLANS[key] = (p.cluster, plan_policy(p, policy))
+        own = p if prepared is None else prepared_for(prepared, layout)
+        got = _PLANS[key] = (p.cluster, plan_policy(own, policy))
     return got[1]
 
 
@@ -446,11 +456,12 @@ def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) ->
     with quiet_collector(threshold=0, freeze_made=True):
         out: list[Candidate] = []
         for layout in chunk:
+            p = prepared_for(prepared, layout)
             for policy in spec.policies:
                 for opt in (spec.optimizer if policy in SCENARIO_OPTIMIZER_POLICIES
                             else ("distributed",)):
-                    out.append(evaluate(prepared, layout if layout.optimizer == opt
-                                        else _copy(layout, optimizer=opt), policy))
+                    out.append(_evaluate(prepared, layout if layout.optimizer == opt
+                                         else _copy(layout, optimizer=opt), policy, p))
         return out
 
 
