@@ -12,6 +12,7 @@ from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.context_parallel import CpPass, cp_passes, op_exposed_s
 from holmes_sim.cost.expert_parallel import local_exposed_s
 from holmes_sim.cost.moe import tp_comm_factor
+from holmes_sim.cost.transformer import nccl_comm_sms
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.model.bucket_layout import BucketRun, chunk_bucket_runs
 from holmes_sim.model.workload import Workload
@@ -224,9 +225,95 @@ class OpCosts:
                      (run, w.grad_bytes_of(n), n * w.dtype_bytes)
                      for run, n in ((dense_run, params - expert), (expert_run, expert)))
 
+    def held_sm_loss_s(self, node: Node, layers: int, last: bool) -> float:
+        """Seconds a chunk's backward on `node` (`layers` layers, the output layer's on the last
+        virtual stage) loses with its GEMMs beside a data-parallel collective, whose NCCL
+        kernels hold `node_comm_sms(node)` SMs (`ComputeModel.held_sm_loss_s`), at the node's
+        speed."""
+        layer, head = self.compute.held_sm_loss_s(node.gpu, self.workload, self.tp,
+                                                  node_comm_sms(node))
+        return (layers * layer + (head if last else 0.0)) / node.speed
+
+    def first_release_fraction(self, layers_per_stage: tuple[int, ...], j: int,
+                               reduce_experts: bool, sharded: bool, numel: int | None) -> float:
+        """The share of virtual stage j's releasing backward before its first gradient bucket
+        is ready (1 with one bucket): the dense and, with `reduce_experts`, the routed experts'
+        buckets of `gradient_buckets` by ready point, the last one ending the chunk, as the
+        engine releases them (`sim.gradient_buckets.chunk_buckets`)."""
+        dense, expert = self.gradient_buckets(layers_per_stage, j, sharded, numel)
+        points = sorted([b[2] for b in dense] + ([b[2] for b in expert] if reduce_experts else []))
+        return 1.0 if len(points) < 2 else points[0]
+
     def optimizer_s(self, node: Node, params_per_gpu: float) -> float:
         """The optimizer step of `params_per_gpu` parameters on one GPU of `node` (s)."""
         return self.compute.optimizer_s(node.gpu, params_per_gpu) / node.speed
+
+
+def node_comm_sms(node: Node) -> int:
+    """SMs a data-parallel collective's NCCL kernels hold on a GPU of `node`
+    (`transformer.nccl_comm_sms`): by its NICs on its first RDMA fabric, else its Ethernet
+    NICs."""
+    fabrics = node.rdma_fabrics
+    nics = node.nics_on(fabrics[0]) if fabrics else node.nics
+    return nccl_comm_sms(len(nics))
+
+
+def released_share_s(loss_s: float, fraction: float, first: bool) -> float:
+    """Seconds a releasing backward's bucket share (`fraction` of the op) adds while gradient
+    reductions hold SMs: the op's whole loss `loss_s` (`OpCosts.held_sm_loss_s`) pro rata,
+    none in the first share, which runs before anything of the op is in flight. The reductions
+    released are taken to stay in flight to the op's end (a bucket's reduction outlasting the
+    next bucket's compute)."""
+    return 0.0 if first else loss_s * fraction
+
+
+def released_extra_s(loss_s: float, first_fraction: float) -> float:
+    """Seconds a releasing backward adds over its time alone: `released_share_s` over every
+    share after the first (`first_fraction` of the op)."""
+    return loss_s * (1.0 - first_fraction)
+
+
+def released_at_s(op_s: float, loss_s: float, first_fraction: float, point: float) -> float:
+    """When, after a releasing backward of `op_s` s alone starts, its bucket of ready point
+    `point` is released: the op's time to the point plus the loss of the shares after the
+    first (`released_share_s`)."""
+    return op_s * point + loss_s * max(0.0, point - first_fraction)
+
+
+def released_chunks(costs: OpCosts, node: Node, layers_per_stage: tuple[int, ...], js, experts: bool,
+                    sharded: bool, numels) -> tuple[tuple[float, float, float], ...] | None:
+    """Per chunk (virtual stages `js`, `numels` their bucket sizes) of a stage on `node` whose
+    backwards release gradient buckets: (the op's extra seconds `released_extra_s`, its loss
+    `OpCosts.held_sm_loss_s`, the share before its first bucket `first_release_fraction`);
+    None where none takes longer."""
+    got = []
+    for j, numel in zip(js, numels, strict=True):
+        loss = costs.held_sm_loss_s(node, layers_per_stage[j], j == len(layers_per_stage) - 1)
+        first = costs.first_release_fraction(layers_per_stage, j, experts, sharded, numel)
+        got.append((released_extra_s(loss, first), loss, first))
+    return tuple(got) if any(e > 0 for e, _, _ in got) else None
+
+
+def released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int, ...],
+                    chunks: tuple[tuple[float, float, float], ...], window_s: float
+                    ) -> tuple[tuple[float, float], ...]:
+    """(time s, ready point) buckets of a stage's backward window, chunk c's points in its share
+    widths[c] / sum(widths) of it (the estimate's layout), moved into the window of `window_s`
+    s whose releasing backwards take their extras (`released_chunks`): a point of chunk c
+    later by the extras of the chunks before it and by its own loss after its first bucket
+    (`released_at_s`)."""
+    total, plain = sum(widths), window_s - sum(e for e, _, _ in chunks)
+    bounds, offset, before = [], 0.0, 0.0
+    for width, (extra, loss, first) in zip(widths, chunks, strict=True):
+        share = width / total
+        bounds.append((offset, share, before, loss, first))
+        offset, before = offset + share, before + extra
+    out = []
+    for r, point in buckets:
+        o, share, ahead, loss, first = next((b for b in bounds if point <= b[0] + b[1]), bounds[-1])
+        at = plain * o + ahead + released_at_s(plain * share, loss, first, (point - o) / share)
+        out.append((r, at / window_s))
+    return tuple(out)
 
 
 class ChunkTimes:

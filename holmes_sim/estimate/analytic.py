@@ -27,7 +27,8 @@ from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.nccl_algorithms import collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.expert_parallel import sends_exposed_s
-from holmes_sim.cost.ops import chunk_times, op_costs
+from holmes_sim.cost.ops import (chunk_times, node_comm_sms, op_costs, released_chunks,
+                                 released_points)
 from holmes_sim.estimate.netview import netview
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import Plan
@@ -115,6 +116,7 @@ class _Estimator:
                        plan.num_chunks)
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
+        self._released_cache: dict[tuple, tuple | None] = {}
         self._bucket_cache: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self._layout_cache: dict[tuple[int, bool], _Layout] = {}
         self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
@@ -174,7 +176,7 @@ class _Estimator:
         durations (the chunk times, that is the cluster, workload, compute model and TP degree,
         and the placement's view), the layers of each virtual stage and the schedule's shape
         only; a layout's optimizers then share it."""
-        if self.plan.optimizer.gathers_before_forward:
+        if self.plan.optimizer.gathers_before_forward or self._releases_on(d):
             return self._evaluate_replica(d)
         return list(_REPLICAS.get((self.times, self.net), (self.plan.layers_per_stage,
                                                             self._shape, d),
@@ -184,7 +186,8 @@ class _Estimator:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
         A transfer starts when its op has ended and the receiver has posted the receive
         (rendezvous, `walk.py`)."""
-        table = op_table(*self._shape)
+        released = self._releases_on(d) and not self.plan.optimizer.reduces_every_microbatch
+        table = op_table(*self._shape, released)
         durs, start = [], []
         for s, kinds in enumerate(table.kinds):
             row, delay = self._stage(s, d, kinds)
@@ -194,7 +197,7 @@ class _Estimator:
         # The walk depends on nothing else: plans that differ only in what happens after it
         # (the optimizer, the DP sync) or in placement with equal times share it.
         early = self.w.overlap_p2p_comm and self._shape[0] is ScheduleKind.INTERLEAVED
-        key = (self._shape, tuple(map(tuple, durs)), tuple(sends), tuple(start), early)
+        key = (self._shape, tuple(map(tuple, durs)), tuple(sends), tuple(start), early, released)
         got = _WALKS.get(key)
         if got is not None:
             return list(got)
@@ -215,7 +218,7 @@ class _Estimator:
                                                tuple(self.plan.layers_per_stage[s::pp]),  # `stage_layers`
                                                s == 0, s == pp - 1, self.net.dp_ring(s),
                                                self.net.cp_send(s, d), self.net.ep_sends(s, d),
-                                               self.net.edp_ring(s, d))
+                                               self.net.edp_ring(s, d), node_comm_sms(node))
         return got
 
     def _params(self, s: int) -> tuple[int, ...]:
@@ -243,11 +246,17 @@ class _Estimator:
 
     def _stage(self, s: int, d: int, kinds) -> tuple[list[float], float]:
         """Durations (s) of stage s's distinct ops (`kinds`: the walk's (virtual stage,
-        backward) in its order, chunk by chunk) on replica d, and its start delay (s)."""
-        key = self._alike(s, d)
+        backward) in its order, chunk by chunk) on replica d, and its start delay (s); the
+        releasing backwards' with their extra seconds (`_released`): the released kinds of
+        `walk.full_op_table`, else every backward (a per-micro-batch optimizer's)."""
+        key = (self._alike(s, d), len(kinds))
         got = self._stage_cache.get(key)
         if got is None:
-            got = self._stage_cache[key] = (self._ops_s(s, d, kinds), self._start_delay(s, d))
+            row, extras, nc = self._ops_s(s, d, kinds), self._released(s, d), self.plan.num_chunks
+            if extras is not None:
+                row = [t + extras[j // self.plan.pp][0] if b and (k >= 2 * nc or len(kinds) == 2 * nc)
+                       else t for k, (t, (j, b)) in enumerate(zip(row, kinds))]
+            got = self._stage_cache[key] = (row, self._start_delay(s, d))
         return got
 
     def _ops_s(self, s: int, d: int, kinds) -> list[float]:
@@ -375,9 +384,35 @@ class _Estimator:
         return gather_delay_s(dense, forward)
 
     def _backward_window(self, s: int, d: int) -> float:
-        """Seconds of one micro-batch's backward over all chunks of stage s."""
+        """Seconds of one micro-batch's backward over all chunks of stage s (`_released` in)."""
+        extra = sum(e for e, _, _ in self._released(s, d) or ())
         return sum(self._op_s(s, d, self._virtual(s, c), True)
-                   for c in range(self.plan.num_chunks))
+                   for c in range(self.plan.num_chunks)) + extra
+
+    def _released(self, s: int, d: int) -> tuple[tuple[float, float, float], ...] | None:
+        """`cost.ops.released_chunks` of stage s on replica d, where its backwards release."""
+        key = self._alike(s, d)
+        if key not in self._released_cache:
+            p, got = self.plan, None
+            if p.releases_gradients_in_backward and self.net.dp_ring(s) is not None:
+                js = [self._virtual(s, c) for c in range(p.num_chunks)]
+                got = released_chunks(self.costs, self.net.node(s, d), p.layers_per_stage, js,
+                                      self.w.ep != 1 and self.net.edp_ring(s, d) is not None,
+                                      p.optimizer.sharded,
+                                      [p.bucket_numel(j, self.w.given_bucket_numel) for j in js])
+            self._released_cache[key] = got
+        return self._released_cache[key]
+
+    def _releases_on(self, d: int) -> bool:
+        """Whether any stage's releasing backwards take longer on replica d (`_released`)."""
+        return any(self._released(s, d) for s in range(self.plan.pp))
+
+    def _slowed(self, s: int, d: int, buckets: tuple[tuple[float, float], ...]
+                ) -> tuple[tuple[float, float], ...]:
+        """`cost.ops.released_points` of `buckets` where stage s's backwards release them."""
+        extras = self._released(s, d)
+        return buckets if extras is None or not buckets else \
+            released_points(buckets, self._params(s), extras, self._backward_window(s, d))
 
     def _every_microbatch_tail_s(self, s: int, d: int, reduce) -> float:
         """Buckets reduced in every micro-batch's backward, m rounds on one stream (one chunk:
@@ -417,6 +452,7 @@ class _Estimator:
         t = 0.0
         dense, expert = (self._buckets(s, mode.gradient_collective, "grad", e) for e in (None, d)) \
             if mode.reduces_gradients else ((), ())
+        dense, expert = self._slowed(s, d, dense), self._slowed(s, d, expert)
         reduce = dense + expert
         if mode.reduces_every_microbatch:
             t += self._every_microbatch_tail_s(s, d, reduce) if reduce else 0.0
