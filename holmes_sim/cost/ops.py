@@ -56,6 +56,9 @@ class OpCosts:
     compute: ComputeModel
     tp: int
     _layer_params: int = field(default=0, init=False, repr=False, compare=False)
+    _released: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """`held_sm_loss_s`'s per-layer losses and `first_release_fraction` by what they depend on:
+    a search's estimate asks for them for every stage of a candidate."""
 
     def __post_init__(self) -> None:
         # `Workload.layer_params` once: `chunk_params` prices every chunk with it.
@@ -230,8 +233,13 @@ class OpCosts:
         virtual stage) loses with its GEMMs beside a data-parallel collective, whose NCCL
         kernels hold `node_comm_sms(node)` SMs (`ComputeModel.held_sm_loss_s`), at the node's
         speed."""
-        layer, head = self.compute.held_sm_loss_s(node.gpu, self.workload, self.tp,
-                                                  node_comm_sms(node))
+        held = node_comm_sms(node)
+        key = (id(node.gpu), held)  # the cluster holds its GPU models
+        got = self._released.get(key)
+        if got is None:
+            got = self._released[key] = self.compute.held_sm_loss_s(node.gpu, self.workload,
+                                                                     self.tp, held)
+        layer, head = got
         return (layers * layer + (head if last else 0.0)) / node.speed
 
     def first_release_fraction(self, layers_per_stage: tuple[int, ...], j: int,
@@ -240,9 +248,13 @@ class OpCosts:
         is ready (1 with one bucket): the dense and, with `reduce_experts`, the routed experts'
         buckets of `gradient_buckets` by ready point, the last one ending the chunk, as the
         engine releases them (`sim.gradient_buckets.chunk_buckets`)."""
-        dense, expert = self.gradient_buckets(layers_per_stage, j, sharded, numel)
-        points = sorted([b[2] for b in dense] + ([b[2] for b in expert] if reduce_experts else []))
-        return 1.0 if len(points) < 2 else points[0]
+        key = (layers_per_stage, j, reduce_experts, sharded, numel)
+        got = self._released.get(key)
+        if got is None:
+            dense, expert = self.gradient_buckets(layers_per_stage, j, sharded, numel)
+            points = sorted([b[2] for b in dense] + ([b[2] for b in expert] if reduce_experts else []))
+            got = self._released[key] = 1.0 if len(points) < 2 else points[0]
+        return got
 
     def optimizer_s(self, node: Node, params_per_gpu: float) -> float:
         """The optimizer step of `params_per_gpu` parameters on one GPU of `node` (s)."""
@@ -280,12 +292,24 @@ def released_at_s(op_s: float, loss_s: float, first_fraction: float, point: floa
     return op_s * point + loss_s * max(0.0, point - first_fraction)
 
 
-def released_chunks(costs: OpCosts, node: Node, layers_per_stage: tuple[int, ...], js, experts: bool,
-                    sharded: bool, numels) -> tuple[tuple[float, float, float], ...] | None:
+def released_chunks(costs: OpCosts, node: Node, layers_per_stage: tuple[int, ...], js: tuple,
+                    experts: bool, sharded: bool, numels: tuple
+                    ) -> tuple[tuple[float, float, float], ...] | None:
     """Per chunk (virtual stages `js`, `numels` their bucket sizes) of a stage on `node` whose
     backwards release gradient buckets: (the op's extra seconds `released_extra_s`, its loss
     `OpCosts.held_sm_loss_s`, the share before its first bucket `first_release_fraction`);
-    None where none takes longer."""
+    None where none takes longer. Kept by the op costs and what prices it: a search's
+    candidates ask for the same stages many times."""
+    key = (id(node.gpu), node.speed, node_comm_sms(node), layers_per_stage, js, experts, sharded,
+           numels)
+    return _RELEASED.get((costs,), key, lambda: _released_chunks(
+        costs, node, layers_per_stage, js, experts, sharded, numels))
+
+
+def _released_chunks(costs: OpCosts, node: Node, layers_per_stage: tuple[int, ...], js: tuple,
+                     experts: bool, sharded: bool, numels: tuple
+                     ) -> tuple[tuple[float, float, float], ...] | None:
+    """`released_chunks` computed."""
     got = []
     for j, numel in zip(js, numels, strict=True):
         loss = costs.held_sm_loss_s(node, layers_per_stage[j], j == len(layers_per_stage) - 1)
@@ -301,16 +325,26 @@ def released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int,
     widths[c] / sum(widths) of it (the estimate's layout), moved into the window of `window_s`
     s whose releasing backwards take their extras (`released_chunks`): a point of chunk c
     later by the extras of the chunks before it and by its own loss after its first bucket
-    (`released_at_s`)."""
+    (`released_at_s`). Kept by the buckets (a search's candidates share them) and the rest."""
+    return _RELEASED.get((buckets,), (widths, chunks, window_s),
+                         lambda: _released_points(buckets, widths, chunks, window_s))
+
+
+def _released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int, ...],
+                     chunks: tuple[tuple[float, float, float], ...], window_s: float
+                     ) -> tuple[tuple[float, float], ...]:
+    """`released_points` computed (a buffer's points rise, so its chunks are met in order)."""
     total, plain = sum(widths), window_s - sum(e for e, _, _ in chunks)
     bounds, offset, before = [], 0.0, 0.0
     for width, (extra, loss, first) in zip(widths, chunks, strict=True):
         share = width / total
         bounds.append((offset, share, before, loss, first))
         offset, before = offset + share, before + extra
-    out = []
+    out, c, last = [], 0, len(bounds) - 1
     for r, point in buckets:
-        o, share, ahead, loss, first = next((b for b in bounds if point <= b[0] + b[1]), bounds[-1])
+        while c < last and point > bounds[c][0] + bounds[c][1]:
+            c += 1
+        o, share, ahead, loss, first = bounds[c]
         at = plain * o + ahead + released_at_s(plain * share, loss, first, (point - o) / share)
         out.append((r, at / window_s))
     return tuple(out)
@@ -358,6 +392,8 @@ def op_costs(cluster: Cluster, workload: Workload, compute: ComputeModel, tp: in
 
 
 _OP_COSTS: IdentityMemo[OpCosts] = IdentityMemo(256)
+_RELEASED: IdentityMemo = IdentityMemo(4096)
+"""`released_chunks` by op costs and `released_points` by buckets."""
 
 
 def stage_param_counts(costs: OpCosts, layers_per_stage: tuple[int, ...], pp: int

@@ -174,19 +174,22 @@ class _Estimator:
         """`_evaluate_replica`, shared by plans whose walk is the same: without parameter
         gathers before the first forward (no start delays), a replica's walk depends on its op
         durations (the chunk times, that is the cluster, workload, compute model and TP degree,
-        and the placement's view), the layers of each virtual stage and the schedule's shape
-        only; a layout's optimizers then share it."""
-        if self.plan.optimizer.gathers_before_forward or self._releases_on(d):
+        and the placement's view), the layers of each virtual stage, the schedule's shape and
+        the releasing backwards' extras (`_released`) only; a layout's optimizers then share it."""
+        if self.plan.optimizer.gathers_before_forward:
             return self._evaluate_replica(d)
+        released = (self.plan.optimizer.reduces_every_microbatch,
+                    *(self._released(s, d) for s in range(self.plan.pp)))
         return list(_REPLICAS.get((self.times, self.net), (self.plan.layers_per_stage,
-                                                            self._shape, d),
+                                                            self._shape, d, released),
                                   lambda: tuple(self._evaluate_replica(d))))
 
     def _evaluate_replica(self, d: int) -> list[float]:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
         A transfer starts when its op has ended and the receiver has posted the receive
         (rendezvous, `walk.py`)."""
-        released = self._releases_on(d) and not self.plan.optimizer.reduces_every_microbatch
+        released = not self.plan.optimizer.reduces_every_microbatch and \
+            any(self._released(s, d) for s in range(self.plan.pp))
         table = op_table(*self._shape, released)
         durs, start = [], []
         for s, kinds in enumerate(table.kinds):
@@ -395,17 +398,13 @@ class _Estimator:
         if key not in self._released_cache:
             p, got = self.plan, None
             if p.releases_gradients_in_backward and self.net.dp_ring(s) is not None:
-                js = [self._virtual(s, c) for c in range(p.num_chunks)]
+                js = tuple(self._virtual(s, c) for c in range(p.num_chunks))
                 got = released_chunks(self.costs, self.net.node(s, d), p.layers_per_stage, js,
                                       self.w.ep != 1 and self.net.edp_ring(s, d) is not None,
                                       p.optimizer.sharded,
-                                      [p.bucket_numel(j, self.w.given_bucket_numel) for j in js])
+                                      tuple(p.bucket_numel(j, self.w.given_bucket_numel) for j in js))
             self._released_cache[key] = got
         return self._released_cache[key]
-
-    def _releases_on(self, d: int) -> bool:
-        """Whether any stage's releasing backwards take longer on replica d (`_released`)."""
-        return any(self._released(s, d) for s in range(self.plan.pp))
 
     def _slowed(self, s: int, d: int, buckets: tuple[tuple[float, float], ...]
                 ) -> tuple[tuple[float, float], ...]:
