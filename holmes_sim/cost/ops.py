@@ -57,8 +57,8 @@ class OpCosts:
     tp: int
     _layer_params: int = field(default=0, init=False, repr=False, compare=False)
     _released: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    """`held_sm_loss_s`'s per-layer losses and `first_release_fraction` by what they depend on:
-    a search's estimate asks for them for every stage of a candidate."""
+    """`held_sm_loss_s`'s per-layer losses by GPU model and SMs held: a search's estimate asks
+    for them for every stage of a candidate."""
 
     def __post_init__(self) -> None:
         # `Workload.layer_params` once: `chunk_params` prices every chunk with it.
@@ -233,7 +233,10 @@ class OpCosts:
         virtual stage) loses with its GEMMs beside a data-parallel collective, whose NCCL
         kernels hold `node_comm_sms(node)` SMs (`ComputeModel.held_sm_loss_s`), at the node's
         speed."""
-        held = node_comm_sms(node)
+        return self.held_loss_s(node, node_comm_sms(node), layers, last)
+
+    def held_loss_s(self, node: Node, held: int, layers: int, last: bool) -> float:
+        """`held_sm_loss_s` with `held` (`node_comm_sms(node)`) given."""
         key = (id(node.gpu), held)  # the cluster holds its GPU models
         got = self._released.get(key)
         if got is None:
@@ -246,19 +249,45 @@ class OpCosts:
                                reduce_experts: bool, sharded: bool, numel: int | None) -> float:
         """The share of virtual stage j's releasing backward before its first gradient bucket
         is ready (1 with one bucket): the dense and, with `reduce_experts`, the routed experts'
-        buckets of `gradient_buckets` by ready point, the last one ending the chunk, as the
-        engine releases them (`sim.gradient_buckets.chunk_buckets`)."""
-        key = (layers_per_stage, j, reduce_experts, sharded, numel)
-        got = self._released.get(key)
-        if got is None:
-            dense, expert = self.gradient_buckets(layers_per_stage, j, sharded, numel)
-            points = sorted([b[2] for b in dense] + ([b[2] for b in expert] if reduce_experts else []))
-            got = self._released[key] = 1.0 if len(points) < 2 else points[0]
-        return got
+        buckets of `gradient_buckets` (`bucket_runs`' ready points) by ready point, the last one
+        ending the chunk, as the engine releases them (`sim.gradient_buckets.chunk_buckets`)."""
+        return first_release_point(self.bucket_runs(layers_per_stage, j, sharded, numel),
+                                   reduce_experts)
 
     def optimizer_s(self, node: Node, params_per_gpu: float) -> float:
         """The optimizer step of `params_per_gpu` parameters on one GPU of `node` (s)."""
         return self.compute.optimizer_s(node.gpu, params_per_gpu) / node.speed
+
+
+def first_release_point(runs: tuple[tuple[BucketRun | None, float, float], ...],
+                        reduce_experts: bool) -> float:
+    """`OpCosts.first_release_fraction` of a chunk's `OpCosts.bucket_runs`."""
+    points = [point for run, _, _ in (runs if reduce_experts else runs[:1])
+              if run is not None for point in run.ready]
+    return 1.0 if len(points) < 2 else min(points)
+
+
+def stage_bucket_layout(runs: tuple, widths: tuple[int, ...], expert: bool
+                        ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """A stage's dense (or routed experts') DP buckets in release order as columns (gradient
+    bytes, parameter bytes, ready point 0..1 of the stage's backward window), from its chunks'
+    `OpCosts.bucket_runs` `runs` and parameters `widths`: each chunk's bytes in its cut's
+    shares, its points placed in its share of the window (chunks in order, each its share of
+    the stage's parameters)."""
+    total = sum(widths)
+    grads: list[float] = []
+    params: list[float] = []
+    points: list[float] = []
+    offset = 0.0
+    for width, chunk_runs in zip(widths, runs, strict=True):
+        share = width / total
+        run, grad, param = chunk_runs[expert]
+        if run is not None:
+            grads += [grad * part for part in run.shares]
+            params += [param * part for part in run.shares]
+            points += [offset + share * point for point in run.ready]
+        offset += share
+    return tuple(grads), tuple(params), tuple(points)
 
 
 def node_comm_sms(node: Node) -> int:
@@ -292,28 +321,17 @@ def released_at_s(op_s: float, loss_s: float, first_fraction: float, point: floa
     return op_s * point + loss_s * max(0.0, point - first_fraction)
 
 
-def released_chunks(costs: OpCosts, node: Node, layers_per_stage: tuple[int, ...], js: tuple,
-                    experts: bool, sharded: bool, numels: tuple
-                    ) -> tuple[tuple[float, float, float], ...] | None:
-    """Per chunk (virtual stages `js`, `numels` their bucket sizes) of a stage on `node` whose
-    backwards release gradient buckets: (the op's extra seconds `released_extra_s`, its loss
-    `OpCosts.held_sm_loss_s`, the share before its first bucket `first_release_fraction`);
-    None where none takes longer. Kept by the op costs and what prices it: a search's
-    candidates ask for the same stages many times."""
-    key = (id(node.gpu), node.speed, node_comm_sms(node), layers_per_stage, js, experts, sharded,
-           numels)
-    return _RELEASED.get((costs,), key, lambda: _released_chunks(
-        costs, node, layers_per_stage, js, experts, sharded, numels))
-
-
-def _released_chunks(costs: OpCosts, node: Node, layers_per_stage: tuple[int, ...], js: tuple,
-                     experts: bool, sharded: bool, numels: tuple
-                     ) -> tuple[tuple[float, float, float], ...] | None:
-    """`released_chunks` computed."""
-    got = []
-    for j, numel in zip(js, numels, strict=True):
-        loss = costs.held_sm_loss_s(node, layers_per_stage[j], j == len(layers_per_stage) - 1)
-        first = costs.first_release_fraction(layers_per_stage, j, experts, sharded, numel)
+def released_chunks(costs: OpCosts, node: Node, held: int, layers: tuple[int, ...], last: bool,
+                    runs: tuple, experts: bool) -> tuple[tuple[float, float, float], ...] | None:
+    """Per chunk (`layers` its layers, the output layer's in the last one where `last`, `runs`
+    its `OpCosts.bucket_runs`, `experts`: with the routed experts' buckets) of a stage on `node`
+    (`held`: `node_comm_sms(node)`) whose backwards release gradient buckets: (the op's extra
+    seconds `released_extra_s`, its loss `OpCosts.held_sm_loss_s`, the share before its first
+    bucket `OpCosts.first_release_fraction`); None where none takes longer."""
+    got, end = [], len(layers) - 1
+    for c, (n, chunk_runs) in enumerate(zip(layers, runs, strict=True)):
+        loss, first = costs.held_loss_s(node, held, n, last and c == end), \
+            first_release_point(chunk_runs, experts)
         got.append((released_extra_s(loss, first), loss, first))
     return tuple(got) if any(e > 0 for e, _, _ in got) else None
 
@@ -333,20 +351,27 @@ def released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int,
 def _released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int, ...],
                      chunks: tuple[tuple[float, float, float], ...], window_s: float
                      ) -> tuple[tuple[float, float], ...]:
-    """`released_points` computed (a buffer's points rise, so its chunks are met in order)."""
+    """`released_points` computed (a buffer's points rise, so its chunks are met in order):
+    `released_at_s` written out, per chunk its end, offset, share, the time before it and its
+    time alone."""
     total, plain = sum(widths), window_s - sum(e for e, _, _ in chunks)
-    bounds, offset, before = [], 0.0, 0.0
+    parts, offset, before = [], 0.0, 0.0
     for width, (extra, loss, first) in zip(widths, chunks, strict=True):
         share = width / total
-        bounds.append((offset, share, before, loss, first))
+        parts.append((offset + share, offset, share, plain * offset + before, plain * share,
+                      loss, first))
         offset, before = offset + share, before + extra
-    out, c, last = [], 0, len(bounds) - 1
+    end, o, share, base, op, loss, first = parts[0]
+    if len(parts) == 1 and share == 1.0:  # offset 0: a point is its own share's point
+        return tuple((r, (base + (op * p + loss * (p - first if p > first else 0.0))) / window_s)
+                     for r, p in buckets)
+    out, c, last = [], 0, len(parts) - 1
     for r, point in buckets:
-        while c < last and point > bounds[c][0] + bounds[c][1]:
+        while c < last and point > end:
             c += 1
-        o, share, ahead, loss, first = bounds[c]
-        at = plain * o + ahead + released_at_s(plain * share, loss, first, (point - o) / share)
-        out.append((r, at / window_s))
+            end, o, share, base, op, loss, first = parts[c]
+        x = (point - o) / share
+        out.append((r, (base + (op * x + loss * (x - first if x > first else 0.0))) / window_s))
     return tuple(out)
 
 
@@ -393,7 +418,7 @@ def op_costs(cluster: Cluster, workload: Workload, compute: ComputeModel, tp: in
 
 _OP_COSTS: IdentityMemo[OpCosts] = IdentityMemo(256)
 _RELEASED: IdentityMemo = IdentityMemo(4096)
-"""`released_chunks` by op costs and `released_points` by buckets."""
+"""`released_points` by buckets."""
 
 
 def stage_param_counts(costs: OpCosts, layers_per_stage: tuple[int, ...], pp: int
