@@ -181,7 +181,8 @@ def full_op_table(kind: str, pp: int, m: int, v: int, released: bool = False) ->
     with the micro-batch added to its slots, worked out for all ops at once (numpy) from the
     schedule's closed form (`_op_columns`). `released`: each stage's last backward of each
     chunk (micro-batch m - 1's; it releases gradient buckets, `cost.ops.released_extra_s`) is a
-    kind of its own, (virtual stage, True) after the stage's kinds; the steady run ends before."""
+    kind of its own, (virtual stage, True) after the stage's kinds; the steady run ends before:
+    the plain table's first rounds, as far as every stage's rounds repeat with them."""
     check_schedule(kind, pp, m, v)
     nv, nc = pp * v, v
     sends = sorted({(j, j + 1) for j in range(nv - 1)} | {(j + 1, j) for j in range(nv - 1)})
@@ -208,10 +209,17 @@ def full_op_table(kind: str, pp: int, m: int, v: int, released: bool = False) ->
         table[:, col] = np.where(table[:, col] < 0, -1, table[:, col] + mb)
     firsts = np.concatenate(([0], np.cumsum(lengths)))
     flat = (array("i", table.astype(np.intc).tobytes()), array("q", firsts.tolist()))
-    shape = steady_phase(kind, pp, m, v)
-    run = None if shape is None else _steady_run(
-        _OpColumns(stage, np.arange(n) - firsts[stage], chunk * 2 + backward + 2 * nc * last,
-                   mb, table[:, 1], table[:, 3], lengths), m, *shape)
+    shape, run = steady_phase(kind, pp, m, v), None
+    ops = None if shape is None else _OpColumns(
+        stage, np.arange(n) - firsts[stage], chunk * 2 + backward + 2 * nc * last, mb,
+        table[:, 1], table[:, 3], lengths)
+    if ops is not None and not released:
+        run = _steady_run(ops, m, *shape)
+    elif ops is not None and (plain := full_op_table(kind, pp, m, v, False).run) is not None:
+        # `_steady_run`'s later checks see cuts 0..r alike whatever its rounds: the plain run's.
+        rounds = min(plain.rounds, *(int(_repeating_rounds(ops, firsts[s], firsts[s + 1], a,
+                                                           *shape[1:])) for s, a in enumerate(shape[0])))
+        run = SteadyRun(*shape, rounds, plain.outstanding[:rounds + 1]) if rounds >= 3 else None
     return OpTable((kind, pp, m, v), tuple(kinds), tuple(sends), messages, flat, run, released)
 
 
