@@ -262,9 +262,12 @@ class OpCosts:
 def first_release_point(runs: tuple[tuple[BucketRun | None, float, float], ...],
                         reduce_experts: bool) -> float:
     """`OpCosts.first_release_fraction` of a chunk's `OpCosts.bucket_runs`."""
-    points = [point for run, _, _ in (runs if reduce_experts else runs[:1])
-              if run is not None for point in run.ready]
-    return 1.0 if len(points) < 2 else min(points)
+    firsts, count = [], 0  # a run's points rise: its first is its least
+    for run, _, _ in runs if reduce_experts else runs[:1]:
+        if run is not None and run.ready:
+            firsts.append(run.ready[0])
+            count += len(run.ready)
+    return 1.0 if count < 2 else min(firsts)
 
 
 def stage_bucket_layout(runs: tuple, widths: tuple[int, ...], expert: bool

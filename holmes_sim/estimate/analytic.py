@@ -121,7 +121,7 @@ class _Estimator:
         self._window_cache: dict[tuple[int, int], float] = {}
         self._bucket_cache: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self._layout_cache: dict[tuple[int, bool], _Layout] = {}
-        self._cut_cache: dict[int, tuple[tuple, tuple]] = {}
+        self._cut_cache: dict[int, tuple[tuple, dict[bool, _Layout]]] = {}
         self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
         # `_alike` depends on the view and the layers only: estimates of one plan's placement
         # and split (a Megatron plan's optimizers, recompute modes, micro-batch sizes) share it.
@@ -333,22 +333,23 @@ class _Estimator:
         return got
 
     def _layout(self, s: int, expert: bool) -> _Layout:
-        """Stage s's dense (or routed experts') DP buckets in release order as columns: each
-        bucket's gradient bytes, parameter bytes and ready point 0..1 of the stage's backward
-        window, Megatron-Core's cut (`_cut`): chunk c's points placed in its share of the window
-        (chunks in order, each its share of the stage's parameters), shared like the cut."""
+        """Stage s's dense (or routed experts') DP buckets in release order as columns (gradient
+        bytes, parameter bytes, ready point 0..1 of the stage's backward window) of its cut
+        (`_cut`, which keeps it): `cost.ops.stage_bucket_layout`."""
         got = self._layout_cache.get((s, expert))
         if got is None:
-            got = self._layout_cache[(s, expert)] = _BUCKETS.get(
-                (), (expert, *self._cut(s)[0]),
-                lambda: stage_bucket_layout(self._cut(s)[1], self._params(s), expert))
+            runs, layouts = self._cut(s)
+            got = layouts.get(expert)
+            if got is None:
+                got = layouts[expert] = stage_bucket_layout(runs, self._params(s), expert)
+            self._layout_cache[(s, expert)] = got
         return got
 
-    def _cut(self, s: int) -> tuple[tuple, tuple]:
-        """What stage s's cut depends on (the workload's shape and bytes, not its micro-batch;
-        each chunk's layers and, with MoE layers, where they start; whether the stage holds the
-        embedding or the head; the sharding, bucket sizes, TP degree) and its chunks'
-        `OpCosts.bucket_runs`, shared through `_BUCKETS` by the former."""
+    def _cut(self, s: int) -> tuple[tuple, dict[bool, _Layout]]:
+        """Stage s's chunks' `OpCosts.bucket_runs` and its layouts by `expert` (`_layout`),
+        shared through `_BUCKETS` by what the cut depends on: the workload's shape and bytes,
+        not its micro-batch; each chunk's layers and, with MoE layers, where they start; whether
+        the stage holds the embedding or the head; the sharding, bucket sizes, TP degree."""
         got = self._cut_cache.get(s)
         if got is None:
             p, w = self.plan, self.costs.workload
@@ -357,9 +358,9 @@ class _Estimator:
             starts = tuple(sum(p.layers_per_stage[:j]) for j in js) if w.moe is not None else ()
             key = (bucket_shape_token(w), w.grad_bytes, w.dtype_bytes, p.layers_per_stage[s::p.pp],
                    starts, s == 0, s == p.pp - 1, p.optimizer.sharded, numels, p.tp)
-            got = self._cut_cache[s] = (key, _BUCKETS.get((), key, lambda: tuple(
+            got = self._cut_cache[s] = _BUCKETS.get((), key, lambda: (tuple(
                 self.costs.bucket_runs(p.layers_per_stage, j, p.optimizer.sharded, numel)
-                for j, numel in zip(js, numels, strict=True))))
+                for j, numel in zip(js, numels, strict=True)), {}))
         return got
 
     def _start_delay(self, s: int, d: int) -> float:
@@ -403,7 +404,7 @@ class _Estimator:
             p = self.plan
             self._released_cache[key] = None if self.net.dp_ring(s) is None else released_chunks(
                 self.costs, self.net.node(s, d), key[-1], p.layers_per_stage[s::p.pp],
-                s == p.pp - 1, self._cut(s)[1], self.w.ep != 1 and self.net.edp_ring(s, d) is not None)
+                s == p.pp - 1, self._cut(s)[0], self.w.ep != 1 and self.net.edp_ring(s, d) is not None)
         return self._released_cache[key]
 
     def _slowed(self, s: int, d: int, buckets: tuple[tuple[float, float], ...]
