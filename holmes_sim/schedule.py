@@ -190,3 +190,16 @@ def _peak_in_flight(kind: ScheduleKind, p: int, m: int, v: int, stage: int) -> i
         held += 1 if op.kind == "F" else -1
         peak = max(peak, held)
     return peak
+
+
+def steady_phase(kind: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], int, int] | None:
+    """Where the steady phase starts per stage, ops per round, and micro-batches per round
+    (the schedules' definitions above; the walk's `_steady_run` checks them)."""
+    kind = ScheduleKind(kind)
+    if kind is ScheduleKind.GPIPE:
+        # Its phases feed one way (no backward between forwards), so stages of different speeds
+        # drift apart at their own rates and the state never repeats up to one constant.
+        return None
+    if kind is ScheduleKind.ONE_F_ONE_B:
+        return tuple(min(p - s - 1, m) for s in range(p)), 2, 1
+    return tuple(min((p - s - 1) * 2 + (v - 1) * p, m * v) for s in range(p)), 2 * p * v, p

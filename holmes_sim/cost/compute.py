@@ -65,6 +65,13 @@ class ComputeModel(Protocol):
         `head_s(backward=True)`); 0 when the model cannot tell."""
         ...
 
+    def held_sm_loss_s(self, gpu: GpuModel, workload: Workload, tp: int,
+                       held: int) -> tuple[float, float]:
+        """(a layer's backward, the output layer's backward): seconds their GEMMs lose on
+        sm_count - `held` SMs (`transformer.held_sm_loss_s`); (0, 0) when the model cannot
+        tell."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class KernelCompute:
@@ -97,6 +104,10 @@ class KernelCompute:
 
     def head_wgrad_s(self, gpu: GpuModel, workload: Workload, tp: int) -> float:
         return transformer.head_wgrad_s(gpu, workload, tp)
+
+    def held_sm_loss_s(self, gpu: GpuModel, workload: Workload, tp: int,
+                       held: int) -> tuple[float, float]:
+        return transformer.held_sm_loss_s(gpu, workload, tp, held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +149,10 @@ class ProfiledCompute:
 
     def head_wgrad_s(self, gpu: GpuModel, workload: Workload, tp: int) -> float:
         return 0.0
+
+    def held_sm_loss_s(self, gpu: GpuModel, workload: Workload, tp: int,
+                       held: int) -> tuple[float, float]:
+        return 0.0, 0.0  # a measured profile has no GEMM shapes
 
 
 @dataclass(frozen=True, slots=True)

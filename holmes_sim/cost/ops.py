@@ -12,6 +12,7 @@ from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.context_parallel import CpPass, cp_passes, op_exposed_s
 from holmes_sim.cost.expert_parallel import local_exposed_s
 from holmes_sim.cost.moe import tp_comm_factor
+from holmes_sim.cost.transformer import nccl_comm_sms
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.model.bucket_layout import BucketRun, chunk_bucket_runs
 from holmes_sim.model.workload import Workload
@@ -55,6 +56,9 @@ class OpCosts:
     compute: ComputeModel
     tp: int
     _layer_params: int = field(default=0, init=False, repr=False, compare=False)
+    _released: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """`held_sm_loss_s`'s per-layer losses by GPU model and SMs held: a search's estimate asks
+    for them for every stage of a candidate."""
 
     def __post_init__(self) -> None:
         # `Workload.layer_params` once: `chunk_params` prices every chunk with it.
@@ -224,9 +228,154 @@ class OpCosts:
                      (run, w.grad_bytes_of(n), n * w.dtype_bytes)
                      for run, n in ((dense_run, params - expert), (expert_run, expert)))
 
+    def held_sm_loss_s(self, node: Node, layers: int, last: bool) -> float:
+        """Seconds a chunk's backward on `node` (`layers` layers, the output layer's on the last
+        virtual stage) loses with its GEMMs beside a data-parallel collective, whose NCCL
+        kernels hold `node_comm_sms(node)` SMs (`ComputeModel.held_sm_loss_s`), at the node's
+        speed."""
+        return self.held_loss_s(node, node_comm_sms(node), layers, last)
+
+    def held_loss_s(self, node: Node, held: int, layers: int, last: bool) -> float:
+        """`held_sm_loss_s` with `held` (`node_comm_sms(node)`) given."""
+        key = (id(node.gpu), held)  # the cluster holds its GPU models
+        got = self._released.get(key)
+        if got is None:
+            got = self._released[key] = self.compute.held_sm_loss_s(node.gpu, self.workload,
+                                                                     self.tp, held)
+        layer, head = got
+        return (layers * layer + (head if last else 0.0)) / node.speed
+
+    def first_release_fraction(self, layers_per_stage: tuple[int, ...], j: int,
+                               reduce_experts: bool, sharded: bool, numel: int | None) -> float:
+        """The share of virtual stage j's releasing backward before its first gradient bucket
+        is ready (1 with one bucket): the dense and, with `reduce_experts`, the routed experts'
+        buckets of `gradient_buckets` (`bucket_runs`' ready points) by ready point, the last one
+        ending the chunk, as the engine releases them (`sim.gradient_buckets.chunk_buckets`)."""
+        return first_release_point(self.bucket_runs(layers_per_stage, j, sharded, numel),
+                                   reduce_experts)
+
     def optimizer_s(self, node: Node, params_per_gpu: float) -> float:
         """The optimizer step of `params_per_gpu` parameters on one GPU of `node` (s)."""
         return self.compute.optimizer_s(node.gpu, params_per_gpu) / node.speed
+
+
+def first_release_point(runs: tuple[tuple[BucketRun | None, float, float], ...],
+                        reduce_experts: bool) -> float:
+    """`OpCosts.first_release_fraction` of a chunk's `OpCosts.bucket_runs`."""
+    firsts, count = [], 0  # a run's points rise: its first is its least
+    for run, _, _ in runs if reduce_experts else runs[:1]:
+        if run is not None and run.ready:
+            firsts.append(run.ready[0])
+            count += len(run.ready)
+    return 1.0 if count < 2 else min(firsts)
+
+
+def stage_bucket_layout(runs: tuple, widths: tuple[int, ...], expert: bool
+                        ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """A stage's dense (or routed experts') DP buckets in release order as columns (gradient
+    bytes, parameter bytes, ready point 0..1 of the stage's backward window), from its chunks'
+    `OpCosts.bucket_runs` `runs` and parameters `widths`: each chunk's bytes in its cut's
+    shares, its points placed in its share of the window (chunks in order, each its share of
+    the stage's parameters)."""
+    total = sum(widths)
+    grads: list[float] = []
+    params: list[float] = []
+    points: list[float] = []
+    offset = 0.0
+    for width, chunk_runs in zip(widths, runs, strict=True):
+        share = width / total
+        run, grad, param = chunk_runs[expert]
+        if run is not None:
+            grads += [grad * part for part in run.shares]
+            params += [param * part for part in run.shares]
+            points += [offset + share * point for point in run.ready]
+        offset += share
+    return tuple(grads), tuple(params), tuple(points)
+
+
+def node_comm_sms(node: Node) -> int:
+    """SMs a data-parallel collective's NCCL kernels hold on a GPU of `node`
+    (`transformer.nccl_comm_sms`): by its NICs on its first RDMA fabric, else its Ethernet
+    NICs."""
+    fabrics = node.rdma_fabrics
+    nics = node.nics_on(fabrics[0]) if fabrics else node.nics
+    return nccl_comm_sms(len(nics))
+
+
+def released_share_s(loss_s: float, fraction: float, first: bool) -> float:
+    """Seconds a releasing backward's bucket share (`fraction` of the op) adds while gradient
+    reductions hold SMs: the op's whole loss `loss_s` (`OpCosts.held_sm_loss_s`) pro rata,
+    none in the first share, which runs before anything of the op is in flight. The reductions
+    released are taken to stay in flight to the op's end (a bucket's reduction outlasting the
+    next bucket's compute)."""
+    return 0.0 if first else loss_s * fraction
+
+
+def released_extra_s(loss_s: float, first_fraction: float) -> float:
+    """Seconds a releasing backward adds over its time alone: `released_share_s` over every
+    share after the first (`first_fraction` of the op)."""
+    return loss_s * (1.0 - first_fraction)
+
+
+def released_at_s(op_s: float, loss_s: float, first_fraction: float, point: float) -> float:
+    """When, after a releasing backward of `op_s` s alone starts, its bucket of ready point
+    `point` is released: the op's time to the point plus the loss of the shares after the
+    first (`released_share_s`)."""
+    return op_s * point + loss_s * max(0.0, point - first_fraction)
+
+
+def released_chunks(costs: OpCosts, node: Node, held: int, layers: tuple[int, ...], last: bool,
+                    runs: tuple, experts: bool) -> tuple[tuple[float, float, float], ...] | None:
+    """Per chunk (`layers` its layers, the output layer's in the last one where `last`, `runs`
+    its `OpCosts.bucket_runs`, `experts`: with the routed experts' buckets) of a stage on `node`
+    (`held`: `node_comm_sms(node)`) whose backwards release gradient buckets: (the op's extra
+    seconds `released_extra_s`, its loss `OpCosts.held_sm_loss_s`, the share before its first
+    bucket `OpCosts.first_release_fraction`); None where none takes longer."""
+    got, end = [], len(layers) - 1
+    for c, (n, chunk_runs) in enumerate(zip(layers, runs, strict=True)):
+        loss, first = costs.held_loss_s(node, held, n, last and c == end), \
+            first_release_point(chunk_runs, experts)
+        got.append((released_extra_s(loss, first), loss, first))
+    return tuple(got) if any(e > 0 for e, _, _ in got) else None
+
+
+def released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int, ...],
+                    chunks: tuple[tuple[float, float, float], ...], window_s: float
+                    ) -> tuple[tuple[float, float], ...]:
+    """(time s, ready point) buckets of a stage's backward window, chunk c's points in its share
+    widths[c] / sum(widths) of it (the estimate's layout), moved into the window of `window_s`
+    s whose releasing backwards take their extras (`released_chunks`): a point of chunk c
+    later by the extras of the chunks before it and by its own loss after its first bucket
+    (`released_at_s`). Kept by the buckets (a search's candidates share them) and the rest."""
+    return _RELEASED.get((buckets,), (widths, chunks, window_s),
+                         lambda: _released_points(buckets, widths, chunks, window_s))
+
+
+def _released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int, ...],
+                     chunks: tuple[tuple[float, float, float], ...], window_s: float
+                     ) -> tuple[tuple[float, float], ...]:
+    """`released_points` computed (a buffer's points rise, so its chunks are met in order):
+    `released_at_s` written out, per chunk its end, offset, share, the time before it and its
+    time alone."""
+    total, plain = sum(widths), window_s - sum(e for e, _, _ in chunks)
+    parts, offset, before = [], 0.0, 0.0
+    for width, (extra, loss, first) in zip(widths, chunks, strict=True):
+        share = width / total
+        parts.append((offset + share, offset, share, plain * offset + before, plain * share,
+                      loss, first))
+        offset, before = offset + share, before + extra
+    end, o, share, base, op, loss, first = parts[0]
+    if len(parts) == 1 and share == 1.0:  # offset 0: a point is its own share's point
+        return tuple((r, (base + (op * p + loss * (p - first if p > first else 0.0))) / window_s)
+                     for r, p in buckets)
+    out, c, last = [], 0, len(parts) - 1
+    for r, point in buckets:
+        while c < last and point > end:
+            c += 1
+            end, o, share, base, op, loss, first = parts[c]
+        x = (point - o) / share
+        out.append((r, (base + (op * x + loss * (x - first if x > first else 0.0))) / window_s))
+    return tuple(out)
 
 
 class ChunkTimes:
@@ -271,6 +420,8 @@ def op_costs(cluster: Cluster, workload: Workload, compute: ComputeModel, tp: in
 
 
 _OP_COSTS: IdentityMemo[OpCosts] = IdentityMemo(256)
+_RELEASED: IdentityMemo = IdentityMemo(4096)
+"""`released_points` by buckets."""
 
 
 def stage_param_counts(costs: OpCosts, layers_per_stage: tuple[int, ...], pp: int

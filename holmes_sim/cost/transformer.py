@@ -249,6 +249,50 @@ def userbuffer_sm_loss_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) ->
                for g in userbuffer_sm_gemms(w, tp, backward))
 
 
+NCCL_COMM_SMS = 16
+"""SMs a data-parallel collective's NCCL kernels hold on each GPU of a DGX with 8 NICs: one
+block per channel, each alone on its SM ("NCCL CTAs won't share an SM with compute kernels"),
+"on DGX with 8 NICs and a top speed of 190 GB/s, then it would use 16 SMs" (the NCCL
+maintainer's answers in NVIDIA/nccl#689, 2023)."""
+
+
+def nccl_comm_sms(nics: int) -> int:
+    """SMs a data-parallel collective's NCCL kernels hold on a GPU whose node has `nics` NICs
+    on its network: 2 per NIC up to `NCCL_COMM_SMS`, the two figures NVIDIA/nccl#689 gives ("a
+    PCI system with a single NIC, which can achieve up to 12-24 GB/s ... should just launch 2
+    SMs"; a DGX's 8 NICs 16), whatever the NIC's transport (the single-NIC figure names none)."""
+    return max(1, min(NCCL_COMM_SMS, 2 * nics))
+
+
+@lru_cache(maxsize=4096)
+def held_sm_loss_s(gpu: GpuModel, w: Workload, tp: int, held: int) -> tuple[float, float]:
+    """Seconds a layer's backward (with what its recomputation redoes) and the output layer's
+    backward lose when each of their GEMMs runs on sm_count - `held` SMs at the same per-SM rate
+    (`gemm_time_s(reserved_sms=)`), beside a collective whose kernels hold `held` SMs: the sum
+    over the GEMMs of time on the SMs left minus time on all of them. The forward GEMMs that
+    already run beside a userbuffer collective (`userbuffer_sm_gemms`) lose from sm_count - 16.
+    Memory-bound kernels, fused attention and MoE layers' expert GEMMs are not counted; with
+    `defer_embedding_wgrad` the output layer's weight gradient is not in the backward."""
+    if w.moe is not None:
+        w = replace(w, moe=None)
+    k, d, fp8 = layer_kernels(w, tp), w.dtype_bytes, w.fp8_gemms
+
+    def loss(gemms, fp8_gemms: bool, base: int = 0) -> float:
+        return sum(gemm_time_s(gpu, g, d, fp8_gemms, base + held) -
+                   gemm_time_s(gpu, g, d, fp8_gemms, base) for g in gemms)
+
+    layer = loss([x for g in k.dense for x in g.backward()], fp8) + \
+        loss([x for g in k.attention for x in g.backward()], False)
+    if w.recompute == "full":
+        ub = {len(k.dense) - 3, len(k.dense) - 1} if userbuffer_sm_gemms(w, tp, False) else set()
+        layer += loss([g for i, g in enumerate(k.dense) if i not in ub], fp8) + \
+            loss([k.dense[i] for i in sorted(ub)], fp8, USERBUFFER_COMM_SMS)
+    if w.recompute in ("full", "selective"):
+        layer += loss(k.attention, False)
+    dgrad, wgrad = Gemm(w.micro_batch * w.tokens, max(1, w.vocab // tp), w.hidden).backward()
+    return layer, loss((dgrad,) if w.defer_embedding_wgrad else (dgrad, wgrad), False)
+
+
 def layer_pass_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     """One forward or one backward of a layer (no recomputation), seconds; with MoE layers the
     dense layer plus what they add on average (`cost.moe.moe_layer_extra_s`)."""

@@ -27,7 +27,8 @@ from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.nccl_algorithms import collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.expert_parallel import sends_exposed_s
-from holmes_sim.cost.ops import chunk_times, op_costs
+from holmes_sim.cost.ops import (chunk_times, node_comm_sms, op_costs, released_chunks,
+                                 released_points, stage_bucket_layout)
 from holmes_sim.estimate.netview import netview
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import Plan
@@ -115,8 +116,12 @@ class _Estimator:
                        plan.num_chunks)
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
         self._tail_cache: dict[tuple, float] = {}
+        self._released_cache: dict[tuple, tuple | None] = {}
+        self._row_cache: dict[int, tuple] = {}
+        self._window_cache: dict[tuple[int, int], float] = {}
         self._bucket_cache: dict[tuple, tuple[tuple[float, float], ...]] = {}
         self._layout_cache: dict[tuple[int, bool], _Layout] = {}
+        self._cut_cache: dict[int, tuple[tuple, dict[bool, _Layout]]] = {}
         self._stage_cache: dict[tuple, tuple[list[float], float]] = {}
         # `_alike` depends on the view and the layers only: estimates of one plan's placement
         # and split (a Megatron plan's optimizers, recompute modes, micro-batch sizes) share it.
@@ -172,19 +177,25 @@ class _Estimator:
         """`_evaluate_replica`, shared by plans whose walk is the same: without parameter
         gathers before the first forward (no start delays), a replica's walk depends on its op
         durations (the chunk times, that is the cluster, workload, compute model and TP degree,
-        and the placement's view), the layers of each virtual stage and the schedule's shape
-        only; a layout's optimizers then share it."""
+        and the placement's view), the layers of each virtual stage, the schedule's shape and
+        the releasing backwards' extras (`_released_row`) only; a layout's optimizers then share it."""
         if self.plan.optimizer.gathers_before_forward:
             return self._evaluate_replica(d)
+        released = self._released_row(d)
+        # Without extras the walk is the plain one whatever the optimizer.
+        released = (self.plan.optimizer.reduces_every_microbatch, *released) \
+            if any(released) else None
         return list(_REPLICAS.get((self.times, self.net), (self.plan.layers_per_stage,
-                                                            self._shape, d),
+                                                            self._shape, d, released),
                                   lambda: tuple(self._evaluate_replica(d))))
 
     def _evaluate_replica(self, d: int) -> list[float]:
         """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
         A transfer starts when its op has ended and the receiver has posted the receive
         (rendezvous, `walk.py`)."""
-        table = op_table(*self._shape)
+        released = not self.plan.optimizer.reduces_every_microbatch and \
+            any(self._released_row(d))
+        table = op_table(*self._shape, released)
         durs, start = [], []
         for s, kinds in enumerate(table.kinds):
             row, delay = self._stage(s, d, kinds)
@@ -194,7 +205,7 @@ class _Estimator:
         # The walk depends on nothing else: plans that differ only in what happens after it
         # (the optimizer, the DP sync) or in placement with equal times share it.
         early = self.w.overlap_p2p_comm and self._shape[0] is ScheduleKind.INTERLEAVED
-        key = (self._shape, tuple(map(tuple, durs)), tuple(sends), tuple(start), early)
+        key = (self._shape, tuple(map(tuple, durs)), tuple(sends), tuple(start), early, released)
         got = _WALKS.get(key)
         if got is not None:
             return list(got)
@@ -215,7 +226,7 @@ class _Estimator:
                                                tuple(self.plan.layers_per_stage[s::pp]),  # `stage_layers`
                                                s == 0, s == pp - 1, self.net.dp_ring(s),
                                                self.net.cp_send(s, d), self.net.ep_sends(s, d),
-                                               self.net.edp_ring(s, d))
+                                               self.net.edp_ring(s, d), node_comm_sms(node))
         return got
 
     def _params(self, s: int) -> tuple[int, ...]:
@@ -243,11 +254,17 @@ class _Estimator:
 
     def _stage(self, s: int, d: int, kinds) -> tuple[list[float], float]:
         """Durations (s) of stage s's distinct ops (`kinds`: the walk's (virtual stage,
-        backward) in its order, chunk by chunk) on replica d, and its start delay (s)."""
-        key = self._alike(s, d)
+        backward) in its order, chunk by chunk) on replica d, and its start delay (s); the
+        releasing backwards' with their extra seconds (`_released_row`): the released kinds of
+        `walk.full_op_table`, else every backward (a per-micro-batch optimizer's)."""
+        key = (self._alike(s, d), len(kinds))
         got = self._stage_cache.get(key)
         if got is None:
-            got = self._stage_cache[key] = (self._ops_s(s, d, kinds), self._start_delay(s, d))
+            row, extras, nc = self._ops_s(s, d, kinds), self._released_row(d)[s], self.plan.num_chunks
+            if extras is not None:
+                row = [t + extras[j // self.plan.pp][0] if b and (k >= 2 * nc or len(kinds) == 2 * nc)
+                       else t for k, (t, (j, b)) in enumerate(zip(row, kinds))]
+            got = self._stage_cache[key] = (row, self._start_delay(s, d))
         return got
 
     def _ops_s(self, s: int, d: int, kinds) -> list[float]:
@@ -316,49 +333,35 @@ class _Estimator:
         return got
 
     def _layout(self, s: int, expert: bool) -> _Layout:
-        """Stage s's dense (or routed experts') DP buckets in release order as columns: each
-        bucket's gradient bytes, parameter bytes and ready point 0..1 of the stage's backward
-        window, Megatron-Core's cut (`OpCosts.gradient_buckets`): chunk c's points placed in its
-        share of the window (chunks in order, each its share of the stage's parameters). Shared
-        through `_BUCKETS` by what the cut depends on (the workload's shape, not its
-        micro-batch)."""
+        """Stage s's dense (or routed experts') DP buckets in release order as columns (gradient
+        bytes, parameter bytes, ready point 0..1 of the stage's backward window) of its cut
+        (`_cut`, which keeps it): `cost.ops.stage_bucket_layout`."""
         got = self._layout_cache.get((s, expert))
         if got is None:
-            p, w = self.plan, self.costs.workload
-            given = w.given_bucket_numel
-            js = range(s, p.pp * p.num_chunks, p.pp)  # `_virtual(s, c)` of its chunks
-            numels = tuple(p.bucket_numel(j, given) for j in js)
-            # What the cut depends on: each chunk's layers (and, with MoE layers, where they
-            # start), whether the stage holds the embedding or the head, the bucket sizes.
-            layers = tuple(p.layers_per_stage[s::p.pp])
-            starts = tuple(sum(p.layers_per_stage[:j]) for j in js) if w.moe is not None else ()
-            got = self._layout_cache[(s, expert)] = _BUCKETS.get(
-                (), (bucket_shape_token(w), w.grad_bytes, w.dtype_bytes, expert, layers, starts,
-                     s == 0, s == p.pp - 1, p.optimizer.sharded, numels, p.tp),
-                lambda: self._cut_layout(s, expert, numels))
+            runs, layouts = self._cut(s)
+            got = layouts.get(expert)
+            if got is None:
+                got = layouts[expert] = stage_bucket_layout(runs, self._params(s), expert)
+            self._layout_cache[(s, expert)] = got
         return got
 
-    def _cut_layout(self, s: int, expert: bool, numels: tuple[int | None, ...]) -> _Layout:
-        """`_layout` computed: each chunk's cut (`OpCosts.gradient_buckets`, `numels` its
-        elements per bucket), its bytes in the cut's shares, its points placed in the chunk's
-        share."""
-        p = self.plan
-        widths = self._params(s)
-        total = sum(widths)
-        grads: list[float] = []
-        params: list[float] = []
-        points: list[float] = []
-        offset = 0.0
-        for c, width in enumerate(widths):
-            share = width / total
-            run, grad, param = self.costs.bucket_runs(p.layers_per_stage, self._virtual(s, c),
-                                                      p.optimizer.sharded, numels[c])[expert]
-            if run is not None:
-                grads += [grad * part for part in run.shares]
-                params += [param * part for part in run.shares]
-                points += [offset + share * point for point in run.ready]
-            offset += share
-        return tuple(grads), tuple(params), tuple(points)
+    def _cut(self, s: int) -> tuple[tuple, dict[bool, _Layout]]:
+        """Stage s's chunks' `OpCosts.bucket_runs` and its layouts by `expert` (`_layout`),
+        shared through `_BUCKETS` by what the cut depends on: the workload's shape and bytes,
+        not its micro-batch; each chunk's layers and, with MoE layers, where they start; whether
+        the stage holds the embedding or the head; the sharding, bucket sizes, TP degree."""
+        got = self._cut_cache.get(s)
+        if got is None:
+            p, w = self.plan, self.costs.workload
+            js = range(s, self.nv, p.pp)  # `_virtual(s, c)` of its chunks
+            numels = tuple(p.bucket_numel(j, w.given_bucket_numel) for j in js)
+            starts = tuple(sum(p.layers_per_stage[:j]) for j in js) if w.moe is not None else ()
+            key = (bucket_shape_token(w), w.grad_bytes, w.dtype_bytes, p.layers_per_stage[s::p.pp],
+                   starts, s == 0, s == p.pp - 1, p.optimizer.sharded, numels, p.tp)
+            got = self._cut_cache[s] = _BUCKETS.get((), key, lambda: (tuple(
+                self.costs.bucket_runs(p.layers_per_stage, j, p.optimizer.sharded, numel)
+                for j, numel in zip(js, numels, strict=True)), {}))
+        return got
 
     def _start_delay(self, s: int, d: int) -> float:
         """Overlapped optimizer: the first forward consumes parameter buckets in forward order as
@@ -375,9 +378,41 @@ class _Estimator:
         return gather_delay_s(dense, forward)
 
     def _backward_window(self, s: int, d: int) -> float:
-        """Seconds of one micro-batch's backward over all chunks of stage s."""
-        return sum(self._op_s(s, d, self._virtual(s, c), True)
-                   for c in range(self.plan.num_chunks))
+        """Seconds of one micro-batch's backward over all chunks of stage s (`_released_row` in)."""
+        got = self._window_cache.get((s, d))
+        if got is None:
+            got = self._window_cache[(s, d)] = sum(self._op_s(s, d, self._virtual(s, c), True)
+                                                   for c in range(self.plan.num_chunks)) + \
+                sum(e for e, _, _ in self._released_row(d)[s] or ())
+        return got
+
+    def _released_row(self, d: int) -> tuple[tuple[tuple[float, float, float], ...] | None, ...]:
+        """`cost.ops.released_chunks` of each stage on replica d, where its backwards release
+        (all None where the plan releases nothing)."""
+        got = self._row_cache.get(d)
+        if got is None:
+            pp = self.plan.pp
+            got = self._row_cache[d] = tuple(self._stage_released(s, d) for s in range(pp)) \
+                if self.plan.releases_gradients_in_backward else (None,) * pp
+        return got
+
+    def _stage_released(self, s: int, d: int) -> tuple[tuple[float, float, float], ...] | None:
+        """`_released_row`'s stage s computed, once per alike stages (`_alike`, whose last item
+        is `node_comm_sms`)."""
+        key = self._alike(s, d)
+        if key not in self._released_cache:
+            p = self.plan
+            self._released_cache[key] = None if self.net.dp_ring(s) is None else released_chunks(
+                self.costs, self.net.node(s, d), key[-1], p.layers_per_stage[s::p.pp],
+                s == p.pp - 1, self._cut(s)[0], self.w.ep != 1 and self.net.edp_ring(s, d) is not None)
+        return self._released_cache[key]
+
+    def _slowed(self, s: int, d: int, buckets: tuple[tuple[float, float], ...]
+                ) -> tuple[tuple[float, float], ...]:
+        """`cost.ops.released_points` of `buckets` where stage s's backwards release them."""
+        extras = self._released_row(d)[s]
+        return buckets if extras is None or not buckets else \
+            released_points(buckets, self._params(s), extras, self._backward_window(s, d))
 
     def _every_microbatch_tail_s(self, s: int, d: int, reduce) -> float:
         """Buckets reduced in every micro-batch's backward, m rounds on one stream (one chunk:
@@ -417,6 +452,7 @@ class _Estimator:
         t = 0.0
         dense, expert = (self._buckets(s, mode.gradient_collective, "grad", e) for e in (None, d)) \
             if mode.reduces_gradients else ((), ())
+        dense, expert = self._slowed(s, d, dense), self._slowed(s, d, expert)
         reduce = dense + expert
         if mode.reduces_every_microbatch:
             t += self._every_microbatch_tail_s(s, d, reduce) if reduce else 0.0

@@ -10,8 +10,8 @@ to one stage never overlap. `walk_plain` does that op by op.
 `walk` gives the same stage end times without walking every micro-batch. In the steady part of
 1F1B and interleaved schedules (one forward, one backward) the op rows repeat: round r + 1 of
 stage s is round r with every micro-batch shifted by M (1, or p for interleaved), so the map from
-the state at one round boundary (each stage's clock, the messages in flight) to
-the next is the same max-plus map F for every round. F is homogeneous (F(x + a) = F(x) + a), so
+the state at one round boundary (each stage's clock, the messages in flight) to the next is the
+same max-plus map F for every round. F is homogeneous (F(x + a) = F(x) + a), so
 once the state after round r equals the state after round r - c plus one constant a (c: the
 cyclicity of the recurrence; Baccelli et al., "Synchronization and Linearity", 1992, ch. 3),
 every later c rounds add a again: the walk adds it (R - r) / c times at once (R: the run's last
@@ -42,7 +42,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from holmes_sim.schedule import ScheduleKind, check_schedule
+from holmes_sim.schedule import ScheduleKind, check_schedule, steady_phase
 
 try:  # the walk in C (`_walk_kernel.c`, an optional extension): the same sums bit for bit
     from holmes_sim.estimate import _walk_kernel
@@ -97,6 +97,7 @@ class OpTable:
     are made from it when first asked for (only the walk in Python reads them)."""
     run: SteadyRun | None = None
     """The steady run (None: the walk goes op by op)."""
+    released: bool = False  # each stage's last backward of each chunk a kind of its own
     programs: dict = field(default_factory=dict, compare=False, repr=False)
     """`walk`'s recorded segments by (first op index, limit) of every stage (`_program`)."""
     tuples: dict = field(default_factory=dict, compare=False, repr=False)
@@ -137,7 +138,7 @@ the jump needs fewer (a transient and two cycles), else the walk falls back to t
 
 
 @lru_cache(maxsize=512)
-def op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
+def op_table(kind: str, pp: int, m: int, v: int, released: bool = False) -> OpTable:
     """The walk's table of schedule (kind, p, m, v). With many steady rounds, the table of the
     same schedule with fewer micro-batches, whose run records the rounds left out: a 1F1B or
     interleaved schedule with M more micro-batches is the same op rows with one more steady
@@ -146,15 +147,15 @@ def op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
     op."""
     small = _fewer_microbatches(ScheduleKind(kind), pp, m, v)
     if small is None:
-        return full_op_table(kind, pp, m, v)
+        return full_op_table(kind, pp, m, v, released)
     m_small, extra = small
-    table = full_op_table(kind, pp, m_small, v)
+    table = full_op_table(kind, pp, m_small, v, released)
     if table.run is None:
-        return full_op_table(kind, pp, m, v)
+        return full_op_table(kind, pp, m, v, released)
     return OpTable((kind, pp, m, v), table.kinds, table.sends, table.slots, table.flat,
                    SteadyRun(table.run.starts, table.run.period, table.run.shift,
                              table.run.rounds, table.run.outstanding, extra),
-                   tuples=table.tuples)
+                   released, tuples=table.tuples)
 
 
 def _fewer_microbatches(kind: ScheduleKind, p: int, m: int, v: int) -> tuple[int, int] | None:
@@ -174,11 +175,14 @@ def _fewer_microbatches(kind: ScheduleKind, p: int, m: int, v: int) -> tuple[int
 
 
 @lru_cache(maxsize=256)
-def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
+def full_op_table(kind: str, pp: int, m: int, v: int, released: bool = False) -> OpTable:
     """The dependency structure of every op of schedule (kind, p, m, v), with its steady run.
     An op's four ints are its (chunk, kind)'s for micro-batch 0 on its stage (`_op_bases`)
     with the micro-batch added to its slots, worked out for all ops at once (numpy) from the
-    schedule's closed form (`_op_columns`)."""
+    schedule's closed form (`_op_columns`). `released`: each stage's last backward of each
+    chunk (micro-batch m - 1's; it releases gradient buckets, `cost.ops.released_extra_s`) is a
+    kind of its own, (virtual stage, True) after the stage's kinds; the steady run ends before:
+    the plain table's first rounds, as far as every stage's rounds repeat with them."""
     check_schedule(kind, pp, m, v)
     nv, nc = pp * v, v
     sends = sorted({(j, j + 1) for j in range(nv - 1)} | {(j + 1, j) for j in range(nv - 1)})
@@ -194,20 +198,29 @@ def full_op_table(kind: str, pp: int, m: int, v: int) -> OpTable:
         for c in range(nc):
             for b, name in enumerate("FB"):
                 bases[s, c, b] = _op_bases(s + c * pp, name, nv, m, send_index, kind_index)
-        kinds.append(tuple(stage_kinds))
+        kinds.append(tuple(stage_kinds) + tuple((c * pp + s, True) for c in range(nc) if released))
     chunk, backward, mb, lengths = _op_columns(ScheduleKind(kind), pp, m, v)
     n = len(mb)
     stage = np.repeat(np.arange(pp), lengths)
     table = bases[stage, chunk, backward]
+    last = (backward == 1) & (mb == m - 1) & released
+    table[last, 0] = 2 * nc + chunk[last]
     for col in (1, 3):  # the input and output slots of micro-batch mb: mb further
         table[:, col] = np.where(table[:, col] < 0, -1, table[:, col] + mb)
     firsts = np.concatenate(([0], np.cumsum(lengths)))
     flat = (array("i", table.astype(np.intc).tobytes()), array("q", firsts.tolist()))
-    shape = _steady_shape(kind, pp, m, v)
-    run = None if shape is None else _steady_run(
-        _OpColumns(stage, np.arange(n) - firsts[stage], chunk * 2 + backward, mb, table[:, 1],
-                   table[:, 3], lengths), m, *shape)
-    return OpTable((kind, pp, m, v), tuple(kinds), tuple(sends), messages, flat, run)
+    shape, run = steady_phase(kind, pp, m, v), None
+    ops = None if shape is None else _OpColumns(
+        stage, np.arange(n) - firsts[stage], chunk * 2 + backward + 2 * nc * last, mb,
+        table[:, 1], table[:, 3], lengths)
+    if ops is not None and not released:
+        run = _steady_run(ops, m, *shape)
+    elif ops is not None and (plain := full_op_table(kind, pp, m, v, False).run) is not None:
+        # `_steady_run`'s later checks see cuts 0..r alike whatever its rounds: the plain run's.
+        rounds = min(plain.rounds, *(int(_repeating_rounds(ops, firsts[s], firsts[s + 1], a,
+                                                           *shape[1:])) for s, a in enumerate(shape[0])))
+        run = SteadyRun(*shape, rounds, plain.outstanding[:rounds + 1]) if rounds >= 3 else None
+    return OpTable((kind, pp, m, v), tuple(kinds), tuple(sends), messages, flat, run, released)
 
 
 def _op_columns(kind: ScheduleKind, p: int, m: int, v: int
@@ -260,19 +273,6 @@ def _op_bases(j: int, kind: str, nv: int, m: int, send_index: dict, kind_index: 
         out = (to - 1) * m
     sk = send_index[(src, j)] if need >= 0 else -1
     return kind_index[(j, kind == "B")], need, sk, out if to >= 0 else -1
-
-
-def _steady_shape(kind: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], int, int] | None:
-    """Where the steady phase starts per stage, ops per round, and micro-batches per round
-    (the schedules' definitions in `schedule.py`; `_steady_run` checks them)."""
-    kind = ScheduleKind(kind)
-    if kind is ScheduleKind.GPIPE:
-        # Its phases feed one way (no backward between forwards), so stages of different speeds
-        # drift apart at their own rates and the state never repeats up to one constant.
-        return None
-    if kind is ScheduleKind.ONE_F_ONE_B:
-        return tuple(min(p - s - 1, m) for s in range(p)), 2, 1
-    return tuple(min((p - s - 1) * 2 + (v - 1) * p, m * v) for s in range(p)), 2 * p * v, p
 
 
 @dataclass(frozen=True)
@@ -376,7 +376,7 @@ def walk_plain(table: OpTable, durs: list[list[float]], sends: list[float],
     """Stage end times (s) of one replica, op by op: every op as early as its stage and input
     allow (`durs[s][kind index]`, `sends[send index]` in seconds; `start[s]`: stage s's first
     op may not start before). Walks the full table of `table`'s schedule, in Python."""
-    table = full_op_table(*table.shape)
+    table = full_op_table(*table.shape, table.released)
     state = _State(table, durs, sends, start, compiled=False)
     state.advance_checked(table.lengths)
     return state.clock
@@ -394,7 +394,7 @@ def walk_early_receive(table: OpTable, durs: list[list[float]], sends: list[floa
     rendezvous of `walk_plain` (the previous op's end). The transfer of op k's input starts at
     max(sent, post); op k starts at max(end of op k - 1, that + send). Op by op over the full
     table, in Python (no steady-state jump)."""
-    table = full_op_table(*table.shape)
+    table = full_op_table(*table.shape, table.released)
     rows, ready = table.rows, [-1.0] * table.slots
     pos, clock = [0] * len(rows), list(start)
     posted = [[None, None] for _ in rows]  # end of each stage's last forward and backward (s)
@@ -436,7 +436,7 @@ def walk(table: OpTable, durs: list[list[float]], sends: list[float],
     if run is not None:
         state.advance(run.cut(0))
         if not _through_run(state, table, run) and run.extra:
-            return walk(full_op_table(*table.shape), durs, sends, start)
+            return walk(full_op_table(*table.shape, table.released), durs, sends, start)
     state.advance(table.lengths)
     return list(state.clock)
 

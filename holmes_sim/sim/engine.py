@@ -23,7 +23,8 @@ Timing assumptions (each entity):
   data-parallel group, `sim.gradient_buckets`); when gradients are reduced during
   the backward (the overlapped distributed optimizer, or DDP-style `overlap_grad_reduce`) the last
   micro-batch's backward of each chunk releases gradient buckets as it goes (the reduction runs
-  while computing); with the overlapped optimizer the first forward of each chunk also consumes
+  while computing, its GEMMs after the first release on the SMs NCCL leaves: `cost.ops`'s
+  `released_share_s`); with the overlapped optimizer the first forward of each chunk also consumes
   parameter buckets as their all-gather completes (the all-gather of the previous step's update);
 - with `defer_embedding_wgrad_compute` the last stage runs every micro-batch's output-layer
   weight gradient after its last backward, before its gradient sync;
@@ -41,7 +42,7 @@ import simpy
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.collector import quiet_collector
-from holmes_sim.cost.ops import OpCosts
+from holmes_sim.cost.ops import OpCosts, released_share_s
 from holmes_sim.cost.nccl_algorithms import leaves_node
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import Group, GroupKind, Plan
@@ -435,7 +436,8 @@ class _Simulation:
         if gated:
             yield from self._gated_compute(name, op, kind, dur, tp, gathers[op.chunk])
         elif releasing:
-            return (yield from self._releasing_compute(name, s, d, op, kind, dur, tp))
+            loss = self.costs.held_sm_loss_s(node, self.plan.layers_per_stage[j], j == self.nv - 1)
+            return (yield from self._releasing_compute(name, s, d, op, kind, dur, tp, loss))
         else:
             yield from self._compute(name, op, kind, dur, tp)
         return []
@@ -483,13 +485,17 @@ class _Simulation:
                               op.microbatch, op.chunk)
             yield from self._compute(name, op, kind, dur * fraction, tp * fraction)
 
-    def _releasing_compute(self, name: str, s: int, d: int, op: Op, kind: OpKind, dur: float, tp: float):
+    def _releasing_compute(self, name: str, s: int, d: int, op: Op, kind: OpKind, dur: float,
+                           tp: float, loss: float):
         """A backward that releases gradients (a chunk's last, or every one with a per-micro-batch
         optimizer): each bucket is reduced once its share is done (buckets become ready in
-        reverse layer order, Megatron's DDP bucketing)."""
+        reverse layer order, Megatron's DDP bucketing); the shares after the first run their
+        GEMMs beside the reductions' NCCL kernels (`cost.ops.released_share_s`, of the op's
+        `loss` s)."""
         events = []
-        for b in self.buckets[(s, op.chunk)]:
-            yield from self._compute(name, op, kind, dur * b.fraction, tp * b.fraction)
+        for k, b in enumerate(self.buckets[(s, op.chunk)]):
+            yield from self._compute(name, op, kind, dur * b.fraction +
+                                     released_share_s(loss, b.fraction, k == 0), tp * b.fraction)
             events.append(self.coll.submit(self._stream_of(s, d, b), name, self._grad_kind,
                                            b.grad_bytes))
         return events

@@ -33,7 +33,7 @@ def _close(a: list[float], b: list[float]) -> bool:
     return all(abs(x - y) <= REL * scale for x, y in zip(a, b, strict=True))
 
 
-def _random_case(rng: random.Random):
+def _random_case(rng: random.Random, released: bool = False):
     kind = rng.choice(["gpipe", "1f1b", "1f1b", "interleaved", "interleaved"])
     p = rng.choice([1, 2, 3, 4, 6, 8, 16])
     v = rng.choice([2, 3, 4]) if kind == "interleaved" and p > 1 else 1
@@ -41,7 +41,7 @@ def _random_case(rng: random.Random):
     m = rng.choice([1, 2, 3, 5, 8, 16, 32, 64, 128, 192, 512])
     if kind == "interleaved":
         m = max(1, m // p) * p
-    table = op_table(kind, p, m, v)
+    table = op_table(kind, p, m, v, released)
     base = [rng.uniform(1e-3, 5e-2) for _ in range(4)]
     spread = rng.choice([0.0, 0.0, 1e-9, 0.05, 0.5])  # equal stages, nearly equal, uneven
     durs = [[base[2 * (j // p % 2) + b] * (1 + spread * rng.random()) for j, b in kinds]
@@ -62,6 +62,19 @@ def test_walk_equals_plain_walk_on_random_schedules(kernel):
         assert _close(plain, fast), (table.rows and len(table.rows), plain, fast)
         jumped += fast != plain
     assert jumped >= 50  # the jump was taken (it changes the last bits) in many cases
+
+
+def test_released_tables_walk_like_the_plain_walk(kernel):
+    """Tables whose last backward of each chunk is a kind of its own (`full_op_table`'s
+    released kinds, their steady run the plain table's first rounds) walk as op by op, those
+    backwards longer."""
+    rng = random.Random(5)
+    for _ in range(200):
+        table, durs, sends, start = _random_case(rng, released=True)
+        nc = table.shape[3]
+        durs = [[t * (1.5 if k >= 2 * nc else 1.0) for k, t in enumerate(row)] for row in durs]
+        assert table.released and all(len(kinds) == 3 * nc for kinds in table.kinds)
+        assert _close(walk_plain(table, durs, sends, start), walk(table, durs, sends, start))
 
 
 def test_walk_without_jumps_equals_the_checked_walk_bit_for_bit(monkeypatch, kernel):
