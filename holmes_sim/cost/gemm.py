@@ -132,16 +132,6 @@ def kernel_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int
     return _overheads(gpu, tm, tn, k, nbytes)[1]
 
 
-def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tile: tuple[int, int], peak_flop_per_s: float,
-                  nbytes: tuple[int, int], sms: int) -> float:
-    """Waves of `sms` tiles x (main loop over k at one SM's share of `peak_flop_per_s` + the
-    tile's fixed overhead) + the kernel's fixed overhead."""
-    tm, tn = tile
-    mainloop = 2.0 * tm * tn * gemm.k * gpu.sm_count / peak_flop_per_s
-    per_tile, per_kernel = _overheads(gpu, tm, tn, gemm.k, nbytes)
-    return _waves(gemm, tm, tn, sms) * (mainloop + per_tile) + per_kernel
-
-
 def _overheads(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]
                ) -> tuple[float, float]:
     """(`tile_overhead_s`, `kernel_overhead_s`) in one pass: the planner prices thousands of
@@ -156,9 +146,26 @@ def _overheads(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]
 
 def _model_time_s(gpu: GpuModel, gemm: Gemm, mainloop_flop_per_s: float,
                   nbytes: tuple[int, int], sms: int | None = None) -> float:
+    """The fastest tile's waves of `sms` tiles (default all SMs) x (main loop + tile overhead)
+    + the kernel overhead (`_tile_costs`)."""
     sms = gpu.sm_count if sms is None else sms
-    return min(_tiled_time_s(gpu, gemm, tile, mainloop_flop_per_s, nbytes, sms)
-               for tile in _TILES)
+    return min(_waves(gemm, tm, tn, sms) * wave + per_kernel
+               for tm, tn, wave, per_kernel in _tile_costs(gpu, gemm.k, mainloop_flop_per_s, nbytes))
+
+
+@lru_cache(maxsize=1024)
+def _tile_costs(gpu: GpuModel, k: int, mainloop_flop_per_s: float, nbytes: tuple[int, int]
+                ) -> tuple[tuple[int, int, float, float], ...]:
+    """Per CTA tile at inner dimension k: (tm, tn, seconds of one wave: the main loop over k at
+    one SM's share of `mainloop_flop_per_s` + the tile's fixed overhead, the kernel's fixed
+    overhead). Independent of m, n and the SMs a wave has: the GEMMs of a layer share k, and
+    a price on fewer SMs (`gemm_time_s(reserved_sms=)`) reuses the full GPU's."""
+    costs = []
+    for tm, tn in _TILES:
+        mainloop = 2.0 * tm * tn * k * gpu.sm_count / mainloop_flop_per_s
+        per_tile, per_kernel = _overheads(gpu, tm, tn, k, nbytes)
+        costs.append((tm, tn, mainloop + per_tile, per_kernel))
+    return tuple(costs)
 
 
 BF16_SEARCH_GRID = range(256, 20480 + 1, 256)
