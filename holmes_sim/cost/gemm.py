@@ -149,8 +149,14 @@ def _model_time_s(gpu: GpuModel, gemm: Gemm, mainloop_flop_per_s: float,
     """The fastest tile's waves of `sms` tiles (default all SMs) x (main loop + tile overhead)
     + the kernel overhead (`_tile_costs`)."""
     sms = gpu.sm_count if sms is None else sms
-    return min(_waves(gemm, tm, tn, sms) * wave + per_kernel
-               for tm, tn, wave, per_kernel in _tile_costs(gpu, gemm.k, mainloop_flop_per_s, nbytes))
+    return _fastest_tiling_s(gemm, _tile_costs(gpu, gemm.k, mainloop_flop_per_s, nbytes), sms)
+
+
+def _fastest_tiling_s(gemm: Gemm, costs: tuple[tuple[int, int, float, float], ...],
+                      sms: int) -> float:
+    """The fastest of `_tile_costs`' tiles: its waves of `sms` tiles x the wave's seconds + the
+    kernel overhead."""
+    return min(_waves(gemm, tm, tn, sms) * wave + per_kernel for tm, tn, wave, per_kernel in costs)
 
 
 @lru_cache(maxsize=1024)
@@ -269,3 +275,21 @@ def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = Fal
     mainloop = rate.peak_flop_per_s * mainloop_efficiency(gpu, fp8)
     sms = max(1, gpu.sm_count - reserved_sms)
     return max(_model_time_s(gpu, gemm, mainloop, nbytes, sms), traffic)
+
+
+@lru_cache(maxsize=4096)
+def gemm_sm_loss_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = False,
+                   held_sms: int = 0, base_sms: int = 0) -> float:
+    """Seconds `gemm` loses when a collective holds `held_sms` SMs beside it besides the
+    `base_sms` already held: `gemm_time_s` at reserved_sms = base_sms + held_sms minus at
+    base_sms, both from one roofline bound and one lookup of the tile costs. 0 without an SM
+    count (no waves to lose). Kept: a search's workloads share most of their GEMMs."""
+    rate = gemm_rate(gpu, fp8)  # raises where the GPU has no such rate, as gemm_time_s does
+    if gpu.sm_count is None:
+        return 0.0
+    nbytes = _FP8_BYTES if fp8 else (dtype_bytes, dtype_bytes)
+    traffic = gemm.operand_bytes(*nbytes) / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
+    costs = _tile_costs(gpu, gemm.k, rate.peak_flop_per_s * mainloop_efficiency(gpu, fp8), nbytes)
+    held = _fastest_tiling_s(gemm, costs, max(1, gpu.sm_count - base_sms - held_sms))
+    return max(held, traffic) - max(_fastest_tiling_s(gemm, costs, max(1, gpu.sm_count - base_sms)),
+                                    traffic)

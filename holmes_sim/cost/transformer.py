@@ -71,7 +71,7 @@ from functools import lru_cache
 
 from holmes_sim.hardware.catalog import GpuModel
 from holmes_sim.cost.attention import fused_attention_s
-from holmes_sim.cost.gemm import Gemm, gemm_time_s
+from holmes_sim.cost.gemm import Gemm, gemm_sm_loss_s, gemm_time_s
 from holmes_sim.cost.moe import moe_layer_extra_s
 from holmes_sim.model.workload import Workload
 
@@ -310,8 +310,7 @@ def _held_sm_loss_s(gpu: GpuModel, shapes: _HeldSmShapes, held: int) -> tuple[fl
     k, d, fp8 = layer_kernels(w, tp), w.dtype_bytes, w.fp8_gemms
 
     def loss(gemms, fp8_gemms: bool, base: int = 0) -> float:
-        return sum(gemm_time_s(gpu, g, d, fp8_gemms, base + held) -
-                   gemm_time_s(gpu, g, d, fp8_gemms, base) for g in gemms)
+        return sum(gemm_sm_loss_s(gpu, g, d, fp8_gemms, held, base) for g in gemms)
 
     layer = loss([x for g in k.dense for x in g.backward()], fp8) + \
         loss([x for g in k.attention for x in g.backward()], False)

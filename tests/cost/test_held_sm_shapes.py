@@ -1,5 +1,5 @@
 """`held_sm_loss_s` is kept by the GEMMs it prices: workloads that differ elsewhere share it,
-and every one of them gets what its own GEMMs give."""
+and every one of them gets what its own GEMMs give; each GEMM's loss is its two prices' difference."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import dataclasses
 import pytest
 
 from holmes_sim.cost import transformer as T
+from holmes_sim.cost.gemm import Gemm, gemm_sm_loss_s, gemm_time_s
+from holmes_sim.errors import FieldError
 from holmes_sim.hardware.catalog import GPUS
 from holmes_sim.model.mla import MlaShape
 from holmes_sim.model.moe import MoeShape
@@ -62,3 +64,21 @@ def test_fields_the_gemms_ignore_share_one_loss():
     assert T._HeldSmShapes(a, 4) == T._HeldSmShapes(b, 4)
     assert T._HeldSmShapes(a, 4) != T._HeldSmShapes(a, 2)
     assert T._HeldSmShapes(_base(), 4) != T._HeldSmShapes(_base(recompute="selective"), 4)
+
+
+@pytest.mark.parametrize("name", sorted(GPUS))
+def test_a_gemms_loss_is_its_two_prices_difference_to_the_bit(name):
+    gpu, shapes = GPUS[name], [Gemm(8192, 1536, 4096), Gemm(4096, 4096, 1536), Gemm(128, 64, 8192),
+                               Gemm(4096, 4096, 128, 64), Gemm(16384, 14336, 4096), Gemm(1, 1, 1)]
+    for g in shapes:
+        for d, fp8 in ((2, False), (4, False), (2, True)):
+            if fp8 and gpu.fp8_peak_flop_per_s is None:
+                with pytest.raises(FieldError):
+                    gemm_sm_loss_s(gpu, g, d, fp8, 16)
+                continue
+            for held, base in ((16, 0), (4, 0), (8, 16), (200, 0), (0, 0)):
+                assert gemm_sm_loss_s(gpu, g, d, fp8, held, base) == \
+                    gemm_time_s(gpu, g, d, fp8, base + held) - gemm_time_s(gpu, g, d, fp8, base)
+    unknown = dataclasses.replace(gpu, sm_count=None)
+    assert gemm_sm_loss_s(unknown, shapes[0], 2, False, 16) == 0.0 == \
+        gemm_time_s(unknown, shapes[0], 2, False, 16) - gemm_time_s(unknown, shapes[0])
