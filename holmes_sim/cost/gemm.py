@@ -193,13 +193,20 @@ def search_grid(fp8: bool) -> range:
 @lru_cache(maxsize=64)
 def _grid_tilings(sm_count: int, tile: tuple[int, int], grid: range
                   ) -> tuple[np.ndarray, np.ndarray]:
-    """For every m x n of `grid` (k does not quantize): the useful fraction of a whole wave's
-    tiles the shape computes, m n / (tm tn sm_count) (its work in full waves), and its waves."""
+    """For every count of waves an m x n of `grid` takes (k does not quantize): the most useful
+    fraction of a whole wave's tiles such a shape computes, m n / (tm tn sm_count) (its work in
+    full waves), and the waves. The other shapes of as many waves are left out: a shape's
+    efficiency and time (`grid_maximum_efficiency`) depend on its work and waves alone and rise
+    with its work at equal waves, so the grid's maximum is among those kept, to the bit (each
+    kept shape's figures are the same float expressions of its own work and waves)."""
     tm, tn = tile
     sizes = np.arange(grid.start, grid.stop, grid.step, dtype=np.int64)
     m, n = sizes[:, None], sizes[None, :]
     waves = -(-(-(-m // tm) * -(-n // tn)) // sm_count)
-    return (m * n / (sm_count * tm * tn)).ravel(), waves.ravel()
+    work = np.zeros(int(waves.max()) + 1)  # by waves; 0 for a count no shape takes
+    np.maximum.at(work, waves.ravel(), (m * n / (sm_count * tm * tn)).ravel())
+    counts = np.flatnonzero(work)
+    return work[counts], counts
 
 
 def best_tile_quantization(sm_count: int, tile: tuple[int, int], grid: range) -> float:
@@ -229,7 +236,7 @@ def grid_maximum_efficiency(gpu: GpuModel, mainloop_efficiency: float, fp8: bool
         work, waves = _grid_tilings(gpu.sm_count, tile, grid)
         per_tile, per_kernel = _overheads(gpu, tm, tn, k, nbytes)
         time = waves * (mainloop + per_tile) + per_kernel
-        best = max(best, float(np.max(work * mainloop / time)) * mainloop_efficiency)
+        best = max(best, float((work * mainloop / time).max()) * mainloop_efficiency)
     return best
 
 
