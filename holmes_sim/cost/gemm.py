@@ -132,16 +132,6 @@ def kernel_overhead_s(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int
     return _overheads(gpu, tm, tn, k, nbytes)[1]
 
 
-def _tiled_time_s(gpu: GpuModel, gemm: Gemm, tile: tuple[int, int], peak_flop_per_s: float,
-                  nbytes: tuple[int, int], sms: int) -> float:
-    """Waves of `sms` tiles x (main loop over k at one SM's share of `peak_flop_per_s` + the
-    tile's fixed overhead) + the kernel's fixed overhead."""
-    tm, tn = tile
-    mainloop = 2.0 * tm * tn * gemm.k * gpu.sm_count / peak_flop_per_s
-    per_tile, per_kernel = _overheads(gpu, tm, tn, gemm.k, nbytes)
-    return _waves(gemm, tm, tn, sms) * (mainloop + per_tile) + per_kernel
-
-
 def _overheads(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]
                ) -> tuple[float, float]:
     """(`tile_overhead_s`, `kernel_overhead_s`) in one pass: the planner prices thousands of
@@ -156,9 +146,32 @@ def _overheads(gpu: GpuModel, tm: int, tn: int, k: int, nbytes: tuple[int, int]
 
 def _model_time_s(gpu: GpuModel, gemm: Gemm, mainloop_flop_per_s: float,
                   nbytes: tuple[int, int], sms: int | None = None) -> float:
+    """The fastest tile's waves of `sms` tiles (default all SMs) x (main loop + tile overhead)
+    + the kernel overhead (`_tile_costs`)."""
     sms = gpu.sm_count if sms is None else sms
-    return min(_tiled_time_s(gpu, gemm, tile, mainloop_flop_per_s, nbytes, sms)
-               for tile in _TILES)
+    return _fastest_tiling_s(gemm, _tile_costs(gpu, gemm.k, mainloop_flop_per_s, nbytes), sms)
+
+
+def _fastest_tiling_s(gemm: Gemm, costs: tuple[tuple[int, int, float, float], ...],
+                      sms: int) -> float:
+    """The fastest of `_tile_costs`' tiles: its waves of `sms` tiles x the wave's seconds + the
+    kernel overhead."""
+    return min(_waves(gemm, tm, tn, sms) * wave + per_kernel for tm, tn, wave, per_kernel in costs)
+
+
+@lru_cache(maxsize=1024)
+def _tile_costs(gpu: GpuModel, k: int, mainloop_flop_per_s: float, nbytes: tuple[int, int]
+                ) -> tuple[tuple[int, int, float, float], ...]:
+    """Per CTA tile at inner dimension k: (tm, tn, seconds of one wave: the main loop over k at
+    one SM's share of `mainloop_flop_per_s` + the tile's fixed overhead, the kernel's fixed
+    overhead). Independent of m, n and the SMs a wave has: the GEMMs of a layer share k, and
+    a price on fewer SMs (`gemm_time_s(reserved_sms=)`) reuses the full GPU's."""
+    costs = []
+    for tm, tn in _TILES:
+        mainloop = 2.0 * tm * tn * k * gpu.sm_count / mainloop_flop_per_s
+        per_tile, per_kernel = _overheads(gpu, tm, tn, k, nbytes)
+        costs.append((tm, tn, mainloop + per_tile, per_kernel))
+    return tuple(costs)
 
 
 BF16_SEARCH_GRID = range(256, 20480 + 1, 256)
@@ -180,13 +193,20 @@ def search_grid(fp8: bool) -> range:
 @lru_cache(maxsize=64)
 def _grid_tilings(sm_count: int, tile: tuple[int, int], grid: range
                   ) -> tuple[np.ndarray, np.ndarray]:
-    """For every m x n of `grid` (k does not quantize): the useful fraction of a whole wave's
-    tiles the shape computes, m n / (tm tn sm_count) (its work in full waves), and its waves."""
+    """For every count of waves an m x n of `grid` takes (k does not quantize): the most useful
+    fraction of a whole wave's tiles such a shape computes, m n / (tm tn sm_count) (its work in
+    full waves), and the waves. The other shapes of as many waves are left out: a shape's
+    efficiency and time (`grid_maximum_efficiency`) depend on its work and waves alone and rise
+    with its work at equal waves, so the grid's maximum is among those kept, to the bit (each
+    kept shape's figures are the same float expressions of its own work and waves)."""
     tm, tn = tile
     sizes = np.arange(grid.start, grid.stop, grid.step, dtype=np.int64)
     m, n = sizes[:, None], sizes[None, :]
     waves = -(-(-(-m // tm) * -(-n // tn)) // sm_count)
-    return (m * n / (sm_count * tm * tn)).ravel(), waves.ravel()
+    work = np.zeros(int(waves.max()) + 1)  # by waves; 0 for a count no shape takes
+    np.maximum.at(work, waves.ravel(), (m * n / (sm_count * tm * tn)).ravel())
+    counts = np.flatnonzero(work)
+    return work[counts], counts
 
 
 def best_tile_quantization(sm_count: int, tile: tuple[int, int], grid: range) -> float:
@@ -216,7 +236,7 @@ def grid_maximum_efficiency(gpu: GpuModel, mainloop_efficiency: float, fp8: bool
         work, waves = _grid_tilings(gpu.sm_count, tile, grid)
         per_tile, per_kernel = _overheads(gpu, tm, tn, k, nbytes)
         time = waves * (mainloop + per_tile) + per_kernel
-        best = max(best, float(np.max(work * mainloop / time)) * mainloop_efficiency)
+        best = max(best, float((work * mainloop / time).max()) * mainloop_efficiency)
     return best
 
 
@@ -262,3 +282,21 @@ def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = Fal
     mainloop = rate.peak_flop_per_s * mainloop_efficiency(gpu, fp8)
     sms = max(1, gpu.sm_count - reserved_sms)
     return max(_model_time_s(gpu, gemm, mainloop, nbytes, sms), traffic)
+
+
+@lru_cache(maxsize=4096)
+def gemm_sm_loss_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = False,
+                   held_sms: int = 0, base_sms: int = 0) -> float:
+    """Seconds `gemm` loses when a collective holds `held_sms` SMs beside it besides the
+    `base_sms` already held: `gemm_time_s` at reserved_sms = base_sms + held_sms minus at
+    base_sms, both from one roofline bound and one lookup of the tile costs. 0 without an SM
+    count (no waves to lose). Kept: a search's workloads share most of their GEMMs."""
+    rate = gemm_rate(gpu, fp8)  # raises where the GPU has no such rate, as gemm_time_s does
+    if gpu.sm_count is None:
+        return 0.0
+    nbytes = _FP8_BYTES if fp8 else (dtype_bytes, dtype_bytes)
+    traffic = gemm.operand_bytes(*nbytes) / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
+    costs = _tile_costs(gpu, gemm.k, rate.peak_flop_per_s * mainloop_efficiency(gpu, fp8), nbytes)
+    held = _fastest_tiling_s(gemm, costs, max(1, gpu.sm_count - base_sms - held_sms))
+    return max(held, traffic) - max(_fastest_tiling_s(gemm, costs, max(1, gpu.sm_count - base_sms)),
+                                    traffic)

@@ -71,7 +71,7 @@ from functools import lru_cache
 
 from holmes_sim.hardware.catalog import GpuModel
 from holmes_sim.cost.attention import fused_attention_s
-from holmes_sim.cost.gemm import Gemm, gemm_time_s
+from holmes_sim.cost.gemm import Gemm, gemm_sm_loss_s, gemm_time_s
 from holmes_sim.cost.moe import moe_layer_extra_s
 from holmes_sim.model.workload import Workload
 
@@ -264,7 +264,6 @@ def nccl_comm_sms(nics: int) -> int:
     return max(1, min(NCCL_COMM_SMS, 2 * nics))
 
 
-@lru_cache(maxsize=4096)
 def held_sm_loss_s(gpu: GpuModel, w: Workload, tp: int, held: int) -> tuple[float, float]:
     """Seconds a layer's backward (with what its recomputation redoes) and the output layer's
     backward lose when each of their GEMMs runs on sm_count - `held` SMs at the same per-SM rate
@@ -272,14 +271,46 @@ def held_sm_loss_s(gpu: GpuModel, w: Workload, tp: int, held: int) -> tuple[floa
     over the GEMMs of time on the SMs left minus time on all of them. The forward GEMMs that
     already run beside a userbuffer collective (`userbuffer_sm_gemms`) lose from sm_count - 16.
     Memory-bound kernels, fused attention and MoE layers' expert GEMMs are not counted; with
-    `defer_embedding_wgrad` the output layer's weight gradient is not in the backward."""
+    `defer_embedding_wgrad` the output layer's weight gradient is not in the backward. Kept by
+    the GEMMs it prices (`_HeldSmShapes`): a search's workloads differ in fields it ignores."""
+    return _held_sm_loss_s(gpu, _HeldSmShapes(w, tp), held)
+
+
+class _HeldSmShapes:
+    """A workload and TP degree, equal to another where `held_sm_loss_s` prices the same GEMMs:
+    the fields `layer_kernels`' dense and attention GEMMs are built from (micro-batch, seq, cp,
+    hidden, heads, query groups, FFN, gated MLP, MLA and, with MLA, sequence parallelism, fused
+    attention), the userbuffer GEMMs' condition (`userbuffer_sm_gemms`), the precision, the
+    recomputation (selective as none with fused attention, which recomputes no GEMM), the
+    vocabulary and the deferred head weight gradient. MoE is priced without (dense GEMMs)."""
+
+    __slots__ = ("w", "tp", "key")
+
+    def __init__(self, w: Workload, tp: int):
+        self.w, self.tp = w, tp
+        recompute = "none" if w.flash_attention and w.recompute == "selective" else w.recompute
+        self.key = (tp, w.micro_batch, w.seq, w.cp, w.hidden, w.heads, w.query_groups, w.ffn,
+                    w.swiglu, w.mla, w.mla is not None and w.sequence_parallel,
+                    w.flash_attention, w.tp_comm_overlap and w.sequence_parallel and tp > 1,
+                    w.dtype_bytes, w.fp8_gemms, recompute, w.vocab, w.defer_embedding_wgrad)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _HeldSmShapes) and self.key == other.key
+
+
+@lru_cache(maxsize=4096)
+def _held_sm_loss_s(gpu: GpuModel, shapes: _HeldSmShapes, held: int) -> tuple[float, float]:
+    """`held_sm_loss_s` of the first workload with these shapes."""
+    w, tp = shapes.w, shapes.tp
     if w.moe is not None:
         w = replace(w, moe=None)
     k, d, fp8 = layer_kernels(w, tp), w.dtype_bytes, w.fp8_gemms
 
     def loss(gemms, fp8_gemms: bool, base: int = 0) -> float:
-        return sum(gemm_time_s(gpu, g, d, fp8_gemms, base + held) -
-                   gemm_time_s(gpu, g, d, fp8_gemms, base) for g in gemms)
+        return sum(gemm_sm_loss_s(gpu, g, d, fp8_gemms, held, base) for g in gemms)
 
     layer = loss([x for g in k.dense for x in g.backward()], fp8) + \
         loss([x for g in k.attention for x in g.backward()], False)

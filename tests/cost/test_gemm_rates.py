@@ -294,3 +294,29 @@ def test_the_one_pass_overheads_equal_the_documented_terms():
             for k, nbytes in ((16, (2, 2)), (48, (1, 2)), (4096, (2, 2))):
                 assert _overheads(gpu, tm, tn, k, nbytes) == \
                     (tile_overhead_s(gpu, tm, tn, k, nbytes), kernel_overhead_s(gpu, tm, tn, k, nbytes))
+
+
+@pytest.mark.parametrize("name,fp8", _RATES)
+def test_the_grid_maximum_is_every_grid_shapes_maximum_to_the_bit(name, fp8):
+    """`_grid_tilings` keeps the most work of each wave count; the maximum over every m x n of the
+    grid, each priced from its own work and waves, is the same float."""
+    import numpy as np
+
+    from holmes_sim.cost.gemm import _TILES, _overheads, best_tile_quantization
+    gpu, grid = GPUS[name], search_grid(fp8)
+    sizes = np.arange(grid.start, grid.stop, grid.step, dtype=np.int64)
+    m, n = sizes[:, None], sizes[None, :]
+    rate, k = gemm_rate(gpu, fp8), grid[-1]
+    nbytes = (1, 2) if fp8 else (2, 2)
+    for e_main in (rate.measured_efficiency, mainloop_efficiency(gpu, fp8), 0.99):
+        best = 0.0
+        for tm, tn in _TILES:
+            waves = -(-(-(-m // tm) * -(-n // tn)) // gpu.sm_count)
+            work = m * n / (gpu.sm_count * tm * tn)
+            assert best_tile_quantization(gpu.sm_count, (tm, tn), grid) == \
+                float(np.max(work / waves))
+            mainloop = 2.0 * tm * tn * k * gpu.sm_count / (rate.peak_flop_per_s * e_main)
+            per_tile, per_kernel = _overheads(gpu, tm, tn, k, nbytes)
+            time = waves * (mainloop + per_tile) + per_kernel
+            best = max(best, float(np.max(work * mainloop / time)) * e_main)
+        assert grid_maximum_efficiency(gpu, e_main, fp8) == best
