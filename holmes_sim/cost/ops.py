@@ -374,8 +374,8 @@ def _released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int
                       loss, first))
         offset, before = offset + share, before + extra
     end, o, share, base, op, loss, first = parts[0]
-    if len(parts) == 1 and share == 1.0:  # offset 0: a point is its own share's point
-        return tuple((r, (base + (op * p + loss * (p - first if p > first else 0.0))) / window_s)
+    if len(parts) == 1 and share == 1.0:  # offset 0: a point is its own share's point, base 0
+        return tuple((r, (op * p + loss * (p - first if p > first else 0.0)) / window_s)
                      for r, p in buckets)
     out, c, last = [], 0, len(parts) - 1
     for r, point in buckets:
