@@ -67,6 +67,7 @@ def _cold(models: bool = False) -> None:
     ops._BUCKET_BYTES.clear()
     ops._STAGE_PARAMS.clear()
     ops._RELEASED.clear()
+    ops._RELEASED_CHUNKS.clear()
     bucket_layout._RUNS.clear()
     partition._PARTITIONS.clear()
     partition._TIMER_FACTS.clear()

@@ -330,7 +330,16 @@ def released_chunks(costs: OpCosts, node: Node, held: int, layers: tuple[int, ..
     its `OpCosts.bucket_runs`, `experts`: with the routed experts' buckets) of a stage on `node`
     (`held`: `node_comm_sms(node)`) whose backwards release gradient buckets: (the op's extra
     seconds `released_extra_s`, its loss `OpCosts.held_sm_loss_s`, the share before its first
-    bucket `OpCosts.first_release_fraction`); None where none takes longer."""
+    bucket `OpCosts.first_release_fraction`); None where none takes longer. Kept by the op
+    costs, the runs (a search's candidates share them) and the GPU model."""
+    return _RELEASED_CHUNKS.get((costs, runs, node.gpu), (node.speed, held, layers, last, experts),
+                                lambda: _released_chunks(costs, node, held, layers, last, runs,
+                                                         experts))
+
+
+def _released_chunks(costs: OpCosts, node: Node, held: int, layers: tuple[int, ...], last: bool,
+                     runs: tuple, experts: bool) -> tuple[tuple[float, float, float], ...] | None:
+    """`released_chunks` computed."""
     got, end = [], len(layers) - 1
     for c, (n, chunk_runs) in enumerate(zip(layers, runs, strict=True)):
         loss, first = costs.held_loss_s(node, held, n, last and c == end), \
@@ -365,8 +374,8 @@ def _released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int
                       loss, first))
         offset, before = offset + share, before + extra
     end, o, share, base, op, loss, first = parts[0]
-    if len(parts) == 1 and share == 1.0:  # offset 0: a point is its own share's point
-        return tuple((r, (base + (op * p + loss * (p - first if p > first else 0.0))) / window_s)
+    if len(parts) == 1 and share == 1.0:  # offset 0: a point is its own share's point, base 0
+        return tuple((r, (op * p + loss * (p - first if p > first else 0.0)) / window_s)
                      for r, p in buckets)
     out, c, last = [], 0, len(parts) - 1
     for r, point in buckets:
@@ -422,6 +431,8 @@ def op_costs(cluster: Cluster, workload: Workload, compute: ComputeModel, tp: in
 _OP_COSTS: IdentityMemo[OpCosts] = IdentityMemo(256)
 _RELEASED: IdentityMemo = IdentityMemo(4096)
 """`released_points` by buckets."""
+_RELEASED_CHUNKS: IdentityMemo = IdentityMemo(1024)
+"""`released_chunks` by op costs, bucket runs and GPU model."""
 
 
 def stage_param_counts(costs: OpCosts, layers_per_stage: tuple[int, ...], pp: int

@@ -410,8 +410,8 @@ class _Estimator:
     def _slowed(self, s: int, d: int, buckets: tuple[tuple[float, float], ...]
                 ) -> tuple[tuple[float, float], ...]:
         """`cost.ops.released_points` of `buckets` where stage s's backwards release them."""
-        extras = self._released_row(d)[s]
-        return buckets if extras is None or not buckets else \
+        extras = self._released_row(d)[s] if buckets else None  # most have no expert buckets
+        return buckets if extras is None else \
             released_points(buckets, self._params(s), extras, self._backward_window(s, d))
 
     def _every_microbatch_tail_s(self, s: int, d: int, reduce) -> float:
