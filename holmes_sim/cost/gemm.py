@@ -263,6 +263,15 @@ def mainloop_efficiency(gpu: GpuModel, fp8: bool = False) -> float:
     return high
 
 
+def _operands(gpu: GpuModel, gemm: Gemm, dtype_bytes: int, fp8: bool
+              ) -> tuple[tuple[int, int], float]:
+    """(operand and output bytes per element, the seconds of streaming them through HBM once:
+    the roofline bound of `gemm_time_s`)."""
+    nbytes = _FP8_BYTES if fp8 else (dtype_bytes, dtype_bytes)
+    return nbytes, gemm.operand_bytes(*nbytes) / (gpu.memory_bandwidth_bytes_per_s *
+                                                  gpu.memory_efficiency)
+
+
 @lru_cache(maxsize=4096)
 def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = False,
                 reserved_sms: int = 0) -> float:
@@ -275,8 +284,7 @@ def gemm_time_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = Fal
     on the whole GPU. Kept: a search's layer, head and overlap prices ask for the same GEMMs many
     times (a cold 64-GPU planner sample for each about eight times)."""
     rate = gemm_rate(gpu, fp8)
-    nbytes = _FP8_BYTES if fp8 else (dtype_bytes, dtype_bytes)
-    traffic = gemm.operand_bytes(*nbytes) / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
+    nbytes, traffic = _operands(gpu, gemm, dtype_bytes, fp8)
     if gpu.sm_count is None:
         return max(gemm.flop / (rate.peak_flop_per_s * rate.measured_efficiency), traffic)
     mainloop = rate.peak_flop_per_s * mainloop_efficiency(gpu, fp8)
@@ -294,8 +302,7 @@ def gemm_sm_loss_s(gpu: GpuModel, gemm: Gemm, dtype_bytes: int = 2, fp8: bool = 
     rate = gemm_rate(gpu, fp8)  # raises where the GPU has no such rate, as gemm_time_s does
     if gpu.sm_count is None:
         return 0.0
-    nbytes = _FP8_BYTES if fp8 else (dtype_bytes, dtype_bytes)
-    traffic = gemm.operand_bytes(*nbytes) / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency)
+    nbytes, traffic = _operands(gpu, gemm, dtype_bytes, fp8)
     costs = _tile_costs(gpu, gemm.k, rate.peak_flop_per_s * mainloop_efficiency(gpu, fp8), nbytes)
     held = _fastest_tiling_s(gemm, costs, max(1, gpu.sm_count - base_sms - held_sms))
     return max(held, traffic) - max(_fastest_tiling_s(gemm, costs, max(1, gpu.sm_count - base_sms)),

@@ -363,9 +363,8 @@ def released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int,
 def _released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int, ...],
                      chunks: tuple[tuple[float, float, float], ...], window_s: float
                      ) -> tuple[tuple[float, float], ...]:
-    """`released_points` computed (a buffer's points rise, so its chunks are met in order):
-    `released_at_s` written out, per chunk its end, offset, share, the time before it and its
-    time alone."""
+    """`released_points` computed (a buffer's points rise, so its chunks are met in order): per
+    chunk its end, offset, share, the time before it and its time alone."""
     total, plain = sum(widths), window_s - sum(e for e, _, _ in chunks)
     parts, offset, before = [], 0.0, 0.0
     for width, (extra, loss, first) in zip(widths, chunks, strict=True):
@@ -373,17 +372,13 @@ def _released_points(buckets: tuple[tuple[float, float], ...], widths: tuple[int
         parts.append((offset + share, offset, share, plain * offset + before, plain * share,
                       loss, first))
         offset, before = offset + share, before + extra
-    end, o, share, base, op, loss, first = parts[0]
-    if len(parts) == 1 and share == 1.0:  # offset 0: a point is its own share's point, base 0
-        return tuple((r, (op * p + loss * (p - first if p > first else 0.0)) / window_s)
-                     for r, p in buckets)
     out, c, last = [], 0, len(parts) - 1
+    end, o, share, base, op, loss, first = parts[0]
     for r, point in buckets:
         while c < last and point > end:
             c += 1
             end, o, share, base, op, loss, first = parts[c]
-        x = (point - o) / share
-        out.append((r, (base + (op * x + loss * (x - first if x > first else 0.0))) / window_s))
+        out.append((r, (base + released_at_s(op, loss, first, (point - o) / share)) / window_s))
     return tuple(out)
 
 
