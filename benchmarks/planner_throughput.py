@@ -26,6 +26,7 @@ shared, so compare figures of one run.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import time
@@ -94,10 +95,9 @@ def _import_everything() -> None:
     """Import the modules `planner.evaluate` imports on its first call (the policies, the
     runner and the simulator behind it, the estimate), so no plans/s figure pays a one-time
     import."""
-    import holmes_sim.estimate.analytic  # noqa: F401
-    import holmes_sim.metrics  # noqa: F401
-    import holmes_sim.policies  # noqa: F401
-    import holmes_sim.runner  # noqa: F401
+    for module in ("holmes_sim.estimate.analytic", "holmes_sim.metrics", "holmes_sim.policies",
+                   "holmes_sim.runner"):
+        importlib.import_module(module)
 
 
 TARGETS = {64: 3_000.0, 1024: 1_000.0}

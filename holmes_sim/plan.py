@@ -134,6 +134,13 @@ class OptimizerMode(StrEnum):
                         OptimizerMode.REDUCE_SCATTER_ONCE)
 
 
+_RELEASING_MODES = (OptimizerMode.DISTRIBUTED_OVERLAPPED, OptimizerMode.PER_MICROBATCH_OVERLAPPED,
+                    OptimizerMode.PER_MICROBATCH_GATHER_IN_STEP)
+"""Optimizer modes that reduce gradient buckets during the backward whatever
+`Plan.overlap_grad_reduce` says: `overlapped` or `reduces_every_microbatch` (a tuple: membership
+tests identity first, where a set would hash the enum in Python)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Transport:
     """The transport of one group: its kind and the fabric it uses (None for LOCAL)."""
@@ -324,8 +331,9 @@ class Plan:
 
     @property
     def releases_gradients_in_backward(self) -> bool:
-        return self.overlap_grad_reduce or self.optimizer.overlapped or \
-            self.optimizer.reduces_every_microbatch
+        """Gradient buckets are reduced during a backward (`overlap_grad_reduce`, the overlapped
+        distributed optimizer, Megatron-LLaMA's per-micro-batch reduction)."""
+        return self.overlap_grad_reduce or self.optimizer in _RELEASING_MODES
 
     def bucket_numel(self, j: int, given: int | None) -> int | None:
         """Gradient elements per bucket of virtual stage j (`given`: the scenario's, None for

@@ -158,3 +158,16 @@ def test_a_plan_with_lazy_groups_equals_serialises_and_pickles_as_with_its_tuple
     assert plan.to_json() == eager.to_json()
     assert Plan.from_json(plan.to_json()) == plan
     assert pickle.loads(pickle.dumps(plan)) == eager
+
+
+def test_a_plan_releases_gradients_in_backward_exactly_for_the_modes_that_reduce_there():
+    from dataclasses import replace
+
+    from holmes_sim.plan import OptimizerMode
+
+    plan, _ = plan_policy(prepare(SCENARIOS / "mixed_ib_roce.yaml"), "megatron")
+    for mode in OptimizerMode:
+        for overlap in (False, True):
+            p = replace(plan, optimizer=mode, overlap_grad_reduce=overlap)
+            expected = overlap or mode.overlapped or mode.reduces_every_microbatch
+            assert p.releases_gradients_in_backward is expected, (mode, overlap)
