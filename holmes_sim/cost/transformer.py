@@ -59,9 +59,9 @@ Embedding (first stage): lookup, position add and dropout, about 8Ed bytes forwa
 learned position table, else the lookup 2Ed plus dropout 2Ed + E when hidden_dropout > 0; its
 backward writes a dense (V/t) x h gradient and adds it to the main gradient: (V h / t)(2d + 2g) bytes
 (PyTorch `embedding_dense_backward`; Megatron's main_grad accumulation). Head (last stage): the
-logits GEMM (M, V/t, h) and the vocab-parallel cross entropy in fp32 over L = b s V / t logits,
-about 40L bytes forward and 16L backward (cast, max, exp, sum, normalise; Megatron
-`tensor_parallel/cross_entropy.py`).
+logits GEMM (M, V/t, h) and the vocab-parallel cross entropy over L = b s V / t logits of d bytes
+(`cross_entropy_bytes`): unfused, in fp32, about 40L bytes forward and 16L backward (cast, max,
+exp, sum, normalise; Megatron `tensor_parallel/cross_entropy.py`).
 """
 
 from __future__ import annotations
@@ -411,4 +411,26 @@ def head_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     n = w.micro_batch * w.tokens * w.vocab / tp
     accumulate = w.vocab * w.hidden / tp * (w.dtype_bytes + 2 * w.grad_bytes) if backward else 0.0
     return _gemms_s(gpu, (logits,), w.dtype_bytes, backward) + \
-        _memory_s(gpu, (16 if backward else 40) * n + accumulate)
+        _memory_s(gpu, cross_entropy_bytes(w.cross_entropy, w.dtype_bytes, backward) * n +
+                  accumulate)
+
+
+def cross_entropy_bytes(kernels: str, d: int, backward: bool) -> float:
+    """HBM bytes per logit of the vocabulary-parallel cross entropy's forward or backward, with
+    logits of d bytes, by its kernels (`Workload.cross_entropy`):
+    - unfused (Megatron-Core `tensor_parallel/cross_entropy.py`, PyTorch kernels on an fp32
+      copy): 40 forward (cast, max, shift, exp, sum, normalise), 16 backward;
+    - native (`--cross-entropy-loss-fusion`, megatron/core/fusions/fused_cross_entropy.py:
+      four jit-fused functions, each reading its tensor inputs and writing its outputs once):
+      forward d + 4 (cast and max, the fp32 logits out), 4 + 4 (shift, exp and sum), 4 + 4
+      (normalise into the saved softmax); backward 4 + 2 (the softmax in, the bf16 gradient
+      out);
+    - te (`--cross-entropy-fusion-impl te`, Transformer Engine 2.2-2.17's Triton kernels,
+      transformer_engine/common/triton/cross_entropy.py): forward 3d (an online-softmax pass
+      reads the logits; a second reads them and writes the gradient over them), backward 2d
+      (`element_mul_kernel` scales it in place by the per-token loss's gradient)."""
+    if kernels == "te":
+        return (2 if backward else 3) * d
+    if kernels == "native":
+        return 6.0 if backward else d + 20.0
+    return 16.0 if backward else 40.0

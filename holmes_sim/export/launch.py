@@ -34,8 +34,8 @@ from pathlib import Path
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import FieldError, PlanError, ScenarioError
-from holmes_sim.export.model_args import (architecture_args, expert_tensor_args, overlap_args,
-                                          split_args)
+from holmes_sim.export.model_args import (architecture_args, expert_tensor_args, loss_args,
+                                          overlap_args, split_args)
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
@@ -108,7 +108,7 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
             "--micro-batch-size", str(w.micro_batch), "--global-batch-size", str(w.global_batch),
             *_precision_args(precision)]
     args += _layout_args(plan, w)
-    args += overlap_args(w, plan.num_chunks > 1)
+    args += overlap_args(w, plan.num_chunks > 1) + loss_args(w)
     if plan.cp > 1:
         args += ["--context-parallel-size", str(plan.cp), *_cp_comm_args(w, plan)]
     if not w.tie_embeddings:
@@ -321,6 +321,8 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
         hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
     if hargs and workload.defer_embedding_wgrad:
         hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
+    if hargs and workload.cross_entropy != "unfused":
+        hargs, why_not = [], "the Holmes fork has no --cross-entropy-loss-fusion"
     if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags
         hargs, why_not = [], "the Holmes fork has no --moe-ffn-hidden-size (Megatron-Core's MoE)"
     if hargs and plan.cp > 1 and workload.cp_comm_type != "p2p":

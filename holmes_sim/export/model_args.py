@@ -14,7 +14,9 @@ The overlaps and the uneven split (`overlap_args`, `split_args`): `--tp-comm-ove
 unless told not to), `--defer-embedding-wgrad-compute`, `--decoder-first-pipeline-num-layers`,
 `--decoder-last-pipeline-num-layers`, `--account-for-embedding-in-pipeline-split`,
 `--account-for-loss-in-pipeline-split`. The 2022 asynchronous TP all-reduce has no flag in
-current Megatron-LM (always on), so nothing is written for it.
+current Megatron-LM (always on), so nothing is written for it. The fused cross entropy
+(`loss_args`): `--cross-entropy-loss-fusion`, with `--cross-entropy-fusion-impl te` for
+Transformer Engine's kernels (native is the default).
 """
 
 from __future__ import annotations
@@ -111,6 +113,14 @@ def overlap_args(w: Workload, interleaved: bool) -> list[str]:
     if w.defer_embedding_wgrad:
         args.append("--defer-embedding-wgrad-compute")
     return args
+
+
+def loss_args(w: Workload) -> list[str]:
+    """Arguments of `pretrain_gpt.py` for the fused cross entropy; nothing when unfused."""
+    if w.cross_entropy == "unfused":
+        return []
+    impl = ["--cross-entropy-fusion-impl", "te"] if w.cross_entropy == "te" else []
+    return ["--cross-entropy-loss-fusion", *impl]
 
 
 def split_args(split: PipelineSplit) -> list[str]:

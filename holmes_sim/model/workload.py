@@ -71,6 +71,9 @@ class Workload:
     """Pipeline receives posted after the previous op of their kind (interleaved, `TrainingSpec`)."""
     defer_embedding_wgrad: bool = False
     """The output layer's weight gradients run at the pipeline flush (`TrainingSpec`)."""
+    cross_entropy: str = "unfused"
+    """The cross entropy's kernels: unfused | native | te (`TrainingSpec.cross_entropy_loss_fusion`
+    and `cross_entropy_fusion_impl`; `cost.transformer.cross_entropy_bytes`)."""
     pipeline_split: PipelineSplit = PipelineSplit()
     """Megatron-LM's uneven pipeline split flags (used by the megatron policy)."""
     query_groups: int | None = None
@@ -446,6 +449,8 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         async_tp_allreduce=training.async_tensor_model_parallel_allreduce,
         overlap_p2p_comm=training.overlap_p2p_comm,
         defer_embedding_wgrad=training.defer_embedding_wgrad_compute,
+        cross_entropy=training.cross_entropy_fusion_impl if training.cross_entropy_loss_fusion
+        else "unfused",
         pipeline_split=PipelineSplit.of(training), fp8_gemms=training.precision == "fp8",
         query_groups=model.num_query_groups,
         swiglu=model.swiglu, squared_relu=model.squared_relu,

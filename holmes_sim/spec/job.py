@@ -143,6 +143,16 @@ class TrainingSpec:
     """Megatron-LM `--defer-embedding-wgrad-compute` (default off; PP > 1): the output layer's
     weight-gradient GEMMs of every micro-batch run after the last stage's final backward
     (`finish_embedding_wgrad_compute`), during the pipeline flush."""
+    cross_entropy_loss_fusion: bool = False
+    """Megatron-LM `--cross-entropy-loss-fusion` (Megatron-Core
+    `TransformerConfig.cross_entropy_loss_fusion`, default off; on in Megatron-Bridge's GPT
+    model providers): the vocabulary-parallel cross entropy runs as the fused kernels of
+    `cross_entropy_fusion_impl` instead of PyTorch's separate fp32 passes."""
+    cross_entropy_fusion_impl: Literal["native", "te"] = "native"
+    """Megatron-LM `--cross-entropy-fusion-impl` (default native), read only with
+    cross_entropy_loss_fusion: Megatron-Core's jit-fused functions
+    (megatron/core/fusions/fused_cross_entropy.py) or Transformer Engine's Triton kernels
+    (`parallel_cross_entropy`)."""
     decoder_first_pipeline_num_layers: int | None = None
     """Megatron-LM `--decoder-first-pipeline-num-layers`: layers of the first pipeline stage
     (megatron policy); the others split the rest evenly."""

@@ -198,3 +198,35 @@ def test_a_given_bucket_size_is_exported_in_elements(bucket_mb):
     files = launch_files(plan, cluster, prepared.workload, "bf16").files
     parsed = parse(shlex.split(files["megatron_args.txt"]), UPSTREAM)
     assert parsed.get("--ddp-bucket-size") == (None if bucket_mb is None else ["50000000"])
+
+
+def _with_training(name: str, lines: str):
+    from holmes_sim.prepare import prepare_text
+    return prepare_text((SCENARIOS / f"{name}.yaml").read_text().replace(
+        "training:\n", f"training:\n{lines}", 1))
+
+
+@pytest.mark.parametrize("fusion, impl, expected", [
+    (False, "te", None), (True, "native", []), (True, "te", ["te"])])
+def test_the_fused_cross_entropy_is_exported_as_its_megatron_flags(fusion, impl, expected):
+    """`--cross-entropy-loss-fusion` with `--cross-entropy-fusion-impl te` where chosen (native
+    is Megatron's default, unfused its default without the switch)."""
+    prepared = _with_training("llama3_70b_h100", f"  cross_entropy_loss_fusion: "
+                              f"{str(fusion).lower()}\n  cross_entropy_fusion_impl: {impl}\n")
+    plan, cluster = plan_policy(prepared, "megatron")
+    files = launch_files(plan, cluster, prepared.workload, "bf16").files
+    parsed = parse(shlex.split(files["megatron_args.txt"]), UPSTREAM)
+    assert ("--cross-entropy-loss-fusion" in parsed) == fusion
+    assert parsed.get("--cross-entropy-fusion-impl", [] if fusion else None) == expected
+
+
+def test_the_holmes_fork_cannot_express_the_fused_cross_entropy():
+    """The fork's arguments predate `--cross-entropy-loss-fusion`: its export is left out with
+    the reason, where the same plan without the switch exports."""
+    fused = _with_training("mixed_ib_roce", "  cross_entropy_loss_fusion: true\n")
+    for prepared, expressible in ((prepare(SCENARIOS / "mixed_ib_roce.yaml"), True),
+                                  (fused, False)):
+        plan, cluster = plan_policy(prepared, "holmes")
+        text = launch_files(plan, cluster, prepared.workload, "bf16").files["holmes_args.txt"]
+        assert text.startswith("# not expressible") != expressible
+    assert "no --cross-entropy-loss-fusion" in text

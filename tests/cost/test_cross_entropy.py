@@ -1,0 +1,78 @@
+"""The vocabulary-parallel cross entropy's HBM traffic by its kernels (`--cross-entropy-loss-
+fusion`, `--cross-entropy-fusion-impl`), counted pass by pass from the kernels' sources, and its
+effect on the simulated last pipeline stage."""
+
+from __future__ import annotations
+
+import pytest
+
+from holmes_sim.cost.transformer import head_s
+from holmes_sim.hardware.catalog import GPUS
+from holmes_sim.model.workload import build_workload
+from holmes_sim.prepare import prepare_text
+from holmes_sim.runner import run_policy
+from holmes_sim.spec.job import ModelSpec, TrainingSpec
+from holmes_sim.spec.presets import preset_fields
+from tests.conftest import small_scenario
+
+H100 = GPUS["h100-sxm"]
+FP32, BF16 = 4, 2
+
+
+def _passes(kernels: str) -> tuple[float, float]:
+    """Bytes per logit (forward, backward), one term per tensor a kernel reads or writes."""
+    if kernels == "unfused":  # the unfused head's own count (`cost.transformer`): 40 and 16
+        return 40.0, 16.0
+    if kernels == "native":  # calculate_logits_max, _predicted_logits, _cross_entropy_loss
+        return BF16 + FP32 + (FP32 + FP32) + (FP32 + FP32), FP32 + BF16  # calculate_gradients
+    # TE: online_softmax_kernel reads; cross_entropy_kernel reads and writes the gradient over
+    # the logits; backward element_mul_kernel reads and writes it
+    return BF16 + (BF16 + BF16), BF16 + BF16
+
+
+def _workload(kernels: str):
+    fused = kernels != "unfused"
+    training = TrainingSpec(global_batch_size=8, micro_batch_size=1,
+                            cross_entropy_loss_fusion=fused,
+                            cross_entropy_fusion_impl="te" if kernels == "te" else "native")
+    return build_workload(ModelSpec(**{**preset_fields("llama3-8b"), "seq_length": 8192}),
+                          training, 1)
+
+
+@pytest.mark.parametrize("kernels", ["native", "te"])
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_fused_cross_entropy_saves_the_bytes_its_kernels_do_not_move(kernels, backward):
+    """head_s differs from the unfused head by the bytes saved at the streaming rate, on a
+    128,256-entry vocabulary over 8,192 tokens (one GPU's logits, 1.05e9)."""
+    unfused, fused = _workload("unfused"), _workload(kernels)
+    assert fused.cross_entropy == kernels and unfused.cross_entropy == "unfused"
+    logits = 8192 * unfused.vocab
+    side = int(backward)
+    saved = (_passes("unfused")[side] - _passes(kernels)[side]) * logits
+    rate = H100.memory_bandwidth_bytes_per_s * H100.memory_efficiency
+    assert head_s(H100, unfused, 1, backward) - head_s(H100, fused, 1, backward) == \
+        pytest.approx(saved / rate, rel=1e-9)
+    assert saved > 0
+
+
+@pytest.mark.parametrize("kernels", ["native", "te"])
+def test_only_the_last_stage_gains_the_fused_cross_entropy_in_the_simulation(kernels):
+    """1F1B over two stages, 16 micro-batches: the last stage's busy time falls by 16 x (the
+    head's forward + backward saving); the first stage's does not change."""
+    base = small_scenario(pp=2, vocab=51200)
+    fused_line = (f"micro_batch_size: 1, cross_entropy_loss_fusion: true, "
+                  f"cross_entropy_fusion_impl: {'te' if kernels == 'te' else 'native'}}}")
+    fused = base.replace("micro_batch_size: 1}", fused_line)
+    assert fused != base
+    results = []
+    for text in (base, fused):
+        prepared = prepare_text(text)
+        results.append((prepared, run_policy(prepared, "megatron").result))
+    (p0, m0), (p1, m1) = results
+    gpu, tp = GPUS["a100-80gb"], 8
+    saving = sum(head_s(gpu, p0.workload, tp, b) - head_s(gpu, p1.workload, tp, b)
+                 for b in (False, True))
+    assert saving > 0
+    assert m0.stage_busy_s[0] == pytest.approx(m1.stage_busy_s[0], rel=1e-12)
+    assert m0.stage_busy_s[-1] - m1.stage_busy_s[-1] == pytest.approx(16 * saving, rel=1e-9)
+    assert m1.iteration_time_s < m0.iteration_time_s
