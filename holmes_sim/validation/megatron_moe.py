@@ -70,8 +70,9 @@ def measured_iteration_s(row: dict) -> float:
     return logged_flop(row) / (row["measured_tflops_per_gpu"] * 1e12 * row["gpus"])
 
 
-def _training_lines(common: dict, row: dict) -> list[str]:
-    launch = common["launch"]
+def _training_lines(dataset: dict, row: dict) -> list[str]:
+    """The launch switches: `common.launch` with the row's source's own `launch` over it."""
+    launch = {**dataset["common"]["launch"], **dataset["sources"][row["source"]].get("launch", {})}
     fields = {f.name for f in dataclasses.fields(TrainingSpec)}
     values = {key: value for key, value in launch.items() if key in fields}
     values["sequence_parallel"] = bool(launch["sequence_parallel"] and row["tp"] > 1)
@@ -116,7 +117,7 @@ def render_scenario(dataset: dict, row: dict) -> str:
              f"      - {node}",
              "model:", f"  preset: {row['preset']}", f"  seq_length: {row['seq_length']}",
              *([f"  moe_expert_capacity_factor: {capacity}"] if capacity is not None else []),
-             "training:", *_training_lines(common, row),
+             "training:", *_training_lines(dataset, row),
              "parallel:", *_parallel_lines(row),
              "policies: [megatron]"]
     return "\n".join(lines) + "\n"

@@ -35,7 +35,7 @@ NEEDS_UNEVEN_SPLIT = "needs an uneven pipeline split"
 # The TrainingSpec fields every row sets from the dataset, in the order they are written.
 _TRAINING_KEYS = ("distributed_optimizer", "flash_attention", "tp_comm_overlap",
                   "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm",
-                  "grad_reduce_in_fp32")
+                  "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
 
 
 def is_nemo_dataset(dataset: dict) -> bool:
@@ -114,8 +114,11 @@ def measured_iteration_s(row: dict) -> float:
     return row["global_batch"] * row["seq_length"] / (row["tokens_per_s_per_gpu"] * row["gpus"])
 
 
-def _training_lines(common: dict, row: dict) -> list[str]:
-    recipe = common["recipe"]
+def _training_lines(dataset: dict, row: dict) -> list[str]:
+    """The recipe's training switches: `common.recipe` with the row's source's own `recipe` over
+    it (e.g. a Megatron-Bridge model provider's fused cross entropy)."""
+    common = dataset["common"]
+    recipe = {**common["recipe"], **dataset["sources"][row["source"]].get("recipe", {})}
     fields = _field_names(TrainingSpec)
     values = {key: recipe[key] for key in _TRAINING_KEYS if key in recipe and key in fields}
     values.update(_split_fields(row).get("training", {}))
@@ -169,7 +172,7 @@ def render_scenario(dataset: dict, row: dict) -> str:
              "    nodes:",
              f"      - {node}",
              "model:", *_model_lines(row),
-             "training:", *_training_lines(common, row),
+             "training:", *_training_lines(dataset, row),
              "parallel:", *_parallel_lines(row),
              "policies: [megatron]"]
     return "\n".join(lines) + "\n"
