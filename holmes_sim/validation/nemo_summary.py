@@ -115,10 +115,12 @@ def measured_iteration_s(row: dict) -> float:
 
 
 def _training_lines(dataset: dict, row: dict) -> list[str]:
-    """The recipe's training switches: `common.recipe` with the row's source's own `recipe` over
-    it (e.g. a Megatron-Bridge model provider's fused cross entropy)."""
+    """The recipe's training switches: `common.recipe`, the row's source's own `recipe` over it
+    (e.g. a Megatron-Bridge model provider's fused cross entropy), and the row's `recipe` over
+    both (its model's launch configuration)."""
     common = dataset["common"]
-    recipe = {**common["recipe"], **dataset["sources"][row["source"]].get("recipe", {})}
+    recipe = {**common["recipe"], **dataset["sources"][row["source"]].get("recipe", {}),
+              **row.get("recipe", {})}
     fields = _field_names(TrainingSpec)
     values = {key: recipe[key] for key in _TRAINING_KEYS if key in recipe and key in fields}
     values.update(_split_fields(row).get("training", {}))

@@ -107,6 +107,22 @@ def test_rendered_rows_load_with_the_recipe_settings_holmes_sim_has():
     assert scenario.model.num_query_groups == 8 and scenario.model.swiglu
 
 
+
+@pytest.mark.parametrize("model, source, kernels", [
+    ("LLAMA2-70B", "nemo-24.07", "unfused"), ("LLAMA3-70B", "nemo-24.07", "native"),
+    ("Nemotron-8B", "nemo-24.07", "native"), ("LLAMA3_70B", "megatron-bridge-25.11", "te")])
+def test_each_row_runs_the_cross_entropy_its_launch_configuration_sets(model, source, kernels):
+    """A row's own `recipe` (its model's NeMo-Framework-Launcher 24.07 configuration) over its
+    source's (Megatron-Bridge's providers) over `common`, each with its citation."""
+    from holmes_sim.model.workload import build_workload
+    data = _data()
+    row = next(r for r in data["rows"] if r["model"] == model and r["source"] == source)
+    cited = row.get("recipe_source") or data["sources"][source].get("recipe_source", "")
+    assert (kernels == "unfused") != ("cross_entropy_loss_fusion" in cited)
+    scenario = load_scenario_text(scenario_text(data, row))
+    w = build_workload(scenario.model, scenario.training, row["tp"])
+    assert w.cross_entropy == kernels
+
 def test_step_time_comes_from_tokens_per_second_and_sets_the_error():
     """LLAMA3_70B on 64 GPUs, Megatron-Bridge 25.11: 128 x 8192 / (1602 x 64) = 10.227 s."""
     case = _cases()["llama3-70b-64gpu-mbridge-25.11"]
