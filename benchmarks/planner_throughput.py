@@ -39,6 +39,7 @@ def _cold(models: bool = False) -> None:
     capacities, each GPU's NIC links) stay: one search has one cluster."""
     from holmes_sim import plan, schedule
     from holmes_sim.estimate import analytic
+    from holmes_sim.estimate import data_parallel
     from holmes_sim.estimate import netview
     from holmes_sim.search import planner
     from holmes_sim.estimate import walk
@@ -62,7 +63,7 @@ def _cold(models: bool = False) -> None:
     analytic._ALIKES.clear()
     analytic._PARAMS.clear()
     analytic._ESTIMATES.clear()
-    analytic._BUCKETS.clear()
+    data_parallel._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
     ops._OP_COSTS.clear()
     ops._BUCKET_BYTES.clear()
@@ -155,6 +156,7 @@ def _estimate_only_cold() -> None:
     """Empty the caches of the estimate's own work (op durations, walks and whole estimates),
     keeping what depends on the placement only (paths, rings, replica classes)."""
     from holmes_sim.estimate import analytic
+    from holmes_sim.estimate import data_parallel
     from holmes_sim.cost import ops
 
     analytic._WALKS.clear()
@@ -162,7 +164,7 @@ def _estimate_only_cold() -> None:
     analytic._ALIKES.clear()
     analytic._PARAMS.clear()
     analytic._ESTIMATES.clear()
-    analytic._BUCKETS.clear()
+    data_parallel._BUCKETS.clear()
     ops._CHUNK_TIMES.clear()
     ops._OP_COSTS.clear()
     ops._BUCKET_BYTES.clear()

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from holmes_sim.estimate import analytic
+from holmes_sim.estimate import analytic, bucket_streams
 from holmes_sim.search import planner
 from holmes_sim.estimate import walk as walk_module
 from holmes_sim.bundled import bundled_scenario
@@ -224,14 +224,14 @@ def test_bucket_delays_equal_the_step_by_step_timelines():
             upto = 1.0 - (buckets[i - 1][1] if i > 0 else 0.0)
             now = max(now, gathered) + forward * (upto - done)
             done = upto
-        assert analytic.gather_delay_s(buckets, forward) == pytest.approx(
+        assert bucket_streams.gather_delay_s(buckets, forward) == pytest.approx(
             now - forward, rel=1e-9, abs=1e-12)
         window = rng.choice([rng.uniform(1e-4, 1.0), total, 0.5 * total])
         t = 0.0
         for r, point in buckets:
             t = max(t, window * point) + r
         tail = max(0.0, t - window)
-        assert analytic.released_reduction_tail_s(buckets, window) == pytest.approx(
+        assert bucket_streams.released_reduction_tail_s(buckets, window) == pytest.approx(
             tail, rel=1e-9, abs=1e-12 * window)
 
 

@@ -300,7 +300,7 @@ def test_estimate_follows_the_engine_with_two_gradient_streams(write_scenario, f
 def test_two_streams_share_one_link_equally():
     """Processor sharing of two streams: alone a stream runs at the link's rate, together each
     at half; a job waits for its release and for its stream's previous job."""
-    from holmes_sim.estimate.analytic import shared_link_ends
+    from holmes_sim.estimate.bucket_streams import shared_link_ends
 
     assert shared_link_ends(([(0.0, 1.0), (0.0, 1.0)], [(0.0, 3.0)])) == [[2.0, 4.0], [5.0]]
     assert shared_link_ends(([(0.0, 1.0)], [(5.0, 1.0)])) == [[1.0], [6.0]]
