@@ -42,7 +42,7 @@ def _cold(models: bool = False) -> None:
     from holmes_sim.estimate import data_parallel
     from holmes_sim.estimate import netview
     from holmes_sim.search import planner
-    from holmes_sim.estimate import walk
+    from holmes_sim.estimate import op_table
     from holmes_sim.cost import gemm, moe, nccl_algorithms, ops, transformer
     from holmes_sim.model import bucket_layout
     from holmes_sim.model import moe as model_moe
@@ -80,8 +80,8 @@ def _cold(models: bool = False) -> None:
     netview._FACTS.clear()
     for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES, base._FABRICS):
         memo.clear()
-    walk.op_table.cache_clear()
-    walk.full_op_table.cache_clear()
+    op_table.op_table.cache_clear()
+    op_table.full_op_table.cache_clear()
     planner._PLANS.clear()
     planner._PREPARED.clear()
     planner._TRAININGS.clear()

@@ -31,7 +31,8 @@ from holmes_sim.estimate.netview import netview
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import Plan
 from holmes_sim.schedule import ScheduleKind
-from holmes_sim.estimate.walk import op_table, walk, walk_early_receive
+from holmes_sim.estimate.op_table import op_table
+from holmes_sim.estimate.walk import walk, walk_early_receive
 from holmes_sim.model.workload import Workload
 
 
@@ -101,7 +102,7 @@ class _Estimator(DataParallelPricing):
         self.times = chunk_times(self.costs)
         self.net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp,
                            plan.num_chunks, plan.cp, workload.ep_replicas)
-        # The schedule's shape only: the walk's table stands for its ops (`walk.op_table`), and
+        # The schedule's shape only: the walk's table stands for its ops (`op_table.op_table`), and
         # building every op of a long schedule would cost as much as walking it.
         self.nv = plan.pp * plan.num_chunks
         self._shape = (ScheduleKind(plan.schedule_kind), plan.pp, plan.num_microbatches,
@@ -225,7 +226,7 @@ class _Estimator(DataParallelPricing):
         """Durations (s) of stage s's distinct ops (`kinds`: the walk's (virtual stage,
         backward) in its order, chunk by chunk) on replica d, and its start delay (s); the
         releasing backwards' with their extra seconds (`_released_row`): the released kinds of
-        `walk.full_op_table`, else every backward (a per-micro-batch optimizer's)."""
+        `op_table.full_op_table`, else every backward (a per-micro-batch optimizer's)."""
         key = (self._alike(s, d), len(kinds))
         got = self._stage_cache.get(key)
         if got is None:

@@ -9,11 +9,13 @@ import pytest
 
 from holmes_sim.estimate import analytic, bucket_streams
 from holmes_sim.search import planner
+from holmes_sim.estimate import op_table as op_table_module
 from holmes_sim.estimate import walk as walk_module
 from holmes_sim.bundled import bundled_scenario
 from holmes_sim.errors import HolmesError
 from holmes_sim.prepare import prepare
-from holmes_sim.estimate.walk import full_op_table, op_table, walk, walk_plain
+from holmes_sim.estimate.op_table import full_op_table, op_table
+from holmes_sim.estimate.walk import walk, walk_plain
 
 REL = 1e-12
 
@@ -236,7 +238,7 @@ def test_bucket_delays_equal_the_step_by_step_timelines():
 
 
 def test_op_columns_are_the_built_schedules():
-    """`walk._op_columns` (the schedules' closed form) gives every op's chunk, kind and
+    """`op_table._op_columns` (the schedules' closed form) gives every op's chunk, kind and
     micro-batch, stage after stage, as `schedule.build_schedule`'s ops: every kind, p up to 16,
     m up to 40 (interleaved: multiples of p), v up to 4."""
     import numpy as np
@@ -249,7 +251,7 @@ def test_op_columns_are_the_built_schedules():
                for m in range(p, 41, p)]
     for kind, p, m, v in shapes:
         ops = [op for stage in build_schedule(kind, p, m, v).stage_ops for op in stage]
-        chunk, backward, mb, lengths = walk_module._op_columns(ScheduleKind(kind), p, m, v)
+        chunk, backward, mb, lengths = op_table_module._op_columns(ScheduleKind(kind), p, m, v)
         assert lengths == [len(stage) for stage in build_schedule(kind, p, m, v).stage_ops]
         assert chunk.tolist() == [op.chunk for op in ops], (kind, p, m, v)
         assert backward.tolist() == [int(op.kind == "B") for op in ops], (kind, p, m, v)

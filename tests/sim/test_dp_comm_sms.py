@@ -13,7 +13,8 @@ from holmes_sim.cost.gemm import Gemm, gemm_time_s
 from holmes_sim.cost.ops import OpCosts, node_comm_sms, released_extra_s
 from holmes_sim.cost.transformer import layer_kernels, nccl_comm_sms
 from holmes_sim.estimate.analytic import estimate_iteration
-from holmes_sim.estimate.walk import full_op_table, op_table, walk, walk_plain
+from holmes_sim.estimate.op_table import full_op_table, op_table
+from holmes_sim.estimate.walk import walk, walk_plain
 from holmes_sim.prepare import prepare_text
 from holmes_sim.runner import plan_policy
 from holmes_sim.sim.engine import simulate
