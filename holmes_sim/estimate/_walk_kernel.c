@@ -1,6 +1,6 @@
 /* The estimate's critical-path walk (`holmes_sim.estimate.walk._State.advance_checked`) in C: the same
  * additions and maxima in the same order on IEEE doubles, so its stage clocks and message times
- * are the pure-Python walk's bit for bit (tests/test_walk.py runs both). Optional: `walk.py`
+ * are the pure-Python walk's bit for bit (tests/estimate/test_walk.py runs both). Optional: `walk.py`
  * falls back to Python when this extension was not built.
  *
  * advance(rows, row_start, durs, kinds, sends, pos, limits, clock, ready)
