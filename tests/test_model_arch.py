@@ -162,6 +162,23 @@ def test_megatron_core_accepts_the_exported_architecture():
     assert args[args.index("--position-embedding-type") + 1] in typing.get_args(position.annotation)
 
 
+
+@pytest.mark.parametrize("impl", ["native", "te"])
+def test_megatron_core_accepts_the_exported_cross_entropy_fusion(impl):
+    """`loss_args` feeds Megatron-Core's own TransformerConfig fields of those names."""
+    config_module = pytest.importorskip("megatron.core.transformer.transformer_config")
+    from holmes_sim.export.model_args import loss_args
+    training = TrainingSpec(global_batch_size=8, micro_batch_size=1,
+                            cross_entropy_loss_fusion=True, cross_entropy_fusion_impl=impl)
+    w = build_workload(ModelSpec(**preset_fields("llama3.1-8b")), training)
+    args = loss_args(w)
+    chosen = args[args.index("--cross-entropy-fusion-impl") + 1] if len(args) > 1 else "native"
+    config = config_module.TransformerConfig(
+        num_layers=2, hidden_size=w.hidden, num_attention_heads=w.heads,
+        cross_entropy_loss_fusion="--cross-entropy-loss-fusion" in args,
+        cross_entropy_fusion_impl=chosen)
+    assert config.cross_entropy_loss_fusion and config.cross_entropy_fusion_impl == impl
+
 def test_the_real_run_backend_refuses_architectures_its_gpt_does_not_have(tmp_path):
     from holmes_sim.bundled import default_testbed
     from holmes_sim.prepare import prepare
@@ -174,6 +191,20 @@ def test_the_real_run_backend_refuses_architectures_its_gpt_does_not_have(tmp_pa
     with pytest.raises(FieldError, match="model.swiglu: the backend's GPT cannot run swiglu"):
         check_backend(prepare(path))
 
+
+
+def test_the_real_run_backend_refuses_the_fused_cross_entropy(tmp_path):
+    from holmes_sim.bundled import default_testbed
+    from holmes_sim.prepare import prepare
+    from holmes_sim.validation.testbed_plan import check_backend
+
+    text = default_testbed().read_text()
+    assert "\ntraining:\n" in text
+    path = tmp_path / "fused_loss.yaml"
+    path.write_text(text.replace("\ntraining:\n", "\ntraining:\n  cross_entropy_loss_fusion: true\n", 1))
+    check_backend(prepare(default_testbed()))
+    with pytest.raises(FieldError, match="training.cross_entropy_loss_fusion: the backend runs"):
+        check_backend(prepare(path))
 
 def test_nemotron_4_exports_its_squared_relu_and_keeps_a_non_gated_mlp():
     w = _preset("nemotron4-15b")

@@ -52,6 +52,10 @@ def check_backend(prepared: Prepared) -> None:
     if prepared.cp > 1:
         raise FieldError("parallel.context", "the real-run backend has no context parallelism "
                                              "(no ring attention); set context: 1")
+    if s.training.cross_entropy_loss_fusion:
+        raise FieldError("training.cross_entropy_loss_fusion", "the backend runs its own unfused "
+                                                               "vocab-parallel cross entropy; set "
+                                                               "cross_entropy_loss_fusion: false")
     _check_gpt_architecture(s.model)
     if w.moe is not None:
         _check_moe(prepared)
