@@ -421,16 +421,18 @@ def cross_entropy_bytes(kernels: str, d: int, backward: bool) -> float:
     - unfused (Megatron-Core `tensor_parallel/cross_entropy.py`, PyTorch kernels on an fp32
       copy): 40 forward (cast, max, shift, exp, sum, normalise), 16 backward;
     - native (`--cross-entropy-loss-fusion`, megatron/core/fusions/fused_cross_entropy.py:
-      four jit-fused functions, each reading its tensor inputs and writing its outputs once):
-      forward d + 4 (cast and max, the fp32 logits out), 4 + 4 (shift, exp and sum), 4 + 4
-      (normalise into the saved softmax); backward 4 + 2 (the softmax in, the bf16 gradient
-      out);
+      four functions compiled by `jit_fuser` (torch.compile), each reading its tensor inputs
+      and writing its outputs and the inputs it changes in place once): forward d + 4 (cast
+      and max, the fp32 logits out), 4 + 4 (shift, exp and sum), 4 + 4 (normalise into the
+      saved softmax); backward 4 + 4 + 2 (the softmax read and, changed in place, written
+      back; the bf16 gradient out); a lower bound where the compiler splits a function;
     - te (`--cross-entropy-fusion-impl te`, Transformer Engine 2.2-2.17's Triton kernels,
-      transformer_engine/common/triton/cross_entropy.py): forward 3d (an online-softmax pass
-      reads the logits; a second reads them and writes the gradient over them), backward 2d
+      transformer_engine/pytorch/triton/cross_entropy.py, from 2.10 in
+      transformer_engine/common/triton/): forward 3d (an online-softmax pass reads the
+      logits; a second reads them and writes the gradient over them), backward 2d
       (`element_mul_kernel` scales it in place by the per-token loss's gradient)."""
     if kernels == "te":
         return (2 if backward else 3) * d
     if kernels == "native":
-        return 6.0 if backward else d + 20.0
+        return 10.0 if backward else d + 20.0
     return 16.0 if backward else 40.0

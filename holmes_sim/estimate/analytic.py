@@ -6,8 +6,8 @@ replicas' identical schedules make simultaneous; a ring collective its alpha-bet
 al. 2005]), and
 the schedule's dependency graph is evaluated as a critical path: an op starts when the previous op
 of its stage ended and its input arrived (`walk.py`, which jumps over the steady rounds of the
-schedule in closed form). Data-parallel collectives of a stage run one after
-another on one stream, the routed experts' with the dense ones (`data_parallel.py`). Where no
+schedule in closed form). A buffer's data-parallel collectives run one after another on one
+stream, the routed experts' buffer on its own beside the dense one (`data_parallel.py`). Where no
 two transfers share a link at the same time this equals the engine's result; where they do, the
 engine is slower (contention), which tests can check.
 

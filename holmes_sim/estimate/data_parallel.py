@@ -2,8 +2,9 @@
 buckets in release order timed on its rings (the algorithm and protocol NCCL picks), the delay
 of its first forward waiting for parameter all-gathers, the extra seconds of the backwards that
 release gradient buckets, and its work after its last op (gradient sync, embedding all-reduce,
-optimizer step, parameter all-gathers). A stage's data-parallel collectives run one after
-another on one stream, the routed experts' with the dense ones (`bucket_streams.merged_delay_s`).
+optimizer step, parameter all-gathers). A buffer's data-parallel collectives run one after
+another on one stream; with routed experts the expert buffer's run on a stream of their own, the
+two sharing the link both rings leave each member by (`bucket_streams.merged_delay_s`).
 """
 
 from __future__ import annotations

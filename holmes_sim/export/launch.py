@@ -34,8 +34,9 @@ from pathlib import Path
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import FieldError, PlanError, ScenarioError
-from holmes_sim.export.model_args import (architecture_args, expert_tensor_args, loss_args,
-                                          overlap_args, split_args)
+from holmes_sim.export.model_args import (TE_CROSS_ENTROPY_REFUSED, architecture_args,
+                                          expert_tensor_args, loss_args, overlap_args,
+                                          split_args)
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
@@ -348,7 +349,9 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     files["launch.sh"] = launch_script(launches, margs, fork, script, net, MASTER_PORT)
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
-    files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups)
+    notes = (TE_CROSS_ENTROPY_REFUSED,) if workload.cross_entropy == "te" else ()
+    files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
+                                       notes)
     return LaunchFiles(files)
 
 

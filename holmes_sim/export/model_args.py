@@ -116,11 +116,22 @@ def overlap_args(w: Workload, interleaved: bool) -> list[str]:
 
 
 def loss_args(w: Workload) -> list[str]:
-    """Arguments of `pretrain_gpt.py` for the fused cross entropy; nothing when unfused."""
+    """Arguments of `pretrain_gpt.py` for the fused cross entropy; nothing when unfused.
+    Megatron-LM from core_v0.19.0 (168cb15, 2026-06) refuses `--cross-entropy-fusion-impl te`
+    with the fusion (`TE_CROSS_ENTROPY_REFUSED`, which the export's README repeats)."""
     if w.cross_entropy == "unfused":
         return []
     impl = ["--cross-entropy-fusion-impl", "te"] if w.cross_entropy == "te" else []
     return ["--cross-entropy-loss-fusion", *impl]
+
+
+TE_CROSS_ENTROPY_REFUSED = (
+    "`--cross-entropy-fusion-impl te` is what this plan was simulated with (Transformer "
+    "Engine's fused cross entropy); Megatron-LM from core_v0.19.0 refuses it with "
+    "`--cross-entropy-loss-fusion` (commit 168cb15, 2026-06). On such a release use "
+    "`--cross-entropy-fusion-impl native`, which the simulation prices at about three times "
+    "the HBM traffic (`training.cross_entropy_fusion_impl: native`).")
+"""The export README's note on `--cross-entropy-fusion-impl te`."""
 
 
 def split_args(split: PipelineSplit) -> list[str]:

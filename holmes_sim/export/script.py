@@ -121,9 +121,10 @@ _USER_ARGS = """\
 
 
 def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | None,
-                  groups: dict[str, dict[str, str]]) -> str:
+                  groups: dict[str, dict[str, str]], notes: tuple[str, ...] = ()) -> str:
     """README.md of an export: files, how to start, what to add, what upstream cannot express
-    (`groups`: per group class its transports and NCCL setting, as in nccl.json)."""
+    (`groups`: per group class its transports and NCCL setting, as in nccl.json), and `notes`
+    on exported arguments some Megatron-LM releases refuse."""
     fork = (f"The Holmes fork cannot run this plan: {holmes_why_not}." if holmes_why_not else
             "For the Holmes fork, copy `holmes_config.json` into the fork's checkout as "
             "`config.json` and run `launch_holmes.sh` from there: it creates every group under "
@@ -156,6 +157,7 @@ def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | 
         "`nccl.json` lists each node's NICs as NCCL names them and the transport of every group; "
         "`NCCL_IB_HCA` assumes ConnectX devices named `mlx5_<k>` in NIC order: edit the "
         "`ENV_*` lines of `launch.sh` and `holmes_config.json` if yours differ.", "",
+        *(["## Notes", "", *[f"- {note}" for note in notes], ""] if notes else []),
     ])
 
 

@@ -74,7 +74,10 @@ def _training_lines(dataset: dict, row: dict) -> list[str]:
     """The launch switches: `common.launch` with the row's source's own `launch` over it."""
     launch = {**dataset["common"]["launch"], **dataset["sources"][row["source"]].get("launch", {})}
     fields = {f.name for f in dataclasses.fields(TrainingSpec)}
-    values = {key: value for key, value in launch.items() if key in fields}
+    if set(launch) - fields:
+        raise ValueError(f"{row_name(row)}: launch keys {sorted(set(launch) - fields)} are not "
+                         "TrainingSpec fields")
+    values = dict(launch)
     values["sequence_parallel"] = bool(launch["sequence_parallel"] and row["tp"] > 1)
     values["tp_comm_overlap"] = bool(row["tp_comm_overlap"] and row["tp"] > 1)
     values["overlap_p2p_comm"] = bool(launch["overlap_p2p_comm"] and row["vp"] > 1)

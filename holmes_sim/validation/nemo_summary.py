@@ -32,7 +32,7 @@ NEEDS_CONTEXT_PARALLELISM = "needs context parallelism"
 NO_ARCHITECTURE = "architecture not among holmes_sim's model presets"
 NEEDS_UNEVEN_SPLIT = "needs an uneven pipeline split"
 
-# The TrainingSpec fields every row sets from the dataset, in the order they are written.
+# The TrainingSpec fields a row's recipe may set (written sorted, besides sequence_parallel).
 _TRAINING_KEYS = ("distributed_optimizer", "flash_attention", "tp_comm_overlap",
                   "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm",
                   "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
@@ -121,6 +121,10 @@ def _training_lines(dataset: dict, row: dict) -> list[str]:
     common = dataset["common"]
     recipe = {**common["recipe"], **dataset["sources"][row["source"]].get("recipe", {}),
               **row.get("recipe", {})}
+    unknown = sorted(set(recipe) - {*_TRAINING_KEYS, "sequence_parallel"})
+    if unknown:
+        raise ValueError(f"{row_name(row)}: recipe keys {unknown} are not TrainingSpec switches "
+                         "this renderer writes")
     fields = _field_names(TrainingSpec)
     values = {key: recipe[key] for key in _TRAINING_KEYS if key in recipe and key in fields}
     values.update(_split_fields(row).get("training", {}))

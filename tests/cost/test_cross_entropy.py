@@ -18,37 +18,50 @@ from tests.conftest import small_scenario
 H100 = GPUS["h100-sxm"]
 FP32, BF16 = 4, 2
 
+# Per kernel (bytes read, bytes written) per logit, from the sources: d is the logits' dtype.
+_NATIVE = {  # megatron/core/fusions/fused_cross_entropy.py, each a torch.compile'd function
+    "forward": lambda d: [(d, FP32),          # calculate_logits_max: cast, max; fp32 logits out
+                          (FP32, FP32),       # calculate_predicted_logits: shift, exp in place
+                          (FP32, FP32)],      # calculate_cross_entropy_loss: softmax in place
+    "backward": lambda d: [(FP32, FP32 + BF16)]}  # calculate_gradients: softmax changed in
+#                                               place (written back), bf16 gradient returned
+_TE = {  # transformer_engine .../triton/cross_entropy.py (TE 2.2-2.17)
+    "forward": lambda d: [(d, 0),             # online_softmax_kernel
+                          (d, d)],            # cross_entropy_kernel: gradient over the logits
+    "backward": lambda d: [(d, d)]}           # element_mul_kernel, in place
 
-def _passes(kernels: str) -> tuple[float, float]:
-    """Bytes per logit (forward, backward), one term per tensor a kernel reads or writes."""
+
+def _passes(kernels: str, d: int) -> tuple[float, float]:
+    """Bytes per logit (forward, backward) summed over the kernels above."""
     if kernels == "unfused":  # the unfused head's own count (`cost.transformer`): 40 and 16
         return 40.0, 16.0
-    if kernels == "native":  # calculate_logits_max, _predicted_logits, _cross_entropy_loss
-        return BF16 + FP32 + (FP32 + FP32) + (FP32 + FP32), FP32 + BF16  # calculate_gradients
-    # TE: online_softmax_kernel reads; cross_entropy_kernel reads and writes the gradient over
-    # the logits; backward element_mul_kernel reads and writes it
-    return BF16 + (BF16 + BF16), BF16 + BF16
+    table = _NATIVE if kernels == "native" else _TE
+    return tuple(float(sum(r + w for r, w in table[side](d))) for side in ("forward", "backward"))
 
 
-def _workload(kernels: str):
+def _workload(kernels: str, precision: str = "bf16"):
     fused = kernels != "unfused"
-    training = TrainingSpec(global_batch_size=8, micro_batch_size=1,
+    training = TrainingSpec(global_batch_size=8, micro_batch_size=1, precision=precision,
                             cross_entropy_loss_fusion=fused,
                             cross_entropy_fusion_impl="te" if kernels == "te" else "native")
     return build_workload(ModelSpec(**{**preset_fields("llama3-8b"), "seq_length": 8192}),
                           training, 1)
 
 
+@pytest.mark.parametrize("precision, d", [("bf16", BF16), ("fp32", FP32)])
 @pytest.mark.parametrize("kernels", ["native", "te"])
 @pytest.mark.parametrize("backward", [False, True])
-def test_a_fused_cross_entropy_saves_the_bytes_its_kernels_do_not_move(kernels, backward):
+def test_a_fused_cross_entropy_saves_the_bytes_its_kernels_do_not_move(kernels, backward,
+                                                                       precision, d):
     """head_s differs from the unfused head by the bytes saved at the streaming rate, on a
-    128,256-entry vocabulary over 8,192 tokens (one GPU's logits, 1.05e9)."""
-    unfused, fused = _workload("unfused"), _workload(kernels)
+    128,256-entry vocabulary over 8,192 tokens (one GPU's logits, 1.05e9), for bf16 and fp32
+    logits."""
+    unfused, fused = _workload("unfused", precision), _workload(kernels, precision)
     assert fused.cross_entropy == kernels and unfused.cross_entropy == "unfused"
+    assert fused.dtype_bytes == d
     logits = 8192 * unfused.vocab
     side = int(backward)
-    saved = (_passes("unfused")[side] - _passes(kernels)[side]) * logits
+    saved = (_passes("unfused", d)[side] - _passes(kernels, d)[side]) * logits
     rate = H100.memory_bandwidth_bytes_per_s * H100.memory_efficiency
     assert head_s(H100, unfused, 1, backward) - head_s(H100, fused, 1, backward) == \
         pytest.approx(saved / rate, rel=1e-9)

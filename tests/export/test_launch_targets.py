@@ -218,6 +218,7 @@ def test_the_fused_cross_entropy_is_exported_as_its_megatron_flags(fusion, impl,
     parsed = parse(shlex.split(files["megatron_args.txt"]), UPSTREAM)
     assert ("--cross-entropy-loss-fusion" in parsed) == fusion
     assert parsed.get("--cross-entropy-fusion-impl", [] if fusion else None) == expected
+    assert ("refuses it" in files["README.md"]) == (expected == ["te"])
 
 
 def test_the_holmes_fork_cannot_express_the_fused_cross_entropy():

@@ -107,7 +107,6 @@ def test_rendered_rows_load_with_the_recipe_settings_holmes_sim_has():
     assert scenario.model.num_query_groups == 8 and scenario.model.swiglu
 
 
-
 @pytest.mark.parametrize("model, source, kernels", [
     ("LLAMA2-70B", "nemo-24.07", "unfused"), ("LLAMA3-70B", "nemo-24.07", "native"),
     ("Nemotron-8B", "nemo-24.07", "native"), ("LLAMA3_70B", "megatron-bridge-25.11", "te")])
@@ -122,6 +121,16 @@ def test_each_row_runs_the_cross_entropy_its_launch_configuration_sets(model, so
     scenario = load_scenario_text(scenario_text(data, row))
     w = build_workload(scenario.model, scenario.training, row["tp"])
     assert w.cross_entropy == kernels
+
+
+def test_a_recipe_key_the_renderer_does_not_write_is_refused():
+    """A misspelt switch in a data file stops the rendering instead of vanishing from it."""
+    data = _data()
+    row = dict(next(r for r in data["rows"] if r["model"] == "LLAMA3-70B"),
+               recipe={"cross_entropy_loss_fusions": True})
+    with pytest.raises(ValueError, match="cross_entropy_loss_fusions"):
+        scenario_text(data, row)
+
 
 def test_step_time_comes_from_tokens_per_second_and_sets_the_error():
     """LLAMA3_70B on 64 GPUs, Megatron-Bridge 25.11: 128 x 8192 / (1602 x 64) = 10.227 s."""
