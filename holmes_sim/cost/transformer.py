@@ -221,21 +221,13 @@ def attention_core_s(gpu: GpuModel, k: LayerKernels, d: int, backward: bool) -> 
     return _gemms_s(gpu, k.attention, d, backward) + _memory_s(gpu, nbytes)
 
 
-USERBUFFER_COMM_SMS = 16
-"""SMs a Transformer Engine userbuffer collective of the `pipeline` method holds beside its GEMM
-(`initialize_ub` defaults, transformer_engine/pytorch/module/base.py: `num_sm` 16, with
-`set_sm_margin`, which launches the GEMM on the SMs left; NeMo's tuned H100 configurations,
-nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py, give these overlaps 16-24 SMs
-and the margin too)."""
-
-
 def userbuffer_sm_gemms(w: Workload, tp: int, backward: bool) -> tuple[Gemm, ...]:
     """The GEMMs of a layer pass that run beside a pipelined userbuffer reduce-scatter under
     `--tp-comm-overlap`: the forward's projection and fc2 (TE `proj_fprop`, `fc2_fprop`). The
     all-gathers (`ring_exchange`) move data with the copy engines on one SM, and the backward's
     `bulk` overlaps run without the margin on 2-16 SMs depending on the configuration: neither
-    is counted. Empty without the overlap."""
-    if backward or not (w.tp_comm_overlap and w.sequence_parallel and tp > 1):
+    is counted. Empty without the overlap or with no SMs held (`Workload.ub_rs_sms`)."""
+    if backward or not (w.tp_comm_overlap and w.sequence_parallel and tp > 1 and w.ub_rs_sms):
         return ()
     _, proj, _, down = layer_kernels(w, tp).dense[-4:]
     return proj, down
@@ -243,9 +235,9 @@ def userbuffer_sm_gemms(w: Workload, tp: int, backward: bool) -> tuple[Gemm, ...
 
 def userbuffer_sm_loss_s(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> float:
     """Seconds a layer pass's GEMMs lose to the SMs their userbuffer collectives hold: each runs
-    on sm_count - 16 SMs at the same per-SM rate."""
+    on sm_count - `Workload.ub_rs_sms` SMs at the same per-SM rate."""
     d, fp8 = w.dtype_bytes, w.fp8_gemms
-    return sum(gemm_time_s(gpu, g, d, fp8, USERBUFFER_COMM_SMS) - gemm_time_s(gpu, g, d, fp8)
+    return sum(gemm_time_s(gpu, g, d, fp8, w.ub_rs_sms) - gemm_time_s(gpu, g, d, fp8)
                for g in userbuffer_sm_gemms(w, tp, backward))
 
 
@@ -269,7 +261,8 @@ def held_sm_loss_s(gpu: GpuModel, w: Workload, tp: int, held: int) -> tuple[floa
     backward lose when each of their GEMMs runs on sm_count - `held` SMs at the same per-SM rate
     (`gemm_time_s(reserved_sms=)`), beside a collective whose kernels hold `held` SMs: the sum
     over the GEMMs of time on the SMs left minus time on all of them. The forward GEMMs that
-    already run beside a userbuffer collective (`userbuffer_sm_gemms`) lose from sm_count - 16.
+    already run beside a userbuffer collective (`userbuffer_sm_gemms`) lose from sm_count -
+    `Workload.ub_rs_sms`.
     Memory-bound kernels, fused attention and MoE layers' expert GEMMs are not counted; with
     `defer_embedding_wgrad` the output layer's weight gradient is not in the backward. Kept by
     the GEMMs it prices (`_HeldSmShapes`): a search's workloads differ in fields it ignores."""
@@ -280,7 +273,7 @@ class _HeldSmShapes:
     """A workload and TP degree, equal to another where `held_sm_loss_s` prices the same GEMMs:
     the fields `layer_kernels`' dense and attention GEMMs are built from (micro-batch, seq, cp,
     hidden, heads, query groups, FFN, gated MLP, MLA and, with MLA, sequence parallelism, fused
-    attention), the userbuffer GEMMs' condition (`userbuffer_sm_gemms`), the precision, the
+    attention), the userbuffer GEMMs' condition and SMs (`userbuffer_sm_gemms`), the precision, the
     recomputation (selective as none with fused attention, which recomputes no GEMM), the
     vocabulary and the deferred head weight gradient. MoE is priced without (dense GEMMs)."""
 
@@ -291,7 +284,8 @@ class _HeldSmShapes:
         recompute = "none" if w.flash_attention and w.recompute == "selective" else w.recompute
         self.key = (tp, w.micro_batch, w.seq, w.cp, w.hidden, w.heads, w.query_groups, w.ffn,
                     w.swiglu, w.mla, w.mla is not None and w.sequence_parallel,
-                    w.flash_attention, w.tp_comm_overlap and w.sequence_parallel and tp > 1,
+                    w.flash_attention, w.ub_rs_sms if w.tp_comm_overlap and w.sequence_parallel
+                    and tp > 1 else 0,
                     w.dtype_bytes, w.fp8_gemms, recompute, w.vocab, w.defer_embedding_wgrad)
 
     def __hash__(self) -> int:
@@ -317,7 +311,7 @@ def _held_sm_loss_s(gpu: GpuModel, shapes: _HeldSmShapes, held: int) -> tuple[fl
     if w.recompute == "full":
         ub = {len(k.dense) - 3, len(k.dense) - 1} if userbuffer_sm_gemms(w, tp, False) else set()
         layer += loss([g for i, g in enumerate(k.dense) if i not in ub], fp8) + \
-            loss([k.dense[i] for i in sorted(ub)], fp8, USERBUFFER_COMM_SMS)
+            loss([k.dense[i] for i in sorted(ub)], fp8, w.ub_rs_sms)
     if w.recompute in ("full", "selective"):
         layer += loss(k.attention, False)
     dgrad, wgrad = Gemm(w.micro_batch * w.tokens, max(1, w.vocab // tp), w.hidden).backward()
@@ -377,7 +371,7 @@ def tp_userbuffer_windows_s(gpu: GpuModel, w: Workload, tp: int,
     gradient. The forward's reduce-scatter GEMMs run on the SMs their collective leaves
     (`userbuffer_sm_gemms`)."""
     qkv, proj, up, down = layer_kernels(w, tp).dense[-4:]
-    d, fp8, held = w.dtype_bytes, w.fp8_gemms, USERBUFFER_COMM_SMS
+    d, fp8, held = w.dtype_bytes, w.fp8_gemms, w.ub_rs_sms
     if not backward:
         return (gemm_time_s(gpu, qkv, d, fp8), gemm_time_s(gpu, proj, d, fp8, held),
                 gemm_time_s(gpu, up, d, fp8), gemm_time_s(gpu, down, d, fp8, held))

@@ -65,6 +65,8 @@ class Workload:
     """Fused attention (Dao et al. 2022/2023): no s x s score tensor in memory."""
     tp_comm_overlap: bool = False
     """Transformer Engine userbuffer overlap of every TP collective with a GEMM (`TrainingSpec`)."""
+    ub_rs_sms: int = 16
+    """SMs the forward's userbuffer reduce-scatters hold (`TrainingSpec.tp_comm_overlap_rs_sms`)."""
     async_tp_allreduce: bool = False
     """The backward's TP all-reduces overlap the weight-gradient GEMMs (2022, `TrainingSpec`)."""
     overlap_p2p_comm: bool = False
@@ -445,7 +447,7 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         bucket_bytes=160e6 if training.bucket_size_mb is None else training.bucket_size_mb * 1e6,
         bucket_size_given=training.bucket_size_mb is not None,
         flash_attention=training.flash_attention,
-        tp_comm_overlap=training.tp_comm_overlap,
+        tp_comm_overlap=training.tp_comm_overlap, ub_rs_sms=training.tp_comm_overlap_rs_sms,
         async_tp_allreduce=training.async_tensor_model_parallel_allreduce,
         overlap_p2p_comm=training.overlap_p2p_comm,
         defer_embedding_wgrad=training.defer_embedding_wgrad_compute,

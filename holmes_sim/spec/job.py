@@ -122,6 +122,14 @@ class TrainingSpec:
     default off): Transformer Engine's userbuffer overlap of every TP all-gather and
     reduce-scatter, forward and backward, with the GEMM beside it. Needs sequence_parallel and
     TP > 1."""
+    tp_comm_overlap_rs_sms: int = 16
+    """With tp_comm_overlap: SMs each of the forward's two userbuffer reduce-scatters (TE
+    `proj_fprop`, `fc2_fprop`) holds beside its GEMM, which runs on the SMs left (`set_sm_margin`):
+    16, Transformer Engine's `pipeline` default (`initialize_ub`,
+    transformer_engine/pytorch/module/base.py), as NeMo's tuned H100 configurations give 16-24;
+    1 where the `--tp-comm-overlap-cfg` file runs them as `ring_exchange` with `num_sm: 1`
+    (Megatron-Bridge's FP8 H100 configurations, training/comm_overlap.py); 0 for none. The
+    export does not write the TE configuration file."""
     async_tensor_model_parallel_allreduce: bool = False
     """The backward's TP all-reduce (reduce-scatter with SP) of each column-parallel linear's
     input gradient runs concurrently with that linear's weight-gradient GEMM: Megatron-LM's

@@ -103,6 +103,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "sm_count": Bound(1, 100_000),
     "top_k": Bound(1, 1000),
     "bucket_size_mb": Bound(1e-3, 1e9),  # 1e9: one bucket for any model
+    "tp_comm_overlap_rs_sms": Bound(0, 64),  # of an H100's 132 SMs, NeMo's configs use 1-32
     "compute_cv": Bound(0, 2),
     "tolerance_pct": _positive(1000),
     "timeout_s": _positive(7 * 86400),

@@ -35,7 +35,8 @@ NEEDS_UNEVEN_SPLIT = "needs an uneven pipeline split"
 # The TrainingSpec fields a row's recipe may set (written sorted, besides sequence_parallel).
 _TRAINING_KEYS = ("distributed_optimizer", "flash_attention", "tp_comm_overlap",
                   "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm",
-                  "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
+                  "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+                  "tp_comm_overlap_rs_sms")
 
 
 def is_nemo_dataset(dataset: dict) -> bool:

@@ -48,3 +48,19 @@ def test_no_reservation_without_the_overlap_its_sequence_parallelism_or_a_tp_gro
     for w, tp in ((_llama(tp_comm_overlap=False), 4), (_llama(sequence_parallel=False), 4),
                   (_llama(), 1)):
         assert T.userbuffer_sm_gemms(w, tp, False) == ()
+
+
+@pytest.mark.parametrize("sms", [0, 1, 24])
+def test_the_forward_gemms_lose_the_sms_the_configuration_gives_its_reduce_scatters(sms):
+    """`training.tp_comm_overlap_rs_sms`: ring exchanges on 1 SM (Megatron-Bridge's FP8 H100
+    configurations) cost the projection and fc2 what one SM fewer gives, none costs nothing,
+    and the loss rises with the SMs held."""
+    w = _llama(ub_rs_sms=sms)
+    _, proj, _, down = T.layer_kernels(w, 4).dense
+    plain = dataclasses.replace(w, tp_comm_overlap=False)
+    loss = sum(gemm_time_s(H100, g, reserved_sms=sms) - gemm_time_s(H100, g) for g in (proj, down))
+    assert T.layer_pass_s(H100, w, 4, False) - T.layer_pass_s(H100, plain, 4, False) == \
+        pytest.approx(loss, abs=1e-15)
+    assert (T.userbuffer_sm_gemms(w, 4, False) == ()) == (sms == 0)
+    default = T.userbuffer_sm_loss_s(H100, _llama(), 4, False)
+    assert (T.userbuffer_sm_loss_s(H100, w, 4, False) < default) == (sms < 16)
