@@ -221,13 +221,19 @@ def attention_core_s(gpu: GpuModel, k: LayerKernels, d: int, backward: bool) -> 
     return _gemms_s(gpu, k.attention, d, backward) + _memory_s(gpu, nbytes)
 
 
+def userbuffer_rs_sms(w: Workload, tp: int) -> int:
+    """SMs the forward's userbuffer reduce-scatters hold beside their GEMMs: `Workload.ub_rs_sms`
+    under `--tp-comm-overlap` (with sequence parallelism and TP > 1), else 0."""
+    return w.ub_rs_sms if w.tp_comm_overlap and w.sequence_parallel and tp > 1 else 0
+
+
 def userbuffer_sm_gemms(w: Workload, tp: int, backward: bool) -> tuple[Gemm, ...]:
     """The GEMMs of a layer pass that run beside a pipelined userbuffer reduce-scatter under
     `--tp-comm-overlap`: the forward's projection and fc2 (TE `proj_fprop`, `fc2_fprop`). The
     all-gathers (`ring_exchange`) move data with the copy engines on one SM, and the backward's
     `bulk` overlaps run without the margin on 2-16 SMs depending on the configuration: neither
     is counted. Empty without the overlap or with no SMs held (`Workload.ub_rs_sms`)."""
-    if backward or not (w.tp_comm_overlap and w.sequence_parallel and tp > 1 and w.ub_rs_sms):
+    if backward or not userbuffer_rs_sms(w, tp):
         return ()
     _, proj, _, down = layer_kernels(w, tp).dense[-4:]
     return proj, down
@@ -284,9 +290,7 @@ class _HeldSmShapes:
         recompute = "none" if w.flash_attention and w.recompute == "selective" else w.recompute
         self.key = (tp, w.micro_batch, w.seq, w.cp, w.hidden, w.heads, w.query_groups, w.ffn,
                     w.swiglu, w.mla, w.mla is not None and w.sequence_parallel,
-                    w.flash_attention, w.ub_rs_sms if w.tp_comm_overlap and w.sequence_parallel
-                    and tp > 1 else 0,
-                    w.dtype_bytes, w.fp8_gemms, recompute, w.vocab, w.defer_embedding_wgrad)
+                    w.flash_attention, userbuffer_rs_sms(w, tp), w.dtype_bytes, w.fp8_gemms, recompute, w.vocab, w.defer_embedding_wgrad)
 
     def __hash__(self) -> int:
         return hash(self.key)
