@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from holmes_sim.hardware.catalog import GPUS, NICS
 from holmes_sim.model.flops import megatron_core_flop
 from holmes_sim.spec.load import load_scenario_text
 from holmes_sim.validation import nemo_summary, reported_step
@@ -113,3 +114,39 @@ def test_the_causal_count_shows_less_than_the_published_tflops():
     result = evaluate(case)
     assert result.error == pytest.approx(result.predicted_iteration_s / case.measured_iteration_s - 1)
     assert 300 < result.case.measured_tflops_per_gpu < 408.8
+
+
+def test_the_32b_row_could_not_have_run_at_micro_batch_one():
+    """Megatron-LM r0.8.0 reduces gradients in fp32 under --bf16 and hides the reduce-scatter
+    only under the last micro-batch's backward and the parameter all-gather under the first
+    forward. At TP 8 each 48-rank group has one rank per node, on its own 400 Gb/s NIC. With m
+    micro-batches of compute C the step is at least C + t_dp - C / m; C is at least the causal
+    FLOP count at the H100's sustained GEMM rate, t_dp the bytes at the NIC's achievable rate.
+    Micro-batch 1 (m = 4) cannot reach the published step, micro-batch 2 can, and the row is
+    rendered at 2; at the bare line rate m = 4 would need C within 4% of that floor."""
+    data = _data(MEGATRON)
+    row = next(r for r in data["rows"] if r["model"] == "GPT-32B")
+    arch = row["architecture"]
+    L, h, V, tp, dp = arch["num_layers"], arch["hidden_size"], arch["vocab_size"], row["tp"], 48
+    params_per_gpu = (L * 12 * h * h + 2 * V * h) / tp
+    nic = NICS["connectx-7"]
+    dp_bytes = params_per_gpu * (4 + 2) * (dp - 1) / dp  # fp32 gradients, bf16 parameters
+    t_line = dp_bytes / nic.bandwidth_bytes_per_s
+    t_dp = t_line / nic.efficiency
+    step = nemo_summary.measured_iteration_s(row)
+    flop = megatron_core_flop(row["global_batch"], row["seq_length"], L, h, V, 4 * h,
+                              arch["num_attention_heads"], arch["num_attention_heads"], False)
+    gpu = GPUS["h100-sxm"]
+    c_min = flop / row["gpus"] / (gpu.peak_flop_per_s * gpu.compute_efficiency)
+    per_replica = row["global_batch"] // dp
+
+    def largest_compute(micro_batch: int, t: float) -> float:
+        m = per_replica // micro_batch
+        return (step - t) / (1 - 1 / m) if m > 1 else float("inf")
+
+    assert 0.45 < t_line < 0.47 and 0.88 < step < 0.90
+    assert largest_compute(1, t_dp) < c_min < largest_compute(1, t_line) < 1.04 * c_min
+    assert largest_compute(2, t_dp) > 1.3 * c_min
+    assert row["micro_batch"] == 2 and "micro_batch_source" in row
+    scenario = load_scenario_text(scenario_text(data, row))
+    assert scenario.training.micro_batch_size == 2
