@@ -27,10 +27,16 @@ PROFILE_SCHEMA = "holmes-sim-profile/1"
 # The mixed-precision optimizer step is memory-bound. Per parameter of the GPU's shard (Megatron's
 # FP16/BF16 optimizer, optimizer.py): copy the 16-bit gradient to the fp32 main gradient (2 + 4),
 # unscale and check for inf/NaN (4 + 4), gradient-norm clipping reads it (4), Adam reads and writes
-# the fp32 master weight, momentum and variance and reads the gradient (3 x 8 + 4), the master
-# weight is copied back to the 16-bit model weight (4 + 2), and the 16-bit gradient is zeroed (2):
-# 54 bytes of HBM traffic.
-_ADAM_BYTES_PER_PARAM = 54.0
+# the fp32 master weight, momentum and variance and reads the gradient (3 x 8 + 4), and the master
+# weight is copied back to the 16-bit model weight (4 + 2): 52 bytes of HBM traffic.
+_ADAM_BYTES_PER_PARAM = 52.0
+# Every step also passes over the GPU's whole gradient buffer (every parameter it holds, sharded
+# optimizer or not), g bytes per gradient: zeroed before the first micro-batch (g written;
+# Megatron-Core `ParamAndGradBuffer.reset`, `grad_data.zero_()`) and scaled by the data-parallel
+# averaging factor before each bucket's reduction (g read, g written; `start_grad_sync`,
+# `grad_data *= gradient_scaling_factor`, megatron/core/distributed/param_and_grad_buffer.py;
+# PyTorch DDP's default all-reduce hook divides likewise).
+_GRADIENT_BUFFER_PASSES = 3.0
 
 
 class ComputeModel(Protocol):
@@ -43,6 +49,12 @@ class ComputeModel(Protocol):
     def head_s(self, gpu: GpuModel, workload: Workload, tp: int, backward: bool) -> float: ...
 
     def optimizer_s(self, gpu: GpuModel, params_per_gpu: float) -> float: ...
+
+    def gradient_buffer_s(self, gpu: GpuModel, workload: Workload, params_per_gpu: float) -> float:
+        """Seconds a step spends zeroing and scaling the gradients of `params_per_gpu`
+        parameters (the GPU's whole buffer, not its optimizer shard); 0 when the model cannot
+        tell."""
+        ...
 
     def op_overhead_s(self, gpu: GpuModel) -> float:
         """Fixed cost of launching one forward or backward op (framework time), seconds."""
@@ -92,6 +104,10 @@ class KernelCompute:
         return params_per_gpu * _ADAM_BYTES_PER_PARAM / (gpu.memory_bandwidth_bytes_per_s *
                                                          gpu.memory_efficiency)
 
+    def gradient_buffer_s(self, gpu: GpuModel, workload: Workload, params_per_gpu: float) -> float:
+        return (params_per_gpu * _GRADIENT_BUFFER_PASSES * workload.grad_bytes
+                / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency))
+
     def op_overhead_s(self, gpu: GpuModel) -> float:
         return 0.0  # kernel launches overlap GPU work in a well-fed training loop
 
@@ -135,6 +151,9 @@ class ProfiledCompute:
 
     def optimizer_s(self, gpu: GpuModel, params_per_gpu: float) -> float:
         return self._get(gpu, "optimizer_s_per_param") * params_per_gpu
+
+    def gradient_buffer_s(self, gpu: GpuModel, workload: Workload, params_per_gpu: float) -> float:
+        return 0.0  # the measured optimizer step includes the backend's gradient passes
 
     def op_overhead_s(self, gpu: GpuModel) -> float:
         entry = self.times.get(gpu.name, {})

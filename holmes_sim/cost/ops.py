@@ -258,6 +258,11 @@ class OpCosts:
         """The optimizer step of `params_per_gpu` parameters on one GPU of `node` (s)."""
         return self.compute.optimizer_s(node.gpu, params_per_gpu) / node.speed
 
+    def gradient_buffer_s(self, node: Node, params_per_gpu: float) -> float:
+        """Zeroing and scaling the gradient buffer of `params_per_gpu` parameters on one GPU of
+        `node` once a step (s)."""
+        return self.compute.gradient_buffer_s(node.gpu, self.workload, params_per_gpu) / node.speed
+
 
 def first_release_point(runs: tuple[tuple[BucketRun | None, float, float], ...],
                         reduce_experts: bool) -> float:

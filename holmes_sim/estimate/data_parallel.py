@@ -219,6 +219,7 @@ class DataParallelPricing:
                                         emb[1], emb[2])
         node = self.net.node(s, d)
         params, expert = sum(self._params(s)), sum(self._split_params(s, expert=True))
+        t += self.costs.gradient_buffer_s(node, params / p.tp)
         if expert == 0:  # `OpCosts.stage_params`
             t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
         else:  # the experts' state sharded over their expert-data-parallel group

@@ -267,14 +267,17 @@ class _Simulation:
         return chunks, self._optimizer_s(node, s)
 
     def _optimizer_s(self, node, s: int) -> float:
-        """The step over the GPU's state shard (the experts' over their EDP group, `gradient_buckets`)."""
+        """The step over the GPU's state shard (the experts' over their EDP group, `gradient_buckets`)
+        and the passes over its whole gradient buffer (`OpCosts.gradient_buffer_s`)."""
         p, expert = self.plan, self.costs.stage_expert_params(self.plan.layers_per_stage, self.plan.pp, s)
         params = self.costs.stage_params(p.layers_per_stage, p.pp, s)
         shard = p.dp if p.optimizer.sharded else 1
+        buffer = self.costs.gradient_buffer_s(node, params / p.tp)
         if expert == 0:
-            return self.costs.optimizer_s(node, params / p.tp / shard)
+            return self.costs.optimizer_s(node, params / p.tp / shard) + buffer
         edp = p.dp // self.workload.ep_replicas if p.optimizer.sharded else 1
-        return self.costs.optimizer_s(node, (params - expert) / p.tp / shard + expert / p.tp / edp)
+        return self.costs.optimizer_s(node, (params - expert) / p.tp / shard
+                                      + expert / p.tp / edp) + buffer
 
     def _buckets(self, s: int, c: int) -> list[Bucket]:
         """Gradient buckets of chunk c of stage s in release order (`sim.gradient_buckets`)."""

@@ -32,6 +32,9 @@ class UniformCompute:
     def optimizer_s(self, gpu, params_per_gpu):
         return 0.0
 
+    def gradient_buffer_s(self, gpu, workload, params_per_gpu):
+        return 0.0
+
     def op_overhead_s(self, gpu):
         return 0.0
 
