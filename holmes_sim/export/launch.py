@@ -34,9 +34,10 @@ from pathlib import Path
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import FieldError, PlanError, ScenarioError
-from holmes_sim.export.model_args import (TE_CROSS_ENTROPY_REFUSED, architecture_args,
+from holmes_sim.export.model_args import (TE_CROSS_ENTROPY_REFUSED, USERBUFFER_CONFIG,
+                                          USERBUFFER_ZERO_SMS, architecture_args,
                                           expert_tensor_args, loss_args, overlap_args,
-                                          split_args)
+                                          split_args, userbuffer_config)
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
@@ -334,8 +335,10 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
             + _cp_comm_args(workload, plan)] + hargs if hargs else []
     net = upstream_net(plan)
     groups = group_nccl_settings(plan)
+    ub = userbuffer_config(workload) if "--tp-comm-overlap" in margs else None
     files = {"hostfile": "".join(f"{h} slots={n.num_gpus}\n" for h, n in zip(names, nodes)),
-             "megatron_args.txt": shlex.join(margs) + "\n",
+             "megatron_args.txt": shlex.join(
+                 margs + (["--tp-comm-overlap-cfg", USERBUFFER_CONFIG] if ub else [])) + "\n",
              "plan.json": plan.to_json() + "\n",
              "nccl.json": json.dumps({"nodes": {n.name: node_nccl_env(n) for n in nodes},
                                       "groups": groups,
@@ -346,13 +349,31 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
         files["holmes_config.json"] = json.dumps(holmes_config(nodes), indent=2) + "\n"
     launches = [NodeLaunch(h, n.num_gpus, nic_class(n), upstream_node_env(n, net),
                            upstream_node_env(n, "Socket")) for h, n in zip(names, nodes)]
-    files["launch.sh"] = launch_script(launches, margs, fork, script, net, MASTER_PORT)
+    if ub:
+        files[USERBUFFER_CONFIG] = ub
+    files["launch.sh"] = launch_script(launches, margs, fork, script, net, MASTER_PORT,
+                                       USERBUFFER_CONFIG if ub else None)
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
-    notes = (TE_CROSS_ENTROPY_REFUSED,) if workload.cross_entropy == "te" else ()
+    notes = _notes(workload, margs, ub)
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes)
     return LaunchFiles(files)
+
+
+def _notes(workload: Workload, margs: list[str], ub: str | None) -> tuple[str, ...]:
+    """The export README's notes on exported arguments and files."""
+    notes: list[str] = []
+    if workload.cross_entropy == "te":
+        notes.append(TE_CROSS_ENTROPY_REFUSED)
+    if ub:
+        notes.append(f"`{USERBUFFER_CONFIG}` sets the userbuffer overlap of the forward's "
+                     "reduce-scatters as simulated; `launch.sh` passes it to upstream Megatron-LM "
+                     "as `--tp-comm-overlap-cfg` with its path in this folder (`megatron_args.txt` "
+                     "names it relative to the folder).")
+    elif "--tp-comm-overlap" in margs and workload.ub_rs_sms == 0:
+        notes.append(USERBUFFER_ZERO_SMS)
+    return tuple(notes)
 
 
 def _wrapper(target: str) -> str:

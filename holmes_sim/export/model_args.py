@@ -115,6 +115,46 @@ def overlap_args(w: Workload, interleaved: bool) -> list[str]:
     return args
 
 
+USERBUFFER_CONFIG = "tp_comm_overlap_cfg.yaml"
+"""The export's Transformer Engine userbuffer configuration (`--tp-comm-overlap-cfg`)."""
+TE_PIPELINE_RS_SMS = 16
+"""SMs of Transformer Engine's default `pipeline` reduce-scatter overlap (`initialize_ub`'s
+`get_default_config`, transformer_engine/pytorch/module/base.py)."""
+_RS_GEMMS = ("proj_fprop", "fc2_fprop")
+
+
+def userbuffer_config(w: Workload) -> str | None:
+    """YAML for `--tp-comm-overlap-cfg` (Megatron-LM loads it with `yaml.safe_load` and passes it
+    to Transformer Engine's `initialize_ub` as `ub_cfgs`, each entry updating that GEMM's
+    default): the forward's two reduce-scatter GEMMs, `proj_fprop` and `fc2_fprop`, holding the
+    SMs the plan was simulated with (`TrainingSpec.tp_comm_overlap_rs_sms`). 1 SM is a
+    `ring_exchange` as in Megatron-Bridge's FP8 H100 configurations, n >= 2 a `pipeline` of n
+    SMs with 4 splits (its `PipelineOverlapCfg`, megatron/bridge/training/comm_overlap.py).
+    None without the overlap, at TE's default (16) and at 0, which no TE configuration
+    expresses (`USERBUFFER_ZERO_SMS`)."""
+    sms = w.ub_rs_sms
+    if not w.tp_comm_overlap or sms in (0, TE_PIPELINE_RS_SMS):
+        return None
+    fields = ({"method": "ring_exchange", "num_sm": 1, "cga_size": 1, "set_sm_margin": "true"}
+              if sms == 1 else
+              {"method": "pipeline", "num_sm": sms, "cga_size": 2, "num_splits": 4,
+               "set_sm_margin": "true"})
+    lines = [f"# Transformer Engine userbuffer overlap (`--tp-comm-overlap-cfg`): the forward's "
+             f"reduce-scatter GEMMs hold {sms} SM{'s' if sms > 1 else ''} each, as simulated "
+             "(training.tp_comm_overlap_rs_sms); every other GEMM keeps TE's default."]
+    for gemm in _RS_GEMMS:
+        lines += [f"{gemm}:", *(f"  {key}: {value}" for key, value in fields.items())]
+    return "\n".join(lines) + "\n"
+
+
+USERBUFFER_ZERO_SMS = (
+    "The plan was simulated with `training.tp_comm_overlap_rs_sms: 0` (the forward's userbuffer "
+    "reduce-scatters holding no SM), which no Transformer Engine configuration expresses: every "
+    "userbuffer overlap holds at least one SM. The launch runs TE's default, 16 SMs each, and "
+    "its forward GEMMs beside them run on the SMs left, slower than simulated.")
+"""The export README's note on `tp_comm_overlap_rs_sms: 0`."""
+
+
 def loss_args(w: Workload) -> list[str]:
     """Arguments of `pretrain_gpt.py` for the fused cross entropy; nothing when unfused.
     Megatron-LM from core_v0.19.0 (168cb15, 2026-06) refuses `--cross-entropy-fusion-impl te`

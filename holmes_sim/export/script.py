@@ -84,8 +84,10 @@ def _env_words(env: dict[str, str]) -> str:
 
 
 def launch_script(nodes: list[NodeLaunch], margs: list[str], fork: list[str], script: str,
-                  net: str, master_port: int) -> str:
-    """`launch.sh [megatron|holmes] [extra arguments]`, the same file on every node."""
+                  net: str, master_port: int, ub_config: str | None = None) -> str:
+    """`launch.sh [megatron|holmes] [extra arguments]`, the same file on every node; `ub_config`,
+    a Transformer Engine userbuffer configuration in the launch folder that upstream Megatron-LM
+    gets as `--tp-comm-overlap-cfg` with its absolute path."""
     lines = [
         "#!/usr/bin/env bash",
         "# Run on every node: launch.sh [megatron|holmes] [data, tokenizer, schedule and checkpoint",
@@ -102,6 +104,8 @@ def launch_script(nodes: list[NodeLaunch], margs: list[str], fork: list[str], sc
         "# the Holmes fork: the world group on TCP; config.json sets each group's network",
         _array("ENV_HOLMES", [_env_words(n.env_holmes) for n in nodes]),
         _array("MEGATRON_ARGS", margs),
+        *([f'MEGATRON_ARGS+=(--tp-comm-overlap-cfg "$(cd "$(dirname "${{BASH_SOURCE[0]}}")" '
+           f'&& pwd)/{ub_config}")'] if ub_config else []),
         _array("HOLMES_ARGS", fork),
         f"SCRIPT={shlex.quote(script)}",
         _FIND_RANK % master_port + _RUN,

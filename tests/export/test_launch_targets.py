@@ -12,9 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from holmes_sim.errors import PlanError
-from holmes_sim.export.launch import launch_files, node_order, read_hosts
+from holmes_sim.export.launch import LaunchFiles, launch_files, node_order, read_hosts
 from holmes_sim.export.model_args import architecture_args
 from holmes_sim.model.workload import build_workload
 from holmes_sim.prepare import prepare
@@ -231,3 +232,56 @@ def test_the_holmes_fork_cannot_express_the_fused_cross_entropy():
         text = launch_files(plan, cluster, prepared.workload, "bf16").files["holmes_args.txt"]
         assert text.startswith("# not expressible") != expressible
     assert "no --cross-entropy-loss-fusion" in text
+
+
+# The keys of a Transformer Engine userbuffer configuration entry that `initialize_ub`'s
+# `get_default_config` defines (transformer_engine/pytorch/module/base.py, which updates each
+# default with the user's entry) and the methods it knows.
+TE_UB_KEYS = {"method", "is_reduce_scatter", "num_sm", "cga_size", "set_sm_margin", "num_splits",
+              "aggregate", "atomic_gemm", "fp8_buf", "use_ce", "pipeline_rs_overlap_first_gemm"}
+TE_UB_METHODS = {"ring_exchange", "pipeline", "bulk", "external"}
+MBRIDGE_70B = (Path(__file__).parents[2] / "validation" / "published" / "scenarios" /
+               "nemo_dgx_h100" / "llama3-70b-64gpu-mbridge-25.11.yaml")
+
+
+def _export_with_rs_sms(write_scenario, sms: int) -> dict[str, str]:
+    text = MBRIDGE_70B.read_text().replace("tp_comm_overlap_rs_sms: 1",
+                                           f"tp_comm_overlap_rs_sms: {sms}")
+    prepared = prepare(write_scenario(text))
+    assert prepared.workload.ub_rs_sms == sms
+    plan, cluster = plan_policy(prepared, "megatron")
+    return launch_files(plan, cluster, prepared.workload, "fp8").files
+
+
+@pytest.mark.parametrize("sms, method", [(1, "ring_exchange"), (8, "pipeline"), (24, "pipeline")])
+def test_the_userbuffer_config_holds_the_simulated_reduce_scatter_sms(write_scenario, sms, method,
+                                                                       tmp_path):
+    files = _export_with_rs_sms(write_scenario, sms)
+    config = yaml.safe_load(files["tp_comm_overlap_cfg.yaml"])
+    assert set(config) == {"proj_fprop", "fc2_fprop"}
+    for entry in config.values():
+        assert set(entry) <= TE_UB_KEYS and entry["method"] in TE_UB_METHODS
+        assert (entry["method"], entry["num_sm"], entry["set_sm_margin"]) == (method, sms, True)
+    parsed = parse(shlex.split(files["megatron_args.txt"]), UPSTREAM)
+    assert parsed["--tp-comm-overlap-cfg"] == ["tp_comm_overlap_cfg.yaml"]
+    assert "--tp-comm-overlap" in parsed
+    LaunchFiles(files).write(tmp_path / "out")
+    proc = subprocess.run(["bash", str(tmp_path / "out" / "launch_megatron.sh")], cwd="/",
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "NODE_RANK": "0", "DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    words = shlex.split(proc.stdout)
+    path = Path(words[words.index("--tp-comm-overlap-cfg") + 1])
+    assert path.is_absolute() and yaml.safe_load(path.read_text()) == config
+    assert "tp_comm_overlap_cfg.yaml" in files["README.md"]
+
+
+@pytest.mark.parametrize("sms", [16, 0])
+def test_no_userbuffer_config_where_te_default_runs(write_scenario, sms):
+    """16 is Transformer Engine's own `pipeline` default; 0 has no TE configuration, and the
+    README says the launch holds TE's 16 where 0 was simulated."""
+    files = _export_with_rs_sms(write_scenario, sms)
+    assert "tp_comm_overlap_cfg.yaml" not in files
+    assert "--tp-comm-overlap-cfg" not in files["megatron_args.txt"]
+    assert "--tp-comm-overlap-cfg" not in files["launch.sh"]
+    assert ("tp_comm_overlap_rs_sms: 0" in files["README.md"]) == (sms == 0)
