@@ -336,15 +336,16 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     net = upstream_net(plan)
     groups = group_nccl_settings(plan)
     ub = userbuffer_config(workload) if "--tp-comm-overlap" in margs else None
+    ub_args = ["--tp-comm-overlap-cfg", USERBUFFER_CONFIG] if ub else []
     files = {"hostfile": "".join(f"{h} slots={n.num_gpus}\n" for h, n in zip(names, nodes)),
-             "megatron_args.txt": shlex.join(
-                 margs + (["--tp-comm-overlap-cfg", USERBUFFER_CONFIG] if ub else [])) + "\n",
+             "megatron_args.txt": shlex.join(margs + ub_args) + "\n",
              "plan.json": plan.to_json() + "\n",
              "nccl.json": json.dumps({"nodes": {n.name: node_nccl_env(n) for n in nodes},
                                       "groups": groups,
                                       "upstream_job_wide": {"NCCL_NET": net}},
                                      indent=2, sort_keys=True) + "\n"}
-    files["holmes_args.txt"] = shlex.join(fork) + "\n" if fork else f"# not expressible: {why_not}\n"
+    files["holmes_args.txt"] = shlex.join(fork + ub_args) + "\n" if fork else \
+        f"# not expressible: {why_not}\n"
     if fork:
         files["holmes_config.json"] = json.dumps(holmes_config(nodes), indent=2) + "\n"
     launches = [NodeLaunch(h, n.num_gpus, nic_class(n), upstream_node_env(n, net),
@@ -368,9 +369,9 @@ def _notes(workload: Workload, margs: list[str], ub: str | None) -> tuple[str, .
         notes.append(TE_CROSS_ENTROPY_REFUSED)
     if ub:
         notes.append(f"`{USERBUFFER_CONFIG}` sets the userbuffer overlap of the forward's "
-                     "reduce-scatters as simulated; `launch.sh` passes it to upstream Megatron-LM "
-                     "as `--tp-comm-overlap-cfg` with its path in this folder (`megatron_args.txt` "
-                     "names it relative to the folder).")
+                     "reduce-scatters as simulated; `launch.sh` passes it as "
+                     "`--tp-comm-overlap-cfg` with its path in this folder (`megatron_args.txt` "
+                     "and `holmes_args.txt` name it relative to the folder).")
     elif "--tp-comm-overlap" in margs and workload.ub_rs_sms == 0:
         notes.append(USERBUFFER_ZERO_SMS)
     return tuple(notes)

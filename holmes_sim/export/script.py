@@ -83,11 +83,21 @@ def _env_words(env: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
 
+def _with_ub_config(ub_config: str, fork: list[str]) -> list[str]:
+    """Lines of launch.sh that pass `ub_config`, a file of the launch folder, by its absolute path
+    as `--tp-comm-overlap-cfg` to upstream Megatron-LM and, when it runs the plan, the fork."""
+    lines = [f'UB_CONFIG="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)/{ub_config}"',
+             'MEGATRON_ARGS+=(--tp-comm-overlap-cfg "$UB_CONFIG")']
+    if fork:
+        lines.append('HOLMES_ARGS+=(--tp-comm-overlap-cfg "$UB_CONFIG")')
+    return lines
+
+
 def launch_script(nodes: list[NodeLaunch], margs: list[str], fork: list[str], script: str,
                   net: str, master_port: int, ub_config: str | None = None) -> str:
     """`launch.sh [megatron|holmes] [extra arguments]`, the same file on every node; `ub_config`,
-    a Transformer Engine userbuffer configuration in the launch folder that upstream Megatron-LM
-    gets as `--tp-comm-overlap-cfg` with its absolute path."""
+    a Transformer Engine userbuffer configuration in the launch folder that both targets get as
+    `--tp-comm-overlap-cfg` with its absolute path."""
     lines = [
         "#!/usr/bin/env bash",
         "# Run on every node: launch.sh [megatron|holmes] [data, tokenizer, schedule and checkpoint",
@@ -104,9 +114,8 @@ def launch_script(nodes: list[NodeLaunch], margs: list[str], fork: list[str], sc
         "# the Holmes fork: the world group on TCP; config.json sets each group's network",
         _array("ENV_HOLMES", [_env_words(n.env_holmes) for n in nodes]),
         _array("MEGATRON_ARGS", margs),
-        *([f'MEGATRON_ARGS+=(--tp-comm-overlap-cfg "$(cd "$(dirname "${{BASH_SOURCE[0]}}")" '
-           f'&& pwd)/{ub_config}")'] if ub_config else []),
         _array("HOLMES_ARGS", fork),
+        *(_with_ub_config(ub_config, fork) if ub_config else []),
         f"SCRIPT={shlex.quote(script)}",
         _FIND_RANK % master_port + _RUN,
     ]

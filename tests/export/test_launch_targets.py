@@ -285,3 +285,24 @@ def test_no_userbuffer_config_where_te_default_runs(write_scenario, sms):
     assert "--tp-comm-overlap-cfg" not in files["megatron_args.txt"]
     assert "--tp-comm-overlap-cfg" not in files["launch.sh"]
     assert ("tp_comm_overlap_rs_sms: 0" in files["README.md"]) == (sms == 0)
+
+
+def test_the_fork_gets_the_userbuffer_config_too(write_scenario, tmp_path):
+    """The Holmes fork's parser has `--tp-comm-overlap-cfg` (holmes_fork_flags.json): a 1F1B
+    holmes plan it can run gets the file by its absolute path, as upstream does."""
+    text = (SCENARIOS / "llama3_70b_h100.yaml").read_text().replace(
+        "  tp_comm_overlap: true\n", "  tp_comm_overlap: true\n  tp_comm_overlap_rs_sms: 1\n").replace(
+        "  schedule: interleaved\n  virtual_stages: 5\n", "  schedule: 1f1b\n")
+    prepared = prepare(write_scenario(text))
+    plan, cluster = plan_policy(prepared, "holmes")
+    files = launch_files(plan, cluster, prepared.workload, "bf16").files
+    parsed = parse(shlex.split(files["holmes_args.txt"]), FORK)
+    assert parsed["--tp-comm-overlap-cfg"] == ["tp_comm_overlap_cfg.yaml"]
+    LaunchFiles(files).write(tmp_path / "out")
+    proc = subprocess.run(["bash", str(tmp_path / "out" / "launch_holmes.sh")], cwd="/",
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "NODE_RANK": "0", "DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    words = shlex.split(proc.stdout)
+    assert words[words.index("--tp-comm-overlap-cfg") + 1] == str(tmp_path / "out" /
+                                                                   "tp_comm_overlap_cfg.yaml")
