@@ -3,7 +3,6 @@ Holmes repository's argument rules, torchrun's rank layout and each node's NICs.
 
 from __future__ import annotations
 
-import shlex
 from types import SimpleNamespace
 
 import pytest
