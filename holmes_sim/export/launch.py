@@ -318,21 +318,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
         raise PlanError(f"{len(hosts)} hosts given for the plan's {len(nodes)} nodes")
     names = hosts or [n.name for n in nodes]
     margs = megatron_args(plan, workload, precision)
-    hargs, why_not = holmes_args(plan, cluster, nodes)
-    if hargs and plan.optimizer in (OptimizerMode.PER_MICROBATCH_OVERLAPPED, OptimizerMode.ZERO1):
-        hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
-    if hargs and workload.defer_embedding_wgrad:
-        hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
-    if hargs and workload.cross_entropy != "unfused":
-        hargs, why_not = [], "the Holmes fork has no --cross-entropy-loss-fusion"
-    if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags
-        hargs, why_not = [], "the Holmes fork has no --moe-ffn-hidden-size (Megatron-Core's MoE)"
-    if hargs and plan.cp > 1 and workload.cp_comm_type != "p2p":
-        # The fork takes --context-parallel-size but not --cp-comm-type: its ring (p2p) only.
-        hargs, why_not = [], f"the Holmes fork runs context parallelism as p2p only, not " \
-            f"{workload.cp_comm_type}"
-    fork = [a for a in margs if a not in _layout_args(plan, workload)
-            + _cp_comm_args(workload, plan)] + hargs if hargs else []
+    fork, why_not = _fork_args(plan, cluster, nodes, workload, margs)
     net = upstream_net(plan)
     groups = group_nccl_settings(plan)
     ub = userbuffer_config(workload) if "--tp-comm-overlap" in margs else None
@@ -360,6 +346,29 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes)
     return LaunchFiles(files)
+
+
+def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Workload,
+               margs: list[str]) -> tuple[list[str], str | None]:
+    """The Holmes fork's arguments (upstream's without the flags its parser predates, and its
+    --hetero flags), or [] and why the fork cannot run the plan."""
+    hargs, why_not = holmes_args(plan, cluster, nodes)
+    if hargs and plan.optimizer in (OptimizerMode.PER_MICROBATCH_OVERLAPPED, OptimizerMode.ZERO1):
+        hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
+    if hargs and workload.defer_embedding_wgrad:
+        hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
+    if hargs and workload.cross_entropy != "unfused":
+        hargs, why_not = [], "the Holmes fork has no --cross-entropy-loss-fusion"
+    if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags
+        hargs, why_not = [], "the Holmes fork has no --moe-ffn-hidden-size (Megatron-Core's MoE)"
+    if hargs and plan.cp > 1 and workload.cp_comm_type != "p2p":
+        # The fork takes --context-parallel-size but not --cp-comm-type: its ring (p2p) only.
+        hargs, why_not = [], f"the Holmes fork runs context parallelism as p2p only, not " \
+            f"{workload.cp_comm_type}"
+    if not hargs:
+        return [], why_not
+    upstream_only = _layout_args(plan, workload) + _cp_comm_args(workload, plan)
+    return [a for a in margs if a not in upstream_only] + hargs, why_not
 
 
 def _notes(workload: Workload, margs: list[str], ub: str | None) -> tuple[str, ...]:
