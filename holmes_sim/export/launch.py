@@ -321,7 +321,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     fork, why_not = _fork_args(plan, cluster, nodes, workload, margs)
     net = upstream_net(plan)
     groups = group_nccl_settings(plan)
-    ub = userbuffer_config(workload) if "--tp-comm-overlap" in margs else None
+    ub = userbuffer_config(workload)
     ub_args = ["--tp-comm-overlap-cfg", USERBUFFER_CONFIG] if ub else []
     files = {"hostfile": "".join(f"{h} slots={n.num_gpus}\n" for h, n in zip(names, nodes)),
              "megatron_args.txt": shlex.join(margs + ub_args) + "\n",
@@ -342,7 +342,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
                                        USERBUFFER_CONFIG if ub else None)
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
-    notes = _notes(workload, margs, ub)
+    notes = _notes(workload, ub)
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes)
     return LaunchFiles(files)
@@ -371,7 +371,7 @@ def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Worklo
     return [a for a in margs if a not in upstream_only] + hargs, why_not
 
 
-def _notes(workload: Workload, margs: list[str], ub: str | None) -> tuple[str, ...]:
+def _notes(workload: Workload, ub: str | None) -> tuple[str, ...]:
     """The export README's notes on exported arguments and files."""
     notes: list[str] = []
     if workload.cross_entropy == "te":
@@ -381,7 +381,7 @@ def _notes(workload: Workload, margs: list[str], ub: str | None) -> tuple[str, .
                      "reduce-scatters as simulated; `launch.sh` passes it as "
                      "`--tp-comm-overlap-cfg` with its path in this folder (`megatron_args.txt` "
                      "and `holmes_args.txt` name it relative to the folder).")
-    elif "--tp-comm-overlap" in margs and workload.ub_rs_sms == 0:
+    elif workload.tp_comm_overlap and workload.ub_rs_sms == 0:
         notes.append(USERBUFFER_ZERO_SMS)
     return tuple(notes)
 

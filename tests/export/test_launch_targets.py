@@ -253,6 +253,18 @@ def _export_with_rs_sms(write_scenario, sms: int) -> dict[str, str]:
     return launch_files(plan, cluster, prepared.workload, "fp8").files
 
 
+def _dry_run_ub_config(files: dict[str, str], tmp_path: Path, target: str) -> Path:
+    """Write the export, dry-run node 0's `target` launch from / and return the path its
+    command passes as `--tp-comm-overlap-cfg`."""
+    LaunchFiles(files).write(tmp_path / "out")
+    proc = subprocess.run(["bash", str(tmp_path / "out" / f"launch_{target}.sh")], cwd="/",
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "NODE_RANK": "0", "DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    words = shlex.split(proc.stdout)
+    return Path(words[words.index("--tp-comm-overlap-cfg") + 1])
+
+
 @pytest.mark.parametrize("sms, method", [(1, "ring_exchange"), (8, "pipeline"), (24, "pipeline")])
 def test_the_userbuffer_config_holds_the_simulated_reduce_scatter_sms(write_scenario, sms, method,
                                                                        tmp_path):
@@ -265,13 +277,7 @@ def test_the_userbuffer_config_holds_the_simulated_reduce_scatter_sms(write_scen
     parsed = parse(shlex.split(files["megatron_args.txt"]), UPSTREAM)
     assert parsed["--tp-comm-overlap-cfg"] == ["tp_comm_overlap_cfg.yaml"]
     assert "--tp-comm-overlap" in parsed
-    LaunchFiles(files).write(tmp_path / "out")
-    proc = subprocess.run(["bash", str(tmp_path / "out" / "launch_megatron.sh")], cwd="/",
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "NODE_RANK": "0", "DRY_RUN": "1"})
-    assert proc.returncode == 0, proc.stderr
-    words = shlex.split(proc.stdout)
-    path = Path(words[words.index("--tp-comm-overlap-cfg") + 1])
+    path = _dry_run_ub_config(files, tmp_path, "megatron")
     assert path.is_absolute() and yaml.safe_load(path.read_text()) == config
     assert "tp_comm_overlap_cfg.yaml" in files["README.md"]
 
@@ -298,11 +304,5 @@ def test_the_fork_gets_the_userbuffer_config_too(write_scenario, tmp_path):
     files = launch_files(plan, cluster, prepared.workload, "bf16").files
     parsed = parse(shlex.split(files["holmes_args.txt"]), FORK)
     assert parsed["--tp-comm-overlap-cfg"] == ["tp_comm_overlap_cfg.yaml"]
-    LaunchFiles(files).write(tmp_path / "out")
-    proc = subprocess.run(["bash", str(tmp_path / "out" / "launch_holmes.sh")], cwd="/",
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "NODE_RANK": "0", "DRY_RUN": "1"})
-    assert proc.returncode == 0, proc.stderr
-    words = shlex.split(proc.stdout)
-    assert words[words.index("--tp-comm-overlap-cfg") + 1] == str(tmp_path / "out" /
-                                                                   "tp_comm_overlap_cfg.yaml")
+    assert _dry_run_ub_config(files, tmp_path, "holmes") == tmp_path / "out" / \
+        "tp_comm_overlap_cfg.yaml"
