@@ -31,12 +31,8 @@ PROFILE_SCHEMA = "holmes-sim-profile/1"
 # weight is copied back to the 16-bit model weight (4 + 2): 52 bytes of HBM traffic.
 _ADAM_BYTES_PER_PARAM = 52.0
 # Every step also passes over the GPU's whole gradient buffer (every parameter it holds, sharded
-# optimizer or not), g bytes per gradient: zeroed before the first micro-batch (g written;
-# Megatron-Core `ParamAndGradBuffer.reset`, `grad_data.zero_()`) and scaled by the data-parallel
-# averaging factor before each bucket's reduction (g read, g written; `start_grad_sync`,
-# `grad_data *= gradient_scaling_factor`, megatron/core/distributed/param_and_grad_buffer.py;
-# PyTorch DDP's default all-reduce hook divides likewise).
-_GRADIENT_BUFFER_PASSES = 3.0
+# optimizer or not), `Workload.gradient_buffer_passes` x g bytes per gradient: the zeroing, the NaN
+# check's norm and the 1/DP scaling (PyTorch DDP's default all-reduce hook divides likewise).
 
 
 class ComputeModel(Protocol):
@@ -105,7 +101,7 @@ class KernelCompute:
                                                          gpu.memory_efficiency)
 
     def gradient_buffer_s(self, gpu: GpuModel, workload: Workload, params_per_gpu: float) -> float:
-        return (params_per_gpu * _GRADIENT_BUFFER_PASSES * workload.grad_bytes
+        return (params_per_gpu * workload.gradient_buffer_passes * workload.grad_bytes
                 / (gpu.memory_bandwidth_bytes_per_s * gpu.memory_efficiency))
 
     def op_overhead_s(self, gpu: GpuModel) -> float:

@@ -121,7 +121,7 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
     if w.flash_attention:
         args.append("--use-flash-attn")
     args += _recompute_args(w.recompute)
-    return args + _optimizer_args(plan) + _bucket_args(plan, w)
+    return args + _optimizer_args(plan) + _bucket_args(plan, w) + _gradient_check_args(w)
 
 
 def _bucket_args(plan: Plan, w: Workload) -> list[str]:
@@ -130,6 +130,13 @@ def _bucket_args(plan: Plan, w: Workload) -> list[str]:
     if w.given_bucket_numel is None or not plan.releases_gradients_in_backward:
         return []
     return ["--ddp-bucket-size", str(w.given_bucket_numel)]
+
+
+def _gradient_check_args(w: Workload) -> list[str]:
+    """`--ddp-average-in-collective` and `--no-check-for-nan-in-loss-and-grad` where the workload
+    departs from Megatron-LM's defaults (scale before the reduction; check for NaN)."""
+    args = ["--ddp-average-in-collective"] if w.average_in_collective else []
+    return args + ([] if w.check_for_nan_in_grad else ["--no-check-for-nan-in-loss-and-grad"])
 
 
 def _layout_args(plan: Plan, w: Workload) -> list[str]:
@@ -357,6 +364,8 @@ def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Worklo
         hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
     if hargs and workload.defer_embedding_wgrad:
         hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
+    if hargs and workload.average_in_collective:
+        hargs, why_not = [], "the Holmes fork has no --ddp-average-in-collective"
     if hargs and workload.cross_entropy != "unfused":
         hargs, why_not = [], "the Holmes fork has no --cross-entropy-loss-fusion"
     if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags

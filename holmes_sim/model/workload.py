@@ -78,6 +78,11 @@ class Workload:
     and `cross_entropy_fusion_impl`; `cost.transformer.cross_entropy_bytes`)."""
     pipeline_split: PipelineSplit = PipelineSplit()
     """Megatron-LM's uneven pipeline split flags (used by the megatron policy)."""
+    average_in_collective: bool = False
+    """The DP reduction averages; no 1/DP scaling pass (`TrainingSpec.ddp_average_in_collective`)."""
+    check_for_nan_in_grad: bool = False
+    """Each bucket's gradient norm is checked for NaN before its reduction
+    (`TrainingSpec.check_for_nan_in_loss_and_grad`)."""
     query_groups: int | None = None
     """Key/value groups g; None: one per head (multi-head attention)."""
     swiglu: bool = False
@@ -285,6 +290,18 @@ class Workload:
         """Gradient bytes of `params` parameters as reduced over DP."""
         return params * self.grad_bytes
 
+    @property
+    def gradient_buffer_passes(self) -> int:
+        """Bytes per gradient byte a step moves over the GPU's whole gradient buffer outside the
+        backward's kernels (Megatron-Core megatron/core/distributed/param_and_grad_buffer.py,
+        core_r0.8.0 to the current main): the zeroing before the first micro-batch (1, a write:
+        `ParamAndGradBuffer.reset`, `grad_data.zero_()`), the NaN check's norm of each bucket
+        before its reduction (1, a read: `start_grad_sync`, `grad_data.norm(p=2)`) and the
+        scaling by the averaging factor (2, a read and a write: `grad_data *=
+        gradient_scaling_factor`), which averaging in the collective skips (factor 1,
+        `ReduceOp.AVG`)."""
+        return 1 + (1 if self.check_for_nan_in_grad else 0) + (0 if self.average_in_collective else 2)
+
     # ---- memory (bytes per GPU) [R20, K22] ----------------------------------------------------
     def state_bytes_per_param(self, dp: int, sharded: bool) -> float:
         """Weights + gradients + Adam state per parameter: 16 bytes (2 weight, 2 grad, 12 fp32
@@ -454,6 +471,8 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         cross_entropy=training.cross_entropy_fusion_impl if training.cross_entropy_loss_fusion
         else "unfused",
         pipeline_split=PipelineSplit.of(training), fp8_gemms=training.precision == "fp8",
+        average_in_collective=training.ddp_average_in_collective,
+        check_for_nan_in_grad=training.check_for_nan_in_loss_and_grad,
         query_groups=model.num_query_groups,
         swiglu=model.swiglu, squared_relu=model.squared_relu,
         rmsnorm=model.normalization == "rmsnorm", bias=model.bias,

@@ -180,6 +180,16 @@ class TrainingSpec:
     """Shard optimizer state across DP (used by the megatron policy; holmes always shards)."""
     grad_reduce_in_fp32: bool = True
     """Gradients are reduced in fp32 (Megatron's default for bf16), else in the training dtype."""
+    ddp_average_in_collective: bool = False
+    """Megatron-LM `--ddp-average-in-collective` (Megatron-Core
+    `DistributedDataParallelConfig.average_in_collective`, default off; on in NeMo 2.0's and
+    Megatron-Bridge's recipes): the data-parallel reduction averages (NCCL `AVG`), so the
+    gradient buffer is not scaled by 1/DP before it (one read and one write fewer per gradient
+    and step)."""
+    check_for_nan_in_loss_and_grad: bool = True
+    """Megatron-LM's NaN check (on unless `--no-check-for-nan-in-loss-and-grad`; Megatron-Core
+    `DistributedDataParallelConfig.check_for_nan_in_grad`): each gradient bucket's norm is
+    computed before its reduction (one more read of the gradient buffer per step)."""
     bucket_size_mb: float | None = None
     """Gradient bucket size in MB of fp32 elements: Megatron-Core's `bucket_size` elements x 4,
     whatever the gradient dtype; a bucket closes at the first parameter boundary past it

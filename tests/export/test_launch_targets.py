@@ -234,6 +234,29 @@ def test_the_holmes_fork_cannot_express_the_fused_cross_entropy():
     assert "no --cross-entropy-loss-fusion" in text
 
 
+@pytest.mark.parametrize("check, average", [(True, False), (False, False), (False, True)])
+def test_the_gradient_checks_are_exported_where_they_leave_megatron_lms_defaults(check, average):
+    """`--no-check-for-nan-in-loss-and-grad` and `--ddp-average-in-collective` only where the
+    scenario departs from Megatron-LM's defaults (check, scale before a summing reduction);
+    the Holmes fork's parser has the first, not the second, so a plan averaging in the
+    collective is left out of its export with the reason."""
+    prepared = _with_training("mixed_ib_roce", f"  check_for_nan_in_loss_and_grad: "
+                              f"{str(check).lower()}\n  ddp_average_in_collective: "
+                              f"{str(average).lower()}\n")
+    plan, cluster = plan_policy(prepared, "holmes")
+    files = launch_files(plan, cluster, prepared.workload, "bf16").files
+    parsed = parse(shlex.split(files["megatron_args.txt"]), UPSTREAM)
+    assert ("--no-check-for-nan-in-loss-and-grad" in parsed) == (not check)
+    assert ("--ddp-average-in-collective" in parsed) == average
+    fork = files["holmes_args.txt"]
+    assert fork.startswith("# not expressible") == average
+    if average:
+        assert "no --ddp-average-in-collective" in fork
+    else:
+        assert ("--no-check-for-nan-in-loss-and-grad" in parse(shlex.split(fork), FORK)) == \
+            (not check)
+
+
 # The keys of a Transformer Engine userbuffer configuration entry that `initialize_ub`'s
 # `get_default_config` defines (transformer_engine/pytorch/module/base.py, which updates each
 # default with the user's entry) and the methods it knows.
