@@ -117,9 +117,6 @@ def overlap_args(w: Workload, interleaved: bool) -> list[str]:
 
 USERBUFFER_CONFIG = "tp_comm_overlap_cfg.yaml"
 """The export's Transformer Engine userbuffer configuration (`--tp-comm-overlap-cfg`)."""
-TE_PIPELINE_RS_SMS = 16
-"""SMs of Transformer Engine's default `pipeline` reduce-scatter overlap (`initialize_ub`'s
-`get_default_config`, transformer_engine/pytorch/module/base.py)."""
 _RS_GEMMS = ("proj_fprop", "fc2_fprop")
 
 
@@ -129,11 +126,14 @@ def userbuffer_config(w: Workload) -> str | None:
     default): the forward's two reduce-scatter GEMMs, `proj_fprop` and `fc2_fprop`, holding the
     SMs the plan was simulated with (`TrainingSpec.tp_comm_overlap_rs_sms`). 1 SM is a
     `ring_exchange` as in Megatron-Bridge's FP8 H100 configurations, n >= 2 a `pipeline` of n
-    SMs with 4 splits (its `PipelineOverlapCfg`, megatron/bridge/training/comm_overlap.py).
-    None without the overlap, at TE's default (16) and at 0, which no TE configuration
-    expresses (`USERBUFFER_ZERO_SMS`)."""
+    SMs with 4 splits (its `PipelineOverlapCfg`, megatron/bridge/training/comm_overlap.py),
+    each with `set_sm_margin`. Written at 16 SMs too: Transformer Engine 2.0 on holds 16 with the
+    margin by default (`get_default_config`, transformer_engine/pytorch/module/base.py), but
+    1.7-1.13 hold them without it (`add_ub`'s `set_sm_margin=0`), the GEMM launched on every SM.
+    None without the overlap and at 0, which no TE configuration expresses
+    (`USERBUFFER_ZERO_SMS`)."""
     sms = w.ub_rs_sms
-    if not w.tp_comm_overlap or sms in (0, TE_PIPELINE_RS_SMS):
+    if not w.tp_comm_overlap or sms == 0:
         return None
     fields = ({"method": "ring_exchange", "num_sm": 1, "cga_size": 1, "set_sm_margin": "true"}
               if sms == 1 else
@@ -150,8 +150,8 @@ def userbuffer_config(w: Workload) -> str | None:
 USERBUFFER_ZERO_SMS = (
     "The plan was simulated with `training.tp_comm_overlap_rs_sms: 0` (the forward's userbuffer "
     "reduce-scatters holding no SM), which no Transformer Engine configuration expresses: every "
-    "userbuffer overlap holds at least one SM. The launch runs TE's default, 16 SMs each, and "
-    "its forward GEMMs beside them run on the SMs left, slower than simulated.")
+    "userbuffer overlap holds at least one SM. The launch runs TE's default, 16 SMs each, "
+    "and its forward GEMMs run beside them, slower than simulated.")
 """The export README's note on `tp_comm_overlap_rs_sms: 0`."""
 
 

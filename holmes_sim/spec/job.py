@@ -129,7 +129,7 @@ class TrainingSpec:
     transformer_engine/pytorch/module/base.py), as NeMo's tuned H100 configurations give 16-24;
     1 where the `--tp-comm-overlap-cfg` file runs them as `ring_exchange` with `num_sm: 1`
     (Megatron-Bridge's FP8 H100 configurations, training/comm_overlap.py); 0 for none. The
-    export writes the TE configuration file for any value but 16 and 0
+    export writes the TE configuration file for any value but 0, which TE cannot express
     (`export.model_args.userbuffer_config`)."""
     async_tensor_model_parallel_allreduce: bool = False
     """The backward's TP all-reduce (reduce-scatter with SP) of each column-parallel linear's

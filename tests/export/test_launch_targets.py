@@ -288,7 +288,8 @@ def _dry_run_ub_config(files: dict[str, str], tmp_path: Path, target: str) -> Pa
     return Path(words[words.index("--tp-comm-overlap-cfg") + 1])
 
 
-@pytest.mark.parametrize("sms, method", [(1, "ring_exchange"), (8, "pipeline"), (24, "pipeline")])
+@pytest.mark.parametrize("sms, method", [(1, "ring_exchange"), (8, "pipeline"), (16, "pipeline"),
+                                         (24, "pipeline")])
 def test_the_userbuffer_config_holds_the_simulated_reduce_scatter_sms(write_scenario, sms, method,
                                                                        tmp_path):
     files = _export_with_rs_sms(write_scenario, sms)
@@ -305,15 +306,14 @@ def test_the_userbuffer_config_holds_the_simulated_reduce_scatter_sms(write_scen
     assert "tp_comm_overlap_cfg.yaml" in files["README.md"]
 
 
-@pytest.mark.parametrize("sms", [16, 0])
-def test_no_userbuffer_config_where_te_default_runs(write_scenario, sms):
-    """16 is Transformer Engine's own `pipeline` default; 0 has no TE configuration, and the
-    README says the launch holds TE's 16 where 0 was simulated."""
-    files = _export_with_rs_sms(write_scenario, sms)
+def test_no_userbuffer_config_where_none_expresses_the_simulation(write_scenario):
+    """0 SMs has no TE configuration: no file, and the README says the launch holds TE's 16
+    where 0 was simulated."""
+    files = _export_with_rs_sms(write_scenario, 0)
     assert "tp_comm_overlap_cfg.yaml" not in files
     assert "--tp-comm-overlap-cfg" not in files["megatron_args.txt"]
     assert "--tp-comm-overlap-cfg" not in files["launch.sh"]
-    assert ("tp_comm_overlap_rs_sms: 0" in files["README.md"]) == (sms == 0)
+    assert "tp_comm_overlap_rs_sms: 0" in files["README.md"]
 
 
 def test_the_fork_gets_the_userbuffer_config_too(write_scenario, tmp_path):
