@@ -39,7 +39,8 @@ def test_sources_are_cited_at_their_commit_and_report():
     assert "f2e5db402c44ae309aa6448bcb4ae87e8ae0f5f4" in megatron["sources"]["mcore-r0.8.0"]["measurements"]
     report = nemotron["sources"]["report"]
     assert "2406.11704" in report["measurements"] and "Table 2" in report["measurements"]
-    assert "8cfedd7203462cb251a914e700e5605444277561" in report["software"]
+    assert "7c842fcd11aceb77848e90547debe4841398f650" in report["software"]
+    assert "nemotron_340b.yaml" in report["software"]
     for data in (megatron, nemotron):
         assert nemo_summary.is_nemo_dataset(data) and data["common"]["precision"] == "bf16"
         for row in data["rows"]:
@@ -66,13 +67,19 @@ def test_rendered_scenarios_carry_each_rows_launch_settings(stem):
         assert path.read_text() == text, f"{path}: stale; re-render it"
         scenario = load_scenario_text(text)
         t, p, m = scenario.training, scenario.parallel, scenario.model
-        assert (t.precision, t.recompute, t.micro_batch_size) == ("bf16", "none", row["micro_batch"])
+        assert (t.precision, t.micro_batch_size) == ("bf16", row["micro_batch"])
         assert t.global_batch_size == row["global_batch"] and m.seq_length == row["seq_length"]
         assert (p.tensor, p.pipeline) == (row["tp"], row["pp"])
         assert p.virtual_stages == row["vp"] and (p.schedule == "interleaved") == (row["vp"] > 1)
-        assert t.sequence_parallel == (row["tp"] > 1) and t.tp_comm_overlap == (row["tp"] > 1)
+        assert t.sequence_parallel == (row["tp"] > 1)
         assert t.distributed_optimizer and t.overlap_grad_reduce and t.overlap_param_gather
-        assert t.grad_reduce_in_fp32
+        if stem == MEGATRON:  # Megatron-LM core_r0.8.0's defaults and the README's switches
+            assert t.recompute == "none" and t.tp_comm_overlap == (row["tp"] > 1)
+            assert t.grad_reduce_in_fp32 and t.check_for_nan_in_loss_and_grad
+        else:  # the authors' launcher configuration (nemotron_340b.yaml at 7c842fcd)
+            assert t.recompute == "selective" and not t.tp_comm_overlap
+            assert not (t.overlap_p2p_comm or t.grad_reduce_in_fp32 or t.cross_entropy_loss_fusion)
+            assert not t.check_for_nan_in_loss_and_grad
         assert sum(n.count * n.gpus_per_node for c in scenario.clusters for n in c.nodes) == row["gpus"]
         if row["preset"] is None:
             assert (m.num_layers, m.hidden_size, m.ffn_hidden_size) == (
