@@ -5,12 +5,14 @@ policies' partition search, so all three price an op the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import inf
 
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.context_parallel import CpPass, cp_passes, op_exposed_s
 from holmes_sim.cost.expert_parallel import local_exposed_s
+from holmes_sim.cost.nccl_algorithms import CollectiveTopology, collective_time_s
 from holmes_sim.cost.moe import tp_comm_factor
 from holmes_sim.cost.transformer import nccl_comm_sms
 from holmes_sim.memo import IdentityMemo
@@ -103,6 +105,32 @@ class OpCosts:
         """`tp_comm_s` of one layer (s); a chunk's is its layer count times this."""
         if self.tp == 1:
             return 0.0
+        return self._tp_collectives_layer_s(node, backward) + self.amax_reductions_s(node, backward)
+
+    def amax_reductions_s(self, node: Node, backward: bool) -> float:
+        """FP8 current scaling under sequence parallelism: the inputs of the column-parallel
+        linears (QKV, fc1; forward) and the output gradients of the row-parallel ones
+        (projection, fc2; backward) are cast before their all-gather, so each first all-reduces
+        its amax (4 bytes) over the TP group and the cast waits for it (Transformer Engine v2.8
+        on: `set_quantizer_amax_reduction_group` in pytorch/module/linear.py and
+        layernorm_linear.py, `amax_reduction_group->allreduce(...)->wait()` in
+        pytorch/csrc/quantizer.cpp). Two per pass, the recomputed forward's two more, each
+        the one-node all-reduce NCCL picks for 4 bytes (`nccl_algorithms.collective_time_s`:
+        ring LL on NVLink, 7.4 us at TP 8 on NVLink 4) (s)."""
+        w = self.workload
+        if not (w.fp8_current_scaling and w.sequence_parallel) or self.tp == 1:
+            return 0.0
+        link = node.intra_link
+        latency = link.step_latency_s
+        topology = CollectiveTopology(self.tp, 1, link.bandwidth_bytes_per_s * link.efficiency,
+                                      inf, latency, latency, latency,
+                                      "pci" if link.name.startswith("pcie") else "nvlink",
+                                      link.nvls_efficiency)
+        one = collective_time_s(topology, "all-reduce", 4.0)
+        return one * (4 if backward and w.full_recompute else 2)
+
+    def _tp_collectives_layer_s(self, node: Node, backward: bool) -> float:
+        """The TP all-reduces, all-gathers and reduce-scatters of one layer pass, exposed (s)."""
         w, link = self.workload, node.intra_link
         rate = link.bandwidth_bytes_per_s * link.efficiency
         one = ring_collective_time_s("all-reduce", self.tp, w.tp_allreduce_bytes(), rate,

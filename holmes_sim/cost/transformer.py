@@ -188,16 +188,26 @@ def fp8_quantization_bytes(w: Workload, tp: int) -> tuple[float, float]:
     (SP: so are the projection's and fc2's inputs); the output gradients of QKV and fc1 are
     cast-transposed, those of the projection and fc2 likewise (SP: cast on the rank's 1/t, then
     transposed after the FP8 all-gather). Per-step weight casts (once per step per parameter,
-    `is_first_microbatch`) and the amax/scale updates are not counted."""
+    `is_first_microbatch`) and the amax/scale updates are not counted.
+    Current scaling (`Workload.fp8_current_scaling`; TE v2.8 on,
+    `Float8CurrentScalingQuantizer::quantize_impl` in pytorch/csrc/quantizer.cpp) computes each
+    tensor's amax before its cast, one more read of d bytes per element; the norms compute it
+    in their own kernel but write bf16, which a cast then reads (`FUSED_NORM_AMAX_FP8`,
+    pytorch/csrc/extensions/normalization.cpp): d - 1 written and d + 1 moved more per element."""
     b, s, h, f, d = w.micro_batch, w.tokens, w.hidden, w.ffn, w.dtype_bytes
     m, sp = b * s, w.sequence_parallel and tp > 1
     e = m * h
     row_inputs = m * h / tp + m * f / tp
-    norms = 2 * e / (tp if sp else 1) * (d - 1)
-    fwd = row_inputs * ((d + 1) if sp else (d + 2)) - norms
-    column_grads = m * ((h + 2 * w.kv_width) + w.fc1_width) / tp * (d + 2)
+    norm_elements = 2 * e / (tp if sp else 1)
+    column_elements = m * ((h + 2 * w.kv_width) + w.fc1_width) / tp
+    row_grad_elements = 2 * e / tp if sp else 2 * e
+    fwd = row_inputs * ((d + 1) if sp else (d + 2)) - norm_elements * (d - 1)
+    column_grads = column_elements * (d + 2)
     row_grads = 2 * (e / tp * (d + 1) + 2 * e if sp else e * (d + 2))
     bwd = 2 * 2 * e + (2 * row_inputs if sp else 0.0) + column_grads + row_grads
+    if w.fp8_current_scaling:
+        fwd += norm_elements * 2 * d + row_inputs * d
+        bwd += (column_elements + row_grad_elements) * d
     return fwd, bwd
 
 

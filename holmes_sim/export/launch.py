@@ -109,6 +109,8 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
             "--seq-length", str(w.seq), "--max-position-embeddings", str(w.seq),
             "--micro-batch-size", str(w.micro_batch), "--global-batch-size", str(w.global_batch),
             *_precision_args(precision)]
+    if w.fp8_current_scaling:
+        args += ["--fp8-recipe", "tensorwise"]
     args += _layout_args(plan, w)
     args += overlap_args(w, plan.num_chunks > 1) + loss_args(w)
     if plan.cp > 1:
@@ -364,6 +366,8 @@ def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Worklo
         hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
     if hargs and workload.defer_embedding_wgrad:
         hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
+    if hargs and workload.fp8_current_scaling:
+        hargs, why_not = [], "the Holmes fork has no --fp8-recipe (FP8 current scaling)"
     if hargs and workload.average_in_collective:
         hargs, why_not = [], "the Holmes fork has no --ddp-average-in-collective"
     if hargs and workload.cross_entropy != "unfused":

@@ -103,6 +103,8 @@ class Workload:
 
     fp8_gemms: bool = False
     """The linear layers' GEMMs run in FP8 (`precision: fp8`, Transformer Engine)."""
+    fp8_current_scaling: bool = False
+    """FP8 casts take each tensor's own amax (`TrainingSpec.fp8_recipe: tensorwise`)."""
     cp: int = 1
     """Context-parallel degree: each rank holds `tokens` = s/cp of every sequence [CP]."""
     cp_comm_type: str = "p2p"
@@ -471,6 +473,7 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         cross_entropy=training.cross_entropy_fusion_impl if training.cross_entropy_loss_fusion
         else "unfused",
         pipeline_split=PipelineSplit.of(training), fp8_gemms=training.precision == "fp8",
+        fp8_current_scaling=training.precision == "fp8" and training.fp8_recipe == "tensorwise",
         average_in_collective=training.ddp_average_in_collective,
         check_for_nan_in_grad=training.check_for_nan_in_loss_and_grad,
         query_groups=model.num_query_groups,

@@ -109,6 +109,13 @@ class TrainingSpec:
     """Training numerics. fp8: the linear layers' GEMMs (forward, dgrad, wgrad) run at the GPU's
     FP8 tensor rate (Transformer Engine, delayed or current scaling); everything else, the
     stored activations and the communication stay bf16."""
+    fp8_recipe: Literal["delayed", "tensorwise"] = "delayed"
+    """Megatron-LM `--fp8-recipe` (Megatron-Core `TransformerConfig.fp8_recipe`, default
+    delayed), read only with precision fp8: `delayed` scales each tensor by the amax history of
+    earlier steps; `tensorwise` (per-tensor current scaling, Megatron-Bridge's FP8-CS) takes
+    each tensor's own amax before its cast: one more read of it, the norms' outputs written in
+    bf16 and cast after, and under sequence parallelism a TP all-reduce of the amax for each
+    gathered input and output gradient (Transformer Engine v2.8 on)."""
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation: full recomputes every layer's forward in the backward;
     selective only the attention core (Korthikanti et al. 2022)."""
