@@ -68,6 +68,8 @@ SCENARIOS = {
     "compute_cv inf": (BASE + "engine: {compute_cv: .inf}\n", "compute_cv: must be a finite"),
     "compute_cv nan": (BASE + "engine: {compute_cv: .nan}\n", "compute_cv: must be a finite"),
     "compute_cv 1e6": (BASE + "engine: {compute_cv: 1e6}\n", "compute_cv: must be at most 2"),
+    "400-digit number": (BASE + "engine: {compute_cv: 1" + "0" * 400 + "}\n",
+                         "compute_cv: must be a finite number, got a whole number of 401 digits"),
     "tolerance nan": (BASE + "testbed: {tolerance_pct: .nan}\n", "tolerance_pct: must be a finite"),
     "timeout inf": (BASE + "testbed: {timeout_s: .inf}\n", "timeout_s: must be a finite"),
     "nodes empty": (_sub("    nodes:\n", "    nodes: []\n    x:\n"), "clusters[0].x"),
@@ -261,6 +263,7 @@ def test_malformed_testbed_is_refused_by_dry_run(case: str, write_scenario) -> N
 
 # ---- through the CLI: exit 2, one message, no traceback, user text printed as written --------
 @pytest.mark.parametrize("case", ["python tag", "alias bomb", "nan latency", "5000-digit integer",
+                                  "400-digit number",
                                   "unhashable key", "clusters: []"])
 def test_cli_exits_2_without_traceback(case: str, write_scenario) -> None:
     text, fragment = SCENARIOS[case]

@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -456,6 +457,10 @@ def _convert(tp: Any, value: Any, path: str, doc: _Doc) -> Any:
     return _convert_scalar(tp, value, path, doc)
 
 
+_LARGEST_FLOAT = int(sys.float_info.max)
+"""Whole numbers above this have no float (`float()` raises OverflowError)."""
+
+
 def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
     if tp is bool:
         if not isinstance(value, bool):
@@ -470,6 +475,9 @@ def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
             value = _float_or_text(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise doc.error(path, f"expected a number, got {_describe(value)}")
+        if isinstance(value, int) and abs(value) > _LARGEST_FLOAT:
+            raise doc.error(path, f"must be a finite number, got a whole number of "
+                                  f"{len(str(abs(value)))} digits")
         if not math.isfinite(value):
             raise doc.error(path, f"must be a finite number, got {value}")
         return float(value)
