@@ -288,7 +288,7 @@ def _testbed(tmp_path: Path, old: str, new: str) -> Path:
 
 @pytest.mark.parametrize(("rate", "fragment"), [
     ("0.000001", "1000 bit/s cannot carry the run's largest message"),
-    ("1e-10", "0.1 bit/s cannot carry"),
+    ("0.00001", "10000 bit/s cannot carry"),
 ])
 def test_validate_refuses_rates_too_low_for_gloo(rate: str, fragment: str, tmp_path: Path) -> None:
     path = _testbed(tmp_path, "bandwidth_gbit_per_s: 2, fabric: ib}",

@@ -56,6 +56,8 @@ SCENARIOS = {
                     .replace("x:\n    nodes:\n", "fabrics2:\n    nodes:\n"), "clusters"),
     "nan latency": (small_scenario(latency_us=".nan"), "latency_us: must be a finite number"),
     "inf bandwidth": (small_scenario(ib_gbit=".inf"), "bandwidth_gbit_per_s: must be a finite"),
+    "denormal bandwidth": (small_scenario(ib_gbit="5e-324"),
+                           "bandwidth_gbit_per_s: must be at least 1e-06"),
     "1e308 bandwidth": (small_scenario(ib_gbit="1e308"), "must be at most 1e+09"),
     "count 1e9": (_sub("count: 2", "count: 1e9"), "count: expected a whole number"),
     "count 10^9": (_sub("count: 2", "count: 1000000000"), "count: must be at most 100000"),
@@ -263,7 +265,7 @@ def test_malformed_testbed_is_refused_by_dry_run(case: str, write_scenario) -> N
 
 # ---- through the CLI: exit 2, one message, no traceback, user text printed as written --------
 @pytest.mark.parametrize("case", ["python tag", "alias bomb", "nan latency", "5000-digit integer",
-                                  "400-digit number",
+                                  "400-digit number", "denormal bandwidth",
                                   "unhashable key", "clusters: []"])
 def test_cli_exits_2_without_traceback(case: str, write_scenario) -> None:
     text, fragment = SCENARIOS[case]

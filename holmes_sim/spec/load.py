@@ -39,11 +39,13 @@ MAX_NUMBER = 1e15
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Bound:
-    """Closed range [low, high] of a numeric field; `low_open` makes it (low, high]."""
+    """Closed range [low, high] of a numeric field; `low_open` makes it (low, high], and a
+    positive `floor` refuses the values between `low` and it as well."""
 
     low: float
     high: float
     low_open: bool = False
+    floor: float = 0.0
 
     def violation(self, value: float) -> str | None:
         """What is wrong with `value`, or None when it is in range."""
@@ -51,13 +53,21 @@ class Bound:
             return f"must be greater than {_fmt(self.low)}, got {_fmt(value)}"
         if value < self.low:
             return f"must be at least {_fmt(self.low)}, got {_fmt(value)}"
+        if value < self.floor:
+            return (f"must be at least {_fmt(self.floor)}, got {_fmt(value)}: a rate or share "
+                    "that small would make the simulated times overflow")
         if value > self.high:
             return f"must be at most {_fmt(self.high)}, got {_fmt(value)}"
         return None
 
 
+SMALLEST_POSITIVE = 1e-6
+"""Least value of a positive rate, efficiency or factor: products of a few such values with the
+largest byte and FLOP counts stay finite (a denormal such as 5e-324 makes them infinite)."""
+
+
 def _positive(high: float) -> Bound:
-    return Bound(0, high, low_open=True)
+    return Bound(0, high, low_open=True, floor=SMALLEST_POSITIVE)
 
 
 # Numeric rules by field name (units are in the names, so the rules are too). A new numeric field
