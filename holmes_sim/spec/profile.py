@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,10 @@ BOUNDS: dict[str, tuple[float, float, bool]] = {
     **{k: (0.0, 3600.0, False) for k in COMPUTE_KEYS},
     "optimizer_s_per_param": (0.0, 1.0, False),
     "op_overhead_s": (0.0, 3600.0, False),
-    "bandwidth_bytes_per_s": (0.0, 1e15, True),
+    "bandwidth_bytes_per_s": (1.0, 1e15, False),  # below 1 B/s transfer times overflow
     "latency_s": (0.0, 60.0, False),
     "collective_step_s": (0.0, 60.0, False),
-    "effective_cores": (0.0, 1e6, True),
+    "effective_cores": (1e-3, 1e6, False),
     "compute_cv": (0.0, 2.0, False),
 }
 _FIX = "re-run calibration (`holmes-sim validate --real`)"
@@ -138,6 +139,9 @@ def _entry(entry: Any, path: str, required: tuple[str, ...], where: _Where) -> N
 def _number(value: Any, path: str, bound: tuple[float, float, bool] | None, where: _Where) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise where.error(path, f"expected a number, got {_short(value)}")
+    if isinstance(value, int) and abs(value) > sys.float_info.max:
+        raise where.error(path, f"must be a finite number, got a whole number of "
+                                f"{len(str(abs(value)))} digits")
     if not math.isfinite(value):
         raise where.error(path, f"must be a finite number, got {value}")
     if bound is None:
