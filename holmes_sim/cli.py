@@ -99,24 +99,27 @@ def run(
                                   "identical replicas (same results, slower).")] = False,
 ) -> None:
     """Simulate one training iteration for every policy and print a table, fastest first."""
+    from holmes_sim.export.folders import plan_launches, read_cli_hosts
     from holmes_sim.prepare import prepare
     from holmes_sim.report.files import prepare_output, write_json
     from holmes_sim.runner import results_document, run_scenario, stamp
 
     try:
         _check_outputs((json_path, False, "--json"), (report, True, "--report"), (plans, True, "--plans"))
+        host_names = read_cli_hosts(hosts, plans, "--plans")
         prepared = prepare(resolve_scenario(scenario))
         if seed is not None:
             prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
         outcomes = run_scenario(prepared, _check_policy_names(policy), full_simulation)
+        launches = plan_launches(prepared, outcomes, hosts, host_names) if plans else {}
         if json_path is not None:
             from holmes_sim.report.stragglers import with_stragglers
 
             write_json(json_path, stamp(with_stragglers(results_document(
                 prepared, outcomes, prepared.scenario.seed), prepared, outcomes)))
         if plans is not None:
-            _write_plans(prepare_output(plans, directory=True, option="--plans"), prepared, outcomes,
-                         hosts)
+            _write_plans(prepare_output(plans, directory=True, option="--plans"), outcomes,
+                         launches)
         if report is not None:
             _write_report(report, prepared, outcomes)
     except HolmesError as exc:
@@ -147,36 +150,15 @@ def _is_stdout(path: Path | None) -> bool:
         return False
 
 
-def _write_plans(directory: Path, prepared, outcomes, hosts: Path | None = None) -> None:
-    """plan_<policy>.json per policy, and a launchable folder per real (non-reference) policy."""
-    from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
-    from holmes_sim.report.files import (check_file, check_folder, output_lock, stale_entries,
-                                         write_atomic)
+def _write_plans(directory: Path, outcomes, launches: dict) -> None:
+    """`export.folders.write_plans`, with notes on what it left out or found from before."""
+    from holmes_sim.export.folders import write_plans
 
-    for o in outcomes:  # every target checked before the first file is written
-        check_file(directory / f"plan_{o.plan.policy}.json")
-        check_folder(directory / o.plan.policy, "--plans")
-    skipped = []
-    with output_lock(directory, "--plans"):
-        for o in outcomes:
-            write_atomic(directory / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
-            if o.plan.policy in REFERENCE_POLICIES:
-                skipped.append(o.plan.policy)
-                continue
-            launch_files(o.plan, o.cluster, prepared.workload, prepared.scenario.training.precision,
-                         hosts=_hosts(hosts, o.plan, o.cluster)).write(directory / o.plan.policy)
-    written = {n for o in outcomes for n in (f"plan_{o.plan.policy}.json", o.plan.policy)}
-    _note_stale("--plans", directory, stale_entries(directory, written, ["plan_*.json", "*/launch.sh"]))
+    stale, skipped = write_plans(directory, outcomes, launches)
+    _note_stale("--plans", directory, stale)
     if skipped:
         err.print(f"note: no launch files for {', '.join(skipped)}: references on a hypothetical "
                   "network, not placements for this cluster", highlight=False, markup=False)
-
-
-def _hosts(path: Path | None, plan, cluster) -> list[str] | None:
-    """The host names in `path` for the plan's nodes, or None without --hosts."""
-    from holmes_sim.export.launch import node_order, read_hosts
-
-    return None if path is None else read_hosts(path, len(node_order(plan, cluster)))
 
 
 def _write_report(directory: Path, prepared, outcomes) -> None:
@@ -466,6 +448,7 @@ def plan(
 ) -> None:
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
     confirm the best by simulation, compare with the best Megatron-LM default layout."""
+    from holmes_sim.export.folders import check_export_targets, read_cli_hosts, write_exports
     from holmes_sim.search import planner
     from holmes_sim.prepare import prepare
     from holmes_sim.report.files import prepare_output, write_json
@@ -477,19 +460,20 @@ def plan(
 
     try:
         _check_outputs((json_path, False, "--json"), (export, True, "--export"))
+        host_names = read_cli_hosts(hosts, export, "--export")
         prepared = prepare(resolve_scenario(scenario))
         spec = prepared.scenario.search if top is None else replace(prepared.scenario.search, top_k=top)
-        if export is not None:  # every launch folder the export could write, before the search
-            _check_export_targets(export, spec)
+        check_export_targets(export, spec)  # every launch folder it could write, before the search
         with WorkProgress(err, "plan", "layouts") as bar:
             result = planner.search(prepared, spec, progress=bar.update, jobs=_capped_jobs(jobs),
                                     ray=ray, max_candidates=max_candidates,
                                     confirming=bar.stage("plan, simulating the best", "plans"))
+        launches = _export_launches(prepared, result, hosts, host_names) if export else []
         if json_path is not None:
             write_json(json_path, stamp(result.to_json()))
         if export is not None:
-            _export_plans(prepare_output(export, directory=True, option="--export"), prepared, result,
-                          hosts)
+            directory = prepare_output(export, directory=True, option="--export")
+            _note_stale("--export", directory, write_exports(directory, launches))
     except HolmesError as exc:
         raise _fail(exc) from None
     console = err if _is_stdout(json_path) else out
@@ -511,34 +495,23 @@ def _capped_jobs(jobs: int | None) -> int | None:
     return cap if jobs is None and cap < usable_cores() else jobs
 
 
-def _check_export_targets(export: Path, spec) -> None:
-    from holmes_sim.report.files import check_folder
-
-    if export.is_dir():
-        for rank in range(1, spec.top_k + 2):  # the top K and the baseline
-            for policy in dict.fromkeys(spec.policies):
-                check_folder(export / f"{rank}-{policy}", "--export")
-
-
-def _export_plans(directory: Path, prepared, result, hosts: Path | None = None) -> None:
-    """A launch folder per simulated (confirmed) plan: <rank>-<policy>/."""
-    from holmes_sim.search import planner
+def _export_launches(prepared, result, hosts: Path | None, names: list[str] | None) -> list:
+    """(folder name, launch folder) of every simulated (confirmed) real plan: <rank>-<policy>,
+    built before anything is written (`export.folders`)."""
+    from holmes_sim.export.folders import plan_hosts
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
     from holmes_sim.runner import plan_policy
-
-    from holmes_sim.report.files import check_folder, output_lock, stale_entries
+    from holmes_sim.search import planner
 
     confirmed = [c for c in result.candidates if c.simulated and c.policy not in REFERENCE_POLICIES]
-    for rank, c in enumerate(confirmed, 1):  # every target checked before the first is written
-        check_folder(directory / f"{rank}-{c.policy}", "--export")
-    with output_lock(directory, "--export"):
-        for rank, c in enumerate(confirmed, 1):
-            p = planner.prepared_for(prepared, c.layout)
-            plan_, cluster = plan_policy(p, c.policy)
-            launch_files(plan_, cluster, p.workload, p.scenario.training.precision,
-                         hosts=_hosts(hosts, plan_, cluster)).write(directory / f"{rank}-{c.policy}")
-    written = {f"{rank}-{c.policy}" for rank, c in enumerate(confirmed, 1)}
-    _note_stale("--export", directory, stale_entries(directory, written, ["*/launch.sh"]))
+    launches = []
+    for rank, c in enumerate(confirmed, 1):
+        p = planner.prepared_for(prepared, c.layout)
+        plan_, cluster = plan_policy(p, c.policy)
+        launches.append((f"{rank}-{c.policy}", launch_files(
+            plan_, cluster, p.workload, p.scenario.training.precision,
+            hosts=plan_hosts(hosts, names, plan_, cluster))))
+    return launches
 
 
 @app.command()

@@ -545,6 +545,27 @@ def test_hosts_file_reads_through_the_loader(target: str, fragment: str, tmp_pat
              "-q"], "--hosts", fragment, limit_s=10)
 
 
+@pytest.mark.parametrize("lines, fragment", [
+    ("h1\nh2\n", "names 2 hosts, the plan has"),
+    ("h1\nh1\nh3\nh4\n", ":2: 'h1' is listed twice"),
+    ("h1\nh2$(reboot)\n", ":2: 'h2$(reboot)' is not a host name"),
+])
+def test_a_bad_hosts_file_leaves_nothing_written(lines: str, fragment: str, tmp_path: Path) -> None:
+    """Checked before any file is written: no plan JSON, no launch folder, no --json; a wrong
+    count once the plans are known, a repeated or malformed name before the simulation."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(lines)
+    out, plans = tmp_path / "r.json", tmp_path / "p"
+    refused(["run", "mixed_ib_roce", "-p", "holmes", "-q", "--json", out, "--plans", plans,
+             "--hosts", hosts], "--hosts", fragment, limit_s=10)
+    assert not out.exists() and (not plans.exists() or not any(plans.iterdir()))
+
+
+def test_hosts_without_a_launch_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "hosts").write_text("h1\n")
+    refused(["run", "mixed_ib_roce", "-q", "--hosts", tmp_path / "hosts"], "give --plans too")
+
+
 # ---- the memory guard: the command, its workers and --jobs within stated bounds --------------
 def _guarded_cli(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()

@@ -27,6 +27,7 @@ creating it (`megatron/core/hetnet.py`), which `holmes_config` writes.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,19 +290,46 @@ def holmes_config(nodes: list[Node]) -> list[dict[str, str]]:
     return [*entries.values(), heter]
 
 
-def read_hosts(path: Path, count: int) -> list[str]:
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.:\[\]-]+")
+"""A host name or address: letters, digits, '.', '-', '_', and ':' '[' ']' for IPv6."""
+
+
+def read_host_names(path: Path) -> list[str]:
     """Host names from a hostfile, one node a line in plan order (the first word of each line,
-    so an MPI-style `host slots=8` line works; `#` starts a comment).
+    so an MPI-style `host slots=8` line works; `#` starts a comment), each a host name or
+    address and none twice (`launch.sh` gives each host the first node of its name).
 
     Raises:
-        PlanError: when the file cannot be read or names other than `count` hosts.
+        PlanError: when the file cannot be read, a name is not a host name or repeats one.
     """
     try:  # a regular UTF-8 file within the loader's size limit (not /dev/zero, not a FIFO)
         text = read_text_bounded(path, "hosts", "give a text file with one host name a line")
     except ScenarioError as exc:
         raise PlanError(f"--hosts {exc}") from None
-    hosts = [line.split("#", 1)[0].split()[0] for line in text.splitlines()
-             if line.split("#", 1)[0].strip()]
+    hosts: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        name = words[0]
+        if not _HOST_NAME.fullmatch(name):
+            raise PlanError(f"--hosts {path}:{number}: {name[:40]!r} is not a host name or "
+                            "address (letters, digits, '.', '-', '_', ':'); fix the line")
+        if name in hosts:
+            raise PlanError(f"--hosts {path}:{number}: {name!r} is listed twice; every node "
+                            "needs a host of its own")
+        hosts.append(name)
+    return hosts
+
+
+def read_hosts(path: Path, count: int, names: list[str] | None = None) -> list[str]:
+    """`read_host_names` of `path` (`names` when they were read from it already), checked to be
+    one a node of the plan's `count`.
+
+    Raises:
+        PlanError: as `read_host_names`, or when they name other than `count` hosts.
+    """
+    hosts = read_host_names(path) if names is None else names
     if len(hosts) != count:
         raise PlanError(f"--hosts {path}: names {len(hosts)} hosts, the plan has {count} nodes; "
                         "list one host a line, in the plan's node order (see hostfile)")
