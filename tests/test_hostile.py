@@ -586,14 +586,19 @@ def test_a_command_past_its_memory_bound_stops_with_one_message(tmp_path: Path) 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: --jobs runs in-process")
 def test_a_worker_past_its_bound_stops_the_sweep_and_leaves_no_output(tmp_path: Path) -> None:
-    # 60 points: the workers live for several of the guard's 0.2 s samples on any host.
-    proc, elapsed = _guarded_cli({"HOLMES_SIM_WORKER_MEMORY_GIB": "0.02"}, "sweep", "mixed_ib_roce",
+    # 60 points: the workers live for several of the guard's 0.2 s samples on any host. The
+    # killed workers leave nothing in the temp folder either (points are checked in memory).
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc, elapsed = _guarded_cli({"HOLMES_SIM_WORKER_MEMORY_GIB": "0.02", "TMPDIR": str(temp)},
+                                 "sweep", "mixed_ib_roce",
                                  "--set", "training.micro_batch_size=1,2,4", "--set",
                                  "seed=" + ",".join(map(str, range(1, 21))), "-p", "holmes", "-j",
                                  "2", "-q", "--out", str(tmp_path / "s"))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "per worker" in proc.stderr and "HOLMES_SIM_WORKER_MEMORY_GIB" in proc.stderr
     assert not (tmp_path / "s").exists() and elapsed < 10
+    assert not any(temp.iterdir()), sorted(p.name for p in temp.iterdir())
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf", "1e300", "²"])

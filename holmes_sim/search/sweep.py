@@ -2,7 +2,7 @@
 
 Each `--set PATH=V1,V2,...` names a field by dotted path with list indices
 (`inter_cluster_links[0].bandwidth_gbit_per_s`); values are YAML scalars. Every variant is
-written as YAML and checked by the ordinary loader and `prepare` before anything runs, then the
+written as YAML and checked by the ordinary loader and `prepare_text` before anything runs, then the
 points run in worker processes (or as Ray tasks, `--ray`) and come back in cartesian-product
 order.
 """
@@ -15,10 +15,9 @@ import io
 import itertools
 import math
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,8 @@ import yaml
 
 from holmes_sim.errors import HolmesError, ScenarioError
 from holmes_sim.policies import get_policy
-from holmes_sim.prepare import Prepared, prepare
+from holmes_sim.collector import quiet_collector
+from holmes_sim.prepare import Prepared, prepare_text
 from holmes_sim.search.planner import usable_cores
 from holmes_sim.spec.limits import read_text_bounded
 from holmes_sim.spec.load import load_plain, load_scenario_text
@@ -181,17 +181,14 @@ def build_points(path: Path, axes: Sequence[SweepAxis]) -> list[SweepPoint]:
 
 
 def prepare_point(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> Prepared:
-    """Check a point's YAML with the ordinary loader and `prepare` (via a temp file that is
-    always removed); errors name the `--set` values of the point."""
-    with tempfile.TemporaryDirectory(prefix="holmes-sweep-") as tmp:
-        file = Path(tmp) / source.name
-        file.write_text(point.text)
-        try:
-            prepared = prepare(file)
-        except HolmesError as exc:
-            message = re.sub(rf"^{re.escape(str(file))}(:\d+)?: ", "", str(exc))
-            raise _error_of(exc, f"{point_label(point, source, axes)}: {message}") from None
-    return replace(prepared, source=str(source))
+    """Check a point's YAML with the ordinary loader and `prepare_text`, in memory (a worker the
+    memory guard kills leaves no file behind); errors name the `--set` values of the point."""
+    try:
+        with quiet_collector():
+            return prepare_text(point.text, str(source), source.parent)
+    except HolmesError as exc:
+        message = re.sub(rf"^{re.escape(str(source))}(:\d+)?: ", "", str(exc))
+        raise _error_of(exc, f"{point_label(point, source, axes)}: {message}") from None
 
 
 def check_point_fields(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> None:

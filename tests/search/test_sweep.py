@@ -52,6 +52,25 @@ def test_unknown_final_key_and_bad_value_are_reported_by_the_loader_with_the_set
     assert "must be greater than 0" in str(info.value) and "holmes-sweep-" not in str(info.value)
 
 
+def test_a_point_is_checked_without_writing_a_file(monkeypatch):
+    """A sweep worker the memory guard kills (SIGKILL) runs no cleanup, so checking a point
+    must leave nothing behind: it writes no file at all, valid point or refused one."""
+    import tempfile
+
+    from holmes_sim.search.sweep import prepare_point
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a sweep point wrote a file")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+    monkeypatch.setattr(Path, "write_text", refuse)
+    axes = [parse_set("training.global_batch_size=256,-1")]
+    good, bad = build_points(DEFAULT, axes)
+    assert prepare_point(good, DEFAULT, axes).source == str(DEFAULT)
+    with pytest.raises(ScenarioError, match="global_batch_size=256,-1 \\(value -1\\)"):
+        prepare_point(bad, DEFAULT, axes)
+
+
 def test_relative_profile_resolves_against_the_original_folder(tmp_path):
     text = DEFAULT.read_text() + "profile: measured/profile.json\n"
     (tmp_path / "s.yaml").write_text(text)
