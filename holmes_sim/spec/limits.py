@@ -1,5 +1,5 @@
-"""Reading user files within limits (bounded size, text only, one clear error naming the file),
-and the memory bound of a command and its worker processes.
+"""Reading user files within limits (bounded size, text only, one clear error naming the file;
+numbers that are finite floats), and the memory bound of a command and its worker processes.
 
 `MemoryGuard` samples the resident memory (RSS, /proc/PID/statm) of this process and every
 process it started, every `interval_s`: past the per-worker bound or the whole group's bound it
@@ -16,6 +16,7 @@ import math
 import os
 import signal
 import stat
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,16 @@ from holmes_sim.errors import HolmesError, ScenarioError
 
 MAX_FILE_BYTES = 1 << 20
 """Largest scenario, testbed or profile file read (1 MiB; the bundled ones are a few KiB)."""
+
+
+def non_finite(value: int | float) -> str | None:
+    """What keeps a number read from a user's file from being a finite float (NaN, infinity,
+    or a whole number past the float range, whose `float()` raises OverflowError), or None."""
+    if isinstance(value, int) and abs(value) > sys.float_info.max:
+        return f"must be a finite number, got a whole number of {len(str(abs(value)))} digits"
+    if not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    return None
 
 
 def read_text_bounded(path: Path, what: str, fix: str, limit: int = MAX_FILE_BYTES) -> str:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import math
-import sys
 import types
 import typing
 from collections.abc import Callable
@@ -23,7 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from holmes_sim.errors import FieldError, ScenarioError
-from holmes_sim.spec.limits import MAX_FILE_BYTES, read_text_bounded
+from holmes_sim.spec.limits import MAX_FILE_BYTES, non_finite, read_text_bounded
 from holmes_sim.spec.presets import PRESETS, preset_fields
 from holmes_sim.spec.scenario import Scenario
 
@@ -467,10 +465,6 @@ def _convert(tp: Any, value: Any, path: str, doc: _Doc) -> Any:
     return _convert_scalar(tp, value, path, doc)
 
 
-_LARGEST_FLOAT = int(sys.float_info.max)
-"""Whole numbers above this have no float (`float()` raises OverflowError)."""
-
-
 def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
     if tp is bool:
         if not isinstance(value, bool):
@@ -485,11 +479,8 @@ def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
             value = _float_or_text(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise doc.error(path, f"expected a number, got {_describe(value)}")
-        if isinstance(value, int) and abs(value) > _LARGEST_FLOAT:
-            raise doc.error(path, f"must be a finite number, got a whole number of "
-                                  f"{len(str(abs(value)))} digits")
-        if not math.isfinite(value):
-            raise doc.error(path, f"must be a finite number, got {value}")
+        if (problem := non_finite(value)) is not None:
+            raise doc.error(path, problem)
         return float(value)
     if tp is str:
         if not isinstance(value, str | int | float) or isinstance(value, bool):

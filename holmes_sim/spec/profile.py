@@ -8,13 +8,11 @@ hang in the engine.
 from __future__ import annotations
 
 import json
-import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from holmes_sim.errors import ScenarioError
-from holmes_sim.spec.limits import read_text_bounded
+from holmes_sim.spec.limits import non_finite, read_text_bounded
 
 COMPUTE_KEYS = ("layer_forward_s", "layer_backward_s", "embedding_forward_s",
                 "embedding_backward_s", "head_forward_s", "head_backward_s",
@@ -139,11 +137,8 @@ def _entry(entry: Any, path: str, required: tuple[str, ...], where: _Where) -> N
 def _number(value: Any, path: str, bound: tuple[float, float, bool] | None, where: _Where) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise where.error(path, f"expected a number, got {_short(value)}")
-    if isinstance(value, int) and abs(value) > sys.float_info.max:
-        raise where.error(path, f"must be a finite number, got a whole number of "
-                                f"{len(str(abs(value)))} digits")
-    if not math.isfinite(value):
-        raise where.error(path, f"must be a finite number, got {value}")
+    if (problem := non_finite(value)) is not None:
+        raise where.error(path, problem)
     if bound is None:
         return
     low, high, low_open = bound
