@@ -47,9 +47,9 @@ class ComputeModel(Protocol):
     def optimizer_s(self, gpu: GpuModel, params_per_gpu: float) -> float: ...
 
     def gradient_buffer_s(self, gpu: GpuModel, workload: Workload, params_per_gpu: float) -> float:
-        """Seconds a step spends zeroing and scaling the gradients of `params_per_gpu`
-        parameters (the GPU's whole buffer, not its optimizer shard); 0 when the model cannot
-        tell."""
+        """Seconds a step spends on the passes over the gradients of `params_per_gpu` parameters,
+        the GPU's whole buffer, not its optimizer shard (`Workload.gradient_buffer_passes`:
+        zeroing, NaN check, 1/DP scaling); 0 when the model cannot tell."""
         ...
 
     def op_overhead_s(self, gpu: GpuModel) -> float:

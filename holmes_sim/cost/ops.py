@@ -287,8 +287,8 @@ class OpCosts:
         return self.compute.optimizer_s(node.gpu, params_per_gpu) / node.speed
 
     def gradient_buffer_s(self, node: Node, params_per_gpu: float) -> float:
-        """Zeroing and scaling the gradient buffer of `params_per_gpu` parameters on one GPU of
-        `node` once a step (s)."""
+        """The per-step passes over the gradient buffer of `params_per_gpu` parameters on one GPU
+        of `node` (zeroing, NaN check, 1/DP scaling), s."""
         return self.compute.gradient_buffer_s(node.gpu, self.workload, params_per_gpu) / node.speed
 
 
