@@ -110,7 +110,9 @@ def run(
         prepared = prepare(resolve_scenario(scenario))
         if seed is not None:
             prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
-        outcomes = run_scenario(prepared, _check_policy_names(policy), full_simulation)
+        names = _check_policy_names(policy)
+        _check_run_targets(plans, report, names or list(prepared.scenario.policies))
+        outcomes = run_scenario(prepared, names, full_simulation)
         launches = plan_launches(prepared, outcomes, hosts, host_names) if plans else {}
         if json_path is not None:
             from holmes_sim.report.stragglers import with_stragglers
@@ -136,6 +138,17 @@ def _check_outputs(*targets: tuple[Path | None, bool, str]) -> None:
     for path, directory, option in targets:
         if path is not None:
             prepare_output(path, directory=directory, option=option, create=False)
+
+
+def _check_run_targets(plans: Path | None, report: Path | None, policies: list[str]) -> None:
+    """The files `run --plans` and `--report` will replace, checked before the simulation."""
+    from holmes_sim.export.folders import check_plans_targets
+    from holmes_sim.report.document import report_targets
+    from holmes_sim.report.owned import check_owned
+
+    check_plans_targets(plans, policies)
+    if report is not None:
+        check_owned(report, "--report", report_targets(policies))
 
 
 def _is_stdout(path: Path | None) -> bool:
@@ -165,11 +178,10 @@ def _write_report(directory: Path, prepared, outcomes) -> None:
     from rich.progress import Progress
 
     from holmes_sim.report.document import write_report
-    from holmes_sim.report.files import output_lock, prepare_output, stale_entries
+    from holmes_sim.report.files import prepare_output, stale_entries
 
     directory = prepare_output(directory, directory=True, option="--report")
-    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar, \
-            output_lock(directory, "--report"):
+    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task(f"writing {directory}", total=None)
         write_report(directory, prepared, outcomes,
                      progress=lambda done, n: bar.update(task, completed=done, total=n))
@@ -340,7 +352,12 @@ def _validate_on_testbed(testbed: Path, *, real: bool, dry_run: bool, cleanup: b
         raise _usage("choose one of --real (measure and compare) or --dry-run (build only)")
     names = _check_policy_names(policy)
     if real:
+        from holmes_sim.report.document import VALIDATION_FILES
+        from holmes_sim.report.owned import check_owned
+
         _check_outputs((json_path, False, "--json"), (report, True, "--report"))
+        if report is not None:
+            check_owned(report, "--report", VALIDATION_FILES)
     if dry_run:
         for line in real_run.dry_run(testbed, names):
             out.print(line, highlight=False, markup=False)
@@ -540,10 +557,12 @@ def sweep(
     """Run a scenario for every combination of field values and tabulate and plot the results."""
     from holmes_sim.report.progress import WorkProgress
     from holmes_sim.report.tables import print_table
-    from holmes_sim.search.sweep import run_sweep, sweep_table, write_sweep
+    from holmes_sim.report.owned import check_owned
+    from holmes_sim.search.sweep import SWEEP_FILES, run_sweep, sweep_table, write_sweep
 
     try:
         _check_outputs((out_dir, True, "--out"))
+        check_owned(out_dir, "--out", SWEEP_FILES)
         with WorkProgress(err, "sweep", "points") as bar:
             result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy),
                                _capped_jobs(jobs), progress=bar.update, ray=ray,

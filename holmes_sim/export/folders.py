@@ -1,17 +1,18 @@
 """The launch folders the CLI writes: `run --plans` (a plan JSON per policy and a launch folder
 per real policy) and `plan --export` (a launch folder per confirmed plan), with the host names of
 `--hosts`. Every folder is built, and every host list checked against its plan, before the first
-file is written, so a refused `--hosts` leaves nothing behind."""
+file is written, so a refused `--hosts` leaves nothing behind; a file in the way that holmes-sim
+did not write (`report.owned`) is refused before the first write too."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from holmes_sim.errors import PlanError
-from holmes_sim.export.launch import (REFERENCE_POLICIES, LaunchFiles, launch_files, node_order,
-                                      read_host_names, read_hosts)
-from holmes_sim.report.files import (check_file, check_folder, output_lock, stale_entries,
-                                     write_atomic)
+from holmes_sim.export.launch import (LAUNCH_FILE_NAMES, REFERENCE_POLICIES, LaunchFiles,
+                                      launch_files, node_order, read_host_names, read_hosts)
+from holmes_sim.report.files import check_folder, stale_entries, write_atomic
+from holmes_sim.report.owned import check_owned, owned_folder
 
 
 def read_cli_hosts(path: Path | None, target: Path | None, needs: str) -> list[str] | None:
@@ -43,32 +44,55 @@ def plan_launches(prepared, outcomes, hosts: Path | None,
             for o in outcomes if o.plan.policy not in REFERENCE_POLICIES}
 
 
+def plans_targets(policies) -> list[str]:
+    """Every file `run --plans` may write for `policies`, relative to its folder."""
+    return [name for p in policies
+            for name in (f"plan_{p}.json", *(f"{p}/{f}" for f in LAUNCH_FILE_NAMES))]
+
+
+def check_plans_targets(directory: Path | None, policies) -> None:
+    """The files `run --plans` may write under an existing `directory` (None: no --plans),
+    checked before the simulation."""
+    if directory is not None:
+        for policy in policies:
+            check_folder(directory / policy, "--plans")
+        check_owned(directory, "--plans", plans_targets(policies))
+
+
 def write_plans(directory: Path, outcomes,
                 launches: dict[str, LaunchFiles]) -> tuple[list[str], list[str]]:
     """plan_<policy>.json per policy and the launch folder of each in `launches`; returns the
     entries of an earlier run this one did not write and the policies without a folder."""
-    for o in outcomes:  # every target checked before the first file is written
-        check_file(directory / f"plan_{o.plan.policy}.json")
-        check_folder(directory / o.plan.policy, "--plans")
+    policies = [o.plan.policy for o in outcomes]
+    for policy in policies:  # every target checked before the first file is written
+        check_folder(directory / policy, "--plans")
     skipped = []
-    with output_lock(directory, "--plans"):
+    with owned_folder(directory, "--plans", plans_targets(policies)) as folder:
         for o in outcomes:
             write_atomic(directory / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
+            folder.record(directory / f"plan_{o.plan.policy}.json")
             if o.plan.policy not in launches:
                 skipped.append(o.plan.policy)
                 continue
-            launches[o.plan.policy].write(directory / o.plan.policy)
-    written = {n for o in outcomes for n in (f"plan_{o.plan.policy}.json", o.plan.policy)}
+            launches[o.plan.policy].write(directory / o.plan.policy, folder)
+    written = {n for p in policies for n in (f"plan_{p}.json", p)}
     return stale_entries(directory, written, ["plan_*.json", "*/launch.sh"]), skipped
+
+
+def export_targets(names) -> list[str]:
+    """Every file `plan --export` may write into the launch folders `names`."""
+    return [f"{name}/{f}" for name in names for f in LAUNCH_FILE_NAMES]
 
 
 def check_export_targets(export: Path | None, spec) -> None:
     """Every launch folder `plan --export` could write under an existing `export` (None: no
     export), checked before the search."""
     if export is not None and export.is_dir():
-        for rank in range(1, spec.top_k + 2):  # the top K and the baseline
-            for policy in dict.fromkeys(spec.policies):
-                check_folder(export / f"{rank}-{policy}", "--export")
+        names = [f"{rank}-{policy}" for rank in range(1, spec.top_k + 2)  # top K and baseline
+                 for policy in dict.fromkeys(spec.policies)]
+        for name in names:
+            check_folder(export / name, "--export")
+        check_owned(export, "--export", export_targets(names))
 
 
 def write_exports(directory: Path, launches: list[tuple[str, LaunchFiles]]) -> list[str]:
@@ -76,7 +100,8 @@ def write_exports(directory: Path, launches: list[tuple[str, LaunchFiles]]) -> l
     entries of an earlier run this one did not write."""
     for name, _ in launches:  # every target checked before the first is written
         check_folder(directory / name, "--export")
-    with output_lock(directory, "--export"):
+    with owned_folder(directory, "--export",
+                      export_targets(name for name, _ in launches)) as folder:
         for name, files in launches:
-            files.write(directory / name)
+            files.write(directory / name, folder)
     return stale_entries(directory, {name for name, _ in launches}, ["*/launch.sh"])

@@ -31,6 +31,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
@@ -44,7 +45,14 @@ from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
 from holmes_sim.spec.limits import read_text_bounded
 
+if TYPE_CHECKING:
+    from holmes_sim.report.owned import OutputFolder
+
 REFERENCE_POLICIES = ("all-ib", "all-ethernet")
+LAUNCH_FILE_NAMES = ("hostfile", "megatron_args.txt", "plan.json", "nccl.json", "holmes_args.txt",
+                     "holmes_config.json", USERBUFFER_CONFIG, "launch.sh", "launch_megatron.sh",
+                     "launch_holmes.sh", "README.md")
+"""Every file a launch folder may hold (`launch_files` writes a subset)."""
 ROCE_GID_INDEX = 3
 MASTER_PORT = 29500
 
@@ -55,7 +63,9 @@ class LaunchFiles:
 
     files: dict[str, str]
 
-    def write(self, directory: Path) -> list[Path]:
+    def write(self, directory: Path, owner: OutputFolder | None = None) -> list[Path]:
+        """Write every file into `directory` (created if new), each recorded in `owner`, the
+        output folder it lies in, when given."""
         from holmes_sim.report.files import make_folder, write_atomic
 
         make_folder(directory)
@@ -64,6 +74,8 @@ class LaunchFiles:
             write_atomic(directory / name, text)
             if name.endswith(".sh"):
                 (directory / name).chmod((directory / name).stat().st_mode | 0o111)
+            if owner is not None:
+                owner.record(directory / name)
             out.append(directory / name)
         return out
 

@@ -13,6 +13,7 @@ from holmes_sim.plan import GroupKind
 from holmes_sim.prepare import Prepared
 from holmes_sim.report import plots
 from holmes_sim.report.files import prepare_output, write_atomic, write_json
+from holmes_sim.report.owned import owned_folder
 from holmes_sim.report.perfetto import write_chrome_trace
 from holmes_sim.report.stragglers import stragglers_markdown, with_stragglers
 from holmes_sim.report.tables import footnotes
@@ -38,39 +39,58 @@ class ValidationResult(Protocol):
     def to_json(self) -> dict: ...
 
 
+REPORT_FIGURES = ("iteration_time.png", "breakdown.png", "memory.png")
+"""The figures of every `--report` of `run`, beside a timeline and a trace per policy."""
+VALIDATION_FILES = ("predicted_vs_measured.png", "validation.md")
+"""The files of a `validate --real --report`."""
+
+
+def report_targets(policies) -> list[str]:
+    """Every file `write_report` writes for `policies`, relative to its folder."""
+    per_policy = [f"{kind}_{p}.{ext}" for p in policies
+                  for kind, ext in (("timeline", "png"), ("trace", "json"))]
+    return [*REPORT_FIGURES, *per_policy, "results.json", "report.md"]
+
+
 def write_report(directory: Path, prepared: Prepared, outcomes: list[Outcome],
                  progress: Callable[[int, int], None] | None = None) -> None:
     """Write figures, a Chrome trace per policy, results.json and report.md into `directory`
-    (created if new, not its parents); `progress(done, total)` after each file."""
+    (created if new, not its parents; files in the way that holmes-sim did not write are
+    refused, `report.owned`); `progress(done, total)` after each file."""
     directory = prepare_output(directory, directory=True, option="--report")
+    steps = _report_steps(prepared, outcomes)
+    with owned_folder(directory, "--report", report_targets(o.plan.policy for o in outcomes)) \
+            as folder:
+        for done, (name, write) in enumerate(steps, 1):
+            write(directory / name)
+            folder.record(directory / name)
+            _tick(progress, done, len(steps))
+
+
+def _report_steps(prepared: Prepared,
+                  outcomes: list[Outcome]) -> list[tuple[str, Callable[[Path], object]]]:
+    """(file name, writer of that file) of every file of a `--report`, in writing order."""
     results = [o.result for o in outcomes]
     name = prepared.scenario.name
-    steps: list[tuple[Callable[[], object], Path]] = [
-        (lambda: plots.iteration_time_figure(
+    figures = {
+        "iteration_time.png": lambda: plots.iteration_time_figure(
             results, f"{name}: iteration time and throughput per policy (fastest first)",
             references=REFERENCES),
-         directory / "iteration_time.png"),
-        (lambda: plots.breakdown_figure(
+        "breakdown.png": lambda: plots.breakdown_figure(
             results, f"{name}: where the iteration goes, per policy (fastest first)"),
-         directory / "breakdown.png"),
-        (lambda: plots.memory_figure(
+        "memory.png": lambda: plots.memory_figure(
             results, f"{name}: peak memory per GPU of each pipeline stage vs GPU capacity"),
-         directory / "memory.png"),
-    ]
-    for o in outcomes:
-        steps.append((lambda o=o: plots.timeline_figure(o.trace, o.plan.policy),
-                      directory / f"timeline_{o.plan.policy}.png"))
-    total = len(steps) + len(outcomes) + 2
-    for done, (figure, path) in enumerate(steps, 1):
-        plots.save_figure(figure(), path)
-        _tick(progress, done, total)
-    for i, o in enumerate(outcomes, 1):
-        write_chrome_trace(directory / f"trace_{o.plan.policy}.json", o.trace)
-        _tick(progress, len(steps) + i, total)
-    write_json(directory / "results.json", stamp(with_stragglers(results_document(
-        prepared, outcomes, prepared.scenario.seed), prepared, outcomes)))
-    write_atomic(directory / "report.md", report_markdown(prepared, outcomes))
-    _tick(progress, total, total)
+    }
+    steps = [(f, lambda path, f=f: plots.save_figure(figures[f](), path)) for f in REPORT_FIGURES]
+    steps += [(f"timeline_{o.plan.policy}.png",
+               lambda path, o=o: plots.save_figure(plots.timeline_figure(o.trace, o.plan.policy),
+                                                   path)) for o in outcomes]
+    steps += [(f"trace_{o.plan.policy}.json",
+               lambda path, o=o: write_chrome_trace(path, o.trace)) for o in outcomes]
+    steps.append(("results.json", lambda path: write_json(path, stamp(with_stragglers(
+        results_document(prepared, outcomes, prepared.scenario.seed), prepared, outcomes)))))
+    steps.append(("report.md", lambda path: write_atomic(path, report_markdown(prepared, outcomes))))
+    return steps
 
 
 def _tick(progress: Callable[[int, int], None] | None, done: int, total: int) -> None:
@@ -247,8 +267,11 @@ def write_validation_report(directory: Path, result: ValidationResult) -> None:
     """Write predicted_vs_measured.png and validation.md for a `validate --real` result."""
     directory = prepare_output(directory, directory=True, option="--report")
     doc = result.to_json()
-    plots.save_figure(plots.validation_figure(doc), directory / "predicted_vs_measured.png")
-    write_atomic(directory / "validation.md", validation_markdown(doc))
+    with owned_folder(directory, "--report", VALIDATION_FILES) as folder:
+        plots.save_figure(plots.validation_figure(doc), directory / "predicted_vs_measured.png")
+        folder.record(directory / "predicted_vs_measured.png")
+        write_atomic(directory / "validation.md", validation_markdown(doc))
+        folder.record(directory / "validation.md")
 
 
 def validation_markdown(doc: dict) -> str:

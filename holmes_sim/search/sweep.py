@@ -356,22 +356,30 @@ def sweep_csv(result: SweepResult) -> str:
     return buffer.getvalue()
 
 
+SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep_iteration_time.png", "sweep_tflops.png")
+"""The files `sweep --out` writes."""
+
+
 def write_sweep(directory: str | Path, result: SweepResult) -> None:
     """Write sweep.csv, sweep.json, sweep_iteration_time.png and sweep_tflops.png."""
     from holmes_sim.report import plots
-    from holmes_sim.report.files import output_lock, prepare_output, write_atomic, write_json
+    from holmes_sim.report.files import prepare_output, write_atomic, write_json
+    from holmes_sim.report.owned import owned_folder
     from holmes_sim.runner import stamp
 
     directory = prepare_output(directory, directory=True, option="--out")
-    with output_lock(directory, "--out"):
-        write_atomic(directory / "sweep.csv", sweep_csv(result))
-        write_json(directory / "sweep.json", stamp(result.to_json()))
-        plots.save_figure(plots.sweep_figure(result.rows, result.fields, "iteration_time_s",
-                                             "iteration time (s)"),
-                          directory / "sweep_iteration_time.png")
-        plots.save_figure(plots.sweep_figure(result.rows, result.fields, "tflops_per_gpu",
-                                             "TFLOP/s per GPU"),
-                          directory / "sweep_tflops.png")
+    writers = {
+        "sweep.csv": lambda path: write_atomic(path, sweep_csv(result)),
+        "sweep.json": lambda path: write_json(path, stamp(result.to_json())),
+        "sweep_iteration_time.png": lambda path: plots.save_figure(plots.sweep_figure(
+            result.rows, result.fields, "iteration_time_s", "iteration time (s)"), path),
+        "sweep_tflops.png": lambda path: plots.save_figure(plots.sweep_figure(
+            result.rows, result.fields, "tflops_per_gpu", "TFLOP/s per GPU"), path),
+    }
+    with owned_folder(directory, "--out", SWEEP_FILES) as folder:
+        for name in SWEEP_FILES:
+            writers[name](directory / name)
+            folder.record(directory / name)
 
 
 SWEEP_METRICS = ("iter s", "TFLOP/s/GPU", "mem GiB")

@@ -11,8 +11,9 @@ import pytest
 from holmes_sim.metrics import BREAKDOWN_KEYS
 from holmes_sim.prepare import prepare
 from holmes_sim.report import plots
-from holmes_sim.report.document import (COST_NAMES, findings, largest_cost, write_report,
-                                         write_validation_report)
+from holmes_sim.report.document import (COST_NAMES, findings, largest_cost, report_targets,
+                                         write_report, write_validation_report)
+from holmes_sim.report.owned import MANIFEST_NAME
 from holmes_sim.runner import results_document, run_scenario, stamp
 from holmes_sim.units import GIB
 from tests.conftest import SCENARIOS
@@ -38,7 +39,8 @@ def report_dir(tmp_path_factory):
 def test_write_report_writes_every_output(report_dir):
     expected = {"iteration_time.png", "breakdown.png", "memory.png", "results.json", "report.md"}
     expected |= {f"timeline_{p}.png" for p in POLICIES} | {f"trace_{p}.json" for p in POLICIES}
-    assert expected <= {p.name for p in report_dir.iterdir()}
+    assert set(report_targets(POLICIES)) == expected  # what is checked before writing
+    assert {p.name for p in report_dir.iterdir()} == expected | {MANIFEST_NAME}
     for name in expected:
         assert (report_dir / name).stat().st_size > 0
         if name.endswith(".png"):

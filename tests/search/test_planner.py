@@ -81,8 +81,9 @@ def test_plan_cli_json_and_export(small, tmp_path):
             "tflops_per_gpu", "peak_memory_gib", "fits_memory", "simulated"}
     assert {"scenario", "evaluated", "elapsed_s", "baseline", "candidates"} <= set(doc)
     assert keys <= set(doc["candidates"][0]) and keys <= set(doc["baseline"])
-    assert sorted(p.name for p in out.iterdir())[0].startswith("1-")
-    assert (next(out.iterdir()) / "launch.sh").exists()
+    folders = sorted(p for p in out.iterdir() if p.is_dir())
+    assert folders[0].name.startswith("1-")
+    assert (folders[0] / "launch.sh").exists()
 
 
 def test_bad_search_values_are_refused(write_scenario):

@@ -1,0 +1,116 @@
+"""Which files of an output folder holmes-sim wrote, so a run replaces only those.
+
+Every command that writes several files into a folder (`run --report`, `run --plans`,
+`plan --export`, `sweep --out`, `validate --report`) records each file it writes, by its path
+relative to the folder and the SHA-256 of its bytes, in the folder's `MANIFEST_NAME`. Before the
+first write, every file the run is about to replace is checked against that record: a file
+holmes-sim has no record of (the user's own) or whose bytes changed since (a `launch.sh` the user
+edited) is refused by name, so no run overwrites work that is not its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from holmes_sim.report.files import OutputError, check_file, os_error, output_lock, write_atomic
+
+MANIFEST_NAME = ".holmes-sim-files.json"
+"""The record of what holmes-sim wrote in an output folder: relative path -> SHA-256 (hex)."""
+MAX_MANIFEST_BYTES = 4 * 2**20
+"""Largest record read; a larger one is not holmes-sim's and counts as no record."""
+_CHUNK_BYTES = 2**20
+
+
+class OutputFolder:
+    """An output folder holmes-sim writes into, with its record of the files it wrote there."""
+
+    def __init__(self, directory: str | Path, option: str):
+        self.directory = Path(directory)
+        self.option = option
+        self._digests = _read_manifest(self.directory / MANIFEST_NAME)
+
+    def check(self, names: Iterable[str | Path]) -> None:
+        """OutputError unless every existing file among `names` (relative to the folder) is one
+        holmes-sim wrote and nobody has changed since."""
+        for name in names:
+            path = self.directory / name
+            check_file(path)
+            if not _is_regular(path):
+                continue
+            key = self._key(path)
+            recorded = self._digests.get(key)
+            if recorded is None:
+                raise OutputError(f"{self.option}: {path} exists and holmes-sim did not write it; "
+                                  "move it away or choose another folder")
+            if recorded != file_digest(path):
+                raise OutputError(f"{self.option}: {path} was changed since holmes-sim wrote it; "
+                                  "move your copy away or choose another folder")
+
+    def record(self, path: str | Path) -> None:
+        """Record the file `path` (inside the folder) as written by this run."""
+        path = Path(path)
+        self._digests[self._key(path)] = file_digest(path)
+        self._save()
+
+    def _key(self, path: Path) -> str:
+        return path.relative_to(self.directory).as_posix()
+
+    def _save(self) -> None:
+        kept = {k: v for k, v in sorted(self._digests.items())
+                if _is_regular(self.directory / k)}
+        write_atomic(self.directory / MANIFEST_NAME, json.dumps(kept, indent=1) + "\n")
+
+
+@contextlib.contextmanager
+def owned_folder(directory: str | Path, option: str,
+                 names: Iterable[str | Path]) -> Iterator[OutputFolder]:
+    """Hold `directory`'s lock, check the files `names` a run will write there (see
+    `OutputFolder.check`) and yield the folder to record them in."""
+    with output_lock(directory, option):
+        folder = OutputFolder(directory, option)
+        folder.check(names)
+        yield folder
+
+
+def check_owned(directory: str | Path, option: str, names: Iterable[str | Path]) -> None:
+    """`OutputFolder.check` before any work, where `directory` already exists."""
+    if Path(directory).is_dir():
+        OutputFolder(directory, option).check(names)
+
+
+def file_digest(path: str | Path) -> str:
+    """SHA-256 (hex) of the bytes of the regular file `path`."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK_BYTES):
+                digest.update(chunk)
+    except OSError as exc:
+        raise os_error(path, exc, "read") from None
+    return digest.hexdigest()
+
+
+def _read_manifest(path: Path) -> dict[str, str]:
+    """The record in `path`; empty when absent, too large or not a holmes-sim record."""
+    try:
+        if not _is_regular(path) or path.stat().st_size > MAX_MANIFEST_BYTES:
+            return {}
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(document, dict):
+        return {}
+    return {k: v for k, v in document.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
