@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from holmes_sim.hardware.catalog import LinkModel, build_catalog
+from holmes_sim.hardware.catalog import LinkModel, build_catalog, gemm_rate
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Nic, build_cluster
 from holmes_sim.hardware.variability import apply_variability
 from holmes_sim.collector import quiet_collector
@@ -24,6 +25,8 @@ from holmes_sim.model.workload import Workload, build_workload
 
 MAX_GRADIENT_BUCKETS = 100_000
 """Most gradient buckets a model may fill (`training.bucket_size_mb`), so a run stays bounded."""
+MAX_BUCKET_MB = 1e9
+"""Bound of `training.bucket_size_mb` (`spec.load.FIELD_BOUNDS`)."""
 MAX_MICROBATCHES = 2**14
 """Most micro-batches per iteration (times the virtual stages) a schedule is built for: each is
 an op per stage in every simulation (Megatron-LM runs use at most a few thousand)."""
@@ -111,6 +114,7 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
                               s.parallel.cp_comm_type, s.parallel.expert,
                               s.parallel.expert_tensor)
     _check_buckets(workload)
+    _check_precision(s, cluster)
     tp, pp, dp = _degrees(s, cluster)
     cp = check_context(s, s.parallel.context, tp)
     check_expert(s, s.parallel.expert, dp * cp, tp=tp, etp=s.parallel.expert_tensor)
@@ -125,6 +129,13 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
     compute = profile.compute if profile is not None else KernelCompute()
     return Prepared(s, source, cluster, workload, compute, tp, pp, dp, m, profile,
                     None if nominal is cluster else nominal, cp)
+
+
+def _check_precision(s: Scenario, cluster: Cluster) -> None:
+    """Every GPU model of the cluster has a GEMM rate at the training precision."""
+    if s.training.precision == "fp8":
+        for gpu in dict.fromkeys(n.gpu for n in cluster.nodes):
+            gemm_rate(gpu, fp8=True)
 
 
 def _check_search(s: Scenario) -> None:
@@ -293,11 +304,22 @@ def _check_size(s: Scenario) -> None:
 
 
 def _check_buckets(workload: Workload) -> None:
+    """At most MAX_GRADIENT_BUCKETS gradient buckets; the error blames the bucket size where the
+    scenario sets it, else the model's size."""
     # `bucket_size_mb` counts fp32 elements (`model.bucket_layout`), whatever the gradient dtype
     buckets = workload.total_params * BUCKET_ELEMENT_BYTES / workload.bucket_bytes
-    if buckets > MAX_GRADIENT_BUCKETS:
+    if buckets <= MAX_GRADIENT_BUCKETS:
+        return
+    least_mb = math.ceil(workload.total_params * BUCKET_ELEMENT_BYTES / MAX_GRADIENT_BUCKETS / 1e6)
+    limit = f"(at most {MAX_GRADIENT_BUCKETS:,} are simulated)"
+    if workload.bucket_size_given:
         raise FieldError("training.bucket_size_mb", f"the gradients would fill {buckets:.3g} "
-                         f"buckets (at most {MAX_GRADIENT_BUCKETS:,} are simulated); raise it")
+                         f"buckets {limit}; raise it to at least {least_mb:,}")
+    raise FieldError("model", f"its {workload.total_params:.3g} parameters would fill "
+                     f"{buckets:.3g} gradient buckets of the default "
+                     f"{workload.bucket_bytes / 1e6:g} MB {limit}; check num_layers, hidden_size "
+                     "and num_experts" + (f", or set training.bucket_size_mb to at least "
+                                          f"{least_mb:,}" if least_mb <= MAX_BUCKET_MB else ""))
 
 
 def _check_overlaps(s: Scenario, tp: int, pp: int) -> None:
