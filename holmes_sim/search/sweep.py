@@ -128,8 +128,9 @@ def parse_path(path: str, arg: str) -> tuple[str | int, ...]:
 
 
 def set_path(data: Any, axis: SweepAxis, value: Any) -> None:
-    """Set `axis.path` to `value` in the plain YAML data (in place). A missing final mapping key
-    is added (the loader then rejects unknown keys).
+    """Set `axis.path` to `value` in the plain YAML data (in place). A missing mapping key is
+    added, as an empty mapping where more keys follow (a section the file leaves out, such as
+    `variability`); the loader then rejects keys the scenario does not know.
 
     Raises:
         ScenarioError: naming the `--set` argument for a missing key or list index out of range.
@@ -150,9 +151,10 @@ def set_path(data: Any, axis: SweepAxis, value: Any) -> None:
                 raise ScenarioError(f"--set {axis.arg}: {where or 'the scenario'} is not a "
                                     f"mapping, so '.{token}' does not apply")
             if token not in node and not last:
-                raise ScenarioError(f"--set {axis.arg}: unknown key '{token}' in "
-                                    f"{where or 'the scenario'} (keys there: "
-                                    f"{', '.join(map(str, node)) or 'none'})")
+                if isinstance(axis.tokens[k + 1], int):
+                    raise ScenarioError(f"--set {axis.arg}: {where or 'the scenario'} has no "
+                                        f"list '{token}' to index; add it to the file first")
+                node[token] = {}
             where = f"{where}.{token}" if where else token
         if last:
             node[token] = value

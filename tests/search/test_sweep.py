@@ -29,7 +29,7 @@ def test_parse_set_reads_paths_and_yaml_scalars():
 
 @pytest.mark.parametrize(("arg", "says"), [
     ("clusters[7].nodes[0].count=2", "index [7] out of range: clusters has 2 item(s)"),
-    ("trainign.global_batch_size=256", "unknown key 'trainign'"),
+    ("traning[0].global_batch_size=256", "the scenario has no list 'traning' to index"),
     ("model.num_layers[0]=2", "is not a list"),
     ("training.global_batch_size", "expected PATH=V1,V2"),
     ("training.global_batch_size=256,,512", "empty value"),
@@ -50,6 +50,16 @@ def test_unknown_final_key_and_bad_value_are_reported_by_the_loader_with_the_set
         run_sweep(DEFAULT, [f"{BANDWIDTH}=100,-5"], ["holmes"], jobs=1)
     assert f"--set {BANDWIDTH}=100,-5 (value -5)" in str(info.value)
     assert "must be greater than 0" in str(info.value) and "holmes-sweep-" not in str(info.value)
+
+
+def test_a_section_the_file_leaves_out_is_swept_and_a_misspelt_one_is_named():
+    result = run_sweep(DEFAULT, ["variability.compute_spread=0,0.1"], ["holmes"], jobs=1)
+    times = [r["iteration_time_s"] for r in result.rows]
+    assert "variability" not in yaml.safe_load(DEFAULT.read_text()) and times[1] > times[0]
+    with pytest.raises(ScenarioError) as info:
+        run_sweep(DEFAULT, ["trainign.global_batch_size=256"], ["holmes"], jobs=1)
+    assert "--set trainign.global_batch_size=256" in str(info.value)
+    assert "trainign: unknown key" in str(info.value)
 
 
 def test_a_point_is_checked_without_writing_a_file(monkeypatch):
