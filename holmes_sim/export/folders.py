@@ -45,9 +45,11 @@ def plan_launches(prepared, outcomes, hosts: Path | None,
 
 
 def plans_targets(policies) -> list[str]:
-    """Every file `run --plans` may write for `policies`, relative to its folder."""
+    """Every file `run --plans` may write for `policies`, relative to its folder (references get
+    a plan file and no launch folder)."""
     return [name for p in policies
-            for name in (f"plan_{p}.json", *(f"{p}/{f}" for f in LAUNCH_FILE_NAMES))]
+            for name in (f"plan_{p}.json", *(f"{p}/{f}" for f in LAUNCH_FILE_NAMES
+                                             if p not in REFERENCE_POLICIES))]
 
 
 def check_plans_targets(directory: Path | None, policies) -> None:
