@@ -139,7 +139,8 @@ def _check_precision(s: Scenario, cluster: Cluster) -> None:
 
 
 def _check_search(s: Scenario) -> None:
-    """Every list of the `search:` block non-empty, its policies known."""
+    """Every list of the `search:` block non-empty, its policies known, each of its degrees and
+    micro-batch sizes one that some layout can take (`_check_search_values`)."""
     search = s.search
     for name in search.__dataclass_fields__:
         if getattr(search, name) == ():
@@ -149,6 +150,80 @@ def _check_search(s: Scenario) -> None:
         if name not in POLICIES:
             raise FieldError(f"search.policies[{i}]", f"unknown policy '{name}' (known: "
                                                       f"{', '.join(POLICIES)})")
+    _check_search_values(s)
+
+
+def _check_search_values(s: Scenario) -> None:
+    """Refuse a value of `search.tensor`, `pipeline`, `context`, `expert`, `expert_tensor` or
+    `micro_batch_size` that the planner would drop from every layout, whatever the other
+    values: its own checks, with the others where they ask least of it (TP, PP and data
+    parallelism 1, every GPU a replica; for an expert TP degree, TP equal to it and EP 1)."""
+    nodes = tuple({g.gpus_per_node for c in s.clusters for g in c.nodes})
+    gpus = sum(g.count * g.gpus_per_node for c in s.clusters for g in c.nodes)
+    checks: dict[str, Callable[[int], object]] = {
+        "tensor": lambda v: check_tensor(s, v, nodes),
+        "pipeline": lambda v: check_pipeline(s, v, gpus),
+        "context": lambda v: check_context_in(s, v, 1, 1, gpus),
+        "expert": lambda v: check_expert(s, v, gpus),
+        "micro_batch_size": lambda v: check_micro_batch(s, v),
+    }
+    if s.model.num_experts is not None:  # a dense model's search leaves expert_tensor unused
+        checks["expert_tensor"] = lambda v: (check_tensor(s, v, nodes, "expert_tensor"),
+                                             check_expert_tensor(s, 1, 1, v, v))
+    for key, check in checks.items():
+        for i, value in enumerate(getattr(s.search, key) or ()):
+            try:
+                check(value)
+            except FieldError as exc:
+                fix = "" if exc.path.startswith("parallel.") else f" or change {exc.path}"
+                raise FieldError(f"search.{key}[{i}]", f"{key}={value} fits no layout of this "
+                                 f"scenario, whatever the other values ({exc.path}: "
+                                 f"{exc.message}); remove {value} from search.{key}{fix}") from None
+
+
+def check_tensor(s: Scenario, tp: int, node_gpus: tuple[int, ...], what: str = "tensor") -> int:
+    """Check TP degree `tp` against the model's heads and query groups and each of the
+    `node_gpus` (the GPU counts of the nodes): TP stays inside a node; returns it. `what` names
+    the degree in the message."""
+    groups = s.model.num_query_groups or s.model.num_attention_heads
+    for count, name in ((s.model.num_attention_heads, "model.num_attention_heads"),
+                        (groups, "model.num_query_groups"), *((g, "GPUs per node") for g in node_gpus)):
+        if count % tp:
+            inside = "" if what == "tensor" else ", as the tensor degree it divides must"
+            raise FieldError("parallel.tensor", f"{what}={tp} must divide {name}={count}{inside}: "
+                             "each TP rank holds an equal share of the heads and query groups, and "
+                             "a TP group stays inside a node")
+    return tp
+
+
+def check_pipeline(s: Scenario, pp: int, gpus: int, tp: int = 1) -> int:
+    """Check PP degree `pp` at TP `tp` on `gpus` GPUs: tensor x pipeline divides them and each
+    stage gets a layer; returns it."""
+    if gpus % (tp * pp):
+        raise FieldError("parallel.pipeline", f"tensor={tp} x pipeline={pp} = {tp * pp} does not "
+                         f"divide the {gpus} GPUs of the clusters")
+    if s.model.num_layers < pp:
+        raise FieldError("parallel.pipeline", f"pipeline={pp} stages cannot each hold one of "
+                         f"the model.num_layers={s.model.num_layers} layers")
+    return pp
+
+
+def check_context_in(s: Scenario, cp: int, tp: int, pp: int, gpus: int) -> int:
+    """`check_context`, and tensor x pipeline x context dividing the `gpus`; returns cp."""
+    if gpus // (tp * pp) % cp:
+        raise FieldError("parallel.context", f"tensor={tp} x pipeline={pp} x context={cp} = "
+                         f"{tp * pp * cp} does not divide the {gpus} GPUs of the clusters")
+    return check_context(s, cp, tp)
+
+
+def check_micro_batch(s: Scenario, mb: int, dp: int = 1) -> int:
+    """Check micro-batch size `mb` at data-parallel degree `dp`: their product divides the
+    global batch; returns the micro-batches per iteration."""
+    batch = s.training.global_batch_size
+    if batch % (mb * dp):
+        raise FieldError("training.global_batch_size", f"micro_batch_size={mb} x data={dp} = "
+                         f"{mb * dp} does not divide training.global_batch_size={batch}")
+    return batch // (mb * dp)
 
 
 def _check_policies(s: Scenario) -> None:
