@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from holmes_sim.collector import quiet_collector
-from holmes_sim.errors import FieldError, HolmesError
+from holmes_sim.errors import FieldError, HolmesError, ScenarioError
 from holmes_sim.memo import IdentityMemo
-from holmes_sim.prepare import (MAX_MICROBATCHES, Prepared, check_context, check_expert,
-                                check_expert_tensor)
+from holmes_sim.prepare import (MAX_MICROBATCHES, Prepared, check_context_in, check_expert,
+                                check_expert_tensor, check_micro_batch, check_pipeline, check_tensor)
 from holmes_sim.schedule import check_schedule
+from holmes_sim.search.rejections import Reject, Rejections, located, passes
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.model.workload import Workload, build_workload
 
@@ -121,43 +122,45 @@ class PlanSearch:
                 "infeasible": [c.to_json() for c in self.infeasible]}
 
 
-def layouts(prepared: Prepared, search: SearchSpec) -> Iterator[Layout]:
-    """Every valid layout the search block allows, in a deterministic order."""
+def layouts(prepared: Prepared, search: SearchSpec, reject: Reject | None = None) -> Iterator[Layout]:
+    """Every valid layout the search block allows, in a deterministic order. Each check is
+    `prepare`'s (which refuses a `search:` value no layout can take); `reject`, when given,
+    hears each partial layout a check drops and why (`rejections.Rejections`)."""
     s, n = prepared.scenario, prepared.cluster.num_gpus
-    node_gpus = min(node.num_gpus for node in prepared.cluster.nodes)
+    nodes = tuple({node.num_gpus for node in prepared.cluster.nodes})
     tps = _allowed(search.tensor, "search.tensor",
-                   [t for t in range(1, _MAX_TP + 1) if node_gpus % t == 0])
+                   [t for t in range(1, _MAX_TP + 1) if min(nodes) % t == 0])
     pps = _allowed(search.pipeline, "search.pipeline", list(range(1, _MAX_PP + 1)))
     mbs = _allowed(search.micro_batch_size, "search.micro_batch_size", list(_MICRO_BATCHES))
     for tp in tps:
-        groups = s.model.num_query_groups or s.model.num_attention_heads
-        if node_gpus % tp or s.model.num_attention_heads % tp or groups % tp:
+        if not passes(reject, (("tensor", tp),), check_tensor, s, tp, nodes):
             continue
         for pp in pps:
-            if n % (tp * pp) or s.model.num_layers < pp:
+            if not passes(reject, (("tensor", tp), ("pipeline", pp)), check_pipeline, s, pp, n, tp):
                 continue
-            for cp in _contexts(prepared, search, tp, n // (tp * pp)):
+            for cp in _contexts(prepared, search, tp, pp, reject):
                 dp = n // (tp * pp * cp)
                 for mb, ep in ((mb, ep) for mb in mbs for ep in _experts(prepared, search)):
-                    if s.training.global_batch_size % (mb * dp):
+                    where = (("tensor", tp), ("pipeline", pp), ("context", cp), ("data", dp),
+                             ("micro_batch_size", mb))
+                    if not passes(reject, where, check_micro_batch, s, mb, dp):
                         continue
                     m = s.training.global_batch_size // (mb * dp)
-                    for etp in _expert_tps(prepared, search, tp, dp * cp, ep):
-                        yield from _variants(prepared, search, tp, pp, dp, mb, m, cp, ep, etp)
+                    for etp in _expert_tps(prepared, search, tp, dp * cp, ep, reject, where):
+                        yield from _variants(prepared, search, tp, pp, dp, mb, m, cp, ep, etp,
+                                             reject)
 
 
-def _contexts(prepared: Prepared, search: SearchSpec, tp: int, replicas: int) -> Iterator[int]:
-    """The CP degrees of `search.context` (default: the scenario's) that divide the replicas
-    and that Megatron-Core runs with this model and training (`prepare.check_context`)."""
-    s = prepared.scenario
+def _contexts(prepared: Prepared, search: SearchSpec, tp: int, pp: int,
+              reject: Reject | None = None) -> Iterator[int]:
+    """The CP degrees of `search.context` (default: the scenario's) that divide the GPUs left
+    by tensor x pipeline and that Megatron-Core runs with this model and training
+    (`prepare.check_context_in`)."""
+    s, n = prepared.scenario, prepared.cluster.num_gpus
     for cp in _allowed(search.context, "search.context", [s.parallel.context]):
-        if replicas % cp:
-            continue
-        try:
-            check_context(s, cp, tp)
-        except FieldError:
-            continue
-        yield cp
+        if passes(reject, (("tensor", tp), ("pipeline", pp), ("context", cp)), check_context_in,
+                   s, cp, tp, pp, n):
+            yield cp
 
 
 def _experts(prepared: Prepared, search: SearchSpec) -> list[int]:
@@ -166,43 +169,64 @@ def _experts(prepared: Prepared, search: SearchSpec) -> list[int]:
     return _allowed(search.expert, "search.expert", [prepared.scenario.parallel.expert])
 
 
-def _expert_tps(prepared: Prepared, search: SearchSpec, tp: int, replicas: int,
-                ep: int) -> Iterator[int | None]:
+def _expert_tps(prepared: Prepared, search: SearchSpec, tp: int, replicas: int, ep: int,
+                reject: Reject | None = None, where: tuple = ()) -> Iterator[int | None]:
     """The experts' TP degrees of `search.expert_tensor` (default: tp and 1) with which EP `ep`
     runs at TP `tp` on `replicas` (data x context) replicas (`prepare.check_expert_tensor`);
-    for a dense model None, when `prepare.check_expert` takes ep."""
+    for a dense model None, when `prepare.check_expert` takes ep. `where`: the partial layout."""
     s = prepared.scenario
     if s.model.num_experts is None:
-        try:
-            check_expert(s, ep, replicas)
-        except FieldError:
-            return
-        yield None
+        if passes(reject, (*where, ("expert", ep)), check_expert, s, ep, replicas):
+            yield None
         return
     for etp in _allowed(search.expert_tensor, "search.expert_tensor", sorted({tp, 1}, reverse=True)):
-        try:
-            check_expert_tensor(s, ep, replicas, tp, etp)
-        except FieldError:
-            continue
-        yield etp
+        if passes(reject, (*where, ("expert", ep), ("expert_tensor", etp)), check_expert_tensor,
+                   s, ep, replicas, tp, etp):
+            yield etp
 
 
-def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None) -> Iterator[Layout]:
+def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
+              reject: Reject | None = None) -> Iterator[Layout]:
+    """The layouts of these degrees and micro-batches: each schedule, chunk count, recompute
+    mode and sequence parallelism the search lists that Megatron-LM runs with them."""
     layers = prepared.scenario.model.num_layers
+    moe = prepared.scenario.model.num_experts is not None
     for schedule in search.schedule:
         chunks = search.virtual_stages if schedule == "interleaved" else (1,)
         for v in chunks:
-            if pp == 1 and schedule != "1f1b" or layers < pp * v or m * v > MAX_MICROBATCHES:
+            where = (("tensor", tp), ("pipeline", pp), ("context", cp), ("data", dp),
+                     ("micro_batch_size", mb), ("expert", ep), ("expert_tensor", etp),
+                     ("schedule", schedule), ("virtual_stages", v))
+            if not passes(reject, where, _check_chunks, layers, schedule, pp, m, v):
                 continue
-            try:
-                check_schedule(schedule, pp, m, v)
-            except HolmesError:
-                continue
+            sps = search.sequence_parallel if tp > 1 else (False,)
+            if moe and tp > 1 and False in sps:  # Megatron-Core's MoELayer: TP only under SP
+                sps = tuple(sp for sp in sps if sp)
+                if reject is not None:
+                    reject(_MOE_SP, (*where, ("sequence_parallel", False)))
             for rc in search.recompute:
-                for sp in (search.sequence_parallel if tp > 1 else (False,)):
-                    if tp > 1 and not sp and prepared.scenario.model.num_experts is not None:
-                        continue  # Megatron-Core's MoELayer trains with TP only under SP
+                for sp in sps:
                     yield Layout(tp, pp, dp, mb, schedule, v, rc, sp, cp=cp, ep=ep, etp=etp)
+
+
+_MOE_SP = ("training.sequence_parallel: an MoE model with tensor > 1 needs sequence parallelism "
+           "(Megatron-Core's MoELayer refuses to train without it)")
+
+
+def _check_chunks(layers: int, schedule: str, pp: int, m: int, v: int) -> None:
+    """Raise ScenarioError where the planner skips `schedule` with `v` chunks per stage at
+    pipeline `pp` with `m` micro-batches: GPipe and interleaved without a pipeline (1F1B's
+    layout), too few layers or too many micro-batches, or `schedule.check_schedule`'s rules."""
+    if pp == 1 and schedule != "1f1b":
+        raise ScenarioError(f"parallel.schedule: {schedule} at pipeline=1 is 1f1b's layout "
+                            "(searched as 1f1b)")
+    if layers < pp * v:
+        raise ScenarioError(f"model.num_layers: {layers} layers cannot fill pipeline={pp} x "
+                            f"virtual_stages={v} = {pp * v} stages")
+    if m * v > MAX_MICROBATCHES:
+        raise ScenarioError(f"training.global_batch_size: {m:,} micro-batches x {v} virtual "
+                            f"stages; at most {MAX_MICROBATCHES:,} are simulated")
+    check_schedule(schedule, pp, m, v)
 
 
 def _allowed(values: tuple[int, ...] | None, path: str, default: list[int]) -> list[int]:
@@ -396,10 +420,12 @@ def search(prepared: Prepared, spec: SearchSpec | None = None,
     check_address(ray)
     spec = distinct(spec or prepared.scenario.search)
     start = time.perf_counter()
-    grid = bounded_grid(prepared, spec, max_candidates)
-    if not grid:
-        raise FieldError("search", "no layout satisfies the cluster, model and batch; widen the "
-                                   "search block (tensor, pipeline, micro_batch_size)")
+    try:
+        grid = bounded_grid(prepared, spec, max_candidates)
+        if not grid:
+            raise FieldError("search", _why_no_layout(prepared, spec))
+    except FieldError as exc:
+        raise located(prepared.source, exc) from None
     if ray is not None:
         from holmes_sim.search.scaleout import ray_map
         parts = ray_map(evaluate_chunk, prepared, spec, _chunks(grid, 64), ray, progress, len(grid))
@@ -407,6 +433,14 @@ def search(prepared: Prepared, spec: SearchSpec | None = None,
         parts = _local_map(prepared, spec, grid, _jobs(jobs, len(grid)), progress)
     results = [c for part in parts for c in part]
     return _rank(prepared, spec, results, start, confirming)
+
+
+def _why_no_layout(prepared: Prepared, spec: SearchSpec) -> str:
+    """The search's checks run again, each rejection kept (`rejections.Rejections`)."""
+    why = Rejections(spec)
+    for _ in layouts(prepared, spec, why):
+        pass
+    return why.summary()
 
 
 def distinct(spec: SearchSpec) -> SearchSpec:

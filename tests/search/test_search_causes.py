@@ -1,5 +1,6 @@
 """`holmes-sim plan` says why it has nothing to search: a `search:` value that fits no layout is
-refused as the file loads, naming its index, line, rule and fix."""
+refused as the file loads, naming its index, line, rule and fix; when only combinations fail,
+the error counts the checks' rejections by rule, with an example and the keys to widen."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from holmes_sim.cli import app
-from holmes_sim.errors import ScenarioError
+from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.prepare import prepare, prepare_text
 from holmes_sim.search import planner
 from holmes_sim.spec.scenario import SearchSpec
@@ -93,3 +94,63 @@ def test_the_refusal_and_the_search_agree(base, key, values):
         found = any(True for _ in planner.layouts(prepared, replace(wide, **{key: (v,)})))
         assert found == (v not in refused), (key, v)
     assert refused  # each key has a value no layout takes
+
+
+def test_only_combinations_fail_the_error_counts_the_reasons(tmp_path):
+    text, path, line, _ = _plan(tmp_path, DENSE,
+                                "{tensor: [1], pipeline: [1], micro_batch_size: [16]}")
+    assert text.startswith(f"error: {path}:{line}: search: no layout satisfies")
+    assert ("dropped 1 partial layout: [1x, e.g. tensor=1 pipeline=1 data=64 micro_batch_size=16] "
+            "training.global_batch_size: micro_batch_size=16 x data=64 = 1024 does not divide "
+            "training.global_batch_size=512") in text
+    assert text.endswith("; widen search.micro_batch_size, search.tensor, search.pipeline, "
+                         "search.context")
+
+
+def test_the_reasons_leave_out_defaults_the_block_did_not_ask_for(tmp_path):
+    """Mixtral at TP 8 without sequence parallelism: Megatron-Core's MoELayer refuses every
+    layout; the pipeline degrees the block leaves to their default (3, 5, ... do not divide 64
+    GPUs) and GPipe without a pipeline (searched as 1F1B) are no cause."""
+    text, path, line, _ = _plan(tmp_path, MOE, "{tensor: [8], sequence_parallel: [false]}")
+    assert f"{path}:{line}: search: no layout satisfies" in text
+    reasons = text.split(": [", 1)[1]
+    assert reasons.startswith("45x, e.g. tensor=8 pipeline=1 data=8 micro_batch_size=1 expert=4 "
+                              "expert_tensor=8 schedule=1f1b virtual_stages=1 "
+                              "sequence_parallel=False] training.sequence_parallel: an MoE model")
+    assert "pipeline=3" not in text and "1f1b's layout" not in text
+    assert "widen search.sequence_parallel, search.expert_tensor, search.expert, search.tensor" in text
+
+
+@pytest.mark.parametrize(("base", "search", "fragments"), [
+    (LLAMA, "{tensor: [8], pipeline: [8], context: [2]}",
+     ("[1x, e.g. tensor=8 pipeline=8 context=2] parallel.context: tensor=8 x pipeline=8 x "
+      "context=2 = 128 does not divide the 64 GPUs", "widen search.context, search.tensor, "
+                                                     "search.pipeline")),
+    (DENSE, "{pipeline: [1], schedule: [interleaved]}",
+     ("parallel.schedule: interleaved at pipeline=1 is 1f1b's layout (searched as 1f1b)",
+      "widen search.schedule, search.pipeline")),
+    (MOE, "{tensor: [4], expert_tensor: [8]}",
+     ("expert_tensor=8 must divide tensor=4", "widen search.expert_tensor")),
+])
+def test_combination_causes(tmp_path, base, search, fragments):
+    text, path, line, _ = _plan(tmp_path, base, search)
+    assert f"{path}:{line}: search: no layout satisfies" in text
+    for fragment in fragments:
+        assert fragment in text, text
+
+
+def test_the_candidate_limit_names_the_search_line(tmp_path):
+    text = (SCENARIOS / DENSE).read_text() + "search: {tensor: [4]}\n"
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    result = runner.invoke(app, ["plan", str(path), "--max-candidates", "10"])
+    assert result.exit_code == 2
+    assert f"{path}:{text.count(chr(10))}: search: " in " ".join(result.output.split())
+
+
+def test_without_a_file_the_error_keeps_its_field():
+    prepared = prepare_text((SCENARIOS / DENSE).read_text() + "search: {tensor: [1], pipeline: [1], "
+                            "micro_batch_size: [16]}\n")
+    with pytest.raises(FieldError) as exc:
+        planner.search(prepared, jobs=1)
+    assert exc.value.path == "search" and "micro_batch_size=16 x data=64" in exc.value.message
