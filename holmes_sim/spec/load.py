@@ -2,6 +2,10 @@
 
 - Duplicate keys are rejected (PyYAML silently keeps the last one, yaml/pyyaml#165).
 - Unknown keys are rejected with a did-you-mean hint.
+- Plain scalars are read as YAML 1.2's core schema reads them, not as PyYAML's YAML 1.1 does
+  (`yaml_core`): numbers only as plain decimals (`8:32`, `0x200`, `0o1000`, `01000`, `5_12` are
+  text, so a number field refuses them), booleans only as true/false (`yes`, `no`, `on`, `off`
+  are text: a bool field refuses them, a name may be `no`), no timestamps.
 - Values are checked against the dataclass field types, plus the numeric rules below.
 - Limits: file size, nesting depth, aliases and expanded values are bounded, numbers must be
   finite and within the bound of their field, so no input can hang, crash or exhaust memory.
@@ -24,11 +28,8 @@ from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.spec.limits import MAX_FILE_BYTES, non_finite, read_text_bounded
 from holmes_sim.spec.presets import PRESETS, preset_fields
 from holmes_sim.spec.scenario import Scenario
+from holmes_sim.spec.yaml_core import MAX_DEPTH, compose_limited, core_form, dump, yaml11_reading
 
-MAX_DEPTH = 32
-"""Deepest nesting of mappings and lists (a scenario needs about 6)."""
-MAX_ALIASES = 100
-"""Most `*alias` references in one file."""
 MAX_VALUES = 100_000
 """Most values after expanding aliases (an alias bomb expands to billions)."""
 MAX_NUMBER = 1e15
@@ -149,6 +150,8 @@ class _Doc:
         self.lines: dict[str, int] = {}
         self.constructor = yaml.constructor.SafeConstructor()
         """Constructs this document's non-string scalars (`_scalar`)."""
+        self.quoted: set[str] = set()
+        """Paths of the quoted and block scalars (text however they read)."""
 
     def line(self, path: str) -> int | None:
         while path:
@@ -212,7 +215,7 @@ def mapping_text(data: Any, source: str) -> str:
     (depth, values, MAX_FILE_BYTES); ScenarioError naming the field that is not a plain value."""
     budget = [0, 0]  # values seen, characters of text seen
     plain = _plain(data, "", budget, source)
-    text = yaml.safe_dump(plain, sort_keys=False)
+    text = dump(plain)
     if len(text.encode()) > MAX_FILE_BYTES:
         raise ScenarioError(f"{source}: larger than the limit of {MAX_FILE_BYTES // 1024} KiB "
                             "of a scenario file; is it the right mapping?")
@@ -248,71 +251,7 @@ def _plain(value: Any, path: str, budget: list[int], source: str, depth: int = 0
                "a str, int, float, bool, list or dict (e.g. int(x), float(x), str(path))")
 
 
-class _Limits:
-    """A composer that refuses deep nesting and many aliases (mixed in before `Composer`)."""
-
-    depth = 0
-    aliases = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
-        mark = self.peek_event().start_mark
-        if self.check_event(yaml.AliasEvent):
-            self.aliases += 1
-            if self.aliases > MAX_ALIASES:
-                raise _LimitError(mark, f"more than {MAX_ALIASES} aliases (*name); write the "
-                                        "values out")
-        self.depth += 1
-        try:
-            if self.depth > MAX_DEPTH:
-                raise _LimitError(mark, f"nested deeper than {MAX_DEPTH} levels")
-            return super().compose_node(parent, index)  # type: ignore[misc]
-        finally:
-            self.depth -= 1
-
-
-class _LimitedLoader(_Limits, yaml.SafeLoader):
-    """SafeLoader whose composer refuses deep nesting and many aliases."""
-
-
-if getattr(yaml, "__with_libyaml__", False):
-    class _LimitedCLoader(_Limits, yaml.composer.Composer, yaml.cyaml.CParser,
-                          yaml.resolver.Resolver):
-        """`_LimitedLoader` reading its events from libyaml's parser (the text scanned in C,
-        about 10x faster on a cluster of thousands of node groups); the nodes are composed
-        and limited by the same Python composer."""
-
-        def __init__(self, stream: str):
-            yaml.cyaml.CParser.__init__(self, stream)
-            yaml.composer.Composer.__init__(self)
-            yaml.resolver.Resolver.__init__(self)
-else:  # PyYAML built without libyaml
-    _LimitedCLoader = _LimitedLoader  # type: ignore[misc,assignment]
-
-
-class _LimitError(Exception):
-    def __init__(self, mark: Any, message: str):
-        super().__init__(message)
-        self.mark = mark
-
-
-def compose_limited(text: str, source: str) -> yaml.Node | None:
-    """YAML text -> node tree, within MAX_DEPTH and MAX_ALIASES; ScenarioError otherwise."""
-    try:
-        try:
-            return yaml.compose(text, Loader=_LimitedCLoader)
-        except yaml.YAMLError:  # libyaml words problems and its own limits differently:
-            return yaml.compose(text, Loader=_LimitedLoader)  # the Python parser's verdict
-    except _LimitError as exc:
-        raise ScenarioError(f"{source}:{exc.mark.line + 1}: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError(f"{where}: malformed YAML: {problem}; fix the syntax "
-                            "(indentation, a missing ':' or an unclosed bracket)") from None
-
-
-_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "timestamp")}
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null")}
 
 
 def _to_python(node: yaml.Node, path: str, doc: _Doc, seen: list[int], depth: int = 0) -> Any:
@@ -362,11 +301,17 @@ _STR_TAG = "tag:yaml.org,2002:str"
 
 
 def _scalar(node: yaml.ScalarNode, path: str, doc: _Doc) -> Any:
-    """The value of a plain scalar as `yaml.SafeLoader` constructs it (a string is its text,
-    as `SafeConstructor.construct_yaml_str` returns it); the document's constructor serves
-    every scalar."""
+    """The value of a scalar of YAML 1.2's core forms (`yaml_core`; a string is its text, as
+    `SafeConstructor.construct_yaml_str` returns it); the document's constructor serves every
+    scalar. An explicit tag (`!!int 0x10`) needs its core form too."""
     if node.tag == _STR_TAG:
+        if node.style:  # quoted or a block scalar; plain is None (Python parser) or ''
+            doc.quoted.add(path)
         return node.value
+    if not core_form(node.tag, node.value):
+        kind = node.tag.rsplit(":", 1)[-1]
+        raise doc.error(path, f"{node.value[:40]!r} is not a YAML 1.2 {kind}; "
+                              f"{_FIXES.get(kind, 'write the value plainly')}")
     constructor = doc.constructor
     try:
         return constructor.construct_object(node, deep=True)
@@ -465,20 +410,33 @@ def _convert(tp: Any, value: Any, path: str, doc: _Doc) -> Any:
     return _convert_scalar(tp, value, path, doc)
 
 
+_FIXES = {"bool": "write true or false", "int": "write it as a plain decimal whole number",
+          "float": "write it as a plain decimal number", "null": "write null"}
+
+
+def _wrong_type(expected: str, kind: str, value: Any, path: str, doc: _Doc) -> ScenarioError:
+    """The error for `value` where `expected` (a `kind` of `_FIXES`) belongs; for text that
+    YAML 1.1 reads as a number or bool (`yaml_core`), what it would have read."""
+    fix = _FIXES[kind]
+    if path in doc.quoted:
+        fix = f"{fix}, without quotes"
+    elif isinstance(value, str) and (old := yaml11_reading(value)) is not None:
+        fix = f"YAML 1.1 would read {old!r} but this loader reads YAML 1.2; {fix}"
+    return doc.error(path, f"expected {expected}, got {_describe(value)}; {fix}")
+
+
 def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
     if tp is bool:
         if not isinstance(value, bool):
-            raise doc.error(path, f"expected true or false, got {_describe(value)}")
+            raise _wrong_type("true or false", "bool", value, path, doc)
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise doc.error(path, f"expected a whole number, got {_describe(value)}")
+            raise _wrong_type("a whole number", "int", value, path, doc)
         return value
     if tp is float:
-        if isinstance(value, str):  # PyYAML (YAML 1.1) reads 1e9 as a string; accept it
-            value = _float_or_text(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise doc.error(path, f"expected a number, got {_describe(value)}")
+            raise _wrong_type("a number", "float", value, path, doc)
         if (problem := non_finite(value)) is not None:
             raise doc.error(path, problem)
         return float(value)
@@ -488,13 +446,6 @@ def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
         _check_text(str(value), path, doc, free=path.rsplit(".", 1)[-1] in FREE_TEXT)
         return str(value)
     raise AssertionError(f"unsupported spec type {tp}")
-
-
-def _float_or_text(text: str) -> float | str:
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 def _check_text(text: str, path: str, doc: _Doc, free: bool) -> None:

@@ -1,0 +1,92 @@
+"""Scenario inputs a fuzzing pass found read silently or worded wrongly: each is now one
+ScenarioError naming the file, line and field, with the fix."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from holmes_sim.cli import app
+from holmes_sim.errors import ScenarioError
+from holmes_sim.prepare import prepare
+from holmes_sim.spec.load import load_plain, load_scenario_text, mapping_text
+from tests.conftest import SCENARIOS, small_scenario
+
+runner = CliRunner()
+BASE = small_scenario()
+
+
+def _line(text: str, fragment: str) -> int:
+    return next(i for i, t in enumerate(text.splitlines(), 1) if fragment in t)
+
+
+def _refused(write_scenario, text: str, *fragments: str, at: str | None = None) -> str:
+    """`holmes-sim check` on `text`: exit 2, one line holding every fragment and, with `at`,
+    the line of the first line of `text` holding `at`; nothing written beside the file."""
+    path = write_scenario(text)
+    before = set(path.parent.iterdir())
+    result = runner.invoke(app, ["check", str(path)])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and message.startswith(f"error: {path}:"), message
+    for fragment in fragments:
+        assert fragment in message, message
+    if at is not None:
+        assert f"{path}:{_line(text, at)}: " in message, message
+    assert set(path.parent.iterdir()) == before
+    return message
+
+
+# ---- YAML 1.2 numbers and booleans ---------------------------------------------------------
+@pytest.mark.parametrize("written,yaml11", [("8:32", 512), ("0x200", 512), ("5_12", 512),
+                                            ("01000", 512), ("0b1000000000", 512)])
+def test_yaml11_integer_forms_are_refused_with_the_plain_decimal_fix(write_scenario, written,
+                                                                     yaml11):
+    text = small_scenario(global_batch=written)
+    _refused(write_scenario, text, f"training.global_batch_size: expected a whole number, got "
+             f"str '{written}'", f"YAML 1.1 would read {yaml11}",
+             "write it as a plain decimal whole number", at="global_batch_size")
+
+
+@pytest.mark.parametrize("written", ["0o1000", "!!int 0x200", "'16'"])
+def test_other_non_decimal_integers_are_refused(write_scenario, written):
+    text = small_scenario(global_batch=written)
+    message = _refused(write_scenario, text, "training.global_batch_size: ",
+                       "write it as a plain decimal whole number", at="global_batch_size")
+    assert "without quotes" in message if written == "'16'" else "YAML 1.1" not in message
+
+
+@pytest.mark.parametrize("written", ["1_0.5", "1:30.5"])
+def test_yaml11_float_forms_are_refused(write_scenario, written):
+    text = small_scenario(latency_us=written)
+    _refused(write_scenario, text, "latency_us: expected a number, got str",
+             "write it as a plain decimal number", at=f"latency_us: {written}")
+
+
+@pytest.mark.parametrize("written", ["yes", "on", "No", "OFF"])
+def test_yaml11_booleans_are_text(write_scenario, written):
+    text = small_scenario(tie=True).replace("tie_embeddings: true", f"tie_embeddings: {written}")
+    _refused(write_scenario, text, f"model.tie_embeddings: expected true or false, got str "
+             f"'{written}'", "YAML 1.1 would read", "write true or false", at="tie_embeddings")
+
+
+def test_yaml12_numbers_and_booleans_still_read():
+    data = load_plain("a: [512, -3, +7, 0, 0.5, .5, 1e9, 2.5E-3, -1.5e+2, true, False, TRUE, "
+                      "null, ~, no, 2002-12-14, 0x10]", "t")
+    assert data == {"a": [512, -3, 7, 0, 0.5, 0.5, 1e9, 2.5e-3, -150.0, True, False, True, None,
+                          None, "no", "2002-12-14", "0x10"]}
+    for value in (1e9, 1e-7, float("inf"), 10**20):  # floats and big ints as the API gives them
+        assert load_plain(mapping_text({"x": value}, "api"), "t") == {"x": value}
+
+
+def test_api_strings_that_yaml12_reads_as_numbers_stay_strings():
+    data = {"name": "1e9", "description": "yes", "seed": 3}
+    assert load_plain(mapping_text(data, "api"), "t") == data
+
+
+def test_a_name_may_be_a_yaml11_boolean(write_scenario):
+    prepared = prepare(write_scenario(BASE.replace("name: small", "name: no")))
+    assert prepared.scenario.name == "no"
