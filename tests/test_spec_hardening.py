@@ -90,3 +90,16 @@ def test_api_strings_that_yaml12_reads_as_numbers_stay_strings():
 def test_a_name_may_be_a_yaml11_boolean(write_scenario):
     prepared = prepare(write_scenario(BASE.replace("name: small", "name: no")))
     assert prepared.scenario.name == "no"
+
+
+# ---- characters YAML refuses -------------------------------------------------------------------
+@pytest.mark.parametrize("char", ["\x00", "\x01", "\x7f"])
+def test_a_control_byte_is_one_line_with_its_line_number(write_scenario, char):
+    text = BASE.replace("name: c\n", f"name: c{char}\n")
+    _refused(write_scenario, text, f"the character U+{ord(char):04X} is not allowed in YAML; "
+             "remove it", at="name: c")
+
+
+def test_a_control_byte_in_api_text_names_the_source():
+    with pytest.raises(ScenarioError, match=r"^<text>:2: the character U\+0000 is not allowed"):
+        load_scenario_text("a: 1\nb: x\x00\n", "<text>")

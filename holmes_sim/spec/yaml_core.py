@@ -147,6 +147,10 @@ def compose_limited(text: str, source: str) -> yaml.Node | None:
             return yaml.compose(text, Loader=_LimitedLoader)  # the Python parser's verdict
     except _LimitError as exc:
         raise ScenarioError(f"{source}:{exc.mark.line + 1}: {exc}") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow, e.g. NUL
+        line = text.count("\n", 0, exc.position) + 1
+        raise ScenarioError(f"{source}:{line}: the character U+{exc.character:04X} is not "
+                            "allowed in YAML; remove it (is this a text file?)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
