@@ -103,3 +103,12 @@ def test_a_control_byte_is_one_line_with_its_line_number(write_scenario, char):
 def test_a_control_byte_in_api_text_names_the_source():
     with pytest.raises(ScenarioError, match=r"^<text>:2: the character U\+0000 is not allowed"):
         load_scenario_text("a: 1\nb: x\x00\n", "<text>")
+
+
+# ---- profile -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("written", ['""', "''", '"  "'])
+def test_an_empty_profile_path_is_refused(write_scenario, written):
+    text = BASE + f"profile: {written}\n"
+    message = _refused(write_scenario, text, "profile: is empty; give the path of a profile JSON",
+                       "or remove `profile:`", at="profile:")
+    assert "folder" not in message

@@ -138,6 +138,11 @@ FIELD_BOUNDS: dict[str, Bound] = {
 }
 NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""
+TEXT_RULES: dict[str, tuple[Callable[[str], object], str]] = {
+    "profile": (str.strip, "is empty; give the path of a profile JSON (relative to this file) or "
+                           "remove `profile:`"),
+}
+"""Rules of string fields by dotted path: a test of the text (false: refused), and the message."""
 FREE_TEXT = {"description", "source"}
 """String fields that may hold any printable text, line breaks included."""
 
@@ -444,6 +449,8 @@ def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise doc.error(path, f"expected a string, got {_describe(value)}")
         _check_text(str(value), path, doc, free=path.rsplit(".", 1)[-1] in FREE_TEXT)
+        if path in TEXT_RULES and not TEXT_RULES[path][0](str(value)):
+            raise doc.error(path, TEXT_RULES[path][1])
         return str(value)
     raise AssertionError(f"unsupported spec type {tp}")
 
