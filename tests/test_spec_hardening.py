@@ -112,3 +112,33 @@ def test_an_empty_profile_path_is_refused(write_scenario, written):
     message = _refused(write_scenario, text, "profile: is empty; give the path of a profile JSON",
                        "or remove `profile:`", at="profile:")
     assert "folder" not in message
+
+
+# ---- names -------------------------------------------------------------------------------------
+_GPU = "{peak_tflops: 300, memory_gib: 80, memory_bandwidth_gbyte_per_s: 2000}"
+
+
+@pytest.mark.parametrize("table,key", [("gpus", '"my gpu!"'), ("gpus", '""'), ("nics", '"9nic"'),
+                                       ("links", '"a.b"')])
+def test_catalog_keys_follow_the_name_rule(write_scenario, table, key):
+    entry = {"gpus": _GPU, "nics": "{type: ib, bandwidth_gbit_per_s: 200, latency_us: 2, "
+                                   "efficiency: 0.9}",
+             "links": "{bandwidth_gbyte_per_s: 200, latency_us: 3, efficiency: 0.8}"}[table]
+    text = BASE + f"catalog:\n  {table}:\n    {key}: {entry}\n"
+    _refused(write_scenario, text, f"catalog.{table}.{key.strip(chr(34))}: '{key.strip(chr(34))}'"
+             " is not a valid name; use a letter then letters, digits, '-' or '_'", at=key)
+
+
+@pytest.mark.parametrize("name", ["''", "'gpt 7b'", "'-x'", "x" * 65])
+def test_the_model_name_follows_the_name_rule(write_scenario, name):
+    text = BASE.replace("model: {", f"model: {{name: {name}, ")
+    _refused(write_scenario, text, "model.name: ", "is not a valid model name; use a letter then "
+             "letters, digits, '.', '-' or '_'", at="model:")
+
+
+def test_model_names_with_versions_and_a_catalog_entry_are_accepted(write_scenario):
+    text = (BASE.replace("model: {", "model: {name: llama3.1-8b_v2, ").replace("a100-80gb", "my-gpu_2")
+            + f"catalog:\n  gpus:\n    my-gpu_2: {_GPU}\n")
+    prepared = prepare(write_scenario(text))
+    assert prepared.scenario.model.name == "llama3.1-8b_v2"
+    assert prepared.cluster.nodes[0].gpu.name == "my-gpu_2"

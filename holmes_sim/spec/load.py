@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -138,11 +139,20 @@ FIELD_BOUNDS: dict[str, Bound] = {
 }
 NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+"""The rule of names: clusters, fabrics and node groups (`hardware.cluster`), catalog keys."""
+_NAME_FIX = "use a letter then letters, digits, '-' or '_' (at most 32 characters)"
+MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
+"""The name rule with '.' (versions and sizes: llama3.1-8b, gpt-7.5b), as presets are named."""
 TEXT_RULES: dict[str, tuple[Callable[[str], object], str]] = {
+    "model.name": (MODEL_NAME.fullmatch, "{!r} is not a valid model name; use a letter then "
+                                         "letters, digits, '.', '-' or '_' (at most 64 "
+                                         "characters)"),
     "profile": (str.strip, "is empty; give the path of a profile JSON (relative to this file) or "
                            "remove `profile:`"),
 }
-"""Rules of string fields by dotted path: a test of the text (false: refused), and the message."""
+"""Rules of string fields by dotted path: a test of the text (false: refused), and the message
+(`{!r}`: the text)."""
 FREE_TEXT = {"description", "source"}
 """String fields that may hold any printable text, line breaks included."""
 
@@ -409,6 +419,8 @@ def _convert(tp: Any, value: Any, path: str, doc: _Doc) -> Any:
             raise doc.error(path, f"expected a mapping of name: entry, got {_describe(value)}")
         for k in value:
             _check_text(str(k), _join(path, k), doc, free=False)
+            if not NAME.fullmatch(str(k)):
+                raise doc.error(_join(path, k), f"'{k}' is not a valid name; {_NAME_FIX}")
         return {str(k): _convert(args[1], v, _join(path, k), doc) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, path, doc)
@@ -450,7 +462,7 @@ def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
             raise doc.error(path, f"expected a string, got {_describe(value)}")
         _check_text(str(value), path, doc, free=path.rsplit(".", 1)[-1] in FREE_TEXT)
         if path in TEXT_RULES and not TEXT_RULES[path][0](str(value)):
-            raise doc.error(path, TEXT_RULES[path][1])
+            raise doc.error(path, TEXT_RULES[path][1].format(str(value)[:40]))
         return str(value)
     raise AssertionError(f"unsupported spec type {tp}")
 
