@@ -142,3 +142,41 @@ def test_model_names_with_versions_and_a_catalog_entry_are_accepted(write_scenar
     prepared = prepare(write_scenario(text))
     assert prepared.scenario.model.name == "llama3.1-8b_v2"
     assert prepared.cluster.nodes[0].gpu.name == "my-gpu_2"
+
+
+# ---- variability.slow_gpus ---------------------------------------------------------------------
+def _slow(*entries: str) -> str:
+    return BASE + "variability:\n  slow_gpus:\n" + "".join(f"    - {e}\n" for e in entries)
+
+
+@pytest.mark.parametrize("entries,field,words", [
+    (("{node: ib-0, speed_factor: 0.8}", "{node: ib-0, speed_factor: 0.9, gpus: [3]}"),
+     "variability.slow_gpus[1].gpus[0]", "GPU 3 of node ib-0 is named by variability.slow_gpus[0] "
+     "already"),
+    (("{node: ib-0, speed_factor: 0.8, gpus: [1, 3]}", "{node: ib-1, speed_factor: 0.8, gpus: [3]}",
+      "{node: ib-0, speed_factor: 0.9, gpus: [2, 3]}"),
+     "variability.slow_gpus[2].gpus[1]", "GPU 3 of node ib-0 is named by "
+     "variability.slow_gpus[0].gpus[1] already"),
+    (("{node: ib-0, speed_factor: 0.8, gpus: [4, 2, 4]}",),
+     "variability.slow_gpus[0].gpus[2]", "GPU 4 of node ib-0 is named by "
+     "variability.slow_gpus[0].gpus[0] already"),
+    (("{node: ib-1, speed_factor: 0.8, gpus: [5]}", "{node: ib-1, speed_factor: 0.9}"),
+     "variability.slow_gpus[1]", "this entry names every GPU of node ib-1, but "
+     "variability.slow_gpus[0].gpus[0] names one of them already"),
+    (("{node: ib-1, speed_factor: 0.8}", "{node: ib-1, speed_factor: 0.9}"),
+     "variability.slow_gpus[1]", "this entry names every GPU of node ib-1, but "
+     "variability.slow_gpus[0] names all of them already"),
+])
+def test_a_gpu_slowed_twice_is_refused_naming_both_places(write_scenario, entries, field, words):
+    text = _slow(*entries)
+    _refused(write_scenario, text, f"{field}: {words}; list each GPU once",
+             at=entries[int(re.search(r"slow_gpus\[(\d)\]", field).group(1))])
+
+
+def test_distinct_gpus_of_one_node_may_be_slowed_apart(write_scenario):
+    prepared = prepare(write_scenario(_slow("{node: ib-0, speed_factor: 0.8, gpus: [1, 3]}",
+                                            "{node: ib-0, speed_factor: 0.5, gpus: [2]}",
+                                            "{node: ib-1, speed_factor: 0.9}")))
+    speeds = {n.name: n.gpu_speeds for n in prepared.cluster.nodes}
+    assert speeds["ib-0"] == (1.0, 0.8, 0.5, 0.8, 1.0, 1.0, 1.0, 1.0)
+    assert speeds["ib-1"] == (0.9,) * 8

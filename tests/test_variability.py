@@ -121,7 +121,7 @@ def test_seeded_spread_is_deterministic():
     ("slow_gpus: [{node: ib-0, gpus: [8], speed_factor: 0.8}]",
      "variability.slow_gpus[0].gpus[0]", "GPUs 0..7"),
     ("slow_gpus: [{node: ib-0, gpus: [2, 2], speed_factor: 0.8}]",
-     "variability.slow_gpus[0].gpus", "local index once"),
+     "variability.slow_gpus[0].gpus[1]", "named by variability.slow_gpus[0].gpus[0] already"),
     ("slow_gpus: [{node: ib-0, gpus: [], speed_factor: 0.8}]",
      "variability.slow_gpus[0].gpus", "remove `gpus` for the whole node"),
     ("slow_gpus: [{node: ib-0, speed_factor: 0}]", "variability.slow_gpus[0].speed_factor",

@@ -1,10 +1,13 @@
 """YAML-facing hardware specs: clusters, node groups, NICs, fabrics, inter-cluster links, catalog
-overrides. Frozen dataclasses; validation of values only, no behaviour. Units live in the names."""
+overrides. Frozen dataclasses; validation of values only (a `FieldError` whose path is relative
+to the spec), no behaviour. Units live in the names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+from holmes_sim.errors import FieldError
 
 NicType = Literal["ib", "roce", "ethernet"]
 
@@ -194,3 +197,32 @@ class VariabilitySpec:
     slow_gpus: tuple[SlowGpuSpec, ...] = ()
     slow_links: tuple[SlowLinkSpec, ...] = ()
     slow_uplinks: tuple[SlowUplinkSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_slow_gpus(self.slow_gpus)
+
+
+def _check_slow_gpus(entries: tuple[SlowGpuSpec, ...]) -> None:
+    """Raise FieldError (its path relative to `variability`) for a GPU that two places of
+    `slow_gpus` name: a whole node's entry names each of its GPUs."""
+    named: dict[tuple[str, int], str] = {}  # (node, local GPU) -> the path naming it
+    first: dict[str, str] = {}  # node -> the first path naming any of its GPUs
+    whole: dict[str, str] = {}  # node -> the entry naming all of its GPUs
+    for i, entry in enumerate(entries):
+        node, path = entry.node, f"slow_gpus[{i}]"
+        if entry.gpus is None and node in first:
+            some = "all of them" if node in whole else "one of them"
+            raise FieldError(path, f"this entry names every GPU of node {node}, but "
+                             f"variability.{first[node]} names {some} already; list each GPU "
+                             "once (merge the entries)")
+        if entry.gpus is None:
+            first[node] = whole[node] = path
+            continue
+        for k, gpu in enumerate(entry.gpus):
+            other = named.get((node, gpu)) or whole.get(node)
+            if other is not None:
+                raise FieldError(f"{path}.gpus[{k}]", f"GPU {gpu} of node {node} is named by "
+                                 f"variability.{other} already; list each GPU once (merge the "
+                                 "entries)")
+            named[(node, gpu)] = f"{path}.gpus[{k}]"
+            first.setdefault(node, f"{path}.gpus[{k}]")

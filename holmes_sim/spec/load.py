@@ -370,7 +370,10 @@ def _build(cls: type, data: Any, path: str, doc: _Doc) -> Any:
         _check_rule(name, kwargs[name], sub, doc)
         if name in NON_EMPTY and not kwargs[name]:
             raise doc.error(sub, "must list at least one entry")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except FieldError as exc:  # a spec's own check of its values, its path relative to it
+        raise doc.error(_join(path, exc.path), exc.message) from None
 
 
 def _with_preset(data: dict, fields: dict, path: str, doc: _Doc) -> dict:
