@@ -15,7 +15,7 @@ from holmes_sim.collector import quiet_collector
 from holmes_sim.cost.compute import ComputeModel, KernelCompute, Profile, load_profile
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.policies import POLICIES, PlanRequest
-from holmes_sim.schedule import ScheduleKind, check_schedule
+from holmes_sim.schedule import ScheduleKind, check_pipelined, check_schedule
 from holmes_sim.spec.load import load_scenario, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
 from holmes_sim.model.bucket_layout import BUCKET_ELEMENT_BYTES
@@ -123,6 +123,7 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
     _check_overlaps(s, tp, pp)
     _check_schedule_size(m, s.parallel.virtual_stages)
     try:
+        check_pipelined(s.parallel.schedule, pp)
         check_schedule(s.parallel.schedule, pp, m, s.parallel.virtual_stages)
     except ScenarioError as exc:
         raise FieldError("parallel.schedule", str(exc)) from None

@@ -105,6 +105,17 @@ def check_schedule(kind: str | ScheduleKind, p: int, m: int, v: int = 1) -> None
             f"the pipeline degree ({p}); change training.global_batch_size or parallel.pipeline")
 
 
+def check_pipelined(kind: str | ScheduleKind, p: int) -> None:
+    """Raise ScenarioError for the interleaved schedule without pipeline parallelism (p = 1),
+    which Megatron-LM refuses (`validate_args`: "When interleaved schedule is used,
+    pipeline-model-parallel size should be greater than 1"); `check_schedule` still builds it,
+    as one stage's op order."""
+    if ScheduleKind(kind) == ScheduleKind.INTERLEAVED and p == 1:
+        raise ScenarioError("the interleaved schedule needs parallel.pipeline > 1 (Megatron-LM "
+                            "refuses virtual pipeline stages at pipeline 1); use schedule: 1f1b, "
+                            "or raise parallel.pipeline")
+
+
 @lru_cache(maxsize=512)
 def _build_schedule(kind: ScheduleKind, num_stages: int, num_microbatches: int,
                     num_chunks: int) -> Schedule:

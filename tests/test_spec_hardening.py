@@ -180,3 +180,30 @@ def test_distinct_gpus_of_one_node_may_be_slowed_apart(write_scenario):
     speeds = {n.name: n.gpu_speeds for n in prepared.cluster.nodes}
     assert speeds["ib-0"] == (1.0, 0.8, 0.5, 0.8, 1.0, 1.0, 1.0, 1.0)
     assert speeds["ib-1"] == (0.9,) * 8
+
+
+# ---- the interleaved schedule at pipeline 1 ----------------------------------------------------
+@pytest.mark.parametrize("virtual,extra", [(1, ""), (2, ""), (2, "overlap_p2p_comm: true, ")])
+def test_interleaved_without_a_pipeline_is_refused_as_megatron_does(write_scenario, virtual,
+                                                                    extra):
+    text = small_scenario(pp=1, schedule="interleaved", virtual=virtual)
+    text = text.replace("training: {", f"training: {{{extra}")
+    _refused(write_scenario, text, "parallel.schedule: the interleaved schedule needs "
+             "parallel.pipeline > 1 (Megatron-LM refuses virtual pipeline stages at pipeline 1); "
+             "use schedule: 1f1b, or raise parallel.pipeline", at="parallel:")
+
+
+def test_interleaved_with_a_pipeline_and_1f1b_without_are_accepted(write_scenario):
+    assert prepare(write_scenario(small_scenario(pp=2, schedule="interleaved", virtual=2))).pp == 2
+    assert prepare(write_scenario(small_scenario(pp=1))).pp == 1
+
+
+def test_the_planner_searches_a_pipeline_1_scenario_without_interleaved_layouts(write_scenario):
+    from holmes_sim.search.planner import layouts
+
+    text = small_scenario(pp=1, layers=4) + "search: {tensor: [8], pipeline: [1, 2], " \
+        "micro_batch_size: [1], recompute: [none], sequence_parallel: [false], " \
+        "schedule: [1f1b, interleaved], virtual_stages: [2]}\n"
+    prepared = prepare(write_scenario(text))
+    found = {(lay.pp, lay.schedule) for lay in layouts(prepared, prepared.scenario.search)}
+    assert found == {(1, "1f1b"), (2, "1f1b"), (2, "interleaved")}
