@@ -207,3 +207,50 @@ def test_the_planner_searches_a_pipeline_1_scenario_without_interleaved_layouts(
     prepared = prepare(write_scenario(text))
     found = {(lay.pp, lay.schedule) for lay in layouts(prepared, prepared.scenario.search)}
     assert found == {(1, "1f1b"), (2, "1f1b"), (2, "interleaved")}
+
+
+# ---- moe_layer_freq: each message states the rule it breaks ------------------------------------
+def _with_model(text: str, fields: str) -> str:
+    """`text` with its model mapping replaced by `{fields}` (on one line)."""
+    return re.sub(r"model: \{.*?\}\n", f"model: {{{fields}}}\n", text, count=1, flags=re.S)
+
+
+def _moe(fields: str, tp: int = 2) -> str:
+    """The small scenario with Mixtral cut to 4 layers and `fields` (TP 2 needs SP for MoE)."""
+    text = small_scenario(tp=tp, pp=1).replace("training: {", "training: {sequence_parallel: "
+                                                "true, ")
+    return _with_model(text, f"preset: mixtral-8x7b, num_layers: 4, seq_length: 1024, {fields}")
+
+
+@pytest.mark.parametrize("freq,field,words", [
+    ("-1", "model.moe_layer_freq", "must be at least 1, got -1; an interval N makes every N-th "
+     "layer MoE; or give a list of 0/1, one entry per layer"),
+    ("0", "model.moe_layer_freq", "must be at least 1, got 0; an interval N"),
+    ("[1, 2, 1, 1]", "model.moe_layer_freq[1]", "must be at most 1, got 2; each entry is 0 (a "
+     "dense layer) or 1 (an MoE layer)"),
+    ("[1, 1, -1, 1]", "model.moe_layer_freq[2]", "must be at least 0, got -1; each entry is 0"),
+    ("[1, 1, 1]", "model.moe_layer_freq", "lists 3 entries, but num_layers=4; give one entry "
+     "(0: dense, 1: MoE) per layer"),
+])
+def test_moe_layer_freq_messages_state_the_rule_broken(write_scenario, freq, field, words):
+    text = _moe(f"moe_layer_freq: {freq}")
+    message = _refused(write_scenario, text, f"{field}: {words}", at="moe_layer_freq")
+    assert "got 4" not in message
+
+
+def test_check_moe_names_the_wrong_entry_and_the_count():
+    import dataclasses
+
+    from holmes_sim.errors import FieldError
+    from holmes_sim.model.workload import check_model
+    from holmes_sim.spec.job import ModelSpec
+    from holmes_sim.spec.presets import preset_fields
+
+    model = ModelSpec(**dict(preset_fields("mixtral-8x7b"), num_layers=4))
+    for freq, path, words in [((1, 0, 3, 1), "model.moe_layer_freq[2]", "is 3; each entry is 0"),
+                              ((1, 0, 1), "model.moe_layer_freq", "lists 3 entries, but "
+                               "num_layers=4"),
+                              (-2, "model.moe_layer_freq", "at least 1, got -2")]:
+        with pytest.raises(FieldError) as info:
+            check_model(dataclasses.replace(model, moe_layer_freq=freq))
+        assert info.value.path == path and words in info.value.message, info.value

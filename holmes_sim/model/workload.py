@@ -410,11 +410,10 @@ def check_moe(model: ModelSpec) -> None:
         raise FieldError("model.moe_router_topk", f"moe_router_topk={topk} must be at most "
                          f"num_experts={experts}")
     if isinstance(freq, int) and freq < 1:
-        raise FieldError("model.moe_layer_freq", "an interval must be at least 1 (1: every "
-                         "layer is MoE); or give a 0/1 list, one entry per layer")
-    if isinstance(freq, tuple) and (len(freq) != model.num_layers or set(freq) - {0, 1}):
-        raise FieldError("model.moe_layer_freq", f"a list needs num_layers={model.num_layers} "
-                         f"entries of 0 (dense) or 1 (MoE), got {len(freq)}")
+        raise FieldError("model.moe_layer_freq", f"an interval must be at least 1, got {freq} "
+                         "(1: every layer is MoE); or give a 0/1 list, one entry per layer")
+    if isinstance(freq, tuple):
+        _check_layer_pattern(freq, model.num_layers)
     if model.moe_expert_imbalance > experts / topk:
         raise FieldError("model.moe_expert_imbalance", f"at most num_experts / moe_router_topk "
                          f"= {experts / topk:g} (every token routed to the busiest expert)")
@@ -422,6 +421,17 @@ def check_moe(model: ModelSpec) -> None:
             model.moe_router_load_balancing_type == "sinkhorn":
         raise FieldError("model.moe_expert_capacity_factor", "a capacity factor needs "
                          "aux_loss, seq_aux_loss, global_aux_loss or none load balancing")
+
+
+def _check_layer_pattern(freq: tuple[int, ...], layers: int) -> None:
+    """Raise FieldError unless `freq` is a 0/1 entry per layer, naming the rule it breaks."""
+    bad = next((i for i, v in enumerate(freq) if v not in (0, 1)), None)
+    if bad is not None:
+        raise FieldError(f"model.moe_layer_freq[{bad}]", f"is {freq[bad]}; each entry is 0 (a "
+                         "dense layer) or 1 (an MoE layer)")
+    if len(freq) != layers:
+        raise FieldError("model.moe_layer_freq", f"lists {len(freq)} entries, but num_layers="
+                         f"{layers}; give one entry (0: dense, 1: MoE) per layer")
 
 
 def moe_shape(model: ModelSpec) -> MoeShape | None:

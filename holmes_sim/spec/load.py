@@ -46,9 +46,15 @@ class Bound:
     high: float
     low_open: bool = False
     floor: float = 0.0
+    rule: str = ""
+    """What the range means, added to a violation's message."""
 
     def violation(self, value: float) -> str | None:
         """What is wrong with `value`, or None when it is in range."""
+        problem = self._problem(value)
+        return f"{problem}; {self.rule}" if problem and self.rule else problem
+
+    def _problem(self, value: float) -> str | None:
         if self.low_open and value <= self.low:
             return f"must be greater than {_fmt(self.low)}, got {_fmt(value)}"
         if value < self.low:
@@ -128,7 +134,8 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "moe_router_topk": Bound(1, 2**16),
     "moe_ffn_hidden_size": Bound(1, 2**22),
     "moe_shared_expert_intermediate_size": Bound(1, 2**22),
-    "moe_layer_freq": Bound(0, 10_000),  # list items 0/1, an interval >= 1 (`check_model`)
+    "moe_layer_freq": Bound(1, 10_000, rule="an interval N makes every N-th layer MoE; or give "
+                                          "a list of 0/1, one entry per layer"),
     "moe_expert_capacity_factor": _positive(1e6),
     "moe_expert_imbalance": Bound(1, 2**16),
     "q_lora_rank": Bound(1, 2**20),
@@ -137,6 +144,10 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "qk_pos_emb_head_dim": Bound(1, 2**16),
     "v_head_dim": Bound(1, 2**16),
 }
+ITEM_BOUNDS: dict[str, Bound] = {
+    "moe_layer_freq": Bound(0, 1, rule="each entry is 0 (a dense layer) or 1 (an MoE layer)"),
+}
+"""Bounds of a list's items where they differ from the field's (a layer pattern's 0/1)."""
 NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
@@ -477,14 +488,15 @@ def _check_text(text: str, path: str, doc: _Doc, free: bool) -> None:
         raise doc.error(path, f"contains the control character {bad!r}; remove it")
 
 
-def _check_rule(name: str, value: Any, path: str, doc: _Doc) -> None:
+def _check_rule(name: str, value: Any, path: str, doc: _Doc, item: bool = False) -> None:
     if isinstance(value, tuple):  # a list of values (search.virtual_stages): each one in range
-        for i, item in enumerate(value):
-            _check_rule(name, item, f"{path}[{i}]", doc)
+        for i, entry in enumerate(value):
+            _check_rule(name, entry, f"{path}[{i}]", doc, item=True)
         return
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
-    bound = FIELD_BOUNDS.get(name, Bound(-MAX_NUMBER, MAX_NUMBER))
+    bound = (item and ITEM_BOUNDS.get(name)) or FIELD_BOUNDS.get(name, Bound(-MAX_NUMBER,
+                                                                             MAX_NUMBER))
     problem = bound.violation(value)
     if problem is not None:
         raise doc.error(path, problem)
