@@ -254,3 +254,58 @@ def test_check_moe_names_the_wrong_entry_and_the_count():
         with pytest.raises(FieldError) as info:
             check_model(dataclasses.replace(model, moe_layer_freq=freq))
         assert info.value.path == path and words in info.value.message, info.value
+
+
+# ---- values a preset filled in ---------------------------------------------------------------
+def _preset(name: str, fields: str) -> str:
+    """The small scenario (TP 1, PP 1) with model `name` and `fields` ("a: 1, b: [0, 1]"),
+    one field a line."""
+    lines = "".join(f"  {f}\n" for f in re.split(r", (?=\w+:)", fields))
+    block = f"model:\n  preset: {name}\n{lines}"
+    return re.sub(r"model: \{.*?\}\n", lambda _: block, small_scenario(tp=1, pp=1), count=1,
+                  flags=re.S)
+
+
+@pytest.mark.parametrize("name,fields,words,at,override", [
+    ("llama3-70b", "num_attention_heads: 128, hidden_size: 7680, num_query_groups: 7",
+     "model.num_query_groups: num_query_groups=7 must divide num_attention_heads=128; give a "
+     "divisor", "num_query_groups:", None),
+    ("llama3-70b", "num_attention_heads: 60, hidden_size: 7680",
+     "model.num_query_groups: num_query_groups=8 must divide num_attention_heads=60; "
+     "num_query_groups comes from preset llama3-70b; override it beside the preset "
+     "(num_query_groups: a divisor of 60, or null for multi-head attention)", "preset:",
+     "num_query_groups: 6"),
+    ("llama3-8b", "multi_latent_attention: true", "model.num_query_groups: multi-head latent "
+     "attention has no key/value groups (Megatron refuses --group-query-attention with "
+     "--multi-latent-attention); num_query_groups comes from preset llama3-8b; override it "
+     "beside the preset (num_query_groups: null)", "preset:", "num_query_groups: null"),
+    ("deepseek-v3", "multi_latent_attention: false", "model.q_lora_rank: preset deepseek-v3 "
+     "sets q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim for "
+     "multi-head latent attention; keep multi_latent_attention: true, or override each beside "
+     "the preset with null", "preset:", "q_lora_rank: null, kv_lora_rank: null, qk_head_dim: "
+     "null, qk_pos_emb_head_dim: null, v_head_dim: null"),
+    ("deepseek-v2-lite", "num_layers: 4", "model.moe_layer_freq: lists 27 entries, but "
+     "num_layers=4; moe_layer_freq comes from preset deepseek-v2-lite; override it beside the "
+     "preset (moe_layer_freq: a list of 4 entries of 0 (dense) or 1 (MoE), or an interval such "
+     "as 1)", "preset:", "moe_layer_freq: [0, 1, 1, 1]"),
+    ("mixtral-8x7b", "num_layers: 4, num_experts: 1", "model.moe_router_topk: "
+     "moe_router_topk=2 must be at most num_experts=1; moe_router_topk comes from preset "
+     "mixtral-8x7b; override it beside the preset (moe_router_topk: at most 1)", "preset:",
+     "moe_router_topk: 1"),
+    ("llama2-7b", "squared_relu: true", "model.squared_relu: squared_relu and swiglu are two "
+     "MLP activations; swiglu comes from preset llama2-7b; override it beside the preset "
+     "(swiglu: false) to use squared_relu, or remove squared_relu", "squared_relu:",
+     "swiglu: false"),
+    ("nemotron4-15b", "swiglu: true", "model.squared_relu: squared_relu and swiglu are two MLP "
+     "activations; squared_relu comes from preset nemotron4-15b; override it beside the preset "
+     "(squared_relu: false) to use swiglu, or remove swiglu", "preset:", "squared_relu: false"),
+])
+def test_a_presets_value_is_named_with_its_override(write_scenario, name, fields, words, at,
+                                                    override):
+    """The message says which preset set the value and how to override it, at the `preset:`
+    line; writing that override makes the scenario valid."""
+    message = _refused(write_scenario, _preset(name, fields), words, at=at)
+    if override is None:  # a value written beside the preset: the plain message
+        return
+    assert "remove num_query_groups" not in message and "remove it" not in message
+    assert prepare(write_scenario(_preset(name, f"{fields}, {override}"))).scenario.model.preset

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from holmes_sim.errors import FieldError
 from holmes_sim.spec.job import ModelSpec
+from holmes_sim.spec.presets import overridden, preset_source
 
 Shape = tuple[int, int, int]
 """One GEMM (m, n, k): m x n outputs with inner dimension k (`cost.gemm.Gemm`)."""
@@ -173,23 +174,41 @@ def check_mla(model: ModelSpec, cp: int, precision: str) -> None:
     embeddings, and MLA under context parallelism or FP8 (their K/V exchange and FP8 casts are
     priced for standard attention only)."""
     if not model.multi_latent_attention:
-        for name in _FIELDS:
-            if getattr(model, name) is not None:
-                raise FieldError(f"model.{name}", f"{name} shapes multi-head latent attention; "
-                                 "add multi_latent_attention: true or remove it")
+        _check_no_mla_fields(model)
         return
     if model.num_query_groups is not None:
+        preset = preset_source(model, "num_query_groups")
+        fix = overridden(preset, "num_query_groups", "null") if preset else \
+            "remove num_query_groups"
         raise FieldError("model.num_query_groups", "multi-head latent attention has no "
                          "key/value groups (Megatron refuses --group-query-attention with "
-                         "--multi-latent-attention); remove num_query_groups")
+                         f"--multi-latent-attention); {fix}")
     if model.position_embedding != "rope":
+        preset = preset_source(model, "position_embedding")
         raise FieldError("model.position_embedding", "multi-head latent attention applies "
-                         "rotary embeddings to its qk_pos_emb_head_dim part; set "
-                         "position_embedding: rope")
+                         "rotary embeddings to its qk_pos_emb_head_dim part; "
+                         + (overridden(preset, "position_embedding", "rope") if preset else
+                            "set position_embedding: rope"))
     check_mla_context(model, cp)
     if precision == "fp8":
         raise FieldError("training.precision", "FP8 with multi-head latent attention is not "
                          "modelled; use bf16")
+
+
+def _check_no_mla_fields(model: ModelSpec) -> None:
+    """Raise FieldError for an MLA shape field of a model without MLA; when a preset set them,
+    name every one it set."""
+    given = [name for name in _FIELDS if getattr(model, name) is not None]
+    if not given:
+        return
+    preset = preset_source(model, given[0])
+    if preset is None:
+        raise FieldError(f"model.{given[0]}", f"{given[0]} shapes multi-head latent attention; "
+                         "add multi_latent_attention: true or remove it")
+    mine = [name for name in given if preset_source(model, name) == preset]
+    raise FieldError(f"model.{given[0]}", f"preset {preset} sets {', '.join(mine)} for "
+                     "multi-head latent attention; keep multi_latent_attention: true, or "
+                     "override each beside the preset with null")
 
 
 def check_mla_context(model: ModelSpec, cp: int) -> None:

@@ -37,6 +37,7 @@ from holmes_sim.model.moe import (MoeShape, expert_params, megatron_mlp_term, ml
                                   moe_mlp_forward_flop, moe_mlp_params)
 from holmes_sim.model.pipeline_split import PipelineSplit
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
+from holmes_sim.spec.presets import overridden, preset_source
 
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 """Bytes per stored element: FP8 training keeps activations, weights and communication in bf16."""
@@ -390,12 +391,15 @@ def check_model(model: ModelSpec) -> None:
     """Raise FieldError for an architecture Megatron-Core refuses."""
     heads, groups = model.num_attention_heads, model.num_query_groups
     if groups is not None and heads % groups:
+        preset = preset_source(model, "num_query_groups")
+        fix = (overridden(preset, "num_query_groups", f"a divisor of {heads}, or null for "
+                          "multi-head attention") if preset else
+               "give a divisor (8 for Llama 3 70B) or remove it for multi-head attention")
         raise FieldError("model.num_query_groups", f"num_query_groups={groups} must divide "
-                         f"num_attention_heads={heads}; give a divisor (8 for Llama 3 70B) or "
-                         "remove it for multi-head attention")
+                         f"num_attention_heads={heads}; {fix}")
     if model.swiglu and model.squared_relu:
         raise FieldError("model.squared_relu", "squared_relu and swiglu are two MLP "
-                         "activations; keep one")
+                         f"activations; {_one_activation(model)}")
     if model.hidden_size % heads:
         raise FieldError("model.hidden_size", f"hidden_size={model.hidden_size} must be a "
                          f"multiple of num_attention_heads={heads}")
@@ -403,17 +407,27 @@ def check_model(model: ModelSpec) -> None:
         check_moe(model)
 
 
+def _one_activation(model: ModelSpec) -> str:
+    """The fix for swiglu with squared_relu: turn off the one a preset set, else keep one."""
+    for preset_set, other in (("swiglu", "squared_relu"), ("squared_relu", "swiglu")):
+        if (preset := preset_source(model, preset_set)) is not None:
+            return f"{overridden(preset, preset_set, 'false')} to use {other}, or remove {other}"
+    return "keep one"
+
+
 def check_moe(model: ModelSpec) -> None:
     """Raise FieldError for MoE settings Megatron-Core refuses (`TransformerConfig`)."""
     experts, topk, freq = model.num_experts, model.moe_router_topk, model.moe_layer_freq
     if topk > experts:
+        preset = preset_source(model, "moe_router_topk")
+        fix = f"; {overridden(preset, 'moe_router_topk', f'at most {experts}')}" if preset else ""
         raise FieldError("model.moe_router_topk", f"moe_router_topk={topk} must be at most "
-                         f"num_experts={experts}")
+                         f"num_experts={experts}{fix}")
     if isinstance(freq, int) and freq < 1:
         raise FieldError("model.moe_layer_freq", f"an interval must be at least 1, got {freq} "
                          "(1: every layer is MoE); or give a 0/1 list, one entry per layer")
     if isinstance(freq, tuple):
-        _check_layer_pattern(freq, model.num_layers)
+        _check_layer_pattern(freq, model.num_layers, preset_source(model, "moe_layer_freq"))
     if model.moe_expert_imbalance > experts / topk:
         raise FieldError("model.moe_expert_imbalance", f"at most num_experts / moe_router_topk "
                          f"= {experts / topk:g} (every token routed to the busiest expert)")
@@ -423,15 +437,19 @@ def check_moe(model: ModelSpec) -> None:
                          "aux_loss, seq_aux_loss, global_aux_loss or none load balancing")
 
 
-def _check_layer_pattern(freq: tuple[int, ...], layers: int) -> None:
-    """Raise FieldError unless `freq` is a 0/1 entry per layer, naming the rule it breaks."""
+def _check_layer_pattern(freq: tuple[int, ...], layers: int, preset: str | None) -> None:
+    """Raise FieldError unless `freq` (`preset`'s, if it came from one) is a 0/1 entry per
+    layer, naming the rule it breaks."""
     bad = next((i for i, v in enumerate(freq) if v not in (0, 1)), None)
     if bad is not None:
         raise FieldError(f"model.moe_layer_freq[{bad}]", f"is {freq[bad]}; each entry is 0 (a "
                          "dense layer) or 1 (an MoE layer)")
     if len(freq) != layers:
+        fix = (overridden(preset, "moe_layer_freq", f"a list of {layers} entries of 0 (dense) "
+                          "or 1 (MoE), or an interval such as 1") if preset else
+               "give one entry (0: dense, 1: MoE) per layer")
         raise FieldError("model.moe_layer_freq", f"lists {len(freq)} entries, but num_layers="
-                         f"{layers}; give one entry (0: dense, 1: MoE) per layer")
+                         f"{layers}; {fix}")
 
 
 def moe_shape(model: ModelSpec) -> MoeShape | None:

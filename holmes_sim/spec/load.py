@@ -397,6 +397,11 @@ def _with_preset(data: dict, fields: dict, path: str, doc: _Doc) -> dict:
         fix = f"did you mean '{hint[0]}'?" if hint else "or drop preset and give every field"
         raise doc.error(path, f"unknown preset {str(name)!r}; known: {', '.join(PRESETS)}; {fix}")
     preset = {k: list(v) if isinstance(v, tuple) else v for k, v in preset_fields(name).items()}
+    parent = path.rsplit(".", 1)[0] if "." in path else ""
+    line = doc.line(path)
+    for key in preset.keys() - data.keys():  # errors about a preset's value point at `preset:`
+        if line is not None:
+            doc.lines.setdefault(_join(parent, key), line)
     return {**preset, **data}  # a preset's tuple (a layer pattern) read as the YAML list it is
 
 

@@ -149,3 +149,20 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
 def preset_fields(name: str) -> dict[str, Any]:
     """The ModelSpec fields of preset `name` (with `name` set to it); KeyError if unknown."""
     return dict(PRESETS[name].fields, name=name)
+
+
+def preset_source(model: Any, field: str) -> str | None:
+    """The preset `model` names (`ModelSpec.preset`) when it sets `field` to the model's value,
+    so that the value came from it (or was written beside it the same); None otherwise. Messages
+    about such a value say where it came from and how to override it (`overridden`)."""
+    name = getattr(model, "preset", None)
+    fields = PRESETS[name].fields if name in PRESETS else {}
+    if field in fields and fields[field] == getattr(model, field):
+        return name
+    return None
+
+
+def overridden(preset: str, field: str, value: str) -> str:
+    """The fix for a value of `preset`: `field: value` written beside the preset."""
+    return f"{field} comes from preset {preset}; override it beside the preset ({field}: {value})"
+
