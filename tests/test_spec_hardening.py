@@ -309,3 +309,12 @@ def test_a_presets_value_is_named_with_its_override(write_scenario, name, fields
         return
     assert "remove num_query_groups" not in message and "remove it" not in message
     assert prepare(write_scenario(_preset(name, f"{fields}, {override}"))).scenario.model.preset
+
+
+def test_a_long_base_60_number_is_refused_fast(write_scenario):
+    import time
+
+    text = small_scenario(global_batch="1" + ":1" * 300_000)
+    start = time.monotonic()
+    _refused(write_scenario, text, "training.global_batch_size: expected a whole number")
+    assert time.monotonic() - start < 2.0

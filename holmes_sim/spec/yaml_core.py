@@ -61,7 +61,10 @@ def core_form(tag: str, text: str) -> bool:
 
 def yaml11_reading(text: str) -> Any:
     """What YAML 1.1 (PyYAML's own loader) reads plain `text` as, when that is not the text:
-    a number or a bool; None otherwise."""
+    a number or a bool; None otherwise, and for text over 64 characters (a long base-60 number
+    takes quadratic time)."""
+    if len(text) > 64:
+        return None
     tag = yaml.resolver.Resolver().resolve(yaml.ScalarNode, text, (True, False))
     if tag not in (f"{_TAG}int", f"{_TAG}float", f"{_TAG}bool"):
         return None
