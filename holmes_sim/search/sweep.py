@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from holmes_sim.errors import HolmesError, ScenarioError
 from holmes_sim.policies import get_policy
 from holmes_sim.collector import quiet_collector
@@ -30,6 +28,7 @@ from holmes_sim.prepare import Prepared, prepare_text
 from holmes_sim.search.planner import usable_cores
 from holmes_sim.spec.limits import read_text_bounded
 from holmes_sim.spec.load import load_plain, load_scenario_text
+from holmes_sim.spec.yaml_core import dump
 
 METRICS = ("iteration_time_s", "tflops_per_gpu", "samples_per_s", "bubble_fraction",
            "peak_memory_gib", "fits_memory")
@@ -178,7 +177,7 @@ def build_points(path: Path, axes: Sequence[SweepAxis]) -> list[SweepPoint]:
         profile = data.get("profile")
         if isinstance(profile, str) and not Path(profile).is_absolute():
             data["profile"] = str((path.parent / profile).resolve())
-        points.append(SweepPoint(index, values, yaml.safe_dump(data, sort_keys=False)))
+        points.append(SweepPoint(index, values, dump(data)))
     return points
 
 

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from holmes_sim.cli import app
 from holmes_sim.errors import ScenarioError
+from holmes_sim.prepare import prepare_text
 from holmes_sim.search.sweep import build_points, parse_set, run_sweep
 from tests.conftest import SCENARIOS
 
@@ -60,6 +61,13 @@ def test_a_section_the_file_leaves_out_is_swept_and_a_misspelt_one_is_named():
         run_sweep(DEFAULT, ["trainign.global_batch_size=256"], ["holmes"], jobs=1)
     assert "--set trainign.global_batch_size=256" in str(info.value)
     assert "trainign: unknown key" in str(info.value)
+
+
+def test_a_quoted_number_in_the_file_stays_text_in_every_point(tmp_path):
+    path = tmp_path / "quoted.yaml"
+    path.write_text(DEFAULT.read_text().replace("description: ", "description: '1e9' #", 1))
+    for point in build_points(path, [parse_set("seed=1,2")]):
+        assert prepare_text(point.text).scenario.description == "1e9"
 
 
 def test_a_point_is_checked_without_writing_a_file(monkeypatch):
