@@ -115,8 +115,7 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
                               s.parallel.expert_tensor)
     _check_buckets(workload)
     _check_precision(s, cluster)
-    tp, pp, dp = _degrees(s, cluster)
-    cp = check_context(s, s.parallel.context, tp)
+    tp, pp, dp, cp = _degrees(s, cluster)
     check_expert(s, s.parallel.expert, dp * cp, tp=tp, etp=s.parallel.expert_tensor)
     m = _microbatches(s, dp)
     _check_layers(s, pp)
@@ -205,7 +204,8 @@ def check_pipeline(s: Scenario, pp: int, gpus: int, tp: int = 1) -> int:
                          f"divide the {gpus} GPUs of the clusters")
     if s.model.num_layers < pp:
         raise FieldError("parallel.pipeline", f"pipeline={pp} stages cannot each hold one of "
-                         f"the model.num_layers={s.model.num_layers} layers")
+                         f"the model.num_layers={s.model.num_layers} layers; lower the pipeline "
+                         "degree or add layers")
     return pp
 
 
@@ -213,7 +213,8 @@ def check_context_in(s: Scenario, cp: int, tp: int, pp: int, gpus: int) -> int:
     """`check_context`, and tensor x pipeline x context dividing the `gpus`; returns cp."""
     if gpus // (tp * pp) % cp:
         raise FieldError("parallel.context", f"tensor={tp} x pipeline={pp} x context={cp} = "
-                         f"{tp * pp * cp} does not divide the {gpus} GPUs of the clusters")
+                         f"{tp * pp * cp} does not divide the {gpus} GPUs of the clusters; use a "
+                         f"context degree that divides {gpus // (tp * pp)}")
     return check_context(s, cp, tp)
 
 
@@ -238,33 +239,19 @@ def _check_policies(s: Scenario) -> None:
             raise FieldError(f"policies[{i}]", f"policy '{name}' is listed twice; keep one")
 
 
-def _degrees(s: Scenario, cluster: Cluster) -> tuple[int, int, int]:
+def _degrees(s: Scenario, cluster: Cluster) -> tuple[int, int, int, int]:
+    """The scenario's (tensor, pipeline, data, context) degrees, checked as the planner checks
+    each layout (`check_tensor`, `check_pipeline`, `check_context_in`)."""
     par, n = s.parallel, cluster.num_gpus
-    tp, pp = par.tensor, par.pipeline
-    smallest = min(node.num_gpus for node in cluster.nodes)
-    if any(node.num_gpus % tp for node in cluster.nodes):
-        raise FieldError("parallel.tensor", f"tensor={tp} must divide every node's GPU count "
-                         f"(smallest node has {smallest}); tensor parallelism stays inside a node")
-    if s.model.num_attention_heads % tp:
-        raise FieldError("parallel.tensor", f"tensor={tp} must divide model.num_attention_heads="
-                                            f"{s.model.num_attention_heads}")
-    if s.model.num_query_groups and s.model.num_query_groups % tp:
-        raise FieldError("parallel.tensor", f"tensor={tp} must divide model.num_query_groups="
-                                            f"{s.model.num_query_groups}")
-    if n % (tp * pp):
-        raise FieldError("parallel.pipeline", f"tensor={tp} x pipeline={pp} = {tp * pp} does not "
-                                              f"divide the {n} GPUs of the clusters")
-    cp = par.context
-    if n % (tp * pp * cp):
-        raise FieldError("parallel.context", f"tensor={tp} x pipeline={pp} x context={cp} = "
-                         f"{tp * pp * cp} does not divide the {n} GPUs of the clusters; use a "
-                         f"context degree that divides {n // (tp * pp)}")
+    tp = check_tensor(s, par.tensor, tuple(dict.fromkeys(node.num_gpus for node in cluster.nodes)))
+    pp = check_pipeline(s, par.pipeline, n, tp)
+    cp = check_context_in(s, par.context, tp, pp, n)
     dp = n // (tp * pp * cp)
     if par.data is not None and par.data != dp:
         raise FieldError("parallel.data", f"tensor={tp} x pipeline={pp} x context={cp} x "
                          f"data={par.data} = {tp * pp * cp * par.data}, but the clusters have {n} "
                          f"GPUs; set data: {dp} or remove it")
-    return tp, pp, dp
+    return tp, pp, dp, cp
 
 
 def check_expert(s: Scenario, ep: int, replicas: int, field: str = "parallel.expert", tp: int = 1,

@@ -72,12 +72,16 @@ def test_explicit_data_degree_mismatch(write_scenario):
 
 def test_tp_larger_than_a_node(write_scenario):
     msg = _error(write_scenario, small_scenario(gpus=4, nodes_ib=4, tp=8))
-    assert "parallel.tensor" in msg and "smallest node has 4" in msg
+    assert "parallel.tensor: tensor=8 must divide GPUs per node=4" in msg
 
 
 def test_fewer_layers_than_stages(write_scenario):
     msg = _error(write_scenario, small_scenario(nodes_ib=4, tp=8, pp=4, layers=3))
-    assert "model.num_layers" in msg and "3 layers cannot fill" in msg
+    assert "parallel.pipeline: pipeline=4 stages cannot each hold one of the model.num_layers=3" \
+        in msg
+    msg = _error(write_scenario, small_scenario(nodes_ib=4, tp=8, pp=2, layers=3,
+                                                schedule="interleaved", virtual=2))
+    assert "model.num_layers: 3 layers cannot fill pipeline=2 x virtual_stages=2" in msg
 
 
 def test_batch_not_divisible(write_scenario):
