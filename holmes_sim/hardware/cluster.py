@@ -3,17 +3,16 @@ built from the scenario's specs and the catalog, in SI units."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 
 from holmes_sim.hardware.catalog import Catalog, GpuModel, LinkModel
 from holmes_sim.errors import FieldError
 from holmes_sim.spec.hardware import ClusterSpec, FabricSpec, InterClusterLinkSpec, NicSpec
+from holmes_sim.spec.load import NAME, NAME_FIX
 from holmes_sim.units import gbit_per_s_to_bytes_per_s, us_to_s
 
 ETHERNET = "ethernet"
 """Name of the one Ethernet network every Ethernet NIC joins (it spans all clusters)."""
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 _NIC_PREFIX = {"ib": "ib", "roce": "roce", "ethernet": "eth"}
 
 
@@ -196,9 +195,8 @@ def build_cluster(clusters: tuple[ClusterSpec, ...], fabrics: tuple[FabricSpec, 
 
 
 def _check_name(name: str, path: str) -> None:
-    if not _NAME.fullmatch(name):  # fullmatch: `$` would accept a trailing newline
-        raise FieldError(path, f"'{name}' is not a valid name; use a letter then letters, digits, "
-                               "'-' or '_' (at most 32 characters)")
+    if not NAME.fullmatch(name):  # fullmatch: `$` would accept a trailing newline
+        raise FieldError(path, f"'{name}' is not a valid name; {NAME_FIX}")
 
 
 def _check_fabrics(fabrics: tuple[FabricSpec, ...]) -> dict[str, str]:

@@ -152,7 +152,7 @@ NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 """The rule of names: clusters, fabrics and node groups (`hardware.cluster`), catalog keys."""
-_NAME_FIX = "use a letter then letters, digits, '-' or '_' (at most 32 characters)"
+NAME_FIX = "use a letter then letters, digits, '-' or '_' (at most 32 characters)"
 MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 """The name rule with '.' (versions and sizes: llama3.1-8b, gpt-7.5b), as presets are named."""
 TEXT_RULES: dict[str, tuple[Callable[[str], object], str]] = {
@@ -439,7 +439,7 @@ def _convert(tp: Any, value: Any, path: str, doc: _Doc) -> Any:
         for k in value:
             _check_text(str(k), _join(path, k), doc, free=False)
             if not NAME.fullmatch(str(k)):
-                raise doc.error(_join(path, k), f"'{k}' is not a valid name; {_NAME_FIX}")
+                raise doc.error(_join(path, k), f"'{k}' is not a valid name; {NAME_FIX}")
         return {str(k): _convert(args[1], v, _join(path, k), doc) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, path, doc)
