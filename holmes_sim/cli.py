@@ -111,7 +111,7 @@ def run(
         if seed is not None:
             prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
         names = _check_policy_names(policy)
-        _check_run_targets(plans, report, names or list(prepared.scenario.policies))
+        _check_run_targets(plans, report, names or list(prepared.scenario.policies), prepared)
         outcomes = run_scenario(prepared, names, full_simulation)
         launches = plan_launches(prepared, outcomes, hosts, host_names) if plans else {}
         if json_path is not None:
@@ -140,12 +140,17 @@ def _check_outputs(*targets: tuple[Path | None, bool, str]) -> None:
             prepare_output(path, directory=directory, option=option, create=False)
 
 
-def _check_run_targets(plans: Path | None, report: Path | None, policies: list[str]) -> None:
-    """The files `run --plans` and `--report` will replace, checked before the simulation."""
+def _check_run_targets(plans: Path | None, report: Path | None, policies: list[str],
+                       prepared) -> None:
+    """The files `run --plans` and `--report` will replace, and that Megatron-LM can start the
+    plans' schedule, checked before the simulation."""
     from holmes_sim.export.folders import check_plans_targets
+    from holmes_sim.export.launch import check_launchable
     from holmes_sim.report.document import report_targets
     from holmes_sim.report.owned import check_owned
 
+    if plans is not None:
+        check_launchable(prepared.scenario.parallel.schedule, prepared.pp, prepared.workload)
     check_plans_targets(plans, policies)
     if report is not None:
         check_owned(report, "--report", report_targets(policies))

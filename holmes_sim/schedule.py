@@ -116,6 +116,19 @@ def check_pipelined(kind: str | ScheduleKind, p: int) -> None:
                             "or raise parallel.pipeline")
 
 
+def check_megatron_interleaving(kind: str | ScheduleKind, p: int, overlap_p2p_comm: bool) -> None:
+    """Raise ScenarioError for the interleaved schedule at pipeline 2 with blocking p2p, which
+    Megatron-LM refuses to start (`validate_args`, megatron/training/arguments.py: each batch of
+    p2p ops would send and receive twice between the same two ranks). Megatron-LM has required
+    pipeline > 2 for interleaving since 182841f (2021-03) and allows 2 with
+    `overlap_p2p_comm` since 3ee489d (2024-05); the simulator and the testbed backend run it."""
+    if ScheduleKind(kind) == ScheduleKind.INTERLEAVED and p == 2 and not overlap_p2p_comm:
+        raise ScenarioError("Megatron-LM refuses the interleaved schedule at pipeline 2 with "
+                            "blocking p2p (each batch would send and receive twice between the "
+                            "same two ranks); set training.overlap_p2p_comm: true, use pipeline "
+                            ">= 3, or schedule: 1f1b")
+
+
 @lru_cache(maxsize=512)
 def _build_schedule(kind: ScheduleKind, num_stages: int, num_microbatches: int,
                     num_chunks: int) -> Schedule:

@@ -41,6 +41,7 @@ from holmes_sim.export.model_args import (TE_CROSS_ENTROPY_REFUSED, USERBUFFER_C
                                           expert_tensor_args, loss_args, overlap_args,
                                           split_args, userbuffer_config)
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
+from holmes_sim.schedule import check_megatron_interleaving
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
 from holmes_sim.spec.limits import read_text_bounded
@@ -362,6 +363,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     if plan.policy in REFERENCE_POLICIES:
         raise PlanError(f"{plan.policy} is a reference on a hypothetical network (it changes the "
                         "NICs), not a placement for this cluster; export a real policy such as holmes")
+    check_launchable(plan.schedule_kind, plan.pp, workload)
     nodes = node_order(plan, cluster)
     if hosts is not None and len(hosts) != len(nodes):
         raise PlanError(f"{len(hosts)} hosts given for the plan's {len(nodes)} nodes")
@@ -422,6 +424,15 @@ def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Worklo
         return [], why_not
     upstream_only = _layout_args(plan, workload) + _cp_comm_args(workload, plan)
     return [a for a in margs if a not in upstream_only] + hargs, why_not
+
+
+def check_launchable(schedule: str, pp: int, workload: Workload) -> None:
+    """PlanError where Megatron-LM would refuse to start the pipeline schedule
+    (`schedule.check_megatron_interleaving`)."""
+    try:
+        check_megatron_interleaving(schedule, pp, workload.overlap_p2p_comm)
+    except ScenarioError as exc:
+        raise PlanError(f"no launch files: {exc}") from None
 
 
 def _notes(workload: Workload, ub: str | None) -> tuple[str, ...]:

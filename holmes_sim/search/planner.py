@@ -22,7 +22,7 @@ from holmes_sim.errors import FieldError, HolmesError, ScenarioError
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.prepare import (MAX_MICROBATCHES, Prepared, check_context_in, check_expert,
                                 check_expert_tensor, check_micro_batch, check_pipeline, check_tensor)
-from holmes_sim.schedule import check_schedule
+from holmes_sim.schedule import check_megatron_interleaving, check_schedule
 from holmes_sim.search.rejections import Reject, Rejections, located, passes
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.model.workload import Workload, build_workload
@@ -197,7 +197,8 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
             where = (("tensor", tp), ("pipeline", pp), ("context", cp), ("data", dp),
                      ("micro_batch_size", mb), ("expert", ep), ("expert_tensor", etp),
                      ("schedule", schedule), ("virtual_stages", v))
-            if not passes(reject, where, _check_chunks, layers, schedule, pp, m, v):
+            if not passes(reject, where, _check_chunks, layers, schedule, pp, m, v,
+                          prepared.scenario.training.overlap_p2p_comm):
                 continue
             sps = search.sequence_parallel if tp > 1 else (False,)
             if moe and tp > 1 and False in sps:  # Megatron-Core's MoELayer: TP only under SP
@@ -213,10 +214,12 @@ _MOE_SP = ("training.sequence_parallel: an MoE model with tensor > 1 needs seque
            "(Megatron-Core's MoELayer refuses to train without it)")
 
 
-def _check_chunks(layers: int, schedule: str, pp: int, m: int, v: int) -> None:
+def _check_chunks(layers: int, schedule: str, pp: int, m: int, v: int, overlap_p2p: bool) -> None:
     """Raise ScenarioError where the planner skips `schedule` with `v` chunks per stage at
     pipeline `pp` with `m` micro-batches: GPipe and interleaved without a pipeline (1F1B's
-    layout), too few layers or too many micro-batches, or `schedule.check_schedule`'s rules."""
+    layout), too few layers or too many micro-batches, `schedule.check_schedule`'s rules, or
+    interleaving Megatron-LM refuses to start (`schedule.check_megatron_interleaving`, p2p
+    overlapped as `overlap_p2p`)."""
     if pp == 1 and schedule != "1f1b":
         raise ScenarioError(f"parallel.schedule: {schedule} at pipeline=1 is 1f1b's layout "
                             "(searched as 1f1b)")
@@ -227,6 +230,7 @@ def _check_chunks(layers: int, schedule: str, pp: int, m: int, v: int) -> None:
         raise ScenarioError(f"training.global_batch_size: {m:,} micro-batches x {v} virtual "
                             f"stages; at most {MAX_MICROBATCHES:,} are simulated")
     check_schedule(schedule, pp, m, v)
+    check_megatron_interleaving(schedule, pp, overlap_p2p)
 
 
 def _allowed(values: tuple[int, ...] | None, path: str, default: list[int]) -> list[int]:

@@ -1,0 +1,68 @@
+"""Launch files only for schedules Megatron-LM starts: interleaving at pipeline 2 needs p2p overlap
+(megatron/training/arguments.py `validate_args`); the planner does not propose it otherwise."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from holmes_sim.cli import app
+from holmes_sim.errors import PlanError, ScenarioError
+from holmes_sim.export.launch import launch_files
+from holmes_sim.prepare import prepare
+from holmes_sim.runner import plan_policy
+from holmes_sim.schedule import check_megatron_interleaving
+from tests.conftest import small_scenario
+
+OVERLAP = ("micro_batch_size: 1}", "micro_batch_size: 1, overlap_p2p_comm: true}")
+
+
+def interleaved_pp2(overlap: bool, extra: str = "") -> str:
+    text = small_scenario(nodes_ib=2, tp=8, pp=2, layers=16, schedule="interleaved", virtual=2,
+                          extra=extra)
+    return text.replace(*OVERLAP) if overlap else text
+
+
+@pytest.mark.parametrize(("kind", "pp", "overlap", "refused"), [
+    ("interleaved", 2, False, True), ("interleaved", 2, True, False),
+    ("interleaved", 3, False, False), ("1f1b", 2, False, False), ("gpipe", 2, False, False),
+])
+def test_megatron_refuses_only_blocking_interleaving_at_pipeline_2(kind, pp, overlap, refused):
+    if refused:
+        with pytest.raises(ScenarioError, match="set training.overlap_p2p_comm: true"):
+            check_megatron_interleaving(kind, pp, overlap)
+    else:
+        check_megatron_interleaving(kind, pp, overlap)
+
+
+def test_launch_files_are_refused_where_megatron_lm_would_not_start(write_scenario):
+    prepared = prepare(write_scenario(interleaved_pp2(overlap=False)))
+    plan, cluster = plan_policy(prepared, "megatron")
+    with pytest.raises(PlanError, match="no launch files: Megatron-LM refuses the interleaved"):
+        launch_files(plan, cluster, prepared.workload, "bf16")
+    prepared = prepare(write_scenario(interleaved_pp2(overlap=True)))
+    plan, cluster = plan_policy(prepared, "megatron")
+    args = launch_files(plan, cluster, prepared.workload, "bf16").files["megatron_args.txt"]
+    assert "--pipeline-model-parallel-size 2" in args and "--no-overlap-p2p-communication" not in args
+
+
+def test_run_plans_is_refused_before_the_simulation(tmp_path, write_scenario):
+    path = write_scenario(interleaved_pp2(overlap=False))
+    out = tmp_path / "plans"
+    result = CliRunner().invoke(app, ["run", str(path), "-q", "--plans", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "set training.overlap_p2p_comm: true" in " ".join(result.output.split())
+    assert not out.exists()
+    assert CliRunner().invoke(app, ["run", str(path), "-q"]).exit_code == 0  # simulated still
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_plan_proposes_interleaving_at_pipeline_2_only_with_p2p_overlap(write_scenario, overlap):
+    search = "search: {pipeline: [2], schedule: [1f1b, interleaved], virtual_stages: [2]}\n"
+    path = write_scenario(interleaved_pp2(overlap, extra=search))
+    result = CliRunner().invoke(app, ["plan", str(path), "--jobs", "1", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    schedules = {c["schedule"] for c in json.loads(result.stdout)["candidates"]}
+    assert ("interleaved" in schedules) == overlap and "1f1b" in schedules
