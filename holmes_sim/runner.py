@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from holmes_sim.collector import quiet_collector
+from holmes_sim.errors import PlanError
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.metrics import Result, summarize
@@ -35,11 +38,23 @@ class Outcome:
 
 def plan_policy(prepared: Prepared, name: str) -> tuple[Plan, Cluster]:
     """Ask policy `name` for its plan on the prepared scenario (with the collector quieted:
-    planning builds many long-lived objects and few cycles)."""
+    planning builds many long-lived objects and few cycles). A PlanError names the policy."""
     policy = get_policy(name)
     with quiet_collector():
         cluster = policy.cluster_view(prepared.cluster)
-        return policy.plan(prepared.request(cluster)), cluster
+        with naming_policy(name):
+            return policy.plan(prepared.request(cluster)), cluster
+
+
+@contextlib.contextmanager
+def naming_policy(name: str) -> Iterator[None]:
+    """Re-raise a PlanError that does not name policy `name` with its name in front."""
+    try:
+        yield
+    except PlanError as exc:
+        if str(exc).startswith(name):
+            raise
+        raise PlanError(f"{name}: {exc}") from None
 
 
 def run_policy(prepared: Prepared, name: str, seed: int | None = None,
@@ -48,7 +63,8 @@ def run_policy(prepared: Prepared, name: str, seed: int | None = None,
     simulates every replica instead of one per class of identical replicas)."""
     plan, cluster = plan_policy(prepared, name)
     options = replace(engine_options(prepared, seed), full_simulation=full_simulation)
-    trace = simulate(plan, cluster, prepared.workload, prepared.compute, options)
+    with naming_policy(name):  # transports are chosen as the simulation meets each group
+        trace = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     costs = OpCosts(cluster, prepared.workload, prepared.compute, plan.tp)
     return Outcome(plan, cluster, trace, summarize(plan, trace, cluster, prepared.workload, costs))
 

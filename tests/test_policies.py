@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 
+from holmes_sim.cli import app
 from holmes_sim.hardware.cluster import ETHERNET
 from holmes_sim.plan import GroupKind, Plan, TransportKind
 from holmes_sim.policies import POLICIES, base
@@ -171,3 +173,16 @@ def test_a_plan_releases_gradients_in_backward_exactly_for_the_modes_that_reduce
             p = replace(plan, optimizer=mode, overlap_grad_reduce=overlap)
             expected = overlap or mode.overlapped or mode.reduces_every_microbatch
             assert p.releases_gradients_in_backward is expected, (mode, overlap)
+
+
+def test_a_transport_error_found_while_simulating_names_the_policy(write_scenario):
+    """IB nodes without Ethernet in groups with RoCE nodes: no transport reaches both. The error
+    surfaces when the simulation meets the group and names the policy whose plan made it."""
+    text = (SCENARIOS / "mixed_ib_roce.yaml").read_text().replace(
+        ", {type: ethernet, model: eth-100g, bandwidth_gbit_per_s: 32}]}", "]}", 1)
+    path = write_scenario(text)
+    for policy in ("megatron", "holmes"):
+        result = CliRunner().invoke(app, ["run", str(path), "-q", "-p", policy])
+        message = " ".join(result.output.split())
+        assert result.exit_code == 2 and f"error: {policy}: nodes ib-a-0" in message, message
+        assert "share no RDMA fabric" in message
