@@ -22,7 +22,7 @@ from holmes_sim.errors import FieldError, HolmesError, ScenarioError
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.prepare import (MAX_MICROBATCHES, Prepared, check_context_in, check_expert,
                                 check_expert_tensor, check_micro_batch, check_pipeline, check_tensor)
-from holmes_sim.schedule import check_megatron_interleaving, check_schedule
+from holmes_sim.schedule import check_schedule
 from holmes_sim.search.rejections import Reject, Rejections, located, passes
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.model.workload import Workload, build_workload
@@ -197,8 +197,7 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
             where = (("tensor", tp), ("pipeline", pp), ("context", cp), ("data", dp),
                      ("micro_batch_size", mb), ("expert", ep), ("expert_tensor", etp),
                      ("schedule", schedule), ("virtual_stages", v))
-            if not passes(reject, where, _check_chunks, layers, schedule, pp, m, v,
-                          prepared.scenario.training.overlap_p2p_comm):
+            if not passes(reject, where, _check_chunks, layers, schedule, pp, m, v):
                 continue
             sps = search.sequence_parallel if tp > 1 else (False,)
             if moe and tp > 1 and False in sps:  # Megatron-Core's MoELayer: TP only under SP
@@ -214,12 +213,10 @@ _MOE_SP = ("training.sequence_parallel: an MoE model with tensor > 1 needs seque
            "(Megatron-Core's MoELayer refuses to train without it)")
 
 
-def _check_chunks(layers: int, schedule: str, pp: int, m: int, v: int, overlap_p2p: bool) -> None:
+def _check_chunks(layers: int, schedule: str, pp: int, m: int, v: int) -> None:
     """Raise ScenarioError where the planner skips `schedule` with `v` chunks per stage at
     pipeline `pp` with `m` micro-batches: GPipe and interleaved without a pipeline (1F1B's
-    layout), too few layers or too many micro-batches, `schedule.check_schedule`'s rules, or
-    interleaving Megatron-LM refuses to start (`schedule.check_megatron_interleaving`, p2p
-    overlapped as `overlap_p2p`)."""
+    layout), too few layers or too many micro-batches, or `schedule.check_schedule`'s rules."""
     if pp == 1 and schedule != "1f1b":
         raise ScenarioError(f"parallel.schedule: {schedule} at pipeline=1 is 1f1b's layout "
                             "(searched as 1f1b)")
@@ -230,7 +227,6 @@ def _check_chunks(layers: int, schedule: str, pp: int, m: int, v: int, overlap_p
         raise ScenarioError(f"training.global_batch_size: {m:,} micro-batches x {v} virtual "
                             f"stages; at most {MAX_MICROBATCHES:,} are simulated")
     check_schedule(schedule, pp, m, v)
-    check_megatron_interleaving(schedule, pp, overlap_p2p)
 
 
 def _allowed(values: tuple[int, ...] | None, path: str, default: list[int]) -> list[int]:
@@ -265,11 +261,12 @@ def _workload_for(prepared: Prepared, training, layout: Layout) -> Workload:
     """`build_workload` of the layout's training settings. It reads no optimizer setting
     (tests/search/test_planner.py holds it to a fresh build), and of the schedule and pipeline
     only what `_prepared_for` sets in the training settings from them (the p2p overlap with the
-    interleaved schedule, the deferred weight gradient with a pipeline), so the key leaves the
-    rest out: layouts of other pipeline degrees and of GPipe and 1F1B share a workload."""
+    interleaved schedule, and at pipeline 2, the deferred weight gradient with a pipeline), so the
+    key leaves the rest out: layouts of other pipeline degrees and of GPipe and 1F1B share a
+    workload."""
     key = (id(prepared), layout.tp, layout.micro_batch_size, layout.schedule == "interleaved",
-           layout.pp > 1, layout.recompute, layout.sequence_parallel, layout.cp, layout.ep,
-           layout.etp)
+           layout.pp > 1, layout.pp == 2, layout.recompute, layout.sequence_parallel, layout.cp,
+           layout.ep, layout.etp)
     got = _WORKLOADS.get(key)
     if got is None or got[0] is not prepared:
         if len(_WORKLOADS) >= 64:
@@ -288,7 +285,7 @@ def _prepared_for(prepared: Prepared, layout: Layout) -> Prepared:
     training = _TRAININGS.get(
         (prepared,), (layout.micro_batch_size, layout.recompute, layout.sequence_parallel,
                       layout.optimizer, layout.tp > 1, layout.schedule == "interleaved",
-                      layout.pp > 1),
+                      layout.pp > 1, layout.pp == 2),
         lambda: _copy(s.training, micro_batch_size=layout.micro_batch_size,
                         recompute=layout.recompute, sequence_parallel=layout.sequence_parallel,
                         distributed_optimizer=layout.optimizer != "replicated",
@@ -332,10 +329,13 @@ schedule and virtual stages."""
 def _overlaps_for(training, layout: Layout) -> dict[str, bool]:
     """The scenario's TP, p2p and output-layer overlaps where the layout allows them (Megatron-LM
     ignores or refuses them elsewhere): TP overlap needs TP > 1 and sequence parallelism, p2p
-    overlap the interleaved schedule, the deferred weight gradient a pipeline."""
+    overlap the interleaved schedule, the deferred weight gradient a pipeline. Interleaving at
+    pipeline 2 always overlaps p2p: Megatron-LM starts it only so
+    (`schedule.check_megatron_interleaving`)."""
+    interleaved = layout.schedule == "interleaved"
     return {"tp_comm_overlap": training.tp_comm_overlap and layout.tp > 1
             and layout.sequence_parallel,
-            "overlap_p2p_comm": training.overlap_p2p_comm and layout.schedule == "interleaved",
+            "overlap_p2p_comm": interleaved and (training.overlap_p2p_comm or layout.pp == 2),
             "defer_embedding_wgrad_compute": training.defer_embedding_wgrad_compute
             and layout.pp > 1}
 

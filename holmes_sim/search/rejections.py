@@ -48,9 +48,8 @@ class Rejections:
     out), keeping each rule's first message and partial layout. A rejection the `search:`
     block did not ask for is kept apart, and reported only when there is no other: a value
     of a key it leaves out (those default to every value, the invalid ones included) dropped
-    by that key's own check, or GPipe or interleaved dropped by a schedule check, or without a
-    pipeline, while 1F1B is searched (the same degrees then fail 1F1B for a reason of their
-    own, or pass)."""
+    by that key's own check, or GPipe or interleaved without a pipeline while 1F1B is searched
+    (the same layout)."""
 
     def __init__(self, spec: SearchSpec) -> None:
         self.spec = spec
@@ -66,9 +65,8 @@ class Rejections:
         if last in _EVERY and getattr(self.spec, last) is None:
             return False
         got = dict(where)
-        if got.get("schedule", "1f1b") == "1f1b" or "1f1b" not in self.spec.schedule:
-            return True
-        return not (got.get("pipeline") == 1 or last == "virtual_stages")
+        return not (got.get("pipeline") == 1 and got.get("schedule", "1f1b") != "1f1b"
+                    and "1f1b" in self.spec.schedule)
 
     def summary(self) -> str:
         """The most common rules with their counts and an example each, and the keys to widen."""

@@ -1,5 +1,5 @@
 """Launch files only for schedules Megatron-LM starts: interleaving at pipeline 2 needs p2p overlap
-(megatron/training/arguments.py `validate_args`); the planner does not propose it otherwise."""
+(megatron/training/arguments.py `validate_args`), which the planner gives such layouts."""
 
 from __future__ import annotations
 
@@ -58,11 +58,16 @@ def test_run_plans_is_refused_before_the_simulation(tmp_path, write_scenario):
     assert CliRunner().invoke(app, ["run", str(path), "-q"]).exit_code == 0  # simulated still
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_plan_proposes_interleaving_at_pipeline_2_only_with_p2p_overlap(write_scenario, overlap):
-    search = "search: {pipeline: [2], schedule: [1f1b, interleaved], virtual_stages: [2]}\n"
-    path = write_scenario(interleaved_pp2(overlap, extra=search))
-    result = CliRunner().invoke(app, ["plan", str(path), "--jobs", "1", "--json", "-"])
+def test_plan_interleaves_at_pipeline_2_with_p2p_overlap_and_exports_it(tmp_path, write_scenario):
+    search = ("search: {tensor: [8], pipeline: [2], micro_batch_size: [1], recompute: [none], "
+              "schedule: [interleaved], virtual_stages: [2]}\n")
+    path = write_scenario(interleaved_pp2(overlap=False, extra=search))
+    out = tmp_path / "launch"
+    result = CliRunner().invoke(app, ["plan", str(path), "--jobs", "1", "--json", "-",
+                                      "--export", str(out)])
     assert result.exit_code == 0, result.output
-    schedules = {c["schedule"] for c in json.loads(result.stdout)["candidates"]}
-    assert ("interleaved" in schedules) == overlap and "1f1b" in schedules
+    best = json.loads(result.stdout)["candidates"][0]
+    assert (best["pp"], best["schedule"]) == (2, "interleaved")
+    args = (out / f"1-{best['policy']}" / "megatron_args.txt").read_text()
+    assert "--num-layers-per-virtual-pipeline-stage 4" in args  # 16 layers, 2 x 2 chunks
+    assert "--no-overlap-p2p-communication" not in args

@@ -259,11 +259,11 @@ def test_the_exporter_writes_the_flags_megatron_lm_parses():
     text = _scenario(", sequence_parallel: true, tp_comm_overlap: true, distributed_optimizer: "
                      "true, overlap_grad_reduce: true, overlap_param_gather: true, "
                      "defer_embedding_wgrad_compute: true, account_for_embedding_in_pipeline_split:"
-                     " true, account_for_loss_in_pipeline_split: true", nodes=4, gpus=8, tp=8,
-                     pp=2, layers=6, schedule="interleaved", virtual=2, batch=16)
-    p = prepare_text(text)
+                     " true, account_for_loss_in_pipeline_split: true", nodes=3, gpus=8, tp=8,
+                     pp=3, layers=10, schedule="interleaved", virtual=2, batch=18)
+    p = prepare_text(text)  # pipeline 3: Megatron-LM interleaves at 2 only with p2p overlap
     plan, cluster = plan_policy(p, "megatron")
-    assert plan.layers_per_stage == (1, 2, 2, 1)
+    assert plan.layers_per_stage == (1, 2, 2, 2, 2, 1)
     args = shlex.split(launch_files(plan, cluster, p.workload, "bf16").files["megatron_args.txt"])
     parsed = parse(args, UPSTREAM)
     for flag in ("--tp-comm-overlap", "--overlap-param-gather", "--overlap-grad-reduce",
