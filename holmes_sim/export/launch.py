@@ -110,8 +110,11 @@ def pipeline_layout(plan: Plan) -> str:
 
 def _precision_args(precision: str) -> list[str]:
     """`--bf16`/`--fp16`; fp8: bf16 training with Transformer Engine FP8 GEMMs in the hybrid
-    format (E4M3 forward, E5M2 gradients; Megatron-LM `--fp8-format`)."""
-    return ["--bf16", "--fp8-format", "hybrid"] if precision == "fp8" else [f"--{precision}"]
+    format (E4M3 forward, E5M2 gradients; Megatron-LM `--fp8-format`); fp32: none, Megatron-LM's
+    default (it has no `--fp32`)."""
+    if precision == "fp8":
+        return ["--bf16", "--fp8-format", "hybrid"]
+    return [] if precision == "fp32" else [f"--{precision}"]
 
 
 def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
