@@ -292,6 +292,22 @@ def upstream_node_env(node: Node, net: str) -> dict[str, str]:
     return env
 
 
+def process_env(plan: Plan) -> dict[str, str]:
+    """The CUDA environment every process of the plan needs: `CUDA_DEVICE_MAX_CONNECTIONS=1`
+    with TP or CP > 1, which Megatron-LM's `validate_args` asserts before Blackwell (since
+    7ef4f90, 2025-03; with sequence parallelism since bdd9731, 2022-10, which the Holmes fork
+    keeps) so that each TP or CP collective is issued ahead of the GEMM that overlaps it;
+    Megatron-LM's example scripts set it on every GPU."""
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if plan.tp > 1 or plan.cp > 1 else {}
+
+
+CUDA_CONNECTIONS_NOTE = (
+    "`launch.sh` sets `CUDA_DEVICE_MAX_CONNECTIONS=1` on every node: Megatron-LM refuses to "
+    "start tensor or context parallelism without it before Blackwell. On Blackwell GPUs it is "
+    "not required and may be raised.")
+"""The export README's note on `process_env`."""
+
+
 def holmes_config(nodes: list[Node]) -> list[dict[str, str]]:
     """The Holmes fork's config.json: per device type the NCCL environment of its groups, and
     `heter` (TCP) for groups that mix device types."""
@@ -388,15 +404,16 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
         f"# not expressible: {why_not}\n"
     if fork:
         files["holmes_config.json"] = json.dumps(holmes_config(nodes), indent=2) + "\n"
-    launches = [NodeLaunch(h, n.num_gpus, nic_class(n), upstream_node_env(n, net),
-                           upstream_node_env(n, "Socket")) for h, n in zip(names, nodes)]
+    cuda = process_env(plan)
+    launches = [NodeLaunch(h, n.num_gpus, nic_class(n), upstream_node_env(n, net) | cuda,
+                           upstream_node_env(n, "Socket") | cuda) for h, n in zip(names, nodes)]
     if ub:
         files[USERBUFFER_CONFIG] = ub
     files["launch.sh"] = launch_script(launches, margs, fork, script, net, MASTER_PORT,
                                        USERBUFFER_CONFIG if ub else None)
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
-    notes = _notes(workload, ub)
+    notes = _notes(workload, ub) + ((CUDA_CONNECTIONS_NOTE,) if cuda else ())
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes)
     return LaunchFiles(files)

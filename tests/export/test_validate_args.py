@@ -4,11 +4,13 @@ startup, beyond the argument table that tests/export/test_launch_targets.py pars
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 
 import pytest
 
-from holmes_sim.export.launch import launch_files
+from holmes_sim.export.launch import LaunchFiles, launch_files
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
 from tests.conftest import small_scenario
@@ -37,3 +39,32 @@ def test_fp32_training_is_megatron_lms_default_and_takes_no_flag(write_scenario,
     for text, table in ((files["megatron_args.txt"], UPSTREAM), (files["holmes_args.txt"], FORK)):
         parsed = parse(shlex.split(text), table)
         assert [f for f in ("--fp16", "--bf16", "--fp32") if f in parsed] == flags
+
+
+def _dry_run_env(files: dict[str, str], tmp_path, target: str) -> list[str]:
+    """The environment words of node 0's `target` command (`launch.sh` dry run)."""
+    LaunchFiles(files).write(tmp_path / target)
+    proc = subprocess.run(["bash", str(tmp_path / target / "launch.sh"), target], cwd="/",
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "NODE_RANK": "0", "DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    words = shlex.split(proc.stdout)
+    return words[:words.index("torchrun")]
+
+
+@pytest.mark.parametrize("tp, cp, needed", [(8, 1, True), (1, 2, True), (1, 1, False)])
+def test_tensor_and_context_parallel_launches_set_one_cuda_connection(write_scenario, tmp_path,
+                                                                      tp, cp, needed):
+    """Megatron-LM's `validate_args` asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP > 1
+    (before Blackwell; the Holmes fork with sequence parallelism): both targets' commands set
+    it there, and only there."""
+    text = small_scenario(tp=tp, pp=2, seq=2048)
+    if cp > 1:
+        text = _training(text, "flash_attention: true").replace(
+            "virtual_stages: 1}", f"virtual_stages: 1, context: {cp}}}")
+    files = _export(write_scenario, text, "holmes")
+    for target in ("megatron", "holmes"):
+        env = _dry_run_env(files, tmp_path, target)
+        assert ("CUDA_DEVICE_MAX_CONNECTIONS=1" in env) == needed, env
+        assert any(w.startswith("NCCL_NET=") for w in env)
+    assert ("CUDA_DEVICE_MAX_CONNECTIONS=1" in files["README.md"]) == needed
