@@ -1,7 +1,9 @@
 """Megatron-LM arguments of a model's architecture beyond GPT's defaults.
 
 Flag names and defaults follow Megatron-LM's megatron/training/arguments.py:
-`--group-query-attention --num-query-groups`, `--swiglu`, `--squared-relu`, `--normalization`
+`--group-query-attention --num-query-groups`, `--swiglu`, `--squared-relu` (with biases also
+`--no-bias-gelu-fusion`: Megatron-Core's `TransformerConfig` refuses the default bias-activation
+fusion for any activation but GeLU and SwiGLU, since 6b3b884, 2024-01), `--normalization`
 (LayerNorm default), `--disable-bias-linear`, `--add-qkv-bias`, `--position-embedding-type`
 (learned_absolute default), `--hidden-dropout` and `--attention-dropout` (0.1 default),
 `--make-vocab-size-divisible-by` (128 default), `--multi-latent-attention` with `--q-lora-rank`,
@@ -35,8 +37,8 @@ def architecture_args(w: Workload) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(w.groups)]
     if w.swiglu:
         args.append("--swiglu")
-    if w.squared_relu:
-        args.append("--squared-relu")
+    if w.squared_relu:  # Megatron-Core fuses a bias only into GeLU and SwiGLU
+        args += ["--squared-relu", *(["--no-bias-gelu-fusion"] if w.bias else [])]
     if w.rmsnorm:
         args += ["--normalization", "RMSNorm"]
     if not w.bias:

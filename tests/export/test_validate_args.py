@@ -68,3 +68,53 @@ def test_tensor_and_context_parallel_launches_set_one_cuda_connection(write_scen
         assert ("CUDA_DEVICE_MAX_CONNECTIONS=1" in env) == needed, env
         assert any(w.startswith("NCCL_NET=") for w in env)
     assert ("CUDA_DEVICE_MAX_CONNECTIONS=1" in files["README.md"]) == needed
+
+
+def core_config(args: list[str]):
+    """Megatron-Core's `TransformerConfig` of the exported arguments, as Megatron-LM's
+    `core_transformer_config_from_args` (megatron/training/argument_utils.py) builds it, for
+    the architecture and parallel fields its `__post_init__` checks together: its error, if
+    any, is Megatron-LM's at startup."""
+    from megatron.core.activations import squared_relu
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    parsed = parse(args, UPSTREAM)
+
+    def value(flag: str, default=None):
+        return int(parsed[flag][0]) if flag in parsed else default
+
+    bias = "--disable-bias-linear" not in parsed
+    tp = value("--tensor-model-parallel-size", 1)
+    fields = dict(num_layers=value("--num-layers"), hidden_size=value("--hidden-size"),
+                  num_attention_heads=value("--num-attention-heads"),
+                  ffn_hidden_size=value("--ffn-hidden-size"),
+                  num_query_groups=value("--num-query-groups"), add_bias_linear=bias,
+                  tensor_model_parallel_size=tp,
+                  sequence_parallel="--sequence-parallel" in parsed,
+                  num_moe_experts=value("--num-experts"),
+                  moe_ffn_hidden_size=value("--moe-ffn-hidden-size"),
+                  expert_tensor_parallel_size=value("--expert-tensor-parallel-size", tp),
+                  expert_model_parallel_size=value("--expert-model-parallel-size", 1))
+    if "--swiglu" in parsed:
+        fields.update(gated_linear_unit=True, bias_activation_fusion=bias and
+                      "--no-bias-swiglu-fusion" not in parsed)
+    else:  # validate_args turns the GeLU fusion off without biases
+        fields["bias_activation_fusion"] = bias and "--no-bias-gelu-fusion" not in parsed
+    if "--squared-relu" in parsed:
+        fields["activation_func"] = squared_relu
+    return TransformerConfig(**fields)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_squared_relu_with_biases_turns_off_the_bias_gelu_fusion(write_scenario, bias):
+    """Megatron-LM fuses each MLP bias into its activation by default (`--no-bias-gelu-fusion`
+    turns it off) and Megatron-Core refuses that fusion for squared ReLU, so a squared-ReLU
+    model with biases did not start; without biases Megatron-LM turns the fusion off itself."""
+    text = small_scenario().replace("tie_embeddings: true}", "tie_embeddings: true, "
+                                    f"squared_relu: true, bias: {str(bias).lower()}}}")
+    files = _export(write_scenario, text, "holmes")
+    args = shlex.split(files["megatron_args.txt"])
+    config = core_config(args)  # raises Megatron-Core's ValueError where it refuses
+    assert config.add_bias_linear == bias and not config.bias_activation_fusion
+    assert ("--no-bias-gelu-fusion" in args) == bias
+    assert "--no-bias-gelu-fusion" in parse(shlex.split(files["holmes_args.txt"]), FORK) or not bias
