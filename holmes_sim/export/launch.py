@@ -140,7 +140,19 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
     if w.flash_attention:
         args.append("--use-flash-attn")
     args += _recompute_args(w.recompute)
-    return args + _optimizer_args(plan) + _bucket_args(plan, w) + _gradient_check_args(w)
+    return (args + _optimizer_args(plan) + _bucket_args(plan, w) + _gradient_check_args(w)
+            + _grad_dtype_args(w, precision))
+
+
+def _grad_dtype_args(w: Workload, precision: str) -> list[str]:
+    """The gradients' reduction dtype where the simulated one (`training.grad_reduce_in_fp32`)
+    is not Megatron-LM's default for the precision (`validate_args`): bf16 (and fp8, bf16
+    underneath) reduces in fp32 unless `--grad-reduce-in-bf16` (d165a85, 2025-02), fp16 in fp16
+    unless `--accumulate-allreduce-grads-in-fp32`; fp32 in fp32."""
+    fp32 = w.grad_bytes == 4
+    if precision in ("bf16", "fp8") and not fp32:
+        return ["--grad-reduce-in-bf16"]
+    return ["--accumulate-allreduce-grads-in-fp32"] if precision == "fp16" and fp32 else []
 
 
 def _bucket_args(plan: Plan, w: Workload) -> list[str]:
@@ -432,6 +444,9 @@ def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Worklo
         hargs, why_not = [], "the Holmes fork has no --fp8-recipe (FP8 current scaling)"
     if hargs and workload.average_in_collective:
         hargs, why_not = [], "the Holmes fork has no --ddp-average-in-collective"
+    if hargs and "--grad-reduce-in-bf16" in margs:
+        hargs, why_not = [], "the Holmes fork has no --grad-reduce-in-bf16 (it reduces bf16 " \
+            "gradients in fp32)"
     if hargs and workload.cross_entropy != "unfused":
         hargs, why_not = [], "the Holmes fork has no --cross-entropy-loss-fusion"
     if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags
