@@ -117,6 +117,7 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
     _check_precision(s, cluster)
     tp, pp, dp, cp = _degrees(s, cluster)
     check_expert(s, s.parallel.expert, dp * cp, tp=tp, etp=s.parallel.expert_tensor)
+    _check_expert_bias(s, tp)
     m = _microbatches(s, dp)
     _check_layers(s, pp)
     _check_overlaps(s, tp, pp)
@@ -290,6 +291,7 @@ def check_expert_tensor(s: Scenario, ep: int, replicas: int, tp: int, etp: int,
     if experts is None:
         raise FieldError(field, f"expert_tensor={etp} needs an MoE model (model.num_experts); "
                          "remove it for a dense model")
+    check_expert_bias(s, etp, field)
     width = s.model.moe_ffn_hidden_size or s.model.ffn_hidden_size or 4 * s.model.hidden_size
     if width % etp:
         raise FieldError(field, f"expert_tensor={etp} must divide the experts' FFN width {width} "
@@ -311,6 +313,25 @@ def check_expert_tensor(s: Scenario, ep: int, replicas: int, tp: int, etp: int,
                          "(Megatron-Core `initialize_model_parallel`: tp x cp x dp = etp x ep x "
                          "edp); lower expert or expert_tensor")
     return ep
+
+
+def check_expert_bias(s: Scenario, etp: int, field: str = "parallel.expert_tensor") -> None:
+    """An MoE model with biases (`model.bias`, on by default) only at expert TP degree `etp` 1:
+    Megatron-Core's `TransformerConfig.__post_init__` asserts "Bias in Moe is only supported
+    when ETP==1" (megatron/core/transformer/transformer_config.py since a329dd6, 2025-09; before
+    it refused biased MoE at any degree)."""
+    if s.model.num_experts is not None and s.model.bias and etp > 1:
+        raise FieldError(field, f"expert_tensor={etp}: Megatron-Core splits no expert with "
+                         "biases over tensor ranks (model.bias is on); set model.bias: false, "
+                         "or parallel.expert_tensor: 1 with parallel.expert a multiple of "
+                         "tensor")
+
+
+def _check_expert_bias(s: Scenario, tp: int) -> None:
+    """`check_expert_bias` where `parallel.expert_tensor` is unset: the experts then take the
+    TP degree (Megatron-LM's default), which `parallel.tensor` sets."""
+    if s.parallel.expert_tensor is None:
+        check_expert_bias(s, tp, "parallel.tensor")
 
 
 def check_context(s: Scenario, cp: int, tp: int) -> int:

@@ -140,3 +140,58 @@ def test_gradients_are_reduced_in_the_simulated_dtype(write_scenario, precision,
         assert fork.startswith("# not expressible") and "no --grad-reduce-in-bf16" in fork
     else:
         assert flags & set(parse(shlex.split(fork), FORK)) == ({flag} if flag else set())
+
+
+def _moe(bias: bool, parallel: str = "expert: 4", extra: str = "") -> str:
+    text = small_scenario(nodes_ib=2, tp=2, pp=2, extra=extra).replace(
+        "tie_embeddings: true}", f"tie_embeddings: true, bias: {str(bias).lower()}, "
+        "num_experts: 8, moe_router_topk: 2}")
+    return _training(text, "sequence_parallel: true").replace(
+        "virtual_stages: 1}", f"virtual_stages: 1, {parallel}}}")
+
+
+@pytest.mark.parametrize("parallel, field", [("expert: 4", "parallel.tensor"),
+                                             ("expert: 4, expert_tensor: 2",
+                                              "parallel.expert_tensor")])
+def test_moe_with_biases_split_over_tensor_ranks_is_refused_at_load(write_scenario, tmp_path,
+                                                                    parallel, field):
+    """Megatron-Core builds experts with biases only at expert TP 1 (`TransformerConfig`:
+    "Bias in Moe is only supported when ETP==1"), and the experts take the TP degree unless
+    `expert_tensor` says otherwise: refused when the file loads, at the line of the degree."""
+    from typer.testing import CliRunner
+
+    from holmes_sim.cli import app
+
+    path = write_scenario(_moe(True, parallel))
+    out = tmp_path / "plans"
+    result = CliRunner().invoke(app, ["run", str(path), "-q", "--plans", str(out)])
+    message = " ".join(result.output.split())
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1)
+                if text.startswith("parallel:"))
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"{path}:{line}: {field}: expert_tensor=2: Megatron-Core splits no expert with " \
+           "biases over tensor ranks" in message
+    assert "set model.bias: false, or parallel.expert_tensor: 1" in message
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("bias, parallel", [(False, "expert: 4"),
+                                            (True, "expert: 4, expert_tensor: 1")])
+def test_moe_exports_megatron_core_builds(write_scenario, bias, parallel):
+    """Without biases the experts split over the TP ranks; with them, expert TP 1."""
+    args = shlex.split(_export(write_scenario, _moe(bias, parallel))["megatron_args.txt"])
+    config = core_config(args)
+    assert config.add_bias_linear == bias
+    assert config.expert_tensor_parallel_size == (1 if bias else 2)
+
+
+def test_the_planner_keeps_biased_experts_unsplit(write_scenario):
+    """`plan` proposes the expert TP degrees Megatron-Core builds: 1 for biased experts."""
+    from holmes_sim.search.planner import layouts
+
+    search = ("search: {tensor: [2], pipeline: [2], expert: [1, 2, 4], micro_batch_size: [1], "
+              "recompute: [none], schedule: [1f1b]}\n")
+    for bias, etps in ((True, {1}), (False, {1, 2})):
+        prepared = prepare(write_scenario(_moe(bias, "expert: 2, expert_tensor: 1", search)))
+        found = {lay.etp for lay in layouts(prepared, prepared.scenario.search)}
+        assert found == etps
