@@ -194,7 +194,26 @@ def check_tensor(s: Scenario, tp: int, node_gpus: tuple[int, ...], what: str = "
             raise FieldError("parallel.tensor", f"{what}={tp} must divide {name}={count}{inside}: "
                              "each TP rank holds an equal share of the heads and query groups, and "
                              "a TP group stays inside a node")
+    for width, name in _tp_widths(s):
+        if width % tp:
+            raise FieldError("parallel.tensor", f"{what}={tp} must divide {name}={width}: each "
+                             "TP rank holds width / tensor of that MLP (Megatron-Core's "
+                             "tensor-parallel linear layers divide it when the model is built); "
+                             "use a divisor of it")
     return tp
+
+
+def _tp_widths(s: Scenario) -> list[tuple[int, str]]:
+    """The given MLP widths that tensor parallelism splits: the dense FFN where a layer has a
+    dense MLP, and the MoE shared expert (which takes the TP degree, not the experts')."""
+    m = s.model
+    freq = m.moe_layer_freq
+    dense = m.num_experts is None or (0 in freq if isinstance(freq, tuple) else freq != 1)
+    widths = [(m.ffn_hidden_size, "model.ffn_hidden_size")] if m.ffn_hidden_size and dense else []
+    if m.num_experts is not None and m.moe_shared_expert_intermediate_size:
+        widths.append((m.moe_shared_expert_intermediate_size,
+                       "model.moe_shared_expert_intermediate_size"))
+    return widths
 
 
 def check_pipeline(s: Scenario, pp: int, gpus: int, tp: int = 1) -> int:

@@ -195,3 +195,31 @@ def test_the_planner_keeps_biased_experts_unsplit(write_scenario):
         prepared = prepare(write_scenario(_moe(bias, "expert: 2, expert_tensor: 1", search)))
         found = {lay.etp for lay in layouts(prepared, prepared.scenario.search)}
         assert found == etps
+
+
+@pytest.mark.parametrize("fields, name, width", [
+    ("ffn_hidden_size: 4100", "model.ffn_hidden_size", 4100),
+    ("bias: false, num_experts: 8, moe_shared_expert_intermediate_size: 1030",
+     "model.moe_shared_expert_intermediate_size", 1030)])
+def test_mlp_widths_that_tensor_ranks_cannot_share_are_refused(write_scenario, fields, name,
+                                                               width):
+    """Megatron-Core's tensor-parallel linear layers divide the FFN width (and the shared
+    expert's) by the TP degree when the model is built; a width tensor=8 does not divide
+    loaded and exported a launch that stopped there."""
+    from holmes_sim.errors import ScenarioError
+
+    text = _training(small_scenario().replace("tie_embeddings: true}",
+                                              f"tie_embeddings: true, {fields}}}"),
+                     "sequence_parallel: true")
+    with pytest.raises(ScenarioError, match=f"parallel.tensor: tensor=8 must divide {name}="
+                                            f"{width}: each TP rank holds width / tensor"):
+        prepare(write_scenario(text))
+    assert prepare(write_scenario(text.replace("tensor: 8", "tensor: 2"))).tp == 2
+
+
+def test_an_all_moe_model_splits_no_dense_ffn(write_scenario):
+    """With every layer an MoE layer no dense MLP is built: its width is not checked."""
+    text = _training(small_scenario().replace(
+        "tie_embeddings: true}", "tie_embeddings: true, ffn_hidden_size: 4100, bias: false, "
+        "num_experts: 8, moe_ffn_hidden_size: 1024}"), "sequence_parallel: true")
+    assert prepare(write_scenario(text)).tp == 8
