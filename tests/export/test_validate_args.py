@@ -223,3 +223,32 @@ def test_an_all_moe_model_splits_no_dense_ffn(write_scenario):
         "tie_embeddings: true}", "tie_embeddings: true, ffn_hidden_size: 4100, bias: false, "
         "num_experts: 8, moe_ffn_hidden_size: 1024}"), "sequence_parallel: true")
     assert prepare(write_scenario(text)).tp == 8
+
+
+def test_biases_without_the_qkv_bias_get_no_launch_files(write_scenario, tmp_path):
+    """Megatron-LM's `validate_args` sets `add_qkv_bias` whenever `add_bias_linear` is on, so a
+    model with biases but no QKV bias has no launch: `run --plans` is refused before the
+    simulation, and the model still simulates."""
+    from typer.testing import CliRunner
+
+    from holmes_sim.cli import app
+    from holmes_sim.errors import PlanError
+
+    text = small_scenario().replace("tie_embeddings: true}",
+                                    "tie_embeddings: true, bias: true, qkv_bias: false}")
+    path = write_scenario(text)
+    out = tmp_path / "plans"
+    result = CliRunner().invoke(app, ["run", str(path), "-q", "--plans", str(out)])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "no launch files: Megatron-LM cannot drop the QKV bias alone" in message
+    assert "set model.qkv_bias: true, or model.bias: false with qkv_bias: false" in message
+    assert not out.exists()
+    assert CliRunner().invoke(app, ["run", str(path), "-q"]).exit_code == 0
+    prepared = prepare(path)
+    plan, cluster = plan_policy(prepared, "holmes")
+    with pytest.raises(PlanError, match="cannot drop the QKV bias alone"):
+        launch_files(plan, cluster, prepared.workload, "bf16")
+    for fields in ("bias: false, qkv_bias: true", "bias: false, qkv_bias: false"):
+        files = _export(write_scenario, text.replace("bias: true, qkv_bias: false", fields))
+        assert ("--add-qkv-bias" in files["megatron_args.txt"]) == ("qkv_bias: true" in fields)
