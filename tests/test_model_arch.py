@@ -77,6 +77,20 @@ def test_gqa_shrinks_the_qkv_gemm_and_swiglu_doubles_fc1():
     assert (fc2.n, fc2.k) == (8192, 28672 // 8)
 
 
+def test_squared_relu_with_biases_pays_the_unfused_bias_add():
+    """Megatron-Core fuses no bias into squared ReLU: fc1's bias is added on its own (read and
+    write F x d bytes per GPU forward) and its gradient summed over the tokens (read F x d)."""
+    base = dataclasses.replace(ModelSpec(**preset_fields("nemotron4-15b")), bias=False)
+    plain, biased = (layer_kernels(build_workload(dataclasses.replace(base, bias=b), _TRAINING,
+                                                  4), 4) for b in (False, True))
+    w = build_workload(base, _TRAINING, 4)
+    f_bytes = w.micro_batch * w.seq * w.ffn / 4 * w.dtype_bytes
+    assert biased.other_bytes_fwd - plain.other_bytes_fwd == pytest.approx(2 * f_bytes)
+    assert biased.other_bytes_bwd - plain.other_bytes_bwd == pytest.approx(
+        f_bytes + (build_workload(dataclasses.replace(base, bias=True), _TRAINING, 4).layer_params
+                   - w.layer_params) / 4 * (w.dtype_bytes + 2 * w.grad_bytes))
+
+
 def test_gqa_and_zero_dropout_shrink_activation_memory():
     llama = _preset("llama3.1-70b")
     mha = dataclasses.replace(llama, query_groups=None)

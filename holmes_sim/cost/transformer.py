@@ -31,6 +31,10 @@ Architecture variants (Megatron-Core, megatron/core/transformer/): RMSNorm moves
 tensors as LayerNorm (only its statistic differs); without biases the GeLU and dropout-add
 kernels move the same tensors; SwiGLU reads both halves of fc1's output and writes one, 3Fd
 forward and 5Fd backward (`bias_swiglu_impl`, megatron/core/fusions/fused_bias_swiglu.py);
+squared ReLU moves GeLU's tensors, but with biases its launch turns the bias-activation fusion
+off (Megatron-Core `TransformerConfig` fuses only GeLU, SwiGLU and quick-GeGLU with a bias), so
+`MLP.forward` adds fc1's bias in a kernel of its own, 2Fd forward, and autograd sums its
+gradient over the tokens, Fd backward (megatron/core/transformer/mlp.py);
 hidden_dropout 0 drops the two masks (E bytes each) and attention_dropout 0 the attention
 dropout (PyTorch's dropout returns its input when p = 0); rotary embeddings read and write q
 and k, 2 b s (h + k) d / t bytes forward and again backward (`apply_rotary_pos_emb`,
@@ -159,6 +163,8 @@ def _other_bytes(w: Workload, tp: int) -> tuple[float, float]:
     sp = tp if w.sequence_parallel else 1
     mask = e if w.hidden_dropout > 0 else 0
     act_fwd, act_bwd = (3 * ff * d, 5 * ff * d) if w.swiglu else (2 * ff * d, 3 * ff * d)
+    if w.squared_relu and w.bias:  # no fused bias kernel: fc1's bias is added on its own
+        act_fwd, act_bwd = act_fwd + 2 * ff * d, act_bwd + ff * d
     fwd = 2 * 2 * e * d / sp + act_fwd + 2 * (3 * e * d + mask) / sp
     bwd = 2 * 3 * e * d / sp + act_bwd + 2 * (2 * e * d + mask) / sp + \
         w.layer_params / tp * (d + 2 * w.grad_bytes)
