@@ -114,16 +114,16 @@ def run(
         _check_run_targets(plans, report, names or list(prepared.scenario.policies), prepared)
         outcomes = run_scenario(prepared, names, full_simulation)
         launches = plan_launches(prepared, outcomes, hosts, host_names) if plans else {}
+        if plans is not None:
+            _write_plans(prepare_output(plans, directory=True, option="--plans"), outcomes,
+                         launches)
+        if report is not None:  # before --json, which may name the report's own results.json
+            _write_report(report, prepared, outcomes)
         if json_path is not None:
             from holmes_sim.report.stragglers import with_stragglers
 
             write_json(json_path, stamp(with_stragglers(results_document(
                 prepared, outcomes, prepared.scenario.seed), prepared, outcomes)))
-        if plans is not None:
-            _write_plans(prepare_output(plans, directory=True, option="--plans"), outcomes,
-                         launches)
-        if report is not None:
-            _write_report(report, prepared, outcomes)
     except HolmesError as exc:
         raise _fail(exc) from None
     if not quiet:

@@ -118,3 +118,13 @@ def test_every_launch_file_is_among_the_names_checked_before_writing():
         files = launch_files(plan, prepared.cluster, prepared.workload,
                              prepared.scenario.training.precision).files
         assert set(files) <= set(LAUNCH_FILE_NAMES), policy
+
+
+def test_json_may_name_the_reports_own_results_file(tmp_path):
+    args = ["run", "mixed_ib_eth", "-q", "-p", "holmes", "--json", str(tmp_path / "results.json"),
+            "--report", str(tmp_path)]
+    for _ in range(2):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / MANIFEST_NAME).read_text())
+    assert record["results.json"] == file_digest(tmp_path / "results.json")
