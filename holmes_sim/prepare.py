@@ -140,8 +140,8 @@ def _check_precision(s: Scenario, cluster: Cluster) -> None:
 
 
 def _check_search(s: Scenario) -> None:
-    """Every list of the `search:` block non-empty, its policies known, each of its degrees and
-    micro-batch sizes one that some layout can take (`_check_search_values`)."""
+    """Every list of the `search:` block non-empty, its policies known (`plan` also checks its
+    values, `check_search_values`)."""
     search = s.search
     for name in search.__dataclass_fields__:
         if getattr(search, name) == ():
@@ -151,12 +151,12 @@ def _check_search(s: Scenario) -> None:
         if name not in POLICIES:
             raise FieldError(f"search.policies[{i}]", f"unknown policy '{name}' (known: "
                                                       f"{', '.join(POLICIES)})")
-    _check_search_values(s)
 
 
-def _check_search_values(s: Scenario) -> None:
+def check_search_values(s: Scenario) -> None:
     """Refuse a value of `search.tensor`, `pipeline`, `context`, `expert`, `expert_tensor` or
-    `micro_batch_size` that the planner would drop from every layout, whatever the other
+    `micro_batch_size` (`plan`, before its search: no other command reads them) that the
+    planner would drop from every layout, whatever the other
     values: its own checks, with the others where they ask least of it (TP, PP and data
     parallelism 1, every GPU a replica; for an expert TP degree, TP equal to it and EP 1)."""
     nodes = tuple({g.gpus_per_node for c in s.clusters for g in c.nodes})

@@ -21,7 +21,8 @@ from holmes_sim.collector import quiet_collector
 from holmes_sim.errors import FieldError, HolmesError, ScenarioError
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.prepare import (MAX_MICROBATCHES, Prepared, check_context_in, check_expert,
-                                check_expert_tensor, check_micro_batch, check_pipeline, check_tensor)
+                                check_expert_tensor, check_micro_batch, check_pipeline,
+                                check_search_values, check_tensor)
 from holmes_sim.schedule import check_schedule
 from holmes_sim.search.rejections import Reject, Rejections, located, passes
 from holmes_sim.spec.scenario import SearchSpec
@@ -422,9 +423,11 @@ def search(prepared: Prepared, spec: SearchSpec | None = None,
     from holmes_sim.search.scaleout import check_address
 
     check_address(ray)
-    spec = distinct(spec or prepared.scenario.search)
+    given = spec or prepared.scenario.search
+    spec = distinct(given)
     start = time.perf_counter()
     try:
+        check_search_values(replace(prepared.scenario, search=given))  # indices as written
         grid = bounded_grid(prepared, spec, max_candidates)
         if not grid:
             raise FieldError("search", _why_no_layout(prepared, spec))

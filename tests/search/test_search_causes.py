@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from holmes_sim.cli import app
 from holmes_sim.errors import FieldError, ScenarioError
-from holmes_sim.prepare import prepare, prepare_text
+from holmes_sim.prepare import check_search_values, prepare, prepare_text
 from holmes_sim.search import planner
 from holmes_sim.spec.scenario import SearchSpec
 from tests.conftest import SCENARIOS
@@ -87,7 +87,7 @@ def test_the_refusal_and_the_search_agree(base, key, values):
     refused = set()
     for v in values:
         try:
-            prepare_text(text + f"search: {{{key}: [{v}]}}\n")
+            check_search_values(prepare_text(text + f"search: {{{key}: [{v}]}}\n").scenario)
         except ScenarioError as exc:
             assert f"search.{key}[0]: {key}={v} fits no layout" in str(exc)
             refused.add(v)
@@ -154,3 +154,14 @@ def test_without_a_file_the_error_keeps_its_field():
     with pytest.raises(FieldError) as exc:
         planner.search(prepared, jobs=1)
     assert exc.value.path == "search" and "micro_batch_size=16 x data=64" in exc.value.message
+
+
+def test_only_plan_reads_the_search_values(tmp_path):
+    """`run` and `sweep` ignore the `search:` block, so a value no layout takes does not stop
+    them; `plan` refuses it before its search."""
+    path = tmp_path / "s.yaml"
+    path.write_text((SCENARIOS / DENSE).read_text() + "search: {pipeline: [2, 3]}\n")
+    result = runner.invoke(app, ["run", str(path), "-q", "-p", "megatron"])
+    assert result.exit_code == 0, result.output
+    text, _, _, _ = _plan(tmp_path, DENSE, "{pipeline: [2, 3]}")
+    assert "search.pipeline[1]: pipeline=3 fits no layout" in text
