@@ -111,12 +111,12 @@ def run(
         if seed is not None:
             prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
         names = _check_policy_names(policy)
-        _check_run_targets(plans, report, names or list(prepared.scenario.policies), prepared)
+        _check_run_targets(plans, report, names or list(prepared.scenario.policies))
         outcomes = run_scenario(prepared, names, full_simulation)
         launches = plan_launches(prepared, outcomes, hosts, host_names) if plans else {}
         if plans is not None:
             _write_plans(prepare_output(plans, directory=True, option="--plans"), outcomes,
-                         launches)
+                         launches, prepared)
         if report is not None:  # before --json, which may name the report's own results.json
             _write_report(report, prepared, outcomes)
         if json_path is not None:
@@ -140,17 +140,12 @@ def _check_outputs(*targets: tuple[Path | None, bool, str]) -> None:
             prepare_output(path, directory=directory, option=option, create=False)
 
 
-def _check_run_targets(plans: Path | None, report: Path | None, policies: list[str],
-                       prepared) -> None:
-    """The files `run --plans` and `--report` will replace, and that Megatron-LM can start the
-    plans' schedule, checked before the simulation."""
+def _check_run_targets(plans: Path | None, report: Path | None, policies: list[str]) -> None:
+    """The files `run --plans` and `--report` will replace, checked before the simulation."""
     from holmes_sim.export.folders import check_plans_targets
-    from holmes_sim.export.launch import check_launchable
     from holmes_sim.report.document import report_targets
     from holmes_sim.report.owned import check_owned
 
-    if plans is not None:
-        check_launchable(prepared.scenario.parallel.schedule, prepared.pp, prepared.workload)
     check_plans_targets(plans, policies)
     if report is not None:
         check_owned(report, "--report", report_targets(policies))
@@ -168,15 +163,18 @@ def _is_stdout(path: Path | None) -> bool:
         return False
 
 
-def _write_plans(directory: Path, outcomes, launches: dict) -> None:
-    """`export.folders.write_plans`, with notes on what it left out or found from before."""
-    from holmes_sim.export.folders import write_plans
+def _write_plans(directory: Path, outcomes, launches: dict, prepared) -> None:
+    """`export.folders.write_plans`, with notes on what it left out (and why) or found from
+    before."""
+    from holmes_sim.export.folders import launch_refusals, write_plans
 
     stale, skipped = write_plans(directory, outcomes, launches)
     _note_stale("--plans", directory, stale)
-    if skipped:
-        err.print(f"note: no launch files for {', '.join(skipped)}: references on a hypothetical "
-                  "network, not placements for this cluster", highlight=False, markup=False)
+    refused = launch_refusals(prepared, outcomes)
+    for why in dict.fromkeys(refused[p] for p in skipped):
+        names = ", ".join(p for p in skipped if refused[p] == why)
+        err.print(f"note: no launch files for {names}: {why}", highlight=False, markup=False,
+                  soft_wrap=True)
 
 
 def _write_report(directory: Path, prepared, outcomes) -> None:
@@ -485,7 +483,7 @@ def plan(
         host_names = read_cli_hosts(hosts, export, "--export")
         prepared = prepare(resolve_scenario(scenario))
         spec = prepared.scenario.search if top is None else replace(prepared.scenario.search, top_k=top)
-        check_export_targets(export, spec)  # every launch folder it could write, before the search
+        check_export_targets(export, spec, prepared.workload)  # before the search
         with WorkProgress(err, "plan", "layouts") as bar:
             result = planner.search(prepared, spec, progress=bar.update, jobs=_capped_jobs(jobs),
                                     ray=ray, max_candidates=max_candidates,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from holmes_sim.errors import PlanError
 from holmes_sim.export.launch import (LAUNCH_FILE_NAMES, REFERENCE_POLICIES, LaunchFiles,
-                                      launch_files, node_order, read_host_names, read_hosts)
+                                      launch_files, launch_refusal, model_launch_refusal,
+                                      node_order, read_host_names, read_hosts)
 from holmes_sim.report.files import check_folder, stale_entries, write_atomic
 from holmes_sim.report.owned import check_owned, owned_folder
 
@@ -37,11 +38,28 @@ def plan_hosts(path: Path | None, names: list[str] | None, plan, cluster) -> lis
 
 def plan_launches(prepared, outcomes, hosts: Path | None,
                   names: list[str] | None) -> dict[str, LaunchFiles]:
-    """The launch folder of every real (non-reference) policy's plan, by policy."""
+    """The launch folder of every real (non-reference) policy's plan that Megatron-LM would
+    start (`launch_refusals` gives why the others have none), by policy."""
+    refused = launch_refusals(prepared, outcomes)
     return {o.plan.policy: launch_files(o.plan, o.cluster, prepared.workload,
                                         prepared.scenario.training.precision,
                                         hosts=plan_hosts(hosts, names, o.plan, o.cluster))
-            for o in outcomes if o.plan.policy not in REFERENCE_POLICIES}
+            for o in outcomes if o.plan.policy not in refused}
+
+
+def launch_refusals(prepared, outcomes) -> dict[str, str]:
+    """Why each policy without a launch folder has none, by policy: a reference on a
+    hypothetical network, or a plan Megatron-LM would not start (`launch.launch_refusal`)."""
+    refused = {}
+    for o in outcomes:
+        why = (REFERENCE_NOTE if o.plan.policy in REFERENCE_POLICIES else
+               launch_refusal(o.plan.schedule_kind, o.plan.pp, prepared.workload))
+        if why is not None:
+            refused[o.plan.policy] = why
+    return refused
+
+
+REFERENCE_NOTE = "a reference on a hypothetical network, not a placement for this cluster"
 
 
 def plans_targets(policies) -> list[str]:
@@ -86,10 +104,15 @@ def export_targets(names) -> list[str]:
     return [f"{name}/{f}" for name in names for f in LAUNCH_FILE_NAMES]
 
 
-def check_export_targets(export: Path | None, spec) -> None:
-    """Every launch folder `plan --export` could write under an existing `export` (None: no
-    export), checked before the search."""
-    if export is not None and export.is_dir():
+def check_export_targets(export: Path | None, spec, workload) -> None:
+    """That Megatron-LM can build the model, and every launch folder `plan --export` could
+    write under an existing `export` (None: no export), checked before the search."""
+    if export is None:
+        return
+    why = model_launch_refusal(workload)
+    if why is not None:
+        raise PlanError(f"--export: no launch files: {why}")
+    if export.is_dir():
         names = [f"{rank}-{policy}" for rank in range(1, spec.top_k + 2)  # top K and baseline
                  for policy in dict.fromkeys(spec.policies)]
         for name in names:

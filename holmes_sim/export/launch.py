@@ -462,18 +462,31 @@ def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Worklo
 
 
 def check_launchable(schedule: str, pp: int, workload: Workload) -> None:
-    """PlanError where Megatron-LM would refuse to start the pipeline schedule
-    (`schedule.check_megatron_interleaving`) or cannot build the simulated model: biases
-    without the QKV bias, which `validate_args` turns back on with `--add-bias-linear` (since
-    d28e26e, 2024-10; Megatron-LM has no flag that drops it alone)."""
+    """PlanError where Megatron-LM would not start the plan (`launch_refusal`)."""
+    why = launch_refusal(schedule, pp, workload)
+    if why is not None:
+        raise PlanError(f"no launch files: {why}")
+
+
+def launch_refusal(schedule: str, pp: int, workload: Workload) -> str | None:
+    """Why Megatron-LM would refuse to start the pipeline schedule
+    (`schedule.check_megatron_interleaving`) or the model (`model_launch_refusal`), or None."""
     try:
         check_megatron_interleaving(schedule, pp, workload.overlap_p2p_comm)
     except ScenarioError as exc:
-        raise PlanError(f"no launch files: {exc}") from None
+        return str(exc)
+    return model_launch_refusal(workload)
+
+
+def model_launch_refusal(workload: Workload) -> str | None:
+    """Why Megatron-LM cannot build the simulated model, whatever the layout, or None: biases
+    without the QKV bias, which `validate_args` turns back on with `--add-bias-linear` (since
+    d28e26e, 2024-10; Megatron-LM has no flag that drops it alone)."""
     if workload.bias and not workload.qkv_bias:
-        raise PlanError("no launch files: Megatron-LM cannot drop the QKV bias alone (with "
-                        "model.bias on, validate_args adds it back); set model.qkv_bias: true, "
-                        "or model.bias: false with qkv_bias: false")
+        return ("Megatron-LM cannot drop the QKV bias alone (with model.bias on, validate_args "
+                "adds it back); set model.qkv_bias: true, or model.bias: false with qkv_bias: "
+                "false")
+    return None
 
 
 def _notes(workload: Workload, ub: str | None) -> tuple[str, ...]:

@@ -48,14 +48,18 @@ def test_launch_files_are_refused_where_megatron_lm_would_not_start(write_scenar
     assert "--pipeline-model-parallel-size 2" in args and "--no-overlap-p2p-communication" not in args
 
 
-def test_run_plans_is_refused_before_the_simulation(tmp_path, write_scenario):
+def test_run_plans_writes_the_plans_and_says_why_there_are_no_launch_files(tmp_path,
+                                                                          write_scenario):
     path = write_scenario(interleaved_pp2(overlap=False))
     out = tmp_path / "plans"
-    result = CliRunner().invoke(app, ["run", str(path), "-q", "--plans", str(out)])
-    assert result.exit_code == 2, result.output
-    assert "set training.overlap_p2p_comm: true" in " ".join(result.output.split())
-    assert not out.exists()
-    assert CliRunner().invoke(app, ["run", str(path), "-q"]).exit_code == 0  # simulated still
+    result = CliRunner().invoke(app, ["run", str(path), "-q", "-p", "megatron", "-p", "all-ib",
+                                      "--plans", str(out)])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "note: no launch files for megatron: Megatron-LM refuses the interleaved" in message
+    assert "note: no launch files for all-ib: a reference on a hypothetical network" in message
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "plan_all-ib.json", "plan_megatron.json"]
 
 
 def test_plan_interleaves_at_pipeline_2_with_p2p_overlap_and_exports_it(tmp_path, write_scenario):
