@@ -101,7 +101,8 @@ def run(
     """Simulate one training iteration for every policy and print a table, fastest first."""
     from holmes_sim.export.folders import plan_launches, read_cli_hosts
     from holmes_sim.prepare import prepare
-    from holmes_sim.report.files import prepare_output, write_json
+    from holmes_sim.report.files import prepare_output
+    from holmes_sim.report.owned import write_result_json
     from holmes_sim.runner import results_document, run_scenario, stamp
 
     try:
@@ -122,7 +123,7 @@ def run(
         if json_path is not None:
             from holmes_sim.report.stragglers import with_stragglers
 
-            write_json(json_path, stamp(with_stragglers(results_document(
+            write_result_json(json_path, stamp(with_stragglers(results_document(
                 prepared, outcomes, prepared.scenario.seed), prepared, outcomes)))
     except HolmesError as exc:
         raise _fail(exc) from None
@@ -374,11 +375,11 @@ def _validate_on_testbed(testbed: Path, *, real: bool, dry_run: bool, cleanup: b
 
 def _write_validation(result, json_path: Path | None, report: Path | None) -> None:
     """The result as JSON at `json_path` and as a report in `report`, each when given."""
-    from holmes_sim.report.files import write_json
+    from holmes_sim.report.owned import write_result_json
     from holmes_sim.runner import stamp
 
     if json_path is not None:
-        write_json(json_path, stamp(result.to_json()))
+        write_result_json(json_path, stamp(result.to_json()))
     if report is not None:
         from holmes_sim.report.document import write_validation_report
 
@@ -405,13 +406,13 @@ def _validate_published(json_path: Path | None, wide: bool = False) -> None:
     """`validate --published`: print both tables, exit 1 outside the tolerances."""
     from holmes_sim.report.tables import print_table
     from holmes_sim.validation.published import check, check_table, paper_table
-    from holmes_sim.report.files import write_json
+    from holmes_sim.report.owned import write_result_json
     from holmes_sim.runner import stamp
 
     _check_outputs((json_path, False, "--json"))
     result = check(progress=lambda m: err.print(m, highlight=False, markup=False))
     if json_path is not None:
-        write_json(json_path, stamp(result.to_json()))
+        write_result_json(json_path, stamp(result.to_json()))
     console = err if _is_stdout(json_path) else out
     print_table(console, check_table(result, console.width, wide), wide)
     print_table(console, paper_table(result, console.width, wide), wide)
@@ -471,7 +472,8 @@ def plan(
     from holmes_sim.export.folders import check_export_targets, read_cli_hosts, write_exports
     from holmes_sim.search import planner
     from holmes_sim.prepare import prepare
-    from holmes_sim.report.files import prepare_output, write_json
+    from holmes_sim.report.files import prepare_output
+    from holmes_sim.report.owned import write_result_json
     from holmes_sim.report.progress import WorkProgress
     from holmes_sim.report.tables import print_folded, print_table
     from holmes_sim.search.report import infeasible_summary, plan_table, why_the_winner_wins
@@ -490,7 +492,7 @@ def plan(
                                     confirming=bar.stage("plan, simulating the best", "plans"))
         launches = _export_launches(prepared, result, hosts, host_names) if export else []
         if json_path is not None:
-            write_json(json_path, stamp(result.to_json()))
+            write_result_json(json_path, stamp(result.to_json()))
         if export is not None:
             directory = prepare_output(export, directory=True, option="--export")
             _note_stale("--export", directory, write_exports(directory, launches))

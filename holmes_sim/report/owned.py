@@ -18,7 +18,8 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from holmes_sim.report.files import OutputError, check_file, os_error, output_lock, write_atomic
+from holmes_sim.report.files import (STDOUT, OutputError, check_file, os_error, output_lock,
+                                     write_atomic, write_json)
 
 MANIFEST_NAME = ".holmes-sim-files.json"
 """The record of what holmes-sim wrote in an output folder: relative path -> SHA-256 (hex)."""
@@ -33,11 +34,12 @@ class OutputFolder:
     def __init__(self, directory: str | Path, option: str):
         self.directory = Path(directory)
         self.option = option
-        self._digests = _read_manifest(self.directory / MANIFEST_NAME)
+        self._digests, self._unreadable = _read_manifest(self.directory / MANIFEST_NAME)
 
     def check(self, names: Iterable[str | Path]) -> None:
-        """OutputError unless every existing file among `names` (relative to the folder) is one
-        holmes-sim wrote and nobody has changed since."""
+        """OutputError unless the record can be written and every existing file among `names`
+        (relative to the folder) is one holmes-sim wrote and nobody has changed since."""
+        check_file(self.directory / MANIFEST_NAME)
         for name in names:
             path = self.directory / name
             check_file(path)
@@ -46,11 +48,17 @@ class OutputFolder:
             key = self._key(path)
             recorded = self._digests.get(key)
             if recorded is None:
-                raise OutputError(f"{self.option}: {path} exists and holmes-sim did not write it; "
-                                  "move it away or choose another folder")
+                why = f" ({MANIFEST_NAME} cannot be read)" if self._unreadable else ""
+                raise OutputError(f"{self.option}: {path} exists and is not in holmes-sim's record "
+                                  f"of the files it wrote here{why}; move it away or choose "
+                                  "another folder")
             if recorded != file_digest(path):
                 raise OutputError(f"{self.option}: {path} was changed since holmes-sim wrote it; "
                                   "move your copy away or choose another folder")
+
+    def holds(self, name: str) -> bool:
+        """Whether the record lists `name` (relative to the folder)."""
+        return name in self._digests
 
     def record(self, path: str | Path) -> None:
         """Record the file `path` (inside the folder) as written by this run."""
@@ -96,17 +104,33 @@ def file_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def _read_manifest(path: Path) -> dict[str, str]:
-    """The record in `path`; empty when absent, too large or not a holmes-sim record."""
+def _read_manifest(path: Path) -> tuple[dict[str, str], bool]:
+    """The record in `path` (empty when absent), and whether a file there could not be read as
+    one (too large, not JSON, not a mapping of names to digests)."""
+    if not _is_regular(path):
+        return {}, False
     try:
-        if not _is_regular(path) or path.stat().st_size > MAX_MANIFEST_BYTES:
-            return {}
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            return {}, True
         document = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return {}
+        return {}, True
     if not isinstance(document, dict):
-        return {}
-    return {k: v for k, v in document.items() if isinstance(k, str) and isinstance(v, str)}
+        return {}, True
+    digests = {k: v for k, v in document.items() if isinstance(k, str) and isinstance(v, str)}
+    return digests, len(digests) != len(document)
+
+
+def write_result_json(path: str | Path, document: object) -> None:
+    """`files.write_json`, then, where `path` is a file its folder's record lists (a `--json`
+    naming a report's results.json), its new digest in the record, so that the next run still
+    knows the file as its own."""
+    write_json(path, document)
+    path = Path(path)
+    if str(path) != STDOUT and _is_regular(path):
+        folder = OutputFolder(path.parent, "--json")
+        if folder.holds(path.name):
+            folder.record(path)
 
 
 def _is_regular(path: Path) -> bool:

@@ -39,7 +39,7 @@ def test_a_users_file_in_a_report_folder_is_refused_before_the_run(tmp_path):
     (tmp_path / "report.md").write_text(USER_TEXT)
     refused(["run", "mixed_ib_eth", "-q", "-p", "holmes", "--report", tmp_path,
              "--json", tmp_path / "out.json"],
-            "--report", "report.md exists and holmes-sim did not write it", "move it away")
+            "--report", "report.md exists and is not in holmes-sim's record", "move it away")
     assert (tmp_path / "report.md").read_text() == USER_TEXT
     assert entries(tmp_path) == ["report.md"]  # refused before the simulation wrote anything
 
@@ -73,21 +73,21 @@ def test_a_users_file_in_a_launch_folder_is_refused_before_the_search(tmp_path, 
     (export / "1-holmes").mkdir(parents=True)
     (export / "1-holmes" / "README.md").write_text(USER_TEXT)
     refused(["plan", write_scenario(SMALL), "--export", export],
-            "--export", "1-holmes/README.md exists and holmes-sim did not write it")
+            "--export", "1-holmes/README.md exists and is not in holmes-sim's record")
     assert entries(export) == ["1-holmes", "1-holmes/README.md"]
 
 
 def test_a_users_file_in_a_sweep_folder_is_refused_before_the_sweep(tmp_path):
     (tmp_path / "sweep.csv").write_text(USER_TEXT)
     refused(["sweep", "mixed_ib_eth", "--set", "seed=1,2", "-q", "--out", tmp_path],
-            "--out", "sweep.csv exists and holmes-sim did not write it")
+            "--out", "sweep.csv exists and is not in holmes-sim's record")
     assert entries(tmp_path) == ["sweep.csv"]
 
 
 def test_a_users_file_in_a_validation_report_is_refused_before_the_real_run(tmp_path):
     (tmp_path / "validation.md").write_text(USER_TEXT)
     refused(["validate", "--real", "--report", tmp_path],
-            "--report", "validation.md exists and holmes-sim did not write it")
+            "--report", "validation.md exists and is not in holmes-sim's record")
     assert entries(tmp_path) == ["validation.md"]
 
 
@@ -95,7 +95,8 @@ def test_a_users_file_in_a_validation_report_is_refused_before_the_real_run(tmp_
 def test_a_malformed_record_vouches_for_nothing(tmp_path, record):
     (tmp_path / "report.md").write_text(USER_TEXT)
     (tmp_path / MANIFEST_NAME).write_text(record)
-    with pytest.raises(OutputError, match="did not write it"):
+    with pytest.raises(OutputError, match=f"record of the files it wrote here .{MANIFEST_NAME} "
+                                          "cannot be read"):
         OutputFolder(tmp_path, "--report").check(["report.md"])
 
 
@@ -128,3 +129,27 @@ def test_json_may_name_the_reports_own_results_file(tmp_path):
         assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / MANIFEST_NAME).read_text())
     assert record["results.json"] == file_digest(tmp_path / "results.json")
+
+
+@pytest.mark.parametrize("kind", ["folder", "symlink"])
+def test_a_record_that_cannot_be_written_is_refused_before_the_first_file(tmp_path, kind):
+    out = tmp_path / "plans"
+    out.mkdir()
+    if kind == "folder":
+        (out / MANIFEST_NAME).mkdir()
+    else:
+        (out / MANIFEST_NAME).symlink_to(tmp_path / "elsewhere.json")
+    refused(["run", "mixed_ib_eth", "-q", "-p", "megatron", "--plans", out], MANIFEST_NAME)
+    assert entries(out) == [MANIFEST_NAME]
+
+
+def test_a_json_over_a_reports_results_keeps_the_record_current(tmp_path):
+    report = ["run", "mixed_ib_eth", "-q", "-p", "megatron", "--report", str(tmp_path)]
+    assert runner.invoke(app, report).exit_code == 0
+    other_seed = ["run", "mixed_ib_eth", "-q", "-p", "megatron", "--seed", "5",
+                  "--json", str(tmp_path / "results.json")]
+    assert runner.invoke(app, other_seed).exit_code == 0
+    record = json.loads((tmp_path / MANIFEST_NAME).read_text())
+    assert record["results.json"] == file_digest(tmp_path / "results.json")
+    result = runner.invoke(app, report)
+    assert result.exit_code == 0, result.output
