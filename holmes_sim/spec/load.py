@@ -454,8 +454,9 @@ def _wrong_type(expected: str, kind: str, value: Any, path: str, doc: _Doc) -> S
     """The error for `value` where `expected` (a `kind` of `_FIXES`) belongs; for text that
     YAML 1.1 reads as a number or bool (`yaml_core`), what it would have read."""
     fix = _FIXES[kind]
-    if path in doc.quoted:
-        fix = f"{fix}, without quotes"
+    if path in doc.quoted and isinstance(value, str) and core_form(f"tag:yaml.org,2002:{kind}",
+                                                                   value):
+        fix = f"{fix}, without quotes"  # plain, the text would be read as wanted
     elif isinstance(value, str) and (old := yaml11_reading(value)) is not None:
         fix = f"YAML 1.1 would read {old!r} but this loader reads YAML 1.2; {fix}"
     return doc.error(path, f"expected {expected}, got {_describe(value)}; {fix}")

@@ -70,6 +70,13 @@ def test_a_quoted_number_in_the_file_stays_text_in_every_point(tmp_path):
         assert prepare_text(point.text).scenario.description == "1e9"
 
 
+def test_a_yaml_1_1_number_in_a_set_gets_the_yaml_1_1_note_not_a_quotes_fix():
+    with pytest.raises(ScenarioError) as info:
+        run_sweep(DEFAULT, ["model.hidden_size=0x1000"], ["holmes"], jobs=1)
+    assert "YAML 1.1 would read 4096" in str(info.value)
+    assert "without quotes" not in str(info.value)  # the user typed none
+
+
 def test_a_point_is_checked_without_writing_a_file(monkeypatch):
     """A sweep worker the memory guard kills (SIGKILL) runs no cleanup, so checking a point
     must leave nothing behind: it writes no file at all, valid point or refused one."""
