@@ -114,10 +114,9 @@ def run(
         names = _check_policy_names(policy)
         _check_run_targets(plans, report, names or list(prepared.scenario.policies))
         outcomes = run_scenario(prepared, names, full_simulation)
-        launches = plan_launches(prepared, outcomes, hosts, host_names) if plans else {}
         if plans is not None:
             _write_plans(prepare_output(plans, directory=True, option="--plans"), outcomes,
-                         launches, prepared)
+                         *plan_launches(prepared, outcomes, hosts, host_names))
         if report is not None:  # before --json, which may name the report's own results.json
             _write_report(report, prepared, outcomes)
         if json_path is not None:
@@ -164,16 +163,14 @@ def _is_stdout(path: Path | None) -> bool:
         return False
 
 
-def _write_plans(directory: Path, outcomes, launches: dict, prepared) -> None:
-    """`export.folders.write_plans`, with notes on what it left out (and why) or found from
-    before."""
-    from holmes_sim.export.folders import launch_refusals, write_plans
+def _write_plans(directory: Path, outcomes, launches: dict, refused: dict[str, str]) -> None:
+    """`export.folders.write_plans`, with notes on the launch folders it left out (`refused`:
+    why, by policy) and on what it found from before."""
+    from holmes_sim.export.folders import write_plans
 
-    stale, skipped = write_plans(directory, outcomes, launches)
-    _note_stale("--plans", directory, stale)
-    refused = launch_refusals(prepared, outcomes)
-    for why in dict.fromkeys(refused[p] for p in skipped):
-        names = ", ".join(p for p in skipped if refused[p] == why)
+    _note_stale("--plans", directory, write_plans(directory, outcomes, launches))
+    for why in dict.fromkeys(refused.values()):
+        names = ", ".join(p for p, reason in refused.items() if reason == why)
         err.print(f"note: no launch files for {names}: {why}", highlight=False, markup=False,
                   soft_wrap=True)
 

@@ -16,7 +16,7 @@ from holmes_sim.cost.compute import ComputeModel, KernelCompute, Profile, load_p
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.policies import POLICIES, PlanRequest
 from holmes_sim.schedule import ScheduleKind, check_pipelined, check_schedule
-from holmes_sim.spec.load import load_scenario, load_scenario_text
+from holmes_sim.spec.load import FIELD_BOUNDS, load_scenario, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
 from holmes_sim.model.bucket_layout import BUCKET_ELEMENT_BYTES
 from holmes_sim.model.pipeline_split import PipelineSplit, megatron_layers_per_stage
@@ -25,8 +25,6 @@ from holmes_sim.model.workload import Workload, build_workload
 
 MAX_GRADIENT_BUCKETS = 100_000
 """Most gradient buckets a model may fill (`training.bucket_size_mb`), so a run stays bounded."""
-MAX_BUCKET_MB = 1e9
-"""Bound of `training.bucket_size_mb` (`spec.load.FIELD_BOUNDS`)."""
 MAX_MICROBATCHES = 2**14
 """Most micro-batches per iteration (times the virtual stages) a schedule is built for: each is
 an op per stage in every simulation (Megatron-LM runs use at most a few thousand)."""
@@ -156,9 +154,9 @@ def _check_search(s: Scenario) -> None:
 def check_search_values(s: Scenario) -> None:
     """Refuse a value of `search.tensor`, `pipeline`, `context`, `expert`, `expert_tensor` or
     `micro_batch_size` (`plan`, before its search: no other command reads them) that the
-    planner would drop from every layout, whatever the other
-    values: its own checks, with the others where they ask least of it (TP, PP and data
-    parallelism 1, every GPU a replica; for an expert TP degree, TP equal to it and EP 1)."""
+    planner would drop from every layout, whatever the other values: its own checks, with the
+    others where they ask least of it (TP, PP and data parallelism 1, every GPU a replica; for
+    an expert TP degree, TP equal to it and EP 1)."""
     nodes = tuple({g.gpus_per_node for c in s.clusters for g in c.nodes})
     gpus = sum(g.count * g.gpus_per_node for c in s.clusters for g in c.nodes)
     checks: dict[str, Callable[[int], object]] = {
@@ -418,11 +416,12 @@ def _check_buckets(workload: Workload) -> None:
     if workload.bucket_size_given:
         raise FieldError("training.bucket_size_mb", f"the gradients would fill {buckets:.3g} "
                          f"buckets {limit}; raise it to at least {least_mb:,}")
+    settable = least_mb <= FIELD_BOUNDS["bucket_size_mb"].high
     raise FieldError("model", f"its {workload.total_params:.3g} parameters would fill "
                      f"{buckets:.3g} gradient buckets of the default "
                      f"{workload.bucket_bytes / 1e6:g} MB {limit}; check num_layers, hidden_size "
                      "and num_experts" + (f", or set training.bucket_size_mb to at least "
-                                          f"{least_mb:,}" if least_mb <= MAX_BUCKET_MB else ""))
+                                          f"{least_mb:,}" if settable else ""))
 
 
 def _check_overlaps(s: Scenario, tp: int, pp: int) -> None:

@@ -36,15 +36,16 @@ def plan_hosts(path: Path | None, names: list[str] | None, plan, cluster) -> lis
     return None if path is None else read_hosts(path, len(node_order(plan, cluster)), names)
 
 
-def plan_launches(prepared, outcomes, hosts: Path | None,
-                  names: list[str] | None) -> dict[str, LaunchFiles]:
+def plan_launches(prepared, outcomes, hosts: Path | None, names: list[str] | None
+                  ) -> tuple[dict[str, LaunchFiles], dict[str, str]]:
     """The launch folder of every real (non-reference) policy's plan that Megatron-LM would
-    start (`launch_refusals` gives why the others have none), by policy."""
+    start, and why each other policy has none (`launch_refusals`), both by policy."""
     refused = launch_refusals(prepared, outcomes)
-    return {o.plan.policy: launch_files(o.plan, o.cluster, prepared.workload,
-                                        prepared.scenario.training.precision,
-                                        hosts=plan_hosts(hosts, names, o.plan, o.cluster))
-            for o in outcomes if o.plan.policy not in refused}
+    launches = {o.plan.policy: launch_files(o.plan, o.cluster, prepared.workload,
+                                            prepared.scenario.training.precision,
+                                            hosts=plan_hosts(hosts, names, o.plan, o.cluster))
+                for o in outcomes if o.plan.policy not in refused}
+    return launches, refused
 
 
 def launch_refusals(prepared, outcomes) -> dict[str, str]:
@@ -79,24 +80,20 @@ def check_plans_targets(directory: Path | None, policies) -> None:
         check_owned(directory, "--plans", plans_targets(policies))
 
 
-def write_plans(directory: Path, outcomes,
-                launches: dict[str, LaunchFiles]) -> tuple[list[str], list[str]]:
+def write_plans(directory: Path, outcomes, launches: dict[str, LaunchFiles]) -> list[str]:
     """plan_<policy>.json per policy and the launch folder of each in `launches`; returns the
-    entries of an earlier run this one did not write and the policies without a folder."""
+    entries of an earlier run this one did not write."""
     policies = [o.plan.policy for o in outcomes]
     for policy in policies:  # every target checked before the first file is written
         check_folder(directory / policy, "--plans")
-    skipped = []
     with owned_folder(directory, "--plans", plans_targets(policies)) as folder:
         for o in outcomes:
             write_atomic(directory / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
             folder.record(directory / f"plan_{o.plan.policy}.json")
-            if o.plan.policy not in launches:
-                skipped.append(o.plan.policy)
-                continue
-            launches[o.plan.policy].write(directory / o.plan.policy, folder)
+            if o.plan.policy in launches:
+                launches[o.plan.policy].write(directory / o.plan.policy, folder)
     written = {n for p in policies for n in (f"plan_{p}.json", p)}
-    return stale_entries(directory, written, ["plan_*.json", "*/launch.sh"]), skipped
+    return stale_entries(directory, written, ["plan_*.json", "*/launch.sh"])
 
 
 def export_targets(names) -> list[str]:

@@ -394,7 +394,8 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     if plan.policy in REFERENCE_POLICIES:
         raise PlanError(f"{plan.policy} is a reference on a hypothetical network (it changes the "
                         "NICs), not a placement for this cluster; export a real policy such as holmes")
-    check_launchable(plan.schedule_kind, plan.pp, workload)
+    if (why := launch_refusal(plan.schedule_kind, plan.pp, workload)) is not None:
+        raise PlanError(f"no launch files: {why}")
     nodes = node_order(plan, cluster)
     if hosts is not None and len(hosts) != len(nodes):
         raise PlanError(f"{len(hosts)} hosts given for the plan's {len(nodes)} nodes")
@@ -459,13 +460,6 @@ def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Worklo
         return [], why_not
     upstream_only = _layout_args(plan, workload) + _cp_comm_args(workload, plan)
     return [a for a in margs if a not in upstream_only] + hargs, why_not
-
-
-def check_launchable(schedule: str, pp: int, workload: Workload) -> None:
-    """PlanError where Megatron-LM would not start the plan (`launch_refusal`)."""
-    why = launch_refusal(schedule, pp, workload)
-    if why is not None:
-        raise PlanError(f"no launch files: {why}")
 
 
 def launch_refusal(schedule: str, pp: int, workload: Workload) -> str | None:

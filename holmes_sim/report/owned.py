@@ -24,7 +24,7 @@ from holmes_sim.report.files import (STDOUT, OutputError, check_file, os_error, 
 MANIFEST_NAME = ".holmes-sim-files.json"
 """The record of what holmes-sim wrote in an output folder: relative path -> SHA-256 (hex)."""
 MAX_MANIFEST_BYTES = 4 * 2**20
-"""Largest record read; a larger one is not holmes-sim's and counts as no record."""
+"""Largest record read; a larger one is not holmes-sim's and vouches for nothing."""
 _CHUNK_BYTES = 2**20
 
 
