@@ -285,6 +285,12 @@ def collective_time_s(topo: CollectiveTopology, kind: str, size_bytes: float) ->
     return choose(topo, kind, size_bytes).time_s
 
 
+def intra_hw(links) -> str:
+    """NCCL's kind of the nodes' GPU links (`LinkModel`s): "pci" when any is PCIe, else
+    "nvlink"."""
+    return "pci" if any(link.name.startswith("pcie") for link in links) else "nvlink"
+
+
 def topology_of(hops, nodes: int, intra_hw: str = "nvlink",
                 nvls_efficiency: float | None = None, lanes: int = 1) -> CollectiveTopology:
     """The topology of a ring whose hops are (leaves a node, rate bytes/s, step latency s), one per

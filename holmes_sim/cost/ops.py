@@ -5,14 +5,13 @@ policies' partition search, so all three price an op the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import inf
 
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.context_parallel import CpPass, cp_passes, op_exposed_s
 from holmes_sim.cost.expert_parallel import local_exposed_s
-from holmes_sim.cost.nccl_algorithms import CollectiveTopology, collective_time_s
+from holmes_sim.cost.nccl_algorithms import collective_time_s, intra_hw, topology_of
 from holmes_sim.cost.moe import tp_comm_factor
 from holmes_sim.cost.transformer import nccl_comm_sms
 from holmes_sim.memo import IdentityMemo
@@ -121,11 +120,8 @@ class OpCosts:
         if not (w.fp8_current_scaling and w.sequence_parallel) or self.tp == 1:
             return 0.0
         link = node.intra_link
-        latency = link.step_latency_s
-        topology = CollectiveTopology(self.tp, 1, link.bandwidth_bytes_per_s * link.efficiency,
-                                      inf, latency, latency, latency,
-                                      "pci" if link.name.startswith("pcie") else "nvlink",
-                                      link.nvls_efficiency)
+        hop = (False, link.bandwidth_bytes_per_s * link.efficiency, link.step_latency_s)
+        topology = topology_of([hop] * self.tp, 1, intra_hw([link]), link.nvls_efficiency)
         one = collective_time_s(topology, "all-reduce", 4.0)
         return one * (4 if backward and w.full_recompute else 2)
 

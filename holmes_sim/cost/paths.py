@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from holmes_sim.cost.nccl_algorithms import CollectiveTopology, leaves_node, topology_of
+from holmes_sim.cost.nccl_algorithms import CollectiveTopology, intra_hw, leaves_node, topology_of
 from holmes_sim.hardware.cluster import ETHERNET, Cluster
 from holmes_sim.plan import GpuRef, Transport, TransportKind
 
@@ -160,9 +160,8 @@ def ring_topology(cluster: Cluster, nodes: Sequence[str], hops, lanes: int) -> C
     SHARP."""
     links = [cluster.node(n).intra_link for n in nodes]
     nvls = [lk.nvls_efficiency for lk in links]
-    pci = any(lk.name.startswith("pcie") for lk in links)
-    return topology_of(hops, len(links), "pci" if pci else "nvlink",
-                       None if None in nvls else min(nvls), lanes)
+    return topology_of(hops, len(links), intra_hw(links), None if None in nvls else min(nvls),
+                       lanes)
 
 
 def node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequence[Sequence[GpuRef]],
