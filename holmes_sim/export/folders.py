@@ -88,8 +88,8 @@ def write_plans(directory: Path, outcomes, launches: dict[str, LaunchFiles]) -> 
         check_folder(directory / policy, "--plans")
     with owned_folder(directory, "--plans", plans_targets(policies)) as folder:
         for o in outcomes:
-            write_atomic(directory / f"plan_{o.plan.policy}.json", o.plan.to_json() + "\n")
-            folder.record(directory / f"plan_{o.plan.policy}.json")
+            folder.write(f"plan_{o.plan.policy}.json",
+                         lambda path, o=o: write_atomic(path, o.plan.to_json() + "\n"))
             if o.plan.policy in launches:
                 launches[o.plan.policy].write(directory / o.plan.policy, folder)
     written = {n for p in policies for n in (f"plan_{p}.json", p)}

@@ -62,8 +62,7 @@ def write_report(directory: Path, prepared: Prepared, outcomes: list[Outcome],
     with owned_folder(directory, "--report", report_targets(o.plan.policy for o in outcomes)) \
             as folder:
         for done, (name, write) in enumerate(steps, 1):
-            write(directory / name)
-            folder.record(directory / name)
+            folder.write(name, write)
             _tick(progress, done, len(steps))
 
 
@@ -268,10 +267,9 @@ def write_validation_report(directory: Path, result: ValidationResult) -> None:
     directory = prepare_output(directory, directory=True, option="--report")
     doc = result.to_json()
     with owned_folder(directory, "--report", VALIDATION_FILES) as folder:
-        plots.save_figure(plots.validation_figure(doc), directory / "predicted_vs_measured.png")
-        folder.record(directory / "predicted_vs_measured.png")
-        write_atomic(directory / "validation.md", validation_markdown(doc))
-        folder.record(directory / "validation.md")
+        folder.write("predicted_vs_measured.png",
+                     lambda path: plots.save_figure(plots.validation_figure(doc), path))
+        folder.write("validation.md", lambda path: write_atomic(path, validation_markdown(doc)))
 
 
 def validation_markdown(doc: dict) -> str:

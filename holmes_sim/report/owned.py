@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from holmes_sim.report.files import (STDOUT, OutputError, check_file, os_error, output_lock,
@@ -59,6 +59,12 @@ class OutputFolder:
     def holds(self, name: str) -> bool:
         """Whether the record lists `name` (relative to the folder)."""
         return name in self._digests
+
+    def write(self, name: str, writer: Callable[[Path], object]) -> None:
+        """Write the file `name` (relative to the folder) with `writer(path)`, then record it."""
+        path = self.directory / name
+        writer(path)
+        self.record(path)
 
     def record(self, path: str | Path) -> None:
         """Record the file `path` (inside the folder) as written by this run."""

@@ -125,7 +125,7 @@ class PlanSearch:
 
 def layouts(prepared: Prepared, search: SearchSpec, reject: Reject | None = None) -> Iterator[Layout]:
     """Every valid layout the search block allows, in a deterministic order. Each check is
-    `prepare`'s (which refuses a `search:` value no layout can take); `reject`, when given,
+    `prepare`'s (`check_search_values` refuses a value no layout can take); `reject`, when given,
     hears each partial layout a check drops and why (`rejections.Rejections`)."""
     s, n = prepared.scenario, prepared.cluster.num_gpus
     nodes = tuple({node.num_gpus for node in prepared.cluster.nodes})

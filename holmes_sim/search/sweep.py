@@ -2,9 +2,9 @@
 
 Each `--set PATH=V1,V2,...` names a field by dotted path with list indices
 (`inter_cluster_links[0].bandwidth_gbit_per_s`); values are YAML scalars. Every variant is
-written as YAML and checked by the ordinary loader and `prepare_text` before anything runs, then the
-points run in worker processes (or as Ray tasks, `--ray`) and come back in cartesian-product
-order.
+written as YAML and checked by the ordinary loader and `prepare_text` before anything runs,
+then the points run in worker processes (or as Ray tasks, `--ray`) and come back in
+cartesian-product order.
 """
 
 from __future__ import annotations
@@ -379,8 +379,7 @@ def write_sweep(directory: str | Path, result: SweepResult) -> None:
     }
     with owned_folder(directory, "--out", SWEEP_FILES) as folder:
         for name in SWEEP_FILES:
-            writers[name](directory / name)
-            folder.record(directory / name)
+            folder.write(name, writers[name])
 
 
 SWEEP_METRICS = ("iter s", "TFLOP/s/GPU", "mem GiB")
