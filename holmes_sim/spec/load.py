@@ -29,7 +29,8 @@ from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.spec.limits import MAX_FILE_BYTES, non_finite, read_text_bounded
 from holmes_sim.spec.presets import PRESETS, preset_fields
 from holmes_sim.spec.scenario import Scenario
-from holmes_sim.spec.yaml_core import MAX_DEPTH, compose_limited, core_form, dump, yaml11_reading
+from holmes_sim.spec.yaml_core import (MAX_DEPTH, TAG, compose_limited, core_form, dump,
+                                       yaml11_reading)
 
 MAX_VALUES = 100_000
 """Most values after expanding aliases (an alias bomb expands to billions)."""
@@ -277,7 +278,7 @@ def _plain(value: Any, path: str, budget: list[int], source: str, depth: int = 0
                "a str, int, float, bool, list or dict (e.g. int(x), float(x), str(path))")
 
 
-_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null")}
+_PLAIN_TAGS = {f"{TAG}{t}" for t in ("str", "int", "float", "bool", "null")}
 
 
 def _to_python(node: yaml.Node, path: str, doc: _Doc, seen: list[int], depth: int = 0) -> Any:
@@ -289,7 +290,7 @@ def _to_python(node: yaml.Node, path: str, doc: _Doc, seen: list[int], depth: in
         raise doc.error(path, f"nested deeper than {MAX_DEPTH} levels (a recursive alias?)")
     doc.lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
-        _check_tag(node, "tag:yaml.org,2002:map", path, doc)
+        _check_tag(node, f"{TAG}map", path, doc)
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
             key = _key(key_node, path, doc)
@@ -301,10 +302,10 @@ def _to_python(node: yaml.Node, path: str, doc: _Doc, seen: list[int], depth: in
             out[key] = _to_python(value_node, sub, doc, seen, depth + 1)
         return out
     if isinstance(node, yaml.SequenceNode):
-        _check_tag(node, "tag:yaml.org,2002:seq", path, doc)
+        _check_tag(node, f"{TAG}seq", path, doc)
         return [_to_python(v, f"{path}[{i}]", doc, seen, depth + 1) for i, v in enumerate(node.value)]
     if node.tag not in _PLAIN_TAGS:
-        _check_tag(node, "tag:yaml.org,2002:str", path, doc)
+        _check_tag(node, f"{TAG}str", path, doc)
     return _scalar(node, path, doc)
 
 
@@ -323,7 +324,7 @@ def _key(node: yaml.Node, path: str, doc: _Doc) -> str:
     return str(node.value)
 
 
-_STR_TAG = "tag:yaml.org,2002:str"
+_STR_TAG = f"{TAG}str"
 
 
 def _scalar(node: yaml.ScalarNode, path: str, doc: _Doc) -> Any:
@@ -454,8 +455,7 @@ def _wrong_type(expected: str, kind: str, value: Any, path: str, doc: _Doc) -> S
     """The error for `value` where `expected` (a `kind` of `_FIXES`) belongs; for text that
     YAML 1.1 reads as a number or bool (`yaml_core`), what it would have read."""
     fix = _FIXES[kind]
-    if path in doc.quoted and isinstance(value, str) and core_form(f"tag:yaml.org,2002:{kind}",
-                                                                   value):
+    if path in doc.quoted and isinstance(value, str) and core_form(f"{TAG}{kind}", value):
         fix = f"{fix}, without quotes"  # plain, the text would be read as wanted
     elif isinstance(value, str) and (old := yaml11_reading(value)) is not None:
         fix = f"YAML 1.1 would read {old!r} but this loader reads YAML 1.2; {fix}"

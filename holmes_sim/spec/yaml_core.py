@@ -27,16 +27,17 @@ MAX_DEPTH = 32
 MAX_ALIASES = 100
 """Most `*alias` references in one file."""
 
-_TAG = "tag:yaml.org,2002:"
+TAG = "tag:yaml.org,2002:"
+"""The prefix of YAML's standard tags (`tag:yaml.org,2002:int`, ...)."""
 _INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")
 _FLOAT = re.compile(r"""(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*)(?:[eE][-+]?[0-9]+)?
                         |[-+]?[0-9]+[eE][-+]?[0-9]+
                         |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))\Z""", re.X)
 CORE_FORMS: dict[str, tuple[re.Pattern[str], str]] = {
-    f"{_TAG}null": (re.compile(r"(?:~|null|Null|NULL|)\Z"), "~nN"),
-    f"{_TAG}bool": (re.compile(r"(?:true|True|TRUE|false|False|FALSE)\Z"), "tTfF"),
-    f"{_TAG}int": (_INT, "-+0123456789"),
-    f"{_TAG}float": (_FLOAT, "-+0123456789."),
+    f"{TAG}null": (re.compile(r"(?:~|null|Null|NULL|)\Z"), "~nN"),
+    f"{TAG}bool": (re.compile(r"(?:true|True|TRUE|false|False|FALSE)\Z"), "tTfF"),
+    f"{TAG}int": (_INT, "-+0123456789"),
+    f"{TAG}float": (_FLOAT, "-+0123456789."),
 }
 """The plain-scalar form of each non-string type, and the characters it can start with (a
 value outside them is a string)."""
@@ -53,7 +54,7 @@ for _tag, (_form, _first) in CORE_FORMS.items():
 
 def core_form(tag: str, text: str) -> bool:
     """Whether `text` is written as YAML 1.2 writes a `tag` value (an int is a float too)."""
-    if tag == f"{_TAG}float" and _INT.match(text):
+    if tag == f"{TAG}float" and _INT.match(text):
         return True
     form = CORE_FORMS.get(tag)
     return form is None or form[0].match(text) is not None
@@ -66,7 +67,7 @@ def yaml11_reading(text: str) -> Any:
     if len(text) > 64:
         return None
     tag = yaml.resolver.Resolver().resolve(yaml.ScalarNode, text, (True, False))
-    if tag not in (f"{_TAG}int", f"{_TAG}float", f"{_TAG}bool"):
+    if tag not in (f"{TAG}int", f"{TAG}float", f"{TAG}bool"):
         return None
     try:
         return yaml.constructor.SafeConstructor().construct_object(yaml.ScalarNode(tag, text))
@@ -79,7 +80,7 @@ class _CoreDumper(yaml.SafeDumper):
     what it writes reads back the same under either schema."""
 
 
-_CoreDumper.add_implicit_resolver(f"{_TAG}float", _FLOAT, list("-+0123456789."))
+_CoreDumper.add_implicit_resolver(f"{TAG}float", _FLOAT, list("-+0123456789."))
 
 
 def dump(data: Any) -> str:
