@@ -630,6 +630,18 @@ def test_the_guard_counts_only_what_the_command_started() -> None:
         bystander.wait()
 
 
+def test_a_body_shorter_than_one_sample_is_still_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fast host finishes `run` inside the first interval; the bound holds from the start.
+    from holmes_sim.spec.limits import MemoryBoundError, MemoryGuard
+
+    monkeypatch.setenv("HOLMES_SIM_MAX_MEMORY_GIB", "0.001")
+    ran = []
+    with pytest.raises(MemoryBoundError, match="above the bound of 0.00 GiB"):
+        with MemoryGuard(interval_s=3600):
+            ran.append(True)
+    assert not ran
+
+
 def test_descendants_include_grandchildren_both_ways() -> None:
     from holmes_sim.spec.limits import _descendants_by_scan, descendants
 

@@ -217,6 +217,9 @@ class MemoryGuard:
     def __enter__(self) -> MemoryGuard:
         if os.path.exists("/proc/self/statm") and threading.current_thread() is threading.main_thread():
             self._before = set(descendants(os.getpid()))  # not this command's: never counted
+            self._sample()  # a body shorter than one interval is still checked once
+            if self.reason is not None:
+                raise MemoryBoundError(self.reason)
             self._old_handler = signal.signal(signal.SIGUSR1, self._raise)
             self._thread = threading.Thread(target=self._watch, name="memory-guard", daemon=True)
             self._thread.start()
@@ -233,25 +236,31 @@ class MemoryGuard:
             raise MemoryBoundError(self.reason)
 
     def _watch(self) -> None:
-        me = os.getpid()
         while not self._stop.wait(self.interval_s):
-            kids = [pid for pid in descendants(me) if pid not in self._before]
-            sizes = {pid: _rss_bytes(pid) for pid in kids} if self.workers else {}
-            total = _rss_bytes(me) + sum(sizes.values())
-            worst = max(sizes, key=sizes.__getitem__, default=None)
-            if worst is not None and sizes[worst] > self.worker_bytes:
-                self.reason = (f"worker process {worst} used {_gib(sizes[worst])}, above the "
-                               f"bound of {_gib(self.worker_bytes)} per worker; narrow the work "
-                               "(fewer search values or --set values) or raise "
-                               "HOLMES_SIM_WORKER_MEMORY_GIB")
-            elif total > self.group_bytes:
-                self.reason = (f"this command and its workers used {_gib(total)}, above the bound "
-                               f"of {_gib(self.group_bytes)}; use fewer --jobs, narrow the work, "
-                               "or raise HOLMES_SIM_MAX_MEMORY_GIB")
+            kids = self._sample()
             if self.reason is not None:
                 self._kill(kids)
                 signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
                 return
+
+    def _sample(self) -> list[int]:
+        """Measure this process and the ones it started; set `reason` when past a bound.
+        Returns the started processes' ids."""
+        me = os.getpid()
+        kids = [pid for pid in descendants(me) if pid not in self._before]
+        sizes = {pid: _rss_bytes(pid) for pid in kids} if self.workers else {}
+        total = _rss_bytes(me) + sum(sizes.values())
+        worst = max(sizes, key=sizes.__getitem__, default=None)
+        if worst is not None and sizes[worst] > self.worker_bytes:
+            self.reason = (f"worker process {worst} used {_gib(sizes[worst])}, above the "
+                           f"bound of {_gib(self.worker_bytes)} per worker; narrow the work "
+                           "(fewer search values or --set values) or raise "
+                           "HOLMES_SIM_WORKER_MEMORY_GIB")
+        elif total > self.group_bytes:
+            self.reason = (f"this command and its workers used {_gib(total)}, above the bound "
+                           f"of {_gib(self.group_bytes)}; use fewer --jobs, narrow the work, "
+                           "or raise HOLMES_SIM_MAX_MEMORY_GIB")
+        return kids
 
     def _kill(self, pids: list[int]) -> None:
         """SIGKILL the processes this command started (pool workers stop taking memory now)."""
