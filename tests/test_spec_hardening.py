@@ -92,6 +92,12 @@ def test_a_name_may_be_a_yaml11_boolean(write_scenario):
     assert prepared.scenario.name == "no"
 
 
+@pytest.mark.parametrize("written", ["1e9", "1.50", "007", "-0.0", "12"])
+def test_a_text_field_takes_a_number_as_written(write_scenario, written):
+    text = BASE.replace("name: small", f"name: small\ndescription: {written}")
+    assert prepare(write_scenario(text)).scenario.description == written
+
+
 # ---- characters YAML refuses -------------------------------------------------------------------
 @pytest.mark.parametrize("char", ["\x00", "\x01", "\x7f"])
 def test_a_control_byte_is_one_line_with_its_line_number(write_scenario, char):

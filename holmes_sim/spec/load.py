@@ -179,6 +179,9 @@ class _Doc:
         """Constructs this document's non-string scalars (`_scalar`)."""
         self.quoted: set[str] = set()
         """Paths of the quoted and block scalars (text however they read)."""
+        self.written: dict[str, str] = {}
+        """The source text of each plain non-string scalar, by path (a text field takes a
+        number as written: `description: 1e9` is '1e9')."""
 
     def line(self, path: str) -> int | None:
         while path:
@@ -339,6 +342,7 @@ def _scalar(node: yaml.ScalarNode, path: str, doc: _Doc) -> Any:
         kind = node.tag.rsplit(":", 1)[-1]
         raise doc.error(path, f"{node.value[:40]!r} is not a YAML 1.2 {kind}; "
                               f"{_FIXES.get(kind, 'write the value plainly')}")
+    doc.written[path] = node.value
     constructor = doc.constructor
     try:
         return constructor.construct_object(node, deep=True)
@@ -480,10 +484,11 @@ def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
     if tp is str:
         if not isinstance(value, str | int | float) or isinstance(value, bool):
             raise doc.error(path, f"expected a string, got {_describe(value)}")
-        _check_text(str(value), path, doc, free=path.rsplit(".", 1)[-1] in FREE_TEXT)
-        if path in TEXT_RULES and not TEXT_RULES[path][0](str(value)):
-            raise doc.error(path, TEXT_RULES[path][1].format(str(value)[:40]))
-        return str(value)
+        text = value if isinstance(value, str) else doc.written.get(path, str(value))
+        _check_text(text, path, doc, free=path.rsplit(".", 1)[-1] in FREE_TEXT)
+        if path in TEXT_RULES and not TEXT_RULES[path][0](text):
+            raise doc.error(path, TEXT_RULES[path][1].format(text[:40]))
+        return text
     raise AssertionError(f"unsupported spec type {tp}")
 
 
