@@ -2,7 +2,7 @@
 numbers that are finite floats), and the memory bound of a command and its worker processes.
 
 `MemoryGuard` samples the resident memory (RSS, /proc/PID/statm) of this process and every
-process it started, every `interval_s`: past the per-worker bound or the whole group's bound it
+process it started, on entry and then every `interval_s`: past the per-worker bound or the whole group's bound it
 kills the workers and raises `MemoryBoundError` in the main thread, so a runaway search or
 sweep ends in one message instead of the kernel's OOM killer. The bounds come from
 HOLMES_SIM_MAX_MEMORY_GIB (the group, default GROUP_MEMORY_GIB) and
