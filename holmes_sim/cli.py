@@ -227,8 +227,7 @@ def _check_policy_names(names: list[str] | None) -> list[str] | None:
 def _warn_memory(outcomes) -> None:
     bad = [o.result for o in outcomes if not o.result.memory.fits]
     if bad:
-        why = "; ".join(f"{r.policy} needs {r.memory.peak_gib:.1f} GiB per GPU, the GPUs have "
-                        f"{min(r.memory.capacity_bytes) / 2**30:.0f}" for r in bad)
+        why = "; ".join(f"{r.policy} {r.memory.shortfall()}" for r in bad)
         err.print(f"warning: plans that do not fit in GPU memory ({why}) are ranked last with no "
                   "speed-up; lower training.micro_batch_size, set training.recompute: full, or "
                   "raise parallel.tensor / parallel.pipeline", highlight=False, markup=False, soft_wrap=True)

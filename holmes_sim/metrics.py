@@ -45,6 +45,16 @@ class MemoryReport:
     def fits(self) -> bool:
         return all(b <= c for b, c in zip(self.per_stage_bytes, self.capacity_bytes, strict=True))
 
+    def shortfall(self) -> str:
+        """'needs P GiB per GPU, the GPUs have C' for the stage furthest over its capacity, P
+        with the fewest decimals (1 to 3) that show it above C."""
+        need, have = max(zip(self.per_stage_bytes, self.capacity_bytes, strict=True),
+                         key=lambda s: s[0] - s[1])
+        need, have = need / GIB, have / GIB
+        shown = next((f"{need:.{d}f}" for d in (1, 2, 3) if float(f"{need:.{d}f}") > have),
+                     f"just over {have:g}")
+        return f"needs {shown} GiB per GPU, the GPUs have {have:g}"
+
 
 @dataclass(frozen=True, slots=True)
 class Result:

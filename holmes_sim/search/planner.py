@@ -363,8 +363,7 @@ def _evaluate(prepared: Prepared, layout: Layout, policy: str, p: Prepared) -> C
     if not mem.fits:
         return Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, float("inf"),
                          0.0, mem.peak_gib, False, overlap_grad_reduce=plan.overlap_grad_reduce,
-                         reason=f"needs {mem.peak_gib:.1f} GiB per GPU, the GPUs have "
-                                f"{min(mem.capacity_bytes) / 2**30:.0f}")
+                         reason=mem.shortfall())
     t = estimate_iteration(plan, cluster, p.workload, p.compute).iteration_s
     return Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, t,
                      p.workload.megatron_tflops_per_gpu(t, cluster.num_gpus), mem.peak_gib, True,

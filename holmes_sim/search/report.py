@@ -95,12 +95,21 @@ def why_the_winner_wins(result: PlanSearch) -> str:
 
 
 def infeasible_summary(result: PlanSearch, examples: int = 3) -> list[str]:
-    """How many plans did not fit or could not be built, by kind, with a few examples."""
+    """How many plans did not fit or could not be built, by kind, with a few examples: plans
+    that could not be built first (each says why), then those nearest to fitting."""
     if not result.infeasible:
         return []
     kinds = Counter("memory" if c.reason.startswith("needs") else "plan" for c in result.infeasible)
     lines = [f"{result.infeasible.__len__():,} plans left out: {kinds['memory']:,} do not fit in GPU "
              f"memory, {kinds['plan']:,} could not be built"]
-    for c in result.infeasible[:examples]:
-        lines.append(f"  {c.policy}, {layout_label(c)}: {c.reason}")
+    nearest = sorted(result.infeasible, key=lambda c: (c.reason.startswith("needs"),
+                                                       c.peak_memory_gib))
+    shown: dict[tuple[str, str, str], Candidate] = {}  # one per layout and optimizer
+    for c in nearest:
+        if len(shown) == examples:
+            break
+        shown.setdefault((c.policy, layout_label(c), c.optimizer), c)
+    for c in shown.values():
+        optimizer = f", {c.optimizer}" if c.optimizer else ""
+        lines.append(f"  {c.policy}, {layout_label(c)}{optimizer}: {c.reason}")
     return lines

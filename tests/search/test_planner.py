@@ -161,3 +161,32 @@ def test_prepared_for_copies_as_replace_does(small):
         assert all(f.init for f in fields(cls))
         got = planner._copy(obj, **changes)
         assert type(got) is cls and got == replace(obj, **changes) and got is not obj
+
+
+@pytest.mark.parametrize("need_gib, text", [(80.04, "needs 80.04 GiB per GPU, the GPUs have 80"),
+                                            (81.0, "needs 81.0 GiB per GPU, the GPUs have 80"),
+                                            (80.0004, "needs just over 80 GiB per GPU, the GPUs have 80")])
+def test_a_shortfall_shows_the_need_above_the_capacity(need_gib, text):
+    from holmes_sim.metrics import MemoryReport
+
+    gib = 2**30
+    report = MemoryReport((need_gib * gib, 10 * gib), (80 * gib, 80 * gib))
+    assert not report.fits and report.shortfall().startswith(text)
+
+
+def test_plans_left_out_are_shown_nearest_to_fitting_one_per_layout(write_scenario):
+    from holmes_sim.search.report import infeasible_summary, layout_label
+
+    # 8 GPUs of 40 GB for a 6.7B model: many layouts fit, many do not
+    text = SMALL.replace("a100-80gb", "a100-40gb").replace(
+        "num_layers: 24, hidden_size: 2048", "num_layers: 32, hidden_size: 4096")
+    result = planner.search(prepare(write_scenario(text)))
+    memory = [c for c in result.infeasible if c.reason.startswith("needs")]
+    assert len(memory) > 3
+    lines = infeasible_summary(result)
+    shown = lines[1:]
+    assert len(shown) == 3 and len(set(shown)) == 3
+    needs = [float(line.split("needs ")[1].split(" GiB")[0]) for line in shown]
+    assert needs == sorted(needs) and needs[0] <= min(c.peak_memory_gib for c in memory) + 0.05
+    labels = {f"  {c.policy}, {layout_label(c)}, {c.optimizer}: {c.reason}" for c in memory}
+    assert set(shown) <= labels  # each names its optimizer, as the table does
