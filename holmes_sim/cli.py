@@ -466,13 +466,12 @@ def plan(
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
     confirm the best by simulation, compare with the best Megatron-LM default layout."""
     from holmes_sim.export.folders import check_export_targets, read_cli_hosts, write_exports
-    from holmes_sim.search import planner
+    from holmes_sim.search import planner, report as search_report
     from holmes_sim.prepare import prepare
     from holmes_sim.report.files import prepare_output
     from holmes_sim.report.owned import write_result_json
     from holmes_sim.report.progress import WorkProgress
     from holmes_sim.report.tables import print_folded, print_table
-    from holmes_sim.search.report import infeasible_summary, plan_table, why_the_winner_wins
     from holmes_sim.report.stragglers import variability_note
     from holmes_sim.runner import stamp
 
@@ -486,6 +485,7 @@ def plan(
             result = planner.search(prepared, spec, progress=bar.update, jobs=_capped_jobs(jobs),
                                     ray=ray, max_candidates=max_candidates,
                                     confirming=bar.stage("plan, simulating the best", "plans"))
+        search_report.check_some_plan_runs(result)
         launches = _export_launches(prepared, result, hosts, host_names) if export else []
         if json_path is not None:
             write_result_json(json_path, stamp(result.to_json()))
@@ -495,9 +495,9 @@ def plan(
     except HolmesError as exc:
         raise _fail(exc) from None
     console = err if _is_stdout(json_path) else out
-    print_table(console, plan_table(result, rows, console.width, wide), wide)
-    print_folded(console, [why_the_winner_wins(result), *infeasible_summary(result),
-                           variability_note(prepared)])
+    print_table(console, search_report.plan_table(result, rows, console.width, wide), wide)
+    print_folded(console, [search_report.why_the_winner_wins(result),
+                           *search_report.infeasible_summary(result), variability_note(prepared)])
 
 
 def _capped_jobs(jobs: int | None) -> int | None:

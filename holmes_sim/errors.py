@@ -14,7 +14,12 @@ class ScenarioError(HolmesError):
 
 
 class PlanError(HolmesError):
-    """A policy cannot build a plan (degrees, transport or memory do not work out)."""
+    """A policy cannot build a plan (degrees, transport or memory do not work out); `field`,
+    where known, is the dotted path of the scenario value to change."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class TestbedError(HolmesError):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from holmes_sim.collector import quiet_collector
-from holmes_sim.errors import PlanError
+from holmes_sim.errors import FieldError, PlanError
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.metrics import Result, summarize
@@ -16,6 +17,7 @@ from holmes_sim.policies import get_policy
 from holmes_sim.prepare import Prepared
 from holmes_sim.sim.engine import EngineOptions, simulate
 from holmes_sim.sim.trace import Trace
+from holmes_sim.spec.load import located
 
 BASELINE = "megatron"
 # Version of the layout of the JSON documents (results, sweep, validation); raise it when a key is
@@ -42,19 +44,28 @@ def plan_policy(prepared: Prepared, name: str) -> tuple[Plan, Cluster]:
     policy = get_policy(name)
     with quiet_collector():
         cluster = policy.cluster_view(prepared.cluster)
-        with naming_policy(name):
+        with naming_policy(name, prepared.source):
             return policy.plan(prepared.request(cluster)), cluster
 
 
 @contextlib.contextmanager
-def naming_policy(name: str) -> Iterator[None]:
-    """Re-raise a PlanError that does not name policy `name` with its name in front."""
+def naming_policy(name: str, source: str = "") -> Iterator[None]:
+    """Re-raise a PlanError that does not name policy `name` with its name in front, and the
+    file and line of the field it blames in the scenario file `source`."""
     try:
         yield
     except PlanError as exc:
         if str(exc).startswith(name):
             raise
-        raise PlanError(f"{name}: {exc}") from None
+        message = str(exc) if exc.field is None else _located(source, exc.field, str(exc))
+        raise PlanError(f"{name}: {message}", exc.field) from None
+
+
+@functools.lru_cache(maxsize=256)
+def _located(source: str, field: str, message: str) -> str:
+    """`message` about `field` with its file and line (`spec.load.located`), once per error:
+    a search meets the same one in many layouts."""
+    return str(located(source, FieldError(field, message)))
 
 
 def run_policy(prepared: Prepared, name: str, seed: int | None = None,
@@ -63,7 +74,8 @@ def run_policy(prepared: Prepared, name: str, seed: int | None = None,
     simulates every replica instead of one per class of identical replicas)."""
     plan, cluster = plan_policy(prepared, name)
     options = replace(engine_options(prepared, seed), full_simulation=full_simulation)
-    with naming_policy(name):  # transports are chosen as the simulation meets each group
+    # transports are chosen as the simulation meets each group
+    with naming_policy(name, prepared.source):
         trace = simulate(plan, cluster, prepared.workload, prepared.compute, options)
     costs = OpCosts(cluster, prepared.workload, prepared.compute, plan.tp)
     return Outcome(plan, cluster, trace, summarize(plan, trace, cluster, prepared.workload, costs))

@@ -177,12 +177,16 @@ def test_a_plan_releases_gradients_in_backward_exactly_for_the_modes_that_reduce
 
 def test_a_transport_error_found_while_simulating_names_the_policy(write_scenario):
     """IB nodes without Ethernet in groups with RoCE nodes: no transport reaches both. The error
-    surfaces when the simulation meets the group and names the policy whose plan made it."""
+    surfaces when the simulation meets the group and names the policy whose plan made it, and
+    the file, line and path of the NICs to change."""
     text = (SCENARIOS / "mixed_ib_roce.yaml").read_text().replace(
         ", {type: ethernet, model: eth-100g, bandwidth_gbit_per_s: 32}]}", "]}", 1)
     path = write_scenario(text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "name: ib-a," in t)
     for policy in ("megatron", "holmes"):
         result = CliRunner().invoke(app, ["run", str(path), "-q", "-p", policy])
         message = " ".join(result.output.split())
-        assert result.exit_code == 2 and f"error: {policy}: nodes ib-a-0" in message, message
-        assert "share no RDMA fabric" in message
+        assert result.exit_code == 2, message
+        assert f"error: {policy}: {path}:{line}: clusters[0].nodes[0].nics: nodes ib-a-0" \
+            in message, message
+        assert "share no RDMA fabric" in message and message.count("error:") == 1

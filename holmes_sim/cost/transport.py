@@ -87,9 +87,11 @@ def _slowest_member_rate(nodes: list[Node], fabric: str) -> float:
 
 
 def _tcp(nodes: list[Node]) -> Transport:
-    missing = [n.name for n in nodes if not n.nics_on(ETHERNET)]
+    missing = [n for n in nodes if not n.nics_on(ETHERNET)]
     if missing:
-        raise PlanError(f"nodes {', '.join(missing[:4])} share no RDMA fabric with the rest of their "
-                        "group and have no Ethernet NIC to fall back to TCP; add "
-                        "`- {type: ethernet, model: eth-100g}` to their nics")
+        names = ", ".join(n.name for n in missing[:4])
+        raise PlanError(f"nodes {names} share no RDMA fabric with the rest of their group and "
+                        "have no Ethernet NIC to fall back to TCP; add "
+                        "`- {type: ethernet, model: eth-100g}` to their nics",
+                        field=f"{missing[0].group_path}.nics" if missing[0].group_path else None)
     return Transport(TransportKind.TCP, ETHERNET)

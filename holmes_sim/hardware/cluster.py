@@ -66,6 +66,9 @@ class Node:
     intra_link: LinkModel
     nics: tuple[Nic, ...]
     gpu_speeds: tuple[float, ...] = ()
+    group_path: str = field(default="", compare=False)
+    """The dotted path of the scenario's node group that made this node
+    (`clusters[0].nodes[1]`; empty for a node built otherwise)."""
     speed: float = field(init=False, compare=False)
     _rdma_fabrics: tuple[str, ...] = field(init=False, repr=False, compare=False)
     _on: dict[str, tuple[Nic, ...]] = field(init=False, repr=False, compare=False)
@@ -225,7 +228,8 @@ def _build_nodes(c: ClusterSpec, path: str, fabric_types: dict[str, str], catalo
         prefix = g.name or c.name
         for k in range(g.count):
             index = len(out) if g.name is None else k
-            out.append(Node(f"{prefix}-{index}", c.name, gpu, g.gpus_per_node, link, nics))
+            out.append(Node(f"{prefix}-{index}", c.name, gpu, g.gpus_per_node, link, nics,
+                            group_path=gpath))
     return out
 
 

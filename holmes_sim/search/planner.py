@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from holmes_sim.collector import quiet_collector
-from holmes_sim.errors import FieldError, HolmesError, ScenarioError
+from holmes_sim.errors import FieldError, HolmesError
 from holmes_sim.memo import IdentityMemo
-from holmes_sim.prepare import (MAX_MICROBATCHES, Prepared, check_context_in, check_expert,
-                                check_expert_tensor, check_micro_batch, check_pipeline,
-                                check_search_values, check_tensor)
-from holmes_sim.schedule import check_schedule
-from holmes_sim.search.rejections import Reject, Rejections, located, passes
+from holmes_sim.prepare import (Prepared, check_context_in, check_expert, check_expert_tensor,
+                                check_micro_batch, check_pipeline, check_search_values,
+                                check_tensor)
+from holmes_sim.search.rejections import Reject, Rejections, check_chunks, passes
+from holmes_sim.spec.load import located
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.model.workload import Workload, build_workload
 
@@ -198,7 +198,7 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
             where = (("tensor", tp), ("pipeline", pp), ("context", cp), ("data", dp),
                      ("micro_batch_size", mb), ("expert", ep), ("expert_tensor", etp),
                      ("schedule", schedule), ("virtual_stages", v))
-            if not passes(reject, where, _check_chunks, layers, schedule, pp, m, v):
+            if not passes(reject, where, check_chunks, layers, schedule, pp, m, v):
                 continue
             sps = search.sequence_parallel if tp > 1 else (False,)
             if moe and tp > 1 and False in sps:  # Megatron-Core's MoELayer: TP only under SP
@@ -212,22 +212,6 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
 
 _MOE_SP = ("training.sequence_parallel: an MoE model with tensor > 1 needs sequence parallelism "
            "(Megatron-Core's MoELayer refuses to train without it)")
-
-
-def _check_chunks(layers: int, schedule: str, pp: int, m: int, v: int) -> None:
-    """Raise ScenarioError where the planner skips `schedule` with `v` chunks per stage at
-    pipeline `pp` with `m` micro-batches: GPipe and interleaved without a pipeline (1F1B's
-    layout), too few layers or too many micro-batches, or `schedule.check_schedule`'s rules."""
-    if pp == 1 and schedule != "1f1b":
-        raise ScenarioError(f"parallel.schedule: {schedule} at pipeline=1 is 1f1b's layout "
-                            "(searched as 1f1b)")
-    if layers < pp * v:
-        raise ScenarioError(f"model.num_layers: {layers} layers cannot fill pipeline={pp} x "
-                            f"virtual_stages={v} = {pp * v} stages")
-    if m * v > MAX_MICROBATCHES:
-        raise ScenarioError(f"training.global_batch_size: {m:,} micro-batches x {v} virtual "
-                            f"stages; at most {MAX_MICROBATCHES:,} are simulated")
-    check_schedule(schedule, pp, m, v)
 
 
 def _allowed(values: tuple[int, ...] | None, path: str, default: list[int]) -> list[int]:
@@ -354,17 +338,21 @@ def _evaluate(prepared: Prepared, layout: Layout, policy: str, p: Prepared) -> C
     from holmes_sim.estimate.analytic import estimate_iteration
     from holmes_sim.cost.ops import op_costs
     from holmes_sim.metrics import memory_report
+    from holmes_sim.runner import naming_policy
 
     try:
         plan, cluster = _plan(p, policy, layout, prepared)
+        mem = memory_report(plan, cluster, p.workload,
+                            op_costs(cluster, p.workload, p.compute, plan.tp))
+        if mem.fits:  # the estimate chooses each group's transport
+            with naming_policy(policy, p.source):
+                t = estimate_iteration(plan, cluster, p.workload, p.compute).iteration_s
     except HolmesError as exc:
         return Candidate(policy, layout, "", (), float("inf"), 0.0, 0.0, False, reason=str(exc))
-    mem = memory_report(plan, cluster, p.workload, op_costs(cluster, p.workload, p.compute, plan.tp))
     if not mem.fits:
         return Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, float("inf"),
                          0.0, mem.peak_gib, False, overlap_grad_reduce=plan.overlap_grad_reduce,
                          reason=mem.shortfall())
-    t = estimate_iteration(plan, cluster, p.workload, p.compute).iteration_s
     return Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, t,
                      p.workload.megatron_tflops_per_gpu(t, cluster.num_gpus), mem.peak_gib, True,
                      overlap_grad_reduce=plan.overlap_grad_reduce)

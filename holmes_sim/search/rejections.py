@@ -1,13 +1,14 @@
-"""Why the planner's search found no layout: each check's rejections, tallied by rule, and the
-scenario file's line for a `search:` error raised after loading."""
+"""Why the planner's search drops a layout: the schedule checks of a layout (`check_chunks`),
+and, when it finds none, each check's rejections tallied by rule."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from pathlib import Path
 
-from holmes_sim.errors import FieldError, HolmesError, ScenarioError
+from holmes_sim.errors import HolmesError, ScenarioError
+from holmes_sim.prepare import MAX_MICROBATCHES
+from holmes_sim.schedule import check_schedule
 from holmes_sim.spec.scenario import SearchSpec
 
 Reject = Callable[[str, tuple], None]
@@ -93,21 +94,17 @@ def _layout(where: tuple) -> str:
                     if (k, v) not in (("context", 1), ("expert", 1), ("expert_tensor", None)))
 
 
-def located(source: str, exc: FieldError) -> HolmesError:
-    """`exc` with the file and line of its path in the scenario file `source`, as the loader
-    reports its errors (the file is read again); `exc` itself where `source` is no file or the
-    file now reads otherwise."""
-    from holmes_sim.spec.load import load_scenario
-
-    def fail(_scenario) -> None:
-        raise exc
-
-    path = Path(source)
-    try:
-        if path.is_file():
-            load_scenario(path, check=fail)
-    except ScenarioError as found:
-        if str(found).endswith(str(exc)):
-            return found
-    return exc
-
+def check_chunks(layers: int, schedule: str, pp: int, m: int, v: int) -> None:
+    """Raise ScenarioError where the planner skips `schedule` with `v` chunks per stage at
+    pipeline `pp` with `m` micro-batches: GPipe and interleaved without a pipeline (1F1B's
+    layout), too few layers or too many micro-batches, or `schedule.check_schedule`'s rules."""
+    if pp == 1 and schedule != "1f1b":
+        raise ScenarioError(f"parallel.schedule: {schedule} at pipeline=1 is 1f1b's layout "
+                            "(searched as 1f1b)")
+    if layers < pp * v:
+        raise ScenarioError(f"model.num_layers: {layers} layers cannot fill pipeline={pp} x "
+                            f"virtual_stages={v} = {pp * v} stages")
+    if m * v > MAX_MICROBATCHES:
+        raise ScenarioError(f"training.global_batch_size: {m:,} micro-batches x {v} virtual "
+                            f"stages; at most {MAX_MICROBATCHES:,} are simulated")
+    check_schedule(schedule, pp, m, v)

@@ -10,6 +10,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from holmes_sim.errors import PlanError
 from holmes_sim.report.tables import fit_table
 from holmes_sim.search.planner import Candidate, PlanSearch
 
@@ -104,12 +105,23 @@ def infeasible_summary(result: PlanSearch, examples: int = 3) -> list[str]:
              f"memory, {kinds['plan']:,} could not be built"]
     nearest = sorted(result.infeasible, key=lambda c: (c.reason.startswith("needs"),
                                                        c.peak_memory_gib))
-    shown: dict[tuple[str, str, str], Candidate] = {}  # one per layout and optimizer
+    shown: dict[tuple[str, ...], Candidate] = {}  # one per reason, or per layout and optimizer
     for c in nearest:
         if len(shown) == examples:
             break
-        shown.setdefault((c.policy, layout_label(c), c.optimizer), c)
+        memory = c.reason.startswith("needs")
+        shown.setdefault((c.policy, layout_label(c), c.optimizer) if memory else
+                         (c.policy, c.reason), c)
     for c in shown.values():
         optimizer = f", {c.optimizer}" if c.optimizer else ""
-        lines.append(f"  {c.policy}, {layout_label(c)}{optimizer}: {c.reason}")
+        reason = c.reason.removeprefix(f"{c.policy}: ")
+        lines.append(f"  {c.policy}, {layout_label(c)}{optimizer}: {reason}")
     return lines
+
+
+def check_some_plan_runs(result: PlanSearch) -> None:
+    """Raise PlanError, with `infeasible_summary`'s counts and examples, when no plan of the
+    search fits in memory and can be built."""
+    if not result.candidates:
+        raise PlanError("no plan of the search can run: " + "; ".join(
+            line.strip() for line in infeasible_summary(result)))

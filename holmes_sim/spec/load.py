@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from holmes_sim.errors import FieldError, ScenarioError
+from holmes_sim.errors import FieldError, HolmesError, ScenarioError
 from holmes_sim.spec.limits import MAX_FILE_BYTES, non_finite, read_text_bounded
 from holmes_sim.spec.presets import PRESETS, preset_fields
 from holmes_sim.spec.scenario import Scenario
@@ -231,6 +231,23 @@ def load_scenario_text(text: str, source: str = "<scenario>",
         except FieldError as exc:
             raise doc.error(exc.path, exc.message) from None
     return scenario
+
+
+def located(source: str, exc: FieldError) -> HolmesError:
+    """`exc` with the file and line of its path in the scenario file `source`, as the loader
+    reports its errors (the file is read again); `exc` itself where `source` is no file or the
+    file now reads otherwise."""
+    def fail(_scenario) -> None:
+        raise exc
+
+    path = Path(source)
+    try:
+        if path.is_file():
+            load_scenario(path, check=fail)
+    except ScenarioError as found:
+        if str(found).endswith(str(exc)):
+            return found
+    return exc
 
 
 def load_plain(text: str, source: str) -> Any:

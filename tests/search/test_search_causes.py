@@ -165,3 +165,27 @@ def test_only_plan_reads_the_search_values(tmp_path):
     assert result.exit_code == 0, result.output
     text, _, _, _ = _plan(tmp_path, DENSE, "{pipeline: [2, 3]}")
     assert "search.pipeline[1]: pipeline=3 fits no layout" in text
+
+
+def test_no_runnable_plan_is_an_error_naming_the_nics_to_change(tmp_path):
+    """Every layout groups IB with RoCE nodes and none has Ethernet: each plan fails when its
+    transports are chosen, and `plan` exits 2 with the node group's NICs, file and line,
+    instead of printing an empty table."""
+    base = (SCENARIOS / "mixed_ib_roce.yaml").read_text()
+    text = base.replace(", {type: ethernet, model: eth-100g, bandwidth_gbit_per_s: 32}]}", "]}")
+    (tmp_path / "noeth.yaml").write_text(text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "name: ib-a," in t)
+    message, path, _, _ = _plan(tmp_path, str(tmp_path / "noeth.yaml"),  # absolute: kept
+                                "{tensor: [1, 2], pipeline: [1, 2], micro_batch_size: [1]}")
+    assert message.startswith("error: no plan of the search can run:"), message
+    assert "could not be built" in message and "share no RDMA fabric" in message
+    assert f"{path}:{line}: clusters[0].nodes[0].nics: nodes ib-a-0" in message, message
+
+
+def test_no_plan_that_fits_is_an_error_showing_the_nearest(tmp_path):
+    message, _, _, _ = _plan(tmp_path, LLAMA, "{tensor: [1], pipeline: [1, 2], "
+                                              "micro_batch_size: [1]}")
+    assert message.startswith("error: no plan of the search can run:"), message
+    assert "do not fit in GPU memory, 0 could not be built" in message
+    needs = [float(part.split(" GiB")[0]) for part in message.split("needs ")[1:]]
+    assert len(needs) == 3 and needs == sorted(needs) and needs[0] > 80
