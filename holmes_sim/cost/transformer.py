@@ -46,8 +46,10 @@ runs score heads of d_n + d_r and context heads of d_v; its latent norms, rotary
 query/key assembly replace the rotary bytes above (`MlaShape.norm_rope_bytes`).
 Every backward also adds each weight gradient into the main gradient buffer: per parameter of
 the GPU's shard, the fresh gradient is read (d) and the main gradient read and written (2g, g the
-bytes of a reduced gradient): Megatron DDP's main_grad hook, or the same traffic as the C operand
-of the fused weight-gradient GEMM (`--gradient-accumulation-fusion`).
+bytes of a reduced gradient), as Megatron DDP's main_grad hook does. The fused weight-gradient
+GEMM (`--gradient-accumulation-fusion`, Megatron-Core's default) moves 2d bytes fewer: it reads
+and writes the main gradient in its epilogue instead of writing d; that alternative and why it
+is not taken are in docs/cost_models.md ("Memory-bound kernels").
 With fused (flash) attention the score tensor never reaches HBM: the softmax, attention dropout
 and the two score GEMMs are replaced by one causal kernel of 4 b s^2 h / t FLOP forward unmasked
 and 2.5 times that backward, priced by `cost.attention` (the measured rate of the kernel the
