@@ -642,6 +642,21 @@ def test_a_body_shorter_than_one_sample_is_still_checked(monkeypatch: pytest.Mon
     assert not ran
 
 
+def test_a_command_growing_past_the_bound_is_stopped_while_it_runs(monkeypatch) -> None:
+    from holmes_sim.spec.limits import MemoryBoundError, MemoryGuard, _rss_bytes
+
+    bound = (_rss_bytes(os.getpid()) + 200 * 2**20) / 2**30  # this process now, and 200 MiB
+    monkeypatch.setenv("HOLMES_SIM_MAX_MEMORY_GIB", f"{bound:.3f}")
+    grown = []
+    start = time.monotonic()
+    with pytest.raises(MemoryBoundError, match="this command and its workers used"):
+        with MemoryGuard(interval_s=0.05):
+            grown.append(b"\x01" * (400 * 2**20))  # written: every page resident
+            while time.monotonic() - start < 10:
+                time.sleep(0.01)
+    assert grown and time.monotonic() - start < 5
+
+
 def test_descendants_include_grandchildren_both_ways() -> None:
     from holmes_sim.spec.limits import _descendants_by_scan, descendants
 

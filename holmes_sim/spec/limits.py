@@ -2,7 +2,8 @@
 numbers that are finite floats), and the memory bound of a command and its worker processes.
 
 `MemoryGuard` samples the resident memory (RSS, /proc/PID/statm) of this process and every
-process it started, on entry and then every `interval_s`: past the per-worker bound or the whole group's bound it
+process it started, on entry and then every `interval_s` (a command that ends within one
+interval is measured only on entry): past the per-worker bound or the whole group's bound it
 kills the workers and raises `MemoryBoundError` in the main thread, so a runaway search or
 sweep ends in one message instead of the kernel's OOM killer. The bounds come from
 HOLMES_SIM_MAX_MEMORY_GIB (the group, default GROUP_MEMORY_GIB) and
@@ -217,7 +218,7 @@ class MemoryGuard:
     def __enter__(self) -> MemoryGuard:
         if os.path.exists("/proc/self/statm") and threading.current_thread() is threading.main_thread():
             self._before = set(descendants(os.getpid()))  # not this command's: never counted
-            self._sample()  # a body shorter than one interval is still checked once
+            self._sample()  # already past the bound as the command starts: stop before it
             if self.reason is not None:
                 raise MemoryBoundError(self.reason)
             self._old_handler = signal.signal(signal.SIGUSR1, self._raise)
