@@ -253,8 +253,7 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
             out.print(f"  {escape(name):30s} layers {'/'.join(map(str, plan.layers_per_stage))}, "
                       f"peak {mem.peak_gib:.1f} GiB per GPU ({fits})", highlight=False)
             if not mem.fits:
-                too_big.append(f"{name} needs {mem.peak_gib:.1f} GiB, GPUs have "
-                               f"{min(mem.capacity_bytes) / 2**30:.0f}")
+                too_big.append(f"{name} {mem.shortfall()}")
         if too_big:
             raise PlanError(f"{prepared.source}: the model does not fit in GPU memory ("
                             f"{'; '.join(too_big)}); lower training.micro_batch_size, set "

@@ -45,6 +45,12 @@ class MemoryReport:
     def fits(self) -> bool:
         return all(b <= c for b, c in zip(self.per_stage_bytes, self.capacity_bytes, strict=True))
 
+    @property
+    def excess_gib(self) -> float:
+        """How far the stage furthest over its capacity is over it (GiB; <= 0 when it fits)."""
+        return max(b - c for b, c in zip(self.per_stage_bytes, self.capacity_bytes,
+                                         strict=True)) / GIB
+
     def shortfall(self) -> str:
         """'needs P GiB per GPU, the GPUs have C' for the stage furthest over its capacity, P
         with the fewest decimals (1 to 3) that show it above C."""

@@ -82,6 +82,8 @@ class Candidate:
     overlap_grad_reduce: bool = False
     """Whether gradient reduction overlaps the last backward pass (Megatron-LM
     `--overlap-grad-reduce`), on top of `optimizer`."""
+    excess_gib: float = 0.0
+    """For a plan that does not fit: how far its fullest stage is over its GPUs' memory."""
 
     def to_json(self) -> dict:
         lay = self.layout
@@ -352,7 +354,7 @@ def _evaluate(prepared: Prepared, layout: Layout, policy: str, p: Prepared) -> C
     if not mem.fits:
         return Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, float("inf"),
                          0.0, mem.peak_gib, False, overlap_grad_reduce=plan.overlap_grad_reduce,
-                         reason=mem.shortfall())
+                         reason=mem.shortfall(), excess_gib=mem.excess_gib)
     return Candidate(policy, layout, plan.optimizer.value, plan.layers_per_stage, t,
                      p.workload.megatron_tflops_per_gpu(t, cluster.num_gpus), mem.peak_gib, True,
                      overlap_grad_reduce=plan.overlap_grad_reduce)

@@ -3,7 +3,7 @@ what did not fit. User text is never markup (rich Text)."""
 
 from __future__ import annotations
 
-from collections import Counter
+import re
 from collections.abc import Sequence
 
 from rich import box
@@ -96,27 +96,36 @@ def why_the_winner_wins(result: PlanSearch) -> str:
 
 
 def infeasible_summary(result: PlanSearch, examples: int = 3) -> list[str]:
-    """How many plans did not fit or could not be built, by kind, with a few examples: plans
-    that could not be built first (each says why), then those nearest to fitting."""
+    """How many plans did not fit or could not be built, by kind, with a few examples: one plan
+    per distinct build failure (at most `examples` - 1 of them), then the plans nearest to
+    fitting, one per layout and optimizer."""
     if not result.infeasible:
         return []
-    kinds = Counter("memory" if c.reason.startswith("needs") else "plan" for c in result.infeasible)
-    lines = [f"{result.infeasible.__len__():,} plans left out: {kinds['memory']:,} do not fit in GPU "
-             f"memory, {kinds['plan']:,} could not be built"]
-    nearest = sorted(result.infeasible, key=lambda c: (c.reason.startswith("needs"),
-                                                       c.peak_memory_gib))
-    shown: dict[tuple[str, ...], Candidate] = {}  # one per reason, or per layout and optimizer
-    for c in nearest:
-        if len(shown) == examples:
-            break
-        memory = c.reason.startswith("needs")
-        shown.setdefault((c.policy, layout_label(c), c.optimizer) if memory else
-                         (c.policy, c.reason), c)
-    for c in shown.values():
-        optimizer = f", {c.optimizer}" if c.optimizer else ""
+    memory = [c for c in result.infeasible if c.reason.startswith("needs")]
+    lines = [f"{len(result.infeasible):,} plans left out: {len(memory):,} do not fit in GPU "
+             f"memory, {len(result.infeasible) - len(memory):,} could not be built"]
+    failures: dict[tuple[str, str], Candidate] = {}
+    for c in result.infeasible:
+        if not c.reason.startswith("needs"):
+            failures.setdefault((c.policy, _failure_rule(c.reason)), c)
+    shown = list(failures.values())[:examples - 1 if memory else examples]
+    nearest: dict[tuple[str, str, str], Candidate] = {}
+    for c in sorted(memory, key=lambda c: c.excess_gib):
+        nearest.setdefault((c.policy, layout_label(c), c.optimizer), c)  # overlap or not
+    shown += list(nearest.values())[:examples - len(shown)]
+    for c in shown:
+        optimizer = f", {optimizer_label(c)}" if c.optimizer else ""
         reason = c.reason.removeprefix(f"{c.policy}: ")
         lines.append(f"  {c.policy}, {layout_label(c)}{optimizer}: {reason}")
     return lines
+
+
+def _failure_rule(reason: str) -> str:
+    """A build failure's message with its lists of named things and its numbers taken out: the
+    same fault met by many layouts (a different node list each) is one rule."""
+    token = r"[\w.\[\]-]*\d[\w.\[\]-]*"  # a name with a number: node ib-a-0, clusters[0].nodes[1]
+    lists = re.sub(rf"{token}(, {token})*( and \d+ more)?", "N", reason)
+    return re.sub(r"\d+", "N", lists)
 
 
 def check_some_plan_runs(result: PlanSearch) -> None:

@@ -175,7 +175,7 @@ def test_a_shortfall_shows_the_need_above_the_capacity(need_gib, text):
 
 
 def test_plans_left_out_are_shown_nearest_to_fitting_one_per_layout(write_scenario):
-    from holmes_sim.search.report import infeasible_summary, layout_label
+    from holmes_sim.search.report import infeasible_summary, layout_label, optimizer_label
 
     # 8 GPUs of 40 GB for a 6.7B model: many layouts fit, many do not
     text = SMALL.replace("a100-80gb", "a100-40gb").replace(
@@ -188,5 +188,38 @@ def test_plans_left_out_are_shown_nearest_to_fitting_one_per_layout(write_scenar
     assert len(shown) == 3 and len(set(shown)) == 3
     needs = [float(line.split("needs ")[1].split(" GiB")[0]) for line in shown]
     assert needs == sorted(needs) and needs[0] <= min(c.peak_memory_gib for c in memory) + 0.05
-    labels = {f"  {c.policy}, {layout_label(c)}, {c.optimizer}: {c.reason}" for c in memory}
+    labels = {f"  {c.policy}, {layout_label(c)}, {optimizer_label(c)}: {c.reason}" for c in memory}
     assert set(shown) <= labels  # each names its optimizer, as the table does
+
+
+def _left_out(tp: int, reason: str, peak: float = 0.0, excess: float = 0.0,
+              optimizer: str = "distributed", policy: str = "megatron") -> planner.Candidate:
+    layout = planner.Layout(tp, 1, 8 // tp, 1, "1f1b", 1, "none", False)
+    return planner.Candidate(policy, layout, optimizer, (), float("inf"), 0.0, peak, False,
+                             reason=reason, excess_gib=excess)
+
+
+def test_the_nearest_to_fitting_is_the_least_over_its_own_gpus():
+    """GPUs of two sizes: a 90 GiB plan 0.1 over its 89.9 GiB GPUs is nearer to fitting than a
+    41 GiB one 1 over its 40 GiB GPUs."""
+    from holmes_sim.search.report import infeasible_summary
+
+    far = _left_out(1, "needs 41.0 GiB per GPU, the GPUs have 40", 41.0, 1.0)
+    near = _left_out(2, "needs 90.0 GiB per GPU, the GPUs have 89.9", 90.0, 0.1)
+    lines = infeasible_summary(planner.PlanSearch("s", (), None, (far, near), 2, 0.0))
+    assert "TP2" in lines[1] and "TP1" in lines[2]
+
+
+def test_one_build_fault_met_by_many_layouts_is_one_example_beside_the_nearest():
+    from holmes_sim.search.report import infeasible_summary
+
+    fault = "s.yaml:21: clusters[0].nodes[0].nics: nodes {} share no RDMA fabric; add one"
+    failures = [_left_out(tp, fault.format(nodes)) for tp, nodes in
+                ((1, "ib-a-0, ib-a-1, roce-a-0"), (2, "ib-a-0, roce-b-3"), (4, "ib-b-1, roce-a-0"))]
+    memory = [_left_out(8, "needs 81.0 GiB per GPU, the GPUs have 80", 81.0, 1.0,
+                        optimizer="distributed-overlap-gather")]
+    lines = infeasible_summary(planner.PlanSearch("s", (), None, (*failures, *memory), 4, 0.0))
+    assert lines[0] == "4 plans left out: 1 do not fit in GPU memory, 3 could not be built"
+    assert len(lines) == 3 and "ib-a-0, ib-a-1, roce-a-0" in lines[1]
+    assert lines[2] == ("  megatron, TP8 PP1 DP1 mb1 1f1b rc:none, distributed-overlap-gather: "
+                        "needs 81.0 GiB per GPU, the GPUs have 80")
