@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -57,14 +58,24 @@ def naming_policy(name: str, source: str = "") -> Iterator[None]:
     except PlanError as exc:
         if str(exc).startswith(name):
             raise
-        message = str(exc) if exc.field is None else _located(source, exc.field, str(exc))
+        message = str(exc) if exc.field is None else \
+            _located(source, _file_stamp(source), exc.field, str(exc))
         raise PlanError(f"{name}: {message}", exc.field) from None
 
 
+def _file_stamp(source: str) -> tuple[int, int] | None:
+    """(modification time in ns, size) of the file `source`; None where it is none."""
+    try:
+        st = os.stat(source)
+    except (OSError, ValueError):
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 @functools.lru_cache(maxsize=256)
-def _located(source: str, field: str, message: str) -> str:
-    """`message` about `field` with its file and line (`spec.load.located`), once per error:
-    a search meets the same one in many layouts."""
+def _located(source: str, stamp: tuple[int, int] | None, field: str, message: str) -> str:
+    """`message` about `field` with its file and line (`spec.load.located`), once per error and
+    version of the file (`stamp`): a search meets the same one in many layouts."""
     return str(located(source, FieldError(field, message)))
 
 

@@ -190,3 +190,20 @@ def test_a_transport_error_found_while_simulating_names_the_policy(write_scenari
         assert f"error: {policy}: {path}:{line}: clusters[0].nodes[0].nics: nodes ib-a-0" \
             in message, message
         assert "share no RDMA fabric" in message and message.count("error:") == 1
+
+
+def test_the_transport_error_follows_an_edited_file(write_scenario):
+    """In one process (a notebook), the error's line is the file's as it is now."""
+    from holmes_sim.errors import PlanError
+    from holmes_sim.runner import run_policy
+
+    text = (SCENARIOS / "mixed_ib_roce.yaml").read_text().replace(
+        ", {type: ethernet, model: eth-100g, bandwidth_gbit_per_s: 32}]}", "]}", 1)
+    path = write_scenario(text)
+    lines = []
+    for prefix in ("", "# one\n# two\n"):
+        path.write_text(prefix + text)
+        with pytest.raises(PlanError) as err:
+            run_policy(prepare(path), "megatron")
+        lines.append(int(str(err.value).split(f"{path}:")[1].split(":")[0]))
+    assert lines[1] == lines[0] + 2

@@ -89,9 +89,25 @@ def _slowest_member_rate(nodes: list[Node], fabric: str) -> float:
 def _tcp(nodes: list[Node]) -> Transport:
     missing = [n for n in nodes if not n.nics_on(ETHERNET)]
     if missing:
-        names = ", ".join(n.name for n in missing[:4])
-        raise PlanError(f"nodes {names} share no RDMA fabric with the rest of their group and "
-                        "have no Ethernet NIC to fall back to TCP; add "
-                        "`- {type: ethernet, model: eth-100g}` to their nics",
-                        field=f"{missing[0].group_path}.nics" if missing[0].group_path else None)
+        raise _no_fallback(missing)
     return Transport(TransportKind.TCP, ETHERNET)
+
+
+def _no_fallback(missing: list[Node]) -> PlanError:
+    """The error for a group whose `missing` nodes share no RDMA fabric with the rest and have
+    no Ethernet NIC: the nodes and their node groups, the first group's NICs as its field."""
+    groups = list(dict.fromkeys(n.group_path for n in missing if n.group_path))
+    names = _some(n.name for n in missing)
+    where = f" (node groups {_some(groups)})" if len(groups) > 1 else ""
+    whose = "each of those node groups" if len(groups) > 1 else "their node group"
+    return PlanError(f"nodes {names}{where} share no RDMA fabric with the rest of their group "
+                     "and have no Ethernet NIC to fall back to TCP; add `- {type: ethernet, "
+                     f"model: eth-100g}}` to the nics of {whose}",
+                     field=f"{groups[0]}.nics" if groups else None)
+
+
+def _some(items, shown: int = 4) -> str:
+    """The first `shown` of `items`, comma-separated, and how many more."""
+    items = list(items)
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
