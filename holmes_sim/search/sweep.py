@@ -166,7 +166,7 @@ def build_points(path: Path, axes: Sequence[SweepAxis]) -> list[SweepPoint]:
     so they still resolve against the original scenario's folder)."""
     text = read_text_bounded(path, "scenario", "check the path (`holmes-sim scenarios` lists "
                              "the bundled ones)")
-    base = load_plain(text, str(path))
+    base = load_plain(text, str(path), as_written=True)  # numbers stay as the file wrote them
     if not isinstance(base, dict):
         raise ScenarioError(f"{path}: a scenario must be a mapping of keys (clusters, model, ...)")
     points = []

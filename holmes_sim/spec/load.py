@@ -29,7 +29,7 @@ from holmes_sim.errors import FieldError, HolmesError, ScenarioError
 from holmes_sim.spec.limits import MAX_FILE_BYTES, non_finite, read_text_bounded
 from holmes_sim.spec.presets import PRESETS, preset_fields
 from holmes_sim.spec.scenario import Scenario
-from holmes_sim.spec.yaml_core import (MAX_DEPTH, TAG, compose_limited, core_form, dump,
+from holmes_sim.spec.yaml_core import (MAX_DEPTH, TAG, Written, compose_limited, core_form, dump,
                                        yaml11_reading)
 
 MAX_VALUES = 100_000
@@ -179,6 +179,8 @@ class _Doc:
         """Constructs this document's non-string scalars (`_scalar`)."""
         self.quoted: set[str] = set()
         """Paths of the quoted and block scalars (text however they read)."""
+        self.as_written = False
+        """Give numbers as `Written` text (`load_plain`)."""
         self.written: dict[str, str] = {}
         """The source text of each plain non-string scalar, by path (a text field takes a
         number as written: `description: 1e9` is '1e9')."""
@@ -250,11 +252,15 @@ def located(source: str, exc: FieldError) -> HolmesError:
     return exc
 
 
-def load_plain(text: str, source: str) -> Any:
+def load_plain(text: str, source: str, as_written: bool = False) -> Any:
     """YAML text -> plain Python values within the loader's limits (depth, aliases, values,
-    tags), before any schema check; ScenarioError naming `source` and the line otherwise."""
+    tags), before any schema check; ScenarioError naming `source` and the line otherwise.
+    `as_written`: each number is its text as written (`yaml_core.Written`), which `dump`
+    writes back unchanged."""
     node = compose_limited(text, source)
-    return None if node is None else _to_python(node, "", _Doc(source), [0])
+    doc = _Doc(source)
+    doc.as_written = as_written
+    return None if node is None else _to_python(node, "", doc, [0])
 
 
 def mapping_text(data: Any, source: str) -> str:
@@ -345,6 +351,7 @@ def _key(node: yaml.Node, path: str, doc: _Doc) -> str:
 
 
 _STR_TAG = f"{TAG}str"
+_NUMBER_TAGS = (f"{TAG}int", f"{TAG}float")
 
 
 def _scalar(node: yaml.ScalarNode, path: str, doc: _Doc) -> Any:
@@ -362,7 +369,10 @@ def _scalar(node: yaml.ScalarNode, path: str, doc: _Doc) -> Any:
     doc.written[path] = node.value
     constructor = doc.constructor
     try:
-        return constructor.construct_object(node, deep=True)
+        value = constructor.construct_object(node, deep=True)
+        if doc.as_written and node.tag in _NUMBER_TAGS:
+            return Written(node.value, node.tag)
+        return value
     except ValueError:  # e.g. an integer of more digits than Python converts
         raise doc.error(path, f"number too long ({len(node.value)} characters); numbers are "
                               f"bounded by {_fmt(MAX_NUMBER)}") from None

@@ -83,6 +83,28 @@ class _CoreDumper(yaml.SafeDumper):
 _CoreDumper.add_implicit_resolver(f"{TAG}float", _FLOAT, list("-+0123456789."))
 
 
+class Written(str):
+    """A number's text as its file wrote it (`1.50`, `007`), with the tag it resolved to:
+    `dump` writes it back as written, so a text field reading it again gets the same text and a
+    number field the same number (`spec.load.load_plain(..., as_written=True)`)."""
+
+    tag: str
+
+    def __new__(cls, text: str, tag: str) -> Written:
+        written = super().__new__(cls, text)
+        written.tag = tag
+        return written
+
+    def __deepcopy__(self, memo: dict) -> Written:
+        return self
+
+    def __reduce__(self):
+        return Written, (str(self), self.tag)
+
+
+_CoreDumper.add_representer(Written, lambda dumper, w: dumper.represent_scalar(w.tag, str(w)))
+
+
 def dump(data: Any) -> str:
     """`data` as YAML text that `compose_limited` reads back as the same values."""
     return yaml.dump(data, Dumper=_CoreDumper, sort_keys=False)

@@ -70,6 +70,20 @@ def test_a_quoted_number_in_the_file_stays_text_in_every_point(tmp_path):
         assert prepare_text(point.text).scenario.description == "1e9"
 
 
+@pytest.mark.parametrize("written", ["1.50", "1e9", "12"])
+def test_a_plain_number_in_a_text_field_stays_as_written_in_every_point(tmp_path, written):
+    path = tmp_path / "plain.yaml"
+    path.write_text(DEFAULT.read_text().replace("description: ", f"description: {written} #", 1))
+    for point in build_points(path, [parse_set("seed=1,2")]):
+        assert prepare_text(point.text).scenario.description == written
+
+
+def test_a_profile_named_like_a_number_resolves_as_run_reads_it(tmp_path):
+    (tmp_path / "s.yaml").write_text(DEFAULT.read_text() + "profile: 2024.10\n")
+    points = build_points(tmp_path / "s.yaml", [parse_set("seed=1")])
+    assert yaml.safe_load(points[0].text)["profile"] == str((tmp_path / "2024.10").resolve())
+
+
 def test_a_yaml_1_1_number_in_a_set_gets_the_yaml_1_1_note_not_a_quotes_fix():
     with pytest.raises(ScenarioError) as info:
         run_sweep(DEFAULT, ["model.hidden_size=0x1000"], ["holmes"], jobs=1)
