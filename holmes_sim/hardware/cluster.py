@@ -314,22 +314,24 @@ def _gpu_split(s: NicSpec, num_gpus: int, path: str) -> list[tuple[int, ...]]:
 
 def _build_uplinks(links: tuple[InterClusterLinkSpec, ...], cluster_names: list[str]) -> tuple[Uplink, ...]:
     out: list[Uplink] = []
+    known, joined = set(cluster_names), set()
     for i, lk in enumerate(links):
         path = f"inter_cluster_links[{i}].clusters"
         a, b = lk.clusters
         for name in (a, b):
-            if name not in cluster_names:
+            if name not in known:
                 raise FieldError(path, f"no cluster named '{name}' (clusters: "
                                        f"{', '.join(cluster_names)})")
         if a == b:
             raise FieldError(path, "an inter-cluster link joins two different clusters")
-        if any(set(u.clusters) == {a, b} for u in out):
+        if frozenset((a, b)) in joined:
             raise FieldError(path, f"clusters '{a}' and '{b}' are joined twice; keep one link")
+        joined.add(frozenset((a, b)))
         out.append(Uplink((a, b), gbit_per_s_to_bytes_per_s(lk.bandwidth_gbit_per_s),
                           us_to_s(lk.latency_us)))
     for i, a in enumerate(cluster_names):
         for b in cluster_names[i + 1:]:
-            if not any(set(u.clusters) == {a, b} for u in out):
+            if frozenset((a, b)) not in joined:
                 raise FieldError("inter_cluster_links", f"clusters '{a}' and '{b}' are not joined; "
                                  f"add `- {{clusters: [{a}, {b}], bandwidth_gbit_per_s: 100}}`")
     return tuple(out)
