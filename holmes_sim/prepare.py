@@ -137,14 +137,20 @@ def _check_precision(s: Scenario, cluster: Cluster) -> None:
             gemm_rate(gpu, fp8=True)
 
 
+_SCENARIO_DEFAULT_KEYS = ("context", "expert", "expert_tensor")
+"""`search:` keys whose default is the scenario's own `parallel` value, not every value."""
+
+
 def _check_search(s: Scenario) -> None:
     """Every list of the `search:` block non-empty, its policies known (`plan` also checks its
     values, `check_search_values`)."""
     search = s.search
     for name in search.__dataclass_fields__:
         if getattr(search, name) == ():
-            raise FieldError(f"search.{name}", "list at least one value, or remove the key to "
-                                               "search every valid value")
+            default = ("the scenario's own value" if name in _SCENARIO_DEFAULT_KEYS else
+                       "every valid value")
+            raise FieldError(f"search.{name}", f"list at least one value, or remove the key to "
+                                               f"search {default}")
     for i, name in enumerate(search.policies):
         if name not in POLICIES:
             raise FieldError(f"search.policies[{i}]", f"unknown policy '{name}' (known: "

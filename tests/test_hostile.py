@@ -241,7 +241,10 @@ def test_jobs_are_capped_at_the_cores(tmp_path: Path) -> None:
 SEARCH = {
     "unknown policy": ("search: {policies: [holmes, hollmes]}", "search.policies[1]: unknown policy"),
     "empty policies": ("search: {policies: []}", "search.policies: list at least one value"),
-    "empty schedules": ("search: {schedule: []}", "search.schedule: list at least one value"),
+    "empty schedules": ("search: {schedule: []}", "search.schedule: list at least one value, "
+                        "or remove the key to search every valid value"),
+    "empty contexts": ("search: {context: []}", "search.context: list at least one value, or "
+                       "remove the key to search the scenario's own value"),
     "virtual stages 0": ("search: {virtual_stages: [2, 0]}",
                          "search.virtual_stages[1]: must be at least 1"),
     "virtual stages -3": ("search: {virtual_stages: [-3]}",
@@ -636,7 +639,7 @@ def test_a_body_shorter_than_one_sample_is_still_checked(monkeypatch: pytest.Mon
 
     monkeypatch.setenv("HOLMES_SIM_MAX_MEMORY_GIB", "0.001")
     ran = []
-    with pytest.raises(MemoryBoundError, match="above the bound of 0.00 GiB"):
+    with pytest.raises(MemoryBoundError, match="above the bound of 0.001 GiB"):
         with MemoryGuard(interval_s=3600):
             ran.append(True)
     assert not ran

@@ -4,7 +4,6 @@ ScenarioError naming the file, line and field, with the fix."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -13,7 +12,7 @@ from holmes_sim.cli import app
 from holmes_sim.errors import ScenarioError
 from holmes_sim.prepare import prepare
 from holmes_sim.spec.load import load_plain, load_scenario_text, mapping_text
-from tests.conftest import SCENARIOS, small_scenario
+from tests.conftest import small_scenario
 
 runner = CliRunner()
 BASE = small_scenario()

@@ -196,7 +196,9 @@ def _descendants_by_scan(root: int) -> list[int]:
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    """`n` bytes in GiB, with the significant digits a small bound needs (0.0001 GiB)."""
+    gib = n / 2**30
+    return f"{gib:.2f} GiB" if gib >= 0.01 else f"{gib:.2g} GiB"
 
 
 class MemoryGuard:
