@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import io
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,19 +25,28 @@ from holmes_sim.bundled import (
     resolve_testbed,
     scenario_names,
 )
-from holmes_sim.errors import HolmesError, PlanError
+from holmes_sim.errors import HolmesError, PlanError, printable
+from holmes_sim.report.files import is_stdout
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
                   help="Plan, simulate and validate LLM training on GPU clusters with mixed NICs "
                        "(Holmes, arXiv 2312.03549).")
-# The terminal's width, else $COLUMNS, else 80: tables drop columns to fit (run --wide keeps all).
-out = Console()
-err = Console(stderr=True)
+
+
+def _console(stderr: bool = False) -> Console:
+    """The terminal's width, else $COLUMNS when positive, else 80: tables drop columns to fit
+    (run --wide keeps all)."""
+    console = Console(stderr=stderr)
+    return console if console.width > 0 else Console(stderr=stderr, width=80)
+
+
+out, err = _console(), _console(stderr=True)
 
 
 def _fail(exc: HolmesError) -> typer.Exit:
-    err.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/bold red] {escape(printable(str(exc)))}", highlight=False,
+              soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -106,9 +113,10 @@ def run(
     from holmes_sim.runner import results_document, run_scenario, stamp
 
     try:
-        _check_outputs((json_path, False, "--json"), (report, True, "--report"), (plans, True, "--plans"))
+        _check_outputs((json_path, False, "--json"), (report, True, "--report"), (plans, True, "--plans"),
+                       inputs=(source := resolve_scenario(scenario), hosts))
         host_names = read_cli_hosts(hosts, plans, "--plans")
-        prepared = prepare(resolve_scenario(scenario))
+        prepared = prepare(source)
         if seed is not None:
             prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
         names = _check_policy_names(policy)
@@ -127,17 +135,15 @@ def run(
     except HolmesError as exc:
         raise _fail(exc) from None
     if not quiet:
-        _print_results(err if _is_stdout(json_path) else out, prepared, outcomes, wide)
+        _print_results(err if is_stdout(json_path) else out, prepared, outcomes, wide)
     _warn_memory(outcomes)
 
 
-def _check_outputs(*targets: tuple[Path | None, bool, str]) -> None:
-    """Check every (path, is_folder, option) output before any work, so a bad one fails fast."""
-    from holmes_sim.report.files import prepare_output
+def _check_outputs(*targets: tuple[Path | None, bool, str], inputs: tuple = ()) -> None:
+    """`report.files.check_outputs`: every output checked, and apart, before any work."""
+    from holmes_sim.report.files import check_outputs
 
-    for path, directory, option in targets:
-        if path is not None:
-            prepare_output(path, directory=directory, option=option, create=False)
+    check_outputs(targets, inputs)
 
 
 def _check_run_targets(plans: Path | None, report: Path | None, policies: list[str]) -> None:
@@ -149,18 +155,6 @@ def _check_run_targets(plans: Path | None, report: Path | None, policies: list[s
     check_plans_targets(plans, policies)
     if report is not None:
         check_owned(report, "--report", report_targets(policies))
-
-
-def _is_stdout(path: Path | None) -> bool:
-    """Whether JSON goes to standard output ('-', /dev/stdout, ...), so tables must not."""
-    if path is None:
-        return False
-    if str(path) == "-":
-        return True
-    try:
-        return os.path.samestat(path.stat(), os.fstat(sys.stdout.fileno()))
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        return False
 
 
 def _write_plans(directory: Path, outcomes, launches: dict, refused: dict[str, str]) -> None:
@@ -240,13 +234,15 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
     from holmes_sim.cost.ops import OpCosts
     from holmes_sim.metrics import memory_report
     from holmes_sim.prepare import prepare
-    from holmes_sim.runner import plan_policy
+    from holmes_sim.runner import naming_policy, plan_policy
 
     try:
         prepared = prepare(resolve_scenario(scenario))
         too_big = []
         for name in prepared.scenario.policies:
             plan, cluster = plan_policy(prepared, name)
+            with naming_policy(name, prepared.source):  # each group chooses its transport
+                tuple(plan.groups)
             mem = memory_report(plan, cluster, prepared.workload,
                                 OpCosts(cluster, prepared.workload, prepared.compute, plan.tp))
             fits = "fits" if mem.fits else "[red]does not fit[/red]"
@@ -354,7 +350,7 @@ def _validate_on_testbed(testbed: Path, *, real: bool, dry_run: bool, cleanup: b
         from holmes_sim.report.document import VALIDATION_FILES
         from holmes_sim.report.owned import check_owned
 
-        _check_outputs((json_path, False, "--json"), (report, True, "--report"))
+        _check_outputs((json_path, False, "--json"), (report, True, "--report"), inputs=(testbed,))
         if report is not None:
             check_owned(report, "--report", VALIDATION_FILES)
     if dry_run:
@@ -387,7 +383,7 @@ def _print_verdict(result, json_path: Path | None, wide: bool = False) -> None:
     from holmes_sim.report.tables import print_table
     from holmes_sim.validation.comparison import comparison_table
 
-    console = err if _is_stdout(json_path) else out
+    console = err if is_stdout(json_path) else out
     print_table(console, comparison_table(result, console.width, wide), wide)
     if result.host_unstable:  # before the verdict: on such a host it would not mean anything
         for w in result.host_warnings:
@@ -408,7 +404,7 @@ def _validate_published(json_path: Path | None, wide: bool = False) -> None:
     result = check(progress=lambda m: err.print(m, highlight=False, markup=False))
     if json_path is not None:
         write_result_json(json_path, stamp(result.to_json()))
-    console = err if _is_stdout(json_path) else out
+    console = err if is_stdout(json_path) else out
     print_table(console, check_table(result, console.width, wide), wide)
     print_table(console, paper_table(result, console.width, wide), wide)
     if not result.within_tolerance:
@@ -475,16 +471,16 @@ def plan(
     from holmes_sim.runner import stamp
 
     try:
-        _check_outputs((json_path, False, "--json"), (export, True, "--export"))
+        _check_outputs((json_path, False, "--json"), (export, True, "--export"),
+                       inputs=(source := resolve_scenario(scenario), hosts))
         host_names = read_cli_hosts(hosts, export, "--export")
-        prepared = prepare(resolve_scenario(scenario))
+        prepared = prepare(source)
         spec = prepared.scenario.search if top is None else replace(prepared.scenario.search, top_k=top)
-        check_export_targets(export, spec, prepared.workload)  # before the search
+        check_export_targets(export, spec, prepared, hosts, host_names)  # before the search
         with WorkProgress(err, "plan", "layouts") as bar:
-            result = planner.search(prepared, spec, progress=bar.update, jobs=_capped_jobs(jobs),
-                                    ray=ray, max_candidates=max_candidates,
-                                    confirming=bar.stage("plan, simulating the best", "plans"))
-        search_report.check_some_plan_runs(result)
+            result = search_report.runnable(planner.search(
+                prepared, spec, progress=bar.update, jobs=_capped_jobs(jobs), ray=ray,
+                max_candidates=max_candidates, confirming=bar.stage("plan, simulating the best", "plans")))
         launches = _export_launches(prepared, result, hosts, host_names) if export else []
         if json_path is not None:
             write_result_json(json_path, stamp(result.to_json()))
@@ -493,7 +489,7 @@ def plan(
             _note_stale("--export", directory, write_exports(directory, launches))
     except HolmesError as exc:
         raise _fail(exc) from None
-    console = err if _is_stdout(json_path) else out
+    console = err if is_stdout(json_path) else out
     print_table(console, search_report.plan_table(result, rows, console.width, wide), wide)
     print_folded(console, [search_report.why_the_winner_wins(result),
                            *search_report.infeasible_summary(result), variability_note(prepared)])
@@ -561,7 +557,7 @@ def sweep(
     from holmes_sim.search.sweep import SWEEP_FILES, run_sweep, sweep_table, write_sweep
 
     try:
-        _check_outputs((out_dir, True, "--out"))
+        _check_outputs((out_dir, True, "--out"), inputs=(resolve_scenario(scenario),))
         check_owned(out_dir, "--out", SWEEP_FILES)
         with WorkProgress(err, "sweep", "points") as bar:
             result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy),

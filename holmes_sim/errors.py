@@ -38,3 +38,9 @@ class FieldError(ScenarioError):
         super().__init__(f"{path}: {message}")
         self.path = path
         self.message = message
+
+
+def printable(text: str) -> str:
+    """`text` on one line: control characters (a key's newline, a path's escape byte) shown as
+    escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -183,6 +183,8 @@ def test_a_transport_error_found_while_simulating_names_the_policy(write_scenari
         ", {type: ethernet, model: eth-100g, bandwidth_gbit_per_s: 32}]}", "]}", 1)
     path = write_scenario(text)
     line = next(i for i, t in enumerate(text.splitlines(), 1) if "name: ib-a," in t)
+    check = CliRunner().invoke(app, ["check", str(path)])
+    assert check.exit_code == 2 and f"{path}:{line}: clusters[0].nodes[0].nics" in check.output
     for policy in ("megatron", "holmes"):
         result = CliRunner().invoke(app, ["run", str(path), "-q", "-p", policy])
         message = " ".join(result.output.split())

@@ -101,14 +101,22 @@ def export_targets(names) -> list[str]:
     return [f"{name}/{f}" for name in names for f in LAUNCH_FILE_NAMES]
 
 
-def check_export_targets(export: Path | None, spec, workload) -> None:
-    """That Megatron-LM can build the model, and every launch folder `plan --export` could
-    write under an existing `export` (None: no export), checked before the search."""
+def check_export_targets(export: Path | None, spec, prepared, hosts: Path | None = None,
+                         host_names: list[str] | None = None) -> None:
+    """That Megatron-LM can build the model, that `hosts` names one host a node (every plan
+    uses every node), and every launch folder `plan --export` could write under an existing
+    `export` (None: no export), checked before the search."""
     if export is None:
         return
-    why = model_launch_refusal(workload)
+    why = model_launch_refusal(prepared.workload)
     if why is not None:
         raise PlanError(f"--export: no launch files: {why}")
+    if all(policy in REFERENCE_POLICIES for policy in spec.policies):
+        raise PlanError(f"--export: search.policies lists only {', '.join(spec.policies)}, "
+                        "references on a hypothetical network with no launch files; add holmes "
+                        "or megatron to search.policies, or drop --export")
+    if hosts is not None:
+        read_hosts(hosts, len(prepared.cluster.nodes), host_names)
     if export.is_dir():
         names = [f"{rank}-{policy}" for rank in range(1, spec.top_k + 2)  # top K and baseline
                  for policy in dict.fromkeys(spec.policies)]

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import fnmatch
+import io
 import json
 import os
 import stat
@@ -81,9 +83,90 @@ def prepare_output(path: str | Path, directory: bool = False, option: str = "out
         raise OutputError(f"{option}: {path} is a folder; name a file in it, e.g. {path / 'results.json'}")
     elif not directory and not _streamable(mode) and not stat.S_ISREG(mode):
         raise OutputError(f"{option}: {path} is not a regular file, a character device or a FIFO")
+    elif not directory and not _streamable(mode) and path.is_symlink():
+        raise OutputError(f"{option}: {path} is a symlink; holmes-sim does not replace links it "
+                          "did not create; remove it or choose another name")
     elif not _streamable(mode):
         _check_writable(path if directory else path.parent, option)
     return path
+
+
+Target = tuple[Path | None, bool, str]
+"""An output option's (path or None, whether it is a folder, the option's name)."""
+
+
+def check_outputs(targets: Sequence[Target], inputs: Sequence[str | Path | None] = ()) -> None:
+    """Check every output before any work (`prepare_output`), and that they stay apart: none
+    is one of the command's `inputs` (the scenario, the hosts file), no two are one path, and
+    none lies where an output folder of another option writes its own files (`_WRITES`; a
+    `--json` may be the `--report` folder's results.json, which holds the same document).
+
+    Raises:
+        OutputError: naming the option, the path and what it collides with.
+    """
+    given = [(Path(path), folder, option) for path, folder, option in targets if path is not None]
+    for path, folder, option in given:
+        prepare_output(path, directory=folder, option=option, create=False)
+    files = [Path(os.path.realpath(p)) for p in inputs if p is not None and Path(p).is_file()]
+    for path, folder, option in given:
+        if str(path) != STDOUT and not _is_stream(path):
+            _check_apart(path, folder, option, given, files)
+
+
+def _check_apart(path: Path, folder: bool, option: str, given: list[tuple[Path, bool, str]],
+                 inputs: list[Path]) -> None:
+    here = Path(os.path.realpath(path))
+    what = "folder" if folder else "file"
+    if here in inputs:
+        raise OutputError(f"{option}: {path} is a file this command reads (the scenario, --hosts or "
+                          f"testbed file); name another {what}")
+    if option == "--json" and any(o == "--report" and Path(os.path.realpath(p)) / "results.json"
+                                  == here for p, _, o in given):
+        return  # the report's own results.json: the same document
+    for other, other_folder, other_option in given:
+        there = Path(os.path.realpath(other))
+        if other_option == option or str(other) == STDOUT:
+            continue
+        if here == there and not (folder and other_folder):
+            raise OutputError(f"{option}: {path} is also the {other_option} target; name "
+                              f"another {what}")
+        if other_folder and there in here.parents and _written_in(other_option,
+                                                                  here.relative_to(there)):
+            raise OutputError(f"{option}: {path} is inside the {other_option} folder {other}, "
+                              f"where holmes-sim writes its own files; name another {what}")
+
+
+_WRITES = {"--report": ("*.md", "*.png", "trace_*.json", "results.json"), "--out": ("sweep*",)}
+"""What a folder option writes at its top level (glob patterns), besides its record
+(`.holmes-sim-*`); the others (--plans, --export) hold only what holmes-sim writes."""
+
+
+def _written_in(option: str, inside: Path) -> bool:
+    """Whether the folder of `option` writes (or may write) the entry of `inside`, a path
+    relative to it."""
+    top = inside.parts[0]
+    patterns = _WRITES.get(option)
+    return patterns is None or any(fnmatch.fnmatch(top, p) for p in (*patterns, ".holmes-sim-*"))
+
+
+def _is_stream(path: Path) -> bool:
+    try:
+        return _streamable(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def is_stdout(path: Path | None) -> bool:
+    """Whether output to `path` goes to standard output ('-', /dev/stdout, ...), so tables
+    must not."""
+    if path is None:
+        return False
+    if str(path) == STDOUT:
+        return True
+    try:
+        return os.path.samestat(path.stat(), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
 
 
 def make_folder(path: str | Path, option: str = "output") -> Path:

@@ -7,6 +7,7 @@ Each `*_figure` function returns a matplotlib Figure so tests can read the plott
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,9 +66,13 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Figure, path: str | Path) -> None:
-    """Write `fig` as a PNG with no timestamp or software metadata, atomically, then close it."""
+    """Write `fig` as a PNG with no timestamp or software metadata, atomically, then close it.
+    Drawing is quiet: a user's name in a script the font lacks draws as boxes, and a label too
+    long for constrained layout stays where it is, without matplotlib's UserWarnings."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
     pyplot().close(fig)
     write_atomic(path, buffer.getvalue())
 

@@ -60,9 +60,10 @@ def _plan_table(result: PlanSearch, numbered: list[tuple[str, Candidate]],
     for rank, c in numbered:
         cells = _row(rank, c, result)
         table.add_row(*(cells[i] for i in keep))
+    versus = ("speed-up over the best Megatron-LM default layout (base)" if result.baseline
+              else "no speed-up: the search has no megatron plan to compare with")
     table.caption = Text("iteration times of simulated rows (*) come from the discrete-event "
-                         "simulation, the others from the analytic estimate; speed-up over the "
-                         "best Megatron-LM default layout (base)")
+                         f"simulation, the others from the analytic estimate; {versus}")
     return table
 
 
@@ -89,10 +90,16 @@ def why_the_winner_wins(result: PlanSearch) -> str:
     b, a = dict(best.breakdown_s), dict(base.breakdown_s)
     deltas = sorted(((a[k] - b.get(k, 0.0), k) for k in a), reverse=True)
     material = MATERIAL_SAVING * base.predicted_iteration_s
-    parts = [f"{k} {a[k]:.2f} s -> {b.get(k, 0.0):.2f} s" for d, k in deltas[:3] if d >= material]
+    parts = [f"{k} {_seconds(a[k], b.get(k, 0.0))}" for d, k in deltas[:3] if d >= material]
     saves = f"; it saves most on: {'; '.join(parts)}" if parts else ""
     return (f"The best plan ({best.policy}, {layout_label(best)}) beats the best Megatron-LM default "
             f"({layout_label(base)}) by {result.speedup(best):.2f}x{saves}.")
+
+
+def _seconds(before: float, after: float) -> str:
+    """'B s -> A s' with the fewest decimals (2 to 4) that tell the two apart."""
+    digits = next((d for d in (2, 3) if f"{before:.{d}f}" != f"{after:.{d}f}"), 4)
+    return f"{before:.{digits}f} s -> {after:.{digits}f} s"
 
 
 def infeasible_summary(result: PlanSearch, examples: int = 3) -> list[str]:
@@ -128,9 +135,10 @@ def _failure_rule(reason: str) -> str:
     return re.sub(r"\d+", "N", lists)
 
 
-def check_some_plan_runs(result: PlanSearch) -> None:
-    """Raise PlanError, with `infeasible_summary`'s counts and examples, when no plan of the
-    search fits in memory and can be built."""
+def runnable(result: PlanSearch) -> PlanSearch:
+    """`result`, unless no plan of the search fits in memory and can be built: then PlanError,
+    with `infeasible_summary`'s counts and examples."""
     if not result.candidates:
         raise PlanError("no plan of the search can run: " + "; ".join(
             line.strip() for line in infeasible_summary(result)))
+    return result

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from holmes_sim.errors import FieldError, HolmesError, ScenarioError
+from holmes_sim.errors import FieldError, HolmesError, ScenarioError, printable
 from holmes_sim.spec.limits import MAX_FILE_BYTES, non_finite, read_text_bounded
 from holmes_sim.spec.presets import PRESETS, preset_fields
 from holmes_sim.spec.scenario import Scenario
@@ -546,11 +546,6 @@ def _join(path: str, key: Any) -> str:
 
 def _field_names(cls: type) -> str:
     return ", ".join(f.name for f in dataclasses.fields(cls))
-
-
-def printable(text: str) -> str:
-    """`text` on one line: control characters (a key's newline, say) shown as escapes."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _fmt(value: float) -> str:

@@ -94,6 +94,48 @@ def test_bad_output_targets_exit_2_before_any_work(tmp_path, option, target, mes
     assert not (tmp_path / "missing").exists() and (tmp_path / "file.txt").read_text() == "keep"
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    ("run s.yaml --json s.yaml", "--json: s.yaml is a file this command reads"),
+    ("plan s.yaml --json s.yaml", "--json: s.yaml is a file this command reads"),
+    ("sweep s.yaml --set seed=1 --out s.yaml", "--out: s.yaml exists and is not a folder"),
+    ("run s.yaml --report d --json d/report.md", "--json: d/report.md is inside the --report folder"),
+    ("run s.yaml --plans d --json d/.holmes-sim-files.json", "is inside the --plans folder d"),
+    ("run s.yaml --plans d --json d/plan_holmes.json", "is inside the --plans folder d"),
+    ("plan s.yaml --export x --json x", "--json: x is also the --export target"),
+    ("plan s.yaml --export d --json d/1-holmes", "is inside the --export folder d"),
+    ("run s.yaml --report d --plans d/report.md", "--plans: d/report.md is inside the --report"),
+])
+def test_outputs_that_collide_with_an_input_or_each_other_exit_2_first(tmp_path, monkeypatch,
+                                                                      args, message):
+    """Refused before any work, nothing written: the scenario keeps its bytes and the folder
+    stays empty."""
+    monkeypatch.chdir(tmp_path)
+    scenario = small_scenario()
+    (tmp_path / "s.yaml").write_text(scenario)
+    (tmp_path / "d").mkdir()
+    result = runner.invoke(app, [*args.split(), "-q"] if args.startswith("run") else args.split())
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()) and "Traceback" not in result.output
+    assert (tmp_path / "s.yaml").read_text() == scenario and not any((tmp_path / "d").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "s.yaml"]
+
+
+def test_json_may_be_the_report_folders_results_and_two_folders_one_path(tmp_path):
+    result = runner.invoke(app, ["run", "mixed_ib_eth", "-p", "holmes", "-q", "--report",
+                                 str(tmp_path), "--plans", str(tmp_path), "--json",
+                                 str(tmp_path / "results.json")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "report.md").exists() and (tmp_path / "plan_holmes.json").exists()
+
+
+def test_a_symlink_json_target_is_refused_before_any_work(tmp_path):
+    (tmp_path / "real.json").write_text("keep")
+    (tmp_path / "l.json").symlink_to(tmp_path / "real.json")
+    result = runner.invoke(app, ["plan", "mixed_ib_roce", "--json", str(tmp_path / "l.json")])
+    assert result.exit_code == 2 and "--json: " in result.output and "is a symlink" in result.output
+    assert (tmp_path / "real.json").read_text() == "keep"
+
+
 def test_sweep_out_with_a_missing_parent_exits_2(tmp_path):
     result = runner.invoke(app, ["sweep", "mixed_ib_eth", "--set", "seed=1",
                                  "--out", str(tmp_path / "a" / "b")])
@@ -179,3 +221,41 @@ def test_commands_other_than_validate_run_without_torch(tmp_path, args):
     proc = subprocess.run([sys.executable, "-c", BLOCK_TORCH, *argv], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_plan_refuses_a_hosts_file_of_the_wrong_length_before_the_search(tmp_path, monkeypatch):
+    from holmes_sim.search import planner
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the search ran")
+
+    monkeypatch.setattr(planner, "search", no_search)
+    (tmp_path / "hosts").write_text("h1\n")
+    result = runner.invoke(app, ["plan", "mixed_ib_roce", "--export", str(tmp_path / "ex"),
+                                 "--hosts", str(tmp_path / "hosts")])
+    assert result.exit_code == 2, result.output
+    assert "names 1 hosts, the plan has 8 nodes" in " ".join(result.output.split())
+    assert not (tmp_path / "ex").exists()
+
+
+@pytest.mark.parametrize("name", ["no\x1b[31mfile.yaml", "a\nb.yaml"])
+def test_an_error_naming_a_path_with_control_characters_is_one_escaped_line(name):
+    proc = _cli("run", name)
+    assert proc.returncode == 2 and "\x1b" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and repr(name)[1:-1] in proc.stderr
+
+
+def test_a_zero_terminal_width_falls_back_to_80_columns(tmp_path):
+    ran = _cli("run", "mixed_ib_roce", "-p", "holmes", columns=0)
+    assert ran.returncode == 0 and "holmes" in ran.stdout, ran.stderr
+    assert max(len(line) for line in ran.stdout.splitlines()) <= 80
+    (tmp_path / "bad.yaml").write_text("seed: 1\nseed: 2\n")
+    refused = _cli("run", str(tmp_path / "bad.yaml"), columns=0)
+    assert refused.returncode == 2 and "duplicate key" in refused.stderr
+
+
+def test_a_name_the_font_lacks_draws_without_warnings(write_scenario, tmp_path):
+    path = write_scenario(small_scenario().replace("name: small", "name: 'Ünïcødé 名前 🚀'", 1))
+    proc = _cli("run", str(path), "-q", "-p", "holmes", "--report", str(tmp_path / "r"))
+    assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr
+    assert (tmp_path / "r" / "iteration_time.png").exists()

@@ -223,3 +223,26 @@ def test_one_build_fault_met_by_many_layouts_is_one_example_beside_the_nearest()
     assert len(lines) == 3 and "ib-a-0, ib-a-1, roce-a-0" in lines[1]
     assert lines[2] == ("  megatron, TP8 PP1 DP1 mb1 1f1b rc:none, distributed-overlap-gather: "
                         "needs 81.0 GiB per GPU, the GPUs have 80")
+
+
+def test_a_search_without_megatron_says_it_has_no_baseline(write_scenario, tmp_path):
+    path = write_scenario(SMALL.replace("top_k: 3}", "top_k: 3, policies: [holmes]}"))
+    result = CliRunner().invoke(app, ["plan", str(path), "--jobs", "1"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0 and "no speed-up: the search has no megatron plan" in text
+    assert "speed-up over the best Megatron-LM" not in text
+
+
+def test_export_of_references_only_is_refused_before_the_search(write_scenario, tmp_path):
+    path = write_scenario(SMALL.replace("top_k: 3}", "top_k: 3, policies: [all-ib]}"))
+    result = CliRunner().invoke(app, ["plan", str(path), "--export", str(tmp_path / "ex")])
+    assert result.exit_code == 2 and "references on a hypothetical network" in result.output
+    assert not (tmp_path / "ex").exists()
+
+
+def test_a_saving_shows_the_decimals_that_tell_its_ends_apart():
+    from holmes_sim.search.report import _seconds
+
+    assert _seconds(0.0114, 0.0061) == "0.011 s -> 0.006 s"
+    assert _seconds(2.02, 0.6) == "2.02 s -> 0.60 s"
+    assert _seconds(0.01234, 0.01231) == "0.0123 s -> 0.0123 s"
