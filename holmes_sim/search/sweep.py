@@ -28,7 +28,7 @@ from holmes_sim.prepare import Prepared, prepare_text
 from holmes_sim.search.planner import usable_cores
 from holmes_sim.spec.limits import read_text_bounded
 from holmes_sim.spec.load import load_plain, load_scenario_text
-from holmes_sim.spec.yaml_core import dump
+from holmes_sim.spec.yaml_core import MAX_DEPTH, dump
 
 METRICS = ("iteration_time_s", "tflops_per_gpu", "samples_per_s", "bubble_fraction",
            "peak_memory_gib", "fits_memory")
@@ -36,6 +36,12 @@ MAX_POINTS = 500
 """Most points a sweep runs unless raised with `--max-points` (each simulates every policy)."""
 MAX_VALUE_CHARS = 200
 """Longest `--set` value (a number, name or boolean; longer text is refused before parsing)."""
+MAX_PATH_CHARS = 300
+"""Longest `--set` field path (a deep one, `clusters[0].nodes[1].nics[0].bandwidth_gbit_per_s`,
+has 50)."""
+MAX_PATH_PARTS = MAX_DEPTH - 1
+"""Most names and [indices] in a `--set` path: the scenario's top mapping and the value under
+the path make it as deep as the loader allows (`yaml_core.MAX_DEPTH`)."""
 _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
 
 
@@ -114,7 +120,12 @@ def parse_set(arg: str) -> SweepAxis:
 
 
 def parse_path(path: str, arg: str) -> tuple[str | int, ...]:
-    """`a.b[1].c` -> ('a', 'b', 1, 'c')."""
+    """`a.b[1].c` -> ('a', 'b', 1, 'c'); at most MAX_PATH_CHARS and MAX_PATH_PARTS, indices
+    plain decimals (`[01]` is refused, as the loader refuses `01` for a number)."""
+    shown = path if len(path) <= 40 else f"{path[:40]}..."
+    if len(path) > MAX_PATH_CHARS:
+        raise ScenarioError(f"--set {shown}=...: a path of {len(path):,} characters; field paths "
+                            f"are at most {MAX_PATH_CHARS} (e.g. clusters[0].nodes[1].count)")
     tokens: list[str | int] = []
     for segment in path.split("."):
         m = _SEGMENT.fullmatch(segment)  # not match + `$`, which takes a trailing newline
@@ -122,7 +133,15 @@ def parse_path(path: str, arg: str) -> tuple[str | int, ...]:
             raise ScenarioError(f"--set {arg}: '{segment}' is not a field name with optional "
                                 "[index] (e.g. clusters[0].nodes[1].count)")
         tokens.append(m.group(1))
-        tokens.extend(int(i) for i in re.findall(r"\[(\d+)\]", m.group(2)))
+        for index in re.findall(r"\[(\d+)\]", m.group(2)):
+            if index != str(int(index)):
+                raise ScenarioError(f"--set {arg}: index [{index}] has a leading zero; write "
+                                    f"[{int(index)}]")
+            tokens.append(int(index))
+    if len(tokens) > MAX_PATH_PARTS:
+        raise ScenarioError(f"--set {shown}=...: a path of {len(tokens)} parts; scenario fields "
+                            f"nest at most {MAX_PATH_PARTS} deep (each name and [index] is a "
+                            "part); check the path")
     return tuple(tokens)
 
 
@@ -316,9 +335,9 @@ def parse_axes(sets: Sequence[str], max_points: int) -> list[SweepAxis]:
     if not sets:
         raise ScenarioError("give at least one --set PATH=V1,V2,...")
     axes = [parse_set(s) for s in sets]
-    seen = [a.path for a in axes]
+    seen = [a.tokens for a in axes]
     for a in axes:
-        if seen.count(a.path) > 1:
+        if seen.count(a.tokens) > 1:
             raise ScenarioError(f"--set {a.arg}: {a.path} is swept more than once; give its "
                                 "values in one --set")
     check_point_count(axes, max_points)

@@ -158,3 +158,36 @@ def test_cli_sweep_bad_path_exits_2_naming_it(tmp_path):
     assert "--set clusters[5].nodes[0].count=2" in result.output
     assert "out of range" in result.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("path", "says"), [
+    ("x." * 400 + "y", "a path of 801 characters; field paths are at most 300"),
+    ("x" * 2000, "a path of 2,000 characters; field paths are at most 300"),
+    ("x." * 100 + "y", "a path of 101 parts; scenario fields nest at most 31 deep"),
+    ("clusters" + "[0]" * 31 + ".count", "a path of 33 parts"),
+])
+def test_a_path_too_deep_or_too_long_is_refused_on_one_line_before_anything_runs(tmp_path, path,
+                                                                                 says):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["sweep", str(DEFAULT), "--set", f"{path}=1",
+                                      "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert says in result.output and f"--set {path[:40]}..." in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_path_as_deep_as_the_loader_allows_gets_the_loaders_verdict():
+    with pytest.raises(ScenarioError) as info:
+        run_sweep(DEFAULT, ["x." * 30 + "y=1"], ["holmes"], jobs=1)
+    assert "x: unknown key" in str(info.value) and "nested deeper" not in str(info.value)
+
+
+def test_an_index_with_a_leading_zero_is_refused_so_a_field_cannot_be_swept_twice(tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["sweep", str(DEFAULT), "--set", "clusters[0].nodes[0].count=1,2",
+                                      "--set", "clusters[0].nodes[00].count=2,1",
+                                      "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "--set clusters[0].nodes[00].count=2,1: index [00] has a leading zero; write [0]" \
+        in result.output
+    assert not out.exists()
