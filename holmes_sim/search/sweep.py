@@ -1,8 +1,9 @@
 """Parameter sweeps: run a scenario for every combination of values of some of its fields.
 
 Each `--set PATH=V1,V2,...` names a field by dotted path with list indices
-(`inter_cluster_links[0].bandwidth_gbit_per_s`); values are YAML scalars. Every variant is
-written as YAML and checked by the ordinary loader and `prepare_text` before anything runs,
+(`inter_cluster_links[0].bandwidth_gbit_per_s`); values are YAML scalars, and a number lands in
+the point's YAML as written (`1.50` stays `1.50`, so a text field reads the text as typed). Every
+variant is written as YAML and its fields checked by the ordinary loader before anything runs,
 then the points run in worker processes (or as Ray tasks, `--ray`) and come back in
 cartesian-product order.
 """
@@ -17,7 +18,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from holmes_sim.prepare import Prepared, prepare_text
 from holmes_sim.search.planner import usable_cores
 from holmes_sim.spec.limits import read_text_bounded
 from holmes_sim.spec.load import load_plain, load_scenario_text
-from holmes_sim.spec.yaml_core import MAX_DEPTH, dump
+from holmes_sim.spec.scenario import Scenario
+from holmes_sim.spec.yaml_core import MAX_DEPTH, Written, dump
 
 METRICS = ("iteration_time_s", "tflops_per_gpu", "samples_per_s", "bubble_fraction",
            "peak_memory_gib", "fits_memory")
@@ -47,21 +49,30 @@ _SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
 
 @dataclass(frozen=True, slots=True)
 class SweepAxis:
-    """One `--set` argument: the field path, its parsed tokens and the values to try."""
+    """One `--set` argument: the field path, its parsed tokens and the values to try: `values`
+    as the outputs show them (a number, or the text as written where the field reads text),
+    `written` as they land in the point's YAML (numbers as `Written` text; empty: `values`)."""
 
     arg: str
     path: str
     tokens: tuple[str | int, ...]
     values: tuple[Any, ...]
+    written: tuple[Any, ...] = ()
+
+    @property
+    def as_written(self) -> tuple[Any, ...]:
+        return self.written or self.values
 
 
 @dataclass(frozen=True, slots=True)
 class SweepPoint:
-    """One combination of values and the scenario YAML it produces."""
+    """One combination of values and the scenario YAML it produces; `picks` is the index of
+    each axis's value."""
 
     index: int
     values: tuple[Any, ...]
     text: str
+    picks: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -84,7 +95,8 @@ class SweepResult:
 
 
 def parse_set(arg: str) -> SweepAxis:
-    """Parse `PATH=V1,V2,...`; values are YAML scalars (100 is an int, eth-25g a string).
+    """Parse `PATH=V1,V2,...`; values are YAML scalars (100 is an int, eth-25g a string), each
+    number also kept as written (`SweepAxis.written`).
 
     Raises:
         ScenarioError: naming `arg` and what is wrong with it.
@@ -99,24 +111,32 @@ def parse_set(arg: str) -> SweepAxis:
     if len(texts) > MAX_POINTS * 20:
         raise ScenarioError(f"--set {path}=...: {len(texts):,} values; a sweep runs at most "
                             f"{MAX_POINTS:,} points by default, so give fewer values")
-    values = []
-    for text in texts:
-        if not text.strip():
-            raise ScenarioError(f"--set {arg}: empty value; list values separated by commas")
-        if len(text) > MAX_VALUE_CHARS:
-            raise ScenarioError(f"--set {path}=...: a value of {len(text):,} characters; values are "
-                                f"single numbers, names or booleans (at most {MAX_VALUE_CHARS})")
-        try:
-            value = load_plain(text.strip(), f"--set {arg}")
-        except ScenarioError:
-            raise ScenarioError(f"--set {arg}: cannot read value '{text.strip()}' as a YAML "
-                                "scalar") from None
-        if isinstance(value, dict | list) or value is None:
-            raise ScenarioError(f"--set {arg}: value '{text.strip()}' is not a single number, "
-                                "string or boolean")
-        values.append(value)
-    distinct = {(type(v), v): v for v in values}  # 1 and 1.0 and true stay apart
-    return SweepAxis(arg, path, tokens, tuple(distinct.values()))
+    distinct: dict[tuple[type, Any], Any] = {}  # by the text of a number: 1.50 and 1.5 apart,
+    for text in texts:                          # and 1, 1.0 and true apart
+        written, value = _read_value(text, arg, path)
+        distinct.setdefault((type(written), written), value)
+    return SweepAxis(arg, path, tokens, tuple(distinct.values()),
+                     tuple(written for _, written in distinct))
+
+
+def _read_value(text: str, arg: str, path: str) -> tuple[Any, Any]:
+    """One `--set` value as written (a number as `Written` text) and as its YAML value."""
+    if not text.strip():
+        raise ScenarioError(f"--set {arg}: empty value; list values separated by commas")
+    if len(text) > MAX_VALUE_CHARS:
+        raise ScenarioError(f"--set {path}=...: a value of {len(text):,} characters; values are "
+                            f"single numbers, names or booleans (at most {MAX_VALUE_CHARS})")
+    try:
+        written = load_plain(text.strip(), f"--set {arg}", as_written=True)
+    except ScenarioError:
+        raise ScenarioError(f"--set {arg}: cannot read value '{text.strip()}' as a YAML "
+                            "scalar") from None
+    if isinstance(written, dict | list) or written is None:
+        raise ScenarioError(f"--set {arg}: value '{text.strip()}' is not a single number, "
+                            "string or boolean")
+    if isinstance(written, Written):
+        return written, load_plain(str(written), f"--set {arg}")
+    return written, written
 
 
 def parse_path(path: str, arg: str) -> tuple[str | int, ...]:
@@ -189,14 +209,15 @@ def build_points(path: Path, axes: Sequence[SweepAxis]) -> list[SweepPoint]:
     if not isinstance(base, dict):
         raise ScenarioError(f"{path}: a scenario must be a mapping of keys (clusters, model, ...)")
     points = []
-    for index, values in enumerate(itertools.product(*(a.values for a in axes))):
+    for index, picks in enumerate(itertools.product(*(range(len(a.values)) for a in axes))):
         data = copy.deepcopy(base)
-        for axis, value in zip(axes, values, strict=True):
-            set_path(data, axis, value)
+        for axis, j in zip(axes, picks, strict=True):
+            set_path(data, axis, axis.as_written[j])
         profile = data.get("profile")
         if isinstance(profile, str) and not Path(profile).is_absolute():
             data["profile"] = str((path.parent / profile).resolve())
-        points.append(SweepPoint(index, values, dump(data)))
+        values = tuple(a.values[j] for a, j in zip(axes, picks, strict=True))
+        points.append(SweepPoint(index, values, dump(data), picks))
     return points
 
 
@@ -211,21 +232,25 @@ def prepare_point(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) ->
         raise _error_of(exc, f"{point_label(point, source, axes)}: {message}") from None
 
 
-def check_point_fields(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> None:
+def check_point_fields(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> Scenario:
     """Check a point's fields against the schema only (names, types, ranges): a mistake there is
-    the user's, fatal for the whole sweep, while a valid point may still be infeasible."""
+    the user's, fatal for the whole sweep, while a valid point may still be infeasible (its
+    values conflict with each other or with the rest of the scenario). The point's scenario."""
     name = "<sweep point>"
     try:
-        load_scenario_text(point.text, name)
+        return load_scenario_text(point.text, name)
     except HolmesError as exc:
         message = re.sub(rf"^{re.escape(name)}(:\d+)?: ", "", str(exc))
         raise _error_of(exc, f"{point_label(point, source, axes)}: {message}") from None
 
 
 def point_label(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> str:
-    """'<scenario> with --set A=1,2 (value 2), ...': which point an error is about."""
-    values = ", ".join(f"--set {a.arg} (value {v!r})" for a, v in zip(axes, point.values,
-                                                                     strict=True))
+    """'<scenario> with --set A=1,2 (value 2), ...': which point an error is about (its values
+    as written: `1e3`, 'eth-25g', True)."""
+    written = ([a.as_written[j] for a, j in zip(axes, point.picks, strict=True)] if point.picks
+               else point.values)
+    values = ", ".join(f"--set {a.arg} (value {v if isinstance(v, Written) else repr(v)})"
+                       for a, v in zip(axes, written, strict=True))
     return f"{source} with {values}"
 
 
@@ -300,8 +325,10 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
     path = Path(path)
     axes = parse_axes(sets, max_points)
     points = build_points(path, axes)
+    text_picks: set[tuple[int, int]] = set()
     for point in points:
-        check_point_fields(point, path, axes)
+        text_picks |= _text_picks(check_point_fields(point, path, axes), point, axes)
+    axes, points = _as_read(axes, points, text_picks)
     names = list(policies or _first_valid(points, path, axes).scenario.policies)
     for name in names:
         get_policy(name, "--policy")
@@ -342,6 +369,38 @@ def parse_axes(sets: Sequence[str], max_points: int) -> list[SweepAxis]:
                                 "values in one --set")
     check_point_count(axes, max_points)
     return axes
+
+
+def _text_picks(scenario: Scenario, point: SweepPoint,
+                axes: Sequence[SweepAxis]) -> set[tuple[int, int]]:
+    """(axis, value) of each number that `scenario` reads as text (a name, a description)."""
+    return {(k, j) for k, (a, j) in enumerate(zip(axes, point.picks, strict=True))
+            if isinstance(a.as_written[j], Written) and isinstance(_field(scenario, a.tokens), str)}
+
+
+def _field(scenario: Scenario, tokens: Sequence[str | int]) -> Any:
+    """The value at `tokens` in the loaded scenario; None where the path leads nowhere."""
+    node: Any = scenario
+    try:
+        for token in tokens:
+            node = node[token] if isinstance(token, int) or isinstance(node, dict) else \
+                getattr(node, token)
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return None
+    return node
+
+
+def _as_read(axes: Sequence[SweepAxis], points: Sequence[SweepPoint],
+             text_picks: set[tuple[int, int]]) -> tuple[list[SweepAxis], list[SweepPoint]]:
+    """The axes and points with each number a text field reads shown as its text (`1e3`, not
+    1000.0); other values stay the numbers, booleans and strings YAML reads."""
+    if not text_picks:
+        return list(axes), list(points)
+    axes = [replace(a, values=tuple(str(a.as_written[j]) if (k, j) in text_picks else v
+                                    for j, v in enumerate(a.values)))
+            for k, a in enumerate(axes)]
+    return axes, [replace(p, values=tuple(a.values[j] for a, j in zip(axes, p.picks, strict=True)))
+                  for p in points]
 
 
 def check_point_count(axes: Sequence[SweepAxis], max_points: int) -> None:

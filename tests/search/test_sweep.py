@@ -191,3 +191,26 @@ def test_an_index_with_a_leading_zero_is_refused_so_a_field_cannot_be_swept_twic
     assert "--set clusters[0].nodes[00].count=2,1: index [00] has a leading zero; write [0]" \
         in result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("arg", "read"), [
+    ("name=1e3,1000,0.10", ["1e3", "1000", "0.10"]),
+    ("description=1.50,1.5", ["1.50", "1.5"]),
+])
+def test_set_values_in_a_text_field_keep_their_written_text(arg, read):
+    points = build_points(DEFAULT, [parse_set(arg)])
+    field = arg.partition("=")[0]
+    assert [getattr(prepare_text(p.text).scenario, field) for p in points] == read
+    result = run_sweep(DEFAULT, [arg], ["holmes"], jobs=1)
+    assert [r[field] for r in result.rows] == read
+    assert result.to_json()["axes"] == [{"path": field, "values": read}]
+
+
+def test_set_numbers_keep_their_written_text_and_stay_numbers_in_the_outputs():
+    points = build_points(DEFAULT, [parse_set(f"{BANDWIDTH}=1e2,0.50")])
+    assert "bandwidth_gbit_per_s: 1e2" in points[0].text
+    assert "bandwidth_gbit_per_s: 0.50" in points[1].text
+    assert [prepare_text(p.text).scenario.inter_cluster_links[0].bandwidth_gbit_per_s
+            for p in points] == [100.0, 0.5]
+    result = run_sweep(DEFAULT, [f"{BANDWIDTH}=1e2,0.50"], ["holmes"], jobs=1)
+    assert [r[BANDWIDTH] for r in result.rows] == [100.0, 0.5]
