@@ -152,8 +152,12 @@ ITEM_BOUNDS: dict[str, Bound] = {
 NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
-"""The rule of names: clusters, fabrics and node groups (`hardware.cluster`), catalog keys."""
+"""The rule of names: clusters, fabrics and node groups (`NAME_FIELDS`; `hardware.cluster`
+checks them again), catalog keys."""
 NAME_FIX = "use a letter then letters, digits, '-' or '_' (at most 32 characters)"
+NAME_FIELDS = {"clusters[].name", "clusters[].nodes[].name", "fabrics[].name"}
+"""The string fields that are names (`NAME`), by path with `[]` for indices: a rule of the
+value alone, so the schema refuses it with the other field mistakes."""
 MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 """The name rule with '.' (versions and sizes: llama3.1-8b, gpt-7.5b), as presets are named."""
 TEXT_RULES: dict[str, tuple[Callable[[str], object], str]] = {
@@ -515,6 +519,9 @@ def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
         _check_text(text, path, doc, free=path.rsplit(".", 1)[-1] in FREE_TEXT)
         if path in TEXT_RULES and not TEXT_RULES[path][0](text):
             raise doc.error(path, TEXT_RULES[path][1].format(text[:40]))
+        if path.endswith(".name") and re.sub(r"\[\d+\]", "[]", path) in NAME_FIELDS \
+                and not NAME.fullmatch(text):
+            raise doc.error(path, f"'{text[:40]}' is not a valid name; {NAME_FIX}")
         return text
     raise AssertionError(f"unsupported spec type {tp}")
 

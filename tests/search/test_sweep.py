@@ -193,6 +193,28 @@ def test_an_index_with_a_leading_zero_is_refused_so_a_field_cannot_be_swept_twic
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("field", "values", "bad"), [
+    ("clusters[0].nodes[0].name", "n1,nü", "'nü'"),
+    ("clusters[0].nodes[0].name", "nü,n1", "'nü'"),
+    ("clusters[0].nodes[0].name", "n1,1e3", "1e3"),
+    ("clusters[1].name", "eth,9eth", "'9eth'"),
+])
+def test_a_bad_name_is_refused_up_front_whatever_the_order_of_the_values(field, values, bad):
+    """A name's rule is the value's alone (unlike a batch that the data-parallel degree must
+    divide), so the schema refuses it in any point, as a mistake of the user's."""
+    arg = f"{field}={values}"
+    with pytest.raises(ScenarioError) as info:
+        run_sweep(DEFAULT, [arg], ["holmes"], jobs=1)
+    assert f"--set {arg} (value {bad})" in str(info.value)
+    assert f"{field}: '{bad.strip(chr(39))}' is not a valid name; use a letter" in str(info.value)
+
+
+def test_a_valid_value_that_does_not_fit_the_rest_of_the_point_is_still_skipped():
+    result = run_sweep(DEFAULT, ["training.global_batch_size=256,250"], ["holmes"], jobs=1)
+    assert [r["status"] for r in result.rows] == ["ok", "infeasible"]
+    assert "250 is not a multiple of" in result.rows[1]["reason"]
+
+
 @pytest.mark.parametrize(("arg", "read"), [
     ("name=1e3,1000,0.10", ["1e3", "1000", "0.10"]),
     ("description=1.50,1.5", ["1.50", "1.5"]),
