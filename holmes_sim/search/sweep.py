@@ -324,11 +324,7 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
     check_address(ray)
     path = Path(path)
     axes = parse_axes(sets, max_points)
-    points = build_points(path, axes)
-    text_picks: set[tuple[int, int]] = set()
-    for point in points:
-        text_picks |= _text_picks(check_point_fields(point, path, axes), point, axes)
-    axes, points = _as_read(axes, points, text_picks)
+    axes, points = _checked_points(path, axes)
     names = list(policies or _first_valid(points, path, axes).scenario.policies)
     for name in names:
         get_policy(name, "--policy")
@@ -388,6 +384,38 @@ def _field(scenario: Scenario, tokens: Sequence[str | int]) -> Any:
     except (AttributeError, IndexError, KeyError, TypeError):
         return None
     return node
+
+
+def _checked_points(path: Path, axes: list[SweepAxis]) -> tuple[list[SweepAxis], list[SweepPoint]]:
+    """Every point built and its fields checked (a mistake there ends the sweep), with each
+    number a number field reads alike kept once and each number a text field reads shown as
+    written (`_merge_numbers`, `_as_read`)."""
+    points = build_points(path, axes)
+    text_picks: set[tuple[int, int]] = set()
+    for point in points:
+        text_picks |= _text_picks(check_point_fields(point, path, axes), point, axes)
+    merged, text_picks = _merge_numbers(axes, text_picks)
+    if merged != axes:
+        axes, points = merged, build_points(path, merged)
+    return _as_read(axes, points, text_picks)
+
+
+def _merge_numbers(axes: Sequence[SweepAxis], text_picks: set[tuple[int, int]]
+                   ) -> tuple[list[SweepAxis], set[tuple[int, int]]]:
+    """The axes with the numbers a number field reads alike (`100.0`, `1e2`) kept once, the
+    first as written; numbers a text field reads (`text_picks`) stay apart. Returns the axes
+    and the text picks at their new indices."""
+    out, picks = [], set()
+    for k, a in enumerate(axes):
+        kept: dict[tuple, int] = {}
+        for j, v in enumerate(a.values):
+            kept.setdefault((j,) if (k, j) in text_picks else (type(v), v), j)
+        order = sorted(kept.values())
+        picks |= {(k, n) for n, j in enumerate(order) if (k, j) in text_picks}
+        out.append(a if len(order) == len(a.values) else replace(
+            a, values=tuple(a.values[j] for j in order),
+            written=tuple(a.as_written[j] for j in order)))
+    return out, picks
 
 
 def _as_read(axes: Sequence[SweepAxis], points: Sequence[SweepPoint],

@@ -236,3 +236,9 @@ def test_set_numbers_keep_their_written_text_and_stay_numbers_in_the_outputs():
             for p in points] == [100.0, 0.5]
     result = run_sweep(DEFAULT, [f"{BANDWIDTH}=1e2,0.50"], ["holmes"], jobs=1)
     assert [r[BANDWIDTH] for r in result.rows] == [100.0, 0.5]
+
+
+def test_one_number_written_two_ways_runs_once_in_a_number_field():
+    result = run_sweep(DEFAULT, [f"{BANDWIDTH}=50,100.0,1e2", "seed=0,1"], ["holmes"], jobs=1)
+    assert [(r[BANDWIDTH], r["seed"]) for r in result.rows] == \
+        [(50, 0), (50, 1), (100.0, 0), (100.0, 1)]
