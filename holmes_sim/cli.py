@@ -25,7 +25,7 @@ from holmes_sim.bundled import (
     resolve_testbed,
     scenario_names,
 )
-from holmes_sim.errors import HolmesError, PlanError, printable
+from holmes_sim.errors import HolmesError, PlanError, TestbedError, printable
 from holmes_sim.report.files import is_stdout
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -35,7 +35,7 @@ app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_e
 
 
 def _console(stderr: bool = False) -> Console:
-    """The terminal's width, else $COLUMNS when positive, else 80: tables drop columns to fit
+    """$COLUMNS when positive, else the terminal's width, else 80: tables drop columns to fit
     (run --wide keeps all)."""
     console = Console(stderr=stderr)
     return console if console.width > 0 else Console(stderr=stderr, width=80)
@@ -45,8 +45,8 @@ out, err = _console(), _console(stderr=True)
 
 
 def _fail(exc: HolmesError) -> typer.Exit:
-    err.print(f"[bold red]error:[/bold red] {escape(printable(str(exc)))}", highlight=False,
-              soft_wrap=True)
+    text = printable(str(exc), keep="\n\t" if isinstance(exc, TestbedError) else "")
+    err.print(f"[bold red]error:[/bold red] {escape(text)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -113,10 +113,10 @@ def run(
     from holmes_sim.runner import results_document, run_scenario, stamp
 
     try:
-        _check_outputs((json_path, False, "--json"), (report, True, "--report"), (plans, True, "--plans"),
-                       inputs=(source := resolve_scenario(scenario), hosts))
         host_names = read_cli_hosts(hosts, plans, "--plans")
-        prepared = prepare(source)
+        prepared = prepare(resolve_scenario(scenario))
+        _check_outputs((json_path, False, "--json"), (report, True, "--report"), (plans, True, "--plans"),
+                       inputs=(prepared.source, hosts, prepared.profile_path))
         if seed is not None:
             prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
         names = _check_policy_names(policy)
@@ -471,10 +471,10 @@ def plan(
     from holmes_sim.runner import stamp
 
     try:
-        _check_outputs((json_path, False, "--json"), (export, True, "--export"),
-                       inputs=(source := resolve_scenario(scenario), hosts))
         host_names = read_cli_hosts(hosts, export, "--export")
-        prepared = prepare(source)
+        prepared = prepare(resolve_scenario(scenario))
+        _check_outputs((json_path, False, "--json"), (export, True, "--export"),
+                       inputs=(prepared.source, hosts, prepared.profile_path))
         spec = prepared.scenario.search if top is None else replace(prepared.scenario.search, top_k=top)
         check_export_targets(export, spec, prepared, hosts, host_names)  # before the search
         with WorkProgress(err, "plan", "layouts") as bar:

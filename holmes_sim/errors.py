@@ -1,7 +1,7 @@
 """The exception family for conditions a user can cause (bad input, infeasible plans, testbeds).
 
-The CLI catches `HolmesError`, prints its message on one line and exits 2. Anything else is a bug
-and keeps its traceback.
+The CLI catches `HolmesError`, prints its message on one line (a `TestbedError` may add a failed
+rank's log below it) and exits 2. Anything else is a bug and keeps its traceback.
 """
 
 
@@ -23,7 +23,8 @@ class PlanError(HolmesError):
 
 
 class TestbedError(HolmesError):
-    """The emulated testbed cannot be built or a real run failed."""
+    """The emulated testbed cannot be built or a real run failed (its message may end in a
+    failed rank's log, over several lines)."""
 
     __test__ = False  # not a pytest test class
 
@@ -40,7 +41,7 @@ class FieldError(ScenarioError):
         self.message = message
 
 
-def printable(text: str) -> str:
+def printable(text: str, keep: str = "") -> str:
     """`text` on one line: control characters (a key's newline, a path's escape byte) shown as
-    escapes."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    escapes, except those in `keep`."""
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)

@@ -53,6 +53,13 @@ class Prepared:
     """Context-parallel degree (`dp` is Megatron's data-parallel degree; a plan's replicas are
     dp x cp, `plan`)."""
 
+    @property
+    def profile_path(self) -> Path | None:
+        """The scenario's `profile:` file, resolved against the scenario's folder (None
+        without one)."""
+        given = self.scenario.profile
+        return None if given is None else Path(self.source).parent / given
+
     def request(self, cluster: Cluster | None = None) -> PlanRequest:
         """The PlanRequest for a policy (on `cluster` when the policy views another one)."""
         par = self.scenario.parallel
@@ -137,8 +144,9 @@ def _check_precision(s: Scenario, cluster: Cluster) -> None:
             gemm_rate(gpu, fp8=True)
 
 
-_SCENARIO_DEFAULT_KEYS = ("context", "expert", "expert_tensor")
-"""`search:` keys whose default is the scenario's own `parallel` value, not every value."""
+_SEARCH_DEFAULTS = {"context": "the scenario's own value", "expert": "the scenario's own value",
+                    "expert_tensor": "1 and each layout's TP degree"}
+"""What a `search:` key searches when it is left out, where that is not every valid value."""
 
 
 def _check_search(s: Scenario) -> None:
@@ -147,8 +155,7 @@ def _check_search(s: Scenario) -> None:
     search = s.search
     for name in search.__dataclass_fields__:
         if getattr(search, name) == ():
-            default = ("the scenario's own value" if name in _SCENARIO_DEFAULT_KEYS else
-                       "every valid value")
+            default = _SEARCH_DEFAULTS.get(name, "every valid value")
             raise FieldError(f"search.{name}", f"list at least one value, or remove the key to "
                                                f"search {default}")
     for i, name in enumerate(search.policies):

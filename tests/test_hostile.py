@@ -245,6 +245,8 @@ SEARCH = {
                         "or remove the key to search every valid value"),
     "empty contexts": ("search: {context: []}", "search.context: list at least one value, or "
                        "remove the key to search the scenario's own value"),
+    "empty expert TP": ("search: {expert_tensor: []}", "search.expert_tensor: list at least one "
+                        "value, or remove the key to search 1 and each layout's TP degree"),
     "virtual stages 0": ("search: {virtual_stages: [2, 0]}",
                          "search.virtual_stages[1]: must be at least 1"),
     "virtual stages -3": ("search: {virtual_stages: [-3]}",

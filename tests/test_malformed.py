@@ -312,3 +312,13 @@ def test_scenario_name_with_markup_and_mathtext(tmp_path: Path, write_scenario) 
 def test_negative_seed_flag_is_refused() -> None:
     result = runner.invoke(app, ["run", "pure_ib", "--seed", "-1"])
     assert result.exit_code == 2
+
+
+def test_json_over_the_scenarios_profile_is_refused_before_the_run(tmp_path: Path) -> None:
+    profile = json.dumps(_profile(), indent=1)
+    (tmp_path / "p.json").write_text(profile)
+    (tmp_path / "s.yaml").write_text(BASE + "profile: p.json\n")
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "s.yaml"), "-q", "--json",
+                                      str(tmp_path / "p.json")])
+    assert result.exit_code == 2 and "is a file this command reads" in result.output
+    assert (tmp_path / "p.json").read_text() == profile

@@ -70,6 +70,9 @@ def prepare_output(path: str | Path, directory: bool = False, option: str = "out
             raise OutputError(f"{option}: '-' (standard output) is for files; name a folder")
         return path
     mode = _mode(path)
+    if path.is_symlink() and (mode is None or not (directory or _streamable(mode))):
+        raise OutputError(f"{option}: {path} is a symlink; holmes-sim does not write through links "
+                          "it did not create; remove it or choose another name")
     if mode is None or not _streamable(mode):
         _check_not_kernel(path, option)
     if mode is None:
@@ -83,9 +86,6 @@ def prepare_output(path: str | Path, directory: bool = False, option: str = "out
         raise OutputError(f"{option}: {path} is a folder; name a file in it, e.g. {path / 'results.json'}")
     elif not directory and not _streamable(mode) and not stat.S_ISREG(mode):
         raise OutputError(f"{option}: {path} is not a regular file, a character device or a FIFO")
-    elif not directory and not _streamable(mode) and path.is_symlink():
-        raise OutputError(f"{option}: {path} is a symlink; holmes-sim does not replace links it "
-                          "did not create; remove it or choose another name")
     elif not _streamable(mode):
         _check_writable(path if directory else path.parent, option)
     return path
@@ -107,7 +107,7 @@ def check_outputs(targets: Sequence[Target], inputs: Sequence[str | Path | None]
     given = [(Path(path), folder, option) for path, folder, option in targets if path is not None]
     for path, folder, option in given:
         prepare_output(path, directory=folder, option=option, create=False)
-    files = [Path(os.path.realpath(p)) for p in inputs if p is not None and Path(p).is_file()]
+    files = [Path(os.path.realpath(p)) for p in inputs if p is not None and _is_file(p)]
     for path, folder, option in given:
         if str(path) != STDOUT and not _is_stream(path):
             _check_apart(path, folder, option, given, files)
@@ -118,8 +118,8 @@ def _check_apart(path: Path, folder: bool, option: str, given: list[tuple[Path, 
     here = Path(os.path.realpath(path))
     what = "folder" if folder else "file"
     if here in inputs:
-        raise OutputError(f"{option}: {path} is a file this command reads (the scenario, --hosts or "
-                          f"testbed file); name another {what}")
+        raise OutputError(f"{option}: {path} is a file this command reads (the scenario, its "
+                          f"profile, --hosts or testbed file); name another {what}")
     if option == "--json" and any(o == "--report" and Path(os.path.realpath(p)) / "results.json"
                                   == here for p, _, o in given):
         return  # the report's own results.json: the same document
@@ -136,17 +136,29 @@ def _check_apart(path: Path, folder: bool, option: str, given: list[tuple[Path, 
                               f"where holmes-sim writes its own files; name another {what}")
 
 
-_WRITES = {"--report": ("*.md", "*.png", "trace_*.json", "results.json"), "--out": ("sweep*",)}
+_WRITES = {"--report": ("*.md", "*.png", "trace_*.json", "results.json"), "--out": ("sweep*",),
+           "--plans": ("plan_*.json",), "--export": ("[0-9]*-*",)}
 """What a folder option writes at its top level (glob patterns), besides its record
-(`.holmes-sim-*`); the others (--plans, --export) hold only what holmes-sim writes."""
+(`.holmes-sim-*`); --plans also a launch folder per policy (`_written_in`)."""
 
 
 def _written_in(option: str, inside: Path) -> bool:
     """Whether the folder of `option` writes (or may write) the entry of `inside`, a path
     relative to it."""
+    from holmes_sim.policies import POLICIES
+
     top = inside.parts[0]
-    patterns = _WRITES.get(option)
-    return patterns is None or any(fnmatch.fnmatch(top, p) for p in (*patterns, ".holmes-sim-*"))
+    if option == "--plans" and top in POLICIES:
+        return True
+    return any(fnmatch.fnmatch(top, p) for p in (*_WRITES.get(option, ()), ".holmes-sim-*"))
+
+
+def _is_file(path: str | Path) -> bool:
+    """Whether `path` is a file; False where it cannot be read (its reader says why)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def _is_stream(path: Path) -> bool:

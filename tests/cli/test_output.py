@@ -97,7 +97,6 @@ def test_bad_output_targets_exit_2_before_any_work(tmp_path, option, target, mes
 @pytest.mark.parametrize(("args", "message"), [
     ("run s.yaml --json s.yaml", "--json: s.yaml is a file this command reads"),
     ("plan s.yaml --json s.yaml", "--json: s.yaml is a file this command reads"),
-    ("sweep s.yaml --set seed=1 --out s.yaml", "--out: s.yaml exists and is not a folder"),
     ("run s.yaml --report d --json d/report.md", "--json: d/report.md is inside the --report folder"),
     ("run s.yaml --plans d --json d/.holmes-sim-files.json", "is inside the --plans folder d"),
     ("run s.yaml --plans d --json d/plan_holmes.json", "is inside the --plans folder d"),
@@ -128,12 +127,33 @@ def test_json_may_be_the_report_folders_results_and_two_folders_one_path(tmp_pat
     assert (tmp_path / "report.md").exists() and (tmp_path / "plan_holmes.json").exists()
 
 
-def test_a_symlink_json_target_is_refused_before_any_work(tmp_path):
+@pytest.mark.parametrize("points_to", ["real.json", "nowhere.json"])
+def test_a_symlink_json_target_is_refused_before_any_work(tmp_path, monkeypatch, points_to):
+    from holmes_sim.search import planner
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the search ran")
+
+    monkeypatch.setattr(planner, "search", no_search)
     (tmp_path / "real.json").write_text("keep")
-    (tmp_path / "l.json").symlink_to(tmp_path / "real.json")
+    (tmp_path / "l.json").symlink_to(tmp_path / points_to)
     result = runner.invoke(app, ["plan", "mixed_ib_roce", "--json", str(tmp_path / "l.json")])
     assert result.exit_code == 2 and "--json: " in result.output and "is a symlink" in result.output
-    assert (tmp_path / "real.json").read_text() == "keep"
+    assert (tmp_path / "real.json").read_text() == "keep" and not (tmp_path / "nowhere.json").exists()
+
+
+def test_json_beside_plans_and_export_files_is_theirs_only_where_they_write(tmp_path, monkeypatch):
+    """`--plans .` writes plan_*.json and a folder per policy: a results.json beside them is
+    the user's to write; plan_holmes.json or holmes/ is not."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("plan_holmes.json", "holmes"):
+        refused = runner.invoke(app, ["run", "mixed_ib_eth", "-q", "-p", "holmes", "--plans",
+                                      ".", "--json", name])
+        assert refused.exit_code == 2 and "is inside the --plans folder" in refused.output
+    assert not any(tmp_path.iterdir())
+    ok = runner.invoke(app, ["run", "mixed_ib_eth", "-q", "-p", "holmes", "--plans", ".",
+                             "--json", "results.json"])
+    assert ok.exit_code == 0 and (tmp_path / "results.json").exists(), ok.output
 
 
 def test_sweep_out_with_a_missing_parent_exits_2(tmp_path):
@@ -259,3 +279,26 @@ def test_a_name_the_font_lacks_draws_without_warnings(write_scenario, tmp_path):
     proc = _cli("run", str(path), "-q", "-p", "holmes", "--report", str(tmp_path / "r"))
     assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr
     assert (tmp_path / "r" / "iteration_time.png").exists()
+
+
+def test_a_failed_ranks_log_keeps_its_lines_and_other_errors_are_one_line(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from holmes_sim import cli
+    from holmes_sim.errors import PlanError, TestbedError
+
+    for exc, lines in ((TestbedError("rank 1 exited 1; log tail:\nTraceback\n\tboom"), 3),
+                       (PlanError("no file a\nb.yaml\x1b[31m"), 1)):
+        buffer = io.StringIO()
+        monkeypatch.setattr(cli, "err", Console(file=buffer, width=200))
+        assert cli._fail(exc).exit_code == 2
+        assert len(buffer.getvalue().strip().splitlines()) == lines and "\x1b" not in buffer.getvalue()
+
+
+def test_a_hosts_path_too_long_to_open_is_one_line_from_its_reader(tmp_path):
+    result = runner.invoke(app, ["run", "mixed_ib_roce", "-q", "-p", "holmes", "--plans",
+                                 str(tmp_path / "p"), "--hosts", "a" * 300])
+    assert result.exit_code == 2 and "cannot read hosts file" in result.output, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
