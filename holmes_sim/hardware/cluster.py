@@ -197,6 +197,20 @@ def build_cluster(clusters: tuple[ClusterSpec, ...], fabrics: tuple[FabricSpec, 
     return Cluster(tuple(nodes), {**fabric_types, ETHERNET: ETHERNET}, uplinks)
 
 
+def check_catalog_names(clusters: tuple[ClusterSpec, ...], catalog: Catalog) -> None:
+    """That every GPU, intra-node link and NIC model the node groups name is in `catalog`: a
+    rule of the names alone, checked without building the cluster (a sweep checks every
+    point's names before any runs)."""
+    for ci, c in enumerate(clusters):
+        for gi, g in enumerate(c.nodes):
+            gpath = f"clusters[{ci}].nodes[{gi}]"
+            catalog.gpu(g.gpu, f"{gpath}.gpu")
+            catalog.link(g.intra_node, f"{gpath}.intra_node")
+            for ni, n in enumerate(g.nics):
+                if n.model is not None:
+                    catalog.nic(n.model, f"{gpath}.nics[{ni}].model")
+
+
 def _check_name(name: str, path: str) -> None:
     if not NAME.fullmatch(name):  # fullmatch: `$` would accept a trailing newline
         raise FieldError(path, f"'{name}' is not a valid name; {NAME_FIX}")

@@ -26,6 +26,8 @@ from holmes_sim.errors import HolmesError, ScenarioError
 from holmes_sim.policies import get_policy
 from holmes_sim.collector import quiet_collector
 from holmes_sim.prepare import Prepared, prepare_text
+from holmes_sim.hardware.catalog import build_catalog
+from holmes_sim.hardware.cluster import check_catalog_names
 from holmes_sim.search.planner import usable_cores
 from holmes_sim.spec.limits import read_text_bounded
 from holmes_sim.spec.load import load_plain, load_scenario_text
@@ -238,10 +240,16 @@ def check_point_fields(point: SweepPoint, source: Path, axes: Sequence[SweepAxis
     values conflict with each other or with the rest of the scenario). The point's scenario."""
     name = "<sweep point>"
     try:
-        return load_scenario_text(point.text, name)
+        return load_scenario_text(point.text, name, check=_check_names)
     except HolmesError as exc:
         message = re.sub(rf"^{re.escape(name)}(:\d+)?: ", "", str(exc))
         raise _error_of(exc, f"{point_label(point, source, axes)}: {message}") from None
+
+
+def _check_names(scenario: Scenario) -> None:
+    """The catalog models the point's node groups name exist (a misspelt `gpu` is the user's
+    mistake, not an infeasible point)."""
+    check_catalog_names(scenario.clusters, build_catalog(scenario.catalog))
 
 
 def point_label(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> str:

@@ -242,3 +242,12 @@ def test_one_number_written_two_ways_runs_once_in_a_number_field():
     result = run_sweep(DEFAULT, [f"{BANDWIDTH}=50,100.0,1e2", "seed=0,1"], ["holmes"], jobs=1)
     assert [(r[BANDWIDTH], r["seed"]) for r in result.rows] == \
         [(50, 0), (50, 1), (100.0, 0), (100.0, 1)]
+
+
+@pytest.mark.parametrize("values", ["a100-80gb,h100x", "h100x,a100-80gb"])
+def test_a_misspelt_catalog_model_ends_the_sweep_in_any_order(values):
+    """Whether a GPU model exists depends on its name and the file's catalog alone: a mistake,
+    refused before anything runs, not an infeasible point skipped."""
+    with pytest.raises(ScenarioError) as info:
+        run_sweep(DEFAULT, [f"clusters[0].nodes[0].gpu={values}"], ["holmes"], jobs=1)
+    assert "(value 'h100x'): clusters[0].nodes[0].gpu: unknown GPU model 'h100x'" in str(info.value)
