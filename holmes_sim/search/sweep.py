@@ -375,13 +375,6 @@ def parse_axes(sets: Sequence[str], max_points: int) -> list[SweepAxis]:
     return axes
 
 
-def _text_picks(scenario: Scenario, point: SweepPoint,
-                axes: Sequence[SweepAxis]) -> set[tuple[int, int]]:
-    """(axis, value) of each number that `scenario` reads as text (a name, a description)."""
-    return {(k, j) for k, (a, j) in enumerate(zip(axes, point.picks, strict=True))
-            if isinstance(a.as_written[j], Written) and isinstance(_field(scenario, a.tokens), str)}
-
-
 def _field(scenario: Scenario, tokens: Sequence[str | int]) -> Any:
     """The value at `tokens` in the loaded scenario; None where the path leads nowhere."""
     node: Any = scenario
@@ -395,48 +388,40 @@ def _field(scenario: Scenario, tokens: Sequence[str | int]) -> Any:
 
 
 def _checked_points(path: Path, axes: list[SweepAxis]) -> tuple[list[SweepAxis], list[SweepPoint]]:
-    """Every point built and its fields checked (a mistake there ends the sweep), with each
-    number a number field reads alike kept once and each number a text field reads shown as
-    written (`_merge_numbers`, `_as_read`)."""
+    """Every point built and its fields checked (a mistake there ends the sweep). An axis whose
+    field reads text shows its numbers as written (`1e3`, not 1000.0); on the others the
+    numbers that read alike (`100.0`, `1e2`) are kept once, the first as written."""
     points = build_points(path, axes)
-    text_picks: set[tuple[int, int]] = set()
-    for point in points:
-        text_picks |= _text_picks(check_point_fields(point, path, axes), point, axes)
-    merged, text_picks = _merge_numbers(axes, text_picks)
+    first = check_point_fields(points[0], path, axes)
+    for point in points[1:]:
+        check_point_fields(point, path, axes)
+    text = [isinstance(_field(first, a.tokens), str) for a in axes]
+    merged = [a if is_text else _merge_numbers(a) for a, is_text in zip(axes, text, strict=True)]
     if merged != axes:
-        axes, points = merged, build_points(path, merged)
-    return _as_read(axes, points, text_picks)
-
-
-def _merge_numbers(axes: Sequence[SweepAxis], text_picks: set[tuple[int, int]]
-                   ) -> tuple[list[SweepAxis], set[tuple[int, int]]]:
-    """The axes with the numbers a number field reads alike (`100.0`, `1e2`) kept once, the
-    first as written; numbers a text field reads (`text_picks`) stay apart. Returns the axes
-    and the text picks at their new indices."""
-    out, picks = [], set()
-    for k, a in enumerate(axes):
-        kept: dict[tuple, int] = {}
-        for j, v in enumerate(a.values):
-            kept.setdefault((j,) if (k, j) in text_picks else (type(v), v), j)
-        order = sorted(kept.values())
-        picks |= {(k, n) for n, j in enumerate(order) if (k, j) in text_picks}
-        out.append(a if len(order) == len(a.values) else replace(
-            a, values=tuple(a.values[j] for j in order),
-            written=tuple(a.as_written[j] for j in order)))
-    return out, picks
-
-
-def _as_read(axes: Sequence[SweepAxis], points: Sequence[SweepPoint],
-             text_picks: set[tuple[int, int]]) -> tuple[list[SweepAxis], list[SweepPoint]]:
-    """The axes and points with each number a text field reads shown as its text (`1e3`, not
-    1000.0); other values stay the numbers, booleans and strings YAML reads."""
-    if not text_picks:
-        return list(axes), list(points)
-    axes = [replace(a, values=tuple(str(a.as_written[j]) if (k, j) in text_picks else v
-                                    for j, v in enumerate(a.values)))
-            for k, a in enumerate(axes)]
+        points = build_points(path, merged)
+    if not any(text):
+        return merged, points
+    axes = [_as_text(a) if is_text else a for a, is_text in zip(merged, text, strict=True)]
     return axes, [replace(p, values=tuple(a.values[j] for a, j in zip(axes, p.picks, strict=True)))
                   for p in points]
+
+
+def _merge_numbers(axis: SweepAxis) -> SweepAxis:
+    """`axis` with its values that read alike kept once, the first as written."""
+    kept: dict[tuple, int] = {}
+    for j, v in enumerate(axis.values):
+        kept.setdefault((type(v), v), j)
+    if len(kept) == len(axis.values):
+        return axis
+    order = sorted(kept.values())
+    return replace(axis, values=tuple(axis.values[j] for j in order),
+                   written=tuple(axis.as_written[j] for j in order))
+
+
+def _as_text(axis: SweepAxis) -> SweepAxis:
+    """`axis` with each number shown as written, as its text field reads it."""
+    return replace(axis, values=tuple(str(w) if isinstance(w, Written) else v
+                                      for v, w in zip(axis.values, axis.as_written, strict=True)))
 
 
 def check_point_count(axes: Sequence[SweepAxis], max_points: int) -> None:
