@@ -8,7 +8,6 @@ from dataclasses import dataclass, field, replace
 from holmes_sim.hardware.catalog import Catalog, GpuModel, LinkModel
 from holmes_sim.errors import FieldError
 from holmes_sim.spec.hardware import ClusterSpec, FabricSpec, InterClusterLinkSpec, NicSpec
-from holmes_sim.spec.load import NAME, NAME_FIX
 from holmes_sim.units import gbit_per_s_to_bytes_per_s, us_to_s
 
 ETHERNET = "ethernet"
@@ -180,7 +179,6 @@ def build_cluster(clusters: tuple[ClusterSpec, ...], fabrics: tuple[FabricSpec, 
     seen_clusters: set[str] = set()
     for ci, c in enumerate(clusters):
         path = f"clusters[{ci}]"
-        _check_name(c.name, f"{path}.name")
         if c.name in seen_clusters:
             raise FieldError(f"{path}.name", f"cluster '{c.name}' is declared twice; rename one")
         seen_clusters.add(c.name)
@@ -211,15 +209,9 @@ def check_catalog_names(clusters: tuple[ClusterSpec, ...], catalog: Catalog) -> 
                     catalog.nic(n.model, f"{gpath}.nics[{ni}].model")
 
 
-def _check_name(name: str, path: str) -> None:
-    if not NAME.fullmatch(name):  # fullmatch: `$` would accept a trailing newline
-        raise FieldError(path, f"'{name}' is not a valid name; {NAME_FIX}")
-
-
 def _check_fabrics(fabrics: tuple[FabricSpec, ...]) -> dict[str, str]:
     types: dict[str, str] = {}
     for i, f in enumerate(fabrics):
-        _check_name(f.name, f"fabrics[{i}].name")
         if f.name in types or f.name == ETHERNET:
             raise FieldError(f"fabrics[{i}].name", f"fabric name '{f.name}' is taken; rename it")
         types[f.name] = f.type
@@ -233,8 +225,6 @@ def _build_nodes(c: ClusterSpec, path: str, fabric_types: dict[str, str], catalo
         gpath = f"{path}.nodes[{gi}]"
         gpu = catalog.gpu(g.gpu, f"{gpath}.gpu")
         link = catalog.link(g.intra_node, f"{gpath}.intra_node")
-        if g.name is not None:
-            _check_name(g.name, f"{gpath}.name")
         nics = _build_nics(g.nics, g.gpus_per_node, f"{gpath}.nics", fabric_types, catalog)
         if not nics:
             raise FieldError(f"{gpath}.nics", "a node needs at least one NIC; add e.g. "

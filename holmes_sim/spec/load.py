@@ -152,12 +152,9 @@ ITEM_BOUNDS: dict[str, Bound] = {
 NON_EMPTY = {"clusters", "nodes", "nics"}
 """Lists that must have at least one item."""
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
-"""The rule of names: clusters, fabrics and node groups (`NAME_FIELDS`; `hardware.cluster`
-checks them again), catalog keys."""
+"""The rule of names: clusters, fabrics and node groups (`TEXT_RULES`), catalog keys."""
 NAME_FIX = "use a letter then letters, digits, '-' or '_' (at most 32 characters)"
-NAME_FIELDS = {"clusters[].name", "clusters[].nodes[].name", "fabrics[].name"}
-"""The string fields that are names (`NAME`), by path with `[]` for indices: a rule of the
-value alone, so the schema refuses it with the other field mistakes."""
+_NAME_RULE = (NAME.fullmatch, "'{}' is not a valid name; " + NAME_FIX)
 MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 """The name rule with '.' (versions and sizes: llama3.1-8b, gpt-7.5b), as presets are named."""
 TEXT_RULES: dict[str, tuple[Callable[[str], object], str]] = {
@@ -166,9 +163,11 @@ TEXT_RULES: dict[str, tuple[Callable[[str], object], str]] = {
                                          "characters)"),
     "profile": (str.strip, "is empty; give the path of a profile JSON (relative to this file) or "
                            "remove `profile:`"),
+    "clusters[].name": _NAME_RULE, "clusters[].nodes[].name": _NAME_RULE,
+    "fabrics[].name": _NAME_RULE,
 }
-"""Rules of string fields by dotted path: a test of the text (false: refused), and the message
-(`{!r}`: the text)."""
+"""Rules of string fields by dotted path, `[]` for any list index: a test of the text (false:
+refused), and the message (`{}`: the text)."""
 FREE_TEXT = {"description", "source"}
 """String fields that may hold any printable text, line breaks included."""
 
@@ -517,11 +516,9 @@ def _convert_scalar(tp: type, value: Any, path: str, doc: _Doc) -> Any:
             raise doc.error(path, f"expected a string, got {_describe(value)}")
         text = value if isinstance(value, str) else doc.written.get(path, str(value))
         _check_text(text, path, doc, free=path.rsplit(".", 1)[-1] in FREE_TEXT)
-        if path in TEXT_RULES and not TEXT_RULES[path][0](text):
-            raise doc.error(path, TEXT_RULES[path][1].format(text[:40]))
-        if path.endswith(".name") and re.sub(r"\[\d+\]", "[]", path) in NAME_FIELDS \
-                and not NAME.fullmatch(text):
-            raise doc.error(path, f"'{text[:40]}' is not a valid name; {NAME_FIX}")
+        rule = TEXT_RULES.get(re.sub(r"\[\d+\]", "[]", path) if "[" in path else path)
+        if rule is not None and not rule[0](text):
+            raise doc.error(path, rule[1].format(text[:40]))
         return text
     raise AssertionError(f"unsupported spec type {tp}")
 
