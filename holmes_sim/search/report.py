@@ -108,12 +108,12 @@ def infeasible_summary(result: PlanSearch, examples: int = 3) -> list[str]:
     fitting, one per layout and optimizer."""
     if not result.infeasible:
         return []
-    memory = [c for c in result.infeasible if c.reason.startswith("needs")]
+    memory = [c for c in result.infeasible if c.excess_gib > 0]
     lines = [f"{len(result.infeasible):,} plans left out: {len(memory):,} do not fit in GPU "
              f"memory, {len(result.infeasible) - len(memory):,} could not be built"]
     failures: dict[tuple[str, str], Candidate] = {}
     for c in result.infeasible:
-        if not c.reason.startswith("needs"):
+        if c.excess_gib <= 0:
             failures.setdefault((c.policy, _failure_rule(c.reason)), c)
     shown = list(failures.values())[:examples - 1 if memory else examples]
     nearest: dict[tuple[str, str, str], Candidate] = {}
