@@ -304,19 +304,28 @@ def upstream_node_env(node: Node, net: str) -> dict[str, str]:
     return env
 
 
-def process_env(plan: Plan) -> dict[str, str]:
-    """The CUDA environment every process of the plan needs: `CUDA_DEVICE_MAX_CONNECTIONS=1`
-    with TP or CP > 1, which Megatron-LM's `validate_args` asserts before Blackwell (since
-    7ef4f90, 2025-03; with sequence parallelism since bdd9731, 2022-10, which the Holmes fork
-    keeps) so that each TP or CP collective is issued ahead of the GEMM that overlaps it;
-    Megatron-LM's example scripts set it on every GPU."""
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if plan.tp > 1 or plan.cp > 1 else {}
+def process_env(plan: Plan, node: Node, target: str) -> dict[str, str]:
+    """The CUDA environment of `node`'s processes under `target` ("megatron" or "holmes").
+
+    With TP or CP > 1, `CUDA_DEVICE_MAX_CONNECTIONS=1`, which Megatron-LM's `validate_args`
+    asserts before Blackwell (since 7ef4f90, 2025-03) and the Holmes fork asserts on every GPU
+    with sequence parallelism (bdd9731, 2022-10), so that each TP or CP collective is issued
+    ahead of the GEMM that overlaps it. Upstream on a Blackwell node (compute capability 10) sets
+    32 instead, as Megatron-Bridge's performance scripts do on B200 and GB200
+    (`scripts/performance/utils/overrides.py`): the requirement is gone there and more hardware
+    queues let DP and PP transfers run beside compute."""
+    if plan.tp == 1 and plan.cp == 1:
+        return {}
+    blackwell = node.gpu.compute_capability is not None and node.gpu.compute_capability >= 10
+    connections = "32" if target == "megatron" and blackwell else "1"
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": connections}
 
 
 CUDA_CONNECTIONS_NOTE = (
-    "`launch.sh` sets `CUDA_DEVICE_MAX_CONNECTIONS=1` on every node: Megatron-LM refuses to "
-    "start tensor or context parallelism without it before Blackwell. On Blackwell GPUs it is "
-    "not required and may be raised.")
+    "`launch.sh` sets `CUDA_DEVICE_MAX_CONNECTIONS=1` on every node before Blackwell, and for "
+    "the Holmes fork on every node: Megatron-LM refuses to start tensor or context parallelism "
+    "without it there. On Blackwell GPUs upstream does not require it, and `launch.sh megatron` "
+    "sets 32, as NVIDIA's Megatron-Bridge performance scripts do.")
 """The export README's note on `process_env`."""
 
 
@@ -417,15 +426,17 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
         f"# not expressible: {why_not}\n"
     if fork:
         files["holmes_config.json"] = json.dumps(holmes_config(nodes), indent=2) + "\n"
-    cuda = process_env(plan)
-    launches = [NodeLaunch(h, n.num_gpus, nic_class(n), upstream_node_env(n, net) | cuda,
-                           upstream_node_env(n, "Socket") | cuda) for h, n in zip(names, nodes)]
+    launches = [NodeLaunch(h, n.num_gpus, nic_class(n),
+                           upstream_node_env(n, net) | process_env(plan, n, "megatron"),
+                           upstream_node_env(n, "Socket") | process_env(plan, n, "holmes"))
+                for h, n in zip(names, nodes)]
     if ub:
         files[USERBUFFER_CONFIG] = ub
     files["launch.sh"] = launch_script(launches, margs, fork, script, net, MASTER_PORT,
                                        USERBUFFER_CONFIG if ub else None)
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
+    cuda = plan.tp > 1 or plan.cp > 1
     notes = _notes(workload, ub) + ((CUDA_CONNECTIONS_NOTE,) if cuda else ())
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes)

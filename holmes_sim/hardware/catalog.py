@@ -60,6 +60,9 @@ class GpuModel:
     attention_rates: AttentionRates | None = None
     """Measured rates of the fused attention kernel the training stack runs on this GPU, by
     sequence length; None: `attention_efficiency` at every length."""
+    compute_capability: int | None = None
+    """Major CUDA compute capability (8 Ampere, 9 Hopper, 10 Blackwell), which launch settings
+    depend on; None: not known (GPUs declared in a scenario's catalog)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,8 @@ class LinkModel:
 # kernels); Ampere's are multistage cp.async kernels, one tile per CTA.
 # SM counts: data sheets / architecture whitepapers (GA100 in A100: 108; GH100 SXM: 132);
 # Blackwell B200 and the B200 GPUs of GB200: 148 (CUDA device properties, multiProcessorCount).
+# compute_capability: NVIDIA's CUDA GPU compute capability list (developer.nvidia.com/cuda-gpus):
+# A100 8.0, H100 and H200 9.0, B200 and GB200 10.0.
 # memory_efficiency 0.9: streaming kernels (BabelStream Triad) reach about 90% of the HBM
 # data-sheet bandwidth on A100 and H100 (Deakin et al., BabelStream results).
 # attention_efficiency: FlashAttention-2 reaches 50-73% of A100 peak (Dao 2023, arXiv
@@ -187,14 +192,14 @@ def _a100(name: str, memory_gb: float, bandwidth_gbyte_per_s: float, hbm: str) -
     return GpuModel(name, tflops_to_flop_per_s(312), gib_to_bytes(memory_gb),
                     gbyte_per_s_to_bytes_per_s(bandwidth_gbyte_per_s), 0.738,
                     f"{_A100}, {memory_gb:.0f} GB {hbm}, {bandwidth_gbyte_per_s:,.0f} GB/s",
-                    sm_count=108, benchmark_shape=(1024, 10240, 5120))
+                    sm_count=108, benchmark_shape=(1024, 10240, 5120), compute_capability=8)
 
 
 def _modern(name: str, bf16: tuple[float, float, tuple[int, int, int]],
             fp8: tuple[float, float, tuple[int, int, int]], memory_gb: float,
             bandwidth_gbyte_per_s: float, sm_count: int, source: str,
             attention: AttentionRates | None = None,
-            overlapped_epilogue: bool = True) -> GpuModel:
+            overlapped_epilogue: bool = True, compute_capability: int = 10) -> GpuModel:
     """A GPU with BF16 and FP8 tensor cores and persistent GEMM kernels: each rate as (peak
     TFLOP/s, efficiency, shape)."""
     return GpuModel(name, tflops_to_flop_per_s(bf16[0]), gib_to_bytes(memory_gb),
@@ -202,7 +207,8 @@ def _modern(name: str, bf16: tuple[float, float, tuple[int, int, int]],
                     sm_count=sm_count, benchmark_shape=bf16[2],
                     fp8_peak_flop_per_s=tflops_to_flop_per_s(fp8[0]), fp8_compute_efficiency=fp8[1],
                     fp8_benchmark_shape=fp8[2], persistent_gemm=True,
-                    overlapped_epilogue=overlapped_epilogue, attention_rates=attention)
+                    overlapped_epilogue=overlapped_epilogue, attention_rates=attention,
+                    compute_capability=compute_capability)
 
 
 GPUS: dict[str, GpuModel] = {
@@ -210,10 +216,12 @@ GPUS: dict[str, GpuModel] = {
     "a100-80gb": _a100("a100-80gb", 80, 2039, "HBM2e"),
     "h100-sxm": _modern("h100-sxm", (989, 0.711, (2048, 2048, 13312)),
                         (1979, round(0.709 * _HOPPER_SUSTAINED, 3), (1024, 9216, 14336)),
-                        80, 3350, 132, _H100, _HOPPER_CUDNN_ATTENTION, overlapped_epilogue=False),
+                        80, 3350, 132, _H100, _HOPPER_CUDNN_ATTENTION, overlapped_epilogue=False,
+                        compute_capability=9),
     "h200": _modern("h200", (989, 0.711, (2048, 2048, 13312)),
                     (1979, round(0.734 * _HOPPER_SUSTAINED, 3), (1280, 4096, 12032)),
-                    141, 4800, 132, _H200, _HOPPER_CUDNN_ATTENTION, overlapped_epilogue=False),
+                    141, 4800, 132, _H200, _HOPPER_CUDNN_ATTENTION, overlapped_epilogue=False,
+                    compute_capability=9),
     "b200": _modern("b200", (2250, round(0.776 * _BLACKWELL_SUSTAINED, 3), (1792, 16128, 3072)),
                     (4500, round(0.763 * _BLACKWELL_SUSTAINED, 3), (15360, 4096, 3072)),
                     180, 8000, 148, _B200),

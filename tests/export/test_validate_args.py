@@ -70,6 +70,20 @@ def test_tensor_and_context_parallel_launches_set_one_cuda_connection(write_scen
     assert ("CUDA_DEVICE_MAX_CONNECTIONS=1" in files["README.md"]) == needed
 
 
+@pytest.mark.parametrize("gpu, upstream", [("b200", "32"), ("gb200", "32"), ("h100-sxm", "1")])
+def test_blackwell_nodes_run_upstream_with_many_cuda_connections(write_scenario, tmp_path, gpu,
+                                                                 upstream):
+    """On compute capability 10 upstream Megatron-LM no longer asserts one connection, and
+    NVIDIA's Megatron-Bridge scripts set 32 there; the Holmes fork still asserts 1 with
+    sequence parallelism on every GPU."""
+    text = small_scenario(tp=8, pp=2, seq=2048).replace("gpu: a100-80gb", f"gpu: {gpu}")
+    files = _export(write_scenario, text, "holmes")
+    for target, value in (("megatron", upstream), ("holmes", "1")):
+        env = _dry_run_env(files, tmp_path, target)
+        assert [w for w in env if w.startswith("CUDA_DEVICE_MAX_CONNECTIONS=")] == \
+            [f"CUDA_DEVICE_MAX_CONNECTIONS={value}"], (target, env)
+
+
 def core_config(args: list[str]):
     """Megatron-Core's `TransformerConfig` of the exported arguments, as Megatron-LM's
     `core_transformer_config_from_args` (megatron/training/argument_utils.py) builds it, for
