@@ -178,28 +178,41 @@ def _sum_in_order(values: np.ndarray) -> float:
 
 
 def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCosts) -> MemoryReport:
-    """Peak memory per GPU of each stage: model state plus the activations the schedule holds.
+    """Peak memory per GPU of each stage: model state plus the larger of the activations the
+    schedule holds and what the optimizer step adds once they are freed.
 
-    state = params/t x (16 bytes, or 4 + 12/dp sharded) [Rajbhandari et al. 2020], the routed
-    experts' share sharded over their expert-data-parallel group, dp x t / (ep etp) GPUs
+    state = params/t x `Workload.state_bytes_per_param` (bf16 with fp32 gradients: 18 bytes, or
+    6 + 12/dp sharded; Megatron-LM's distributed-optimizer guide), the routed experts' share
+    sharded over their expert-data-parallel group, dp x t / (ep etp) GPUs
     (`Workload.expert_layer_params`);
     activations = (in-flight chunk-micro-batches) x (layers of the stage's largest chunk) x
-    per-layer activation bytes [Korthikanti et al. 2022, Table 2]."""
+    per-layer activation bytes [Korthikanti et al. 2022, Table 2], and on the last stage one
+    micro-batch's output layer and loss (`Workload.output_activation_bytes`)."""
     net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp, plan.num_chunks)
-    state_per_param = workload.state_bytes_per_param(plan.dp, plan.optimizer.sharded)
     act_per_layer = workload.activation_bytes_per_layer(plan.tp)
     peaks = peaks_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks)
     per_stage = []
+    output = workload.output_activation_bytes(plan.tp)
     for s, (params, expert, most) in enumerate(
             stage_param_counts(costs, plan.layers_per_stage, plan.pp)):
-        state = params / plan.tp * state_per_param
-        if expert:
-            edp_state = workload.state_bytes_per_param(plan.dp // workload.ep_replicas,
-                                                       plan.optimizer.sharded)
-            state += expert / plan.tp * (edp_state - state_per_param)
-        acts = peaks[s] * most * act_per_layer
-        per_stage.append(state + acts)
+        state, step = _stage_state_bytes(plan, workload, params, expert)
+        acts = peaks[s] * most * act_per_layer + (output if s == plan.pp - 1 else 0.0)
+        per_stage.append(state + max(acts, step))
     return MemoryReport(tuple(per_stage), net.stage_memory_bytes())
+
+
+def _stage_state_bytes(plan: Plan, workload: Workload, params: float,
+                       expert: float) -> tuple[float, float]:
+    """(model state held through the iteration, bytes the optimizer step adds) per GPU of a
+    stage with `params` parameters, `expert` of them routed experts' (bytes)."""
+    dense = params - expert
+    sharded = plan.optimizer.sharded
+    edp = plan.dp // workload.ep_replicas if expert else plan.dp
+    state = (dense * workload.state_bytes_per_param(plan.dp, sharded)
+             + expert * workload.state_bytes_per_param(edp, sharded)) / plan.tp
+    step = (dense * workload.step_bytes_per_param(plan.dp, sharded)
+            + expert * workload.step_bytes_per_param(edp, sharded)) / plan.tp
+    return state, step
 
 
 def transport_summary(plan: Plan) -> dict[str, str]:

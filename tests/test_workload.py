@@ -44,10 +44,20 @@ def test_messages():
     assert _gpt(grad_reduce_in_fp32=False).grad_bytes_of(1000) == 2000
 
 
-def test_state_bytes():
-    w = _gpt()
-    assert w.state_bytes_per_param(dp=8, sharded=False) == 16
-    assert w.state_bytes_per_param(dp=8, sharded=True) == 4 + 12 / 8
+@pytest.mark.parametrize("precision, fp32_grads, whole, sharded", [
+    ("bf16", True, 18, 6 + 12 / 8), ("fp16", False, 20, 4 + 16 / 8), ("fp32", True, 16, 8 + 8 / 8),
+    ("bf16", False, 20, 4 + 16 / 8)])
+def test_state_bytes_follow_megatrons_distributed_optimizer_table(precision, fp32_grads, whole,
+                                                                  sharded):
+    """Bytes per parameter at the optimizer step, Megatron-LM's
+    docs/user-guide/features/dist_optimizer.md: bf16 weights with fp32 gradients 18 / 6 + 12/d,
+    fp16 20 / 4 + 16/d, fp32 16 / 8 + 8/d (d = 8); 16-bit gradients' fp32 copy (4, or 4/d) is
+    made only for the step, so it is not held beside the activations."""
+    w = _gpt(precision=precision, grad_reduce_in_fp32=fp32_grads)
+    for shard, total in ((False, whole), (True, sharded)):
+        held, step = w.state_bytes_per_param(8, shard), w.step_bytes_per_param(8, shard)
+        assert held + step == total
+        assert step == (0 if fp32_grads else 4 / (8 if shard else 1))
 
 
 def test_activation_memory_korthikanti():

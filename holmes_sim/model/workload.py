@@ -20,6 +20,8 @@ Sources:
   (`holmes_sim.model.flops`).
 - [R20] Rajbhandari et al., "ZeRO", SC'20, arXiv 1910.02054: 16 bytes/param for mixed-precision
   Adam (section 3.1); sharding the optimizer state over DP (P_os).
+- [DO] Megatron-LM docs/user-guide/features/dist_optimizer.md: bytes per parameter by weight and
+  gradient dtype, with and without the distributed optimizer (d: data-parallel size).
 - [CP] Megatron-Core context parallelism (megatron/core/parallel_state.py; Transformer Engine
   `attention.py` `AttnFuncWithCPAndKVP2P`): a rank holds s/cp tokens in two load-balanced
   chunks, so its linear layers, activations and messages scale with s/cp and its causal
@@ -307,11 +309,30 @@ class Workload:
 
     # ---- memory (bytes per GPU) [R20, K22] ----------------------------------------------------
     def state_bytes_per_param(self, dp: int, sharded: bool) -> float:
-        """Weights + gradients + Adam state per parameter: 16 bytes (2 weight, 2 grad, 12 fp32
-        master, momentum, variance) [R20]; with the optimizer state sharded over DP: 4 + 12/dp.
+        """Weights + gradients + Adam state per parameter held through the iteration (bytes)
+        [DO]: the weight in the training dtype, the gradient buffer in its reduction dtype
+        (`grad_bytes`), fp32 momentum and variance (8) and an fp32 master weight for 16-bit
+        weights (4), the last two sharded over DP with the distributed optimizer: bf16 with fp32
+        gradients 18, or 6 + 12/dp; 16-bit gradients 16, or 4 + 12/dp; fp32 16, or 8 + 8/dp.
         Pass the expert-data-parallel size for expert parameters (their state is sharded over
         the replicas holding the same experts, `expert_layer_params`)."""
-        return 4 + 12 / dp if sharded else 16.0
+        optimizer = 8 + (4 if self.dtype_bytes < 4 else 0)
+        return self.dtype_bytes + self.grad_bytes + optimizer / (dp if sharded else 1)
+
+    def step_bytes_per_param(self, dp: int, sharded: bool) -> float:
+        """Bytes per parameter the optimizer step adds while no activation is held: the fp32
+        copy of 16-bit gradients it steps with (4, or 4/dp sharded; Megatron-Core's
+        `_copy_model_grads_to_main_grads`, `main_grad.float()`), which makes [DO]'s 20 and
+        4 + 16/dp for fp16; none for fp32 gradients, which it steps with in place."""
+        return (4 if self.grad_bytes < 4 else 0) / (dp if sharded else 1)
+
+    def output_activation_bytes(self, tp: int) -> float:
+        """Activations of the output layer and the cross-entropy loss for one micro-batch, held
+        on the last stage between its forward and backward: 4 s b (h + V) / t bytes (the output
+        layer's input and the fp32 logits the loss keeps for its gradient; s/cp tokens a rank),
+        Megatron-LM's `compute_activation_memory` (megatron/training/theoretical_memory_usage.py,
+        "Inputs to output layer and CE loss")."""
+        return 4 * self.tokens * self.micro_batch * (self.hidden + self.vocab) / tp
 
     def activation_bytes_per_layer(self, tp: int) -> float:
         """Activations one layer holds for one micro-batch until its backward [K22, Table 2]:

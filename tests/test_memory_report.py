@@ -1,0 +1,52 @@
+"""The memory report's peak per stage against the bytes counted by hand: model state per
+Megatron-LM's distributed-optimizer guide, the activations of Korthikanti et al. 2022, the output
+layer and loss on the last stage (Megatron-LM `theoretical_memory_usage.py`), and the optimizer
+step's fp32 gradient copy, which is made only after the activations are freed."""
+
+from __future__ import annotations
+
+import pytest
+
+from holmes_sim.cost.ops import OpCosts, stage_param_counts
+from holmes_sim.metrics import memory_report
+from holmes_sim.prepare import prepare
+from holmes_sim.runner import plan_policy
+from tests.conftest import small_scenario
+
+
+def _report(write_scenario, *, seq: int, pp: int, precision: str, fp32_grads: bool):
+    """(workload, per-stage parameters of the whole TP group, per-stage peak bytes) of the
+    megatron plan of an 8-layer TP 8 model without the distributed optimizer."""
+    text = small_scenario(tp=8, pp=pp, seq=seq, global_batch=16).replace(
+        "micro_batch_size: 1}", f"micro_batch_size: 1, precision: {precision}, "
+        f"grad_reduce_in_fp32: {str(fp32_grads).lower()}, distributed_optimizer: false}}")
+    prepared = prepare(write_scenario(text))
+    plan, cluster = plan_policy(prepared, "megatron")
+    costs = OpCosts(cluster, prepared.workload, prepared.compute, plan.tp)
+    params = [p for p, _, _ in stage_param_counts(costs, plan.layers_per_stage, plan.pp)]
+    return prepared.workload, params, memory_report(plan, cluster, prepared.workload,
+                                                    costs).per_stage_bytes
+
+
+def test_last_stage_holds_one_micro_batchs_output_layer_and_loss(write_scenario):
+    """PP 2, 1F1B, bf16 with fp32 gradients (18 bytes a parameter): stage 0 holds 2 in-flight
+    micro-batches of its 4 layers; stage 1 one micro-batch of its 4 layers and of the output
+    layer and loss, 4 s b (h + V) / t bytes."""
+    w, params, peaks = _report(write_scenario, seq=1024, pp=2, precision="bf16", fp32_grads=True)
+    layer = w.activation_bytes_per_layer(8)
+    output = 4 * 1024 * (1024 + w.vocab) / 8
+    assert w.vocab == 51200
+    assert peaks[0] == pytest.approx(params[0] / 8 * 18 + 2 * 4 * layer, rel=1e-12)
+    assert peaks[1] == pytest.approx(params[1] / 8 * 18 + 4 * layer + output, rel=1e-12)
+
+
+@pytest.mark.parametrize("seq", [16, 2048])
+def test_optimizer_steps_fp32_gradient_copy_only_after_the_activations(write_scenario, seq):
+    """fp16 with fp16 gradients holds 16 bytes a parameter through the iteration; the step adds
+    its fp32 gradient copy (4) once the activations are freed, so the peak is the state plus
+    the larger of the two: the copy at 16 tokens, the activations at 2,048."""
+    w, params, peaks = _report(write_scenario, seq=seq, pp=1, precision="fp16", fp32_grads=False)
+    acts = 8 * w.activation_bytes_per_layer(8) + 4 * seq * (1024 + w.vocab) / 8
+    copy = params[0] / 8 * 4
+    assert (copy > acts) == (seq == 16)
+    assert peaks[0] == pytest.approx(params[0] / 8 * 16 + max(acts, copy), rel=1e-12)
