@@ -204,7 +204,7 @@ def check_tensor(s: Scenario, tp: int, node_gpus: tuple[int, ...], what: str = "
             inside = "" if what == "tensor" else ", as the tensor degree it divides must"
             raise FieldError("parallel.tensor", f"{what}={tp} must divide {name}={count}{inside}: "
                              "each TP rank holds an equal share of the heads and query groups, and "
-                             "a TP group stays inside a node")
+                             f"a TP group stays inside a node; use a divisor of {count}")
     for width, name in _tp_widths(s):
         if width % tp:
             raise FieldError("parallel.tensor", f"{what}={tp} must divide {name}={width}: each "
@@ -293,6 +293,7 @@ def check_expert(s: Scenario, ep: int, replicas: int, field: str = "parallel.exp
     degree `etp` (`check_expert_tensor`) ep x etp dividing tensor x context x data."""
     if etp is not None:
         return check_expert_tensor(s, ep, replicas, tp, etp)
+    _check_expert_width_at_tensor(s, tp)
     if ep == 1:
         return ep
     experts = s.model.num_experts
@@ -307,6 +308,21 @@ def check_expert(s: Scenario, ep: int, replicas: int, field: str = "parallel.exp
                          f"group is `expert` consecutive data-parallel replicas (Megatron-Core "
                          f"`RankGenerator`); use a divisor of {replicas}")
     return ep
+
+
+def _check_expert_width_at_tensor(s: Scenario, tp: int) -> None:
+    """Without `parallel.expert_tensor` the experts take the TP degree (Megatron-Core's
+    `expert_tensor_parallel_size` defaults to `tensor_model_parallel_size`), which must then
+    divide their FFN width as `check_expert_tensor` requires of an explicit one."""
+    if s.model.num_experts is None:
+        return
+    width = s.model.moe_ffn_hidden_size or s.model.ffn_hidden_size or 4 * s.model.hidden_size
+    if width % tp:
+        raise FieldError("parallel.tensor", f"tensor={tp} must divide the experts' FFN width "
+                         f"{width} (model.moe_ffn_hidden_size): without parallel.expert_tensor the "
+                         "experts take the tensor degree and each rank holds width / tensor of "
+                         "them; use a tensor degree that divides it, or set "
+                         "parallel.expert_tensor to a divisor of it")
 
 
 def check_expert_tensor(s: Scenario, ep: int, replicas: int, tp: int, etp: int,

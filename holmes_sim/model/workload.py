@@ -39,7 +39,7 @@ from holmes_sim.model.moe import (MoeShape, expert_params, megatron_mlp_term, ml
                                   moe_mlp_forward_flop, moe_mlp_params)
 from holmes_sim.model.pipeline_split import PipelineSplit
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
-from holmes_sim.spec.presets import overridden, preset_source
+from holmes_sim.spec.presets import PRESETS, overridden, preset_source
 
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 """Bytes per stored element: FP8 training keeps activations, weights and communication in bf16."""
@@ -412,20 +412,44 @@ def check_model(model: ModelSpec) -> None:
     """Raise FieldError for an architecture Megatron-Core refuses."""
     heads, groups = model.num_attention_heads, model.num_query_groups
     if groups is not None and heads % groups:
-        preset = preset_source(model, "num_query_groups")
-        fix = (overridden(preset, "num_query_groups", f"a divisor of {heads}, or null for "
-                          "multi-head attention") if preset else
-               "give a divisor (8 for Llama 3 70B) or remove it for multi-head attention")
         raise FieldError("model.num_query_groups", f"num_query_groups={groups} must divide "
-                         f"num_attention_heads={heads}; {fix}")
+                         f"num_attention_heads={heads}; {_groups_fix(model, heads)}")
     if model.swiglu and model.squared_relu:
         raise FieldError("model.squared_relu", "squared_relu and swiglu are two MLP "
                          f"activations; {_one_activation(model)}")
     if model.hidden_size % heads:
-        raise FieldError("model.hidden_size", f"hidden_size={model.hidden_size} must be a "
-                         f"multiple of num_attention_heads={heads}")
+        _refuse_head_width(model)
     if model.num_experts is not None:
         check_moe(model)
+
+
+def _groups_fix(model: ModelSpec, heads: int) -> str:
+    """The fix for query groups that do not divide the heads, saying which value a preset set
+    (removing a value written beside a preset restores the preset's, not multi-head attention)."""
+    choices = f"a divisor of {heads}, or null for multi-head attention"
+    if (preset := preset_source(model, "num_query_groups")) is not None:
+        return overridden(preset, "num_query_groups", choices)
+    if model.preset in PRESETS and "num_query_groups" in PRESETS[model.preset].fields:
+        kept = PRESETS[model.preset].fields["num_query_groups"]
+        return f"give {choices} (removing it restores preset {model.preset}'s {kept})"
+    return f"give {choices}, or remove it"
+
+
+def _refuse_head_width(model: ModelSpec) -> None:
+    """Raise FieldError for a hidden size that the heads do not divide, on the field that was
+    written when the other came from a preset."""
+    h, heads = model.hidden_size, model.num_attention_heads
+    hidden_preset = preset_source(model, "hidden_size")
+    heads_preset = preset_source(model, "num_attention_heads")
+    if hidden_preset is not None and heads_preset is None:
+        raise FieldError("model.num_attention_heads", f"num_attention_heads={heads} must divide "
+                         f"hidden_size={h}, preset {hidden_preset}'s; give a divisor of {h}, or "
+                         "override hidden_size beside the preset")
+    fix = f"give hidden_size a multiple of {heads}, or " + (
+        overridden(heads_preset, "num_attention_heads", f"a divisor of {h}") if heads_preset
+        else f"num_attention_heads a divisor of {h}")
+    raise FieldError("model.hidden_size", f"hidden_size={h} must be a multiple of "
+                     f"num_attention_heads={heads}; {fix}")
 
 
 def _one_activation(model: ModelSpec) -> str:

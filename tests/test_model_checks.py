@@ -1,0 +1,69 @@
+"""Architecture and parallel-degree errors that name the fix: a value written beside a preset is
+told apart from the preset's own, and every rule says what to write."""
+
+from __future__ import annotations
+
+import pytest
+
+from holmes_sim.errors import ScenarioError
+from holmes_sim.prepare import prepare
+
+_SCENARIO = """name: m
+fabrics: [{{name: ib, type: ib}}]
+clusters:
+  - name: c
+    nodes:
+      - {{count: 2, gpu: h100-sxm, gpus_per_node: 8, nics: [{{type: ib, model: connectx-7, count: 8, fabric: ib}}]}}
+model: {{{model}}}
+training: {{global_batch_size: 16, micro_batch_size: 1, flash_attention: true, recompute: full}}
+parallel: {{{parallel}}}
+policies: [megatron]
+"""
+
+
+def _error(write_scenario, model: str, parallel: str = "tensor: 1, pipeline: 1") -> str:
+    with pytest.raises(ScenarioError) as info:
+        prepare(write_scenario(_SCENARIO.format(model=model, parallel=parallel)))
+    return str(info.value)
+
+
+def test_groups_written_beside_a_preset_say_removing_restores_the_presets(write_scenario):
+    """Removing a num_query_groups written beside llama3-8b restores the preset's 8, not
+    multi-head attention: the fix says so and offers null for that."""
+    message = _error(write_scenario, "preset: llama3-8b, num_query_groups: 5")
+    assert "model.num_query_groups" in message
+    assert "null for multi-head attention" in message
+    assert "removing it restores preset llama3-8b's 8" in message
+
+
+def test_heads_written_beside_a_presets_hidden_size_are_the_field_to_fix(write_scenario):
+    """num_attention_heads: 24 beside llama3-8b's hidden size 4096: the error is on the written
+    field and names the preset's value."""
+    message = _error(write_scenario, "preset: llama3-8b, num_attention_heads: 24")
+    assert "model.num_attention_heads: num_attention_heads=24 must divide hidden_size=4096, " \
+        "preset llama3-8b's; give a divisor of 4096" in message
+
+
+def test_hidden_size_beside_a_presets_heads_offers_both_fixes(write_scenario):
+    message = _error(write_scenario, "preset: llama3-8b, hidden_size: 4001")
+    assert "model.hidden_size" in message
+    assert "give hidden_size a multiple of 32" in message
+    assert "num_attention_heads comes from preset llama3-8b" in message
+
+
+def test_tensor_degree_that_does_not_divide_the_query_groups_names_the_divisors(write_scenario):
+    message = _error(write_scenario, "preset: llama3-8b, num_query_groups: 2",
+                     "tensor: 4, pipeline: 1")
+    assert "tensor=4 must divide model.num_query_groups=2" in message
+    assert message.endswith("use a divisor of 2")
+
+
+def test_experts_take_the_tensor_degree_without_expert_tensor(write_scenario):
+    """Megatron-Core's expert_tensor_parallel_size defaults to the TP degree, which must then
+    divide the experts' FFN width, as an explicit expert_tensor must."""
+    model = "preset: mixtral-8x7b, moe_ffn_hidden_size: 14337"
+    implicit = _error(write_scenario, model, "tensor: 2, pipeline: 1")
+    explicit = _error(write_scenario, model, "tensor: 2, pipeline: 1, expert_tensor: 2")
+    assert "parallel.tensor: tensor=2 must divide the experts' FFN width 14337" in implicit
+    assert "set parallel.expert_tensor to a divisor of it" in implicit
+    assert "expert_tensor=2 must divide the experts' FFN width 14337" in explicit
