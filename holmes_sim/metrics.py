@@ -195,23 +195,26 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     output = workload.output_activation_bytes(plan.tp)
     for s, (params, expert, most) in enumerate(
             stage_param_counts(costs, plan.layers_per_stage, plan.pp)):
-        state, step = _stage_state_bytes(plan, workload, params, expert)
+        layers = sum(plan.layers_per_stage[s::plan.pp])
+        state, step = _stage_state_bytes(plan, workload, params, expert, layers)
         acts = peaks[s] * most * act_per_layer + (output if s == plan.pp - 1 else 0.0)
         per_stage.append(state + max(acts, step))
     return MemoryReport(tuple(per_stage), net.stage_memory_bytes())
 
 
-def _stage_state_bytes(plan: Plan, workload: Workload, params: float,
-                       expert: float) -> tuple[float, float]:
+def _stage_state_bytes(plan: Plan, workload: Workload, params: float, expert: float,
+                       layers: int) -> tuple[float, float]:
     """(model state held through the iteration, bytes the optimizer step adds) per GPU of a
-    stage with `params` parameters, `expert` of them routed experts' (bytes)."""
-    dense = params - expert
+    stage with `params` parameters of a whole TP group, `expert` of them routed experts', over
+    `layers` layers whose `Workload.layer_replicated_params` each TP rank holds whole (bytes)."""
     sharded = plan.optimizer.sharded
     edp = plan.dp // workload.ep_replicas if expert else plan.dp
+    replicated = layers * workload.layer_replicated_params
+    dense = (params - expert - replicated) / plan.tp + replicated
     state = (dense * workload.state_bytes_per_param(plan.dp, sharded)
-             + expert * workload.state_bytes_per_param(edp, sharded)) / plan.tp
+             + expert / plan.tp * workload.state_bytes_per_param(edp, sharded))
     step = (dense * workload.step_bytes_per_param(plan.dp, sharded)
-            + expert * workload.step_bytes_per_param(edp, sharded)) / plan.tp
+            + expert / plan.tp * workload.step_bytes_per_param(edp, sharded))
     return state, step
 
 

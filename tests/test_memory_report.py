@@ -5,12 +5,17 @@ step's fp32 gradient copy, which is made only after the activations are freed.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from holmes_sim.cost.ops import OpCosts, stage_param_counts
 from holmes_sim.metrics import memory_report
+from holmes_sim.model.workload import build_workload
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
+from holmes_sim.spec.job import ModelSpec, TrainingSpec
+from holmes_sim.spec.presets import preset_fields
 from tests.conftest import small_scenario
 
 
@@ -28,6 +33,13 @@ def _report(write_scenario, *, seq: int, pp: int, precision: str, fp32_grads: bo
                                                     costs).per_stage_bytes
 
 
+def _held(params: float, layers: int) -> float:
+    """Parameters a GPU of TP 8 holds: 1/8 of all but each layer's two LayerNorms (2 x 2h,
+    h = 1,024), which every TP rank holds whole."""
+    norms = layers * 2 * 2 * 1024
+    return (params - norms) / 8 + norms
+
+
 def test_last_stage_holds_one_micro_batchs_output_layer_and_loss(write_scenario):
     """PP 2, 1F1B, bf16 with fp32 gradients (18 bytes a parameter): stage 0 holds 2 in-flight
     micro-batches of its 4 layers; stage 1 one micro-batch of its 4 layers and of the output
@@ -36,8 +48,8 @@ def test_last_stage_holds_one_micro_batchs_output_layer_and_loss(write_scenario)
     layer = w.activation_bytes_per_layer(8)
     output = 4 * 1024 * (1024 + w.vocab) / 8
     assert w.vocab == 51200
-    assert peaks[0] == pytest.approx(params[0] / 8 * 18 + 2 * 4 * layer, rel=1e-12)
-    assert peaks[1] == pytest.approx(params[1] / 8 * 18 + 4 * layer + output, rel=1e-12)
+    assert peaks[0] == pytest.approx(_held(params[0], 4) * 18 + 2 * 4 * layer, rel=1e-12)
+    assert peaks[1] == pytest.approx(_held(params[1], 4) * 18 + 4 * layer + output, rel=1e-12)
 
 
 @pytest.mark.parametrize("seq", [16, 2048])
@@ -47,6 +59,19 @@ def test_optimizer_steps_fp32_gradient_copy_only_after_the_activations(write_sce
     the larger of the two: the copy at 16 tokens, the activations at 2,048."""
     w, params, peaks = _report(write_scenario, seq=seq, pp=1, precision="fp16", fp32_grads=False)
     acts = 8 * w.activation_bytes_per_layer(8) + 4 * seq * (1024 + w.vocab) / 8
-    copy = params[0] / 8 * 4
+    copy = _held(params[0], 8) * 4
     assert (copy > acts) == (seq == 16)
-    assert peaks[0] == pytest.approx(params[0] / 8 * 16 + max(acts, copy), rel=1e-12)
+    assert peaks[0] == pytest.approx(_held(params[0], 8) * 16 + max(acts, copy), rel=1e-12)
+
+
+def test_deepseek_v3_ranks_hold_the_duplicated_projections_and_router_whole():
+    """DeepSeek-V3 (h 7,168, q_lora_rank 1,536, kv_lora_rank 512, rope dim 64, 256 experts in
+    58 of 61 layers): every TP rank holds each layer's two RMSNorms, the query and key/value
+    down projections (Megatron-Core `parallel_mode='duplicated'`), the latent norms and the
+    router whole."""
+    spec = ModelSpec(**preset_fields("deepseek-v3"))
+    w = build_workload(spec, TrainingSpec(global_batch_size=64, micro_batch_size=1), 8)
+    h = 7168
+    expected = 2 * h + h * 1536 + h * (512 + 64) + (1536 + 512) + round(58 * h * 256 / 61)
+    assert w.layer_replicated_params == expected
+    assert dataclasses.replace(w, mla=None, moe=None).layer_replicated_params == 2 * h

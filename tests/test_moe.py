@@ -290,9 +290,10 @@ def test_planner_runs_moe_with_tp_only_under_sequence_parallelism(write_scenario
 
 def test_memory_holds_every_experts_weights_and_optimizer_state(write_scenario):
     """TP 2 PP 2 DP 4 of a 4-layer Mixtral, 1F1B: stage 0 holds two layers with all 8 experts
-    (split over TP) and the embedding at 6 + 12/4 bytes a parameter (bf16 weights, fp32
-    gradients, distributed optimizer over DP 4), plus 2 in-flight micro-batches of 2 layers' activations, each s b h (12 + 4E/h + 47)
-    / t bytes with SP and fused attention: 8 + 2k replicated, router logits 4E/h, 4 + 4k/h for
+    (split over TP; each rank holds the router and the two RMSNorms whole) and the embedding at
+    6 + 12/4 bytes a parameter (bf16 weights, fp32 gradients, distributed optimizer over DP 4),
+    plus 2 in-flight micro-batches of 2 layers' activations, each s b h (12 + 4E/h + 47) / t
+    bytes with SP and fused attention: 8 + 2k replicated, router logits 4E/h, 4 + 4k/h for
     Q, K, V and the projection, 2 k (2 f_e + f_e)/h = 42 for the experts' activations."""
     prepared = prepare(write_scenario(_scenario(tp=2, pp=2, sp=True)))
     out = run_policy(prepared, "megatron")
@@ -300,7 +301,8 @@ def test_memory_holds_every_experts_weights_and_optimizer_state(write_scenario):
     attention = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 2 * 4096  # QKV, projection, 2 RMSNorms
     layer = attention + 8 * 4096 + 8 * 3 * 4096 * 14336  # router, 8 SwiGLU experts
     assert w.layer_params == layer
-    state = (2 * layer + w.vocab * 4096) / 2 * (6 + 12 / 4)
+    whole = 2 * (8 * 4096 + 2 * 4096)  # two layers' router and RMSNorms
+    state = ((2 * layer + w.vocab * 4096 - whole) / 2 + whole) * (6 + 12 / 4)
     per_layer = 4096 * 4096 * (8 + 4 + 8 * 4 / 4096 + 4 + 1 + 42) / 2
     assert w.activation_bytes_per_layer(2) == pytest.approx(per_layer, rel=1e-12)
     assert out.result.memory.per_stage_bytes[0] == pytest.approx(state + 2 * 2 * per_layer,

@@ -70,6 +70,15 @@ def test_activation_memory_korthikanti():
     assert _gpt(recompute="full").activation_bytes_per_layer(1) == 2 * sbh
 
 
+def test_fp32_activations_double_the_values_not_the_dropout_masks():
+    """[K22]'s 34 sbh + 5as/h holds 2 bytes of hidden-dropout masks and 1 of attention-dropout
+    mask among 2-byte values: in fp32 the values double (64 + 2 masks; 8 + 1 as/h)."""
+    w = _gpt(precision="fp32")
+    sbh = 2048 * 4 * 4096
+    assert w.activation_bytes_per_layer(1) == pytest.approx(sbh * (66 + 9 * 32 * 2048 / 4096))
+    assert _gpt(precision="fp32", recompute="full").activation_bytes_per_layer(1) == 4 * sbh
+
+
 def test_megatron_tflops_formula():
     w = _gpt(recompute="full")
     B, s, L, h, V = 1024, 2048, 36, 4096, 51200

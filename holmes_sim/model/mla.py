@@ -87,6 +87,12 @@ class MlaShape:
         proj = self.v_width * h + (h if bias else 0)
         return q + kv + proj + norm_params_per_width * self.latent_width
 
+    def replicated_params(self, h: int, norm_params_per_width: int) -> int:
+        """Of `params`, those every TP rank holds whole: the duplicated down projections
+        (h r_q with a query latent, h (r_kv + d_r)) and the latent norms [MLA]."""
+        q = h * self.q_rank if self.q_rank else 0
+        return q + h * (self.kv_rank + self.rope_dim) + norm_params_per_width * self.latent_width
+
     def gemm_shapes(self, rows: int, h: int, tp: int,
                     sequence_parallel: bool) -> tuple[Shape, ...]:
         """The projections' GEMMs of one micro-batch of `rows` tokens on one GPU, in order:

@@ -186,6 +186,20 @@ class Workload:
         return round(held / self.num_layers)
 
     @property
+    def layer_replicated_params(self) -> int:
+        """Of `layer_params`, those every TP rank holds whole instead of 1/t of (mean over the
+        layer pattern, rounded): the two norms, latent attention's duplicated down projections
+        and latent norms (`MlaShape.replicated_params`), and an MoE layer's router, h E
+        (Megatron-Core `TopKRouter.weight`, not split over TP)."""
+        replicated = 2 * self.norm_params
+        if self.mla is not None:
+            replicated += self.mla.replicated_params(self.hidden, self.norm_params // self.hidden)
+        if self.moe is not None:
+            replicated += round(self.moe.moe_layers * self.hidden * self.moe.experts
+                                / self.num_layers)
+        return replicated
+
+    @property
     def expert_layer_params(self) -> int:
         """Of `layer_params`, the routed experts' parameters (times t, the GPU's 1/(ep etp) share;
         mean over the layers, rounded) that Megatron-Core keeps in its `expert_parallel_buffers` and reduces
@@ -345,38 +359,40 @@ class Workload:
         masks (2, none when hidden_dropout is 0); split over TP, Q (2), K and V (4k/h), the
         projection input (2), the MLP's activation input (2 f1/h) and fc2 input (2f/h); the scores
         (5as/h: softmax output 2, dropout mask 1 and output 2; 2as/h without attention dropout).
+        fp32 training doubles the values, not the 1-byte masks or the fp32 router logits.
         With CP every term is divided by cp (s/cp tokens, s/cp x s scores a rank) [CP]."""
         s, b, h, a = self.seq, self.micro_batch, self.hidden, self.heads
         if self.cp > 1:  # every term over cp: s/cp tokens, s/cp x s scores a rank [CP]
             return replace(self, cp=1).activation_bytes_per_layer(tp) / self.cp
+        v = self.dtype_bytes / 2  # values scale with the dtype; masks and router logits do not
         if self.full_recompute:
-            return 2 * s * b * h / (tp if self.sequence_parallel else 1)
+            return 2 * v * s * b * h / (tp if self.sequence_parallel else 1)
         scores = 0.0
         if self.recompute != "selective" and not self.flash_attention:
-            scores = (5 if self.attention_dropout > 0 else 2) * a * s / h
-        replicated = 8 + (2 if self.hidden_dropout > 0 else 0)
-        split = 4 + 4 * self.kv_width / h + 2 * (self.fc1_width + self.ffn) / h
+            scores = (4 * v + 1 if self.attention_dropout > 0 else 2 * v) * a * s / h
+        replicated = 8 * v + (2 if self.hidden_dropout > 0 else 0)
+        split = v * (4 + 4 * self.kv_width / h + 2 * (self.fc1_width + self.ffn) / h)
         if self.mla is not None:  # its latents, Q, K, V and projection input (`MlaShape`)
             extra_replicated, attention_split = self.mla.activation_terms(h)
-            replicated += extra_replicated
-            split += attention_split - 4 - 4 * self.kv_width / h
+            replicated += v * extra_replicated
+            split += v * (attention_split - 4 - 4 * self.kv_width / h)
         if self.moe is not None:
-            extra_replicated, extra_split = self._moe_activation_terms()
+            extra_replicated, extra_split = self._moe_activation_terms(v)
             replicated, split = replicated + extra_replicated, split + extra_split
         if self.sequence_parallel:
             return s * b * h * (replicated + split + scores) / tp
         return s * b * h * (replicated + split / tp + scores / tp)
 
-    def _moe_activation_terms(self) -> tuple[float, float]:
+    def _moe_activation_terms(self, v: float) -> tuple[float, float]:
         """What an MoE MLP stores beyond a dense MLP, per s b h element and averaged over the
         layer pattern, (replicated over TP, split over TP): the fp32 router logits (4E/h), the
         k permuted expert inputs (2k), each routed expert's and the shared expert's activation
-        and fc2 inputs in place of the dense MLP's (2 k (f1_e + f_e)/h + 2 (f1_s + f_s)/h)."""
+        and fc2 inputs in place of the dense MLP's (2 k (f1_e + f_e)/h + 2 (f1_s + f_s)/h);
+        `v`: value bytes over 2 (2 in fp32 training)."""
         m, h = self.moe, self.hidden
         e = 2 if self.swiglu else 1  # f1 = e f
-        replicated = 4 * m.experts / h + 2 * m.topk
-        split = 2 * (e + 1) * (m.topk * m.ffn + m.shared_ffn) / h - \
-            2 * (self.fc1_width + self.ffn) / h
+        replicated = 4 * m.experts / h + 2 * v * m.topk
+        split = 2 * v * ((e + 1) * (m.topk * m.ffn + m.shared_ffn) - self.fc1_width - self.ffn) / h
         return m.moe_fraction * replicated, m.moe_fraction * split
 
     # ---- reporting ----------------------------------------------------------------------------
