@@ -20,7 +20,8 @@ class Nic:
     """One NIC of a node.
 
     Attributes:
-        name: node-local name, e.g. "ib0", "roce1", "eth0" (the interface name on the testbed).
+        name: node-local name, e.g. "ib0", "roce1", "eth0": holmes-sim's label (the interface
+            name on the testbed), not the OS's.
         type: ib | roce | ethernet.
         fabric: the RDMA fabric it plugs into, or ETHERNET.
         bandwidth_bytes_per_s: line rate, each direction.
@@ -29,6 +30,8 @@ class Nic:
         gpus: local indices of the GPUs that use this NIC.
         collective_latency_s: per-step software latency of a ring collective, when measured
             (a collective library's step costs more than a ping-pong); None: `latency_s`.
+        device: the name the OS and NCCL give it (ens1f0, mlx5_0:1) where the scenario says;
+            launch exports use it, costs do not, and NICs equal but for it compare equal.
     """
 
     name: str
@@ -39,6 +42,7 @@ class Nic:
     efficiency: float
     gpus: tuple[int, ...]
     collective_latency_s: float | None = None
+    device: str | None = field(default=None, compare=False)
 
     @property
     def step_latency_s(self) -> float:
@@ -245,11 +249,12 @@ def _build_nics(specs: tuple[NicSpec, ...], num_gpus: int, path: str,
         npath = f"{path}[{i}]"
         fabric = _nic_fabric(s, npath, fabric_types)
         bandwidth, latency, efficiency = _nic_numbers(s, npath, catalog)
-        for gpus in _gpu_split(s, num_gpus, npath):
+        devices = s.devices or (None,) * s.count
+        for gpus, device in zip(_gpu_split(s, num_gpus, npath), devices, strict=True):
             n = counters.get(s.type, 0)
             counters[s.type] = n + 1
             nics.append(Nic(f"{_NIC_PREFIX[s.type]}{n}", s.type, fabric, bandwidth, latency,
-                            efficiency, gpus))
+                            efficiency, gpus, device=device))
     return tuple(nics)
 
 

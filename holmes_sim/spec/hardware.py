@@ -33,6 +33,64 @@ class NicSpec:
     Ethernet NICs all join the one Ethernet network that reaches every node."""
     gpus: tuple[tuple[int, ...], ...] | None = None
     """Optional: for each NIC, the local GPU indices that use it."""
+    devices: tuple[str, ...] | None = None
+    """Optional: for each NIC, the device name the OS and NCCL use: the interface of an Ethernet
+    NIC (ens1f0, bond0), the HCA of an ib or roce NIC (mlx5_0, optionally with its port:
+    mlx5_0:1). Launch exports only; no cost depends on it."""
+
+    def __post_init__(self) -> None:
+        if self.devices is not None:
+            _check_devices(self.devices, self.count, self.type)
+
+
+def _check_devices(devices: tuple[str, ...], count: int, nic_type: str) -> None:
+    """Raise FieldError (its path relative to the NIC) for a device list NCCL cannot take: one
+    name per NIC, and ':' only as an HCA's port (NCCL reads `name:port` in both of its lists)."""
+    if len(devices) != count:
+        raise FieldError("devices", f"{len(devices)} names for {count} NICs (count); give one "
+                                    "device name per NIC, in NIC order")
+    for k, name in enumerate(devices):
+        base, colon, port = name.partition(":")
+        if colon and nic_type == "ethernet":
+            raise FieldError(f"devices[{k}]", f"{name!r}: NCCL reads ':' as a port; give the "
+                                              "interface name alone (as `ip link` lists it)")
+        if colon and not (base and port.isascii() and port.isdigit()):
+            raise FieldError(f"devices[{k}]", f"{name!r} is not HCA[:port]; give e.g. mlx5_0 "
+                                              "or mlx5_0:1")
+
+
+def _check_devices_named_alike(nics: tuple[NicSpec, ...]) -> None:
+    """Raise FieldError (its path relative to the node group) where one NIC entry names its
+    devices and another of the same list does not: NCCL_IB_HCA lists all ib and roce NICs,
+    NCCL_SOCKET_IFNAME all Ethernet ones, either the named ones or placeholders."""
+    first: dict[bool, int] = {}  # Ethernet or not -> the first entry naming its devices
+    for i, nic in enumerate(nics):
+        if nic.devices is not None:
+            first.setdefault(nic.type == "ethernet", i)
+    for i, nic in enumerate(nics):
+        named = first.get(nic.type == "ethernet")
+        if nic.devices is None and named is not None:
+            kind = "Ethernet" if nic.type == "ethernet" else "ib and roce"
+            raise FieldError(f"nics[{i}]", f"names no `devices`, but nics[{named}] of this node "
+                                           f"group does; give `devices` on every {kind} NIC "
+                                           "entry of the group, or on none")
+
+
+def _check_unique_devices(nics: tuple[NicSpec, ...]) -> None:
+    """Raise FieldError (its path relative to the node group) for a device that two NICs of the
+    node name: the same name, or an HCA both whole and by one of its ports (mlx5_0, mlx5_0:1)."""
+    named: dict[str, str] = {}  # name -> its path
+    whole: dict[str, str] = {}  # HCA named without a port -> its path
+    ported: dict[str, str] = {}  # HCA named with a port -> the first such path
+    for i, nic in enumerate(nics):
+        for k, name in enumerate(nic.devices or ()):
+            path, (base, colon, _) = f"nics[{i}].devices[{k}]", name.partition(":")
+            other = named.get(name) or (whole.get(base) if colon else ported.get(base))
+            if other is not None:
+                raise FieldError(path, f"device {name!r} is named by this node group's {other} "
+                                       "already; give each NIC of a node its own device")
+            named[name] = path
+            (ported if colon else whole).setdefault(base, path)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,6 +111,10 @@ class NodeGroupSpec:
     """The node's NICs."""
     name: str | None = None
     """Prefix of the node names (default: the cluster's name)."""
+
+    def __post_init__(self) -> None:
+        _check_devices_named_alike(self.nics)
+        _check_unique_devices(self.nics)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -157,6 +157,8 @@ NAME_FIX = "use a letter then letters, digits, '-' or '_' (at most 32 characters
 _NAME_RULE = (NAME.fullmatch, "'{}' is not a valid name; " + NAME_FIX)
 MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 """The name rule with '.' (versions and sizes: llama3.1-8b, gpt-7.5b), as presets are named."""
+DEVICE_NAME = re.compile(r"[A-Za-z0-9_.:][A-Za-z0-9_.:-]{0,62}")
+"""A NIC's OS device name as NCCL's interface lists take it (no ',' '^' '=', 63 characters)."""
 TEXT_RULES: dict[str, tuple[Callable[[str], object], str]] = {
     "model.name": (MODEL_NAME.fullmatch, "{!r} is not a valid model name; use a letter then "
                                          "letters, digits, '.', '-' or '_' (at most 64 "
@@ -165,6 +167,10 @@ TEXT_RULES: dict[str, tuple[Callable[[str], object], str]] = {
                            "remove `profile:`"),
     "clusters[].name": _NAME_RULE, "clusters[].nodes[].name": _NAME_RULE,
     "fabrics[].name": _NAME_RULE,
+    "clusters[].nodes[].nics[].devices[]": (
+        DEVICE_NAME.fullmatch, "{!r} is not a device name NCCL can take; use letters, digits, "
+                               "'_', '.', ':' or '-', not '-' first, at most 63 characters "
+                               "(e.g. ens1f0, bond0, mlx5_0:1)"),
 }
 """Rules of string fields by dotted path, `[]` for any list index: a test of the text (false:
 refused), and the message (`{}`: the text)."""
