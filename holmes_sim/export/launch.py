@@ -13,8 +13,8 @@ loss), Megatron-LLaMA's README (`--overlapped-distributed-optimizer`), Megatron-
 --use-hetnet`: per device type, its number of pipeline stages and their layer counts).
 
 NCCL settings (NCCL environment-variable documentation): RDMA groups name their HCAs with
-`NCCL_IB_HCA` (here `mlx5_<k>` in the node's NIC order, the ConnectX device naming; edit if your
-devices are named otherwise); RoCE also needs `NCCL_IB_GID_INDEX` (3: RoCE v2 over IPv4 on a
+`NCCL_IB_HCA` (the NICs' `devices` from the scenario, else placeholders: `node_nccl_env`);
+RoCE also needs `NCCL_IB_GID_INDEX` (3: RoCE v2 over IPv4 on a
 default ConnectX set-up); TCP groups use `NCCL_NET=Socket` with `NCCL_SOCKET_IFNAME`; every
 process bootstraps over the Ethernet interface (`NCCL_SOCKET_IFNAME`). NCCL picks one network
 (`NCCL_NET`: IB or Socket) per communicator when it is created, from the process environment at
@@ -254,21 +254,42 @@ def holmes_args(plan: Plan, cluster: Cluster, nodes: list[Node]) -> tuple[list[s
              "--hetero-pipeline-stages", *stages, "--use-hetnet"], None)
 
 
+SOCKET_EXCLUDE = "^docker,lo,virbr,ib"
+"""`NCCL_SOCKET_IFNAME` of a node whose Ethernet NICs name no devices: NCCL's own choice without
+its preference for IPoIB (`^`: every interface but those starting with these prefixes)."""
+
+
 def node_nccl_env(node: Node) -> dict[str, str]:
-    """The NCCL environment of one node: bootstrap on Ethernet, its HCAs for RDMA."""
+    """The NCCL environment of one node: bootstrap on Ethernet, its HCAs for RDMA.
+
+    NCCL's environment-variable documentation: `NCCL_SOCKET_IFNAME` and `NCCL_IB_HCA` are lists
+    of prefixes, `^` first excludes them, `=` first makes them exact names, `name:port` is an
+    HCA's port. The NICs' `device` names (a node group names all of a kind or none) are listed
+    exactly (`=ens1f0`, `=mlx5_0:1`). Without names, NCCL_SOCKET_IFNAME is no guess: unset,
+    NCCL takes `ib*` (IPoIB) interfaces first, then any but `docker`, `lo` and `virbr`
+    (`ncclFindInterfaces`, src/misc/socket.cc), and IPoIB does not reach the nodes without
+    InfiniBand that a mixed plan holds, so it is that second choice, `SOCKET_EXCLUDE`;
+    NCCL_IB_HCA is `mlx5_<k>` in the node's NIC order, the ConnectX default, as prefixes."""
     env = {}
     eth = node.nics_on(ETHERNET)
     if eth:
-        env["NCCL_SOCKET_IFNAME"] = eth[0].name
+        env["NCCL_SOCKET_IFNAME"] = _exact([n.device for n in eth]) or SOCKET_EXCLUDE
     rdma = [n for n in node.nics if n.type != ETHERNET]
     if rdma:
         env["NCCL_NET"] = "IB"
-        env["NCCL_IB_HCA"] = ",".join(f"mlx5_{k}" for k in range(len(rdma)))
+        env["NCCL_IB_HCA"] = (_exact([n.device for n in rdma])
+                              or ",".join(f"mlx5_{k}" for k in range(len(rdma))))
         if any(n.type == "roce" for n in rdma):
             env["NCCL_IB_GID_INDEX"] = str(ROCE_GID_INDEX)
     else:
         env["NCCL_NET"] = "Socket"
     return env
+
+
+def _exact(devices: list[str | None]) -> str:
+    """NCCL's exact list (`=a,b`) of the named `devices`, or "" when none is named."""
+    named = [d for d in devices if d]
+    return "=" + ",".join(named) if named else ""
 
 
 def group_nccl_settings(plan: Plan) -> dict[str, dict[str, str]]:
@@ -331,16 +352,35 @@ CUDA_CONNECTIONS_NOTE = (
 
 def holmes_config(nodes: list[Node]) -> list[dict[str, str]]:
     """The Holmes fork's config.json: per device type the NCCL environment of its groups, and
-    `heter` (TCP) for groups that mix device types."""
-    entries: dict[str, dict[str, str]] = {}
+    `heter` (TCP) for groups that mix device types. One entry serves many nodes: where their
+    interface lists differ (node groups that name other devices), it holds them all
+    (`_merged`)."""
+    envs: dict[str, list[dict[str, str]]] = {}
     for node in nodes:
-        env = node_nccl_env(node)
-        entries.setdefault(nic_class(node), {"CLUSTER_NAME": nic_class(node), **env})
-    eth = next((node_nccl_env(n).get("NCCL_SOCKET_IFNAME") for n in nodes), None)
+        envs.setdefault(nic_class(node), []).append(node_nccl_env(node))
+    entries = [{"CLUSTER_NAME": c, **e[0], **{k: _merged([x[k] for x in e if k in x])
+                                              for k in _LISTS if k in e[0]}}
+               for c, e in envs.items()]
     heter = {"CLUSTER_NAME": "heter", "NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1"}
+    eth = [x["NCCL_SOCKET_IFNAME"] for e in envs.values() for x in e if "NCCL_SOCKET_IFNAME" in x]
     if eth:
-        heter["NCCL_SOCKET_IFNAME"] = eth
-    return [*entries.values(), heter]
+        heter["NCCL_SOCKET_IFNAME"] = _merged(eth)
+    return [*entries, heter]
+
+
+_LISTS = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA")
+
+
+def _merged(values: list[str]) -> str:
+    """One NCCL interface list for nodes whose own lists are `values`: all their names (NCCL on
+    a node matches those it has), exact if every list is; `SOCKET_EXCLUDE` if one excludes."""
+    distinct = list(dict.fromkeys(values))
+    if len(distinct) == 1:
+        return distinct[0]
+    if any(v.startswith("^") for v in distinct):
+        return SOCKET_EXCLUDE
+    names = dict.fromkeys(n for v in distinct for n in v.lstrip("=").split(","))
+    return ("=" if all(v.startswith("=") for v in distinct) else "") + ",".join(names)
 
 
 _HOST_NAME = re.compile(r"[A-Za-z0-9_.:\[\]-]+")
@@ -437,7 +477,8 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
     cuda = plan.tp > 1 or plan.cp > 1
-    notes = _notes(workload, ub) + ((CUDA_CONNECTIONS_NOTE,) if cuda else ())
+    notes = (_notes(workload, ub) + ((CUDA_CONNECTIONS_NOTE,) if cuda else ())
+             + device_notes(nodes))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes)
     return LaunchFiles(files)
@@ -507,6 +548,33 @@ def _notes(workload: Workload, ub: str | None) -> tuple[str, ...]:
     elif workload.tp_comm_overlap and workload.ub_rs_sms == 0:
         notes.append(USERBUFFER_ZERO_SMS)
     return tuple(notes)
+
+
+def device_notes(nodes: list[Node]) -> tuple[str, ...]:
+    """The export README's note on the NCCL device names of `node_nccl_env`: the scenario's
+    `devices`, or which of them are placeholders, on which node groups, and how to set them."""
+    blanks: dict[str, dict[str, None]] = {}  # placeholder -> node groups it stands in on
+    for node in nodes:
+        for rdma, what in ((False, f"`NCCL_SOCKET_IFNAME={SOCKET_EXCLUDE}` (any interface but "
+                                   "docker, loopback, libvirt and IPoIB ones)"),
+                           (True, "`NCCL_IB_HCA=mlx5_0,...` (ConnectX's default HCA names, in "
+                                  "NIC order, as prefixes)")):
+            nics = [n for n in node.nics if (n.type != ETHERNET) == rdma]
+            if nics and not any(n.device for n in nics):
+                blanks.setdefault(what, {})[node.group_path or node.name] = None
+    if not blanks:
+        return (DEVICES_NAMED_NOTE,)
+    where = "; ".join(f"{what} on {', '.join(groups)}" for what, groups in blanks.items())
+    return (f"Placeholders, not your device names: {where}, whose NICs name no `devices` in the "
+            "scenario. NCCL stops at initialisation when a list matches none of a node's "
+            "devices. Give each NIC entry the names `ip link` (interfaces) and `ibv_devices` "
+            "(HCAs, optionally `:port`) show, one per NIC of its `count`, e.g. `devices: "
+            "[ens1f0]`, `devices: [mlx5_0, mlx5_1]`, and export again; or edit the `ENV_*` "
+            "lines of `launch.sh`, `nccl.json` and `holmes_config.json`.",)
+
+
+DEVICES_NAMED_NOTE = ("`NCCL_SOCKET_IFNAME` and `NCCL_IB_HCA` list the devices the scenario's "
+                      "NICs name (`devices`), as exact names (NCCL's `=` form).")
 
 
 def _wrapper(target: str) -> str:

@@ -1,16 +1,24 @@
-"""NICs' OS device names (`nics[].devices`): checked by the loader; the simulation does not
-depend on them."""
+"""NICs' OS device names (`nics[].devices`): checked by the loader, exported exactly as NCCL's
+interface lists (`nccl.json`, `launch.sh` under both targets, `holmes_config.json`), and no
+guessed name (`eth0`, holmes-sim's own label) where the scenario gives none; the simulation does
+not depend on them."""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from holmes_sim.cli import app
+from holmes_sim.export.launch import (DEVICES_NAMED_NOTE, SOCKET_EXCLUDE, LaunchFiles, _merged,
+                                      launch_files)
 from holmes_sim.prepare import prepare
-from holmes_sim.runner import results_document, run_scenario
+from holmes_sim.runner import plan_policy, results_document, run_scenario
 
 IB = "{type: ib, bandwidth_gbit_per_s: 200, count: 2, fabric: ib%s}"
 ETH = "{type: ethernet, bandwidth_gbit_per_s: 10%s}"
@@ -46,6 +54,83 @@ training: {{global_batch_size: 16, micro_batch_size: 1}}
 parallel: {{tensor: 8, pipeline: 2}}
 policies: [megatron, holmes]
 """
+
+
+def _export(write_scenario, text: str, policy: str) -> dict[str, str]:
+    prepared = prepare(write_scenario(text))
+    plan, cluster = plan_policy(prepared, policy)
+    return launch_files(plan, cluster, prepared.workload, "fp16").files
+
+
+def _dry_run(tmp_path: Path, files: dict[str, str], target: str, rank: int) -> dict[str, str]:
+    """The NCCL environment `launch.sh target` gives node `rank`'s torchrun (dry run)."""
+    out = tmp_path / "out"
+    LaunchFiles(files).write(out)
+    env = {**os.environ, "DRY_RUN": "1", "NODE_RANK": str(rank)}
+    proc = subprocess.run(["bash", str(out / "launch.sh"), target], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    words = shlex.split(proc.stdout)
+    return dict(w.split("=", 1) for w in words[1:words.index("torchrun")])
+
+
+def test_named_devices_are_exported_exactly_in_nccl_json_and_holmes_config(write_scenario):
+    files = _export(write_scenario, scenario(named=True), "holmes")
+    nodes = json.loads(files["nccl.json"])["nodes"]
+    assert nodes["ib-0"]["NCCL_SOCKET_IFNAME"] == "=ens1f0"
+    assert nodes["ib-1"]["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1:1"
+    assert nodes["eth-0"]["NCCL_SOCKET_IFNAME"] == "=bond0" and "NCCL_IB_HCA" not in nodes["eth-0"]
+    config = {e["CLUSTER_NAME"]: e for e in json.loads(files["holmes_config.json"])}
+    assert config["ib"]["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1:1"
+    assert config["ib"]["NCCL_SOCKET_IFNAME"] == "=ens1f0"
+    assert config["ethernet"]["NCCL_SOCKET_IFNAME"] == "=bond0"
+    # one entry for the groups that mix both kinds of node: NCCL on each matches the name it has
+    assert config["heter"]["NCCL_SOCKET_IFNAME"] == "=ens1f0,bond0"
+    assert DEVICES_NAMED_NOTE in files["README.md"] and "Placeholders" not in files["README.md"]
+
+
+@pytest.mark.parametrize("target", ["megatron", "holmes"])
+def test_named_devices_reach_each_nodes_torchrun_under_both_targets(write_scenario, tmp_path,
+                                                                     target):
+    files = _export(write_scenario, scenario(named=True), "holmes")
+    order = list(json.loads(files["nccl.json"])["nodes"])  # sorted names; rank order below
+    ranks = {h.split()[0]: r for r, h in enumerate(files["hostfile"].splitlines())}
+    assert set(ranks) == set(order)
+    for host, want in (("ib-0", "=ens1f0"), ("eth-1", "=bond0")):
+        env = _dry_run(tmp_path, files, target, ranks[host])
+        assert env["NCCL_SOCKET_IFNAME"] == want
+        assert env["NCCL_NET"] == "Socket"  # IB and Ethernet-only nodes share only TCP
+
+
+def test_named_hcas_reach_torchrun_when_upstream_runs_on_rdma(write_scenario, tmp_path):
+    files = _export(write_scenario, scenario(named=True, eth_nodes=0), "megatron")
+    for rank in (0, 1):
+        env = _dry_run(tmp_path, files, "megatron", rank)
+        assert env["NCCL_NET"] == "IB" and env["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1:1"
+        assert env["NCCL_SOCKET_IFNAME"] == "=ens1f0"
+
+
+def test_without_names_no_guessed_interface_is_exported(write_scenario, tmp_path):
+    files = _export(write_scenario, scenario(named=False), "holmes")
+    # plan.json keeps holmes-sim's NIC labels (ib0, eth0): the bundled worker maps them to
+    # devices with its run config's nic_devices; no file NCCL or a launcher reads holds one.
+    assert [name for name, text in files.items() if "eth0" in text] == ["plan.json"]
+    nodes = json.loads(files["nccl.json"])["nodes"]
+    assert {env["NCCL_SOCKET_IFNAME"] for env in nodes.values()} == {SOCKET_EXCLUDE}
+    assert nodes["ib-0"]["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"  # the ConnectX default, prefixes
+    for target in ("megatron", "holmes"):
+        assert _dry_run(tmp_path, files, target, 0)["NCCL_SOCKET_IFNAME"] == SOCKET_EXCLUDE
+    readme = files["README.md"]
+    assert f"`NCCL_SOCKET_IFNAME={SOCKET_EXCLUDE}`" in readme and "`NCCL_IB_HCA=mlx5_0" in readme
+    assert "Placeholders, not your device names" in readme and "devices: [ens1f0]" in readme
+    assert "clusters[0].nodes[0], clusters[0].nodes[1]" in readme
+
+
+def test_one_config_entry_for_nodes_with_different_names_holds_them_all():
+    assert _merged(["=ens1f0", "=ens1f0"]) == "=ens1f0"
+    assert _merged(["=ens1f0", "=bond0", "=ens1f0"]) == "=ens1f0,bond0"
+    assert _merged(["=mlx5_2", "mlx5_0,mlx5_1"]) == "mlx5_2,mlx5_0,mlx5_1"  # prefixes hold both
+    assert _merged(["=ens1f0", SOCKET_EXCLUDE]) == SOCKET_EXCLUDE
 
 
 BAD = {
