@@ -121,7 +121,8 @@ def test_export_writes_the_architecture_flags():
     assert args == ["--group-query-attention", "--num-query-groups", "4", "--swiglu",
                     "--normalization", "RMSNorm", "--disable-bias-linear", "--add-qkv-bias",
                     "--position-embedding-type", "rope", "--hidden-dropout", "0",
-                    "--attention-dropout", "0"]
+                    "--attention-dropout", "0", "--rotary-base", "1000000",
+                    "--norm-epsilon", "1e-06"]
     assert architecture_args(_preset("gpt3-175b")) == []
 
 
@@ -143,6 +144,19 @@ def test_a_preset_loads_and_fields_beside_it_override_it():
     ("{preset: llama3.1-8b, num_query_groups: -1}", "model.num_query_groups: must be at least 1"),
     ("{preset: llama3.1-8b, normalization: rms}", "'rms' is not allowed"),
     ("{preset: llama3.1-8b, hidden_dropout: 1.5}", "model.hidden_dropout: must be at most 1"),
+    ("{preset: llama3.1-8b, rotary_base: 1}",
+     "model.rotary_base: must be greater than 1, got 1; the RoPE base theta"),
+    ("{preset: llama3.1-8b, rotary_base: 5.0e5}",
+     "model.rotary_base: expected a whole number, got float 500000.0"),
+    ("{preset: nemotron4-15b, rotary_percent: 0}",
+     "model.rotary_percent: must be greater than 0, got 0; the share of a head RoPE rotates"),
+    ("{preset: nemotron4-15b, rotary_percent: 1.5}", "model.rotary_percent: must be at most 1"),
+    ("{preset: llama3.1-8b, rope_scaling_factor: 0.5}",
+     "model.rope_scaling_factor: must be at least 1, got 0.5; Llama 3.1 scales by 8"),
+    ("{preset: qwen2.5-7b, norm_epsilon: 0}", "model.norm_epsilon: must be greater than 0, got 0"),
+    ("{preset: llama3.1-8b, rope_scaling: yes}", "model.rope_scaling: expected true or false"),
+    ("{preset: llama3.1-8b, rotary_bass: 1}", "model.rotary_bass: unknown key; did you mean "
+                                              "'rotary_base'?"),
 ])
 def test_loader_errors_name_the_field_and_the_fix(model, message):
     with pytest.raises(ScenarioError, match=message.replace(".", r"\.").replace("(", r"\(")):

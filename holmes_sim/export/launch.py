@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import FieldError, PlanError, ScenarioError
-from holmes_sim.export.model_args import (TE_CROSS_ENTROPY_REFUSED, USERBUFFER_CONFIG,
-                                          USERBUFFER_ZERO_SMS, architecture_args,
-                                          expert_tensor_args, loss_args, overlap_args,
-                                          split_args, userbuffer_config)
+from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
+                                          USERBUFFER_CONFIG, USERBUFFER_ZERO_SMS,
+                                          architecture_args, expert_tensor_args,
+                                          fork_lacks_note, loss_args, overlap_args, split_args,
+                                          userbuffer_config, without_flags)
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
 from holmes_sim.schedule import check_megatron_interleaving
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
@@ -477,8 +478,9 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
     cuda = plan.tp > 1 or plan.cp > 1
+    lacked = fork_lacks_note(margs) if fork else None
     notes = (_notes(workload, ub) + ((CUDA_CONNECTIONS_NOTE,) if cuda else ())
-             + device_notes(nodes))
+             + device_notes(nodes) + ((lacked,) if lacked else ()))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes)
     return LaunchFiles(files)
@@ -511,7 +513,8 @@ def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Worklo
     if not hargs:
         return [], why_not
     upstream_only = _layout_args(plan, workload) + _cp_comm_args(workload, plan)
-    return [a for a in margs if a not in upstream_only] + hargs, why_not
+    flags = [a for a in upstream_only if a.startswith("--")] + list(FORK_LACKS)
+    return without_flags(margs, flags) + hargs, why_not
 
 
 def launch_refusal(schedule: str, pp: int, workload: Workload) -> str | None:

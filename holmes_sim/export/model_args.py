@@ -8,8 +8,13 @@ fusion for any activation but GeLU and SwiGLU, since 6b3b884, 2024-01), `--norma
 (learned_absolute default), `--hidden-dropout` and `--attention-dropout` (0.1 default),
 `--make-vocab-size-divisible-by` (128 default), `--multi-latent-attention` with `--q-lora-rank`,
 `--kv-lora-rank`, `--qk-head-dim`, `--qk-pos-emb-head-dim`, `--v-head-dim` (`_add_mla_args`;
-all written, the latent norms as `--qk-layernorm`). Nothing else is written for a value equal to
-Megatron's default.
+all written, the latent norms as `--qk-layernorm`), and with RoPE `--rotary-base` (10000
+default), `--rotary-percent` (1.0), `--use-rope-scaling` with `--rope-scaling-factor` (8.0), and
+`--norm-epsilon` (1e-5), `--apply-layernorm-1p` (`rope_norm_args`; at HEAD the last two come
+from Megatron-Core's `TransformerConfig.layernorm_epsilon` and
+`layernorm_zero_centered_gamma`). Nothing else is written for a value equal to Megatron's
+default. The Holmes fork's arguments.py (2024-08) has no `--rotary-base`, `--use-rope-scaling`
+or `--rope-scaling-factor` (`FORK_LACKS`).
 
 The overlaps and the uneven split (`overlap_args`, `split_args`): `--tp-comm-overlap`,
 `--no-overlap-p2p-communication` (pretrain_gpt.py overlaps p2p on the interleaved schedule
@@ -28,6 +33,9 @@ from holmes_sim.model.workload import Workload
 
 _MEGATRON_DROPOUT = 0.1
 _MEGATRON_VOCAB_DIVISOR = 128
+_MEGATRON_ROTARY_BASE = 10000
+_MEGATRON_ROPE_SCALING_FACTOR = 8.0
+_MEGATRON_NORM_EPSILON = 1e-5
 
 
 def architecture_args(w: Workload) -> list[str]:
@@ -54,7 +62,59 @@ def architecture_args(w: Workload) -> list[str]:
         args += ["--attention-dropout", f"{w.attention_dropout:g}"]
     if w.vocab_divisible_by != _MEGATRON_VOCAB_DIVISOR:
         args += ["--make-vocab-size-divisible-by", str(w.vocab_divisible_by)]
-    return args + mla_args(w) + moe_args(w)
+    return args + rope_norm_args(w) + mla_args(w) + moe_args(w)
+
+
+def rope_norm_args(w: Workload) -> list[str]:
+    """Arguments of `pretrain_gpt.py` for the RoPE base, share and Llama 3.1 scaling (with
+    RoPE only: Megatron reads them only then) and the norms' epsilon and zero-centered gamma,
+    each where it leaves Megatron-LM's default; none changes a cost."""
+    args: list[str] = []
+    if w.position_embedding == "rope":
+        if w.rotary_base != _MEGATRON_ROTARY_BASE:
+            args += ["--rotary-base", str(w.rotary_base)]
+        if w.rotary_percent != 1.0:
+            args += ["--rotary-percent", repr(float(w.rotary_percent))]
+        if w.rope_scaling:
+            args.append("--use-rope-scaling")
+            if w.rope_scaling_factor != _MEGATRON_ROPE_SCALING_FACTOR:
+                args += ["--rope-scaling-factor", repr(float(w.rope_scaling_factor))]
+    if w.norm_epsilon != _MEGATRON_NORM_EPSILON:
+        args += ["--norm-epsilon", repr(float(w.norm_epsilon))]
+    if w.zero_centered_gamma:
+        args.append("--apply-layernorm-1p")
+    return args
+
+
+FORK_LACKS = ("--rotary-base", "--use-rope-scaling", "--rope-scaling-factor")
+"""Model flags of upstream Megatron-LM the Holmes fork's parser predates (its RoPE has base
+10000 and no scaling); its export leaves them out and the README says so (`fork_lacks_note`)."""
+
+
+def without_flags(args: list[str], flags: tuple[str, ...] | list[str]) -> list[str]:
+    """`args` without each of `flags` and the values that follow it (words not starting
+    with `--`)."""
+    out: list[str] = []
+    dropping = False
+    for word in args:
+        if word.startswith("--"):
+            dropping = word in flags
+        if not dropping:
+            out.append(word)
+    return out
+
+
+def fork_lacks_note(margs: list[str]) -> str | None:
+    """The README's note on the `FORK_LACKS` flags among upstream's `margs`, None if none."""
+    others = [a for a in margs if a.startswith("--") and a not in FORK_LACKS]
+    lacked = without_flags(margs, others)
+    if not lacked:
+        return None
+    return (f"`megatron_args.txt` sets `{' '.join(lacked)}`, which `holmes_args.txt` leaves out: "
+            "the Holmes fork's arguments.py (2024-08) predates these flags, so the fork trains "
+            "RoPE at base 10000 without scaling. That costs the same as simulated (RoPE's "
+            "settings change no kernel's size) but is not the model simulated; add the flags "
+            "to the fork's parser to train that one.")
 
 
 def mla_args(w: Workload) -> list[str]:
@@ -188,3 +248,4 @@ def split_args(split: PipelineSplit) -> list[str]:
     if split.account_for_loss:
         args.append("--account-for-loss-in-pipeline-split")
     return args
+

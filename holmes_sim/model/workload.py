@@ -100,6 +100,14 @@ class Workload:
     attention_dropout: float = 0.1
     vocab_divisible_by: int = 128
     """Megatron's `make_vocab_size_divisible_by` (`vocab` is already padded with it)."""
+    rotary_base: int = 10000
+    """RoPE settings and the norms' epsilon and gamma (`ModelSpec`): the export writes them; no
+    cost reads them."""
+    rotary_percent: float = 1.0
+    rope_scaling: bool = False
+    rope_scaling_factor: float = 8.0
+    norm_epsilon: float = 1e-5
+    zero_centered_gamma: bool = False
     flops_formula: str = "sc21"
     """Model FLOPs reported beside TFLOP/s: `sc21` (eq. 3 of [N21], what Megatron-LM logged
     for GPT in 2021-2022) or `megatron-core` (`num_floating_point_operations`, [MLM])."""
@@ -572,6 +580,10 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         position_embedding=model.position_embedding, hidden_dropout=model.hidden_dropout,
         attention_dropout=model.attention_dropout,
         vocab_divisible_by=model.make_vocab_size_divisible_by,
+        rotary_base=model.rotary_base,
+        rotary_percent=model.rotary_percent, rope_scaling=model.rope_scaling,
+        rope_scaling_factor=model.rope_scaling_factor, norm_epsilon=model.norm_epsilon,
+        zero_centered_gamma=model.layernorm_zero_centered_gamma,
         flops_formula="sc21" if _is_gpt(model) else "megatron-core", cp=cp,
         cp_comm_type=cp_comm_type, ep=ep, tp_per_etp=tp // (etp or tp), moe=moe_shape(model),
         mla=mla_shape(model),

@@ -50,6 +50,26 @@ class ModelSpec:
     """Dropout of the attention probabilities (Megatron `--attention-dropout`)."""
     make_vocab_size_divisible_by: int = 128
     """Megatron pads vocab_size up to a multiple of this times the TP degree."""
+    rotary_base: int = 10000
+    """RoPE base theta (Megatron `--rotary-base`, Hugging Face `rope_theta`; default 10000),
+    read only with position_embedding rope. Like every field down to
+    layernorm_zero_centered_gamma it changes the model's numbers, not its cost: the export
+    writes it, the simulation does not read it."""
+    rotary_percent: float = 1.0
+    """Share of each head's dimensions RoPE rotates (Megatron `--rotary-percent`, Hugging Face
+    `partial_rotary_factor`; default 1), read only with position_embedding rope."""
+    rope_scaling: bool = False
+    """Llama 3.1's RoPE frequency scaling (Megatron `--use-rope-scaling`: low factor 1, high
+    factor 4, original context 8,192), read only with position_embedding rope."""
+    rope_scaling_factor: float = 8.0
+    """The scaling's factor (Megatron `--rope-scaling-factor`, default 8), read only with
+    rope_scaling."""
+    norm_epsilon: float = 1e-5
+    """Epsilon of every LayerNorm/RMSNorm (Megatron `--norm-epsilon`, Megatron-Core
+    `layernorm_epsilon`; default 1e-5)."""
+    layernorm_zero_centered_gamma: bool = False
+    """The norms' weights are stored centered on 0 and applied as 1 + weight (Nemotron;
+    Megatron `--apply-layernorm-1p`)."""
     num_experts: int | None = None
     """Routed experts of each MoE layer (Megatron `--num-experts`); None: a dense model."""
     moe_router_topk: int = 2

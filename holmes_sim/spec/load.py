@@ -92,6 +92,11 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "make_vocab_size_divisible_by": Bound(1, 2**16),
     "hidden_dropout": Bound(0, 1),
     "attention_dropout": Bound(0, 1),
+    "rotary_base": Bound(1, 10**12, low_open=True, rule="the RoPE base theta (rope_theta): "
+                                                       "10000 for Llama 2, 500000 for Llama 3"),
+    "rotary_percent": Bound(0, 1, low_open=True, rule="the share of a head RoPE rotates"),
+    "rope_scaling_factor": Bound(1, 1024, rule="Llama 3.1 scales by 8, Llama 3.2 by 32"),
+    "norm_epsilon": Bound(0, 1, low_open=True, rule="the norms' epsilon, 1e-5 or 1e-6"),
     "global_batch_size": Bound(1, 2**24),
     "micro_batch_size": Bound(1, 2**24),
     "tensor": Bound(1, 1024),

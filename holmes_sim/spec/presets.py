@@ -2,8 +2,12 @@
 
 Values are the model card's or its `config.json`'s: layers, hidden size, FFN size, attention
 heads, key/value heads (`num_query_groups`), the tokenizer's vocabulary (unpadded: Megatron pads
-it, `make_vocab_size_divisible_by`), and the pre-training sequence length as the default
-`seq_length`. Fields written beside `preset` override the preset's.
+it, `make_vocab_size_divisible_by`), the pre-training sequence length as the default
+`seq_length`, and the RoPE and norm settings that change the model but not its cost
+(`rope_theta` as `rotary_base`, `partial_rotary_factor` as `rotary_percent`, Llama 3.1's
+`rope_scaling`, `rms_norm_eps`/`norm_eps` as `norm_epsilon`), checked against NeMo's model
+configs (nemo/collections/llm/gpt/model/{llama,qwen2,mixtral,nemotron,deepseek}.py).
+Fields written beside `preset` override the preset's.
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ _GPT3 = {"normalization": "layernorm", "bias": True, "position_embedding": "lear
          "tie_embeddings": True, "swiglu": False}
 _LLAMA = {"normalization": "rmsnorm", "bias": False, "position_embedding": "rope",
           "tie_embeddings": False, "swiglu": True, "hidden_dropout": 0.0,
-          "attention_dropout": 0.0}
+          "attention_dropout": 0.0, "rotary_base": 10000, "norm_epsilon": 1e-5}
+_LLAMA3 = dict(_LLAMA, rotary_base=500000)
+_LLAMA31 = dict(_LLAMA3, rope_scaling=True, rope_scaling_factor=8.0)
 _NEMOTRON4 = {"normalization": "layernorm", "bias": False, "position_embedding": "rope",
               "tie_embeddings": False, "swiglu": False, "squared_relu": True,
-              "hidden_dropout": 0.0, "attention_dropout": 0.0}
-_QWEN25 = dict(_LLAMA, qkv_bias=True)
+              "hidden_dropout": 0.0, "attention_dropout": 0.0, "rotary_base": 10000,
+              "rotary_percent": 0.5, "norm_epsilon": 1e-5, "layernorm_zero_centered_gamma": True}
+_QWEN25 = dict(_LLAMA, qkv_bias=True, rotary_base=1000000, norm_epsilon=1e-6)
+_MIXTRAL_BASE = dict(_LLAMA, rotary_base=1000000)
 
 
 def _arch(base: dict[str, Any], layers: int, hidden: int, ffn: int, heads: int, groups: int,
@@ -40,12 +48,17 @@ def _arch(base: dict[str, Any], layers: int, hidden: int, ffn: int, heads: int, 
 
 
 _LLAMA2 = ("Touvron et al., 'Llama 2', arXiv 2307.09288, Table 1 and section 2.2; "
-           "meta-llama/Llama-2-{}-hf config.json")
-_LLAMA3 = ("Llama Team, 'The Llama 3 Herd of Models', arXiv 2407.21783, Table 3 (8,192-token "
-           "pre-training sequences, section 3.4); meta-llama/{} config.json")
-_NEMOTRON = "NVIDIA, '{}', {}; GQA, RoPE, squared-ReLU MLP, no biases, untied, dropout 0"
+           "meta-llama/Llama-2-{}-hf config.json (rope_theta 10000, rms_norm_eps 1e-5)")
+_LLAMA3_SRC = ("Llama Team, 'The Llama 3 Herd of Models', arXiv 2407.21783, Table 3 (8,192-token "
+               "pre-training sequences, section 3.4); meta-llama/{} config.json (rope_theta "
+               "500000, rms_norm_eps 1e-5{}); NeMo llama.py {}")
+_SCALED = ", rope_scaling llama3 factor 8"
+_NEMOTRON = ("NVIDIA, '{}', {}; GQA, RoPE, squared-ReLU MLP, no biases, untied, dropout 0; "
+             "NeMo nemotron.py NemotronConfig (rotary_percent 0.5, "
+             "layernorm_zero_centered_gamma, epsilon 1e-5, base 10000)")
 _QWEN = ("Qwen Team, 'Qwen2.5 Technical Report', arXiv 2412.15115, Table 1 and section 3.1 "
-         "(4,096-token pre-training); Qwen/{} config.json")
+         "(4,096-token pre-training); Qwen/{} config.json (rope_theta 1000000, rms_norm_eps "
+         "{}); NeMo qwen2.py {}")
 
 def _moe(base: dict[str, Any], experts: int, topk: int, expert_ffn: int,
          shared_ffn: int | None = None) -> dict[str, Any]:
@@ -54,10 +67,13 @@ def _moe(base: dict[str, Any], experts: int, topk: int, expert_ffn: int,
 
 
 _MIXTRAL = ("Jiang et al., 'Mixtral of Experts', arXiv 2401.04088, Table 1 (8 experts, top-2, "
-            "32,768-token context); mistralai/{} config.json")
+            "32,768-token context); mistralai/{} config.json (rope_theta 1000000, rms_norm_eps "
+            "1e-5; NeMo mixtral.py MixtralConfig, Megatron-LM "
+            "examples/mixtral/train_mixtral_8x7b_distributed.sh `--rotary-base 1000000` for "
+            "8x7B)")
 _QWEN_MOE = ("Qwen Team, {}; Qwen/{} config.json (num_experts, num_experts_per_tok, "
-             "moe_intermediate_size, shared_expert_intermediate_size; the shared expert's "
-             "1-wide sigmoid gate is not modelled)")
+             "moe_intermediate_size, shared_expert_intermediate_size, rope_theta 1000000, "
+             "rms_norm_eps 1e-6; the shared expert's 1-wide sigmoid gate is not modelled)")
 
 
 def _deepseek(layers: int, hidden: int, dense_ffn: int, heads: int, vocab: int, q_rank: int | None,
@@ -68,8 +84,8 @@ def _deepseek(layers: int, hidden: int, dense_ffn: int, heads: int, vocab: int, 
     (`first_k_dense_replace`), then MoE layers with `shared` shared experts of the routed
     experts' width (Megatron's one shared MLP of their summed width), 4,096-token
     pre-training sequences."""
-    base = dict(_LLAMA, multi_latent_attention=True, q_lora_rank=q_rank, kv_lora_rank=512,
-                qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
+    base = dict(_LLAMA, norm_epsilon=1e-6, multi_latent_attention=True, q_lora_rank=q_rank,
+                kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
                 moe_router_load_balancing_type="seq_aux_loss",
                 moe_layer_freq=(0,) * dense_layers + (1,) * (layers - dense_layers))
     return _moe(dict(_arch(base, layers, hidden, dense_ffn, heads, heads, vocab, 4096),
@@ -79,7 +95,9 @@ def _deepseek(layers: int, hidden: int, dense_ffn: int, heads: int, vocab: int, 
 _DEEPSEEK = ("DeepSeek-AI, {}; deepseek-ai/{} config.json (hidden_size, intermediate_size, "
              "moe_intermediate_size, n_routed_experts, n_shared_experts, num_experts_per_tok, "
              "first_k_dense_replace, q_lora_rank, kv_lora_rank, qk_nope_head_dim, "
-             "qk_rope_head_dim, v_head_dim, vocab_size); {}")
+             "qk_rope_head_dim, v_head_dim, vocab_size, rope_theta 10000, rms_norm_eps 1e-6; "
+             "NeMo deepseek.py DeepSeekConfig); {}; its YaRN factor 40 is the long-context "
+             "extension after pre-training, not modelled")
 
 PRESETS: Mapping[str, Preset] = MappingProxyType({
     "gpt3-175b": Preset(_arch(_GPT3, 96, 12288, 49152, 96, 96, 50257, 2048),
@@ -91,16 +109,16 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
                          _LLAMA2.format("13b")),
     "llama2-70b": Preset(_arch(_LLAMA, 80, 8192, 28672, 64, 8, 32000, 4096),
                          _LLAMA2.format("70b")),
-    "llama3-8b": Preset(_arch(_LLAMA, 32, 4096, 14336, 32, 8, 128256, 8192),
-                        _LLAMA3.format("Meta-Llama-3-8B")),
-    "llama3-70b": Preset(_arch(_LLAMA, 80, 8192, 28672, 64, 8, 128256, 8192),
-                         _LLAMA3.format("Meta-Llama-3-70B")),
-    "llama3.1-8b": Preset(_arch(_LLAMA, 32, 4096, 14336, 32, 8, 128256, 8192),
-                          _LLAMA3.format("Llama-3.1-8B")),
-    "llama3.1-70b": Preset(_arch(_LLAMA, 80, 8192, 28672, 64, 8, 128256, 8192),
-                           _LLAMA3.format("Llama-3.1-70B")),
-    "llama3.1-405b": Preset(_arch(_LLAMA, 126, 16384, 53248, 128, 8, 128256, 8192),
-                            _LLAMA3.format("Llama-3.1-405B")),
+    "llama3-8b": Preset(_arch(_LLAMA3, 32, 4096, 14336, 32, 8, 128256, 8192),
+                        _LLAMA3_SRC.format("Meta-Llama-3-8B", "", "Llama3Config8B")),
+    "llama3-70b": Preset(_arch(_LLAMA3, 80, 8192, 28672, 64, 8, 128256, 8192),
+                         _LLAMA3_SRC.format("Meta-Llama-3-70B", "", "Llama3Config70B")),
+    "llama3.1-8b": Preset(_arch(_LLAMA31, 32, 4096, 14336, 32, 8, 128256, 8192),
+                          _LLAMA3_SRC.format("Llama-3.1-8B", _SCALED, "Llama31Config8B")),
+    "llama3.1-70b": Preset(_arch(_LLAMA31, 80, 8192, 28672, 64, 8, 128256, 8192),
+                           _LLAMA3_SRC.format("Llama-3.1-70B", _SCALED, "Llama31Config70B")),
+    "llama3.1-405b": Preset(_arch(_LLAMA31, 126, 16384, 53248, 128, 8, 128256, 8192),
+                            _LLAMA3_SRC.format("Llama-3.1-405B", _SCALED, "Llama31Config405B")),
     "nemotron4-15b": Preset(_arch(_NEMOTRON4, 32, 6144, 24576, 48, 8, 256000, 4096),
                             _NEMOTRON.format("Nemotron-4 15B Technical Report",
                                              "arXiv 2402.16819, Table 1")),
@@ -108,16 +126,16 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
                              _NEMOTRON.format("Nemotron-4 340B Technical Report",
                                               "arXiv 2406.11704, Table 1")),
     "qwen2.5-7b": Preset(_arch(_QWEN25, 28, 3584, 18944, 28, 4, 152064, 4096),
-                         _QWEN.format("Qwen2.5-7B")),
-    "qwen2.5-72b": Preset(_arch(_QWEN25, 80, 8192, 29568, 64, 8, 152064, 4096),
-                          _QWEN.format("Qwen2.5-72B")),
-    "mixtral-8x7b": Preset(_moe(_arch(_LLAMA, 32, 4096, 14336, 32, 8, 32000, 32768),
+                         _QWEN.format("Qwen2.5-7B", "1e-6", "Qwen25Config7B")),
+    "qwen2.5-72b": Preset(_arch(dict(_QWEN25, norm_epsilon=1e-5), 80, 8192, 29568, 64, 8, 152064,
+                                4096), _QWEN.format("Qwen2.5-72B", "1e-5", "Qwen25Config72B")),
+    "mixtral-8x7b": Preset(_moe(_arch(_MIXTRAL_BASE, 32, 4096, 14336, 32, 8, 32000, 32768),
                                 8, 2, 14336), _MIXTRAL.format("Mixtral-8x7B-v0.1")),
-    "mixtral-8x22b": Preset(_moe(_arch(_LLAMA, 56, 6144, 16384, 48, 8, 32000, 65536),
+    "mixtral-8x22b": Preset(_moe(_arch(_MIXTRAL_BASE, 56, 6144, 16384, 48, 8, 32000, 65536),
                                  8, 2, 16384),
                             "Mistral AI, 'Cheaper, Better, Faster, Stronger' (Mixtral 8x22B "
                             "announcement, 141B parameters, 39B active, 64K context); "
-                            "mistralai/Mixtral-8x22B-v0.1 config.json"),
+                            + _MIXTRAL.format("Mixtral-8x22B-v0.1").split("; ", 1)[1]),
     "qwen1.5-moe-a2.7b": Preset(_moe(_arch(_QWEN25, 24, 2048, 5632, 16, 16, 151936, 8192),
                                      60, 4, 1408, 5632),
                                 _QWEN_MOE.format("'Qwen1.5-MoE: Matching 7B Model Performance "
