@@ -40,7 +40,8 @@ from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
                                           USERBUFFER_CONFIG, USERBUFFER_ZERO_SMS,
                                           architecture_args, expert_tensor_args,
                                           fork_lacks_note, loss_args, overlap_args, split_args,
-                                          userbuffer_config, without_flags)
+                                          tokenizer_args, userbuffer_config,
+                                          vocabulary_section, without_flags)
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
 from holmes_sim.schedule import check_megatron_interleaving
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
@@ -482,7 +483,8 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     notes = (_notes(workload, ub) + ((CUDA_CONNECTIONS_NOTE,) if cuda else ())
              + device_notes(nodes) + ((lacked,) if lacked else ()))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
-                                       notes)
+                                       notes, tokenizer=tokenizer_args(workload)[0],
+                                       vocabulary=vocabulary_section(workload, plan.tp))
     return LaunchFiles(files)
 
 

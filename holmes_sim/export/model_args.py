@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from holmes_sim.model.pipeline_split import PipelineSplit
 from holmes_sim.model.workload import Workload
+from holmes_sim.spec.presets import GPT2_TOKENIZER, PRESETS
 
 _MEGATRON_DROPOUT = 0.1
 _MEGATRON_VOCAB_DIVISOR = 128
@@ -249,3 +250,30 @@ def split_args(split: PipelineSplit) -> list[str]:
         args.append("--account-for-loss-in-pipeline-split")
     return args
 
+
+def tokenizer_args(w: Workload) -> tuple[list[str], str]:
+    """Megatron-LM's tokenizer arguments for `w`'s vocabulary and what they are: the preset's
+    own tokenizer where `w` keeps its vocabulary (`Preset.tokenizer`), GPT-2's BPE for its
+    50,257 tokens (or the 51,200 Megatron pads them to), else a placeholder."""
+    vocab = w.vocab_size or w.vocab
+    preset = PRESETS.get(w.preset or "")
+    if preset is not None and preset.fields.get("vocab_size") == vocab:
+        return list(preset.tokenizer), f"preset {w.preset}'s own tokenizer"
+    if vocab in (50257, 51200):
+        return list(GPT2_TOKENIZER), "GPT-2's BPE of 50,257 tokens"
+    return (["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "NAME"],
+            f"no tokenizer is known for this vocabulary: give one of {vocab:,} tokens")
+
+
+def vocabulary_section(w: Workload, tp: int) -> str:
+    """The export README's paragraph on the vocabulary simulated and the tokenizer to use."""
+    args, what = tokenizer_args(w)
+    vocab = w.vocab_size or w.vocab
+    other = "Llama 3's 128,256" if vocab in (50257, 51200) else "GPT-2's 50,257"
+    return (f"The plan was simulated at a vocabulary of {vocab:,} tokens (`model.vocab_size`), "
+            f"padded to {w.vocab:,} as Megatron-LM pads it (a multiple of "
+            f"make_vocab_size_divisible_by {w.vocab_divisible_by} x TP {tp}). Tokenizer: "
+            f"{what}, `{' '.join(args)}`. Megatron-LM sizes the embedding and the output layer "
+            f"from the tokenizer's vocabulary, padded so: a tokenizer of another vocabulary "
+            f"({other} tokens, say) trains a different model from the one simulated, with "
+            f"other parameters, memory and step time. Check that yours pads to {w.vocab:,}.")

@@ -126,7 +126,7 @@ _USER_ARGS = """\
 | what | upstream Megatron-LM and the Holmes fork |
 |---|---|
 | data | `--data-path PREFIX` (a Megatron `.bin`/`.idx` prefix from `tools/preprocess_data.py`), `--split 949,50,1`; or `--mock-data` (upstream) to try the launch |
-| tokenizer | `--tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt`, or `--tokenizer-type HuggingFaceTokenizer --tokenizer-model NAME` |
+| tokenizer | the one of the vocabulary simulated (*Tokenizer* below): `--tokenizer-type` with its `--tokenizer-model` or `--vocab-file` and `--merge-file` |
 | schedule | `--train-iters N` (or `--train-samples`), `--lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine --lr-warmup-iters 2000`, `--weight-decay 0.1`, `--clip-grad 1.0` |
 | checkpoints | `--save DIR --load DIR --save-interval 1000` |
 | logging | `--log-interval 10 --eval-interval 1000 --eval-iters 10` |
@@ -134,17 +134,19 @@ _USER_ARGS = """\
 
 
 def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | None,
-                  groups: dict[str, dict[str, str]], notes: tuple[str, ...] = ()) -> str:
-    """README.md of an export: files, how to start, what to add, what upstream cannot express
-    (`groups`: per group class its transports and NCCL setting, as in nccl.json), and `notes`
-    on exported arguments some Megatron-LM releases refuse."""
+                  groups: dict[str, dict[str, str]], notes: tuple[str, ...], *,
+                  tokenizer: list[str], vocabulary: str) -> str:
+    """README.md of an export: files, how to start, what to add (`tokenizer`: the tokenizer
+    arguments of its example; `vocabulary`: the paragraph on the vocabulary simulated and the
+    tokenizer to use), what upstream cannot express (`groups`: per group class its transports
+    and NCCL setting, as in nccl.json), and `notes` on exported arguments some Megatron-LM
+    releases refuse."""
     fork = (f"The Holmes fork cannot run this plan: {holmes_why_not}." if holmes_why_not else
             "For the Holmes fork, copy `holmes_config.json` into the fork's checkout as "
             "`config.json` and run `launch_holmes.sh` from there: it creates every group under "
             "that group's NCCL settings (`megatron/core/hetnet.py`).")
     example = ("./launch_megatron.sh --data-path /data/my-corpus_text_document --split 949,50,1 \\\n"
-               "  --tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json "
-               "--merge-file gpt2-merges.txt \\\n"
+               f"  {shlex.join(tokenizer)} \\\n"
                "  --train-iters 10000 --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine "
                "--lr-warmup-iters 500 \\\n"
                "  --save ckpt --load ckpt --save-interval 1000 --log-interval 10 "
@@ -161,6 +163,7 @@ def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | 
         "The exported arguments fix the model shape, parallel layout, batch, precision, recompute "
         "and optimizer. Add these after the script name:", "", _USER_ARGS,
         "For example:", "", "```bash", example, "```", "",
+        "## Tokenizer", "", vocabulary, "",
         "## Networks", "",
         f"NCCL picks one network per communicator, from the environment when it is created. "
         f"Upstream Megatron-LM creates all groups under one environment, so the whole job uses "

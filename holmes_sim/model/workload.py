@@ -100,6 +100,10 @@ class Workload:
     attention_dropout: float = 0.1
     vocab_divisible_by: int = 128
     """Megatron's `make_vocab_size_divisible_by` (`vocab` is already padded with it)."""
+    vocab_size: int = 0
+    """The vocabulary before padding (`ModelSpec.vocab_size`); 0 where unknown."""
+    preset: str | None = None
+    """The preset the model names (`ModelSpec.preset`); the export names its tokenizer."""
     rotary_base: int = 10000
     """RoPE settings and the norms' epsilon and gamma (`ModelSpec`): the export writes them; no
     cost reads them."""
@@ -580,7 +584,7 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         position_embedding=model.position_embedding, hidden_dropout=model.hidden_dropout,
         attention_dropout=model.attention_dropout,
         vocab_divisible_by=model.make_vocab_size_divisible_by,
-        rotary_base=model.rotary_base,
+        vocab_size=model.vocab_size, preset=model.preset, rotary_base=model.rotary_base,
         rotary_percent=model.rotary_percent, rope_scaling=model.rope_scaling,
         rope_scaling_factor=model.rope_scaling_factor, norm_epsilon=model.norm_epsilon,
         zero_centered_gamma=model.layernorm_zero_centered_gamma,

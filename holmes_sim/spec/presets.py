@@ -6,7 +6,8 @@ it, `make_vocab_size_divisible_by`), the pre-training sequence length as the def
 `seq_length`, and the RoPE and norm settings that change the model but not its cost
 (`rope_theta` as `rotary_base`, `partial_rotary_factor` as `rotary_percent`, Llama 3.1's
 `rope_scaling`, `rms_norm_eps`/`norm_eps` as `norm_epsilon`), checked against NeMo's model
-configs (nemo/collections/llm/gpt/model/{llama,qwen2,mixtral,nemotron,deepseek}.py).
+configs (nemo/collections/llm/gpt/model/{llama,qwen2,mixtral,nemotron,deepseek}.py). Each preset
+also names the tokenizer to launch it with (`Preset.tokenizer`, Megatron-LM's tokenizer flags).
 Fields written beside `preset` override the preset's.
 """
 
@@ -23,7 +24,21 @@ class Preset:
 
     fields: Mapping[str, Any]
     source: str
+    tokenizer: tuple[str, ...]
+    """Megatron-LM arguments of the model's own tokenizer (its vocabulary is `vocab_size`)."""
 
+
+def _hf(model_id: str) -> tuple[str, ...]:
+    """The Hugging Face tokenizer of the model `model_id` (its model card's repository)."""
+    return ("--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", model_id)
+
+
+GPT2_TOKENIZER = ("--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "gpt2-vocab.json",
+                  "--merge-file", "gpt2-merges.txt")
+"""GPT-2's BPE of 50,257 tokens (51,200 padded for TP up to 8), the files Megatron-LM reads."""
+_NEMOTRON_TOKENIZER = ("--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model",
+                       "nemotron-4-256k.model")
+"""Nemotron-4's SentencePiece model of 256,000 pieces (15B report, section 2)."""
 
 _GPT3 = {"normalization": "layernorm", "bias": True, "position_embedding": "learned",
          "tie_embeddings": True, "swiglu": False}
@@ -102,65 +117,76 @@ _DEEPSEEK = ("DeepSeek-AI, {}; deepseek-ai/{} config.json (hidden_size, intermed
 PRESETS: Mapping[str, Preset] = MappingProxyType({
     "gpt3-175b": Preset(_arch(_GPT3, 96, 12288, 49152, 96, 96, 50257, 2048),
                         "Brown et al., 'Language Models are Few-Shot Learners', arXiv "
-                        "2005.14165, Table 2.1; GPT-2 BPE vocabulary of 50,257"),
+                        "2005.14165, Table 2.1; GPT-2 BPE vocabulary of 50,257", GPT2_TOKENIZER),
     "llama2-7b": Preset(_arch(_LLAMA, 32, 4096, 11008, 32, 32, 32000, 4096),
-                        _LLAMA2.format("7b")),
+                        _LLAMA2.format("7b"), _hf("meta-llama/Llama-2-7b-hf")),
     "llama2-13b": Preset(_arch(_LLAMA, 40, 5120, 13824, 40, 40, 32000, 4096),
-                         _LLAMA2.format("13b")),
+                         _LLAMA2.format("13b"), _hf("meta-llama/Llama-2-13b-hf")),
     "llama2-70b": Preset(_arch(_LLAMA, 80, 8192, 28672, 64, 8, 32000, 4096),
-                         _LLAMA2.format("70b")),
+                         _LLAMA2.format("70b"), _hf("meta-llama/Llama-2-70b-hf")),
     "llama3-8b": Preset(_arch(_LLAMA3, 32, 4096, 14336, 32, 8, 128256, 8192),
-                        _LLAMA3_SRC.format("Meta-Llama-3-8B", "", "Llama3Config8B")),
+                        _LLAMA3_SRC.format("Meta-Llama-3-8B", "", "Llama3Config8B"),
+                        _hf("meta-llama/Meta-Llama-3-8B")),
     "llama3-70b": Preset(_arch(_LLAMA3, 80, 8192, 28672, 64, 8, 128256, 8192),
-                         _LLAMA3_SRC.format("Meta-Llama-3-70B", "", "Llama3Config70B")),
+                         _LLAMA3_SRC.format("Meta-Llama-3-70B", "", "Llama3Config70B"),
+                         _hf("meta-llama/Meta-Llama-3-70B")),
     "llama3.1-8b": Preset(_arch(_LLAMA31, 32, 4096, 14336, 32, 8, 128256, 8192),
-                          _LLAMA3_SRC.format("Llama-3.1-8B", _SCALED, "Llama31Config8B")),
+                          _LLAMA3_SRC.format("Llama-3.1-8B", _SCALED, "Llama31Config8B"),
+                          _hf("meta-llama/Llama-3.1-8B")),
     "llama3.1-70b": Preset(_arch(_LLAMA31, 80, 8192, 28672, 64, 8, 128256, 8192),
-                           _LLAMA3_SRC.format("Llama-3.1-70B", _SCALED, "Llama31Config70B")),
+                           _LLAMA3_SRC.format("Llama-3.1-70B", _SCALED, "Llama31Config70B"),
+                           _hf("meta-llama/Llama-3.1-70B")),
     "llama3.1-405b": Preset(_arch(_LLAMA31, 126, 16384, 53248, 128, 8, 128256, 8192),
-                            _LLAMA3_SRC.format("Llama-3.1-405B", _SCALED, "Llama31Config405B")),
+                            _LLAMA3_SRC.format("Llama-3.1-405B", _SCALED, "Llama31Config405B"),
+                            _hf("meta-llama/Llama-3.1-405B")),
     "nemotron4-15b": Preset(_arch(_NEMOTRON4, 32, 6144, 24576, 48, 8, 256000, 4096),
                             _NEMOTRON.format("Nemotron-4 15B Technical Report",
-                                             "arXiv 2402.16819, Table 1")),
+                                             "arXiv 2402.16819, Table 1"), _NEMOTRON_TOKENIZER),
     "nemotron4-340b": Preset(_arch(_NEMOTRON4, 96, 18432, 73728, 96, 8, 256000, 4096),
                              _NEMOTRON.format("Nemotron-4 340B Technical Report",
-                                              "arXiv 2406.11704, Table 1")),
+                                              "arXiv 2406.11704, Table 1"), _NEMOTRON_TOKENIZER),
     "qwen2.5-7b": Preset(_arch(_QWEN25, 28, 3584, 18944, 28, 4, 152064, 4096),
-                         _QWEN.format("Qwen2.5-7B", "1e-6", "Qwen25Config7B")),
+                         _QWEN.format("Qwen2.5-7B", "1e-6", "Qwen25Config7B"),
+                         _hf("Qwen/Qwen2.5-7B")),
     "qwen2.5-72b": Preset(_arch(dict(_QWEN25, norm_epsilon=1e-5), 80, 8192, 29568, 64, 8, 152064,
-                                4096), _QWEN.format("Qwen2.5-72B", "1e-5", "Qwen25Config72B")),
+                                4096), _QWEN.format("Qwen2.5-72B", "1e-5", "Qwen25Config72B"),
+                          _hf("Qwen/Qwen2.5-72B")),
     "mixtral-8x7b": Preset(_moe(_arch(_MIXTRAL_BASE, 32, 4096, 14336, 32, 8, 32000, 32768),
-                                8, 2, 14336), _MIXTRAL.format("Mixtral-8x7B-v0.1")),
+                                8, 2, 14336), _MIXTRAL.format("Mixtral-8x7B-v0.1"),
+                           _hf("mistralai/Mixtral-8x7B-v0.1")),
     "mixtral-8x22b": Preset(_moe(_arch(_MIXTRAL_BASE, 56, 6144, 16384, 48, 8, 32000, 65536),
                                  8, 2, 16384),
                             "Mistral AI, 'Cheaper, Better, Faster, Stronger' (Mixtral 8x22B "
                             "announcement, 141B parameters, 39B active, 64K context); "
-                            + _MIXTRAL.format("Mixtral-8x22B-v0.1").split("; ", 1)[1]),
+                            + _MIXTRAL.format("Mixtral-8x22B-v0.1").split("; ", 1)[1],
+                            _hf("mistralai/Mixtral-8x22B-v0.1")),
     "qwen1.5-moe-a2.7b": Preset(_moe(_arch(_QWEN25, 24, 2048, 5632, 16, 16, 151936, 8192),
                                      60, 4, 1408, 5632),
                                 _QWEN_MOE.format("'Qwen1.5-MoE: Matching 7B Model Performance "
                                                  "with 1/3 Activated Parameters' (blog, 14.3B "
                                                  "parameters, 2.7B active)",
-                                                 "Qwen1.5-MoE-A2.7B")),
+                                                 "Qwen1.5-MoE-A2.7B"),
+                                _hf("Qwen/Qwen1.5-MoE-A2.7B")),
     "qwen2-57b-a14b": Preset(_moe(_arch(_QWEN25, 28, 3584, 18944, 28, 4, 151936, 4096),
                                   64, 8, 2560, 20480),
                              _QWEN_MOE.format("'Qwen2 Technical Report', arXiv 2407.10671, "
                                               "Table 1 (4,096-token pre-training, section 3.2)",
-                                              "Qwen2-57B-A14B")),
+                                              "Qwen2-57B-A14B"), _hf("Qwen/Qwen2-57B-A14B")),
     "deepseek-v2-lite": Preset(_deepseek(27, 2048, 10944, 16, 102400, None, 64, 6, 1408, 2, 1),
                                _DEEPSEEK.format("'DeepSeek-V2', arXiv 2405.04434, Appendix B "
                                                 "(DeepSeek-V2-Lite: 15.7B parameters, 2.4B "
                                                 "active, no query compression) and section "
                                                 "3.1.2 (4K sequences)", "DeepSeek-V2-Lite",
                                                 "softmax router with sequence-wise auxiliary "
-                                                "loss")),
+                                                "loss"), _hf("deepseek-ai/DeepSeek-V2-Lite")),
     "deepseek-v3": Preset(_deepseek(61, 7168, 18432, 128, 129280, 1536, 256, 8, 2048, 1, 3),
                           _DEEPSEEK.format("'DeepSeek-V3 Technical Report', arXiv 2412.19437, "
                                            "section 4.2 (671B parameters, 37B active; 4K "
                                            "pre-training sequences)", "DeepSeek-V3",
                                            "the multi-token-prediction module (1 extra layer, "
                                            "14B parameters) and the sigmoid router's "
-                                           "bias-based balancing are not modelled")),
+                                           "bias-based balancing are not modelled"),
+                          _hf("deepseek-ai/DeepSeek-V3")),
 })
 
 

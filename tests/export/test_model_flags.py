@@ -134,6 +134,47 @@ def test_a_llama_3_1_export_trains_its_rope_and_the_fork_says_what_it_lacks(writ
     assert "trains RoPE at base 10000 without scaling" in readme
 
 
+def _example(readme: str) -> list[str]:
+    text = readme.split("```bash\n", 1)[1].split("```", 1)[0]
+    return shlex.split(text.replace("\\\n", " "))[1:]
+
+
+def test_a_llama_readme_names_its_tokenizer_and_the_vocabulary_simulated(write_scenario):
+    """Before, every README's example used GPT-2's BPE (50,257 tokens) for this 128,256-token
+    model."""
+    readme = _export(write_scenario, _small(_LLAMA_MODEL))["README.md"]
+    example = parse(_example(readme), UPSTREAM)
+    assert example["--tokenizer-type"] == ["HuggingFaceTokenizer"]
+    assert example["--tokenizer-model"] == ["meta-llama/Llama-3.1-8B"]
+    assert "GPT2BPETokenizer" not in readme.split("## Tokenizer", 1)[0]
+    text = " ".join(readme.split())
+    assert "simulated at a vocabulary of 128,256 tokens (`model.vocab_size`), padded to 129,024" \
+        in text  # TP 8: a multiple of 1,024
+    assert "preset llama3.1-8b's own tokenizer" in text
+    assert "a tokenizer of another vocabulary (GPT-2's 50,257 tokens, say) trains a different " \
+           "model from the one simulated" in text
+
+
+def test_a_gpt_readme_keeps_gpt2s_tokenizer(write_scenario):
+    readme = _export(write_scenario, _small())["README.md"]
+    example = parse(_example(readme), UPSTREAM)
+    assert example["--tokenizer-type"] == ["GPT2BPETokenizer"]
+    assert example["--vocab-file"] == ["gpt2-vocab.json"]
+    text = " ".join(readme.split())
+    assert "simulated at a vocabulary of 51,200 tokens" in text and "GPT-2's BPE" in text
+    assert "(Llama 3's 128,256 tokens, say) trains a different model" in text
+
+
+def test_a_vocabulary_no_tokenizer_is_known_for_gets_a_placeholder(write_scenario):
+    """A preset whose vocabulary is overridden is no longer its tokenizer's."""
+    model = "model: {preset: llama3.1-8b, num_layers: 8, seq_length: 1024, vocab_size: 64000}\n"
+    readme = _export(write_scenario, _small(model))["README.md"]
+    assert parse(_example(readme), UPSTREAM)["--tokenizer-model"] == ["NAME"]
+    assert "meta-llama" not in readme and "GPT2BPETokenizer" not in _example(readme)
+    assert "no tokenizer is known for this vocabulary: give one of 64,000 tokens" in \
+        " ".join(readme.split())
+
+
 def test_plan_export_writes_the_presets_flags(write_scenario, tmp_path):
     path = write_scenario(_small(_LLAMA_MODEL))
     result = CliRunner().invoke(app, ["plan", str(path), "--export", str(tmp_path / "ex")])
@@ -142,6 +183,7 @@ def test_plan_export_writes_the_presets_flags(write_scenario, tmp_path):
     assert exports
     for args in exports:
         assert "--rotary-base 500000 --use-rope-scaling" in args.read_text()
+        assert "meta-llama/Llama-3.1-8B" in (args.parent / "README.md").read_text()
 
 
 def _llama3_inv_freq(dim: int, theta: float, factor: float, low: float, high: float,
