@@ -37,8 +37,9 @@ GPT2_TOKENIZER = ("--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "gpt2-
                   "--merge-file", "gpt2-merges.txt")
 """GPT-2's BPE of 50,257 tokens (51,200 padded for TP up to 8), the files Megatron-LM reads."""
 _NEMOTRON_TOKENIZER = ("--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model",
-                       "nemotron-4-256k.model")
-"""Nemotron-4's SentencePiece model of 256,000 pieces (15B report, section 2)."""
+                       "/path/to/nemotron-4-256k.model")
+"""Nemotron-4's own SentencePiece model of 256,000 pieces (15B technical report), at the path
+the user gives."""
 
 _GPT3 = {"normalization": "layernorm", "bias": True, "position_embedding": "learned",
          "tie_embeddings": True, "swiglu": False}
