@@ -170,9 +170,10 @@ def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | 
         f"`NCCL_NET={net}` (`nccl.json`, `upstream_job_wide`). Per group class:", "",
         *network_rows(groups, net), "", upstream_gap(groups, net), "",
         fork, "",
-        "`nccl.json` lists each node's NICs as NCCL names them and the transport of every group; "
-        "`NCCL_IB_HCA` assumes ConnectX devices named `mlx5_<k>` in NIC order: edit the "
-        "`ENV_*` lines of `launch.sh` and `holmes_config.json` if yours differ.", "",
+        "`nccl.json` lists each node's NCCL settings and the transport of every group; the "
+        "device names in them are the scenario's `nics[].devices` where given (see the notes): "
+        "give them there and export again, or edit the `ENV_*` lines of `launch.sh` and "
+        "`holmes_config.json`.", "",
         *(["## Notes", "", *[f"- {note}" for note in notes], ""] if notes else []),
     ])
 
