@@ -1,0 +1,38 @@
+"""Exports against the current Megatron-LM as well as the release table the other tests use: every
+upstream flag a bundled scenario's export or a preset's architecture writes is an argument of
+Megatron-LM at d98e8a6 (2026-08-22) with its number of values (tests/export/data/
+megatron_lm_flags_d98e8a6.json), so a launch file parses under both."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from holmes_sim.export.model_args import architecture_args
+from holmes_sim.model.workload import build_workload
+from holmes_sim.spec.job import ModelSpec, TrainingSpec
+from holmes_sim.spec.presets import PRESETS, preset_fields
+from tests.export.test_launch_targets import EXPORTS, UPSTREAM, parse
+
+MAIN = json.loads((Path(__file__).parent / "data/megatron_lm_flags_d98e8a6.json").read_text())["flags"]
+
+
+@pytest.mark.parametrize("export", EXPORTS, ids=[f"{e[0]}-{e[1]}" for e in EXPORTS])
+def test_upstream_arguments_parse_with_megatron_lm_main(export):
+    *_, files = export
+    args = shlex.split(files["megatron_args.txt"])
+    assert parse(args, MAIN) == parse(args, UPSTREAM)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_presets_architecture_parses_with_megatron_lm_main(preset):
+    """Each preset's model flags (GQA, SwiGLU, RMSNorm, RoPE base and scaling, norm epsilon,
+    MoE and latent attention) at TP 8."""
+    workload = build_workload(ModelSpec(**preset_fields(preset)),
+                              TrainingSpec(global_batch_size=64, micro_batch_size=1), 8)
+    args = architecture_args(workload)
+    assert set(parse(args, MAIN)) == {a for a in args if a.startswith("--")}
+    assert parse(args, MAIN) == parse(args, UPSTREAM)
