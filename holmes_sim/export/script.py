@@ -2,8 +2,9 @@
 Megatron-LM or the Holmes fork, and what the user must still add.
 
 A node finds its rank by its host name in the plan's host list (`hostname -s`, `hostname -f` or
-`hostname`), or from `NODE_RANK`; `MASTER_ADDR` defaults to the first host (torchrun's
-rendezvous, PyTorch elastic documentation); `DRY_RUN=1` prints the command instead of running it.
+`hostname`), or from `NODE_RANK` (a whole number below the node count); `MASTER_ADDR` defaults to
+the first host (torchrun's rendezvous, PyTorch elastic documentation); `DRY_RUN` set to anything
+but empty or 0 prints the command instead of running it.
 """
 
 from __future__ import annotations
@@ -26,8 +27,15 @@ class NodeLaunch:
     env_holmes: dict[str, str]
 
 
-_FIND_RANK = '''if [[ -n "${NODE_RANK:-}" ]]; then
-  rank=$NODE_RANK
+_FIND_RANK = '''DRY=""
+if [[ -n "${DRY_RUN:-}" && "$DRY_RUN" != 0 ]]; then DRY=1; fi
+if [[ -n "${NODE_RANK:-}" ]]; then
+  if [[ ! "$NODE_RANK" =~ ^[0-9]{1,6}$ ]] || (( 10#$NODE_RANK >= ${#HOSTS[@]} )); then
+    echo "NODE_RANK=$NODE_RANK: give this node's rank, a whole number from 0 to" \\
+         "$(( ${#HOSTS[@]} - 1 )) (the plan has ${#HOSTS[@]} nodes), or unset it" >&2
+    exit 2
+  fi
+  rank=$(( 10#$NODE_RANK ))
 else
   rank=""
   for name in "$(hostname -s)" "$(hostname -f 2>/dev/null || true)" "$(hostname)"; do
@@ -41,10 +49,6 @@ else
     exit 2
   fi
 fi
-if (( rank < 0 || rank >= ${#HOSTS[@]} )); then
-  echo "NODE_RANK=$rank: the plan has ${#HOSTS[@]} nodes (0..$(( ${#HOSTS[@]} - 1 )))" >&2
-  exit 2
-fi
 MASTER_ADDR="${MASTER_ADDR:-${HOSTS[0]}}"
 MASTER_PORT="${MASTER_PORT:-%d}"
 '''
@@ -55,7 +59,7 @@ _RUN = '''case "$TARGET" in
     if (( ${#HOLMES_ARGS[@]} == 0 )); then
       echo "the Holmes fork cannot run this plan (holmes_args.txt says why)" >&2; exit 2
     fi
-    if [[ -z "${DRY_RUN:-}" && ! -f config.json ]]; then
+    if [[ -z "$DRY" && ! -f config.json ]]; then
       echo "run from the Holmes fork's checkout with holmes_config.json copied there as" \\
            "config.json (its per-group NCCL settings)" >&2; exit 2
     fi
@@ -67,7 +71,7 @@ esac
 cmd=(env $node_env torchrun --nnodes "${#HOSTS[@]}" --nproc-per-node "${GPUS[$rank]}"
      --node-rank "$rank" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT"
      "$SCRIPT" "${args[@]}" "$@")
-if [[ -n "${DRY_RUN:-}" ]]; then
+if [[ -n "$DRY" ]]; then
   printf '%q ' "${cmd[@]}"; echo
 else
   exec "${cmd[@]}"
@@ -102,7 +106,8 @@ def launch_script(nodes: list[NodeLaunch], margs: list[str], fork: list[str], sc
         "#!/usr/bin/env bash",
         "# Run on every node: launch.sh [megatron|holmes] [data, tokenizer, schedule and checkpoint",
         "# arguments] (README.md). megatron: upstream Megatron-LM; holmes: the Holmes fork.",
-        "# The node's rank is its host's place in HOSTS (or NODE_RANK); DRY_RUN=1 prints the command.",
+        "# The node's rank is its host's place in HOSTS (or NODE_RANK, 0..N-1); DRY_RUN=1 (any",
+        "# value but empty or 0) prints the command instead of running it.",
         "set -euo pipefail",
         'TARGET="${1:-megatron}"',
         "shift || true",
