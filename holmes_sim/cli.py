@@ -79,6 +79,11 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """Options before the command (the help text is the Typer app's)."""
 
 
+_HOSTS_HELP = ("With --plans/--export: the real host of each of the scenario's nodes, one a line "
+               "in the scenario's node order (or 'HOST NODE' lines); each plan's launch folder "
+               "lists them in its own node order.")
+
+
 @app.command()
 @_memory_guarded
 def run(
@@ -97,8 +102,7 @@ def run(
                         "launch folder: hostfile, launch.sh (torchrun per node), Megatron-LM and "
                         "Holmes arguments, NCCL settings (docs/validation.md).")] = None,
     hosts: Annotated[Path | None, typer.Option(
-        "--hosts", help="With --plans/--export: the real host names of the plan's nodes, one a "
-                        "line in the plan's node order; launch.sh matches nodes by them.")] = None,
+        "--hosts", help=_HOSTS_HELP)] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
     full_simulation: Annotated[bool, typer.Option(
@@ -106,7 +110,7 @@ def run(
                                   "identical replicas (same results, slower).")] = False,
 ) -> None:
     """Simulate one training iteration for every policy and print a table, fastest first."""
-    from holmes_sim.export.folders import plan_launches, read_cli_hosts
+    from holmes_sim.export.folders import plan_launches, read_cli_hosts, scenario_hosts
     from holmes_sim.prepare import prepare
     from holmes_sim.report.files import prepare_output
     from holmes_sim.report.owned import write_result_json
@@ -117,6 +121,7 @@ def run(
         prepared = prepare(resolve_scenario(scenario))
         _check_outputs((json_path, False, "--json"), (report, True, "--report"), (plans, True, "--plans"),
                        inputs=(prepared.source, hosts, prepared.profile_path))
+        scenario_hosts(hosts, host_names, prepared.cluster)  # before the simulation
         if seed is not None:
             prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
         names = _check_policy_names(policy)
@@ -454,8 +459,7 @@ def plan(
         "--max-candidates", min=1, max=10**8, help="Refuse a search of more candidates (layout "
         "x policy x optimizer) than this, counted before the search starts.")] = 50_000,
     hosts: Annotated[Path | None, typer.Option(
-        "--hosts", help="With --plans/--export: the real host names of the plan's nodes, one a "
-                        "line in the plan's node order; launch.sh matches nodes by them.")] = None,
+        "--hosts", help=_HOSTS_HELP)] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
 ) -> None:
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
@@ -508,22 +512,23 @@ def _capped_jobs(jobs: int | None) -> int | None:
     return cap if jobs is None and cap < usable_cores() else jobs
 
 
-def _export_launches(prepared, result, hosts: Path | None, names: list[str] | None) -> list:
+def _export_launches(prepared, result, hosts: Path | None, lines: list | None) -> list:
     """(folder name, launch folder) of every simulated (confirmed) real plan: <rank>-<policy>,
     built before anything is written (`export.folders`)."""
-    from holmes_sim.export.folders import plan_hosts
+    from holmes_sim.export.folders import scenario_hosts
     from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
     from holmes_sim.runner import plan_policy
     from holmes_sim.search import planner
 
     confirmed = [c for c in result.candidates if c.simulated and c.policy not in REFERENCE_POLICIES]
+    by_node = scenario_hosts(hosts, lines, prepared.cluster)
     launches = []
     for rank, c in enumerate(confirmed, 1):
         p = planner.prepared_for(prepared, c.layout)
         plan_, cluster = plan_policy(p, c.policy)
         launches.append((f"{rank}-{c.policy}", launch_files(
             plan_, cluster, p.workload, p.scenario.training.precision,
-            hosts=plan_hosts(hosts, names, plan_, cluster))))
+            hosts=by_node)))
     return launches
 
 

@@ -1,6 +1,7 @@
 """The launch folders the CLI writes: `run --plans` (a plan JSON per policy and a launch folder
-per real policy) and `plan --export` (a launch folder per confirmed plan), with the host names of
-`--hosts`. Every folder is built, and every host list checked against its plan, before the first
+per real policy) and `plan --export` (a launch folder per confirmed plan), with the hosts of
+`--hosts` (the scenario's nodes in its order, each plan's folder listing them in its own node
+order). Every folder is built, and the host list checked against the scenario, before the first
 file is written, so a refused `--hosts` leaves nothing behind; a file in the way that holmes-sim
 did not write (`report.owned`) is refused before the first write too."""
 
@@ -9,15 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from holmes_sim.errors import PlanError
-from holmes_sim.export.launch import (LAUNCH_FILE_NAMES, REFERENCE_POLICIES, LaunchFiles,
-                                      launch_files, launch_refusal, model_launch_refusal,
-                                      node_order, read_host_names, read_hosts)
+from holmes_sim.export.launch import (LAUNCH_FILE_NAMES, REFERENCE_POLICIES, HostLine,
+                                      LaunchFiles, launch_files, launch_refusal,
+                                      model_launch_refusal, read_host_names, read_hosts)
 from holmes_sim.report.files import check_folder, stale_entries, write_atomic
 from holmes_sim.report.owned import check_owned, owned_folder
 
 
-def read_cli_hosts(path: Path | None, target: Path | None, needs: str) -> list[str] | None:
-    """The names of `--hosts`, read and checked before any work (None without it).
+def read_cli_hosts(path: Path | None, target: Path | None, needs: str
+                   ) -> list[HostLine] | None:
+    """The lines of `--hosts`, read and checked before any work (None without it).
 
     Raises:
         PlanError: without the output (`needs`, e.g. --plans) they name the hosts of, or as
@@ -31,19 +33,24 @@ def read_cli_hosts(path: Path | None, target: Path | None, needs: str) -> list[s
     return read_host_names(path)
 
 
-def plan_hosts(path: Path | None, names: list[str] | None, plan, cluster) -> list[str] | None:
-    """The host names of `--hosts` for the plan's nodes, or None without it."""
-    return None if path is None else read_hosts(path, len(node_order(plan, cluster)), names)
+def scenario_hosts(path: Path | None, lines: list[HostLine] | None, cluster
+                   ) -> dict[str, str] | None:
+    """The host of each of the scenario's nodes (`cluster`, the scenario's, not a policy's
+    view) by node name, from `--hosts` (`lines`, as read from `path`), or None without it;
+    every plan's launch folder lists these hosts in its own node order (`launch_files`)."""
+    if path is None:
+        return None
+    return read_hosts(path, [n.name for n in cluster.nodes], lines)
 
 
-def plan_launches(prepared, outcomes, hosts: Path | None, names: list[str] | None
+def plan_launches(prepared, outcomes, hosts: Path | None, lines: list[HostLine] | None
                   ) -> tuple[dict[str, LaunchFiles], dict[str, str]]:
     """The launch folder of every real (non-reference) policy's plan that Megatron-LM would
     start, and why each other policy has none (`launch_refusals`), both by policy."""
     refused = launch_refusals(prepared, outcomes)
+    by_node = scenario_hosts(hosts, lines, prepared.cluster)
     launches = {o.plan.policy: launch_files(o.plan, o.cluster, prepared.workload,
-                                            prepared.scenario.training.precision,
-                                            hosts=plan_hosts(hosts, names, o.plan, o.cluster))
+                                            prepared.scenario.training.precision, hosts=by_node)
                 for o in outcomes if o.plan.policy not in refused}
     return launches, refused
 
@@ -102,7 +109,7 @@ def export_targets(names) -> list[str]:
 
 
 def check_export_targets(export: Path | None, spec, prepared, hosts: Path | None = None,
-                         host_names: list[str] | None = None) -> None:
+                         host_names: list[HostLine] | None = None) -> None:
     """That Megatron-LM can build the model, that `hosts` names one host a node (every plan
     uses every node), and every launch folder `plan --export` could write under an existing
     `export` (None: no export), checked before the search."""
@@ -116,7 +123,7 @@ def check_export_targets(export: Path | None, spec, prepared, hosts: Path | None
                         "references on a hypothetical network with no launch files; add holmes "
                         "or megatron to search.policies, or drop --export")
     if hosts is not None:
-        read_hosts(hosts, len(prepared.cluster.nodes), host_names)
+        scenario_hosts(hosts, host_names, prepared.cluster)
     if export.is_dir():
         names = [f"{rank}-{policy}" for rank in range(1, spec.top_k + 2)  # top K and baseline
                  for policy in dict.fromkeys(spec.policies)]

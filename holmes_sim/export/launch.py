@@ -385,61 +385,111 @@ def _merged(values: list[str]) -> str:
     return ("=" if all(v.startswith("=") for v in distinct) else "") + ",".join(names)
 
 
-_HOST_NAME = re.compile(r"[A-Za-z0-9_.:\[\]-]+")
-"""A host name or address: letters, digits, '.', '-', '_', and ':' '[' ']' for IPv6."""
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.:\[\]][A-Za-z0-9_.:\[\]-]*")
+"""A host name or address: letters, digits, '.', '-', '_', and ':' '[' ']' for IPv6, not
+starting with '-' (no RFC 1123 label does; torchrun would read it as an option)."""
 
 
-def read_host_names(path: Path) -> list[str]:
-    """Host names from a hostfile, one node a line in plan order (the first word of each line,
-    so an MPI-style `host slots=8` line works; `#` starts a comment), each a host name or
-    address and none twice (`launch.sh` gives each host the first node of its name).
+@dataclass(frozen=True, slots=True)
+class HostLine:
+    """One line of a `--hosts` file: the host, the scenario node it names (None: the line's
+    position names it) and the line's number."""
+
+    host: str
+    node: str | None
+    line: int
+
+
+def read_host_names(path: Path) -> list[HostLine]:
+    """The lines of a hosts file, one scenario node a line: `HOST` (the nodes in the scenario's
+    order) or `HOST NODE` (the node by name), every line the one form or every line the other.
+    Words with '=' are skipped, so an MPI-style `host slots=8` line works; `#` starts a comment.
+    Each host is a host name or address and none is given twice (`launch.sh` gives each host
+    the first node of its name).
 
     Raises:
-        PlanError: when the file cannot be read, a name is not a host name or repeats one.
+        PlanError: when the file cannot be read, or a line is not of these forms.
     """
     try:  # a regular UTF-8 file within the loader's size limit (not /dev/zero, not a FIFO)
         text = read_text_bounded(path, "hosts", "give a text file with one host name a line")
     except ScenarioError as exc:
         raise PlanError(f"--hosts {exc}") from None
-    hosts: list[str] = []
+    hosts: list[HostLine] = []
     for number, line in enumerate(text.splitlines(), 1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        name = words[0]
-        if not _HOST_NAME.fullmatch(name):
-            raise PlanError(f"--hosts {path}:{number}: {name[:40]!r} is not a host name or "
-                            "address (letters, digits, '.', '-', '_', ':'); fix the line")
-        if name in hosts:
-            raise PlanError(f"--hosts {path}:{number}: {name!r} is listed twice; every node "
+        got = _host_line(path, number, words)
+        if any(h.host == got.host for h in hosts):
+            raise PlanError(f"--hosts {path}:{number}: {got.host!r} is listed twice; every node "
                             "needs a host of its own")
-        hosts.append(name)
+        if hosts and (hosts[0].node is None) != (got.node is None):
+            raise PlanError(f"--hosts {path}:{number}: every line names its scenario node "
+                            "(HOST NODE) or none does (HOST, in the scenario's node order); "
+                            f"line {hosts[0].line} does{'' if hosts[0].node else ' not'}, "
+                            f"this one does{'' if got.node else ' not'}: make them agree")
+        hosts.append(got)
     return hosts
 
 
-def read_hosts(path: Path, count: int, names: list[str] | None = None) -> list[str]:
-    """`read_host_names` of `path` (`names` when they were read from it already), checked to be
-    one a node of the plan's `count`.
+def _host_line(path: Path, number: int, words: list[str]) -> HostLine:
+    """The host and node of one line's `words` (MPI's `slots=N` and the like skipped)."""
+    name, nodes = words[0], [w for w in words[1:] if "=" not in w]
+    where = f"--hosts {path}:{number}"
+    if name.startswith("-"):
+        raise PlanError(f"{where}: {name[:40]!r} starts with '-', which no host name does "
+                        "(RFC 1123) and torchrun would read as an option; fix the line")
+    if not _HOST_NAME.fullmatch(name):
+        raise PlanError(f"{where}: {name[:40]!r} is not a host name or address (letters, "
+                        "digits, '.', '-', '_', ':'); fix the line")
+    if len(nodes) > 1:
+        raise PlanError(f"{where}: {' '.join(nodes)[:60]!r} after the host; give HOST, or HOST "
+                        "NODE with one of the scenario's node names")
+    return HostLine(name, nodes[0] if nodes else None, number)
+
+
+def read_hosts(path: Path, nodes: list[str], lines: list[HostLine] | None = None
+               ) -> dict[str, str]:
+    """The host of each scenario node (`nodes`: their names in the scenario's order, as the
+    default `hostfile` lists them) from `read_host_names` of `path` (`lines`, when read from it
+    already): by line position, or by the node each line names.
 
     Raises:
-        PlanError: as `read_host_names`, or when they name other than `count` hosts.
+        PlanError: as `read_host_names`, when they name other than one host a node, or a
+            line names a node the scenario does not have or one another line names.
     """
-    hosts = read_host_names(path) if names is None else names
-    if len(hosts) != count:
-        raise PlanError(f"--hosts {path}: names {len(hosts)} hosts, the plan has {count} nodes; "
-                        "list one host a line, in the plan's node order (see hostfile)")
-    return hosts
+    lines = read_host_names(path) if lines is None else lines
+    if len(lines) != len(nodes):
+        shown = ", ".join(nodes[:8]) + (", ..." if len(nodes) > 8 else "")
+        raise PlanError(f"--hosts {path}: names {len(lines)} hosts, the plan has {len(nodes)} "
+                        f"nodes; list one host a line for each node in the scenario's order "
+                        f"({shown}), or `HOST NODE` lines")
+    if lines[0].node is None:
+        return {node: h.host for node, h in zip(nodes, lines)}
+    by_node: dict[str, str] = {}
+    for h in lines:
+        if h.node not in nodes:
+            raise PlanError(f"--hosts {path}:{h.line}: {h.node!r} is not a node of the scenario "
+                            f"({', '.join(nodes[:8])}{', ...' if len(nodes) > 8 else ''}); "
+                            "fix the node name")
+        if h.node in by_node:
+            raise PlanError(f"--hosts {path}:{h.line}: node {h.node!r} already has host "
+                            f"{by_node[h.node]!r}; give each node one line")
+        by_node[h.node] = h.host
+    return by_node
 
 
 def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: str,
-                 script: str = "pretrain_gpt.py", hosts: list[str] | None = None) -> LaunchFiles:
+                 script: str = "pretrain_gpt.py", hosts: dict[str, str] | None = None
+                 ) -> LaunchFiles:
     """Hostfile, arguments and NCCL settings for upstream Megatron-LM and for the Holmes fork,
     `launch.sh` (with `launch_megatron.sh` and `launch_holmes.sh`), a README, the plan. `hosts`
-    are the real host names of the plan's nodes in order (default: the scenario's node names).
+    maps each scenario node's name to its real host (`read_hosts`), listed in the plan's node
+    order (default: the scenario's node names).
 
     Raises:
         PlanError: for a reference policy (a hypothetical network), an unlaunchable rank order,
-            or `hosts` of the wrong length.
+            or `hosts` without a host for one of the plan's nodes.
     """
 
     if plan.policy in REFERENCE_POLICIES:
@@ -448,9 +498,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     if (why := launch_refusal(plan.schedule_kind, plan.pp, workload)) is not None:
         raise PlanError(f"no launch files: {why}")
     nodes = node_order(plan, cluster)
-    if hosts is not None and len(hosts) != len(nodes):
-        raise PlanError(f"{len(hosts)} hosts given for the plan's {len(nodes)} nodes")
-    names = hosts or [n.name for n in nodes]
+    names = [n.name for n in nodes] if hosts is None else _hosts_of(nodes, hosts)
     margs = megatron_args(plan, workload, precision)
     fork, why_not = _fork_args(plan, cluster, nodes, workload, margs)
     net = upstream_net(plan)
@@ -486,6 +534,15 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
                                        notes, tokenizer=tokenizer_args(workload)[0],
                                        vocabulary=vocabulary_section(workload, plan.tp))
     return LaunchFiles(files)
+
+
+def _hosts_of(nodes: list[Node], hosts: dict[str, str]) -> list[str]:
+    """The host of each of `nodes` (in the plan's order) from `hosts`, by scenario node name."""
+    missing = [n.name for n in nodes if n.name not in hosts]
+    if missing:
+        raise PlanError(f"no host given for node {', '.join(missing[:8])}; give --hosts a host "
+                        "for every node of the scenario")
+    return [hosts[n.name] for n in nodes]
 
 
 def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Workload,

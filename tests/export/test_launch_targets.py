@@ -115,10 +115,12 @@ def holmes_export():
 def test_launch_on_a_named_host_runs_its_torchrun_line(tmp_path, holmes_export, target):
     prepared, plan, cluster = holmes_export
     nodes = node_order(plan, cluster)
-    hosts = [f"gpu{k:02d}.example" for k in range(len(nodes))]
-    (tmp_path / "hosts").write_text("".join(f"{h} slots=8\n" for h in hosts))
-    names = read_hosts(tmp_path / "hosts", len(nodes))
-    launch_files(plan, cluster, prepared.workload, "fp16", hosts=names).write(tmp_path / "out")
+    scenario = [n.name for n in prepared.cluster.nodes]
+    real = {name: f"gpu{k:02d}.example" for k, name in enumerate(scenario)}
+    (tmp_path / "hosts").write_text("".join(f"{real[n]} slots=8\n" for n in scenario))
+    by_node = read_hosts(tmp_path / "hosts", scenario)
+    launch_files(plan, cluster, prepared.workload, "fp16", hosts=by_node).write(tmp_path / "out")
+    hosts = [real[n.name] for n in nodes]  # in the plan's node order
     for rank in (0, 3):
         proc = _launch(tmp_path, target, _fake_hostname(tmp_path, hosts[rank]))
         assert proc.returncode == 0, proc.stderr
@@ -141,7 +143,7 @@ def test_launch_on_a_named_host_runs_its_torchrun_line(tmp_path, holmes_export, 
 def test_hosts_file_of_the_wrong_length_is_refused(tmp_path):
     (tmp_path / "hosts").write_text("a\nb\n")
     with pytest.raises(PlanError, match="names 2 hosts, the plan has 8 nodes"):
-        read_hosts(tmp_path / "hosts", 8)
+        read_hosts(tmp_path / "hosts", [f"n{k}" for k in range(8)])
 
 
 def test_export_readme_lists_what_the_user_must_add(holmes_export):
