@@ -3,17 +3,20 @@ per real policy) and `plan --export` (a launch folder per confirmed plan), with 
 `--hosts` (the scenario's nodes in its order, each plan's folder listing them in its own node
 order). Every folder is built, and the host list checked against the scenario, before the first
 file is written, so a refused `--hosts` leaves nothing behind; a file in the way that holmes-sim
-did not write (`report.owned`) is refused before the first write too."""
+did not write (`report.owned`) is refused before the first write too, and all folders are
+written as one change (`staged.write_together`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from holmes_sim.errors import PlanError
 from holmes_sim.export.launch import (LAUNCH_FILE_NAMES, REFERENCE_POLICIES, HostLine,
                                       LaunchFiles, launch_files, launch_refusal,
                                       model_launch_refusal, read_host_names, read_hosts)
-from holmes_sim.report.files import check_folder, stale_entries, write_atomic
+from holmes_sim.export.staged import write_together
+from holmes_sim.report.files import OutputError, check_folder, stale_entries
 from holmes_sim.report.owned import check_owned, owned_folder
 
 
@@ -83,7 +86,7 @@ def check_plans_targets(directory: Path | None, policies) -> None:
     checked before the simulation."""
     if directory is not None:
         for policy in policies:
-            check_folder(directory / policy, "--plans")
+            check_launch_folder(directory / policy, "--plans")
         check_owned(directory, "--plans", plans_targets(policies))
 
 
@@ -93,12 +96,11 @@ def write_plans(directory: Path, outcomes, launches: dict[str, LaunchFiles]) -> 
     policies = [o.plan.policy for o in outcomes]
     for policy in policies:  # every target checked before the first file is written
         check_folder(directory / policy, "--plans")
+    files = {f"plan_{o.plan.policy}.json": o.plan.to_json() + "\n" for o in outcomes}
+    for policy, launch in launches.items():
+        files |= {f"{policy}/{name}": text for name, text in launch.files.items()}
     with owned_folder(directory, "--plans", plans_targets(policies)) as folder:
-        for o in outcomes:
-            folder.write(f"plan_{o.plan.policy}.json",
-                         lambda path, o=o: write_atomic(path, o.plan.to_json() + "\n"))
-            if o.plan.policy in launches:
-                launches[o.plan.policy].write(directory / o.plan.policy, folder)
+        write_together(directory, files, folder, "--plans", LAUNCH_FILE_NAMES)
     written = {n for p in policies for n in (f"plan_{p}.json", p)}
     return stale_entries(directory, written, ["plan_*.json", "*/launch.sh"])
 
@@ -128,7 +130,7 @@ def check_export_targets(export: Path | None, spec, prepared, hosts: Path | None
         names = [f"{rank}-{policy}" for rank in range(1, spec.top_k + 2)  # top K and baseline
                  for policy in dict.fromkeys(spec.policies)]
         for name in names:
-            check_folder(export / name, "--export")
+            check_launch_folder(export / name, "--export")
         check_owned(export, "--export", export_targets(names))
 
 
@@ -137,8 +139,18 @@ def write_exports(directory: Path, launches: list[tuple[str, LaunchFiles]]) -> l
     entries of an earlier run this one did not write."""
     for name, _ in launches:  # every target checked before the first is written
         check_folder(directory / name, "--export")
+    files = {f"{name}/{f}": text for name, launch in launches for f, text in launch.files.items()}
     with owned_folder(directory, "--export",
                       export_targets(name for name, _ in launches)) as folder:
-        for name, files in launches:
-            files.write(directory / name, folder)
+        write_together(directory, files, folder, "--export", LAUNCH_FILE_NAMES)
     return stale_entries(directory, {name for name, _ in launches}, ["*/launch.sh"])
+
+
+def check_launch_folder(path: Path, option: str) -> None:
+    """OutputError unless `path` is absent or a real folder this process can write into
+    (`report.files.check_folder`; an immutable folder is refused too)."""
+    check_folder(path, option)
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise OutputError(f"{option}: cannot write into {path} (permission denied, or the folder "
+                          "is immutable); make it writable (chmod u+w, chattr -i) or choose "
+                          "another folder")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
+from holmes_sim.export.staged import write_together
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import FieldError, PlanError, ScenarioError
 from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
@@ -67,20 +68,14 @@ class LaunchFiles:
     files: dict[str, str]
 
     def write(self, directory: Path, owner: OutputFolder | None = None) -> list[Path]:
-        """Write every file into `directory` (created if new), each recorded in `owner`, the
-        output folder it lies in, when given."""
-        from holmes_sim.report.files import make_folder, write_atomic
-
-        make_folder(directory)
-        out = []
-        for name, text in sorted(self.files.items()):
-            write_atomic(directory / name, text)
-            if name.endswith(".sh"):
-                (directory / name).chmod((directory / name).stat().st_mode | 0o111)
-            if owner is not None:
-                owner.record(directory / name)
-            out.append(directory / name)
-        return out
+        """Write every file into `directory` (created if new) as one change
+        (`staged.write_together`), each recorded in `owner`, the output folder it lies in,
+        when given (then the launch files of an earlier plan there that this one lacks go)."""
+        root = directory.parent if owner is None else owner.directory
+        folder = directory.relative_to(root).as_posix()
+        write_together(root, {f"{folder}/{name}": text for name, text in self.files.items()},
+                       owner, known=LAUNCH_FILE_NAMES)
+        return [directory / name for name in sorted(self.files)]
 
 
 def node_order(plan: Plan, cluster: Cluster) -> list[Node]:
