@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from holmes_sim.cli import app
 from holmes_sim.errors import PlanError
-from holmes_sim.export.launch import (nic_class, process_env, read_hosts, upstream_net,
-                                      upstream_node_env)
+from holmes_sim.export.hosts import read_hosts
+from holmes_sim.export.launch import nic_class, process_env, upstream_net, upstream_node_env
 from holmes_sim.plan import Plan
 from holmes_sim.prepare import prepare
 from tests.conftest import SCENARIOS

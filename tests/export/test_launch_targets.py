@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from holmes_sim.errors import PlanError
-from holmes_sim.export.launch import LaunchFiles, launch_files, node_order, read_hosts
+from holmes_sim.export.hosts import read_hosts
+from holmes_sim.export.launch import LaunchFiles, launch_files, node_order
 from holmes_sim.export.model_args import architecture_args
 from holmes_sim.model.workload import build_workload
 from holmes_sim.prepare import prepare
