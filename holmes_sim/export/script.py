@@ -162,7 +162,8 @@ def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | 
         "checkout with this folder copied in, run `launch_megatron.sh` (upstream Megatron-LM, "
         "`megatron_args.txt`) or `launch_holmes.sh` (the Holmes fork, `holmes_args.txt`). Each "
         "node finds its rank by its host name; if the names differ from the list above, export "
-        "again with `--hosts FILE` (one host a line, in this order) or set `NODE_RANK` and "
+        "again with `--hosts FILE` (one host a line for each of the scenario's nodes in the "
+        "scenario's order, not this one, or `HOST NODE` lines) or set `NODE_RANK` and "
         "`MASTER_ADDR` yourself. `DRY_RUN=1` prints the command a node would run.", "",
         "## Arguments you must still add", "",
         "The exported arguments fix the model shape, parallel layout, batch, precision, recompute "
