@@ -204,14 +204,23 @@ def check_tensor(s: Scenario, tp: int, node_gpus: tuple[int, ...], what: str = "
             inside = "" if what == "tensor" else ", as the tensor degree it divides must"
             raise FieldError("parallel.tensor", f"{what}={tp} must divide {name}={count}{inside}: "
                              "each TP rank holds an equal share of the heads and query groups, and "
-                             f"a TP group stays inside a node; use a divisor of {count}")
+                             f"a TP group stays inside a node; {_tensor_choices(s, node_gpus)}")
     for width, name in _tp_widths(s):
         if width % tp:
             raise FieldError("parallel.tensor", f"{what}={tp} must divide {name}={width}: each "
                              "TP rank holds width / tensor of that MLP (Megatron-Core's "
                              "tensor-parallel linear layers divide it when the model is built); "
-                             "use a divisor of it")
+                             f"{_tensor_choices(s, node_gpus)}")
     return tp
+
+
+def _tensor_choices(s: Scenario, node_gpus: tuple[int, ...]) -> str:
+    """The TP degrees every rule of `check_tensor` allows, as a fix."""
+    common = math.gcd(s.model.num_attention_heads, s.model.num_query_groups or 0, *node_gpus,
+                      *(width for width, _ in _tp_widths(s)))
+    degrees = [d for d in range(1, common + 1) if common % d == 0]
+    return "use " + (f"one of {', '.join(map(str, degrees))}" if len(degrees) > 1 else "1") + \
+        " (the degrees that divide the heads, query groups, MLP widths and GPUs per node)"
 
 
 def _tp_widths(s: Scenario) -> list[tuple[int, str]]:

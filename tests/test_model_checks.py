@@ -55,7 +55,15 @@ def test_tensor_degree_that_does_not_divide_the_query_groups_names_the_divisors(
     message = _error(write_scenario, "preset: llama3-8b, num_query_groups: 2",
                      "tensor: 4, pipeline: 1")
     assert "tensor=4 must divide model.num_query_groups=2" in message
-    assert message.endswith("use a divisor of 2")
+    assert "use one of 1, 2 (the degrees that divide" in message
+
+
+def test_the_tensor_degrees_offered_pass_every_rule(write_scenario):
+    """Qwen2.5-7B: 28 heads, 4 query groups, FFN 18,944, 8 GPUs a node. tensor 8 fails on the
+    heads; the fix offers only degrees that also divide the query groups (not 7 or 14)."""
+    message = _error(write_scenario, "preset: qwen2.5-7b", "tensor: 8, pipeline: 1")
+    assert "tensor=8 must divide model.num_attention_heads=28" in message
+    assert "use one of 1, 2, 4 (" in message
 
 
 def test_experts_take_the_tensor_degree_without_expert_tensor(write_scenario):
