@@ -552,7 +552,9 @@ def test_hosts_file_reads_through_the_loader(target: str, fragment: str, tmp_pat
 
 @pytest.mark.parametrize("lines, fragment", [
     ("h1\nh2\n", "names 2 hosts, the plan has"),
-    ("h1\nh1\nh3\nh4\n", ":2: 'h1' is listed twice"),
+    ("h1\nh1\nh3\nh4\n", ":2: 'h1' is the host of line 1 ('h1') again"),
+    ("h1\nh2\nH1\nh4\n", ":3: 'H1' is the host of line 1 ('h1') again"),
+    ("h1.example.com\nh2\nh3\nh1\n", ":4: 'h1' is the host of line 1 ('h1.example.com') again"),
     ("h1\nh2$(reboot)\n", ":2: 'h2$(reboot)' is not a host name"),
 ])
 def test_a_bad_hosts_file_leaves_nothing_written(lines: str, fragment: str, tmp_path: Path) -> None:

@@ -47,9 +47,10 @@ def read_host_names(path: Path) -> list[HostLine]:
         if not words:
             continue
         got = _host_line(path, number, words)
-        if any(h.host == got.host for h in hosts):
-            raise PlanError(f"--hosts {path}:{number}: {got.host!r} is listed twice; every node "
-                            "needs a host of its own")
+        if (same := next((h for h in hosts if _same_host(h.host, got.host)), None)) is not None:
+            raise PlanError(f"--hosts {path}:{number}: {got.host!r} is the host of line "
+                            f"{same.line} ({same.host!r}) again; every node needs a host of its "
+                            "own")
         if hosts and (hosts[0].node is None) != (got.node is None):
             raise PlanError(f"--hosts {path}:{number}: every line names its scenario node "
                             "(HOST NODE) or none does (HOST, in the scenario's node order); "
@@ -73,6 +74,22 @@ def _host_line(path: Path, number: int, words: list[str]) -> HostLine:
         raise PlanError(f"{where}: {' '.join(nodes)[:60]!r} after the host; give HOST, or HOST "
                         "NODE with one of the scenario's node names")
     return HostLine(name, nodes[0] if nodes else None, number)
+
+
+def _same_host(a: str, b: str) -> bool:
+    """Whether two host names name one machine: equal but for case (DNS names are
+    case-insensitive, RFC 4343), or one the short form of the other (`h0`, `h0.example.com`),
+    which `launch.sh` tells apart only by `hostname -s`. Addresses compare whole."""
+    a, b = a.lower(), b.lower()
+    if a == b:
+        return True
+    if _ADDRESS.fullmatch(a) or _ADDRESS.fullmatch(b):
+        return False
+    return a.split(".", 1)[0] == b.split(".", 1)[0] and ("." not in a or "." not in b)
+
+
+_ADDRESS = re.compile(r"[0-9.]+|.*:.*")
+"""An IPv4 or IPv6 address, whose dotted parts are no short name."""
 
 
 def read_hosts(path: Path, nodes: list[str], lines: list[HostLine] | None = None

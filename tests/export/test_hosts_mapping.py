@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from holmes_sim.cli import app
 from holmes_sim.errors import PlanError
-from holmes_sim.export.hosts import read_hosts
+from holmes_sim.export.hosts import _same_host, read_hosts
 from holmes_sim.export.launch import nic_class, process_env, upstream_net, upstream_node_env
 from holmes_sim.plan import Plan
 from holmes_sim.prepare import prepare
@@ -178,3 +178,13 @@ def test_run_checks_the_hosts_against_the_scenario_before_the_simulation(tmp_pat
     assert "names 2 hosts, the plan has 8 nodes; list one host a line for each node in the " \
            "scenario's order (ib-a-0, " in text
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ("h1", "H1", True), ("h1", "h1.example.com", True), ("h1.a.com", "h1.b.com", False),
+    ("10.0.0.1", "10.0.0.2", False), ("10.0.0.1", "10", False), ("fe80::1", "fe80::2", False),
+    ("gpu01", "gpu010", False)])
+def test_hosts_that_name_one_machine_are_told_apart_from_others(a, b, same):
+    """Case (RFC 4343) and a short name beside its full one name one machine; addresses and
+    different domains do not."""
+    assert _same_host(a, b) is same and _same_host(b, a) is same
