@@ -276,4 +276,8 @@ def vocabulary_section(w: Workload, tp: int) -> str:
             f"{what}, `{' '.join(args)}`. Megatron-LM sizes the embedding and the output layer "
             f"from the tokenizer's vocabulary, padded so: a tokenizer of another vocabulary "
             f"({other} tokens, say) trains a different model from the one simulated, with "
-            f"other parameters, memory and step time. Check that yours pads to {w.vocab:,}.")
+            f"other parameters, memory and step time. A preset's vocabulary is its config.json's "
+            f"embedding rows, which some models pad beyond their tokenizer's length (Qwen2.5: "
+            f"152,064 rows for 151,665 tokens); Megatron-LM pads the tokenizer's own length "
+            f"(`vocab_size_with_padding`), so for those the embedding and output layer come out "
+            f"a few hundred rows smaller than simulated (151,680 rows for Qwen2.5 at TP 1).")
