@@ -195,21 +195,39 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     output = workload.output_activation_bytes(plan.tp)
     for s, (params, expert, most) in enumerate(
             stage_param_counts(costs, plan.layers_per_stage, plan.pp)):
-        layers = sum(plan.layers_per_stage[s::plan.pp])
-        state, step = _stage_state_bytes(plan, workload, params, expert, layers)
+        params, expert, replicated = _stage_layers_as_placed(plan, workload, s, params, expert)
+        state, step = _stage_state_bytes(plan, workload, params, expert, replicated)
         acts = peaks[s] * most * act_per_layer + (output if s == plan.pp - 1 else 0.0)
         per_stage.append(state + max(acts, step))
     return MemoryReport(tuple(per_stage), net.stage_memory_bytes())
 
 
+def _stage_layers_as_placed(plan: Plan, workload: Workload, stage: int, params: float,
+                            expert: float) -> tuple[float, float, float]:
+    """A stage's (parameters of a whole TP group, routed experts' of them, held whole by each
+    TP rank of them) with its layers counted as the ones it holds: `params` and `expert`
+    (`stage_param_counts`) price every layer at the mean over an MoE layer pattern, which
+    charges a stage of DeepSeek's leading dense layers for experts it does not hold."""
+    layers = plan.layers_per_stage
+    counts = [0, 0]  # dense, MoE layers of the stage
+    for j in range(stage, len(layers), plan.pp):
+        start = sum(layers[:j])
+        moe = sum(workload.moe.pattern[start:start + layers[j]]) if workload.moe else 0
+        counts[0], counts[1] = counts[0] + layers[j] - moe, counts[1] + moe
+    held, own, replicated = (sum(n * x for n, x in zip(counts, column)) for column in zip(
+        workload.layer_kind_params(False), workload.layer_kind_params(True)))
+    total = sum(counts)
+    return (params - total * workload.layer_params + held,
+            expert - total * workload.expert_layer_params + own, replicated)
+
+
 def _stage_state_bytes(plan: Plan, workload: Workload, params: float, expert: float,
-                       layers: int) -> tuple[float, float]:
+                       replicated: float) -> tuple[float, float]:
     """(model state held through the iteration, bytes the optimizer step adds) per GPU of a
-    stage with `params` parameters of a whole TP group, `expert` of them routed experts', over
-    `layers` layers whose `Workload.layer_replicated_params` each TP rank holds whole (bytes)."""
+    stage with `params` parameters of a whole TP group, `expert` of them routed experts' and
+    `replicated` of them held whole by each TP rank (bytes)."""
     sharded = plan.optimizer.sharded
     edp = plan.dp // workload.ep_replicas if expert else plan.dp
-    replicated = layers * workload.layer_replicated_params
     dense = (params - expert - replicated) / plan.tp + replicated
     state = (dense * workload.state_bytes_per_param(plan.dp, sharded)
              + expert / plan.tp * workload.state_bytes_per_param(edp, sharded))

@@ -200,16 +200,32 @@ class Workload:
     @property
     def layer_replicated_params(self) -> int:
         """Of `layer_params`, those every TP rank holds whole instead of 1/t of (mean over the
-        layer pattern, rounded): the two norms, latent attention's duplicated down projections
-        and latent norms (`MlaShape.replicated_params`), and an MoE layer's router, h E
-        (Megatron-Core `TopKRouter.weight`, not split over TP)."""
-        replicated = 2 * self.norm_params
+        layer pattern, rounded; `layer_kind_params`)."""
+        if self.moe is None:
+            return round(self.layer_kind_params(False)[2])
+        moe = self.moe.moe_layers
+        return round((moe * self.layer_kind_params(True)[2]
+                      + (self.num_layers - moe) * self.layer_kind_params(False)[2])
+                     / self.num_layers)
+
+    def layer_kind_params(self, moe_layer: bool) -> tuple[float, float, float]:
+        """One dense (`moe_layer` False) or MoE layer's (parameters a GPU holds times t, of
+        them the routed experts' share in their own buffers, of them those each TP rank holds
+        whole): `layer_params`, `expert_layer_params` and `layer_replicated_params` without the
+        mean over the layer pattern. Held whole: the two norms, latent attention's duplicated
+        down projections and latent norms (`MlaShape.replicated_params`), and an MoE layer's
+        router, h E (Megatron-Core `TopKRouter.weight`, not split over TP)."""
+        h, replicated = self.hidden, 2 * self.norm_params
         if self.mla is not None:
-            replicated += self.mla.replicated_params(self.hidden, self.norm_params // self.hidden)
-        if self.moe is not None:
-            replicated += round(self.moe.moe_layers * self.hidden * self.moe.experts
-                                / self.num_layers)
-        return replicated
+            replicated += self.mla.replicated_params(h, self.norm_params // h)
+        if not moe_layer or self.moe is None:
+            return float(self.dense_layer_params), 0.0, float(replicated)
+        m, n = self.moe, self.ep_replicas
+        experts = expert_params(m, h, self.swiglu, self.bias)
+        layer = self.dense_layer_params - mlp_params(h, self.ffn, self.swiglu, self.bias) + \
+            moe_mlp_params(m, h, self.swiglu, self.bias)
+        own = experts / n if self.ep > 1 else 0.0
+        return layer - experts * (n - 1) / n, own, float(replicated + h * m.experts)
 
     @property
     def expert_layer_params(self) -> int:
