@@ -247,7 +247,7 @@ def test_check_moe_names_the_wrong_entry_and_the_count():
     import dataclasses
 
     from holmes_sim.errors import FieldError
-    from holmes_sim.model.workload import check_model
+    from holmes_sim.model.checks import check_model
     from holmes_sim.spec.job import ModelSpec
     from holmes_sim.spec.presets import preset_fields
 

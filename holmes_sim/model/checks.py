@@ -1,0 +1,99 @@
+"""Architectures Megatron-Core refuses, found before anything is priced: query groups that do not
+divide the heads, two MLP activations, a hidden size the heads do not divide, and MoE settings
+`TransformerConfig` rejects. A value a preset set is named as the preset's, with the field to write
+beside the preset to override it (`spec.presets.overridden`)."""
+
+from __future__ import annotations
+
+from holmes_sim.errors import FieldError
+from holmes_sim.spec.job import ModelSpec
+from holmes_sim.spec.presets import PRESETS, overridden, preset_source
+
+
+def check_model(model: ModelSpec) -> None:
+    """Raise FieldError for an architecture Megatron-Core refuses."""
+    heads, groups = model.num_attention_heads, model.num_query_groups
+    if groups is not None and heads % groups:
+        raise FieldError("model.num_query_groups", f"num_query_groups={groups} must divide "
+                         f"num_attention_heads={heads}; {_groups_fix(model, heads)}")
+    if model.swiglu and model.squared_relu:
+        raise FieldError("model.squared_relu", "squared_relu and swiglu are two MLP "
+                         f"activations; {_one_activation(model)}")
+    if model.hidden_size % heads:
+        _refuse_head_width(model)
+    if model.num_experts is not None:
+        check_moe(model)
+
+
+def _groups_fix(model: ModelSpec, heads: int) -> str:
+    """The fix for query groups that do not divide the heads, saying which value a preset set
+    (removing a value written beside a preset restores the preset's, not multi-head attention)."""
+    choices = f"a divisor of {heads}, or null for multi-head attention"
+    if (preset := preset_source(model, "num_query_groups")) is not None:
+        return overridden(preset, "num_query_groups", choices)
+    if model.preset in PRESETS and "num_query_groups" in PRESETS[model.preset].fields:
+        kept = PRESETS[model.preset].fields["num_query_groups"]
+        return f"give {choices} (removing it restores preset {model.preset}'s {kept})"
+    return f"give {choices}, or remove it"
+
+
+def _refuse_head_width(model: ModelSpec) -> None:
+    """Raise FieldError for a hidden size that the heads do not divide, on the field that was
+    written when the other came from a preset."""
+    h, heads = model.hidden_size, model.num_attention_heads
+    hidden_preset = preset_source(model, "hidden_size")
+    heads_preset = preset_source(model, "num_attention_heads")
+    if hidden_preset is not None and heads_preset is None:
+        raise FieldError("model.num_attention_heads", f"num_attention_heads={heads} must divide "
+                         f"hidden_size={h}, preset {hidden_preset}'s; give a divisor of {h}, or "
+                         "override hidden_size beside the preset")
+    fix = f"give hidden_size a multiple of {heads}, or " + (
+        overridden(heads_preset, "num_attention_heads", f"a divisor of {h}") if heads_preset
+        else f"num_attention_heads a divisor of {h}")
+    raise FieldError("model.hidden_size", f"hidden_size={h} must be a multiple of "
+                     f"num_attention_heads={heads}; {fix}")
+
+
+def _one_activation(model: ModelSpec) -> str:
+    """The fix for swiglu with squared_relu: turn off the one a preset set, else keep one."""
+    for preset_set, other in (("swiglu", "squared_relu"), ("squared_relu", "swiglu")):
+        if (preset := preset_source(model, preset_set)) is not None:
+            return f"{overridden(preset, preset_set, 'false')} to use {other}, or remove {other}"
+    return "keep one"
+
+
+def check_moe(model: ModelSpec) -> None:
+    """Raise FieldError for MoE settings Megatron-Core refuses (`TransformerConfig`)."""
+    experts, topk, freq = model.num_experts, model.moe_router_topk, model.moe_layer_freq
+    if topk > experts:
+        preset = preset_source(model, "moe_router_topk")
+        fix = f"; {overridden(preset, 'moe_router_topk', f'at most {experts}')}" if preset else ""
+        raise FieldError("model.moe_router_topk", f"moe_router_topk={topk} must be at most "
+                         f"num_experts={experts}{fix}")
+    if isinstance(freq, int) and freq < 1:
+        raise FieldError("model.moe_layer_freq", f"an interval must be at least 1, got {freq} "
+                         "(1: every layer is MoE); or give a 0/1 list, one entry per layer")
+    if isinstance(freq, tuple):
+        _check_layer_pattern(freq, model.num_layers, preset_source(model, "moe_layer_freq"))
+    if model.moe_expert_imbalance > experts / topk:
+        raise FieldError("model.moe_expert_imbalance", f"at most num_experts / moe_router_topk "
+                         f"= {experts / topk:g} (every token routed to the busiest expert)")
+    if model.moe_expert_capacity_factor is not None and \
+            model.moe_router_load_balancing_type == "sinkhorn":
+        raise FieldError("model.moe_expert_capacity_factor", "a capacity factor needs "
+                         "aux_loss, seq_aux_loss, global_aux_loss or none load balancing")
+
+
+def _check_layer_pattern(freq: tuple[int, ...], layers: int, preset: str | None) -> None:
+    """Raise FieldError unless `freq` (`preset`'s, if it came from one) is a 0/1 entry per
+    layer, naming the rule it breaks."""
+    bad = next((i for i, v in enumerate(freq) if v not in (0, 1)), None)
+    if bad is not None:
+        raise FieldError(f"model.moe_layer_freq[{bad}]", f"is {freq[bad]}; each entry is 0 (a "
+                         "dense layer) or 1 (an MoE layer)")
+    if len(freq) != layers:
+        fix = (overridden(preset, "moe_layer_freq", f"a list of {layers} entries of 0 (dense) "
+                          "or 1 (MoE), or an interval such as 1") if preset else
+               "give one entry (0: dense, 1: MoE) per layer")
+        raise FieldError("model.moe_layer_freq", f"lists {len(freq)} entries, but num_layers="
+                         f"{layers}; {fix}")
