@@ -12,7 +12,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from holmes_sim.report.files import OutputError, check_file, make_folder, os_error
+from holmes_sim.report.files import (OutputError, check_file, deferred_interrupt, make_folder,
+                                     os_error)
 from holmes_sim.report.owned import OutputFolder
 
 
@@ -32,14 +33,15 @@ def write_together(root: Path, files: dict[str, str], owner: OutputFolder | None
     """
     obsolete = _obsolete(root, files, owner, known)
     stage = _Stage(root, option)
-    try:
-        stage.prepare(files, obsolete)
-        stage.commit([*sorted(files), *obsolete])
-    finally:
-        stage.clean()
-    if owner is not None:
-        for rel in sorted(files):
-            owner.record(root / rel)
+    with deferred_interrupt():  # a Ctrl-C meanwhile comes once the change is whole or undone
+        try:
+            stage.prepare(files, obsolete)
+            stage.commit([*sorted(files), *obsolete])
+        finally:
+            stage.clean()
+        if owner is not None:
+            for rel in sorted(files):
+                owner.record(root / rel)
     return obsolete
 
 

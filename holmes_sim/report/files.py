@@ -19,9 +19,11 @@ import fnmatch
 import io
 import json
 import os
+import signal
 import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -237,8 +239,11 @@ def output_lock(directory: str | Path, option: str = "output") -> Iterator[None]
             break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            raise os_error(path, exc, "lock") from None
         yield
     finally:
         with contextlib.suppress(OSError):
@@ -285,6 +290,12 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
     the folder must exist. A folder or symlink at `path` is refused, not replaced."""
     path = Path(path)
     check_file(path)
+    with deferred_interrupt():
+        _replace_with(path, data)
+
+
+def _replace_with(path: Path, data: str | bytes) -> None:
+    """`write_atomic`'s temp file and replacement."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
@@ -320,6 +331,38 @@ def check_file(path: Path) -> None:
                           "links it did not create; remove it or choose another folder")
     if stat.S_ISDIR(mode):
         raise OutputError(f"cannot write {path}: it is a folder; remove it or choose another folder")
+    if not stat.S_ISREG(mode):
+        raise OutputError(f"cannot write {path}: it is a {_kind(mode)}, not a file holmes-sim "
+                          "wrote; remove it or choose another folder")
+
+
+def _kind(mode: int) -> str:
+    """What a special file is, in words."""
+    for test, kind in ((stat.S_ISFIFO, "named pipe (FIFO)"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return kind
+    return "special file"
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) while a short write runs, so that it ends whole or undone and
+    leaves no temporary file beside its target; an interrupt that came meanwhile is raised
+    once it is done. Only the main thread receives signals: elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: came.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if came and callable(previous):
+            previous(signal.SIGINT, None)
+        elif came and previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
 
 
 def _mode(path: Path) -> int | None:

@@ -1,0 +1,77 @@
+"""Writes that Ctrl-C cannot leave half done: an interrupt during a launch folder's change or an
+atomic file write comes once the change is whole, leaving no temporary or set-aside file; a
+special file where an output goes is refused; a full disk while taking an output folder's lock
+is one message."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from holmes_sim.export import staged
+from holmes_sim.export.staged import write_together
+from holmes_sim.report import files as report_files
+from holmes_sim.report.files import OutputError, output_lock, write_atomic
+from holmes_sim.report.owned import OutputFolder
+
+
+def _hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob(".*") if p.name != ".holmes-sim-files.json")
+
+
+def _interrupting(monkeypatch, module, name: str) -> None:
+    """Make `module.os.<name>` send this process SIGINT before doing its work, once."""
+    real, sent = getattr(os, name), []
+
+    def interrupted(*args, **kwargs):
+        if not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module.os, name, interrupted)
+
+
+@pytest.mark.parametrize("step", ["replace", "link", "fchmod"])
+def test_ctrl_c_during_a_launch_folder_change_comes_after_it_is_whole(tmp_path, monkeypatch,
+                                                                      step):
+    owner = OutputFolder(tmp_path, "--plans")
+    old = {"a/launch.sh": "old\n", "a/hostfile": "h0\n", "b/plan.json": "{}\n"}
+    write_together(tmp_path, old, owner)
+    _interrupting(monkeypatch, staged, step)
+    new = {rel: text.upper() for rel, text in old.items()}
+    with pytest.raises(KeyboardInterrupt):
+        write_together(tmp_path, new, OutputFolder(tmp_path, "--plans"))
+    assert {rel: (tmp_path / rel).read_text() for rel in new} == new
+    assert _hidden(tmp_path) == []
+
+
+def test_ctrl_c_during_an_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    _interrupting(monkeypatch, report_files, "fchmod")
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(tmp_path / "results.json", "{}\n")
+    assert (tmp_path / "results.json").read_text() == "{}\n"
+    assert _hidden(tmp_path) == []
+
+
+def test_a_named_pipe_where_a_launch_file_goes_is_refused_and_kept(tmp_path):
+    (tmp_path / "a").mkdir()
+    os.mkfifo(tmp_path / "a" / "hostfile")
+    with pytest.raises(OutputError, match=r"hostfile: it is a named pipe \(FIFO\)"):
+        write_together(tmp_path, {"a/hostfile": "h0\n"}, OutputFolder(tmp_path, "--plans"))
+    assert (tmp_path / "a" / "hostfile").is_fifo()
+
+
+def test_a_full_disk_while_taking_the_lock_is_one_message(tmp_path, monkeypatch):
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(report_files.os, "pwrite", full)
+    with pytest.raises(OutputError, match="the disk is full; free some space"):
+        with output_lock(tmp_path, "--plans"):
+            pass
+    assert not any(tmp_path.iterdir())
