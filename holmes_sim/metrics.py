@@ -193,32 +193,42 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     peaks = peaks_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks)
     per_stage = []
     output = workload.output_activation_bytes(plan.tp)
+    placed, states = _layers_as_placed(plan, workload), {}
     for s, (params, expert, most) in enumerate(
             stage_param_counts(costs, plan.layers_per_stage, plan.pp)):
-        params, expert, replicated = _stage_layers_as_placed(plan, workload, s, params, expert)
-        state, step = _stage_state_bytes(plan, workload, params, expert, replicated)
+        key = placed(s, params, expert)  # most stages of a pipeline hold alike
+        if key not in states:
+            states[key] = _stage_state_bytes(plan, workload, *key)
+        state, step = states[key]
         acts = peaks[s] * most * act_per_layer + (output if s == plan.pp - 1 else 0.0)
         per_stage.append(state + max(acts, step))
     return MemoryReport(tuple(per_stage), net.stage_memory_bytes())
 
 
-def _stage_layers_as_placed(plan: Plan, workload: Workload, stage: int, params: float,
-                            expert: float) -> tuple[float, float, float]:
-    """A stage's (parameters of a whole TP group, routed experts' of them, held whole by each
-    TP rank of them) with its layers counted as the ones it holds: `params` and `expert`
-    (`stage_param_counts`) price every layer at the mean over an MoE layer pattern, which
-    charges a stage of DeepSeek's leading dense layers for experts it does not hold."""
-    layers = plan.layers_per_stage
-    counts = [0, 0]  # dense, MoE layers of the stage
-    for j in range(stage, len(layers), plan.pp):
-        start = sum(layers[:j])
-        moe = sum(workload.moe.pattern[start:start + layers[j]]) if workload.moe else 0
-        counts[0], counts[1] = counts[0] + layers[j] - moe, counts[1] + moe
-    held, own, replicated = (sum(n * x for n, x in zip(counts, column)) for column in zip(
-        workload.layer_kind_params(False), workload.layer_kind_params(True)))
-    total = sum(counts)
-    return (params - total * workload.layer_params + held,
-            expert - total * workload.expert_layer_params + own, replicated)
+def _layers_as_placed(plan: Plan, workload: Workload):
+    """A function of (stage, parameters of its whole TP group, routed experts' of them) giving
+    those with its layers counted as the ones it holds, and how many each TP rank holds whole:
+    `stage_param_counts` prices every layer at the mean over an MoE layer pattern, which charges
+    a stage of DeepSeek's leading dense layers for experts it does not hold."""
+    layers, pp = plan.layers_per_stage, plan.pp
+    if workload.moe is None:  # every layer is the mean
+        whole = workload.layer_kind_params(False)[2]
+        return lambda stage, params, expert: (params, expert, sum(layers[stage::pp]) * whole)
+    kinds = list(zip(workload.layer_kind_params(False), workload.layer_kind_params(True)))
+    mean = (workload.layer_params, workload.expert_layer_params)
+    starts = [0]
+    for n in layers:
+        starts.append(starts[-1] + n)
+
+    def placed(stage: int, params: float, expert: float) -> tuple[float, float, float]:
+        moe = total = 0
+        for j in range(stage, len(layers), pp):
+            total += layers[j]
+            moe += sum(workload.moe.pattern[starts[j]:starts[j + 1]])
+        held, own, whole = ((total - moe) * dense + moe * routed for dense, routed in kinds)
+        return params - total * mean[0] + held, expert - total * mean[1] + own, whole
+
+    return placed
 
 
 def _stage_state_bytes(plan: Plan, workload: Workload, params: float, expert: float,
