@@ -580,10 +580,11 @@ def _rank(prepared: Prepared, spec: SearchSpec, results: list[Candidate], start:
     if confirming:
         confirming(len(top), len(top))
     top.sort(key=_key)
-    baseline = next((c for c in ok if c.policy == BASELINE_POLICY), None)
-    if baseline is not None:
-        confirmed = next((c for c in top if c.policy == BASELINE_POLICY and c.layout == baseline.layout),
-                         None)
-        baseline = confirmed or confirm(prepared, baseline)
-    return PlanSearch(prepared.scenario.name, tuple(top + ok[spec.top_k:]), baseline, bad, len(results),
-                      time.perf_counter() - start)
+    estimated = next((c for c in ok if c.policy == BASELINE_POLICY), None)
+    baseline = None
+    if estimated is not None:
+        baseline = next((c for c in top if c.policy == BASELINE_POLICY
+                         and (c.layout, c.optimizer) == (estimated.layout, estimated.optimizer)),
+                        None) or confirm(prepared, estimated)
+    return PlanSearch(prepared.scenario.name, tuple(top + ok[spec.top_k:]), baseline, bad,
+                      len(results), time.perf_counter() - start)

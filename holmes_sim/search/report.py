@@ -38,10 +38,14 @@ baseline's iteration."""
 def plan_table(result: PlanSearch, rows: int, width: int = 80, wide: bool = False) -> Table:
     """The best `rows` candidates, then the baseline if it is not among them, narrowed to
     `width` columns unless `wide`."""
-    shown = list(result.candidates[:rows])
+    base = result.baseline
+    same = (lambda c: base is not None and c.policy == base.policy
+            and (c.layout, c.optimizer) == (base.layout, base.optimizer))
+    # the baseline's estimated copy, when shown, is shown as the baseline simulated
+    shown = [base if same(c) else c for c in result.candidates[:rows]]
     numbered = [(str(i), c) for i, c in enumerate(shown, 1)]
-    if result.baseline is not None and result.baseline not in shown:
-        numbered.append(("base", result.baseline))
+    if base is not None and base not in shown:
+        numbered.append(("base", base))
     return fit_table(lambda headers: _plan_table(result, numbered, headers), PLAN_COLUMNS,
                      PLAN_DROP_ORDER, width, wide)
 
@@ -49,7 +53,8 @@ def plan_table(result: PlanSearch, rows: int, width: int = 80, wide: bool = Fals
 def _plan_table(result: PlanSearch, numbered: list[tuple[str, Candidate]],
                 headers: Sequence[str]) -> Table:
     table = Table(title=Text(f"{result.scenario}: {result.evaluated:,} plans in "
-                             f"{result.elapsed_s:.1f} s, best first"), title_justify="left",
+                             f"{result.elapsed_s:.1f} s; simulated (*) first, then by estimate"),
+                  title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
                   caption_justify="left")
     keep = [i for i, col in enumerate(PLAN_COLUMNS) if col in headers]
@@ -87,6 +92,15 @@ def why_the_winner_wins(result: PlanSearch) -> str:
     best, base = result.candidates[0], result.baseline
     if not (best.breakdown_s and base.breakdown_s):
         return ""
+    if best == base:
+        return (f"The best plan ({best.policy}, {layout_label(best)}) is the best Megatron-LM "
+                "default: no plan searched is faster.")
+    if best.predicted_iteration_s == base.predicted_iteration_s:
+        return (f"The best plan ({best.policy}, {layout_label(best)}) ties with the best "
+                f"Megatron-LM default ({layout_label(base)}): no plan searched is faster.")
+    if best.predicted_iteration_s > base.predicted_iteration_s:
+        return (f"The best Megatron-LM default ({layout_label(base)}) simulates faster than the "
+                "plans the estimate ranked first; confirm more of them with --top.")
     b, a = dict(best.breakdown_s), dict(base.breakdown_s)
     deltas = sorted(((a[k] - b.get(k, 0.0), k) for k in a), reverse=True)
     material = MATERIAL_SAVING * base.predicted_iteration_s

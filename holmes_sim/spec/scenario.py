@@ -75,7 +75,7 @@ class SearchSpec:
     micro_batch_size: tuple[int, ...] | None = None
     """Micro-batch sizes (default: 1, 2, 4, 8, 16 that divide the batch)."""
     schedule: tuple[Literal["gpipe", "1f1b", "interleaved"], ...] = ("gpipe", "1f1b", "interleaved")
-    virtual_stages: tuple[int, ...] = (2, 3, 4, 6, 8, 9)
+    virtual_stages: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8, 9)
     """Model chunks per stage tried for the interleaved schedule."""
     recompute: tuple[Literal["none", "selective", "full"], ...] = ("none", "selective", "full")
     sequence_parallel: tuple[bool, ...] = (False, True)

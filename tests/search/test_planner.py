@@ -246,3 +246,43 @@ def test_a_saving_shows_the_decimals_that_tell_its_ends_apart():
     assert _seconds(0.0114, 0.0061) == "0.011 s -> 0.006 s"
     assert _seconds(2.02, 0.6) == "2.02 s -> 0.60 s"
     assert _seconds(0.01234, 0.01231) == "0.0123 s -> 0.0123 s"
+
+
+def test_a_baseline_confirmed_apart_is_shown_once_as_simulated(write_scenario):
+    """With top_k 1 the best plan is holmes' and the Megatron-LM baseline is simulated apart:
+    the table shows it once, with its simulated time, where its estimated copy ranks."""
+    from holmes_sim.search.report import plan_table
+    result = planner.search(prepare(write_scenario(SMALL.replace("top_k: 3}", "top_k: 1}"))),
+                            jobs=1)
+    assert result.candidates[0].policy == "holmes" and result.baseline.simulated
+    rank = next(i for i, c in enumerate(result.candidates)
+                if _identity(c) == _identity(result.baseline))
+    text = _rendered(plan_table(result, rows=rank + 1, wide=True))
+    assert text.count(f"{result.baseline.predicted_iteration_s:.3f}*") == 1
+    assert "base " not in text
+
+
+def _rendered(table) -> str:
+    from rich.console import Console
+    console = Console(width=200, record=True)
+    console.print(table)
+    return console.export_text()
+
+
+def test_the_default_search_tries_every_chunk_count_from_2_to_9():
+    """NVIDIA's Llama 3 70B recipe on 64 H100 interleaves 5 chunks a stage (Megatron-Bridge
+    perf_recipes/llama/h100/llama3.py), NeMo's 405B configuration 7."""
+    from holmes_sim.spec.scenario import SearchSpec
+    assert SearchSpec().virtual_stages == tuple(range(2, 10))
+
+
+def test_a_winner_that_is_the_baseline_is_not_said_to_beat_it(write_scenario):
+    """With megatron the only policy the best plan is the baseline: the sentence says so instead
+    of "beats the best Megatron-LM default by 1.00x"."""
+    from holmes_sim.search.report import why_the_winner_wins
+    result = planner.search(prepare(write_scenario(
+        SMALL.replace("top_k: 3}", "top_k: 1, policies: [megatron]}"))), jobs=1)
+    assert result.candidates[0] == result.baseline
+    sentence = why_the_winner_wins(result)
+    assert "is the best Megatron-LM default: no plan searched is faster" in sentence
+    assert "beats" not in sentence

@@ -114,7 +114,7 @@ def test_the_reasons_leave_out_defaults_the_block_did_not_ask_for(tmp_path):
     text, path, line, _ = _plan(tmp_path, MOE, "{tensor: [8], sequence_parallel: [false]}")
     assert f"{path}:{line}: search: no layout satisfies" in text
     reasons = text.split(": [", 1)[1]
-    assert reasons.startswith("45x, e.g. tensor=8 pipeline=1 data=8 micro_batch_size=1 expert=4 "
+    assert reasons.startswith("55x, e.g. tensor=8 pipeline=1 data=8 micro_batch_size=1 expert=4 "
                               "expert_tensor=8 schedule=1f1b virtual_stages=1 "
                               "sequence_parallel=False] training.sequence_parallel: an MoE model")
     assert "pipeline=3" not in text and "1f1b's layout" not in text
