@@ -18,23 +18,25 @@ LOAD_WINDOW_S = 5.0
 RANKS_PER_CORE = 8
 """Most testbed ranks (processes) per CPU core: each waits on the network most of the time."""
 RANK_MEMORY_BYTES = 400 * 2**20
-"""Memory one rank process takes (torch, gloo and the small testbed model)."""
+"""Memory one rank process takes besides its model's (torch and gloo; a tiny model's rank
+peaked at 270-310 MiB resident); `testbed_plan.rank_memory_bytes` adds the model's."""
 
 
 def max_ranks() -> int:
     """The most ranks this host runs at once: RANKS_PER_CORE per usable core (at least 16), and
-    no more than the available memory holds at RANK_MEMORY_BYTES each."""
+    no more than the available memory holds at RANK_MEMORY_BYTES each (the model's own memory
+    is `testbed_plan._check_memory`'s)."""
     import os
 
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    by_memory = _available_memory() // RANK_MEMORY_BYTES
+    by_memory = available_memory() // RANK_MEMORY_BYTES
     return max(1, min(max(16, RANKS_PER_CORE * cores), by_memory or 1 << 30))
 
 
-def _available_memory() -> int:
+def available_memory() -> int:
     """MemAvailable of /proc/meminfo in bytes (0 when it cannot be read)."""
     try:
         with open("/proc/meminfo") as f:

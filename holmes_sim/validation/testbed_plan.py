@@ -147,6 +147,7 @@ def check_testbed(prepared: Prepared) -> None:
         raise FieldError("clusters", f"{len(nodes)} nodes; the testbed emulates at most "
                                      f"{tbmod.MAX_NODES} (one address each in a /24)")
     _check_rank_count(prepared.cluster.num_gpus)
+    _check_memory(prepared)
     fabrics = list(dict.fromkeys(nic.fabric for n in nodes for nic in n.nics))
     if len(fabrics) > tbmod.MAX_FABRICS:
         raise FieldError("fabrics", f"{len(fabrics)} fabrics; the testbed has at most "
@@ -177,6 +178,77 @@ def _check_rank_count(ranks: int) -> None:
         raise FieldError("clusters", f"{ranks} GPUs, one rank process each; this host runs at "
                                      f"most {max_ranks()} (its cores and memory); use fewer nodes "
                                      "or gpus_per_node")
+
+
+BACKEND_BYTES_PER_PARAM = 24
+"""Bytes a rank holds per parameter of its stage at its peak: the fp32 weight and gradient, the
+flat gradient and parameter copies of the data-parallel step (`backend/data_parallel.py`) and
+Adam's two fp32 moments (`backend/optimizer.py`), none sharded. Measured: a PP 2 x DP 2 run of
+hidden 1024 (25.8 M parameters a stage) peaked at 1059 MiB resident on rank 0, 24.5 bytes a
+parameter beside its activations and the 300 MiB of a tiny model's rank."""
+
+
+def rank_memory_bytes(prepared: Prepared) -> tuple[float, float, float]:
+    """A rank's peak resident memory, estimated, as (bytes, its stage's parameters, its
+    activation bytes), for the stage that takes the most of an even split: each holds
+    ceil(layers / (pp v)) layers per chunk (TP: 1/t of them), the first the embedding, the last
+    the head, in fp32 at BACKEND_BYTES_PER_PARAM, plus the activations the schedule holds
+    (`Workload.activation_bytes_per_layer`, fp32) and the torch baseline RANK_MEMORY_BYTES."""
+    from holmes_sim.schedule import peaks_in_flight
+    from holmes_sim.validation.host import RANK_MEMORY_BYTES
+
+    w, pp, tp = prepared.workload, prepared.pp, prepared.tp
+    par = prepared.scenario.parallel
+    v = par.virtual_stages if par.schedule == "interleaved" else 1
+    per_chunk = -(-w.num_layers // (pp * v))
+    peaks = peaks_in_flight(par.schedule, pp, prepared.num_microbatches, v)
+    worst = (0.0, 0.0, 0.0)
+    for s in range(pp):
+        params = (per_chunk * v * w.layer_params + (w.embedding_params if s == 0 else 0)
+                  + (w.head_params if s == pp - 1 else 0)) / tp
+        acts = (peaks[s] * per_chunk * w.activation_bytes_per_layer(tp)
+                + (w.output_activation_bytes(tp) if s == pp - 1 else 0.0))
+        total = RANK_MEMORY_BYTES + params * BACKEND_BYTES_PER_PARAM + acts
+        worst = max(worst, (total, params, acts))
+    return worst
+
+
+def whole_model_bytes(prepared: Prepared) -> float:
+    """Peak memory of compute calibration's one-rank run of the whole model (one micro-batch
+    in flight), estimated as `rank_memory_bytes` does."""
+    from holmes_sim.validation.host import RANK_MEMORY_BYTES
+
+    w = prepared.workload
+    return (RANK_MEMORY_BYTES + w.total_params * BACKEND_BYTES_PER_PARAM
+            + w.num_layers * w.activation_bytes_per_layer(1) + w.output_activation_bytes(1))
+
+
+def _check_memory(prepared: Prepared, available: int | None = None) -> None:
+    """A FieldError naming the model's fields when the ranks, or compute calibration's one
+    process of the whole model, need more memory than the host has available (MemAvailable;
+    no check when it cannot be read)."""
+    from holmes_sim.units import GIB
+    from holmes_sim.validation.host import RANK_MEMORY_BYTES, available_memory
+
+    have = available_memory() if available is None else available
+    ranks = prepared.cluster.num_gpus
+    per, params, acts = rank_memory_bytes(prepared)
+    whole = whole_model_bytes(prepared)
+    need = max(ranks * per, whole)
+    if not have or need <= have:
+        return
+    what = (f"{ranks} rank processes of about {per / GIB:.2f} GiB each ({params / 1e6:.1f} M "
+            f"parameters of the largest stage at {BACKEND_BYTES_PER_PARAM} bytes each: fp32 "
+            f"weights, gradients and Adam; {acts / GIB:.2f} GiB of activations; "
+            f"{RANK_MEMORY_BYTES // 2**20} MiB for torch)")
+    if whole > ranks * per:
+        what = (f"compute calibration's one process of the whole model "
+                f"({prepared.workload.total_params / 1e6:.1f} M parameters)")
+    raise FieldError("model", f"the real run needs about {need / GIB:.1f} GiB of memory but this "
+                     f"host has {have / GIB:.1f} GiB available (MemAvailable): {what}; shrink the "
+                     "model (model.hidden_size, model.num_layers, model.vocab_size, "
+                     "model.seq_length) or training.micro_batch_size, or use fewer nodes or "
+                     "gpus_per_node")
 
 
 def smallest_rate_bit_per_s(prepared: Prepared) -> float:
