@@ -150,31 +150,108 @@ def _write_config(plan: Plan, cfg: RunConfig, tmp: Path) -> Path:
     return path
 
 
+class RunTimedOut(TestbedError):
+    """The run passed its `timeout_s`; `timeout_s` says how long it had."""
+
+    def __init__(self, message: str, timeout_s: float) -> None:
+        super().__init__(message)
+        self.timeout_s = timeout_s
+
+
+class RankFailed(TestbedError):
+    """A rank exited non-zero; `peer_timeout`: its log says it timed out waiting on a peer."""
+
+    def __init__(self, message: str, peer_timeout: bool) -> None:
+        super().__init__(message)
+        self.peer_timeout = peer_timeout
+
+
+# What gloo writes when an operation waits past its timeout for a peer that never answers.
+_PEER_TIMEOUT = ("Timed out waiting", "timed out waiting")
+
+
 def _wait(procs: dict[int, subprocess.Popen], out_dir: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         codes = {r: p.poll() for r, p in procs.items()}
         failed = [r for r, c in codes.items() if c not in (None, 0)]
         if failed:
-            # The first failure seen is usually the cause; peers then fail on broken sockets.
-            r = failed[0]
-            raise TestbedError(f"rank {r} exited with code {codes[r]} (ranks failed: {failed}); "
-                               f"log tail:\n{_tail(out_dir, r)}")
+            raise failure(procs, codes, out_dir)
         if all(c == 0 for c in codes.values()):
             return
         if time.monotonic() > deadline:
-            waiting = [r for r, c in codes.items() if c is None]
-            r = waiting[0]
-            raise TestbedError(f"run timed out after {timeout_s:.0f} s; ranks still running: "
-                               f"{waiting}; rank {r} log tail:\n{_tail(out_dir, r)}")
+            raise timed_out(procs, codes, out_dir, timeout_s)
         time.sleep(_POLL_S)
+
+
+def failure(procs: dict[int, subprocess.Popen], codes: dict[int, int | None],
+            out_dir: Path) -> RankFailed:
+    """The error of a run a rank failed: the first failed rank (usually the cause; peers then
+    fail on broken sockets) and how it ended, every failed rank, the ranks still running (a
+    stopped or stuck one among them is what a peer timed out on), and the rank's log tail."""
+    failed = [r for r, c in codes.items() if c not in (None, 0)]
+    r = failed[0]
+    tail = _tail(out_dir, r)
+    peer_timeout = any(t in tail for t in _PEER_TIMEOUT)
+    running = _running(procs, codes)
+    text = f"rank {r} {_ended(codes[r])} (ranks failed: {failed}"
+    text += f"; still running: {', '.join(running)})" if running else ")"
+    if peer_timeout:
+        text += (f"; rank {r} timed out waiting on a peer"
+                 + (" (a still-running rank is stuck: stopped, or starved of CPU)"
+                    if running else ""))
+    return RankFailed(text + _tail_text(r, tail), peer_timeout)
+
+
+def timed_out(procs: dict[int, subprocess.Popen], codes: dict[int, int | None], out_dir: Path,
+              timeout_s: float) -> RunTimedOut:
+    """The error of a run that passed `timeout_s`: the ranks still running and the first one's
+    log tail."""
+    waiting = [r for r, c in codes.items() if c is None]
+    return RunTimedOut(f"run timed out after {timeout_s:g} s; ranks still running: "
+                       f"{', '.join(_running(procs, codes))}"
+                       + _tail_text(waiting[0], _tail(out_dir, waiting[0])), timeout_s)
+
+
+def _ended(code: int) -> str:
+    """How a rank with exit status `code` ended, in words."""
+    if code == -signal.SIGKILL:
+        return "was killed (signal 9; likely the host ran out of memory)"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _running(procs: dict[int, subprocess.Popen], codes: dict[int, int | None]) -> list[str]:
+    """The ranks still running, each marked '(stopped)' when it is stopped (SIGSTOP)."""
+    return [f"{r} (stopped)" if _stopped(procs[r].pid) else str(r)
+            for r, c in codes.items() if c is None]
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (state T or t in /proc/PID/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:][:1] in ("T", "t")
+
+
+def _tail_text(rank: int, tail: str) -> str:
+    """'; rank R log tail:' and the tail on the next lines, or '' when the log is empty."""
+    if not tail.strip():
+        return f"; rank {rank} wrote no log"
+    return f"; rank {rank} log tail:\n{tail}"
 
 
 def _tail(out_dir: Path, rank: int) -> str:
     try:
         return (out_dir / f"rank_{rank}.log").read_text(errors="replace")[-_TAIL_CHARS:]
     except OSError:
-        return "(no log)"
+        return ""
 
 
 def _kill_all(procs: dict[int, subprocess.Popen]) -> None:

@@ -16,7 +16,9 @@ Measurement (2) and prediction (3) are separate steps joined by the profile: not
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import os
 import platform
 import statistics
@@ -50,6 +52,7 @@ from holmes_sim.validation.host import (
     recent_load,
 )
 from holmes_sim.validation.testbed_plan import (
+    GLOO_TIMEOUT_S as _GLOO_TIMEOUT_S,
     check_testbed,
     model_config,
     runnable_policies,
@@ -98,7 +101,25 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
         runs, profiles = _run_rounds(session, names, links, rounds)
         cases = [_combine(name, runs[name]) for name in names]
     predictions = {name: [p for p, _, _, _ in runs[name]] for name in names}
+    load["notes"] = memory_notes({name: [o for _, o, _, _ in runs[name]] for name in names})
     return _result(session, testbed_path, cases, profiles, warnings, load, started, predictions)
+
+
+def memory_notes(outcomes: dict[str, list]) -> list[str]:
+    """A note when the simulator says a policy's plan does not fit the declared GPUs' memory
+    (per policy, its outcomes of every round): the testbed's ranks run on CPU, so such a plan
+    still runs and its time is still compared, but the declared cluster could not run it."""
+    short = {}
+    for name, got in outcomes.items():
+        bad = [o.result.memory for o in got if not o.result.memory.fits]
+        if bad:
+            short[name] = max(bad, key=lambda m: m.excess_gib).shortfall()
+    if not short:
+        return []
+    return ["the simulated plans do not fit the declared GPUs' memory ("
+            + "; ".join(f"{name} {why}" for name, why in short.items())
+            + "); the testbed's ranks run on CPU, so they ran and are compared, but the declared "
+              "cluster could not run them; raise the GPUs' memory_gib or shrink the model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +169,11 @@ def _calibrate_links(session: _Session) -> tuple[dict, list[str]]:
     # Emulated ranks wait instead of computing: the links are probed on an idle host share.
     busy = 0 if s.emulated else s.prepared.cluster.num_gpus - 2
     rt = REALTIME_PRIORITY if s.emulated else 0  # probes move bytes as the ranks will
-    fabrics = calibrate_links(s.prepared, s.tb, s.spec, busy, rt)
-    warnings = _recheck_links(s.prepared, s.tb, s.spec, fabrics, s.progress, busy=busy, rt=rt)
-    return {"fabrics": fabrics, **calibrate_intra_node(s.prepared, s.tb, s.spec, busy, rt)}, warnings
+    with step("link calibration", s.spec):
+        fabrics = calibrate_links(s.prepared, s.tb, s.spec, busy, rt)
+        warnings = _recheck_links(s.prepared, s.tb, s.spec, fabrics, s.progress, busy=busy, rt=rt)
+        intra = calibrate_intra_node(s.prepared, s.tb, s.spec, busy, rt)
+    return {"fabrics": fabrics, **intra}, warnings
 
 
 def _predict_emulated(session: _Session, names: list[str], links: dict) -> dict[str, tuple]:
@@ -160,14 +183,16 @@ def _predict_emulated(session: _Session, names: list[str], links: dict) -> dict[
     if not s.emulated:
         return {}
     s.progress("calibrating compute once (the ranks wait these durations) ...")
-    common = {**emulated_profile(s.prepared, s.spec, s.tb), **links}
+    with step("compute calibration", s.spec):
+        common = {**emulated_profile(s.prepared, s.spec, s.tb), **links}
     return {name: (common, *predict(apply_profile(s.prepared, common), name)) for name in names}
 
 
-def _calibrate_and_predict(session: _Session, name: str, links: dict) -> tuple:
-    """Real compute: a compute calibration taken just before `name` runs, and the prediction on
-    it, (profile, outcome, predicted s)."""
-    profile = {**calibrate_compute(session.prepared, session.spec, session.tb), **links}
+def _calibrate_and_predict(session: _Session, name: str, links: dict, label: str) -> tuple:
+    """Real compute: a compute calibration taken just before `name` runs (step `label`), and
+    the prediction on it, (profile, outcome, predicted s)."""
+    with step(f"{label}: compute calibration", session.spec):
+        profile = {**calibrate_compute(session.prepared, session.spec, session.tb), **links}
     return (profile, *predict(apply_profile(session.prepared, profile), name))
 
 
@@ -192,14 +217,55 @@ def _run_rounds(session: _Session, names: list[str], links: dict,
                 profile, outcome, predicted = fixed[name]
             else:
                 s.progress(f"{label}: calibrating compute ...")
-                profile, outcome, predicted = _calibrate_and_predict(s, name, links)
+                profile, outcome, predicted = _calibrate_and_predict(s, name, links, label)
             profiles.append(profile)
             s.progress(f"{label}: predicted {predicted:.3f} s; running "
                        f"{s.spec.warmup} + {per_round} iterations for real ...")
-            run = _run_real(outcome.plan, s.prepared, s.config, round_spec, s.tb,
-                            profile["compute"] if s.emulated else None)
+            with step(label, s.spec, s.spec.warmup + per_round, predicted):
+                run = _run_real(outcome.plan, s.prepared, s.config, round_spec, s.tb,
+                                profile["compute"] if s.emulated else None)
             runs[name].append((predicted, outcome, run, profile))
     return runs, profiles
+
+
+STARTUP_S = 10.0
+"""Rank start-up allowed for in `step`'s advice (importing torch, joining the groups; 3-5 s
+for 4 ranks on 2 cores)."""
+
+
+@contextlib.contextmanager
+def step(what: str, spec: TestbedSpec, iterations: int = 0, predicted_s: float | None = None):
+    """Name the step `what` in a TestbedError raised inside; a run past testbed.timeout_s, or
+    ranks that timed out waiting on a peer under a gloo timeout it cut below 60 s, also name
+    testbed.timeout_s and what the step needs (`iterations` of `predicted_s` each, when known)."""
+    from holmes_sim.backend.launch import RankFailed, RunTimedOut
+
+    try:
+        yield
+    except RunTimedOut as exc:
+        raise TestbedError(f"{what}: {timeout_advice(spec, iterations, predicted_s)}; "
+                           f"{exc}") from None
+    except RankFailed as exc:
+        advice = ""
+        if exc.peer_timeout and spec.timeout_s < _GLOO_TIMEOUT_S:
+            advice = (f"gloo's operation timeout is testbed.timeout_s here ({spec.timeout_s:g} s; "
+                      f"at most {_GLOO_TIMEOUT_S:g}): raise it if the peer was only slow; ")
+        raise TestbedError(f"{what}: {advice}{exc}") from None
+    except TestbedError as exc:
+        raise TestbedError(f"{what}: {exc}") from None
+
+
+def timeout_advice(spec: TestbedSpec, iterations: int = 0, predicted_s: float | None = None) -> str:
+    """Why testbed.timeout_s was too short for a step and what to give it."""
+    text = f"testbed.timeout_s ({spec.timeout_s:g} s) ran out"
+    if predicted_s is None:
+        return (f"{text}; it must cover rank start-up (about {STARTUP_S:g} s) plus every "
+                f"iteration of the step; raise it (default {TestbedSpec().timeout_s:g})")
+    need = STARTUP_S + iterations * predicted_s
+    give = max(60, 10 * math.ceil(3 * need / 10))
+    return (f"{text}; this step needs rank start-up (about {STARTUP_S:g} s) plus (warmup + "
+            f"iterations) x predicted iteration time = {iterations} x {predicted_s:.3f} s, about "
+            f"{need:.0f} s; give it at least {give} s")
 
 
 def _time_left(started: float, done: int, total: int) -> str:
@@ -288,7 +354,7 @@ def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb,
     cfg = RunConfig(model=config, micro_batch_size=prepared.workload.micro_batch,
                     iterations=spec.warmup + spec.iterations, warmup=spec.warmup,
                     lr=spec.learning_rate, optimizer=spec.optimizer, world_interfaces=eth,
-                    timeout_s=min(60.0, spec.timeout_s),
+                    timeout_s=min(_GLOO_TIMEOUT_S, spec.timeout_s),
                     bucket_numel=prepared.workload.given_bucket_numel,
                     emulated_compute=[] if emulated is None else [
                         emulated_durations(emulated[prepared.cluster.node(g.node).gpu.name])
