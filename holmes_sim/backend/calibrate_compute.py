@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import statistics
+import threading
 import time
 
 import torch
@@ -49,12 +51,18 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
                                                     torch_threads, barrier, done, results,
                                                     os.getpid(), realtime_priority))
              for _ in range(concurrency)]
-    for p in procs:
-        p.start()
     try:
+        _start_without_sigint(procs)
         samples = [results.get(timeout=timeout_s) for _ in procs]
+    except BaseException:  # Ctrl-C, say: the workers stop now, not after their repeats
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        raise
     finally:
         for p in procs:
+            if p.pid is None:  # never started
+                continue
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
@@ -74,6 +82,28 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
     out["concurrency"] = float(concurrency)
     out["samples"] = float(concurrency * repeats)
     return out
+
+
+def _start_without_sigint(procs: list) -> None:
+    """Start `procs` ignoring SIGINT, which they keep across exec (Python installs no
+    KeyboardInterrupt handler where SIGINT is ignored at start): a terminal's Ctrl-C, sent to
+    the whole process group, interrupts this process alone (which then stops them), not each
+    worker wherever it is, imports included. This thread blocks SIGINT meanwhile, so a Ctrl-C
+    in those milliseconds stays pending for the handler restored after (unless another of this
+    process's threads takes it while it is ignored). Off the main thread, where no handler can
+    be set, they start as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        for p in procs:
+            p.start()
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _measure_one(config: GPTConfig, micro_batch_size: int, repeats: int, torch_threads: int,
