@@ -45,6 +45,31 @@ def resolve_testbed(name: str | Path) -> Path:
     return data_dir("testbeds") / f"{stem}.yaml"
 
 
+def testbed_file(name: str | Path | None) -> tuple[Path, str | None]:
+    """The testbed file `name` gives (`resolve_testbed`; None: the default testbed), and why
+    it names none (`unknown_testbed`; None when it does)."""
+    path = resolve_testbed(name) if name else default_testbed()
+    return path, unknown_testbed(path)
+
+
+def unknown_testbed(path: Path) -> str | None:
+    """Why `path` (as `resolve_testbed` gave it) names no testbed, listing the bundled ones and
+    the closest name; None when it exists (or the file system refuses the name: the loader
+    reports that)."""
+    import difflib
+
+    try:
+        if path.exists():
+            return None
+    except (OSError, ValueError):
+        return None
+    names = testbed_names()
+    close = difflib.get_close_matches(path.name.removesuffix(".yaml"), names, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return (f"{path}: no such testbed file and no bundled testbed of that name; {hint}the "
+            f"bundled testbeds are {', '.join(names)}; or give a testbed file's path")
+
+
 def resolve_scenario(name: str | Path) -> Path:
     """A path as given when it exists or looks like a file path, else the bundled scenario of that
     name; otherwise the path as given (so the loader names it in its error)."""

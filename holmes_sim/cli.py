@@ -20,10 +20,9 @@ from rich.markup import escape
 
 from holmes_sim.bundled import (
     bundled_scenario,
-    default_testbed,
     resolve_scenario,
-    resolve_testbed,
     scenario_names,
+    testbed_file,
 )
 from holmes_sim.errors import HolmesError, PlanError, TestbedError, printable
 from holmes_sim.report.files import is_stdout
@@ -295,12 +294,12 @@ def validate(
 ) -> None:
     """Run plans for real with torch.distributed on an emulated testbed and compare with the
     simulator's predictions (exit 1 when a case leaves the tolerance)."""
+    given = {"--real": real, "--dry-run": dry_run, "--cleanup": cleanup, "--policy": policy, "--iterations":
+             iterations is not None, "--compute": compute, "--json": json_path, "--report": report,
+             "--wide": wide, "a testbed": testbed}
     if published:  # simulation only: no torch, no testbed
         try:
-            _refuse_unused("--published", {"--real": real, "--dry-run": dry_run, "--cleanup": cleanup,
-                                           "--policy": policy, "--iterations": iterations is not None,
-                                           "--compute": compute, "--report": report,
-                                           "a testbed": testbed})
+            _refuse_unused("--published", given)
             from holmes_sim.spec.limits import memory_bounded
 
             with memory_bounded():
@@ -309,24 +308,36 @@ def validate(
             raise _fail(exc) from None
         return
     _require_torch()
-    testbed = resolve_testbed(testbed) if testbed else default_testbed()
     try:
+        if cleanup or (dry_run and not real):
+            _refuse_unused("--cleanup" if cleanup else "--dry-run", given)
+        testbed, problem = testbed_file(testbed)
+        if problem:
+            raise _usage(problem)
         result = _validate_on_testbed(testbed, real=real, dry_run=dry_run, cleanup=cleanup,
                                       policy=policy, iterations=iterations, compute=compute,
                                       json_path=json_path, report=report)
     except HolmesError as exc:
         raise _fail(exc) from None
+    except KeyboardInterrupt:  # testbed, ranks and temp folders are gone by now
+        err.print("interrupted; testbed removed" if real else "interrupted", markup=False)
+        raise typer.Exit(130) from None
     if result is not None:
         _print_verdict(result, json_path, wide)
 
 
+_MODE_USES = {"--published": (("--json", "--wide"), "it checks the simulator against published measurements"),
+              "--cleanup": ((), "it removes what killed runs left; it reads no testbed, writes no result"),
+              "--dry-run": (("a testbed", "--policy"), "it builds groups and stages, writes no result")}
+"""The options each mode of validate uses, and what it does instead of the others."""
+
+
 def _refuse_unused(mode: str, given: dict[str, object]) -> None:
     """A usage error naming every option of `given` that was set but `mode` does not use."""
-    unused = [name for name, value in given.items() if value]
-    if unused:
+    uses, why = _MODE_USES[mode]
+    if unused := [name for name, value in given.items() if value and name not in (mode, *uses)]:
         raise _usage(f"{mode} does not use {', '.join(unused)}; drop "
-                     f"{'it' if len(unused) == 1 else 'them'} (it checks the simulator against "
-                     "published measurements, no testbed)")
+                     f"{'it' if len(unused) == 1 else 'them'} ({why})")
 
 
 def _require_torch() -> None:
@@ -390,6 +401,8 @@ def _print_verdict(result, json_path: Path | None, wide: bool = False) -> None:
 
     console = err if is_stdout(json_path) else out
     print_table(console, comparison_table(result, console.width, wide), wide)
+    for note in result.provenance.get("notes", ()):
+        err.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     if result.host_unstable:  # before the verdict: on such a host it would not mean anything
         for w in result.host_warnings:
             err.print(f"error: {w}; no verdict", highlight=False, markup=False, soft_wrap=True)
