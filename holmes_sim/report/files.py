@@ -37,8 +37,9 @@ _FIXES = {
     errno.ENOSPC: "the disk is full; free some space or write to another folder",
     errno.EDQUOT: "the disk quota is used up; free some space or write to another folder",
     errno.EROFS: "the file system is read-only; write to a folder on a writable disk",
-    errno.EACCES: "permission denied; write to a folder you own",
-    errno.EPERM: "permission denied; write to a folder you own",
+    errno.EACCES: "write to a folder you may write to, or choose another path",
+    errno.EPERM: "the file system refuses it (an immutable or append-only file or folder?); "
+                 "choose another path",
     errno.EEXIST: "something already exists there; remove it or choose another name",
     errno.ENOTDIR: "part of the path is a file, not a folder; remove it or choose another folder",
     errno.EISDIR: "it is a folder; remove it or name a file",
@@ -306,10 +307,12 @@ def _replace_with(path: Path, data: str | bytes) -> None:
             f.write(data.encode() if isinstance(data, str) else data)
         os.replace(tmp, path)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # an append-only folder refuses this too
+            Path(tmp).unlink(missing_ok=True)
         raise os_error(path, exc) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -387,10 +390,35 @@ def _check_not_kernel(path: Path, option: str) -> None:
 
 
 def _check_writable(folder: Path, option: str) -> None:
+    # An append-only folder passes os.access but refuses the rename that writes a result.
+    if _immutable(folder):
+        raise OutputError(f"{option}: cannot write {folder}: the folder is immutable or "
+                          "append-only (chattr +i / +a), so not even root may replace files in "
+                          "it; choose another path")
     if not os.access(folder, os.W_OK | os.X_OK):
         code = errno.EROFS if _read_only(folder) else errno.EACCES
-        exc = OSError(code, os.strerror(code))
-        raise OutputError(f"{option}: {os_error(folder, exc)}")
+        raise OutputError(f"{option}: {os_error(folder, OSError(code, os.strerror(code)))}")
+
+
+_IMMUTABLE_FLAGS = 0x10 | 0x20  # FS_IMMUTABLE_FL, FS_APPEND_FL (linux/fs.h)
+_FS_IOC_GETFLAGS = 0x80086601
+
+
+def _immutable(folder: Path) -> bool:
+    """Whether `folder` carries the immutable or append-only attribute (False where it cannot
+    be read, e.g. on a file system without attributes)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        flags = bytearray(8)
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags)
+        return bool(int.from_bytes(flags[:4], sys.byteorder) & _IMMUTABLE_FLAGS)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _read_only(folder: Path) -> bool:
