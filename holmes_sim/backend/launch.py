@@ -166,8 +166,9 @@ class RankFailed(TestbedError):
         self.peer_timeout = peer_timeout
 
 
-# What gloo writes when an operation waits past its timeout for a peer that never answers.
-_PEER_TIMEOUT = ("Timed out waiting", "timed out waiting")
+# What gloo writes when an operation waits past its timeout for a peer that never answers, and
+# what the rendezvous store writes when a peer never joins the group.
+_PEER_TIMEOUT = ("Timed out waiting", "timed out waiting", "RuntimeError: Wait timeout")
 
 
 def _wait(procs: dict[int, subprocess.Popen], out_dir: Path, timeout_s: float) -> None:

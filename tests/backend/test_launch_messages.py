@@ -39,6 +39,9 @@ def test_a_failed_rank_names_the_ranks_still_running_and_the_peer_timeout(tmp_pa
     assert text.startswith("rank 0 exited with code 1 (ranks failed: [0, 3]; still running: "
                            "1 (stopped), 2); rank 0 timed out waiting on a peer")
     assert "rank 0 log tail:\nTraceback" in text and exc.peer_timeout
+    # A peer that never joined: the rendezvous store's timeout (seen with rank 1 stopped at start).
+    (tmp_path / "rank_0.log").write_text("Traceback ...\nRuntimeError: Wait timeout\n")
+    assert launch.failure(_procs({0: 1, 1: 1}), {0: 1, 1: 0}, tmp_path).peer_timeout
 
 
 def test_a_rank_killed_by_signal_9_says_it_was_killed_and_skips_an_empty_tail(tmp_path):
