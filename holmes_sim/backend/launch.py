@@ -196,7 +196,7 @@ def failure(procs: dict[int, subprocess.Popen], codes: dict[int, int | None],
     peer_timeout = any(t in tail for t in _PEER_TIMEOUT)
     running = _running(procs, codes)
     text = f"rank {r} {_ended(codes[r])} (ranks failed: {failed}"
-    text += f"; still running: {', '.join(running)})" if running else ")"
+    text += f"; still running: [{', '.join(running)}])" if running else ")"
     if peer_timeout:
         text += (f"; rank {r} timed out waiting on a peer"
                  + (" (a still-running rank is stuck: stopped, or starved of CPU)"
@@ -210,7 +210,7 @@ def timed_out(procs: dict[int, subprocess.Popen], codes: dict[int, int | None], 
     log tail."""
     waiting = [r for r, c in codes.items() if c is None]
     return RunTimedOut(f"run timed out after {timeout_s:g} s; ranks still running: "
-                       f"{', '.join(_running(procs, codes))}"
+                       f"[{', '.join(_running(procs, codes))}]"
                        + _tail_text(waiting[0], _tail(out_dir, waiting[0])), timeout_s)
 
 

@@ -37,7 +37,7 @@ def test_a_failed_rank_names_the_ranks_still_running_and_the_peer_timeout(tmp_pa
         stopped.wait()
     text = str(exc)
     assert text.startswith("rank 0 exited with code 1 (ranks failed: [0, 3]; still running: "
-                           "1 (stopped), 2); rank 0 timed out waiting on a peer")
+                           "[1 (stopped), 2]); rank 0 timed out waiting on a peer")
     assert "rank 0 log tail:\nTraceback" in text and exc.peer_timeout
     # A peer that never joined: the rendezvous store's timeout (seen with rank 1 stopped at start).
     (tmp_path / "rank_0.log").write_text("Traceback ...\nRuntimeError: Wait timeout\n")
@@ -55,7 +55,7 @@ def test_a_rank_killed_by_signal_9_says_it_was_killed_and_skips_an_empty_tail(tm
 
 def test_a_timeout_names_the_ranks_still_running_without_an_empty_tail(tmp_path):
     exc = launch.timed_out(_procs({0: os.getpid(), 1: 1}), {0: None, 1: 0}, tmp_path, 2.0)
-    assert str(exc) == "run timed out after 2 s; ranks still running: 0; rank 0 wrote no log"
+    assert str(exc) == "run timed out after 2 s; ranks still running: [0]; rank 0 wrote no log"
     assert exc.timeout_s == 2.0
 
 

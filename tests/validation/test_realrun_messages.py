@@ -74,12 +74,12 @@ def test_rank_memory_estimate_covers_a_measured_rank(tmp_path):
 def test_a_step_past_the_timeout_names_the_field_and_what_it_needs():
     spec = TestbedSpec(timeout_s=2)
     with pytest.raises(TestbedError) as info, step("compute calibration", spec):
-        raise RunTimedOut("run timed out after 2 s; ranks still running: 0; rank 0 wrote no log", 2)
+        raise RunTimedOut("run timed out after 2 s; ranks still running: [0]; rank 0 wrote no log", 2)
     text = str(info.value)
     assert text.startswith("compute calibration: testbed.timeout_s (2 s) ran out")
     assert "rank start-up" in text and "log tail" not in text
     with pytest.raises(TestbedError) as info, step("round 1/2, holmes", spec, 6, 0.342):
-        raise RunTimedOut("run timed out after 2 s; ranks still running: 0, 1", 2)
+        raise RunTimedOut("run timed out after 2 s; ranks still running: [0, 1]", 2)
     text = str(info.value)
     assert text.startswith("round 1/2, holmes: testbed.timeout_s (2 s) ran out")
     assert "(warmup + iterations) x predicted iteration time = 6 x 0.342 s" in text
@@ -88,7 +88,7 @@ def test_a_step_past_the_timeout_names_the_field_and_what_it_needs():
 
 def test_a_peer_timeout_under_a_short_timeout_names_the_field():
     with pytest.raises(TestbedError) as info, step("round 1/2, holmes", TestbedSpec(timeout_s=5)):
-        raise RankFailed("rank 0 exited with code 1 (ranks failed: [0]; still running: 1)", True)
+        raise RankFailed("rank 0 exited with code 1 (ranks failed: [0]; still running: [1])", True)
     assert "gloo's operation timeout is testbed.timeout_s here (5 s" in str(info.value)
     with pytest.raises(TestbedError) as info, step("link calibration", TestbedSpec()):
         raise TestbedError("link probe on fabric 'ib' failed")
