@@ -26,6 +26,7 @@ from holmes_sim.bundled import (
 )
 from holmes_sim.errors import HolmesError, PlanError, TestbedError, printable
 from holmes_sim.report.files import is_stdout
+from holmes_sim.validation.modes import unused_options
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
@@ -326,18 +327,10 @@ def validate(
         _print_verdict(result, json_path, wide)
 
 
-_MODE_USES = {"--published": (("--json", "--wide"), "it checks the simulator against published measurements"),
-              "--cleanup": ((), "it removes what killed runs left; it reads no testbed, writes no result"),
-              "--dry-run": (("a testbed", "--policy"), "it builds groups and stages, writes no result")}
-"""The options each mode of validate uses, and what it does instead of the others."""
-
-
 def _refuse_unused(mode: str, given: dict[str, object]) -> None:
     """A usage error naming every option of `given` that was set but `mode` does not use."""
-    uses, why = _MODE_USES[mode]
-    if unused := [name for name, value in given.items() if value and name not in (mode, *uses)]:
-        raise _usage(f"{mode} does not use {', '.join(unused)}; drop "
-                     f"{'it' if len(unused) == 1 else 'them'} ({why})")
+    if message := unused_options(mode, given):
+        raise _usage(message)
 
 
 def _require_torch() -> None:
