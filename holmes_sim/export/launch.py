@@ -30,7 +30,6 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.export.staged import write_together
@@ -47,9 +46,6 @@ from holmes_sim.schedule import check_megatron_interleaving
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
 
-if TYPE_CHECKING:
-    from holmes_sim.report.owned import OutputFolder
-
 REFERENCE_POLICIES = ("all-ib", "all-ethernet")
 LAUNCH_FILE_NAMES = ("hostfile", "megatron_args.txt", "plan.json", "nccl.json", "holmes_args.txt",
                      "holmes_config.json", USERBUFFER_CONFIG, "launch.sh", "launch_megatron.sh",
@@ -65,14 +61,12 @@ class LaunchFiles:
 
     files: dict[str, str]
 
-    def write(self, directory: Path, owner: OutputFolder | None = None) -> list[Path]:
+    def write(self, directory: Path) -> list[Path]:
         """Write every file into `directory` (created if new) as one change
-        (`staged.write_together`), each recorded in `owner`, the output folder it lies in,
-        when given (then the launch files of an earlier plan there that this one lacks go)."""
-        root = directory.parent if owner is None else owner.directory
-        folder = directory.relative_to(root).as_posix()
-        write_together(root, {f"{folder}/{name}": text for name, text in self.files.items()},
-                       owner, known=LAUNCH_FILE_NAMES)
+        (`staged.write_together`); the CLI writes its folders with `export.folders`, which
+        records them in their output folder."""
+        write_together(directory.parent,
+                       {f"{directory.name}/{name}": text for name, text in self.files.items()})
         return [directory / name for name in sorted(self.files)]
 
 
@@ -320,6 +314,12 @@ def upstream_node_env(node: Node, net: str) -> dict[str, str]:
     return env
 
 
+def _issues_collectives_ahead(plan: Plan) -> bool:
+    """Whether the plan's TP or CP collectives overlap GEMMs (TP or CP > 1), which is when
+    `process_env` sets the CUDA connections and the README explains them."""
+    return plan.tp > 1 or plan.cp > 1
+
+
 def process_env(plan: Plan, node: Node, target: str) -> dict[str, str]:
     """The CUDA environment of `node`'s processes under `target` ("megatron" or "holmes").
 
@@ -330,7 +330,7 @@ def process_env(plan: Plan, node: Node, target: str) -> dict[str, str]:
     32 instead, as Megatron-Bridge's performance scripts do on B200 and GB200
     (`scripts/performance/utils/overrides.py`): the requirement is gone there and more hardware
     queues let DP and PP transfers run beside compute."""
-    if plan.tp == 1 and plan.cp == 1:
+    if not _issues_collectives_ahead(plan):
         return {}
     blackwell = node.gpu.compute_capability is not None and node.gpu.compute_capability >= 10
     connections = "32" if target == "megatron" and blackwell else "1"
@@ -425,9 +425,9 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
                                        USERBUFFER_CONFIG if ub else None)
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
-    cuda = plan.tp > 1 or plan.cp > 1
     lacked = fork_lacks_note(margs) if fork else None
-    notes = (_notes(workload, ub) + ((CUDA_CONNECTIONS_NOTE,) if cuda else ())
+    cuda = (CUDA_CONNECTIONS_NOTE,) if _issues_collectives_ahead(plan) else ()
+    notes = (_notes(workload, ub) + cuda
              + device_notes(nodes) + ((lacked,) if lacked else ()))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes, tokenizer=tokenizer_args(workload)[0],
