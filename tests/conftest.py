@@ -8,6 +8,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"
+TESTBED = REPO / "validation" / "testbeds" / "default.yaml"
+"""The default real-run testbed."""
+
+
+def default_testbed_with(tmp_path: Path, old: str, new: str) -> Path:
+    """`TESTBED` with its text `old` (which it must hold) replaced by `new`, written to
+    tmp_path / tb.yaml."""
+    text = TESTBED.read_text()
+    assert old in text
+    path = tmp_path / "tb.yaml"
+    path.write_text(text.replace(old, new))
+    return path
 
 
 def small_scenario(*, nodes_ib: int = 2, nodes_roce: int = 0, nodes_eth: int = 0, gpus: int = 8,

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from holmes_sim.cli import app
-from tests.conftest import small_scenario
+from tests.conftest import small_scenario, default_testbed_with
 
 runner = CliRunner()
 
@@ -280,24 +280,13 @@ def test_validate_published_refuses_options_it_does_not_use(extra: list[str], na
     refused(["validate", "--published", *extra], f"--published does not use {names}")
 
 
-TESTBED = Path(__file__).resolve().parent.parent / "validation" / "testbeds" / "default.yaml"
-
-
-def _testbed(tmp_path: Path, old: str, new: str) -> Path:
-    text = TESTBED.read_text()
-    assert old in text
-    path = tmp_path / "tb.yaml"
-    path.write_text(text.replace(old, new))
-    return path
-
-
 @pytest.mark.parametrize(("rate", "fragment"), [
     ("0.000001", "1000 bit/s cannot carry the run's largest message"),
     ("0.00001", "10000 bit/s cannot carry"),
 ])
 def test_validate_refuses_rates_too_low_for_gloo(rate: str, fragment: str, tmp_path: Path) -> None:
-    path = _testbed(tmp_path, "bandwidth_gbit_per_s: 2, fabric: ib}",
-                    f"bandwidth_gbit_per_s: {rate}, fabric: ib}}")
+    path = default_testbed_with(tmp_path, "bandwidth_gbit_per_s: 2, fabric: ib}",
+                                f"bandwidth_gbit_per_s: {rate}, fabric: ib}}")
     text = refused(["validate", path, "--dry-run"], fragment, "give at least", f"{path}:")
     assert "Gbit/s" in text
 
@@ -305,8 +294,8 @@ def test_validate_refuses_rates_too_low_for_gloo(rate: str, fragment: str, tmp_p
 def test_validate_refuses_more_ranks_than_the_host_runs(tmp_path: Path) -> None:
     from holmes_sim.validation.host import max_ranks
 
-    path = _testbed(tmp_path, "count: 1, gpu: cpu-rank, gpus_per_node: 1,",
-                    "count: 1, gpu: cpu-rank, gpus_per_node: 64,")
+    path = default_testbed_with(tmp_path, "count: 1, gpu: cpu-rank, gpus_per_node: 1,",
+                                "count: 1, gpu: cpu-rank, gpus_per_node: 64,")
     path.write_text(path.read_text().replace("global_batch_size: 32", "global_batch_size: 4096"))
     refused(["validate", path, "--dry-run"], f"this host runs at most {max_ranks()}")
 

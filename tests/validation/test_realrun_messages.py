@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,24 +23,15 @@ from holmes_sim.units import GIB
 from holmes_sim.validation import host
 from holmes_sim.validation.real_run import memory_notes, step
 from holmes_sim.validation.testbed_plan import check_testbed, rank_memory_bytes
-from tests.conftest import REPO
+from tests.conftest import TESTBED, default_testbed_with
 
-TESTBED = REPO / "validation" / "testbeds" / "default.yaml"
 runner = CliRunner()
-
-
-def _testbed(tmp_path: Path, old: str, new: str) -> Path:
-    text = TESTBED.read_text()
-    assert old in text
-    path = tmp_path / "tb.yaml"
-    path.write_text(text.replace(old, new))
-    return path
 
 
 # ---- memory: refused before anything is built ------------------------------------------------
 def test_a_model_too_big_for_the_hosts_memory_is_refused_before_building(tmp_path, monkeypatch):
     monkeypatch.setattr(host, "available_memory", lambda: 8 * GIB)
-    path = _testbed(tmp_path, "hidden_size: 128", "hidden_size: 6144")
+    path = default_testbed_with(tmp_path, "hidden_size: 128", "hidden_size: 6144")
     path.write_text(path.read_text().replace("bucket_size_mb: 0.5", "bucket_size_mb: 20"))
     result = runner.invoke(cli.app, ["validate", str(path), "--dry-run"])
     assert result.exit_code == 2, result.output
@@ -63,7 +53,7 @@ def test_the_bundled_testbed_fits_where_its_ranks_fit(monkeypatch):
 
 def test_rank_memory_estimate_covers_a_measured_rank(tmp_path):
     # Measured: this model's PP 2 x DP 2 run peaked at 1059 MiB resident on rank 0.
-    path = _testbed(tmp_path, "hidden_size: 128", "hidden_size: 1024")
+    path = default_testbed_with(tmp_path, "hidden_size: 128", "hidden_size: 1024")
     path.write_text(path.read_text().replace("num_attention_heads: 4", "num_attention_heads: 8"))
     per, params, _ = rank_memory_bytes(prepare(path))
     assert 1059 * 2**20 <= per <= 1.15 * 1059 * 2**20
