@@ -21,7 +21,7 @@ from holmes_sim.spec.scenario import Scenario
 from holmes_sim.model.bucket_layout import BUCKET_ELEMENT_BYTES
 from holmes_sim.model.pipeline_split import PipelineSplit, megatron_layers_per_stage
 from holmes_sim.model.mla import check_mla_context
-from holmes_sim.model.workload import Workload, build_workload
+from holmes_sim.model.workload import Workload, build_workload, expert_ffn_width
 
 MAX_GRADIENT_BUCKETS = 100_000
 """Most gradient buckets a model may fill (`training.bucket_size_mb`), so a run stays bounded."""
@@ -325,7 +325,7 @@ def _check_expert_width_at_tensor(s: Scenario, tp: int) -> None:
     divide their FFN width as `check_expert_tensor` requires of an explicit one."""
     if s.model.num_experts is None:
         return
-    width = s.model.moe_ffn_hidden_size or s.model.ffn_hidden_size or 4 * s.model.hidden_size
+    width = expert_ffn_width(s.model)
     if width % tp:
         raise FieldError("parallel.tensor", f"tensor={tp} must divide the experts' FFN width "
                          f"{width} (model.moe_ffn_hidden_size): without parallel.expert_tensor the "
@@ -347,7 +347,7 @@ def check_expert_tensor(s: Scenario, ep: int, replicas: int, tp: int, etp: int,
         raise FieldError(field, f"expert_tensor={etp} needs an MoE model (model.num_experts); "
                          "remove it for a dense model")
     check_expert_bias(s, etp, field)
-    width = s.model.moe_ffn_hidden_size or s.model.ffn_hidden_size or 4 * s.model.hidden_size
+    width = expert_ffn_width(s.model)
     if width % etp:
         raise FieldError(field, f"expert_tensor={etp} must divide the experts' FFN width {width} "
                          "(model.moe_ffn_hidden_size): each expert-TP rank holds width / "

@@ -451,13 +451,19 @@ def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
     return -(-vocab // multiple) * multiple
 
 
+def expert_ffn_width(model: ModelSpec) -> int:
+    """One routed expert's FFN width: `moe_ffn_hidden_size`, else the dense FFN's (Megatron's
+    `--moe-ffn-hidden-size` default), else 4h."""
+    return model.moe_ffn_hidden_size or model.ffn_hidden_size or 4 * model.hidden_size
+
+
 def moe_shape(model: ModelSpec) -> MoeShape | None:
     """The MoE part of `model`, None for a dense model."""
     if model.num_experts is None:
         return None
     return MoeShape(
         experts=model.num_experts, topk=model.moe_router_topk,
-        ffn=model.moe_ffn_hidden_size or model.ffn_hidden_size or 4 * model.hidden_size,
+        ffn=expert_ffn_width(model),
         shared_ffn=model.moe_shared_expert_intermediate_size or 0,
         pattern=moe_layer_pattern(model.moe_layer_freq, model.num_layers),
         capacity_factor=model.moe_expert_capacity_factor, imbalance=model.moe_expert_imbalance,
