@@ -195,7 +195,7 @@ def failure(procs: dict[int, subprocess.Popen], codes: dict[int, int | None],
     tail = _tail(out_dir, r)
     peer_timeout = any(t in tail for t in _PEER_TIMEOUT)
     running = _running(procs, codes)
-    text = f"rank {r} {_ended(codes[r])} (ranks failed: {failed}"
+    text = f"rank {r} {how_it_ended(codes[r])} (ranks failed: {failed}"
     text += f"; still running: [{', '.join(running)}])" if running else ")"
     if peer_timeout:
         text += (f"; rank {r} timed out waiting on a peer"
@@ -214,8 +214,9 @@ def timed_out(procs: dict[int, subprocess.Popen], codes: dict[int, int | None], 
                        + _tail_text(waiting[0], _tail(out_dir, waiting[0])), timeout_s)
 
 
-def _ended(code: int) -> str:
-    """How a rank with exit status `code` ended, in words."""
+def how_it_ended(code: int) -> str:
+    """How a process with exit status `code` ended, in words (a negative code: killed by that
+    signal, as `subprocess` reports it)."""
     if code == -signal.SIGKILL:
         return "was killed (signal 9; likely the host ran out of memory)"
     if code < 0:

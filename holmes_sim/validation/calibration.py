@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from holmes_sim.backend.launch import how_it_ended
 from holmes_sim.cost.compute import PROFILE_SCHEMA, Profile, ProfiledCompute
 from holmes_sim.errors import TestbedError
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan
@@ -246,8 +247,8 @@ def _probe_at_once(tb, what: str, pairs: list[list[tuple[str, str]]], spec: Test
             code = p.wait(timeout=max(1.0, deadline - time.monotonic()))
             if code != 0:
                 log = (tmp / f"probe{i // 2}-{i % 2}.log").read_text(errors="replace")[-1500:]
-                raise TestbedError(f"link probe on {what} failed (rank {i % 2}, code "
-                                   f"{code}):\n{log}")
+                raise TestbedError(f"link probe on {what} failed: its rank {i % 2} "
+                                   f"{how_it_ended(code)}:\n{log}")
         results = []
         for k in range(len(pairs)):
             sender, receiver = (json.loads(Path(f"{tmp / f'result{k}'}.{r}").read_text())

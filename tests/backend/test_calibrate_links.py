@@ -3,10 +3,15 @@ that prices an unshaped intra-node link as the ranks use it."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from holmes_sim.backend.calibrate_links import alpha_beta, probe
 from holmes_sim.cost.collectives import ring_collective_time_s
+from holmes_sim.errors import TestbedError
+from holmes_sim.spec.scenario import TestbedSpec
+from holmes_sim.validation import calibration
 from tests.backend.threads import in_threads
 
 
@@ -42,3 +47,31 @@ def test_noise_cannot_make_the_fitted_rate_beat_the_stream() -> None:
     # The sized median no slower than the tiny one: the bytes then cost their streaming time.
     fit = alpha_beta(0.40e-3, 0.38e-3, 256 * 1024, 2.4e9)
     assert fit["bandwidth_bytes_per_s"] == pytest.approx(2.4e9)
+
+
+class _SelfKillingTestbed:
+    """A testbed whose every process kills itself with `signal` after writing to its log."""
+
+    def __init__(self, tmp_path, signal_number: int) -> None:
+        self.tmp_path, self.signal_number = tmp_path, signal_number
+
+    def mkdtemp(self, prefix: str):
+        path = self.tmp_path / prefix
+        path.mkdir()
+        return path
+
+    def popen(self, node, argv, **kwargs):
+        return subprocess.Popen(["sh", "-c", f"echo probing >&2; kill -{self.signal_number} $$"],
+                                **kwargs)
+
+
+@pytest.mark.parametrize(("signal_number", "words"), [
+    (9, "was killed (signal 9; likely the host ran out of memory)"),
+    (15, "was killed by SIGTERM")])
+def test_a_probe_killed_by_a_signal_says_so_and_cleans_up(tmp_path, signal_number, words) -> None:
+    spec = TestbedSpec(link_probe_bytes=1 << 20)
+    with pytest.raises(TestbedError) as info:
+        calibration._probe(_SelfKillingTestbed(tmp_path, signal_number), "fabric 'ib'",
+                           [("n0", "eth0"), ("n1", "eth0")], spec, 0)
+    assert str(info.value) == f"link probe on fabric 'ib' failed: its rank 0 {words}:\nprobing\n"
+    assert list(tmp_path.iterdir()) == []  # the probe's folder is removed
