@@ -3,8 +3,8 @@
 `prepare_output` is the one check every command runs on each output option: a file target must
 be `-` (standard output), a regular file or a new name in an existing folder, or a character
 device or FIFO (written as a stream, so `/dev/stdout` stays what it is); a folder target may be
-created, but never its missing parents; the folder must be writable and not on a kernel file
-system (/proc, /sys). Regular files are written to a temporary file in the same folder and
+new (`report.owned.owned_folder` creates it), but never its missing parents; the folder must be
+writable and not on a kernel file system (/proc, /sys). Regular files are written to a temporary file in the same folder and
 renamed, so a failure or Ctrl-C never leaves a half-written result. Folders inside an output
 folder are made with `make_folder`, which never follows a symlink it did not create. Every
 operating-system error becomes one `OutputError` naming the path and the fix.
@@ -57,10 +57,9 @@ def os_error(path: str | Path, exc: OSError, action: str = "write") -> OutputErr
     return OutputError(f"cannot {action} {path}: {exc.strerror or exc}; {fix}")
 
 
-def prepare_output(path: str | Path, directory: bool = False, option: str = "output",
-                   create: bool = True) -> Path:
-    """Check `path` as the target of `option` (and create it when it is a new folder and
-    `create`; commands check every output with `create=False` before any work).
+def prepare_output(path: str | Path, directory: bool = False, option: str = "output") -> Path:
+    """Check `path` as the target of `option` (a new folder is created by its writer,
+    `report.owned.owned_folder`).
 
     Raises:
         OutputError: a directory where a file is expected or the reverse, a missing parent
@@ -81,8 +80,6 @@ def prepare_output(path: str | Path, directory: bool = False, option: str = "out
     if mode is None:
         _check_parent(path, option)
         _check_writable(path.parent, option)
-        if directory and create:
-            make_folder(path, option)
     elif directory and not stat.S_ISDIR(mode):
         raise OutputError(f"{option}: {path} exists and is not a folder; name a new or existing folder")
     elif not directory and stat.S_ISDIR(mode):
@@ -109,7 +106,7 @@ def check_outputs(targets: Sequence[Target], inputs: Sequence[str | Path | None]
     """
     given = [(Path(path), folder, option) for path, folder, option in targets if path is not None]
     for path, folder, option in given:
-        prepare_output(path, directory=folder, option=option, create=False)
+        prepare_output(path, directory=folder, option=option)
     files = [Path(os.path.realpath(p)) for p in inputs if p is not None and _is_file(p)]
     for path, folder, option in given:
         if str(path) != STDOUT and not _is_stream(path):

@@ -18,8 +18,8 @@ import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from holmes_sim.report.files import (STDOUT, OutputError, check_file, os_error, output_lock,
-                                     write_atomic, write_json)
+from holmes_sim.report.files import (STDOUT, OutputError, check_file, make_folder, os_error,
+                                     output_lock, write_atomic, write_json)
 
 MANIFEST_NAME = ".holmes-sim-files.json"
 """The record of what holmes-sim wrote in an output folder: relative path -> SHA-256 (hex)."""
@@ -56,6 +56,10 @@ class OutputFolder:
                 raise OutputError(f"{self.option}: {path} was changed since holmes-sim wrote it; "
                                   "move your copy away or choose another folder")
 
+    def recorded(self) -> list[str]:
+        """The files the record lists, relative to the folder."""
+        return list(self._digests)
+
     def holds(self, name: str) -> bool:
         """Whether the record lists `name` (relative to the folder)."""
         return name in self._digests
@@ -85,11 +89,38 @@ class OutputFolder:
 def owned_folder(directory: str | Path, option: str,
                  names: Iterable[str | Path]) -> Iterator[OutputFolder]:
     """Hold `directory`'s lock, check the files `names` a run will write there (see
-    `OutputFolder.check`) and yield the folder to record them in."""
-    with output_lock(directory, option):
-        folder = OutputFolder(directory, option)
-        folder.check(names)
-        yield folder
+    `OutputFolder.check`) and yield the folder to record them in. A folder this creates (its
+    parent must exist) is removed again, with the files recorded in it, when the run fails or
+    is interrupted, so a failed first write leaves nothing behind."""
+    directory = Path(directory)
+    created = not os.path.lexists(directory)
+    if created:
+        make_folder(directory, option)
+    folder = None
+    try:
+        with output_lock(directory, option):
+            folder = OutputFolder(directory, option)
+            folder.check(names)
+            yield folder
+    except BaseException:
+        if created:
+            _remove_new_folder(directory, folder)
+        raise
+
+
+def _remove_new_folder(directory: Path, folder: OutputFolder | None) -> None:
+    """Remove the files `folder` recorded, its record, and the folders at and below
+    `directory` that this leaves empty; anything else found there stays, with its folders."""
+    names = [] if folder is None else folder.recorded()
+    for name in (*names, MANIFEST_NAME):
+        with contextlib.suppress(OSError):
+            (directory / name).unlink()
+    inner = {parent for name in names for parent in Path(name).parents if parent != Path(".")}
+    for path in sorted(inner, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            (directory / path).rmdir()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
 
 
 def check_owned(directory: str | Path, option: str, names: Iterable[str | Path]) -> None:

@@ -153,3 +153,15 @@ def test_a_json_over_a_reports_results_keeps_the_record_current(tmp_path):
     assert record["results.json"] == file_digest(tmp_path / "results.json")
     result = runner.invoke(app, report)
     assert result.exit_code == 0, result.output
+
+
+def test_a_report_that_fails_halfway_leaves_no_new_folder(tmp_path, monkeypatch):
+    from holmes_sim.report import plots
+
+    def full_disk(figure, path):
+        raise OutputError(f"--report: cannot write {path}: No space left on device")
+
+    monkeypatch.setattr(plots, "save_figure", full_disk)
+    refused(["run", "mixed_ib_eth", "-q", "-p", "holmes", "--report", tmp_path / "new"],
+            "No space left on device")
+    assert entries(tmp_path) == []

@@ -1,7 +1,7 @@
 """Writes that Ctrl-C cannot leave half done: an interrupt during a launch folder's change or an
 atomic file write comes once the change is whole, leaving no temporary or set-aside file; a
 special file where an output goes is refused; a full disk while taking an output folder's lock
-is one message."""
+is one message; a folder a failed or interrupted run created is removed with what it wrote."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from holmes_sim.export import staged
 from holmes_sim.export.staged import write_together
 from holmes_sim.report import files as report_files
 from holmes_sim.report.files import OutputError, output_lock, write_atomic
-from holmes_sim.report.owned import OutputFolder
+from holmes_sim.report.owned import MANIFEST_NAME, OutputFolder, owned_folder
 
 
 def _hidden(folder: Path) -> list[str]:
@@ -75,3 +75,42 @@ def test_a_full_disk_while_taking_the_lock_is_one_message(tmp_path, monkeypatch)
         with output_lock(tmp_path, "--plans"):
             pass
     assert not any(tmp_path.iterdir())
+
+
+def test_a_new_folder_whose_lock_fails_on_a_full_disk_is_removed(tmp_path, monkeypatch):
+    def full(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(report_files.os, "pwrite", full)
+    with pytest.raises(OutputError, match="the disk is full"):
+        with owned_folder(tmp_path / "launch", "--export", ["1-holmes/launch.sh"]):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("failure", [OutputError("--report: disk full"), KeyboardInterrupt()])
+def test_a_new_folder_is_removed_with_what_the_failed_run_wrote(tmp_path, failure):
+    new = tmp_path / "report"
+    with pytest.raises(type(failure)):
+        with owned_folder(new, "--report", ["a.txt", "sub/b.txt"]) as folder:
+            folder.write("a.txt", lambda path: path.write_text("a"))
+            (new / "sub").mkdir()
+            folder.write("sub/b.txt", lambda path: path.write_text("b"))
+            raise failure
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_run_leaves_an_existing_folder_and_foreign_files_alone(tmp_path):
+    (tmp_path / "old").mkdir()
+    with pytest.raises(OutputError):
+        with owned_folder(tmp_path / "old", "--report", ["a.txt"]) as folder:
+            folder.write("a.txt", lambda path: path.write_text("a"))
+            raise OutputError("--report: disk full")
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == [
+        MANIFEST_NAME, "a.txt"]  # a folder the run did not create keeps what it wrote
+    with pytest.raises(OutputError):
+        with owned_folder(tmp_path / "new", "--report", ["a.txt"]) as folder:
+            folder.write("a.txt", lambda path: path.write_text("a"))
+            (tmp_path / "new" / "users.txt").write_text("mine")
+            raise OutputError("--report: disk full")
+    assert [p.name for p in (tmp_path / "new").iterdir()] == ["users.txt"]

@@ -138,14 +138,14 @@ def test_an_immutable_output_folder_is_named_once_with_a_fix_that_fits(tmp_path,
 
     monkeypatch.setattr(files, "_immutable", lambda folder: True)
     with pytest.raises(files.OutputError) as info:
-        files.prepare_output(tmp_path / "x.json", option="--json", create=False)
+        files.prepare_output(tmp_path / "x.json", option="--json")
     text = str(info.value)
     assert "immutable or append-only" in text and "choose another path" in text
     assert "folder you own" not in text
     monkeypatch.setattr(files, "_immutable", lambda folder: False)
     monkeypatch.setattr(os, "access", lambda *a, **k: False)
     with pytest.raises(files.OutputError) as info:
-        files.prepare_output(tmp_path / "x.json", option="--json", create=False)
+        files.prepare_output(tmp_path / "x.json", option="--json")
     assert str(info.value).lower().count("permission denied") == 1
     assert errno.EACCES in files._FIXES
 
