@@ -8,7 +8,6 @@ written as one change (`staged.write_together`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from holmes_sim.errors import PlanError
@@ -16,7 +15,7 @@ from holmes_sim.export.hosts import HostLine, read_host_names, read_hosts
 from holmes_sim.export.launch import (LAUNCH_FILE_NAMES, REFERENCE_POLICIES, LaunchFiles,
                                       launch_files, launch_refusal, model_launch_refusal)
 from holmes_sim.export.staged import write_together
-from holmes_sim.report.files import OutputError, check_folder, stale_entries
+from holmes_sim.report.files import check_folder, check_writable, stale_entries
 from holmes_sim.report.owned import check_owned, owned_folder
 
 
@@ -147,10 +146,9 @@ def write_exports(directory: Path, launches: list[tuple[str, LaunchFiles]]) -> l
 
 
 def check_launch_folder(path: Path, option: str) -> None:
-    """OutputError unless `path` is absent or a real folder this process can write into
-    (`report.files.check_folder`; an immutable folder is refused too)."""
+    """OutputError unless `path` is absent or a real folder this process can create and replace
+    files in (`report.files.check_folder`, `check_writable`: an immutable or append-only folder
+    is refused too)."""
     check_folder(path, option)
-    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
-        raise OutputError(f"{option}: cannot write into {path} (permission denied, or the folder "
-                          "is immutable); make it writable (chmod u+w, chattr -i) or choose "
-                          "another folder")
+    if path.is_dir():
+        check_writable(path, option)

@@ -79,7 +79,7 @@ def prepare_output(path: str | Path, directory: bool = False, option: str = "out
         _check_not_kernel(path, option)
     if mode is None:
         _check_parent(path, option)
-        _check_writable(path.parent, option)
+        check_writable(path.parent, option)
     elif directory and not stat.S_ISDIR(mode):
         raise OutputError(f"{option}: {path} exists and is not a folder; name a new or existing folder")
     elif not directory and stat.S_ISDIR(mode):
@@ -87,7 +87,7 @@ def prepare_output(path: str | Path, directory: bool = False, option: str = "out
     elif not directory and not _streamable(mode) and not stat.S_ISREG(mode):
         raise OutputError(f"{option}: {path} is not a regular file, a character device or a FIFO")
     elif not _streamable(mode):
-        _check_writable(path if directory else path.parent, option)
+        check_writable(path if directory else path.parent, option)
     return path
 
 
@@ -386,12 +386,13 @@ def _check_not_kernel(path: Path, option: str) -> None:
                               "place for results; write to a folder on disk")
 
 
-def _check_writable(folder: Path, option: str) -> None:
-    # An append-only folder passes os.access but refuses the rename that writes a result.
+def check_writable(folder: Path, option: str) -> None:
+    """OutputError unless this process may create and replace files in the existing `folder`:
+    an append-only folder passes os.access but refuses the rename that writes a result."""
     if _immutable(folder):
         raise OutputError(f"{option}: cannot write {folder}: the folder is immutable or "
                           "append-only (chattr +i / +a), so not even root may replace files in "
-                          "it; choose another path")
+                          "it; clear the flag (chattr -i -a) or choose another path")
     if not os.access(folder, os.W_OK | os.X_OK):
         code = errno.EROFS if _read_only(folder) else errno.EACCES
         raise OutputError(f"{option}: {os_error(folder, OSError(code, os.strerror(code)))}")

@@ -42,19 +42,20 @@ def _run_plans(plans: Path, hosts: Path, scenario: str = "mixed_ib_roce"):
 
 @pytest.fixture
 def chattr():
-    """`chattr +i PATH` (undone after the test), or a skip where it is unavailable."""
+    """`chattr +i PATH` (or another flag: +a append-only; undone after the test), or a skip
+    where it is unavailable."""
     if os.geteuid() != 0 or shutil.which("chattr") is None:
         pytest.skip("chattr +i needs root and chattr")
-    done: list[Path] = []
+    done: list[tuple[Path, str]] = []
 
-    def immutable(path: Path) -> None:
-        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
-            pytest.skip("this file system has no immutable flag")
-        done.append(path)
+    def immutable(path: Path, flag: str = "i") -> None:
+        if subprocess.run(["chattr", f"+{flag}", str(path)], capture_output=True).returncode:
+            pytest.skip(f"this file system has no {flag} flag")
+        done.append((path, flag))
 
     yield immutable
-    for path in done:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
+    for path, flag in done:
+        subprocess.run(["chattr", f"-{flag}", str(path)], check=True)
 
 
 def test_an_immutable_launch_folder_stops_the_export_before_any_file_changes(tmp_path, chattr):
@@ -66,7 +67,8 @@ def test_an_immutable_launch_folder_stops_the_export_before_any_file_changes(tmp
     text = " ".join(result.output.split())
     assert result.exit_code == 2, result.output
     assert snapshot(plans) == before  # holmes' folder and both plan files too
-    assert f"--plans: cannot write into {plans / 'megatron'}" in text
+    assert (f"--plans: cannot write {plans / 'megatron'}: the folder is immutable or append-only"
+            in text)
     assert "chattr -i" in text and "Traceback" not in result.output
 
 
@@ -163,8 +165,9 @@ def test_an_obsolete_launch_file_the_user_changed_is_refused_not_removed(tmp_pat
     assert (root / "1-a" / "holmes_config.json").read_text() == '{"edited": 1}\n'
 
 
+@pytest.mark.parametrize("flag", ["i", "a"])
 def test_plan_export_refuses_an_immutable_launch_folder_before_the_search(tmp_path, chattr,
-                                                                          monkeypatch):
+                                                                          monkeypatch, flag):
     from holmes_sim.search import planner
 
     def no_search(*args, **kwargs):
@@ -173,9 +176,10 @@ def test_plan_export_refuses_an_immutable_launch_folder_before_the_search(tmp_pa
     monkeypatch.setattr(planner, "search", no_search)
     export = tmp_path / "ex"
     (export / "2-holmes").mkdir(parents=True)
-    chattr(export / "2-holmes")
+    chattr(export / "2-holmes", flag)
     result = runner.invoke(app, ["plan", "mixed_ib_roce", "--export", str(export)])
     text = " ".join(result.output.split())
     assert result.exit_code == 2, result.output
-    assert f"--export: cannot write into {export / '2-holmes'}" in text
+    assert (f"--export: cannot write {export / '2-holmes'}: the folder is immutable or "
+            "append-only" in text)
     assert sorted(p.name for p in export.iterdir()) == ["2-holmes"]
