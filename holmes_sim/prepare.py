@@ -241,12 +241,23 @@ def check_pipeline(s: Scenario, pp: int, gpus: int, tp: int = 1) -> int:
     stage gets a layer; returns it."""
     if gpus % (tp * pp):
         raise FieldError("parallel.pipeline", f"tensor={tp} x pipeline={pp} = {tp * pp} does not "
-                         f"divide the {gpus} GPUs of the clusters")
+                         f"divide the {gpus} GPUs of the clusters; "
+                         f"{_pipeline_choices(gpus, tp, s.model.num_layers)}")
     if s.model.num_layers < pp:
         raise FieldError("parallel.pipeline", f"pipeline={pp} stages cannot each hold one of "
                          f"the model.num_layers={s.model.num_layers} layers; lower the pipeline "
                          "degree or add layers")
     return pp
+
+
+def _pipeline_choices(gpus: int, tp: int, layers: int, shown: int = 12) -> str:
+    """The pipeline degrees that divide the `gpus` / `tp` tensor groups and give each stage one
+    of the `layers` at least, as a fix: the first `shown` of them."""
+    groups = gpus // tp
+    degrees = [d for d in range(1, min(groups, layers) + 1) if groups % d == 0]
+    listed = ", ".join(map(str, degrees[:shown])) + (", ..." if len(degrees) > shown else "")
+    use = f"use one of {listed}" if len(degrees) > 1 else "use pipeline=1"
+    return f"{use} (the degrees that divide {gpus} GPUs / tensor={tp} = {groups})"
 
 
 def check_context_in(s: Scenario, cp: int, tp: int, pp: int, gpus: int) -> int:

@@ -44,3 +44,19 @@ def test_too_small_a_given_bucket_names_the_least_size_that_works(write_scenario
                           str(exc.value))[1].replace(",", ""))
     workload = prepare(write_scenario(text.replace("0.001", str(least)))).workload
     assert workload.total_params * 4 / workload.bucket_bytes <= MAX_GRADIENT_BUCKETS
+
+
+@pytest.mark.parametrize(("nodes", "tp", "pp", "choices"), [
+    (4, 4, 3, "use one of 1, 2, 4, 8 (the degrees that divide 32 GPUs / tensor=4 = 8)"),
+    (3, 8, 2, "use one of 1, 3 (the degrees that divide 24 GPUs / tensor=8 = 3)"),
+    (6, 1, 5, "use one of 1, 2, 3, 4, 6, 8 (the degrees that divide 48 GPUs / tensor=1 = 48)"),
+])
+def test_a_pipeline_that_does_not_divide_the_gpus_names_the_degrees_that_do(
+        write_scenario, nodes, tp, pp, choices):
+    text = small_scenario(nodes_ib=nodes, tp=tp, pp=pp, global_batch=48)
+    with pytest.raises(ScenarioError) as exc:
+        prepare(write_scenario(text))
+    assert f"does not divide the {nodes * 8} GPUs of the clusters; {choices}" in str(exc.value)
+    fixed = int(re.findall(r"\d+", choices)[1])
+    assert prepare(write_scenario(small_scenario(nodes_ib=nodes, tp=tp, pp=fixed,
+                                                 global_batch=48)))  # a listed degree works
