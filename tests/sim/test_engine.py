@@ -96,16 +96,23 @@ def test_engine_matches_contention_free_estimate_without_contention():
 
 
 @pytest.mark.parametrize("name", ["mixed_ib_roce", "mixed_ib_eth", "two_clusters_39b", "pure_ib",
-                                  "pure_roce", "pure_ethernet"])
+                                  "pure_roce", "pure_ethernet", "llama3_70b_h100",
+                                  "moe_mixed_nics", "straggler", "large_175b_1024"])
 def test_estimate_agrees_with_the_engine_on_bundled_scenarios(name):
     """The estimate shares links between the replicas' simultaneous sends and embedding rings and
-    serialises released gradient buckets on one stream, so it tracks the engine closely (the
-    1,024-GPU scenario is left out for time; docs/architecture.md has its figure)."""
+    serialises released gradient buckets on one stream, so it tracks the engine closely, except
+    where sends of different stage pairs cross one link (docs/architecture.md): Megatron-LM's
+    plan on the 1,024-GPU scenario sends stage 7 -> 8 and 15 -> 0 over the one inter-cluster
+    link, and its estimate is optimistic there."""
     prepared = prepare(SCENARIOS / f"{name}.yaml")
     for policy in ("megatron", "holmes"):
         out = run_policy(prepared, policy)
         est = estimate_iteration(out.plan, out.cluster, prepared.workload, prepared.compute)
-        assert est.iteration_s == pytest.approx(out.result.iteration_time_s, rel=0.01), policy
+        simulated = out.result.iteration_time_s
+        if (name, policy) == ("large_175b_1024", "megatron"):
+            assert 0.9 * simulated < est.iteration_s < 0.99 * simulated
+        else:
+            assert est.iteration_s == pytest.approx(simulated, rel=0.01), policy
 
 
 def test_estimate_shares_a_nic_between_replicas_sending_at_once():
