@@ -73,7 +73,8 @@ def scenario_yaml(gpus: int, microbatches: int, straggler: bool = False) -> str:
             racks.append(_rack("r0s", 1, kind, gpu="a100-80gb-slow"))
             catalog = ["catalog:", "  gpus: {a100-80gb-slow: {" + ", ".join(
                 [f"{k}: {v * STRAGGLER_SPEED:.4f}" for k, v in _A100_80GB.items()]
-                + ["memory_gib: 80", "compute_efficiency: 0.738", "sm_count: 108"]) + "}}"]
+                + ["memory_gib: 80", "compute_efficiency: 0.738", "sm_count: 108",
+                   "intra_node: nvlink3"]) + "}}"]
             if group > 1:
                 racks.append(_rack("r0", group - 1, kind))
             continue

@@ -120,7 +120,7 @@ def test_an_empty_profile_path_is_refused(write_scenario, written):
 
 
 # ---- names -------------------------------------------------------------------------------------
-_GPU = "{peak_tflops: 300, memory_gib: 80, memory_bandwidth_gbyte_per_s: 2000}"
+_GPU = "{peak_tflops: 300, memory_gib: 80, memory_bandwidth_gbyte_per_s: 2000, intra_node: nvlink3}"
 
 
 @pytest.mark.parametrize("table,key", [("gpus", '"my gpu!"'), ("gpus", '""'), ("nics", '"9nic"'),

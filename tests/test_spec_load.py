@@ -126,10 +126,33 @@ def test_clusters_without_a_link(write_scenario):
 def test_catalog_override_is_used(write_scenario):
     text = small_scenario().replace("a100-80gb", "my-gpu") + (
         "catalog:\n  gpus:\n    my-gpu: {peak_tflops: 100, memory_gib: 24, "
-        "memory_bandwidth_gbyte_per_s: 900}\n")
+        "memory_bandwidth_gbyte_per_s: 900, intra_node: pcie4}\n")
     prepared = prepare(write_scenario(text))
     gpu = prepared.cluster.nodes[0].gpu
     assert gpu.peak_flop_per_s == 100e12 and gpu.memory_bytes == 24 * 2**30
+    assert prepared.cluster.nodes[0].intra_link.name == "pcie4"  # the GPU's own default
+
+
+@pytest.mark.parametrize(("gpu", "link"), [("a100-80gb", "nvlink3"), ("h100-sxm", "nvlink4"),
+                                           ("h200", "nvlink4"), ("b200", "nvlink5"),
+                                           ("gb200", "nvlink5")])
+def test_a_node_without_intra_node_gets_its_gpus_nvlink(write_scenario, gpu, link):
+    text = small_scenario().replace("a100-80gb", gpu)
+    assert "intra_node" not in text
+    assert prepare(write_scenario(text)).cluster.nodes[0].intra_link.name == link
+    named = text.replace(f"gpu: {gpu},", f"gpu: {gpu}, intra_node: pcie5,")
+    assert prepare(write_scenario(named)).cluster.nodes[0].intra_link.name == "pcie5"
+
+
+def test_a_declared_gpu_without_a_link_asks_for_one(write_scenario):
+    text = small_scenario().replace("a100-80gb", "my-gpu") + (
+        "catalog:\n  gpus:\n    my-gpu: {peak_tflops: 100, memory_gib: 24, "
+        "memory_bandwidth_gbyte_per_s: 900}\n")
+    with pytest.raises(ScenarioError, match=r":\d+: clusters\[0\].nodes\[0\].intra_node: GPU model "
+                                            "'my-gpu' has no default intra-node link; name one"):
+        prepare(write_scenario(text))
+    overridden = text.replace("my-gpu", "h100-sxm")  # a built-in's redefinition keeps its link
+    assert prepare(write_scenario(overridden)).cluster.nodes[0].intra_link.name == "nvlink4"
 
 
 def test_a_declared_gpu_names_its_gemm_kernels(write_scenario):
@@ -140,7 +163,7 @@ def test_a_declared_gpu_names_its_gemm_kernels(write_scenario):
     def declared(extra: str):
         text = small_scenario().replace("a100-80gb", "my-gpu") + (
             "catalog:\n  gpus:\n    my-gpu: {peak_tflops: 100, memory_gib: 24, sm_count: 100, "
-            f"memory_bandwidth_gbyte_per_s: 900, persistent_gemm: true{extra}}}\n")
+            f"memory_bandwidth_gbyte_per_s: 900, intra_node: nvlink4, persistent_gemm: true{extra}}}\n")
         return prepare(write_scenario(text)).cluster.nodes[0].gpu
 
     hopper_like, blackwell_like = declared(", overlapped_epilogue: false"), declared("")

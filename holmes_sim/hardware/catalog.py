@@ -63,6 +63,10 @@ class GpuModel:
     compute_capability: int | None = None
     """Major CUDA compute capability (8 Ampere, 9 Hopper, 10 Blackwell), which launch settings
     depend on; None: not known (GPUs declared in a scenario's catalog)."""
+    nvlink: str | None = None
+    """The intra-node link (`LINKS`) of the GPU's SXM boards, the default `intra_node` of its
+    nodes: NVLink 3 on A100, 4 on H100 and H200, 5 on B200 and GB200 (data sheets); None: its
+    nodes must name one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +196,8 @@ def _a100(name: str, memory_gb: float, bandwidth_gbyte_per_s: float, hbm: str) -
     return GpuModel(name, tflops_to_flop_per_s(312), gib_to_bytes(memory_gb),
                     gbyte_per_s_to_bytes_per_s(bandwidth_gbyte_per_s), 0.738,
                     f"{_A100}, {memory_gb:.0f} GB {hbm}, {bandwidth_gbyte_per_s:,.0f} GB/s",
-                    sm_count=108, benchmark_shape=(1024, 10240, 5120), compute_capability=8)
+                    sm_count=108, benchmark_shape=(1024, 10240, 5120), compute_capability=8,
+                    nvlink="nvlink3")
 
 
 def _modern(name: str, bf16: tuple[float, float, tuple[int, int, int]],
@@ -208,7 +213,8 @@ def _modern(name: str, bf16: tuple[float, float, tuple[int, int, int]],
                     fp8_peak_flop_per_s=tflops_to_flop_per_s(fp8[0]), fp8_compute_efficiency=fp8[1],
                     fp8_benchmark_shape=fp8[2], persistent_gemm=True,
                     overlapped_epilogue=overlapped_epilogue, attention_rates=attention,
-                    compute_capability=compute_capability)
+                    compute_capability=compute_capability,
+                    nvlink="nvlink4" if compute_capability == 9 else "nvlink5")
 
 
 GPUS: dict[str, GpuModel] = {
@@ -316,7 +322,8 @@ def build_catalog(spec: CatalogSpec) -> Catalog:
                               g.attention_efficiency, fp8_peak_flop_per_s=fp8_peak,
                               fp8_compute_efficiency=fp8_efficiency,
                               persistent_gemm=g.persistent_gemm,
-                              overlapped_epilogue=g.overlapped_epilogue)
+                              overlapped_epilogue=g.overlapped_epilogue,
+                              nvlink=g.intra_node or getattr(GPUS.get(name), "nvlink", None))
     nics = dict(NICS)
     for name, n in spec.nics.items():
         nics[name] = NicModel(name, n.type, gbit_per_s_to_bytes_per_s(n.bandwidth_gbit_per_s),

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field, replace
 
 from holmes_sim.hardware.catalog import Catalog, GpuModel, LinkModel
 from holmes_sim.errors import FieldError
-from holmes_sim.spec.hardware import ClusterSpec, FabricSpec, InterClusterLinkSpec, NicSpec
+from holmes_sim.spec.hardware import (ClusterSpec, FabricSpec, InterClusterLinkSpec, NicSpec,
+                                     NodeGroupSpec)
 from holmes_sim.units import gbit_per_s_to_bytes_per_s, us_to_s
 
 ETHERNET = "ethernet"
@@ -206,11 +207,22 @@ def check_catalog_names(clusters: tuple[ClusterSpec, ...], catalog: Catalog) -> 
     for ci, c in enumerate(clusters):
         for gi, g in enumerate(c.nodes):
             gpath = f"clusters[{ci}].nodes[{gi}]"
-            catalog.gpu(g.gpu, f"{gpath}.gpu")
-            catalog.link(g.intra_node, f"{gpath}.intra_node")
+            intra_node_link(g, catalog, gpath)
             for ni, n in enumerate(g.nics):
                 if n.model is not None:
                     catalog.nic(n.model, f"{gpath}.nics[{ni}].model")
+
+
+def intra_node_link(group: NodeGroupSpec, catalog: Catalog, path: str) -> LinkModel:
+    """The intra-node link of the node group at `path`: the one it names, else its GPU model's
+    NVLink (`GpuModel.nvlink`)."""
+    gpu = catalog.gpu(group.gpu, f"{path}.gpu")
+    name = group.intra_node or gpu.nvlink
+    if name is None:
+        raise FieldError(f"{path}.intra_node", f"GPU model '{group.gpu}' has no default "
+                         "intra-node link; name one (nvlink3, nvlink4, nvlink5, pcie4, pcie5 or "
+                         f"one under catalog.links), or give catalog.gpus.{group.gpu}.intra_node")
+    return catalog.link(name, f"{path}.intra_node")
 
 
 def _check_fabrics(fabrics: tuple[FabricSpec, ...]) -> dict[str, str]:
@@ -227,8 +239,7 @@ def _build_nodes(c: ClusterSpec, path: str, fabric_types: dict[str, str], catalo
     out = []
     for gi, g in enumerate(c.nodes):
         gpath = f"{path}.nodes[{gi}]"
-        gpu = catalog.gpu(g.gpu, f"{gpath}.gpu")
-        link = catalog.link(g.intra_node, f"{gpath}.intra_node")
+        gpu, link = catalog.gpu(g.gpu, f"{gpath}.gpu"), intra_node_link(g, catalog, gpath)
         nics = _build_nics(g.nics, g.gpus_per_node, f"{gpath}.nics", fabric_types, catalog)
         if not nics:
             raise FieldError(f"{gpath}.nics", "a node needs at least one NIC; add e.g. "

@@ -104,9 +104,11 @@ class NodeGroupSpec:
     catalog.gpus)."""
     gpus_per_node: int = 8
     """GPUs per node."""
-    intra_node: str = "nvlink3"
+    intra_node: str | None = None
     """Catalog intra-node link (nvlink3, nvlink4, nvlink5, pcie4, pcie5, or one under
-    catalog.links). A GB200 NVL72 rack is one node of 72 GPUs on nvlink5."""
+    catalog.links); omit: the GPU model's NVLink (A100 nvlink3, H100 and H200 nvlink4, B200 and
+    GB200 nvlink5; a GPU under catalog.gpus its `intra_node`). A GB200 NVL72 rack is one node
+    of 72 GPUs on nvlink5."""
     nics: tuple[NicSpec, ...]
     """The node's NICs."""
     name: str | None = None
@@ -172,6 +174,9 @@ class GpuModelSpec:
     overlapped_epilogue: bool = True
     """With persistent_gemm: each tile's epilogue runs beside the next tile's math (Blackwell);
     false: each tile pays it (Hopper's cooperative kernels)."""
+    intra_node: str | None = None
+    """The intra-node link of nodes with this GPU that name none (omit: the built-in GPU's of
+    the same name; a new GPU's nodes must then name their `intra_node`)."""
     source: str = "user"
 
 
