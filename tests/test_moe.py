@@ -120,6 +120,17 @@ policies: [megatron, holmes]
 """
 
 
+@pytest.mark.parametrize("policy", ["megatron-llama", "megatron-llama-2023-08",
+                                    "megatron-deepspeed"])
+def test_frameworks_without_megatron_core_moe_refuse_an_moe_model(write_scenario, policy):
+    """Even at expert: 1, where the forks used to simulate Megatron-Core's MoE layers."""
+    text = _scenario().replace("policies: [megatron, holmes]", f"policies: [megatron, {policy}]")
+    line = text.splitlines().index(f"policies: [megatron, {policy}]") + 1
+    with pytest.raises(ScenarioError, match=rf":{line}: policies\[1\]: {policy} has no "
+                                            "Megatron-Core mixture-of-experts layers"):
+        prepare(write_scenario(text))
+
+
 def test_moe_with_tp_needs_sequence_parallelism(write_scenario):
     with pytest.raises(ScenarioError) as info:
         prepare(write_scenario(_scenario(tp=2)))

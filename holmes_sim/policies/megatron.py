@@ -78,14 +78,25 @@ class MegatronPolicy:
     def cluster_view(self, cluster: Cluster) -> Cluster:
         return cluster
 
+    def refusal(self, cp: int, moe: bool) -> str | None:
+        """Why this framework cannot run a job of context degree `cp`, or with mixture-of-experts
+        layers (`moe`); None where it can. Megatron-LLaMA (2023) and Megatron-DeepSpeed predate
+        Megatron-Core's context parallelism, and the MoE layers simulated are Megatron-Core's
+        (Megatron-DeepSpeed's are DeepSpeed-MoE's)."""
+        if self.name == "megatron":
+            return None
+        if cp > 1:
+            return (f"{self.name} has no context parallelism (--context-parallel-size is "
+                    "Megatron-Core's); use policy megatron or holmes, or context: 1")
+        if moe:
+            return (f"{self.name} has no Megatron-Core mixture-of-experts layers (--num-experts "
+                    "with --moe-router-topk); use policy megatron or holmes, or a dense model")
+        return None
+
     def plan(self, request: PlanRequest) -> Plan:
-        if request.cp > 1 and self.name != "megatron":
-            # Megatron-LLaMA (2023) and Megatron-DeepSpeed predate Megatron-Core's CP.
-            raise PlanError(f"{self.name} has no context parallelism (--context-parallel-size "
-                            "is Megatron-Core's); use policy megatron or holmes, or context: 1")
-        if request.workload.ep > 1 and self.name != "megatron":
-            raise PlanError(f"{self.name} has no expert parallelism (--expert-model-parallel-size "
-                            "is Megatron-Core's); use policy megatron or holmes, or expert: 1")
+        why = self.refusal(request.cp, request.workload.moe is not None)
+        if why is not None:
+            raise PlanError(why)
         _, rank_to_gpu = rank_order(request.cluster, "listing", list)
         check_tp_within_nodes(rank_to_gpu, request.tp)
         fabric = job_fabric(request.cluster, rank_to_gpu)
