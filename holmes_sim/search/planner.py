@@ -24,6 +24,7 @@ from holmes_sim.prepare import (Prepared, check_context_in, check_expert, check_
                                 check_micro_batch, check_pipeline, check_search_values,
                                 check_tensor)
 from holmes_sim.search.rejections import Reject, Rejections, check_chunks, passes
+from holmes_sim.search.workers import collect_in_order, fork_pool
 from holmes_sim.spec.load import located
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.model.workload import Workload, build_workload
@@ -535,27 +536,16 @@ def _worker_chunk(chunk: list[Layout]) -> list[Candidate]:
 def _local_map(prepared: Prepared, spec: SearchSpec, grid: list[Layout], jobs: int,
                progress: Callable[[int, int], None] | None) -> list[list[Candidate]]:
     chunks = _chunks(grid, 1 if jobs == 1 else jobs * 16)
-    parts: list[list[Candidate]] = []
-    done = 0
     if jobs == 1 or "fork" not in multiprocessing.get_all_start_methods():
-        for chunk in chunks:
-            parts.append(evaluate_chunk(prepared, spec, chunk))
-            done += len(chunk)
-            if progress:
-                progress(done, len(grid))
-        return parts
+        parts = (evaluate_chunk(prepared, spec, chunk) for chunk in chunks)
+        return collect_in_order(chunks, parts, len(grid), progress)
     global _WORKER
     _WORKER = (prepared, spec)
     try:
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            for chunk, part in zip(chunks, pool.imap(_worker_chunk, chunks), strict=True):
-                parts.append(part)
-                done += len(chunk)
-                if progress:
-                    progress(done, len(grid))
+        with fork_pool(jobs) as pool:
+            return collect_in_order(chunks, pool.imap(_worker_chunk, chunks), len(grid), progress)
     finally:
         _WORKER = None
-    return parts
 
 
 def _key(c: Candidate) -> tuple:

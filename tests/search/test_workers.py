@@ -1,0 +1,50 @@
+"""The planner's worker pool leaves Ctrl-C to its parent: a terminal's SIGINT, sent to the whole
+process group, stops the search with one exit and no traceback from each worker."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+from holmes_sim.search.workers import collect_in_order, fork_pool
+
+_CTRL_C_DURING_MAP = textwrap.dedent("""
+    import os, signal, sys, time
+    from holmes_sim.search.workers import fork_pool
+
+    def nap(_):
+        time.sleep(0.2)
+        return os.getpid()
+
+    try:
+        with fork_pool(2) as pool:
+            pending = pool.map_async(nap, range(100))
+            time.sleep(0.5)
+            os.killpg(0, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group
+            pending.get()
+    except KeyboardInterrupt:
+        sys.exit(130)
+""")
+
+
+def test_ctrl_c_stops_the_pool_without_worker_tracebacks():
+    done = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_MAP], capture_output=True,
+                          text=True, timeout=60, start_new_session=True)
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr
+
+
+def test_workers_ignore_sigint_and_the_parent_keeps_its_handler():
+    before = signal.getsignal(signal.SIGINT)
+    with fork_pool(2) as pool:
+        assert pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN
+        assert signal.SIGINT not in pool.apply(signal.pthread_sigmask, (signal.SIG_BLOCK, []))
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_results_come_in_chunk_order_with_progress():
+    seen = []
+    got = collect_in_order([[1, 2], [3]], iter(["a", "b"]), 3, lambda d, n: seen.append((d, n)))
+    assert got == ["a", "b"] and seen == [(2, 3), (3, 3)]
