@@ -2,11 +2,11 @@
 
 1. NIC-aware rank order (section 3.1): nodes are ordered by NIC class (their RDMA fabric, or
    Ethernet only), so each pipeline stage's TP x DP ranks lie on one fabric; inside a class,
-   slower nodes (`scenario.variability`) come first, so stragglers share one stage; a CP group's
-   ranks are consecutive (TP x CP of them, `plan`), so its ring stays on a node's NVLink or,
-   spanning nodes, on one RDMA fabric, as TP stays on NVLink; so are an EP group's (EP x expert
-   TP of them, Megatron-Core's expert order, `policies.groups`), which keeps its all-to-alls in
-   one NIC class.
+   slower nodes (GPU model, `scenario.variability`) come first, so a GPU model's nodes and the
+   stragglers share stages; a CP group's ranks are consecutive (TP x CP of them, `plan`), so
+   its ring stays on a node's NVLink or, spanning nodes, on one RDMA fabric, as TP stays on
+   NVLink; so are an EP group's (EP x expert TP of them, Megatron-Core's expert order,
+   `policies.groups`), which keeps its all-to-alls in one NIC class.
 2. Automatic NIC selection (section 3.3): each group uses the best transport all its members share,
    so DP groups run on RDMA and only pipeline (and embedding) traffic crosses fabrics on Ethernet.
 3. Self-adapting pipeline partition (section 3.2): layers per stage by search (`partition.py`),
@@ -105,13 +105,19 @@ def nic_class(node: Node) -> str:
 
 
 def nic_aware_order(nodes: Sequence[Node]) -> list[Node]:
-    """Nodes grouped by NIC class (classes in order of first appearance), slower nodes
-    (`Node.speed`, `scenario.variability`) first inside a class, else stable: stragglers then
-    share the class's first pipeline stage, whose layers the adaptive partition can cut, instead
-    of slowing several stages (a pipeline runs at its slowest stage)."""
+    """Nodes grouped by NIC class (classes in order of first appearance), slower nodes first
+    inside a class (`compute_rate`: the GPU model's and `scenario.variability`'s), else stable:
+    a model's nodes stay together and stragglers share the class's first pipeline stage, whose
+    layers the adaptive partition can cut, instead of slowing several stages (a pipeline runs
+    at its slowest stage), whichever order the scenario lists them in."""
     classes = list(dict.fromkeys(nic_class(n) for n in nodes))
     return [n for c in classes for n in sorted((n for n in nodes if nic_class(n) == c),
-                                               key=lambda n: n.speed)]
+                                               key=compute_rate)]
+
+
+def compute_rate(node: Node) -> float:
+    """The sustained dense FLOP/s of one of the node's GPUs at its speed (`Node.speed`)."""
+    return node.gpu.peak_flop_per_s * node.gpu.compute_efficiency * node.speed
 
 
 _MARGIN = 1e-9
