@@ -59,3 +59,41 @@ def test_gpu_models_share_stages_whatever_the_listing(write_scenario):
         times = {run_policy(p, policy).result.iteration_time_s for p in prepared}
         assert len(times) == 1, (policy, times)
 
+
+def _dual_fabric_listings(write_scenario, first: str, tp: int = 4, pp: int = 2):
+    """RoCE nodes ra and rb, IB nodes i and nodes d on both fabrics (`first` listed first), in
+    two listings: d between ra and i with rb last, and d after rb."""
+    def group(name, fabrics):
+        return [(f"{name}{k}", "a100-80gb", fabrics) for k in range(2)]
+    both = ("roce-a", "ib-a") if first == "roce-a" else ("ib-a", "roce-a")
+    ra, rb, d, i = group("ra", ("roce-a",)), group("rb", ("roce-a",)), group("d", both), \
+        group("i", ("ib-a",))
+    return _listings(write_scenario, ra + d + i + rb, ra + rb + d + i, tp=tp, pp=pp)
+
+
+def test_dual_fabric_nodes_sit_where_dp_groups_stay_on_rdma(write_scenario):
+    """Nodes on RoCE and IB join the class whose fabric reaches the most GPUs (RoCE) at its
+    boundary with IB: the stage that holds them and the IB nodes keeps its DP groups on IB,
+    whichever order the nodes and their NICs are listed in."""
+    prepared = [*_dual_fabric_listings(write_scenario, "roce-a"),
+                *_dual_fabric_listings(write_scenario, "ib-a")]
+    plans = [plan_policy(p, "holmes")[0] for p in prepared]
+    for plan in plans:
+        assert _stages(plan) == [["ra0-0", "ra1-0", "rb0-0", "rb1-0"],
+                                 ["d0-0", "d1-0", "i0-0", "i1-0"]]
+        assert {g.transport.kind for g in plan.groups_of(GroupKind.DATA)} == {TransportKind.RDMA}
+        assert plan.notes == ()
+    assert len({run_policy(p, "holmes").result.iteration_time_s for p in prepared}) == 1
+
+
+def test_a_stage_is_noted_only_when_its_nodes_share_no_rdma_fabric(write_scenario):
+    """In listing order, stage 1 of `ra rb | d i` (d on RoCE, listed first, and IB) runs its
+    DP groups on IB: no note; stage 1 of `ra d | i rb` has no fabric in common: noted."""
+    apart, shares = _dual_fabric_listings(write_scenario, "roce-a")
+    plan = plan_policy(shares, "holmes-no-nic-aware-order")[0]
+    assert {g.transport.kind for g in plan.groups_of(GroupKind.DATA)} == {TransportKind.RDMA}
+    assert plan.notes == ()
+    plan = plan_policy(apart, "holmes-no-nic-aware-order")[0]
+    assert TransportKind.TCP in {g.transport.kind for g in plan.groups_of(GroupKind.DATA)}
+    assert plan.notes == ("stage 1 spans NIC classes ib-a, roce-a",)
+

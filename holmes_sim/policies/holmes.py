@@ -1,8 +1,9 @@
 """The Holmes policy (arXiv 2312.03549) and its ablations, composed from four switchable parts:
 
-1. NIC-aware rank order (section 3.1): nodes are ordered by NIC class (their RDMA fabric, or
-   Ethernet only), so each pipeline stage's TP x DP ranks lie on one fabric; inside a class,
-   slower nodes (GPU model, `scenario.variability`) come first, so a GPU model's nodes and the
+1. NIC-aware rank order (section 3.1, `nic_aware_order`): nodes are ordered by NIC class
+   (their RDMA fabric, or Ethernet only; a node on two fabrics at the boundary of their
+   classes), so each pipeline stage's TP x DP ranks lie on one fabric; inside a class, slower
+   nodes (GPU model, `scenario.variability`) come first, so a GPU model's nodes and the
    stragglers share stages; a CP group's ranks are consecutive (TP x CP of them, `plan`), so
    its ring stays on a node's NVLink or, spanning nodes, on one RDMA fabric, as TP stays on
    NVLink; so are an EP group's (EP x expert TP of them, Megatron-Core's expert order,
@@ -19,6 +20,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -99,20 +101,49 @@ class HolmesPolicy:
         return lambda gpus: job_wide_transport(cluster, gpus, fabric)
 
 
-def nic_class(node: Node) -> str:
-    """A node's NIC class: its first RDMA fabric, or Ethernet when it has none."""
-    return node.rdma_fabrics[0] if node.rdma_fabrics else ETHERNET
+def nic_classes(nodes: Sequence[Node]) -> list[str]:
+    """Each node's NIC class: its RDMA fabric, or Ethernet when it has none; a node on several
+    fabrics takes the one that reaches the most GPUs (ties: the first by name), whatever order
+    it lists its NICs in."""
+    reach: Counter[str] = Counter()
+    for n in nodes:
+        reach.update(dict.fromkeys(n.rdma_fabrics, n.num_gpus))
+    return [max(sorted(n.rdma_fabrics), key=reach.__getitem__) if n.rdma_fabrics else ETHERNET
+            for n in nodes]
 
 
 def nic_aware_order(nodes: Sequence[Node]) -> list[Node]:
-    """Nodes grouped by NIC class (classes in order of first appearance), slower nodes first
-    inside a class (`compute_rate`: the GPU model's and `scenario.variability`'s), else stable:
-    a model's nodes stay together and stragglers share the class's first pipeline stage, whose
+    """Nodes grouped by NIC class (`_class_order`). Inside a class, a node that is also on the
+    previous class's fabric comes first and one on the next class's last, so a stage that
+    straddles the boundary can keep its DP groups on a fabric all its nodes share; then slower
+    nodes first (`compute_rate`: the GPU model's and `scenario.variability`'s), else stable: a
+    model's nodes stay together and stragglers share the class's first pipeline stage, whose
     layers the adaptive partition can cut, instead of slowing several stages (a pipeline runs
     at its slowest stage), whichever order the scenario lists them in."""
-    classes = list(dict.fromkeys(nic_class(n) for n in nodes))
-    return [n for c in classes for n in sorted((n for n in nodes if nic_class(n) == c),
-                                               key=compute_rate)]
+    classes = nic_classes(nodes)
+    order = _class_order(nodes, classes)
+    place = {c: i for i, c in enumerate(order)}
+
+    def key(k: int) -> tuple:
+        i, fabrics = place[classes[k]], nodes[k].rdma_fabrics
+        side = 0 if i > 0 and order[i - 1] in fabrics else \
+            2 if i + 1 < len(order) and order[i + 1] in fabrics else 1
+        return i, side, compute_rate(nodes[k]), k
+
+    return [nodes[k] for k in sorted(range(len(nodes)), key=key)]
+
+
+def _class_order(nodes: Sequence[Node], classes: Sequence[str]) -> list[str]:
+    """The NIC classes in order of first appearance, except that the class after each is one
+    that a node of either class on both fabrics links it to, where there is one."""
+    ranked = list(dict.fromkeys(classes))
+    links = {frozenset((c, f)) for n, c in zip(nodes, classes) for f in n.rdma_fabrics if f != c}
+    order = [ranked.pop(0)] if ranked else []
+    while ranked:
+        last = order[-1]
+        order.append(next((c for c in ranked if frozenset((last, c)) in links), ranked[0]))
+        ranked.remove(order[-1])
+    return order
 
 
 def compute_rate(node: Node) -> float:
@@ -129,23 +160,33 @@ _NOTES: IdentityMemo[tuple[str, ...]] = IdentityMemo()
 
 
 def _notes(nodes: Sequence[Node], request: PlanRequest) -> tuple[str, ...]:
-    """Say which stages straddle NIC classes (their DP groups then cannot all use RDMA), and
-    which CP and EP groups do (their rings and all-to-alls then cannot)."""
+    """Say which stages span NIC classes with no RDMA fabric common to all their nodes (their DP
+    groups then leave RDMA), and which CP and EP groups do (their rings and all-to-alls)."""
     per_stage, ring = request.tp * request.dp, request.tp * request.cp
     ep = request.tp * request.workload.ep_replicas  # an EP group's ranks: ep x etp
-    gpus = [c for n in nodes for c in [nic_class(n)] * n.num_gpus]
+    gpus = [k for k, n in enumerate(nodes) for _ in range(n.num_gpus)]
+    classes = nic_classes(nodes)
+    fabrics = [frozenset(n.rdma_fabrics) for n in nodes]
+
+    def apart(a: int, b: int) -> list[str]:
+        """The NIC classes of ranks a..b-1 when their nodes share no RDMA fabric, else []."""
+        held = set(gpus[a:b])
+        spanned = sorted({classes[k] for k in held})
+        return spanned if len(spanned) > 1 and not frozenset.intersection(
+            *(fabrics[k] for k in held)) else []
+
     notes = []
     for s in range(request.pp):
-        classes = sorted(set(gpus[s * per_stage:(s + 1) * per_stage]))
-        if len(classes) > 1:
-            notes.append(f"stage {s} spans NIC classes {', '.join(classes)}")
-        split = [k for k in range(s * per_stage, (s + 1) * per_stage, ring)
-                 if len(set(gpus[k:k + ring])) > 1] if request.cp > 1 else []
+        first, end = s * per_stage, (s + 1) * per_stage
+        if spanned := apart(first, end):
+            notes.append(f"stage {s} spans NIC classes {', '.join(spanned)}")
+        split = [k for k in range(first, end, ring) if apart(k, k + ring)] \
+            if request.cp > 1 else []
         if split:
             notes.append(f"stage {s}: {len(split)} CP group(s) span NIC classes (from rank "
                          f"{split[0]}); their rings leave RDMA")
-        split = [k for k in range(s * per_stage, (s + 1) * per_stage, ep)
-                 if len(set(gpus[k:k + ep])) > 1] if request.workload.ep > 1 else []
+        split = [k for k in range(first, end, ep) if apart(k, k + ep)] \
+            if request.workload.ep > 1 else []
         if split:
             notes.append(f"stage {s}: {len(split)} EP group(s) span NIC classes (from rank "
                          f"{split[0]}); their all-to-alls leave RDMA")
