@@ -97,3 +97,17 @@ def test_a_stage_is_noted_only_when_its_nodes_share_no_rdma_fabric(write_scenari
     assert TransportKind.TCP in {g.transport.kind for g in plan.groups_of(GroupKind.DATA)}
     assert plan.notes == ("stage 1 spans NIC classes ib-a, roce-a",)
 
+
+def test_class_boundaries_fall_on_stage_boundaries(write_scenario):
+    """One IB node, four RoCE and three Ethernet-only, TP 8 PP 4 (two nodes a stage): the classes
+    ordered RoCE (32 GPUs), Ethernet, IB leave one stage spanning classes, not two (IB first,
+    in listing order), whichever class is listed first."""
+    i = [("i0", "a100-80gb", ("ib-a",))]
+    r = [(f"r{k}", "a100-80gb", ("roce-a",)) for k in range(4)]
+    e = [(f"e{k}", "a100-80gb", ()) for k in range(3)]
+    prepared = _listings(write_scenario, i + r + e, r + e + i, e + i + r, pp=4)
+    for p in prepared:
+        plan = plan_policy(p, "holmes")[0]
+        assert _stages(plan) == [["r0-0", "r1-0"], ["r2-0", "r3-0"], ["e0-0", "e1-0"],
+                                 ["e2-0", "i0-0"]]
+        assert plan.notes == ("stage 3 spans NIC classes ethernet, ib-a",)

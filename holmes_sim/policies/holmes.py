@@ -134,9 +134,15 @@ def nic_aware_order(nodes: Sequence[Node]) -> list[Node]:
 
 
 def _class_order(nodes: Sequence[Node], classes: Sequence[str]) -> list[str]:
-    """The NIC classes in order of first appearance, except that the class after each is one
-    that a node of either class on both fabrics links it to, where there is one."""
-    ranked = list(dict.fromkeys(classes))
+    """The NIC classes, those whose GPU count has the largest power-of-two factor first, then
+    those with more GPUs, then in order of first appearance: a stage's GPU count is mostly a
+    power of two, so class boundaries then fall on stage boundaries where they can, and fewer
+    stages span classes. The class after each is one that a node of either class on both
+    fabrics links it to, where there is one."""
+    size: Counter[str] = Counter()
+    for n, c in zip(nodes, classes):
+        size[c] += n.num_gpus
+    ranked = sorted(dict.fromkeys(classes), key=lambda c: (-(size[c] & -size[c]), -size[c]))
     links = {frozenset((c, f)) for n, c in zip(nodes, classes) for f in n.rdma_fabrics if f != c}
     order = [ranked.pop(0)] if ranked else []
     while ranked:
