@@ -38,8 +38,8 @@ from holmes_sim.errors import FieldError, PlanError, ScenarioError
 from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
                                           USERBUFFER_CONFIG, USERBUFFER_ZERO_SMS,
                                           architecture_args, expert_tensor_args,
-                                          fork_lacks_note, loss_args, overlap_args, split_args,
-                                          tokenizer_args, userbuffer_config,
+                                          fork_lacks_note, loss_args, overlap_args, router_note,
+                                          split_args, tokenizer_args, userbuffer_config,
                                           vocabulary_section, without_flags)
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
 from holmes_sim.schedule import check_megatron_interleaving
@@ -508,7 +508,7 @@ def _notes(workload: Workload, ub: str | None) -> tuple[str, ...]:
                      "and `holmes_args.txt` name it relative to the folder).")
     elif workload.tp_comm_overlap and workload.ub_rs_sms == 0:
         notes.append(USERBUFFER_ZERO_SMS)
-    return tuple(notes)
+    return tuple(notes) + tuple(filter(None, [router_note(workload)]))
 
 
 def device_notes(nodes: list[Node]) -> tuple[str, ...]:

@@ -3,7 +3,11 @@
 Flag names and defaults follow Megatron-LM's megatron/training/arguments.py:
 `--group-query-attention --num-query-groups`, `--swiglu`, `--squared-relu` (with biases also
 `--no-bias-gelu-fusion`: Megatron-Core's `TransformerConfig` refuses the default bias-activation
-fusion for any activation but GeLU and SwiGLU, since 6b3b884, 2024-01), `--normalization`
+fusion for any activation but GeLU and SwiGLU, since 6b3b884, 2024-01; so does an MoE model's
+GeLU with biases, whose grouped experts fuse a bias only into SwiGLU and quick-GeGLU:
+`TEGroupedMLP.forward`, megatron/core/transformer/moe/experts.py, "Only support fusion of
+swiglu and quick_gelu in TEGroupedMLP."; without biases Megatron-LM turns the GeLU fusion off
+itself), `--normalization`
 (LayerNorm default), `--disable-bias-linear`, `--add-qkv-bias`, `--position-embedding-type`
 (learned_absolute default), `--hidden-dropout` and `--attention-dropout` (0.1 default),
 `--make-vocab-size-divisible-by` (128 default), `--multi-latent-attention` with `--q-lora-rank`,
@@ -28,6 +32,7 @@ Transformer Engine's kernels (native is the default).
 
 from __future__ import annotations
 
+from holmes_sim.model.moe import MoeRouter
 from holmes_sim.model.pipeline_split import PipelineSplit
 from holmes_sim.model.workload import Workload
 from holmes_sim.spec.presets import GPT2_TOKENIZER, PRESETS
@@ -46,8 +51,10 @@ def architecture_args(w: Workload) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(w.groups)]
     if w.swiglu:
         args.append("--swiglu")
-    if w.squared_relu:  # Megatron-Core fuses a bias only into GeLU and SwiGLU
-        args += ["--squared-relu", *(["--no-bias-gelu-fusion"] if w.bias else [])]
+    if w.squared_relu:
+        args.append("--squared-relu")
+    if w.bias and not w.swiglu and (w.squared_relu or w.moe is not None):
+        args.append("--no-bias-gelu-fusion")  # refused fusions: the module docstring
     if w.rmsnorm:
         args += ["--normalization", "RMSNorm"]
     if not w.bias:
@@ -154,7 +161,49 @@ def moe_args(w: Workload) -> list[str]:
         args += ["--moe-router-load-balancing-type", m.load_balancing]
     if m.capacity_factor is not None:
         args += ["--moe-expert-capacity-factor", f"{m.capacity_factor:g}"]
-    return args + ["--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+    return args + router_args(m.router) + ["--moe-token-dispatcher-type", "alltoall",
+                                           "--moe-grouped-gemm"]
+
+
+def router_args(r: MoeRouter) -> list[str]:
+    """Arguments of `pretrain_gpt.py` for the router (`MoeRouter`), each where it leaves
+    Megatron-Core's default: the loss weight (default 0, no loss), pre-softmax scoring (which
+    `TransformerConfig` requires of top-1 softmax routing), sigmoid scoring, the expert bias,
+    the top-k scaling factor and the group limit."""
+    args: list[str] = []
+    if r.aux_loss_coeff:
+        args += ["--moe-aux-loss-coeff", f"{r.aux_loss_coeff:g}"]
+    if r.pre_softmax:
+        args.append("--moe-router-pre-softmax")
+    if r.score_function != "softmax":
+        args += ["--moe-router-score-function", r.score_function]
+    if r.expert_bias:
+        args.append("--moe-router-enable-expert-bias")
+    if r.topk_scaling is not None:
+        args += ["--moe-router-topk-scaling-factor", f"{r.topk_scaling:g}"]
+    if r.num_groups is not None:
+        args += ["--moe-router-num-groups", str(r.num_groups), "--moe-router-group-topk",
+                 str(r.group_topk)]
+    return args
+
+
+def router_note(w: Workload) -> str | None:
+    """The export README's note on router arguments written for fields the scenario left
+    unset (`MoeRouter.chosen`); None if none."""
+    chosen = w.moe.router.chosen if w.moe is not None else ()
+    parts = []
+    if "moe_aux_loss_coeff" in chosen:
+        parts.append(f"`--moe-aux-loss-coeff {w.moe.router.aux_loss_coeff:g}`: the scenario "
+                     "gives no `model.moe_aux_loss_coeff`, so the export writes Megatron-Core's "
+                     "recommended starting weight of the load-balancing loss (its Mixtral "
+                     "example's); Megatron-LM's own default, 0, would train the router without "
+                     "that loss. Give the weight you train with (0 for none): no simulated time "
+                     "depends on it.")
+    if "moe_router_pre_softmax" in chosen:
+        parts.append("`--moe-router-pre-softmax`: Megatron-Core refuses top-1 softmax routing "
+                     "without it (a softmax over the one chosen expert has no gradient); set "
+                     "`model.moe_router_pre_softmax` to say so in the scenario.")
+    return " ".join(parts) or None
 
 
 def expert_tensor_args(w: Workload, tp: int) -> list[str]:

@@ -82,6 +82,47 @@ def check_moe(model: ModelSpec) -> None:
             model.moe_router_load_balancing_type == "sinkhorn":
         raise FieldError("model.moe_expert_capacity_factor", "a capacity factor needs "
                          "aux_loss, seq_aux_loss, global_aux_loss or none load balancing")
+    check_router(model)
+
+
+def check_router(model: ModelSpec) -> None:
+    """Raise FieldError for router settings Megatron-Core refuses (`TransformerConfig`, the
+    sinkhorn router's assertion) or ignores (a loss weight without a loss)."""
+    balancing, coeff = model.moe_router_load_balancing_type, model.moe_aux_loss_coeff
+    if coeff and not balancing.endswith("aux_loss"):
+        raise FieldError("model.moe_aux_loss_coeff", f"moe_aux_loss_coeff={coeff:g} weights "
+                         f"a loss that {balancing} load balancing does not compute; give 0, or "
+                         "aux_loss, seq_aux_loss or global_aux_loss balancing")
+    if model.moe_router_pre_softmax is False and model.moe_router_topk == 1 and \
+            balancing != "sinkhorn" and model.moe_router_score_function == "softmax":
+        raise FieldError("model.moe_router_pre_softmax", "Megatron-Core refuses top-1 softmax "
+                         "routing without it (a softmax over the one chosen expert has no "
+                         "gradient); set it true, or remove it")
+    if model.moe_router_enable_expert_bias and model.moe_router_score_function != "sigmoid":
+        raise FieldError("model.moe_router_enable_expert_bias", "Megatron-Core's expert bias "
+                         "needs moe_router_score_function: sigmoid")
+    _check_groups(model)
+
+
+def _check_groups(model: ModelSpec) -> None:
+    """Raise FieldError unless group-limited routing is off or its groups divide the experts and
+    each token's k experts can come from its chosen groups."""
+    groups, chosen = model.moe_router_num_groups, model.moe_router_group_topk
+    if (groups is None) != (chosen is None):
+        missing = "moe_router_group_topk" if chosen is None else "moe_router_num_groups"
+        raise FieldError(f"model.{missing}", "group-limited routing needs both "
+                         "moe_router_num_groups and moe_router_group_topk; give it, or remove "
+                         "the other")
+    if groups is None:
+        return
+    experts, topk = model.num_experts, model.moe_router_topk
+    if experts % groups:
+        raise FieldError("model.moe_router_num_groups", f"moe_router_num_groups={groups} must "
+                         f"divide num_experts={experts}")
+    if chosen > min(groups, topk):
+        raise FieldError("model.moe_router_group_topk", f"moe_router_group_topk={chosen} must "
+                         f"be at most moe_router_num_groups={groups} and moe_router_topk={topk} "
+                         "(each chosen group is scored by its top topk / group_topk experts)")
 
 
 def _check_layer_pattern(freq: tuple[int, ...], layers: int, preset: str | None) -> None:

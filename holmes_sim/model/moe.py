@@ -30,6 +30,29 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 
+AUX_LOSS_COEFF_START = 0.01
+"""The load-balancing loss weight without one given: Megatron-Core's recommended starting value
+(`TransformerConfig.moe_aux_loss_coeff`), its Mixtral example's
+(examples/mixtral/train_mixtral_8x7b_distributed.sh `--moe-aux-loss-coeff 1e-2`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoeRouter:
+    """The router's settings that change the model's numbers, not its cost (Megatron-Core
+    `TransformerConfig.moe_router_*`, `moe_aux_loss_coeff`): the export writes them."""
+
+    aux_loss_coeff: float = 0.0
+    pre_softmax: bool = False
+    score_function: str = "softmax"
+    expert_bias: bool = False
+    topk_scaling: float | None = None
+    num_groups: int | None = None
+    group_topk: int | None = None
+    chosen: tuple[str, ...] = ()
+    """The fields the scenario left unset that resolved to a value Megatron-Core would not
+    take by default (`moe_aux_loss_coeff`, `moe_router_pre_softmax`): the export says so."""
+
+
 @dataclass(frozen=True, slots=True)
 class MoeShape:
     """The MoE part of a model: experts, routing and which layers carry them."""
@@ -50,6 +73,8 @@ class MoeShape:
     routing: str = "random"
     """`random`: each token's k experts an independent draw, balanced in expectation [RND];
     `even`: every expert exactly its share each micro-batch."""
+    router: MoeRouter = MoeRouter()
+    """Scoring, balancing loss weight and group limit (`MoeRouter`); no cost reads them."""
 
     @property
     def layers(self) -> int:

@@ -35,7 +35,8 @@ from dataclasses import dataclass, replace
 from holmes_sim.model.checks import check_model
 from holmes_sim.model.flops import megatron_core_flop, sc21_flop
 from holmes_sim.model.mla import MlaShape, check_mla, mla_shape
-from holmes_sim.model.moe import (MoeShape, expert_params, megatron_mlp_term, mlp_params, moe_layer_pattern,
+from holmes_sim.model.moe import (AUX_LOSS_COEFF_START, MoeRouter, MoeShape, expert_params,
+                                  megatron_mlp_term, mlp_params, moe_layer_pattern,
                                   moe_mlp_forward_flop, moe_mlp_params)
 from holmes_sim.model.pipeline_split import PipelineSplit
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
@@ -467,7 +468,30 @@ def moe_shape(model: ModelSpec) -> MoeShape | None:
         shared_ffn=model.moe_shared_expert_intermediate_size or 0,
         pattern=moe_layer_pattern(model.moe_layer_freq, model.num_layers),
         capacity_factor=model.moe_expert_capacity_factor, imbalance=model.moe_expert_imbalance,
-        load_balancing=model.moe_router_load_balancing_type, routing=model.moe_routing)
+        load_balancing=model.moe_router_load_balancing_type, routing=model.moe_routing,
+        router=moe_router(model))
+
+
+def moe_router(model: ModelSpec) -> MoeRouter:
+    """`model`'s router settings with their defaults resolved: the balancing loss weighted
+    `AUX_LOSS_COEFF_START` where its type has a loss and none is given, pre-softmax scoring where
+    Megatron-Core requires it (top-1 softmax routing but sinkhorn's) and none is given."""
+    balancing = model.moe_router_load_balancing_type
+    coeff, pre_softmax = model.moe_aux_loss_coeff, model.moe_router_pre_softmax
+    chosen = []
+    if coeff is None:
+        coeff = AUX_LOSS_COEFF_START if balancing.endswith("aux_loss") else 0.0
+        chosen += ["moe_aux_loss_coeff"] if coeff else []
+    if pre_softmax is None:
+        pre_softmax = (model.moe_router_topk == 1 and balancing != "sinkhorn"
+                       and model.moe_router_score_function == "softmax")
+        chosen += ["moe_router_pre_softmax"] if pre_softmax else []
+    return MoeRouter(aux_loss_coeff=coeff, pre_softmax=pre_softmax, chosen=tuple(chosen),
+                     score_function=model.moe_router_score_function,
+                     expert_bias=model.moe_router_enable_expert_bias,
+                     topk_scaling=model.moe_router_topk_scaling_factor,
+                     num_groups=model.moe_router_num_groups,
+                     group_topk=model.moe_router_group_topk)
 
 
 def _is_gpt(model: ModelSpec) -> bool:

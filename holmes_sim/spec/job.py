@@ -86,6 +86,30 @@ class ModelSpec:
                                             "sinkhorn", "none"] = "aux_loss"
     """Router load-balancing loss (Megatron `--moe-router-load-balancing-type`); every type but
     none reads the router probabilities once more in the forward."""
+    moe_aux_loss_coeff: float | None = None
+    """Weight of the load-balancing loss (Megatron `--moe-aux-loss-coeff`, whose default 0
+    trains without one); None: 0.01 with aux_loss, seq_aux_loss or global_aux_loss (Megatron-Core's
+    recommended starting value, its Mixtral example's), 0 with sinkhorn or none. Like every
+    router field down to moe_router_group_topk it changes the model's numbers, not its cost: the
+    export writes it, the simulation does not read it."""
+    moe_router_pre_softmax: bool | None = None
+    """Score every expert before the top-k (Megatron `--moe-router-pre-softmax`), so the k
+    weights are not renormalized (Hugging Face `norm_topk_prob: false`); None: only where
+    Megatron-Core requires it, top-1 softmax routing without sinkhorn."""
+    moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"
+    """The router's score function (Megatron `--moe-router-score-function`)."""
+    moe_router_enable_expert_bias: bool = False
+    """Aux-loss-free balancing by a per-expert routing bias (DeepSeek-V3; Megatron
+    `--moe-router-enable-expert-bias`); needs sigmoid scoring."""
+    moe_router_topk_scaling_factor: float | None = None
+    """Factor on the top-k weights (Megatron `--moe-router-topk-scaling-factor`, Hugging Face
+    `routed_scaling_factor`); None: none."""
+    moe_router_num_groups: int | None = None
+    """Expert groups of group-limited routing (Megatron `--moe-router-num-groups`, Hugging Face
+    `n_group`); None: no group limit. Given with moe_router_group_topk."""
+    moe_router_group_topk: int | None = None
+    """Groups each token's experts come from (Megatron `--moe-router-group-topk`, Hugging Face
+    `topk_group`)."""
     moe_expert_capacity_factor: float | None = None
     """Expert capacity as a multiple of the mean tokens per expert (Megatron
     `--moe-expert-capacity-factor`); tokens beyond it are dropped. None: dropless."""

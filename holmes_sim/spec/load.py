@@ -143,6 +143,11 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "moe_layer_freq": Bound(1, 10_000, rule="an interval N makes every N-th layer MoE; or give "
                                           "a list of 0/1, one entry per layer"),
     "moe_expert_capacity_factor": _positive(1e6),
+    "moe_aux_loss_coeff": Bound(0, 1000, rule="the load-balancing loss's weight: 0.01 to start "
+                                              "(Megatron-Core), 0 for none"),
+    "moe_router_topk_scaling_factor": _positive(1000),
+    "moe_router_num_groups": Bound(1, 2**16),
+    "moe_router_group_topk": Bound(1, 2**16),
     "moe_expert_imbalance": Bound(1, 2**16),
     "q_lora_rank": Bound(1, 2**20),
     "kv_lora_rank": Bound(1, 2**20),

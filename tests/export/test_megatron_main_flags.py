@@ -36,3 +36,27 @@ def test_every_presets_architecture_parses_with_megatron_lm_main(preset):
     args = architecture_args(workload)
     assert set(parse(args, MAIN)) == {a for a in args if a.startswith("--")}
     assert parse(args, MAIN) == parse(args, UPSTREAM)
+
+
+_GELU_MOE = dict(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=1024,
+                 num_experts=8)
+
+
+@pytest.mark.parametrize("fields, flags", [
+    ({"moe_router_topk": 1}, {"--no-bias-gelu-fusion", "--moe-router-pre-softmax",
+                              "--moe-aux-loss-coeff"}),
+    ({"moe_router_score_function": "sigmoid", "moe_router_enable_expert_bias": True,
+      "moe_router_topk_scaling_factor": 2.5, "moe_router_num_groups": 4,
+      "moe_router_group_topk": 2, "moe_router_load_balancing_type": "seq_aux_loss",
+      "moe_aux_loss_coeff": 1e-4},
+     {"--moe-router-score-function", "--moe-router-enable-expert-bias",
+      "--moe-router-topk-scaling-factor", "--moe-router-num-groups",
+      "--moe-router-group-topk", "--moe-router-load-balancing-type", "--moe-aux-loss-coeff"})])
+def test_router_and_expert_flags_parse_with_megatron_lm_main(fields, flags):
+    """The MoE router's flags and the GeLU experts' `--no-bias-gelu-fusion`, each with its
+    number of values at d98e8a6 as in the release table."""
+    workload = build_workload(ModelSpec(**_GELU_MOE, **fields),
+                              TrainingSpec(global_batch_size=64, micro_batch_size=1), 1)
+    args = architecture_args(workload)
+    assert flags <= set(parse(args, MAIN))
+    assert parse(args, MAIN) == parse(args, UPSTREAM)

@@ -89,6 +89,7 @@ def core_config(args: list[str]):
     `core_transformer_config_from_args` (megatron/training/argument_utils.py) builds it, for
     the architecture and parallel fields its `__post_init__` checks together: its error, if
     any, is Megatron-LM's at startup."""
+    import torch.nn.functional as F
     from megatron.core.activations import squared_relu
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -109,14 +110,35 @@ def core_config(args: list[str]):
                   moe_ffn_hidden_size=value("--moe-ffn-hidden-size"),
                   expert_tensor_parallel_size=value("--expert-tensor-parallel-size", tp),
                   expert_model_parallel_size=value("--expert-model-parallel-size", 1))
+    if "--num-experts" in parsed:
+        fields.update(router_fields(parsed))
     if "--swiglu" in parsed:
-        fields.update(gated_linear_unit=True, bias_activation_fusion=bias and
+        fields.update(gated_linear_unit=True, activation_func=F.silu,
+                      bias_activation_fusion=bias and
                       "--no-bias-swiglu-fusion" not in parsed)
     else:  # validate_args turns the GeLU fusion off without biases
         fields["bias_activation_fusion"] = bias and "--no-bias-gelu-fusion" not in parsed
     if "--squared-relu" in parsed:
         fields["activation_func"] = squared_relu
     return TransformerConfig(**fields)
+
+
+def router_fields(parsed: dict[str, list[str]]) -> dict:
+    """`TransformerConfig`'s router fields of parsed MoE arguments, Megatron-Core's defaults
+    where a flag is absent."""
+    def one(flag: str, kind, default=None):
+        return kind(parsed[flag][0]) if flag in parsed else default
+
+    return dict(moe_router_topk=one("--moe-router-topk", int, 2),
+                moe_router_load_balancing_type=one("--moe-router-load-balancing-type", str,
+                                                   "aux_loss"),
+                moe_aux_loss_coeff=one("--moe-aux-loss-coeff", float, 0.0),
+                moe_router_pre_softmax="--moe-router-pre-softmax" in parsed,
+                moe_router_score_function=one("--moe-router-score-function", str, "softmax"),
+                moe_router_enable_expert_bias="--moe-router-enable-expert-bias" in parsed,
+                moe_router_topk_scaling_factor=one("--moe-router-topk-scaling-factor", float),
+                moe_router_num_groups=one("--moe-router-num-groups", int),
+                moe_router_group_topk=one("--moe-router-group-topk", int))
 
 
 @pytest.mark.parametrize("bias", [True, False])
