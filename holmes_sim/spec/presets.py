@@ -5,8 +5,10 @@ heads, key/value heads (`num_query_groups`), the tokenizer's vocabulary (unpadde
 it, `make_vocab_size_divisible_by`), the pre-training sequence length as the default
 `seq_length`, and the RoPE and norm settings that change the model but not its cost
 (`rope_theta` as `rotary_base`, `partial_rotary_factor` as `rotary_percent`, Llama 3.1's
-`rope_scaling`, `rms_norm_eps`/`norm_eps` as `norm_epsilon`), checked against NeMo's model
-configs (nemo/collections/llm/gpt/model/{llama,qwen2,mixtral,nemotron,deepseek}.py). Each preset
+`rope_scaling`, `rms_norm_eps`/`norm_eps` as `norm_epsilon`, and an MoE router's loss weight,
+scoring, scaling and group limit as Megatron-Bridge's bridges map them to Megatron-Core), checked
+against NeMo's model configs (nemo/collections/llm/gpt/model/{llama,qwen2,mixtral,nemotron,
+deepseek}.py). Each preset
 also names the tokenizer to launch it with (`Preset.tokenizer`, Megatron-LM's tokenizer flags).
 Fields written beside `preset` override the preset's.
 """
@@ -77,35 +79,46 @@ _QWEN = ("Qwen Team, 'Qwen2.5 Technical Report', arXiv 2412.15115, Table 1 and s
          "{}); NeMo qwen2.py {}")
 
 def _moe(base: dict[str, Any], experts: int, topk: int, expert_ffn: int,
-         shared_ffn: int | None = None) -> dict[str, Any]:
+         shared_ffn: int | None = None, **router: Any) -> dict[str, Any]:
+    """An MoE architecture; `router`: its `moe_aux_loss_coeff` and `moe_router_*` fields."""
     return dict(base, num_experts=experts, moe_router_topk=topk, moe_ffn_hidden_size=expert_ffn,
-                moe_shared_expert_intermediate_size=shared_ffn)
+                moe_shared_expert_intermediate_size=shared_ffn, **router)
+
+
+_UNNORMALIZED = ("`norm_topk_prob: false` (top-k weights not renormalized) as "
+                 "moe_router_pre_softmax, as Megatron-Bridge maps it (qwen3_moe_bridge.py "
+                 "`moe_router_pre_softmax = not norm_topk_prob`; deepseek_v2_bridge.py and "
+                 "deepseek_v3_bridge.py set it)")
 
 
 _MIXTRAL = ("Jiang et al., 'Mixtral of Experts', arXiv 2401.04088, Table 1 (8 experts, top-2, "
             "32,768-token context); mistralai/{} config.json (rope_theta 1000000, rms_norm_eps "
-            "1e-5; NeMo mixtral.py MixtralConfig, Megatron-LM "
+            "1e-5, router_aux_loss_coef {} as moe_aux_loss_coeff, as Megatron-Bridge's "
+            "CONFIG_MAPPING takes it; softmax over the top-k logits, Megatron's default; NeMo "
+            "mixtral.py MixtralConfig, Megatron-LM "
             "examples/mixtral/train_mixtral_8x7b_distributed.sh `--rotary-base 1000000` for "
             "8x7B)")
 _QWEN_MOE = ("Qwen Team, {}; Qwen/{} config.json (num_experts, num_experts_per_tok, "
              "moe_intermediate_size, shared_expert_intermediate_size, rope_theta 1000000, "
-             "rms_norm_eps 1e-6; the shared expert's 1-wide sigmoid gate is not modelled)")
+             "rms_norm_eps 1e-6, router_aux_loss_coef 0.001 as moe_aux_loss_coeff, "
+             + _UNNORMALIZED + "; the shared expert's 1-wide sigmoid gate is not modelled)")
 
 
 def _deepseek(layers: int, hidden: int, dense_ffn: int, heads: int, vocab: int, q_rank: int | None,
               experts: int, topk: int, expert_ffn: int, shared: int,
-              dense_layers: int) -> dict[str, Any]:
+              dense_layers: int, **router: Any) -> dict[str, Any]:
     """A DeepSeek-V2/V3 model: multi-head latent attention (kv_lora_rank 512, qk_nope_head_dim
     128, qk_rope_head_dim 64, v_head_dim 128 in both), `dense_layers` dense layers first
     (`first_k_dense_replace`), then MoE layers with `shared` shared experts of the routed
     experts' width (Megatron's one shared MLP of their summed width), 4,096-token
-    pre-training sequences."""
+    pre-training sequences, a sequence-wise balancing loss and `router`'s settings."""
     base = dict(_LLAMA, norm_epsilon=1e-6, multi_latent_attention=True, q_lora_rank=q_rank,
                 kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128,
                 moe_router_load_balancing_type="seq_aux_loss",
                 moe_layer_freq=(0,) * dense_layers + (1,) * (layers - dense_layers))
     return _moe(dict(_arch(base, layers, hidden, dense_ffn, heads, heads, vocab, 4096),
-                     num_query_groups=None), experts, topk, expert_ffn, shared * expert_ffn)
+                     num_query_groups=None), experts, topk, expert_ffn, shared * expert_ffn,
+                moe_router_pre_softmax=True, **router)
 
 
 _DEEPSEEK = ("DeepSeek-AI, {}; deepseek-ai/{} config.json (hidden_size, intermediate_size, "
@@ -153,40 +166,66 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
                                 4096), _QWEN.format("Qwen2.5-72B", "1e-5", "Qwen25Config72B"),
                           _hf("Qwen/Qwen2.5-72B")),
     "mixtral-8x7b": Preset(_moe(_arch(_MIXTRAL_BASE, 32, 4096, 14336, 32, 8, 32000, 32768),
-                                8, 2, 14336), _MIXTRAL.format("Mixtral-8x7B-v0.1"),
+                                8, 2, 14336, moe_aux_loss_coeff=0.02),
+                           _MIXTRAL.format("Mixtral-8x7B-v0.1", "0.02"),
                            _hf("mistralai/Mixtral-8x7B-v0.1")),
     "mixtral-8x22b": Preset(_moe(_arch(_MIXTRAL_BASE, 56, 6144, 16384, 48, 8, 32000, 65536),
-                                 8, 2, 16384),
+                                 8, 2, 16384, moe_aux_loss_coeff=0.001),
                             "Mistral AI, 'Cheaper, Better, Faster, Stronger' (Mixtral 8x22B "
                             "announcement, 141B parameters, 39B active, 64K context); "
-                            + _MIXTRAL.format("Mixtral-8x22B-v0.1").split("; ", 1)[1],
+                            + _MIXTRAL.format("Mixtral-8x22B-v0.1", "0.001").split("; ", 1)[1],
                             _hf("mistralai/Mixtral-8x22B-v0.1")),
     "qwen1.5-moe-a2.7b": Preset(_moe(_arch(_QWEN25, 24, 2048, 5632, 16, 16, 151936, 8192),
-                                     60, 4, 1408, 5632),
+                                     60, 4, 1408, 5632, moe_aux_loss_coeff=0.001,
+                                     moe_router_pre_softmax=True),
                                 _QWEN_MOE.format("'Qwen1.5-MoE: Matching 7B Model Performance "
                                                  "with 1/3 Activated Parameters' (blog, 14.3B "
                                                  "parameters, 2.7B active)",
                                                  "Qwen1.5-MoE-A2.7B"),
                                 _hf("Qwen/Qwen1.5-MoE-A2.7B")),
     "qwen2-57b-a14b": Preset(_moe(_arch(_QWEN25, 28, 3584, 18944, 28, 4, 151936, 4096),
-                                  64, 8, 2560, 20480),
+                                  64, 8, 2560, 20480, moe_aux_loss_coeff=0.001,
+                                  moe_router_pre_softmax=True),
                              _QWEN_MOE.format("'Qwen2 Technical Report', arXiv 2407.10671, "
                                               "Table 1 (4,096-token pre-training, section 3.2)",
                                               "Qwen2-57B-A14B"), _hf("Qwen/Qwen2-57B-A14B")),
-    "deepseek-v2-lite": Preset(_deepseek(27, 2048, 10944, 16, 102400, None, 64, 6, 1408, 2, 1),
+    "deepseek-v2-lite": Preset(_deepseek(27, 2048, 10944, 16, 102400, None, 64, 6, 1408, 2, 1,
+                                         moe_aux_loss_coeff=0.001),
                                _DEEPSEEK.format("'DeepSeek-V2', arXiv 2405.04434, Appendix B "
                                                 "(DeepSeek-V2-Lite: 15.7B parameters, 2.4B "
                                                 "active, no query compression) and section "
                                                 "3.1.2 (4K sequences)", "DeepSeek-V2-Lite",
                                                 "softmax router with sequence-wise auxiliary "
-                                                "loss"), _hf("deepseek-ai/DeepSeek-V2-Lite")),
-    "deepseek-v3": Preset(_deepseek(61, 7168, 18432, 128, 129280, 1536, 256, 8, 2048, 1, 3),
+                                                "loss, " + _UNNORMALIZED + ", aux_loss_alpha "
+                                                "0.001 as "
+                                                "moe_aux_loss_coeff (Megatron-LM examples/"
+                                                "post_training/modelopt/conf/deepseek-ai/"
+                                                "DeepSeek-V2-Lite.sh `--moe-aux-loss-coeff 1e-3 "
+                                                "--moe-router-pre-softmax`); routed_scaling_"
+                                                "factor 1.0 and n_group 1, no scaling or group "
+                                                "limit"), _hf("deepseek-ai/DeepSeek-V2-Lite")),
+    "deepseek-v3": Preset(_deepseek(61, 7168, 18432, 128, 129280, 1536, 256, 8, 2048, 1, 3,
+                                    moe_aux_loss_coeff=1e-4, moe_router_score_function="sigmoid",
+                                    moe_router_enable_expert_bias=True,
+                                    moe_router_topk_scaling_factor=2.5, moe_router_num_groups=8,
+                                    moe_router_group_topk=4),
                           _DEEPSEEK.format("'DeepSeek-V3 Technical Report', arXiv 2412.19437, "
                                            "section 4.2 (671B parameters, 37B active; 4K "
                                            "pre-training sequences)", "DeepSeek-V3",
-                                           "the multi-token-prediction module (1 extra layer, "
-                                           "14B parameters) and the sigmoid router's "
-                                           "bias-based balancing are not modelled"),
+                                           "moe_router_pre_softmax as deepseek_v3_bridge.py "
+                                           "sets it (sigmoid scoring ignores it and "
+                                           "renormalizes the top-k, norm_topk_prob true); "
+                                           "sigmoid router (scoring_func) with expert-bias "
+                                           "balancing at Megatron's bias update rate 1e-3, the "
+                                           "paper's (section 4.2: 0.001, and a sequence-wise "
+                                           "loss of weight 0.0001), routed_scaling_factor 2.5, "
+                                           "n_group 8, topk_group 4 (node-limited routing), as "
+                                           "Megatron-Bridge's deepseek_v3_bridge.py and "
+                                           "Megatron-LM examples/megatron_fsdp/"
+                                           "sbatch_mfsdp_deepseek_v3.sh set them (aux loss "
+                                           "1e-4); the multi-token-prediction module (1 extra "
+                                           "layer, 14B parameters) is not modelled, and the "
+                                           "router settings change no cost"),
                           _hf("deepseek-ai/DeepSeek-V3")),
 })
 

@@ -1,7 +1,7 @@
 """An MoE export's router and expert arguments start under Megatron-LM: top-1 softmax routing
 scores before the top-k (`TransformerConfig` refuses it otherwise), a GeLU MoE model with biases
-turns off the bias-GeLU fusion its grouped experts refuse, and the load-balancing loss has a
-weight (Megatron's default 0 trains without one)."""
+turns off the bias-GeLU fusion its grouped experts refuse, the load-balancing loss has a weight
+(Megatron's default 0 trains without one), and each MoE preset's router is its model card's."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 
 from holmes_sim.cli import app
 from holmes_sim.errors import ScenarioError
+from holmes_sim.export.model_args import architecture_args
 from holmes_sim.model.workload import build_workload
 from holmes_sim.prepare import prepare
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
-from holmes_sim.spec.presets import preset_fields
+from holmes_sim.spec.presets import PRESETS, preset_fields
 from tests.export.test_launch_targets import UPSTREAM, parse
 from tests.export.test_validate_args import _export, _moe, core_config
 
@@ -129,13 +130,52 @@ def test_router_settings_megatron_core_refuses_are_refused_at_load(write_scenari
 
 
 _TRAINING = TrainingSpec(global_batch_size=64, micro_batch_size=1)
+ROUTERS = {
+    "mixtral-8x7b": {"--moe-aux-loss-coeff": ["0.02"]},
+    "mixtral-8x22b": {"--moe-aux-loss-coeff": ["0.001"]},
+    "qwen1.5-moe-a2.7b": {"--moe-aux-loss-coeff": ["0.001"], "--moe-router-pre-softmax": []},
+    "qwen2-57b-a14b": {"--moe-aux-loss-coeff": ["0.001"], "--moe-router-pre-softmax": []},
+    "deepseek-v2-lite": {"--moe-router-load-balancing-type": ["seq_aux_loss"],
+                         "--moe-aux-loss-coeff": ["0.001"], "--moe-router-pre-softmax": []},
+    "deepseek-v3": {"--moe-router-load-balancing-type": ["seq_aux_loss"],
+                    "--moe-aux-loss-coeff": ["0.0001"], "--moe-router-pre-softmax": [],
+                    "--moe-router-score-function": ["sigmoid"],
+                    "--moe-router-enable-expert-bias": [],
+                    "--moe-router-topk-scaling-factor": ["2.5"],
+                    "--moe-router-num-groups": ["8"], "--moe-router-group-topk": ["4"]},
+}
+"""Each MoE preset's router flags (its source cites each value): the loss weight of its
+config.json (`router_aux_loss_coef`, DeepSeek's `aux_loss_alpha`; DeepSeek-V3's paper's
+0.0001), pre-softmax scoring for `norm_topk_prob: false` and where Megatron-Bridge sets it,
+DeepSeek-V3's sigmoid scoring, expert bias, scaling and node-limited groups."""
+
+
+@pytest.mark.parametrize("preset", sorted(ROUTERS))
+def test_each_moe_preset_exports_its_router(preset):
+    """Before, no preset wrote a loss weight and the DeepSeek presets routed renormalized
+    softmax top-k although their cards do not renormalize (or score by sigmoid)."""
+    args = architecture_args(build_workload(ModelSpec(**preset_fields(preset)), _TRAINING, 8))
+    parsed = parse(args, UPSTREAM)
+    router = {f: v for f, v in parsed.items()
+              if f.startswith(("--moe-router-", "--moe-aux-loss"))}
+    assert router == {"--moe-router-topk": [str(PRESETS[preset].fields["moe_router_topk"])],
+                      **ROUTERS[preset]}
+    f = PRESETS[preset].fields
+    shape = ["--num-layers", str(f["num_layers"]), "--hidden-size", str(f["hidden_size"]),
+             "--num-attention-heads", str(f["num_attention_heads"])]
+    config = core_config(shape + args)  # Megatron-Core builds each preset's router
+    assert config.moe_aux_loss_coeff == float(ROUTERS[preset]["--moe-aux-loss-coeff"][0])
+
+
+def test_every_moe_preset_has_a_router_row():
+    assert {p for p in PRESETS if "num_experts" in PRESETS[p].fields} == set(ROUTERS)
 
 
 def test_router_settings_change_no_cost():
     """The router fields are the model's numbers: the same workload's kernels and parameters."""
     from holmes_sim.cost.transformer import layer_kernels
 
-    fields = dict(preset_fields("deepseek-v2-lite"), moe_aux_loss_coeff=0.001)
+    fields = preset_fields("deepseek-v2-lite")
     base = build_workload(ModelSpec(**fields), _TRAINING, 8)
     other = build_workload(ModelSpec(**dict(fields, moe_aux_loss_coeff=0.05,
                                             moe_router_pre_softmax=False)), _TRAINING, 8)
