@@ -12,7 +12,7 @@ import pytest
 
 from holmes_sim.cost.gemm import Gemm
 from holmes_sim.cost.moe import moe_mlp_kernels, tp_comm_factor
-from holmes_sim.cost.transformer import layer_s
+from holmes_sim.cost.transformer import layer_kernels, layer_s
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.estimate.analytic import estimate_iteration
 from holmes_sim.export.model_args import architecture_args
@@ -342,3 +342,36 @@ def test_userbuffer_overlap_leaves_the_dispatched_rows_exposed(write_scenario):
         got = [OpCosts(p.cluster, p.workload, p.compute, 4).tp_comm_s(node, 2, backward)
                for p in (moe, dense)]
         assert got[0] - got[1] == pytest.approx(2 * 0.5 * 2 * half, rel=1e-9)  # 2 layers
+
+
+def test_an_moe_gelu_with_biases_pays_the_bias_add_it_exports():
+    """Launched with --no-bias-gelu-fusion (TEGroupedMLP fuses a bias only into SwiGLU), every
+    MLP adds fc1's bias on its own: 2 more bytes per fc1 output element forward, 1 backward,
+    for the experts' rows as for the dense MLP, which the MoE layer's extra cost then removes."""
+    w = build_workload(_spec("mixtral-8x7b", swiglu=False, bias=True), _TRAINING, 1)
+    fused = dataclasses.replace(w, bias_added_apart=False)
+    assert w.bias_added_apart and "--no-bias-gelu-fusion" in architecture_args(w)
+    assert "--no-bias-gelu-fusion" not in architecture_args(fused)
+    moe = w.moe
+    rows = w.micro_batch * w.tokens * moe.topk  # every token's top-k expert rows, ETP 1
+    apart, joint = moe_mlp_kernels(w, 1), moe_mlp_kernels(fused, 1)
+    assert apart.bytes_fwd - joint.bytes_fwd == pytest.approx(2 * rows * moe.ffn * w.dtype_bytes)
+    assert apart.bytes_bwd - joint.bytes_bwd == pytest.approx(rows * moe.ffn * w.dtype_bytes)
+    dense_extra = 2 * w.micro_batch * w.tokens * w.ffn * w.dtype_bytes
+    gap = layer_kernels(w, 1).other_bytes_fwd - layer_kernels(fused, 1).other_bytes_fwd
+    assert gap == pytest.approx(dense_extra)  # the dense MLP's, in every layer
+    assert build_workload(_spec("mixtral-8x7b"), _TRAINING, 1).bias_added_apart is False
+
+
+@pytest.mark.parametrize(("fields", "reads"), [
+    ({}, True),  # Mixtral's aux loss at its card's 0.02
+    ({"moe_aux_loss_coeff": 0.0}, False),  # Megatron-Core returns before the loss at weight 0
+    ({"moe_router_load_balancing_type": "sinkhorn", "moe_aux_loss_coeff": 0.0}, False),
+    ({"moe_router_load_balancing_type": "none", "moe_aux_loss_coeff": 0.0}, False),
+])
+def test_the_balancing_loss_is_priced_only_where_megatron_computes_it(fields, reads):
+    w = build_workload(_spec("mixtral-8x7b", **fields), _TRAINING, 1)
+    plain = dataclasses.replace(w, moe=dataclasses.replace(w.moe, load_balancing="none"))
+    probs = 4 * w.micro_batch * w.tokens * w.moe.experts  # fp32 router probabilities
+    gap = moe_mlp_kernels(w, 1).bytes_fwd - moe_mlp_kernels(plain, 1).bytes_fwd
+    assert gap == pytest.approx(probs if reads else 0.0)

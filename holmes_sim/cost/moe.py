@@ -62,9 +62,13 @@ class MlpKernels:
 
 def _activation_bytes(w: Workload, elements: float) -> tuple[float, float]:
     """The MLP activation over `elements` fc1 outputs (per gate half): SwiGLU 3 and 5 bytes per
-    element and d, GeLU 2 and 3 (`cost.transformer`)."""
+    element and d, GeLU 2 and 3, and 2 and 1 more where fc1's bias is added apart
+    (`Workload.bias_added_apart`; `cost.transformer`)."""
     d = w.dtype_bytes
-    return (3 * elements * d, 5 * elements * d) if w.swiglu else (2 * elements * d, 3 * elements * d)
+    fwd, bwd = (3, 5) if w.swiglu else (2, 3)
+    if w.bias_added_apart:
+        fwd, bwd = fwd + 2, bwd + 1
+    return fwd * elements * d, bwd * elements * d
 
 
 def _grad_add_bytes(w: Workload, params: float) -> float:

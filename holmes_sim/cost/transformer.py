@@ -165,7 +165,7 @@ def _other_bytes(w: Workload, tp: int) -> tuple[float, float]:
     sp = tp if w.sequence_parallel else 1
     mask = e if w.hidden_dropout > 0 else 0
     act_fwd, act_bwd = (3 * ff * d, 5 * ff * d) if w.swiglu else (2 * ff * d, 3 * ff * d)
-    if w.squared_relu and w.bias:  # no fused bias kernel: fc1's bias is added on its own
+    if w.bias_added_apart:  # fc1's bias added on its own: read and write forward, sum backward
         act_fwd, act_bwd = act_fwd + 2 * ff * d, act_bwd + ff * d
     fwd = 2 * 2 * e * d / sp + act_fwd + 2 * (3 * e * d + mask) / sp
     bwd = 2 * 3 * e * d / sp + act_bwd + 2 * (2 * e * d + mask) / sp + \

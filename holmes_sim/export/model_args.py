@@ -53,7 +53,7 @@ def architecture_args(w: Workload) -> list[str]:
         args.append("--swiglu")
     if w.squared_relu:
         args.append("--squared-relu")
-    if w.bias and not w.swiglu and (w.squared_relu or w.moe is not None):
+    if w.bias_added_apart:
         args.append("--no-bias-gelu-fusion")  # refused fusions: the module docstring
     if w.rmsnorm:
         args += ["--normalization", "RMSNorm"]

@@ -86,8 +86,10 @@ class MoeShape:
 
     @property
     def aux_loss(self) -> bool:
-        """A load-balancing loss reads the router probabilities again (every type but none)."""
-        return self.load_balancing != "none"
+        """A load-balancing loss reads the router probabilities again: the aux-loss types at a
+        weight above 0 (Megatron-Core `TopKRouter._apply_aux_loss` and its sequence and global
+        variants return early at weight 0; sinkhorn asserts weight 0, router.py)."""
+        return self.load_balancing.endswith("aux_loss") and self.router.aux_loss_coeff > 0
 
     @property
     def moe_fraction(self) -> float:

@@ -91,6 +91,11 @@ class Workload:
     swiglu: bool = False
     squared_relu: bool = False
     """Squared-ReLU MLP activation: GeLU's GEMMs, FLOPs and traffic; kept for the exporter."""
+    bias_added_apart: bool = False
+    """fc1's bias is added by a kernel of its own, not fused into the activation
+    (`--no-bias-gelu-fusion`), in every layer: biases with squared-ReLU, which Megatron-Core's
+    bias-activation fusion refuses, or with an MoE model's GeLU, whose grouped experts fuse a
+    bias only into SwiGLU (`TEGroupedMLP.forward`, megatron/core/transformer/moe/experts.py)."""
     rmsnorm: bool = False
     bias: bool = True
     """Biases on the projection and MLP linears."""
@@ -535,6 +540,8 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         check_for_nan_in_grad=training.check_for_nan_in_loss_and_grad,
         query_groups=model.num_query_groups,
         swiglu=model.swiglu, squared_relu=model.squared_relu,
+        bias_added_apart=model.bias and not model.swiglu and (
+            model.squared_relu or model.num_experts is not None),
         rmsnorm=model.normalization == "rmsnorm", bias=model.bias,
         qkv_bias=model.bias if model.qkv_bias is None else model.qkv_bias,
         position_embedding=model.position_embedding, hidden_dropout=model.hidden_dropout,
