@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from holmes_sim.hardware.cluster import Cluster, Node
+from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.context_parallel import CpPass, cp_passes, op_exposed_s
@@ -17,6 +17,7 @@ from holmes_sim.cost.transformer import nccl_comm_sms
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.model.bucket_layout import BucketRun, chunk_bucket_runs
 from holmes_sim.model.workload import Workload
+from holmes_sim.plan import Transport, TransportKind
 
 Bucketed = tuple[float, float, float]
 """A DP bucket: (gradient bytes, parameter bytes, ready point of its chunk's backward, 0..1)."""
@@ -252,15 +253,16 @@ class OpCosts:
                      (run, w.grad_bytes_of(n), n * w.dtype_bytes)
                      for run, n in ((dense_run, params - expert), (expert_run, expert)))
 
-    def held_sm_loss_s(self, node: Node, layers: int, last: bool) -> float:
+    def held_sm_loss_s(self, node: Node, transports: tuple[Transport, ...], layers: int,
+                       last: bool) -> float:
         """Seconds a chunk's backward on `node` (`layers` layers, the output layer's on the last
-        virtual stage) loses with its GEMMs beside a data-parallel collective, whose NCCL
-        kernels hold `node_comm_sms(node)` SMs (`ComputeModel.held_sm_loss_s`), at the node's
-        speed."""
-        return self.held_loss_s(node, node_comm_sms(node), layers, last)
+        virtual stage) loses with its GEMMs beside the data-parallel collectives it releases
+        over groups of `transports`, whose NCCL kernels hold `node_comm_sms(node, transports)`
+        SMs (`ComputeModel.held_sm_loss_s`), at the node's speed."""
+        return self.held_loss_s(node, node_comm_sms(node, transports), layers, last)
 
     def held_loss_s(self, node: Node, held: int, layers: int, last: bool) -> float:
-        """`held_sm_loss_s` with `held` (`node_comm_sms(node)`) given."""
+        """`held_sm_loss_s` with `held` (`node_comm_sms`) given."""
         key = (id(node.gpu), held)  # the cluster holds its GPU models
         got = self._released.get(key)
         if got is None:
@@ -322,13 +324,22 @@ def stage_bucket_layout(runs: tuple, widths: tuple[int, ...], expert: bool
     return tuple(grads), tuple(params), tuple(points)
 
 
-def node_comm_sms(node: Node) -> int:
-    """SMs a data-parallel collective's NCCL kernels hold on a GPU of `node`
-    (`transformer.nccl_comm_sms`): by its NICs on its first RDMA fabric, else its Ethernet
-    NICs."""
-    fabrics = node.rdma_fabrics
-    nics = node.nics_on(fabrics[0]) if fabrics else node.nics
-    return nccl_comm_sms(len(nics))
+def node_comm_sms(node: Node, transports: tuple[Transport, ...]) -> int:
+    """SMs the NCCL kernels of a backward's data-parallel collectives hold on a GPU of `node`
+    (`transformer.nccl_comm_sms`), the most over the groups they run on (`transports`: the
+    stage's DP group's and, where its experts' buckets are reduced, its expert-data-parallel
+    group's): by the node's NICs on the network each group's transport uses (RDMA: its
+    fabric; TCP: Ethernet), a group within the node (LOCAL) by its NICs on its first RDMA
+    fabric, else its Ethernet NICs; 0 without a group."""
+    return max((nccl_comm_sms(len(_comm_nics(node, t))) for t in transports), default=0)
+
+
+def _comm_nics(node: Node, transport: Transport) -> tuple:
+    """The NICs of `node` whose count sets the SMs a collective over `transport` holds."""
+    if transport.kind is TransportKind.LOCAL:
+        fabrics = node.rdma_fabrics
+        return node.nics_on(fabrics[0]) if fabrics else node.nics
+    return node.nics_on(transport.fabric or ETHERNET)
 
 
 def released_share_s(loss_s: float, fraction: float, first: bool) -> float:
@@ -357,7 +368,7 @@ def released_chunks(costs: OpCosts, node: Node, held: int, layers: tuple[int, ..
                     runs: tuple, experts: bool) -> tuple[tuple[float, float, float], ...] | None:
     """Per chunk (`layers` its layers, the output layer's in the last one where `last`, `runs`
     its `OpCosts.bucket_runs`, `experts`: with the routed experts' buckets) of a stage on `node`
-    (`held`: `node_comm_sms(node)`) whose backwards release gradient buckets: (the op's extra
+    (`held`: `node_comm_sms`) whose backwards release gradient buckets: (the op's extra
     seconds `released_extra_s`, its loss `OpCosts.held_sm_loss_s`, the share before its first
     bucket `OpCosts.first_release_fraction`); None where none takes longer. Kept by the op
     costs, the runs (a search's candidates share them) and the GPU model."""

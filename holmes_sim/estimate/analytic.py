@@ -211,7 +211,8 @@ class _Estimator(DataParallelPricing):
     def _alike(self, s: int, d: int) -> tuple:
         """What prices stage s's ops, start delay and tail on replica d: its node's GPU model
         and intra-node link, its chunks' layers, whether it holds the first or the last virtual
-        stage, and its DP ring. Most stages of a pipeline share it, so they are priced once."""
+        stage, its DP ring and the SMs its reductions hold (`node_comm_sms`). Most stages of a
+        pipeline share it, so they are priced once."""
         got = self._alike_cache.get((s, d))
         if got is None:
             node, pp = self.net.node(s, d), self.plan.pp
@@ -219,7 +220,8 @@ class _Estimator(DataParallelPricing):
                                                tuple(self.plan.layers_per_stage[s::pp]),  # `stage_layers`
                                                s == 0, s == pp - 1, self.net.dp_ring(s),
                                                self.net.cp_send(s, d), self.net.ep_sends(s, d),
-                                               self.net.edp_ring(s, d), node_comm_sms(node))
+                                               self.net.edp_ring(s, d),
+                                               node_comm_sms(node, self.net.reduction_transports(s, d)))
         return got
 
     def _stage(self, s: int, d: int, kinds) -> tuple[list[float], float]:

@@ -149,7 +149,7 @@ class DataParallelPricing:
 
     def _stage_released(self, s: int, d: int) -> tuple[tuple[float, float, float], ...] | None:
         """`_released_row`'s stage s computed, once per alike stages (`_alike`, whose last item
-        is `node_comm_sms`)."""
+        is `cost.ops.node_comm_sms`)."""
         key = self._alike(s, d)
         if key not in self._released_cache:
             p = self.plan

@@ -28,7 +28,8 @@ from holmes_sim.cost.link_uses import (pair_send_facts, pair_send_sides, ring_ho
 from holmes_sim.cost.nccl_algorithms import CollectiveTopology
 from holmes_sim.cost.paths import link_capacities, ring_topology
 from holmes_sim.memo import IdentityMemo
-from holmes_sim.plan import GpuRef, Group, GroupKind, group_lookup, megatron_rank, tp_group_places
+from holmes_sim.plan import (GpuRef, Group, GroupKind, Transport, group_lookup, megatron_rank,
+                             tp_group_places)
 
 Ring = tuple[int, float, float]
 """(members, rate in bytes/s, per-step latency in s) of a ring collective."""
@@ -45,8 +46,8 @@ def _one_node(place: tuple[tuple[str, ...], tuple[int, ...]]) -> tuple[str, tupl
 class _Facts:
     """What the views of one placement share whatever their chunk count (`NetView`): each TP
     group's GPUs and node (and node with local GPUs when it lies on one), the rings and their topologies, stage nodes and memory, the
-    embedding rings, the CP and EP sends, and the sends of stage pairs whose every replica's
-    pair is a pipeline group."""
+    embedding rings, the CP and EP sends, the sends of stage pairs whose every replica's
+    pair is a pipeline group, and the transports each stage's gradients are reduced over."""
 
     def __init__(self) -> None:
         self.entities: dict[tuple[int, int], tuple[GpuRef, ...]] = {}
@@ -60,6 +61,7 @@ class _Facts:
         self.ep_sends: dict[int, list[tuple[tuple[float, float], ...]]] = {}
         self.sends: dict[tuple[int, int], list[tuple[float, float]]] = {}
         self.hardware: list[list[tuple]] | None = None
+        self.reductions: dict[tuple[int, int], tuple[Transport, ...]] = {}
         self.one_nodes: list[tuple[str, tuple[int, ...]] | None] | None = None
 
 
@@ -339,6 +341,19 @@ class NetView:
         if self.edp_ring(s, d) is None:
             return None
         return self._topologies[(GroupKind.EXPERT_DATA, s) if r == 0 else (GroupKind.EXPERT_DATA, s, r)]
+
+    def reduction_transports(self, s: int, d: int) -> tuple[Transport, ...]:
+        """The transports of the groups stage s's gradients on replica d are reduced over
+        (`cost.ops.node_comm_sms`): its DP group's and, where there is one, its
+        expert-data-parallel group's (`edp_ring`)."""
+        key = (s, d % self.ep)
+        got = self._facts.reductions.get(key)
+        if got is None:
+            first = self._groups.first
+            groups = (first(GroupKind.DATA, self.rank(s, 0)),
+                      first(GroupKind.EXPERT_DATA, self.rank(*key)))
+            got = self._facts.reductions[key] = tuple(g[1] for g in groups if g is not None)
+        return got
 
     def stage_nodes(self, s: int) -> list[Node]:
         """One node per distinct (GPU, intra-node link, speed) among stage s's replicas, in replica

@@ -50,7 +50,7 @@ from holmes_sim.schedule import Op, ScheduleKind
 from holmes_sim.sim import entity_steps, symmetry
 from holmes_sim.sim.context_exchange import cp_exchange
 from holmes_sim.sim.expert_exchange import ep_exchange
-from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams
+from holmes_sim.sim.gradient_buckets import Bucket, chunk_buckets, expert_data_streams, reduction_transports
 from holmes_sim.sim.environment import (DETACHED, CountingEnvironment, Jitter, LeanProcess,
                                         fired_event, start_direct, via_process)
 from holmes_sim.sim.flow_records import EVENT_TYPE
@@ -439,7 +439,8 @@ class _Simulation:
         if gated:
             yield from self._gated_compute(name, op, kind, dur, tp, gathers[op.chunk])
         elif releasing:
-            loss = self.costs.held_sm_loss_s(node, self.plan.layers_per_stage[j], j == self.nv - 1)
+            loss = self.costs.held_sm_loss_s(node, reduction_transports(self, s, d),
+                                             self.plan.layers_per_stage[j], j == self.nv - 1)
             return (yield from self._releasing_compute(name, s, d, op, kind, dur, tp, loss))
         else:
             yield from self._compute(name, op, kind, dur, tp)

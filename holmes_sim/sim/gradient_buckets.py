@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from holmes_sim.cost.nccl_algorithms import leaves_node
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import ring_paths
-from holmes_sim.plan import GroupKind, Plan
+from holmes_sim.plan import GroupKind, Plan, Transport
 from holmes_sim.sim.sync import RingSpec, Stream
 
 
@@ -73,3 +73,14 @@ def expert_data_streams(engine) -> dict[tuple[int, int], Stream]:
                                           ring.step_latency_s, len(members), ring.topology,
                                           tuple(leaves_node(h.links) for h in ring.hops), "edp"))
     return out
+
+
+def reduction_transports(engine, s: int, d: int) -> tuple[Transport, ...]:
+    """The transports of the groups stage s's releasing backwards on replica d reduce over
+    (`cost.ops.node_comm_sms`): its DP group's and, where its experts' buckets are reduced, its
+    expert-data-parallel group's."""
+    plan: Plan = engine.plan
+    firsts = [(GroupKind.DATA, plan.rank(s, 0, 0))]
+    if (s, 0) in engine.edp_stream:
+        firsts.append((GroupKind.EXPERT_DATA, plan.rank(s, d % engine.costs.workload.ep_replicas, 0)))
+    return tuple(g.transport for g in map(engine.group_by_first.get, firsts) if g is not None)
