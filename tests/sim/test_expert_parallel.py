@@ -72,9 +72,12 @@ def test_ep_groups_are_runs_of_consecutive_replicas(write_scenario):
 
 
 def test_policies_without_megatron_core_refuse_ep(write_scenario):
-    prepared = prepare(write_scenario(ep_scenario(groups=node(), ep=2,
-                                                  policies="[megatron-deepspeed]")))
-    with pytest.raises(PlanError, match="expert: 1"):
+    text = ep_scenario(groups=node(), ep=2, policies="[megatron-deepspeed]")
+    with pytest.raises(ScenarioError, match=r":\d+: policies\[0\]: megatron-deepspeed has no "
+                                            "Megatron-Core mixture-of-experts layers"):
+        prepare(write_scenario(text))
+    prepared = prepare(write_scenario(text.replace("[megatron-deepspeed]", "[megatron]")))
+    with pytest.raises(PlanError, match="use policy megatron or holmes, or a dense model"):
         plan_policy(prepared, "megatron-deepspeed")
 
 
