@@ -87,10 +87,11 @@ def _mixed_nodes(order: tuple[str, ...]) -> str:
 
 def test_holmes_keeps_ep_groups_on_one_rdma_fabric_and_notes_the_rest(write_scenario):
     """Nodes IB, RoCE, IB, RoCE, TP 8, EP 2: Megatron's listing order pairs IB with RoCE (TCP);
-    Holmes' NIC-aware order pairs like nodes. With three IB nodes and one RoCE node one group
-    must cross, which the plan notes."""
+    Holmes' NIC-aware order pairs like nodes (8 micro-batches: the all-to-alls cost more than
+    the expert-DP reductions that then cross, `tests/test_nic_order.py`). With three IB nodes
+    and one RoCE node one group must cross, which the plan notes."""
     prepared = prepare(write_scenario(ep_scenario(
-        groups=_mixed_nodes(("ib", "roce", "ib", "roce")), tp=8, ep=2,
+        groups=_mixed_nodes(("ib", "roce", "ib", "roce")), tp=8, ep=2, global_batch=32,
         policies="[megatron, holmes]")))
     megatron, _ = plan_policy(prepared, "megatron")
     holmes, _ = plan_policy(prepared, "holmes")

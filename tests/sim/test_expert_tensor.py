@@ -180,11 +180,12 @@ def test_plan_searches_expert_tp_and_exports_it(write_scenario):
 def test_holmes_keeps_expert_tp_groups_of_ep_on_one_rdma_fabric(write_scenario):
     """Nodes IB, RoCE, IB, RoCE (8 GPUs each), TP 8, EP 4, expert TP 4: an EP group is 16
     consecutive ranks (ETP fastest), two nodes. Megatron's listing order puts an IB and a RoCE
-    node in each (TCP over Ethernet); Holmes' NIC-aware order two nodes of one fabric (RDMA)."""
+    node in each (TCP over Ethernet); Holmes' NIC-aware order two nodes of one fabric (RDMA),
+    8 micro-batches making the all-to-alls cost more than the expert-DP reductions."""
     from tests.sim.test_expert_parallel import _mixed_nodes
 
     prepared = prepare(write_scenario(etp_scenario(
-        groups=_mixed_nodes(("ib", "roce", "ib", "roce")), tp=8, ep=4, etp=4,
+        groups=_mixed_nodes(("ib", "roce", "ib", "roce")), tp=8, ep=4, etp=4, global_batch=32,
         policies="[megatron, holmes]")))
     megatron, _ = plan_policy(prepared, "megatron")
     holmes, _ = plan_policy(prepared, "holmes")
