@@ -31,6 +31,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from holmes_sim.export.device_types import device_types
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.export.staged import write_together
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
@@ -212,24 +213,16 @@ def _optimizer_args(plan: Plan) -> list[str]:
     return args
 
 
-def nic_class(node: Node) -> str:
-    """The node's device type for Holmes: its first RDMA fabric, or Ethernet."""
-    return node.rdma_fabrics[0] if node.rdma_fabrics else ETHERNET
-
-
 def holmes_args(plan: Plan, cluster: Cluster, nodes: list[Node]) -> tuple[list[str], str | None]:
     """The Holmes repository's heterogeneous-pipeline arguments (without the per-node
     `--hetero-current-device-type`), or ([], why not) when the plan cannot be expressed: Holmes
-    takes one contiguous run of pipeline stages per device type and no virtual stages."""
+    takes one device type per stage (`device_types`), one contiguous run of pipeline stages per
+    device type and no virtual stages."""
     if plan.num_chunks > 1:
         return [], "Holmes' --hetero-pipeline-stages has no virtual (interleaved) stages"
-    per_stage = len(plan.rank_to_gpu) // plan.pp
-    classes = []
-    for s in range(plan.pp):
-        stage = {nic_class(cluster.node(g.node)) for g in plan.rank_to_gpu[s * per_stage:(s + 1) * per_stage]}
-        if len(stage) > 1:
-            return [], f"pipeline stage {s} spans device types {', '.join(sorted(stage))}"
-        classes.append(stage.pop())
+    _, classes = device_types(plan, cluster)
+    if isinstance(classes, str):
+        return [], classes
     runs: list[tuple[str, list[int]]] = []
     for s, c in enumerate(classes):
         if runs and runs[-1][0] == c:
@@ -248,8 +241,9 @@ SOCKET_EXCLUDE = "^docker,lo,virbr,ib"
 its preference for IPoIB (`^`: every interface but those starting with these prefixes)."""
 
 
-def node_nccl_env(node: Node) -> dict[str, str]:
-    """The NCCL environment of one node: bootstrap on Ethernet, its HCAs for RDMA.
+def node_nccl_env(node: Node, fabric: str | None = None) -> dict[str, str]:
+    """The NCCL environment of one node: bootstrap on Ethernet, its HCAs for RDMA (with
+    `fabric`, an RDMA fabric or Ethernet, only those on it: a device type's, `holmes_config`).
 
     NCCL's environment-variable documentation: `NCCL_SOCKET_IFNAME` and `NCCL_IB_HCA` are lists
     of prefixes, `^` first excludes them, `=` first makes them exact names, `name:port` is an
@@ -263,16 +257,45 @@ def node_nccl_env(node: Node) -> dict[str, str]:
     eth = node.nics_on(ETHERNET)
     if eth:
         env["NCCL_SOCKET_IFNAME"] = _exact([n.device for n in eth]) or SOCKET_EXCLUDE
-    rdma = [n for n in node.nics if n.type != ETHERNET]
+    # (k, NIC): its HCA's place among the node's RDMA NICs, which names it without devices
+    rdma = [(k, n) for k, n in enumerate(x for x in node.nics if x.type != ETHERNET)
+            if fabric is None or n.fabric == fabric]
     if rdma:
         env["NCCL_NET"] = "IB"
-        env["NCCL_IB_HCA"] = (_exact([n.device for n in rdma])
-                              or ",".join(f"mlx5_{k}" for k in range(len(rdma))))
-        if any(n.type == "roce" for n in rdma):
+        env["NCCL_IB_HCA"] = (_exact([n.device for _, n in rdma])
+                              or ",".join(f"mlx5_{k}" for k, _ in rdma))
+        if any(n.type == "roce" for _, n in rdma):
             env["NCCL_IB_GID_INDEX"] = str(ROCE_GID_INDEX)
     else:
         env["NCCL_NET"] = "Socket"
     return env
+
+
+def shared_hca_notes(nodes: list[Node], types: dict[str, str],
+                     config: list[dict[str, str]]) -> tuple[str, ...]:
+    """The export README's note on a node whose device type's `holmes_config` entry (the HCAs
+    of all that type's nodes) names HCAs that are, on this node, on another fabric."""
+    listed = {e["CLUSTER_NAME"]: _names(e.get("NCCL_IB_HCA", "")) for e in config}
+    notes: dict[str, None] = {}
+    for node in nodes:
+        kind = types[node.name]
+        own = _names(node_nccl_env(node, kind).get("NCCL_IB_HCA", ""))
+        other = [h for h in _names(node_nccl_env(node).get("NCCL_IB_HCA", ""))
+                 if h not in own and h in listed.get(kind, ())]
+        if other:
+            notes[f"Node group {node.group_path or node.name} runs as device type {kind} "
+                  f"(its HCAs there: {', '.join(own)}); the fork gives every {kind} node "
+                  f"the one `NCCL_IB_HCA` of that `holmes_config.json` entry, which also "
+                  f"names {', '.join(other)}, on this group another fabric's HCAs that NCCL "
+                  f"would take too. Rename them on its hosts (`rdma dev set <hca> name "
+                  f"<new>`), give the names in the scenario's `devices` and export "
+                  f"again."] = None
+    return tuple(notes)
+
+
+def _names(hcas: str) -> list[str]:
+    """The names of an NCCL interface list."""
+    return [h for h in hcas.lstrip("=^").split(",") if h]
 
 
 def _exact(devices: list[str | None]) -> str:
@@ -345,14 +368,15 @@ CUDA_CONNECTIONS_NOTE = (
 """The export README's note on `process_env`."""
 
 
-def holmes_config(nodes: list[Node]) -> list[dict[str, str]]:
-    """The Holmes fork's config.json: per device type the NCCL environment of its groups, and
-    `heter` (TCP) for groups that mix device types. One entry serves many nodes: where their
-    interface lists differ (node groups that name other devices), it holds them all
-    (`_merged`)."""
+def holmes_config(nodes: list[Node], types: dict[str, str]) -> list[dict[str, str]]:
+    """The Holmes fork's config.json: per device type (`types`, `device_types`) the NCCL
+    environment of its groups, its nodes' NICs on that fabric, and `heter` (TCP) for groups
+    that mix device types. One entry serves many nodes: where their interface lists differ (node
+    groups that name other devices), it holds them all (`_merged`)."""
     envs: dict[str, list[dict[str, str]]] = {}
     for node in nodes:
-        envs.setdefault(nic_class(node), []).append(node_nccl_env(node))
+        kind = types[node.name]
+        envs.setdefault(kind, []).append(node_nccl_env(node, kind))
     entries = [{"CLUSTER_NAME": c, **e[0], **{k: _merged([x[k] for x in e if k in x])
                                               for k in _LISTS if k in e[0]}}
                for c, e in envs.items()]
@@ -413,9 +437,11 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
                                      indent=2, sort_keys=True) + "\n"}
     files["holmes_args.txt"] = shlex.join(fork + ub_args) + "\n" if fork else \
         f"# not expressible: {why_not}\n"
+    types = device_types(plan, cluster)[0]
+    config = holmes_config(nodes, types)
     if fork:
-        files["holmes_config.json"] = json.dumps(holmes_config(nodes), indent=2) + "\n"
-    launches = [NodeLaunch(h, n.num_gpus, nic_class(n),
+        files["holmes_config.json"] = json.dumps(config, indent=2) + "\n"
+    launches = [NodeLaunch(h, n.num_gpus, types[n.name],
                            upstream_node_env(n, net) | process_env(plan, n, "megatron"),
                            upstream_node_env(n, "Socket") | process_env(plan, n, "holmes"))
                 for h, n in zip(names, nodes)]
@@ -427,8 +453,9 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     files["launch_holmes.sh"] = _wrapper("holmes")
     lacked = fork_lacks_note(margs) if fork else None
     cuda = (CUDA_CONNECTIONS_NOTE,) if _issues_collectives_ahead(plan) else ()
-    notes = (_notes(workload, ub) + cuda
-             + device_notes(nodes) + ((lacked,) if lacked else ()))
+    notes = (_notes(workload, ub) + cuda + device_notes(nodes)
+             + (shared_hca_notes(nodes, types, config) if fork else ())
+             + ((lacked,) if lacked else ()))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes, tokenizer=tokenizer_args(workload)[0],
                                        vocabulary=vocabulary_section(workload, plan.tp))

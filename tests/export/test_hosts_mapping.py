@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from holmes_sim.cli import app
 from holmes_sim.errors import PlanError
 from holmes_sim.export.hosts import _same_host, read_hosts
-from holmes_sim.export.launch import nic_class, process_env, upstream_net, upstream_node_env
+from holmes_sim.export.launch import device_types, process_env, upstream_net, upstream_node_env
 from holmes_sim.plan import Plan
 from holmes_sim.prepare import prepare
 from tests.conftest import SCENARIOS
@@ -47,9 +47,10 @@ def check_folder_maps_hosts(folder: Path, prepared, real: dict[str, str]) -> lis
     assert hostfile == got["HOSTS"]
     assert sorted(got["HOSTS"]) == sorted(real.values())
     net = upstream_net(plan)
+    types = device_types(plan, prepared.cluster)[0]
     for i, host in enumerate(got["HOSTS"]):
         node = prepared.cluster.node(node_of[host])
-        assert got["TYPES"][i] == nic_class(node), (folder.name, host)
+        assert got["TYPES"][i] == types[node.name], (folder.name, host)
         assert got["ENV_MEGATRON"][i] == env_words(
             upstream_node_env(node, net) | process_env(plan, node, "megatron"))
         assert got["ENV_HOLMES"][i] == env_words(
