@@ -144,15 +144,12 @@ def same_plans(outcomes: list[Outcome]) -> dict[str, str]:
 
 
 def results_document(prepared: Prepared, outcomes: list[Outcome], seed: int) -> dict:
-    """The `--json` document."""
+    """The `--json` document; a policy's `speedup_over_megatron` is null where megatron was
+    not run or either plan does not fit in GPU memory (`speedups`)."""
     ups = speedups(outcomes)
     s = prepared.scenario
-    results = []
-    for o in outcomes:
-        record = o.result.to_json()
-        if ups:
-            record["speedup_over_megatron"] = ups[o.plan.policy]
-        results.append(record)
+    results = [{**o.result.to_json(), "speedup_over_megatron": ups.get(o.plan.policy)}
+               for o in outcomes]
     return {
         "scenario": {"name": s.name, "file": prepared.source, "seed": seed,
                      "gpus": prepared.cluster.num_gpus, "tp": prepared.tp, "pp": prepared.pp,

@@ -1,0 +1,88 @@
+"""Plans that do not fit in GPU memory: no speed-up in the JSON, the API or report.md, and no
+finding that compares them, whether megatron fits and another plan does not, or none fits."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+import holmes_sim
+from holmes_sim.cli import app
+from holmes_sim.prepare import prepare
+from holmes_sim.report.document import findings
+from holmes_sim.runner import results_document, run_scenario
+from tests.conftest import SCENARIOS
+
+runner = CliRunner()
+A64 = ("catalog:\n  gpus: {a64: {peak_tflops: 312, memory_gib: 64, memory_bandwidth_gbyte_per_s: "
+       "2039, compute_efficiency: 0.738, sm_count: 108, intra_node: nvlink3}}\n")
+
+
+def straggler_64gib(folder: Path) -> Path:
+    """scenarios/straggler.yaml on 64 GiB GPUs: megatron's plan fits, holmes' does not."""
+    text = (SCENARIOS / "straggler.yaml").read_text()
+    assert text.count("gpu: a100-80gb") == 4
+    path = folder / "sg.yaml"
+    path.write_text(text.replace("gpu: a100-80gb", "gpu: a64") + A64)
+    return path
+
+
+def none_fit(folder: Path) -> Path:
+    """scenarios/mixed_ib_eth.yaml with micro-batches of 8: no plan fits."""
+    text = (SCENARIOS / "mixed_ib_eth.yaml").read_text()
+    assert "micro_batch_size: 2\n" in text
+    text = text.replace("micro_batch_size: 2\n", "micro_batch_size: 8\n")
+    path = folder / "oom.yaml"
+    path.write_text(text)
+    return path
+
+
+@functools.cache
+def _outcomes(kind: str):
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp())
+    prepared = prepare(straggler_64gib(folder) if kind == "some" else none_fit(folder))
+    return prepared, run_scenario(prepared)
+
+
+def test_the_scenarios_fit_as_these_tests_assume():
+    _, some = _outcomes("some")
+    fits = {o.plan.policy: o.result.memory.fits for o in some}
+    assert fits["megatron"] and not fits["holmes"]
+    _, none = _outcomes("none")
+    assert not any(o.result.memory.fits for o in none)
+
+
+def test_a_plan_that_does_not_fit_has_a_null_speedup_in_the_document():
+    prepared, outcomes = _outcomes("some")
+    doc = results_document(prepared, outcomes, 0)
+    ups = {r["policy"]: r["speedup_over_megatron"] for r in doc["results"]}
+    assert ups["holmes"] is None and ups["megatron"] == 1.0
+    none_doc = results_document(*_outcomes("none"), 0)
+    assert all(r["speedup_over_megatron"] is None for r in none_doc["results"])
+
+
+def test_run_json_and_report_exit_0_when_megatron_fits_and_holmes_does_not(tmp_path):
+    scenario = straggler_64gib(tmp_path)
+    out, report = tmp_path / "r.json", tmp_path / "report"
+    result = runner.invoke(app, ["run", str(scenario), "--json", str(out), "--report",
+                                 str(report), "-q"])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    records = {r["policy"]: r for r in json.loads(out.read_text())["results"]}
+    assert records["holmes"]["speedup_over_megatron"] is None
+    assert not records["holmes"]["fits_memory"]
+    assert json.loads((report / "results.json").read_text())["results"] == \
+        json.loads(out.read_text())["results"]
+
+
+def test_simulate_gives_none_for_a_plan_that_does_not_fit(tmp_path):
+    sim = holmes_sim.simulate(straggler_64gib(tmp_path))
+    assert sim.result("holmes").speedup_over_megatron is None
+    assert sim.result("megatron").speedup_over_megatron == 1.0
+    doc = sim.to_json()
+    assert {r["policy"]: r["speedup_over_megatron"] for r in doc["results"]}["holmes"] is None
