@@ -201,36 +201,54 @@ def largest_cost(result: Result) -> tuple[str, float]:
 
 
 def findings(outcomes: list[Outcome]) -> str:
-    """One paragraph: who wins, by how much over megatron, and the largest cost it still pays."""
+    """One paragraph: who wins, by how much over megatron, and the largest cost it still pays;
+    only plans that fit in GPU memory are compared."""
     if not outcomes:
         return "No policy was run."
     ordered = [o.result for o in ranked(outcomes)]  # plans that fit first
-    winner = ordered[0]
-    parts = [_win_sentence(winner, ordered)]
-    real = next((r for r in ordered if r.policy not in REFERENCES), None)
+    fitting = [r for r in ordered if r.memory.fits]
+    oom = [r.policy for r in ordered if not r.memory.fits]
+    if not fitting:
+        return _none_fit_sentence(ordered)
+    winner = fitting[0]
+    base = next((r for r in ordered if r.policy == BASELINE), None)
+    parts = [_win_sentence(winner, fitting, base)]
+    real = next((r for r in fitting if r.policy not in REFERENCES), None)
     if winner.policy in REFERENCES and real is not None:
         parts.append(f"{winner.policy} is a reference that changes the network, so it is a "
                      f"bound rather than a placement; the fastest policy on the scenario's own "
-                     f"hardware is {_win_sentence(real, ordered, lead=False)}")
-    parts.append(_saving_sentence(winner, ordered))
+                     f"hardware is {_win_sentence(real, fitting, base, lead=False)}")
+    parts.append(_saving_sentence(winner, base))
     parts.append(_cost_sentence(winner))
     if real is not None and real is not winner:
         parts.append(_cost_sentence(real))
-    oom = [r.policy for r in ordered if not r.memory.fits]
     if oom:
         parts.append(f"Not fitting in GPU memory: {', '.join(oom)}.")
     return " ".join(p for p in parts if p)
 
 
-def _win_sentence(r: Result, ordered: list[Result], lead: bool = True) -> str:
-    ties = [o.policy for o in ordered if o is not r and
+def _none_fit_sentence(ordered: list[Result]) -> str:
+    """What a run says when no plan fits in GPU memory: the nearest and the fix."""
+    nearest = min(ordered, key=lambda r: (r.memory.excess_gib, r.policy))
+    return (f"No policy's plan fits in GPU memory (the nearest, {nearest.policy}, "
+            f"{nearest.memory.shortfall()}), so no plan is compared and there is no speed-up "
+            "to report: lower training.micro_batch_size, set training.recompute: full, or raise "
+            "parallel.tensor / parallel.pipeline. Not fitting in GPU memory: "
+            f"{', '.join(r.policy for r in ordered)}.")
+
+
+def _win_sentence(r: Result, fitting: list[Result], base: Result | None,
+                  lead: bool = True) -> str:
+    """`r`'s time, its ties among the plans that fit, and its speed-up over megatron."""
+    ties = [o.policy for o in fitting if o is not r and
             abs(o.iteration_time_s - r.iteration_time_s) <= TIE_REL * r.iteration_time_s]
     tie = f" (tied with {', '.join(ties)})" if ties else ""
     text = (f"{r.policy}{tie} at {r.iteration_time_s:.3f} s per iteration "
             f"({r.tflops_per_gpu:.1f} TFLOP/s per GPU)")
-    base = next((o for o in ordered if o.policy == BASELINE), None)
     if base is None:
         gain = "; megatron was not run, so there is no speed-up to report."
+    elif not base.memory.fits:
+        gain = "; megatron's plan does not fit in GPU memory, so there is no speed-up to report."
     elif r is base:
         gain = ", i.e. megatron itself is fastest."
     else:
@@ -240,10 +258,11 @@ def _win_sentence(r: Result, ordered: list[Result], lead: bool = True) -> str:
     return ("The fastest policy is " if lead else "") + text + gain
 
 
-def _saving_sentence(r: Result, ordered: list[Result]) -> str:
-    """Which breakdown category saves `r` the most time against megatron, and on which links."""
-    base = next((o for o in ordered if o.policy == BASELINE), None)
-    if base is None or base is r or base.iteration_time_s <= r.iteration_time_s:
+def _saving_sentence(r: Result, base: Result | None) -> str:
+    """Which breakdown category saves `r` the most time against megatron (when both fit), and
+    on which links."""
+    if base is None or base is r or not base.memory.fits or not r.memory.fits or \
+            base.iteration_time_s <= r.iteration_time_s:
         return ""
     key = max(BREAKDOWN_KEYS, key=lambda k: base.breakdown_s[k] - r.breakdown_s[k])
     saved = base.breakdown_s[key] - r.breakdown_s[key]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -86,3 +87,46 @@ def test_simulate_gives_none_for_a_plan_that_does_not_fit(tmp_path):
     assert sim.result("megatron").speedup_over_megatron == 1.0
     doc = sim.to_json()
     assert {r["policy"]: r["speedup_over_megatron"] for r in doc["results"]}["holmes"] is None
+
+
+def test_findings_compare_no_plan_when_none_fits():
+    _, outcomes = _outcomes("none")
+    text = findings(outcomes)
+    assert "faster than megatron" not in text and "The fastest policy" not in text
+    assert "saving" not in text
+    nearest = min((o.result for o in outcomes), key=lambda r: (r.memory.excess_gib, r.policy))
+    assert text.startswith(f"No policy's plan fits in GPU memory (the nearest, {nearest.policy}, "
+                           f"{nearest.memory.shortfall()}), so no plan is compared and there is no "
+                           "speed-up to report")
+    assert "raise parallel.tensor / parallel.pipeline" in text
+
+
+def test_findings_give_no_speedup_over_a_megatron_that_does_not_fit():
+    _, outcomes = _outcomes("none")
+    fitting = outcomes[-1]  # made to fit: its plan, with all the memory it needs
+    memory = type(fitting.result.memory)(fitting.result.memory.per_stage_bytes,
+                                         fitting.result.memory.per_stage_bytes)
+    fake = type(fitting)(fitting.plan, fitting.cluster, fitting.trace,
+                         replace(fitting.result, policy="holmes-x", memory=memory))
+    text = findings([*outcomes, fake])
+    assert text.startswith("The fastest policy is holmes-x ")
+    assert "megatron's plan does not fit in GPU memory, so there is no speed-up" in text
+    assert "faster than megatron" not in text and "saving" not in text
+
+
+def test_findings_name_only_plans_that_fit_when_megatron_fits(tmp_path):
+    _, outcomes = _outcomes("some")
+    fits = [o.result.policy for o in outcomes if o.result.memory.fits]
+    text = findings(outcomes)
+    assert text.startswith(f"The fastest policy is {fits[0]} ")
+    assert "holmes (tied" not in text and "The largest cost holmes " not in text
+    assert "Not fitting in GPU memory: holmes" in text
+
+
+def test_report_md_of_a_run_where_no_plan_fits_claims_no_speedup(tmp_path):
+    report = tmp_path / "report"
+    result = runner.invoke(app, ["run", str(none_fit(tmp_path)), "--report", str(report), "-q"])
+    assert result.exit_code == 0, result.output
+    text = (report / "report.md").read_text()
+    found = text.split("## Findings", 1)[1].split("\n## ", 1)[0]
+    assert "No policy's plan fits in GPU memory" in found and "faster than" not in found
