@@ -14,7 +14,7 @@ from holmes_sim.errors import PlanError
 from holmes_sim.export.hosts import HostLine, read_host_names, read_hosts
 from holmes_sim.export.launch import (LAUNCH_FILE_NAMES, REFERENCE_POLICIES, LaunchFiles,
                                       launch_files, launch_refusal, model_launch_refusal)
-from holmes_sim.export.staged import write_together
+from holmes_sim.report.staged import write_together
 from holmes_sim.report.files import check_folder, check_writable, stale_entries
 from holmes_sim.report.owned import check_owned, owned_folder
 

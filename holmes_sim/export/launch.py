@@ -33,7 +33,7 @@ from pathlib import Path
 
 from holmes_sim.export.device_types import device_types
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
-from holmes_sim.export.staged import write_together
+from holmes_sim.report.staged import write_together
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.errors import FieldError, PlanError, ScenarioError
 from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from holmes_sim.cli import app
-from holmes_sim.export import staged
-from holmes_sim.export.staged import write_together
+from holmes_sim.report import staged
+from holmes_sim.report.staged import write_together
 from holmes_sim.report.files import OutputError
 from holmes_sim.report.owned import MANIFEST_NAME, OutputFolder
 from tests.conftest import small_scenario

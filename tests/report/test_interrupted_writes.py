@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from holmes_sim.export import staged
-from holmes_sim.export.staged import write_together
+from holmes_sim.report import staged
+from holmes_sim.report.staged import write_together
 from holmes_sim.report import files as report_files
 from holmes_sim.report.files import OutputError, output_lock, write_atomic
 from holmes_sim.report.owned import MANIFEST_NAME, OutputFolder, owned_folder

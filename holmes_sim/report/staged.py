@@ -1,6 +1,7 @@
-"""Files of one output written as one change: `plan --export` and `run --plans` replace every
-launch folder, or, when one folder or file cannot be written, none (the earlier files stay as
-they were), and drop the launch files holmes-sim wrote there before that the new plans lack."""
+"""Files of one output written as one change: `run --report` replaces every file of a report,
+`plan --export` and `run --plans` every launch folder, or, when one folder or file cannot be
+written, none (the earlier files stay as they were); launch folders also drop the launch files
+holmes-sim wrote there before that the new plans lack."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ from holmes_sim.report.files import (OutputError, check_file, deferred_interrupt
 from holmes_sim.report.owned import OutputFolder
 
 
-def write_together(root: Path, files: dict[str, str], owner: OutputFolder | None = None,
+def write_together(root: Path, files: dict[str, str | bytes], owner: OutputFolder | None = None,
                    option: str = "output", known: tuple[str, ...] = ()) -> list[str]:
-    """Write `files` (path under `root` -> text; `*.sh` executable) as one change, with each
-    file recorded in `owner`, and remove the files named `known` that `owner`'s record holds in
-    the folders of `files` but `files` no longer include (returned, relative to `root`).
+    """Write `files` (path under `root` -> text or bytes; `*.sh` executable) as one change,
+    with each file recorded in `owner`, and remove the files named `known` that `owner`'s
+    record holds in the folders of `files` but `files` no longer include (returned, relative to
+    `root`).
 
     Every new file is first written beside its target and every file it replaces or removes is
     linked aside, so a folder or file that cannot be written stops the change before any target
@@ -45,7 +47,7 @@ def write_together(root: Path, files: dict[str, str], owner: OutputFolder | None
     return obsolete
 
 
-def _obsolete(root: Path, files: dict[str, str], owner: OutputFolder | None,
+def _obsolete(root: Path, files: dict[str, str | bytes], owner: OutputFolder | None,
               known: tuple[str, ...]) -> list[str]:
     """The files named `known` in `files`' folders that `owner`'s record lists but `files`
     lacks."""
@@ -70,13 +72,13 @@ class _Stage:
         self.done: list[str] = []
         self.failed = True
 
-    def prepare(self, files: dict[str, str], obsolete: list[str]) -> None:
-        for rel, text in sorted(files.items()):
+    def prepare(self, files: dict[str, str | bytes], obsolete: list[str]) -> None:
+        for rel, data in sorted(files.items()):
             target = self.root / rel
             if not target.parent.is_dir():
                 self.created.append(make_folder(target.parent, self.option))
             check_file(target)
-            self.temps[rel] = _write_beside(target, text, rel.endswith(".sh"))
+            self.temps[rel] = _write_beside(target, data, rel.endswith(".sh"))
         for rel in [*files, *obsolete]:
             if (self.root / rel).is_file():
                 self.aside[rel] = _link_aside(self.root / rel)
@@ -123,8 +125,9 @@ def _undone(target: Path, exc: OSError, option: str) -> OutputError:
                        "nothing was changed")
 
 
-def _write_beside(target: Path, text: str, executable: bool) -> Path:
-    """A new file with `text` in `target`'s folder, under a hidden temporary name."""
+def _write_beside(target: Path, data: str | bytes, executable: bool) -> Path:
+    """A new file with `data` (text as UTF-8) in `target`'s folder, under a hidden temporary
+    name."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
@@ -133,8 +136,8 @@ def _write_beside(target: Path, text: str, executable: bool) -> Path:
         mask = os.umask(0)
         os.umask(mask)
         os.fchmod(fd, (0o777 if executable else 0o666) & ~mask)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise os_error(target, exc) from None
