@@ -12,9 +12,10 @@ from holmes_sim.metrics import BREAKDOWN_KEYS, Result
 from holmes_sim.plan import GroupKind
 from holmes_sim.prepare import Prepared
 from holmes_sim.report import plots
-from holmes_sim.report.files import prepare_output, write_atomic, write_json
+from holmes_sim.report.files import deferred_interrupt, json_text, prepare_output
 from holmes_sim.report.owned import owned_folder
-from holmes_sim.report.perfetto import write_chrome_trace
+from holmes_sim.report.perfetto import chrome_trace_text
+from holmes_sim.report.staged import write_together
 from holmes_sim.report.stragglers import stragglers_markdown, with_stragglers
 from holmes_sim.report.tables import footnotes
 from holmes_sim.runner import BASELINE, REFERENCES, Outcome, ranked, results_document, speedups, stamp
@@ -56,19 +57,38 @@ def write_report(directory: Path, prepared: Prepared, outcomes: list[Outcome],
                  progress: Callable[[int, int], None] | None = None) -> None:
     """Write figures, a Chrome trace per policy, results.json and report.md into `directory`
     (created if new, not its parents; files in the way that holmes-sim did not write are
-    refused, `report.owned`); `progress(done, total)` after each file."""
+    refused, `report.owned`) as one change (`write_files`); `progress(done, total)` after each
+    file."""
     directory = prepare_output(directory, directory=True, option="--report")
-    steps = _report_steps(prepared, outcomes)
-    with owned_folder(directory, "--report", report_targets(o.plan.policy for o in outcomes)) \
-            as folder:
-        for done, (name, write) in enumerate(steps, 1):
-            folder.write(name, write)
-            _tick(progress, done, len(steps))
+    write_files(directory, _report_steps(prepared, outcomes), progress)
 
 
-def _report_steps(prepared: Prepared,
-                  outcomes: list[Outcome]) -> list[tuple[str, Callable[[Path], object]]]:
-    """(file name, writer of that file) of every file of a `--report`, in writing order."""
+Step = tuple[str, Callable[[], str | bytes]]
+"""A file of a report: its name in the folder and the function that makes its bytes."""
+
+
+def write_files(directory: Path, steps: list[Step],
+                progress: Callable[[int, int], None] | None = None) -> None:
+    """Make every file of `steps`, then replace the folder's earlier ones with them together
+    (`staged.write_together`): a failure, or a Ctrl-C, while they are made or swapped in leaves
+    the earlier files as they were (and removes a folder this run created). Ctrl-C is held
+    back for the whole step and raised after the file being made: it is never lost, even where
+    it lands in matplotlib's cleanup."""
+    total = len(steps) + 1
+    with deferred_interrupt() as interrupted, \
+            owned_folder(directory, "--report", [name for name, _ in steps]) as folder:
+        files = {}
+        for done, (name, make) in enumerate(steps, 1):
+            files[name] = make()
+            interrupted()
+            _tick(progress, done, total)
+        write_together(directory, files, folder, "--report")
+        interrupted()
+        _tick(progress, total, total)
+
+
+def _report_steps(prepared: Prepared, outcomes: list[Outcome]) -> list[Step]:
+    """Every file of a `--report`, in making order."""
     results = [o.result for o in outcomes]
     name = prepared.scenario.name
     figures = {
@@ -80,15 +100,15 @@ def _report_steps(prepared: Prepared,
         "memory.png": lambda: plots.memory_figure(
             results, f"{name}: peak memory per GPU of each pipeline stage vs GPU capacity"),
     }
-    steps = [(f, lambda path, f=f: plots.save_figure(figures[f](), path)) for f in REPORT_FIGURES]
+    steps: list[Step] = [(f, lambda f=f: plots.figure_png(figures[f]())) for f in REPORT_FIGURES]
     steps += [(f"timeline_{o.plan.policy}.png",
-               lambda path, o=o: plots.save_figure(plots.timeline_figure(o.trace, o.plan.policy),
-                                                   path)) for o in outcomes]
-    steps += [(f"trace_{o.plan.policy}.json",
-               lambda path, o=o: write_chrome_trace(path, o.trace)) for o in outcomes]
-    steps.append(("results.json", lambda path: write_json(path, stamp(with_stragglers(
+               lambda o=o: plots.figure_png(plots.timeline_figure(o.trace, o.plan.policy)))
+              for o in outcomes]
+    steps += [(f"trace_{o.plan.policy}.json", lambda o=o: chrome_trace_text(o.trace))
+              for o in outcomes]
+    steps.append(("results.json", lambda: json_text(stamp(with_stragglers(
         results_document(prepared, outcomes, prepared.scenario.seed), prepared, outcomes)))))
-    steps.append(("report.md", lambda path: write_atomic(path, report_markdown(prepared, outcomes))))
+    steps.append(("report.md", lambda: report_markdown(prepared, outcomes)))
     return steps
 
 
@@ -282,13 +302,13 @@ def _cost_sentence(r: Result) -> str:
 
 
 def write_validation_report(directory: Path, result: ValidationResult) -> None:
-    """Write predicted_vs_measured.png and validation.md for a `validate --real` result."""
+    """Write predicted_vs_measured.png and validation.md for a `validate --real` result, as
+    one change (`write_files`)."""
     directory = prepare_output(directory, directory=True, option="--report")
     doc = result.to_json()
-    with owned_folder(directory, "--report", VALIDATION_FILES) as folder:
-        folder.write("predicted_vs_measured.png",
-                     lambda path: plots.save_figure(plots.validation_figure(doc), path))
-        folder.write("validation.md", lambda path: write_atomic(path, validation_markdown(doc)))
+    write_files(directory, [
+        ("predicted_vs_measured.png", lambda: plots.figure_png(plots.validation_figure(doc))),
+        ("validation.md", lambda: validation_markdown(doc))])
 
 
 def validation_markdown(doc: dict) -> str:

@@ -24,7 +24,7 @@ import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from holmes_sim.errors import HolmesError
@@ -314,8 +314,13 @@ def _replace_with(path: Path, data: str | bytes) -> None:
 
 
 def write_json(path: str | Path, document: object) -> None:
-    """Deterministic JSON (sorted keys, fixed indentation), see `write_output`."""
-    write_output(path, json.dumps(document, indent=2, sort_keys=True) + "\n")
+    """`json_text(document)`, see `write_output`."""
+    write_output(path, json_text(document))
+
+
+def json_text(document: object) -> str:
+    """Deterministic JSON (sorted keys, fixed indentation), ending in a newline."""
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
 
 
 def check_file(path: Path) -> None:
@@ -346,23 +351,38 @@ def _kind(mode: int) -> str:
 
 
 @contextlib.contextmanager
-def deferred_interrupt() -> Iterator[None]:
-    """Hold back Ctrl-C (SIGINT) while a short write runs, so that it ends whole or undone and
-    leaves no temporary file beside its target; an interrupt that came meanwhile is raised
-    once it is done. Only the main thread receives signals: elsewhere this changes nothing."""
+def deferred_interrupt() -> Iterator[Callable[[], None]]:
+    """Hold back Ctrl-C (SIGINT) while a write runs, so that it ends whole or undone and leaves
+    no temporary file beside its target; an interrupt that came meanwhile is raised once it is
+    done, or at once by the function this yields, for work that may stop at points of its own
+    choosing. An interrupt held back is never lost, even where it lands in code that would drop
+    a KeyboardInterrupt (a finalizer or weakref callback). Only the main thread receives
+    signals: elsewhere this changes nothing."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: None
         return
     came: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda number, frame: came.append(number))
+
+    def check() -> None:
+        if came:
+            came.clear()
+            _deliver(previous)
+
     try:
-        yield
+        yield check
     finally:
         signal.signal(signal.SIGINT, previous)
-        if came and callable(previous):
-            previous(signal.SIGINT, None)
-        elif came and previous == signal.SIG_DFL:
-            raise KeyboardInterrupt
+        if came:
+            _deliver(previous)
+
+
+def _deliver(handler: object) -> None:
+    """Hand a SIGINT held back to `handler`, the one in place before it was held."""
+    if callable(handler):
+        handler(signal.SIGINT, None)
+    elif handler == signal.SIG_DFL:
+        raise KeyboardInterrupt
 
 
 def _mode(path: Path) -> int | None:

@@ -61,9 +61,13 @@ def chrome_trace(trace: Trace, max_entities: int = MAX_TRACE_ENTITIES) -> dict:
 
 
 def write_chrome_trace(path: str | Path, trace: Trace) -> None:
-    """Write `chrome_trace(trace)` as compact, deterministic JSON (atomically)."""
-    text = json.dumps(chrome_trace(trace), separators=(",", ":"), sort_keys=True)
-    write_atomic(path, text + "\n")
+    """Write `chrome_trace_text(trace)` (atomically)."""
+    write_atomic(path, chrome_trace_text(trace))
+
+
+def chrome_trace_text(trace: Trace) -> str:
+    """`chrome_trace(trace)` as compact, deterministic JSON."""
+    return json.dumps(chrome_trace(trace), separators=(",", ":"), sort_keys=True) + "\n"
 
 
 def event_name(r: OpRecord) -> str:

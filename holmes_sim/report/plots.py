@@ -66,15 +66,20 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Figure, path: str | Path) -> None:
-    """Write `fig` as a PNG with no timestamp or software metadata, atomically, then close it.
-    Drawing is quiet: a user's name in a script the font lacks draws as boxes, and a label too
-    long for constrained layout stays where it is, without matplotlib's UserWarnings."""
+    """Write `figure_png(fig)` atomically."""
+    write_atomic(path, figure_png(fig))
+
+
+def figure_png(fig: Figure) -> bytes:
+    """`fig` as a PNG with no timestamp or software metadata; the figure is closed. Drawing is
+    quiet: a user's name in a script the font lacks draws as boxes, and a label too long for
+    constrained layout stays where it is, without matplotlib's UserWarnings."""
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
     pyplot().close(fig)
-    write_atomic(path, buffer.getvalue())
+    return buffer.getvalue()
 
 
 def _fastest_first(results: Sequence[Result]) -> list[Result]:

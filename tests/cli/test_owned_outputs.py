@@ -156,12 +156,20 @@ def test_a_json_over_a_reports_results_keeps_the_record_current(tmp_path):
 
 
 def test_a_report_that_fails_halfway_leaves_no_new_folder(tmp_path, monkeypatch):
-    from holmes_sim.report import plots
+    import errno
+    import os
 
-    def full_disk(figure, path):
-        raise OutputError(f"--report: cannot write {path}: No space left on device")
+    from holmes_sim.report import staged
 
-    monkeypatch.setattr(plots, "save_figure", full_disk)
+    real, made = staged.tempfile.mkstemp, []
+
+    def full_disk(*args, **kwargs):  # the disk fills up at the fifth file
+        made.append(True)
+        if len(made) == 5:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(staged.tempfile, "mkstemp", full_disk)
     refused(["run", "mixed_ib_eth", "-q", "-p", "holmes", "--report", tmp_path / "new"],
-            "No space left on device")
+            "No space left on device", "the disk is full")
     assert entries(tmp_path) == []
