@@ -132,7 +132,7 @@ def breakdown_figure(results: Sequence[Result], title: str = "") -> Figure:
     ax.set_xlim(0, max(left, default=1) * 1.15 or 1)
     ax.set_xlabel("time per iteration (s), mean over (stage, replica) entities")
     ax.set_title(title or "Where the iteration goes, per policy (fastest first)")
-    fig.legend(loc="outside lower center", ncol=len(BREAKDOWN_KEYS), frameon=False)
+    fig.legend(loc="outside lower center", ncol=4, frameon=False, fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     return fig
 

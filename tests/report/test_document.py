@@ -260,3 +260,22 @@ def test_findings_name_the_category_that_saves_most_and_its_links(report_dir):
     for policy, cells in rows.items():
         assert cells == [results[policy].transports.get(k, "-") for k in kinds]
     assert findings([o for o in outcomes if o.result.policy != "megatron"]).count("saving") == 0
+
+
+def _legend_inside(fig) -> bool:
+    """Whether every legend of `fig` is drawn whole inside the figure."""
+    fig.canvas.draw()
+    box = fig.bbox
+    return all(box.x0 <= (e := legend.get_window_extent()).x0 and e.x1 <= box.x1
+               and box.y0 <= e.y0 and e.y1 <= box.y1 for legend in fig.legends)
+
+
+def test_every_figure_legend_lies_whole_inside_its_figure():
+    _, outcomes = default_run()
+    results = [o.result for o in outcomes]
+    figures = [plots.breakdown_figure(results), plots.memory_figure(results),
+               plots.timeline_figure(outcomes[0].trace, outcomes[0].plan.policy),
+               plots.validation_figure(_FakeValidation().to_json())]
+    for fig in figures:
+        assert fig.legends and _legend_inside(fig), fig.axes[0].get_title()
+        plots.pyplot().close(fig)
