@@ -6,11 +6,13 @@ Each `*_figure` function returns a matplotlib Figure so tests can read the plott
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from holmes_sim.metrics import BREAKDOWN_KEYS, Result
 from holmes_sim.report.files import write_atomic
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+P = ParamSpec("P")
+R = TypeVar("R")
 DPI = 110
 MAX_TIMELINE_ROWS = 32
 
@@ -52,17 +56,40 @@ OP_LABELS = {
 LANES = {"compute": (-0.45, 0.5), "pp": (0.08, 0.16), "dp": (0.27, 0.16)}
 
 
+HOUSE_RC = {"text.parse_math": False}
+"""The project's settings over matplotlib's defaults. Names in titles, labels and legends are
+the user's text: a `$` in a scenario or policy name prints as itself, not as mathtext (no figure
+here uses math)."""
+
+
 def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend (imported on first use)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    # Names in titles, labels and legends are the user's text: a `$` in a scenario or policy
-    # name must print as itself, not start mathtext (no figure here uses math).
-    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt
+
+
+@contextlib.contextmanager
+def house_style() -> Iterator[None]:
+    """matplotlib's own defaults with `HOUSE_RC` over them, whatever the user's matplotlibrc
+    ($MATPLOTLIBRC, ~/.config/matplotlib) or rcParams say; the caller's settings come back after."""
+    pyplot()
+    import matplotlib.style
+
+    with matplotlib.style.context("default"), matplotlib.rc_context(HOUSE_RC):
+        yield
+
+
+def _styled(function: Callable[P, R]) -> Callable[P, R]:
+    """`function` run under `house_style`: a figure is built and drawn with the same settings."""
+    @functools.wraps(function)
+    def styled(*args: P.args, **kwargs: P.kwargs) -> R:
+        with house_style():
+            return function(*args, **kwargs)
+    return styled
 
 
 def save_figure(fig: Figure, path: str | Path) -> None:
@@ -70,6 +97,7 @@ def save_figure(fig: Figure, path: str | Path) -> None:
     write_atomic(path, figure_png(fig))
 
 
+@_styled
 def figure_png(fig: Figure) -> bytes:
     """`fig` as a PNG with no timestamp or software metadata; the figure is closed. Drawing is
     quiet: a user's name in a script the font lacks draws as boxes, and a label too long for
@@ -96,6 +124,7 @@ def _barh(ax: Axes, names: list[str], values: list[float], colour: str, fmt: str
     ax.grid(axis="x", alpha=0.3)
 
 
+@_styled
 def iteration_time_figure(results: Sequence[Result], title: str = "",
                           references: Sequence[str] = ()) -> Figure:
     """Two horizontal bar panels, fastest policy on top: iteration time (s), TFLOP/s per GPU;
@@ -114,6 +143,7 @@ def iteration_time_figure(results: Sequence[Result], title: str = "",
     return fig
 
 
+@_styled
 def breakdown_figure(results: Sequence[Result], title: str = "") -> Figure:
     """Stacked horizontal bars per policy of `Result.breakdown_s` (s), in BREAKDOWN_KEYS order."""
     ordered = _fastest_first(results)
@@ -137,6 +167,7 @@ def breakdown_figure(results: Sequence[Result], title: str = "") -> Figure:
     return fig
 
 
+@_styled
 def memory_figure(results: Sequence[Result], title: str = "") -> Figure:
     """Grouped bars: peak memory per GPU (GiB) of each pipeline stage per policy, with each
     stage's GPU capacity as a dashed line over its group."""
@@ -177,6 +208,7 @@ def timeline_rows(entities: Sequence[Entity], max_rows: int = MAX_TIMELINE_ROWS
     return sample_entities(entities, max_rows)
 
 
+@_styled
 def timeline_figure(trace: Trace, policy: str, max_rows: int = MAX_TIMELINE_ROWS) -> Figure:
     """Gantt chart of one iteration: a row per entity with three lanes (compute ops, PP sends,
     DP collectives); one PolyCollection per op kind, so it stays fast for 100k ops."""
@@ -227,6 +259,7 @@ def timeline_boxes(trace: Trace, rows: Sequence[Entity]) -> dict[OpKind, Any]:
     return out
 
 
+@_styled
 def validation_figure(doc: dict) -> Figure:
     """Predicted vs measured iteration time per policy (s); error bars span the measured
     iterations (min to max), and each pair is annotated with its error %."""
@@ -257,6 +290,7 @@ def validation_figure(doc: dict) -> Figure:
     return fig
 
 
+@_styled
 def sweep_figure(rows: Sequence[dict], fields: Sequence[str], metric: str, ylabel: str) -> Figure:
     """Lines of `metric` against the first swept field, one per policy; one subplot per
     combination of the other swept fields."""
