@@ -290,10 +290,16 @@ def validation_figure(doc: dict) -> Figure:
     return fig
 
 
+SWEEP_MARKERS = "osD^vPX*"
+SWEEP_LINESTYLES = ("-", "--", "-.", ":")
+
+
 @_styled
 def sweep_figure(rows: Sequence[dict], fields: Sequence[str], metric: str, ylabel: str) -> Figure:
-    """Lines of `metric` against the first swept field, one per policy; one subplot per
-    combination of the other swept fields."""
+    """Lines of `metric` against the first swept field (in increasing order where it is
+    numeric), one per policy, each with its own hollow marker and line style so policies with
+    the same results all show (the legend names them); one subplot per combination of the
+    other swept fields."""
     x_field, others = fields[0], list(fields[1:])
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -306,12 +312,17 @@ def sweep_figure(rows: Sequence[dict], fields: Sequence[str], metric: str, ylabe
     x_values = list(dict.fromkeys(row[x_field] for row in rows))
     numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in x_values)
     policies = list(dict.fromkeys(row["policy"] for row in rows))
+    labels = _sweep_labels(rows, fields, metric, policies)
     colours = pyplot().get_cmap("tab10")
     for ax, (key, members) in zip(axes.flat, groups.items(), strict=False):
         for k, policy in enumerate(policies):
             pts = [r for r in members if r["policy"] == policy and r.get("status", "ok") == "ok"]
-            xs = [r[x_field] if numeric else x_values.index(r[x_field]) for r in pts]
-            ax.plot(xs, [r[metric] for r in pts], marker="o", color=colours(k % 10), label=policy)
+            xy = sorted((r[x_field] if numeric else x_values.index(r[x_field]), r[metric])
+                        for r in pts)
+            ax.plot([x for x, _ in xy], [y for _, y in xy], color=colours(k % 10),
+                    marker=SWEEP_MARKERS[k % len(SWEEP_MARKERS)], markerfacecolor="none",
+                    markersize=10 - 2 * (k % 4), linestyle=SWEEP_LINESTYLES[k % 4],
+                    label=labels[policy])
         if not numeric:
             ax.set_xticks(range(len(x_values)), [str(v) for v in x_values])
         ax.set_xlabel(x_field)
@@ -321,7 +332,22 @@ def sweep_figure(rows: Sequence[dict], fields: Sequence[str], metric: str, ylabe
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 4), fontsize=8)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 4), fontsize=8)
     fig.suptitle(f"Sweep: {ylabel} vs {x_field}")
     return fig
+
+
+def _sweep_labels(rows: Sequence[dict], fields: Sequence[str], metric: str,
+                  policies: list[str]) -> dict[str, str]:
+    """Each policy's legend label: its name, with '(same as P)' where every point of it has
+    the `metric` of the earlier policy P, so the lines lie on each other."""
+    points: dict[str, list] = {p: [] for p in policies}
+    for row in rows:
+        if row.get("status", "ok") == "ok":
+            points[row["policy"]].append((tuple(row[f] for f in fields), row[metric]))
+    labels = {}
+    for k, policy in enumerate(policies):
+        same = next((p for p in policies[:k] if points[p] and points[p] == points[policy]), None)
+        labels[policy] = policy if same is None else f"{policy} (same as {same})"
+    return labels
