@@ -565,6 +565,7 @@ def sweep(
     from holmes_sim.report.progress import WorkProgress
     from holmes_sim.report.tables import print_table
     from holmes_sim.report.owned import check_owned
+    from holmes_sim.runner import scenario_file
     from holmes_sim.search.sweep import SWEEP_FILES, run_sweep, sweep_table, write_sweep
 
     try:
@@ -574,7 +575,7 @@ def sweep(
             result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy),
                                _capped_jobs(jobs), progress=bar.update, ray=ray,
                                max_points=max_points)
-        write_sweep(out_dir, result)
+        write_sweep(out_dir, replace(result, scenario=scenario_file(result.scenario)))
     except HolmesError as exc:
         raise _fail(exc) from None
     if not quiet:

@@ -7,6 +7,7 @@ import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from holmes_sim.collector import quiet_collector
 from holmes_sim.errors import FieldError, PlanError
@@ -143,6 +144,20 @@ def same_plans(outcomes: list[Outcome]) -> dict[str, str]:
     return same
 
 
+def scenario_file(source: str | os.PathLike) -> str:
+    """The scenario file as a document names it: a bundled scenario by its name (as `run NAME`
+    takes it), any other by the path as given; never the package's install path, so one run
+    gives the same bytes from any checkout or install."""
+    from holmes_sim.bundled import data_dir
+
+    path = Path(source)
+    try:
+        bundled = path.suffix == ".yaml" and path.parent.resolve() == data_dir("scenarios").resolve()
+    except (OSError, RuntimeError, ValueError):
+        bundled = False
+    return path.stem if bundled else str(source)
+
+
 def results_document(prepared: Prepared, outcomes: list[Outcome], seed: int) -> dict:
     """The `--json` document; a policy's `speedup_over_megatron` is null where megatron was
     not run or either plan does not fit in GPU memory (`speedups`)."""
@@ -151,7 +166,7 @@ def results_document(prepared: Prepared, outcomes: list[Outcome], seed: int) -> 
     results = [{**o.result.to_json(), "speedup_over_megatron": ups.get(o.plan.policy)}
                for o in outcomes]
     return {
-        "scenario": {"name": s.name, "file": prepared.source, "seed": seed,
+        "scenario": {"name": s.name, "file": scenario_file(prepared.source), "seed": seed,
                      "gpus": prepared.cluster.num_gpus, "tp": prepared.tp, "pp": prepared.pp,
                      "dp": prepared.dp, "cp": prepared.cp, "num_microbatches": prepared.num_microbatches,
                      "schedule": s.parallel.schedule, "model": s.model.name},

@@ -18,7 +18,8 @@ from holmes_sim.report.perfetto import chrome_trace_text
 from holmes_sim.report.staged import write_together
 from holmes_sim.report.stragglers import stragglers_markdown, with_stragglers
 from holmes_sim.report.tables import footnotes
-from holmes_sim.runner import BASELINE, REFERENCES, Outcome, ranked, results_document, speedups, stamp
+from holmes_sim.runner import (BASELINE, REFERENCES, Outcome, ranked, results_document,
+                               scenario_file, speedups, stamp)
 
 TIE_REL = 1e-6
 COST_NAMES = {
@@ -127,7 +128,7 @@ def report_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
         f"TP {prepared.tp} x PP {prepared.pp} x "
         f"{f'CP {prepared.cp} x ' if prepared.cp > 1 else ''}DP {prepared.dp}, "
         f"{prepared.num_microbatches} micro-batches ({s.parallel.schedule} schedule), "
-        f"seed {s.seed}. Source: `{prepared.source}`.", "",
+        f"seed {s.seed}. Source: `{scenario_file(prepared.source)}`.", "",
         "## Findings", "", findings(outcomes), "",
         "## Results (fastest first)", "", results_markdown_table(outcomes), "",
         "## Which nodes hold which pipeline stage", "", stage_nodes_markdown(outcomes), "",
