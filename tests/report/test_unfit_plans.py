@@ -3,11 +3,11 @@ finding that compares them, whether megatron fits and another plan does not, or 
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 import holmes_sim
@@ -41,29 +41,31 @@ def none_fit(folder: Path) -> Path:
     return path
 
 
-@functools.cache
-def _outcomes(kind: str):
-    import tempfile
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """'some' (megatron fits, holmes does not) and 'none' (no plan fits): (prepared, outcomes)."""
+    folder = tmp_path_factory.mktemp("unfit")
+    out = {}
+    for kind, path in (("some", straggler_64gib(folder)), ("none", none_fit(folder))):
+        prepared = prepare(path)
+        out[kind] = prepared, run_scenario(prepared)
+    return out
 
-    folder = Path(tempfile.mkdtemp())
-    prepared = prepare(straggler_64gib(folder) if kind == "some" else none_fit(folder))
-    return prepared, run_scenario(prepared)
 
-
-def test_the_scenarios_fit_as_these_tests_assume():
-    _, some = _outcomes("some")
+def test_the_scenarios_fit_as_these_tests_assume(runs):
+    _, some = runs["some"]
     fits = {o.plan.policy: o.result.memory.fits for o in some}
     assert fits["megatron"] and not fits["holmes"]
-    _, none = _outcomes("none")
+    _, none = runs["none"]
     assert not any(o.result.memory.fits for o in none)
 
 
-def test_a_plan_that_does_not_fit_has_a_null_speedup_in_the_document():
-    prepared, outcomes = _outcomes("some")
+def test_a_plan_that_does_not_fit_has_a_null_speedup_in_the_document(runs):
+    prepared, outcomes = runs["some"]
     doc = results_document(prepared, outcomes, 0)
     ups = {r["policy"]: r["speedup_over_megatron"] for r in doc["results"]}
     assert ups["holmes"] is None and ups["megatron"] == 1.0
-    none_doc = results_document(*_outcomes("none"), 0)
+    none_doc = results_document(*runs["none"], 0)
     assert all(r["speedup_over_megatron"] is None for r in none_doc["results"])
 
 
@@ -89,8 +91,8 @@ def test_simulate_gives_none_for_a_plan_that_does_not_fit(tmp_path):
     assert {r["policy"]: r["speedup_over_megatron"] for r in doc["results"]}["holmes"] is None
 
 
-def test_findings_compare_no_plan_when_none_fits():
-    _, outcomes = _outcomes("none")
+def test_findings_compare_no_plan_when_none_fits(runs):
+    _, outcomes = runs["none"]
     text = findings(outcomes)
     assert "faster than megatron" not in text and "The fastest policy" not in text
     assert "saving" not in text
@@ -101,8 +103,8 @@ def test_findings_compare_no_plan_when_none_fits():
     assert "raise parallel.tensor / parallel.pipeline" in text
 
 
-def test_findings_give_no_speedup_over_a_megatron_that_does_not_fit():
-    _, outcomes = _outcomes("none")
+def test_findings_give_no_speedup_over_a_megatron_that_does_not_fit(runs):
+    _, outcomes = runs["none"]
     fitting = outcomes[-1]  # made to fit: its plan, with all the memory it needs
     memory = type(fitting.result.memory)(fitting.result.memory.per_stage_bytes,
                                          fitting.result.memory.per_stage_bytes)
@@ -114,8 +116,8 @@ def test_findings_give_no_speedup_over_a_megatron_that_does_not_fit():
     assert "faster than megatron" not in text and "saving" not in text
 
 
-def test_findings_name_only_plans_that_fit_when_megatron_fits(tmp_path):
-    _, outcomes = _outcomes("some")
+def test_findings_name_only_plans_that_fit_when_megatron_fits(runs):
+    _, outcomes = runs["some"]
     fits = [o.result.policy for o in outcomes if o.result.memory.fits]
     text = findings(outcomes)
     assert text.startswith(f"The fastest policy is {fits[0]} ")
