@@ -333,7 +333,8 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
     path = Path(path)
     axes = parse_axes(sets, max_points)
     axes, points = _checked_points(path, axes)
-    names = list(policies or _first_valid(points, path, axes).scenario.policies)
+    first = _first_valid(points, path, axes)  # none valid: exit 2, with --policy too
+    names = list(policies or first.scenario.policies)
     for name in names:
         get_policy(name, "--policy")
     jobs = max(1, min(jobs if jobs is not None else 2, len(points), usable_cores()))

@@ -251,3 +251,16 @@ def test_a_misspelt_catalog_model_ends_the_sweep_in_any_order(values):
     with pytest.raises(ScenarioError) as info:
         run_sweep(DEFAULT, [f"clusters[0].nodes[0].gpu={values}"], ["holmes"], jobs=1)
     assert "(value 'h100x'): clusters[0].nodes[0].gpu: unknown GPU model 'h100x'" in str(info.value)
+
+
+@pytest.mark.parametrize("policy", [[], ["--policy", "holmes"]])
+def test_a_sweep_with_no_valid_point_exits_2_writing_nothing_with_or_without_policy(tmp_path,
+                                                                                   policy):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["sweep", str(DEFAULT), "--set", "parallel.tensor=3,5",
+                                      *policy, "--out", str(out), "--jobs", "1"])
+    assert result.exit_code == 2, result.output
+    assert "--set parallel.tensor=3,5 (value 3): parallel.tensor: tensor=3 must divide" \
+        in " ".join(result.output.split())
+    assert not out.exists()
+
