@@ -391,7 +391,7 @@ def _field(scenario: Scenario, tokens: Sequence[str | int]) -> Any:
 def _checked_points(path: Path, axes: list[SweepAxis]) -> tuple[list[SweepAxis], list[SweepPoint]]:
     """Every point built and its fields checked (a mistake there ends the sweep). An axis whose
     field reads text shows its numbers as written (`1e3`, not 1000.0); on the others the
-    numbers that read alike (`100.0`, `1e2`) are kept once, the first as written."""
+    numbers that read alike (`100`, `100.0`, `1e2`) are kept once, the first as written."""
     points = build_points(path, axes)
     first = check_point_fields(points[0], path, axes)
     for point in points[1:]:
@@ -408,10 +408,11 @@ def _checked_points(path: Path, axes: list[SweepAxis]) -> tuple[list[SweepAxis],
 
 
 def _merge_numbers(axis: SweepAxis) -> SweepAxis:
-    """`axis` with its values that read alike kept once, the first as written."""
+    """`axis` with its values that read alike kept once, the first as written: `100`, `100.0`
+    and `1e2` are one number (a boolean stays apart from 1 and 0)."""
     kept: dict[tuple, int] = {}
     for j, v in enumerate(axis.values):
-        kept.setdefault((type(v), v), j)
+        kept.setdefault((isinstance(v, bool), v), j)
     if len(kept) == len(axis.values):
         return axis
     order = sorted(kept.values())

@@ -264,3 +264,18 @@ def test_a_sweep_with_no_valid_point_exits_2_writing_nothing_with_or_without_pol
         in " ".join(result.output.split())
     assert not out.exists()
 
+
+def test_an_int_and_a_float_of_one_number_run_once_shown_as_first_given():
+    result = run_sweep(DEFAULT, [f"{BANDWIDTH}=200,50,100,100.0,1e2"], ["holmes"], jobs=1)
+    assert [r[BANDWIDTH] for r in result.rows] == [200, 50, 100]
+    assert result.to_json()["axes"] == [{"path": BANDWIDTH, "values": [200, 50, 100]}]
+    result = run_sweep(DEFAULT, [f"{BANDWIDTH}=1e2,100"], ["holmes"], jobs=1)
+    assert [r[BANDWIDTH] for r in result.rows] == [100.0]
+
+
+def test_a_boolean_is_not_merged_with_the_number_one():
+    from holmes_sim.search.sweep import _merge_numbers
+
+    axis = parse_set("x=1,true,1.0,false,0")
+    assert _merge_numbers(axis).values == (1, True, False, 0)
+
