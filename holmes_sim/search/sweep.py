@@ -38,6 +38,15 @@ METRICS = ("iteration_time_s", "tflops_per_gpu", "samples_per_s", "bubble_fracti
            "peak_memory_gib", "fits_memory")
 MAX_POINTS = 500
 """Most points a sweep runs unless raised with `--max-points` (each simulates every policy)."""
+VALUES_PER_POINT = 20
+"""A `--set` lists at most this many values per point `--max-points` allows (repeats count
+once as points, so a list may repeat some), up to `MAX_SET_VALUES`."""
+MAX_SET_VALUES = 100_000
+"""Most values one `--set` lists whatever `--max-points`. Reading them takes 2 s for 10,000, 28 s
+for 100,000 and 70 s for 200,000 (the cost per value grows with the count), and 1,000,000 did not
+finish in 15 minutes; building and checking each distinct value's point takes 5-13 ms more, so
+100,000 is already tens of minutes before anything runs. A command-line argument holds at most
+128 KiB on Linux, about 65,000 values."""
 MAX_VALUE_CHARS = 200
 """Longest `--set` value (a number, name or boolean; longer text is refused before parsing)."""
 MAX_PATH_CHARS = 300
@@ -96,9 +105,10 @@ class SweepResult:
                 "rows": self.rows}
 
 
-def parse_set(arg: str) -> SweepAxis:
+def parse_set(arg: str, max_points: int = MAX_POINTS) -> SweepAxis:
     """Parse `PATH=V1,V2,...`; values are YAML scalars (100 is an int, eth-25g a string), each
-    number also kept as written (`SweepAxis.written`).
+    number also kept as written (`SweepAxis.written`). At most `VALUES_PER_POINT` x `max_points`
+    values (and `MAX_SET_VALUES`), counted before any is read.
 
     Raises:
         ScenarioError: naming `arg` and what is wrong with it.
@@ -109,16 +119,27 @@ def parse_set(arg: str) -> SweepAxis:
         raise ScenarioError(f"--set {arg}: expected PATH=V1,V2,... (e.g. "
                             "training.global_batch_size=256,512)")
     tokens = parse_path(path, arg)
+    _check_value_count(path, raw.count(",") + 1, max_points)
     texts = raw.split(",")
-    if len(texts) > MAX_POINTS * 20:
-        raise ScenarioError(f"--set {path}=...: {len(texts):,} values; a sweep runs at most "
-                            f"{MAX_POINTS:,} points by default, so give fewer values")
     distinct: dict[tuple[type, Any], Any] = {}  # by the text of a number: 1.50 and 1.5 apart,
     for text in texts:                          # and 1, 1.0 and true apart
         written, value = _read_value(text, arg, path)
         distinct.setdefault((type(written), written), value)
     return SweepAxis(arg, path, tokens, tuple(distinct.values()),
                      tuple(written for _, written in distinct))
+
+
+def _check_value_count(path: str, count: int, max_points: int) -> None:
+    """ScenarioError when a `--set` of `path` lists more values than `parse_set` reads."""
+    limit = min(VALUES_PER_POINT * max_points, MAX_SET_VALUES)
+    if count <= limit:
+        return
+    if limit == MAX_SET_VALUES:
+        raise ScenarioError(f"--set {path}=...: {count:,} values; one --set lists at most "
+                            f"{limit:,} whatever --max-points; give fewer values")
+    raise ScenarioError(f"--set {path}=...: {count:,} values; with --max-points {max_points:,} "
+                        f"one --set lists at most {limit:,}; give fewer values or raise "
+                        "--max-points")
 
 
 def _read_value(text: str, arg: str, path: str) -> tuple[Any, Any]:
@@ -366,7 +387,7 @@ def parse_axes(sets: Sequence[str], max_points: int) -> list[SweepAxis]:
     """The `--set` arguments as axes, each field swept once, at most `max_points` points."""
     if not sets:
         raise ScenarioError("give at least one --set PATH=V1,V2,...")
-    axes = [parse_set(s) for s in sets]
+    axes = [parse_set(s, max_points) for s in sets]
     seen = [a.tokens for a in axes]
     for a in axes:
         if seen.count(a.tokens) > 1:

@@ -279,3 +279,32 @@ def test_a_boolean_is_not_merged_with_the_number_one():
     axis = parse_set("x=1,true,1.0,false,0")
     assert _merge_numbers(axis).values == (1, True, False, 0)
 
+
+LATENCY = "inter_cluster_links[0].latency_us"
+
+
+def test_max_points_raises_the_number_of_values_one_set_may_list(tmp_path):
+    from holmes_sim.search.sweep import parse_axes
+
+    values = ",".join(str(i) for i in range(1, 12_001))
+    assert len(parse_axes([f"{LATENCY}={values}"], 15_000)[0].values) == 12_000
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["sweep", str(DEFAULT), "--set", f"{LATENCY}={values}",
+                                      "--max-points", "500", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert (f"--set {LATENCY}=...: 12,000 values; with --max-points 500 one --set lists at "
+            "most 10,000; give fewer values or raise --max-points") \
+        in " ".join(result.output.split())
+    assert not out.exists()
+
+
+def test_a_set_past_the_hard_bound_is_refused_fast_whatever_max_points(tmp_path):
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(ScenarioError) as info:
+        run_sweep(DEFAULT, [f"{LATENCY}=" + ",".join(["1"] * 1_000_001)], ["holmes"],
+                  max_points=10**7)
+    assert time.monotonic() - start < 1.0
+    assert str(info.value) == (f"--set {LATENCY}=...: 1,000,001 values; one --set lists at "
+                               "most 100,000 whatever --max-points; give fewer values")
