@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts, stage_param_counts
 from holmes_sim.estimate.netview import netview
+from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import Plan
 from holmes_sim.schedule import peaks_in_flight
 from holmes_sim.units import GIB
@@ -56,7 +57,22 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     (`Workload.expert_layer_params`);
     activations = (in-flight chunk-micro-batches) x (layers of the stage's largest chunk) x
     per-layer activation bytes [Korthikanti et al. 2022, Table 2], and on the last stage one
-    micro-batch's output layer and loss (`Workload.output_activation_bytes`)."""
+    micro-batch's output layer and loss (`Workload.output_activation_bytes`).
+
+    Kept by what it reads of the plan: Holmes' partition search checks the split its plan then
+    gets, which the planner's memory filter checks again."""
+    return _REPORTS.get((cluster, plan.rank_to_gpu, plan.groups, workload, costs),
+                        (plan.tp, plan.pp, plan.dp, plan.num_chunks, plan.schedule_kind,
+                         plan.num_microbatches, plan.optimizer, plan.layers_per_stage),
+                        lambda: _memory_report(plan, cluster, workload, costs))
+
+
+_REPORTS: IdentityMemo[MemoryReport] = IdentityMemo()
+
+
+def _memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCosts
+                   ) -> MemoryReport:
+    """`memory_report` computed."""
     net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp, plan.num_chunks)
     act_per_layer = workload.activation_bytes_per_layer(plan.tp)
     peaks = peaks_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks)
