@@ -15,8 +15,9 @@
    so DP groups run on RDMA and only pipeline (and embedding) traffic crosses fabrics on Ethernet.
 3. Self-adapting pipeline partition (section 3.2): layers per stage by search (`partition.py`),
    kept only where the schedule's critical path (`analytic.estimate_iteration`) says it beats
-   the equal split: the search prices stages one by one and cannot see a pipeline send waiting
-   for its receiver (on `mixed_ib_eth` its 20 + 16 layers estimate 7.68 s, 18 + 18 7.49 s).
+   the equal split, or where only it fits in memory: the search prices stages one by one and
+   cannot see a pipeline send waiting for its receiver (on `mixed_ib_eth` its 20 + 16 layers
+   estimate 7.68 s, 18 + 18 7.49 s).
 4. Overlapped distributed optimizer (section 3.4): bucketed reduce-scatter during the last
    backward, parameter all-gather overlapped with the next forward.
 """
@@ -66,11 +67,11 @@ class HolmesPolicy:
         if not self.adaptive_partition:
             return first
         groups, optimizer = first.groups, first.optimizer
-        adaptive = plan_with(tuple(adaptive_partition(StageTimer(request, rank_to_gpu, groups,
-                                                                 optimizer))))
+        timer = StageTimer(request, rank_to_gpu, groups, optimizer)
+        adaptive = plan_with(tuple(adaptive_partition(timer)))
         if adaptive.layers_per_stage == equal:
             return adaptive
-        even = plan_with(equal)
+        even = first
         priced = (request.cluster, request.workload, request.compute)
         best = estimate_iteration(adaptive, *priced).iteration_s
         # The equal split loses when its iteration's lower bound reaches the adaptive split's
@@ -78,7 +79,11 @@ class HolmesPolicy:
         reach = best / (1.0 - _MARGIN)
         if iteration_floor_s(even, *priced, reach=reach) * (1.0 - _MARGIN) >= best:
             return adaptive
-        return even if estimate_iteration(even, *priced).iteration_s < best else adaptive
+        if estimate_iteration(even, *priced).iteration_s >= best:
+            return adaptive
+        # A faster equal split that does not fit loses to an adaptive split that does.
+        keep_even = timer.memory(equal).fits or not timer.memory(adaptive.layers_per_stage).fits
+        return even if keep_even else adaptive
 
     def order(self, request: PlanRequest) -> tuple[tuple[Node, ...], tuple[GpuRef, ...]]:
         """The nodes and their GPUs in rank order: the listing's, or `nic_aware_order` with

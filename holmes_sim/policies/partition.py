@@ -7,12 +7,17 @@ exposed data-parallel and embedding communication, priced on an idle network (`s
 
 With per-stage times that grow with each added layer, adding layers one at a time to the virtual
 stage whose stage stays cheapest is optimal for the min-max objective (greedy on separable
-increasing costs).
+increasing costs). A split must also fit each stage's GPU memory as the report counts it
+(`estimate.memory.memory_report`: the first stage's embedding, the last stage's output layer,
+the schedule's in-flight micro-batches): where the fastest split does not, the same greedy runs
+with each stage capped at the most layers it holds in memory, which keeps it optimal among the
+splits that fit (a stage's memory grows with its layers).
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -22,8 +27,9 @@ from holmes_sim.cost.nccl_algorithms import CollectiveTopology, collective_time_
 from holmes_sim.cost.ops import chunk_times, op_costs
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
+from holmes_sim.estimate.memory import MemoryReport, memory_report
 from holmes_sim.estimate.netview import netview
-from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode
+from holmes_sim.plan import GpuRef, Group, GroupKind, OptimizerMode, Plan
 from holmes_sim.policies.base import PlanRequest
 
 
@@ -62,6 +68,7 @@ class StageTimer:
                  groups: Sequence[Group], optimizer: OptimizerMode):
         self.r = request
         self.optimizer = optimizer
+        self.gpus, self.groups = rank_to_gpu, groups
         self.costs = op_costs(request.cluster, request.workload, request.compute, request.tp)
         self.times = chunk_times(self.costs)
         # Rings and alike replicas come from the placement's shared view (`netview`).
@@ -128,6 +135,14 @@ class StageTimer:
                 got = cache[(alike, layers)] = m * (fwd + bwd) + extra
             return got
         return price
+
+    def memory(self, layers: tuple[int, ...]) -> MemoryReport:
+        """The report's per-stage peak memory (`memory_report`) of the plan with these layers
+        per virtual stage."""
+        r = self.r
+        plan = Plan("partition", r.tp, r.pp, r.dp, self.gpus, layers, r.schedule_kind,
+                    r.num_microbatches, r.num_chunks, self.optimizer, self.groups, cp=r.cp)
+        return memory_report(plan, r.cluster, r.workload, self.costs)
 
     def _exposed(self, s: int) -> Callable[[int, float, float], float]:
         """`_dp_exposed_s` of stage s as a function of (parameters, forward s, backward s): for
@@ -242,33 +257,94 @@ cluster's."""
 
 
 def adaptive_partition(timer: StageTimer) -> tuple[int, ...]:
-    """Layers per virtual stage minimising the slowest stage's time (see module docstring).
+    """Layers per virtual stage minimising the slowest stage's time among the splits that fit
+    in memory (see module docstring); the fastest split when none fits.
 
     The search assigns layers to pipeline stages; a stage's layers are split evenly over its
-    model chunks (the interleaved schedule wants chunks of equal length). The result depends on
-    the placement, the model and batch, the compute model, the optimizer and the micro-batch
-    count only, so it is kept for the next candidate that shares them (e.g. the same layout
-    with another schedule of equal chunk count)."""
+    model chunks (the interleaved schedule wants chunks of equal length). The fastest split
+    depends on the placement, the model and batch, the compute model, the optimizer and the
+    micro-batch count only, so it is kept for the next candidate that shares them (e.g. the
+    same layout with another schedule of equal chunk count); whether it fits depends on the
+    schedule too (its in-flight micro-batches)."""
     r = timer.r
     if r.workload.num_layers < r.pp * r.num_chunks:
         raise PlanError(f"{r.workload.num_layers} layers cannot fill {r.pp * r.num_chunks} "
                         "pipeline stages")
-    return _PARTITIONS.get((timer.net, r.compute, r.workload),
-                           (timer.optimizer, r.num_microbatches), lambda: _greedy(timer))
+    fastest = _PARTITIONS.get((timer.net, r.compute, r.workload),
+                              (timer.optimizer, r.num_microbatches), lambda: _greedy(timer))
+    return _FITTING.get((timer.net, r.compute, r.workload),
+                        (timer.optimizer, r.num_microbatches, r.schedule_kind, fastest),
+                        lambda: _fitting(timer, fastest))
 
 
 _PARTITIONS: IdentityMemo[tuple[int, ...]] = IdentityMemo()
+_FITTING: IdentityMemo[tuple[int, ...]] = IdentityMemo()
 
 
-def _greedy(timer: StageTimer) -> tuple[int, ...]:
+def _fitting(timer: StageTimer, fastest: tuple[int, ...]) -> tuple[int, ...]:
+    """`fastest` if it fits; else the greedy under each stage's layer cap (`_layer_caps`), a
+    stage still over its memory (an MoE stage's experts depend on where its layers lie) capped
+    below its layers and the greedy run again; `fastest` when the caps leave too few layers
+    (or one stage holds every layer)."""
+    r = timer.r
+    if r.pp == 1 or timer.memory(fastest).fits:
+        return fastest
+    v, pp = r.num_chunks, r.pp
+    caps = _layer_caps(timer)
+    while min(caps) >= v and sum(caps) >= r.workload.num_layers:
+        split = _greedy(timer, caps)
+        mem = timer.memory(split)
+        if mem.fits:
+            return split
+        for s, (need, have) in enumerate(zip(mem.per_stage_bytes, mem.capacity_bytes,
+                                             strict=True)):
+            if need > have:
+                caps[s] = sum(split[s::pp]) - 1
+    return fastest
+
+
+def _layer_caps(timer: StageTimer) -> list[int]:
+    """Per stage, the most layers (split evenly over its chunks) that fit its GPUs' memory, by
+    bisection on the report's memory of splits giving every stage the same count (a stage's
+    memory depends on its own layers and place only); num_chunks - 1 when none fits. When no
+    stage holds its share of the layers, no split fits: caps below the share, unsearched."""
+    r = timer.r
+    v, pp, n = r.num_chunks, r.pp, r.workload.num_layers
+    over: dict[int, list[bool]] = {}
+
+    def too_big(total: int, s: int) -> bool:
+        if total not in over:
+            per_chunk = _even(total, v)
+            mem = timer.memory(tuple(per_chunk[j // pp] for j in range(pp * v)))
+            over[total] = [need > have for need, have in zip(mem.per_stage_bytes,
+                                                             mem.capacity_bytes, strict=True)]
+        return over[total][s]
+
+    share = -(-n // pp)  # some stage holds this many in any split
+    if all(too_big(share, s) for s in range(pp)):
+        return [share - 1] * pp
+    caps = []
+    for s in range(pp):
+        lo, hi = (v - 1, share - 1) if too_big(share, s) else (share, n - (pp - 1) * v)
+        while lo < hi:  # lo layers fit stage s (or lie below its chunks), hi + 1 do not
+            mid = (lo + hi + 1) // 2
+            lo, hi = (lo, mid - 1) if too_big(mid, s) else (mid, hi)
+        caps.append(lo)
+    return caps
+
+
+def _greedy(timer: StageTimer, caps: Sequence[int] | None = None) -> tuple[int, ...]:
     """Add layers one at a time to the stage whose time with one more stays smallest (ties: the
-    lower stage). Only the stage that got the layer has a new trial time."""
+    lower stage), never past a stage's cap (layers; None: no caps). Only the stage that got the
+    layer has a new trial time."""
     r = timer.r
     v = r.num_chunks
     if r.pp == 1:  # every layer goes to the one stage
         return tuple(_even(r.workload.num_layers, v))
     totals = [v] * r.pp
     price = [timer.trial(s) for s in range(r.pp)]
+    if caps is not None:  # a stage at its cap takes no more
+        price = [_capped(p, cap) for p, cap in zip(price, caps, strict=True)]
     # Each stage's trial time once, in a heap of (trial, stage): its top is the smallest trial,
     # the lowest stage among equal ones.
     trials = [(price[s](v + 1), s) for s in range(r.pp)]
@@ -280,6 +356,11 @@ def _greedy(timer: StageTimer) -> tuple[int, ...]:
         replace(trials, (price[best](totals[best] + 1), best))
     per_stage = [_even(t, v) for t in totals]
     return tuple(per_stage[j % r.pp][j // r.pp] for j in range(r.pp * v))
+
+
+def _capped(price: Callable[[int], float], cap: int) -> Callable[[int], float]:
+    """`price` up to `cap` layers, infinite past it."""
+    return lambda total: price(total) if total <= cap else math.inf
 
 
 def _even(total: int, parts: int) -> tuple[int, ...]:
