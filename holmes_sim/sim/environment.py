@@ -19,7 +19,12 @@ class _Stop(Exception):
     """Raised by the callback that ends `CountingEnvironment.run_until`."""
 
 
-def _stop(_event: simpy.Event) -> None:
+def _stop(event: simpy.Event) -> None:
+    """End `CountingEnvironment.run_until` at its event: `_Stop`, or the event's exception where
+    it failed (a process raised, Ctrl-C's KeyboardInterrupt inside one included), as SimPy's
+    `run(until=...)` raises it rather than returning with the clock where the failure struck."""
+    if not event._ok:
+        raise event._value
     raise _Stop
 
 

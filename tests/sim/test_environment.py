@@ -196,3 +196,26 @@ def test_events_without_callbacks_are_taken_and_counted():
     env.run_until(env.timeout(1.0))
     assert log == [2] and env.events_processed == 5
     assert all(ev.callbacks is None for ev in events)
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_an_interrupt_inside_a_process_stops_the_run_as_in_simpy(lean):
+    """Ctrl-C landing in a process's generator fails it; the condition the run waits for fails
+    with it, and the run raises the KeyboardInterrupt (as SimPy's `run(until=...)` does) instead
+    of returning with the clock where it struck, which read as a short iteration."""
+    from holmes_sim.sim.environment import LeanProcess
+
+    def interrupted(env):
+        yield env.timeout(0.5)
+        raise KeyboardInterrupt
+
+    def busy(env):
+        yield env.timeout(2.0)
+
+    plain, calendar = simpy.Environment(), CountingEnvironment()
+    for env, run in ((plain, plain.run), (calendar, calendar.run_until)):
+        start = (lambda g: LeanProcess(env, g)) if lean and env is calendar else env.process
+        done = env.all_of([start(interrupted(env)), start(busy(env))])
+        with pytest.raises(KeyboardInterrupt):
+            run(until=done) if env is plain else run(done)
+        assert env.now == 0.5
