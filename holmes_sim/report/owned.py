@@ -18,8 +18,9 @@ import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from holmes_sim.report.files import (STDOUT, OutputError, check_file, make_folder, os_error,
-                                     output_lock, write_atomic, write_json)
+from holmes_sim.report.files import (STDOUT, OutputError, check_file, deferred_interrupt,
+                                     make_folder, os_error, output_lock, write_atomic,
+                                     write_json)
 
 MANIFEST_NAME = ".holmes-sim-files.json"
 """The record of what holmes-sim wrote in an output folder: relative path -> SHA-256 (hex)."""
@@ -93,11 +94,12 @@ def owned_folder(directory: str | Path, option: str,
     parent must exist) is removed again, with the files recorded in it, when the run fails or
     is interrupted, so a failed first write leaves nothing behind."""
     directory = Path(directory)
-    created = not os.path.lexists(directory)
-    if created:
-        make_folder(directory, option)
-    folder = None
+    created, folder = False, None
     try:
+        with deferred_interrupt():  # a Ctrl-C during the creation comes once it is recorded
+            if not os.path.lexists(directory):
+                make_folder(directory, option)
+                created = True
         with output_lock(directory, option):
             folder = OutputFolder(directory, option)
             folder.check(names)

@@ -208,3 +208,18 @@ def test_a_rerun_that_cannot_replace_a_file_changes_nothing(tmp_path, monkeypatc
     assert result.exit_code == 2, result.output
     assert "nothing was changed" in " ".join(result.output.split())
     assert _files(folder) == before and _hidden(folder) == []
+
+
+def test_a_ctrl_c_just_after_the_folder_is_made_removes_it(tmp_path, monkeypatch):
+    from holmes_sim.report import owned
+
+    def made_then_interrupted(path, option):
+        made = report_files.make_folder(path, option)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the folder has just been made
+        return made
+
+    monkeypatch.setattr(owned, "make_folder", made_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with owned_folder(tmp_path / "report", "--report", ["a.txt"]):
+            pass
+    assert list(tmp_path.iterdir()) == []
