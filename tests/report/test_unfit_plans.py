@@ -18,24 +18,29 @@ from holmes_sim.runner import results_document, run_scenario
 from tests.conftest import SCENARIOS
 
 runner = CliRunner()
-A64 = ("catalog:\n  gpus: {a64: {peak_tflops: 312, memory_gib: 64, memory_bandwidth_gbyte_per_s: "
-       "2039, compute_efficiency: 0.738, sm_count: 108, intra_node: nvlink3}}\n")
+SMALL = ("catalog:\n  gpus: {a56: {peak_tflops: 312, memory_gib: 56, memory_bandwidth_gbyte_per_s: "
+         "2039, compute_efficiency: 0.738, sm_count: 108, intra_node: nvlink3}}\n")
+UNFIT = "holmes-no-adaptive-partition"
 
 
-def straggler_64gib(folder: Path) -> Path:
-    """scenarios/straggler.yaml on 64 GiB GPUs: megatron's plan fits, holmes' does not."""
+def straggler_small_ib_b(folder: Path) -> Path:
+    """scenarios/straggler.yaml with 56 GiB GPUs on its ib-b nodes: megatron's listing order puts
+    them on the last stage (one micro-batch in flight) and fits; Holmes' NIC-aware order puts
+    them on the first, where the equal split needs 61.1 GiB (`UNFIT` does not fit) and the
+    adaptive split moves layers off them (holmes fits)."""
     text = (SCENARIOS / "straggler.yaml").read_text()
-    assert text.count("gpu: a100-80gb") == 4
+    old = "{name: ib-b, count: 2, gpu: a100-80gb"
+    assert text.count(old) == 1
     path = folder / "sg.yaml"
-    path.write_text(text.replace("gpu: a100-80gb", "gpu: a64") + A64)
+    path.write_text(text.replace(old, "{name: ib-b, count: 2, gpu: a56") + SMALL)
     return path
 
 
 def none_fit(folder: Path) -> Path:
-    """scenarios/mixed_ib_eth.yaml with micro-batches of 8: no plan fits."""
+    """scenarios/mixed_ib_eth.yaml with micro-batches of 16: no plan fits."""
     text = (SCENARIOS / "mixed_ib_eth.yaml").read_text()
     assert "micro_batch_size: 2\n" in text
-    text = text.replace("micro_batch_size: 2\n", "micro_batch_size: 8\n")
+    text = text.replace("micro_batch_size: 2\n", "micro_batch_size: 16\n")
     path = folder / "oom.yaml"
     path.write_text(text)
     return path
@@ -43,10 +48,10 @@ def none_fit(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """'some' (megatron fits, holmes does not) and 'none' (no plan fits): (prepared, outcomes)."""
+    """'some' (megatron fits, `UNFIT` does not) and 'none' (no plan fits): (prepared, outcomes)."""
     folder = tmp_path_factory.mktemp("unfit")
     out = {}
-    for kind, path in (("some", straggler_64gib(folder)), ("none", none_fit(folder))):
+    for kind, path in (("some", straggler_small_ib_b(folder)), ("none", none_fit(folder))):
         prepared = prepare(path)
         out[kind] = prepared, run_scenario(prepared)
     return out
@@ -55,7 +60,7 @@ def runs(tmp_path_factory) -> dict:
 def test_the_scenarios_fit_as_these_tests_assume(runs):
     _, some = runs["some"]
     fits = {o.plan.policy: o.result.memory.fits for o in some}
-    assert fits["megatron"] and not fits["holmes"]
+    assert fits["megatron"] and fits["holmes"] and not fits[UNFIT]
     _, none = runs["none"]
     assert not any(o.result.memory.fits for o in none)
 
@@ -64,31 +69,31 @@ def test_a_plan_that_does_not_fit_has_a_null_speedup_in_the_document(runs):
     prepared, outcomes = runs["some"]
     doc = results_document(prepared, outcomes, 0)
     ups = {r["policy"]: r["speedup_over_megatron"] for r in doc["results"]}
-    assert ups["holmes"] is None and ups["megatron"] == 1.0
+    assert ups[UNFIT] is None and ups["megatron"] == 1.0 and ups["holmes"] > 1.0
     none_doc = results_document(*runs["none"], 0)
     assert all(r["speedup_over_megatron"] is None for r in none_doc["results"])
 
 
-def test_run_json_and_report_exit_0_when_megatron_fits_and_holmes_does_not(tmp_path):
-    scenario = straggler_64gib(tmp_path)
+def test_run_json_and_report_exit_0_when_megatron_fits_and_another_does_not(tmp_path):
+    scenario = straggler_small_ib_b(tmp_path)
     out, report = tmp_path / "r.json", tmp_path / "report"
     result = runner.invoke(app, ["run", str(scenario), "--json", str(out), "--report",
                                  str(report), "-q"])
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
     records = {r["policy"]: r for r in json.loads(out.read_text())["results"]}
-    assert records["holmes"]["speedup_over_megatron"] is None
-    assert not records["holmes"]["fits_memory"]
+    assert records[UNFIT]["speedup_over_megatron"] is None
+    assert not records[UNFIT]["fits_memory"]
     assert json.loads((report / "results.json").read_text())["results"] == \
         json.loads(out.read_text())["results"]
 
 
 def test_simulate_gives_none_for_a_plan_that_does_not_fit(tmp_path):
-    sim = holmes_sim.simulate(straggler_64gib(tmp_path))
-    assert sim.result("holmes").speedup_over_megatron is None
+    sim = holmes_sim.simulate(straggler_small_ib_b(tmp_path))
+    assert sim.result(UNFIT).speedup_over_megatron is None
     assert sim.result("megatron").speedup_over_megatron == 1.0
     doc = sim.to_json()
-    assert {r["policy"]: r["speedup_over_megatron"] for r in doc["results"]}["holmes"] is None
+    assert {r["policy"]: r["speedup_over_megatron"] for r in doc["results"]}[UNFIT] is None
 
 
 def test_findings_compare_no_plan_when_none_fits(runs):
@@ -121,8 +126,8 @@ def test_findings_name_only_plans_that_fit_when_megatron_fits(runs):
     fits = [o.result.policy for o in outcomes if o.result.memory.fits]
     text = findings(outcomes)
     assert text.startswith(f"The fastest policy is {fits[0]} ")
-    assert "holmes (tied" not in text and "The largest cost holmes " not in text
-    assert "Not fitting in GPU memory: holmes" in text
+    assert f"{UNFIT} (tied" not in text and f"The largest cost {UNFIT} " not in text
+    assert f"Not fitting in GPU memory: {UNFIT}" in text
 
 
 def test_report_md_of_a_run_where_no_plan_fits_claims_no_speedup(tmp_path):
