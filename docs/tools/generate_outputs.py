@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 SCENARIO_BLOCK = re.compile(r"Save this as `my_cluster\.yaml`.*?```yaml\n(.*?)```", re.S)
 CONSOLE_BLOCK = re.compile(r"```console\n\$ (holmes-sim [^\n]*)\n(.*?)```", re.S)
-FIGURE = re.compile(r"<!-- gen:([a-z_]+) -->(.*?)<!-- /gen -->")
+FIGURE = re.compile(r"<!-- gen:([a-z0-9_]+) -->(.*?)<!-- /gen -->")
 COST_NAMES = {"tp_comm": "tensor-parallel communication",
               "cp_comm": "exposed context-parallel communication",
               "pp_exposed": "exposed pipeline communication",
@@ -51,6 +51,7 @@ def figures(scenario: Path) -> dict[str, str]:
     ups = speedups(list(outcomes.values()))
     key, seconds = largest_cost(holmes)
     return {
+        **_placement_figures(outcomes),
         "holmes_layers": "/".join(map(str, holmes.layers_per_stage)),
         "holmes_speedup": f"{ups['holmes']:.2f}x",
         "holmes_vs_bound_pct": f"{100 * (holmes.iteration_time_s / bound.iteration_time_s - 1):.0f}%",
@@ -59,6 +60,19 @@ def figures(scenario: Path) -> dict[str, str]:
         "holmes_cost_s": f"{seconds:.3f} s",
         "holmes_cost_pct": f"{100 * seconds / holmes.iteration_time_s:.1f}%",
     }
+
+
+def _placement_figures(outcomes) -> dict[str, str]:
+    """Where megatron puts its stages, and the links of megatron's and holmes' DP groups."""
+    plan = outcomes["megatron"].plan
+    stages = [", ".join(dict.fromkeys(g.node for d in range(plan.dp)
+                                      for g in plan.entity_gpus(k, d))) for k in range(plan.pp)]
+    out = {f"megatron_stage{k}": nodes for k, nodes in enumerate(stages)}
+    for policy in ("megatron", "holmes"):
+        result = outcomes[policy].result
+        out[f"{policy}_dp_links"] = result.transports["dp"]
+        out[f"{policy}_dp_exposed_s"] = f"{result.breakdown_s['dp_exposed']:.3f} s"
+    return out
 
 
 def regenerate(text: str) -> str:
