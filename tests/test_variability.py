@@ -134,7 +134,7 @@ def test_seeded_spread_is_deterministic():
     ("slow_links: [{node: ib-0, cluster: c, rate_factor: 0.5}]", "variability.slow_links[0]",
      "exactly one of `node`"),
     ("slow_links: [{node: ib-0, nic: roce7, rate_factor: 0.5}]",
-     "variability.slow_links[0].nic", "name an existing NIC"),
+     "variability.slow_links[0].nic", "ib-0 has ib0 (fabric ib), eth0 (fabric ethernet)"),
     ("slow_links: [{cluster: d, rate_factor: 0.5}]", "variability.slow_links[0].cluster",
      "clusters: c"),
     ("slow_uplinks: [{clusters: [c, d], rate_factor: 0.5}]",
@@ -149,6 +149,33 @@ def test_loader_errors_name_field_and_fix(variability, where, fix):
     message = str(err.value)
     assert f": {where}: " in message
     assert fix in message
+
+
+MIXED = small_scenario(nodes_ib=2, nodes_roce=2)  # ib-0, ib-1: ib0, eth0; roce-0, roce-1: roce0, eth0
+
+
+@pytest.mark.parametrize("entry, where, offered, not_offered", [
+    ("{node: ib-1, nic: roce0, rate_factor: 0.5}", "variability.slow_links[0].nic",
+     "ib-1 has ib0 (fabric ib), eth0 (fabric ethernet)", "roce0"),
+    ("{node: roce-0, fabric: ib, rate_factor: 0.5}", "variability.slow_links[0].fabric",
+     "roce-0 has roce0 (fabric roce), eth0 (fabric ethernet)", "ib0"),
+    ("{node: ib-0, nic: ib0, fabric: roce, rate_factor: 0.5}",
+     "variability.slow_links[0].fabric", "ib-0 has ib0 (fabric ib), eth0 (fabric ethernet)",
+     "roce0"),
+    ("{cluster: c, nic: ib7, rate_factor: 0.5}", "variability.slow_links[0].nic",
+     "the nodes of cluster c have ib0 (fabric ib), roce0 (fabric roce), eth0 (fabric ethernet)",
+     "ib7"),
+])
+def test_slow_link_error_offers_the_nodes_own_nics(entry, where, offered, not_offered):
+    """A slow link that matches no NIC is refused with the NICs and fabrics the named node (or
+    the cluster's nodes) really have, not a fixed list of examples."""
+    with pytest.raises(ScenarioError) as err:
+        prepare_text(_with(f"slow_links: [{entry}]", MIXED))
+    message = str(err.value)
+    assert f": {where}: " in message
+    assert offered in message
+    assert not_offered not in message.rsplit("; ", 1)[-1]  # the NICs offered
+    assert "name one of those NICs or fabrics" in message
 
 
 def test_bundled_straggler_report_shows_why_holmes_wins():

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from holmes_sim.errors import FieldError
-from holmes_sim.hardware.cluster import Cluster, Nic, Node
+from holmes_sim.hardware.cluster import ETHERNET, Cluster, Nic, Node
 from holmes_sim.spec.hardware import SlowLinkSpec, VariabilitySpec
 
 _CLIP_SIGMAS = 3.0
@@ -131,19 +131,38 @@ def _nic_factors(cluster: Cluster, spec: VariabilitySpec) -> dict[str, dict[str,
     out: dict[str, dict[str, float]] = {}
     for i, lk in enumerate(spec.slow_links):
         path = f"variability.slow_links[{i}]"
+        nodes = _link_nodes(cluster, lk, path)
         matched = 0
-        for node in _link_nodes(cluster, lk, path):
+        for node in nodes:
             for nic in node.nics:
                 if (lk.nic is None or nic.name == lk.nic) and (lk.fabric is None or nic.fabric == lk.fabric):
                     factors = out.setdefault(node.name, {})
                     factors[nic.name] = factors.get(nic.name, 1.0) * lk.rate_factor
                     matched += 1
         if not matched:
-            field = "nic" if lk.nic is not None else "fabric"
-            raise FieldError(f"{path}.{field}", f"no NIC of {lk.node or 'cluster ' + str(lk.cluster)}"
-                             f" matches (fabrics: {', '.join(cluster.fabrics)}); name an existing "
-                             "NIC (ib0, roce0, eth0, ...) or fabric")
+            raise _no_such_nic(nodes, lk, path)
     return out
+
+
+def _no_such_nic(nodes: list[Node], lk: SlowLinkSpec, path: str) -> FieldError:
+    """The error for a slow link that matches no NIC of `nodes`: the NIC names those nodes
+    have, by fabric (RDMA fabrics first, Ethernet last). It blames `fabric` when a NIC of the
+    given name exists, else `nic`."""
+    names = {nic.name for n in nodes for nic in n.nics}
+    field = "nic" if lk.nic is not None and lk.nic not in names else \
+        "fabric" if lk.fabric is not None else "nic"
+    wanted = " ".join(([f"named {lk.nic}"] if lk.nic is not None else [])
+                      + ([f"on fabric {lk.fabric}"] if lk.fabric is not None else []))
+    on: dict[str, list[str]] = {}
+    for nic in (nic for n in nodes for nic in n.nics):
+        if nic.name not in on.setdefault(nic.fabric, []):
+            on[nic.fabric].append(nic.name)
+    have = ", ".join(f"{', '.join(nics)} (fabric {fabric})"
+                     for fabric, nics in sorted(on.items(), key=lambda kv: kv[0] == ETHERNET))
+    who = lk.node or f"cluster {lk.cluster}"
+    holder = f"{lk.node} has" if lk.node else f"the nodes of cluster {lk.cluster} have"
+    return FieldError(f"{path}.{field}", f"no NIC of {who} is {wanted}; {holder} {have}: name "
+                                         "one of those NICs or fabrics")
 
 
 def _link_nodes(cluster: Cluster, lk: SlowLinkSpec, path: str) -> list[Node]:
