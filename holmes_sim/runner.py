@@ -175,7 +175,8 @@ def results_document(prepared: Prepared, outcomes: list[Outcome], seed: int) -> 
 
 
 def stamp(document: dict) -> dict:
-    """`document` with the JSON `schema_version` and the tool's name and version first."""
+    """`document` with the JSON `schema_version` and the tool's name and version added (written
+    with sorted keys, so they do not lead the file)."""
     from holmes_sim.version import tool_version
 
     return {"schema_version": SCHEMA_VERSION, "tool": {"name": "holmes-sim", "version": tool_version()},
