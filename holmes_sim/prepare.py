@@ -15,7 +15,6 @@ from holmes_sim.collector import quiet_collector
 from holmes_sim.cost.compute import ComputeModel, KernelCompute, Profile, load_profile
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.policies import POLICIES, PlanRequest
-from holmes_sim.policies.megatron import MegatronPolicy
 from holmes_sim.schedule import ScheduleKind, check_pipelined, check_schedule
 from holmes_sim.spec.load import FIELD_BOUNDS, load_scenario, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
@@ -289,11 +288,6 @@ def _check_policies(s: Scenario) -> None:
                                                f"{', '.join(POLICIES)})")
         if s.policies.index(name) != i:
             raise FieldError(f"policies[{i}]", f"policy '{name}' is listed twice; keep one")
-        policy = POLICIES[name]
-        why = policy.refusal(s.parallel.context, s.model.num_experts is not None) \
-            if isinstance(policy, MegatronPolicy) else None
-        if why is not None:
-            raise FieldError(f"policies[{i}]", why)
 
 
 def _degrees(s: Scenario, cluster: Cluster) -> tuple[int, int, int, int]:

@@ -13,7 +13,7 @@ import pytest
 from holmes_sim.cost.gemm import Gemm
 from holmes_sim.cost.moe import moe_mlp_kernels, tp_comm_factor
 from holmes_sim.cost.transformer import layer_kernels, layer_s
-from holmes_sim.errors import FieldError, ScenarioError
+from holmes_sim.errors import FieldError, PlanError, ScenarioError
 from holmes_sim.estimate.analytic import estimate_iteration
 from holmes_sim.export.model_args import architecture_args
 from holmes_sim.hardware.catalog import GPUS
@@ -123,12 +123,15 @@ policies: [megatron, holmes]
 @pytest.mark.parametrize("policy", ["megatron-llama", "megatron-llama-2023-08",
                                     "megatron-deepspeed"])
 def test_frameworks_without_megatron_core_moe_refuse_an_moe_model(write_scenario, policy):
-    """Even at expert: 1, where the forks used to simulate Megatron-Core's MoE layers."""
+    """Even at expert: 1, where the forks used to simulate Megatron-Core's MoE layers; the
+    refusal names the model's line, and the scenario's other policies still run."""
     text = _scenario().replace("policies: [megatron, holmes]", f"policies: [megatron, {policy}]")
-    line = text.splitlines().index(f"policies: [megatron, {policy}]") + 1
-    with pytest.raises(ScenarioError, match=rf":{line}: policies\[1\]: {policy} has no "
-                                            "Megatron-Core mixture-of-experts layers"):
-        prepare(write_scenario(text))
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if row.startswith("model:"))
+    prepared = prepare(write_scenario(text))
+    with pytest.raises(PlanError, match=rf"^{policy}: .*:{line}: model: this framework has no "
+                                        "Megatron-Core mixture-of-experts layers"):
+        run_policy(prepared, policy)
+    assert run_policy(prepared, "megatron").result.iteration_time_s > 0
 
 
 def test_moe_with_tp_needs_sequence_parallelism(write_scenario):

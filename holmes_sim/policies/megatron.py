@@ -78,25 +78,27 @@ class MegatronPolicy:
     def cluster_view(self, cluster: Cluster) -> Cluster:
         return cluster
 
-    def refusal(self, cp: int, moe: bool) -> str | None:
+    def refusal(self, cp: int, moe: bool) -> PlanError | None:
         """Why this framework cannot run a job of context degree `cp`, or with mixture-of-experts
-        layers (`moe`); None where it can. Megatron-LLaMA (2023) and Megatron-DeepSpeed predate
-        Megatron-Core's context parallelism, and the MoE layers simulated are Megatron-Core's
-        (Megatron-DeepSpeed's are DeepSpeed-MoE's)."""
+        layers (`moe`), naming the scenario field; None where it can. Megatron-LLaMA (2023) and
+        Megatron-DeepSpeed predate Megatron-Core's context parallelism, and the MoE layers
+        simulated are Megatron-Core's (Megatron-DeepSpeed's are DeepSpeed-MoE's)."""
         if self.name == "megatron":
             return None
         if cp > 1:
-            return (f"{self.name} has no context parallelism (--context-parallel-size is "
-                    "Megatron-Core's); use policy megatron or holmes, or context: 1")
+            return PlanError("this framework has no context parallelism (--context-parallel-size "
+                             "is Megatron-Core's); use policy megatron or holmes, or context: 1",
+                             "parallel.context")
         if moe:
-            return (f"{self.name} has no Megatron-Core mixture-of-experts layers (--num-experts "
-                    "with --moe-router-topk); use policy megatron or holmes, or a dense model")
+            return PlanError("this framework has no Megatron-Core mixture-of-experts layers "
+                             "(--num-experts with --moe-router-topk); use policy megatron or "
+                             "holmes, or a dense model", "model")
         return None
 
     def plan(self, request: PlanRequest) -> Plan:
-        why = self.refusal(request.cp, request.workload.moe is not None)
-        if why is not None:
-            raise PlanError(why)
+        refused = self.refusal(request.cp, request.workload.moe is not None)
+        if refused is not None:
+            raise refused
         _, rank_to_gpu = rank_order(request.cluster, "listing", list)
         check_tp_within_nodes(rank_to_gpu, request.tp)
         fabric = job_fabric(request.cluster, rank_to_gpu)
