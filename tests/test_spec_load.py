@@ -171,3 +171,15 @@ def test_a_declared_gpu_names_its_gemm_kernels(write_scenario):
     assert tile_overhead_s(hopper_like, 128, 256, 4096, (2, 2)) == \
         epilogue_s(hopper_like, 128, 256, (2, 2)) > 0.0
     assert tile_overhead_s(blackwell_like, 128, 256, 4096, (2, 2)) == 0.0
+
+
+@pytest.mark.parametrize("gpu", ["my-gpu", "a100-80gb", "unused-gpu"])
+def test_a_declared_gpus_unknown_link_is_named_at_its_own_line(write_scenario, gpu):
+    """Where the GPU's nodes use it, where it overrides a built-in, and where no node uses it."""
+    text = small_scenario().replace("a100-80gb", "my-gpu" if gpu == "my-gpu" else "a100-80gb") + (
+        f"catalog:\n  gpus:\n    {gpu}: {{peak_tflops: 100, memory_gib: 24,\n"
+        "      memory_bandwidth_gbyte_per_s: 900, intra_node: nvlnk9}\n")
+    line = text.splitlines().index("      memory_bandwidth_gbyte_per_s: 900, intra_node: nvlnk9}") + 1
+    with pytest.raises(ScenarioError, match=rf":{line}: catalog.gpus.{gpu}.intra_node: unknown "
+                                            "intra-node link 'nvlnk9'"):
+        prepare(write_scenario(text))

@@ -332,6 +332,10 @@ def build_catalog(spec: CatalogSpec) -> Catalog:
     for name, lk in spec.links.items():
         links[name] = LinkModel(name, gbyte_per_s_to_bytes_per_s(lk.bandwidth_gbyte_per_s),
                                 us_to_s(lk.latency_us), lk.efficiency, lk.source)
+    for name, g in spec.gpus.items():  # a GPU's default link, checked where it is written
+        if g.intra_node is not None:
+            _lookup(links, g.intra_node, f"catalog.gpus.{name}.intra_node", "intra-node link",
+                    "catalog.links")
     return Catalog(gpus, nics, links)
 
 
