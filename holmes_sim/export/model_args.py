@@ -197,8 +197,8 @@ def router_note(w: Workload) -> str | None:
                      "gives no `model.moe_aux_loss_coeff`, so the export writes Megatron-Core's "
                      "recommended starting weight of the load-balancing loss (its Mixtral "
                      "example's); Megatron-LM's own default, 0, would train the router without "
-                     "that loss. Give the weight you train with (0 for none): no simulated time "
-                     "depends on it.")
+                     "that loss. Give the weight you train with (0 for none): the simulated time "
+                     "depends only on whether it is 0, which skips the loss.")
     if "moe_router_pre_softmax" in chosen:
         parts.append("`--moe-router-pre-softmax`: Megatron-Core refuses top-1 softmax routing "
                      "without it (a softmax over the one chosen expert has no gradient); set "

@@ -38,8 +38,9 @@ AUX_LOSS_COEFF_START = 0.01
 
 @dataclass(frozen=True, slots=True)
 class MoeRouter:
-    """The router's settings that change the model's numbers, not its cost (Megatron-Core
-    `TransformerConfig.moe_router_*`, `moe_aux_loss_coeff`): the export writes them."""
+    """The router's settings that change the model's numbers (Megatron-Core
+    `TransformerConfig.moe_router_*`, `moe_aux_loss_coeff`): the export writes them. Of the cost
+    only a zero loss weight counts, which skips the loss (`MoeShape.aux_loss`)."""
 
     aux_loss_coeff: float = 0.0
     pre_softmax: bool = False

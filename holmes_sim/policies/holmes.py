@@ -17,7 +17,7 @@
    kept only where the schedule's critical path (`analytic.estimate_iteration`) says it beats
    the equal split, or where only it fits in memory: the search prices stages one by one and
    cannot see a pipeline send waiting for its receiver (on `mixed_ib_eth` its 20 + 16 layers
-   estimate 7.68 s, 18 + 18 7.49 s).
+   estimate 7.63 s, 18 + 18 7.45 s).
 4. Overlapped distributed optimizer (section 3.4): bucketed reduce-scatter during the last
    backward, parameter all-gather overlapped with the next forward.
 """

@@ -90,8 +90,9 @@ class ModelSpec:
     """Weight of the load-balancing loss (Megatron `--moe-aux-loss-coeff`, whose default 0
     trains without one); None: 0.01 with aux_loss, seq_aux_loss or global_aux_loss (Megatron-Core's
     recommended starting value, its Mixtral example's), 0 with sinkhorn or none. Like every
-    router field down to moe_router_group_topk it changes the model's numbers, not its cost: the
-    export writes it, the simulation does not read it."""
+    router field down to moe_router_group_topk it changes the model's numbers, and the export
+    writes it; of its cost only whether it is 0 counts (Megatron-Core then skips the loss and
+    its read of the router probabilities, `MoeShape.aux_loss`)."""
     moe_router_pre_softmax: bool | None = None
     """Score every expert before the top-k (Megatron `--moe-router-pre-softmax`), so the k
     weights are not renormalized (Hugging Face `norm_topk_prob: false`); None: only where
