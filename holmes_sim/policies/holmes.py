@@ -291,14 +291,14 @@ def _notes(nodes: Sequence[Node], request: PlanRequest) -> tuple[str, ...]:
             notes.append(f"stage {s} spans NIC classes {', '.join(spanned)}")
         split = [k for k in range(first, end, ring) if apart(range(k, k + ring))] \
             if request.cp > 1 else []
-        if split:
-            notes.append(f"stage {s}: {len(split)} CP group(s) span NIC classes (from rank "
-                         f"{split[0]}); their rings leave RDMA")
+        if split:  # a block of tp x cp ranks holds tp CP groups, each over the block's nodes
+            notes.append(f"stage {s}: {len(split) * request.tp} CP group(s) span NIC classes "
+                         f"(from rank {split[0]}); their rings leave RDMA")
         split = [k for k in range(first, end, ep) if apart(range(k, k + ep))] \
             if w.ep > 1 else []
-        if split:
-            notes.append(f"stage {s}: {len(split)} EP group(s) span NIC classes (from rank "
-                         f"{split[0]}); their all-to-alls leave RDMA")
+        if split:  # a block of ep x etp ranks holds etp EP groups, each over its nodes
+            notes.append(f"stage {s}: {len(split) * w.expert_tp(request.tp)} EP group(s) span "
+                         f"NIC classes (from rank {split[0]}); their all-to-alls leave RDMA")
         # An expert-DP group: the ranks at one offset of every EP block (`expert_columns`).
         split = [k for k in range(first, first + ep) if apart(range(k, end, ep))] \
             if w.ep > 1 and edp > 1 else []

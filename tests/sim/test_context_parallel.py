@@ -110,7 +110,7 @@ def test_holmes_notes_a_cp_ring_it_cannot_keep_on_rdma(write_scenario):
     plan, _ = plan_policy(prepared, "holmes")
     kinds = sorted(str(g.transport) for g in plan.groups_of(GroupKind.CONTEXT))
     assert kinds == ["rdma:ib"] * 8 + ["tcp:ethernet"] * 8
-    assert any("1 CP group(s) span NIC classes (from rank 16)" in n for n in plan.notes)
+    assert any("8 CP group(s) span NIC classes (from rank 16)" in n for n in plan.notes)
 
 
 def _ring_oracle_s(prepared, gbit: float) -> float:
