@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import copy
 import csv
+import functools
 import io
 import itertools
 import math
 import re
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from holmes_sim.prepare import Prepared, prepare_text
 from holmes_sim.hardware.catalog import build_catalog
 from holmes_sim.hardware.cluster import check_catalog_names
 from holmes_sim.search.planner import usable_cores
+from holmes_sim.search.workers import run_in_pool
 from holmes_sim.spec.limits import read_text_bounded
 from holmes_sim.spec.load import load_plain, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
@@ -373,12 +374,9 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
             if progress:
                 progress(len(results), len(points))
     else:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(points))) as pool:
-            futures = {pool.submit(run_point, p, path, axes, names): p.index for p in points}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                if progress:
-                    progress(len(results), len(points))
+        parts = run_in_pool(functools.partial(run_point, source=path, axes=axes, policies=names),
+                            points, min(jobs, len(points)), progress)
+        results = {p.index: part for p, part in zip(points, parts, strict=True)}
     rows = [row for p in points for row in results[p.index]]
     return SweepResult(str(path), axes, names, rows)
 

@@ -1,11 +1,12 @@
-"""Worker processes of a search: a fork pool that leaves Ctrl-C to its parent, and results
-gathered in order with progress."""
+"""Worker processes of a search and a sweep: pools whose workers leave Ctrl-C to their parent,
+and results gathered in order with progress."""
 
 from __future__ import annotations
 
 import multiprocessing
 import signal
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing.pool import Pool
 from typing import TypeVar
 
@@ -37,3 +38,28 @@ def collect_in_order(chunks: Sequence[Sequence], parts: Iterable[T], total: int,
         if progress:
             progress(done, total)
     return out
+
+
+def run_in_pool(work: Callable[[T], object], items: Sequence[T], jobs: int,
+                progress: Callable[[int, int], None] | None) -> list:
+    """`work(item)` for each of `items` in `jobs` worker processes that ignore SIGINT, results
+    in the items' order, `progress(done, total)` after each. A Ctrl-C or a failure cancels the
+    items still queued and stops the workers at once, so the command ends in seconds, not after
+    every queued item has run."""
+    results: list = [None] * len(items)
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=signal.signal,
+                               initargs=(signal.SIGINT, signal.SIG_IGN))
+    try:
+        futures = {pool.submit(work, item): k for k, item in enumerate(items)}
+        for done, future in enumerate(as_completed(futures), 1):
+            results[futures[future]] = future.result()
+            if progress:
+                progress(done, len(items))
+    except BaseException:
+        running = list((pool._processes or {}).values())  # shutdown forgets them
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in running:  # their items too
+            process.terminate()
+        raise
+    pool.shutdown()
+    return results

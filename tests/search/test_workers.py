@@ -7,8 +7,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
-from holmes_sim.search.workers import collect_in_order, fork_pool
+from holmes_sim.search.workers import collect_in_order, fork_pool, run_in_pool
 
 _CTRL_C_DURING_MAP = textwrap.dedent("""
     import os, signal, sys, time
@@ -48,3 +49,36 @@ def test_results_come_in_chunk_order_with_progress():
     seen = []
     got = collect_in_order([[1, 2], [3]], iter(["a", "b"]), 3, lambda d, n: seen.append((d, n)))
     assert got == ["a", "b"] and seen == [(2, 3), (3, 3)]
+
+
+_CTRL_C_DURING_SWEEP_POOL = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from holmes_sim.search.workers import run_in_pool
+
+    def nap(_):
+        time.sleep(0.5)
+        return os.getpid()
+
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    start = time.monotonic()
+    try:
+        run_in_pool(nap, range(100), 2, None)  # 25 s of queued work
+    except KeyboardInterrupt:
+        print(f"{time.monotonic() - start:.1f}")
+        sys.exit(130)
+""")
+
+
+def test_ctrl_c_cancels_the_queued_items_and_stops_the_workers():
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _CTRL_C_DURING_SWEEP_POOL], capture_output=True,
+                          text=True, timeout=60, start_new_session=True)
+    assert done.returncode == 130, done.stderr
+    assert time.monotonic() - start < 10.0  # the process ends, not after the 25 s queued
+    assert "Traceback" not in done.stderr
+
+
+def test_run_in_pool_keeps_the_items_order():
+    seen = []
+    got = run_in_pool(abs, [-3, 1, -2], 2, lambda d, n: seen.append((d, n)))
+    assert got == [3, 1, 2] and seen[-1] == (3, 3)
