@@ -172,7 +172,7 @@ def router_args(r: MoeRouter) -> list[str]:
     the top-k scaling factor and the group limit."""
     args: list[str] = []
     if r.aux_loss_coeff:
-        args += ["--moe-aux-loss-coeff", f"{r.aux_loss_coeff:g}"]
+        args += ["--moe-aux-loss-coeff", repr(float(r.aux_loss_coeff))]
     if r.pre_softmax:
         args.append("--moe-router-pre-softmax")
     if r.score_function != "softmax":
@@ -180,7 +180,7 @@ def router_args(r: MoeRouter) -> list[str]:
     if r.expert_bias:
         args.append("--moe-router-enable-expert-bias")
     if r.topk_scaling is not None:
-        args += ["--moe-router-topk-scaling-factor", f"{r.topk_scaling:g}"]
+        args += ["--moe-router-topk-scaling-factor", repr(float(r.topk_scaling))]
     if r.num_groups is not None:
         args += ["--moe-router-num-groups", str(r.num_groups), "--moe-router-group-topk",
                  str(r.group_topk)]

@@ -123,6 +123,13 @@ def _check_groups(model: ModelSpec) -> None:
         raise FieldError("model.moe_router_group_topk", f"moe_router_group_topk={chosen} must "
                          f"be at most moe_router_num_groups={groups} and moe_router_topk={topk} "
                          "(each chosen group is scored by its top topk / group_topk experts)")
+    per_group = experts // groups
+    if topk // chosen > per_group or chosen * per_group < topk:
+        raise FieldError("model.moe_router_num_groups", f"moe_router_num_groups={groups} leaves "
+                         f"{per_group} expert(s) a group, too few for moe_router_topk={topk} from "
+                         f"moe_router_group_topk={chosen} group(s): Megatron-Core scores each group "
+                         "by its top topk / group_topk experts and picks the k among the chosen "
+                         "groups' (moe_utils.group_limited_topk); use fewer groups or choose more")
 
 
 def _check_layer_pattern(freq: tuple[int, ...], layers: int, preset: str | None) -> None:

@@ -122,6 +122,8 @@ def test_the_load_balancing_loss_has_a_weight(write_scenario, fields, coeff):
      "moe_router_num_groups=3 must divide num_experts=8"),
     ("moe_router_num_groups: 4, moe_router_group_topk: 3", "model.moe_router_group_topk",
      "moe_router_group_topk=3 must be at most moe_router_num_groups=4 and moe_router_topk=2"),
+    ("moe_router_num_groups: 8, moe_router_group_topk: 1", "model.moe_router_num_groups",
+     "leaves 1 expert.s. a group, too few for moe_router_topk=2 from moe_router_group_topk=1"),
     ("moe_aux_loss_coeff: -1", "model.moe_aux_loss_coeff", "must be at least 0")])
 def test_router_settings_megatron_core_refuses_are_refused_at_load(write_scenario, fields,
                                                                    field, message):
@@ -181,3 +183,10 @@ def test_router_settings_change_no_cost():
                                             moe_router_pre_softmax=False)), _TRAINING, 8)
     assert base.moe != other.moe and base.total_params == other.total_params
     assert repr(layer_kernels(base, 8)) == repr(layer_kernels(other, 8))
+
+
+def test_router_weights_are_exported_exactly(write_scenario):
+    """Not rounded to six figures: the weight a run trains with is the one written."""
+    text = _router("moe_aux_loss_coeff: 0.0012345678")
+    args = architecture_args(prepare(write_scenario(text)).workload)
+    assert args[args.index("--moe-aux-loss-coeff") + 1] == "0.0012345678"
