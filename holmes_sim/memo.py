@@ -8,10 +8,12 @@ cache is emptied (a search moves on to other layouts, and the entries are cheap 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+_MEMOS: weakref.WeakSet = weakref.WeakSet()
 
 
 class IdentityMemo(Generic[T]):
@@ -20,6 +22,7 @@ class IdentityMemo(Generic[T]):
     def __init__(self, size: int = 256):
         self.size = size
         self._entries: dict[tuple, tuple[tuple, T]] = {}
+        _MEMOS.add(self)
 
     def get(self, objects: tuple, key: tuple, make: Callable[[], T]) -> T:
         # One object (most callers): the same key without unpacking a map.
@@ -37,3 +40,11 @@ class IdentityMemo(Generic[T]):
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+def clear_identity_memos() -> None:
+    """Empty every `IdentityMemo`, for work that shares no object with what came before (a
+    sweep's next point, prepared anew): their entries hold whole clusters and plans alive, and
+    would only be dropped once each memo fills."""
+    for memo in list(_MEMOS):
+        memo.clear()

@@ -28,6 +28,7 @@ from holmes_sim.collector import quiet_collector
 from holmes_sim.prepare import Prepared, prepare_text
 from holmes_sim.hardware.catalog import build_catalog
 from holmes_sim.hardware.cluster import check_catalog_names
+from holmes_sim.memo import clear_identity_memos
 from holmes_sim.search.planner import usable_cores
 from holmes_sim.search.workers import run_in_pool
 from holmes_sim.spec.limits import read_text_bounded
@@ -296,6 +297,7 @@ def run_point(point: SweepPoint, source: Path, axes: Sequence[SweepAxis],
     a plan that does not fit in GPU memory gives status 'no fit'."""
     from holmes_sim.runner import run_scenario
 
+    clear_identity_memos()  # nothing of an earlier point's (prepared anew) is met again
     try:
         prepared = prepare_point(point, source, axes)
         names = list(policies or prepared.scenario.policies)

@@ -308,3 +308,22 @@ def test_a_set_past_the_hard_bound_is_refused_fast_whatever_max_points(tmp_path)
     assert time.monotonic() - start < 1.0
     assert str(info.value) == (f"--set {LATENCY}=...: 1,000,001 values; one --set lists at "
                                "most 100,000 whatever --max-points; give fewer values")
+
+
+def test_a_sweep_point_keeps_nothing_of_the_points_before():
+    """Each point is prepared anew, so the identity-keyed caches of an earlier point (holding
+    its clusters and plans) are dropped: a worker's memory stays flat over a long sweep."""
+    from holmes_sim import memo
+    from holmes_sim.search import sweep
+
+    path = SCENARIOS / "pure_ib.yaml"
+    axes, points = sweep._checked_points(path, sweep.parse_axes(["seed=1,2,3"], 10))
+
+    def held() -> dict[int, int]:
+        return {id(m): len(m._entries) for m in list(memo._MEMOS)}
+
+    sweep.run_point(points[0], path, axes, None)
+    after_one = held()
+    for point in points[1:]:
+        sweep.run_point(point, path, axes, None)
+    assert held() == after_one and sum(after_one.values()) > 0
