@@ -92,7 +92,8 @@ def check_router(model: ModelSpec) -> None:
     if coeff and not balancing.endswith("aux_loss"):
         raise FieldError("model.moe_aux_loss_coeff", f"moe_aux_loss_coeff={coeff:g} weights "
                          f"a loss that {balancing} load balancing does not compute; give 0, or "
-                         "aux_loss, seq_aux_loss or global_aux_loss balancing")
+                         "aux_loss, seq_aux_loss or global_aux_loss balancing"
+                         f"{_preset_fix(model, 'moe_aux_loss_coeff', '0')}")
     if model.moe_router_pre_softmax is False and model.moe_router_topk == 1 and \
             balancing != "sinkhorn" and model.moe_router_score_function == "softmax":
         raise FieldError("model.moe_router_pre_softmax", "Megatron-Core refuses top-1 softmax "
@@ -100,8 +101,16 @@ def check_router(model: ModelSpec) -> None:
                          "gradient); set it true, or remove it")
     if model.moe_router_enable_expert_bias and model.moe_router_score_function != "sigmoid":
         raise FieldError("model.moe_router_enable_expert_bias", "Megatron-Core's expert bias "
-                         "needs moe_router_score_function: sigmoid")
+                         "needs moe_router_score_function: sigmoid"
+                         f"{_preset_fix(model, 'moe_router_enable_expert_bias', 'false')}")
     _check_groups(model)
+
+
+def _preset_fix(model: ModelSpec, field: str, value: str) -> str:
+    """'; <field> comes from preset P; override it beside the preset (<field>: value)' where
+    the model's `field` is its preset's, else ''."""
+    preset = preset_source(model, field)
+    return f"; {overridden(preset, field, value)}" if preset else ""
 
 
 def _check_groups(model: ModelSpec) -> None:
@@ -110,9 +119,10 @@ def _check_groups(model: ModelSpec) -> None:
     groups, chosen = model.moe_router_num_groups, model.moe_router_group_topk
     if (groups is None) != (chosen is None):
         missing = "moe_router_group_topk" if chosen is None else "moe_router_num_groups"
+        given = "moe_router_num_groups" if chosen is None else "moe_router_group_topk"
         raise FieldError(f"model.{missing}", "group-limited routing needs both "
                          "moe_router_num_groups and moe_router_group_topk; give it, or remove "
-                         "the other")
+                         f"the other{_preset_fix(model, given, 'null')}")
     if groups is None:
         return
     experts, topk = model.num_experts, model.moe_router_topk
@@ -122,7 +132,8 @@ def _check_groups(model: ModelSpec) -> None:
     if chosen > min(groups, topk):
         raise FieldError("model.moe_router_group_topk", f"moe_router_group_topk={chosen} must "
                          f"be at most moe_router_num_groups={groups} and moe_router_topk={topk} "
-                         "(each chosen group is scored by its top topk / group_topk experts)")
+                         "(each chosen group is scored by its top topk / group_topk experts)"
+                         f"{_preset_fix(model, 'moe_router_group_topk', f'at most {topk}')}")
     per_group = experts // groups
     if topk // chosen > per_group or chosen * per_group < topk:
         raise FieldError("model.moe_router_num_groups", f"moe_router_num_groups={groups} leaves "

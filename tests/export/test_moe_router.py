@@ -8,10 +8,11 @@ from __future__ import annotations
 import shlex
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from holmes_sim.cli import app
-from holmes_sim.errors import ScenarioError
+from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.export.model_args import architecture_args
 from holmes_sim.model.workload import build_workload
 from holmes_sim.prepare import prepare
@@ -190,3 +191,24 @@ def test_router_weights_are_exported_exactly(write_scenario):
     text = _router("moe_aux_loss_coeff: 0.0012345678")
     args = architecture_args(prepare(write_scenario(text)).workload)
     assert args[args.index("--moe-aux-loss-coeff") + 1] == "0.0012345678"
+
+
+@pytest.mark.parametrize("preset, fields, message", [
+    ("mixtral-8x7b", "moe_router_load_balancing_type: sinkhorn",
+     "moe_aux_loss_coeff comes from preset mixtral-8x7b; override it beside the preset "
+     "(moe_aux_loss_coeff: 0)"),
+    ("deepseek-v3", "moe_router_score_function: softmax",
+     "moe_router_enable_expert_bias comes from preset deepseek-v3; override it beside the "
+     "preset (moe_router_enable_expert_bias: false)"),
+    ("deepseek-v3", "moe_router_num_groups: null",
+     "moe_router_group_topk comes from preset deepseek-v3; override it beside the preset "
+     "(moe_router_group_topk: null)"),
+    ("deepseek-v3", "moe_router_topk: 2",
+     "moe_router_group_topk comes from preset deepseek-v3; override it beside the preset "
+     "(moe_router_group_topk: at most 2)")])
+def test_a_router_value_from_a_preset_is_named_as_the_presets(preset, fields, message):
+    spec = ModelSpec(**dict(preset_fields(preset), preset=preset,
+                            **yaml.safe_load("{" + fields + "}")))
+    with pytest.raises(FieldError) as info:
+        build_workload(spec, TrainingSpec(global_batch_size=64, micro_batch_size=1), 1)
+    assert str(info.value).endswith(message)
