@@ -66,10 +66,9 @@ def check_moe(model: ModelSpec) -> None:
     """Raise FieldError for MoE settings Megatron-Core refuses (`TransformerConfig`)."""
     experts, topk, freq = model.num_experts, model.moe_router_topk, model.moe_layer_freq
     if topk > experts:
-        preset = preset_source(model, "moe_router_topk")
-        fix = f"; {overridden(preset, 'moe_router_topk', f'at most {experts}')}" if preset else ""
         raise FieldError("model.moe_router_topk", f"moe_router_topk={topk} must be at most "
-                         f"num_experts={experts}{fix}")
+                         f"num_experts={experts}"
+                         f"{_preset_fix(model, 'moe_router_topk', f'at most {experts}')}")
     if isinstance(freq, int) and freq < 1:
         raise FieldError("model.moe_layer_freq", f"an interval must be at least 1, got {freq} "
                          "(1: every layer is MoE); or give a 0/1 list, one entry per layer")
