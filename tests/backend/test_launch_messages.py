@@ -12,8 +12,6 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-import pytest
-
 from holmes_sim.backend import launch
 
 GLOO_TIMEOUT = ("RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
