@@ -224,12 +224,13 @@ def _check_policy_names(names: list[str] | None) -> list[str] | None:
 
 
 def _warn_memory(outcomes) -> None:
+    from holmes_sim.metrics import MEMORY_FIX
+
     bad = [o.result for o in outcomes if not o.result.memory.fits]
     if bad:
         why = "; ".join(f"{r.policy} {r.memory.shortfall()}" for r in bad)
         err.print(f"warning: plans that do not fit in GPU memory ({why}) are ranked last with no "
-                  "speed-up; lower training.micro_batch_size, set training.recompute: full, or "
-                  "raise parallel.tensor / parallel.pipeline", highlight=False, markup=False, soft_wrap=True)
+                  f"speed-up; {MEMORY_FIX}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -237,7 +238,7 @@ def _warn_memory(outcomes) -> None:
 def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validate.")]) -> None:
     """Validate a scenario and build every policy's plan, without simulating."""
     from holmes_sim.cost.ops import OpCosts
-    from holmes_sim.metrics import memory_report
+    from holmes_sim.metrics import MEMORY_FIX, memory_report
     from holmes_sim.prepare import prepare
     from holmes_sim.runner import naming_policy, plan_policy
 
@@ -257,8 +258,7 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
                 too_big.append(f"{name} {mem.shortfall()}")
         if too_big:
             raise PlanError(f"{prepared.source}: the model does not fit in GPU memory ("
-                            f"{'; '.join(too_big)}); lower training.micro_batch_size, set "
-                            "training.recompute: full, or raise parallel.tensor / parallel.pipeline")
+                            f"{'; '.join(too_big)}); {MEMORY_FIX}")
     except HolmesError as exc:
         raise _fail(exc) from None
     out.print(f"[green]ok[/green]: {escape(prepared.source)}: {prepared.cluster.num_gpus} GPUs, "

@@ -20,6 +20,10 @@ from holmes_sim.sim.trace import OpKind, Trace
 from holmes_sim.units import GIB
 from holmes_sim.model.workload import Workload
 
+MEMORY_FIX = ("lower training.micro_batch_size, set training.recompute: full, or raise "
+              "parallel.tensor / parallel.pipeline")
+"""What to change when a plan does not fit in GPU memory, as every message says it."""
+
 BREAKDOWN_KEYS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_exposed", "dp_exposed",
                   "optimizer", "bubble")
 _CATEGORY = {

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from holmes_sim.metrics import BREAKDOWN_KEYS, Result
+from holmes_sim.metrics import BREAKDOWN_KEYS, MEMORY_FIX, Result
 from holmes_sim.plan import GroupKind
 from holmes_sim.prepare import Prepared
 from holmes_sim.report import plots
@@ -253,8 +253,7 @@ def _none_fit_sentence(ordered: list[Result]) -> str:
     nearest = min(ordered, key=lambda r: (r.memory.excess_gib, r.policy))
     return (f"No policy's plan fits in GPU memory (the nearest, {nearest.policy}, "
             f"{nearest.memory.shortfall()}), so no plan is compared and there is no speed-up "
-            "to report: lower training.micro_batch_size, set training.recompute: full, or raise "
-            "parallel.tensor / parallel.pipeline. Not fitting in GPU memory: "
+            f"to report: {MEMORY_FIX}. Not fitting in GPU memory: "
             f"{', '.join(r.policy for r in ordered)}.")
 
 
