@@ -10,6 +10,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing.pool import Pool
 from typing import TypeVar
 
+from holmes_sim.spec.limits import interrupts_held
+
 T = TypeVar("T")
 
 
@@ -45,21 +47,37 @@ def run_in_pool(work: Callable[[T], object], items: Sequence[T], jobs: int,
     """`work(item)` for each of `items` in `jobs` worker processes that ignore SIGINT, results
     in the items' order, `progress(done, total)` after each. A Ctrl-C or a failure cancels the
     items still queued and stops the workers at once, so the command ends in seconds, not after
-    every queued item has run."""
+    every queued item has run (one arriving while the items are queued, when they are)."""
     results: list = [None] * len(items)
     pool = ProcessPoolExecutor(max_workers=jobs, initializer=signal.signal,
                                initargs=(signal.SIGINT, signal.SIG_IGN))
+    finished = False
     try:
-        futures = {pool.submit(work, item): k for k, item in enumerate(items)}
+        with interrupts_held():  # its manager thread is started whole, so it can be joined
+            futures = {pool.submit(work, item): k for k, item in enumerate(items)}
         for done, future in enumerate(as_completed(futures), 1):
             results[futures[future]] = future.result()
             if progress:
                 progress(done, len(items))
-    except BaseException:
-        running = list((pool._processes or {}).values())  # shutdown forgets them
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in running:  # their items too
-            process.terminate()
-        raise
-    pool.shutdown()
+        finished = True
+    finally:
+        with interrupts_held():
+            _stop_pool(pool, finished)
     return results
+
+
+def _stop_pool(pool: ProcessPoolExecutor, finished: bool) -> None:
+    """Shut `pool` down and wait for its manager thread; unless `finished`, cancel its queued
+    items and terminate the workers still running first. A manager thread left running at exit
+    closes its wake-up pipe while the interpreter's exit hook writes to it, which prints an
+    ignored OSError traceback (`concurrent.futures.process._python_exit`)."""
+    if finished:
+        pool.shutdown()
+        return
+    running = list((pool._processes or {}).values())  # shutdown forgets them
+    manager = pool._executor_manager_thread
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in running:  # their items too
+        process.terminate()
+    if manager is not None and manager.is_alive():
+        manager.join()  # ends once it has reaped the terminated workers

@@ -201,6 +201,22 @@ def _gib(n: float) -> str:
     return f"{gib:.2f} GiB" if gib >= 0.01 else f"{gib:.2g} GiB"
 
 
+GUARD_SIGNAL = signal.SIGUSR1
+"""The signal `MemoryGuard` sends the main thread, whose handler raises MemoryBoundError."""
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) and the memory guard's GUARD_SIGNAL in this thread until the block
+    ends, then deliver them: cleanup that must finish (stopping worker processes) is not cut
+    short by an exception raised inside it. The block must not wait without bound."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, GUARD_SIGNAL})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 class MemoryGuard:
     """`with MemoryGuard():` holds this process and the processes it starts within the bounds
     (module docstring); `workers=False` bounds this process alone (Ray's daemons are its
@@ -223,7 +239,7 @@ class MemoryGuard:
             self._sample()  # already past the bound as the command starts: stop before it
             if self.reason is not None:
                 raise MemoryBoundError(self.reason)
-            self._old_handler = signal.signal(signal.SIGUSR1, self._raise)
+            self._old_handler = signal.signal(GUARD_SIGNAL, self._raise)
             self._thread = threading.Thread(target=self._watch, name="memory-guard", daemon=True)
             self._thread.start()
         return self
@@ -232,7 +248,7 @@ class MemoryGuard:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-            signal.signal(signal.SIGUSR1, self._old_handler)
+            signal.signal(GUARD_SIGNAL, self._old_handler)
 
     def _raise(self, signum: int, frame: object) -> None:
         if self.reason is not None:
@@ -243,7 +259,7 @@ class MemoryGuard:
             kids = self._sample()
             if self.reason is not None:
                 self._kill(kids)
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+                signal.pthread_kill(threading.main_thread().ident, GUARD_SIGNAL)
                 return
 
     def _sample(self) -> list[int]:

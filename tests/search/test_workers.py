@@ -7,9 +7,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from concurrent.futures.process import _ExecutorManagerThread
+
+import pytest
 
 from holmes_sim.search.workers import collect_in_order, fork_pool, run_in_pool
+from holmes_sim.spec.limits import GUARD_SIGNAL, interrupts_held
 
 _CTRL_C_DURING_MAP = textwrap.dedent("""
     import os, signal, sys, time
@@ -82,3 +87,41 @@ def test_run_in_pool_keeps_the_items_order():
     seen = []
     got = run_in_pool(abs, [-3, 1, -2], 2, lambda d, n: seen.append((d, n)))
     assert got == [3, 1, 2] and seen[-1] == (3, 3)
+
+
+def _fail_on_two(item: int) -> int:
+    if item == 2:
+        raise ValueError("item 2")
+    time.sleep(0.2)
+    return item
+
+
+def _manager_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if isinstance(t, _ExecutorManagerThread)]
+
+
+def test_a_failed_item_leaves_no_pool_thread_behind():
+    # A manager thread still running at exit races the interpreter's exit hook on its wake-up
+    # pipe, which prints an OSError traceback after the command's own error.
+    with pytest.raises(ValueError, match="item 2"):
+        run_in_pool(_fail_on_two, list(range(20)), 2, None)
+    assert _manager_threads() == []
+
+
+def test_interrupts_held_deliver_the_signal_after_the_block():
+    steps = []
+
+    def alarm(signum, frame):
+        steps.append("alarm")
+        raise RuntimeError("alarm")
+
+    old = signal.signal(GUARD_SIGNAL, alarm)
+    try:
+        with pytest.raises(RuntimeError, match="alarm"):
+            with interrupts_held():
+                signal.pthread_kill(threading.main_thread().ident, GUARD_SIGNAL)
+                time.sleep(0.05)
+                steps.append("cleanup done")
+        assert steps == ["cleanup done", "alarm"]
+    finally:
+        signal.signal(GUARD_SIGNAL, old)
