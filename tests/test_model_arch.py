@@ -52,6 +52,27 @@ def test_gpt_models_keep_the_sc21_formula():
     assert w.megatron_tflops_per_gpu(1.0, 1) * 1e12 == sc21
 
 
+@pytest.mark.parametrize("ffn_factor", [2, 4, 8])
+def test_gpt_flops_follow_eq_3_only_at_ffn_4h_and_megatrons_formula_otherwise(ffn_factor):
+    # the case: 8 H100s, global batch 64, f = 2h reported 5.6125e15 FLOP (eq. 3)
+    B, s, L, h, a = 64, 2048, 32, 4096, 32
+    spec = ModelSpec(num_layers=L, hidden_size=h, num_attention_heads=a, seq_length=2048,
+                     ffn_hidden_size=ffn_factor * h)
+    w = build_workload(spec, TrainingSpec(global_batch_size=B, micro_batch_size=1), tp=8)
+    V = w.vocab
+    if ffn_factor == 4:
+        # eq. 3 assumes f = 4h: Megatron-LM's log for GPT in 2021-2022 [N21]
+        assert w.flops_formula == "sc21"
+        expected = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    else:
+        assert w.flops_formula == "megatron-core"
+        expected = megatron_transformer_flops(B, s, L, h, a, a, ffn_factor * h, V, swiglu=False)
+    assert w.model_flop_per_iteration() == pytest.approx(expected, rel=1e-12)
+    assert w.megatron_tflops_per_gpu(1.0, 1) * 1e12 == pytest.approx(expected, rel=1e-12)
+    if ffn_factor == 2:
+        assert expected == pytest.approx(3.7537e15, rel=1e-4)
+
+
 @pytest.mark.parametrize("name, billions", [
     ("llama2-7b", 6.74), ("llama2-13b", 13.02), ("llama2-70b", 68.98),
     ("llama3-8b", 8.03), ("llama3.1-8b", 8.03), ("llama3-70b", 70.55), ("llama3.1-70b", 70.55),

@@ -500,9 +500,11 @@ def moe_router(model: ModelSpec) -> MoeRouter:
 
 
 def _is_gpt(model: ModelSpec) -> bool:
-    """The GPT-2/3 architecture of [N21]: MHA, GeLU MLP, LayerNorm, biases, learned positions."""
+    """The GPT-2/3 architecture [N21]'s eq. 3 counts: MHA, GeLU MLP of width 4h, LayerNorm,
+    biases, learned positions, dense."""
+    ffn = model.ffn_hidden_size or 4 * model.hidden_size
     return (model.num_query_groups in (None, model.num_attention_heads) and not model.swiglu
-            and not model.squared_relu
+            and not model.squared_relu and ffn == 4 * model.hidden_size
             and model.normalization == "layernorm" and model.bias
             and model.position_embedding == "learned" and model.num_experts is None
             and not model.multi_latent_attention)
