@@ -20,12 +20,14 @@ from holmes_sim.spec.presets import preset_fields
 from tests.conftest import small_scenario
 
 
-def _report(write_scenario, *, seq: int, pp: int, precision: str, fp32_grads: bool):
+def _report(write_scenario, *, seq: int, pp: int, precision: str, fp32_grads: bool,
+            position: str = "learned"):
     """(workload, per-stage parameters of the whole TP group, per-stage peak bytes) of the
     megatron plan of an 8-layer TP 8 model without the distributed optimizer."""
     text = small_scenario(tp=8, pp=pp, seq=seq, global_batch=16).replace(
         "micro_batch_size: 1}", f"micro_batch_size: 1, precision: {precision}, "
-        f"grad_reduce_in_fp32: {str(fp32_grads).lower()}, distributed_optimizer: false}}")
+        f"grad_reduce_in_fp32: {str(fp32_grads).lower()}, distributed_optimizer: false}}"
+    ).replace("tie_embeddings:", f"position_embedding: {position}, tie_embeddings:")
     prepared = prepare(write_scenario(text))
     plan, cluster = plan_policy(prepared, "megatron")
     costs = OpCosts(cluster, prepared.workload, prepared.compute, plan.tp)
@@ -34,11 +36,12 @@ def _report(write_scenario, *, seq: int, pp: int, precision: str, fp32_grads: bo
                                                     costs).per_stage_bytes
 
 
-def _held(params: float, layers: int) -> float:
-    """Parameters a GPU of TP 8 holds: 1/8 of all but each layer's two LayerNorms (2 x 2h,
-    h = 1,024), which every TP rank holds whole."""
-    norms = layers * 2 * 2 * 1024
-    return (params - norms) / 8 + norms
+def _held(params: float, layers: int, *, seq: int = 0, last: bool = False) -> float:
+    """Parameters a GPU of TP 8 holds: 1/8 of all but those every TP rank holds whole: each
+    layer's two LayerNorms (2 x 2h, h = 1,024), on the first stage the learned position table
+    (`seq` x h), on the last the final LayerNorm (2h)."""
+    whole = layers * 2 * 2 * 1024 + seq * 1024 + (2 * 1024 if last else 0)
+    return (params - whole) / 8 + whole
 
 
 def test_last_stage_holds_one_micro_batchs_output_layer_and_loss(write_scenario):
@@ -49,8 +52,25 @@ def test_last_stage_holds_one_micro_batchs_output_layer_and_loss(write_scenario)
     layer = w.activation_bytes_per_layer(8)
     output = 4 * 1024 * (1024 + w.vocab) / 8
     assert w.vocab == 51200
-    assert peaks[0] == pytest.approx(_held(params[0], 4) * 18 + 2 * 4 * layer, rel=1e-12)
-    assert peaks[1] == pytest.approx(_held(params[1], 4) * 18 + 4 * layer + output, rel=1e-12)
+    assert peaks[0] == pytest.approx(_held(params[0], 4, seq=1024) * 18 + 2 * 4 * layer,
+                                     rel=1e-12)
+    assert peaks[1] == pytest.approx(_held(params[1], 4, last=True) * 18 + 4 * layer + output,
+                                     rel=1e-12)
+
+
+def test_every_tp_rank_holds_the_position_table_and_final_norm_whole(write_scenario):
+    """Megatron-Core's learned position table is a `torch.nn.Embedding` and its final norm no
+    parallel layer: each of the 8 TP ranks holds all s h = 2,048 x 1,024 and 2h of them, 18
+    bytes each (bf16, fp32 gradients), against a RoPE model without the table."""
+    runs = {p: _report(write_scenario, seq=2048, pp=2, precision="bf16", fp32_grads=True,
+                       position=p) for p in ("learned", "rope")}
+    (w, params, learned), (_, rope_params, rope) = runs["learned"], runs["rope"]
+    assert params[0] - rope_params[0] == 2048 * 1024
+    assert learned[0] - rope[0] == pytest.approx(2048 * 1024 * 18, rel=1e-12)
+    assert learned[1] == rope[1]
+    last = _held(params[1], 4, last=True) * 18 + 4 * w.activation_bytes_per_layer(8) + \
+        w.output_activation_bytes(8)
+    assert learned[1] == pytest.approx(last, rel=1e-12)
 
 
 @pytest.mark.parametrize("seq", [16, 2048])
@@ -60,9 +80,10 @@ def test_optimizer_steps_fp32_gradient_copy_only_after_the_activations(write_sce
     the larger of the two: the copy at 16 tokens, the activations at 2,048."""
     w, params, peaks = _report(write_scenario, seq=seq, pp=1, precision="fp16", fp32_grads=False)
     acts = 8 * w.activation_bytes_per_layer(8) + 4 * seq * (1024 + w.vocab) / 8
-    copy = _held(params[0], 8) * 4
+    held = _held(params[0], 8, seq=seq, last=True)
+    copy = held * 4
     assert (copy > acts) == (seq == 16)
-    assert peaks[0] == pytest.approx(_held(params[0], 8) * 16 + max(acts, copy), rel=1e-12)
+    assert peaks[0] == pytest.approx(held * 16 + max(acts, copy), rel=1e-12)
 
 
 def test_deepseek_v3_ranks_hold_the_duplicated_projections_and_router_whole():
@@ -118,6 +139,7 @@ def _deepseek_lite_state_by_hand() -> list[float]:
             else:
                 split, whole, routed = split + 3 * h * 2816, whole + h * 64, routed + 64 * 3 * h * 1408
         split += h * vocab if rank in (0, 3) else 0  # embedding, untied output layer
+        whole += h if rank == 3 else 0  # the final RMSNorm
         states.append((split / 8 + whole) * (6 + 12 / 4) + routed / 16 * (6 + 12 / 2))
     return states
 

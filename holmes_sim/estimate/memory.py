@@ -92,13 +92,16 @@ def _memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCo
 
 def _layers_as_placed(plan: Plan, workload: Workload):
     """A function of (stage, parameters of its whole TP group, routed experts' of them) giving
-    those with its layers counted as the ones it holds, and how many each TP rank holds whole:
-    `stage_param_counts` prices every layer at the mean over an MoE layer pattern, which charges
-    a stage of DeepSeek's leading dense layers for experts it does not hold."""
+    those with its layers counted as the ones it holds, and how many each TP rank holds whole
+    (its layers' and `_ends_held_whole`): `stage_param_counts` prices every layer at the mean
+    over an MoE layer pattern, which charges a stage of DeepSeek's leading dense layers for
+    experts it does not hold."""
     layers, pp = plan.layers_per_stage, plan.pp
     if workload.moe is None:  # every layer is the mean
         whole = workload.layer_kind_params(False)[2]
-        return lambda stage, params, expert: (params, expert, sum(layers[stage::pp]) * whole)
+        return lambda stage, params, expert: (
+            params, expert,
+            sum(layers[stage::pp]) * whole + _ends_held_whole(workload, stage, pp))
     kinds = list(zip(workload.layer_kind_params(False), workload.layer_kind_params(True)))
     mean = (workload.layer_params, workload.expert_layer_params)
     starts = [0]
@@ -111,9 +114,24 @@ def _layers_as_placed(plan: Plan, workload: Workload):
             total += layers[j]
             moe += sum(workload.moe.pattern[starts[j]:starts[j + 1]])
         held, own, whole = ((total - moe) * dense + moe * routed for dense, routed in kinds)
-        return params - total * mean[0] + held, expert - total * mean[1] + own, whole
+        return (params - total * mean[0] + held, expert - total * mean[1] + own,
+                whole + _ends_held_whole(workload, stage, pp))
 
     return placed
+
+
+def _ends_held_whole(workload: Workload, stage: int, pp: int) -> float:
+    """Parameters outside the layers that every TP rank of pipeline rank `stage` holds whole:
+    the learned position table, s h, beside the embedding on rank 0 (a `torch.nn.Embedding` in
+    Megatron-Core's `LanguageModelEmbedding`, megatron/core/models/common/embeddings/
+    language_model_embedding.py), and the final norm beside the head on rank pp - 1 (not a
+    parallel layer, `TransformerBlock.final_layernorm`)."""
+    held = 0.0
+    if stage == 0 and workload.position_embedding == "learned":
+        held += workload.seq * workload.hidden
+    if stage == pp - 1:
+        held += workload.norm_params
+    return held
 
 
 def _stage_state_bytes(plan: Plan, workload: Workload, params: float, expert: float,
