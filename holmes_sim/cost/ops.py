@@ -198,7 +198,7 @@ class OpCosts:
             n += w.embedding_params
         if last:
             # With tied embeddings and one stage, the head reuses the input embedding.
-            n += 2 * w.hidden if (first and w.tie_embeddings) else w.head_params
+            n += w.norm_params if (first and w.tie_embeddings) else w.head_params
         return n
 
     def virtual_stage_params(self, layers_per_stage: tuple[int, ...], j: int) -> int:

@@ -51,3 +51,21 @@ def test_chunk_times_equal_the_engines_compute_plus_tp_and_the_hand_sum(name):
                         if w is p.workload and tp > 1:
                             assert tp_s > 0  # plain all-reduces: nothing hides them
                         assert times.op_s(node, layers, first, last, backward) == compute + tp_s
+
+
+@pytest.mark.parametrize("norm, norm_params", [("rmsnorm", 1024), ("layernorm", 2 * 1024)])
+def test_one_tied_stage_holds_each_parameter_once(norm, norm_params):
+    """PP 1 with tied embeddings: the head adds only the final norm (h for RMSNorm, which has no
+    bias, 2h for LayerNorm), so the stage holds the model's parameters, counted by hand: 4 layers
+    of 12 h^2 (no biases) and two norms, the V h embedding, the final norm."""
+    from holmes_sim.model.workload import build_workload
+    from holmes_sim.spec.job import ModelSpec, TrainingSpec
+    h = 1024
+    spec = ModelSpec(num_layers=4, hidden_size=h, num_attention_heads=16, seq_length=1024,
+                     normalization=norm, tie_embeddings=True, position_embedding="rope",
+                     bias=False)
+    w = build_workload(spec, TrainingSpec(global_batch_size=8, micro_batch_size=1))
+    p = prepare(bundled_scenario("straggler"))
+    costs = OpCosts(p.cluster, w, p.compute, 1)
+    by_hand = 4 * (12 * h * h + 2 * norm_params) + w.vocab * h + norm_params
+    assert costs.stage_params((4,), 1, 0) == by_hand == w.total_params
