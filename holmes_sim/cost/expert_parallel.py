@@ -15,8 +15,18 @@ intra-node link, and q in each other TP group of the EP group.
 routed copy of a token to the rank that holds its expert before the experts (dispatch) and back
 after them (combine), each an all-to-all over the EP group; the backward moves the gradients the
 same way, so an MoE layer has 2 all-to-alls forward and 2 backward per micro-batch, none of them
-overlapped with compute. Megatron-Core requires sequence parallelism with TP and MoE, so a GPU
-routes its own M/t of the micro-batch's M = b s tokens (s/cp with CP), whatever etp:
+overlapped with compute. Full recomputation re-runs each whole layer's forward in the backward
+(megatron/core/recompute.py `checkpointed_forward` wraps the layers in
+`tensor_parallel.checkpoint`), the MoE layer's dispatch and combine included, so a backward then
+has 4 (`exchanges_per_op`). Selective recomputation's default modules (`recompute_modules`
+["core_attn"], megatron/core/transformer/transformer_config.py) redo no all-to-all, nor does
+"moe_act" (the experts' activation, megatron/core/transformer/moe/experts.py); "moe" (and the
+deprecated `--moe-layer-recompute`) checkpoints the MoE layer's route, dispatch, experts and
+combine (megatron/core/transformer/moe/moe_layer.py) and would redo both: the workload's
+`recompute` modes do not express it.
+
+Megatron-Core requires sequence parallelism with TP and MoE, so a GPU routes its own M/t of the
+micro-batch's M = b s tokens (s/cp with CP), whatever etp:
 
     B = (M / t) k h d   bytes of routed token copies per GPU (k = router top-k, h hidden,
                         d bytes per element; t = 1 without sequence parallelism)
@@ -48,7 +58,14 @@ from collections.abc import Sequence
 from holmes_sim.model.workload import Workload
 
 ALLTOALLS_PER_PASS = 2
-"""All-to-alls per MoE layer in a forward or a backward: dispatch and combine [module]."""
+"""All-to-alls per MoE layer in one exchange: dispatch and combine, or their gradients [module]."""
+
+
+def exchanges_per_op(w: Workload, backward: bool) -> int:
+    """Exchanges (`ALLTOALLS_PER_PASS` all-to-alls per MoE layer) of a forward op (1) or a
+    backward op: the gradients' (1), after the recomputed forward's under full recomputation (2)
+    [module]."""
+    return 2 if backward and w.full_recompute else 1
 
 
 def token_bytes(w: Workload, tp: int) -> float:
@@ -71,15 +88,15 @@ def alltoall_s(bytes_per_gpu: float, ep: int, rate_bytes_per_s: float, step_late
 
 
 def peer_bytes(w: Workload, tp: int, ep: int, layers: int) -> float:
-    """Bytes one GPU sends to each EP peer over `layers` layers' all-to-alls of one forward or
-    backward: 2 x moe_fraction x layers x B/ep."""
+    """Bytes one GPU sends to each EP peer over `layers` layers' all-to-alls of one exchange
+    (`exchanges_per_op`): 2 x moe_fraction x layers x B/ep."""
     if ep == 1 or w.moe is None:
         return 0.0
     return ALLTOALLS_PER_PASS * layers * w.moe.moe_fraction * token_bytes(w, tp) / ep
 
 
 def pass_latency_s(w: Workload, ep: int, layers: int, step_latency_s: float) -> float:
-    """The (ep - 1) alpha steps of `layers` layers' all-to-alls of one forward or backward."""
+    """The (ep - 1) alpha steps of `layers` layers' all-to-alls of one exchange."""
     if ep == 1 or w.moe is None:
         return 0.0
     return ALLTOALLS_PER_PASS * layers * w.moe.moe_fraction * (ep - 1) * step_latency_s
@@ -87,8 +104,8 @@ def pass_latency_s(w: Workload, ep: int, layers: int, step_latency_s: float) -> 
 
 def op_exposed_s(w: Workload, tp: int, ep: int, layers: int, rate_bytes_per_s: float,
                  step_latency_s: float) -> float:
-    """Seconds the all-to-alls of `layers` layers add to a forward or backward op when every
-    peer is reached at `rate_bytes_per_s` per GPU: 2 x moe_fraction x layers x T."""
+    """Seconds the all-to-alls of `layers` layers add to an op per exchange (`exchanges_per_op`)
+    when every peer is reached at `rate_bytes_per_s` per GPU: 2 x moe_fraction x layers x T."""
     if ep == 1 or w.moe is None:
         return 0.0
     return ALLTOALLS_PER_PASS * layers * w.moe.moe_fraction * alltoall_s(
@@ -97,13 +114,13 @@ def op_exposed_s(w: Workload, tp: int, ep: int, layers: int, rate_bytes_per_s: f
 
 def group_peer_bytes(w: Workload, tp: int, layers: int) -> float:
     """Bytes a TP group of t GPUs sends to each other TP group of its EP group over `layers`
-    layers' all-to-alls of one forward or backward: t q `peer_bytes` (module docstring)."""
+    layers' all-to-alls of one exchange: t q `peer_bytes` (module docstring)."""
     return tp * w.tp_per_etp * peer_bytes(w, tp, w.ep, layers)
 
 
 def local_exposed_s(w: Workload, tp: int, layers: int, rate_bytes_per_s: float,
                     step_latency_s: float) -> float:
-    """Seconds the all-to-alls of `layers` layers take to a GPU's q - 1 EP peers inside its own
+    """Seconds one exchange of `layers` layers takes to a GPU's q - 1 EP peers inside its own
     TP group at `rate_bytes_per_s` per GPU on the intra-node link (module docstring); 0 when
     etp = t (q = 1)."""
     q = w.tp_per_etp
@@ -115,11 +132,11 @@ def local_exposed_s(w: Workload, tp: int, layers: int, rate_bytes_per_s: float,
 
 def sends_exposed_s(w: Workload, tp: int, layers: int,
                     sends: Sequence[tuple[float, float]], local_s: float = 0.0) -> float:
-    """Seconds the all-to-alls of `layers` layers add to a forward or backward op of a TP group
-    of t GPUs whose send to each other TP group of its EP group has (latency s, rate bytes/s for
-    the t GPUs together) in `sends` while every EP group sends at once: the last peer's latency
-    steps plus its `group_peer_bytes` at its rate (`op_exposed_s` when every rate is t r and
-    etp = t), or the sends inside the TP group (`local_s`, `local_exposed_s`) if they end later."""
+    """Seconds one exchange of `layers` layers adds to an op of a TP group of t GPUs whose send
+    to each other TP group of its EP group has (latency s, rate bytes/s for the t GPUs together)
+    in `sends` while every EP group sends at once: the last peer's latency steps plus its
+    `group_peer_bytes` at its rate (`op_exposed_s` when every rate is t r and etp = t), or the
+    sends inside the TP group (`local_s`, `local_exposed_s`) if they end later."""
     if w.ep == 1 or w.moe is None:
         return 0.0
     size = group_peer_bytes(w, tp, layers)

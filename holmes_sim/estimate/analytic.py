@@ -24,7 +24,7 @@ from operator import is_
 
 from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.compute import ComputeModel
-from holmes_sim.cost.expert_parallel import sends_exposed_s
+from holmes_sim.cost.expert_parallel import exchanges_per_op, sends_exposed_s
 from holmes_sim.cost.ops import chunk_times, node_comm_sms, op_costs
 from holmes_sim.estimate.data_parallel import DataParallelPricing, Layout
 from holmes_sim.estimate.netview import netview
@@ -252,7 +252,8 @@ class _Estimator(DataParallelPricing):
         """Compute plus TP communication of virtual stage j's op on replica d's node (shared by
         equal hardware and across candidates: `cost.ops.ChunkTimes`), plus its CP exchange's
         exposed time at the rate of every CP ring of the stage sending at once, plus its EP
-        all-to-alls at the rates of every EP group of the stage sending at once."""
+        exchanges (`exchanges_per_op`) at the rates of every EP group of the stage sending at
+        once."""
         node, layers = self.net.node(s, d), self.plan.layers_per_stage[j]
         t = self.times.op_s(node, layers, j == 0, j == self.nv - 1, backward)
         send = self.net.cp_send(s, d) if self.net.cp != 1 else None  # none without CP
@@ -261,7 +262,8 @@ class _Estimator(DataParallelPricing):
         if self.w.ep == 1 or self.w.moe is None:  # no all-to-alls (`sends_exposed_s`)
             return t
         local = self.costs.ep_local_s(node, layers)
-        return t + sends_exposed_s(self.w, self.plan.tp, layers, self.net.ep_sends(s, d), local)
+        return t + exchanges_per_op(self.w, backward) * sends_exposed_s(
+            self.w, self.plan.tp, layers, self.net.ep_sends(s, d), local)
 
     def _p2p_s(self, j_from: int, j_to: int, d: int) -> float:
         """Latency + bytes at the path's rate when every replica sends the same message at the

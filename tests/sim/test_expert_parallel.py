@@ -25,7 +25,7 @@ def node(name="n", count=1, fabric="ib", gbit=200, nics=8) -> str:
 
 def ep_scenario(*, groups: str, tp: int = 1, pp: int = 1, ep: int = 8, experts: int = 8,
                 layers: int = 4, global_batch: int = 8, policies: str = "[megatron]",
-                moe: bool = True, routing: str = "even") -> str:
+                moe: bool = True, routing: str = "even", recompute: str = "none") -> str:
     """An MoE scenario routed `even` by default (every expert its share), so the closed forms
     of the tests below hold exactly."""
     moe_fields = (f", num_experts: {experts}, moe_router_topk: 2, moe_ffn_hidden_size: 4096, "
@@ -41,7 +41,7 @@ clusters:
 model: {{num_layers: {layers}, hidden_size: 2048, num_attention_heads: 16, seq_length: 4096,
         vocab_size: 32000, tie_embeddings: false, swiglu: true, bias: false{moe_fields}}}
 training: {{global_batch_size: {global_batch}, micro_batch_size: 1, flash_attention: true,
-           sequence_parallel: {str(tp > 1).lower()}}}
+           sequence_parallel: {str(tp > 1).lower()}, recompute: {recompute}}}
 parallel: {{tensor: {tp}, pipeline: {pp}, expert: {ep}}}
 policies: {policies}
 """
@@ -102,13 +102,15 @@ def test_holmes_keeps_ep_groups_on_one_rdma_fabric_and_notes_the_rest(write_scen
     assert any("EP group(s) span NIC classes" in n for n in plan.notes), plan.notes
 
 
-def _engine_and_oracle(prepared, rate_per_gpu: float, latency: float):
+def _engine_and_oracle(prepared, rate_per_gpu: float, latency: float, exchanges: int = 2):
+    """The engine's `ep-comm` seconds on s0.d0 and the closed form of `exchanges` exchanges
+    (dispatch and combine of every layer) per micro-batch: a forward's and a backward's."""
     out = run_policy(prepared, "megatron")
     waits = sum(r.duration_s for r in out.trace.records
                 if r.kind is OpKind.EP_COMM and r.entity == "s0.d0")
     w, tp = prepared.workload, prepared.tp
     per_pass = op_exposed_s(w, tp, w.ep, w.num_layers, rate_per_gpu, latency)
-    return out, waits, 2 * per_pass * prepared.num_microbatches  # a forward and a backward
+    return out, waits, exchanges * per_pass * prepared.num_microbatches
 
 
 def test_alltoall_over_nvlink_equals_its_closed_form(write_scenario):
@@ -131,6 +133,25 @@ def test_alltoall_across_nodes_per_rail_equals_its_closed_form(write_scenario, g
     _, waits, expect = _engine_and_oracle(prepared, nic.effective_bandwidth_bytes_per_s,
                                           nic.latency_s)
     assert expect > 0 and waits == pytest.approx(expect, rel=0.02)
+
+
+@pytest.mark.parametrize("recompute,exchanges", [("none", 2), ("selective", 2), ("full", 3)])
+def test_full_recompute_redoes_the_forward_alltoalls_in_the_backward(write_scenario, recompute,
+                                                                      exchanges):
+    """Megatron-Core's full recomputation re-runs each whole layer in the backward
+    (megatron/core/recompute.py `checkpointed_forward`), the MoE layer's dispatch and combine
+    included: a backward has 4 all-to-alls per MoE layer, not 2, so ep_comm is 1.5x that
+    without recomputation. Selective recomputation's default modules (core_attn) redo none.
+    Engine and estimate agree (one stage, nothing else on the rails)."""
+    prepared = prepare(write_scenario(ep_scenario(groups=node(count=4), tp=8, ep=4,
+                                                  global_batch=4, recompute=recompute)))
+    nic = prepared.cluster.nodes[0].nics[0]
+    out, waits, expect = _engine_and_oracle(prepared, nic.effective_bandwidth_bytes_per_s,
+                                            nic.latency_s, exchanges)
+    assert expect > 0 and waits == pytest.approx(expect, rel=0.02)
+    assert out.result.breakdown_s["ep_comm"] == pytest.approx(expect, rel=0.02)
+    est = estimate_iteration(out.plan, out.cluster, prepared.workload, prepared.compute)
+    assert est.iteration_s == pytest.approx(out.result.iteration_time_s, rel=1e-3)
 
 
 def test_alltoall_across_nic_classes_runs_at_the_shared_ethernet_nic(write_scenario):

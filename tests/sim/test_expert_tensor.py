@@ -144,6 +144,21 @@ def test_engine_and_estimate_agree_and_nvlink_carries_the_folded_all_to_alls(wri
     assert 0 < out[1][0] < out[None][0] / 4
 
 
+def test_full_recompute_redoes_the_folded_all_to_alls_too(write_scenario):
+    """Expert TP 1 at TP 2: the sends inside the TP group (NVLink, `local_exposed_s`) and those
+    to the other TP groups are both redone by the recomputed forward, so under full
+    recomputation the engine's ep_comm is 1.5x that without, and the estimate follows."""
+    comm = {}
+    for recompute in ("none", "full"):
+        prepared = prepare(write_scenario(etp_scenario(groups=node(count=2), tp=2, ep=8, etp=1,
+                                                       global_batch=8, recompute=recompute)))
+        run = run_policy(prepared, "megatron")
+        est = estimate_iteration(run.plan, run.cluster, prepared.workload, prepared.compute)
+        assert est.iteration_s == pytest.approx(run.result.iteration_time_s, rel=7e-3)
+        comm[recompute] = run.result.breakdown_s["ep_comm"]
+    assert comm["none"] > 0 and comm["full"] == pytest.approx(1.5 * comm["none"], rel=1e-9)
+
+
 def test_plan_searches_expert_tp_and_exports_it(write_scenario):
     """`plan` tries expert TP 1 and TP for an MoE model, reports the chosen degree, and the
     export carries `--expert-tensor-parallel-size` as Megatron-LM's argument table reads it;
