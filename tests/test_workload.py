@@ -38,8 +38,11 @@ def test_backward_factor():
 
 def test_messages():
     w = _gpt()
-    assert w.pp_message_bytes(tp=1) == 4 * 2048 * 4096 * 2  # b s h bf16
-    assert w.pp_message_bytes(tp=8) == 4 * 2048 * 4096 * 2 / 8  # scatter-gather
+    whole = 4 * 2048 * 4096 * 2  # b s h bf16
+    assert w.pp_message_bytes(tp=1) == whole
+    assert w.pp_message_bytes(tp=8) == whole  # Megatron-Core: every TP rank sends it whole
+    assert _gpt(sequence_parallel=True).pp_message_bytes(tp=8) == whole / 8  # s/t tokens
+    assert _gpt(scatter_gather_tensors_in_pipeline=True).pp_message_bytes(tp=8) == whole / 8
     assert w.grad_bytes_of(1000) == 4000  # fp32 gradient reduction by default
     assert _gpt(grad_reduce_in_fp32=False).grad_bytes_of(1000) == 2000
 

@@ -147,10 +147,11 @@ class Rank:
         c = self.cfg.model
         shape = (self.cfg.micro_batch_size, c.block_size, c.n_embd)
         buf = torch.empty(shape, device=self.device)
-        part = buf if self.tp is None else self.tp_comm.slice(buf)
+        split = self.tp is not None and self.cfg.pipeline_split
+        part = self.tp_comm.slice(buf) if split else buf
         t = time.perf_counter()
         group.recv(part, group.peer(src), self._tag(direction, mb, v)).wait()  # SYNC-2
-        if self.tp is not None:  # Megatron's scatter-gather of pipeline messages [N21, 4.1]
+        if split:  # Megatron's scatter-gather of pipeline messages [N21, 4.1]
             buf = self.tp_comm.all_gather(part).view(shape)
         self.rec.record("recv", t, time.perf_counter(), mb, chunk,
                         "activation" if direction == 0 else "gradient")
@@ -164,7 +165,8 @@ class Rank:
             return
         group = pipeline_group(self.groups, self.rank, dst) if direction == 0 \
             else pipeline_group(self.groups, dst, self.rank)
-        tensor = tensor.contiguous() if self.tp is None else self.tp_comm.slice(tensor).contiguous()
+        split = self.tp is not None and self.cfg.pipeline_split
+        tensor = self.tp_comm.slice(tensor).contiguous() if split else tensor.contiguous()
         # Non-blocking: a blocked send could deadlock 1F1B; waited at SYNC-3.
         work = group.send(tensor, group.peer(dst), self._tag(direction, mb, v_dst))
         pending.append((work, tensor))  # the tensor must live until the send completes

@@ -47,6 +47,10 @@ class RunConfig:
     bucket_numel: int | None = 1 << 16
     torch_threads: int = 1
     dry_run: bool = False
+    pipeline_split: bool = False
+    """Each TP rank sends 1/tp of a pipeline message and the receiving TP group all-gathers it
+    (`Workload.pp_message_bytes`: sequence parallelism or Megatron-LM's scatter-gather of
+    2021-2022 [N21, 4.1]); False: every TP rank sends the whole tensor, as Megatron-Core does."""
     backend: str = "gloo"
     """"gloo" (CPU, emulated testbed) or "nccl" (GPUs, under torchrun; see backend/nccl.py)."""
     nic_devices: dict = field(default_factory=dict)

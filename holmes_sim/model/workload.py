@@ -76,6 +76,8 @@ class Workload:
     """Pipeline receives posted after the previous op of their kind (interleaved, `TrainingSpec`)."""
     defer_embedding_wgrad: bool = False
     """The output layer's weight gradients run at the pipeline flush (`TrainingSpec`)."""
+    pp_scatter_gather: bool = False
+    """Pipeline messages split over the TP group (`TrainingSpec.scatter_gather_tensors_in_pipeline`)."""
     cross_entropy: str = "unfused"
     """The cross entropy's kernels: unfused | native | te (`TrainingSpec.cross_entropy_loss_fusion`
     and `cross_entropy_fusion_impl`; `cost.transformer.cross_entropy_bytes`)."""
@@ -320,11 +322,19 @@ class Workload:
         return 3.0 if self.full_recompute else 2.0
 
     # ---- messages (bytes) --------------------------------------------------------------------
+    @property
+    def pp_split_over_tp(self) -> bool:
+        """Whether each TP rank sends 1/t of a pipeline message (`pp_message_bytes`)."""
+        return self.sequence_parallel or self.pp_scatter_gather
+
     def pp_message_bytes(self, tp: int) -> float:
-        """Activation (forward) or its gradient (backward) crossing a stage boundary: b s h
-        elements (s/cp tokens with CP), divided by t with Megatron's scatter-gather optimisation
-        [N21, section 4.1]."""
-        return self.micro_batch * self.tokens * self.hidden * self.dtype_bytes / tp
+        """Bytes each TP rank sends of an activation (forward) or its gradient (backward)
+        crossing a stage boundary: b s h elements (s/cp tokens with CP), divided by t with
+        sequence parallelism (Megatron-Core `get_tensor_shapes`, schedules.py) or with
+        Megatron-LM's scatter-gather of 2021-2022 [N21, section 4.1]; else every rank sends
+        the whole tensor."""
+        split = tp if self.pp_split_over_tp else 1
+        return self.micro_batch * self.tokens * self.hidden * self.dtype_bytes / split
 
     def tp_allreduce_bytes(self) -> float:
         """One TP all-reduce of a layer's b s h activations (s/cp tokens) [N21, section 3.2]."""
@@ -534,6 +544,7 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         async_tp_allreduce=training.async_tensor_model_parallel_allreduce,
         overlap_p2p_comm=training.overlap_p2p_comm,
         defer_embedding_wgrad=training.defer_embedding_wgrad_compute,
+        pp_scatter_gather=training.scatter_gather_tensors_in_pipeline,
         cross_entropy=training.cross_entropy_fusion_impl if training.cross_entropy_loss_fusion
         else "unfused",
         pipeline_split=PipelineSplit.of(training), fp8_gemms=training.precision == "fp8",

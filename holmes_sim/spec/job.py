@@ -200,6 +200,14 @@ class TrainingSpec:
     `ModelParallelConfig.overlap_p2p_comm`, default off; pretrain_gpt.py turns it on for the
     interleaved schedule unless `--no-overlap-p2p-communication`). Off: batched, blocking
     point-to-point (`batch_p2p_comm`)."""
+    scatter_gather_tensors_in_pipeline: bool = False
+    """Megatron-LM's scatter-gather of pipeline messages [N21, section 4.1]: without sequence
+    parallelism each TP rank sends 1/t of the activation and the receiving TP group all-gathers
+    it over NVLink. On by default in Megatron-LM from 72e4230 (2021-02-16) until its pipeline
+    communication moved into Megatron-Core (39b83c7, 2023-01-31), which has none: each TP rank
+    sends the whole b s h tensor (1/t of it with sequence parallelism, whose activations are
+    split already). Off: current Megatron-LM, the Holmes fork, Megatron-LLaMA; on: Megatron-LM
+    of 2021-2022 (the SC'21 and K22 replays). Current Megatron-LM cannot launch it."""
     defer_embedding_wgrad_compute: bool = False
     """Megatron-LM `--defer-embedding-wgrad-compute` (default off; PP > 1): the output layer's
     weight-gradient GEMMs of every micro-batch run after the last stage's final backward

@@ -74,7 +74,8 @@ def render_scenario(dataset: dict, row: dict) -> str:
     schedule = "interleaved" if virtual > 1 else "1f1b"
     # "torch" DDP overlaps the all-reduce with the backward in 25 MB buckets (PyTorch's default
     # bucket_cap_mb); Megatron's "local" DDP all-reduces one contiguous buffer after the backward.
-    # The 2021-2022 code has no gradient NaN check (Megatron-LM e39f9f6, 2023-08-30, added it).
+    # The 2021-2022 code has no gradient NaN check (Megatron-LM e39f9f6, 2023-08-30, added it)
+    # and scatter-gathers pipeline messages (72e4230, 2021-02-16, until 39b83c7, 2023-01-31).
     torch_ddp = row["ddp_impl"] == "torch"
     bucket = 25 if torch_ddp else 100000
     recompute = row.get("recompute", common.get("recompute"))
@@ -104,6 +105,7 @@ training:
   recompute: {recompute}
   sequence_parallel: {str(sequence_parallel).lower()}
   async_tensor_model_parallel_allreduce: {str(tp_overlap).lower()}
+  scatter_gather_tensors_in_pipeline: true
   distributed_optimizer: false
   grad_reduce_in_fp32: false
   check_for_nan_in_loss_and_grad: false

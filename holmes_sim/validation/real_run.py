@@ -356,6 +356,7 @@ def _run_real(plan: Plan, prepared: Prepared, config, spec: TestbedSpec, tb,
                     lr=spec.learning_rate, optimizer=spec.optimizer, world_interfaces=eth,
                     timeout_s=min(_GLOO_TIMEOUT_S, spec.timeout_s),
                     bucket_numel=prepared.workload.given_bucket_numel,
+                    pipeline_split=prepared.workload.pp_split_over_tp,
                     emulated_compute=[] if emulated is None else [
                         emulated_durations(emulated[prepared.cluster.node(g.node).gpu.name])
                         for g in plan.rank_to_gpu],

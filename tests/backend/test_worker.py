@@ -262,18 +262,21 @@ EMULATED = {"layer_forward_s": 0.002, "layer_backward_s": 0.004, "embedding_forw
             "optimizer_s_per_param": 1e-9}
 
 
-@pytest.mark.parametrize("case", ["pp2-dp2-overlapped", "pp2-interleaved", "tp2-pp2"])
+@pytest.mark.parametrize("case", ["pp2-dp2-overlapped", "pp2-interleaved", "tp2-pp2",
+                                  "tp2-pp2-split"])
 def test_emulated_compute_waits_its_durations_and_still_communicates(case, plan_factory,
                                                                      run_config_factory) -> None:
     kw = {"pp2-dp2-overlapped": dict(pp=2, dp=2, optimizer=OptimizerMode.DISTRIBUTED_OVERLAPPED),
           "pp2-interleaved": dict(pp=2, schedule=ScheduleKind.INTERLEAVED, num_chunks=2,
                                   num_microbatches=4),
-          "tp2-pp2": dict(tp=2, pp=2)}[case]
+          "tp2-pp2": dict(tp=2, pp=2), "tp2-pp2-split": dict(tp=2, pp=2)}[case]
     plan = plan_factory(**kw)
+    split = case.endswith("-split")  # each TP rank sends half a message, the receivers gather
     # Rank 1 emulates a GPU twice as slow: its waits double, nobody else's.
     slow = {k: 2 * v for k, v in EMULATED.items()}
     per_rank = [slow if r == 1 else EMULATED for r in range(plan.world_size)]
-    cfg = run_config_factory(bucket_numel=20_000, emulated_compute=per_rank, realtime_priority=1)
+    cfg = run_config_factory(bucket_numel=20_000, emulated_compute=per_rank, realtime_priority=1,
+                             pipeline_split=split)
     result = run_plan(plan, cfg, timeout_s=60)
     assert result.losses == ()  # nothing computed
     # Real-time scheduling where permitted (root), else said so; never silently.
@@ -293,9 +296,10 @@ def test_emulated_compute_waits_its_durations_and_still_communicates(case, plan_
                 if stage[flag]:
                     pieces += d[f"{piece}_{'backward' if op.kind == 'B' else 'forward'}_s"]
             want += pieces / plan.tp
-            # TP: two all-reduces per layer and op; every received message all-gathered.
-            received = op.kind == "F" and doc["pp_rank"] > 0 or \
-                op.kind == "B" and doc["pp_rank"] < plan.pp - 1
+            # TP: two all-reduces per layer and op; a received message split over the TP
+            # group is all-gathered.
+            received = split and (op.kind == "F" and doc["pp_rank"] > 0 or
+                                  op.kind == "B" and doc["pp_rank"] < plan.pp - 1)
             tp_calls += (2 * stage["num_layers"] + received) if plan.tp > 1 else 0
         measured = cfg.iterations - cfg.warmup
         assert doc["emulation"]["requested_s"] == pytest.approx(measured * want, rel=1e-9)
