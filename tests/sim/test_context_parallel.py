@@ -162,14 +162,14 @@ def test_estimate_equals_the_engine_without_contention(write_scenario, comm, tp,
 def test_estimate_is_optimistic_by_the_contention_it_does_not_see(write_scenario, comm, tp, cp):
     """Two stages: pipeline sends, and under holmes the overlapped optimizer's DP traffic, share
     NICs with the CP rings while they run; the engine sees it, the estimate does not (at most
-    5% here; docs/cost_models.md)."""
+    6% here, with each TP rank sending whole pipeline messages; docs/cost_models.md)."""
     prepared = prepare(write_scenario(cp_scenario(tp=tp, pp=2, cp=cp, comm=comm, gbit=100,
                                                   layers=8, global_batch=8,
                                                   policies="[megatron, holmes]")))
     for policy in ("megatron", "holmes"):
         out = run_policy(prepared, policy)
         est = estimate_iteration(out.plan, out.cluster, prepared.workload, prepared.compute)
-        assert 0.95 * out.result.iteration_time_s < est.iteration_s \
+        assert 0.94 * out.result.iteration_time_s < est.iteration_s \
             <= out.result.iteration_time_s * (1 + 1e-9), policy
 
 
