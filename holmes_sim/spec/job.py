@@ -207,7 +207,9 @@ class TrainingSpec:
     communication moved into Megatron-Core (39b83c7, 2023-01-31), which has none: each TP rank
     sends the whole b s h tensor (1/t of it with sequence parallelism, whose activations are
     split already). Off: current Megatron-LM, the Holmes fork, Megatron-LLaMA; on: Megatron-LM
-    of 2021-2022 (the SC'21 and K22 replays). Current Megatron-LM cannot launch it."""
+    of 2021-2022 (the SC'21 and K22 replays), and Megatron-DeepSpeed, whose DeepSpeed pipeline
+    engine splits them over the model-parallel group (`PipelineEngine.is_pipe_partitioned`; the
+    scenario's setting applies to every policy). Current Megatron-LM cannot launch it."""
     defer_embedding_wgrad_compute: bool = False
     """Megatron-LM `--defer-embedding-wgrad-compute` (default off; PP > 1): the output layer's
     weight-gradient GEMMs of every micro-batch run after the last stage's final backward
