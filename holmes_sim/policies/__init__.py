@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from holmes_sim.errors import ScenarioError
 from holmes_sim.plan import OptimizerMode
-from holmes_sim.policies.base import PlanRequest, Policy
+from holmes_sim.policies.base import DEEPSPEED_SCHEDULES, PlanRequest, Policy
 from holmes_sim.policies.holmes import HolmesPolicy
 from holmes_sim.policies.megatron import LLAMA_FIXED, LLAMA_RELEASED, MegatronPolicy
 from holmes_sim.policies.references import AllEthernetReference, AllIbReference
@@ -19,6 +19,7 @@ POLICIES: dict[str, Policy] = {
                        description="Megatron-LLaMA as released 2023-08 (and in the Holmes "
                                    "repository): under PP each gradient bucket reduced once per run"),
         MegatronPolicy(name="megatron-deepspeed", optimizer=OptimizerMode.ZERO1,
+                       schedules=DEEPSPEED_SCHEDULES,
                        description="Megatron-DeepSpeed: Megatron-LM placement, ZeRO-1 data parallel"),
         HolmesPolicy(),
         HolmesPolicy(name="holmes-no-nic-aware-order", nic_aware_order=False,
@@ -46,4 +47,11 @@ def get_policy(name: str, path: str = "policies") -> Policy:
     return POLICIES[name]
 
 
-__all__ = ["POLICIES", "Policy", "PlanRequest", "get_policy"]
+def searched_schedules(listed: tuple[str, ...] | None, name: str) -> tuple[str, ...]:
+    """The pipeline schedules `holmes-sim plan` searches for the policy `name`: `listed` (the
+    scenario's `search.schedule`) where given, else its framework's own (`Policy.schedules`;
+    GPipe, which no Megatron-based framework runs, only when listed)."""
+    return listed if listed is not None else get_policy(name, "search.policies").schedules
+
+
+__all__ = ["POLICIES", "Policy", "PlanRequest", "get_policy", "searched_schedules"]

@@ -49,11 +49,25 @@ class PlanRequest:
     """Context-parallel degree; `dp` counts replicas, DP x CP (`plan`)."""
 
 
+MEGATRON_SCHEDULES = ("1f1b", "interleaved")
+"""The pipeline schedules of Megatron-LM and the frameworks built on its schedules (the Holmes
+fork, Megatron-LLaMA): `get_forward_backward_func` (megatron/core/pipeline_parallel/schedules.py)
+picks no pipelining (1F1B's layout at pipeline 1), 1F1B or interleaved; none runs GPipe."""
+DEEPSPEED_SCHEDULES = ("1f1b",)
+"""Megatron-DeepSpeed's with `--deepspeed`: DeepSpeed's pipeline engine runs its `TrainSchedule`
+(deepspeed/runtime/pipe/schedule.py), forwards and backwards alternating after a warm-up (1F1B's
+order, PipeDream-Flush) with every gradient reduced after the flush; no GPipe, no virtual
+stages."""
+
+
 class Policy(Protocol):
     """A named, pure function from a request to a Plan."""
 
     name: str
     description: str
+    schedules: tuple[str, ...]
+    """The pipeline schedules its framework runs, which `holmes-sim plan` searches for it unless
+    the scenario's `search.schedule` lists others (`MEGATRON_SCHEDULES`)."""
 
     def cluster_view(self, cluster: Cluster) -> Cluster:
         """The hardware this policy assumes (references replace the NICs; others keep it)."""

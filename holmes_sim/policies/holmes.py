@@ -34,6 +34,7 @@ from holmes_sim.cost.transport import best_shared_transport, job_wide_transport
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan
 from holmes_sim.policies.base import (
+    MEGATRON_SCHEDULES,
     PlanRequest,
     build_groups,
     check_tp_within_nodes,
@@ -55,6 +56,8 @@ class HolmesPolicy:
     nic_selection: bool = True
     adaptive_partition: bool = True
     overlapped_optimizer: bool = True
+    schedules: tuple[str, ...] = MEGATRON_SCHEDULES
+    """The Holmes fork's (Megatron-LM's, `Policy.schedules`); the references keep them."""
 
     def cluster_view(self, cluster: Cluster) -> Cluster:
         return cluster

@@ -33,6 +33,7 @@ from holmes_sim.cost.transport import job_wide_transport
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.plan import OptimizerMode, Plan
 from holmes_sim.policies.base import (
+    MEGATRON_SCHEDULES,
     PlanRequest,
     build_groups,
     check_tp_within_nodes,
@@ -74,6 +75,8 @@ class MegatronPolicy:
     """None: as the scenario's `training` says; else this framework's fixed optimizer."""
     llama_release: str | None = None
     """Megatron-LLaMA's release (`LLAMA_FIXED`, `LLAMA_RELEASED`): its optimizer for the request."""
+    schedules: tuple[str, ...] = MEGATRON_SCHEDULES
+    """The pipeline schedules the framework runs (`Policy.schedules`)."""
 
     def cluster_view(self, cluster: Cluster) -> Cluster:
         return cluster

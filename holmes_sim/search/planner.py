@@ -20,11 +20,13 @@ from dataclasses import dataclass, replace
 from holmes_sim.collector import quiet_collector
 from holmes_sim.errors import FieldError, HolmesError
 from holmes_sim.memo import IdentityMemo
+from holmes_sim.policies import searched_schedules
 from holmes_sim.prepare import (Prepared, check_context_in, check_expert, check_expert_tensor,
                                 check_micro_batch, check_pipeline, check_search_values,
                                 check_tensor)
 from holmes_sim.search.rejections import Reject, Rejections, check_chunks, passes
 from holmes_sim.search.workers import collect_in_order, fork_pool
+from holmes_sim.schedule import ScheduleKind
 from holmes_sim.spec.load import located
 from holmes_sim.spec.scenario import SearchSpec
 from holmes_sim.model.workload import Workload, build_workload
@@ -195,7 +197,7 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
     mode and sequence parallelism the search lists that Megatron-LM runs with them."""
     layers = prepared.scenario.model.num_layers
     moe = prepared.scenario.model.num_experts is not None
-    for schedule in search.schedule:
+    for schedule in grid_schedules(search):
         chunks = search.virtual_stages if schedule == "interleaved" else (1,)
         for v in chunks:
             where = (("tensor", tp), ("pipeline", pp), ("context", cp), ("data", dp),
@@ -211,6 +213,15 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
             for rc in search.recompute:
                 for sp in sps:
                     yield Layout(tp, pp, dp, mb, schedule, v, rc, sp, cp=cp, ep=ep, etp=etp)
+
+
+def grid_schedules(search: SearchSpec) -> tuple[str, ...]:
+    """The schedules of the search's layouts: `search.schedule` as listed, else in
+    `ScheduleKind`'s order those of its policies' frameworks (`policies.searched_schedules`)."""
+    if search.schedule is not None:
+        return search.schedule
+    wanted = {k for p in search.policies for k in searched_schedules(search.schedule, p)}
+    return tuple(k.value for k in ScheduleKind if k.value in wanted)
 
 
 _MOE_SP = ("training.sequence_parallel: an MoE model with tensor > 1 needs sequence parallelism "
@@ -447,20 +458,24 @@ def distinct(spec: SearchSpec) -> SearchSpec:
                             if isinstance(v, tuple)})
 
 
-def settings_per_layout(spec: SearchSpec) -> int:
-    """Candidates each layout gives: one per policy, times the optimizers for the policies
-    that take the scenario's."""
-    return sum(len(spec.optimizer) if p in SCENARIO_OPTIMIZER_POLICIES else 1 for p in spec.policies)
+def settings_per_layout(spec: SearchSpec, schedule: str | None = None) -> int:
+    """Candidates each layout (of `schedule`; None: any) gives: one per policy that searches
+    its schedule (`policies.searched_schedules`), times the optimizers for the policies that
+    take the scenario's."""
+    return sum(len(spec.optimizer) if p in SCENARIO_OPTIMIZER_POLICIES else 1
+               for p in spec.policies
+               if schedule is None or schedule in searched_schedules(spec.schedule, p))
 
 
 def bounded_grid(prepared: Prepared, spec: SearchSpec, max_candidates: int) -> list[Layout]:
     """Every layout of the search, or FieldError with the candidate count when there are more
     than `max_candidates` candidates (counted before any is evaluated)."""
-    per = max(1, settings_per_layout(spec))
+    pers = {k: max(1, settings_per_layout(spec, k)) for k in grid_schedules(spec)}
+    per = max(pers.values(), default=1)
     grid: list[Layout] = []
     count = 0
     for lay in layouts(prepared, spec):
-        count += per
+        count += pers[lay.schedule]
         if count <= max_candidates:
             grid.append(lay)
         elif count > _COUNT_CAP * max_candidates:
@@ -489,6 +504,8 @@ def evaluate_chunk(prepared: Prepared, spec: SearchSpec, chunk: list[Layout]) ->
         for layout in chunk:
             p = prepared_for(prepared, layout)
             for policy in spec.policies:
+                if layout.schedule not in searched_schedules(spec.schedule, policy):
+                    continue
                 for opt in (spec.optimizer if policy in SCENARIO_OPTIMIZER_POLICIES
                             else ("distributed",)):
                     out.append(_evaluate(prepared, layout if layout.optimizer == opt

@@ -67,7 +67,7 @@ class Rejections:
             return False
         got = dict(where)
         return not (got.get("pipeline") == 1 and got.get("schedule", "1f1b") != "1f1b"
-                    and "1f1b" in self.spec.schedule)
+                    and "1f1b" in (self.spec.schedule or ("1f1b",)))
 
     def summary(self) -> str:
         """The most common rules with their counts and an example each, and the keys to widen."""

@@ -74,7 +74,10 @@ class SearchSpec:
     must divide the layout's TP degree and pass `parallel.expert_tensor`'s checks, else skipped."""
     micro_batch_size: tuple[int, ...] | None = None
     """Micro-batch sizes (default: 1, 2, 4, 8, 16 that divide the batch)."""
-    schedule: tuple[Literal["gpipe", "1f1b", "interleaved"], ...] = ("gpipe", "1f1b", "interleaved")
+    schedule: tuple[Literal["gpipe", "1f1b", "interleaved"], ...] | None = None
+    """Pipeline schedules, for every policy (default: each policy's framework's own,
+    `Policy.schedules`: 1F1B and interleaved, 1F1B alone for megatron-deepspeed; GPipe only when
+    listed, and no launch runs it)."""
     virtual_stages: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8, 9)
     """Model chunks per stage tried for the interleaved schedule."""
     recompute: tuple[Literal["none", "selective", "full"], ...] = ("none", "selective", "full")
