@@ -168,6 +168,11 @@ def _write_plans(directory: Path, outcomes, launches: dict, refused: dict[str, s
     from holmes_sim.export.folders import write_plans
 
     _note_stale("--plans", directory, write_plans(directory, outcomes, launches))
+    _note_refused(refused)
+
+
+def _note_refused(refused: dict[str, str]) -> None:
+    """A note per reason on the launch folders left out (`refused`: why, by policy or folder)."""
     for why in dict.fromkeys(refused.values()):
         names = ", ".join(p for p, reason in refused.items() if reason == why)
         err.print(f"note: no launch files for {names}: {why}", highlight=False, markup=False,
@@ -471,7 +476,7 @@ def plan(
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
     confirm the best by simulation, compare with the best Megatron-LM default layout."""
     from holmes_sim.export.folders import check_export_targets, read_cli_hosts, write_exports
-    from holmes_sim.search import planner, report as search_report
+    from holmes_sim.search import exports, planner, report as search_report
     from holmes_sim.prepare import prepare
     from holmes_sim.report.files import prepare_output
     from holmes_sim.report.owned import write_result_json
@@ -491,12 +496,13 @@ def plan(
             result = search_report.runnable(planner.search(
                 prepared, spec, progress=bar.update, jobs=_capped_jobs(jobs), ray=ray,
                 max_candidates=max_candidates, confirming=bar.stage("plan, simulating the best", "plans")))
-        launches = _export_launches(prepared, result, hosts, host_names) if export else []
+        launches, refused = exports.launches(prepared, result, hosts, host_names) if export else ([], {})
         if json_path is not None:
             write_result_json(json_path, stamp(result.to_json()))
         if export is not None:
             directory = prepare_output(export, directory=True, option="--export")
             _note_stale("--export", directory, write_exports(directory, launches))
+            _note_refused(refused)
     except HolmesError as exc:
         raise _fail(exc) from None
     console = err if is_stdout(json_path) else out
@@ -516,26 +522,6 @@ def _capped_jobs(jobs: int | None) -> int | None:
         err.print(f"note: --jobs {jobs} lowered to {cap}: {why}", highlight=False, markup=False)
         return cap
     return cap if jobs is None and cap < usable_cores() else jobs
-
-
-def _export_launches(prepared, result, hosts: Path | None, lines: list | None) -> list:
-    """(folder name, launch folder) of every simulated (confirmed) real plan: <rank>-<policy>,
-    built before anything is written (`export.folders`)."""
-    from holmes_sim.export.folders import scenario_hosts
-    from holmes_sim.export.launch import REFERENCE_POLICIES, launch_files
-    from holmes_sim.runner import plan_policy
-    from holmes_sim.search import planner
-
-    confirmed = [c for c in result.candidates if c.simulated and c.policy not in REFERENCE_POLICIES]
-    by_node = scenario_hosts(hosts, lines, prepared.cluster)
-    launches = []
-    for rank, c in enumerate(confirmed, 1):
-        p = planner.prepared_for(prepared, c.layout)
-        plan_, cluster = plan_policy(p, c.policy)
-        launches.append((f"{rank}-{c.policy}", launch_files(
-            plan_, cluster, p.workload, p.scenario.training.precision,
-            hosts=by_node)))
-    return launches
 
 
 @app.command()

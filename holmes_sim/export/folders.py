@@ -13,7 +13,9 @@ from pathlib import Path
 from holmes_sim.errors import PlanError
 from holmes_sim.export.hosts import HostLine, read_host_names, read_hosts
 from holmes_sim.export.launch import (LAUNCH_FILE_NAMES, REFERENCE_POLICIES, LaunchFiles,
-                                      launch_files, launch_refusal, model_launch_refusal)
+                                      launch_files)
+from holmes_sim.export.refusals import (model_launch_refusal, plan_launch_refusal,
+                                        policy_launch_refusal)
 from holmes_sim.report.staged import write_together
 from holmes_sim.report.files import check_folder, check_writable, stale_entries
 from holmes_sim.report.owned import check_owned, owned_folder
@@ -59,11 +61,12 @@ def plan_launches(prepared, outcomes, hosts: Path | None, lines: list[HostLine] 
 
 def launch_refusals(prepared, outcomes) -> dict[str, str]:
     """Why each policy without a launch folder has none, by policy: a reference on a
-    hypothetical network, or a plan Megatron-LM would not start (`launch.launch_refusal`)."""
+    hypothetical network, or a plan the export writes no launch for
+    (`launch.plan_launch_refusal`)."""
     refused = {}
     for o in outcomes:
         why = (REFERENCE_NOTE if o.plan.policy in REFERENCE_POLICIES else
-               launch_refusal(o.plan.schedule_kind, o.plan.pp, prepared.workload))
+               plan_launch_refusal(o.plan, prepared.workload))
         if why is not None:
             refused[o.plan.policy] = why
     return refused
@@ -100,7 +103,7 @@ def write_plans(directory: Path, outcomes, launches: dict[str, LaunchFiles]) -> 
         files |= {f"{policy}/{name}": text for name, text in launch.files.items()}
     with owned_folder(directory, "--plans", plans_targets(policies)) as folder:
         write_together(directory, files, folder, "--plans", LAUNCH_FILE_NAMES)
-    written = {n for p in policies for n in (f"plan_{p}.json", p)}
+    written = {f"plan_{p}.json" for p in policies} | set(launches)  # a refused folder is stale
     return stale_entries(directory, written, ["plan_*.json", "*/launch.sh"])
 
 
@@ -123,6 +126,11 @@ def check_export_targets(export: Path | None, spec, prepared, hosts: Path | None
         raise PlanError(f"--export: search.policies lists only {', '.join(spec.policies)}, "
                         "references on a hypothetical network with no launch files; add holmes "
                         "or megatron to search.policies, or drop --export")
+    real = [p for p in dict.fromkeys(spec.policies) if p not in REFERENCE_POLICIES]
+    if all(policy_launch_refusal(p) for p in real):
+        raise PlanError("--export: no policy of search.policies gets launch files: " + "; ".join(
+            f"{p}: {policy_launch_refusal(p)}" for p in real) + "; add holmes or megatron to "
+            "search.policies, or drop --export")
     if hosts is not None:
         scenario_hosts(hosts, host_names, prepared.cluster)
     if export.is_dir():

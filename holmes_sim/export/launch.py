@@ -7,10 +7,10 @@ plan is launchable when its ranks fill nodes in order (every policy here does: t
 nodes). Argument names follow Megatron-LM's
 `arguments.py` (`--pipeline-model-parallel-layout` is parsed by Megatron-Core's
 `PipelineParallelLayerLayout`: stages separated by `|`, `E` embedding, `t` a decoder layer, `L` the
-loss), Megatron-LLaMA's README (`--overlapped-distributed-optimizer`), Megatron-DeepSpeed's
-(`--deepspeed --zero-stage 1`) and the Holmes repository's scripts (`--hetero-mode pp
+loss) and the Holmes repository's scripts (`--hetero-mode pp
 --hetero-device-types A B --hetero-current-device-type A --hetero-pipeline-stages n_A l.. n_B l..
---use-hetnet`: per device type, its number of pipeline stages and their layer counts).
+--use-hetnet`: per device type, its number of pipeline stages and their layer counts). Plans of
+Megatron-LLaMA and Megatron-DeepSpeed, and GPipe plans, get none (`plan_launch_refusal`).
 
 NCCL settings (NCCL environment-variable documentation): RDMA groups name their HCAs with
 `NCCL_IB_HCA` (the NICs' `devices` from the scenario, else placeholders: `node_nccl_env`);
@@ -35,7 +35,8 @@ from holmes_sim.export.device_types import device_types
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.report.staged import write_together
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
-from holmes_sim.errors import FieldError, PlanError, ScenarioError
+from holmes_sim.errors import FieldError, PlanError
+from holmes_sim.export.refusals import plan_launch_refusal
 from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
                                           USERBUFFER_CONFIG, USERBUFFER_ZERO_SMS,
                                           architecture_args, expert_tensor_args,
@@ -43,7 +44,6 @@ from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
                                           split_args, tokenizer_args, userbuffer_config,
                                           vocabulary_section, without_flags)
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
-from holmes_sim.schedule import check_megatron_interleaving
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
 
@@ -200,11 +200,8 @@ def _recompute_args(mode: str) -> list[str]:
 
 
 def _optimizer_args(plan: Plan) -> list[str]:
+    """Megatron-LM's optimizer flags (`framework_refusal` keeps other frameworks' plans out)."""
     mode = plan.optimizer
-    if mode.is_megatron_llama:
-        return ["--overlapped-distributed-optimizer"]
-    if mode is OptimizerMode.ZERO1:
-        return ["--deepspeed", "--zero-stage", "1"]
     args = ["--use-distributed-optimizer"] if mode.sharded else []
     if plan.releases_gradients_in_backward:
         args.append("--overlap-grad-reduce")
@@ -418,7 +415,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     if plan.policy in REFERENCE_POLICIES:
         raise PlanError(f"{plan.policy} is a reference on a hypothetical network (it changes the "
                         "NICs), not a placement for this cluster; export a real policy such as holmes")
-    if (why := launch_refusal(plan.schedule_kind, plan.pp, workload)) is not None:
+    if (why := plan_launch_refusal(plan, workload)) is not None:
         raise PlanError(f"no launch files: {why}")
     nodes = node_order(plan, cluster)
     names = [n.name for n in nodes] if hosts is None else _hosts_of(nodes, hosts)
@@ -476,8 +473,6 @@ def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Worklo
     """The Holmes fork's arguments (upstream's without the flags its parser predates, and its
     --hetero flags), or [] and why the fork cannot run the plan."""
     hargs, why_not = holmes_args(plan, cluster, nodes)
-    if hargs and plan.optimizer in (OptimizerMode.PER_MICROBATCH_OVERLAPPED, OptimizerMode.ZERO1):
-        hargs, why_not = [], f"the Holmes fork has no {plan.optimizer.value} optimizer"
     if hargs and workload.defer_embedding_wgrad:
         hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
     if hargs and workload.fp8_current_scaling:
@@ -500,27 +495,6 @@ def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Worklo
     upstream_only = _layout_args(plan, workload) + _cp_comm_args(workload, plan)
     flags = [a for a in upstream_only if a.startswith("--")] + list(FORK_LACKS)
     return without_flags(margs, flags) + hargs, why_not
-
-
-def launch_refusal(schedule: str, pp: int, workload: Workload) -> str | None:
-    """Why Megatron-LM would refuse to start the pipeline schedule
-    (`schedule.check_megatron_interleaving`) or the model (`model_launch_refusal`), or None."""
-    try:
-        check_megatron_interleaving(schedule, pp, workload.overlap_p2p_comm)
-    except ScenarioError as exc:
-        return str(exc)
-    return model_launch_refusal(workload)
-
-
-def model_launch_refusal(workload: Workload) -> str | None:
-    """Why Megatron-LM cannot build the simulated model, whatever the layout, or None: biases
-    without the QKV bias, which `validate_args` turns back on with `--add-bias-linear` (since
-    d28e26e, 2024-10; Megatron-LM has no flag that drops it alone)."""
-    if workload.bias and not workload.qkv_bias:
-        return ("Megatron-LM cannot drop the QKV bias alone (with model.bias on, validate_args "
-                "adds it back); set model.qkv_bias: true, or model.bias: false with qkv_bias: "
-                "false")
-    return None
 
 
 def _notes(workload: Workload, ub: str | None) -> tuple[str, ...]:

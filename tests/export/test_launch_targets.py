@@ -30,8 +30,8 @@ DATA = Path(__file__).parent / "data"
 UPSTREAM = json.loads((DATA / "megatron_lm_flags.json").read_text())["flags"]
 FORK = json.loads((DATA / "holmes_fork_flags.json").read_text())["flags"]
 UPSTREAM_POLICIES = ("megatron", "holmes")
-"""Policies whose framework is Megatron-LM itself (megatron-llama and megatron-deepspeed export
-their own frameworks' flags)."""
+"""Policies whose framework is Megatron-LM itself (megatron-llama and megatron-deepspeed get no
+launch files: `export.refusals.framework_refusal`)."""
 
 
 def parse(args: list[str], flags: dict[str, str]) -> dict[str, list[str]]:

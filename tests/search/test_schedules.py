@@ -84,3 +84,16 @@ def test_plan_ranks_and_exports_no_gpipe_plan_unless_listed(tmp_path):
     assert found["baseline"]["predicted_iteration_s"] > best["predicted_iteration_s"]
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
         "1-holmes", "2-holmes"]
+
+
+def test_listed_gpipe_is_simulated_but_not_exported(tmp_path):
+    result, out = _plan(tmp_path, ", schedule: [gpipe, 1f1b]")
+    assert result.exit_code == 0, result.output
+    best = json.loads(result.stdout)["candidates"][0]
+    assert (best["schedule"], best["simulated"]) == ("gpipe", True)  # still simulated when asked
+    message = " ".join(result.stderr.split())
+    assert ("note: no launch files for 1-holmes: Megatron-LM has no GPipe schedule "
+            "(get_forward_backward_func") in message
+    assert "plan with schedule 1f1b or interleaved" in message
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["2-holmes"]
+    assert "gpipe" not in (out / "2-holmes" / "plan.json").read_text()
