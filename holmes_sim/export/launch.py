@@ -42,7 +42,7 @@ from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
                                           architecture_args, expert_tensor_args,
                                           fork_lacks_note, loss_args, overlap_args, router_note,
                                           split_args, tokenizer_args, userbuffer_config,
-                                          vocabulary_section, without_flags)
+                                          vocab_args, vocabulary_section, without_flags)
 from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
@@ -124,7 +124,7 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
         args += ["--context-parallel-size", str(plan.cp), *_cp_comm_args(w, plan)]
     if not w.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
-    args += architecture_args(w) + expert_tensor_args(w, plan.tp)
+    args += architecture_args(w) + vocab_args(w, plan.tp) + expert_tensor_args(w, plan.tp)
     if w.sequence_parallel and plan.tp > 1:
         args.append("--sequence-parallel")
     if w.flash_attention:

@@ -10,7 +10,8 @@ swiglu and quick_gelu in TEGroupedMLP."; without biases Megatron-LM turns the Ge
 itself), `--normalization`
 (LayerNorm default), `--disable-bias-linear`, `--add-qkv-bias`, `--position-embedding-type`
 (learned_absolute default), `--hidden-dropout` and `--attention-dropout` (0.1 default),
-`--make-vocab-size-divisible-by` (128 default), `--multi-latent-attention` with `--q-lora-rank`,
+`--make-vocab-size-divisible-by` (128 default; written so Megatron-LM pads the tokenizer's
+vocabulary to the simulated one, `vocab_args`), `--multi-latent-attention` with `--q-lora-rank`,
 `--kv-lora-rank`, `--qk-head-dim`, `--qk-pos-emb-head-dim`, `--v-head-dim` (`_add_mla_args`;
 all written, the latent norms as `--qk-layernorm`), and with RoPE `--rotary-base` (10000
 default), `--rotary-percent` (1.0), `--use-rope-scaling` with `--rope-scaling-factor` (8.0), and
@@ -42,10 +43,13 @@ _MEGATRON_VOCAB_DIVISOR = 128
 _MEGATRON_ROTARY_BASE = 10000
 _MEGATRON_ROPE_SCALING_FACTOR = 8.0
 _MEGATRON_NORM_EPSILON = 1e-5
+GPT2_VOCAB, GPT2_PADDED = 50257, 51200
+"""GPT-2's BPE vocabulary, and padded as Megatron-LM pads it at TP 8 (a multiple of 128 x 8)."""
 
 
 def architecture_args(w: Workload) -> list[str]:
-    """Arguments of `pretrain_gpt.py` for GQA, SwiGLU, RMSNorm, biases, RoPE, dropout, padding."""
+    """Arguments of `pretrain_gpt.py` for GQA, SwiGLU, RMSNorm, biases, RoPE, dropout (the
+    vocabulary's padding, which depends on TP: `vocab_args`)."""
     args: list[str] = []
     if w.groups != w.heads:
         args += ["--group-query-attention", "--num-query-groups", str(w.groups)]
@@ -68,9 +72,38 @@ def architecture_args(w: Workload) -> list[str]:
         args += ["--hidden-dropout", f"{w.hidden_dropout:g}"]
     if w.attention_dropout != _MEGATRON_DROPOUT:
         args += ["--attention-dropout", f"{w.attention_dropout:g}"]
-    if w.vocab_divisible_by != _MEGATRON_VOCAB_DIVISOR:
-        args += ["--make-vocab-size-divisible-by", str(w.vocab_divisible_by)]
     return args + rope_norm_args(w) + mla_args(w) + moe_args(w)
+
+
+def vocab_args(w: Workload, tp: int) -> list[str]:
+    """`--make-vocab-size-divisible-by` where `vocab_divisor` leaves Megatron-LM's 128."""
+    divisor = vocab_divisor(w, tp)
+    return [] if divisor == _MEGATRON_VOCAB_DIVISOR else ["--make-vocab-size-divisible-by",
+                                                          str(divisor)]
+
+
+def vocab_divisor(w: Workload, tp: int) -> int:
+    """The `make_vocab_size_divisible_by` D with which Megatron-LM pads the tokenizer's
+    vocabulary (`tokenizer_vocab`) to the one simulated, `w.vocab`, at TP `tp`: up to a
+    multiple of D x TP (`vocab_size_with_padding`, megatron/core/tokenizers/utils/
+    build_tokenizer.py). The scenario's own divisor where it does; else the smallest multiple
+    of TP that divides `w.vocab` and is above its padding, over TP (GPT-2's 50,257 tokens to
+    51,200: 1024 / TP)."""
+    own, padded = w.vocab_divisible_by, w.vocab
+    tokens = tokenizer_vocab(w)
+    if tokens > padded or -(-tokens // (own * tp)) * own * tp == padded:
+        return own
+    return next(m for m in range(tp, padded + 1, tp) if padded % m == 0 and padded - m < tokens) // tp
+
+
+def tokenizer_vocab(w: Workload) -> int:
+    """The vocabulary of `tokenizer_args`' tokenizer: GPT-2's 50,257 tokens for a vocabulary
+    of 50,257 or 51,200, else the scenario's (`model.vocab_size`)."""
+    vocab = w.vocab_size or w.vocab
+    preset = PRESETS.get(w.preset or "")
+    if preset is not None and preset.fields.get("vocab_size") == vocab:
+        return vocab
+    return GPT2_VOCAB if vocab in (GPT2_VOCAB, GPT2_PADDED) else vocab
 
 
 def rope_norm_args(w: Workload) -> list[str]:
@@ -308,7 +341,7 @@ def tokenizer_args(w: Workload) -> tuple[list[str], str]:
     preset = PRESETS.get(w.preset or "")
     if preset is not None and preset.fields.get("vocab_size") == vocab:
         return list(preset.tokenizer), f"preset {w.preset}'s own tokenizer"
-    if vocab in (50257, 51200):
+    if vocab in (GPT2_VOCAB, GPT2_PADDED):
         return list(GPT2_TOKENIZER), "GPT-2's BPE of 50,257 tokens"
     return (["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "NAME"],
             f"no tokenizer is known for this vocabulary: give one of {vocab:,} tokens")
@@ -317,16 +350,24 @@ def tokenizer_args(w: Workload) -> tuple[list[str], str]:
 def vocabulary_section(w: Workload, tp: int) -> str:
     """The export README's paragraph on the vocabulary simulated and the tokenizer to use."""
     args, what = tokenizer_args(w)
-    vocab = w.vocab_size or w.vocab
-    other = "Llama 3's 128,256" if vocab in (50257, 51200) else "GPT-2's 50,257"
+    vocab, tokens, divisor = w.vocab_size or w.vocab, tokenizer_vocab(w), vocab_divisor(w, tp)
+    other = "Llama 3's 128,256" if vocab in (GPT2_VOCAB, GPT2_PADDED) else "GPT-2's 50,257"
+    by = (f"`--make-vocab-size-divisible-by {divisor}`"
+          if divisor != _MEGATRON_VOCAB_DIVISOR else
+          f"Megatron-LM's default make_vocab_size_divisible_by {divisor}")
+    launched = -(-tokens // (divisor * tp)) * divisor * tp
+    rows = (f"the {w.vocab:,} rows simulated" if launched == w.vocab else
+            f"{launched:,} rows, not the {w.vocab:,} simulated")
     return (f"The plan was simulated at a vocabulary of {vocab:,} tokens (`model.vocab_size`), "
-            f"padded to {w.vocab:,} as Megatron-LM pads it (a multiple of "
-            f"make_vocab_size_divisible_by {w.vocab_divisible_by} x TP {tp}). Tokenizer: "
-            f"{what}, `{' '.join(args)}`. Megatron-LM sizes the embedding and the output layer "
-            f"from the tokenizer's vocabulary, padded so: a tokenizer of another vocabulary "
-            f"({other} tokens, say) trains a different model from the one simulated, with "
-            f"other parameters, memory and step time. A preset's vocabulary is its config.json's "
-            f"embedding rows, which some models pad beyond their tokenizer's length (Qwen2.5: "
-            f"152,064 rows for 151,665 tokens); Megatron-LM pads the tokenizer's own length "
-            f"(`vocab_size_with_padding`), so for those the embedding and output layer come out "
-            f"a few hundred rows smaller than simulated (151,680 rows for Qwen2.5 at TP 1).")
+            f"padded to {w.vocab:,} rows (a multiple of make_vocab_size_divisible_by "
+            f"{w.vocab_divisible_by} x TP {tp}). Tokenizer: {what}, `{' '.join(args)}`. "
+            f"Megatron-LM sizes the embedding and the output layer from the tokenizer's "
+            f"vocabulary, {tokens:,} tokens, padded up to a multiple of "
+            f"make_vocab_size_divisible_by x TP (`vocab_size_with_padding`); with {by}, "
+            f"{divisor} x TP {tp} = {divisor * tp} gives {rows}. A tokenizer of another "
+            f"vocabulary ({other} tokens, say) trains a different model from the one simulated, "
+            f"with other parameters, memory and step time. A preset's vocabulary is its "
+            f"config.json's embedding rows, which some models pad beyond their tokenizer's length "
+            f"(Qwen2.5: 152,064 rows for 151,665 tokens); Megatron-LM pads the tokenizer's own "
+            f"length, so for those the embedding and output layer come out a few hundred rows "
+            f"smaller than simulated (151,680 rows for Qwen2.5 at TP 1).")

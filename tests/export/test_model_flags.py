@@ -151,7 +151,7 @@ def test_a_llama_readme_names_its_tokenizer_and_the_vocabulary_simulated(write_s
     assert "simulated at a vocabulary of 128,256 tokens (`model.vocab_size`), padded to 129,024" \
         in text  # TP 8: a multiple of 1,024
     assert "preset llama3.1-8b's own tokenizer" in text
-    assert "a tokenizer of another vocabulary (GPT-2's 50,257 tokens, say) trains a different " \
+    assert "A tokenizer of another vocabulary (GPT-2's 50,257 tokens, say) trains a different " \
            "model from the one simulated" in text
 
 
