@@ -40,10 +40,11 @@ from holmes_sim.export.refusals import plan_launch_refusal
 from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
                                           USERBUFFER_CONFIG, USERBUFFER_ZERO_SMS,
                                           architecture_args, expert_tensor_args,
-                                          fork_lacks_note, loss_args, overlap_args, router_note,
+                                          fork_lacks_note, loss_args, overlap_args,
+                                          rope_factor_note, router_note,
                                           split_args, tokenizer_args, userbuffer_config,
                                           vocab_args, vocabulary_section, without_flags)
-from holmes_sim.plan import GroupKind, OptimizerMode, Plan, TransportKind
+from holmes_sim.plan import GroupKind, Plan, TransportKind
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
 
@@ -509,7 +510,7 @@ def _notes(workload: Workload, ub: str | None) -> tuple[str, ...]:
                      "and `holmes_args.txt` name it relative to the folder).")
     elif workload.tp_comm_overlap and workload.ub_rs_sms == 0:
         notes.append(USERBUFFER_ZERO_SMS)
-    return tuple(notes) + tuple(filter(None, [router_note(workload)]))
+    return tuple(notes) + tuple(filter(None, [router_note(workload), rope_factor_note(workload)]))
 
 
 def device_notes(nodes: list[Node]) -> tuple[str, ...]:

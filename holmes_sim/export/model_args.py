@@ -14,7 +14,8 @@ itself), `--normalization`
 vocabulary to the simulated one, `vocab_args`), `--multi-latent-attention` with `--q-lora-rank`,
 `--kv-lora-rank`, `--qk-head-dim`, `--qk-pos-emb-head-dim`, `--v-head-dim` (`_add_mla_args`;
 all written, the latent norms as `--qk-layernorm`), and with RoPE `--rotary-base` (10000
-default), `--rotary-percent` (1.0), `--use-rope-scaling` with `--rope-scaling-factor` (8.0), and
+default), `--rotary-percent` (1.0), `--use-rope-scaling` with `--rope-scaling-factor` (8.0; `pretrain_gpt.py` does not pass the
+factor on: `rope_factor_note`), and
 `--norm-epsilon` (1e-5), `--apply-layernorm-1p` (`rope_norm_args`; at HEAD the last two come
 from Megatron-Core's `TransformerConfig.layernorm_epsilon` and
 `layernorm_zero_centered_gamma`). Nothing else is written for a value equal to Megatron's
@@ -125,6 +126,23 @@ def rope_norm_args(w: Workload) -> list[str]:
     if w.zero_centered_gamma:
         args.append("--apply-layernorm-1p")
     return args
+
+
+def rope_factor_note(w: Workload) -> str | None:
+    """The export README's note on a Llama 3.1 RoPE scaling factor other than 8, None if none:
+    `pretrain_gpt.py`'s `gpt_builder` (gpt_builders.py, Megatron-LM d98e8a6) passes GPTModel
+    `rope_scaling=args.use_rope_scaling` and not `--rope-scaling-factor`, so GPTModel keeps
+    its default factor, 8."""
+    factor = w.rope_scaling_factor
+    if not (w.position_embedding == "rope" and w.rope_scaling) \
+            or factor == _MEGATRON_ROPE_SCALING_FACTOR:
+        return None
+    return (f"`--rope-scaling-factor {float(factor)!r}` is written as simulated, but "
+            "`pretrain_gpt.py` does not pass it on: its `gpt_builder` (gpt_builders.py) gives "
+            "GPTModel `rope_scaling=args.use_rope_scaling` alone, so the launch trains RoPE "
+            f"scaling factor 8, not {factor:g}. That costs the same as simulated (RoPE's settings "
+            "change no kernel's size) but is not the model simulated; add "
+            "`rope_scaling_factor=args.rope_scaling_factor` to that GPTModel call to train it.")
 
 
 FORK_LACKS = ("--rotary-base", "--use-rope-scaling", "--rope-scaling-factor")

@@ -1,6 +1,7 @@
 """The launched model's vocabulary is the simulated one: Megatron-LM pads the tokenizer's
 vocabulary up to a multiple of `--make-vocab-size-divisible-by` x TP, so the export writes the
-divisor that pads it to the simulated rows (GPT-2's 50,257 tokens to 51,200: 1024 / TP)."""
+divisor that pads it to the simulated rows (GPT-2's 50,257 tokens to 51,200: 1024 / TP); and a
+Llama 3.1 RoPE scaling factor `pretrain_gpt.py` does not pass on is named in the README."""
 
 from __future__ import annotations
 
@@ -88,3 +89,31 @@ def test_the_divisor_is_the_scenarios_wherever_it_already_pads_right(write_scena
     assert vocab_divisor(w, tp) == divisor
     assert vocab_size_with_padding(tokenizer_vocab(w), SimpleNamespace(
         make_vocab_size_divisible_by=divisor, tensor_model_parallel_size=tp)) == w.vocab
+
+
+_LLAMA31 = "model: {preset: llama3.1-8b, num_layers: 8, seq_length: 1024%s}"
+
+
+def _readme(write_scenario, extra: str) -> str:
+    text = small_scenario(nodes_ib=2, tp=8, pp=2).replace(
+        "model: {num_layers: 8, hidden_size: 1024, num_attention_heads: 16,\n"
+        "        seq_length: 1024, vocab_size: 51200, tie_embeddings: true}", _LLAMA31 % extra)
+    _, _, files = _files(write_scenario, text)
+    return files["megatron_args.txt"], " ".join(files["README.md"].split())
+
+
+def test_a_rope_scaling_factor_pretrain_gpt_drops_is_named_in_the_readme(write_scenario):
+    """gpt_builders.py passes GPTModel `rope_scaling=args.use_rope_scaling` and not the factor,
+    so GPTModel keeps its 8.0: before, the README did not say the launch trains factor 8."""
+    args, readme = _readme(write_scenario, ", rope_scaling_factor: 32.0")
+    assert "--use-rope-scaling --rope-scaling-factor 32.0" in args
+    assert ("`--rope-scaling-factor 32.0` is written as simulated, but `pretrain_gpt.py` does "
+            "not pass it on: its `gpt_builder` (gpt_builders.py) gives GPTModel "
+            "`rope_scaling=args.use_rope_scaling` alone, so the launch trains RoPE scaling "
+            "factor 8, not 32.") in readme
+
+
+def test_factor_8_has_no_note(write_scenario):
+    args, readme = _readme(write_scenario, "")
+    assert "--use-rope-scaling" in args and "--rope-scaling-factor" not in args
+    assert "rope-scaling-factor" not in readme
