@@ -316,11 +316,14 @@ def validation_markdown(doc: dict) -> str:
     cases = doc["cases"]
     tol = doc.get("tolerance_pct", float("nan"))
     lines = ["# Simulator vs real run", "", validation_findings(doc), "",
+             *_validation_notes(doc),
              "| policy | predicted s | measured s (median) | measured min..max s | error % | "
              "within tolerance |", "|---|---:|---:|---:|---:|---|"]
     for c in cases:
         its = c.get("measured_iterations_s") or [c["measured_s"]]
         ok = "yes" if abs(c["error_pct"]) <= tol else "NO"
+        if doc.get("host_unstable"):
+            ok = "no verdict"
         lines.append(f"| {c['policy']} | {c['predicted_s']:.4f} | {c['measured_s']:.4f} | "
                      f"{min(its):.4f}..{max(its):.4f} | {c['error_pct']:+.1f} | {ok} |")
     effects = doc.get("mechanism_effects") or []
@@ -339,11 +342,27 @@ def validation_markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _validation_notes(doc: dict) -> list[str]:
+    """The host warnings and the run's notes (`provenance.notes`) as a list, with a blank line
+    after; none: []."""
+    items = [*(f"- Host: {w}; no verdict." for w in doc.get("host_warnings") or ()),
+             *(f"- Note: {n}." for n in (doc.get("provenance") or {}).get("notes") or ())]
+    return [*items, ""] if items else []
+
+
 def validation_findings(doc: dict) -> str:
-    """One paragraph: worst error, tolerance, and whether the ranking agrees."""
+    """One paragraph: worst error, tolerance, and whether the ranking agrees; on a host that
+    could not give a verdict (`host_unstable`, exit 3), why, and no verdict."""
     cases = doc["cases"]
     if not cases:
         return "No case was measured."
+    if doc.get("host_unstable"):
+        return (f"**No verdict** (`validate --real` exited 3): the host was too loaded or "
+                f"unstable (see below). On such a host the measured times do not say whether "
+                f"the simulator is within the "
+                f"{doc.get('tolerance_pct', float('nan')):g}% tolerance or ranks the policies "
+                f"right; they are listed below for the record only. Rerun on a quiet host for "
+                f"a verdict.")
     tol = doc.get("tolerance_pct", float("nan"))
     worst = max(cases, key=lambda c: abs(c["error_pct"]))
     inside = sum(1 for c in cases if abs(c["error_pct"]) <= tol)

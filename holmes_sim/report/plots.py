@@ -283,8 +283,9 @@ def validation_figure(doc: dict) -> Figure:
     ax.set_xticks(xs, [c["policy"] for c in cases], rotation=20, ha="right")
     ax.set_ylabel("iteration time (s)")
     agrees = "agrees" if doc.get("ranking_agrees") else "does NOT agree"
+    verdict = "NO VERDICT: host unstable" if doc.get("host_unstable") else f"ranking {agrees}"
     ax.set_title(f"Predicted vs measured iteration time (error % above each pair; tolerance "
-                 f"{doc.get('tolerance_pct', float('nan')):g}%; ranking {agrees})", fontsize=10)
+                 f"{doc.get('tolerance_pct', float('nan')):g}%; {verdict})", fontsize=10)
     fig.legend(loc="outside lower center", ncol=3, frameon=False, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return fig

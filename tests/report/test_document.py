@@ -279,3 +279,29 @@ def test_every_figure_legend_lies_whole_inside_its_figure():
     for fig in figures:
         assert fig.legends and _legend_inside(fig), fig.axes[0].get_title()
         plots.pyplot().close(fig)
+
+
+class _UnstableValidation(_FakeValidation):
+    """A run the host could give no verdict on (exit 3), with a memory note."""
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "host_unstable": True,
+                "host_warnings": ["host overloaded before the run: 9.5 tasks running or waiting "
+                                  "on 2 cores (more than 2.5 per core)"],
+                "provenance": {"host": "test", "notes": ["the simulated plans do not fit"]}}
+
+
+def test_validation_report_of_an_unstable_host_gives_no_verdict(tmp_path):
+    write_validation_report(tmp_path, _UnstableValidation())
+    text = (tmp_path / "validation.md").read_text()
+    assert "**No verdict** (`validate --real` exited 3)" in text
+    assert "within the 15% tolerance;" not in text and "ranking" not in text.split("|")[0]
+    assert ("- Host: host overloaded before the run: 9.5 tasks running or waiting on 2 cores "
+            "(more than 2.5 per core); no verdict.") in text
+    assert "- Note: the simulated plans do not fit." in text
+    assert "| holmes | 0.8000 | 0.7800 | 0.7700..0.7900 | +2.6 | no verdict |" in text
+    assert "| yes |" not in text and "| NO |" not in text
+    fig = plots.validation_figure(_UnstableValidation().to_json())
+    assert "NO VERDICT: host unstable" in fig.axes[0].get_title()
+    assert "agrees" not in fig.axes[0].get_title()
+    plots.pyplot().close(fig)

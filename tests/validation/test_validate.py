@@ -275,3 +275,21 @@ def test_emulated_ranks_compute_at_the_speed_a_rank_gets_on_this_host(monkeypatc
     assert v.host_share(prepared) == 2.0
     monkeypatch.setattr(v.os, "cpu_count", lambda: 16)
     assert v.host_share(prepared) == 1.0  # never faster than alone
+
+
+def test_report_of_a_run_without_verdict_says_so_as_the_exit_code_does(tmp_path, monkeypatch):
+    from holmes_sim.validation import real_run
+    from holmes_sim.validation.comparison import ValidationResult
+
+    warning = "host overloaded before the run: 9.5 tasks running or waiting on 2 cores"
+    cases = (Case("holmes", 0.341, 0.331, (0.33, 0.331, 0.336), ()),
+             Case("megatron", 0.518, 0.505, (0.501, 0.505, 0.509), ()))
+    result = ValidationResult(cases, 10.0, {}, {"notes": []}, host_warnings=(warning,),
+                              compute="emulated")
+    monkeypatch.setattr(real_run, "validate_real", lambda *a, **k: result)
+    out = runner.invoke(app, ["validate", str(TESTBED), "--real", "--report", str(tmp_path / "r")])
+    assert out.exit_code == 3, out.output
+    assert f"error: {warning}; no verdict" in out.output
+    text = (tmp_path / "r" / "validation.md").read_text()
+    assert "**No verdict**" in text and f"- Host: {warning}; no verdict." in text
+    assert "policies are within" not in text and "| yes |" not in text
