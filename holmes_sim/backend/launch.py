@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -187,11 +188,11 @@ def _wait(procs: dict[int, subprocess.Popen], out_dir: Path, timeout_s: float) -
 
 def failure(procs: dict[int, subprocess.Popen], codes: dict[int, int | None],
             out_dir: Path) -> RankFailed:
-    """The error of a run a rank failed: the first failed rank (usually the cause; peers then
-    fail on broken sockets) and how it ended, every failed rank, the ranks still running (a
-    stopped or stuck one among them is what a peer timed out on), and the rank's log tail."""
+    """The error of a run a rank failed: the likely cause (`_culprit`) and how it ended, every
+    failed rank, the ranks still running (a stopped or stuck one among them is what a peer
+    timed out on), and the rank's log tail."""
     failed = [r for r, c in codes.items() if c not in (None, 0)]
-    r = failed[0]
+    r = _culprit(failed, codes, out_dir)
     tail = _tail(out_dir, r)
     peer_timeout = any(t in tail for t in _PEER_TIMEOUT)
     running = _running(procs, codes)
@@ -202,6 +203,20 @@ def failure(procs: dict[int, subprocess.Popen], codes: dict[int, int | None],
                  + (" (a still-running rank is stuck: stopped, or starved of CPU)"
                     if running else ""))
     return RankFailed(text + _tail_text(r, tail), peer_timeout)
+
+
+def _culprit(failed: list[int], codes: dict[int, int | None], out_dir: Path) -> int:
+    """The failed rank that most likely caused the others to fail: one ended by a signal
+    (its peers then exit non-zero on broken sockets within the same poll), then the one whose
+    log was last written earliest (a Python rank writes its traceback as it exits), then the
+    lowest rank (also among ranks without a log, whose time is unknown)."""
+    def key(r: int) -> tuple[bool, float, int]:
+        try:
+            written = float((out_dir / f"rank_{r}.log").stat().st_mtime_ns)
+        except OSError:
+            written = math.inf
+        return (codes[r] >= 0, written, r)
+    return min(failed, key=key)
 
 
 def timed_out(procs: dict[int, subprocess.Popen], codes: dict[int, int | None], out_dir: Path,

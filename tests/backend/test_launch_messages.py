@@ -51,6 +51,25 @@ def test_a_rank_killed_by_signal_9_says_it_was_killed_and_skips_an_empty_tail(tm
     assert "killed by SIGTERM" in str(launch.failure(_procs({0: 1}), {0: -15}, tmp_path))
 
 
+def test_the_rank_a_signal_ended_is_blamed_over_peers_that_lost_their_connection(tmp_path):
+    # Seen on the testbed: rank 2 SIGKILLed, rank 0 exited 1 on the broken socket in the same
+    # 50 ms poll, and the error blamed rank 0.
+    lost = "RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection closed by peer\n"
+    (tmp_path / "rank_0.log").write_text("Traceback ...\n" + lost)
+    (tmp_path / "rank_2.log").write_text("")
+    procs = _procs({0: 1, 1: os.getpid(), 2: 1})
+    text = str(launch.failure(procs, {0: 1, 1: None, 2: -9}, tmp_path))
+    assert text.startswith("rank 2 was killed (signal 9; likely the host ran out of memory) "
+                           "(ranks failed: [0, 2]; still running: [1])")
+    # No signal: the rank whose log was written first (its traceback, as it exited).
+    os.utime(tmp_path / "rank_0.log", ns=(2_000_000_000, 2_000_000_000))
+    (tmp_path / "rank_1.log").write_text("Traceback ...\nValueError: the cause\n")
+    os.utime(tmp_path / "rank_1.log", ns=(1_000_000_000, 1_000_000_000))
+    text = str(launch.failure(procs, {0: 1, 1: 1, 2: 0}, tmp_path))
+    assert text.startswith("rank 1 exited with code 1 (ranks failed: [0, 1])")
+    assert "ValueError: the cause" in text
+
+
 def test_a_timeout_names_the_ranks_still_running_without_an_empty_tail(tmp_path):
     exc = launch.timed_out(_procs({0: os.getpid(), 1: 1}), {0: None, 1: 0}, tmp_path, 2.0)
     assert str(exc) == "run timed out after 2 s; ranks still running: [0]; rank 0 wrote no log"
