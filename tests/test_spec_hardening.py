@@ -323,3 +323,13 @@ def test_a_long_base_60_number_is_refused_fast(write_scenario):
     start = time.monotonic()
     _refused(write_scenario, text, "training.global_batch_size: expected a whole number")
     assert time.monotonic() - start < 2.0
+
+
+def test_a_link_probe_too_small_to_time_throughput_is_refused(write_scenario):
+    # A 4-byte probe timed the latency: a 2 Gbit/s link read 75 kB/s, every prediction 100x off.
+    text = BASE + "testbed:\n  iterations: 2\n  link_probe_bytes: 4\n"
+    _refused(write_scenario, text, "testbed.link_probe_bytes: must be at least 1048576, got 4",
+             "measures a fabric's throughput", "give at least 1048576 (1 MiB",
+             at="link_probe_bytes")
+    ok = BASE + "testbed:\n  link_probe_bytes: 1048576\n"
+    assert runner.invoke(app, ["check", str(write_scenario(ok))]).exit_code == 0

@@ -109,7 +109,11 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "iterations": Bound(1, 10_000),
     "warmup": Bound(0, 1000),
     "calibration_repeats": Bound(1, 10_000),
-    "link_probe_bytes": Bound(4, 2**28),  # each probe rank holds a buffer this large
+    # Each probe rank holds a buffer this large; below 1 MiB the probe times the link's latency
+    # and its shaper's 1 ms burst, not its rate (4 bytes read 75 kB/s on a 2 Gbit/s link).
+    "link_probe_bytes": Bound(2**20, 2**28, rule="the probe measures a fabric's throughput, so "
+                              "it must take far longer than the link's latency and its shaper's "
+                              "burst: give at least 1048576 (1 MiB; default 4000000)"),
     "seed": Bound(0, 2**63 - 1),
     "bandwidth_gbit_per_s": _positive(1e9),  # tests model free communication with 1e9
     "bandwidth_gbyte_per_s": _positive(1e9),
