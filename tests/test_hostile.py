@@ -291,6 +291,45 @@ def test_validate_refuses_rates_too_low_for_gloo(rate: str, fragment: str, tmp_p
     assert "Gbit/s" in text
 
 
+@pytest.mark.parametrize(("setting", "fragments"), [
+    # 4 MB probe, 100 Mbit/s Ethernet: moved twice within half the timeout needs 1.28 s.
+    ("timeout_s: 1", ("testbed.timeout_s: 1 s is too short for the run's largest message (the "
+                      "link probe, 4000000 bytes) on the testbed's slowest link (0.1 Gbit/s)",
+                      "raise timeout_s to at least 1.28, or lower testbed.link_probe_bytes to at "
+                      "most 3125000")),
+    ("timeout_s: 0.001", ("testbed.timeout_s: 0.001 s is too short",
+                          "raise timeout_s to at least 1.28")),
+    # Within gloo's 60 s cap no timeout helps: the probe is what is too large.
+    ("link_probe_bytes: 268435456", ("testbed.link_probe_bytes: 268435456 bytes, the run's "
+                                     "largest message, is too large for the testbed's slowest "
+                                     "link (0.1 Gbit/s)", "lower it to at most 187500000")),
+])
+def test_validate_names_the_testbed_field_that_limits_the_links(
+        setting: str, fragments: tuple[str, ...], tmp_path: Path) -> None:
+    path = default_testbed_with(tmp_path, "  tolerance_pct: 10\n",
+                                f"  tolerance_pct: 10\n  {setting}\n")
+    line = path.read_text().splitlines().index(f"  {setting}") + 1
+    text = refused(["validate", path, "--dry-run"], *fragments, f"{path}:{line}:")
+    assert "bandwidth_gbit_per_s" not in text and "give at least" not in text
+
+
+def test_a_gradient_bucket_too_large_for_the_timeout_names_the_timeout() -> None:
+    from holmes_sim.errors import FieldError
+    from holmes_sim.validation.testbed_plan import RateLimits, _check_rate_carries
+
+    limits = RateLimits(run_bytes=8e6, probe_bytes=2**20, timeout_s=2)
+    with pytest.raises(FieldError) as got:
+        _check_rate_carries(1e8, limits, 1e8, "clusters[0].nodes[0].nics[1].bandwidth_gbit_per_s")
+    assert got.value.path == "testbed.timeout_s"
+    assert "(a gradient bucket or TP all-reduce, 8000000 bytes)" in got.value.message
+    assert got.value.message.endswith("raise timeout_s to at least 2.56")
+    # Past gloo's 60 s cap the rate itself is short: the NIC's field and the rate it needs.
+    with pytest.raises(FieldError) as got:
+        _check_rate_carries(1e6, RateLimits(8e6, 2**20, 240), 1e6, "x.bandwidth_gbit_per_s")
+    assert got.value.path == "x.bandwidth_gbit_per_s"
+    assert got.value.message.endswith("give at least 0.00427 Gbit/s")
+
+
 def test_validate_refuses_more_ranks_than_the_host_runs(tmp_path: Path) -> None:
     from holmes_sim.validation.host import max_ranks
 

@@ -4,6 +4,9 @@ model, the policies that run on it, and each plan group's transport settings."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from holmes_sim.errors import FieldError, ScenarioError
 from holmes_sim.hardware.cluster import ETHERNET
 from holmes_sim.plan import Plan
@@ -131,6 +134,7 @@ def check_testbed(prepared: Prepared) -> None:
     check_backend(prepared)
     nodes = prepared.cluster.nodes
     links = prepared.scenario.inter_cluster_links
+    limits, slowest = rate_limits(prepared), _slowest_rate(prepared)
     if len(links) > 1:
         raise FieldError("inter_cluster_links", f"{len(links)} inter-cluster links; the testbed "
                          "joins at most two clusters (one uplink: more would loop the bridges)")
@@ -141,7 +145,7 @@ def check_testbed(prepared: Prepared) -> None:
         if not 0 < link.bandwidth_gbit_per_s * 1e9 <= tbmod.MAX_RATE_BIT_PER_S:
             raise FieldError(f"inter_cluster_links[{i}].bandwidth_gbit_per_s",
                              "cannot be shaped on the testbed")
-        _check_rate_carries(link.bandwidth_gbit_per_s * 1e9, smallest_rate_bit_per_s(prepared),
+        _check_rate_carries(link.bandwidth_gbit_per_s * 1e9, limits, slowest,
                             f"inter_cluster_links[{i}].bandwidth_gbit_per_s")
     if len(nodes) > tbmod.MAX_NODES:
         raise FieldError("clusters", f"{len(nodes)} nodes; the testbed emulates at most "
@@ -152,7 +156,6 @@ def check_testbed(prepared: Prepared) -> None:
     if len(fabrics) > tbmod.MAX_FABRICS:
         raise FieldError("fabrics", f"{len(fabrics)} fabrics; the testbed has at most "
                                     f"{tbmod.MAX_FABRICS}")
-    least = smallest_rate_bit_per_s(prepared)
     on_fabric: dict[str, list[tuple[str, str]]] = {}
     for i, (node, name_path, nic_paths) in enumerate(zip(nodes, *_node_paths(prepared), strict=True)):
         problem = tbmod.name_problem(node.name)
@@ -162,7 +165,7 @@ def check_testbed(prepared: Prepared) -> None:
         if len(nic_paths) != len(node.nics):  # NICs split by `gpus`: name the group's list
             nic_paths = [name_path.rsplit(".", 1)[0] + ".nics"] * len(node.nics)
         for nic, nic_path in zip(node.nics, nic_paths, strict=True):
-            _check_testbed_nic(i, fabrics.index(nic.fabric), nic, nic_path, least)
+            _check_testbed_nic(i, fabrics.index(nic.fabric), nic, nic_path, limits, slowest)
             on_fabric.setdefault(nic.fabric, []).append((node.name, nic_path))
     for fabric, members in on_fabric.items():
         if len(members) < 2:
@@ -253,15 +256,47 @@ def _check_memory(prepared: Prepared, available: int | None = None) -> None:
 
 def smallest_rate_bit_per_s(prepared: Prepared) -> float:
     """The lowest NIC rate (bit/s) that carries the run's largest message within half of
-    gloo's operation timeout: a ring all-reduce moves about twice its buffer through each NIC
-    (Patarasuk and Yuan 2009), the other half is left for compute and the other messages."""
+    gloo's operation timeout (`_rate_needed`)."""
+    limits = rate_limits(prepared)
+    return _rate_needed(max(limits.run_bytes, limits.probe_bytes), limits.timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimits:
+    """What sets the lowest rate a testbed link may have: the run's largest message (a
+    gradient bucket, at most the whole gradient, or a TP all-reduce), the link probe's
+    (`testbed.link_probe_bytes`), both in bytes, and `testbed.timeout_s`."""
+
+    run_bytes: float
+    probe_bytes: int
+    timeout_s: float
+
+    @property
+    def gloo_timeout_s(self) -> float:
+        return min(GLOO_TIMEOUT_S, self.timeout_s)
+
+
+def rate_limits(prepared: Prepared) -> RateLimits:
     from holmes_sim.spec.scenario import TestbedSpec
 
     spec = prepared.scenario.testbed or TestbedSpec()
     w = prepared.workload
-    largest = max(min(w.bucket_bytes, w.grad_bytes_of(w.total_params)), w.tp_allreduce_bytes(),
-                  spec.link_probe_bytes)
-    return max(MIN_RATE_BIT_PER_S, 2 * largest * 8 / (min(GLOO_TIMEOUT_S, spec.timeout_s) / 2))
+    return RateLimits(max(min(w.bucket_bytes, w.grad_bytes_of(w.total_params)),
+                          w.tp_allreduce_bytes()), spec.link_probe_bytes, spec.timeout_s)
+
+
+def _slowest_rate(prepared: Prepared) -> float:
+    """The lowest rate (bit/s) of the testbed's NICs and uplinks."""
+    return min([nic.bandwidth_bytes_per_s * 8 for n in prepared.cluster.nodes for nic in n.nics]
+               + [u.bandwidth_gbit_per_s * 1e9 for u in prepared.scenario.inter_cluster_links])
+
+
+def _rate_needed(message_bytes: float, timeout_s: float) -> float:
+    """The rate (bit/s) that moves `message_bytes` within half of gloo's operation timeout,
+    min(GLOO_TIMEOUT_S, `timeout_s`): a ring all-reduce moves about twice its buffer through
+    each NIC (Patarasuk and Yuan 2009), the other half is left for compute and the other
+    messages."""
+    return max(MIN_RATE_BIT_PER_S, 2 * message_bytes * 8 / (min(GLOO_TIMEOUT_S, timeout_s) / 2))
 
 
 MIN_RATE_BIT_PER_S = 8.0
@@ -269,15 +304,61 @@ MIN_RATE_BIT_PER_S = 8.0
 GLOO_TIMEOUT_S = 60.0
 """The real run's gloo operation timeout (seconds; `real_run._run_real`, at most the
 testbed's timeout_s)."""
+MIN_PROBE_BYTES = 2**20
+"""The smallest `testbed.link_probe_bytes` the loader takes (`spec/load.py`)."""
 
 
-def _check_rate_carries(rate: float, least: float, path: str) -> None:
-    if rate < least:
-        raise FieldError(path, f"{rate:g} bit/s cannot carry the run's largest message within "
-                               f"gloo's timeout; give at least {least / 1e9:.3g} Gbit/s")
+def _check_rate_carries(rate: float, limits: RateLimits, slowest: float, path: str) -> None:
+    """A FieldError when `rate` (bit/s, of the field at `path`) cannot carry the largest
+    message within gloo's timeout, naming the field that sets the limit: testbed.timeout_s
+    when raising it (up to GLOO_TIMEOUT_S) lets the testbed's `slowest` rate carry it,
+    testbed.link_probe_bytes when the probe is the largest message and a smaller one fits,
+    else the rate at `path`."""
+    largest = max(limits.run_bytes, limits.probe_bytes)
+    if rate >= _rate_needed(largest, limits.timeout_s):
+        return
+    probe = _probe_fix(limits, slowest)
+    need_s = 2 * 2 * largest * 8 / slowest
+    rule = ("a ring all-reduce moves a message twice through each NIC, within half of "
+            "gloo's operation timeout, min(60 s, testbed.timeout_s)")
+    if limits.timeout_s < need_s <= GLOO_TIMEOUT_S:
+        raise FieldError("testbed.timeout_s", f"{limits.timeout_s:g} s is too short for the "
+                         f"run's largest message ({_what(limits)}, {largest:.0f} bytes) on the "
+                         f"testbed's slowest link ({slowest / 1e9:g} Gbit/s): {rule}; raise "
+                         f"timeout_s to at least {_up(need_s):g}"
+                         + (f", or lower testbed.link_probe_bytes to at most {probe}"
+                            if probe else ""))
+    if probe:
+        raise FieldError("testbed.link_probe_bytes", f"{limits.probe_bytes} bytes, the run's "
+                         f"largest message, is too large for the testbed's slowest link "
+                         f"({slowest / 1e9:g} Gbit/s): {rule}; lower it to at most {probe}")
+    raise FieldError(path, f"{rate:g} bit/s cannot carry the run's largest message within "
+                           f"gloo's timeout; give at least "
+                           f"{_rate_needed(largest, limits.timeout_s) / 1e9:.3g} Gbit/s")
 
 
-def _check_testbed_nic(i: int, j: int, nic, path: str, least: float = MIN_RATE_BIT_PER_S) -> None:
+def _probe_fix(limits: RateLimits, slowest: float) -> int:
+    """The largest link probe (bytes) the `slowest` rate carries when the probe alone is too
+    big and one of at least MIN_PROBE_BYTES would do; else 0."""
+    if limits.probe_bytes <= limits.run_bytes or \
+            slowest < _rate_needed(limits.run_bytes, limits.timeout_s):
+        return 0
+    most = int(slowest * limits.gloo_timeout_s / 2 / (2 * 8))
+    return most if most >= MIN_PROBE_BYTES else 0
+
+
+def _what(limits: RateLimits) -> str:
+    return "the link probe" if limits.probe_bytes >= limits.run_bytes else "a gradient bucket " \
+        "or TP all-reduce"
+
+
+def _up(seconds: float) -> float:
+    """`seconds` rounded up to 3 significant digits."""
+    step = 10.0 ** (math.floor(math.log10(seconds)) - 2)
+    return round(math.ceil(seconds / step - 1e-9) * step, 12)
+
+
+def _check_testbed_nic(i: int, j: int, nic, path: str, limits: RateLimits, slowest: float) -> None:
     from holmes_sim.backend import topology as tbmod
 
     longest = max((nic.name, tbmod.peer_name(i, j), tbmod.bridge_name(j)), key=len)
@@ -288,7 +369,7 @@ def _check_testbed_nic(i: int, j: int, nic, path: str, least: float = MIN_RATE_B
     if not 0 < rate <= tbmod.MAX_RATE_BIT_PER_S:
         raise FieldError(f"{path}.bandwidth_gbit_per_s", f"{rate / 1e9:g} Gbit/s cannot be "
                          f"shaped on the testbed (at most {tbmod.MAX_RATE_BIT_PER_S / 1e9:g})")
-    _check_rate_carries(rate, least, f"{path}.bandwidth_gbit_per_s")
+    _check_rate_carries(rate, limits, slowest, f"{path}.bandwidth_gbit_per_s")
 
 
 def _node_paths(prepared: Prepared) -> tuple[list[str], list[list[str]]]:
