@@ -173,7 +173,7 @@ def _comparison_table(result: ValidationResult, headers: Sequence[str]) -> Table
     doc = result.to_json()
     verdict = (f"ranking {'agrees' if result.ranking_agrees else 'DISAGREES'}"
                if not result.host_unstable else "NO VERDICT: " + "; ".join(result.host_warnings))
-    table = Table(title=Text(f"validation (tolerance {result.tolerance_pct:.0f}%): mean |error| "
+    table = Table(title=Text(f"validation (tolerance {result.tolerance_pct:g}%): mean |error| "
                              f"{doc['mean_abs_error_pct']:.1f}%, max {doc['max_abs_error_pct']:.1f}%, "
                              f"{verdict}"),
                   title_justify="left")

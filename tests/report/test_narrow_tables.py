@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import io
 
+import pytest
+
 from rich.console import Console
 
 from holmes_sim.report.tables import print_table
@@ -120,3 +122,13 @@ def test_sweep_table_keeps_values_and_policies_whole():
     text = _printed(sweep_table(SweepResult("mixed_ib_roce.yaml", axes, policies, rows), 80))
     _check(text, policies)
     assert f"bandwidth_gbit_per_s: {path}" in text
+
+
+@pytest.mark.parametrize("tolerance,shown", [(0.4, "tolerance 0.4%"), (2.5, "tolerance 2.5%"),
+                                             (10.0, "tolerance 10%")])
+def test_validation_table_shows_the_tolerance_unrounded(tolerance, shown):
+    # 2.5 printed as "2%" above a +2.6 row marked out of tolerance.
+    case = comparison.Case("holmes", 1.026, 1.0, (1.0,), ())
+    result = comparison.ValidationResult((case,), tolerance, {}, {})
+    text = _printed(comparison.comparison_table(result, 120))
+    assert f"validation ({shown}): mean |error| 2.6%" in text
