@@ -187,6 +187,7 @@ def _comparison_table(result: ValidationResult, headers: Sequence[str]) -> Table
         lo, hi = c.measured_ci_s
         cells = (Text(c.policy), f"{c.predicted_s:.3f}", f"{c.measured_s:.3f}",
                  f"{lo:.3f}-{hi:.3f}", f"{c.error_pct:+.1f}", str(len(c.measured_iterations_s)),
-                 Text("ok") if ok else Text("out of tolerance", style="red"))
+                 Text("no verdict") if result.host_unstable else Text("ok") if ok
+                 else Text("out of tolerance", style="red"))
         table.add_row(*(cells[i] for i in keep))
     return table

@@ -130,5 +130,13 @@ def test_validation_table_shows_the_tolerance_unrounded(tolerance, shown):
     # 2.5 printed as "2%" above a +2.6 row marked out of tolerance.
     case = comparison.Case("holmes", 1.026, 1.0, (1.0,), ())
     result = comparison.ValidationResult((case,), tolerance, {}, {})
-    text = _printed(comparison.comparison_table(result, 120))
+    text = _printed(comparison.comparison_table(result, 120), 120)
     assert f"validation ({shown}): mean |error| 2.6%" in text
+
+
+def test_validation_rows_give_no_verdict_when_the_host_gave_none():
+    case = comparison.Case("holmes", 1.03, 1.0, (1.0,), ())
+    result = comparison.ValidationResult((case,), 10.0, {}, {}, host_warnings=("host overloaded",))
+    text = _printed(comparison.comparison_table(result, 120), 120)
+    assert "NO VERDICT: host overloaded" in text and "no verdict" in text
+    assert " ok " not in text
