@@ -333,3 +333,13 @@ def test_a_link_probe_too_small_to_time_throughput_is_refused(write_scenario):
              at="link_probe_bytes")
     ok = BASE + "testbed:\n  link_probe_bytes: 1048576\n"
     assert runner.invoke(app, ["check", str(write_scenario(ok))]).exit_code == 0
+
+
+def test_an_alias_bomb_names_the_line_of_the_key_it_expands_under(write_scenario):
+    # An alias's own place is not kept by the YAML composer; the line was the document's first.
+    text = ("# a comment\n" + BASE + "x0: &a0 [" + ", ".join(["lol"] * 9) + "]\n"
+            + "".join(f"x{k}: &a{k} [" + ", ".join([f"*a{k - 1}"] * 9) + "]\n" for k in (1, 2, 3))
+            + "bomb: [" + ", ".join(["*a3"] * 20) + "]\n")
+    message = _refused(write_scenario, text, "more than 100000 values after expanding aliases",
+                       at="bomb:")
+    assert re.search(r": bomb(\[\d+\])+: more than", message), message

@@ -215,8 +215,9 @@ class _Doc:
             path = path.rsplit(".", 1)[0] if "." in path else ""
         return self.lines.get("")
 
-    def error(self, path: str, message: str) -> ScenarioError:
-        line = self.line(path)
+    def error(self, path: str, message: str, at: str | None = None) -> ScenarioError:
+        """`message` about `path`, at the line of `at` (default: of `path`)."""
+        line = self.line(path if at is None else at)
         where = f"{self.source}:{line}" if line else self.source
         return ScenarioError(printable(f"{where}: {path or '(top level)'}: {message}"))
 
@@ -333,8 +334,9 @@ _PLAIN_TAGS = {f"{TAG}{t}" for t in ("str", "int", "float", "bool", "null")}
 def _to_python(node: yaml.Node, path: str, doc: _Doc, seen: list[int], depth: int = 0) -> Any:
     """Plain values of `node`; `seen[0]` counts values so aliases cannot expand without bound."""
     seen[0] += 1
-    if seen[0] > MAX_VALUES:
-        raise doc.error(path, f"more than {MAX_VALUES} values after expanding aliases")
+    if seen[0] > MAX_VALUES:  # at the key it expands under: an alias's own place is not kept
+        raise doc.error(path, f"more than {MAX_VALUES} values after expanding aliases",
+                        at=re.sub(r"(\[\d+\])+$", "", path))
     if depth > MAX_DEPTH:
         raise doc.error(path, f"nested deeper than {MAX_DEPTH} levels (a recursive alias?)")
     doc.lines.setdefault(path, node.start_mark.line + 1)
