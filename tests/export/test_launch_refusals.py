@@ -30,12 +30,17 @@ def test_a_gpipe_plan_gets_no_launch_files(write_scenario):
             launch_files(plan, cluster, prepared.workload, "bf16")
 
 
-def test_run_plans_simulates_gpipe_and_says_why_it_writes_no_launch(tmp_path, write_scenario):
-    path = write_scenario(small_scenario(nodes_ib=2, pp=2, schedule="gpipe"))
+def _run_plans(path, tmp_path):
+    """`run PATH --plans tmp_path/plans` (exit 0): its output on one line, and the folder."""
     out = tmp_path / "plans"
     result = CliRunner().invoke(app, ["run", str(path), "-q", "--plans", str(out)])
     assert result.exit_code == 0, result.output
-    message = " ".join(result.output.split())
+    return " ".join(result.output.split()), out
+
+
+def test_run_plans_simulates_gpipe_and_says_why_it_writes_no_launch(tmp_path, write_scenario):
+    path = write_scenario(small_scenario(nodes_ib=2, pp=2, schedule="gpipe"))
+    message, out = _run_plans(path, tmp_path)
     assert ("note: no launch files for holmes, megatron: Megatron-LM has no GPipe schedule "
             "(get_forward_backward_func, megatron/core/pipeline_parallel/schedules.py, runs no "
             "pipelining, 1F1B or interleaved)") in message
@@ -56,10 +61,7 @@ def test_run_plans_writes_launches_only_for_megatron_and_holmes(tmp_path, write_
     `--overlapped-distributed-optimizer` and `--deepspeed --zero-stage 1`, which upstream
     Megatron-LM refuses, and a README saying to start them with upstream Megatron-LM."""
     path = write_scenario(small_scenario(nodes_ib=2, pp=2, policies=FORKS))
-    out = tmp_path / "plans"
-    result = CliRunner().invoke(app, ["run", str(path), "-q", "--plans", str(out)])
-    assert result.exit_code == 0, result.output
-    message = " ".join(result.output.split())
+    message, out = _run_plans(path, tmp_path)
     assert ("note: no launch files for megatron-llama, megatron-llama-2023-08: the export writes "
             "arguments for upstream Megatron-LM and the Holmes fork (policies megatron and "
             "holmes), not for Megatron-LLaMA: upstream Megatron-LM refuses its "
