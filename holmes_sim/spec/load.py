@@ -314,14 +314,15 @@ def _plain(value: Any, path: str, budget: list[int], source: str, depth: int = 0
             if not isinstance(key, str):
                 raise fail(f"key {key!r:.40} is a {type(key).__name__}; keys are names (str)")
             budget[1] += len(key)
-        return {k: _plain(v, _join(path, k), budget, source, depth + 1) for k, v in value.items()}
+        return {str.__str__(k): _plain(v, _join(path, k), budget, source, depth + 1)
+                for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v, f"{path}[{i}]", budget, source, depth + 1) for i, v in enumerate(value)]
     if isinstance(value, str):
         budget[1] += len(value)
         if budget[1] > MAX_FILE_BYTES:
             raise fail(f"more than {MAX_FILE_BYTES // 1024} KiB of text")
-        return value
+        return str.__str__(value)  # a str subclass (numpy.str_, StrEnum) as plain str
     if value is None or type(value) in (bool, int, float):
         return value
     raise fail(f"a {type(value).__module__}.{type(value).__name__} is not a plain value; give "

@@ -66,3 +66,27 @@ def test_bad_input_raises_the_cli_error():
         holmes_sim.simulate("mixed_ib_eth", policies=["holmez"])
     with pytest.raises(HolmesError, match="<dict scenario>"):
         holmes_sim.simulate({"clusters": []})
+
+
+def test_str_subclasses_as_values_and_keys_read_as_plain_text():
+    """numpy.str_ and StrEnum (values read from a table or an enum) as a value or a key: the
+    scenario is the one plain str gives, not a YAML RepresenterError."""
+    import enum
+
+    import numpy as np
+
+    from holmes_sim.spec.load import mapping_text
+
+    Names = enum.StrEnum("Names", {"ONE_F_ONE_B": "1f1b", "PRECISION": "precision"})
+    plain = yaml.safe_load((SCENARIOS / "mixed_ib_eth.yaml").read_text())
+    mixed = yaml.safe_load((SCENARIOS / "mixed_ib_eth.yaml").read_text())
+    mixed["parallel"] = {np.str_(k): v for k, v in mixed["parallel"].items()}
+    mixed["parallel"]["schedule"] = Names.ONE_F_ONE_B
+    mixed["training"] = {Names(k) if k == "precision" else k: v
+                         for k, v in mixed["training"].items()}
+    mixed["description"] = plain["description"] = "numpy"
+    mixed["description"] = np.str_("numpy")
+    assert mapping_text(mixed, "<dict scenario>") == mapping_text(plain, "<dict scenario>")
+    sim = holmes_sim.simulate(mixed, policies=["megatron"])
+    assert sim.prepared.scenario.parallel.schedule == "1f1b"
+    assert type(sim.prepared.scenario.parallel.schedule) is str
