@@ -75,3 +75,42 @@ def test_experts_take_the_tensor_degree_without_expert_tensor(write_scenario):
     assert "parallel.tensor: tensor=2 must divide the experts' FFN width 14337" in implicit
     assert "set parallel.expert_tensor to a divisor of it" in implicit
     assert "expert_tensor=2 must divide the experts' FFN width 14337" in explicit
+
+
+@pytest.mark.parametrize("model, field, fix", [
+    ("moe_router_topk: 4", "moe_router_topk", "add num_experts, or remove moe_router_topk"),
+    ("moe_aux_loss_coeff: 0.5", "moe_aux_loss_coeff", "add num_experts"),
+    ("rotary_base: 500000", "rotary_base",
+     "set position_embedding: rope (not learned), or remove rotary_base"),
+    ("position_embedding: none, rope_scaling: true", "rope_scaling",
+     "set position_embedding: rope (not none), or remove rope_scaling"),
+])
+def test_a_written_field_the_model_has_no_use_for_is_refused(write_scenario, model, field, fix):
+    """MoE fields without num_experts and RoPE fields without rotary embeddings did nothing;
+    like MLA fields without MLA they are refused, naming the field and both fixes."""
+    message = _error(write_scenario, "num_layers: 2, hidden_size: 256, num_attention_heads: 4, "
+                                     f"seq_length: 128, {model}")
+    assert f"model.{field}: {field} shapes" in message and fix in message
+
+
+def test_a_presets_own_rope_fields_stay_unused_under_a_written_position_embedding(
+        write_scenario):
+    """llama3-8b sets rotary_base and rope fields; `position_embedding: learned` beside it is
+    taken (its rope fields go unused), while a rope field written there too is refused."""
+    from holmes_sim.prepare import prepare_text
+
+    text = _SCENARIO.format(model="preset: llama3-8b, num_layers: 2, position_embedding: learned",
+                            parallel="tensor: 1, pipeline: 1")
+    prepared = prepare_text(text, "<llama>")
+    assert prepared.scenario.model.position_embedding == "learned"
+    assert prepared.scenario.model.rotary_base == 500000
+    message = _error(write_scenario, "preset: llama3-8b, position_embedding: learned, "
+                                     "rotary_percent: 0.5")
+    assert "model.rotary_percent: rotary_percent shapes rotary position embeddings; set " \
+        "position_embedding: rope (not learned), or remove rotary_percent" in message
+
+
+def test_rope_fields_beside_a_presets_learned_embeddings_say_to_override_it(write_scenario):
+    message = _error(write_scenario, "preset: gpt3-175b, num_layers: 2, rotary_base: 20000")
+    assert "model.rotary_base: rotary_base shapes rotary position embeddings; " \
+        "position_embedding comes from preset gpt3-175b" in message

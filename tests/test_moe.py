@@ -84,7 +84,8 @@ training: {global_batch_size: 8, micro_batch_size: 1}
     spec = load_scenario_text(text).model
     assert spec.moe_layer_freq == (0, 1, 1, 0)
     w = build_workload(spec, _TRAINING, 1)
-    dense = build_workload(dataclasses.replace(spec, num_experts=None), _TRAINING, 1)
+    dense = build_workload(dataclasses.replace(spec, num_experts=None,
+                                               moe_layer_freq=1), _TRAINING, 1)
     moe_layer = 2 * w.layer_params - dense.layer_params  # the mean of two dense, two MoE
     assert moe_layer - dense.layer_params == pytest.approx(
         8 * 4096 + 7 * mlp_params(4096, 14336, True, False), abs=1)
@@ -199,7 +200,7 @@ def test_moe_layer_costs_more_than_the_dense_mlp_of_its_flops():
     training = dataclasses.replace(_TRAINING, flash_attention=True)
     moe = build_workload(_spec("mixtral-8x7b", seq_length=4096), training, 1)
     dense = build_workload(_spec("mixtral-8x7b", seq_length=4096, num_experts=None,
-                                 ffn_hidden_size=2 * 14336), training, 1)
+                                 ffn_hidden_size=2 * 14336, preset="mixtral-8x7b"), training, 1)
     assert moe.layer_forward_flop == pytest.approx(dense.layer_forward_flop, rel=1e-3)
     fwd_moe, fwd_dense = layer_s(_H100, moe, 1, False), layer_s(_H100, dense, 1, False)
     assert fwd_dense < fwd_moe < 1.15 * fwd_dense

@@ -5,6 +5,8 @@ beside the preset to override it (`spec.presets.overridden`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from holmes_sim.errors import FieldError
 from holmes_sim.spec.job import ModelSpec
 from holmes_sim.spec.presets import PRESETS, overridden, preset_source
@@ -23,6 +25,23 @@ def check_model(model: ModelSpec) -> None:
         _refuse_head_width(model)
     if model.num_experts is not None:
         check_moe(model)
+    else:
+        _refuse_unused(model, ("moe_",), "the experts of an MoE model", "add num_experts")
+    if model.position_embedding != "rope":
+        preset = preset_source(model, "position_embedding")
+        _refuse_unused(model, ("rotary_", "rope_"), "rotary position embeddings",
+                       overridden(preset, "position_embedding", "rope") if preset else
+                       f"set position_embedding: rope (not {model.position_embedding})")
+
+
+def _refuse_unused(model: ModelSpec, prefixes: tuple[str, ...], shapes: str, fix: str) -> None:
+    """Raise FieldError for the first field named with one of `prefixes` that was written (not
+    its default, not its preset's value) although the model has no `shapes` for it to shape."""
+    for f in dataclasses.fields(model):
+        if f.name.startswith(prefixes) and getattr(model, f.name) != f.default and \
+                preset_source(model, f.name) is None:
+            raise FieldError(f"model.{f.name}", f"{f.name} shapes {shapes}; {fix}, or remove "
+                             f"{f.name}")
 
 
 def _groups_fix(model: ModelSpec, heads: int) -> str:

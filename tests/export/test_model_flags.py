@@ -83,9 +83,13 @@ def test_fields_beside_a_preset_override_its_settings():
 
 
 def test_rope_settings_are_written_with_rope_only():
-    """Megatron reads them only with `--position-embedding-type rope`."""
+    """Megatron reads them only with `--position-embedding-type rope`: a preset's own go
+    unused beside a written `position_embedding: learned`."""
     gpt = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16)
-    assert _args(**gpt, rotary_base=500000, rope_scaling=True) == []
+    llama = dict(preset_fields("llama3.1-8b"), preset="llama3.1-8b", num_layers=2,
+                 position_embedding="learned")
+    assert set(_args(**llama)).isdisjoint(
+        {"--rotary-base", "--use-rope-scaling", "--rope-scaling-factor", "--rotary-percent"})
     assert _args(**gpt, norm_epsilon=1e-6) == ["--norm-epsilon", "1e-06"]
 
 
