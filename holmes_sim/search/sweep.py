@@ -57,7 +57,7 @@ has 50)."""
 MAX_PATH_PARTS = MAX_DEPTH - 1
 """Most names and [indices] in a `--set` path: the scenario's top mapping and the value under
 the path make it as deep as the loader allows (`yaml_core.MAX_DEPTH`)."""
-_SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)")
+_SEGMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)((?:\[\d+\])*)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -327,3 +327,27 @@ def test_a_sweep_point_keeps_nothing_of_the_points_before():
     for point in points[1:]:
         sweep.run_point(point, path, axes, None)
     assert held() == after_one and sum(after_one.values()) > 0
+
+
+_CATALOG_GPU = """name: my-gpu-sweep
+catalog:
+  gpus: {my-gpu: {peak_tflops: 400, memory_gib: 80, memory_bandwidth_gbyte_per_s: 2000,
+                  intra_node: nvlink3}}
+clusters:
+  - name: c
+    nodes: [{count: 2, gpu: my-gpu, gpus_per_node: 8, nics: [{type: ethernet, model: eth-100g}]}]
+model: {num_layers: 4, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024}
+training: {global_batch_size: 32, micro_batch_size: 1}
+parallel: {tensor: 8, pipeline: 1}
+policies: [megatron]
+"""
+
+
+def test_a_catalog_gpu_named_with_a_dash_is_swept(tmp_path):
+    """Catalog names take '-' (every built-in one has it): `catalog.gpus.my-gpu.peak_tflops` is
+    a path, and the faster GPU gives the faster iteration."""
+    (tmp_path / "s.yaml").write_text(_CATALOG_GPU)
+    path = "catalog.gpus.my-gpu.peak_tflops"
+    result = run_sweep(tmp_path / "s.yaml", [f"{path}=300,400"], jobs=1)
+    times = {r[path]: r["iteration_time_s"] for r in result.rows}
+    assert list(times) == [300, 400] and times[400] < times[300]
