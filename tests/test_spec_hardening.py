@@ -149,6 +149,22 @@ def test_model_names_with_versions_and_a_catalog_entry_are_accepted(write_scenar
     assert prepared.cluster.nodes[0].gpu.name == "my-gpu_2"
 
 
+@pytest.mark.parametrize("name", ["''", "'   '", "x" * 129, "x" * 1_000_000])
+def test_the_scenario_name_is_1_to_128_characters(write_scenario, name):
+    """The name titles the report's plots: a 10^6-character one took minutes to draw."""
+    text = BASE.replace("name: small", f"name: {name}")
+    message = _refused(write_scenario, text, "name: a scenario name is 1 to 128 characters, not "
+                       "all spaces", at="name: ")
+    assert len(message) < 400
+
+
+def test_a_scenario_name_of_128_characters_of_any_script_is_taken(write_scenario):
+    name = "Ünïcødé 名前 🚀 " + "x" * 115
+    assert len(name) == 128
+    text = BASE.replace("name: small", f"name: '{name}'")
+    assert prepare(write_scenario(text)).scenario.name == name
+
+
 # ---- variability.slow_gpus ---------------------------------------------------------------------
 def _slow(*entries: str) -> str:
     return BASE + "variability:\n  slow_gpus:\n" + "".join(f"    - {e}\n" for e in entries)

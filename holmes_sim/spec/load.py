@@ -174,6 +174,8 @@ MODEL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 DEVICE_NAME = re.compile(r"[A-Za-z0-9_.:][A-Za-z0-9_.:-]{0,62}")
 """A NIC's OS device name as NCCL's interface lists take it (no ',' '^' '=', 63 characters)."""
 TEXT_RULES: dict[str, tuple[Callable[[str], object], str]] = {
+    "name": (lambda t: t.strip() and len(t) <= 128, "a scenario name is 1 to 128 characters, "
+             "not all spaces (it titles tables, reports and plots); shorten or write it"),
     "model.name": (MODEL_NAME.fullmatch, "{!r} is not a valid model name; use a letter then "
                                          "letters, digits, '.', '-' or '_' (at most 64 "
                                          "characters)"),
