@@ -144,6 +144,23 @@ def test_a_node_without_intra_node_gets_its_gpus_nvlink(write_scenario, gpu, lin
     assert prepare(write_scenario(named)).cluster.nodes[0].intra_link.name == "pcie5"
 
 
+@pytest.mark.parametrize("where", ["nodes", "catalog"])
+def test_an_empty_intra_node_link_is_refused_naming_the_links(write_scenario, where):
+    """`intra_node: ""` read as the GPU's own link; it is an unknown link, on a node group as
+    under catalog.gpus (where removing it gives the default)."""
+    text = small_scenario()
+    if where == "nodes":
+        text = text.replace("gpu: a100-80gb,", 'gpu: a100-80gb, intra_node: "",')
+        field = r"clusters\[0\].nodes\[0\].intra_node"
+    else:
+        text += ("catalog:\n  gpus:\n    a100-80gb: {peak_tflops: 100, memory_gib: 24, "
+                 'memory_bandwidth_gbyte_per_s: 900, intra_node: ""}\n')
+        field = "catalog.gpus.a100-80gb.intra_node"
+    with pytest.raises(ScenarioError, match=rf":\d+: {field}: unknown intra-node link '' "
+                                            r"\(known: nvlink3, nvlink4, nvlink5, pcie4, pcie5"):
+        prepare(write_scenario(text))
+
+
 def test_a_declared_gpu_without_a_link_asks_for_one(write_scenario):
     text = small_scenario().replace("a100-80gb", "my-gpu") + (
         "catalog:\n  gpus:\n    my-gpu: {peak_tflops: 100, memory_gib: 24, "

@@ -217,7 +217,7 @@ def intra_node_link(group: NodeGroupSpec, catalog: Catalog, path: str) -> LinkMo
     """The intra-node link of the node group at `path`: the one it names, else its GPU model's
     NVLink (`GpuModel.nvlink`)."""
     gpu = catalog.gpu(group.gpu, f"{path}.gpu")
-    name = group.intra_node or gpu.nvlink
+    name = gpu.nvlink if group.intra_node is None else group.intra_node
     if name is None:
         raise FieldError(f"{path}.intra_node", f"GPU model '{group.gpu}' has no default "
                          "intra-node link; name one (nvlink3, nvlink4, nvlink5, pcie4, pcie5 or "
