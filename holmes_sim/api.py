@@ -106,9 +106,9 @@ def simulate(scenario: str | Path | Mapping[str, Any], policies: Sequence[str] |
     Args:
         scenario: a scenario file, the name of a bundled scenario (`holmes-sim scenarios`), or
             the scenario as a mapping (what the YAML file holds).
-        policies: policy names (default: the scenario's `policies:` list).
+        policies: policy names, at least one (default: the scenario's `policies:` list).
         seed: overrides the scenario's seed.
-        full_simulation: simulate every data-parallel replica rather than one per class of
+        full_simulation: True to simulate every data-parallel replica rather than one per class of
             identical replicas (the same results to 1e-9, slower).
 
     Raises:
@@ -117,11 +117,12 @@ def simulate(scenario: str | Path | Mapping[str, Any], policies: Sequence[str] |
     from holmes_sim.runner import run_scenario
 
     _check_seed(seed)
+    _check_flag(full_simulation)
     names = None if policies is None else _check_policies(policies)
     prepared = _prepare(scenario)
     if seed is not None:
         prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
-    outcomes = run_scenario(prepared, names or None, full_simulation)
+    outcomes = run_scenario(prepared, names, full_simulation)
     return _simulation(prepared, outcomes)
 
 
@@ -153,6 +154,14 @@ def _check_seed(seed: object) -> None:
         raise ScenarioError(f"seed: expected a whole number from 0 to 2**63 - 1, got {shown}")
 
 
+def _check_flag(full_simulation: object) -> None:
+    from holmes_sim.errors import ScenarioError
+
+    if not isinstance(full_simulation, bool):
+        raise ScenarioError(f"full_simulation: expected True or False, got "
+                            f"{full_simulation!r:.40} ({type(full_simulation).__name__})")
+
+
 def _check_policies(names: object) -> list[str]:
     """`names` as a list without repeats; a ScenarioError for a string, an iterator, a non-name
     or an unknown policy."""
@@ -166,6 +175,9 @@ def _check_policies(names: object) -> list[str]:
         if not isinstance(name, str):
             raise ScenarioError(f"policies: expected policy names, got {type(name).__name__}")
         get_policy(name, "policies")
+    if not names:
+        raise ScenarioError("policies: the list is empty; name at least one policy, or pass "
+                            "None for the scenario's own")
     return list(dict.fromkeys(names))
 
 

@@ -90,3 +90,17 @@ def test_str_subclasses_as_values_and_keys_read_as_plain_text():
     sim = holmes_sim.simulate(mixed, policies=["megatron"])
     assert sim.prepared.scenario.parallel.schedule == "1f1b"
     assert type(sim.prepared.scenario.parallel.schedule) is str
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"full_simulation": "yes"}, "full_simulation: expected True or False, got 'yes' (str)"),
+    ({"full_simulation": 1}, "full_simulation: expected True or False, got 1 (int)"),
+    ({"policies": []}, "policies: the list is empty; name at least one policy, or pass None"),
+    ({"policies": ()}, "policies: the list is empty"),
+])
+def test_a_truthy_flag_or_an_empty_policy_list_is_refused_naming_the_argument(kwargs, says):
+    """Any truthy full_simulation ran the slow full simulation, and policies=[] silently ran
+    every policy of the scenario."""
+    with pytest.raises(HolmesError) as info:
+        holmes_sim.simulate("mixed_ib_eth", **kwargs)
+    assert says in str(info.value)
