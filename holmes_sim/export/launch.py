@@ -41,6 +41,7 @@ from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
                                           USERBUFFER_CONFIG, USERBUFFER_ZERO_SMS,
                                           architecture_args, expert_tensor_args,
                                           fork_lacks_note, loss_args, overlap_args,
+                                          pipeline_split_note,
                                           rope_factor_note, router_note,
                                           split_args, tokenizer_args, userbuffer_config,
                                           vocab_args, vocabulary_section, without_flags)
@@ -451,7 +452,8 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     files["launch_holmes.sh"] = _wrapper("holmes")
     lacked = fork_lacks_note(margs) if fork else None
     cuda = (CUDA_CONNECTIONS_NOTE,) if _issues_collectives_ahead(plan) else ()
-    notes = (_notes(workload, ub) + cuda + device_notes(nodes)
+    split = pipeline_split_note(workload, plan.tp, plan.pp)
+    notes = (_notes(workload, ub) + ((split,) if split else ()) + cuda + device_notes(nodes)
              + (shared_hca_notes(nodes, types, config) if fork else ())
              + ((lacked,) if lacked else ()))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,

@@ -145,6 +145,19 @@ def rope_factor_note(w: Workload) -> str | None:
             "`rope_scaling_factor=args.rope_scaling_factor` to that GPTModel call to train it.")
 
 
+def pipeline_split_note(w: Workload, tp: int, pp: int) -> str | None:
+    """The export README's note on a plan simulated with Megatron-LM 2021-2022's scatter-gather
+    of pipeline messages (`Workload.pp_scatter_gather`), None where it changes nothing (TP 1,
+    PP 1 or sequence parallelism): Megatron-Core, which both launches run, has none."""
+    if not w.pp_scatter_gather or w.sequence_parallel or tp == 1 or pp == 1:
+        return None
+    return ("This plan was simulated with pipeline messages split over the TP group "
+            "(`training.scatter_gather_tensors_in_pipeline: true`, Megatron-LM of 2021-2022), "
+            "but Megatron-Core and the Holmes fork send each message whole from every TP rank: "
+            f"the launch moves {tp} times the pipeline bytes simulated. Plan it with the field "
+            "false, or with sequence parallelism, to simulate what it runs.")
+
+
 FORK_LACKS = ("--rotary-base", "--use-rope-scaling", "--rope-scaling-factor")
 """Model flags of upstream Megatron-LM the Holmes fork's parser predates (its RoPE has base
 10000 and no scaling); its export leaves them out and the README says so (`fork_lacks_note`)."""
