@@ -259,3 +259,13 @@ def test_holmes_puts_stragglers_in_one_stage():
     assert stages == {"megatron": {0, 1}, "holmes": {0}}
     times = {o.plan.policy: o.result.iteration_time_s for o in run_scenario(prepared)}
     assert times["holmes"] < times["megatron"]
+
+
+def test_variability_note_words_the_spread_as_a_coefficient_of_variation():
+    """`plan` prints this note; a spread's factor is a CV, not every GPU at that speed."""
+    from holmes_sim.report.stragglers import variability_note
+    note = variability_note(prepare_text(_with(
+        "compute_spread: 0.05\nslow_gpus: [{node: ib-2, speed_factor: 0.85}]")))
+    assert "gpu ib-2 all GPUs at 0.85x" in note
+    assert note.endswith("a normal spread of GPU speed (coefficient of variation 0.05)")
+    assert "0.05x" not in note

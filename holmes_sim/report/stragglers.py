@@ -35,7 +35,7 @@ class StragglerCost:
         if st.kind == "all":
             return f"all of them together add {self.added_s:.3f} s/iteration"
         if st.kind == "spread":
-            what = f"a {st.what} spread of GPU speed (coefficient of variation {st.factor:g})"
+            what = _spread_phrase(st)
         elif st.kind == "uplink":
             what = f"uplink {st.where} at {st.factor:g}x rate"
         else:
@@ -112,6 +112,12 @@ def variability_note(prepared: Prepared) -> str:
     """A line saying which variability plans were ranked under ('' without variability)."""
     if prepared.nominal_cluster is None:
         return ""
-    items = "; ".join(" ".join(filter(None, (s.kind, s.where, s.what, f"at {s.factor:g}x")))
+    items = "; ".join(_spread_phrase(s) if s.kind == "spread" else
+                      " ".join(filter(None, (s.kind, s.where, s.what, f"at {s.factor:g}x")))
                       for s in stragglers(prepared.scenario.variability))
     return f"plans ranked on the scenario's variability: {items}"
+
+
+def _spread_phrase(st: Straggler) -> str:
+    """A spread's factor is a coefficient of variation, not a speed: say so."""
+    return f"a {st.what} spread of GPU speed (coefficient of variation {st.factor:g})"
