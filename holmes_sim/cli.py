@@ -25,7 +25,7 @@ from holmes_sim.bundled import (
     testbed_file,
 )
 from holmes_sim.errors import HolmesError, PlanError, TestbedError, printable
-from holmes_sim.report.files import is_stdout
+from holmes_sim.report.files import check_outputs, is_stdout, refused_notes, stale_note
 from holmes_sim.validation.modes import unused_options
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -48,6 +48,28 @@ def _fail(exc: HolmesError) -> typer.Exit:
     text = printable(str(exc), keep="\n\t" if isinstance(exc, TestbedError) else "")
     err.print(f"[bold red]error:[/bold red] {escape(text)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
+
+
+class _EmptyPath(typer.BadParameter):
+    """An empty path value, which would name the current folder: one line, exit 2."""
+
+    def show(self, file=None) -> None:
+        _fail(_usage(self.message))
+
+
+def _path(option: str, fix: str, kind: type = Path):
+    """A parser for `option` refusing an empty value (an unset shell variable), before any work."""
+    def parse(value: str | Path):
+        if str(value) == "":
+            raise _EmptyPath(f"{option} is empty (an unset shell variable?); {fix}")
+        return kind(value)
+    return parse
+
+
+_FOLDER, _FILE = "name a folder, or '.' for the current one", "name a file, or '-' for standard output"
+_SCENARIO = _path("SCENARIO", "name a scenario file or a bundled scenario", str)
+_JSON, _REPORT, _HOSTS = (_path("--json", _FILE), _path("--report", _FOLDER),
+                          _path("--hosts", "name the hosts file"))
 
 
 def _memory_guarded(command):
@@ -87,22 +109,22 @@ _HOSTS_HELP = ("With --plans/--export: the real host of each of the scenario's n
 @app.command()
 @_memory_guarded
 def run(
-    scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
+    scenario: Annotated[str, typer.Argument(
+        parser=_SCENARIO, help="Scenario YAML (or the name of a bundled one).")],
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p",
                       help="Only these policies (repeatable); default: the scenario's list.")] = None,
     json_path: Annotated[Path | None, typer.Option(
-        "--json", help="Write results as JSON here ('-': standard output; the table then goes to "
-                       "standard error).")] = None,
+        "--json", parser=_JSON, help="Write results as JSON here ('-': standard output; the table "
+                                     "then goes to standard error).")] = None,
     report: Annotated[Path | None, typer.Option(
-        "--report", help="Write figures, traces and report.md here.")] = None,
+        "--report", parser=_REPORT, help="Write figures, traces and report.md here.")] = None,
     seed: Annotated[int | None, typer.Option(min=0, max=2**63 - 1,
                                              help="Override the scenario's seed (0 or more).")] = None,
     plans: Annotated[Path | None, typer.Option(
-        "--plans", help="Write each policy's plan (plan_<policy>.json) and, per real policy, a "
-                        "launch folder: hostfile, launch.sh (torchrun per node), Megatron-LM and "
-                        "Holmes arguments, NCCL settings (docs/validation.md).")] = None,
-    hosts: Annotated[Path | None, typer.Option(
-        "--hosts", help=_HOSTS_HELP)] = None,
+        "--plans", parser=_path("--plans", _FOLDER), help="Write each policy's plan "
+        "(plan_<policy>.json) and, per real policy, a launch folder: hostfile, launch.sh (torchrun "
+        "per node), Megatron-LM and Holmes arguments, NCCL settings (docs/validation.md).")] = None,
+    hosts: Annotated[Path | None, typer.Option("--hosts", parser=_HOSTS, help=_HOSTS_HELP)] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
     full_simulation: Annotated[bool, typer.Option(
@@ -119,8 +141,8 @@ def run(
     try:
         host_names = read_cli_hosts(hosts, plans, "--plans")
         prepared = prepare(resolve_scenario(scenario))
-        _check_outputs((json_path, False, "--json"), (report, True, "--report"), (plans, True, "--plans"),
-                       inputs=(prepared.source, hosts, prepared.profile_path))
+        check_outputs([(json_path, False, "--json"), (report, True, "--report"), (plans, True, "--plans")],
+                      (prepared.source, hosts, prepared.profile_path))
         scenario_hosts(hosts, host_names, prepared.cluster)  # before the simulation
         if seed is not None:
             prepared = replace(prepared, scenario=replace(prepared.scenario, seed=seed))
@@ -144,13 +166,6 @@ def run(
     _warn_memory(outcomes)
 
 
-def _check_outputs(*targets: tuple[Path | None, bool, str], inputs: tuple = ()) -> None:
-    """`report.files.check_outputs`: every output checked, and apart, before any work."""
-    from holmes_sim.report.files import check_outputs
-
-    check_outputs(targets, inputs)
-
-
 def _check_run_targets(plans: Path | None, report: Path | None, policies: list[str]) -> None:
     """The files `run --plans` and `--report` will replace, checked before the simulation."""
     from holmes_sim.export.folders import check_plans_targets
@@ -167,16 +182,8 @@ def _write_plans(directory: Path, outcomes, launches: dict, refused: dict[str, s
     why, by policy) and on what it found from before."""
     from holmes_sim.export.folders import write_plans
 
-    _note_stale("--plans", directory, write_plans(directory, outcomes, launches))
-    _note_refused(refused)
-
-
-def _note_refused(refused: dict[str, str]) -> None:
-    """A note per reason on the launch folders left out (`refused`: why, by policy or folder)."""
-    for why in dict.fromkeys(refused.values()):
-        names = ", ".join(p for p, reason in refused.items() if reason == why)
-        err.print(f"note: no launch files for {names}: {why}", highlight=False, markup=False,
-                  soft_wrap=True)
+    _notes(stale_note("--plans", directory, write_plans(directory, outcomes, launches)),
+           *refused_notes(refused))
 
 
 def _write_report(directory: Path, prepared, outcomes) -> None:
@@ -192,17 +199,14 @@ def _write_report(directory: Path, prepared, outcomes) -> None:
                      progress=lambda done, n: bar.update(task, completed=done, total=n))
     written = {f"{kind}_{o.plan.policy}.{ext}" for o in outcomes
                for kind, ext in (("trace", "json"), ("timeline", "png"))}
-    _note_stale("--report", directory, stale_entries(directory, written,
-                                                     ["trace_*.json", "timeline_*.png"]))
+    _notes(stale_note("--report", directory, stale_entries(directory, written,
+                                                           ["trace_*.json", "timeline_*.png"])))
 
 
-def _note_stale(option: str, directory: Path, names: list[str]) -> None:
-    """Tell the user about files of an earlier run in `directory` that this run did not write."""
-    if names:
-        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        err.print(f"note: {option} {directory} also holds {shown} from an earlier run, not this "
-                  "one; remove them or write to a new folder", highlight=False, markup=False,
-                  soft_wrap=True)
+def _notes(*lines: str) -> None:
+    """Print each non-empty line to standard error."""
+    for line in filter(None, lines):
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
@@ -240,7 +244,8 @@ def _warn_memory(outcomes) -> None:
 
 @app.command()
 @_memory_guarded
-def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validate.")]) -> None:
+def check(scenario: Annotated[str, typer.Argument(parser=_SCENARIO,
+                                                  help="Scenario YAML to validate.")]) -> None:
     """Validate a scenario and build every policy's plan, without simulating."""
     from holmes_sim.cost.ops import OpCosts
     from holmes_sim.metrics import MEMORY_FIX, memory_report
@@ -274,6 +279,7 @@ def check(scenario: Annotated[str, typer.Argument(help="Scenario YAML to validat
 @app.command()
 def validate(
     testbed: Annotated[Path | None, typer.Argument(
+        parser=_path("TESTBED", "name a testbed file or a bundled testbed"),
         help="Testbed scenario (same schema, small, with a `testbed:` section) or a bundled "
              "testbed's name (default, two_clusters, unequal_speed, interleaved, ethernet, "
              "tensor_parallel, moe, moe_edp; default: default).", show_default=False)] = None,
@@ -294,8 +300,9 @@ def validate(
         "communication real (robust on a busy host); real: ranks compute. Default: the "
         "testbed's testbed.compute (emulated).", show_default=False)] = None,
     json_path: Annotated[Path | None, typer.Option(
-        "--json", help="Write the comparison as JSON ('-': standard output).")] = None,
-    report: Annotated[Path | None, typer.Option("--report", help="Write figures and report.md here.")] = None,
+        "--json", parser=_JSON, help="Write the comparison as JSON ('-': standard output).")] = None,
+    report: Annotated[Path | None, typer.Option(
+        "--report", parser=_REPORT, help="Write figures and report.md here.")] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
 ) -> None:
     """Run plans for real with torch.distributed on an emulated testbed and compare with the
@@ -364,7 +371,7 @@ def _validate_on_testbed(testbed: Path, *, real: bool, dry_run: bool, cleanup: b
         from holmes_sim.report.document import VALIDATION_FILES
         from holmes_sim.report.owned import check_owned
 
-        _check_outputs((json_path, False, "--json"), (report, True, "--report"), inputs=(testbed,))
+        check_outputs([(json_path, False, "--json"), (report, True, "--report")], (testbed,))
         if report is not None:
             check_owned(report, "--report", VALIDATION_FILES)
     if dry_run:
@@ -416,7 +423,7 @@ def _validate_published(json_path: Path | None, wide: bool = False) -> None:
     from holmes_sim.report.owned import write_result_json
     from holmes_sim.runner import stamp
 
-    _check_outputs((json_path, False, "--json"))
+    check_outputs([(json_path, False, "--json")])
     result = check(progress=lambda m: err.print(m, highlight=False, markup=False))
     if json_path is not None:
         write_result_json(json_path, stamp(result.to_json()))
@@ -450,16 +457,17 @@ def _first_comment(path: Path) -> str:
 @app.command()
 @_memory_guarded
 def plan(
-    scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one); its "
-                                            "`search:` block bounds the search.")],
+    scenario: Annotated[str, typer.Argument(parser=_SCENARIO, help="Scenario YAML (or the name of a "
+                                            "bundled one); its `search:` block bounds the search.")],
     top: Annotated[int | None, typer.Option("--top", min=1, max=1000, help="Plans the discrete-event "
                                             "simulation confirms (default: search.top_k).")] = None,
     rows: Annotated[int, typer.Option("--rows", min=1, max=10000, help="Rows to print.")] = 10,
     json_path: Annotated[Path | None, typer.Option(
-        "--json", help="Write the ranked search as JSON here ('-': standard output).")] = None,
+        "--json", parser=_JSON, help="Write the ranked search as JSON here ('-': standard output).")] = None,
     export: Annotated[Path | None, typer.Option(
-        "--export", help="Write a launch folder (hostfile, torchrun per node, Megatron-LM and "
-                         "Holmes arguments, NCCL settings) for each confirmed plan here.")] = None,
+        "--export", parser=_path("--export", _FOLDER), help="Write a launch folder (hostfile, "
+        "torchrun per node, Megatron-LM and Holmes arguments, NCCL settings) for each confirmed "
+        "plan here.")] = None,
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", min=1, help="Local worker processes for the analytic search (default: "
                                     "the CPU count).")] = None,
@@ -469,8 +477,7 @@ def plan(
     max_candidates: Annotated[int, typer.Option(
         "--max-candidates", min=1, max=10**8, help="Refuse a search of more candidates (layout "
         "x policy x optimizer) than this, counted before the search starts.")] = 50_000,
-    hosts: Annotated[Path | None, typer.Option(
-        "--hosts", help=_HOSTS_HELP)] = None,
+    hosts: Annotated[Path | None, typer.Option("--hosts", parser=_HOSTS, help=_HOSTS_HELP)] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Every column, however wide the terminal.")] = False,
 ) -> None:
     """Search parallel layouts, schedules, recompute and placements; rank them analytically,
@@ -488,8 +495,8 @@ def plan(
     try:
         host_names = read_cli_hosts(hosts, export, "--export")
         prepared = prepare(resolve_scenario(scenario))
-        _check_outputs((json_path, False, "--json"), (export, True, "--export"),
-                       inputs=(prepared.source, hosts, prepared.profile_path))
+        check_outputs([(json_path, False, "--json"), (export, True, "--export")],
+                      (prepared.source, hosts, prepared.profile_path))
         spec = prepared.scenario.search if top is None else replace(prepared.scenario.search, top_k=top)
         check_export_targets(export, spec, prepared, hosts, host_names)  # before the search
         with WorkProgress(err, "plan", "layouts") as bar:
@@ -501,8 +508,8 @@ def plan(
             write_result_json(json_path, stamp(result.to_json()))
         if export is not None:
             directory = prepare_output(export, directory=True, option="--export")
-            _note_stale("--export", directory, write_exports(directory, launches))
-            _note_refused(refused)
+            _notes(stale_note("--export", directory, write_exports(directory, launches)),
+                   *refused_notes(refused))
     except HolmesError as exc:
         raise _fail(exc) from None
     console = err if is_stdout(json_path) else out
@@ -527,7 +534,8 @@ def _capped_jobs(jobs: int | None) -> int | None:
 @app.command()
 @_memory_guarded
 def sweep(
-    scenario: Annotated[str, typer.Argument(help="Scenario YAML (or the name of a bundled one).")],
+    scenario: Annotated[str, typer.Argument(
+        parser=_SCENARIO, help="Scenario YAML (or the name of a bundled one).")],
     sets: Annotated[list[str], typer.Option("--set", help="PATH=V1,V2,... a scenario field by "
                     "dotted path with [index], e.g. clusters[0].nodes[0].count=2,4 or "
                     "training.micro_batch_size=1,2,4 (repeatable: every combination runs).")],
@@ -535,7 +543,8 @@ def sweep(
         "--policy", "-p", help="Only these policies (repeatable); default: the scenario's list.",
     )] = None,
     out_dir: Annotated[Path, typer.Option(
-        "--out", help="Write sweep.csv, sweep.json and plots here.")] = Path("sweep-out"),
+        "--out", parser=_path("--out", _FOLDER),
+        help="Write sweep.csv, sweep.json and plots here.")] = Path("sweep-out"),
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", min=1, help="Worker processes (default: min(2, points)).")] = None,
     ray: Annotated[str | None, typer.Option(
@@ -555,7 +564,7 @@ def sweep(
     from holmes_sim.search.sweep import SWEEP_FILES, run_sweep, sweep_table, write_sweep
 
     try:
-        _check_outputs((out_dir, True, "--out"), inputs=(resolve_scenario(scenario),))
+        check_outputs([(out_dir, True, "--out")], (resolve_scenario(scenario),))
         check_owned(out_dir, "--out", SWEEP_FILES)
         with WorkProgress(err, "sweep", "points") as bar:
             result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy),

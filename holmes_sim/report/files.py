@@ -265,6 +265,21 @@ def stale_entries(directory: str | Path, written: set[str], patterns: Sequence[s
     return sorted(found - written - {LOCK_NAME})
 
 
+def stale_note(option: str, directory: str | Path, names: Sequence[str]) -> str:
+    """A note on the files `stale_entries` found in `directory` ('' when none)."""
+    if not names:
+        return ""
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return (f"note: {option} {directory} also holds {shown} from an earlier run, not this one; "
+            "remove them or write to a new folder")
+
+
+def refused_notes(refused: dict[str, str]) -> list[str]:
+    """A note per reason on the launch folders left out (`refused`: why, by policy or folder)."""
+    return [f"note: no launch files for {', '.join(p for p, r in refused.items() if r == why)}: {why}"
+            for why in dict.fromkeys(refused.values())]
+
+
 def write_output(path: str | Path, data: str | bytes) -> None:
     """Write to standard output (`-`), as a stream to a device or FIFO, else atomically."""
     path = Path(path)
