@@ -25,7 +25,8 @@ from holmes_sim.bundled import (
     testbed_file,
 )
 from holmes_sim.errors import HolmesError, PlanError, TestbedError, printable
-from holmes_sim.report.files import check_outputs, is_stdout, refused_notes, stale_note
+from holmes_sim.report.files import (check_outputs, is_stdout, refused_notes, stale_note,
+                                     terminate_unwinds)
 from holmes_sim.validation.modes import unused_options
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -107,6 +108,7 @@ _HOSTS_HELP = ("With --plans/--export: the real host of each of the scenario's n
 
 
 @app.command()
+@terminate_unwinds()  # SIGTERM and SIGHUP clean up as Ctrl-C does, exit 128 + signal
 @_memory_guarded
 def run(
     scenario: Annotated[str, typer.Argument(
@@ -277,6 +279,7 @@ def check(scenario: Annotated[str, typer.Argument(parser=_SCENARIO,
 
 
 @app.command()
+@terminate_unwinds()
 def validate(
     testbed: Annotated[Path | None, typer.Argument(
         parser=_path("TESTBED", "name a testbed file or a bundled testbed"),
@@ -455,6 +458,7 @@ def _first_comment(path: Path) -> str:
 
 
 @app.command()
+@terminate_unwinds()
 @_memory_guarded
 def plan(
     scenario: Annotated[str, typer.Argument(parser=_SCENARIO, help="Scenario YAML (or the name of a "
@@ -532,6 +536,7 @@ def _capped_jobs(jobs: int | None) -> int | None:
 
 
 @app.command()
+@terminate_unwinds()
 @_memory_guarded
 def sweep(
     scenario: Annotated[str, typer.Argument(

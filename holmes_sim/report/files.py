@@ -367,37 +367,75 @@ def _kind(mode: int) -> str:
 
 @contextlib.contextmanager
 def deferred_interrupt() -> Iterator[Callable[[], None]]:
-    """Hold back Ctrl-C (SIGINT) while a write runs, so that it ends whole or undone and leaves
-    no temporary file beside its target; an interrupt that came meanwhile is raised once it is
-    done, or at once by the function this yields, for work that may stop at points of its own
-    choosing. An interrupt held back is never lost, even where it lands in code that would drop
-    a KeyboardInterrupt (a finalizer or weakref callback). Only the main thread receives
+    """Hold back Ctrl-C (SIGINT), and SIGTERM and SIGHUP where a Python handler takes them
+    (`terminate_unwinds`), while a write runs, so that it ends whole or undone and leaves no
+    temporary file beside its target; a signal that came meanwhile is raised once it is done,
+    or at once by the function this yields, for work that may stop at points of its own
+    choosing. A signal held back is never lost, even where it lands in code that would drop
+    the exception it raises (a finalizer or weakref callback). Only the main thread receives
     signals: elsewhere this changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: None
         return
     came: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda number, frame: came.append(number))
+    previous = {s: signal.getsignal(s) for s in _HELD}
+    held = [s for s in _HELD if s == signal.SIGINT or callable(previous[s])]
+    for number in held:
+        signal.signal(number, lambda number, frame: came.append(number))
 
     def check() -> None:
         if came:
+            number = came[0]
             came.clear()
-            _deliver(previous)
+            _deliver(number, previous[number])
 
     try:
         yield check
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if came:
-            _deliver(previous)
+        for number in held:
+            signal.signal(number, previous[number])
+        check()
 
 
-def _deliver(handler: object) -> None:
-    """Hand a SIGINT held back to `handler`, the one in place before it was held."""
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _deliver(number: int, handler: object) -> None:
+    """Hand a signal held back to `handler`, the one in place before it was held."""
     if callable(handler):
-        handler(signal.SIGINT, None)
+        handler(number, None)
     elif handler == signal.SIG_DFL:
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def terminate_unwinds() -> Iterator[None]:
+    """Make SIGTERM and SIGHUP (timeout, Slurm, docker stop, a closed terminal) raise
+    SystemExit(128 + signal) while a command runs, so that the cleanup Ctrl-C gets (a new output
+    folder removed, staged files undone) runs for them too, and restore the handlers after. A
+    signal ignored (nohup) stays ignored; a forked worker that inherits the handler dies of the
+    signal as before. Only the main thread receives signals: elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pid = os.getpid()
+
+    def unwind(number: int, frame: object) -> None:
+        if os.getpid() != pid:
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)
+            return
+        raise SystemExit(128 + number)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    taken = [s for s, h in previous.items() if h != signal.SIG_IGN]
+    for number in taken:
+        signal.signal(number, unwind)
+    try:
+        yield
+    finally:
+        for number in taken:
+            signal.signal(number, signal.SIG_DFL if previous[number] is None else previous[number])
 
 
 def _mode(path: Path) -> int | None:
