@@ -207,10 +207,12 @@ GUARD_SIGNAL = signal.SIGUSR1
 
 @contextmanager
 def interrupts_held() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) and the memory guard's GUARD_SIGNAL in this thread until the block
-    ends, then deliver them: cleanup that must finish (stopping worker processes) is not cut
-    short by an exception raised inside it. The block must not wait without bound."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, GUARD_SIGNAL})
+    """Hold Ctrl-C (SIGINT), SIGTERM, SIGHUP and the memory guard's GUARD_SIGNAL in this thread
+    until the block ends, then deliver them: cleanup that must finish (stopping worker
+    processes) is not cut short by an exception raised inside it. The block must not wait
+    without bound."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM,
+                                                     signal.SIGHUP, GUARD_SIGNAL})
     try:
         yield
     finally:
