@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing.pool import Pool
 from typing import TypeVar
 
-from holmes_sim.spec.limits import interrupts_held
+from holmes_sim.spec.limits import GUARD_SIGNAL, interrupts_held
 
 T = TypeVar("T")
 
@@ -49,8 +49,7 @@ def run_in_pool(work: Callable[[T], object], items: Sequence[T], jobs: int,
     items still queued and stops the workers at once, so the command ends in seconds, not after
     every queued item has run (one arriving while the items are queued, when they are)."""
     results: list = [None] * len(items)
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=signal.signal,
-                               initargs=(signal.SIGINT, signal.SIG_IGN))
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker)
     finished = False
     try:
         with interrupts_held():  # its manager thread is started whole, so it can be joined
@@ -64,6 +63,13 @@ def run_in_pool(work: Callable[[T], object], items: Sequence[T], jobs: int,
         with interrupts_held():
             _stop_pool(pool, finished)
     return results
+
+
+def _start_worker() -> None:
+    """A sweep worker ignores SIGINT and takes the signals its parent held while forking it
+    (`interrupts_held`): SIGTERM (`_stop_pool`'s terminate), SIGHUP and the memory guard's."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP, GUARD_SIGNAL})
 
 
 def _stop_pool(pool: ProcessPoolExecutor, finished: bool) -> None:

@@ -125,3 +125,14 @@ def test_interrupts_held_deliver_the_signal_after_the_block():
         assert steps == ["cleanup done", "alarm"]
     finally:
         signal.signal(GUARD_SIGNAL, old)
+
+
+def _blocked_signals(_: int) -> set[int]:
+    return set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+def test_sweep_workers_take_sigterm_so_a_stop_is_at_once():
+    # Forked while the parent holds its signals; a worker blocking SIGTERM ignores
+    # `_stop_pool`'s terminate and runs its queued items to the end.
+    for blocked in run_in_pool(_blocked_signals, [0, 1], 2, None):
+        assert not blocked & {signal.SIGTERM, signal.SIGHUP, GUARD_SIGNAL}
