@@ -143,7 +143,10 @@ def check_export_targets(export: Path | None, spec, prepared, hosts: Path | None
 
 def write_exports(directory: Path, launches: list[tuple[str, LaunchFiles]]) -> list[str]:
     """Each (folder name, launch folder) of `plan --export` under `directory`; returns the
-    entries of an earlier run this one did not write."""
+    entries of an earlier run this one did not write. Without launches (every confirmed plan
+    refused, its note says why) nothing is written and no folder made."""
+    if not launches:
+        return stale_entries(directory, set(), ["*/launch.sh"]) if directory.is_dir() else []
     for name, _ in launches:  # every target checked before the first is written
         check_folder(directory / name, "--export")
     files = {f"{name}/{f}": text for name, launch in launches for f, text in launch.files.items()}

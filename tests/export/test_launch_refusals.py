@@ -98,3 +98,13 @@ def test_plan_export_of_forks_alone_is_refused_before_the_search(tmp_path, write
                               "megatron-llama: the export writes arguments for upstream")
     assert "add holmes or megatron to search.policies, or drop --export" in message
     assert not out.exists()
+
+
+def test_plan_export_of_gpipe_plans_alone_makes_no_folder(tmp_path, write_scenario):
+    search = "search: {schedule: [gpipe], tensor: [8], pipeline: [2], top_k: 2}\n"
+    path = write_scenario(small_scenario(nodes_ib=2, pp=2, extra=search))
+    out = tmp_path / "export"
+    result = CliRunner().invoke(app, ["plan", str(path), "--jobs", "1", "--export", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "Megatron-LM has no GPipe schedule" in " ".join(result.output.split())
+    assert not out.exists()  # an empty folder of no launches was left before
