@@ -23,7 +23,7 @@ def fork_pool(jobs: int) -> Pool:
     handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         return multiprocessing.get_context("fork").Pool(
-            jobs, initializer=signal.pthread_sigmask, initargs=(signal.SIG_SETMASK, mask))
+            jobs, initializer=_start_planner_worker, initargs=(mask,))
     finally:
         signal.signal(signal.SIGINT, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -69,7 +69,22 @@ def _start_worker() -> None:
     """A sweep worker ignores SIGINT and takes the signals its parent held while forking it
     (`interrupts_held`): SIGTERM (`_stop_pool`'s terminate), SIGHUP and the memory guard's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_of_termination()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP, GUARD_SIGNAL})
+
+
+def _start_planner_worker(mask: set) -> None:
+    """A planner worker: the parent's signal mask `mask` back, SIGTERM and SIGHUP fatal."""
+    _die_of_termination()
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _die_of_termination() -> None:
+    """SIGTERM and SIGHUP kill this worker at once, as by default: the command's Python handler
+    (`report.files.terminate_unwinds`), inherited by fork, runs only between bytecodes, so a
+    worker stuck in C (a lock held at the fork) would outlive the pool's terminate."""
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
 
 
 def _stop_pool(pool: ProcessPoolExecutor, finished: bool) -> None:

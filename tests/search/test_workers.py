@@ -136,3 +136,18 @@ def test_sweep_workers_take_sigterm_so_a_stop_is_at_once():
     # `_stop_pool`'s terminate and runs its queued items to the end.
     for blocked in run_in_pool(_blocked_signals, [0, 1], 2, None):
         assert not blocked & {signal.SIGTERM, signal.SIGHUP, GUARD_SIGNAL}
+
+
+def _termination_is_fatal(_: int) -> bool:
+    return all(signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGHUP))
+
+
+def test_workers_die_of_sigterm_even_under_the_commands_handler():
+    # The command's SIGTERM handler runs only between bytecodes: a worker that inherited it and
+    # hangs in C (a lock held at the fork) would outlive the pool's terminate.
+    from holmes_sim.report.files import terminate_unwinds
+
+    with terminate_unwinds():
+        assert all(run_in_pool(_termination_is_fatal, [0, 1], 2, None))
+        with fork_pool(2) as pool:
+            assert all(pool.map(_termination_is_fatal, [0, 1]))
