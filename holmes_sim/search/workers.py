@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing.pool import Pool
 from typing import TypeVar
 
-from holmes_sim.spec.limits import GUARD_SIGNAL, interrupts_held
+from holmes_sim.spec.limits import interrupts_held
 
 T = TypeVar("T")
 
@@ -23,7 +23,7 @@ def fork_pool(jobs: int) -> Pool:
     handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         return multiprocessing.get_context("fork").Pool(
-            jobs, initializer=_start_planner_worker, initargs=(mask,))
+            jobs, initializer=_start_worker, initargs=(mask,))
     finally:
         signal.signal(signal.SIGINT, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -49,7 +49,8 @@ def run_in_pool(work: Callable[[T], object], items: Sequence[T], jobs: int,
     items still queued and stops the workers at once, so the command ends in seconds, not after
     every queued item has run (one arriving while the items are queued, when they are)."""
     results: list = [None] * len(items)
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker)
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_start_worker,
+                               initargs=(signal.pthread_sigmask(signal.SIG_BLOCK, ()),))
     finished = False
     try:
         with interrupts_held():  # its manager thread is started whole, so it can be joined
@@ -65,26 +66,16 @@ def run_in_pool(work: Callable[[T], object], items: Sequence[T], jobs: int,
     return results
 
 
-def _start_worker() -> None:
-    """A sweep worker ignores SIGINT and takes the signals its parent held while forking it
-    (`interrupts_held`): SIGTERM (`_stop_pool`'s terminate), SIGHUP and the memory guard's."""
+def _start_worker(mask: set) -> None:
+    """A pool worker ignores SIGINT (its parent stops it), dies of SIGTERM and SIGHUP at once,
+    and takes back `mask`, its parent's signal mask before the parent held signals to fork it.
+    The command's SIGTERM handler (`report.files.terminate_unwinds`), inherited by fork, runs
+    only between bytecodes: a worker stuck in C (a lock held at the fork) would outlive the
+    pool's terminate."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_of_termination()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP, GUARD_SIGNAL})
-
-
-def _start_planner_worker(mask: set) -> None:
-    """A planner worker: the parent's signal mask `mask` back, SIGTERM and SIGHUP fatal."""
-    _die_of_termination()
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-def _die_of_termination() -> None:
-    """SIGTERM and SIGHUP kill this worker at once, as by default: the command's Python handler
-    (`report.files.terminate_unwinds`), inherited by fork, runs only between bytecodes, so a
-    worker stuck in C (a lock held at the fork) would outlive the pool's terminate."""
     for number in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(number, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _stop_pool(pool: ProcessPoolExecutor, finished: bool) -> None:
