@@ -28,7 +28,7 @@ import yaml
 from holmes_sim.errors import FieldError, HolmesError, ScenarioError, printable
 from holmes_sim.spec.limits import MAX_FILE_BYTES, non_finite, read_text_bounded
 from holmes_sim.spec.presets import PRESETS, preset_fields
-from holmes_sim.spec.scenario import Scenario
+from holmes_sim.spec.scenario import MIN_LINK_PROBE_BYTES, Scenario
 from holmes_sim.spec.yaml_core import (MAX_DEPTH, TAG, Written, compose_limited, core_form, dump,
                                        yaml11_reading)
 
@@ -109,9 +109,8 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "iterations": Bound(1, 10_000),
     "warmup": Bound(0, 1000),
     "calibration_repeats": Bound(1, 10_000),
-    # Each probe rank holds a buffer this large; below 1 MiB the probe times the link's latency
-    # and its shaper's 1 ms burst, not its rate (4 bytes read 75 kB/s on a 2 Gbit/s link).
-    "link_probe_bytes": Bound(2**20, 2**28, rule="the probe measures a fabric's throughput, so "
+    # Each probe rank holds a buffer this large; `MIN_LINK_PROBE_BYTES` says why the floor.
+    "link_probe_bytes": Bound(MIN_LINK_PROBE_BYTES, 2**28, rule="the probe measures a fabric's throughput, so "
                               "it must take far longer than the link's latency and its shaper's "
                               "burst: give at least 1048576 (1 MiB; default 4000000)"),
     "seed": Bound(0, 2**63 - 1),

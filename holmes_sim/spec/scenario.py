@@ -27,6 +27,11 @@ class EngineSpec:
     `host.compute_cv` takes precedence."""
 
 
+MIN_LINK_PROBE_BYTES = 2**20
+"""The smallest `testbed.link_probe_bytes`: below 1 MiB the probe times a link's latency and its
+shaper's 1 ms burst, not its rate (4 bytes read 75 kB/s on a 2 Gbit/s link)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TestbedSpec:
     """How `holmes-sim validate --real` runs this scenario on the emulated testbed."""
@@ -44,7 +49,8 @@ class TestbedSpec:
     calibration_repeats: int = 30
     """Timed repetitions per piece when measuring compute."""
     link_probe_bytes: int = 4000000
-    """Size of the message that measures each fabric's throughput, bytes."""
+    """Size of the message that measures each fabric's throughput, bytes (at least
+    MIN_LINK_PROBE_BYTES)."""
     optimizer: Literal["adam", "sgd"] = "adam"
     learning_rate: float = 0.001
     compute: Literal["emulated", "real"] = "emulated"

@@ -12,6 +12,7 @@ from holmes_sim.hardware.cluster import ETHERNET
 from holmes_sim.plan import Plan
 from holmes_sim.policies import get_policy
 from holmes_sim.prepare import Prepared
+from holmes_sim.spec.scenario import MIN_LINK_PROBE_BYTES
 
 
 def runnable_policies(prepared: Prepared, policies: list[str] | None) -> list[str]:
@@ -304,8 +305,6 @@ MIN_RATE_BIT_PER_S = 8.0
 GLOO_TIMEOUT_S = 60.0
 """The real run's gloo operation timeout (seconds; `real_run._run_real`, at most the
 testbed's timeout_s)."""
-MIN_PROBE_BYTES = 2**20
-"""The smallest `testbed.link_probe_bytes` the loader takes (`spec/load.py`)."""
 
 
 def _check_rate_carries(rate: float, limits: RateLimits, slowest: float, path: str) -> None:
@@ -339,12 +338,12 @@ def _check_rate_carries(rate: float, limits: RateLimits, slowest: float, path: s
 
 def _probe_fix(limits: RateLimits, slowest: float) -> int:
     """The largest link probe (bytes) the `slowest` rate carries when the probe alone is too
-    big and one of at least MIN_PROBE_BYTES would do; else 0."""
+    big and one of at least MIN_LINK_PROBE_BYTES would do; else 0."""
     if limits.probe_bytes <= limits.run_bytes or \
             slowest < _rate_needed(limits.run_bytes, limits.timeout_s):
         return 0
     most = int(slowest * limits.gloo_timeout_s / 2 / (2 * 8))
-    return most if most >= MIN_PROBE_BYTES else 0
+    return most if most >= MIN_LINK_PROBE_BYTES else 0
 
 
 def _what(limits: RateLimits) -> str:
