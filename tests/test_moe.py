@@ -307,8 +307,9 @@ def test_memory_holds_every_experts_weights_and_optimizer_state(write_scenario):
     """TP 2 PP 2 DP 4 of a 4-layer Mixtral, 1F1B: stage 0 holds two layers with all 8 experts
     (split over TP; each rank holds the router and the two RMSNorms whole) and the embedding at
     6 + 12/4 bytes a parameter (bf16 weights, fp32 gradients, distributed optimizer over DP 4),
-    plus 2 in-flight micro-batches of 2 layers' activations, each s b h (12 + 4E/h + 47) / t
-    bytes with SP and fused attention: 8 + 2k replicated, router logits 4E/h, 4 + 4k/h for
+    plus 2 in-flight micro-batches of 2 layers' activations, each s b h (8 + 2k etp (h + 1)/h
+    + 4E/h + 47) / t bytes with SP and fused attention: 8 replicated, the permuted rows and
+    their probabilities gathered over expert TP (etp = t = 2), router logits 4E/h, 4 + 4k/h for
     Q, K, V and the projection, 2 k (2 f_e + f_e)/h = 42 for the experts' activations."""
     prepared = prepare(write_scenario(_scenario(tp=2, pp=2, sp=True)))
     out = run_policy(prepared, "megatron")
@@ -318,7 +319,7 @@ def test_memory_holds_every_experts_weights_and_optimizer_state(write_scenario):
     assert w.layer_params == layer
     whole = 2 * (8 * 4096 + 2 * 4096)  # two layers' router and RMSNorms
     state = ((2 * layer + w.vocab * 4096 - whole) / 2 + whole) * (6 + 12 / 4)
-    per_layer = 4096 * 4096 * (8 + 4 + 8 * 4 / 4096 + 4 + 1 + 42) / 2
+    per_layer = 4096 * 4096 * (8 + 2 * 2 * 2 * 4097 / 4096 + 8 * 4 / 4096 + 4 + 1 + 42) / 2
     assert w.activation_bytes_per_layer(2) == pytest.approx(per_layer, rel=1e-12)
     assert out.result.memory.per_stage_bytes[0] == pytest.approx(state + 2 * 2 * per_layer,
                                                                  rel=1e-9)

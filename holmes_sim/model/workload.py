@@ -402,6 +402,8 @@ class Workload:
         masks (2, none when hidden_dropout is 0); split over TP, Q (2), K and V (4k/h), the
         projection input (2), the MLP's activation input (2 f1/h) and fc2 input (2f/h); the scores
         (5as/h: softmax output 2, dropout mask 1 and output 2; 2as/h without attention dropout).
+        An MoE layer's terms are `_moe_activation_terms`'; those its expert-TP group all-gathers
+        count etp times (etp/t of the s b h elements a GPU holds under SP).
         fp32 training doubles the values, not the 1-byte masks or the fp32 router logits.
         With CP every term is divided by cp (s/cp tokens, s/cp x s scores a rank) [CP]."""
         s, b, h, a = self.seq, self.micro_batch, self.hidden, self.heads
@@ -419,24 +421,34 @@ class Workload:
             extra_replicated, attention_split = self.mla.activation_terms(h)
             replicated += v * extra_replicated
             split += v * (attention_split - 4 - 4 * self.kv_width / h)
+        gathered = 0.0
         if self.moe is not None:
-            extra_replicated, extra_split = self._moe_activation_terms(v)
+            extra_replicated, extra_split, gathered = self._moe_activation_terms(v)
             replicated, split = replicated + extra_replicated, split + extra_split
+            gathered *= max(1, self.expert_tp(tp))
         if self.sequence_parallel:
-            return s * b * h * (replicated + split + scores) / tp
-        return s * b * h * (replicated + split / tp + scores / tp)
+            return s * b * h * (replicated + split + scores + gathered) / tp
+        return s * b * h * (replicated + gathered + split / tp + scores / tp)
 
-    def _moe_activation_terms(self, v: float) -> tuple[float, float]:
+    def _moe_activation_terms(self, v: float) -> tuple[float, float, float]:
         """What an MoE MLP stores beyond a dense MLP, per s b h element and averaged over the
-        layer pattern, (replicated over TP, split over TP): the fp32 router logits (4E/h), the
-        k permuted expert inputs (2k), each routed expert's and the shared expert's activation
-        and fc2 inputs in place of the dense MLP's (2 k (f1_e + f_e)/h + 2 (f1_s + f_s)/h);
-        `v`: value bytes over 2 (2 in fp32 training)."""
+        layer pattern, (replicated over TP, split over TP, gathered over expert TP); `v`: value
+        bytes over 2 (2 in fp32 training). Replicated: the fp32 router logits (4E/h). Split: each routed expert's and the shared
+        expert's activation and fc2 inputs in place of the dense MLP's (2 k (f1_e + f_e)/h +
+        2 (f1_s + f_s)/h). Gathered, for the tokens of the GPU's etp-wide expert-TP group: the
+        k permuted rows the grouped fc1 keeps as its input (2k) and their probabilities, which
+        the weighted activation keeps (2k/h). `MoEAlltoAllTokenDispatcher.dispatch_postprocess`
+        all-gathers both over the expert-TP group (`gather_from_sequence_parallel_region`,
+        megatron/core/transformer/moe/token_dispatcher.py) and `TEGroupedLinear` runs with
+        tp_size 1 on them (`explicit_expert_comm`, megatron/core/extensions/
+        transformer_engine.py), so a GPU holds etp/t of them under SP; its fc1 output and fc2
+        input have etp times the rows at 1/etp of the width, so they stay split over t."""
         m, h = self.moe, self.hidden
         e = 2 if self.swiglu else 1  # f1 = e f
-        replicated = 4 * m.experts / h + 2 * v * m.topk
+        replicated = 4 * m.experts / h
         split = 2 * v * ((e + 1) * (m.topk * m.ffn + m.shared_ffn) - self.fc1_width - self.ffn) / h
-        return m.moe_fraction * replicated, m.moe_fraction * split
+        gathered = 2 * v * m.topk * (h + 1) / h
+        return m.moe_fraction * replicated, m.moe_fraction * split, m.moe_fraction * gathered
 
     # ---- reporting ----------------------------------------------------------------------------
     def megatron_tflops_per_gpu(self, iteration_s: float, num_gpus: int) -> float:
