@@ -1,5 +1,5 @@
 """An MoE layer's activation memory under tensor parallelism: the rows its expert-TP group
-all-gathers.
+all-gathers, and the shared expert's gate.
 
 Megatron-Core's `MoEAlltoAllTokenDispatcher.dispatch_postprocess` all-gathers the dispatched rows
 and their probabilities over the expert-TP group (`gather_from_sequence_parallel_region`,
@@ -14,6 +14,7 @@ import dataclasses
 
 import pytest
 
+from holmes_sim.model.bucket_layout import chunk_params
 from holmes_sim.model.workload import build_workload
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
 from holmes_sim.spec.presets import preset_fields
@@ -64,3 +65,42 @@ def test_without_tp_the_gathered_rows_are_the_gpus_own():
     moe_extra = 4 * 8 / h + 2 * 2 * (h + 1) / h + 2 * 2 * 3 * 14336 / h - 2 * 3 * 14336 / h
     assert w.activation_bytes_per_layer(1) - no_moe.activation_bytes_per_layer(1) == \
         pytest.approx(s * h * moe_extra, rel=1e-12)
+
+
+def _qwen(gate: bool, tp: int = 1):
+    spec = ModelSpec(**dict(preset_fields("qwen1.5-moe-a2.7b"), moe_shared_expert_gate=gate))
+    return build_workload(spec, _SP, tp)
+
+
+def test_qwen_moe_presets_gate_their_shared_expert():
+    """Hugging Face Qwen2-MoE scales the shared expert by `sigmoid(shared_expert_gate(x))`,
+    a 1 x h weight per MoE layer; Megatron-Core's `SharedExpertMLP.gate_weight` (1, h),
+    replicated over TP (marked sequence_parallel, its gradient all-reduced like a norm's)."""
+    for name in ("qwen1.5-moe-a2.7b", "qwen2-57b-a14b"):
+        assert preset_fields(name)["moe_shared_expert_gate"] is True
+    gated, plain = _qwen(True, 4), _qwen(False, 4)
+    h, moe_layers = gated.hidden, gated.moe.moe_layers
+    assert gated.total_params - plain.total_params == moe_layers * h
+    assert gated.layer_kind_params(True)[2] - plain.layer_kind_params(True)[2] == h
+    assert gated.layer_params - plain.layer_params == round(h * moe_layers / gated.num_layers)
+
+
+def test_the_gate_is_in_the_gradient_buckets_once():
+    """The bucket cut lists every parameter once: with the gate they add up to the model's."""
+    w = _qwen(True)
+    params = chunk_params(w, 1, 0, w.num_layers, True, True)
+    assert sum(p[0] for p in params) == w.total_params
+    assert sum(p[0] for p in params) - sum(p[0] for p in chunk_params(
+        _qwen(False), 1, 0, w.num_layers, True, True)) == w.moe.moe_layers * w.hidden
+
+
+def test_the_gate_keeps_the_shared_experts_output():
+    """`SharedExpertMLP.forward` multiplies the shared expert's output by the gate's score,
+    so both stay until the backward: 2 (h + 1)/h per s b h element of each MoE layer, over t
+    with SP. Megatron-LM's `num_floating_point_operations` does not count the gate, nor
+    does holmes-sim."""
+    gated, plain = _qwen(True, 4), _qwen(False, 4)
+    s, h = gated.seq, gated.hidden
+    assert gated.activation_bytes_per_layer(4) - plain.activation_bytes_per_layer(4) == \
+        pytest.approx(s * h * 2 * (h + 1) / h / 4, rel=1e-9)
+    assert gated.model_flop_per_iteration() == plain.model_flop_per_iteration()

@@ -42,7 +42,7 @@ from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
                                           architecture_args, expert_tensor_args,
                                           fork_lacks_note, loss_args, overlap_args,
                                           pipeline_split_note,
-                                          rope_factor_note, router_note,
+                                          rope_factor_note, router_note, shared_gate_note,
                                           split_args, tokenizer_args, userbuffer_config,
                                           vocab_args, vocabulary_section, without_flags)
 from holmes_sim.plan import GroupKind, Plan, TransportKind
@@ -512,7 +512,8 @@ def _notes(workload: Workload, ub: str | None) -> tuple[str, ...]:
                      "and `holmes_args.txt` name it relative to the folder).")
     elif workload.tp_comm_overlap and workload.ub_rs_sms == 0:
         notes.append(USERBUFFER_ZERO_SMS)
-    return tuple(notes) + tuple(filter(None, [router_note(workload), rope_factor_note(workload)]))
+    return tuple(notes) + tuple(filter(None, [router_note(workload), shared_gate_note(workload),
+                                              rope_factor_note(workload)]))
 
 
 def device_notes(nodes: list[Node]) -> tuple[str, ...]:

@@ -206,8 +206,10 @@ def mla_args(w: Workload) -> list[str]:
 
 def moe_args(w: Workload) -> list[str]:
     """Arguments of `pretrain_gpt.py` for an MoE model (all in Megatron-LM's
-    megatron/training/arguments.py `_add_moe_args`): experts, top-k, expert and shared FFN
-    widths, the layer pattern, load balancing, capacity; the expert-parallel degree (its
+    megatron/training/arguments.py `_add_moe_args`, but `--moe-shared-expert-gate`: from
+    core_v0.16.0, generated from `TransformerConfig`, `SHARED_GATE_NOTE`): experts, top-k,
+    expert and shared FFN widths, the shared expert's gate, the layer pattern, load balancing,
+    capacity; the expert-parallel degree (its
     expert-TP degree: `expert_parallel_args`); the all-to-all dispatcher and grouped GEMM the
     cost model prices (`cost.moe`, `cost.expert_parallel`)."""
     m = w.moe
@@ -219,6 +221,7 @@ def moe_args(w: Workload) -> list[str]:
         args += ["--expert-model-parallel-size", str(w.ep)]
     if m.shared_ffn:
         args += ["--moe-shared-expert-intermediate-size", str(m.shared_ffn)]
+        args += ["--moe-shared-expert-gate"] if m.shared_gate else []
     if 0 in m.pattern:
         args += ["--moe-layer-freq", "[" + ",".join(map(str, m.pattern)) + "]"]
     if m.load_balancing != "aux_loss":
@@ -268,6 +271,28 @@ def router_note(w: Workload) -> str | None:
                      "without it (a softmax over the one chosen expert has no gradient); set "
                      "`model.moe_router_pre_softmax` to say so in the scenario.")
     return " ".join(parts) or None
+
+
+SHARED_GATE_NOTE = (
+    "`--moe-shared-expert-gate` builds the shared expert's sigmoid gate simulated "
+    "(`model.moe_shared_expert_gate`); Megatron-LM has the flag from core_v0.16.0 (commit "
+    "bddd0a8, 2026-01). An earlier Megatron-LM (93da800 of 2025-12, say) stops at it as an "
+    "unrecognized argument and has no way to build the gate: there, remove the flag "
+    "and the launch trains a model without the gate, with h parameters and one kept b s h / t "
+    "tensor fewer per MoE layer than simulated; set `model.moe_shared_expert_gate: false` to "
+    "simulate that model.")
+"""The export README's note on `--moe-shared-expert-gate`."""
+
+AFTER_RELEASE = ("--moe-shared-expert-gate",)
+"""Upstream flags the export writes that Megatron-LM at 93da800 (2025-12, the argument table
+the export is checked against) predates; Megatron-LM main has them, and the README says from which
+release each parses (`SHARED_GATE_NOTE`)."""
+
+
+def shared_gate_note(w: Workload) -> str | None:
+    """`SHARED_GATE_NOTE` where the export writes `--moe-shared-expert-gate`, else None."""
+    m = w.moe
+    return SHARED_GATE_NOTE if m is not None and m.shared_gate and m.shared_ffn else None
 
 
 def expert_tensor_args(w: Workload, tp: int) -> list[str]:

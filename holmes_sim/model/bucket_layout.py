@@ -41,7 +41,7 @@ from itertools import accumulate, count
 
 import numpy as np
 
-from holmes_sim.model.moe import moe_mlp_forward_flop
+from holmes_sim.model.moe import moe_mlp_forward_flop, shared_gate_params
 from holmes_sim.model.workload import Workload
 
 BUCKET_ELEMENT_BYTES = 4
@@ -472,12 +472,14 @@ def _mla_ops(w: Workload, tp: int, b_s: int
 
 
 def _moe_ops(w: Workload, tp: int, b_s: int) -> list[tuple[float, list[tuple[int, bool, bool]]]]:
-    """An MoE MLP's backward ops in reverse registration order: the shared expert (fc2, fc1),
-    the GPU's routed experts last to first (fc2, fc1 each; in the expert buffer under expert
-    parallelism), the router (E x h, replicated)."""
+    """An MoE MLP's backward ops in reverse registration order: the shared expert (its gate,
+    1 x h replicated, registered after fc1 and fc2 and run after them, with no FLOPs counted;
+    fc2, fc1), the GPU's routed experts last to first (fc2, fc1 each; in the expert buffer
+    under expert parallelism), the router (E x h, replicated)."""
     m, h, bias = w.moe, w.hidden, w.bias
     f1 = 2 * m.ffn if w.swiglu else m.ffn
-    ops = []
+    gate = shared_gate_params(m, h)
+    ops = [(0.0, [(gate, False, False)])] if gate else []
     if m.shared_ffn:
         s1 = 2 * m.shared_ffn if w.swiglu else m.shared_ffn
         ops += [(4 * b_s * m.shared_ffn * h, _linear(h, m.shared_ffn, tp, 1, bias)),

@@ -82,7 +82,8 @@ def _one_activation(model: ModelSpec) -> str:
 
 
 def check_moe(model: ModelSpec) -> None:
-    """Raise FieldError for MoE settings Megatron-Core refuses (`TransformerConfig`)."""
+    """Raise FieldError for MoE settings Megatron-Core refuses (`TransformerConfig`) or
+    ignores (a shared-expert gate without a shared expert)."""
     experts, topk, freq = model.num_experts, model.moe_router_topk, model.moe_layer_freq
     if topk > experts:
         raise FieldError("model.moe_router_topk", f"moe_router_topk={topk} must be at most "
@@ -100,7 +101,19 @@ def check_moe(model: ModelSpec) -> None:
             model.moe_router_load_balancing_type == "sinkhorn":
         raise FieldError("model.moe_expert_capacity_factor", "a capacity factor needs "
                          "aux_loss, seq_aux_loss, global_aux_loss or none load balancing")
+    if model.moe_shared_expert_gate and not model.moe_shared_expert_intermediate_size:
+        _refuse_shared_gate(model)
     check_router(model)
+
+
+def _refuse_shared_gate(model: ModelSpec) -> None:
+    """Raise FieldError for a shared-expert gate on a model without a shared expert (which
+    Megatron-Core would ignore: the model simulated would not be the one trained)."""
+    fix = _preset_fix(model, "moe_shared_expert_gate", "false") or \
+        " (remove moe_shared_expert_gate)"
+    raise FieldError("model.moe_shared_expert_gate", "moe_shared_expert_gate gates the shared "
+                     "expert, but the model has none: set moe_shared_expert_intermediate_size, "
+                     f"or turn the gate off{fix}")
 
 
 def check_router(model: ModelSpec) -> None:

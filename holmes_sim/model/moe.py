@@ -71,6 +71,10 @@ class MoeShape:
     """Tokens of the busiest expert over the mean, >= 1."""
     load_balancing: str
     """Megatron's `moe_router_load_balancing_type`."""
+    shared_gate: bool = False
+    """The shared expert's output is scaled by a sigmoid gate, a 1 x h weight replicated over TP
+    (`SharedExpertMLP.gate_weight`, megatron/core/transformer/moe/shared_experts.py;
+    `--moe-shared-expert-gate`, Hugging Face Qwen2-MoE's `shared_expert_gate`)."""
     routing: str = "random"
     """`random`: each token's k experts an independent draw, balanced in expectation [RND];
     `even`: every expert exactly its share each micro-batch."""
@@ -175,9 +179,16 @@ def mlp_params(h: int, f: int, gated: bool, bias: bool) -> int:
 
 def moe_mlp_params(m: MoeShape, h: int, gated: bool, bias: bool) -> int:
     """An MoE layer's MLP part: the router (E x h, no bias; `TopKRouter.weight`), E routed
-    experts and the shared expert [MC]."""
+    experts and the shared expert with its gate's h [MC] (Megatron-LM
+    megatron/training/theoretical_memory_usage.py `shared_expert_gate_params`)."""
     shared = mlp_params(h, m.shared_ffn, gated, bias) if m.shared_ffn else 0
-    return m.experts * h + m.experts * mlp_params(h, m.ffn, gated, bias) + shared
+    return m.experts * h + m.experts * mlp_params(h, m.ffn, gated, bias) + shared + \
+        shared_gate_params(m, h)
+
+
+def shared_gate_params(m: MoeShape, h: int) -> int:
+    """The shared expert's gate, h (a 1 x h weight, no bias), where it has one [MC]."""
+    return h if m.shared_gate and m.shared_ffn else 0
 
 
 def expert_params(m: MoeShape, h: int, gated: bool, bias: bool) -> int:

@@ -37,7 +37,7 @@ from holmes_sim.model.flops import megatron_core_flop, sc21_flop
 from holmes_sim.model.mla import MlaShape, check_mla, mla_shape
 from holmes_sim.model.moe import (AUX_LOSS_COEFF_START, MoeRouter, MoeShape, expert_params,
                                   megatron_mlp_term, mlp_params, moe_layer_pattern,
-                                  moe_mlp_forward_flop, moe_mlp_params)
+                                  moe_mlp_forward_flop, moe_mlp_params, shared_gate_params)
 from holmes_sim.model.pipeline_split import PipelineSplit
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
 
@@ -221,7 +221,8 @@ class Workload:
         whole): `layer_params`, `expert_layer_params` and `layer_replicated_params` without the
         mean over the layer pattern. Held whole: the two norms, latent attention's duplicated
         down projections and latent norms (`MlaShape.replicated_params`), and an MoE layer's
-        router, h E (Megatron-Core `TopKRouter.weight`, not split over TP)."""
+        router, h E (Megatron-Core `TopKRouter.weight`, not split over TP), and the shared
+        expert's gate, h (`SharedExpertMLP.gate_weight`, likewise)."""
         h, replicated = self.hidden, 2 * self.norm_params
         if self.mla is not None:
             replicated += self.mla.replicated_params(h, self.norm_params // h)
@@ -232,7 +233,8 @@ class Workload:
         layer = self.dense_layer_params - mlp_params(h, self.ffn, self.swiglu, self.bias) + \
             moe_mlp_params(m, h, self.swiglu, self.bias)
         own = experts / n if self.ep > 1 else 0.0
-        return layer - experts * (n - 1) / n, own, float(replicated + h * m.experts)
+        return layer - experts * (n - 1) / n, own, \
+            float(replicated + h * m.experts + shared_gate_params(m, h))
 
     @property
     def expert_layer_params(self) -> int:
@@ -433,7 +435,9 @@ class Workload:
     def _moe_activation_terms(self, v: float) -> tuple[float, float, float]:
         """What an MoE MLP stores beyond a dense MLP, per s b h element and averaged over the
         layer pattern, (replicated over TP, split over TP, gathered over expert TP); `v`: value
-        bytes over 2 (2 in fp32 training). Replicated: the fp32 router logits (4E/h). Split: each routed expert's and the shared
+        bytes over 2 (2 in fp32 training). Replicated: the fp32 router logits (4E/h) and, with
+        the shared expert's gate, its output and 1-wide score, kept for their product
+        (2 (h + 1)/h; `SharedExpertMLP.forward`). Split: each routed expert's and the shared
         expert's activation and fc2 inputs in place of the dense MLP's (2 k (f1_e + f_e)/h +
         2 (f1_s + f_s)/h). Gathered, for the tokens of the GPU's etp-wide expert-TP group: the
         k permuted rows the grouped fc1 keeps as its input (2k) and their probabilities, which
@@ -445,7 +449,8 @@ class Workload:
         input have etp times the rows at 1/etp of the width, so they stay split over t."""
         m, h = self.moe, self.hidden
         e = 2 if self.swiglu else 1  # f1 = e f
-        replicated = 4 * m.experts / h
+        replicated = 4 * m.experts / h + (2 * v * (h + 1) / h if m.shared_gate and m.shared_ffn
+                                          else 0.0)
         split = 2 * v * ((e + 1) * (m.topk * m.ffn + m.shared_ffn) - self.fc1_width - self.ffn) / h
         gathered = 2 * v * m.topk * (h + 1) / h
         return m.moe_fraction * replicated, m.moe_fraction * split, m.moe_fraction * gathered
@@ -493,6 +498,7 @@ def moe_shape(model: ModelSpec) -> MoeShape | None:
         experts=model.num_experts, topk=model.moe_router_topk,
         ffn=expert_ffn_width(model),
         shared_ffn=model.moe_shared_expert_intermediate_size or 0,
+        shared_gate=model.moe_shared_expert_gate,
         pattern=moe_layer_pattern(model.moe_layer_freq, model.num_layers),
         capacity_factor=model.moe_expert_capacity_factor, imbalance=model.moe_expert_imbalance,
         load_balancing=model.moe_router_load_balancing_type, routing=model.moe_routing,

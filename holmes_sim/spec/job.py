@@ -79,6 +79,10 @@ class ModelSpec:
     moe_shared_expert_intermediate_size: int | None = None
     """FFN width of the shared experts every token passes (Megatron
     `--moe-shared-expert-intermediate-size`); None: no shared expert."""
+    moe_shared_expert_gate: bool = False
+    """Scale the shared expert's output by a sigmoid gate of the token, a 1 x hidden_size weight
+    per MoE layer (Megatron `--moe-shared-expert-gate`, from core_v0.16.0; Hugging Face
+    Qwen2-MoE's `shared_expert_gate`); needs moe_shared_expert_intermediate_size."""
     moe_layer_freq: int | tuple[int, ...] = 1
     """Which layers are MoE (Megatron `--moe-layer-freq`): N makes layer i MoE when i % N == 0;
     a list of 0/1, one per layer, gives the pattern (0: dense MLP)."""

@@ -101,7 +101,8 @@ _MIXTRAL = ("Jiang et al., 'Mixtral of Experts', arXiv 2401.04088, Table 1 (8 ex
 _QWEN_MOE = ("Qwen Team, {}; Qwen/{} config.json (num_experts, num_experts_per_tok, "
              "moe_intermediate_size, shared_expert_intermediate_size, rope_theta 1000000, "
              "rms_norm_eps 1e-6, router_aux_loss_coef 0.001 as moe_aux_loss_coeff, "
-             + _UNNORMALIZED + "; the shared expert's 1-wide sigmoid gate is not modelled)")
+             + _UNNORMALIZED + "; the shared expert's 1-wide sigmoid gate, transformers "
+             "modeling_qwen2_moe.py `shared_expert_gate`, as moe_shared_expert_gate)")
 
 
 def _deepseek(layers: int, hidden: int, dense_ffn: int, heads: int, vocab: int, q_rank: int | None,
@@ -177,7 +178,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
                             _hf("mistralai/Mixtral-8x22B-v0.1")),
     "qwen1.5-moe-a2.7b": Preset(_moe(_arch(_QWEN25, 24, 2048, 5632, 16, 16, 151936, 8192),
                                      60, 4, 1408, 5632, moe_aux_loss_coeff=0.001,
-                                     moe_router_pre_softmax=True),
+                                     moe_router_pre_softmax=True, moe_shared_expert_gate=True),
                                 _QWEN_MOE.format("'Qwen1.5-MoE: Matching 7B Model Performance "
                                                  "with 1/3 Activated Parameters' (blog, 14.3B "
                                                  "parameters, 2.7B active)",
@@ -185,7 +186,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({
                                 _hf("Qwen/Qwen1.5-MoE-A2.7B")),
     "qwen2-57b-a14b": Preset(_moe(_arch(_QWEN25, 28, 3584, 18944, 28, 4, 151936, 4096),
                                   64, 8, 2560, 20480, moe_aux_loss_coeff=0.001,
-                                  moe_router_pre_softmax=True),
+                                  moe_router_pre_softmax=True, moe_shared_expert_gate=True),
                              _QWEN_MOE.format("'Qwen2 Technical Report', arXiv 2407.10671, "
                                               "Table 1 (4,096-token pre-training, section 3.2)",
                                               "Qwen2-57B-A14B"), _hf("Qwen/Qwen2-57B-A14B")),

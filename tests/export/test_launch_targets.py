@@ -1,5 +1,6 @@
 """Each export launchable by its consumer: upstream Megatron-LM's arguments checked flag by flag
-against its argument definitions (tests/export/data/megatron_lm_flags.json), the Holmes fork's
+against its argument definitions (tests/export/data/megatron_lm_flags.json, with the switches
+that postdate it, `model_args.AFTER_RELEASE`, each with a README note), the Holmes fork's
 against the fork's (holmes_fork_flags.json) and its --hetero rules, and `launch.sh` on a named
 host running its own torchrun line (dry run)."""
 
@@ -17,7 +18,7 @@ import yaml
 from holmes_sim.errors import PlanError
 from holmes_sim.export.hosts import read_hosts
 from holmes_sim.export.launch import LaunchFiles, launch_files, node_order
-from holmes_sim.export.model_args import architecture_args
+from holmes_sim.export.model_args import AFTER_RELEASE, architecture_args
 from holmes_sim.model.workload import build_workload
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
@@ -27,7 +28,10 @@ from tests.conftest import SCENARIOS
 from tests.export.test_export import hetero_stages
 
 DATA = Path(__file__).parent / "data"
-UPSTREAM = json.loads((DATA / "megatron_lm_flags.json").read_text())["flags"]
+RELEASE = json.loads((DATA / "megatron_lm_flags.json").read_text())["flags"]
+UPSTREAM = {**RELEASE, **{flag: "0" for flag in AFTER_RELEASE}}
+"""The release's arguments and the newer switches the export writes with a note
+(tests/export/test_megatron_main_flags.py checks them against Megatron-LM main)."""
 FORK = json.loads((DATA / "holmes_fork_flags.json").read_text())["flags"]
 UPSTREAM_POLICIES = ("megatron", "holmes")
 """Policies whose framework is Megatron-LM itself (megatron-llama and megatron-deepspeed get no

@@ -205,10 +205,54 @@ def test_router_weights_are_exported_exactly(write_scenario):
      "(moe_router_group_topk: null)"),
     ("deepseek-v3", "moe_router_topk: 2",
      "moe_router_group_topk comes from preset deepseek-v3; override it beside the preset "
-     "(moe_router_group_topk: at most 2)")])
+     "(moe_router_group_topk: at most 2)"),
+    ("qwen2-57b-a14b", "moe_shared_expert_intermediate_size: null",
+     "model has none: set moe_shared_expert_intermediate_size, or turn the gate off; "
+     "moe_shared_expert_gate comes from preset qwen2-57b-a14b; override it beside the preset "
+     "(moe_shared_expert_gate: false)")])
 def test_a_router_value_from_a_preset_is_named_as_the_presets(preset, fields, message):
     spec = ModelSpec(**dict(preset_fields(preset), preset=preset,
                             **yaml.safe_load("{" + fields + "}")))
     with pytest.raises(FieldError) as info:
         build_workload(spec, TrainingSpec(global_batch_size=64, micro_batch_size=1), 1)
     assert str(info.value).endswith(message)
+
+
+_GATED = "moe_shared_expert_intermediate_size: 512, moe_shared_expert_gate: true"
+
+
+@pytest.mark.parametrize("fields, gate", [(_GATED, True),
+                                          ("moe_shared_expert_intermediate_size: 512", False)])
+def test_the_shared_experts_gate_is_exported_with_its_note(write_scenario, fields, gate):
+    """The Qwen MoE presets' shared expert has a sigmoid gate (Hugging Face Qwen2-MoE
+    `shared_expert_gate`) and no export wrote `--moe-shared-expert-gate`, so the launch trained
+    an ungated shared expert. Now Megatron-Core's `TransformerConfig` gets the gate, and the
+    README says the flag needs Megatron-LM core_v0.16.0 or later."""
+    args, readme = _megatron(write_scenario, fields)
+    config = core_config(args)
+    assert config.moe_shared_expert_gate is gate
+    assert ("--moe-shared-expert-gate" in args) is gate
+    assert ("`--moe-shared-expert-gate` builds the shared expert's sigmoid gate simulated"
+            in " ".join(readme.split())) is gate
+
+
+@pytest.mark.parametrize("preset", ["qwen1.5-moe-a2.7b", "qwen2-57b-a14b"])
+def test_qwen_moe_presets_export_the_shared_experts_gate(preset):
+    args = architecture_args(build_workload(ModelSpec(**preset_fields(preset)), _TRAINING, 8))
+    assert "--moe-shared-expert-gate" in parse(args, UPSTREAM)
+    assert "not modelled" not in PRESETS[preset].source
+
+
+def test_a_gate_without_a_shared_expert_is_refused_at_load(write_scenario, tmp_path):
+    """Megatron-Core ignores the gate without a shared expert, so the model simulated would
+    not be the one trained: one line at the field's line, exit 2, nothing written."""
+    path = write_scenario(_router("moe_shared_expert_gate: true"))
+    out = tmp_path / "plans"
+    result = CliRunner().invoke(app, ["run", str(path), "-q", "--plans", str(out)])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert f"{path}:" in message and "model.moe_shared_expert_gate: moe_shared_expert_gate " \
+        "gates the shared expert, but the model has none: set " \
+        "moe_shared_expert_intermediate_size, or turn the gate off (remove " \
+        "moe_shared_expert_gate)" in message
+    assert not out.exists()

@@ -111,7 +111,10 @@ def core_config(args: list[str]):
                   expert_tensor_parallel_size=value("--expert-tensor-parallel-size", tp),
                   expert_model_parallel_size=value("--expert-model-parallel-size", 1))
     if "--num-experts" in parsed:
-        fields.update(router_fields(parsed))
+        fields.update(router_fields(parsed),
+                      moe_shared_expert_intermediate_size=value(
+                          "--moe-shared-expert-intermediate-size"),
+                      moe_shared_expert_gate="--moe-shared-expert-gate" in parsed)
     if "--swiglu" in parsed:
         fields.update(gated_linear_unit=True, activation_func=F.silu,
                       bias_activation_fusion=bias and
