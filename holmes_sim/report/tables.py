@@ -1,8 +1,9 @@
 """Rich tables for the terminal.
 
 The results table keeps every number whole: when the console is narrower than all columns, the
-least important columns go (`wide=True` keeps them all). Every cell is plain text, never rich
-markup, so a policy or scenario name prints literally.
+least important columns go (`wide=True` keeps them all), and a table still too wide prints wider
+than the console rather than cut a cell. Every cell is plain text, never rich markup, so a policy
+or scenario name prints literally.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ COLUMNS: tuple[tuple[str, str, Cell], ...] = (
     ("bubble", "right", lambda o, ups: f"{o.result.bubble_fraction:.1%}"),
     ("DP exposed s", "right", lambda o, ups: f"{o.result.breakdown_s['dp_exposed']:.3f}"),
     ("PP exposed s", "right", lambda o, ups: f"{o.result.breakdown_s['pp_exposed']:.3f}"),
-    ("layers/stage", "left", lambda o, ups: _layers(o.result.layers_per_stage)),
+    ("layers/stage", "left", lambda o, ups: _layers(o.result.layers_per_stage, False)),
     ("mem GiB", "right", lambda o, ups: f"{o.result.memory.peak_gib:.1f}"
                                         + ("" if o.result.memory.fits else " OOM")),
     ("speed-up", "right", lambda o, ups: _speedup(o, ups)),
@@ -40,7 +41,7 @@ DROP_ORDER = ("layers/stage", "DP exposed s", "PP exposed s", "samples/s", "bubb
 def results_table(title: str, outcomes: list[Outcome], width: int = 80, wide: bool = False) -> Table:
     """One row per policy (fitting plans fastest first, then those that do not fit), with the
     speed-up over megatron, narrowed to `width` columns unless `wide`; footnotes explain marks."""
-    return fit_table(lambda headers: _table(title, outcomes, list(headers)),
+    return fit_table(lambda headers: _table(title, outcomes, list(headers), wide),
                      [c[0] for c in COLUMNS], DROP_ORDER, width, wide)
 
 
@@ -72,11 +73,13 @@ def add_caption(table: Table, line: str) -> None:
 
 
 def print_table(console: Console, table: Table, wide: bool = False) -> None:
-    """Print `table`; with `wide`, on a console narrower than the table, at the table's own width
-    so no line is cut (a pipe then gets long lines, never a broken character); otherwise rich
-    folds the columns that may wrap to fit the console."""
-    need = table_width(table)
-    if wide and need > console.width:
+    """Print `table`; rich folds the columns that may wrap to fit the console. On a console
+    narrower than the table can shrink to (every no-wrap column whole, each folding column at its
+    longest word), or under `wide` narrower than the whole table, it prints at that width so no
+    cell is cut (a pipe then gets long lines, never a broken character)."""
+    need = table_width(table) if wide else Measurement.get(console, console.options.update_width(
+        10_000), table).minimum
+    if need > console.width:
         console = Console(file=console.file, width=need, no_color=console.no_color,
                           force_terminal=console.is_terminal)
     console.print(table, crop=False)
@@ -107,14 +110,20 @@ def footnotes(outcomes: list[Outcome]) -> list[str]:
     return notes
 
 
-def _table(title: str, outcomes: list[Outcome], headers: list[str]) -> Table:
+def _table(title: str, outcomes: list[Outcome], headers: list[str], wide: bool) -> Table:
     ups = speedups(outcomes)
     columns = [c for c in COLUMNS if c[0] in headers]
+    if wide:  # the whole layer list
+        columns = [(h, j, (lambda o, ups: _layers(o.result.layers_per_stage, True))
+                    if h == "layers/stage" else cell) for h, j, cell in columns]
+    rows = [[cell(o, ups) for _, _, cell in columns] for o in outcomes]
     table = Table(title=Text(title), title_justify="left", caption_justify="left")
-    for header, justify, _ in columns:
-        table.add_column(header, justify=justify, no_wrap=True)
-    for o in outcomes:
-        table.add_row(*(Text(cell(o, ups)) for _, _, cell in columns))
+    for i, (header, justify, _) in enumerate(columns):
+        # no cell wraps, and none is narrower than its widest cell: rich never cuts one
+        table.add_column(header, justify=justify, no_wrap=True,
+                         min_width=max(len(t) for t in [header, *(r[i] for r in rows)]))
+    for row in rows:
+        table.add_row(*map(Text, row))
     notes = footnotes(outcomes)
     if notes:
         table.caption = Text("\n".join(notes))
@@ -137,6 +146,6 @@ def _speedup(o: Outcome, ups: dict[str, float]) -> str:
     return f"{ups[o.plan.policy]:.2f}x" if o.plan.policy in ups else "-"
 
 
-def _layers(layers: tuple[int, ...]) -> str:
+def _layers(layers: tuple[int, ...], whole: bool) -> str:
     text = "/".join(map(str, layers))
-    return text if len(text) <= 24 else text[:21] + "..."
+    return text if whole or len(text) <= 24 else text[:21] + "..."

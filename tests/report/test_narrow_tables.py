@@ -140,3 +140,37 @@ def test_validation_rows_give_no_verdict_when_the_host_gave_none():
     text = _printed(comparison.comparison_table(result, 120), 120)
     assert "NO VERDICT: host overloaded" in text and "no verdict" in text
     assert " ok " not in text
+
+
+def _long_outcomes():
+    from tests.report.test_document import default_run
+
+    _, outcomes = default_run()
+    layers = (2, 3, 5, 7) * 8
+    long = {"holmes": "holmes-no-adaptive-partition"}  # the longest policy name
+    return [replace(o, plan=replace(o.plan, policy=long.get(o.plan.policy, o.plan.policy)),
+                    result=replace(o.result, layers_per_stage=layers)) for o in outcomes]
+
+
+@pytest.mark.parametrize("width", [50, 70])
+def test_results_table_prints_every_number_whole_however_narrow(width):
+    # At 70 columns rich printed "18.0…" and "speed-…"; at 50, "1.…" as the speed-up.
+    from holmes_sim.report.tables import results_table
+
+    outcomes = _long_outcomes()
+    text = _printed(results_table("t", outcomes, width), width)
+    assert "…" not in text, text
+    for o in outcomes:
+        row = next(line for line in text.splitlines() if f" {o.plan.policy} " in line)
+        for number in (f"{o.result.iteration_time_s:.3f}", f"{o.result.tflops_per_gpu:.1f}",
+                       f"{o.result.memory.peak_gib:.1f}"):
+            assert f" {number} " in row, (number, row)
+    for header in ("iter s", "TFLOP/s/GPU", "mem GiB", "speed-up"):
+        assert header in text
+
+
+def test_wide_results_table_prints_the_whole_layer_list():
+    from holmes_sim.report.tables import results_table
+
+    text = _printed(results_table("t", _long_outcomes(), 80, wide=True), 80, wide=True)
+    assert "/".join(map(str, (2, 3, 5, 7) * 8)) in text and "..." not in text, text
