@@ -73,8 +73,7 @@ def prepare_output(path: str | Path, directory: bool = False, option: str = "out
         return path
     mode = _mode(path)
     if path.is_symlink() and (mode is None or not (directory or _streamable(mode))):
-        raise OutputError(f"{option}: {path} is a symlink; holmes-sim does not write through links "
-                          "it did not create; remove it or choose another name")
+        raise _link_error(path, option, directory)
     if mode is None or not _streamable(mode):
         _check_not_kernel(path, option)
     if mode is None:
@@ -445,6 +444,31 @@ def _mode(path: Path) -> int | None:
         return None
     except OSError as exc:
         raise os_error(path, exc, "use") from None
+
+
+FD_LINKS = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/")
+"""Where a link stands for an open file of this process (`/dev/stdout`, `/proc/self/fd/1`)."""
+
+
+def _link_error(path: Path, option: str, directory: bool) -> OutputError:
+    """The refusal of a symlink target: one that stands for an open file of this process
+    (standard output redirected to a file) points to `-`, never to removing it."""
+    hops, link, target = [os.path.abspath(path)], str(path), "?"
+    for _ in range(8):  # the link chain, /dev/stdout -> /proc/self/fd/1 -> the file
+        try:
+            target = os.readlink(link)
+        except OSError:  # gone since it was seen
+            break
+        link = os.path.join(os.path.dirname(link), target)
+        if not os.path.islink(link):
+            break
+        hops.append(os.path.abspath(link))
+    if any(h.startswith(FD_LINKS) for h in hops):
+        fix = "name the folder itself" if directory else f"use '{option} -' for standard output"
+        return OutputError(f"{option}: {path} is a link to {target}, an open file of this "
+                           f"process, which holmes-sim does not write through; {fix}")
+    return OutputError(f"{option}: {path} is a symlink; holmes-sim does not write through links "
+                       "it did not create; remove it or choose another name")
 
 
 def _streamable(mode: int) -> bool:

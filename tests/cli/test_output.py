@@ -69,6 +69,20 @@ def test_json_dev_stdout_streams_and_leaves_the_symlink():
     assert os.path.islink("/dev/stdout")
 
 
+@pytest.mark.parametrize("link", ["/dev/stdout", "/proc/self/fd/1"])
+def test_json_to_stdout_redirected_to_a_file_points_to_dash(tmp_path, link):
+    # It said "/dev/stdout is a symlink; ... remove it or choose another name".
+    out = tmp_path / "out.txt"
+    with out.open("w") as f:
+        proc = subprocess.run([*CLI, "run", "mixed_ib_eth", "-p", "holmes", "--json", link],
+                              stdout=f, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 2 and out.read_text() == ""
+    assert proc.stderr == (f"error: --json: {link} is a link to {out}, an open file of this "
+                           "process, which holmes-sim does not write through; use '--json -' "
+                           "for standard output\n")
+    assert os.path.islink("/dev/stdout")
+
+
 def test_a_symlink_to_a_character_device_stays_a_symlink(tmp_path):
     link = tmp_path / "out.json"
     link.symlink_to("/dev/null")
