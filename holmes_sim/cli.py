@@ -165,7 +165,7 @@ def run(
         raise _fail(exc) from None
     if not quiet:
         _print_results(err if is_stdout(json_path) else out, prepared, outcomes, wide)
-    _warn_memory(outcomes)
+    _warn_memory(prepared, outcomes)
 
 
 def _check_run_targets(plans: Path | None, report: Path | None, policies: list[str]) -> None:
@@ -234,14 +234,14 @@ def _check_policy_names(names: list[str] | None) -> list[str] | None:
     return list(dict.fromkeys(names)) if names else None  # -p holmes -p holmes: one row
 
 
-def _warn_memory(outcomes) -> None:
-    from holmes_sim.metrics import MEMORY_FIX
+def _warn_memory(prepared, outcomes) -> None:
+    from holmes_sim.metrics import memory_fix
 
     bad = [o.result for o in outcomes if not o.result.memory.fits]
     if bad:
         why = "; ".join(f"{r.policy} {r.memory.shortfall()}" for r in bad)
         err.print(f"warning: plans that do not fit in GPU memory ({why}) are ranked last with no "
-                  f"speed-up; {MEMORY_FIX}", highlight=False, markup=False, soft_wrap=True)
+                  f"speed-up; {memory_fix(prepared)}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -250,7 +250,7 @@ def check(scenario: Annotated[str, typer.Argument(parser=_SCENARIO,
                                                   help="Scenario YAML to validate.")]) -> None:
     """Validate a scenario and build every policy's plan, without simulating."""
     from holmes_sim.cost.ops import OpCosts
-    from holmes_sim.metrics import MEMORY_FIX, memory_report
+    from holmes_sim.metrics import memory_fix, memory_report
     from holmes_sim.prepare import prepare
     from holmes_sim.runner import naming_policy, plan_policy
 
@@ -270,7 +270,7 @@ def check(scenario: Annotated[str, typer.Argument(parser=_SCENARIO,
                 too_big.append(f"{name} {mem.shortfall()}")
         if too_big:
             raise PlanError(f"{prepared.source}: the model does not fit in GPU memory ("
-                            f"{'; '.join(too_big)}); {MEMORY_FIX}")
+                            f"{'; '.join(too_big)}); {memory_fix(prepared)}")
     except HolmesError as exc:
         raise _fail(exc) from None
     out.print(f"[green]ok[/green]: {escape(prepared.source)}: {prepared.cluster.num_gpus} GPUs, "

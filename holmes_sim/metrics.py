@@ -16,13 +16,37 @@ from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.estimate.memory import MemoryReport, memory_report
 from holmes_sim.plan import GroupKind, Plan
+from holmes_sim.prepare import Prepared
 from holmes_sim.sim.trace import OpKind, Trace
 from holmes_sim.units import GIB
 from holmes_sim.model.workload import Workload
 
-MEMORY_FIX = ("lower training.micro_batch_size, set training.recompute: full, or raise "
-              "parallel.tensor / parallel.pipeline")
-"""What to change when a plan does not fit in GPU memory, as every message says it."""
+LONG_SEQUENCE = 8192
+"""From this sequence length on, `memory_fix` offers context parallelism (activations grow with
+the sequence, and `parallel.context` splits them)."""
+
+
+def memory_fix(prepared: Prepared) -> str:
+    """What to change when a plan of `prepared` does not fit in GPU memory: only the changes
+    still open to its scenario (no lower micro-batch below 1, no full recomputation twice, no
+    tensor degree past a node's GPUs), e.g. "lower training.micro_batch_size or raise
+    parallel.pipeline"."""
+    w, t = prepared.workload, prepared.scenario.training
+    replicas = prepared.dp * prepared.cp
+    fixes = [f for f, open_ in (
+        ("lower training.micro_batch_size", w.micro_batch > 1),
+        ("set training.recompute: full", w.recompute != "full"),
+        ("set training.distributed_optimizer: true", not t.distributed_optimizer and replicas > 1),
+        ("raise parallel.tensor", 2 * prepared.tp <= min(n.num_gpus for n in prepared.cluster.nodes)),
+        ("raise parallel.pipeline", prepared.pp < w.num_layers),
+        ("raise parallel.expert", w.moe is not None and any(
+            w.moe.experts % e == 0 and replicas % e == 0 for e in range(w.ep + 1, w.moe.experts + 1))),
+        ("raise parallel.context", w.seq >= LONG_SEQUENCE and w.seq % (4 * prepared.cp) == 0),
+    ) if open_]
+    if not fixes:
+        return ("every setting that lowers the memory per GPU is at its limit already; use GPUs "
+                "with more memory")
+    return ", ".join(fixes[:-1]) + (" or " if len(fixes) > 1 else "") + fixes[-1]
 
 BREAKDOWN_KEYS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_exposed", "dp_exposed",
                   "optimizer", "bubble")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from holmes_sim.metrics import BREAKDOWN_KEYS, MEMORY_FIX, Result
+from holmes_sim.metrics import BREAKDOWN_KEYS, Result, memory_fix
 from holmes_sim.plan import GroupKind
 from holmes_sim.prepare import Prepared
 from holmes_sim.report import plots
@@ -129,7 +129,7 @@ def report_markdown(prepared: Prepared, outcomes: list[Outcome]) -> str:
         f"{f'CP {prepared.cp} x ' if prepared.cp > 1 else ''}DP {prepared.dp}, "
         f"{prepared.num_microbatches} micro-batches ({s.parallel.schedule} schedule), "
         f"seed {s.seed}. Source: `{scenario_file(prepared.source)}`.", "",
-        "## Findings", "", findings(outcomes), "",
+        "## Findings", "", findings(outcomes, memory_fix(prepared)), "",
         "## Results (fastest first)", "", results_markdown_table(outcomes), "",
         "## Which nodes hold which pipeline stage", "", stage_nodes_markdown(outcomes), "",
         "## Links each group kind uses", "",
@@ -221,16 +221,17 @@ def largest_cost(result: Result) -> tuple[str, float]:
     return key, result.breakdown_s[key]
 
 
-def findings(outcomes: list[Outcome]) -> str:
+def findings(outcomes: list[Outcome], fix: str = "") -> str:
     """One paragraph: who wins, by how much over megatron, and the largest cost it still pays;
-    only plans that fit in GPU memory are compared."""
+    only plans that fit in GPU memory are compared. When none fits, it ends with `fix`, what to
+    change (`metrics.memory_fix`)."""
     if not outcomes:
         return "No policy was run."
     ordered = [o.result for o in ranked(outcomes)]  # plans that fit first
     fitting = [r for r in ordered if r.memory.fits]
     oom = [r.policy for r in ordered if not r.memory.fits]
     if not fitting:
-        return _none_fit_sentence(ordered)
+        return _none_fit_sentence(ordered, fix)
     winner = fitting[0]
     base = next((r for r in ordered if r.policy == BASELINE), None)
     parts = [_win_sentence(winner, fitting, base)]
@@ -248,12 +249,12 @@ def findings(outcomes: list[Outcome]) -> str:
     return " ".join(p for p in parts if p)
 
 
-def _none_fit_sentence(ordered: list[Result]) -> str:
+def _none_fit_sentence(ordered: list[Result], fix: str) -> str:
     """What a run says when no plan fits in GPU memory: the nearest and the fix."""
     nearest = min(ordered, key=lambda r: (r.memory.excess_gib, r.policy))
     return (f"No policy's plan fits in GPU memory (the nearest, {nearest.policy}, "
             f"{nearest.memory.shortfall()}), so no plan is compared and there is no speed-up "
-            f"to report: {MEMORY_FIX}. Not fitting in GPU memory: "
+            f"to report{': ' + fix if fix else ''}. Not fitting in GPU memory: "
             f"{', '.join(r.policy for r in ordered)}.")
 
 

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 import holmes_sim
 from holmes_sim.cli import app
+from holmes_sim.metrics import memory_fix
 from holmes_sim.prepare import prepare
 from holmes_sim.report.document import findings
 from holmes_sim.runner import results_document, run_scenario
@@ -97,15 +98,16 @@ def test_simulate_gives_none_for_a_plan_that_does_not_fit(tmp_path):
 
 
 def test_findings_compare_no_plan_when_none_fits(runs):
-    _, outcomes = runs["none"]
-    text = findings(outcomes)
+    prepared, outcomes = runs["none"]
+    text = findings(outcomes, memory_fix(prepared))
     assert "faster than megatron" not in text and "The fastest policy" not in text
     assert "saving" not in text
     nearest = min((o.result for o in outcomes), key=lambda r: (r.memory.excess_gib, r.policy))
     assert text.startswith(f"No policy's plan fits in GPU memory (the nearest, {nearest.policy}, "
                            f"{nearest.memory.shortfall()}), so no plan is compared and there is no "
                            "speed-up to report")
-    assert "raise parallel.tensor / parallel.pipeline" in text
+    assert ("to report: lower training.micro_batch_size, set training.recompute: full, raise "
+            "parallel.tensor or raise parallel.pipeline. Not fitting") in text
 
 
 def test_findings_give_no_speedup_over_a_megatron_that_does_not_fit(runs):

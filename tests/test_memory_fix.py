@@ -1,0 +1,56 @@
+"""The out-of-memory hint names only the changes still open to the scenario: no lower
+micro-batch below 1, no full recomputation twice, no tensor degree past a node's GPUs, and the
+expert, context and distributed-optimizer settings where they would help."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from holmes_sim.cli import app
+from holmes_sim.metrics import memory_fix
+from holmes_sim.prepare import prepare_text
+from tests.conftest import small_scenario
+
+DSV3 = """name: dsv3
+fabrics: [{name: ib, type: ib}]
+clusters:
+- name: c
+  nodes:
+  - {name: n, count: 64, gpu: h100-sxm, intra_node: nvlink4,
+     nics: [{type: ib, model: connectx-7, count: 8, fabric: ib}, {type: ethernet, model: eth-100g}]}
+model: {preset: deepseek-v3}
+training: {global_batch_size: 512, micro_batch_size: 1, sequence_parallel: true,
+           flash_attention: true, recompute: full}
+parallel: {tensor: 8, pipeline: 8}
+policies: [megatron, holmes]
+"""
+
+
+def test_check_of_an_moe_model_at_its_limits_names_only_pipeline_and_expert(write_scenario):
+    # It said "lower training.micro_batch_size, set training.recompute: full, or raise
+    # parallel.tensor / parallel.pipeline" at micro-batch 1, recompute full and TP 8 of 8 GPUs,
+    # and never parallel.expert (deepseek-v3 fits at expert 4).
+    result = CliRunner().invoke(app, ["check", str(write_scenario(DSV3))])
+    assert result.exit_code == 2
+    assert "does not fit in GPU memory" in result.output
+    assert result.output.rstrip().endswith("; raise parallel.pipeline or raise parallel.expert")
+
+
+@pytest.mark.parametrize("change,fix", [
+    ("training: {global_batch_size: 16, micro_batch_size: 1, distributed_optimizer: false}",
+     "set training.distributed_optimizer: true"),
+    ("training: {global_batch_size: 16, micro_batch_size: 2}", "lower training.micro_batch_size"),
+])
+def test_each_open_training_setting_is_named(change, fix):
+    text = small_scenario(tp=2, pp=2).replace(
+        "training: {global_batch_size: 16, micro_batch_size: 1}", change)
+    assert fix in memory_fix(prepare_text(text))
+
+
+def test_context_parallelism_is_named_for_a_long_sequence_only():
+    short = memory_fix(prepare_text(small_scenario(tp=8, seq=1024)))
+    long = memory_fix(prepare_text(small_scenario(tp=8, seq=16384)))
+    assert "parallel.context" not in short and "parallel.tensor" not in short
+    assert long == ("set training.recompute: full, raise parallel.pipeline or raise "
+                    "parallel.context")
