@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from holmes_sim.collector import quiet_collector
 from holmes_sim.errors import FieldError, HolmesError
 from holmes_sim.memo import IdentityMemo
+from holmes_sim.plan import OptimizerMode
 from holmes_sim.policies import searched_schedules
 from holmes_sim.prepare import (Prepared, check_context_in, check_expert, check_expert_tensor,
                                 check_micro_batch, check_pipeline, check_search_values,
@@ -83,19 +84,20 @@ class Candidate:
     breakdown_s: tuple[tuple[str, float], ...] = ()
     """Where the simulated iteration goes (only for simulated candidates)."""
     overlap_grad_reduce: bool = False
-    """Whether gradient reduction overlaps the last backward pass (Megatron-LM
-    `--overlap-grad-reduce`), on top of `optimizer`."""
+    """The plan's own `--overlap-grad-reduce` flag, on top of `optimizer`; `to_json` says whether
+    the reduction overlaps the backward at all (this flag, or an optimizer that reduces there)."""
     excess_gib: float = 0.0
     """For a plan that does not fit: how far its fullest stage is over its GPUs' memory."""
 
     def to_json(self) -> dict:
-        lay = self.layout
+        lay, mode = self.layout, OptimizerMode(self.optimizer) if self.optimizer else None
         return {"policy": self.policy, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "cp": lay.cp,
                 "ep": lay.ep, **({"etp": lay.etp} if lay.etp is not None else {}),
                 "micro_batch_size": lay.micro_batch_size, "schedule": lay.schedule,
                 "virtual_stages": lay.virtual_stages, "recompute": lay.recompute,
                 "sequence_parallel": lay.sequence_parallel, "optimizer": self.optimizer,
-                "overlap_grad_reduce": self.overlap_grad_reduce,
+                "overlap_grad_reduce": self.overlap_grad_reduce or (  # Plan.releases_gradients_in_backward
+                    mode is not None and (mode.overlapped or mode.reduces_every_microbatch)),
                 "layers_per_stage": list(self.layers_per_stage),
                 "predicted_iteration_s": self.predicted_iteration_s,
                 "tflops_per_gpu": self.tflops_per_gpu, "peak_memory_gib": self.peak_memory_gib,

@@ -286,3 +286,29 @@ def test_a_winner_that_is_the_baseline_is_not_said_to_beat_it(write_scenario):
     sentence = why_the_winner_wins(result)
     assert "is the best Megatron-LM default: no plan searched is faster" in sentence
     assert "beats" not in sentence
+
+
+def test_json_says_a_holmes_plan_overlaps_the_gradient_reduction_as_its_export_does(small):
+    # It said "overlap_grad_reduce": false for holmes plans whose export writes
+    # --overlap-grad-reduce and whose simulation overlaps the reduction.
+    from holmes_sim.export.launch import _optimizer_args
+
+    prepared = prepare(small)
+    layout = next(iter(planner.layouts(prepared, prepared.scenario.search)))
+    for policy in ("holmes", "megatron"):
+        c = planner.evaluate(prepared, layout, policy)
+        plan = run_policy(planner.prepared_for(prepared, layout), policy).plan
+        exported = "--overlap-grad-reduce" in _optimizer_args(plan)
+        assert c.to_json()["overlap_grad_reduce"] is plan.releases_gradients_in_backward is exported
+    assert planner.evaluate(prepared, layout, "holmes").to_json()["overlap_grad_reduce"] is True
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_json_overlap_follows_every_optimizer_as_the_plan_does(flag):
+    from holmes_sim.plan import _RELEASING_MODES, OptimizerMode
+
+    lay = planner.Layout(2, 2, 16, 4, "1f1b", 1, "selective", True)
+    for mode in OptimizerMode:
+        c = planner.Candidate("p", lay, mode.value, (18, 18), 1.0, 1.0, 1.0, True,
+                              overlap_grad_reduce=flag)
+        assert c.to_json()["overlap_grad_reduce"] is (flag or mode in _RELEASING_MODES), mode
