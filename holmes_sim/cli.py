@@ -135,14 +135,14 @@ def run(
 ) -> None:
     """Simulate one training iteration for every policy and print a table, fastest first."""
     from holmes_sim.export.folders import plan_launches, read_cli_hosts, scenario_hosts
-    from holmes_sim.prepare import prepare
+    from holmes_sim.metrics import memory_warning
     from holmes_sim.report.files import prepare_output
     from holmes_sim.report.owned import write_result_json
     from holmes_sim.runner import results_document, run_scenario, stamp
 
     try:
         host_names = read_cli_hosts(hosts, plans, "--plans")
-        prepared = prepare(resolve_scenario(scenario))
+        prepared = _prepare(scenario)
         check_outputs([(json_path, False, "--json"), (report, True, "--report"), (plans, True, "--plans")],
                       (prepared.source, hosts, prepared.profile_path))
         scenario_hosts(hosts, host_names, prepared.cluster)  # before the simulation
@@ -165,7 +165,7 @@ def run(
         raise _fail(exc) from None
     if not quiet:
         _print_results(err if is_stdout(json_path) else out, prepared, outcomes, wide)
-    _warn_memory(prepared, outcomes)
+    _notes(memory_warning(prepared, [o.result for o in outcomes]))
 
 
 def _check_run_targets(plans: Path | None, report: Path | None, policies: list[str]) -> None:
@@ -211,6 +211,15 @@ def _notes(*lines: str) -> None:
         err.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
+def _prepare(scenario: str):
+    """`prepare` of the scenario, with a note for each fabric that joins clusters."""
+    from holmes_sim.prepare import fabric_notes, prepare
+
+    prepared = prepare(resolve_scenario(scenario))
+    _notes(*fabric_notes(prepared.cluster))
+    return prepared
+
+
 def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
     from holmes_sim.report.tables import print_table, results_table
 
@@ -234,16 +243,6 @@ def _check_policy_names(names: list[str] | None) -> list[str] | None:
     return list(dict.fromkeys(names)) if names else None  # -p holmes -p holmes: one row
 
 
-def _warn_memory(prepared, outcomes) -> None:
-    from holmes_sim.metrics import memory_fix
-
-    bad = [o.result for o in outcomes if not o.result.memory.fits]
-    if bad:
-        why = "; ".join(f"{r.policy} {r.memory.shortfall()}" for r in bad)
-        err.print(f"warning: plans that do not fit in GPU memory ({why}) are ranked last with no "
-                  f"speed-up; {memory_fix(prepared)}", highlight=False, markup=False, soft_wrap=True)
-
-
 @app.command()
 @_memory_guarded
 def check(scenario: Annotated[str, typer.Argument(parser=_SCENARIO,
@@ -251,11 +250,10 @@ def check(scenario: Annotated[str, typer.Argument(parser=_SCENARIO,
     """Validate a scenario and build every policy's plan, without simulating."""
     from holmes_sim.cost.ops import OpCosts
     from holmes_sim.metrics import memory_fix, memory_report
-    from holmes_sim.prepare import prepare
     from holmes_sim.runner import naming_policy, plan_policy
 
     try:
-        prepared = prepare(resolve_scenario(scenario))
+        prepared = _prepare(scenario)
         too_big = []
         for name in prepared.scenario.policies:
             plan, cluster = plan_policy(prepared, name)
@@ -488,7 +486,6 @@ def plan(
     confirm the best by simulation, compare with the best Megatron-LM default layout."""
     from holmes_sim.export.folders import check_export_targets, read_cli_hosts, write_exports
     from holmes_sim.search import exports, planner, report as search_report
-    from holmes_sim.prepare import prepare
     from holmes_sim.report.files import prepare_output
     from holmes_sim.report.owned import write_result_json
     from holmes_sim.report.progress import WorkProgress
@@ -498,7 +495,7 @@ def plan(
 
     try:
         host_names = read_cli_hosts(hosts, export, "--export")
-        prepared = prepare(resolve_scenario(scenario))
+        prepared = _prepare(scenario)
         check_outputs([(json_path, False, "--json"), (export, True, "--export")],
                       (prepared.source, hosts, prepared.profile_path))
         spec = prepared.scenario.search if top is None else replace(prepared.scenario.search, top_k=top)

@@ -48,6 +48,16 @@ def memory_fix(prepared: Prepared) -> str:
                 "with more memory")
     return ", ".join(fixes[:-1]) + (" or " if len(fixes) > 1 else "") + fixes[-1]
 
+def memory_warning(prepared: Prepared, results: list[Result]) -> str | None:
+    """`run`'s warning when some plans do not fit in GPU memory (None when all fit)."""
+    bad = [r for r in results if not r.memory.fits]
+    if not bad:
+        return None
+    why = "; ".join(f"{r.policy} {r.memory.shortfall()}" for r in bad)
+    return (f"warning: plans that do not fit in GPU memory ({why}) are ranked last with no "
+            f"speed-up; {memory_fix(prepared)}")
+
+
 BREAKDOWN_KEYS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_exposed", "dp_exposed",
                   "optimizer", "bubble")
 _CATEGORY = {
