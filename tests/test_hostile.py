@@ -222,7 +222,7 @@ def test_sweep_refuses_too_many_points_before_building_them(tmp_path: Path) -> N
 
 
 def test_sweep_duplicate_values_count_once(tmp_path: Path) -> None:
-    from holmes_sim.search.sweep import parse_set
+    from holmes_sim.search.sweep_axes import parse_set
 
     assert parse_set("seed=1,1,2,1").values == (1, 2)
     assert parse_set("a=1,1.0,true").values == (1, 1.0, True)

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from holmes_sim.cli import app
 from holmes_sim.errors import ScenarioError
 from holmes_sim.prepare import prepare_text
-from holmes_sim.search.sweep import build_points, parse_set, run_sweep
+from holmes_sim.search.sweep import build_points, run_sweep
+from holmes_sim.search.sweep_axes import parse_set
 from tests.conftest import SCENARIOS
 
 DEFAULT = SCENARIOS / "mixed_ib_eth.yaml"
