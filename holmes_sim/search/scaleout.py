@@ -12,11 +12,16 @@ seconds (Ray itself retries for minutes). Ray is an optional dependency.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import shutil
 import socket
+import sys
+import tempfile
 from collections.abc import Callable
 
 from holmes_sim.errors import FieldError
+from holmes_sim.report.files import deferred_interrupt
 
 CONNECT_TIMEOUT_S = 3.0
 """How long the reachability check waits for a TCP connection to the given address (seconds)."""
@@ -94,20 +99,52 @@ def _read_up_to(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-def _init(ray, address: str) -> None:
+def _init(ray, address: str) -> str | None:
+    """Connect to the cluster at `address` ("auto": a running one, else a local instance started
+    with a temporary folder of holmes-sim's own, whose path this returns; None otherwise)."""
     if address == "auto":
         try:
             ray.init(address="auto", log_to_driver=False)
+            return None
         except (ConnectionError, RuntimeError):
-            ray.init(log_to_driver=False)
-        return
+            pass
+        temp_dir = tempfile.mkdtemp(prefix="holmes-sim-ray-", dir=_temp_parent())
+        try:
+            ray.init(log_to_driver=False, _temp_dir=temp_dir)
+        except BaseException:
+            _stop(ray, temp_dir)
+            raise
+        return temp_dir
     ray.init(address=address, log_to_driver=False)
+    return None
+
+
+def _temp_parent() -> str:
+    """The folder Ray would put its own in: `RAY_TMPDIR`, else /tmp on macOS (whose long
+    `TMPDIR` makes socket paths too long), else the system's temporary folder."""
+    if os.environ.get("RAY_TMPDIR"):
+        return os.environ["RAY_TMPDIR"]
+    return "/tmp" if sys.platform == "darwin" else tempfile.gettempdir()
+
+
+def _stop(ray, temp_dir: str | None) -> None:
+    """Disconnect (stopping a local instance this started) and remove its temporary folder,
+    holding back Ctrl-C (and SIGTERM, SIGHUP) until both are done."""
+    with deferred_interrupt():
+        try:
+            ray.shutdown()
+        finally:
+            if temp_dir is not None:
+                shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def ray_map(fn: Callable, context, options, chunks: list, address: str,
             progress: Callable[[int, int], None] | None = None, total: int = 0) -> list:
     """Results of `fn(context, options, chunk)` for each chunk, in order (see module docstring).
-    `progress(done, total)` counts the items of the chunks that have come back."""
+    `progress(done, total)` counts the items of the chunks that have come back. A connection
+    this opens is closed however the call ends, a Ctrl-C during `ray.init` included (held back
+    until the connection is made, then raised): a local instance it started is stopped and its
+    temporary folder removed; a cluster it connected to keeps its files."""
     try:
         import ray
     except ImportError:
@@ -115,24 +152,30 @@ def ray_map(fn: Callable, context, options, chunks: list, address: str,
                                   "(the local process pool is the default)") from None
     if address != "auto":
         check_reachable(address)
-    started = False
-    if not ray.is_initialized():
-        try:
-            _init(ray, address)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise FieldError("--ray", f"cannot reach the Ray cluster at {address!r}: {exc}") from None
-        started = True
+    if ray.is_initialized():  # the caller's connection, left open
+        return _map(ray, fn, context, options, chunks, progress, total)
+    temp_dir = None
     try:
-        remote = ray.remote(fn)
-        shared_context, shared_options = ray.put(context), ray.put(options)
-        refs = [remote.remote(shared_context, shared_options, chunk) for chunk in chunks]
-        out, done = [], 0
-        for chunk, ref in zip(chunks, refs, strict=True):
-            out.append(ray.get(ref))
-            done += len(chunk)
-            if progress:
-                progress(done, total)
-        return out
+        with deferred_interrupt():  # a Ray half started cannot be stopped: let ray.init finish
+            try:
+                temp_dir = _init(ray, address)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise FieldError("--ray", f"cannot reach the Ray cluster at {address!r}: "
+                                          f"{exc}") from None
+        return _map(ray, fn, context, options, chunks, progress, total)
     finally:
-        if started:
-            ray.shutdown()
+        _stop(ray, temp_dir)
+
+
+def _map(ray, fn: Callable, context, options, chunks: list,
+         progress: Callable[[int, int], None] | None, total: int) -> list:
+    remote = ray.remote(fn)
+    shared_context, shared_options = ray.put(context), ray.put(options)
+    refs = [remote.remote(shared_context, shared_options, chunk) for chunk in chunks]
+    out, done = [], 0
+    for chunk, ref in zip(chunks, refs, strict=True):
+        out.append(ray.get(ref))
+        done += len(chunk)
+        if progress:
+            progress(done, total)
+    return out
