@@ -127,7 +127,7 @@ def fabric_notes(cluster: Cluster) -> tuple[str, ...]:
 def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prepared:
     _check_size(s)
     cluster = build_cluster(s.clusters, s.fabrics, s.inter_cluster_links, build_catalog(s.catalog))
-    _check_policies(s)
+    check_policies(s)
     _check_search(s)
     profile = _load_profile(s, base_dir, profile_override)
     if profile is not None:
@@ -297,7 +297,8 @@ def check_micro_batch(s: Scenario, mb: int, dp: int = 1) -> int:
     return batch // (mb * dp)
 
 
-def _check_policies(s: Scenario) -> None:
+def check_policies(s: Scenario) -> None:
+    """FieldError unless `s.policies` lists at least one policy, each known and once."""
     if not s.policies:
         raise FieldError("policies", f"list at least one policy (known: {', '.join(POLICIES)})")
     for i, name in enumerate(s.policies):

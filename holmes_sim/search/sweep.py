@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from holmes_sim.errors import HolmesError, ScenarioError
-from holmes_sim.policies import get_policy
 from holmes_sim.collector import quiet_collector
-from holmes_sim.prepare import Prepared, prepare_text
+from holmes_sim.prepare import Prepared, check_policies, prepare_text
 from holmes_sim.hardware.catalog import build_catalog
 from holmes_sim.hardware.cluster import check_catalog_names
 from holmes_sim.memo import clear_identity_memos
@@ -39,33 +38,40 @@ from holmes_sim.spec.yaml_core import Written, dump
 METRICS = ("iteration_time_s", "tflops_per_gpu", "samples_per_s", "bubble_fraction",
            "peak_memory_gib", "fits_memory")
 
+
 @dataclass(frozen=True, slots=True)
 class SweepPoint:
     """One combination of values and the scenario YAML it produces; `picks` is the index of
-    each axis's value."""
+    each axis's value, `policies` the policies it runs (`--policy`, else its scenario's)."""
 
     index: int
     values: tuple[Any, ...]
     text: str
     picks: tuple[int, ...] = ()
+    policies: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
 class SweepResult:
-    """Every point x policy row, in cartesian-product order (policies in requested order)."""
+    """Every point x policy row, in cartesian-product order (policies in requested order):
+    `policies` every policy a point runs, in order of first use, `point_policies` each point's
+    own list (they differ where a `--set` sweeps `policies`)."""
 
     scenario: str
     axes: list[SweepAxis]
     policies: list[str]
     rows: list[dict] = field(default_factory=list)
+    point_policies: list[tuple[str, ...]] = field(default_factory=list)
 
     @property
     def fields(self) -> list[str]:
         return [a.path for a in self.axes]
 
     def to_json(self) -> dict:
-        return {"scenario": self.scenario, "policies": list(self.policies),
-                "axes": [{"path": a.path, "values": list(a.values)} for a in self.axes],
+        document = {"scenario": self.scenario, "policies": list(self.policies)}
+        if len(set(self.point_policies)) > 1:
+            document["point_policies"] = [list(names) for names in self.point_policies]
+        return {**document, "axes": [{"path": a.path, "values": list(a.values)} for a in self.axes],
                 "rows": self.rows}
 
 
@@ -114,9 +120,10 @@ def check_point_fields(point: SweepPoint, source: Path, axes: Sequence[SweepAxis
 
 
 def _check_names(scenario: Scenario) -> None:
-    """The catalog models the point's node groups name exist (a misspelt `gpu` is the user's
-    mistake, not an infeasible point)."""
+    """The catalog models the point's node groups name and its policies exist (a misspelt `gpu`
+    or policy is the user's mistake, not an infeasible point)."""
     check_catalog_names(scenario.clusters, build_catalog(scenario.catalog))
+    check_policies(scenario)
 
 
 def point_label(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> str:
@@ -188,43 +195,63 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
         ray: run the points as Ray tasks instead ("auto" or a cluster address, see
             `holmes_sim.search.scaleout`); rows come back in the same order as a local run's.
 
-    Points whose variant is invalid or whose plans fail are reported as infeasible rows and
+    Each point runs `policies`, else its own scenario's (a `--set` may sweep `policies`).
+    Points whose variant is infeasible or whose plans fail are reported as infeasible rows and
     skipped.
 
     Raises:
         ScenarioError: for a bad `--set`, more than `max_points` points (repeated values
-            count once), or when no point is valid, before anything runs.
+            count once), or when no point is valid, before anything runs; when no point is
+            feasible, after.
     """
+    from holmes_sim.runner import scenario_file
     from holmes_sim.search.scaleout import check_address
 
     check_address(ray)
     path = Path(path)
-    axes = parse_axes(sets, max_points)
-    axes, points = _checked_points(path, axes)
-    first = _first_valid(points, path, axes)  # none valid: exit 2, with --policy too
-    names = list(policies or first.scenario.policies)
-    for name in names:
-        get_policy(name, "--policy")
+    axes, points = _checked_points(path, parse_axes(sets, max_points), policies)
+    _first_valid(points, path, axes)  # none valid: exit 2, with --policy too
+    rows = _run_points(points, path, axes, policies, jobs, progress, ray)
+    _check_feasible(points, path, axes, rows)
+    names = list(dict.fromkeys(name for p in points for name in p.policies))
+    return SweepResult(scenario_file(path), axes, names, rows, [p.policies for p in points])
+
+
+def _run_points(points: list[SweepPoint], path: Path, axes: list[SweepAxis],
+                policies: Sequence[str] | None, jobs: int | None,
+                progress: Callable[[int, int], None] | None, ray: str | None) -> list[dict]:
+    """Every point's rows, in the points' order (see `run_sweep`)."""
     jobs = max(1, min(jobs if jobs is not None else 2, len(points), usable_cores()))
     results: dict[int, list[dict]] = {}
     if progress:
         progress(0, len(points))
     if ray is not None:
         from holmes_sim.search.scaleout import ray_map
-        parts = ray_map(run_points, (path, tuple(axes)), tuple(names), [[p] for p in points], ray,
+        options = None if policies is None else tuple(policies)
+        parts = ray_map(run_points, (path, tuple(axes)), options, [[p] for p in points], ray,
                         progress, len(points))
         results = {p.index: part[0] for p, part in zip(points, parts, strict=True)}
     elif jobs == 1:
         for point in points:
-            results[point.index] = run_point(point, path, axes, names)
+            results[point.index] = run_point(point, path, axes, policies)
             if progress:
                 progress(len(results), len(points))
     else:
-        parts = run_in_pool(functools.partial(run_point, source=path, axes=axes, policies=names),
+        parts = run_in_pool(functools.partial(run_point, source=path, axes=axes, policies=policies),
                             points, min(jobs, len(points)), progress)
         results = {p.index: part for p, part in zip(points, parts, strict=True)}
-    rows = [row for p in points for row in results[p.index]]
-    return SweepResult(str(path), axes, names, rows)
+    return [row for p in points for row in results[p.index]]
+
+
+def _check_feasible(points: Sequence[SweepPoint], path: Path, axes: Sequence[SweepAxis],
+                    rows: Sequence[dict]) -> None:
+    """ScenarioError with the first point's reason when no point has a plan to show."""
+    if all(r["status"] == "infeasible" for r in rows):
+        raise ScenarioError(f"{point_label(points[0], path, axes)}: {rows[0]['reason']} "
+                            f"({NONE_FEASIBLE})")
+
+
+NONE_FEASIBLE = "no variant of the sweep is feasible"
 
 
 def _field(scenario: Scenario, tokens: Sequence[str | int]) -> Any:
@@ -239,23 +266,23 @@ def _field(scenario: Scenario, tokens: Sequence[str | int]) -> Any:
     return node
 
 
-def _checked_points(path: Path, axes: list[SweepAxis]) -> tuple[list[SweepAxis], list[SweepPoint]]:
-    """Every point built and its fields checked (a mistake there ends the sweep). An axis whose
-    field reads text shows its numbers as written (`1e3`, not 1000.0); on the others the
-    numbers that read alike (`100`, `100.0`, `1e2`) are kept once, the first as written."""
+def _checked_points(path: Path, axes: list[SweepAxis], policies: Sequence[str] | None = None,
+                    ) -> tuple[list[SweepAxis], list[SweepPoint]]:
+    """Every point built and its fields checked (a mistake there ends the sweep), with the
+    policies it runs (`policies`, else its scenario's). An axis whose field reads text shows its
+    numbers as written (`1e3`, not 1000.0); on the others the numbers that read alike (`100`,
+    `100.0`, `1e2`, which make one scenario) are kept once, the first as written."""
     points = build_points(path, axes)
-    first = check_point_fields(points[0], path, axes)
-    for point in points[1:]:
-        check_point_fields(point, path, axes)
-    text = [isinstance(_field(first, a.tokens), str) for a in axes]
+    scenarios = [check_point_fields(p, path, axes) for p in points]
+    text = [isinstance(_field(scenarios[0], a.tokens), str) for a in axes]
     merged = [a if is_text else _merge_numbers(a) for a, is_text in zip(axes, text, strict=True)]
     if merged != axes:
         points = build_points(path, merged)
-    if not any(text):
-        return merged, points
-    axes = [_as_text(a) if is_text else a for a, is_text in zip(merged, text, strict=True)]
-    return axes, [replace(p, values=tuple(a.values[j] for a, j in zip(axes, p.picks, strict=True)))
-                  for p in points]
+        scenarios = [check_point_fields(p, path, merged) for p in points]
+    shown = [_as_text(a) if is_text else a for a, is_text in zip(merged, text, strict=True)]
+    return shown, [replace(p, values=tuple(a.values[j] for a, j in zip(shown, p.picks, strict=True)),
+                           policies=tuple(policies or s.policies))
+                   for p, s in zip(points, scenarios, strict=True)]
 
 
 def _merge_numbers(axis: SweepAxis) -> SweepAxis:

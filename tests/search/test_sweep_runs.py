@@ -1,0 +1,95 @@
+"""`holmes-sim sweep` as a whole: each point runs its own policy list, a sweep with no feasible
+point exits 2 writing nothing, and the title names the scenario as given."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from holmes_sim.cli import app
+from holmes_sim.errors import ScenarioError
+from holmes_sim.search.sweep import run_sweep
+from tests.conftest import SCENARIOS
+
+DEFAULT = SCENARIOS / "mixed_ib_eth.yaml"
+
+
+def _scenario(tmp_path, policies: list[str], source=DEFAULT):
+    data = yaml.safe_load(source.read_text())
+    data["policies"] = policies
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _sweep(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["sweep", *args, "-q", "--jobs", "1"])
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_a_sweep_of_the_policy_list_runs_each_points_own_list(tmp_path):
+    out = tmp_path / "out"
+    code, output = _sweep(str(_scenario(tmp_path, ["megatron", "holmes"])),
+                          "--set", "policies[1]=holmes,megatron-llama", "--out", str(out))
+    assert code == 0, output
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    assert [(r["point"], r["policy"]) for r in rows] == [
+        ("0", "megatron"), ("0", "holmes"), ("1", "megatron"), ("1", "megatron-llama")]
+    times = {r["policy"]: r["iteration_time_s"] for r in rows}
+    assert times["megatron-llama"] != times["holmes"]
+    doc = json.loads((out / "sweep.json").read_text())
+    assert doc["policies"] == ["megatron", "holmes", "megatron-llama"]
+    assert doc["point_policies"] == [["megatron", "holmes"], ["megatron", "megatron-llama"]]
+
+
+def test_policy_option_overrides_every_points_list():
+    result = run_sweep(DEFAULT, ["policies[1]=holmes,megatron-llama"], ["megatron"], jobs=1)
+    assert [r["policy"] for r in result.rows] == ["megatron", "megatron"]
+    assert result.policies == ["megatron"] and "point_policies" not in result.to_json()
+
+
+@pytest.mark.parametrize(("values", "says"), [
+    ("holmes,bogus", "(value 'bogus'): policies[1]: unknown policy 'bogus'"),
+    ("holmes,all-ib,bogus", "(value 'all-ib'): policies[2]: policy 'all-ib' is listed twice"),
+])
+def test_an_unknown_or_repeated_policy_in_any_point_exits_2_before_anything_runs(tmp_path,
+                                                                                values, says):
+    out = tmp_path / "out"
+    code, output = _sweep(str(_scenario(tmp_path, ["megatron", "holmes", "all-ib"])),
+                          "--set", f"policies[1]={values}", "--out", str(out))
+    assert code == 2, output
+    assert f"--set policies[1]={values} {says}" in output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("policy", [["-p", "megatron-llama"], []])
+def test_a_sweep_whose_plans_all_fail_exits_2_with_the_first_reason_writing_nothing(tmp_path,
+                                                                                  policy):
+    source = SCENARIOS / "llama3_70b_h100.yaml"
+    scenario = source if policy else _scenario(tmp_path, ["megatron-llama"], source)
+    out = tmp_path / "out"
+    code, output = _sweep(str(scenario), "--set", "training.micro_batch_size=1,2", *policy,
+                          "--out", str(out))
+    assert code == 2, output
+    assert ("with --set training.micro_batch_size=1,2 (value 1): megatron-llama: Megatron-LLaMA's "
+            "overlapped distributed optimizer does not run the interleaved schedule") in output
+    assert "(no variant of the sweep is feasible)" in output
+    assert not out.exists()
+
+
+def test_run_sweep_raises_when_no_point_is_feasible():
+    with pytest.raises(ScenarioError, match="no variant of the sweep is feasible"):
+        run_sweep(SCENARIOS / "llama3_70b_h100.yaml", ["training.micro_batch_size=1,2"],
+                  ["megatron-llama"], jobs=1)
+
+
+def test_the_title_names_a_bundled_scenario_by_its_name(tmp_path):
+    result = CliRunner().invoke(app, ["sweep", "mixed_ib_eth", "--set", "seed=1", "-p", "holmes",
+                                      "--out", str(tmp_path / "out")], env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    assert "sweep of mixed_ib_eth: 1 runs" in result.output
+    assert str(SCENARIOS) not in result.output
