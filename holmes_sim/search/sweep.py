@@ -332,24 +332,31 @@ SWEEP_FILES = ("sweep.csv", "sweep.json", "sweep_iteration_time.png", "sweep_tfl
 
 
 def write_sweep(directory: str | Path, result: SweepResult) -> None:
-    """Write sweep.csv, sweep.json, sweep_iteration_time.png and sweep_tflops.png."""
+    """Write sweep.csv, sweep.json, sweep_iteration_time.png and sweep_tflops.png as one change
+    (`report.staged.write_together`): a failure, or a Ctrl-C, while they are made or swapped in
+    leaves the folder's earlier files as they were (and removes a folder this run created)."""
     from holmes_sim.report import plots
-    from holmes_sim.report.files import prepare_output, write_atomic, write_json
+    from holmes_sim.report.files import deferred_interrupt, json_text, prepare_output
     from holmes_sim.report.owned import owned_folder
+    from holmes_sim.report.staged import write_together
     from holmes_sim.runner import stamp
 
     directory = prepare_output(directory, directory=True, option="--out")
-    writers = {
-        "sweep.csv": lambda path: write_atomic(path, sweep_csv(result)),
-        "sweep.json": lambda path: write_json(path, stamp(result.to_json())),
-        "sweep_iteration_time.png": lambda path: plots.save_figure(plots.sweep_figure(
-            result.rows, result.fields, "iteration_time_s", "iteration time (s)"), path),
-        "sweep_tflops.png": lambda path: plots.save_figure(plots.sweep_figure(
-            result.rows, result.fields, "tflops_per_gpu", "TFLOP/s per GPU"), path),
+    makers = {
+        "sweep.csv": lambda: sweep_csv(result),
+        "sweep.json": lambda: json_text(stamp(result.to_json())),
+        "sweep_iteration_time.png": lambda: plots.figure_png(plots.sweep_figure(
+            result.rows, result.fields, "iteration_time_s", "iteration time (s)")),
+        "sweep_tflops.png": lambda: plots.figure_png(plots.sweep_figure(
+            result.rows, result.fields, "tflops_per_gpu", "TFLOP/s per GPU")),
     }
-    with owned_folder(directory, "--out", SWEEP_FILES) as folder:
+    with deferred_interrupt() as interrupted, \
+            owned_folder(directory, "--out", SWEEP_FILES) as folder:
+        files = {}
         for name in SWEEP_FILES:
-            folder.write(name, writers[name])
+            files[name] = makers[name]()
+            interrupted()
+        write_together(directory, files, folder, "--out")
 
 
 SWEEP_METRICS = ("iter s", "TFLOP/s/GPU", "mem GiB")

@@ -1,5 +1,6 @@
 """`holmes-sim sweep` as a whole: each point runs its own policy list, a sweep with no feasible
-point exits 2 writing nothing, and the title names the scenario as given."""
+point exits 2 writing nothing, the output folder is replaced all at once or not at all, and the
+title names the scenario as given."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from typer.testing import CliRunner
 
 from holmes_sim.cli import app
 from holmes_sim.errors import ScenarioError
-from holmes_sim.search.sweep import run_sweep
+from holmes_sim.report import plots
+from holmes_sim.report.files import OutputError
+from holmes_sim.search.sweep import SWEEP_FILES, SweepAxis, SweepResult, run_sweep, write_sweep
 from tests.conftest import SCENARIOS
 
 DEFAULT = SCENARIOS / "mixed_ib_eth.yaml"
@@ -93,3 +96,53 @@ def test_the_title_names_a_bundled_scenario_by_its_name(tmp_path):
     assert result.exit_code == 0, result.output
     assert "sweep of mixed_ib_eth: 1 runs" in result.output
     assert str(SCENARIOS) not in result.output
+
+
+def _result(values=(25, 100), time: float = 27.2) -> SweepResult:
+    path = "inter_cluster_links[0].bandwidth_gbit_per_s"
+    rows = [{path: v, "policy": "holmes", "point": i, "status": "ok", "iteration_time_s": time,
+             "tflops_per_gpu": 115.6, "samples_per_s": 9.0, "bubble_fraction": 0.1,
+             "peak_memory_gib": 53.9, "fits_memory": True, "reason": ""}
+            for i, v in enumerate(values)]
+    return SweepResult("s.yaml", [SweepAxis("", path, (), tuple(values))], ["holmes"], rows)
+
+
+def _fail_at_the_second_plot(monkeypatch, error: BaseException) -> None:
+    drawn = []
+    real = plots.sweep_figure
+
+    def figure(*args, **kwargs):
+        drawn.append(1)
+        if len(drawn) == 2:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plots, "sweep_figure", figure)
+
+
+@pytest.mark.parametrize("error", [OutputError("--out: no space left"), KeyboardInterrupt()])
+def test_a_failure_while_plotting_leaves_the_earlier_sweep_files_as_they_were(tmp_path,
+                                                                             monkeypatch, error):
+    out = tmp_path / "out"
+    write_sweep(out, _result())
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _fail_at_the_second_plot(monkeypatch, error)
+    with pytest.raises(type(error)):
+        write_sweep(out, _result((50, 200), 30.0))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert set(SWEEP_FILES) <= set(before)
+
+
+def test_a_failure_while_plotting_removes_the_folder_the_sweep_created(tmp_path, monkeypatch):
+    _fail_at_the_second_plot(monkeypatch, OutputError("--out: no space left"))
+    with pytest.raises(OutputError):
+        write_sweep(tmp_path / "out", _result())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_while_plotting_leaves_an_existing_empty_folder_empty(tmp_path, monkeypatch):
+    (tmp_path / "out").mkdir()
+    _fail_at_the_second_plot(monkeypatch, OutputError("--out: no space left"))
+    with pytest.raises(OutputError):
+        write_sweep(tmp_path / "out", _result())
+    assert list((tmp_path / "out").iterdir()) == []
