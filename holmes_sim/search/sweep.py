@@ -412,27 +412,33 @@ def folded_header(header: str, line: int) -> str:
 
 
 def _sweep_table(result: SweepResult, shown: Sequence[str], line: int) -> Any:
+    """The table with the metric columns `shown` and field headers folded to `line` characters.
+    Each value, policy and metric column is at least as wide as its widest cell, so a narrow
+    console folds headers and notes and never cuts a value or a number."""
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title=Text(f"sweep of {result.scenario}: {len(result.rows)} runs"),
                   title_justify="left", caption_justify="left")
     short = field_headers(result.fields)
-    for name in result.fields:
+    metrics = [i for i, col in enumerate(SWEEP_METRICS) if col in shown]
+    notes = any(r["status"] != "ok" for r in result.rows)
+    rows = [[*(str(r[f]) for f in result.fields), r["policy"],
+             *(cells[i] for i in metrics), *((cells[-1],) if notes else ())]
+            for r in result.rows for cells in [_metric_cells(r)]]
+    width = [max((len(cells[k]) for cells in rows), default=1)
+             for k in range(len(result.fields) + 1 + len(metrics))]
+    for k, name in enumerate(result.fields):
         header = folded_header(short[name], line)
         table.add_column(Text(header), justify="right", overflow="fold",
-                         min_width=max(map(len, header.splitlines())))
-    table.add_column("policy", no_wrap=True)
-    metrics = [i for i, col in enumerate(SWEEP_METRICS) if col in shown]
-    for i in metrics:
-        table.add_column(SWEEP_METRICS[i], justify="right", overflow="fold")
-    notes = any(r["status"] != "ok" for r in result.rows)
+                         min_width=max(width[k], *map(len, header.splitlines())))
+    table.add_column("policy", no_wrap=True, min_width=max(width[len(result.fields)], 6))
+    for k, i in enumerate(metrics, len(result.fields) + 1):
+        table.add_column(SWEEP_METRICS[i], justify="right", overflow="fold", min_width=width[k])
     if notes:
         table.add_column("note", min_width=12, ratio=1)
-    for row in result.rows:
-        cells = _metric_cells(row)
-        table.add_row(*(Text(str(row[f])) for f in result.fields), Text(row["policy"]),
-                      *(Text(cells[i]) for i in metrics), *((Text(cells[-1]),) if notes else ()))
+    for cells in rows:
+        table.add_row(*map(Text, cells))
     lines = [f"{short[f]}: {f}" for f in result.fields if short[f] != f]
     lines += [f"point {p} skipped: {why}" for p, why in
               {r["point"]: r["reason"] for r in result.rows if r["status"] == "infeasible"}.items()]

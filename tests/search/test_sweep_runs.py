@@ -1,21 +1,25 @@
 """`holmes-sim sweep` as a whole: each point runs its own policy list, a sweep with no feasible
-point exits 2 writing nothing, the output folder is replaced all at once or not at all, and the
-title names the scenario as given."""
+point exits 2 writing nothing, the output folder is replaced all at once or not at all, the
+title names the scenario as given, and a narrow terminal never cuts a value or a number."""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 
 import pytest
 import yaml
+from rich.console import Console
 from typer.testing import CliRunner
 
 from holmes_sim.cli import app
 from holmes_sim.errors import ScenarioError
-from holmes_sim.report import plots
 from holmes_sim.report.files import OutputError
-from holmes_sim.search.sweep import SWEEP_FILES, SweepAxis, SweepResult, run_sweep, write_sweep
+from holmes_sim.report import plots
+from holmes_sim.report.tables import print_table
+from holmes_sim.search.sweep import (SWEEP_FILES, SweepAxis, SweepResult, run_sweep, sweep_table,
+                                     write_sweep)
 from tests.conftest import SCENARIOS
 
 DEFAULT = SCENARIOS / "mixed_ib_eth.yaml"
@@ -146,3 +150,22 @@ def test_a_failure_while_plotting_leaves_an_existing_empty_folder_empty(tmp_path
     with pytest.raises(OutputError):
         write_sweep(tmp_path / "out", _result())
     assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("width", [58, 62])
+def test_a_narrow_terminal_folds_headers_but_never_cuts_a_value_or_number(width):
+    paths = ["clusters[1].nodes[0].nics[0].model", "clusters[0].nodes[0].nics[1].model"]
+    picks = [("eth-25g", "eth-10g"), ("eth-25g", "eth-100g"), ("eth-100g", "eth-10g"),
+             ("eth-100g", "eth-100g")]
+    rows = [{paths[0]: a, paths[1]: b, "policy": "holmes-no-adaptive-partition", "point": i,
+             "status": "ok", "iteration_time_s": 18.52 - i, "tflops_per_gpu": 115.6,
+             "peak_memory_gib": 53.9, "fits_memory": True} for i, (a, b) in enumerate(picks)]
+    axes = [SweepAxis("", p, (), ("eth-25g", "eth-100g")) for p in paths]
+    result = SweepResult("mixed_ib_eth", axes, ["holmes-no-adaptive-partition"], rows)
+    buf = io.StringIO()
+    print_table(Console(file=buf, width=width), sweep_table(result, width), False)
+    lines = [line for line in buf.getvalue().splitlines() if line.startswith("│")]
+    assert "…" not in buf.getvalue()
+    for i, (a, b) in enumerate(picks):
+        cells = [c.strip() for c in lines[i].split("│")[1:-1]]
+        assert cells == [a, b, "holmes-no-adaptive-partition", f"{18.52 - i:.3f}"], lines
