@@ -31,7 +31,7 @@ estimate's view does not build.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from holmes_sim.cost.paths import PathUse, Ring, ring_paths
 from holmes_sim.hardware.cluster import Cluster, Node
@@ -41,6 +41,7 @@ NodeMap = dict[str, Hashable]
 
 
 _NODE_LINKS = frozenset(("gpu", "nic"))
+_UNSEEN = object()  # the look of a colour no round has looked at yet
 
 
 def relabel(links: PathUse, nodes: NodeMap) -> PathUse:
@@ -57,15 +58,75 @@ def scale_shared(links: PathUse, k: int) -> PathUse:
     return tuple((lk, w * k if lk[0] == "uplink" else w) for lk, w in links)
 
 
-def refine(initial: Sequence[Hashable], neighbours: Callable[[int, list[int]], Hashable]) -> list[int]:
+def refine(initial: Sequence[Hashable], neighbours: Callable[[int, list[int]], Hashable],
+           reads: Callable[[int], Iterable[int]]) -> list[int]:
     """Colour refinement: colours (ints, numbered by first appearance) of items 0..n-1 starting
-    from `initial`, split by `neighbours(i, colours)` until stable."""
+    from `initial`, split by `neighbours(i, colours)` until stable: the coarsest partition
+    refining `initial` in which the members of a class have equal `neighbours`.
+
+    `reads(i)`: the items whose colours `neighbours(i, ...)` reads. Each round looks again
+    only at the items that read a colour changed by the last round (at first every item); a
+    class that splits keeps its colour on its largest part (Hopcroft's rule), so an item takes
+    a new colour at most log2(n) times and the work is about log2(n) looks per reading pair,
+    however many rounds a split takes to travel round a ring. Stops once every item is alone."""
+    n = len(initial)
     colours = _number(initial)
-    while True:
-        new = _number([(colours[i], neighbours(i, colours)) for i in range(len(colours))])
-        if max(new, default=0) == max(colours, default=0):
-            return new
-        colours = new
+    readers: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for j in reads(i):
+            readers[j].append(i)
+    members: dict[int, set[int]] = {}
+    for i, c in enumerate(colours):
+        members.setdefault(c, set()).add(i)
+    looks: dict[int, Hashable] = {}  # colour -> what every member's `neighbours` gave
+    dirty: Iterable[int] = range(n)
+    while dirty and len(members) < n:
+        seen = {i: neighbours(i, colours) for i in dirty}  # all read before any colour changes
+        by_colour: dict[int, list[int]] = {}
+        for i in seen:
+            by_colour.setdefault(colours[i], []).append(i)
+        moved: list[int] = []
+        for c, items in by_colour.items():
+            moved += _split(c, items, seen, colours, members, looks)
+        dirty = {r for i in moved for r in readers[i]}
+    return _number(colours)
+
+
+def _split(c: int, items: list[int], seen: dict[int, Hashable], colours: list[int],
+           members: dict[int, set[int]], looks: dict[int, Hashable]) -> list[int]:
+    """Split colour `c` by what its looked-at `items` now see (the others still see
+    `looks[c]`); the largest part keeps `c`. Returns the items given a new colour; the work is
+    in proportion to the items looked at and moved, not to the class."""
+    old = looks.get(c, _UNSEEN)
+    parts: dict[Hashable, list[int]] = {}
+    for i in items:
+        if seen[i] != old:
+            parts.setdefault(seen[i], []).append(i)
+    if not parts:
+        return []
+    group = members[c]
+    changed = sum(map(len, parts.values()))
+    look, largest = max(parts.items(), key=lambda p: len(p[1]))
+    if len(group) - changed >= len(largest):  # the unchanged rest keeps c
+        for part in parts.values():
+            group.difference_update(part)
+    else:  # the largest changed part keeps c, the rest (fewer than `changed`) moves
+        del parts[look]
+        members[c] = set(largest)
+        rest = group.difference(largest)
+        for part in parts.values():
+            rest.difference_update(part)
+        if rest:
+            parts[old] = list(rest)
+        looks[c] = look
+    moved: list[int] = []
+    for look, part in parts.items():
+        new = len(colours) + len(members)  # above every colour so far
+        members[new], looks[new] = set(part), look
+        for i in part:
+            colours[i] = new
+        moved += part
+    return moved
 
 
 def _number(signatures: Sequence[Hashable]) -> list[int]:
@@ -171,8 +232,9 @@ class ReplicaSignatures:
         """Classes of identical replicas (`classes_of` order); every replica alone when the
         representatives' nodes do not mirror the other members' nodes."""
         dp = self.plan.dp
-        classes = classes_of(refine([self.local(d) for d in range(dp)], self.neighbours))
-        return classes if self._mirrors(classes) else singletons(dp)
+        classes = classes_of(refine([self.local(d) for d in range(dp)], self.neighbours,
+                                    self.reads))
+        return classes if len(classes) == dp or self._mirrors(classes) else singletons(dp)
 
     def _tenants_by_node(self) -> dict[str, list[tuple[int, int]]]:
         """Node -> the entities (stage, replica) with GPUs on it, in entity order."""
@@ -221,6 +283,11 @@ class ReplicaSignatures:
         hops, tenants = self._local_neighbours(d)
         rings = tuple((hop, colours[n], colours[prv]) for hop, n, prv in hops)
         return rings, tuple(tuple(sorted((s2, g, colours[d2]) for s2, g, d2 in t)) for t in tenants)
+
+    def reads(self, d: int) -> list[int]:
+        """The replicas whose colours `neighbours(d, ...)` reads."""
+        hops, tenants = self._local_neighbours(d)
+        return [m for _, n, prv in hops for m in (n, prv)] + [d2 for t in tenants for *_, d2 in t]
 
     def _local_neighbours(self, d: int) -> tuple[tuple, tuple]:
         """What `neighbours` needs that colours do not change, cached per replica."""
