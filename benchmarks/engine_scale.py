@@ -3,8 +3,8 @@
 nodes alternately on InfiniBand and RoCE, planned and simulated by the `holmes` policy.
 
     python benchmarks/engine_scale.py [--gpus 1024 9216 131072] [--microbatches 192]
-                                      [--full-simulation] [--straggler] [--acceptance]
-                                      [--repeat N] [--json]
+                                      [--full-simulation] [--straggler] [--asymmetric]
+                                      [--acceptance] [--repeat N] [--json]
 
 Per size, in fresh processes: the simulate call's CPU time (planning excluded), events and
 events/s, the peak RSS of that process, and the wall time and peak RSS of a whole
@@ -12,8 +12,13 @@ events/s, the peak RSS of that process, and the wall time and peak RSS of a whol
 process just before and just after the simulate call (the median of six loops), gives the
 machine's events/s, so figures compare across machines as ratios. `--straggler` makes the
 cluster's first node run at 0.85 of its speed (a GPU model with 0.85 of the A100's peak FLOP/s
-and memory bandwidth), so that replica's class cannot be merged. `--acceptance` runs issue 25's cases:
-symmetric 1,024, 9,216 and 131,072 GPUs; full simulation of 9,216, plain and with a straggler,
+and memory bandwidth), so that replica's class cannot be merged. `--asymmetric` runs another job
+instead: GPT-7.5B (36 layers, hidden 4096), TP 1, PP 1, one micro-batch per replica, on three
+clusters joined by 400 Gbit/s links: half the GPUs H100s on InfiniBand (8 a node), a quarter
+A100s on RoCE (8 a node), a quarter A100s on Ethernet only (4 a node); its DP ring crosses the
+three NIC kinds, so no two replicas are alike and the symmetric run is the full simulation.
+`--acceptance` runs issue 25's cases: symmetric 1,024, 9,216 and 131,072 GPUs; full simulation
+of 9,216, plain and with a straggler; and the asymmetric 9,216-GPU job (symmetric, no target),
 each case run three times in rotation (`--repeat`); the medians of its runs are checked against
 their targets. With --json the last line is a JSON list of
 the rows.
@@ -32,20 +37,21 @@ import tempfile
 import time
 from pathlib import Path
 
-# Targets per case (gpus, full simulation, straggler): (figure, limit, "<=" or ">=").
+# Targets per case (gpus, full simulation, straggler, asymmetric): (figure, limit, "<=" or ">=").
 # Issue 25: full simulation of 9,216 GPUs (plain and with a straggler) in <= 9.4 s and 400 MiB
 # at >= 0.5x bare SimPy's events/s; 131,072 GPUs (symmetric) in <= 10 s and 1 GiB. Earlier
 # issues: 1,024 GPUs simulated in <= 1 s of CPU, 16,384 GPUs run in <= 20 s.
 _FULL_9216 = [("run_wall_s", 9.4, "<="), ("run_rss_mib", 400.0, "<="), ("x_bare", 0.5, ">=")]
 TARGETS = {
-    (1024, False, False): [("sim_cpu_s", 1.0, "<=")],
-    (16384, False, False): [("run_wall_s", 20.0, "<=")],
-    (131072, False, False): [("run_wall_s", 10.0, "<="), ("run_rss_mib", 1024.0, "<=")],
-    (9216, True, False): _FULL_9216,
-    (9216, True, True): _FULL_9216,
+    (1024, False, False, False): [("sim_cpu_s", 1.0, "<=")],
+    (16384, False, False, False): [("run_wall_s", 20.0, "<=")],
+    (131072, False, False, False): [("run_wall_s", 10.0, "<="), ("run_rss_mib", 1024.0, "<=")],
+    (9216, True, False, False): _FULL_9216,
+    (9216, True, True, False): _FULL_9216,
 }
-ACCEPTANCE = [(1024, False, False), (9216, False, False), (131072, False, False),
-              (9216, True, False), (9216, True, True)]
+ACCEPTANCE = [(1024, False, False, False), (9216, False, False, False),
+              (131072, False, False, False), (9216, True, False, False),
+              (9216, True, True, False), (9216, False, False, True)]
 STRAGGLER_SPEED = 0.85
 _A100_80GB = {"peak_tflops": 312.0, "memory_bandwidth_gbyte_per_s": 2039.0}
 
@@ -87,6 +93,33 @@ def scenario_yaml(gpus: int, microbatches: int, straggler: bool = False) -> str:
         " sequence_parallel: true}",
         f"parallel: {{tensor: 8, pipeline: {pp}, schedule: 1f1b}}",
         "policies: [holmes]", ""])
+
+
+def _asymmetric_cluster(name: str, nodes: int, gpu: str, per_node: int, kind: str) -> list[str]:
+    nics = "{type: ethernet, model: eth-100g}"
+    if kind != "ethernet":
+        model = "ib-hdr" if kind == "ib" else "roce-200g"
+        nics = f"{{type: {kind}, model: {model}, count: 8, fabric: {kind}}}, " + nics
+    return [f"  - name: {name}", f"    nodes: [{{count: {nodes}, gpu: {gpu}, "
+            f"gpus_per_node: {per_node}, nics: [{nics}]}}]"]
+
+
+def asymmetric_yaml(gpus: int) -> str:
+    """The `--asymmetric` job (see the module docstring) on `gpus` GPUs (a multiple of 32)."""
+    if gpus % 32:
+        raise SystemExit(f"--asymmetric needs a multiple of 32 GPUs, not {gpus}")
+    links = [f"  - {{clusters: [{a}, {b}], bandwidth_gbit_per_s: 400, latency_us: 100}}"
+             for a, b in (("ibc", "rocec"), ("ibc", "ethc"), ("rocec", "ethc"))]
+    return "\n".join([
+        "name: engine-scale-asymmetric",
+        "fabrics: [{name: ib, type: ib}, {name: roce, type: roce}]", "clusters:",
+        *_asymmetric_cluster("ibc", gpus // 16, "h100-sxm", 8, "ib"),
+        *_asymmetric_cluster("rocec", gpus // 32, "a100-80gb", 8, "roce"),
+        *_asymmetric_cluster("ethc", gpus // 16, "a100-80gb", 4, "ethernet"),
+        "inter_cluster_links:", *links,
+        "model: {num_layers: 36, hidden_size: 4096, num_attention_heads: 32, seq_length: 2048}",
+        f"training: {{global_batch_size: {gpus}, micro_batch_size: 1}}",
+        "parallel: {tensor: 1, pipeline: 1, schedule: 1f1b}", "policies: [holmes]", ""])
 
 
 def bare_simpy_events_per_s(n: int = 300_000) -> float:
@@ -150,15 +183,18 @@ def measure_run(path: str, full: bool) -> dict:
             "run_rss_mib": usage.ru_maxrss / 1024}
 
 
-def measure(gpus: int, microbatches: int, full: bool, straggler: bool = False) -> dict:
+def measure(gpus: int, microbatches: int, full: bool, straggler: bool = False,
+            asymmetric: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"scale_{gpus}.yaml"
-        path.write_text(scenario_yaml(gpus, microbatches, straggler))
+        path.write_text(asymmetric_yaml(gpus) if asymmetric else
+                        scenario_yaml(gpus, microbatches, straggler))
         queue = mp.get_context("spawn").Queue()
         proc = mp.get_context("spawn").Process(target=measure_simulate, args=(str(path), full, queue))
         proc.start()
-        row = {"gpus": gpus, "microbatches": microbatches, "full_simulation": full,
-               "straggler": straggler, **queue.get()}
+        row = {"gpus": gpus, "microbatches": 1 if asymmetric else microbatches,
+               "full_simulation": full, "straggler": straggler, "asymmetric": asymmetric,
+               **queue.get()}
         proc.join()
         row.update(measure_run(str(path), full))
     row["events_per_s"] = row["events"] / row["sim_cpu_s"]
@@ -168,7 +204,8 @@ def measure(gpus: int, microbatches: int, full: bool, straggler: bool = False) -
 def verdicts(row: dict) -> list[str]:
     """Each target of the row's case: 'figure value <= limit ok' (or MISSED)."""
     out = []
-    for key, limit, op in TARGETS.get((row["gpus"], row["full_simulation"], row["straggler"]), []):
+    case = (row["gpus"], row["full_simulation"], row["straggler"], row["asymmetric"])
+    for key, limit, op in TARGETS.get(case, []):
         value = row[key]
         ok = value <= limit if op == "<=" else value >= limit
         out.append(f"{key} {value:.2f} {op} {limit:g} {'ok' if ok else 'MISSED'}")
@@ -189,7 +226,7 @@ def median_row(runs: list[dict]) -> dict:
 def describe(row: dict) -> str:
     """One line of a row's figures."""
     case = ("full" if row["full_simulation"] else "symmetric") + \
-        (", straggler" if row["straggler"] else "")
+        (", straggler" if row["straggler"] else "") + (", asymmetric" if row["asymmetric"] else "")
     low, high = row["bare_simpy_range"]
     return (f"{row['gpus']:6d} GPUs ({case}): simulate {row['sim_cpu_s']:6.2f} s CPU, "
             f"{row['events']:8d} events, {row['events_per_s'] / 1e3:6.0f} k events/s "
@@ -207,20 +244,23 @@ def main() -> int:
     ap.add_argument("--full-simulation", action="store_true", help="simulate every replica")
     ap.add_argument("--straggler", action="store_true",
                     help=f"the first node at {STRAGGLER_SPEED} of its speed")
+    ap.add_argument("--asymmetric", action="store_true",
+                    help="the TP 1 job on three NIC kinds instead (see the module docstring)")
     ap.add_argument("--acceptance", action="store_true",
-                    help="issue 25's cases (ignores --gpus, --full-simulation, --straggler)")
+                    help="issue 25's cases and the asymmetric one (ignores --gpus, "
+                         "--full-simulation, --straggler, --asymmetric)")
     ap.add_argument("--repeat", type=int, default=None,
                     help="runs of every case, in rotation; each target is checked on the "
                          "medians (default 1, with --acceptance 3)")
     ap.add_argument("--json", action="store_true", help="print a JSON list as the last line")
     args = ap.parse_args()
     cases = ACCEPTANCE if args.acceptance else \
-        [(g, args.full_simulation, args.straggler) for g in args.gpus]
+        [(g, args.full_simulation, args.straggler, args.asymmetric) for g in args.gpus]
     repeat = max(1, args.repeat or (3 if args.acceptance else 1))
     runs: dict[tuple, list[dict]] = {case: [] for case in cases}
     for r in range(repeat):  # in rotation, so a busy spell of the host hits every case
         for case in cases:
-            row = measure(case[0], args.microbatches, case[1], case[2])
+            row = measure(case[0], args.microbatches, *case[1:])
             row["x_bare"] = row["events_per_s"] / row["bare_simpy_events_per_s"]
             runs[case].append(row)
             print(("" if repeat == 1 else f"[run {r + 1}/{repeat}] ") + describe(row), flush=True)
