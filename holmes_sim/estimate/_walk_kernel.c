@@ -3,7 +3,7 @@
  * are the pure-Python walk's bit for bit (tests/estimate/test_walk.py runs both). Optional: `walk.py`
  * falls back to Python when this extension was not built.
  *
- * advance(rows, row_start, durs, kinds, sends, pos, limits, clock, ready)
+ * advance(rows, row_start, durs, kinds, sends, pos, limits, clock, ready[, floors])
  *   rows:      int32, 4 per op (kind index, input slot, the input's send index, output slot;
  *              -1 for none), stage after stage (`OpTable.rows` flattened)
  *   row_start: int64, p + 1 entries: stage s's ops are rows[4 * row_start[s] ...]
@@ -13,6 +13,8 @@
  *   limits:    int64, p entries: run each stage up to this op index
  *   clock:     double, p entries (in/out): each stage's clock (s)
  *   ready:     double (in/out): when each message was sent (s; negative: not yet)
+ *   floors:    double laid out as durs, or None: an op of kind k on stage s starts no earlier
+ *              than floors[s * kinds + k] s (after its input arrived)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -36,7 +38,7 @@ static int get(PyObject *obj, Py_buffer *view, int writable, const char *format,
 static int walk(const int *rows, Py_ssize_t nrows, const long long *row_start, Py_ssize_t p,
                 const double *durs, Py_ssize_t ndurs, Py_ssize_t kinds, const double *sends,
                 Py_ssize_t nsends, long long *pos, const long long *limits, double *clock,
-                double *ready, Py_ssize_t nready) {
+                double *ready, Py_ssize_t nready, const double *floors) {
     long long todo = 0;
     for (Py_ssize_t s = 0; s < p; s++) {
         if (pos[s] < 0 || limits[s] < pos[s] || row_start[s] + limits[s] > row_start[s + 1] ||
@@ -71,6 +73,11 @@ static int walk(const int *rows, Py_ssize_t nrows, const long long *row_start, P
                     /* Rendezvous: the transfer starts once sent and the receive is posted. */
                     t = (sent > t ? sent : t) + sends[sk];
                 }
+                if (floors) {
+                    const double f = floors[s * kinds + dk];
+                    if (f > t)
+                        t = f;
+                }
                 t += dur[dk];
                 if (out >= 0)
                     ready[out] = t;
@@ -93,20 +100,22 @@ static int walk(const int *rows, Py_ssize_t nrows, const long long *row_start, P
 
 static PyObject *advance(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *o[8];
+    PyObject *o[9];
     Py_ssize_t kinds;
-    if (!PyArg_ParseTuple(args, "OOOnOOOOO:advance", &o[0], &o[1], &o[2], &kinds, &o[3], &o[4],
-                          &o[5], &o[6], &o[7]))
+    o[8] = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOnOOOOO|O:advance", &o[0], &o[1], &o[2], &kinds, &o[3], &o[4],
+                          &o[5], &o[6], &o[7], &o[8]))
         return NULL;
-    /* rows, row_start, durs, sends, pos, limits, clock, ready */
-    static const char *format[8] = {"i", "q", "d", "d", "q", "q", "d", "d"};
-    static const Py_ssize_t item[8] = {sizeof(int), 8, 8, 8, 8, 8, 8, 8};
-    static const int writable[8] = {0, 0, 0, 0, 1, 0, 1, 1};
-    static const char *what[8] = {"rows", "row_start", "durs", "sends", "pos", "limits", "clock",
-                                  "ready"};
-    Py_buffer v[8];
+    /* rows, row_start, durs, sends, pos, limits, clock, ready, floors (or None) */
+    static const char *format[9] = {"i", "q", "d", "d", "q", "q", "d", "d", "d"};
+    static const Py_ssize_t item[9] = {sizeof(int), 8, 8, 8, 8, 8, 8, 8, 8};
+    static const int writable[9] = {0, 0, 0, 0, 1, 0, 1, 1, 0};
+    static const char *what[9] = {"rows", "row_start", "durs", "sends", "pos", "limits", "clock",
+                                  "ready", "floors"};
+    const int count = o[8] == Py_None ? 8 : 9;
+    Py_buffer v[9];
     int got = 0, rc = -1;
-    for (; got < 8; got++)
+    for (; got < count; got++)
         if (get(o[got], &v[got], writable[got], format[got], item[got], what[got]) < 0)
             goto done;
     const Py_ssize_t p = v[4].len / 8;
@@ -114,8 +123,13 @@ static PyObject *advance(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "walk: stage counts differ");
         goto done;
     }
+    if (count == 9 && v[8].len != v[2].len) {
+        PyErr_SetString(PyExc_ValueError, "walk: floors and durations differ in length");
+        goto done;
+    }
     rc = walk(v[0].buf, v[0].len / 4, v[1].buf, p, v[2].buf, v[2].len / 8, kinds, v[3].buf,
-              v[3].len / 8, v[4].buf, v[5].buf, v[6].buf, v[7].buf, v[7].len / 8);
+              v[3].len / 8, v[4].buf, v[5].buf, v[6].buf, v[7].buf, v[7].len / 8,
+              count == 9 ? v[8].buf : NULL);
 done:
     while (got > 0)
         PyBuffer_Release(&v[--got]);
@@ -126,8 +140,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"advance", advance, METH_VARARGS,
-     "advance(rows, row_start, durs, kinds, sends, pos, limits, clock, ready): run every stage "
-     "up to its limit, op by op, as `walk._State.advance_checked` does."},
+     "advance(rows, row_start, durs, kinds, sends, pos, limits, clock, ready[, floors]): run "
+     "every stage up to its limit, op by op, as `walk._State.advance_checked` does."},
     {NULL, NULL, 0, NULL},
 };
 

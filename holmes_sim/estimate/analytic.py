@@ -32,7 +32,7 @@ from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import Plan
 from holmes_sim.schedule import ScheduleKind
 from holmes_sim.estimate.op_table import op_table
-from holmes_sim.estimate.walk import walk, walk_early_receive
+from holmes_sim.estimate.walk import early_receive_walk, released_ends, walked
 from holmes_sim.model.workload import Workload
 
 
@@ -108,7 +108,7 @@ class _Estimator(DataParallelPricing):
         self._shape = (ScheduleKind(plan.schedule_kind), plan.pp, plan.num_microbatches,
                        plan.num_chunks)
         self._message_bytes = workload.pp_message_bytes(plan.tp) * plan.tp
-        self._tail_cache: dict[tuple, float] = {}
+        self._tail_cache: dict[tuple, tuple] = {}
         self._released_cache: dict[tuple, tuple | None] = {}
         self._row_cache: dict[int, tuple] = {}
         self._window_cache: dict[tuple[int, int], float] = {}
@@ -127,15 +127,16 @@ class _Estimator(DataParallelPricing):
         self._params_cache, self._split_cache = _PARAMS.get(
             (self.costs,), (plan.layers_per_stage, plan.pp), lambda: ({}, {}))
         self._send_cache: dict[tuple[int, int, int], float] = {}
+        self._jobs_cache: dict[tuple, tuple] = {}
 
     def run(self) -> Estimate:
         """Each class of alike replicas is walked once (their pipelines are independent until
         the DP sync); a stage ends when its slowest replica's tail does."""
-        p, net, tail = self.plan, self.net, self._tail
-        clocks = [self._replica(d) for d, _ in net.replica_classes()]
+        p, net = self.plan, self.net
+        walks = [self._replica(d) for d, _ in net.replica_classes()]
+        clocks = [clock for clock, _ in walks]
         # Most stages have one (class, tail) combination, and most plans one class.
-        finish = [clocks[row[0][0]][s] + tail(s, row[0][2]) if len(row) == 1 else
-                  max(clocks[c][s] + tail(s, d) for c, _, d in row)
+        finish = [max(clocks[c][s] + self._stage_tail(s, d, walks[c]) for c, _, d in row)
                   for s, row in enumerate(net.stage_combos(self.w.tie_embeddings))]
         ends = tuple(clocks[0]) if len(clocks) == 1 else \
             tuple(max(clock[s] for clock in clocks) for s in range(p.pp))
@@ -158,58 +159,93 @@ class _Estimator(DataParallelPricing):
             walked.append(best)
         if max(walked) >= reach:
             return max(walked)
-        # Each chain ends with virtual stage 0's op on stage 0, whose tail follows (`run`).
-        return max(walked[c] + self._tail(0, d)
+        # Each chain ends with virtual stage 0's op on stage 0, whose tail follows (`run`); of
+        # the reductions its chunk 0's alone, released in its last op (`_stage_tail`).
+        return max(walked[c] + self._tail(0, d, (0.0,) + (None,) * (p.num_chunks - 1)
+                                          if self._walked_releases(d) else None)
                    for c, _, d in self.net.stage_combos(self.w.tie_embeddings)[0])
+
+    def _stage_tail(self, s: int, d: int, walk: tuple) -> float:
+        """`_tail` of stage s on replica d after its class's `walk` (clocks, and where its
+        chunks release gradients each one's releasing backward's end, `_walked_releases`)."""
+        clock, ends = walk
+        if ends is None:
+            return self._tail(s, d)
+        return self._tail(s, d, tuple(clock[s] - end for end in ends[s]))
+
+    def _walked_releases(self, d: int) -> bool | None:
+        """Whether the walk times each chunk's releasing backward for the tail (several chunks
+        whose last backwards release gradient buckets: their reductions overlap the backwards
+        between them), with each one a kind of its own (`op_table.full_op_table`'s released
+        kinds); False where the table has those kinds only for their extra seconds; None where
+        it has none."""
+        p = self.plan
+        if p.optimizer.reduces_every_microbatch:
+            return None
+        if p.releases_gradients_in_backward and p.num_chunks > 1:
+            return True
+        return False if any(self._released_row(d)) else None
 
     def _virtual(self, s: int, c: int) -> int:
         """Virtual stage of chunk c of stage s (`Schedule.virtual_stage`)."""
         return c * self.plan.pp + s
 
-    def _replica(self, d: int) -> list[float]:
+    def _replica(self, d: int) -> tuple:
         """`_evaluate_replica`, shared by plans whose walk is the same: without parameter
-        gathers before the first forward (no start delays), a replica's walk depends on its op
+        gathers before the first forward (no floors), a replica's walk depends on its op
         durations (the chunk times, that is the cluster, workload, compute model and TP degree,
-        and the placement's view), the layers of each virtual stage, the schedule's shape and
-        the releasing backwards' extras (`_released_row`) only; a layout's optimizers then share it."""
+        and the placement's view), the layers of each virtual stage, the schedule's shape, the
+        releasing backwards' extras (`_released_row`) and whether it times them
+        (`_walked_releases`) only; a layout's optimizers then share it."""
         if self.plan.optimizer.gathers_before_forward:
             return self._evaluate_replica(d)
         released = self._released_row(d)
         # Without extras the walk is the plain one whatever the optimizer.
         released = (self.plan.optimizer.reduces_every_microbatch, *released) \
             if any(released) else None
-        return list(_REPLICAS.get((self.times, self.net), (self.plan.layers_per_stage,
-                                                            self._shape, d, released),
-                                  lambda: tuple(self._evaluate_replica(d))))
+        return _REPLICAS.get((self.times, self.net), (self.plan.layers_per_stage, self._shape, d,
+                                                       released, self._walked_releases(d)),
+                             lambda: self._evaluate_replica(d))
 
-    def _evaluate_replica(self, d: int) -> list[float]:
-        """Walk all stages of replica d in dependency order (a ready op runs as early as it can).
-        A transfer starts when its op has ended and the receiver has posted the receive
-        (rendezvous, `walk.py`)."""
-        released = not self.plan.optimizer.reduces_every_microbatch and \
-            any(self._released_row(d))
-        table = op_table(*self._shape, released)
-        durs, start = [], []
+    def _evaluate_replica(self, d: int) -> tuple:
+        """Walk all stages of replica d in dependency order (a ready op runs as early as it can,
+        a chunk's first forward no earlier than its floor, `_gather_floors`). A transfer starts
+        when its op has ended and the receiver has posted the receive (rendezvous, `walk.py`).
+        Returns the stage clocks and, where `_walked_releases`, each stage's releasing
+        backwards' ends (`walk.released_ends`), else None."""
+        timed = self._walked_releases(d)
+        table = op_table(*self._shape, timed is not None)
+        durs, floors = [], []
         for s, kinds in enumerate(table.kinds):
-            row, delay = self._stage(s, d, kinds)
+            row, chunk_floors = self._stage(s, d, kinds)
             durs.append(row)
-            start.append(delay)
+            floors.append(None if chunk_floors is None else
+                          [chunk_floors[j // self.plan.pp] if not b else -math.inf
+                           for j, b in kinds])
+        floors = None if all(f is None for f in floors) else \
+            [[-math.inf] * len(k) if f is None else f for f, k in zip(floors, table.kinds)]
         sends = [self._p2p_s(a, b, d) for a, b in table.sends]
         # The walk depends on nothing else: plans that differ only in what happens after it
         # (the optimizer, the DP sync) or in placement with equal times share it.
         early = self.w.overlap_p2p_comm and self._shape[0] is ScheduleKind.INTERLEAVED
-        key = (self._shape, tuple(map(tuple, durs)), tuple(sends), tuple(start), early, released)
+        key = (self._shape, tuple(map(tuple, durs)), tuple(sends),
+               None if floors is None else tuple(map(tuple, floors)), early, timed)
         got = _WALKS.get(key)
-        if got is not None:
-            return list(got)
-        clock = (walk_early_receive if early else walk)(table, durs, sends, start)
-        if len(_WALKS) >= 4096:
-            _WALKS.clear()
-        _WALKS[key] = tuple(clock)
-        return clock
+        if got is None:
+            start = [0.0] * len(durs)
+            if early:
+                clock, ready, walked_table = early_receive_walk(table, durs, sends, start, floors)
+            else:
+                state = walked(table, durs, sends, start, floors)
+                clock, ready, walked_table = state.clock, state.ready, state.table
+            ends = tuple(released_ends(walked_table, clock, ready)) if timed else None
+            if len(_WALKS) >= 4096:
+                _WALKS.clear()
+            got = _WALKS[key] = (tuple(clock), ends)
+        return got
 
     def _alike(self, s: int, d: int) -> tuple:
-        """What prices stage s's ops, start delay and tail on replica d: its node's GPU model
+        """What prices stage s's ops, gather floors and tail on replica d: its node's GPU model
         and intra-node link, its chunks' layers, whether it holds the first or the last virtual
         stage, its DP ring and the SMs its reductions hold (`node_comm_sms`). Most stages of a
         pipeline share it, so they are priced once."""
@@ -224,9 +260,10 @@ class _Estimator(DataParallelPricing):
                                                node_comm_sms(node, self.net.reduction_transports(s, d)))
         return got
 
-    def _stage(self, s: int, d: int, kinds) -> tuple[list[float], float]:
+    def _stage(self, s: int, d: int, kinds) -> tuple[list[float], tuple[float, ...] | None]:
         """Durations (s) of stage s's distinct ops (`kinds`: the walk's (virtual stage,
-        backward) in its order, chunk by chunk) on replica d, and its start delay (s); the
+        backward) in its order, chunk by chunk) on replica d, and its chunks' first forwards'
+        floors (s, `_gather_floors`); the
         releasing backwards' with their extra seconds (`_released_row`): the released kinds of
         `op_table.full_op_table`, else every backward (a per-micro-batch optimizer's)."""
         key = (self._alike(s, d), len(kinds))
@@ -236,7 +273,7 @@ class _Estimator(DataParallelPricing):
             if extras is not None:
                 row = [t + extras[j // self.plan.pp][0] if b and (k >= 2 * nc or len(kinds) == 2 * nc)
                        else t for k, (t, (j, b)) in enumerate(zip(row, kinds))]
-            got = self._stage_cache[key] = (row, self._start_delay(s, d))
+            got = self._stage_cache[key] = (row, self._gather_floors(s, d))
         return got
 
     def _ops_s(self, s: int, d: int, kinds) -> list[float]:
@@ -285,7 +322,7 @@ _PARAMS: IdentityMemo[tuple[dict, dict]] = IdentityMemo(256)
 stage and pipeline degree."""
 _ALIKES: IdentityMemo[dict[tuple[int, int], tuple]] = IdentityMemo(256)
 """`_Estimator._alike` of each (stage, replica) by view and layers per virtual stage."""
-_REPLICAS: IdentityMemo[tuple[float, ...]] = IdentityMemo(1024)
+_REPLICAS: IdentityMemo[tuple] = IdentityMemo(1024)
 """`_Estimator._replica`'s walks by chunk times, view, layers and schedule shape."""
-_WALKS: dict[tuple, tuple[float, ...]] = {}
+_WALKS: dict[tuple, tuple] = {}
 """Replica walks by their inputs (exact reuse across the candidates of a search)."""

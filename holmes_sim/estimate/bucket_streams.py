@@ -1,12 +1,15 @@
 """Closed forms of a stage's data-parallel buckets ((time s, ready point 0..1 of the backward)
 each) run one after another on streams: their total on one stream (`total_s`), the first
-forward's wait for parameter all-gathers (`gather_delay_s`), the gradient reductions' end after
-the backward that releases them (`released_reduction_tail_s`), and the dense and the routed
-experts' buckets on two streams that share one link (`merged_delay_s`, `shared_link_ends`:
-processor sharing).
+forward's wait for parameter all-gathers (`gather_delay_s`; of each chunk's first forward,
+`gather_floors`), the gradient reductions' end after the backward that releases them
+(`released_reduction_tail_s`; released at given times, `reduction_tail_s`), and the dense and the
+routed experts' buckets on two streams that share one link (`merged_delay_s`,
+`merged_gather_floors`, `shared_link_ends`: processor sharing).
 """
 
 from __future__ import annotations
+
+import math
 
 
 def total_s(buckets: tuple[tuple[float, float], ...]) -> float:
@@ -31,6 +34,36 @@ def gather_delay_s(buckets: tuple[tuple[float, float], ...], forward_s: float) -
     return best
 
 
+def gather_floors(chunks: list[tuple[tuple[float, float], ...]], forwards: list[float]
+                  ) -> list[float]:
+    """When (s) each chunk's first forward (`forwards[c]` s) may start, its buckets ((time s,
+    ready point within the chunk's backward) in release order) consumed in forward order as
+    their all-gathers complete: the engine gathers every chunk's buckets on one stream at once,
+    chunk 0's first (`sim.engine`'s `_submit_gathers`), so chunk c's wait (`gather_delay_s`)
+    counts from the end of the gathers of the chunks before it."""
+    out, before = [], 0.0
+    for buckets, forward in zip(chunks, forwards, strict=True):
+        out.append(before + gather_delay_s(buckets, forward))
+        before += total_s(buckets)
+    return out
+
+
+def reduction_tail_s(dense: list[tuple[float, float]], expert: list[tuple[float, float]]) -> float:
+    """Gradient reductions ((release s, time s) each, in release order; release relative to
+    the stage's last op's end, so at most 0) of the dense buffer on one stream and of the
+    routed experts' on another, the two sharing one link (`shared_link_ends`): seconds the
+    last ends after the stage's last op."""
+    if not expert:
+        t = -math.inf
+        for release, r in dense:
+            t = (release if release > t else t) + r  # `max(t, release) + r`
+        return max(0.0, t)
+    origin = min(release for release, _ in dense + expert)
+    ends = shared_link_ends(tuple([(release - origin, r) for release, r in jobs]
+                                  for jobs in (dense, expert)))
+    return max(0.0, max(e[-1] for e in ends if e) + origin)
+
+
 def released_reduction_tail_s(buckets: tuple[tuple[float, float], ...], window_s: float) -> float:
     """Gradient buckets ((reduction time s, ready point p) in release order) released during
     the last backward (bucket i at window_s p_i) and reduced one after another on one stream:
@@ -42,30 +75,47 @@ def released_reduction_tail_s(buckets: tuple[tuple[float, float], ...], window_s
     return max(0.0, t - window_s)
 
 
+def _marks(dense: tuple[tuple[float, float], ...], expert: tuple[tuple[float, float], ...]
+           ) -> list[tuple[float, bool, float]]:
+    """Dense and expert buckets as (ready point, expert, time s) in the engine's order
+    (`sim.gradient_buckets`: both buffers' buckets by ready point, the last ending the pass)."""
+    return sorted([(point, False, r) for r, point in dense] +
+                  [(point, True, r) for r, point in expert], key=lambda m: (m[0], m[1]))
+
+
 def merged_delay_s(dense: tuple[tuple[float, float], ...], expert: tuple[tuple[float, float], ...],
-                   window_s: float, gathers: bool) -> float:
-    """Dense and expert buckets ((time s, ready point) each) in the engine's order
-    (`sim.gradient_buckets`: both buffers' buckets by ready point, the last ending the pass),
+                   window_s: float) -> float:
+    """Dense and expert buckets ((time s, ready point) each) in the engine's order (`_marks`),
     each buffer's on its own stream, the two sharing the link that both rings leave every
-    member by (`shared_link_ends`). gathers=False: reductions released at their points of a
-    `window_s` backward; seconds the last ends after it (`released_reduction_tail_s`).
-    gathers=True: all-gathers from the start in forward order (the reverse), each bucket's
-    share of the forward, from 1 - its point, waiting for its own; the forward's delay
-    (`gather_delay_s`)."""
-    marks = sorted([(point, False, r) for r, point in dense] +
-                   [(point, True, r) for r, point in expert], key=lambda m: (m[0], m[1]))
-    if gathers:
-        marks = [(1.0 if k == len(marks) - 1 else m[0], m[1], m[2]) for k, m in enumerate(marks)]
-        marks.reverse()
+    member by (`shared_link_ends`): reductions released at their points of a `window_s`
+    backward; seconds the last ends after it (`released_reduction_tail_s`)."""
+    jobs: tuple[list, list] = ([], [])
+    for point, is_expert, r in _marks(dense, expert):
+        jobs[is_expert].append((window_s * point, r))
+    ends = shared_link_ends(jobs)
+    return max(0.0, max(e[-1] for e in ends if e) - window_s)
+
+
+def merged_gather_floors(dense: list[tuple[tuple[float, float], ...]],
+                         expert: list[tuple[tuple[float, float], ...]], forwards: list[float]
+                         ) -> list[float]:
+    """`gather_floors` with each chunk's dense and expert buckets ((time s, ready point) each):
+    all-gathers from the start, each buffer's on its own stream (chunk 0's first, each chunk's
+    in forward order, the reverse of `_marks`), the two sharing one link (`shared_link_ends`);
+    each bucket's share of its chunk's first forward, from 1 - its point, waits for its own."""
     jobs: tuple[list, list] = ([], [])
     order = []
-    for point, is_expert, r in marks:
-        jobs[is_expert].append((0.0 if gathers else window_s * point, r))
-        order.append((is_expert, len(jobs[is_expert]) - 1, 1.0 - point))
+    for c, pair in enumerate(zip(dense, expert, strict=True)):
+        marks = _marks(*pair)
+        marks = [(1.0 if k == len(marks) - 1 else m[0], m[1], m[2]) for k, m in enumerate(marks)]
+        for point, is_expert, r in reversed(marks):
+            jobs[is_expert].append((0.0, r))
+            order.append((c, is_expert, len(jobs[is_expert]) - 1, 1.0 - point))
     ends = shared_link_ends(jobs)
-    if gathers:
-        return max(0.0, max(ends[e][k] - window_s * start for e, k, start in order))
-    return max(0.0, max(e[-1] for e in ends if e) - window_s)
+    floors = [0.0] * len(forwards)
+    for c, e, k, start in order:
+        floors[c] = max(floors[c], ends[e][k] - forwards[c] * start)
+    return floors
 
 
 def shared_link_ends(jobs: tuple[list[tuple[float, float]], ...]) -> list[list[float]]:

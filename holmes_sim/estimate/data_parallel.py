@@ -1,6 +1,7 @@
 """The analytic estimate's data-parallel and optimizer part of a stage: its parameters, its DP
-buckets in release order timed on its rings (the algorithm and protocol NCCL picks), the delay
-of its first forward waiting for parameter all-gathers, the extra seconds of the backwards that
+buckets in release order timed on its rings (the algorithm and protocol NCCL picks), when each
+chunk's first forward may start, waiting for parameter all-gathers, the extra seconds of the
+backwards that
 release gradient buckets, and its work after its last op (gradient sync, embedding all-reduce,
 optimizer step, parameter all-gathers). A buffer's data-parallel collectives run one after
 another on one stream; with routed experts the expert buffer's run on a stream of their own, the
@@ -12,8 +13,9 @@ from __future__ import annotations
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.nccl_algorithms import collective_time_s
 from holmes_sim.cost.ops import released_chunks, released_points, stage_bucket_layout
-from holmes_sim.estimate.bucket_streams import (gather_delay_s, merged_delay_s,
-                                                released_reduction_tail_s, total_s)
+from holmes_sim.cost.ops import released_at_s
+from holmes_sim.estimate.bucket_streams import (gather_floors, merged_delay_s, merged_gather_floors,
+                                                reduction_tail_s, released_reduction_tail_s, total_s)
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.model.bucket_layout import shape_token as bucket_shape_token
 from holmes_sim.schedule import ScheduleKind
@@ -57,15 +59,16 @@ class DataParallelPricing:
                 tuple(a - b for a, b in zip(self._params(s), experts))
         return got
 
-    def _buckets(self, s: int, kind: str, what: str, d: int | None = None
-                 ) -> tuple[tuple[float, float], ...]:
+    def _buckets(self, s: int, kind: str, what: str, d: int | None = None,
+                 chunk: int | None = None) -> tuple[tuple[float, float], ...]:
         """Stage s's DP buckets in release order as (ring time s, ready point 0..1 of the
         stage's backward window): `_layout`'s buckets timed on the ring (the algorithm and
         protocol NCCL picks, `cost.nccl_algorithms`); `what` is "grad" (gradient bytes) or
         "param" (parameter bytes). With `d` the routed experts' buckets on replica d's
         expert-data-parallel ring, else the dense ones on the DP ring (`sim.gradient_buckets`).
-        Empty without the ring (without expert parallelism there are no expert-data-parallel
-        groups, `policies.groups`)."""
+        With `chunk` that chunk's alone, its points in its own backward. Empty without the
+        ring (without expert parallelism there are no expert-data-parallel groups,
+        `policies.groups`)."""
         if d is not None and self.w.ep == 1:
             return ()
         ring = self.net.dp_ring(s) if d is None else self.net.edp_ring(s, d)
@@ -73,27 +76,30 @@ class DataParallelPricing:
             return ()
         topology = self.net.dp_topology(s) if d is None else self.net.edp_topology(s, d)
         # The view holds its topologies while this estimator lives: their ids are theirs.
-        key = (id(topology), s, kind, what, d is None)
+        key = (id(topology), s, kind, what, d is None, chunk)
         got = self._bucket_cache.get(key)
         if got is None:
-            layout = self._layout(s, d is not None)
+            layout = self._layout(s, d is not None, chunk)
             got = self._bucket_cache[key] = _BUCKETS.get(
                 (layout,), (topology, kind, what),
                 lambda: _timed_buckets(layout, _BUCKETS.get((), (topology, kind), dict),
                                        topology, kind, what == "grad"))
         return got
 
-    def _layout(self, s: int, expert: bool) -> Layout:
+    def _layout(self, s: int, expert: bool, chunk: int | None = None) -> Layout:
         """Stage s's dense (or routed experts') DP buckets in release order as columns (gradient
         bytes, parameter bytes, ready point 0..1 of the stage's backward window) of its cut
-        (`_cut`, which keeps it): `cost.ops.stage_bucket_layout`."""
-        got = self._layout_cache.get((s, expert))
+        (`_cut`, which keeps it): `cost.ops.stage_bucket_layout`; with `chunk` of that chunk
+        alone (points in its own backward)."""
+        got = self._layout_cache.get((s, expert, chunk))
         if got is None:
             runs, layouts = self._cut(s)
-            got = layouts.get(expert)
+            got = layouts.get((expert, chunk))
             if got is None:
-                got = layouts[expert] = stage_bucket_layout(runs, self._params(s), expert)
-            self._layout_cache[(s, expert)] = got
+                part = slice(None) if chunk is None else slice(chunk, chunk + 1)
+                got = layouts[(expert, chunk)] = stage_bucket_layout(
+                    runs[part], self._params(s)[part], expert)
+            self._layout_cache[(s, expert, chunk)] = got
         return got
 
     def _cut(self, s: int) -> tuple[tuple, dict[bool, Layout]]:
@@ -114,19 +120,23 @@ class DataParallelPricing:
                 for j, numel in zip(js, numels, strict=True)), {}))
         return got
 
-    def _start_delay(self, s: int, d: int) -> float:
-        """Overlapped optimizer: the first forward consumes parameter buckets in forward order as
-        their all-gathers (one stream, back to back, in that order) complete; a bucket's share
-        of that forward can start only after its own all-gather (`gather_delay_s`)."""
+    def _gather_floors(self, s: int, d: int) -> tuple[float, ...] | None:
+        """Overlapped optimizer: when (s) each chunk's first forward may start. It consumes its
+        chunk's parameter buckets in forward order as their all-gathers complete (one stream,
+        back to back, every chunk's at once, chunk 0's first); a bucket's share of that forward
+        can start only after its own all-gather (`bucket_streams.gather_floors`). None without
+        gathers before the forward."""
         if not self.plan.optimizer.gathers_before_forward:
-            return 0.0
-        dense, expert = (self._buckets(s, "all-gather", "param", e) for e in (None, d))
-        if not dense + expert:
-            return 0.0
-        forward = self._op_s(s, d, self._virtual(s, 0), False)
-        if expert:  # both buffers' gathers, consumed in forward order
-            return merged_delay_s(dense, expert, forward, gathers=True)
-        return gather_delay_s(dense, forward)
+            return None
+        chunks = range(self.plan.num_chunks)
+        dense = [self._buckets(s, "all-gather", "param", None, c) for c in chunks]
+        expert = [self._buckets(s, "all-gather", "param", d, c) for c in chunks]
+        if not any(dense) and not any(expert):
+            return None
+        forwards = [self._op_s(s, d, self._virtual(s, c), False) for c in chunks]
+        if any(expert):  # both buffers' gathers, consumed in forward order
+            return tuple(merged_gather_floors(dense, expert, forwards))
+        return tuple(gather_floors(dense, forwards))
 
     def _backward_window(self, s: int, d: int) -> float:
         """Seconds of one micro-batch's backward over all chunks of stage s (`_released_row` in)."""
@@ -181,21 +191,67 @@ class DataParallelPricing:
         return max(released_reduction_tail_s(reduce, backward),
                    first_release + m * total_s(reduce) - window)
 
-    def _tail(self, s: int, d: int) -> float:
+    def _tail(self, s: int, d: int, gaps: tuple[float | None, ...] | None = None) -> float:
         """Seconds of stage s's gradient sync, embedding all-reduce, optimizer step and
         all-gather after its last op, on replica d; priced once per alike stages (`_alike`)
-        with equal embedding rings."""
+        with equal embedding rings. `gaps`: where the stage's chunks release gradients in
+        their last backwards, seconds from each one's end to the stage's last op's end (None
+        for a chunk: its reductions left out, as for a lower bound), the reductions then
+        priced from them (`_gapped_reduction_s`)."""
         emb = self.net.embedding_ring(d) if self.w.tie_embeddings and self.plan.pp > 1 and \
             s in (0, self.plan.pp - 1) else None
         key = (self._alike(s, d), emb)  # alike stages with the same embedding ring (or none)
         got = self._tail_cache.get(key)
         if got is None:
             got = self._tail_cache[key] = self._tail_s(s, d, emb)
+        if gaps is None:
+            return got[0]
+        _, reduces, deferred, after = got
+        t = max(self._gapped_reduction_s(s, d, gaps) if reduces else 0.0, deferred)
+        for seconds in after:
+            t += seconds
+        return t
+
+    def _gapped_reduction_s(self, s: int, d: int, gaps: tuple[float | None, ...]) -> float:
+        """Seconds the gradient reductions end after stage s's last op where each chunk's last
+        backward releases its buckets (the engine's `_releasing_compute`): chunk c's ends
+        `gaps[c]` s before the stage's last op's end, releasing its buckets as `_chunk_jobs`
+        times them; each buffer's reductions run in release order on one stream
+        (`bucket_streams.reduction_tail_s`). A stage runs its ops one after another, so its
+        chunks' releases follow the order of their ends."""
+        jobs: tuple[list, list] = ([], [])
+        templates = self._chunk_jobs(s, d)
+        for c in sorted((c for c, g in enumerate(gaps) if g is not None), key=lambda c: -gaps[c]):
+            length, chunk_jobs = templates[c]
+            begin = -gaps[c] - length
+            for stream, offsets in zip(jobs, chunk_jobs):
+                stream.extend((begin + offset, r) for offset, r in offsets)
+        return reduction_tail_s(*jobs)
+
+    def _chunk_jobs(self, s: int, d: int) -> tuple:
+        """Per chunk of stage s on replica d: its releasing backward's seconds (its time alone
+        plus its extra, `_released_row`) and its dense and expert gradient buckets as (release
+        s after the op's start, `cost.ops.released_at_s` of its point in the chunk, reduction
+        s); priced once per alike stages."""
+        key = self._alike(s, d)
+        got = self._jobs_cache.get(key)
+        if got is None:
+            kind, extras = self.plan.optimizer.gradient_collective, self._released_row(d)[s]
+            got = []
+            for c in range(self.plan.num_chunks):
+                op = self._op_s(s, d, self._virtual(s, c), True)
+                extra, loss, first = extras[c] if extras is not None else (0.0, 0.0, 0.0)
+                got.append((op + extra, tuple(
+                    tuple((released_at_s(op, loss, first, point), r)
+                          for r, point in self._buckets(s, kind, "grad", e, c)) for e in (None, d))))
+            got = self._jobs_cache[key] = tuple(got)
         return got
 
-    def _tail_s(self, s: int, d: int, emb) -> float:
-        """Seconds of the work after the stage's last op (see `_tail`)."""
-        p, mode, w = self.plan, self.plan.optimizer, self.w
+    def _tail_s(self, s: int, d: int, emb) -> tuple[float, bool, float, tuple[float, ...]]:
+        """The work after the stage's last op (see `_tail`): its seconds with the reductions
+        priced in one backward window, whether it reduces gradients, the deferred output-layer
+        weight gradients' seconds and the seconds of each step after the gradient sync."""
+        p, mode = self.plan, self.plan.optimizer
         # The deferred output-layer weight gradients run first; buckets released in the
         # backward reduce meanwhile, the others after them (`engine._deferred_wgrad`).
         deferred = p.num_microbatches * self.costs.deferred_wgrad_s(self.net.node(s, d)) \
@@ -208,27 +264,38 @@ class DataParallelPricing:
         if mode.reduces_every_microbatch:
             t += self._every_microbatch_tail_s(s, d, reduce) if reduce else 0.0
         elif p.releases_gradients_in_backward and expert:
-            t += merged_delay_s(dense, expert, self._backward_window(s, d), gathers=False)
+            t += merged_delay_s(dense, expert, self._backward_window(s, d))
         elif p.releases_gradients_in_backward:
             t += released_reduction_tail_s(reduce, self._backward_window(s, d)) if reduce else 0.0
         else:
             t += total_s(reduce)
         t = max(t, deferred) if p.releases_gradients_in_backward else t + deferred
+        after = self._after_sync_s(s, d, emb)
+        for seconds in after:
+            t += seconds
+        return t, bool(reduce), deferred, after
+
+    def _after_sync_s(self, s: int, d: int, emb) -> tuple[float, ...]:
+        """Seconds of each step of stage s after its gradient sync, in order: the embedding
+        all-reduce (on ring `emb`, if any), the gradient buffer's pass, the optimizer step and
+        (outside the forward) the parameter all-gathers."""
+        p, mode, w = self.plan, self.plan.optimizer, self.w
+        out = []
         if emb is not None:
-            t += ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
-                                        emb[1], emb[2])
+            out.append(ring_collective_time_s("all-reduce", emb[0], w.grad_bytes_of(w.vocab * w.hidden),
+                                              emb[1], emb[2]))
         node = self.net.node(s, d)
         params, expert = sum(self._params(s)), sum(self._split_params(s, expert=True))
-        t += self.costs.gradient_buffer_s(node, params / p.tp)
+        out.append(self.costs.gradient_buffer_s(node, params / p.tp))
         if expert == 0:  # `OpCosts.stage_params`
-            t += self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1))
+            out.append(self.costs.optimizer_s(node, params / p.tp / (p.dp if mode.sharded else 1)))
         else:  # the experts' state sharded over their expert-data-parallel group
             edp = p.dp // self.w.ep_replicas if mode.sharded else 1
-            t += self.costs.optimizer_s(node, (params - expert) / p.tp / (p.dp if mode.sharded else 1)
-                                        + expert / p.tp / edp)
+            out.append(self.costs.optimizer_s(
+                node, (params - expert) / p.tp / (p.dp if mode.sharded else 1) + expert / p.tp / edp))
         if mode.gathers_after_step:
-            t += total_s(self._stage_buckets(s, d, "all-gather", "param"))
-        return t
+            out.append(total_s(self._stage_buckets(s, d, "all-gather", "param")))
+        return tuple(out)
 
     def _stage_buckets(self, s: int, d: int, kind: str, what: str
                        ) -> tuple[tuple[float, float], ...]:

@@ -60,6 +60,30 @@ class OpTable:
         return got
 
     @property
+    def first_of_kind(self) -> tuple[tuple[int, ...], ...]:
+        """Each stage's index of its first op of each kind (-1: none)."""
+        got = self.tuples.get("first_of_kind")
+        if got is None:
+            got = self.tuples["first_of_kind"] = tuple(
+                tuple(next((k for k, op in enumerate(row) if op[0] == dk), -1)
+                      for dk in range(len(kinds)))
+                for row, kinds in zip(self.rows, self.kinds, strict=True))
+        return got
+
+    @property
+    def released_outputs(self) -> tuple[tuple[int, ...], ...]:
+        """Of a released table, each stage's output slot of its releasing backward of each
+        chunk (-1 for the one that sends nothing: virtual stage 0's, stage 0's last op)."""
+        got = self.tuples.get("released_outputs")
+        if got is None:
+            assert self.released, "only a released table has releasing backwards"
+            nc = self.shape[3]
+            got = self.tuples["released_outputs"] = tuple(
+                tuple(next(op[3] for op in row if op[0] == 2 * nc + c) for c in range(nc))
+                for row in self.rows)
+        return got
+
+    @property
     def fast(self) -> tuple[tuple[tuple, ...], ...]:
         """`rows` in the form `walk` replays them (`walk._program`): -2 reads the "no input" slot at
         the end of the message list, -1 the sentinel send (0 s) and the slot of ops that send

@@ -5,15 +5,19 @@ previous op of its stage ended and its input arrived. A transfer is a rendezvous
 gloo's point-to-point operations are: it starts when its op has ended on the sending stage and
 the receiving stage has posted the receive (reached the op that consumes it, i.e. ended its
 previous op), and takes its idle-path time. A stage posts one receive at a time, so transfers
-to one stage never overlap. `walk_plain` does that op by op.
+to one stage never overlap. An op may also have a floor: it starts no earlier than that, once its
+input arrived (the first forward of a chunk waiting for its parameter all-gathers; its later
+forwards start after the first ended, so their floor never binds). `walk_plain` does that op
+by op.
 
 `walk` gives the same stage end times without walking every micro-batch. In the steady part of
 1F1B and interleaved schedules (one forward, one backward) the op rows repeat: round r + 1 of
 stage s is round r with every micro-batch shifted by M (1, or p for interleaved), so the map from
 the state at one round boundary (each stage's clock, the messages in flight) to the next is the
-same max-plus map F for every round. F is homogeneous (F(x + a) = F(x) + a), so
-once the state after round r equals the state after round r - c plus one constant a (c: the
-cyclicity of the recurrence; Baccelli et al., "Synchronization and Linearity", 1992, ch. 3),
+same max-plus map F for every round. F is homogeneous (F(x + a) = F(x) + a) in the rounds
+after every floor that can bind (`_settled`), so once the state after round r equals the
+state after round r - c plus one constant a (c: the cyclicity of the recurrence; Baccelli et
+al., "Synchronization and Linearity", 1992, ch. 3),
 every later c rounds add a again: the walk adds it (R - r) / c times at once (R: the run's last
 round) and walks on from there. Cycles c up to 2p are tried (1F1B on 16 stages: c = 4 seen).
 Which rounds repeat is checked from the op rows themselves, not assumed (`steady_run.py`;
@@ -56,19 +60,38 @@ last place of the largest time (rounding in a round's chain of additions) and st
 one constant."""
 
 
+Floors = list[list[float]] | None
+"""Per stage, per kind index: the time (s) before which an op of that kind may not start (-inf:
+none), or None for no floors."""
+
+
 def walk_plain(table: OpTable, durs: list[list[float]], sends: list[float],
-               start: list[float]) -> list[float]:
-    """Stage end times (s) of one replica, op by op: every op as early as its stage and input
-    allow (`durs[s][kind index]`, `sends[send index]` in seconds; `start[s]`: stage s's first
-    op may not start before). Walks the full table of `table`'s schedule, in Python."""
+               start: list[float], floors: Floors = None) -> list[float]:
+    """Stage end times (s) of one replica, op by op: every op as early as its stage, input and
+    floor allow (`durs[s][kind index]`, `sends[send index]` in seconds; `start[s]`: stage s's
+    clock before its first op). Walks the full table of `table`'s schedule, in Python."""
+    return plain_walked(table, durs, sends, start, floors).clock
+
+
+def plain_walked(table: OpTable, durs: list[list[float]], sends: list[float],
+                 start: list[float], floors: Floors = None) -> _State:
+    """`walk_plain`'s final state (the full table, its clocks and message times)."""
     table = full_op_table(*table.shape, table.released)
-    state = _State(table, durs, sends, start, compiled=False)
+    state = _State(table, durs, sends, start, compiled=False, floors=floors)
     state.advance_checked(table.lengths)
-    return state.clock
+    return state
+
+
+def released_ends(table: OpTable, clock, ready) -> list[tuple[float, ...]]:
+    """End (s) of each stage's releasing backwards (`OpTable.released_outputs`), chunk by chunk,
+    from a walk's clocks and message times: the message each sends, or the stage's clock for
+    the one that sends none (the stage's last op)."""
+    return [tuple(clock[s] if out < 0 else ready[out] for out in outs)
+            for s, outs in enumerate(table.released_outputs)]
 
 
 def walk_early_receive(table: OpTable, durs: list[list[float]], sends: list[float],
-                       start: list[float]) -> list[float]:
+                       start: list[float], floors: Floors = None) -> list[float]:
     """`walk_plain` with each receive posted when the stage's previous op of the same kind (F or
     B) ends, as Megatron-Core's interleaved schedule does with `overlap_p2p_comm`: after a
     forward it starts sending its output and receiving the next forward's input, after a
@@ -77,8 +100,15 @@ def walk_early_receive(table: OpTable, durs: list[list[float]], sends: list[floa
     schedules.py). Where forwards and backwards alternate (the steady phase) that is two ops
     ahead; in the warm-up and cool-down, and for a stage's first op of a kind, it is the
     rendezvous of `walk_plain` (the previous op's end). The transfer of op k's input starts at
-    max(sent, post); op k starts at max(end of op k - 1, that + send). Op by op over the full
-    table, in Python (no steady-state jump)."""
+    max(sent, post); op k starts at max(end of op k - 1, that + send, its floor). Op by op over
+    the full table, in Python (no steady-state jump)."""
+    return early_receive_walk(table, durs, sends, start, floors)[0]
+
+
+def early_receive_walk(table: OpTable, durs: list[list[float]], sends: list[float],
+                       start: list[float], floors: Floors = None
+                       ) -> tuple[list[float], list[float], OpTable]:
+    """`walk_early_receive`'s clocks, its message times and the full table it walked."""
     table = full_op_table(*table.shape, table.released)
     rows, ready = table.rows, [-1.0] * table.slots
     pos, clock = [0] * len(rows), list(start)
@@ -88,6 +118,7 @@ def walk_early_receive(table: OpTable, durs: list[list[float]], sends: list[floa
         progressed = False
         for s, row in enumerate(rows):
             k, t, dur, kinds, last = pos[s], clock[s], durs[s], table.kinds[s], posted[s]
+            floor = floors[s] if floors is not None else None
             while k < len(row):
                 dk, need, sk, out = row[k]
                 backward = kinds[dk][1]
@@ -97,6 +128,8 @@ def walk_early_receive(table: OpTable, durs: list[list[float]], sends: list[floa
                         break
                     post = t if last[backward] is None else last[backward]
                     t = max(t, max(sent, post) + sends[sk])
+                if floor is not None and floor[dk] > t:
+                    t = floor[dk]
                 t += dur[dk]
                 if out >= 0:
                     ready[out] = t
@@ -107,32 +140,41 @@ def walk_early_receive(table: OpTable, durs: list[list[float]], sends: list[floa
                 pos[s], clock[s] = k, t
                 progressed = True
         assert progressed, "schedule deadlock"
-    return clock
+    return clock, ready, table
 
 
 def walk(table: OpTable, durs: list[list[float]], sends: list[float],
-         start: list[float]) -> list[float]:
+         start: list[float], floors: Floors = None) -> list[float]:
     """`walk_plain`'s result, jumping over the repeating rounds of the steady run (and the
     rounds a shortened table left out; when its state never repeats, the full table is walked).
     Its ops run in C when the extension was built (`_walk_kernel`), else in Python: the same
     sums and maxima in the same order, so the same result bit for bit."""
-    state = _State(table, durs, sends, start, compiled=_walk_kernel is not None)
+    return list(walked(table, durs, sends, start, floors).clock)
+
+
+def walked(table: OpTable, durs: list[list[float]], sends: list[float],
+           start: list[float], floors: Floors = None) -> _State:
+    """`walk`'s final state (its `table`, clocks and message times)."""
+    state = _State(table, durs, sends, start, compiled=_walk_kernel is not None, floors=floors)
     run = table.run
     if run is not None:
         state.advance(run.cut(0))
         if not _through_run(state, table, run) and run.extra:
-            return walk(full_op_table(*table.shape, table.released), durs, sends, start)
+            return walked(full_op_table(*table.shape, table.released), durs, sends, start, floors)
     state.advance(table.lengths)
-    return list(state.clock)
+    return state
 
 
 class _State:
     """Where a walk of `table` with op times `durs` and send times `sends` (s) is: each stage's
     next op and clock (s), and when each message was sent (s; -1: not yet). `compiled`: the
-    ops run in C (`_walk_kernel`; positions, clocks and messages are then arrays)."""
+    ops run in C (`_walk_kernel`; positions, clocks and messages are then arrays). `floors`:
+    see `Floors`."""
 
-    def __init__(self, table: OpTable, durs, sends, start: list[float], compiled: bool):
+    def __init__(self, table: OpTable, durs, sends, start: list[float], compiled: bool,
+                 floors: Floors = None):
         self.table, self.durs, self.sends, self.compiled = table, durs, sends, compiled
+        self.floors = floors
         # Two sentinel slots after the table's: "no input" (-2: never later than a clock) and
         # the output of ops that send nothing (-1: written, never read by a real op).
         if compiled:
@@ -142,6 +184,7 @@ class _State:
             self.pos, self.clock = array("q", bytes(8 * len(start))), array("d", start)
             self.ready = array("d", [-1.0]) * table.slots + array("d", [-math.inf, 0.0])
             self.cdurs, self.csends = array("d", [t for row in durs for t in row]), array("d", sends)
+            self.cfloors = None if floors is None else array("d", [t for row in floors for t in row])
         else:
             self.pos, self.clock = [0] * len(start), list(start)
             self.ready = [-1.0] * table.slots + [-math.inf, 0.0]
@@ -155,7 +198,7 @@ class _State:
         if self.compiled:
             rows, firsts = table.flat
             _walk_kernel.advance(rows, firsts, self.cdurs, self.kinds, self.csends, self.pos,
-                                 array("q", limits), self.clock, self.ready)
+                                 array("q", limits), self.clock, self.ready, self.cfloors)
             return
         key = (tuple(self.pos), tuple(limits))
         runs = _program(table, key)
@@ -165,6 +208,10 @@ class _State:
             if len(table.programs) >= 256:  # a table's walks take a few dozen segments
                 table.programs.clear()
             table.programs[key] = record  # kept once the segment was walked through
+            return
+        if self.floors is not None:
+            self._replay_floored(runs)
+            self.pos = list(limits)
             return
         clock, ready, durs = self.clock, self.ready, self.durs
         sends = [*self.sends, 0.0]  # the sentinel send (-1)
@@ -178,12 +225,27 @@ class _State:
             clock[s] = t
         self.pos = list(limits)
 
+    def _replay_floored(self, runs) -> None:
+        """`advance`'s replay of recorded runs, each op no earlier than its floor."""
+        clock, ready, durs, floors = self.clock, self.ready, self.durs, self.floors
+        sends = [*self.sends, 0.0]  # the sentinel send (-1)
+        for s, ops in runs:
+            t, dur, floor = clock[s], durs[s], floors[s]
+            for dk, need, sk, out in ops:
+                sent = ready[need]
+                t = (sent if sent > t else t) + sends[sk]
+                if floor[dk] > t:
+                    t = floor[dk]
+                t += dur[dk]
+                ready[out] = t
+            clock[s] = t
+
     def advance_checked(self, limits: list[int], record: list | None = None) -> None:
         """Run every stage s up to op index `limits[s]` (the ops before the limits must depend
         only on each other), op by op, checking each input has arrived (`walk_plain`); appends
         each run (stage, first op, end) to `record`."""
         rows, pos, clock, ready = self.table.rows, self.pos, self.clock, self.ready
-        durs, sends = self.durs, self.sends
+        durs, sends, floors = self.durs, self.sends, self.floors
         todo = sum(n - k for n, k in zip(limits, pos, strict=True))
         stages = range(len(rows))
         while todo:
@@ -193,6 +255,7 @@ class _State:
                 if k == n:
                     continue
                 row, t, dur = rows[s], clock[s], durs[s]
+                floor = None if floors is None else floors[s]
                 while k < n:
                     dk, need, sk, out = row[k]
                     if need >= 0:
@@ -201,6 +264,8 @@ class _State:
                             break
                         # Rendezvous: the transfer starts once sent and the receive is posted.
                         t = (sent if sent > t else t) + sends[sk]
+                    if floor is not None and floor[dk] > t:
+                        t = floor[dk]
                     t += dur[dk]
                     if out >= 0:
                         ready[out] = t
@@ -226,12 +291,13 @@ def _through_run(state: _State, table: OpTable, run: SteadyRun) -> bool:
     history = [state.vector(run.outstanding[0])]
     cycles = _MAX_CYCLE * len(table.kinds)
     rounds = run.rounds + run.extra  # of the full schedule
+    settled = 0 if state.floors is None else _settled(table, run, state.floors)
     for r in range(1, run.rounds + 1):
         state.advance(run.cut(r))
         now = state.vector(run.outstanding[r])
         history.append(now)
         first, last = now[0], now[-1]
-        for c in range(1, min(r, cycles, run.rounds - r) + 1):
+        for c in range(1, min(r - settled, cycles, run.rounds - r) + 1):
             before = history[r - c]
             # Cheap rejection on two components before comparing them all.
             if abs((first - before[0]) - (last - before[-1])) > _NOISE_ULPS * math.ulp(first):
@@ -243,6 +309,16 @@ def _through_run(state: _State, table: OpTable, run: SteadyRun) -> bool:
                 _jump(state, run, r, r + steps * c - run.extra, steps * step)
                 return True
     return False
+
+
+def _settled(table: OpTable, run: SteadyRun, floors: list[list[float]]) -> int:
+    """The first cut of `run` after every stage's first op of each kind with a floor: later
+    ops of those kinds start after the first ended, past the floor, so the rounds from this
+    cut on are the homogeneous map (module docstring)."""
+    firsts = table.first_of_kind
+    return max((max(0, (firsts[s][k] - a) // run.period + 1)
+                for s, a in enumerate(run.starts) for k, f in enumerate(floors[s])
+                if f > -math.inf and firsts[s][k] >= 0), default=0)
 
 
 def _constant_step(before: list[float], now: list[float]) -> float | None:

@@ -132,6 +132,12 @@ def test_compiled_walk_refuses_bad_arrays():
     with pytest.raises(ValueError):  # fewer op times than kinds
         k.advance(rows, firsts, array("d", [1.0]), 2, sends, *state()[:1], array("q", [8, 8]),
                   *state()[1:])
+    with pytest.raises(ValueError, match="floors and durations differ"):  # a floor short
+        k.advance(rows, firsts, durs, 2, sends, *state()[:1], array("q", [8, 8]), *state()[1:],
+                  array("d", [0.0] * 3))
+    with pytest.raises(TypeError, match="floors"):  # floors as integers
+        k.advance(rows, firsts, durs, 2, sends, *state()[:1], array("q", [8, 8]), *state()[1:],
+                  array("q", [0] * 4))
     with pytest.raises(RuntimeError, match="deadlock"):  # stage 1 waits for a message never sent
         pos, clock, ready = state()
         k.advance(rows, firsts, durs, 2, sends, pos, array("q", [0, 8]), clock, ready)
@@ -193,7 +199,7 @@ def test_estimate_with_jump_equals_plain_walk_on_searched_plans(name, monkeypatc
             analytic._WALKS.clear()
             analytic._ESTIMATES.clear()
             with monkeypatch.context() as m:
-                m.setattr(analytic, "walk", walk_plain)  # walks the full table
+                m.setattr(analytic, "walked", walk_module.plain_walked)  # the full table
                 plain = analytic.estimate_iteration(plan, cluster, p.workload, p.compute)
             assert _close([plain.iteration_s, *plain.stage_end_s],
                           [fast.iteration_s, *fast.stage_end_s]), (layout, policy)
@@ -235,6 +241,78 @@ def test_bucket_delays_equal_the_step_by_step_timelines():
         tail = max(0.0, t - window)
         assert bucket_streams.released_reduction_tail_s(buckets, window) == pytest.approx(
             tail, rel=1e-9, abs=1e-12 * window)
+
+
+def test_gather_floors_equal_the_step_by_step_timelines():
+    """Each chunk's first forward run piece by piece (`gather_delay_s`'s timeline) with every
+    chunk's all-gathers back to back on one stream, chunk 0's first: it ends at its floor plus
+    its forward; one chunk's floor is `gather_delay_s`, and with an empty expert buffer the
+    two-stream floors are the one-stream ones."""
+    rng = random.Random(17)
+    for _ in range(500):
+        chunks = [_buckets(rng) for _ in range(rng.choice([1, 2, 3, 5]))]
+        forwards = [rng.uniform(1e-4, 0.2) for _ in chunks]
+        floors = bucket_streams.gather_floors(chunks, forwards)
+        gathered = 0.0
+        for buckets, forward, floor in zip(chunks, forwards, floors, strict=True):
+            now, done = 0.0, 0.0
+            for i in range(len(buckets) - 1, -1, -1):
+                gathered += buckets[i][0]
+                upto = 1.0 - (buckets[i - 1][1] if i > 0 else 0.0)
+                now = max(now, gathered) + forward * (upto - done)
+                done = upto
+            assert floor + forward == pytest.approx(now, rel=1e-9)
+        assert floors[0] == bucket_streams.gather_delay_s(chunks[0], forwards[0])
+        merged = bucket_streams.merged_gather_floors(chunks, [()] * len(chunks), forwards)
+        assert merged == pytest.approx(floors, rel=1e-9, abs=1e-12)
+
+
+def _floors(rng: random.Random, table) -> list[list[float]] | None:
+    """Floors on each chunk's forwards (the walk's gathers before a chunk's first forward),
+    rising with the chunk, on some stages; None for some cases."""
+    if rng.random() < 0.2:
+        return None
+    p = table.shape[1]
+    return [[rng.uniform(0.0, 0.3) * (1 + j // p) if not b and rng.random() < 0.8 else -math.inf
+             for j, b in kinds] for kinds in table.kinds]
+
+
+def test_floored_walks_equal_the_plain_walk(kernel):
+    """With floors (a chunk's forwards start no earlier than its first may), the walk with its
+    jump equals the op-by-op walk, and the releasing backwards' ends it reads
+    (`walk.released_ends`) equal the op-by-op walk's."""
+    rng = random.Random(19)
+    floored = 0
+    for _ in range(300):
+        table, durs, sends, start = _random_case(rng, released=rng.random() < 0.5)
+        floors = _floors(rng, table)
+        plain = walk_module.plain_walked(table, durs, sends, start, floors)
+        fast = walk_module.walked(table, durs, sends, start, floors)
+        assert _close(plain.clock, list(fast.clock))
+        assert walk(table, durs, sends, start, floors) == list(fast.clock)  # replays
+        if table.released:
+            ends = walk_module.released_ends(fast.table, fast.clock, fast.ready)
+            reference = walk_module.released_ends(plain.table, plain.clock, plain.ready)
+            assert all(_close(list(a), list(b)) for a, b in zip(ends, reference, strict=True))
+        if floors is not None:
+            unfloored = walk_plain(table, durs, sends, start)
+            floored += any(a > b for a, b in zip(plain.clock, unfloored))
+    assert floored >= 50  # the floors bound in many cases
+
+
+def test_compiled_and_python_walks_are_identical_with_floors(monkeypatch):
+    """The C walk and the Python walk with floors: equal bit for bit."""
+    if walk_module._walk_kernel is None:
+        pytest.skip("the C walk was not built")
+    rng = random.Random(23)
+    for _ in range(200):
+        table, durs, sends, start = _random_case(rng)
+        floors = _floors(rng, table)
+        compiled = walk(table, durs, sends, start, floors)
+        with monkeypatch.context() as m:
+            m.setattr(walk_module, "_walk_kernel", None)
+            assert walk(table, durs, sends, start, floors) == compiled
+            assert walk(table, durs, sends, start, floors) == compiled
 
 
 def test_op_columns_are_the_built_schedules():

@@ -80,7 +80,8 @@ def test_plan_ranks_and_exports_no_gpipe_plan_unless_listed(tmp_path):
     assert {c["schedule"] for c in found["candidates"]} <= {"1f1b", "interleaved"}
     assert found["baseline"]["schedule"] != "gpipe"
     best = found["candidates"][0]
-    assert (best["policy"], best["schedule"]) == ("holmes", "1f1b")
+    # its interleaved plans simulate faster than its best 1F1B one (35.7 s against 36.0 s)
+    assert (best["policy"], best["schedule"]) == ("holmes", "interleaved")
     assert found["baseline"]["predicted_iteration_s"] > best["predicted_iteration_s"]
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
         "1-holmes", "2-holmes"]
