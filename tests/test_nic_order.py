@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from holmes_sim.plan import GroupKind, TransportKind
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy, run_policy
@@ -11,7 +13,8 @@ _NIC = {"ib": "{{type: ib, bandwidth_gbit_per_s: 200, count: 1, fabric: {}}}",
         "roce": "{{type: roce, bandwidth_gbit_per_s: 200, count: 1, fabric: {}}}"}
 
 
-def _scenario(nodes: list[tuple[str, str, tuple[str, ...]]], tp: int = 8, pp: int = 2) -> str:
+def _scenario(nodes: list[tuple[str, str, tuple[str, ...]]], tp: int = 8, pp: int = 2,
+              batch: int = 16) -> str:
     """YAML of one cluster of 8-GPU nodes (name, GPU model, RDMA fabrics: `ib*` is InfiniBand,
     `roce*` RoCE), each also on Ethernet."""
     rows = []
@@ -31,7 +34,7 @@ clusters:
 {chr(10).join(rows)}
 model: {{num_layers: 16, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024,
         vocab_size: 51200}}
-training: {{global_batch_size: 16, micro_batch_size: 1}}
+training: {{global_batch_size: {batch}, micro_batch_size: 1}}
 parallel: {{tensor: {tp}, pipeline: {pp}}}
 policies: [holmes, holmes-no-nic-aware-order, all-ib]
 """
@@ -112,6 +115,69 @@ def test_class_boundaries_fall_on_stage_boundaries(write_scenario):
         assert _stages(plan) == [["r0-0", "r1-0"], ["r2-0", "r3-0"], ["e0-0", "e1-0"],
                                  ["e2-0", "i0-0"]]
         assert plan.notes == ("stage 3 spans NIC classes ethernet, ib-a",)
+
+
+def test_a_class_that_fills_stages_keeps_them_whatever_the_other_sizes(write_scenario):
+    """Six IB A100 nodes, two RoCE H100 and four Ethernet-only A100, TP 8 PP 2 (six nodes a
+    stage): the IB class fills stage 0, so only stage 1 (RoCE and Ethernet, which share no
+    fabric whatever the order) runs its DP groups on TCP, in every listing. Ordered by the
+    largest power of two dividing each class's GPUs, Ethernet (32) led and both stages
+    spanned classes (0.171 s against 0.121 s)."""
+    i = [(f"i{k}", "a100-80gb", ("ib-a",)) for k in range(6)]
+    r = [(f"r{k}", "h100-sxm", ("roce-a",)) for k in range(2)]
+    e = [(f"e{k}", "a100-80gb", ()) for k in range(4)]
+    prepared = _listings(write_scenario, i + r + e, e + i + r, r + e + i, batch=24)
+    for p in prepared:
+        plan = plan_policy(p, "holmes")[0]
+        assert _stages(plan) == [[f"i{k}-0" for k in range(6)],
+                                 [*(f"e{k}-0" for k in range(4)), "r0-0", "r1-0"]]
+        assert plan.notes == ("stage 1 spans NIC classes ethernet, roce-a",)
+        assert {str(g.transport) for g in plan.groups_of(GroupKind.DATA)
+                if g.ranks[0] < 48} == {"rdma:ib-a"}
+    times = [run_policy(p, "holmes").result.iteration_time_s for p in prepared]
+    assert len(set(times)) == 1
+    assert times[0] <= min(run_policy(p, "holmes-no-nic-aware-order").result.iteration_time_s
+                           for p in prepared)
+
+
+def test_clusters_listed_either_way_get_the_same_placement(write_scenario):
+    """Four H100 nodes on IB and four A100 nodes on RoCE, TP 8 PP 2: both class orders keep
+    every DP group on RDMA; Holmes plans both and keeps the one its estimate prices faster
+    (the A100 stage first, 7 + 9 layers), whichever cluster is listed first. By first
+    appearance, the H100s first took 8 + 8 layers, 0.0937 s against 0.0874 s."""
+    h = [(f"h{k}", "h100-sxm", ("ib-a",)) for k in range(4)]
+    a = [(f"a{k}", "a100-80gb", ("roce-a",)) for k in range(4)]
+    prepared = _listings(write_scenario, h + a, a + h)
+    plans = [plan_policy(p, "holmes")[0] for p in prepared]
+    assert all(_stages(p) == [[f"a{k}-0" for k in range(4)], [f"h{k}-0" for k in range(4)]]
+               for p in plans)
+    assert {p.layers_per_stage for p in plans} == {(7, 9)}
+    times = {run_policy(p, "holmes").result.iteration_time_s for p in prepared}
+    assert len(times) == 1
+    assert min(times) < run_policy(prepared[0], "holmes-no-nic-aware-order").result.iteration_time_s
+
+
+def test_many_classes_are_ordered_class_by_class_whatever_the_listing():
+    """Past `_PERMUTED` classes the order is built class by class: the same for any listing,
+    and no worse (`_cost`) than the listing's own order of classes."""
+    from holmes_sim.policies import holmes
+
+    template = prepare(SCENARIOS / "mixed_ib_roce.yaml").cluster.nodes[0]
+    sizes = (3, 1, 2, 2, 1, 3, 4)  # nodes a class: 16 nodes, 4 a stage at TP 8 PP 4 (DP 4)
+    nodes = []
+    for c, n in enumerate(sizes):
+        nics = tuple(replace(nic, fabric=f"f{c}") if nic.fabric else nic for nic in template.nics)
+        nodes += [replace(template, name=f"n{c}-{k}", nics=nics) for k in range(n)]
+    assert len(sizes) > holmes._PERMUTED
+    orders = [[n.name.split("-")[0] for n in holmes.nic_aware_order(listed, 32)]
+              for listed in (nodes, nodes[::-1], nodes[1::2] + nodes[::2])]
+    assert orders[0] == orders[1] == orders[2]
+    classes = holmes._Classes(nodes)
+    chosen = classes.best_orders(32, ())
+    assert len(chosen) == 1
+    listed = tuple(f"f{c}" for c in range(len(sizes)))
+    assert holmes._cost(classes.runs(chosen[0]), 32, ()) <= \
+        holmes._cost(classes.runs(listed), 32, ())
 
 
 def _edp_kinds(plan) -> set[str]:

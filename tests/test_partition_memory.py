@@ -10,13 +10,12 @@ from typer.testing import CliRunner
 from holmes_sim.cli import app
 from holmes_sim.plan import OptimizerMode
 from holmes_sim.policies import POLICIES, base
-from holmes_sim.policies.holmes import nic_aware_order
 from holmes_sim.policies.partition import StageTimer, _even, _greedy, adaptive_partition
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import run_policy
 
-# GPT-39B on 6 H100 nodes (IB) and 2 A100 nodes (RoCE), TP 8 PP 4 DP 2, 1F1B: Holmes' order puts
-# the larger NIC class first, so the three H100 stages lead, and the first holds 4 micro-batches'
+# GPT-39B on 6 H100 nodes (IB) and 2 A100 nodes (RoCE), TP 8 PP 4 DP 2, 1F1B: in listing order
+# (`holmes-no-nic-aware-order`) the three H100 stages lead, and the first holds 4 micro-batches'
 # activations.
 _MIXED = """\
 name: partition-memory
@@ -56,9 +55,9 @@ def _scenario(write_scenario, mb: int, hop_gpu: str = "h100-sxm", hop_link: str 
 
 
 def _timer(prepared) -> StageTimer:
-    """Holmes' partition timer of the scenario's layout."""
+    """Holmes' partition timer of the scenario's layout in listing order."""
     request = prepared.request(prepared.cluster)
-    _, gpus = base.rank_order(prepared.cluster, "nic-aware", nic_aware_order)
+    _, gpus = base.rank_order(prepared.cluster, "listing", list)
     groups = base.build_groups(prepared.cluster, gpus, prepared.tp, prepared.pp, prepared.dp,
                                request.num_chunks, prepared.workload.tie_embeddings,
                                POLICIES["holmes"].chooser(request, gpus))
@@ -67,10 +66,10 @@ def _timer(prepared) -> StageTimer:
 
 def test_the_fast_stage_gets_no_more_layers_than_fit_its_memory(write_scenario):
     """Micro-batch 8: the time-optimal split (14/15/14/5) does not fit the first H100 stage; the
-    holmes plan takes an uneven split that fits, still giving the H100 stages more than their
-    equal share and still faster than the equal split."""
+    plan (listing order) takes an uneven split that fits, still giving the H100 stages more than
+    their equal share and still faster than the equal split."""
     prepared = prepare(_scenario(write_scenario, mb=8))
-    holmes = run_policy(prepared, "holmes")
+    holmes = run_policy(prepared, "holmes-no-nic-aware-order")
     equal = run_policy(prepared, "holmes-no-adaptive-partition")
     mem = holmes.result.memory
     assert mem.fits, mem.shortfall()
@@ -80,6 +79,19 @@ def test_the_fast_stage_gets_no_more_layers_than_fit_its_memory(write_scenario):
     assert holmes.result.iteration_time_s < equal.result.iteration_time_s
     timer = _timer(prepared)
     assert _greedy(timer) == (14, 15, 14, 5) and not timer.memory(_greedy(timer)).fits
+
+
+def test_holmes_leads_with_the_class_whose_first_stage_fits_more(write_scenario):
+    """Micro-batch 8: both class orders keep every DP group on RDMA; H100s first (the listing),
+    the first stage holds 4 micro-batches' activations and cannot take the layers the H100s'
+    speed earns (22.62 s). Holmes plans both orders and leads with the A100 stage (14.09 s)."""
+    prepared = prepare(_scenario(write_scenario, mb=8))
+    holmes = run_policy(prepared, "holmes")
+    listing = run_policy(prepared, "holmes-no-nic-aware-order")
+    assert holmes.plan.rank_to_gpu[0].node.startswith("amp")
+    assert listing.plan.rank_to_gpu[0].node.startswith("hop")
+    assert holmes.result.memory.fits, holmes.result.memory.shortfall()
+    assert holmes.result.iteration_time_s < 0.7 * listing.result.iteration_time_s
 
 
 def test_the_partition_is_the_fastest_split_that_fits(write_scenario):

@@ -94,7 +94,7 @@ def test_partition_search_equals_the_plain_greedy(name):
     as adding each layer to the stage of smallest trial time over every stage, uncached."""
     from holmes_sim.search import planner
     from holmes_sim.plan import OptimizerMode
-    from holmes_sim.policies.holmes import nic_aware_order
+    from holmes_sim.policies.holmes import nic_aware_ranks
     from holmes_sim.policies.partition import StageTimer, _even, _greedy
 
     prepared = prepare(SCENARIOS / f"{name}.yaml")
@@ -103,7 +103,7 @@ def test_partition_search_equals_the_plain_greedy(name):
     for layout in grid[::max(1, len(grid) // 25)]:
         p = planner.prepared_for(prepared, layout)
         request = p.request(p.cluster)
-        _, gpus = base.rank_order(p.cluster, "nic-aware", nic_aware_order)
+        _, (_, gpus) = nic_aware_ranks(request)[0]
         groups = base.build_groups(p.cluster, gpus, p.tp, p.pp, p.dp, request.num_chunks,
                                    p.workload.tie_embeddings, policy.chooser(request, gpus))
         timer = StageTimer(request, gpus, groups, OptimizerMode.DISTRIBUTED_OVERLAPPED)

@@ -2,12 +2,15 @@
 
 1. NIC-aware rank order (section 3.1, `nic_aware_order`): nodes are ordered by NIC class
    (their RDMA fabric, or Ethernet only; a node on two fabrics at the boundary of their
-   classes), so each pipeline stage's TP x DP ranks lie on one fabric; inside a class, slower
-   nodes (GPU model, `scenario.variability`) come first, so a GPU model's nodes and the
-   stragglers share stages; a CP group's ranks are consecutive (TP x CP of them, `plan`), so
-   its ring stays on a node's NVLink or, spanning nodes, on one RDMA fabric, as TP stays on
-   NVLink; so are an EP group's (EP x expert TP of them, Megatron-Core's expert order,
-   `policies.groups`), which keeps its all-to-alls in one NIC class. A stage that spans
+   classes), so each pipeline stage's TP x DP ranks lie on one fabric where an order of the
+   classes allows (`_Classes.best_orders`: the orders with the fewest stages and CP and EP
+   blocks off RDMA, then across clusters; `plan` keeps the one it estimates fastest); inside
+   a class, slower nodes (GPU model, `scenario.variability`) come first, so a GPU model's
+   nodes and the stragglers share stages; a CP group's ranks are consecutive (TP x CP of
+   them, `plan`), so its ring stays on a node's NVLink or, spanning nodes, on one RDMA
+   fabric, as TP stays on NVLink; so are an EP group's (EP x expert TP of them,
+   Megatron-Core's expert order, `policies.groups`), which keeps its all-to-alls in one NIC
+   class. A stage that spans
    classes cannot keep both its EP groups and its expert-DP groups (the same place in every
    EP group) on RDMA: there the order keeps the expert-DP groups instead (`expert_columns`)
    where the analytic estimate of the iteration says their gradient reductions cost more.
@@ -24,9 +27,11 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import permutations
 
 from holmes_sim.estimate.analytic import estimate_iteration, iteration_floor_s
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
@@ -63,7 +68,23 @@ class HolmesPolicy:
         return cluster
 
     def plan(self, request: PlanRequest) -> Plan:
-        nodes, rank_to_gpu = self.order(request)
+        """The plan of each candidate rank order (`orders`) that the analytic estimate of the
+        iteration prices fastest (ties, within the sums' rounding: the first)."""
+        plans = [self._plan(request, *ranks) for ranks in self.orders(request)]
+        if len(plans) == 1:
+            return plans[0]
+        priced = (request.cluster, request.workload, request.compute)
+        best, best_s = plans[0], estimate_iteration(plans[0], *priced).iteration_s
+        for plan in plans[1:]:
+            plan_s = estimate_iteration(plan, *priced).iteration_s
+            if plan_s < best_s * (1.0 - _MARGIN):
+                best, best_s = plan, plan_s
+        return best
+
+    def _plan(self, request: PlanRequest, nodes: tuple[Node, ...],
+              rank_to_gpu: tuple[GpuRef, ...]) -> Plan:
+        """The plan of this rank order: its layer split searched (`adaptive_partition`) or
+        equal."""
         plan_with = self._layout(request, nodes, rank_to_gpu)
         equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
         first = plan_with(equal)
@@ -88,20 +109,27 @@ class HolmesPolicy:
         keep_even = timer.memory(equal).fits or not timer.memory(adaptive.layers_per_stage).fits
         return even if keep_even else adaptive
 
-    def order(self, request: PlanRequest) -> tuple[tuple[Node, ...], tuple[GpuRef, ...]]:
-        """The nodes and their GPUs in rank order: the listing's, or `nic_aware_order` with
-        each stage that spans NIC classes laid out for its expert-DP groups instead
-        (`expert_columns`) where the estimate says the iteration is faster."""
+    def orders(self, request: PlanRequest) -> list[tuple[tuple[Node, ...], tuple[GpuRef, ...]]]:
+        """The candidate rank orders (nodes and their GPUs): the listing's, or each of
+        `nic_aware_ranks` with each stage that spans NIC classes laid out for its expert-DP
+        groups instead (`expert_columns`) where the estimate says the iteration is faster."""
         if not self.nic_aware_order:
-            return rank_order(request.cluster, "listing", list)
-        best = rank_order(request.cluster, "nic-aware", nic_aware_order)
+            return [rank_order(request.cluster, "listing", list)]
+        return [self._expert_columns(request, name, ranks)
+                for name, ranks in nic_aware_ranks(request)]
+
+    def _expert_columns(self, request: PlanRequest, name: str,
+                        best: tuple[tuple[Node, ...], tuple[GpuRef, ...]]
+                        ) -> tuple[tuple[Node, ...], tuple[GpuRef, ...]]:
+        """Rank order `best` (called `name`) with `expert_columns` applied stage by stage
+        where the estimate of the equal split gains."""
         best_s, spread = None, ()
         for s in _split_stages(best[0], request):
             nodes = expert_columns(best[0], request, s)
             if nodes is None:
                 continue
-            name = f"nic-aware, expert columns {_degrees(request)} {(*spread, s)}"
-            tried = rank_order(request.cluster, name, lambda _, nodes=nodes: nodes)
+            columns = f"{name}, expert columns {_degrees(request)} {(*spread, s)}"
+            tried = rank_order(request.cluster, columns, lambda _, nodes=nodes: nodes)
             if best_s is None:
                 best_s = self._equal_s(request, *best)
             tried_s = self._equal_s(request, *tried)
@@ -146,6 +174,29 @@ class HolmesPolicy:
         return lambda gpus: job_wide_transport(cluster, gpus, fabric)
 
 
+def nic_aware_ranks(request: PlanRequest
+                    ) -> list[tuple[str, tuple[tuple[Node, ...], tuple[GpuRef, ...]]]]:
+    """The candidate NIC-aware rank orders of the request (`_Classes.best_orders` for its
+    stages and CP and EP blocks), each named and made once per cluster (`base.rank_order`)."""
+    shape = _shape(request)
+    classes = request.cluster.derived(("nic classes",), lambda: _Classes(request.cluster.nodes))
+    out = []
+    for order in classes.best_orders(*shape):
+        name = f"nic-aware {shape} {order}"
+        out.append((name, rank_order(request.cluster, name,
+                                     lambda _, order=order: classes.arrange(order))))
+    return out
+
+
+def _shape(request: PlanRequest) -> tuple[int, tuple[int, ...]]:
+    """A stage's ranks (TP x DP) and the sizes of the blocks of consecutive ranks that form
+    CP groups (TP x CP) and EP groups (ep x etp), where there are such groups."""
+    w = request.workload
+    blocks = ((request.tp * request.cp,) if request.cp > 1 else ()) + \
+        ((w.ep * w.expert_tp(request.tp),) if w.ep > 1 else ())
+    return request.tp * request.dp, blocks
+
+
 def nic_classes(nodes: Sequence[Node]) -> list[str]:
     """Each node's NIC class: its RDMA fabric, or Ethernet when it has none; a node on several
     fabrics takes the one that reaches the most GPUs (ties: the first by name), whatever order
@@ -157,44 +208,154 @@ def nic_classes(nodes: Sequence[Node]) -> list[str]:
             for n in nodes]
 
 
-def nic_aware_order(nodes: Sequence[Node]) -> list[Node]:
-    """Nodes grouped by NIC class (`_class_order`). Inside a class, a node that is also on the
-    previous class's fabric comes first and one on the next class's last, so a stage that
-    straddles the boundary can keep its DP groups on a fabric all its nodes share; then slower
-    nodes first (`compute_rate`: the GPU model's and `scenario.variability`'s), else stable: a
-    model's nodes stay together and stragglers share the class's first pipeline stage, whose
-    layers the adaptive partition can cut, instead of slowing several stages (a pipeline runs
-    at its slowest stage), whichever order the scenario lists them in."""
-    classes = nic_classes(nodes)
-    order = _class_order(nodes, classes)
-    place = {c: i for i, c in enumerate(order)}
-
-    def key(k: int) -> tuple:
-        i, fabrics = place[classes[k]], nodes[k].rdma_fabrics
-        side = 0 if i > 0 and order[i - 1] in fabrics else \
-            2 if i + 1 < len(order) and order[i + 1] in fabrics else 1
-        return i, side, compute_rate(nodes[k]), k
-
-    return [nodes[k] for k in sorted(range(len(nodes)), key=key)]
+def nic_aware_order(nodes: Sequence[Node], per_stage: int | None = None,
+                    blocks: Sequence[int] = ()) -> list[Node]:
+    """Nodes grouped by NIC class, the classes in the first of `_Classes.best_orders` for
+    stages of `per_stage` ranks (None: one stage) and CP and EP blocks of `blocks` ranks."""
+    classes = _Classes(nodes)
+    return classes.arrange(classes.best_orders(per_stage or classes.gpus, tuple(blocks))[0])
 
 
-def _class_order(nodes: Sequence[Node], classes: Sequence[str]) -> list[str]:
-    """The NIC classes, those whose GPU count has the largest power-of-two factor first, then
-    those with more GPUs, then in order of first appearance: a stage's GPU count is mostly a
-    power of two, so class boundaries then fall on stage boundaries where they can, and fewer
-    stages span classes. The class after each is one that a node of either class on both
-    fabrics links it to, where there is one."""
-    size: Counter[str] = Counter()
-    for n, c in zip(nodes, classes):
-        size[c] += n.num_gpus
-    ranked = sorted(dict.fromkeys(classes), key=lambda c: (-(size[c] & -size[c]), -size[c]))
-    links = {frozenset((c, f)) for n, c in zip(nodes, classes) for f in n.rdma_fabrics if f != c}
-    order = [ranked.pop(0)] if ranked else []
-    while ranked:
-        last = order[-1]
-        order.append(next((c for c in ranked if frozenset((last, c)) in links), ranked[0]))
-        ranked.remove(order[-1])
-    return order
+class _Classes:
+    """The NIC classes of some nodes, their candidate orders and the node order of each."""
+
+    def __init__(self, nodes: Sequence[Node]):
+        self.nodes, self.of = nodes, nic_classes(nodes)
+        self.gpus = sum(n.num_gpus for n in nodes)
+        size: Counter[str] = Counter()
+        rate: Counter[str] = Counter()
+        for n, c in zip(nodes, self.of):
+            size[c] += n.num_gpus
+            rate[c] += n.num_gpus * n.gpu.peak_flop_per_s * n.gpu.compute_efficiency
+        # Slower GPU models first (per GPU, without `Node.speed`, so noise does not reorder
+        # classes), then the largest power of two dividing the GPU count, more GPUs, the name.
+        self.names = sorted(size, key=lambda c: (rate[c] / size[c], -(size[c] & -size[c]),
+                                                 -size[c], c))
+        self._members: dict[tuple, list[int]] = {}
+        self._runs: dict[tuple, list[_Run]] = {}
+        self._best: dict[tuple, list[tuple[str, ...]]] = {}
+
+    def best_orders(self, per_stage: int, blocks: tuple[int, ...]) -> list[tuple[str, ...]]:
+        """The class orders of least `_cost` (up to `_CANDIDATES`, one for a single stage, in
+        `names`' order) of every order of up to `_PERMUTED` classes; else one, built class by
+        class with the class whose placement next (the rest after it in `names`' order) costs
+        least."""
+        got = self._best.get((per_stage, blocks))
+        if got is not None:
+            return got
+
+        def cost(order: Sequence[str]) -> tuple[int, ...]:
+            return _cost(self.runs(order), per_stage, blocks)
+        if len(self.names) <= _PERMUTED:
+            costs = {order: cost(order) for order in permutations(self.names)}
+            least = min(costs.values())
+            # One stage: every order's DP groups span all nodes, and `_cost` weighs the blocks.
+            kept = _CANDIDATES if per_stage < self.gpus else 1
+            got = [o for o, c in costs.items() if c == least][:kept]
+        else:
+            order: list[str] = []
+            rest = list(self.names)
+            while rest:
+                order.append(min(rest, key=lambda c: cost([*order, c, *(r for r in rest
+                                                                        if r != c)])))
+                rest.remove(order[-1])
+            got = [tuple(order)]
+        self._best[(per_stage, blocks)] = got
+        return got
+
+    def arrange(self, order: Sequence[str]) -> list[Node]:
+        """The nodes class by class in `order` (`members`)."""
+        return [self.nodes[k] for i in range(len(order))
+                for k in self.members(*_around(order, i))]
+
+    def members(self, c: str, before: str | None, after: str | None) -> list[int]:
+        """Class c's node indices between classes `before` and `after`: a node also on the
+        fabric of `before` first, of `after` last, so a stage that straddles the boundary can
+        keep its DP groups on a fabric all its nodes share; then slower nodes first
+        (`compute_rate`: the GPU model's and `scenario.variability`'s), else in listing order:
+        a model's nodes stay together and stragglers share the class's first pipeline stage,
+        whose layers the adaptive partition can cut, instead of slowing several stages (a
+        pipeline runs at its slowest stage), whichever order the scenario lists them in."""
+        key = (c, before, after)
+        got = self._members.get(key)
+        if got is None:
+            nodes = self.nodes
+
+            def rank(k: int) -> tuple:
+                fabrics = nodes[k].rdma_fabrics
+                return 0 if before in fabrics else 2 if after in fabrics else 1, \
+                    compute_rate(nodes[k]), k
+            got = self._members[key] = sorted((k for k, o in enumerate(self.of) if o == c),
+                                              key=rank)
+        return got
+
+    def runs(self, order: Sequence[str]) -> list[_Run]:
+        """The nodes of this class order as runs of alike nodes (`_Run`), from rank 0."""
+        out: list[_Run] = []
+        for i in range(len(order)):
+            key = _around(order, i)
+            runs = self._runs.get(key)
+            if runs is None:
+                runs = self._runs[key] = _runs_of([self.nodes[k] for k in self.members(*key)])
+            start = out[-1][1] if out else 0
+            out += [(start + a, start + b, *rest) for a, b, *rest in runs]
+        return out
+
+
+def _around(order: Sequence[str], i: int) -> tuple[str, str | None, str | None]:
+    """Class i of `order`, the class before it and the class after it (None: none)."""
+    return order[i], order[i - 1] if i else None, order[i + 1] if i + 1 < len(order) else None
+
+
+_PERMUTED = 6
+"""Up to this many NIC classes (720 orders) `_Classes.best_orders` tries every order."""
+
+_CANDIDATES = 6
+"""At most this many class orders of least cost are planned and priced (`HolmesPolicy.plan`)."""
+
+_Run = tuple[int, int, int, frozenset[str], str]
+"""Consecutive nodes alike for `_cost`: their first rank, the end, GPUs per node, RDMA
+fabrics, cluster."""
+
+
+def _runs_of(nodes: Sequence[Node]) -> list[_Run]:
+    """These nodes, from rank 0, as runs of nodes alike (`_Run`)."""
+    runs: list[_Run] = []
+    start = 0
+    for n in nodes:
+        tag = (n.num_gpus, frozenset(n.rdma_fabrics), n.cluster)
+        if runs and runs[-1][2:] == tag:
+            runs[-1] = (runs[-1][0], start + n.num_gpus, *tag)
+        else:
+            runs.append((start, start + n.num_gpus, *tag))
+        start += n.num_gpus
+    return runs
+
+
+def _cost(runs: Sequence[_Run], per_stage: int, blocks: tuple[int, ...]) -> tuple[int, ...]:
+    """What a rank order costs, least first: its stages whose DP groups leave RDMA (their
+    nodes, more than one, share no RDMA fabric), its CP and EP blocks of consecutive ranks
+    whose nodes share none, and its stages that span clusters."""
+    starts = [r[0] for r in runs]
+    end = runs[-1][1]
+    stages = -(-end // per_stage)
+    tcp = across = 0
+    for s in range(stages):
+        lo, hi = s * per_stage, min(end, (s + 1) * per_stage)
+        held = runs[bisect_right(starts, lo) - 1:bisect_left(starts, hi)]
+        a, _, gpus, fabrics, _ = held[0]
+        if len(held) > 1:
+            fabrics = frozenset.intersection(*(r[3] for r in held))
+            across += len({r[4] for r in held}) > 1
+        elif (lo - a) // gpus == (hi - 1 - a) // gpus:
+            continue  # one node: its DP groups stay on NVLink
+        tcp += not fabrics
+    split = 0
+    for size in blocks:
+        for lo in sorted({x - x % size for x in starts[1:] if x % size}):
+            held = runs[bisect_right(starts, lo) - 1:bisect_left(starts, lo + size)]
+            split += not frozenset.intersection(*(r[3] for r in held))
+    return tcp, split, across
 
 
 def expert_columns(nodes: Sequence[Node], request: PlanRequest, s: int

@@ -3,8 +3,8 @@
 - all-ib (upper bound): every node's RDMA NICs become InfiniBand NICs on one fabric reaching all
   nodes (the scenario's fastest IB NIC, else HDR), so every group can use RDMA.
 - all-ethernet (lower bound): every inter-node group uses TCP over Ethernet.
-Both keep Holmes' rank order, partition search and overlapped optimizer, so they differ from it
-only in the network.
+Both plan as Holmes does (its candidate rank orders, each kept or not by their own estimate,
+partition search and overlapped optimizer), so they differ from it only in the network.
 """
 
 from __future__ import annotations
