@@ -117,7 +117,7 @@ def test_seeded_spread_is_deterministic():
 
 @pytest.mark.parametrize("variability, where, fix", [
     ("slow_gpus: [{node: ib-9, speed_factor: 0.8}]", "variability.slow_gpus[0].node",
-     "ib-0 .. ib-3"),
+     "ib-0..ib-3"),
     ("slow_gpus: [{node: ib-0, gpus: [8], speed_factor: 0.8}]",
      "variability.slow_gpus[0].gpus[0]", "GPUs 0..7"),
     ("slow_gpus: [{node: ib-0, gpus: [2, 2], speed_factor: 0.8}]",
@@ -149,6 +149,43 @@ def test_loader_errors_name_field_and_fix(variability, where, fix):
     message = str(err.value)
     assert f": {where}: " in message
     assert fix in message
+
+
+def test_an_unknown_node_is_refused_with_each_groups_names(write_scenario):
+    """Several node groups: the error lists each group's names, not the first and last node of
+    the job (which read as one range, "ib-0 .. eth-2"); `holmes-sim check` prints it on one
+    line with the file and line and exits 2."""
+    from typer.testing import CliRunner
+
+    from holmes_sim.cli import app
+
+    text = _with("slow_gpus: [{node: roce-3, speed_factor: 0.8}]",
+                 small_scenario(nodes_ib=2, nodes_roce=1, nodes_eth=3, pp=3, global_batch=12))
+    with pytest.raises(ScenarioError) as err:
+        prepare_text(text)
+    assert str(err.value).endswith(": variability.slow_gpus[0].node: no node named 'roce-3' "
+                                   "(nodes are named <group name or cluster>-<index>, here "
+                                   "ib-0..ib-1, roce-0, eth-0..eth-2)")
+    path = write_scenario(text)
+    out = CliRunner().invoke(app, ["check", str(path)])
+    assert out.exit_code == 2
+    assert out.output.splitlines() == [
+        f"error: {path}:18: variability.slow_gpus[0].node: no node named 'roce-3' (nodes are "
+        "named <group name or cluster>-<index>, here ib-0..ib-1, roce-0, eth-0..eth-2)"]
+
+
+def test_an_unknown_node_among_many_groups_lists_the_first_and_counts_the_rest():
+    """Ten groups: the first eight are listed, the other two counted."""
+    groups = "\n".join(f"      - {{name: g{k}, count: 2, gpu: a100-80gb, gpus_per_node: 8, "
+                       f"nics: [{{type: ethernet, bandwidth_gbit_per_s: 100}}]}}"
+                       for k in range(10))
+    base = small_scenario(nodes_ib=1, pp=1, global_batch=16)
+    text = base.replace(base[base.index("      - {name: ib"):base.index("\nmodel:")], groups)
+    with pytest.raises(ScenarioError) as err:
+        prepare_text(_with("slow_gpus: [{node: g3-2, speed_factor: 0.8}]", text))
+    assert str(err.value).endswith(
+        "here g0-0..g0-1, g1-0..g1-1, g2-0..g2-1, g3-0..g3-1, g4-0..g4-1, g5-0..g5-1, "
+        "g6-0..g6-1, g7-0..g7-1, and 2 more groups)")
 
 
 MIXED = small_scenario(nodes_ib=2, nodes_roce=2)  # ib-0, ib-1: ib0, eth0; roce-0, roce-1: roce0, eth0

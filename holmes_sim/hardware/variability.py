@@ -182,9 +182,31 @@ def _node(cluster: Cluster, name: str, path: str) -> Node:
     try:
         return cluster.node(name)
     except KeyError:
-        first, last = cluster.nodes[0].name, cluster.nodes[-1].name
         raise FieldError(path, f"no node named '{name}' (nodes are named <group name or cluster>-"
-                               f"<index>, here {first} .. {last})") from None
+                               f"<index>, here {_node_names(cluster.nodes)})") from None
+
+
+_NAMED_GROUPS = 8
+"""Node groups an unknown node's error lists; it counts the rest."""
+
+
+def _node_names(nodes: tuple[Node, ...]) -> str:
+    """The nodes' names, each run of one group's consecutive indices as "a-0..a-11", the first
+    `_NAMED_GROUPS` runs and a count of the others."""
+    runs: list[list] = []  # [prefix, first name, last name, last index]
+    for n in nodes:
+        prefix, _, index = n.name.rpartition("-")
+        k = int(index) if index.isdigit() else None
+        last = runs[-1] if runs else None
+        if last and k is not None and last[0] == prefix and last[3] is not None and \
+                k == last[3] + 1:
+            last[2], last[3] = n.name, k
+        else:
+            runs.append([prefix, n.name, n.name, k])
+    names = [a if a == b else f"{a}..{b}" for _, a, b, _ in runs[:_NAMED_GROUPS]]
+    if len(runs) > _NAMED_GROUPS:
+        names.append(f"and {len(runs) - _NAMED_GROUPS} more groups")
+    return ", ".join(names)
 
 
 def _node_with(node: Node, speeds: list[float], nic_factors: dict[str, float]) -> Node:
