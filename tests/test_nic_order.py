@@ -157,6 +157,38 @@ def test_clusters_listed_either_way_get_the_same_placement(write_scenario):
     assert min(times) < run_policy(prepared[0], "holmes-no-nic-aware-order").result.iteration_time_s
 
 
+SMALL_GPU = """catalog:
+  gpus: {h100small: {peak_tflops: 312, memory_gib: 11.5, memory_bandwidth_gbyte_per_s: 3350,
+                     compute_efficiency: 0.6, sm_count: 132, intra_node: nvlink4}}
+"""
+
+
+def test_an_order_whose_plan_fits_beats_a_faster_one_that_does_not(write_scenario):
+    """Two H100 nodes on RoCE and two slow 11.5 GiB GPU nodes on IB, Llama 2 13B, TP 8 PP 2,
+    equal split: the slow nodes first is estimated faster (5.20 s against 5.50 s) but needs
+    12.2 GiB on stage 0, which holds the most micro-batches; Holmes keeps the order that fits
+    (the slow nodes last, as megatron's listing order has them)."""
+    text = (f"""name: memorder
+fabrics: [{{name: ib, type: ib}}, {{name: roce, type: roce}}]
+clusters:
+  - name: c
+    nodes:
+      - {{name: big, count: 2, gpu: h100-sxm, nics: [{{type: roce, model: roce-200g, count: 4,
+          fabric: roce}}, {{type: ethernet, model: eth-100g}}]}}
+      - {{name: small, count: 2, gpu: h100small, nics: [{{type: ib, model: ib-ndr, count: 8,
+          fabric: ib}}, {{type: ethernet, model: eth-100g}}]}}
+model: {{preset: llama2-13b, seq_length: 4096}}
+training: {{global_batch_size: 64, micro_batch_size: 1, recompute: selective,
+           flash_attention: true, sequence_parallel: true}}
+parallel: {{tensor: 8, pipeline: 2}}
+policies: [megatron, holmes-no-adaptive-partition]
+""" + SMALL_GPU)
+    prepared = prepare(write_scenario(text))
+    outcome = run_policy(prepared, "holmes-no-adaptive-partition")
+    assert outcome.result.memory.fits
+    assert _stages(outcome.plan)[1] == ["small-0", "small-1"]
+
+
 def test_many_classes_are_ordered_class_by_class_whatever_the_listing():
     """Past `_PERMUTED` classes the order is built class by class: the same for any listing,
     and no worse (`_cost`) than the listing's own order of classes."""

@@ -34,7 +34,9 @@ from dataclasses import dataclass
 from itertools import permutations
 
 from holmes_sim.estimate.analytic import estimate_iteration, iteration_floor_s
+from holmes_sim.estimate.memory import memory_report
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
+from holmes_sim.cost.ops import op_costs
 from holmes_sim.cost.transport import best_shared_transport, job_wide_transport
 from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import GpuRef, OptimizerMode, Plan
@@ -68,12 +70,16 @@ class HolmesPolicy:
         return cluster
 
     def plan(self, request: PlanRequest) -> Plan:
-        """The plan of each candidate rank order (`orders`) that the analytic estimate of the
-        iteration prices fastest (ties, within the sums' rounding: the first)."""
+        """Of the plans of the candidate rank orders (`orders`), those that fit in GPU memory
+        (all when none does), the one the analytic estimate of the iteration prices fastest
+        (ties, within the sums' rounding: the first)."""
         plans = [self._plan(request, *ranks) for ranks in self.orders(request)]
         if len(plans) == 1:
             return plans[0]
         priced = (request.cluster, request.workload, request.compute)
+        costs = op_costs(request.cluster, request.workload, request.compute, request.tp)
+        fitting = [p for p in plans if memory_report(p, *priced[:2], costs).fits]
+        plans = fitting or plans
         best, best_s = plans[0], estimate_iteration(plans[0], *priced).iteration_s
         for plan in plans[1:]:
             plan_s = estimate_iteration(plan, *priced).iteration_s
