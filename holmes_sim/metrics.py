@@ -16,7 +16,7 @@ from holmes_sim.hardware.cluster import Cluster
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.estimate.memory import MemoryReport, memory_report
 from holmes_sim.plan import GroupKind, Plan
-from holmes_sim.prepare import Prepared
+from holmes_sim.prepare import Prepared, passes_checks
 from holmes_sim.sim.trace import OpKind, Trace
 from holmes_sim.units import GIB
 from holmes_sim.model.workload import Workload
@@ -28,25 +28,39 @@ the sequence, and `parallel.context` splits them)."""
 
 def memory_fix(prepared: Prepared) -> str:
     """What to change when a plan of `prepared` does not fit in GPU memory: only the changes
-    still open to its scenario (no lower micro-batch below 1, no full recomputation twice, no
-    tensor degree past a node's GPUs), e.g. "lower training.micro_batch_size or raise
-    parallel.pipeline"."""
+    still open to its scenario (no lower micro-batch below 1, no full recomputation twice, a
+    higher tensor, pipeline, expert or context degree only where one passes every check of
+    `prepare`, the data degree giving up the GPUs), e.g. "lower training.micro_batch_size or
+    raise parallel.pipeline"."""
     w, t = prepared.workload, prepared.scenario.training
-    replicas = prepared.dp * prepared.cp
     fixes = [f for f, open_ in (
-        ("lower training.micro_batch_size", w.micro_batch > 1),
-        ("set training.recompute: full", w.recompute != "full"),
-        ("set training.distributed_optimizer: true", not t.distributed_optimizer and replicas > 1),
-        ("raise parallel.tensor", 2 * prepared.tp <= min(n.num_gpus for n in prepared.cluster.nodes)),
-        ("raise parallel.pipeline", prepared.pp < w.num_layers),
-        ("raise parallel.expert", w.moe is not None and any(
-            w.moe.experts % e == 0 and replicas % e == 0 for e in range(w.ep + 1, w.moe.experts + 1))),
-        ("raise parallel.context", w.seq >= LONG_SEQUENCE and w.seq % (4 * prepared.cp) == 0),
-    ) if open_]
+        ("lower training.micro_batch_size", lambda: w.micro_batch > 1),
+        ("set training.recompute: full", lambda: w.recompute != "full"),
+        ("set training.distributed_optimizer: true",
+         lambda: not t.distributed_optimizer and prepared.dp * prepared.cp > 1),
+        ("raise parallel.tensor", lambda: _higher_passes(prepared, "tensor", prepared.tp)),
+        ("raise parallel.pipeline", lambda: _higher_passes(prepared, "pipeline", prepared.pp)),
+        ("raise parallel.expert", lambda: w.moe is not None
+         and _higher_passes(prepared, "expert", w.ep)),
+        ("raise parallel.context", lambda: w.seq >= LONG_SEQUENCE
+         and _higher_passes(prepared, "context", prepared.cp)),
+    ) if open_()]
     if not fixes:
         return ("every setting that lowers the memory per GPU is at its limit already; use GPUs "
-                "with more memory")
+                "with more memory or more GPUs")
     return ", ".join(fixes[:-1]) + (" or " if len(fixes) > 1 else "") + fixes[-1]
+
+
+def _higher_passes(prepared: Prepared, degree: str, now: int) -> bool:
+    """Whether some `parallel.<degree>` above `now` passes every check of the scenario
+    (`passes_checks`), of those that divide the GPU count and stay within the degree's own
+    bound (a node's GPUs, the layers, the experts, half the sequence)."""
+    w, gpus = prepared.workload, prepared.cluster.num_gpus
+    bound = {"tensor": max(n.num_gpus for n in prepared.cluster.nodes), "pipeline": w.num_layers,
+             "expert": w.moe.experts if w.moe is not None else 1, "context": w.seq // 2}[degree]
+    return any(passes_checks(prepared, **{degree: d}) for d in range(now + 1, min(gpus, bound) + 1)
+               if gpus % d == 0)
+
 
 def memory_warning(prepared: Prepared, results: list[Result]) -> str | None:
     """`run`'s warning when some plans do not fit in GPU memory (None when all fit)."""

@@ -106,6 +106,19 @@ def prepare(path: str | Path, profile_override: str | Path | None = None,
     return box[0]
 
 
+def passes_checks(prepared: Prepared, **parallel: int) -> bool:
+    """Whether `prepared`'s scenario with these `parallel` fields changed (its data degree
+    derived again from the GPU count) passes every check `prepare` makes."""
+    s = prepared.scenario
+    changed = replace(s, parallel=replace(s.parallel, data=None, **parallel))
+    try:
+        with quiet_collector():
+            _resolve(changed, prepared.source, Path(prepared.source).parent, None)
+    except ScenarioError:
+        return False
+    return True
+
+
 def fabric_notes(cluster: Cluster) -> tuple[str, ...]:
     """One note per RDMA fabric that reaches nodes of several clusters (two pods on one IB
     network): RDMA traffic between those clusters runs on the fabric, and only TCP traffic

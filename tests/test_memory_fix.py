@@ -1,6 +1,6 @@
 """The out-of-memory hint names only the changes still open to the scenario: no lower
-micro-batch below 1, no full recomputation twice, no tensor degree past a node's GPUs, and the
-expert, context and distributed-optimizer settings where they would help."""
+micro-batch below 1, no full recomputation twice, a higher tensor, pipeline, expert or context
+degree only where the scenario would accept it, and the distributed optimizer where it is off."""
 
 from __future__ import annotations
 
@@ -50,7 +50,25 @@ def test_each_open_training_setting_is_named(change, fix):
 
 def test_context_parallelism_is_named_for_a_long_sequence_only():
     short = memory_fix(prepare_text(small_scenario(tp=8, seq=1024)))
-    long = memory_fix(prepare_text(small_scenario(tp=8, seq=16384)))
+    long = memory_fix(prepare_text(small_scenario(nodes_ib=4, tp=8, seq=16384).replace(
+        "micro_batch_size: 1}", "micro_batch_size: 1, flash_attention: true}")))
     assert "parallel.context" not in short and "parallel.tensor" not in short
     assert long == ("set training.recompute: full, raise parallel.pipeline or raise "
                     "parallel.context")
+
+
+def test_a_tensor_degree_the_heads_refuse_is_not_offered():
+    # 12 heads at TP 4 on 8-GPU nodes: TP 8 would fit the node but not the heads, and `check`
+    # refuses it; it was offered ("raise parallel.tensor") because 2 x 4 <= 8.
+    fix = memory_fix(prepare_text(small_scenario(nodes_ib=1, tp=4, pp=1, heads=12, hidden=1536)))
+    assert "parallel.tensor" not in fix and "raise parallel.pipeline" in fix
+
+
+def test_no_degree_is_offered_without_gpus_to_give_it():
+    # One 8-GPU node at TP 8, PP 1: data parallelism is 1, so a higher pipeline or context
+    # degree needs GPUs the scenario does not have; pipeline was offered.
+    one_node = small_scenario(nodes_ib=1, tp=8, pp=1, seq=16384).replace(
+        "micro_batch_size: 1}", "micro_batch_size: 1, flash_attention: true}")
+    assert memory_fix(prepare_text(one_node)) == "set training.recompute: full"
+    at_limit = one_node.replace("flash_attention: true}", "flash_attention: true, recompute: full}")
+    assert memory_fix(prepare_text(at_limit)).endswith("use GPUs with more memory or more GPUs")
