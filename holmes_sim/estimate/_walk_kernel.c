@@ -15,7 +15,13 @@
  *   ready:     double (in/out): when each message was sent (s; negative: not yet)
  *   floors:    double laid out as durs, or None: an op of kind k on stage s starts no earlier
  *              than floors[s * kinds + k] s (after its input arrived)
+ *
+ * ABI: this interface's version, the module's `ABI`. `walk.py` uses the module only where its
+ * `WALK_KERNEL_ABI` is the same, else runs its Python code: a build left in place from other
+ * sources is never called. Bump both when the interface changes: a function's or type's
+ * arguments, results or meaning, or what it reads or sets on the objects given.
  */
+#define ABI 1
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
@@ -149,4 +155,9 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_walk_kernel", "The estimate's walk in C (see walk.py).", -1, methods,
     NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__walk_kernel(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__walk_kernel(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0)
+        Py_CLEAR(m);
+    return m;
+}

@@ -45,11 +45,14 @@ from array import array
 
 from holmes_sim.estimate.op_table import OpTable, full_op_table
 from holmes_sim.estimate.steady_run import SteadyRun
+from holmes_sim.version import extension
 
-try:  # the walk in C (`_walk_kernel.c`, an optional extension): the same sums bit for bit
-    from holmes_sim.estimate import _walk_kernel
-except ImportError:  # not built (no C compiler): the walk in Python
-    _walk_kernel = None
+WALK_KERNEL_ABI = 1
+"""The interface version of `_walk_kernel.c` (its `ABI`) that `_State` calls: bump both when
+`advance`'s arguments or results change."""
+# the walk in C (`_walk_kernel.c`, an optional extension): the same sums bit for bit; None
+# where it was not built or was built with another interface: the walk in Python
+_walk_kernel = extension("holmes_sim.estimate._walk_kernel", WALK_KERNEL_ABI)
 
 _MAX_CYCLE = 2
 """Cyclicities tried per pipeline stage: the state after round r is compared with the states

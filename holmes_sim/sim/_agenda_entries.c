@@ -18,7 +18,13 @@
  *
  * Fields of a flow, its route and its event are read and set as attributes, through the
  * slots of `flow_records.Flow` and `Route` where the objects are of a type seen last.
+ *
+ * ABI: this interface's version, the module's `ABI`. `agenda_entries.py` uses the module only
+ * where its `AGENDA_ENTRIES_ABI` is the same, else runs its Python code: a build left in place
+ * from other sources is never called. Bump both when the interface changes: a function's or
+ * type's arguments, results or meaning, or what it reads or sets on the objects given.
  */
+#define ABI 1
 #include "_slots.h"
 
 enum { PENDING = 0, ACTIVE = 1, DONE = 2 };
@@ -368,5 +374,8 @@ PyMODINIT_FUNC PyInit__agenda_entries(void) {
     zero_f = PyFloat_FromDouble(0.0);
     if (!zero || !one || !active || !finished || !zero_f)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0)
+        Py_CLEAR(m);
+    return m;
 }

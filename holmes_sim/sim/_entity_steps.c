@@ -17,7 +17,13 @@
  * Steps.go() runs from the current step: None when it waits (the generator then yields
  * `environment.DETACHED`), else the index of the special op it left (the steps go on after
  * it), or -1 at the end. A Steps object is the callback of the events it waits for.
+ *
+ * ABI: this interface's version, the module's `ABI`. `entity_steps.py` uses the module only
+ * where its `ENTITY_STEPS_ABI` is the same, else runs its Python code: a build left in place
+ * from other sources is never called. Bump both when the interface changes: a function's or
+ * type's arguments, results or meaning, or what it reads or sets on the objects given.
  */
+#define ABI 1
 #include "_slots.h"
 #include "_rows.h"
 #include "_lists.h"
@@ -450,6 +456,10 @@ PyMODINIT_FUNC PyInit__entity_steps(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    if (PyModule_AddIntConstant(m, "ABI", ABI) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&StepsType);
     if (PyModule_AddObject(m, "Steps", (PyObject *)&StepsType) < 0) {
         Py_DECREF(&StepsType);

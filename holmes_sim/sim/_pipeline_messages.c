@@ -13,7 +13,13 @@
  *   send_plain:   `PipelineMessages._send_plain`; posted, started: the state markers
  * Core.send(k, route, mb, chunk), Core.post(k): `PipelineMessages._send`, `_post`
  * Core.arrive(done): one step of `PipelineMessages._arrivals`, given a transfer's event
+ *
+ * ABI: this interface's version, the module's `ABI`. `pipeline_messages.py` uses the module only
+ * where its `PIPELINE_MESSAGES_ABI` is the same, else runs its Python code: a build left in
+ * place from other sources is never called. Bump both when the interface changes: a function's
+ * or type's arguments, results or meaning, or what it reads or sets on the objects given.
  */
+#define ABI 1
 #include "_slots.h"
 #include "_rows.h"
 #include "_lists.h"
@@ -324,6 +330,10 @@ PyMODINIT_FUNC PyInit__pipeline_messages(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    if (PyModule_AddIntConstant(m, "ABI", ABI) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&CoreType);
     if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
         Py_DECREF(&CoreType);

@@ -10,7 +10,13 @@
  * Per event: its `callbacks` are read and set to None, then each is called with the event;
  * an event whose `_ok` is false and that has no `_defused` stops the loop and is returned (the
  * caller raises its failure). The events taken leave the bucket, also when a callback raises.
+ *
+ * ABI: this interface's version, the module's `ABI`. `environment.py` uses the module only where
+ * its `RUN_LOOP_ABI` is the same, else runs its Python code: a build left in place from other
+ * sources is never called. Bump both when the interface changes: a function's or type's
+ * arguments, results or meaning, or what it reads or sets on the objects given.
  */
+#define ABI 1
 #include "_slots.h"
 
 static PyObject *str_callbacks, *str_ok, *str_defused;
@@ -219,5 +225,8 @@ PyMODINIT_FUNC PyInit__run_loop(void) {
     str_defused = PyUnicode_InternFromString("_defused");
     if (str_callbacks == NULL || str_ok == NULL || str_defused == NULL)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0)
+        Py_CLEAR(m);
+    return m;
 }

@@ -8,7 +8,13 @@
  *   rows:   bytearray, grown by 36 bytes a row (as `rows += ROW.pack(...)` grows it)
  *   fields: 8 per row, in `ROW`'s order: three numbers (converted as `float()` does for
  *           struct's 'd') and five integers in the ranges of 'i', 'i', 'h', 'b', 'b'
+ *
+ * ABI: this interface's version, the module's `ABI`. `trace.py` uses the module only where its
+ * `TRACE_ROWS_ABI` is the same, else runs its Python code: a build left in place from other
+ * sources is never called. Bump both when the interface changes: a function's or type's
+ * arguments, results or meaning, or what it reads or sets on the objects given.
  */
+#define ABI 1
 #include "_rows.h"
 
 static PyObject *append(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -35,4 +41,9 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_trace_rows",
                                     "The trace's row packing in C.", -1, methods};
 
-PyMODINIT_FUNC PyInit__trace_rows(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__trace_rows(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0)
+        Py_CLEAR(m);
+    return m;
+}

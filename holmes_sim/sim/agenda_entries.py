@@ -8,6 +8,7 @@ order; its `post` is `FlowNetwork.send_message` in C (None where it was not buil
 from __future__ import annotations
 
 from holmes_sim.sim.flow_records import ACTIVE, DONE, PENDING
+from holmes_sim.version import extension
 
 
 def _apply(bucket: list, now: float, fire, context: tuple) -> tuple[int, int, int]:
@@ -53,7 +54,7 @@ def _apply(bucket: list, now: float, fire, context: tuple) -> tuple[int, int, in
     return -1, lone, ended
 
 
-try:  # the loop in C (`_agenda_entries.c`, an optional extension)
-    from holmes_sim.sim._agenda_entries import apply, post
-except ImportError:  # pragma: no cover - built wherever there is a C compiler
-    apply, post = _apply, None
+AGENDA_ENTRIES_ABI = 1
+"""The interface version of `_agenda_entries.c` (its `ABI`) that `apply` and `post` are."""
+_entries = extension("holmes_sim.sim._agenda_entries", AGENDA_ENTRIES_ABI)  # the loop in C
+apply, post = (_apply, None) if _entries is None else (_entries.apply, _entries.post)

@@ -11,6 +11,7 @@ from holmes_sim.sim.environment import DETACHED, LeanProcess, fired_event, via_p
 from holmes_sim.sim.flow_records import EVENT_TYPE
 from holmes_sim.sim.pipeline_messages import POSTED
 from holmes_sim.sim.trace import KIND_CODE, OpKind
+from holmes_sim.version import extension
 
 _CODES = tuple(KIND_CODE[k] for k in (OpKind.WAIT_BUBBLE, OpKind.WAIT_PP, OpKind.TP_COMM))
 
@@ -44,7 +45,8 @@ def stepped(sim, s: int, d: int, me: list[LeanProcess]):
     yield from via_process(sim._finish(name, node, s, d, reductions), process)
 
 
-try:  # the common ops in C (`_entity_steps.c`, an optional extension)
-    from holmes_sim.sim._entity_steps import Steps
-except ImportError:  # pragma: no cover - built wherever there is a C compiler
-    Steps = None
+ENTITY_STEPS_ABI = 1
+"""The interface version of `_entity_steps.c` (its `ABI`) whose `Steps` the engine runs."""
+# the common ops in C (`_entity_steps.c`, an optional extension); None where it was not built
+# or was built with another interface
+Steps = getattr(extension("holmes_sim.sim._entity_steps", ENTITY_STEPS_ABI), "Steps", None)

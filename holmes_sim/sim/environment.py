@@ -11,6 +11,8 @@ import simpy
 from simpy.core import EmptySchedule
 from simpy.events import NORMAL, Event, Process, Timeout
 
+from holmes_sim.version import extension
+
 
 _make = object.__new__
 
@@ -283,10 +285,10 @@ def _take(bucket: list, ahead: list, counter: list[int]):
         counter[0] += n
 
 
-try:  # the loop in C (`_run_loop.c`, an optional extension): the same calls in the same order
-    from holmes_sim.sim._run_loop import take
-except ImportError:  # pragma: no cover - built wherever there is a C compiler
-    take = _take
+RUN_LOOP_ABI = 1
+"""The interface version of `_run_loop.c` (its `ABI`) that `take` is."""
+# the loop in C (`_run_loop.c`, an optional extension): the same calls in the same order
+take = getattr(extension("holmes_sim.sim._run_loop", RUN_LOOP_ABI), "take", _take)
 
 
 def _raise_failure(event: simpy.Event) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from holmes_sim.sim.environment import CountingEnvironment, LeanEvent
 from holmes_sim.sim.network import FlowNetwork
 from holmes_sim.sim.trace import KIND_CODE, OpKind, append_row
+from holmes_sim.version import extension
 
 _PP_SEND = KIND_CODE[OpKind.PP_SEND]
 POSTED = object()
@@ -135,7 +136,8 @@ class PipelineMessages:
             bucket.append(ev)
 
 
-try:  # send, post and arrival in C (`_pipeline_messages.c`, an optional extension)
-    from holmes_sim.sim._pipeline_messages import Core
-except ImportError:  # pragma: no cover - built wherever there is a C compiler
-    Core = None
+PIPELINE_MESSAGES_ABI = 1
+"""The interface version of `_pipeline_messages.c` (its `ABI`) that `PipelineMessages` calls."""
+# send, post and arrival in C (`_pipeline_messages.c`, an optional extension); None where it
+# was not built or was built with another interface
+Core = getattr(extension("holmes_sim.sim._pipeline_messages", PIPELINE_MESSAGES_ABI), "Core", None)

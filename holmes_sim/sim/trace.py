@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from holmes_sim.version import extension
+
 
 class OpKind(StrEnum):
     """What an op does; each maps to one time-breakdown category."""
@@ -88,10 +90,11 @@ def _row_struct(n_fields: int) -> struct.Struct:
     return struct.Struct("<" + ROW.format[1:] * (n_fields // 8))
 
 
-try:  # the rows packed in C (`_trace_rows.c`, an optional extension): the same bytes
-    from holmes_sim.sim._trace_rows import append as append_row, append as append_rows
-except ImportError:  # pragma: no cover - built wherever there is a C compiler
-    append_row, append_rows = _append_row_struct, _append_rows_struct
+TRACE_ROWS_ABI = 1
+"""The interface version of `_trace_rows.c` (its `ABI`) that `append_row` and `append_rows` are."""
+_packed = extension("holmes_sim.sim._trace_rows", TRACE_ROWS_ABI)  # the same bytes in C
+append_row, append_rows = (_append_row_struct, _append_rows_struct) if _packed is None else \
+    (_packed.append, _packed.append)
 """`append_rows(rows, *fields)`: append to bytearray `rows` one `ROW` per 8 `fields` (in `ROW`'s
 order), the bytes `ROW.pack` makes of them; `append_row(rows, ...)` appends exactly one. In C
 when the optional extension `_trace_rows` was built (no bytes object per row), else with
