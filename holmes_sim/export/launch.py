@@ -188,8 +188,16 @@ def _split_layers(w: Workload, plan: Plan) -> tuple[int, ...] | None:
         return None
 
 
+TE_CP_COMM_TYPES = {"p2p": "p2p", "a2a": "a2a", "allgather": "all_gather"}
+"""`parallel.cp_comm_type` -> the `--cp-comm-type` value Transformer Engine runs: Megatron-Core
+hands the string to TE as is (`TEDotProductAttention`, megatron/core/extensions/
+transformer_engine.py), whose `attn_forward_func_with_cp` takes p2p, a2a+p2p, all_gather and a2a
+and raises ValueError on anything else ("allgather" included, though Megatron-LM's help text
+spells it so)."""
+
+
 def _cp_comm_args(w: Workload, plan: Plan) -> list[str]:
-    return ["--cp-comm-type", w.cp_comm_type] if plan.cp > 1 else []
+    return ["--cp-comm-type", TE_CP_COMM_TYPES[w.cp_comm_type]] if plan.cp > 1 else []
 
 
 def _recompute_args(mode: str) -> list[str]:

@@ -4,9 +4,12 @@ startup, beyond the argument table that tests/export/test_launch_targets.py pars
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -298,3 +301,31 @@ def test_biases_without_the_qkv_bias_get_no_launch_files(write_scenario, tmp_pat
     for fields in ("bias: false, qkv_bias: true", "bias: false, qkv_bias: false"):
         files = _export(write_scenario, text.replace("bias: true, qkv_bias: false", fields))
         assert ("--add-qkv-bias" in files["megatron_args.txt"]) == ("qkv_bias: true" in fields)
+
+
+def _te_cp_comm_types() -> set[str]:
+    """The `cp_comm_type` values Transformer Engine's `attn_forward_func_with_cp` runs, read from
+    its dispatch (tests/export/data/te_cp_comm_dispatch.json, TE d0067d0): the values of each
+    `if`/`elif` on `cp_comm_type`, whose final `else` raises ValueError."""
+    text = json.loads((Path(__file__).parent / "data/te_cp_comm_dispatch.json").read_text())
+    excerpt = text["excerpt"]
+    assert 'raise ValueError(f"Unsupported communication type: {cp_comm_type}!")' in excerpt
+    accepted: set[str] = set()
+    for listed, single in re.findall(r'if cp_comm_type (?:in \[([^\]]*)\]|== "([^"]*)")', excerpt):
+        accepted |= set(re.findall(r'"([^"]*)"', listed)) | ({single} if single else set())
+    return accepted
+
+
+@pytest.mark.parametrize("comm, exported", [("p2p", "p2p"), ("a2a", "a2a"),
+                                             ("allgather", "all_gather")])
+def test_cp_comm_type_exports_a_value_transformer_engine_runs(write_scenario, comm, exported):
+    """Megatron-Core passes `--cp-comm-type` to Transformer Engine unchanged
+    (`TEDotProductAttention`), and TE raises "Unsupported communication type: allgather!": the
+    export writes TE's own spelling."""
+    assert _te_cp_comm_types() == {"p2p", "a2a+p2p", "all_gather", "a2a"}
+    text = _training(small_scenario(tp=4, pp=2, seq=2048), "flash_attention: true").replace(
+        "virtual_stages: 1}", f"virtual_stages: 1, context: 2, cp_comm_type: {comm}}}")
+    args = shlex.split(_export(write_scenario, text)["megatron_args.txt"])
+    value = args[args.index("--cp-comm-type") + 1]
+    assert value == exported and value in _te_cp_comm_types()
+    assert parse(args, UPSTREAM)["--cp-comm-type"] == [exported]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from holmes_sim.export.launch import launch_files
+from holmes_sim.export.launch import TE_CP_COMM_TYPES, launch_files
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import run_policy
 from holmes_sim.search import planner
@@ -53,7 +53,7 @@ def test_export_writes_megatrons_cp_flags(write_scenario):
             files = launch_files(out.plan, out.cluster, prepared.workload, "bf16").files
             parsed = parse(shlex.split(files["megatron_args.txt"]), UPSTREAM)
             assert parsed["--context-parallel-size"] == ["2"]
-            assert parsed["--cp-comm-type"] == [comm]
+            assert parsed["--cp-comm-type"] == [TE_CP_COMM_TYPES[comm]]  # allgather: all_gather
             fork = files["holmes_args.txt"]
             if comm == "p2p" and not fork.startswith("#"):
                 assert parse(shlex.split(fork), FORK)["--context-parallel-size"] == ["2"]
