@@ -13,10 +13,12 @@ Transformer Engine `transformer_engine/pytorch/attention.py`):
   in step i a rank computes attention of its queries against the K/V chunk it holds while it
   sends that chunk to the next rank of the ring and receives the previous rank's. With the
   balanced chunks every step is 1/cp of the rank's attention, C. A K/V chunk is
-  2 b (s/cp) (k/t) d bytes per GPU (k = h g / a the K and V width, t the TP degree, d bytes per
-  element). The forward's time is the per-step maximum: (cp - 1) max(C, T) + C, T = alpha +
-  bytes / rate; the backward passes K/V and the accumulated dK/dV, twice the bytes, against the
-  backward attention's steps.
+  N = 2 b (s/cp) (k/t) d bytes per GPU (k = h g / a the K and V width, t the TP degree, d bytes
+  per element); T(n) = alpha + n / rate. The forward's step i < cp - 1 sends step i + 1's chunk
+  beside its compute, the last step none: (cp - 1) max(C, T(N)) + C. The backward (non-FP8
+  attention, the only kind exported) sends in every step and waits for it within the step:
+  step 0 K/V only, steps 1 .. cp - 2 K/V and the dK/dV accumulated so far (2N), step cp - 1
+  dK/dV only: max(C, T(N)) + (cp - 2) max(C, T(2N)) + max(C, T(N)).
 - a2a, Ulysses (`AttnFuncWithCPAndQKVOA2A`; Jacobs et al. 2023, arXiv 2309.14509, section 3):
   an all-to-all turns the sequence split of Q, K, V into a head split before attention and one
   turns the output back after it; each GPU sends (cp - 1)/cp of b (s/cp)(2h + 2k)/t d bytes in
@@ -47,15 +49,14 @@ class CpPass:
 
     Attributes:
         step_s: attention compute of one ring step (1/cp of the pass's attention), seconds.
-        ring_steps: transfers each overlapped with one step's compute (cp - 1 for p2p, else 0).
-        step_bytes: bytes a GPU sends in each ring step.
+        ring_bytes: bytes a GPU sends in each ring step that overlaps a transfer with its
+            compute, in step order (p2p only; see the module).
         exposed_bytes: bytes a GPU sends with no compute to hide behind (a2a, allgather).
         exposed_hops: latency-bearing steps of that exposed exchange.
     """
 
     step_s: float
-    ring_steps: int
-    step_bytes: float
+    ring_bytes: tuple[float, ...]
     exposed_bytes: float
     exposed_hops: int
 
@@ -72,11 +73,21 @@ def cp_pass(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> CpPass:
     kv = kv_chunk_bytes(w, tp)
     scale = 2 if backward else 1
     if w.cp_comm_type == "p2p":
-        return CpPass(step, cp - 1, scale * kv, 0.0, 0)
+        return CpPass(step, ring_bytes(cp, kv, backward), 0.0, 0)
     if w.cp_comm_type == "a2a":
         qkvo = w.micro_batch * w.tokens * (2 * w.hidden + 2 * w.kv_width) / tp * w.dtype_bytes
-        return CpPass(step, 0, 0.0, (cp - 1) / cp * qkvo, 2 * (cp - 1))
-    return CpPass(step, 0, 0.0, scale * (cp - 1) * kv, scale * (cp - 1))
+        return CpPass(step, (), (cp - 1) / cp * qkvo, 2 * (cp - 1))
+    return CpPass(step, (), scale * (cp - 1) * kv, scale * (cp - 1))
+
+
+def ring_bytes(cp: int, kv: float, backward: bool) -> tuple[float, ...]:
+    """Bytes of each ring step's transfer, `kv` a K/V chunk: the forward's first cp - 1 steps
+    send K/V; the backward's first K/V, the middle cp - 2 K/V and dK/dV, the last dK/dV
+    (`AttnFuncWithCPAndKVP2P.backward`: `send_tensor[0]` at i = 0, `send_tensor[1]` at
+    i = cp - 1, the whole [K/V, dK/dV] buffer between)."""
+    if not backward:
+        return (kv,) * (cp - 1)
+    return (kv,) + (2 * kv,) * (cp - 2) + (kv,)
 
 
 def cp_passes(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> tuple[CpPass, ...]:
@@ -93,22 +104,21 @@ def cp_passes(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> tuple[CpPa
     return (own, cp_pass(gpu, w, tp, False)) if recomputes else (own,)
 
 
-def ring_attention_s(steps: int, step_s: float, transfer_s: float) -> float:
-    """Ring attention's time over `steps` + 1 compute steps of `step_s` s, each of the first
-    `steps` overlapped with one transfer of `transfer_s` s: steps max(step_s, transfer_s) +
-    step_s (`AttnFuncWithCPAndKVP2P` issues step i + 1's send and receive before computing
-    step i)."""
-    return steps * max(step_s, transfer_s) + step_s
+def ring_attention_s(steps: int, step_s: float, transfers_s: tuple[float, ...]) -> float:
+    """Ring attention's time over `steps` compute steps of `step_s` s, the first
+    len(`transfers_s`) each beside one transfer of that many seconds, which it waits for: the
+    sum of the per-step maxima (`AttnFuncWithCPAndKVP2P` issues a step's send and receive before
+    its compute and waits for them before the next step's)."""
+    return sum(max(step_s, t) for t in transfers_s) + (steps - len(transfers_s)) * step_s
 
 
 def exposed_s(p: CpPass, rate_bytes_per_s: float, latency_s: float) -> float:
     """Seconds the exchange `p` adds to its layer's op beyond the attention compute already
     priced with it, when a GPU's transfers run at `rate_bytes_per_s` with `latency_s` per step:
-    the ring's (`ring_attention_s` less its cp steps of compute) plus the exposed exchange."""
-    ring = 0.0
-    if p.ring_steps:
-        transfer = latency_s + p.step_bytes / rate_bytes_per_s
-        ring = ring_attention_s(p.ring_steps, p.step_s, transfer) - (p.ring_steps + 1) * p.step_s
+    the ring's, max(0, T - C) a step with a transfer of T s (`ring_attention_s` over those
+    steps less their compute), plus the exposed exchange."""
+    transfers = tuple(latency_s + n / rate_bytes_per_s for n in p.ring_bytes)
+    ring = ring_attention_s(len(transfers), p.step_s, transfers) - len(transfers) * p.step_s
     return ring + p.exposed_hops * latency_s + p.exposed_bytes / rate_bytes_per_s
 
 

@@ -1,7 +1,8 @@
 """The context-parallel exchanges of one op in the engine (`cost.context_parallel`): each ring
-step's transfer of K/V blocks to the next replica of the entity's CP ring as a flow over the CP
-group's links, beside that step's attention compute (the step ends when both have), then any
-exchange that nothing overlaps; the compute stream's wait beyond compute is `cp-comm`.
+step's transfer (K/V, dK/dV or both: `cost.context_parallel.ring_bytes`) to the next replica of
+the entity's CP ring as a flow over the CP group's links, beside that step's attention compute
+(the step ends when both have), then any exchange that nothing overlaps; the compute stream's
+wait beyond compute is `cp-comm`.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def cp_exchange(engine, name: str, s: int, d: int, node, op: Op, kind: OpKind, l
     links, latency = cp_route(engine, s, d)
     scale, done = layers * engine.plan.tp, 0.0
     for p in engine.costs.cp_passes(node, kind is OpKind.BACKWARD):
-        for _ in range(p.ring_steps):
+        for step_bytes in p.ring_bytes:
             start, compute = env.now, layers * p.step_s
-            flow = net.transfer(links, scale * p.step_bytes, layers * latency)
+            flow = net.transfer(links, scale * step_bytes, layers * latency)
             yield env.all_of([flow, engine._work(name, compute)])
             trace.op(start, start + compute, name, "compute", kind, 0, op.microbatch, op.chunk)
             _cp_wait(engine, name, start + compute, op)

@@ -55,17 +55,21 @@ def test_activations_divide_by_cp():
 
 
 def test_ring_attention_is_the_per_step_maximum():
-    # cp = 4: three overlapped steps and a last compute step
-    assert ring_attention_s(3, 2e-3, 1e-3) == pytest.approx(4 * 2e-3)  # compute-bound
-    assert ring_attention_s(3, 1e-3, 5e-3) == pytest.approx(3 * 5e-3 + 1e-3)  # transfer-bound
+    # cp = 4 forward: three overlapped steps and a last compute step
+    assert ring_attention_s(4, 2e-3, (1e-3,) * 3) == pytest.approx(4 * 2e-3)  # compute-bound
+    assert ring_attention_s(4, 1e-3, (5e-3,) * 3) == pytest.approx(3 * 5e-3 + 1e-3)
+    # cp = 4 backward: every step waits for its own transfer, 1 / 2 / 2 / 1 chunks
+    assert ring_attention_s(4, 1e-3, (2e-3, 4e-3, 4e-3, 2e-3)) == pytest.approx(12e-3)
 
 
 def test_p2p_pass_steps_bytes_and_exposure():
     w = _workload(4)
     fwd, bwd = cp_pass(GPU, w, 2, False), cp_pass(GPU, w, 2, True)
     kv = kv_chunk_bytes(w, 2)
-    assert (fwd.ring_steps, fwd.step_bytes, fwd.exposed_bytes) == (3, kv, 0.0)
-    assert (bwd.ring_steps, bwd.step_bytes) == (3, 2 * kv)  # K/V and dK/dV
+    assert (fwd.ring_bytes, fwd.exposed_bytes) == ((kv,) * 3, 0.0)
+    # TE's backward: K/V first, K/V and dK/dV in the cp - 2 middle steps, dK/dV last
+    assert (bwd.ring_bytes, bwd.exposed_bytes) == ((kv, 2 * kv, 2 * kv, kv), 0.0)
+    assert cp_pass(GPU, _workload(2), 2, True).ring_bytes == (kv * 2, kv * 2)  # cp 2: s/2 chunks
     whole = attention_core_s(GPU, layer_kernels(w, 2), 2, False)
     assert fwd.step_s * 4 == pytest.approx(whole, rel=1e-12)
     rate, lat = 25e9, 5e-6
@@ -74,6 +78,8 @@ def test_p2p_pass_steps_bytes_and_exposure():
     slow = exposed_s(fwd, 1e9, lat)  # a 1 GB/s link: transfer-bound
     assert slow == pytest.approx(3 * (lat + kv / 1e9 - fwd.step_s), rel=1e-12) and slow > 0
     assert exposed_s(fwd, 1e15, 0.0) == 0.0  # free links: the ring hides behind compute
+    one, two = lat + kv / 1e9 - bwd.step_s, lat + 2 * kv / 1e9 - bwd.step_s
+    assert one > 0 and exposed_s(bwd, 1e9, lat) == pytest.approx(2 * one + 2 * two, rel=1e-12)
 
 
 def test_a2a_and_allgather_bytes():
@@ -81,7 +87,7 @@ def test_a2a_and_allgather_bytes():
     p = cp_pass(GPU, w, 2, False)
     # Q, K, V before and the output after: b s/cp (2h + 2k)/t d, 3/4 of it leaves the rank
     assert p.exposed_bytes == pytest.approx(0.75 * 2048 * (2 * 4096 + 2 * 1024) / 2 * 2)
-    assert (p.ring_steps, p.exposed_hops) == (0, 6)
+    assert (p.ring_bytes, p.exposed_hops) == ((), 6)
     assert exposed_s(p, 25e9, 5e-6) == pytest.approx(6 * 5e-6 + p.exposed_bytes / 25e9)
     g = _workload(4, "allgather")
     fwd, bwd = cp_pass(GPU, g, 2, False), cp_pass(GPU, g, 2, True)
