@@ -329,6 +329,7 @@ def _degrees(s: Scenario, cluster: Cluster) -> tuple[int, int, int, int]:
     tp = check_tensor(s, par.tensor, tuple(dict.fromkeys(node.num_gpus for node in cluster.nodes)))
     pp = check_pipeline(s, par.pipeline, n, tp)
     cp = check_context_in(s, par.context, tp, pp, n)
+    check_sequence_split(s, tp, cp, s.training.sequence_parallel)
     dp = n // (tp * pp * cp)
     if par.data is not None and par.data != dp:
         raise FieldError("parallel.data", f"tensor={tp} x pipeline={pp} x context={cp} x "
@@ -456,6 +457,22 @@ def check_context(s: Scenario, cp: int, tp: int) -> int:
                          f"{s.model.num_attention_heads // tp} and the query groups / tensor = "
                          f"{groups // tp}; use cp_comm_type: p2p or a smaller context")
     return cp
+
+
+def check_sequence_split(s: Scenario, tp: int, cp: int, sp: bool) -> None:
+    """With sequence parallelism (`sp`) at TP `tp` > 1, each CP rank's seq_length / `cp` tokens
+    split evenly over the TP ranks: Megatron-Core's `_split_along_first_dim`
+    (megatron/core/tensor_parallel/mappings.py), which scatters the embedding output, asserts
+    "First dimension of the tensor should be divisible by tensor parallel size"."""
+    tokens = s.model.seq_length // cp
+    if sp and tp > 1 and tokens % tp:
+        per_rank = f" / context={cp} = {tokens}" if cp > 1 else ""
+        raise FieldError("training.sequence_parallel", f"model.seq_length={s.model.seq_length}"
+                         f"{per_rank} tokens are not a multiple of tensor={tp}: sequence "
+                         "parallelism splits them over the TP ranks (Megatron-Core "
+                         "`_split_along_first_dim` asserts an even split); set "
+                         "sequence_parallel: false, or a seq_length that is a multiple of "
+                         f"{cp * math.lcm(tp, 2 if cp > 1 else 1)}, or another tensor degree")
 
 
 def _microbatches(s: Scenario, dp: int) -> int:

@@ -4,9 +4,13 @@ and the fix."""
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 
+from holmes_sim.cli import app
 from holmes_sim.errors import ScenarioError
 from holmes_sim.prepare import prepare
+from holmes_sim.search.planner import layouts
+from holmes_sim.search.rejections import Rejections
 from tests.sim.test_context_parallel import cp_scenario
 
 
@@ -58,3 +62,45 @@ def test_cp_needs_fused_attention(write_scenario):
 def test_a2a_needs_heads_per_rank_divisible_by_cp(write_scenario):
     msg = _error(write_scenario, cp_scenario(tp=8, cp=4, comm="a2a"))  # 1 KV group per rank
     assert "parallel.cp_comm_type" in msg and "query groups / tensor = 1" in msg
+
+
+@pytest.mark.parametrize("cp,seq,tokens", [(4, 8200, "8200 / context=4 = 2050 tokens"),
+                                           (1, 8196, "8196 tokens")])
+def test_sequence_parallel_needs_each_ranks_tokens_split_evenly_over_tp(write_scenario, cp, seq,
+                                                                          tokens):
+    """Megatron-Core's `_split_along_first_dim` asserts seq_length / context divisible by the TP
+    size under sequence parallelism: `check` refuses it with one line at the training mapping,
+    and writes nothing."""
+    text = cp_scenario(tp=8, cp=cp, seq=seq, global_batch=4,
+                       extra_training=", sequence_parallel: true")
+    path = write_scenario(text)
+    before = set(path.parent.iterdir())
+    result = CliRunner().invoke(app, ["check", str(path)])
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if row.startswith("training:"))
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and "Traceback" not in result.output
+    message = " ".join(result.output.split())
+    assert message.startswith(f"error: {path}:{line}: training.sequence_parallel: "
+                              f"model.seq_length={tokens} are not a multiple of tensor=8"), message
+    assert "_split_along_first_dim" in message and "set sequence_parallel: false" in message
+    assert f"multiple of {8 * cp}" in message
+    assert set(path.parent.iterdir()) == before
+    assert prepare(write_scenario(text.replace("sequence_parallel: true",
+                                               "sequence_parallel: false"))).tp == 8
+
+
+def test_the_planner_skips_sequence_parallel_where_tp_does_not_split_the_tokens(write_scenario):
+    """seq_length 8196 splits over TP 4 (2049 tokens a rank) but not TP 8: the search keeps TP 8
+    without SP only, and says why when SP is all it may use."""
+    search = ("search: {{tensor: {tp}, pipeline: [1], micro_batch_size: [1], recompute: [none], "
+              "sequence_parallel: {sp}, schedule: [1f1b]}}\n")
+    text = cp_scenario(tp=8, cp=1, seq=8196, global_batch=8)
+    prepared = prepare(write_scenario(text + search.format(tp="[4, 8]", sp="[false, true]")))
+    found = {(lay.tp, lay.sequence_parallel) for lay in layouts(prepared, prepared.scenario.search)}
+    assert found == {(4, False), (4, True), (8, False)}
+    prepared = prepare(write_scenario(text + search.format(tp="[8]", sp="[true]")))
+    rejections = Rejections(prepared.scenario.search)
+    assert not list(layouts(prepared, prepared.scenario.search, rejections))
+    summary = rejections.summary()
+    assert "training.sequence_parallel: model.seq_length=8196 tokens are not a multiple of " \
+        "tensor=8" in summary and "widen search.sequence_parallel" in summary

@@ -24,7 +24,7 @@ from holmes_sim.plan import OptimizerMode
 from holmes_sim.policies import searched_schedules
 from holmes_sim.prepare import (Prepared, check_context_in, check_expert, check_expert_tensor,
                                 check_micro_batch, check_pipeline, check_search_values,
-                                check_tensor)
+                                check_sequence_split, check_tensor)
 from holmes_sim.search.rejections import Reject, Rejections, check_chunks, passes
 from holmes_sim.search.workers import collect_in_order, fork_pool
 from holmes_sim.schedule import ScheduleKind
@@ -197,8 +197,8 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
               reject: Reject | None = None) -> Iterator[Layout]:
     """The layouts of these degrees and micro-batches: each schedule, chunk count, recompute
     mode and sequence parallelism the search lists that Megatron-LM runs with them."""
-    layers = prepared.scenario.model.num_layers
-    moe = prepared.scenario.model.num_experts is not None
+    scenario = prepared.scenario
+    layers, moe = scenario.model.num_layers, scenario.model.num_experts is not None
     for schedule in grid_schedules(search):
         chunks = search.virtual_stages if schedule == "interleaved" else (1,)
         for v in chunks:
@@ -207,7 +207,8 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
                      ("schedule", schedule), ("virtual_stages", v))
             if not passes(reject, where, check_chunks, layers, schedule, pp, m, v):
                 continue
-            sps = search.sequence_parallel if tp > 1 else (False,)
+            sps = tuple(sp for sp in (search.sequence_parallel if tp > 1 else (False,)) if not sp or passes(
+                reject, (*where, ("sequence_parallel", sp)), check_sequence_split, scenario, tp, cp, sp))
             if moe and tp > 1 and False in sps:  # Megatron-Core's MoELayer: TP only under SP
                 sps = tuple(sp for sp in sps if sp)
                 if reject is not None:
