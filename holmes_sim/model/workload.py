@@ -407,10 +407,16 @@ class Workload:
         An MoE layer's terms are `_moe_activation_terms`'; those its expert-TP group all-gathers
         count etp times (etp/t of the s b h elements a GPU holds under SP).
         fp32 training doubles the values, not the 1-byte masks or the fp32 router logits.
-        With CP every term is divided by cp (s/cp tokens, s/cp x s scores a rank) [CP]."""
+        With CP every term is divided by cp (s/cp tokens, s/cp x s scores a rank) [CP]; a2a
+        adds the attention output before its all-to-all, d b (s/cp) h/t: TE's
+        `AttnFuncWithCPAndQKVOA2A` saves it (`out_part`) apart from the output after it, which
+        the projection keeps (p2p and allgather save the returned output itself); not under
+        recomputation, selective (which checkpoints the core attention) or full."""
         s, b, h, a = self.seq, self.micro_batch, self.hidden, self.heads
         if self.cp > 1:  # every term over cp: s/cp tokens, s/cp x s scores a rank [CP]
-            return replace(self, cp=1).activation_bytes_per_layer(tp) / self.cp
+            pre_a2a = self.cp_comm_type == "a2a" and self.recompute == "none"
+            return (replace(self, cp=1).activation_bytes_per_layer(tp) / self.cp
+                    + pre_a2a * self.dtype_bytes * b * self.tokens * h / tp)
         v = self.dtype_bytes / 2  # values scale with the dtype; masks and router logits do not
         if self.full_recompute:
             return 2 * v * s * b * h / (tp if self.sequence_parallel else 1)

@@ -54,6 +54,19 @@ def test_activations_divide_by_cp():
             pytest.approx(one, rel=1e-12)
 
 
+@pytest.mark.parametrize("sp", [False, True])
+def test_a2a_also_keeps_the_attention_output_before_its_all_to_all(sp):
+    """TE's `AttnFuncWithCPAndQKVOA2A` saves `out_part` (s tokens, a/(t cp) heads) apart from the
+    all-to-all's output the projection keeps: d b (s/cp) h/t bytes more than p2p, whose saved
+    output is the one returned; none when the core attention or the layer is recomputed."""
+    for recompute, extra in (("none", 2 * 1 * 2048 * 4096 / 2), ("selective", 0), ("full", 0)):
+        p2p, a2a = (_workload(4, comm, recompute=recompute, sequence_parallel=sp)
+                    .activation_bytes_per_layer(2) for comm in ("p2p", "a2a"))
+        assert a2a - p2p == pytest.approx(extra, rel=1e-12), recompute
+    assert _workload(4, "allgather").activation_bytes_per_layer(2) == \
+        _workload(4).activation_bytes_per_layer(2)
+
+
 def test_ring_attention_is_the_per_step_maximum():
     # cp = 4 forward: three overlapped steps and a last compute step
     assert ring_attention_s(4, 2e-3, (1e-3,) * 3) == pytest.approx(4 * 2e-3)  # compute-bound
