@@ -213,7 +213,8 @@ def _notes(*lines: str) -> None:
 
 def _prepare(scenario: str):
     """`prepare` of the scenario, with a note for each fabric that joins clusters."""
-    from holmes_sim.prepare import fabric_notes, prepare
+    from holmes_sim.hardware.cluster import fabric_notes
+    from holmes_sim.prepare import prepare
 
     prepared = prepare(resolve_scenario(scenario))
     _notes(*fabric_notes(prepared.cluster))

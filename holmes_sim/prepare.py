@@ -119,24 +119,6 @@ def passes_checks(prepared: Prepared, **parallel: int) -> bool:
     return True
 
 
-def fabric_notes(cluster: Cluster) -> tuple[str, ...]:
-    """One note per RDMA fabric that reaches nodes of several clusters (two pods on one IB
-    network): RDMA traffic between those clusters runs on the fabric, and only TCP traffic
-    between clusters crosses `inter_cluster_links` (`cost.paths`, `cost.link_uses`)."""
-    joined: dict[str, dict[str, None]] = {}
-    for node in cluster.nodes:
-        for fabric in node.rdma_fabrics:
-            joined.setdefault(fabric, {})[node.cluster] = None
-    notes = []
-    for fabric, names in joined.items():
-        if len(names) > 1:
-            *first, last = names
-            notes.append(f"note: fabric {fabric} joins clusters {', '.join(first)} and {last}: "
-                         "RDMA traffic between them uses the fabric, not the inter-cluster link "
-                         "(declare one fabric per cluster to route it over the link)")
-    return tuple(notes)
-
-
 def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prepared:
     _check_size(s)
     cluster = build_cluster(s.clusters, s.fabrics, s.inter_cluster_links, build_catalog(s.catalog))

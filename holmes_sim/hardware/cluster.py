@@ -355,3 +355,21 @@ def _build_uplinks(links: tuple[InterClusterLinkSpec, ...], cluster_names: list[
                 raise FieldError("inter_cluster_links", f"clusters '{a}' and '{b}' are not joined; "
                                  f"add `- {{clusters: [{a}, {b}], bandwidth_gbit_per_s: 100}}`")
     return tuple(out)
+
+
+def fabric_notes(cluster: Cluster) -> tuple[str, ...]:
+    """One note per RDMA fabric that reaches nodes of several clusters (two pods on one IB
+    network): RDMA traffic between those clusters runs on the fabric, and only TCP traffic
+    between clusters crosses `inter_cluster_links` (`cost.paths`, `cost.link_uses`)."""
+    joined: dict[str, dict[str, None]] = {}
+    for node in cluster.nodes:
+        for fabric in node.rdma_fabrics:
+            joined.setdefault(fabric, {})[node.cluster] = None
+    notes = []
+    for fabric, names in joined.items():
+        if len(names) > 1:
+            *first, last = names
+            notes.append(f"note: fabric {fabric} joins clusters {', '.join(first)} and {last}: "
+                         "RDMA traffic between them uses the fabric, not the inter-cluster link "
+                         "(declare one fabric per cluster to route it over the link)")
+    return tuple(notes)
