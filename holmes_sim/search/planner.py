@@ -24,8 +24,9 @@ from holmes_sim.plan import OptimizerMode
 from holmes_sim.policies import searched_schedules
 from holmes_sim.prepare import (Prepared, check_context_in, check_expert, check_expert_tensor,
                                 check_micro_batch, check_pipeline, check_search_values,
-                                check_sequence_split, check_tensor)
-from holmes_sim.search.rejections import Reject, Rejections, check_chunks, passes
+                                check_tensor)
+from holmes_sim.search.rejections import (Reject, Rejections, check_chunks, passes,
+                                          sequence_parallel_values)
 from holmes_sim.search.workers import collect_in_order, fork_pool
 from holmes_sim.schedule import ScheduleKind
 from holmes_sim.spec.load import located
@@ -198,7 +199,7 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
     """The layouts of these degrees and micro-batches: each schedule, chunk count, recompute
     mode and sequence parallelism the search lists that Megatron-LM runs with them."""
     scenario = prepared.scenario
-    layers, moe = scenario.model.num_layers, scenario.model.num_experts is not None
+    layers = scenario.model.num_layers
     for schedule in grid_schedules(search):
         chunks = search.virtual_stages if schedule == "interleaved" else (1,)
         for v in chunks:
@@ -207,12 +208,7 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
                      ("schedule", schedule), ("virtual_stages", v))
             if not passes(reject, where, check_chunks, layers, schedule, pp, m, v):
                 continue
-            sps = tuple(sp for sp in (search.sequence_parallel if tp > 1 else (False,)) if not sp or passes(
-                reject, (*where, ("sequence_parallel", sp)), check_sequence_split, scenario, tp, cp, sp))
-            if moe and tp > 1 and False in sps:  # Megatron-Core's MoELayer: TP only under SP
-                sps = tuple(sp for sp in sps if sp)
-                if reject is not None:
-                    reject(_MOE_SP, (*where, ("sequence_parallel", False)))
+            sps = sequence_parallel_values(scenario, search, tp, cp, where, reject)
             for rc in search.recompute:
                 for sp in sps:
                     yield Layout(tp, pp, dp, mb, schedule, v, rc, sp, cp=cp, ep=ep, etp=etp)
@@ -225,10 +221,6 @@ def grid_schedules(search: SearchSpec) -> tuple[str, ...]:
         return search.schedule
     wanted = {k for p in search.policies for k in searched_schedules(search.schedule, p)}
     return tuple(k.value for k in ScheduleKind if k.value in wanted)
-
-
-_MOE_SP = ("training.sequence_parallel: an MoE model with tensor > 1 needs sequence parallelism "
-           "(Megatron-Core's MoELayer refuses to train without it)")
 
 
 def _allowed(values: tuple[int, ...] | None, path: str, default: list[int]) -> list[int]:

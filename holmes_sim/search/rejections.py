@@ -7,9 +7,9 @@ import re
 from collections.abc import Callable
 
 from holmes_sim.errors import HolmesError, ScenarioError
-from holmes_sim.prepare import MAX_MICROBATCHES
+from holmes_sim.prepare import MAX_MICROBATCHES, check_sequence_split
 from holmes_sim.schedule import check_schedule
-from holmes_sim.spec.scenario import SearchSpec
+from holmes_sim.spec.scenario import Scenario, SearchSpec
 
 Reject = Callable[[str, tuple], None]
 """`reject(message, where)`: a check dropped the partial layout `where` ((key, value) pairs)
@@ -108,3 +108,23 @@ def check_chunks(layers: int, schedule: str, pp: int, m: int, v: int) -> None:
         raise ScenarioError(f"training.global_batch_size: {m:,} micro-batches x {v} virtual "
                             f"stages; at most {MAX_MICROBATCHES:,} are simulated")
     check_schedule(schedule, pp, m, v)
+
+
+_MOE_SP = ("training.sequence_parallel: an MoE model with tensor > 1 needs sequence parallelism "
+           "(Megatron-Core's MoELayer refuses to train without it)")
+
+
+def sequence_parallel_values(scenario: Scenario, search: SearchSpec, tp: int, cp: int,
+                             where: tuple, reject: Reject | None) -> tuple[bool, ...]:
+    """The `search.sequence_parallel` values a layout of these degrees runs with: none but
+    false at TP 1; true only where each rank's tokens split evenly over TP
+    (`check_sequence_split`); true only for an MoE model at TP > 1 (Megatron-Core's MoELayer)."""
+    if tp == 1:
+        return (False,)
+    values = tuple(sp for sp in search.sequence_parallel if not sp or passes(
+        reject, (*where, ("sequence_parallel", sp)), check_sequence_split, scenario, tp, cp, sp))
+    if scenario.model.num_experts is not None and False in values:
+        values = tuple(sp for sp in values if sp)
+        if reject is not None:
+            reject(_MOE_SP, (*where, ("sequence_parallel", False)))
+    return values
