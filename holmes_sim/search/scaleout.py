@@ -108,7 +108,7 @@ def _init(ray, address: str) -> str | None:
             return None
         except (ConnectionError, RuntimeError):
             pass
-        temp_dir = tempfile.mkdtemp(prefix="holmes-sim-ray-", dir=_temp_parent())
+        temp_dir = tempfile.mkdtemp(prefix="hs-ray-", dir=_temp_parent())
         try:
             ray.init(log_to_driver=False, _temp_dir=temp_dir)
         except BaseException:
@@ -162,6 +162,10 @@ def ray_map(fn: Callable, context, options, chunks: list, address: str,
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise FieldError("--ray", f"cannot reach the Ray cluster at {address!r}: "
                                           f"{exc}") from None
+            except OSError as exc:  # e.g. a socket path past AF_UNIX's 107 bytes
+                raise FieldError("--ray", f"cannot start a local Ray instance: {exc}; set "
+                                          "RAY_TMPDIR to a shorter folder (Ray's socket paths "
+                                          "under it must fit in 107 bytes)") from None
         return _map(ray, fn, context, options, chunks, progress, total)
     finally:
         _stop(ray, temp_dir)

@@ -20,9 +20,10 @@ class FakeRay(types.ModuleType):
     """`ray` as `ray_map` uses it: `running` is whether `init(address='auto')` finds a cluster,
     `interrupt` whether a Ctrl-C comes in the middle of `init`."""
 
-    def __init__(self, running: bool = False, interrupt: bool = False):
+    def __init__(self, running: bool = False, interrupt: bool = False,
+                 local_error: OSError | None = None):
         super().__init__("ray")
-        self.running, self.interrupt = running, interrupt
+        self.running, self.interrupt, self.local_error = running, interrupt, local_error
         self.calls: list[tuple] = []
         self.temp_dirs: list[Path] = []
         self.up = False
@@ -39,6 +40,8 @@ class FakeRay(types.ModuleType):
             assert temp.is_dir()
             (temp / "session_1").mkdir()  # what Ray writes there
             self.temp_dirs.append(temp)
+            if self.local_error is not None:
+                raise self.local_error
         if self.interrupt:
             os.kill(os.getpid(), signal.SIGINT)  # handled (or held) at the next bytecode
         self.up = True
@@ -78,7 +81,7 @@ def test_a_local_instance_runs_in_a_temp_folder_removed_after(fake_ray, tmp_path
     ray = fake_ray()
     assert ray_map(_chunk_sum, 10, None, [[1, 2], [3]], "auto") == [13, 13]
     (temp,) = ray.temp_dirs
-    assert temp.parent == tmp_path and temp.name.startswith("holmes-sim-ray-")
+    assert temp.parent == tmp_path and temp.name.startswith("hs-ray-")
     assert ray.calls == [("init", "auto", None), ("init", None, str(temp)), ("shutdown",)]
     assert not temp.exists() and list(tmp_path.iterdir()) == []
 
@@ -103,3 +106,16 @@ def test_a_connection_the_caller_opened_stays_open(fake_ray):
     ray.up = True
     assert ray_map(_chunk_sum, 0, None, [[1]], "auto") == [1]
     assert ray.calls == [] and ray.up
+
+
+def test_a_local_instance_that_cannot_start_names_ray_tmpdir(fake_ray, tmp_path):
+    # Ray refuses socket paths past 107 bytes; a long RAY_TMPDIR made `--ray auto` end in a
+    # traceback (an OSError ray_map did not turn into a message).
+    from holmes_sim.errors import FieldError
+
+    ray = fake_ray(local_error=OSError("validate_socket_filename failed: AF_UNIX path length "
+                                       "cannot exceed 107 bytes"))
+    with pytest.raises(FieldError, match="set RAY_TMPDIR to a shorter folder") as caught:
+        ray_map(_chunk_sum, 0, None, [[1]], "auto")
+    assert caught.value.path == "--ray" and "107 bytes" in str(caught.value)
+    assert ray.calls[-1] == ("shutdown",) and list(tmp_path.iterdir()) == []
