@@ -6,26 +6,31 @@ trace's row packing, `holmes_sim/sim/_trace_rows.c`, the calendar's bucket loop,
 `holmes_sim/sim/_entity_steps.c`; the engine's C files share headers in `holmes_sim/sim/`:
 `_slots.h`, slot reads; `_rows.h`, trace rows; `_lists.h`, list items); everything else is
 in pyproject.toml. Without a C compiler the build goes on without them: each module runs the
-same work in Python."""
+same work in Python. Each extension is stamped with its .c file's SHA-256, its
+`SOURCE_SHA256`, which `holmes_sim.version.extension` compares with the .c beside it."""
+
+import hashlib
+from pathlib import Path
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("holmes_sim.estimate._walk_kernel",
-                             ["holmes_sim/estimate/_walk_kernel.c"], optional=True),
-                   Extension("holmes_sim.sim._trace_rows",
-                             ["holmes_sim/sim/_trace_rows.c"],
-                             depends=["holmes_sim/sim/_rows.h"], optional=True),
-                   Extension("holmes_sim.sim._run_loop",
-                             ["holmes_sim/sim/_run_loop.c"],
-                             depends=["holmes_sim/sim/_slots.h"], optional=True),
-                   Extension("holmes_sim.sim._agenda_entries",
-                             ["holmes_sim/sim/_agenda_entries.c"],
-                             depends=["holmes_sim/sim/_slots.h"], optional=True),
-                   Extension("holmes_sim.sim._pipeline_messages",
-                             ["holmes_sim/sim/_pipeline_messages.c"],
-                             depends=["holmes_sim/sim/_slots.h", "holmes_sim/sim/_rows.h",
-                                      "holmes_sim/sim/_lists.h"], optional=True),
-                   Extension("holmes_sim.sim._entity_steps",
-                             ["holmes_sim/sim/_entity_steps.c"],
-                             depends=["holmes_sim/sim/_slots.h", "holmes_sim/sim/_rows.h",
-                                      "holmes_sim/sim/_lists.h"], optional=True)])
+HERE = Path(__file__).resolve().parent
+SLOTS, ROWS, LISTS = (f"holmes_sim/sim/{h}" for h in ("_slots.h", "_rows.h", "_lists.h"))
+
+
+def _extension(name: str, source: str, depends: list[str]) -> Extension:
+    """The optional extension `name` built from `source`, stamped with that file's SHA-256."""
+    digest = hashlib.sha256((HERE / source).read_bytes()).hexdigest()
+    return Extension(name, [source], depends=depends, optional=True,
+                     define_macros=[("SOURCE_SHA256", f'"{digest}"')])
+
+
+setup(ext_modules=[
+    _extension("holmes_sim.estimate._walk_kernel", "holmes_sim/estimate/_walk_kernel.c", []),
+    _extension("holmes_sim.sim._trace_rows", "holmes_sim/sim/_trace_rows.c", [ROWS]),
+    _extension("holmes_sim.sim._run_loop", "holmes_sim/sim/_run_loop.c", [SLOTS]),
+    _extension("holmes_sim.sim._agenda_entries", "holmes_sim/sim/_agenda_entries.c", [SLOTS]),
+    _extension("holmes_sim.sim._pipeline_messages", "holmes_sim/sim/_pipeline_messages.c",
+               [SLOTS, ROWS, LISTS]),
+    _extension("holmes_sim.sim._entity_steps", "holmes_sim/sim/_entity_steps.c",
+               [SLOTS, ROWS, LISTS])])

@@ -1,10 +1,13 @@
 """The tool's version, from the installed distribution's metadata, and the interface versions
-of its optional C extensions."""
+and source hashes of its optional C extensions."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+from functools import cache
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from types import ModuleType
 
 
@@ -22,11 +25,27 @@ def tool_version() -> str:
 
 def extension(name: str, abi: int) -> ModuleType | None:
     """The optional C extension `name` (dotted) when its interface version, its `ABI`, is
-    `abi`, the one its Python caller expects; else None and the caller runs its Python code,
-    with the same results. None too when it was not built, or was built in place from other
-    sources (an editable install after a pull; `pip install -e .` rebuilds it)."""
+    `abi`, the one its Python caller expects, and, where its .c file sits beside it (an editable
+    install, a source checkout, an installed wheel), its `SOURCE_SHA256` (setup.py's stamp) is
+    that file's SHA-256 now; else None and the caller runs its Python code, with the same
+    results. None too when it was not built, or was built in place from other sources (an
+    editable install after a pull; `pip install -e .` rebuilds it)."""
     try:
         module = importlib.import_module(name)
     except ImportError:
         return None
-    return module if getattr(module, "ABI", None) == abi else None
+    if getattr(module, "ABI", None) != abi:
+        return None
+    package, _, leaf = name.rpartition(".")
+    source = _sha256(Path(importlib.import_module(package).__file__).parent / f"{leaf}.c")
+    return module if source is None or getattr(module, "SOURCE_SHA256", None) == source else None
+
+
+@cache
+def _sha256(path: Path) -> str | None:
+    """The SHA-256 (hex) of the file at `path`, read once a process; None where there is none
+    (an install without the C sources)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None

@@ -1,9 +1,11 @@
-"""The optional C extensions are used only with the interface their Python callers expect: a
-build left in place from other sources (an editable install after a pull) is never called, the
-Python code runs instead, with the same results (`version.extension`)."""
+"""The optional C extensions are used only with the interface their Python callers expect and,
+where their .c files sit beside them, only when built from those files as they are now: a build
+left in place from other sources (an editable install after a pull) is never called, the Python
+code runs instead, with the same results (`version.extension`)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import re
@@ -37,12 +39,12 @@ import hashlib, sys, types
 def stale(*args, **kwargs):
     raise AssertionError("a stale extension was called")
 
-for name, names in {stale_modules!r}.items():  # stand-ins for builds from other sources
+for name, (names, stamps) in {stale_modules!r}.items():  # stand-ins: builds from other sources
     module = types.ModuleType(name)
     for attr in names:
         setattr(module, attr, stale)
-    if {abi!r} is not None:
-        module.ABI = {abi!r}
+    for attr, value in stamps.items():  # `ABI`, `SOURCE_SHA256`
+        setattr(module, attr, value)
     sys.modules[name] = module
 
 from holmes_sim.bundled import bundled_scenario
@@ -68,12 +70,25 @@ print(repr(result.iteration_s), result.events, result.flows,
 """
 
 
-def _run(abi: int | None, stale: bool) -> tuple[str, str]:
+def _stamps(name: str, stale: str) -> dict:
+    """A stand-in's `ABI` and `SOURCE_SHA256` for the `stale` case: "without-abi" (none, as
+    before interfaces had versions), "older-abi" (0), "other-source" (the expected interface,
+    built from another .c: a pull that changed a body)."""
+    if stale == "without-abi":
+        return {}
+    if stale == "older-abi":
+        return {"ABI": 0}
+    caller, constant, _ = EXTENSIONS[name]
+    return {"ABI": getattr(importlib.import_module(caller), constant), "SOURCE_SHA256": "0" * 64}
+
+
+def _run(stale: str | None) -> tuple[str, str]:
     """Which extensions a fresh process uses (a list of six flags) and its results (a line):
-    with stand-in extensions of interface `abi` (None: without one) in `sys.modules` where
-    `stale`, else with the extensions built here."""
-    modules = {n: names for n, (_, _, names) in EXTENSIONS.items()} if stale else {}
-    code = RUN.format(stale_modules=modules, abi=abi)
+    with `stale` stand-in extensions (`_stamps`) in `sys.modules`, or with the extensions
+    built here where None."""
+    modules = {n: (names, _stamps(n, stale)) for n, (_, _, names) in EXTENSIONS.items()
+               } if stale else {}
+    code = RUN.format(stale_modules=modules)
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -85,14 +100,16 @@ def _built(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-@pytest.mark.parametrize("abi", [None, 0], ids=["without-abi", "older-abi"])
-def test_a_stale_extension_is_not_called_and_the_results_are_the_c_paths(abi):
+@pytest.mark.parametrize("stale", ["without-abi", "older-abi", "other-source"])
+def test_a_stale_extension_is_not_called_and_the_results_are_the_c_paths(stale):
     """A module of another interface (none, as before interfaces had versions, or an older one)
-    is left alone: the walk and the engine run in Python and give the C path's results bit for
-    bit (before: `TypeError: advance() takes exactly 9 arguments (10 given)`)."""
-    used, results = _run(abi, stale=True)
+    or built from another .c than the one beside it is left alone: the walk and the engine run
+    in Python and give the C path's results bit for bit (before: `TypeError: advance() takes
+    exactly 9 arguments (10 given)`; for "other-source": `AssertionError: a stale extension
+    was called`)."""
+    used, results = _run(stale)
     assert used == str([False] * 6)
-    built_used, built_results = _run(None, stale=False)
+    built_used, built_results = _run(None)
     assert built_used == str([_built(name) for name in EXTENSIONS])
     assert results == built_results
 
@@ -107,6 +124,24 @@ def test_extension_returns_a_module_only_with_the_expected_abi(monkeypatch):
     module.ABI = 1
     assert extension(name, 1) is module
     assert extension("holmes_sim.sim._never_built", 1) is None
+
+
+def test_extension_with_a_source_beside_it_needs_that_sources_sha256(monkeypatch):
+    """Where the .c sits beside the module (an editable install, a source checkout), its
+    `SOURCE_SHA256` must be that file's; where none does, the `ABI` alone decides."""
+    name = "holmes_sim.sim._run_loop"
+    module = types.ModuleType(name)
+    module.ABI = importlib.import_module("holmes_sim.sim.environment").RUN_LOOP_ABI
+    monkeypatch.setitem(sys.modules, name, module)
+    assert extension(name, module.ABI) is None  # no `SOURCE_SHA256`: built before the stamp
+    module.SOURCE_SHA256 = "0" * 64
+    assert extension(name, module.ABI) is None
+    module.SOURCE_SHA256 = hashlib.sha256((REPO / "holmes_sim/sim/_run_loop.c").read_bytes()
+                                          ).hexdigest()
+    assert extension(name, module.ABI) is module
+    unsourced = "holmes_sim.sim._stand_in"  # no .c beside it
+    monkeypatch.setitem(sys.modules, unsourced, types.SimpleNamespace(ABI=1, SOURCE_SHA256="0"))
+    assert extension(unsourced, 1) is sys.modules[unsourced]
 
 
 def test_every_c_source_is_an_extension_with_its_callers_abi():
@@ -131,3 +166,16 @@ def test_every_built_extension_has_its_callers_abi(name):
     got = getattr(importlib.import_module(name), "ABI", None)
     assert got == expected, (f"{name} has ABI {got}, {caller} expects {expected}: rebuild "
                              "with `python setup.py build_ext --inplace`")
+
+
+@pytest.mark.parametrize("name", sorted(EXTENSIONS))
+def test_every_built_extension_is_stamped_with_its_sources_sha256(name):
+    """setup.py stamps each build with its .c file's SHA-256: a build from the .c as it is now
+    (else rebuild: `python setup.py build_ext --inplace`)."""
+    if not _built(name):
+        pytest.skip(f"{name} was not built")
+    source = REPO.joinpath(*name.split(".")).with_suffix(".c")
+    got = getattr(importlib.import_module(name), "SOURCE_SHA256", None)
+    assert got == hashlib.sha256(source.read_bytes()).hexdigest(), (
+        f"{name} was built from another {source.name}: rebuild with "
+        "`python setup.py build_ext --inplace`")

@@ -22,6 +22,10 @@
  * arguments, results or meaning, or what it reads or sets on the objects given.
  */
 #define ABI 1
+#ifndef SOURCE_SHA256  /* setup.py defines it: this file's SHA-256, the module's
+                          `SOURCE_SHA256` (`version.extension` compares the two) */
+#define SOURCE_SHA256 ""
+#endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
@@ -157,7 +161,8 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__walk_kernel(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0)
+    if (m != NULL && (PyModule_AddIntConstant(m, "ABI", ABI) < 0
+                  || PyModule_AddStringConstant(m, "SOURCE_SHA256", SOURCE_SHA256) < 0))
         Py_CLEAR(m);
     return m;
 }

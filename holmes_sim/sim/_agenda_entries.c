@@ -25,6 +25,10 @@
  * type's arguments, results or meaning, or what it reads or sets on the objects given.
  */
 #define ABI 1
+#ifndef SOURCE_SHA256  /* setup.py defines it: this file's SHA-256, the module's
+                          `SOURCE_SHA256` (`version.extension` compares the two) */
+#define SOURCE_SHA256 ""
+#endif
 #include "_slots.h"
 
 enum { PENDING = 0, ACTIVE = 1, DONE = 2 };
@@ -375,7 +379,8 @@ PyMODINIT_FUNC PyInit__agenda_entries(void) {
     if (!zero || !one || !active || !finished || !zero_f)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0)
+    if (m != NULL && (PyModule_AddIntConstant(m, "ABI", ABI) < 0
+                  || PyModule_AddStringConstant(m, "SOURCE_SHA256", SOURCE_SHA256) < 0))
         Py_CLEAR(m);
     return m;
 }

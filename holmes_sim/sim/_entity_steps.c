@@ -24,6 +24,10 @@
  * type's arguments, results or meaning, or what it reads or sets on the objects given.
  */
 #define ABI 1
+#ifndef SOURCE_SHA256  /* setup.py defines it: this file's SHA-256, the module's
+                          `SOURCE_SHA256` (`version.extension` compares the two) */
+#define SOURCE_SHA256 ""
+#endif
 #include "_slots.h"
 #include "_rows.h"
 #include "_lists.h"
@@ -456,7 +460,8 @@ PyMODINIT_FUNC PyInit__entity_steps(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "ABI", ABI) < 0) {
+    if (PyModule_AddIntConstant(m, "ABI", ABI) < 0
+        || PyModule_AddStringConstant(m, "SOURCE_SHA256", SOURCE_SHA256) < 0) {
         Py_DECREF(m);
         return NULL;
     }

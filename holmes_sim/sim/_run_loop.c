@@ -17,6 +17,10 @@
  * arguments, results or meaning, or what it reads or sets on the objects given.
  */
 #define ABI 1
+#ifndef SOURCE_SHA256  /* setup.py defines it: this file's SHA-256, the module's
+                          `SOURCE_SHA256` (`version.extension` compares the two) */
+#define SOURCE_SHA256 ""
+#endif
 #include "_slots.h"
 
 static PyObject *str_callbacks, *str_ok, *str_defused;
@@ -226,7 +230,8 @@ PyMODINIT_FUNC PyInit__run_loop(void) {
     if (str_callbacks == NULL || str_ok == NULL || str_defused == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0)
+    if (m != NULL && (PyModule_AddIntConstant(m, "ABI", ABI) < 0
+                  || PyModule_AddStringConstant(m, "SOURCE_SHA256", SOURCE_SHA256) < 0))
         Py_CLEAR(m);
     return m;
 }

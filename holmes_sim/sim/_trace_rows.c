@@ -15,6 +15,10 @@
  * arguments, results or meaning, or what it reads or sets on the objects given.
  */
 #define ABI 1
+#ifndef SOURCE_SHA256  /* setup.py defines it: this file's SHA-256, the module's
+                          `SOURCE_SHA256` (`version.extension` compares the two) */
+#define SOURCE_SHA256 ""
+#endif
 #include "_rows.h"
 
 static PyObject *append(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -43,7 +47,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_trace_rows",
 
 PyMODINIT_FUNC PyInit__trace_rows(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0)
+    if (m != NULL && (PyModule_AddIntConstant(m, "ABI", ABI) < 0
+                  || PyModule_AddStringConstant(m, "SOURCE_SHA256", SOURCE_SHA256) < 0))
         Py_CLEAR(m);
     return m;
 }
