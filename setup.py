@@ -6,10 +6,11 @@ trace's row packing, `holmes_sim/sim/_trace_rows.c`, the calendar's bucket loop,
 `holmes_sim/sim/_entity_steps.c`; the engine's C files share headers in `holmes_sim/sim/`:
 `_slots.h`, slot reads; `_rows.h`, trace rows; `_lists.h`, list items); everything else is
 in pyproject.toml. Without a C compiler the build goes on without them: each module runs the
-same work in Python. Each extension is stamped with its .c file's SHA-256, its
-`SOURCE_SHA256`, which `holmes_sim.version.extension` compares with the .c beside it."""
+same work in Python. Each extension is stamped with the SHA-256 of its .c file and the
+local headers it includes, its `SOURCE_SHA256`, which `holmes_sim.version.extension` compares
+with the sources beside it."""
 
-import hashlib
+import importlib.util
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -18,9 +19,18 @@ HERE = Path(__file__).resolve().parent
 SLOTS, ROWS, LISTS = (f"holmes_sim/sim/{h}" for h in ("_slots.h", "_rows.h", "_lists.h"))
 
 
+def _source_digest():
+    """`holmes_sim.version.source_digest`, loaded from its file (the package is not built yet)."""
+    spec = importlib.util.spec_from_file_location("_holmes_version", HERE / "holmes_sim/version.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.source_digest
+
+
 def _extension(name: str, source: str, depends: list[str]) -> Extension:
-    """The optional extension `name` built from `source`, stamped with that file's SHA-256."""
-    digest = hashlib.sha256((HERE / source).read_bytes()).hexdigest()
+    """The optional extension `name` built from `source`, stamped with the SHA-256 of that file
+    and the local headers it includes (`source_digest`)."""
+    digest = _source_digest()(HERE / source)
     return Extension(name, [source], depends=depends, optional=True,
                      define_macros=[("SOURCE_SHA256", f'"{digest}"')])
 

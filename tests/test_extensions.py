@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from holmes_sim.version import extension
+from holmes_sim.version import extension, source_digest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -138,6 +138,8 @@ def test_extension_with_a_source_beside_it_needs_that_sources_sha256(monkeypatch
     assert extension(name, module.ABI) is None
     module.SOURCE_SHA256 = hashlib.sha256((REPO / "holmes_sim/sim/_run_loop.c").read_bytes()
                                           ).hexdigest()
+    assert extension(name, module.ABI) is None  # the .c alone: its header `_slots.h` left out
+    module.SOURCE_SHA256 = source_digest(REPO / "holmes_sim/sim/_run_loop.c")
     assert extension(name, module.ABI) is module
     unsourced = "holmes_sim.sim._stand_in"  # no .c beside it
     monkeypatch.setitem(sys.modules, unsourced, types.SimpleNamespace(ABI=1, SOURCE_SHA256="0"))
@@ -170,12 +172,22 @@ def test_every_built_extension_has_its_callers_abi(name):
 
 @pytest.mark.parametrize("name", sorted(EXTENSIONS))
 def test_every_built_extension_is_stamped_with_its_sources_sha256(name):
-    """setup.py stamps each build with its .c file's SHA-256: a build from the .c as it is now
-    (else rebuild: `python setup.py build_ext --inplace`)."""
+    """setup.py stamps each build with the SHA-256 of its .c file and the headers it includes: a
+    build from the sources as they are now (else rebuild: `python setup.py build_ext --inplace`)."""
     if not _built(name):
         pytest.skip(f"{name} was not built")
     source = REPO.joinpath(*name.split(".")).with_suffix(".c")
     got = getattr(importlib.import_module(name), "SOURCE_SHA256", None)
-    assert got == hashlib.sha256(source.read_bytes()).hexdigest(), (
+    assert got == source_digest(source), (
         f"{name} was built from another {source.name}: rebuild with "
         "`python setup.py build_ext --inplace`")
+
+
+def test_a_header_it_includes_is_part_of_the_digest(tmp_path):
+    """`source_digest` covers the .c file and, in order, the headers of its folder it includes:
+    a change to a header alone changes it (so a build from an older header is not used)."""
+    (tmp_path / "_h.h").write_text("#define X 1\n")
+    (tmp_path / "_m.c").write_text('#include <Python.h>\n#include "_h.h"\nint x = X;\n')
+    before = source_digest(tmp_path / "_m.c")
+    (tmp_path / "_h.h").write_text("#define X 2\n")
+    assert source_digest(tmp_path / "_m.c") != before
