@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from holmes_sim.hardware.catalog import GpuModel
 from holmes_sim.cost.transformer import attention_core_s, layer_kernels
+from holmes_sim.memo import IdentityMemo
 from holmes_sim.model.workload import Workload
 
 CP_COMM_TYPES = ("p2p", "a2a", "allgather")
@@ -94,9 +95,18 @@ def cp_passes(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> tuple[CpPa
     """The CP exchanges of one layer's op: the forward's; the backward's, plus the forward's
     again when the backward recomputes the attention (full or selective recomputation:
     Megatron-Core checkpoints the core attention, CP exchanges included, `transformer.layer_s`).
-    Empty without CP."""
+    Empty without CP. Kept per GPU model and workload (`_PASSES`): the estimate asks for them
+    at every op."""
     if w.cp == 1:
         return ()
+    return _PASSES.get((gpu, w), (tp, backward), lambda: _cp_passes(gpu, w, tp, backward))
+
+
+_PASSES: IdentityMemo[tuple[CpPass, ...]] = IdentityMemo(256)
+
+
+def _cp_passes(gpu: GpuModel, w: Workload, tp: int, backward: bool) -> tuple[CpPass, ...]:
+    """`cp_passes`, computed."""
     if not backward:
         return (cp_pass(gpu, w, tp, False),)
     recomputes = w.recompute in ("full", "selective")

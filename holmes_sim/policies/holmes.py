@@ -70,22 +70,40 @@ class HolmesPolicy:
         return cluster
 
     def plan(self, request: PlanRequest) -> Plan:
-        """Of the plans of the candidate rank orders (`orders`), those that fit in GPU memory
-        (all when none does), the one the analytic estimate of the iteration prices fastest
-        (ties, within the sums' rounding: the first)."""
-        plans = [self._plan(request, *ranks) for ranks in self.orders(request)]
-        if len(plans) == 1:
-            return plans[0]
+        """Of the plans of the candidate rank orders (`orders`; past `_PARTITIONED` of them,
+        those whose equal split leads, `_leading`), those that fit in GPU memory (all when none
+        does), the one the analytic estimate of the iteration prices fastest (ties, within the
+        sums' rounding: the first)."""
+        orders = self.orders(request)
+        if len(orders) == 1:
+            return self._plan(request, *orders[0])
         priced = (request.cluster, request.workload, request.compute)
         costs = op_costs(request.cluster, request.workload, request.compute, request.tp)
-        fitting = [p for p in plans if memory_report(p, *priced[:2], costs).fits]
-        plans = fitting or plans
+        if len(orders) > _PARTITIONED:
+            orders = self._leading(request, orders, costs)
+        plans = [self._plan(request, *ranks) for ranks in orders]
+        plans = [p for p in plans if memory_report(p, *priced[:2], costs).fits] or plans
         best, best_s = plans[0], estimate_iteration(plans[0], *priced).iteration_s
         for plan in plans[1:]:
             plan_s = estimate_iteration(plan, *priced).iteration_s
             if plan_s < best_s * (1.0 - _MARGIN):
                 best, best_s = plan, plan_s
         return best
+
+    def _leading(self, request: PlanRequest, orders: list, costs) -> list:
+        """The `_PARTITIONED` of `orders` whose plans with the equal split lead: those that fit
+        in GPU memory first, then by the analytic estimate (ties keep their order), so that
+        only they pay the partition search."""
+        priced = (request.cluster, request.workload, request.compute)
+        equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
+
+        def rank(ranks) -> tuple[bool, float]:
+            plan = self._layout(request, *ranks)(equal)
+            return (not memory_report(plan, *priced[:2], costs).fits,
+                    estimate_iteration(plan, *priced).iteration_s)
+        keys = [rank(ranks) for ranks in orders]
+        kept = sorted(range(len(orders)), key=lambda k: keys[k])[:_PARTITIONED]
+        return [orders[k] for k in sorted(kept)]
 
     def _plan(self, request: PlanRequest, nodes: tuple[Node, ...],
               rank_to_gpu: tuple[GpuRef, ...]) -> Plan:
@@ -318,6 +336,10 @@ _PERMUTED = 6
 
 _CANDIDATES = 6
 """At most this many class orders of least cost are planned and priced (`HolmesPolicy.plan`)."""
+
+_PARTITIONED = 2
+"""At most this many of them are planned with the partition search; past it, the candidates are
+ranked by their plans with the equal split (`_leading`)."""
 
 _Run = tuple[int, int, int, frozenset[str], str]
 """Consecutive nodes alike for `_cost`: their first rank, the end, GPUs per node, RDMA
