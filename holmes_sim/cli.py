@@ -18,15 +18,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from holmes_sim.bundled import (
-    bundled_scenario,
-    resolve_scenario,
-    scenario_names,
-    testbed_file,
-)
+from holmes_sim.bundled import bundled_scenario, resolve_scenario, scenario_names, testbed_file
 from holmes_sim.errors import HolmesError, PlanError, TestbedError, printable
-from holmes_sim.report.files import (check_outputs, is_stdout, refused_notes, stale_note,
-                                     terminate_unwinds)
+from holmes_sim.report.files import (check_outputs, closed_stdout, is_stdout, refused_notes,
+                                     stale_note, stdout_write_error, terminate_unwinds)
 from holmes_sim.validation.modes import unused_options
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -75,16 +70,23 @@ _JSON, _REPORT, _HOSTS = (_path("--json", _FILE), _path("--report", _FOLDER),
 
 def _memory_guarded(command):
     """Run `command` within the command's memory bound and its workers' (`spec.limits`;
-    workers unbounded on Ray): past it, or when a worker dies, one message and exit 2."""
+    workers unbounded on Ray): past it, when a worker dies, or when standard output is closed or
+    cannot be written, one message and exit 2."""
     @functools.wraps(command)
     def guarded(*args, **kwargs):
         from holmes_sim.spec.limits import memory_bounded
 
         try:
+            if (closed := closed_stdout()) is not None:
+                raise closed
             with memory_bounded(workers=kwargs.get("ray") is None):
                 return command(*args, **kwargs)
         except HolmesError as exc:
             raise _fail(exc) from None
+        except OSError as exc:
+            if (failure := stdout_write_error(exc)) is None:
+                raise
+            raise _fail(failure) from None
     return guarded
 
 

@@ -167,6 +167,31 @@ def _is_stream(path: Path) -> bool:
         return False
 
 
+def closed_stdout() -> HolmesError | None:
+    """The error for a command run with standard output closed (`>&-`), where Python has no
+    stream to print to; None when it is open."""
+    if sys.stdout is not None:
+        return None
+    return HolmesError("standard output is closed; redirect it instead (> /dev/null drops the "
+                       "tables; --json FILE and --report DIR still write their files)")
+
+
+_STDOUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT)
+
+
+def stdout_write_error(exc: OSError) -> HolmesError | None:
+    """For `exc` raised writing standard output (a full disk, a closed pipe: an error of a write
+    with no file name, which the commands' other writes all carry), the error to report, with
+    standard output pointed at /dev/null so the interpreter's own flush at exit fails no more;
+    None for another OSError."""
+    if exc.filename is not None or exc.errno not in _STDOUT_ERRNOS or sys.stdout is None:
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return HolmesError(f"cannot write standard output ({exc.strerror}); redirect it where there "
+                       "is room and a reader, or write JSON with --json FILE")
+
+
 def is_stdout(path: Path | None) -> bool:
     """Whether output to `path` goes to standard output ('-', /dev/stdout, ...), so tables
     must not."""

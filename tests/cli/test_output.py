@@ -316,3 +316,24 @@ def test_a_hosts_path_too_long_to_open_is_one_line_from_its_reader(tmp_path):
                                  str(tmp_path / "p"), "--hosts", "a" * 300])
     assert result.exit_code == 2 and "cannot read hosts file" in result.output, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize("args", [("run", "pure_ib", "-q", "--json", "-"), ("check", "pure_ib")])
+def test_a_full_standard_output_is_one_line_and_exit_2(args):
+    # > /dev/full ended in a Python traceback from rich or write_output, and exit 1 (which
+    # means a validation out of tolerance).
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([*CLI, *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: cannot write standard output (No space left on device); redirect it")
+
+
+def test_a_closed_standard_output_is_refused_before_any_work():
+    # >&- made sys.stdout None: an AttributeError traceback after the whole simulation.
+    proc = subprocess.run([*CLI, "run", "pure_ib", "-q", "--json", "-"], stdout=None,
+                          stderr=subprocess.PIPE, text=True, timeout=300,
+                          preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: standard output is closed; redirect it instead")
