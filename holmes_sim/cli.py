@@ -266,7 +266,7 @@ def check(scenario: Annotated[str, typer.Argument(parser=_SCENARIO,
                                 OpCosts(cluster, prepared.workload, prepared.compute, plan.tp))
             fits = "fits" if mem.fits else "[red]does not fit[/red]"
             out.print(f"  {escape(name):30s} layers {'/'.join(map(str, plan.layers_per_stage))}, "
-                      f"peak {mem.peak_gib:.1f} GiB per GPU ({fits})", highlight=False)
+                      f"peak {mem.peak_gib:.1f} GiB per GPU ({fits})", highlight=False, soft_wrap=True)
             if not mem.fits:
                 too_big.append(f"{name} {mem.shortfall()}")
         if too_big:

@@ -28,16 +28,19 @@ the sequence, and `parallel.context` splits them)."""
 
 def memory_fix(prepared: Prepared) -> str:
     """What to change when a plan of `prepared` does not fit in GPU memory: only the changes
-    still open to its scenario (no lower micro-batch below 1, no full recomputation twice, a
-    higher tensor, pipeline, expert or context degree only where one passes every check of
-    `prepare`, the data degree giving up the GPUs), e.g. "lower training.micro_batch_size or
-    raise parallel.pipeline"."""
+    still open to its scenario (a lower micro-batch, or a higher tensor, pipeline, expert or
+    context degree, only where one passes every check of `prepare`, the data degree giving up
+    the GPUs; no full recomputation twice; the distributed optimizer only where megatron, the
+    policy that takes the scenario's, runs), e.g. "lower training.micro_batch_size or raise
+    parallel.pipeline"."""
     w, t = prepared.workload, prepared.scenario.training
     fixes = [f for f, open_ in (
-        ("lower training.micro_batch_size", lambda: w.micro_batch > 1),
+        ("lower training.micro_batch_size", lambda: any(
+            passes_checks(prepared, {"micro_batch_size": m}) for m in range(1, w.micro_batch))),
         ("set training.recompute: full", lambda: w.recompute != "full"),
-        ("set training.distributed_optimizer: true",
-         lambda: not t.distributed_optimizer and prepared.dp * prepared.cp > 1),
+        ("set training.distributed_optimizer: true",  # megatron's alone: the others fix theirs
+         lambda: not t.distributed_optimizer and prepared.dp * prepared.cp > 1
+         and "megatron" in prepared.scenario.policies),
         ("raise parallel.tensor", lambda: _higher_passes(prepared, "tensor", prepared.tp)),
         ("raise parallel.pipeline", lambda: _higher_passes(prepared, "pipeline", prepared.pp)),
         ("raise parallel.expert", lambda: w.moe is not None
@@ -48,6 +51,9 @@ def memory_fix(prepared: Prepared) -> str:
     if not fixes:
         return ("every setting that lowers the memory per GPU is at its limit already; use GPUs "
                 "with more memory or more GPUs")
+    if prepared.scenario.parallel.data is not None:  # a degree raised gives up data parallelism
+        fixes = [f"{f} (removing parallel.data)" if f.startswith("raise parallel.") else f
+                 for f in fixes]
     return ", ".join(fixes[:-1]) + (" or " if len(fixes) > 1 else "") + fixes[-1]
 
 

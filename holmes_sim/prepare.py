@@ -106,11 +106,13 @@ def prepare(path: str | Path, profile_override: str | Path | None = None,
     return box[0]
 
 
-def passes_checks(prepared: Prepared, **parallel: int) -> bool:
-    """Whether `prepared`'s scenario with these `parallel` fields changed (its data degree
-    derived again from the GPU count) passes every check `prepare` makes."""
+def passes_checks(prepared: Prepared, training: dict | None = None, **parallel: int) -> bool:
+    """Whether `prepared`'s scenario with these `training` and `parallel` fields changed (with a
+    parallel one, its data degree derived again from the GPU count) passes every check
+    `prepare` makes."""
     s = prepared.scenario
-    changed = replace(s, parallel=replace(s.parallel, data=None, **parallel))
+    par = replace(s.parallel, data=None, **parallel) if parallel else s.parallel
+    changed = replace(s, parallel=par, training=replace(s.training, **(training or {})))
     try:
         with quiet_collector():
             _resolve(changed, prepared.source, Path(prepared.source).parent, None)
@@ -452,9 +454,15 @@ def check_sequence_split(s: Scenario, tp: int, cp: int, sp: bool) -> None:
         raise FieldError("training.sequence_parallel", f"model.seq_length={s.model.seq_length}"
                          f"{per_rank} tokens are not a multiple of tensor={tp}: sequence "
                          "parallelism splits them over the TP ranks (Megatron-Core "
-                         "`_split_along_first_dim` asserts an even split); set "
-                         "sequence_parallel: false, or a seq_length that is a multiple of "
+                         "`_split_along_first_dim` asserts an even split); "
+                         f"{_sp_off(s)}a seq_length that is a multiple of "
                          f"{cp * math.lcm(tp, 2 if cp > 1 else 1)}, or another tensor degree")
+
+
+def _sp_off(s: Scenario) -> str:
+    """'set sequence_parallel: false, or ' where the model may run without it (an MoE model at
+    TP > 1 may not: Megatron-Core's MoELayer), else 'use '."""
+    return "use " if s.model.num_experts is not None else "set sequence_parallel: false, or "
 
 
 def _microbatches(s: Scenario, dp: int) -> int:

@@ -72,3 +72,28 @@ def test_no_degree_is_offered_without_gpus_to_give_it():
     assert memory_fix(prepare_text(one_node)) == "set training.recompute: full"
     at_limit = one_node.replace("flash_attention: true}", "flash_attention: true, recompute: full}")
     assert memory_fix(prepare_text(at_limit)).endswith("use GPUs with more memory or more GPUs")
+
+
+def test_the_distributed_optimizer_is_named_only_where_megatron_runs():
+    # Holmes always shards its optimizer state: the switch changes nothing for it.
+    text = small_scenario(tp=2, pp=2).replace(
+        "micro_batch_size: 1}", "micro_batch_size: 1, distributed_optimizer: false}")
+    assert "distributed_optimizer" in memory_fix(prepare_text(text))
+    holmes_only = text.replace("policies: [megatron, holmes]", "policies: [holmes]")
+    assert "distributed_optimizer" not in memory_fix(prepare_text(holmes_only))
+
+
+def test_a_written_data_degree_is_named_with_the_degree_that_must_take_its_gpus():
+    # With parallel.data written, check refused the raised tensor or pipeline degree the hint
+    # offered (tensor x pipeline x data no longer the GPU count).
+    text = small_scenario(tp=2, pp=2).replace("pipeline: 2,", "pipeline: 2, data: 4,")
+    assert "raise parallel.pipeline (removing parallel.data)" in memory_fix(prepare_text(text))
+
+
+def test_a_lower_micro_batch_is_named_only_where_the_batch_allows_it():
+    # 32,768 sequences at micro-batch 2 on one data-parallel rank: micro-batch 1 would make
+    # 32,768 micro-batches, past the 16,384 simulated, and check refuses it.
+    text = small_scenario(nodes_ib=1, tp=8, pp=1, global_batch=32768, micro=2)
+    assert "micro_batch_size" not in memory_fix(prepare_text(text))
+    assert "lower training.micro_batch_size" in memory_fix(prepare_text(
+        small_scenario(nodes_ib=1, tp=8, pp=1, global_batch=64, micro=2)))

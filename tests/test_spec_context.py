@@ -103,4 +103,27 @@ def test_the_planner_skips_sequence_parallel_where_tp_does_not_split_the_tokens(
     assert not list(layouts(prepared, prepared.scenario.search, rejections))
     summary = rejections.summary()
     assert "training.sequence_parallel: model.seq_length=8196 tokens are not a multiple of " \
-        "tensor=8" in summary and "widen search.sequence_parallel" in summary
+        "tensor=8" in summary and "widen search.sequence_parallel, search.tensor" in summary
+
+
+def test_an_moe_model_is_not_told_to_turn_sequence_parallelism_off(write_scenario):
+    """An MoE model at TP > 1 must run sequence parallelism (Megatron-Core's MoELayer), so the
+    uneven split's fix leaves `sequence_parallel: false` out (check refused what it said)."""
+    path = write_scenario("""name: moe-sp
+fabrics: [{name: ib, type: ib}]
+clusters:
+  - name: lab
+    nodes:
+      - {count: 2, gpu: h100-sxm, nics: [{type: ib, model: ib-ndr, count: 8, fabric: ib},
+                                         {type: ethernet, model: eth-100g}]}
+model: {preset: qwen1.5-moe-a2.7b, seq_length: 4097}
+training: {global_batch_size: 64, micro_batch_size: 1, flash_attention: true,
+           sequence_parallel: true, recompute: selective}
+parallel: {tensor: 2, pipeline: 1, expert: 4}
+policies: [megatron, holmes]
+""")
+    result = CliRunner().invoke(app, ["check", str(path)])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "model.seq_length=4097 tokens are not a multiple" in message
+    assert "sequence_parallel: false" not in message
+    assert "use a seq_length that is a multiple of 2, or another tensor degree" in message

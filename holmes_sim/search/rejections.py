@@ -23,7 +23,7 @@ _WIDEN = {"parallel.tensor": ("tensor",), "parallel.pipeline": ("pipeline", "ten
           "training.global_batch_size": ("micro_batch_size", "tensor", "pipeline", "context"),
           "model.num_layers": ("pipeline", "virtual_stages"),
           "parallel.schedule": ("schedule", "pipeline"),
-          "training.sequence_parallel": ("sequence_parallel",)}
+          "training.sequence_parallel": ("sequence_parallel", "tensor")}
 """The `search:` keys whose other values may pass a check, by the field its message names
 (a message without one, `schedule.check_schedule`'s: schedule, pipeline, micro-batch)."""
 _OTHER = ("schedule", "virtual_stages", "pipeline", "micro_batch_size")

@@ -337,3 +337,11 @@ def test_a_closed_standard_output_is_refused_before_any_work():
                           preexec_fn=lambda: os.close(1))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: standard output is closed; redirect it instead")
+
+
+def test_check_keeps_each_plan_line_whole_on_a_narrow_terminal():
+    # At 20 columns check folded "holmes-no-nic-awar" / "e-order" and "peak" / "18.1 GiB".
+    proc = _cli("check", "moe_mixed_nics", columns=20)
+    assert proc.returncode == 0, proc.stderr
+    assert any(line.startswith("  holmes-no-nic-aware-order ") and "peak" in line
+               and line.rstrip().endswith("GiB per GPU (fits)") for line in proc.stdout.splitlines())

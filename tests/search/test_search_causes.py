@@ -119,7 +119,7 @@ def test_the_reasons_leave_out_defaults_the_block_did_not_ask_for(tmp_path):
                               "expert_tensor=8 schedule=1f1b virtual_stages=1 "
                               "sequence_parallel=False] training.sequence_parallel: an MoE model")
     assert "pipeline=3" not in text and "1f1b's layout" not in text
-    assert "widen search.sequence_parallel, search.expert_tensor, search.expert, search.tensor" in text
+    assert "widen search.sequence_parallel, search.tensor, search.expert_tensor, search.expert" in text
 
 
 @pytest.mark.parametrize(("base", "search", "fragments"), [
