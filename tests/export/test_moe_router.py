@@ -28,6 +28,13 @@ def _router(fields: str, bias: bool = False) -> str:
     return _moe(bias, "expert: 4, expert_tensor: 1" if bias else "expert: 4").replace(
         "moe_router_topk: 2}", f"{topk}{fields}}}".replace(", }", "}"))
 
+def _refused_run(path, out) -> str:
+    """`run PATH --plans OUT`'s one-line refusal (exit 2, no traceback), whitespace joined."""
+    result = CliRunner().invoke(app, ["run", str(path), "-q", "--plans", str(out)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    return " ".join(result.output.split())
+
+
 
 def _megatron(write_scenario, fields: str, bias: bool = False) -> tuple[list[str], str]:
     files = _export(write_scenario, _router(fields, bias))
@@ -66,11 +73,8 @@ def test_top1_softmax_routing_scores_before_the_top_k(write_scenario, fields, pr
 def test_top1_softmax_routing_told_not_to_score_first_is_refused(write_scenario, tmp_path):
     """`moe_router_pre_softmax: false` at top-1 is what Megatron-Core refuses: one line at the
     field's line, exit 2, nothing written."""
-    path = write_scenario(_router("moe_router_topk: 1, moe_router_pre_softmax: false"))
-    out = tmp_path / "plans"
-    result = CliRunner().invoke(app, ["run", str(path), "-q", "--plans", str(out)])
-    message = " ".join(result.output.split())
-    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    path, out = write_scenario(_router("moe_router_topk: 1, moe_router_pre_softmax: false")), tmp_path / "plans"
+    message = _refused_run(path, out)
     assert f"{path}:" in message and "model.moe_router_pre_softmax: Megatron-Core refuses " \
         "top-1 softmax routing without it" in message and "set it true, or remove it" in message
     assert not out.exists()
@@ -246,11 +250,8 @@ def test_qwen_moe_presets_export_the_shared_experts_gate(preset):
 def test_a_gate_without_a_shared_expert_is_refused_at_load(write_scenario, tmp_path):
     """Megatron-Core ignores the gate without a shared expert, so the model simulated would
     not be the one trained: one line at the field's line, exit 2, nothing written."""
-    path = write_scenario(_router("moe_shared_expert_gate: true"))
-    out = tmp_path / "plans"
-    result = CliRunner().invoke(app, ["run", str(path), "-q", "--plans", str(out)])
-    message = " ".join(result.output.split())
-    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    path, out = write_scenario(_router("moe_shared_expert_gate: true")), tmp_path / "plans"
+    message = _refused_run(path, out)
     assert f"{path}:" in message and "model.moe_shared_expert_gate: moe_shared_expert_gate " \
         "gates the shared expert, but the model has none: set " \
         "moe_shared_expert_intermediate_size, or turn the gate off (remove " \
