@@ -68,6 +68,10 @@ def parse_set(arg: str, max_points: int = MAX_POINTS) -> SweepAxis:
         raise ScenarioError(f"--set {arg}: expected PATH=V1,V2,... (e.g. "
                             "training.global_batch_size=256,512)")
     tokens = parse_path(path, arg)
+    if path == "policies":  # a value is one scalar; the field is a list
+        raise ScenarioError(f"--set {arg}: a value sets one field, and policies is a list; "
+                            "sweep one of its entries (e.g. --set 'policies[1]=holmes,"
+                            "megatron-llama'), or run chosen policies at every point with -p")
     _check_value_count(path, raw.count(",") + 1, max_points)
     texts = raw.split(",")
     distinct: dict[tuple[type, Any], Any] = {}  # by the text of a number: 1.50 and 1.5 apart,

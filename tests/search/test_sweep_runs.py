@@ -73,6 +73,18 @@ def test_an_unknown_or_repeated_policy_in_any_point_exits_2_before_anything_runs
     assert not out.exists()
 
 
+def test_a_set_of_the_whole_policy_list_points_to_an_entry_or_p(tmp_path):
+    # It said only "policies: expected a list, got str 'holmes'".
+    out = tmp_path / "out"
+    code, output = _sweep(str(_scenario(tmp_path, ["megatron", "holmes"])),
+                          "--set", "policies=holmes,megatron", "--out", str(out))
+    assert code == 2, output
+    message = " ".join(output.split())
+    assert "--set policies=holmes,megatron: a value sets one field, and policies is a list" \
+        in message and "policies[1]=holmes,megatron-llama" in message and "with -p" in message
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("policy", [["-p", "megatron-llama"], []])
 def test_a_sweep_whose_plans_all_fail_exits_2_with_the_first_reason_writing_nothing(tmp_path,
                                                                                   policy):
