@@ -127,3 +127,18 @@ policies: [megatron, holmes]
     assert result.exit_code == 2 and "model.seq_length=4097 tokens are not a multiple" in message
     assert "sequence_parallel: false" not in message
     assert "use a seq_length that is a multiple of 2, or another tensor degree" in message
+
+
+def test_an_empty_comm_type_is_said_to_be_empty(write_scenario):
+    """`cp_comm_type:` left empty reads as null; the message said "'None' is not allowed", a
+    value the file does not hold."""
+    from tests.conftest import SCENARIOS
+
+    text = (SCENARIOS / "mixed_ib_eth.yaml").read_text()
+    assert text.count("  schedule: 1f1b\n") == 1
+    path = write_scenario(text.replace("  schedule: 1f1b\n", "  schedule: 1f1b\n  cp_comm_type:\n"))
+    result = CliRunner().invoke(app, ["check", str(path)])
+    assert result.exit_code == 2
+    assert " ".join(result.output.split()).endswith(
+        "parallel.cp_comm_type: nothing (null) is not allowed (expected one of: p2p, a2a, "
+        "allgather)")

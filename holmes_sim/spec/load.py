@@ -479,7 +479,8 @@ def _convert(tp: Any, value: Any, path: str, doc: _Doc) -> Any:
         if value not in args:
             hint = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
             extra = f"; did you mean '{hint[0]}'?" if hint else ""
-            raise doc.error(path, f"'{value}' is not allowed (expected one of: "
+            got = f"'{value}'" if isinstance(value, (str, int, float)) else _describe(value)
+            raise doc.error(path, f"{got} is not allowed (expected one of: "
                                   f"{', '.join(map(str, args))}){extra}")
         return value
     if origin is tuple:
