@@ -78,11 +78,14 @@ class HolmesPolicy:
         if len(orders) == 1:
             return self._plan(request, *orders[0])
         priced = (request.cluster, request.workload, request.compute)
-        costs = op_costs(request.cluster, request.workload, request.compute, request.tp)
+        costs = op_costs(*priced, request.tp)
+
+        def fits(plan: Plan) -> bool:
+            return memory_report(plan, request.cluster, request.workload, costs).fits
         if len(orders) > _PARTITIONED:
-            orders = self._leading(request, orders, costs)
+            orders = self._leading(request, orders, fits)
         plans = [self._plan(request, *ranks) for ranks in orders]
-        plans = [p for p in plans if memory_report(p, *priced[:2], costs).fits] or plans
+        plans = [p for p in plans if fits(p)] or plans
         best, best_s = plans[0], estimate_iteration(plans[0], *priced).iteration_s
         for plan in plans[1:]:
             plan_s = estimate_iteration(plan, *priced).iteration_s
@@ -90,17 +93,17 @@ class HolmesPolicy:
                 best, best_s = plan, plan_s
         return best
 
-    def _leading(self, request: PlanRequest, orders: list, costs) -> list:
-        """The `_PARTITIONED` of `orders` whose plans with the equal split lead: those that fit
-        in GPU memory first, then by the analytic estimate (ties keep their order), so that
-        only they pay the partition search."""
-        priced = (request.cluster, request.workload, request.compute)
+    def _leading(self, request: PlanRequest, orders: list,
+                 fits: Callable[[Plan], bool]) -> list:
+        """The `_PARTITIONED` of `orders` whose plans with the equal split lead: those that
+        `fits` first, then by the analytic estimate (ties keep their order), so that only they
+        pay the partition search."""
         equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
 
         def rank(ranks) -> tuple[bool, float]:
             plan = self._layout(request, *ranks)(equal)
-            return (not memory_report(plan, *priced[:2], costs).fits,
-                    estimate_iteration(plan, *priced).iteration_s)
+            return (not fits(plan), estimate_iteration(
+                plan, request.cluster, request.workload, request.compute).iteration_s)
         keys = [rank(ranks) for ranks in orders]
         kept = sorted(range(len(orders)), key=lambda k: keys[k])[:_PARTITIONED]
         return [orders[k] for k in sorted(kept)]
