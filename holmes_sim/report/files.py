@@ -19,6 +19,7 @@ import fnmatch
 import io
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -489,11 +490,20 @@ def _link_error(path: Path, option: str, directory: bool) -> OutputError:
             break
         hops.append(os.path.abspath(link))
     if any(h.startswith(FD_LINKS) for h in hops):
-        fix = "name the folder itself" if directory else f"use '{option} -' for standard output"
+        fix = "name the folder itself" if directory else _stream_fix(hops, option)
         return OutputError(f"{option}: {path} is a link to {target}, an open file of this "
                            f"process, which holmes-sim does not write through; {fix}")
     return OutputError(f"{option}: {path} is a symlink; holmes-sim does not write through links "
                        "it did not create; remove it or choose another name")
+
+
+def _stream_fix(hops: list[str], option: str) -> str:
+    """The advice for a link to an open file: '-' where it is standard output (descriptor 1),
+    a file of its own otherwise (standard error's file would be replaced under the shell)."""
+    if any(h == "/dev/stdout" or re.fullmatch(r"/(dev|proc/(self|thread-self))/fd/1", h)
+           for h in hops):
+        return f"use '{option} -' for standard output"
+    return f"give {option} a file of its own, or '{option} -' for standard output"
 
 
 def _streamable(mode: int) -> bool:

@@ -83,6 +83,19 @@ def test_json_to_stdout_redirected_to_a_file_points_to_dash(tmp_path, link):
     assert os.path.islink("/dev/stdout")
 
 
+@pytest.mark.parametrize("link", ["/dev/stderr", "/proc/self/fd/2"])
+def test_json_to_stderr_redirected_to_a_file_is_not_sent_to_stdout(tmp_path, link):
+    # It said "use '--json -' for standard output", which is not where the user sent it.
+    err = tmp_path / "err.txt"
+    with err.open("w") as f:
+        proc = subprocess.run([*CLI, "run", "mixed_ib_eth", "-p", "holmes", "--json", link],
+                              stdout=subprocess.PIPE, stderr=f, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert err.read_text() == (f"error: --json: {link} is a link to {err}, an open file of "
+                               "this process, which holmes-sim does not write through; give "
+                               "--json a file of its own, or '--json -' for standard output\n")
+
+
 def test_a_symlink_to_a_character_device_stays_a_symlink(tmp_path):
     link = tmp_path / "out.json"
     link.symlink_to("/dev/null")
