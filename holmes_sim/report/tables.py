@@ -118,16 +118,25 @@ def _table(title: str, outcomes: list[Outcome], headers: list[str], wide: bool) 
                     if h == "layers/stage" else cell) for h, j, cell in columns]
     rows = [[cell(o, ups) for _, _, cell in columns] for o in outcomes]
     table = Table(title=Text(title), title_justify="left", caption_justify="left")
-    for i, (header, justify, _) in enumerate(columns):
+    widths = column_widths(rows, [header for header, _, _ in columns])
+    for (header, justify, _), width in zip(columns, widths, strict=True):
         # no cell wraps, and none is narrower than its widest cell: rich never cuts one
-        table.add_column(header, justify=justify, no_wrap=True,
-                         min_width=max(len(t) for t in [header, *(r[i] for r in rows)]))
+        table.add_column(header, justify=justify, no_wrap=True, min_width=width)
     for row in rows:
         table.add_row(*map(Text, row))
     notes = footnotes(outcomes)
     if notes:
         table.caption = Text("\n".join(notes))
     return table
+
+
+def column_widths(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> list[int]:
+    """The characters each column of `headers` needs to show its widest cell and its header's
+    longest line whole (a header of '' counts for nothing, a column with no text at all gets
+    1): the `min_width` at which rich never cuts a cell of it. `rows` may hold more cells
+    than there are headers (a column that may wrap)."""
+    return [max([*(len(row[k]) for row in rows), *map(len, header.splitlines())], default=1)
+            for k, header in enumerate(headers)]
 
 
 def table_width(table: Table) -> int:

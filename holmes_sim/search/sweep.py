@@ -418,6 +418,8 @@ def _sweep_table(result: SweepResult, shown: Sequence[str], line: int) -> Any:
     from rich.table import Table
     from rich.text import Text
 
+    from holmes_sim.report.tables import column_widths
+
     table = Table(title=Text(f"sweep of {result.scenario}: {len(result.rows)} runs"),
                   title_justify="left", caption_justify="left")
     short = field_headers(result.fields)
@@ -426,13 +428,12 @@ def _sweep_table(result: SweepResult, shown: Sequence[str], line: int) -> Any:
     rows = [[*(str(r[f]) for f in result.fields), r["policy"],
              *(cells[i] for i in metrics), *((cells[-1],) if notes else ())]
             for r in result.rows for cells in [_metric_cells(r)]]
-    width = [max((len(cells[k]) for cells in rows), default=1)
-             for k in range(len(result.fields) + 1 + len(metrics))]
-    for k, name in enumerate(result.fields):
-        header = folded_header(short[name], line)
-        table.add_column(Text(header), justify="right", overflow="fold",
-                         min_width=max(width[k], *map(len, header.splitlines())))
-    table.add_column("policy", no_wrap=True, min_width=max(width[len(result.fields)], 6))
+    headers = [folded_header(short[name], line) for name in result.fields]
+    # a metric's header folds, so only its cells set its width
+    width = column_widths(rows, [*headers, "policy", *("" for _ in metrics)])
+    for k, header in enumerate(headers):
+        table.add_column(Text(header), justify="right", overflow="fold", min_width=width[k])
+    table.add_column("policy", no_wrap=True, min_width=width[len(result.fields)])
     for k, i in enumerate(metrics, len(result.fields) + 1):
         table.add_column(SWEEP_METRICS[i], justify="right", overflow="fold", min_width=width[k])
     if notes:

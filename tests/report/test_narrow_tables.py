@@ -174,3 +174,28 @@ def test_wide_results_table_prints_the_whole_layer_list():
 
     text = _printed(results_table("t", _long_outcomes(), 80, wide=True), 80, wide=True)
     assert "/".join(map(str, (2, 3, 5, 7) * 8)) in text and "..." not in text, text
+
+
+def test_column_widths_take_the_widest_cell_or_header_line():
+    from holmes_sim.report.tables import column_widths
+
+    rows = [["eth-100g", "holmes", "18.520", "a long note"], ["eth-25g", "megatron", "-", ""]]
+    assert column_widths(rows, ["nics[1].\nmodel", "policy", ""]) == [8, 8, 6]
+    assert column_widths([], ["", "policy"]) == [1, 6]
+
+
+def test_the_run_and_sweep_tables_size_their_columns_with_one_helper(monkeypatch):
+    # Each table had its own line for "at least as wide as the widest cell".
+    from holmes_sim.report import tables
+
+    seen = []
+    helper = tables.column_widths
+    monkeypatch.setattr(tables, "column_widths",
+                        lambda rows, headers: seen.append(list(headers)) or helper(rows, headers))
+    tables.results_table("t", _long_outcomes(), 80)
+    axes = [SweepAxis("", "training.micro_batch_size", (), (2,))]
+    row = {"training.micro_batch_size": 2, "policy": "holmes", "point": 0, "status": "ok",
+           "iteration_time_s": 27.2, "tflops_per_gpu": 115.6, "peak_memory_gib": 53.9,
+           "fits_memory": True}
+    sweep_table(SweepResult("s.yaml", axes, ["holmes"], [row]), 80)
+    assert seen[0][0] == "policy" and ["micro_batch_size", "policy"] == seen[-1][:2]
