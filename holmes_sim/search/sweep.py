@@ -98,13 +98,12 @@ def build_points(path: Path, axes: Sequence[SweepAxis]) -> list[SweepPoint]:
 
 def prepare_point(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> Prepared:
     """Check a point's YAML with the ordinary loader and `prepare_text`, in memory (a worker the
-    memory guard kills leaves no file behind); errors name the `--set` values of the point."""
+    memory guard kills leaves no file behind); errors as `_point_error` gives them."""
     try:
         with quiet_collector():
             return prepare_text(point.text, str(source), source.parent)
     except HolmesError as exc:
-        message = re.sub(rf"^{re.escape(str(source))}(:\d+)?: ", "", str(exc))
-        raise _error_of(exc, f"{point_label(point, source, axes)}: {message}") from None
+        raise _point_error(exc, str(source), point, source, axes) from None
 
 
 def check_point_fields(point: SweepPoint, source: Path, axes: Sequence[SweepAxis]) -> Scenario:
@@ -115,8 +114,46 @@ def check_point_fields(point: SweepPoint, source: Path, axes: Sequence[SweepAxis
     try:
         return load_scenario_text(point.text, name, check=_check_names)
     except HolmesError as exc:
-        message = re.sub(rf"^{re.escape(name)}(:\d+)?: ", "", str(exc))
-        raise _error_of(exc, f"{point_label(point, source, axes)}: {message}") from None
+        raise _point_error(exc, name, point, source, axes) from None
+
+
+def _point_error(exc: HolmesError, name: str, point: SweepPoint, source: Path,
+                 axes: Sequence[SweepAxis]) -> HolmesError:
+    """The error `exc` of a point's YAML (read as `name`): the scenario file's own error, with
+    its file and line as `run` gives it, where the file checked the same way (schema only when
+    `name` is not the file's) fails with the same message about a field no `--set` sets; else
+    `exc` naming the point's `--set` values, which made the point invalid."""
+    message = _unlocated(str(exc), name)
+    if not any(message.startswith((f"{a.path}: ", f"{a.path}.", f"{a.path}[")) for a in axes):
+        try:
+            text = read_text_bounded(source, "scenario", "check the path")
+        except HolmesError:
+            text = None
+        own = None if text is None else _file_error(text, str(source), name == str(source))
+        if own is not None and _unlocated(str(own), str(source)) == message:
+            return _error_of(own, str(own))
+    return _error_of(exc, f"{point_label(point, source, axes)}: {message}")
+
+
+def _unlocated(message: str, name: str) -> str:
+    """`message` without the `name:line: ` in front."""
+    return re.sub(rf"^{re.escape(name)}(:\d+)?: ", "", message)
+
+
+@functools.lru_cache(maxsize=4)
+def _file_error(text: str, source: str, prepared: bool) -> HolmesError | None:
+    """The error of the scenario file `source` holding `text`, checked as a point is (`prepared`:
+    by `prepare_text`, else its fields only); None where it passes. Once per text: the points of
+    a sweep meet the file's error alike."""
+    try:
+        with quiet_collector():
+            if prepared:
+                prepare_text(text, source, Path(source).parent)
+            else:
+                load_scenario_text(text, source, check=_check_names)
+    except HolmesError as exc:
+        return exc
+    return None
 
 
 def _check_names(scenario: Scenario) -> None:
