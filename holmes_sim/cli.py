@@ -575,6 +575,7 @@ def sweep(
             result = run_sweep(resolve_scenario(scenario), sets, _check_policy_names(policy),
                                _capped_jobs(jobs), progress=bar.update, ray=ray,
                                max_points=max_points)
+        _notes(*result.notes)
         write_sweep(out_dir, replace(result, scenario=scenario_file(result.scenario)))
     except HolmesError as exc:
         raise _fail(exc) from None

@@ -25,7 +25,7 @@ from holmes_sim.errors import HolmesError, ScenarioError
 from holmes_sim.collector import quiet_collector
 from holmes_sim.prepare import Prepared, check_policies, prepare_text
 from holmes_sim.hardware.catalog import build_catalog
-from holmes_sim.hardware.cluster import check_catalog_names
+from holmes_sim.hardware.cluster import check_catalog_names, fabric_notes
 from holmes_sim.memo import clear_identity_memos
 from holmes_sim.search.planner import usable_cores
 from holmes_sim.search.sweep_axes import MAX_POINTS, SweepAxis, parse_axes, set_path
@@ -55,13 +55,15 @@ class SweepPoint:
 class SweepResult:
     """Every point x policy row, in cartesian-product order (policies in requested order):
     `policies` every policy a point runs, in order of first use, `point_policies` each point's
-    own list (they differ where a `--set` sweeps `policies`)."""
+    own list (they differ where a `--set` sweeps `policies`), `notes` the points' fabric notes,
+    each once (`sweep_notes`)."""
 
     scenario: str
     axes: list[SweepAxis]
     policies: list[str]
     rows: list[dict] = field(default_factory=list)
     point_policies: list[tuple[str, ...]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def fields(self) -> list[str]:
@@ -178,26 +180,46 @@ def _error_of(exc: HolmesError, message: str) -> HolmesError:
     return cls(message)
 
 
+PointRun = tuple[list[dict], tuple[str, ...] | None]
+"""A point's rows and the fabric notes of its cluster (None: the point does not prepare)."""
+
+
 def run_point(point: SweepPoint, source: Path, axes: Sequence[SweepAxis],
-              policies: Sequence[str] | None) -> list[dict]:
-    """Simulate one point; its rows in the requested (or scenario) policy order. A point whose
-    scenario or plan is invalid gives rows with status 'infeasible', the reason and no figures;
-    a plan that does not fit in GPU memory gives status 'no fit'."""
+              policies: Sequence[str] | None) -> PointRun:
+    """Simulate one point; its rows in the requested (or scenario) policy order, and its
+    cluster's `fabric_notes`. A point whose scenario or plan is invalid gives rows with status
+    'infeasible', the reason and no figures; a plan that does not fit in GPU memory gives status
+    'no fit'."""
     from holmes_sim.runner import run_scenario
 
     clear_identity_memos()  # nothing of an earlier point's (prepared anew) is met again
+    notes = None
     try:
         prepared = prepare_point(point, source, axes)
+        notes = fabric_notes(prepared.cluster)
         names = list(policies or prepared.scenario.policies)
         by_name = {o.plan.policy: o.result for o in run_scenario(prepared, names)}
     except HolmesError as exc:
         reason = re.sub(r"^.* with --set .*?\): ", "", str(exc))
-        return [_row(point, axes, name, None, reason) for name in policies or ["-"]]
-    return [_row(point, axes, name, by_name[name].to_json(), "") for name in names]
+        return [_row(point, axes, name, None, reason) for name in policies or ["-"]], notes
+    return [_row(point, axes, name, by_name[name].to_json(), "") for name in names], notes
+
+
+def sweep_notes(points: Sequence[SweepPoint], notes: Sequence[tuple[str, ...] | None]) -> list[str]:
+    """Each fabric note of the points (`notes`, as `run_point` gives them) once, in order of
+    first use, naming the points it is about when it is not about every point that prepared."""
+    prepared = [p.index for p, n in zip(points, notes, strict=True) if n is not None]
+    where: dict[str, list[int]] = {}
+    for point, point_notes in zip(points, notes, strict=True):
+        for note in point_notes or ():
+            where.setdefault(note, []).append(point.index)
+    return [note if found == prepared else
+            f"note: at point{'s' * (len(found) > 1)} {', '.join(map(str, found))}, "
+            f"{note.removeprefix('note: ')}" for note, found in where.items()]
 
 
 def run_points(context: tuple[Path, Sequence[SweepAxis]], policies: Sequence[str] | None,
-               points: Sequence[SweepPoint]) -> list[list[dict]]:
+               points: Sequence[SweepPoint]) -> list[PointRun]:
     """`run_point` for each of `points` (one Ray task's share of a sweep)."""
     source, axes = context
     return [run_point(p, source, axes, policies) for p in points]
@@ -234,7 +256,7 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
 
     Each point runs `policies`, else its own scenario's (a `--set` may sweep `policies`).
     Points whose variant is infeasible or whose plans fail are reported as infeasible rows and
-    skipped.
+    skipped. The result's `notes` say once where a fabric joins clusters, as `run` does.
 
     Raises:
         ScenarioError: for a bad `--set`, more than `max_points` points (repeated values
@@ -248,18 +270,20 @@ def run_sweep(path: str | Path, sets: Sequence[str], policies: Sequence[str] | N
     path = Path(path)
     axes, points = _checked_points(path, parse_axes(sets, max_points), policies)
     _first_valid(points, path, axes)  # none valid: exit 2, with --policy too
-    rows = _run_points(points, path, axes, policies, jobs, progress, ray)
+    runs = _run_points(points, path, axes, policies, jobs, progress, ray)
+    rows = [row for part, _ in runs for row in part]
     _check_feasible(points, path, axes, rows)
     names = list(dict.fromkeys(name for p in points for name in p.policies))
-    return SweepResult(scenario_file(path), axes, names, rows, [p.policies for p in points])
+    return SweepResult(scenario_file(path), axes, names, rows, [p.policies for p in points],
+                       sweep_notes(points, [notes for _, notes in runs]))
 
 
 def _run_points(points: list[SweepPoint], path: Path, axes: list[SweepAxis],
                 policies: Sequence[str] | None, jobs: int | None,
-                progress: Callable[[int, int], None] | None, ray: str | None) -> list[dict]:
-    """Every point's rows, in the points' order (see `run_sweep`)."""
+                progress: Callable[[int, int], None] | None, ray: str | None) -> list[PointRun]:
+    """Every point's `run_point`, in the points' order (see `run_sweep`)."""
     jobs = max(1, min(jobs if jobs is not None else 2, len(points), usable_cores()))
-    results: dict[int, list[dict]] = {}
+    results: dict[int, PointRun] = {}
     if progress:
         progress(0, len(points))
     if ray is not None:
@@ -277,7 +301,7 @@ def _run_points(points: list[SweepPoint], path: Path, axes: list[SweepAxis],
         parts = run_in_pool(functools.partial(run_point, source=path, axes=axes, policies=policies),
                             points, min(jobs, len(points)), progress)
         results = {p.index: part for p, part in zip(points, parts, strict=True)}
-    return [row for p in points for row in results[p.index]]
+    return [results[p.index] for p in points]
 
 
 def _check_feasible(points: Sequence[SweepPoint], path: Path, axes: Sequence[SweepAxis],

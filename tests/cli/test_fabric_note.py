@@ -1,5 +1,5 @@
 """An RDMA fabric declared in two clusters carries their RDMA traffic instead of the
-inter-cluster link: `check`, `run` and `plan` say so once on standard error."""
+inter-cluster link: `check`, `run`, `plan` and `sweep` say so once on standard error."""
 
 from __future__ import annotations
 
@@ -49,3 +49,39 @@ def test_one_fabric_per_cluster_gives_no_note(write_scenario):
     result = CliRunner().invoke(app, ["check", str(path)])
     assert result.exit_code == 0, result.output
     assert "note: fabric" not in result.output
+
+
+def _sweep(path, tmp_path, *sets: str):
+    args = [a for s in sets for a in ("--set", s)]
+    return CliRunner().invoke(app, ["sweep", str(path), *args, "-q", "-j", "2", "--out",
+                                    str(tmp_path / "out")], env={"COLUMNS": "400"})
+
+
+def test_a_sweep_names_a_fabric_joining_two_clusters_once_not_once_per_point(write_scenario,
+                                                                              tmp_path):
+    # run said it; a sweep of the very link the fabric bypasses (1 and 100 Gb/s, the same
+    # figures) said nothing.
+    path = write_scenario(TWO_PODS.format(fabric="ib-a"))
+    result = _sweep(path, tmp_path, "inter_cluster_links[0].bandwidth_gbit_per_s=1,100")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("note: fabric") == 1 and NOTE in result.stderr
+
+
+def test_a_sweep_names_the_points_a_fabric_note_is_about(write_scenario, tmp_path):
+    """Only the points that prepared count: point 1 (TP 3) is infeasible, point 2 has a fabric
+    per cluster."""
+    path = write_scenario(TWO_PODS.format(fabric="ib-a"))
+    result = _sweep(path, tmp_path, "clusters[1].nodes[0].nics[0].fabric=ib-a,ib-b",
+                    "parallel.tensor=8,3")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("fabric ib-a joins") == 1
+    assert NOTE.replace("note: ", "note: at point 0, ") in result.stderr
+
+
+def test_sweep_notes_are_each_given_once_with_the_points_they_are_about():
+    from holmes_sim.search.sweep import SweepPoint, sweep_notes
+
+    points = [SweepPoint(i, (), "") for i in range(4)]
+    assert sweep_notes(points, [("note: x",), None, ("note: x", "note: y"), ()]) == [
+        "note: at points 0, 2, x", "note: at point 2, y"]
+    assert sweep_notes(points, [("note: x",), None, ("note: x",), ("note: x",)]) == ["note: x"]
