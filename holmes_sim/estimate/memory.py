@@ -12,6 +12,7 @@ from holmes_sim.memo import IdentityMemo
 from holmes_sim.plan import Plan
 from holmes_sim.schedule import peaks_in_flight
 from holmes_sim.units import GIB
+from holmes_sim.model import cp_buffers
 from holmes_sim.model.workload import Workload
 
 
@@ -56,8 +57,11 @@ def memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCos
     sharded over their expert-data-parallel group, dp x t / (ep etp) GPUs
     (`Workload.expert_layer_params`);
     activations = (in-flight chunk-micro-batches) x (layers of the stage's largest chunk) x
-    per-layer activation bytes [Korthikanti et al. 2022, Table 2], and on the last stage one
-    micro-batch's output layer and loss (`Workload.output_activation_bytes`).
+    per-layer activation bytes [Korthikanti et al. 2022, Table 2], plus the larger of, on the
+    last stage, one micro-batch's output layer and loss (`Workload.output_activation_bytes`)
+    and, with context parallelism, what one layer's attention buffers add
+    (`model.cp_buffers.peak_bytes`): the last layer's attention forward runs before the output
+    layer's, the first backward's after the loss's backward.
 
     Kept by what it reads of the plan: Holmes' partition search checks the split its plan then
     gets, which the planner's memory filter checks again."""
@@ -78,6 +82,7 @@ def _memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCo
     peaks = peaks_in_flight(plan.schedule_kind, plan.pp, plan.num_microbatches, plan.num_chunks)
     per_stage = []
     output = workload.output_activation_bytes(plan.tp)
+    buffers = cp_buffers.peak_bytes(workload, plan.tp)
     placed, states = _layers_as_placed(plan, workload), {}
     for s, (params, expert, most) in enumerate(
             stage_param_counts(costs, plan.layers_per_stage, plan.pp)):
@@ -85,7 +90,8 @@ def _memory_report(plan: Plan, cluster: Cluster, workload: Workload, costs: OpCo
         if key not in states:
             states[key] = _stage_state_bytes(plan, workload, *key)
         state, step = states[key]
-        acts = peaks[s] * most * act_per_layer + (output if s == plan.pp - 1 else 0.0)
+        transient = max(output if s == plan.pp - 1 else 0.0, buffers if most else 0.0)
+        acts = peaks[s] * most * act_per_layer + transient
         per_stage.append(state + max(acts, step))
     return MemoryReport(tuple(per_stage), net.stage_memory_bytes())
 
