@@ -34,7 +34,11 @@ the links see, so the engine carries them on the ring's hops (`sim.collectives`)
 Enabled as NCCL enables them by default: tree only for all-reduce across nodes; NVLS on one
 node with NVLink SHARP (NVSwitch gen3: H100, H200, B200, GB200); NVLS-tree across nodes with it
 and at least 2 members per node; PAT for reduce-scatter and all-gather with one member per
-node. CollNet (IB SHARP) and multi-node NVLS need `NCCL_COLLNET_ENABLE=1` and the SHARP plugin
+node. The reduction's op matters too: `ReduceOp.AVG` (Megatron's
+`--ddp-average-in-collective`) on a float type runs as NCCL's `ncclDevPreMulSum` (enqueue.cc,
+`hostToDevRedOp`), which the NVLS kernels do not implement (device.h `ncclNvlsSupported`: Sum and
+MinMax only) and PAT reduce-scatter skips (enqueue.cc `updateCollCostTable`: "Tree reduceScatter
+doesn't support scaling yet"); an all-gather reduces nothing and ignores it. CollNet (IB SHARP) and multi-node NVLS need `NCCL_COLLNET_ENABLE=1` and the SHARP plugin
 (tuning.cc disables them when `collnetEnable` is 0, its default) and are not chosen.
 """
 
@@ -67,6 +71,9 @@ _TREE_CORRECTION = {
                .8, .9, .9, .9),
 }
 KINDS = ("all-reduce", "reduce-scatter", "all-gather")
+OPS = ("sum", "avg")
+"""Reduction ops: "sum" (`ReduceOp.SUM`), "avg" (`ReduceOp.AVG`, a float type's
+`ncclDevPreMulSum`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,29 +226,36 @@ def _pat(topo: CollectiveTopology, size: float) -> Choice:
     return Choice("pat", "Simple", latency, share, share, _time(topo, size, latency, share, share))
 
 
-def candidates(topo: CollectiveTopology, kind: str, size_bytes: float) -> list[Choice]:
-    """Every (algorithm, protocol) NCCL enables by default for this collective, priced."""
+def candidates(topo: CollectiveTopology, kind: str, size_bytes: float,
+               op: str = "sum") -> list[Choice]:
+    """Every (algorithm, protocol) NCCL enables by default for this collective with reduction
+    `op` (`OPS`), priced."""
     if kind not in KINDS:
         raise ValueError(f"unknown collective kind {kind!r}; expected one of {KINDS}")
+    if op not in OPS:
+        raise ValueError(f"unknown reduction op {op!r}; expected one of {OPS}")
+    # PreMulSum (AVG): no NVLS kernels, no PAT reduce-scatter; an all-gather does not reduce.
+    scaled = op == "avg" and kind != "all-gather"
     out = [_ring(topo, kind, p, size_bytes) for p in PROTOCOLS]
     if kind == "all-reduce" and topo.nodes > 1:
         out += [_tree(topo, p, size_bytes) for p in PROTOCOLS]
-    if topo.nvls_efficiency and topo.per_node > 1 and (topo.nodes == 1 or kind == "all-reduce"):
+    if topo.nvls_efficiency and topo.per_node > 1 and (topo.nodes == 1 or kind == "all-reduce") \
+            and not scaled:
         out.append(_nvls(topo, kind, size_bytes))
-    if kind != "all-reduce" and topo.nodes > 1 and topo.per_node == 1:
+    if kind != "all-reduce" and topo.nodes > 1 and topo.per_node == 1 and not scaled:
         out.append(_pat(topo, size_bytes))
     return out
 
 
 @lru_cache(maxsize=4096)
-def choose(topo: CollectiveTopology, kind: str, size_bytes: float) -> Choice:
-    """NCCL's pick: the candidate of least time (ties: ring/Simple before others, then the
+def choose(topo: CollectiveTopology, kind: str, size_bytes: float, op: str = "sum") -> Choice:
+    """NCCL's pick for reduction `op` (`OPS`): the candidate of least time (ties: ring/Simple before others, then the
     first); kept for the same arguments (a simulation asks once per bucket). The candidates'
     latencies and shares come from `_shapes`, their times from `_time` as `candidates` prices
     them."""
     if topo.members <= 1:
         return Choice("ring", "Simple", 0.0, 0.0, 0.0, 0.0)
-    shapes = _shapes(topo, kind, _tree_index(topo, kind, size_bytes))
+    shapes = _shapes(topo, kind, _tree_index(topo, kind, size_bytes), op)
     # `min` of (time, not ring/Simple) over the candidates (ring/Simple is the third), the
     # first on a tie: a later candidate wins when faster, ring/Simple also when as fast. Each
     # time as `_time` prices it.
@@ -270,19 +284,30 @@ def _tree_index(topo: CollectiveTopology, kind: str, size_bytes: float) -> int:
 
 
 @lru_cache(maxsize=1024)
-def _shapes(topo: CollectiveTopology, kind: str, index: int
+def _shapes(topo: CollectiveTopology, kind: str, index: int, op: str
             ) -> tuple[tuple[str, str, float, float, float], ...]:
-    """(algorithm, protocol, latency s, intra share, exit share) of `candidates` for sizes of
+    """(algorithm, protocol, latency s, intra share, exit share) of `candidates` (reduction
+    `op`) for sizes of
     tree correction index `index` (`_tree_index`), priced at a size of that index: 64 x
     2^index bytes per lane (exact in binary), or none."""
     size = 64.0 * 2.0 ** index * topo.lanes if index >= 0 else 0.0
     return tuple((c.algorithm, c.protocol, c.latency_s, c.intra_share, c.exit_share)
-                 for c in candidates(topo, kind, size))
+                 for c in candidates(topo, kind, size, op))
 
 
-def collective_time_s(topo: CollectiveTopology, kind: str, size_bytes: float) -> float:
-    """Seconds of the collective NCCL picks, on an idle network."""
-    return choose(topo, kind, size_bytes).time_s
+def collective_time_s(topo: CollectiveTopology, kind: str, size_bytes: float,
+                      op: str = "sum") -> float:
+    """Seconds of the collective NCCL picks for reduction `op` (`OPS`), on an idle network."""
+    return choose(topo, kind, size_bytes, op).time_s
+
+
+def gradient_op(average_in_collective: bool) -> str:
+    """The op of Megatron's data-parallel gradient reductions: "avg" with
+    `--ddp-average-in-collective` (`Workload.average_in_collective`), else "sum" (Megatron-LM
+    megatron/core/distributed/param_and_grad_buffer.py, `start_grad_sync`: `reduce_op =
+    ReduceOp.AVG` if `ddp_config.average_in_collective`, the gradients otherwise pre-scaled
+    by 1/DP and summed)."""
+    return "avg" if average_in_collective else "sum"
 
 
 def intra_hw(links) -> str:

@@ -11,7 +11,7 @@ two sharing the link both rings leave each member by (`bucket_streams.merged_del
 from __future__ import annotations
 
 from holmes_sim.cost.collectives import ring_collective_time_s
-from holmes_sim.cost.nccl_algorithms import collective_time_s
+from holmes_sim.cost.nccl_algorithms import collective_time_s, gradient_op
 from holmes_sim.cost.ops import released_chunks, released_points, stage_bucket_layout
 from holmes_sim.cost.ops import released_at_s
 from holmes_sim.estimate.bucket_streams import (gather_floors, merged_delay_s, merged_gather_floors,
@@ -63,8 +63,8 @@ class DataParallelPricing:
                  chunk: int | None = None) -> tuple[tuple[float, float], ...]:
         """Stage s's DP buckets in release order as (ring time s, ready point 0..1 of the
         stage's backward window): `_layout`'s buckets timed on the ring (the algorithm and
-        protocol NCCL picks, `cost.nccl_algorithms`); `what` is "grad" (gradient bytes) or
-        "param" (parameter bytes). With `d` the routed experts' buckets on replica d's
+        protocol NCCL picks, `cost.nccl_algorithms`); `what` is "grad" (gradient bytes, reduced
+        with the workload's op, `gradient_op`) or "param" (parameter bytes). With `d` the routed experts' buckets on replica d's
         expert-data-parallel ring, else the dense ones on the DP ring (`sim.gradient_buckets`).
         With `chunk` that chunk's alone, its points in its own backward. Empty without the
         ring (without expert parallelism there are no expert-data-parallel groups,
@@ -80,10 +80,11 @@ class DataParallelPricing:
         got = self._bucket_cache.get(key)
         if got is None:
             layout = self._layout(s, d is not None, chunk)
+            op = gradient_op(self.w.average_in_collective) if what == "grad" else "sum"
             got = self._bucket_cache[key] = _BUCKETS.get(
-                (layout,), (topology, kind, what),
-                lambda: _timed_buckets(layout, _BUCKETS.get((), (topology, kind), dict),
-                                       topology, kind, what == "grad"))
+                (layout,), (topology, kind, what, op),
+                lambda: _timed_buckets(layout, _BUCKETS.get((), (topology, kind, op), dict),
+                                       topology, kind, what == "grad", op))
         return got
 
     def _layout(self, s: int, expert: bool, chunk: int | None = None) -> Layout:
@@ -307,12 +308,13 @@ class DataParallelPricing:
 
 
 def _timed_buckets(layout: Layout, times: dict[float, float], topology, kind: str,
-                   grad: bool) -> tuple[tuple[float, float], ...]:
+                   grad: bool, op: str) -> tuple[tuple[float, float], ...]:
     """(ring time s, ready point) of each bucket of `layout` (`DataParallelPricing._layout`'s
-    columns): its gradient (`grad`) or parameter bytes' `kind` collective on `topology`, the
-    algorithm and protocol NCCL picks (`cost.nccl_algorithms`), kept in `times` by size."""
+    columns): its gradient (`grad`) or parameter bytes' `kind` collective with reduction `op`
+    on `topology`, the algorithm and protocol NCCL picks (`cost.nccl_algorithms`), kept in
+    `times` by size."""
     sizes = layout[0] if grad else layout[1]
     for size in dict.fromkeys(sizes):  # each distinct size once (most buckets are full)
         if size not in times:
-            times[size] = collective_time_s(topology, kind, size)
+            times[size] = collective_time_s(topology, kind, size, op)
     return tuple(zip(map(times.__getitem__, sizes), layout[2]))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from holmes_sim.hardware.cluster import Node
 from holmes_sim.cost.collectives import ring_collective_time_s
-from holmes_sim.cost.nccl_algorithms import CollectiveTopology, collective_time_s
+from holmes_sim.cost.nccl_algorithms import CollectiveTopology, collective_time_s, gradient_op
 from holmes_sim.cost.ops import chunk_times, op_costs
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
@@ -42,21 +42,21 @@ class _Ring:
     rate: float
     latency_s: float
     topology: CollectiveTopology | None = None
-    times: dict[tuple[str, float], float] = field(default_factory=dict, compare=False,
-                                                  hash=False, repr=False)
-    """NCCL's times by (kind, size), kept: the trials of the candidates sharing the ring ask for
-    the same sizes again, and a look-up here skips hashing the topology."""
+    times: dict[tuple[str, float, str], float] = field(default_factory=dict, compare=False,
+                                                       hash=False, repr=False)
+    """NCCL's times by (kind, size, reduction op), kept: the trials of the candidates sharing
+    the ring ask for the same sizes again, and a look-up here skips hashing the topology."""
 
-    def time_s(self, kind: str, size_bytes: float) -> float:
+    def time_s(self, kind: str, size_bytes: float, op: str = "sum") -> float:
         if self.members < 2 or size_bytes <= 0:
             return 0.0
         if self.topology is not None:
-            got = self.times.get((kind, size_bytes))
+            got = self.times.get((kind, size_bytes, op))
             if got is None:
                 if len(self.times) >= 4096:
                     self.times.clear()
-                got = self.times[(kind, size_bytes)] = collective_time_s(self.topology, kind,
-                                                                         size_bytes)
+                got = self.times[(kind, size_bytes, op)] = collective_time_s(
+                    self.topology, kind, size_bytes, op)
             return got
         return ring_collective_time_s(kind, self.members, size_bytes, self.rate, self.latency_s)
 
@@ -81,6 +81,7 @@ class StageTimer:
                        optimizer.sharded, optimizer.gathers_before_forward, optimizer.overlapped,
                        optimizer.reduces_every_microbatch)
         self._bytes = (request.workload.grad_bytes, request.workload.dtype_bytes)
+        self._op = gradient_op(request.workload.average_in_collective)  # the gradients' reduction
         # The stages that all-reduce the tied embeddings: the first and the last.
         self._embedding_stages = (0, request.pp - 1) if request.pp > 1 and \
             request.workload.tie_embeddings else ()
@@ -152,14 +153,15 @@ class StageTimer:
         if self._flags != _OVERLAPPED or ring.topology is None or ring.members < 2:
             return lambda params, fwd_s, bwd_s: self._dp_exposed_s(s, params, fwd_s, bwd_s)
         times, time_s, (grad_bytes, dtype_bytes) = ring.times, ring.time_s, self._bytes
+        op = self._op
 
         def exposed(params: int, fwd_s: float, bwd_s: float) -> float:
             size = params * grad_bytes
-            reduce = times.get(("reduce-scatter", size))
+            reduce = times.get(("reduce-scatter", size, op))
             if reduce is None:
-                reduce = time_s("reduce-scatter", size)
+                reduce = time_s("reduce-scatter", size, op)
             size = params * dtype_bytes
-            gather = times.get(("all-gather", size))
+            gather = times.get(("all-gather", size, "sum"))
             if gather is None:
                 gather = time_s("all-gather", size)
             gather -= fwd_s  # hidden behind one micro-batch's forward, then the reduction
@@ -213,7 +215,7 @@ class StageTimer:
         ring = self.dp_ring[s]
         reduces, collective, sharded, gathers_first, overlapped, every = self._flags
         grad_bytes, dtype_bytes = self._bytes  # `Workload.grad_bytes_of`'s factor, dtype_bytes
-        reduce = ring.time_s(collective, params * grad_bytes) if reduces else 0.0
+        reduce = ring.time_s(collective, params * grad_bytes, self._op) if reduces else 0.0
         gather = ring.time_s("all-gather", params * dtype_bytes) if sharded else 0.0
         if gathers_first:  # hidden behind one micro-batch's forward
             gather = max(0.0, gather - fwd_s)

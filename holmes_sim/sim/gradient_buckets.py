@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from holmes_sim.cost.nccl_algorithms import leaves_node
+from holmes_sim.cost.nccl_algorithms import gradient_op, leaves_node
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import ring_paths
 from holmes_sim.plan import GroupKind, Plan, Transport
@@ -71,7 +71,8 @@ def expert_data_streams(engine) -> dict[tuple[int, int], Stream]:
             names = tuple(engine.entity[(s, members[k])].name for k in ring.order)
             out[(s, r)] = Stream(RingSpec(names, tuple(engine.net.resolve(h.links) for h in ring.hops),
                                           ring.step_latency_s, len(members), ring.topology,
-                                          tuple(leaves_node(h.links) for h in ring.hops), "edp"))
+                                          tuple(leaves_node(h.links) for h in ring.hops), "edp",
+                                          gradient_op(engine.costs.workload.average_in_collective)))
     return out
 
 

@@ -41,6 +41,9 @@ class RingSpec:
     """Per hop, whether it leaves a node (with `topology`)."""
     trace_stream: str = "dp"
     """The members' trace stream its collectives are recorded on."""
+    reduce_op: str = "sum"
+    """The reduction op of its reductions (`cost.nccl_algorithms.OPS`; a DP ring's
+    `nccl_algorithms.gradient_op`); its all-gathers reduce nothing."""
 
     @property
     def p(self) -> int:
@@ -97,7 +100,7 @@ class Collectives:
         start = self.env.now
         ring = stream.ring
         choice = None if ring.topology is None else choose(ring.topology, _KIND_NAME[kind],
-                                                           size_bytes)
+                                                           size_bytes, ring.reduce_op)
         if choice is None or self.step_by_step and \
                 (choice.algorithm, choice.protocol) == ("ring", "Simple"):
             # Synchronous steps; a picked ring's steps share its hierarchical latency.

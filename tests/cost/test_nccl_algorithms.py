@@ -14,8 +14,10 @@ import simpy
 from holmes_sim.cost.nccl_algorithms import CollectiveTopology, candidates, choose
 from holmes_sim.cost.paths import link_capacities, ring_paths
 from holmes_sim.cost.transport import best_shared_transport
+from holmes_sim.estimate import analytic
 from holmes_sim.estimate.netview import netview
 from holmes_sim.plan import GpuRef
+from holmes_sim.policies.partition import StageTimer
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import run_policy
 from holmes_sim.sim.collectives import nccl_collective
@@ -37,7 +39,8 @@ def _topology(nodes: int, per_node: int, nvls: float | None = 0.85) -> Collectiv
                               3e-6, 10e-6, "nvlink", nvls)
 
 
-def _h100_scenario(nodes: int, gpus_per_node: int = 8, tensor: int = 1) -> str:
+def _h100_scenario(nodes: int, gpus_per_node: int = 8, tensor: int = 1,
+                   average: bool = False) -> str:
     return f"""name: h100
 fabrics: [{{name: ib, type: ib}}]
 clusters:
@@ -48,7 +51,8 @@ clusters:
 model: {{num_layers: 2, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024,
         tie_embeddings: false}}
 training: {{global_batch_size: {nodes * gpus_per_node // tensor}, micro_batch_size: 1,
-           distributed_optimizer: false, bucket_size_mb: 1.0e9}}
+           distributed_optimizer: false, bucket_size_mb: 1.0e9,
+           ddp_average_in_collective: {str(average).lower()}}}
 parallel: {{tensor: {tensor}, pipeline: 1}}
 policies: [megatron]
 """
@@ -93,6 +97,56 @@ def test_pat_serves_small_gathers_with_one_member_per_node():
     got = choose(topo, "all-gather", 1 << 20)
     assert got.algorithm == "pat"
     assert got.latency_s == pytest.approx(10e-6 * (6 / 3.5 + 64 * 2.8 / 14))
+
+
+# ---- the reduction op ------------------------------------------------------------------------
+def test_an_averaging_reduction_has_no_nvls_and_no_pat_reduce_scatter():
+    """AVG is NCCL's PreMulSum on float types: no NVLS kernels (device.h `ncclNvlsSupported`), no
+    PAT reduce-scatter (enqueue.cc `updateCollCostTable`); an all-gather keeps both."""
+    one_node, nodes, spread = _topology(1, 8), _topology(32, 8), _topology(64, 1)
+    assert choose(one_node, "all-reduce", 160e6).algorithm == "nvls"
+    assert choose(one_node, "all-reduce", 160e6, "avg").algorithm == "ring"
+    assert choose(nodes, "all-reduce", 8 << 30).algorithm == "nvls-tree"
+    assert all(c.algorithm not in ("nvls", "nvls-tree")
+               for c in candidates(nodes, "all-reduce", 8 << 30, "avg"))
+    assert choose(spread, "reduce-scatter", 40e6).algorithm == "pat"
+    assert all(c.algorithm != "pat" for c in candidates(spread, "reduce-scatter", 40e6, "avg"))
+    assert choose(spread, "all-gather", 40e6, "avg") == choose(spread, "all-gather", 40e6)
+    assert "nvls" in {c.algorithm for c in candidates(one_node, "all-gather", 1 << 20, "avg")}
+    with pytest.raises(ValueError, match="reduction op"):
+        candidates(one_node, "all-reduce", 1e6, "prod")
+
+
+def test_ddp_average_in_collective_reduces_gradients_without_nvls_everywhere(write_scenario):
+    """One DGX H100: with `ddp_average_in_collective` the DP all-reduce runs as the ring (NVLS
+    cannot average), 1.5 times NVLS's time, in the engine, the estimate and the partition."""
+    runs = {}
+    for average in (False, True):
+        prepared = dataclasses.replace(prepare(write_scenario(_h100_scenario(1, average=average))),
+                                       compute=UniformCompute())
+        out = run_policy(prepared, "megatron")
+        plan = out.plan
+        record = next(r for r in out.trace.records if r.kind is OpKind.DP_ALL_REDUCE)
+        estimate = analytic.estimate_iteration(plan, out.cluster, prepared.workload,
+                                               prepared.compute).iteration_s
+        timer = StageTimer(prepared.request(out.cluster), plan.rank_to_gpu, plan.groups,
+                           plan.optimizer)
+        w = prepared.workload
+        params = 2 * w.layer_params + w.embedding_params + w.head_params
+        runs[average] = (record.duration_s, estimate, timer._dp_exposed_s(0, params, 0.0, 0.0),
+                         w.grad_bytes_of(params), out.cluster)
+    size, cluster = runs[True][3], runs[True][4]
+    members = [[GpuRef(n.name, g)] for n in cluster.nodes for g in range(8)]
+    topo = ring_paths(cluster, best_shared_transport(cluster, [m[0] for m in members]), members,
+                      link_capacities(cluster)).topology
+    summed, averaged = choose(topo, "all-reduce", size), choose(topo, "all-reduce", size, "avg")
+    assert (summed.algorithm, averaged.algorithm) == ("nvls", "ring")
+    assert averaged.time_s > 1.3 * summed.time_s
+    for average, choice in ((False, summed), (True, averaged)):
+        assert runs[average][0] == pytest.approx(choice.time_s, rel=1e-6)
+        assert runs[average][2] == pytest.approx(choice.time_s, rel=1e-9)
+    assert runs[True][1] - runs[False][1] == pytest.approx(averaged.time_s - summed.time_s,
+                                                           rel=1e-6)
 
 
 # ---- the oracle: a DP all-reduce over 1,024 H100s ---------------------------------------------
