@@ -34,7 +34,8 @@ the links see, so the engine carries them on the ring's hops (`sim.collectives`)
 Enabled as NCCL enables them by default: tree only for all-reduce across nodes; NVLS on one
 node with NVLink SHARP (NVSwitch gen3: H100, H200, B200, GB200); NVLS-tree across nodes with it
 and at least 2 members per node; PAT for reduce-scatter and all-gather with one member per
-node. The reduction's op matters too: `ReduceOp.AVG` (Megatron's
+node. LL128 only where a node's GPUs talk over NVLink (not between PCIe GPUs of one
+node). The reduction's op matters too: `ReduceOp.AVG` (Megatron's
 `--ddp-average-in-collective`) on a float type runs as NCCL's `ncclDevPreMulSum` (enqueue.cc,
 `hostToDevRedOp`), which the NVLS kernels do not implement (device.h `ncclNvlsSupported`: Sum and
 MinMax only) and PAT reduce-scatter skips (enqueue.cc `updateCollCostTable`: "Tree reduceScatter
@@ -226,6 +227,13 @@ def _pat(topo: CollectiveTopology, size: float) -> Choice:
     return Choice("pat", "Simple", latency, share, share, _time(topo, size, latency, share, share))
 
 
+def _protocols(topo: CollectiveTopology) -> tuple[str, ...]:
+    """The protocols NCCL enables by default: LL128 only where a node's GPUs talk over NVLink
+    (tuning.cc: `typeIntra <= PATH_NVB`; GPUs of one node on PCIe have PATH_PIX or farther, a
+    lone GPU per node PATH_LOC)."""
+    return ("LL", "Simple") if topo.intra_hw == "pci" and topo.per_node > 1 else PROTOCOLS
+
+
 def candidates(topo: CollectiveTopology, kind: str, size_bytes: float,
                op: str = "sum") -> list[Choice]:
     """Every (algorithm, protocol) NCCL enables by default for this collective with reduction
@@ -236,9 +244,10 @@ def candidates(topo: CollectiveTopology, kind: str, size_bytes: float,
         raise ValueError(f"unknown reduction op {op!r}; expected one of {OPS}")
     # PreMulSum (AVG): no NVLS kernels, no PAT reduce-scatter; an all-gather does not reduce.
     scaled = op == "avg" and kind != "all-gather"
-    out = [_ring(topo, kind, p, size_bytes) for p in PROTOCOLS]
+    protocols = _protocols(topo)
+    out = [_ring(topo, kind, p, size_bytes) for p in protocols]
     if kind == "all-reduce" and topo.nodes > 1:
-        out += [_tree(topo, p, size_bytes) for p in PROTOCOLS]
+        out += [_tree(topo, p, size_bytes) for p in protocols]
     if topo.nvls_efficiency and topo.per_node > 1 and (topo.nodes == 1 or kind == "all-reduce") \
             and not scaled:
         out.append(_nvls(topo, kind, size_bytes))
@@ -256,18 +265,17 @@ def choose(topo: CollectiveTopology, kind: str, size_bytes: float, op: str = "su
     if topo.members <= 1:
         return Choice("ring", "Simple", 0.0, 0.0, 0.0, 0.0)
     shapes = _shapes(topo, kind, _tree_index(topo, kind, size_bytes), op)
-    # `min` of (time, not ring/Simple) over the candidates (ring/Simple is the third), the
-    # first on a tie: a later candidate wins when faster, ring/Simple also when as fast. Each
-    # time as `_time` prices it.
+    # `min` of (time, not ring/Simple) over the candidates, the first on a tie: a later
+    # candidate wins when faster, ring/Simple also when as fast. Each time as `_time` prices it.
     intra_rate, exit_rate = topo.intra_rate, topo.exit_rate
     best, best_t = 0, inf
-    for i, (_, _, latency, intra, exit_) in enumerate(shapes):
+    for i, (algorithm, protocol, latency, intra, exit_) in enumerate(shapes):
         t = intra * size_bytes / intra_rate if intra_rate < inf else 0.0
         if exit_rate < inf:
             t_exit = exit_ * size_bytes / exit_rate
             t = t_exit if t_exit > t else t  # `max(t, t_exit)`
         t = latency + t
-        if t < best_t or (t == best_t and i == 2) or i == 0:
+        if t < best_t or i == 0 or (t == best_t and protocol == "Simple" and algorithm == "ring"):
             best, best_t = i, t
     return Choice(*shapes[best], best_t)
 

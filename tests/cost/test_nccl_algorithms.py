@@ -99,6 +99,21 @@ def test_pat_serves_small_gathers_with_one_member_per_node():
     assert got.latency_s == pytest.approx(10e-6 * (6 / 3.5 + 64 * 2.8 / 14))
 
 
+def test_ll128_is_left_out_between_pcie_gpus_of_a_node():
+    """tuning.cc enables LL128 only up to `typeIntra` PATH_NVB: not on nodes whose GPUs talk
+    over PCIe (1 MiB on 8 PCIe 4 GPUs was ring/LL128), still with one GPU per node (PATH_LOC)."""
+    inf = float("inf")
+    pcie = 32e9 * 0.8
+    for nodes, per_node in ((1, 8), (4, 8)):
+        topo = CollectiveTopology(nodes * per_node, nodes, pcie, 100e9 if nodes > 1 else inf,
+                                  10e-6, 5e-6, 10e-6, "pci", None)
+        for kind in ("all-reduce", "reduce-scatter"):
+            assert {c.protocol for c in candidates(topo, kind, 1 << 20)} == {"LL", "Simple"}
+        assert choose(topo, "all-reduce", 1 << 20).protocol != "LL128"
+    lone = CollectiveTopology(4, 4, inf, 100e9, 10e-6, 5e-6, 10e-6, "pci", None)
+    assert "LL128" in {c.protocol for c in candidates(lone, "all-reduce", 1 << 20)}
+
+
 # ---- the reduction op ------------------------------------------------------------------------
 def test_an_averaging_reduction_has_no_nvls_and_no_pat_reduce_scatter():
     """AVG is NCCL's PreMulSum on float types: no NVLS kernels (device.h `ncclNvlsSupported`), no
