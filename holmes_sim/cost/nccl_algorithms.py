@@ -7,7 +7,7 @@ that rule with the simulator's own figures:
 
 - bandwidths come from the links (`CollectiveTopology`: the ring's bus bandwidth, its intra-node
   and node-exit hop rates), times NCCL's per-algorithm and per-protocol factors: ring LL 0.5
-  (at most `llMaxBw`), ring LL128 0.92; tree all-reduce 0.92, then LL 1/3.8 (at most `llMaxBw`)
+  (at most `llMaxBw`: on one node by GPU architecture, across nodes the x86 Intel row), ring LL128 0.92; tree all-reduce 0.92, then LL 1/3.8 (at most `llMaxBw`)
   or LL128 120/128 across nodes, then `treeCorrectionFactor` by size; NVLS and NVLS-tree at the
   NVSwitch's `nvlsEfficiency` (Hopper 0.85, Blackwell 0.74); PAT 0.75;
 - a step's latency is the catalog's per-step latency alpha (NCCL's ring/Simple step on that
@@ -59,8 +59,10 @@ _HW_LATENCY_US = {
             "nvls-tree": (0.0, 0.0, 20.9), "pat": (0.0, 0.0, 14.0)},
 }
 PROTOCOLS = ("LL", "LL128", "Simple")
-# llMaxBws (GB/s): one node by GPU architecture; across nodes the x86 Intel row (N2, N4+).
-_LL_MAX_GBPS_ONE_NODE = 141.0
+# llMaxBws (GB/s): one node by GPU architecture, the major compute capability of the slowest
+# GPU (NCCL's minCompCap: Volta 7, Ampere 8, Hopper 9, Blackwell 10 and later; unknown: Hopper);
+# across nodes the x86 Intel row (N2, N4+).
+_LL_MAX_GBPS_ONE_NODE = {7: 39.0, 8: 87.7, 9: 141.0, 10: 2 * 141.0}
 _LL_MAX_GBPS_NODES = (39.0, 20.4)
 # treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B to 256 MiB.
 _TREE_CORRECTION = {
@@ -100,16 +102,20 @@ class CollectiveTopology:
     lanes: int = 1
     """GPUs per member: a member stands for that many parallel communicators (one per TP
     rank), each moving 1/lanes of the bytes at 1/lanes of the rates."""
+    compute_capability: int | None = None
+    """The members' lowest major CUDA compute capability (NCCL's minCompCap; `GpuModel`), which
+    picks the one-node `llMaxBw`; None: not known (Hopper's)."""
     _hash: int = field(default=0, init=False, repr=False, compare=False)
     """The hash, found once: a planner's caches look NCCL's picks and bucket times up by
     topology thousands of times. Of numbers only (`intra_hw` as whether it is "pci", no
-    NVLS as -1), so the same in every process."""
+    NVLS or compute capability as -1), so the same in every process."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash((
             self.members, self.nodes, self.intra_rate, self.exit_rate, self.step_latency_s,
             self.intra_latency_s, self.inter_latency_s, self.intra_hw == "pci",
-            -1.0 if self.nvls_efficiency is None else self.nvls_efficiency, self.lanes)))
+            -1.0 if self.nvls_efficiency is None else self.nvls_efficiency, self.lanes,
+            -1 if self.compute_capability is None else self.compute_capability)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -145,9 +151,11 @@ def _ratio(hw: str, algorithm: str, protocol: str) -> float:
 
 
 def _ll_cap(topo: CollectiveTopology) -> float:
-    """llMaxBw in bytes/s, for all of a member's lanes."""
+    """llMaxBw in bytes/s, for all of a member's lanes (tuning.cc: one node by the GPUs'
+    architecture, `compCapIndex`; across nodes by the CPU's)."""
     if topo.nodes == 1:
-        return _LL_MAX_GBPS_ONE_NODE * 1e9 * topo.lanes
+        cc = 9 if topo.compute_capability is None else min(max(topo.compute_capability, 7), 10)
+        return _LL_MAX_GBPS_ONE_NODE[cc] * 1e9 * topo.lanes
     return _LL_MAX_GBPS_NODES[0 if topo.nodes <= 2 else 1] * 1e9 * topo.lanes
 
 
@@ -325,10 +333,11 @@ def intra_hw(links) -> str:
 
 
 def topology_of(hops, nodes: int, intra_hw: str = "nvlink",
-                nvls_efficiency: float | None = None, lanes: int = 1) -> CollectiveTopology:
+                nvls_efficiency: float | None = None, lanes: int = 1,
+                compute_capability: int | None = None) -> CollectiveTopology:
     """The topology of a ring whose hops are (leaves a node, rate bytes/s, step latency s), one per
     member, over `nodes` nodes; `intra_hw` and `nvls_efficiency` of its nodes' GPU link; `lanes`
-    GPUs per member."""
+    GPUs per member; `compute_capability` the members' lowest (None: not known)."""
     intra = [h for h in hops if not h[0]]
     exits = [h for h in hops if h[0]]
     rate, step = itemgetter(1), itemgetter(2)
@@ -336,7 +345,7 @@ def topology_of(hops, nodes: int, intra_hw: str = "nvlink",
     return CollectiveTopology(
         len(hops), nodes, min(map(rate, intra), default=inf), min(map(rate, exits), default=inf),
         slowest, max(map(step, intra), default=slowest), max(map(step, exits), default=slowest),
-        intra_hw, nvls_efficiency, lanes)
+        intra_hw, nvls_efficiency, lanes, compute_capability)
 
 
 def leaves_node(links) -> bool:

@@ -122,7 +122,8 @@ class OpCosts:
             return 0.0
         link = node.intra_link
         hop = (False, link.bandwidth_bytes_per_s * link.efficiency, link.step_latency_s)
-        topology = topology_of([hop] * self.tp, 1, intra_hw([link]), link.nvls_efficiency)
+        topology = topology_of([hop] * self.tp, 1, intra_hw([link]), link.nvls_efficiency, 1,
+                               node.gpu.compute_capability)
         one = collective_time_s(topology, "all-reduce", 4.0)
         return one * (4 if backward and w.full_recompute else 2)
 

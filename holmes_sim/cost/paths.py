@@ -157,11 +157,12 @@ def ring_paths(cluster: Cluster, transport: Transport, members: Sequence[Sequenc
 def ring_topology(cluster: Cluster, nodes: Sequence[str], hops, lanes: int) -> CollectiveTopology:
     """`nccl_algorithms.topology_of` a ring over `nodes` with `hops` (leaves a node, rate bytes/s,
     step latency s) and `lanes` GPUs per member: NVLS only when every node's GPU link has NVLink
-    SHARP."""
+    SHARP; the lowest compute capability of the nodes' GPUs (None if one is not known)."""
     links = [cluster.node(n).intra_link for n in nodes]
     nvls = [lk.nvls_efficiency for lk in links]
+    ccs = [cluster.node(n).gpu.compute_capability for n in nodes]
     return topology_of(hops, len(links), intra_hw(links), None if None in nvls else min(nvls),
-                       lanes)
+                       lanes, None if None in ccs else min(ccs))
 
 
 def node_exit_path(cluster: Cluster, transport: Transport, src_members: Sequence[Sequence[GpuRef]],

@@ -99,6 +99,27 @@ def test_pat_serves_small_gathers_with_one_member_per_node():
     assert got.latency_s == pytest.approx(10e-6 * (6 / 3.5 + 64 * 2.8 / 14))
 
 
+@pytest.mark.parametrize("gpu,link,cc,cap_gbps", [("a100-80gb", "nvlink3", 8, 87.7),
+                                                   ("h100-sxm", "nvlink4", 9, 141.0),
+                                                   ("b200", "nvlink5", 10, 282.0)])
+def test_one_node_ll_cap_follows_the_gpu_architecture(write_scenario, gpu, link, cc, cap_gbps):
+    """tuning.cc `llMaxBws[compCapIndex][0]` on one node: Ampere 87.7, Hopper 141, Blackwell 282
+    GB/s; ring LL runs at min(0.5 B, llMaxBw). The ring's topology carries the GPUs' compute
+    capability from the catalog."""
+    text = _h100_scenario(1).replace("gpu: h100-sxm", f"gpu: {gpu}").replace(
+        "intra_node: nvlink4", f"intra_node: {link}")
+    cluster = prepare(write_scenario(text)).cluster
+    members = [[GpuRef(cluster.nodes[0].name, g)] for g in range(8)]
+    topo = ring_paths(cluster, best_shared_transport(cluster, [m[0] for m in members]), members,
+                      link_capacities(cluster)).topology
+    assert topo.compute_capability == cc
+    size = 1 << 20
+    ll = next(c for c in candidates(topo, "all-gather", size) if (c.algorithm, c.protocol) ==
+              ("ring", "LL"))
+    eff = min(0.5, cap_gbps * 1e9 / topo.bus_rate)
+    assert ll.time_s == pytest.approx(ll.latency_s + 7 / 8 * size / eff / topo.intra_rate)
+
+
 def test_ll128_is_left_out_between_pcie_gpus_of_a_node():
     """tuning.cc enables LL128 only up to `typeIntra` PATH_NVB: not on nodes whose GPUs talk
     over PCIe (1 MiB on 8 PCIe 4 GPUs was ring/LL128), still with one GPU per node (PATH_LOC)."""
