@@ -32,7 +32,8 @@ by (n-1)/n in tuning.cc). In this network (GPU and NIC links, no fabric core) th
 the links see, so the engine carries them on the ring's hops (`sim.collectives`).
 
 Enabled as NCCL enables them by default: tree only for all-reduce across nodes; NVLS on one
-node with NVLink SHARP (NVSwitch gen3: H100, H200, B200, GB200); NVLS-tree across nodes with it
+node with NVLink SHARP (NVSwitch gen3: H100, H200, B200, GB200), for reduce-scatter and
+all-gather with at most 32 GPUs on it (`NCCL_MAX_NVLS_ARITY`: not a 72-GPU NVL72 rack); NVLS-tree across nodes with it
 and at least 2 members per node; PAT for reduce-scatter and all-gather with one member per
 node. LL128 only where a node's GPUs talk over NVLink (not between PCIe GPUs of one
 node). The reduction's op matters too: `ReduceOp.AVG` (Megatron's
@@ -74,6 +75,9 @@ _TREE_CORRECTION = {
                .8, .9, .9, .9),
 }
 KINDS = ("all-reduce", "reduce-scatter", "all-gather")
+# NCCL_MAX_NVLS_ARITY (device.h): NVLS reduce-scatter and all-gather need at most this many
+# local ranks (enqueue.cc `updateCollCostTable`).
+_MAX_NVLS_ARITY = 32
 OPS = ("sum", "avg")
 """Reduction ops: "sum" (`ReduceOp.SUM`), "avg" (`ReduceOp.AVG`, a float type's
 `ncclDevPreMulSum`)."""
@@ -256,8 +260,8 @@ def candidates(topo: CollectiveTopology, kind: str, size_bytes: float,
     out = [_ring(topo, kind, p, size_bytes) for p in protocols]
     if kind == "all-reduce" and topo.nodes > 1:
         out += [_tree(topo, p, size_bytes) for p in protocols]
-    if topo.nvls_efficiency and topo.per_node > 1 and (topo.nodes == 1 or kind == "all-reduce") \
-            and not scaled:
+    if topo.nvls_efficiency and 1 < topo.per_node and not scaled and \
+            (kind == "all-reduce" or topo.nodes == 1 and topo.per_node <= _MAX_NVLS_ARITY):
         out.append(_nvls(topo, kind, size_bytes))
     if kind != "all-reduce" and topo.nodes > 1 and topo.per_node == 1 and not scaled:
         out.append(_pat(topo, size_bytes))

@@ -120,6 +120,21 @@ def test_one_node_ll_cap_follows_the_gpu_architecture(write_scenario, gpu, link,
     assert ll.time_s == pytest.approx(ll.latency_s + 7 / 8 * size / eff / topo.intra_rate)
 
 
+def test_nvls_gathers_and_scatters_need_at_most_32_gpus_on_the_node():
+    """enqueue.cc skips NVLS for reduce-scatter and all-gather past NCCL_MAX_NVLS_ARITY (32)
+    local ranks: a GB200 NVL72 rack (72 GPUs, one node) runs them on the ring; all-reduce keeps
+    NVLS, and so do 32 GPUs."""
+    inf = float("inf")
+
+    def rack(gpus: int) -> CollectiveTopology:
+        return CollectiveTopology(gpus, 1, 900e9 * 0.77, inf, 3e-6, 3e-6, 3e-6, "nvlink", 0.74)
+    for kind in ("reduce-scatter", "all-gather"):
+        assert all(c.algorithm != "nvls" for c in candidates(rack(72), kind, 16 << 20))
+        assert choose(rack(72), kind, 16 << 20).algorithm == "ring"
+        assert "nvls" in {c.algorithm for c in candidates(rack(32), kind, 16 << 20)}
+    assert "nvls" in {c.algorithm for c in candidates(rack(72), "all-reduce", 16 << 20)}
+
+
 def test_ll128_is_left_out_between_pcie_gpus_of_a_node():
     """tuning.cc enables LL128 only up to `typeIntra` PATH_NVB: not on nodes whose GPUs talk
     over PCIe (1 MiB on 8 PCIe 4 GPUs was ring/LL128), still with one GPU per node (PATH_LOC)."""
