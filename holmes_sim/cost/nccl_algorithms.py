@@ -15,7 +15,9 @@ that rule with the simulator's own figures:
   (`hwLatencies`: NVLink, PCI, NET rows); base latencies are left out, as the ring's alpha-beta
   cost has none;
 - step counts are NCCL's: ring 2(n-1) (all-reduce) or n-1 steps, of which 2(K-1) or K-1
-  cross nodes (the rest on the intra-node link: NCCL's hierarchical ring latency); tree all-reduce
+  cross nodes (the rest on the intra-node link: NCCL's hierarchical ring latency, each at
+  least NCCL's `netOverhead` when the ring spans nodes: 1 us, 3 us for Simple, the x86 Intel
+  row, as `llMaxBw`'s); tree all-reduce
   2((n/K - 1) intra + floor(log2 K) inter) steps (double binary tree across K nodes, a chain inside
   a node; NCCL >= 2.4); NVLS-tree one NVLS step + 2 floor(log2 K) inter steps; NVLS one step;
   PAT floor(log2 K)/3.5 inter steps + n x 2.8/14 (its linear part, 2.8 us against the NET ring
@@ -60,6 +62,9 @@ _HW_LATENCY_US = {
             "nvls-tree": (0.0, 0.0, 20.9), "pat": (0.0, 0.0, 14.0)},
 }
 PROTOCOLS = ("LL", "LL128", "Simple")
+# getNetOverhead (us), the x86 Intel row (as `llMaxBw` across nodes): the floor of an intra-node
+# ring step's latency when the ring spans nodes, x3 for Simple (tuning.cc).
+_NET_OVERHEAD_US = 1.0
 # llMaxBws (GB/s): one node by GPU architecture, the major compute capability of the slowest
 # GPU (NCCL's minCompCap: Volta 7, Ampere 8, Hopper 9, Blackwell 10 and later; unknown: Hopper);
 # across nodes the x86 Intel row (N2, N4+).
@@ -181,8 +186,11 @@ def _ring(topo: CollectiveTopology, kind: str, protocol: str, size: float) -> Ch
     inter = 0 if k == 1 else (2 * (k - 1) if kind == "all-reduce" else k - 1)
     # One member per node: every step crosses the network, priced as a tree step (tuning.cc).
     net = _ratio("net", "tree" if topo.per_node == 1 else "ring", protocol)
-    latency = (steps - inter) * topo.intra_latency_s * _ratio(topo.intra_hw, "ring", protocol) \
-        + inter * topo.inter_latency_s * net
+    intra = _ratio(topo.intra_hw, "ring", protocol)
+    if k > 1:  # "inter-node rings still have to launch nsteps * net overhead"
+        overhead = _NET_OVERHEAD_US * (3 if protocol == "Simple" else 1)
+        intra = max(intra, overhead / _HW_LATENCY_US[topo.intra_hw]["ring"][2])
+    latency = (steps - inter) * topo.intra_latency_s * intra + inter * topo.inter_latency_s * net
     eff = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}[protocol]
     if protocol == "LL":
         eff = min(eff, _ll_cap(topo) / topo.bus_rate)

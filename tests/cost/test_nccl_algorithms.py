@@ -92,6 +92,23 @@ def test_tiny_messages_pick_the_ll_protocol_on_one_node():
     assert got.latency_s == pytest.approx(14 * 3e-6 * 0.6 / 3.4)
 
 
+def test_intra_node_steps_of_a_ring_across_nodes_pay_at_least_the_net_overhead():
+    """tuning.cc: a ring spanning nodes floors each intra-node step at getNetOverhead (1 us on
+    x86 Intel, x3 for Simple): NVLink's LL 0.6 us becomes 1.0; LL128 (1.9) and Simple (3.4
+    against 3.0) keep theirs; on one node LL keeps 0.6."""
+    def ring(topo, protocol):
+        return next(c for c in candidates(topo, "all-gather", 1 << 16)
+                    if (c.algorithm, c.protocol) == ("ring", protocol))
+    nodes = _topology(32, 8)
+    intra, inter = 255 - 31, 31
+    assert ring(nodes, "LL").latency_s == pytest.approx(
+        intra * 3e-6 * 1.0 / 3.4 + inter * 10e-6 * 2.7 / 14)
+    assert ring(nodes, "LL128").latency_s == pytest.approx(
+        intra * 3e-6 * 1.9 / 3.4 + inter * 10e-6 * 4.0 / 14)
+    assert ring(nodes, "Simple").latency_s == pytest.approx(intra * 3e-6 + inter * 10e-6)
+    assert ring(_topology(1, 8), "LL").latency_s == pytest.approx(7 * 3e-6 * 0.6 / 3.4)
+
+
 def test_pat_serves_small_gathers_with_one_member_per_node():
     topo = _topology(64, 1)
     got = choose(topo, "all-gather", 1 << 20)
