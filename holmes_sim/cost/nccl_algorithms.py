@@ -7,9 +7,11 @@ that rule with the simulator's own figures:
 
 - bandwidths come from the links (`CollectiveTopology`: the ring's bus bandwidth, its intra-node
   and node-exit hop rates), times NCCL's per-algorithm and per-protocol factors: ring LL 0.5
-  (at most `llMaxBw`: on one node by GPU architecture, across nodes the x86 Intel row), ring LL128 0.92; tree all-reduce 0.92, then LL 1/3.8 (at most `llMaxBw`)
-  or LL128 120/128 across nodes, then `treeCorrectionFactor` by size; NVLS and NVLS-tree at the
-  NVSwitch's `nvlsEfficiency` (Hopper 0.85, Blackwell 0.74); PAT 0.75;
+  (at most `llMaxBw`: on one node by GPU architecture, across nodes the x86 Intel row), ring
+  LL128 0.92; tree all-reduce 0.92, then LL 1/3.8 (at most `llMaxBw`) or LL128 120/128 across
+  nodes, then `treeCorrectionFactor` by size (its power-of-two samples joined linearly in log2
+  size, `_tree_correction`); NVLS and NVLS-tree at the NVSwitch's `nvlsEfficiency` (Hopper
+  0.85, Blackwell 0.74); PAT 0.75;
 - a step's latency is the catalog's per-step latency alpha (NCCL's ring/Simple step on that
   hardware), scaled for another algorithm or protocol by the ratio of NCCL's hardware latencies
   (`hwLatencies`: NVLink, PCI, NET rows); base latencies are left out, as the ring's alpha-beta
@@ -35,14 +37,15 @@ the links see, so the engine carries them on the ring's hops (`sim.collectives`)
 
 Enabled as NCCL enables them by default: tree only for all-reduce across nodes; NVLS on one
 node with NVLink SHARP (NVSwitch gen3: H100, H200, B200, GB200), for reduce-scatter and
-all-gather with at most 32 GPUs on it (`NCCL_MAX_NVLS_ARITY`: not a 72-GPU NVL72 rack); NVLS-tree across nodes with it
-and at least 2 members per node; PAT for reduce-scatter and all-gather with one member per
-node. LL128 only where a node's GPUs talk over NVLink (not between PCIe GPUs of one
-node). The reduction's op matters too: `ReduceOp.AVG` (Megatron's
+all-gather with at most 32 GPUs on it (`NCCL_MAX_NVLS_ARITY`: not a 72-GPU NVL72 rack);
+NVLS-tree across nodes with it and at least 2 members per node; PAT for reduce-scatter and
+all-gather with one member per node. LL128 only where a node's GPUs talk over NVLink (not
+between PCIe GPUs of one node). The reduction's op matters too: `ReduceOp.AVG` (Megatron's
 `--ddp-average-in-collective`) on a float type runs as NCCL's `ncclDevPreMulSum` (enqueue.cc,
-`hostToDevRedOp`), which the NVLS kernels do not implement (device.h `ncclNvlsSupported`: Sum and
-MinMax only) and PAT reduce-scatter skips (enqueue.cc `updateCollCostTable`: "Tree reduceScatter
-doesn't support scaling yet"); an all-gather reduces nothing and ignores it. CollNet (IB SHARP) and multi-node NVLS need `NCCL_COLLNET_ENABLE=1` and the SHARP plugin
+`hostToDevRedOp`), which the NVLS kernels do not implement (device.h `ncclNvlsSupported`: Sum
+and MinMax only) and PAT reduce-scatter skips (enqueue.cc `updateCollCostTable`: "Tree
+reduceScatter doesn't support scaling yet"); an all-gather reduces nothing and ignores it.
+CollNet (IB SHARP) and multi-node NVLS need `NCCL_COLLNET_ENABLE=1` and the SHARP plugin
 (tuning.cc disables them when `collnetEnable` is 0, its default) and are not chosen.
 """
 
@@ -70,7 +73,7 @@ _NET_OVERHEAD_US = 1.0
 # across nodes the x86 Intel row (N2, N4+).
 _LL_MAX_GBPS_ONE_NODE = {7: 39.0, 8: 87.7, 9: 141.0, 10: 2 * 141.0}
 _LL_MAX_GBPS_NODES = (39.0, 20.4)
-# treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B to 256 MiB.
+# treeCorrectionFactor[protocol][log2(bytes / 64)], 64 B to 256 MiB (`_tree_correction`).
 _TREE_CORRECTION = {
     "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
            1.0, 1.0, 1.0, 1.0),
@@ -209,12 +212,26 @@ def _tree(topo: CollectiveTopology, protocol: str, size: float) -> Choice:
         eff = min(eff / 3.8, _ll_cap(topo) / topo.bus_rate)
     elif protocol == "LL128":
         eff *= 120 / 128
-    lane = size / topo.lanes
-    index = floor(log2(lane / 64)) if lane >= 64 else -1
-    if 0 <= index < 23:
-        eff *= _TREE_CORRECTION[protocol][index]
-    share, exit_ = 2 / eff, _tree_exit(topo) / eff
+    correction = _tree_correction(protocol, size / topo.lanes)
+    share, exit_ = 2 / eff / correction, _tree_exit(topo) / eff / correction
     return Choice("tree", protocol, latency, share, exit_, _time(topo, size, latency, share, exit_))
+
+
+def _tree_correction(protocol: str, lane_bytes: float) -> float:
+    """NCCL's `treeCorrectionFactor` of the tree's bandwidth for `lane_bytes` per communicator,
+    read as what its table is, samples at powers of two ("Powers of two, 64 B to 256MB",
+    tuning.cc): entry i at 64 x 2^i bytes, linear in log2(size) between two samples, none (1)
+    at 32 B and from 512 MiB on, where NCCL applies none. NCCL holds entry i up to the next
+    power of two (`ncclTopoGetAlgoTime`), a step by which more bytes could take less time; the
+    two agree at every power of two."""
+    if not 32.0 < lane_bytes < 64.0 * 2.0 ** 23:
+        return 1.0
+    x = log2(lane_bytes / 64.0)
+    i = floor(x)
+    table = _TREE_CORRECTION[protocol]
+    low = table[i] if i >= 0 else 1.0
+    high = table[i + 1] if i + 1 < 23 else 1.0
+    return low + (high - low) * (x - i)
 
 
 def _tree_exit(topo: CollectiveTopology) -> float:
@@ -278,49 +295,42 @@ def candidates(topo: CollectiveTopology, kind: str, size_bytes: float,
 
 @lru_cache(maxsize=4096)
 def choose(topo: CollectiveTopology, kind: str, size_bytes: float, op: str = "sum") -> Choice:
-    """NCCL's pick for reduction `op` (`OPS`): the candidate of least time (ties: ring/Simple before others, then the
-    first); kept for the same arguments (a simulation asks once per bucket). The candidates'
-    latencies and shares come from `_shapes`, their times from `_time` as `candidates` prices
+    """NCCL's pick for reduction `op` (`OPS`): the candidate of least time (ties: ring/Simple
+    before others, then the first); kept for the same arguments (a simulation asks once per
+    bucket). The candidates' latencies and shares come from `_shapes`, a tree's shares
+    corrected for the size as `_tree` does, their times from `_time` as `candidates` prices
     them."""
     if topo.members <= 1:
         return Choice("ring", "Simple", 0.0, 0.0, 0.0, 0.0)
-    shapes = _shapes(topo, kind, _tree_index(topo, kind, size_bytes), op)
     # `min` of (time, not ring/Simple) over the candidates, the first on a tie: a later
-    # candidate wins when faster, ring/Simple also when as fast. Each time as `_time` prices it.
+    # candidate wins when faster, ring/Simple also when as fast.
     intra_rate, exit_rate = topo.intra_rate, topo.exit_rate
-    best, best_t = 0, inf
-    for i, (algorithm, protocol, latency, intra, exit_) in enumerate(shapes):
+    best, best_t, lane = None, inf, size_bytes / topo.lanes
+    for shape in _shapes(topo, kind, op):
+        algorithm, protocol, latency, intra, exit_ = shape
+        if algorithm == "tree":
+            correction = _tree_correction(protocol, lane)
+            intra, exit_ = intra / correction, exit_ / correction
+            shape = (algorithm, protocol, latency, intra, exit_)
         t = intra * size_bytes / intra_rate if intra_rate < inf else 0.0
         if exit_rate < inf:
             t_exit = exit_ * size_bytes / exit_rate
             t = t_exit if t_exit > t else t  # `max(t, t_exit)`
         t = latency + t
-        if t < best_t or i == 0 or (t == best_t and protocol == "Simple" and algorithm == "ring"):
-            best, best_t = i, t
-    return Choice(*shapes[best], best_t)
-
-
-def _tree_index(topo: CollectiveTopology, kind: str, size_bytes: float) -> int:
-    """The tree's correction index (`_tree`) of a size where the candidates have a tree and it
-    corrects the efficiency, else -1: the candidates' latencies and shares depend on the size
-    through it alone."""
-    if kind != "all-reduce" or topo.nodes <= 1:
-        return -1
-    lane = size_bytes / topo.lanes
-    index = floor(log2(lane / 64)) if lane >= 64 else -1
-    return index if 0 <= index < 23 else -1
+        if t < best_t or best is None or \
+                (t == best_t and protocol == "Simple" and algorithm == "ring"):
+            best, best_t = shape, t
+    return Choice(*best, best_t)
 
 
 @lru_cache(maxsize=1024)
-def _shapes(topo: CollectiveTopology, kind: str, index: int, op: str
+def _shapes(topo: CollectiveTopology, kind: str, op: str
             ) -> tuple[tuple[str, str, float, float, float], ...]:
     """(algorithm, protocol, latency s, intra share, exit share) of `candidates` (reduction
-    `op`) for sizes of
-    tree correction index `index` (`_tree_index`), priced at a size of that index: 64 x
-    2^index bytes per lane (exact in binary), or none."""
-    size = 64.0 * 2.0 ** index * topo.lanes if index >= 0 else 0.0
+    `op`), a tree's shares uncorrected (`_tree_correction` is 1 at size 0): nothing else of
+    them depends on the size."""
     return tuple((c.algorithm, c.protocol, c.latency_s, c.intra_share, c.exit_share)
-                 for c in candidates(topo, kind, size, op))
+                 for c in candidates(topo, kind, 0.0, op))
 
 
 def collective_time_s(topo: CollectiveTopology, kind: str, size_bytes: float,

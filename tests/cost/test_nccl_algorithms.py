@@ -92,6 +92,40 @@ def test_tiny_messages_pick_the_ll_protocol_on_one_node():
     assert got.latency_s == pytest.approx(14 * 3e-6 * 0.6 / 3.4)
 
 
+@pytest.mark.parametrize("nodes,per_node,lanes", [(2, 8, 1), (4, 8, 1), (32, 8, 1), (256, 8, 1),
+                                                 (16, 1, 8), (256, 1, 8), (1024, 1, 1),
+                                                 (2048, 2, 1)])
+def test_more_bytes_never_take_less_time(nodes, per_node, lanes):
+    """NCCL's `treeCorrectionFactor` holds a sample per power of two up to the next, so its
+    tree's time falls where the factor rises (tree/LL128 over 4,096 one-GPU nodes: 186.1 us at
+    3.67 MiB, 178.8 at 4 MiB); joined linearly in log2 size it rises with the size, and so does
+    NCCL's pick, the least of rising times. 1 KiB to 16 GiB, 8 sizes per doubling."""
+    inf = float("inf")
+    for nvls in (0.85, None):
+        topo = CollectiveTopology(nodes * per_node, nodes, NVLINK4 * lanes if per_node > 1 else inf,
+                                  RAILS_400G * (lanes if per_node == 1 else 1), 10e-6, 3e-6, 10e-6,
+                                  "nvlink", nvls, lanes)
+        for kind in ("all-reduce", "reduce-scatter", "all-gather"):
+            times = [choose(topo, kind, 1024 * 2 ** (i / 8)).time_s for i in range(24 * 8 + 1)]
+            assert all(b >= a for a, b in zip(times, times[1:])), (kind, nvls)
+
+
+def test_the_tree_correction_is_nccls_at_every_power_of_two():
+    """At 64 x 2^i bytes the tree's bandwidth is NCCL's x treeCorrectionFactor[p][i]; halfway
+    (in log2) to the next power of two, the mean of the two samples."""
+    topo = _topology(64, 1)
+
+    def tree(protocol: str, size: float):
+        return next(c for c in candidates(topo, "all-reduce", size)
+                    if (c.algorithm, c.protocol) == ("tree", protocol))
+    eff = {"LL": min(0.92 / 3.8, 20.4e9 / RAILS_400G), "LL128": 0.92 * 120 / 128, "Simple": 0.92}
+    table = {"LL": (.6, .5), "LL128": (.6, .6), "Simple": (.6, .5)}  # entries 10 and 11
+    for protocol, (f10, f11) in table.items():
+        assert tree(protocol, 64 * 2 ** 10).exit_share == pytest.approx(2 / eff[protocol] / f10)
+        assert tree(protocol, 64 * 2 ** 10.5).exit_share == pytest.approx(
+            2 / eff[protocol] / ((f10 + f11) / 2))
+
+
 def test_intra_node_steps_of_a_ring_across_nodes_pay_at_least_the_net_overhead():
     """tuning.cc: a ring spanning nodes floors each intra-node step at getNetOverhead (1 us on
     x86 Intel, x3 for Simple): NVLink's LL 0.6 us becomes 1.0; LL128 (1.9) and Simple (3.4
