@@ -11,7 +11,8 @@ from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.cost.context_parallel import CpPass, cp_passes, op_exposed_s
 from holmes_sim.cost.expert_parallel import local_exposed_s
-from holmes_sim.cost.nccl_algorithms import collective_time_s, intra_hw, topology_of
+from holmes_sim.cost.nccl_algorithms import (CollectiveTopology, collective_time_s, intra_hw,
+                                             topology_of)
 from holmes_sim.cost.moe import tp_comm_factor
 from holmes_sim.cost.transformer import nccl_comm_sms
 from holmes_sim.memo import IdentityMemo
@@ -93,7 +94,8 @@ class OpCosts:
         return self.compute.head_wgrad_s(node.gpu, w, self.tp) / node.speed
 
     def tp_comm_s(self, node: Node, layers: int, backward: bool) -> float:
-        """Exposed TP all-reduces of a chunk on the intra-node link (ring, alpha-beta)
+        """Exposed TP all-reduces (with sequence parallelism, all-gathers and reduce-scatters) of
+        a chunk on the intra-node link, each the collective NCCL picks (`tp_topology`)
         [Narayanan et al. SC'21, section 3.2]; with `async_tp_allreduce` the backward's two per
         layer less the weight-gradient GEMMs they overlap [Korthikanti et al. 2022, section 6.2];
         with `tp_comm_overlap` what each all-gather and reduce-scatter leaves exposed beside its
@@ -120,32 +122,40 @@ class OpCosts:
         w = self.workload
         if not (w.fp8_current_scaling and w.sequence_parallel) or self.tp == 1:
             return 0.0
-        link = node.intra_link
-        hop = (False, link.bandwidth_bytes_per_s * link.efficiency, link.step_latency_s)
-        topology = topology_of([hop] * self.tp, 1, intra_hw([link]), link.nvls_efficiency, 1,
-                               node.gpu.compute_capability)
-        one = collective_time_s(topology, "all-reduce", 4.0)
+        one = collective_time_s(self.tp_topology(node), "all-reduce", 4.0)
         return one * (4 if backward and w.full_recompute else 2)
 
+    def tp_topology(self, node: Node) -> CollectiveTopology:
+        """The TP group as NCCL's algorithm choice sees it: `tp` GPUs on `node`'s GPU link."""
+        link = node.intra_link
+        hop = (False, link.bandwidth_bytes_per_s * link.efficiency, link.step_latency_s)
+        return topology_of([hop] * self.tp, 1, intra_hw([link]), link.nvls_efficiency, 1,
+                           node.gpu.compute_capability)
+
     def _tp_collectives_layer_s(self, node: Node, backward: bool) -> float:
-        """The TP all-reduces, all-gathers and reduce-scatters of one layer pass, exposed (s)."""
+        """The TP all-reduces, all-gathers and reduce-scatters of one layer pass, exposed (s):
+        through NCCL (`torch.distributed` on the TP group: Megatron-Core's
+        `tensor_parallel/mappings.py`), each the collective NCCL picks; under `tp_comm_overlap`
+        the layer's own four through Transformer Engine's userbuffers, TE's ring kernels over
+        the link (alpha-beta), not NCCL."""
         w, link = self.workload, node.intra_link
-        rate = link.bandwidth_bytes_per_s * link.efficiency
-        one = ring_collective_time_s("all-reduce", self.tp, w.tp_allreduce_bytes(), rate,
-                                     link.step_latency_s)
+        size, topology = w.tp_allreduce_bytes(), self.tp_topology(node)
+        pair = collective_time_s(topology, "all-gather", size) + \
+            collective_time_s(topology, "reduce-scatter", size)
+        one = pair if w.sequence_parallel else collective_time_s(topology, "all-reduce", size)
         if w.tp_comm_overlap and w.sequence_parallel:
-            half = tuple(ring_collective_time_s(k, self.tp, w.tp_allreduce_bytes(), rate,
-                                                link.step_latency_s)
+            rate = link.bandwidth_bytes_per_s * link.efficiency
+            half = tuple(ring_collective_time_s(k, self.tp, size, rate, link.step_latency_s)
                          for k in ("all-gather", "reduce-scatter"))
             per_layer = self.userbuffer_exposed_s(node, backward, half)
             if backward and w.full_recompute:
                 per_layer += self.userbuffer_exposed_s(node, False, half)
-            # MoE dispatchers' extra gathered rows: not userbuffer-overlapped (`cost.moe`); with
-            # fewer collectives than a dense layer (expert TP below TP) the overlapped ones shrink
-            # in proportion
+            # MoE dispatchers' extra gathered rows: through NCCL, not userbuffer-overlapped
+            # (`cost.moe`); with fewer collectives than a dense layer (expert TP below TP) the
+            # overlapped ones shrink in proportion
             passes, factor = w.tp_allreduces_per_layer(backward) // 2, tp_comm_factor(w, self.tp)
             scale = min(1.0, factor) if w.tp_per_etp > 1 else 1.0
-            per_layer = per_layer * scale + passes * (factor - scale) * 2 * sum(half)
+            per_layer = per_layer * scale + passes * (factor - scale) * 2 * pair
             return per_layer
         per_layer = w.tp_allreduces_per_layer(backward) * one * tp_comm_factor(w, self.tp)
         if backward and w.async_tp_allreduce:

@@ -122,8 +122,8 @@ def test_tp_comm_overlap_hides_the_backward_all_reduces_behind_the_weight_gradie
     during their weight-gradient GEMMs; the forward's and the recomputed forward's stay exposed."""
     import dataclasses
 
-    from holmes_sim.cost.collectives import ring_collective_time_s
     from holmes_sim.cost.compute import KernelCompute, ProfiledCompute
+    from holmes_sim.cost.nccl_algorithms import collective_time_s
     from holmes_sim.cost.ops import OpCosts
     from holmes_sim.prepare import prepare
     from holmes_sim.validation.published import PUBLISHED_DIR
@@ -132,9 +132,7 @@ def test_tp_comm_overlap_hides_the_backward_all_reduces_behind_the_weight_gradie
     node = p.cluster.nodes[0]
     on = OpCosts(p.cluster, p.workload, KernelCompute(), 8)
     off = OpCosts(p.cluster, dataclasses.replace(p.workload, async_tp_allreduce=False), KernelCompute(), 8)
-    link = node.intra_link
-    one = ring_collective_time_s("all-reduce", 8, p.workload.tp_allreduce_bytes(),
-                                 link.bandwidth_bytes_per_s * link.efficiency, link.latency_s)
+    one = collective_time_s(off.tp_topology(node), "all-reduce", p.workload.tp_allreduce_bytes())
     hidden = sum(min(one, x) for x in T.tp_overlap_windows_s(node.gpu, p.workload, 8))
     assert p.workload.async_tp_allreduce and hidden > 0
     assert on.tp_comm_s(node, 3, False) == pytest.approx(off.tp_comm_s(node, 3, False))

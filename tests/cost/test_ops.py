@@ -69,3 +69,35 @@ def test_one_tied_stage_holds_each_parameter_once(norm, norm_params):
     costs = OpCosts(p.cluster, w, p.compute, 1)
     by_hand = 4 * (12 * h * h + 2 * norm_params) + w.vocab * h + norm_params
     assert costs.stage_params((4,), 1, 0) == by_hand == w.total_params
+
+
+def test_tp_collectives_through_nccl_are_its_picks_and_userbuffers_stay_rings():
+    """large_175b_1024's TP 8 on a DGX H100 node (NVLink 4 with SHARP): without sequence
+    parallelism a layer pass's two all-reduces run on NVLS (NCCL's pick, 1.5 times faster than
+    the ring at 50 MB); with it, the all-gather and reduce-scatter pairs are NCCL's picks too;
+    under `tp_comm_overlap` the layer's own four go through Transformer Engine's userbuffers,
+    which stay TE's ring over the link."""
+    from holmes_sim.cost.collectives import ring_collective_time_s
+    from holmes_sim.cost.nccl_algorithms import choose, collective_time_s
+
+    p = prepare(bundled_scenario("large_175b_1024"))
+    node, link = p.cluster.nodes[0], p.cluster.nodes[0].intra_link
+    plain = dataclasses.replace(p.workload, sequence_parallel=False, tp_comm_overlap=False,
+                                async_tp_allreduce=False, recompute="none")
+    costs = OpCosts(p.cluster, plain, p.compute, 8)
+    topology, size = costs.tp_topology(node), plain.tp_allreduce_bytes()
+    picked = choose(topology, "all-reduce", size)
+    ring = ring_collective_time_s("all-reduce", 8, size, link.bandwidth_bytes_per_s *
+                                  link.efficiency, link.step_latency_s)
+    assert picked.algorithm == "nvls" and picked.time_s < ring / 1.4
+    assert costs.tp_comm_s(node, 1, False) == pytest.approx(2 * picked.time_s, rel=1e-12)
+    sp = dataclasses.replace(plain, sequence_parallel=True)
+    pair = sum(collective_time_s(topology, k, size) for k in ("all-gather", "reduce-scatter"))
+    assert OpCosts(p.cluster, sp, p.compute, 8).tp_comm_s(node, 1, True) == \
+        pytest.approx(2 * pair, rel=1e-12)
+    overlap = dataclasses.replace(sp, tp_comm_overlap=True)
+    half = tuple(ring_collective_time_s(k, 8, size, link.bandwidth_bytes_per_s * link.efficiency,
+                                        link.step_latency_s) for k in ("all-gather", "reduce-scatter"))
+    over = OpCosts(p.cluster, overlap, p.compute, 8)
+    assert over.tp_comm_s(node, 1, False) == pytest.approx(
+        over.userbuffer_exposed_s(node, False, half), rel=1e-12)

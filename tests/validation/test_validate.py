@@ -128,13 +128,16 @@ def test_a_measured_intra_node_link_replaces_the_catalogs():
     for node in measured.cluster.nodes:
         assert node.intra_link.bandwidth_bytes_per_s == 1e9 and node.intra_link.efficiency == 1
         assert node.intra_link.latency_s == 5e-5 and node.intra_link.step_latency_s == 2e-4
-    # TP all-reduces are priced on it: two steps of the measured cost plus the bytes.
+    # TP all-reduces are priced on it as NCCL picks them: ring/Simple is two steps of the
+    # measured cost plus the bytes; ring/LL (PCIe: no LL128) a step at 1.0 / 5.7 of it, the
+    # bytes at half the rate, which wins here.
     from holmes_sim.cost.ops import OpCosts
 
     costs = OpCosts(measured.cluster, measured.workload, measured.compute, 2)
     node = measured.cluster.nodes[0]
-    one = 2 * 2e-4 + measured.workload.tp_allreduce_bytes() / 1e9
-    assert costs.tp_comm_s(node, 1, False) == pytest.approx(2 * one)
+    size = measured.workload.tp_allreduce_bytes()
+    simple, ll = 2 * 2e-4 + size / 1e9, 2 * 2e-4 * 1.0 / 5.7 + size / 0.5e9
+    assert costs.tp_comm_s(node, 1, False) == pytest.approx(2 * min(simple, ll))
 
 
 def test_ranking_allows_ties_within_the_band_only():
