@@ -583,7 +583,7 @@ def apply_link_profile(cluster: Cluster, profile: Profile) -> Cluster:
 def _profiled_link(link: LinkModel, measured: dict) -> LinkModel:
     return LinkModel(f"{link.name} (measured)", measured["bandwidth_bytes_per_s"],
                      measured["latency_s"], 1.0, "calibration", measured.get("collective_step_s"),
-                     link.nvls_efficiency)
+                     link.nvls_efficiency, link.pcie)
 
 
 def _profiled_nic(nic: Nic, measured: dict | None) -> Nic:

@@ -351,7 +351,7 @@ def gradient_op(average_in_collective: bool) -> str:
 def intra_hw(links) -> str:
     """NCCL's kind of the nodes' GPU links (`LinkModel`s): "pci" when any is PCIe, else
     "nvlink"."""
-    return "pci" if any(link.name.startswith("pcie") for link in links) else "nvlink"
+    return "pci" if any(link.pcie for link in links) else "nvlink"
 
 
 def topology_of(hops, nodes: int, intra_hw: str = "nvlink",

@@ -130,6 +130,9 @@ class LinkModel:
     nvls_efficiency: float | None = None
     """NVLink SHARP (in-switch reduction, NCCL's NVLS algorithms): NCCL's `nvlsEfficiency` of
     the GPU generation, the fraction of the link's rate its NVLS kernels reach; None: none."""
+    pcie: bool = False
+    """The GPUs talk over PCIe, not NVLink: NCCL's PCI latencies and no LL128
+    (`cost.nccl_algorithms.intra_hw`)."""
 
     @property
     def step_latency_s(self) -> float:
@@ -286,8 +289,10 @@ LINKS: dict[str, LinkModel] = {
     "nvlink5": LinkModel("nvlink5", gbyte_per_s_to_bytes_per_s(900), us_to_s(3), 0.77,
                          "NVIDIA HGX B200 / GB200 NVL72 data sheets: NVLink 5, 1.8 TB/s per GPU; "
                          "NVLink Switch with SHARP", nvls_efficiency=0.74),
-    "pcie4": LinkModel("pcie4", gbyte_per_s_to_bytes_per_s(32), us_to_s(5), 0.8, "PCI-SIG PCIe 4.0 x16"),
-    "pcie5": LinkModel("pcie5", gbyte_per_s_to_bytes_per_s(64), us_to_s(5), 0.8, "PCI-SIG PCIe 5.0 x16"),
+    "pcie4": LinkModel("pcie4", gbyte_per_s_to_bytes_per_s(32), us_to_s(5), 0.8,
+                       "PCI-SIG PCIe 4.0 x16", pcie=True),
+    "pcie5": LinkModel("pcie5", gbyte_per_s_to_bytes_per_s(64), us_to_s(5), 0.8,
+                       "PCI-SIG PCIe 5.0 x16", pcie=True),
 }
 
 
@@ -310,7 +315,10 @@ class Catalog:
 
 
 def build_catalog(spec: CatalogSpec) -> Catalog:
-    """Merge the scenario's catalog entries over the built-in ones."""
+    """Merge the scenario's catalog entries over the built-in ones. An entry that re-declares a
+    built-in one keeps what its fields cannot say: a GPU's compute capability, a link's NVLink
+    SHARP and, unless its `type` says, whether it is PCIe (a new link: if its name starts with
+    "pcie")."""
     gpus = dict(GPUS)
     for name, g in spec.gpus.items():
         fp8_peak = None if g.fp8_peak_tflops is None else tflops_to_flop_per_s(g.fp8_peak_tflops)
@@ -323,6 +331,8 @@ def build_catalog(spec: CatalogSpec) -> Catalog:
                               fp8_compute_efficiency=fp8_efficiency,
                               persistent_gemm=g.persistent_gemm,
                               overlapped_epilogue=g.overlapped_epilogue,
+                              compute_capability=getattr(GPUS.get(name), "compute_capability",
+                                                         None),
                               nvlink=g.intra_node or getattr(GPUS.get(name), "nvlink", None))
     nics = dict(NICS)
     for name, n in spec.nics.items():
@@ -330,8 +340,13 @@ def build_catalog(spec: CatalogSpec) -> Catalog:
                               us_to_s(n.latency_us), n.efficiency, n.source)
     links = dict(LINKS)
     for name, lk in spec.links.items():
+        base = LINKS.get(name)
+        pcie = lk.type == "pcie" if lk.type is not None else \
+            base.pcie if base is not None else name.startswith("pcie")
+        nvls = None if base is None or pcie else base.nvls_efficiency
         links[name] = LinkModel(name, gbyte_per_s_to_bytes_per_s(lk.bandwidth_gbyte_per_s),
-                                us_to_s(lk.latency_us), lk.efficiency, lk.source)
+                                us_to_s(lk.latency_us), lk.efficiency, lk.source,
+                                nvls_efficiency=nvls, pcie=pcie)
     for name, g in spec.gpus.items():  # a GPU's default link, checked where it is written
         if g.intra_node is not None:
             _lookup(links, g.intra_node, f"catalog.gpus.{name}.intra_node", "intra-node link",

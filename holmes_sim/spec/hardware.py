@@ -198,6 +198,9 @@ class LinkModelSpec:
     bandwidth_gbyte_per_s: float
     latency_us: float
     efficiency: float
+    type: Literal["nvlink", "pcie"] | None = None
+    """What the GPUs talk over, as NCCL tunes for it (omit: the built-in link's of the same
+    name; a new link: pcie if its name starts with "pcie", else nvlink)."""
     source: str = "user"
 
 

@@ -212,6 +212,34 @@ def test_ll128_is_left_out_between_pcie_gpus_of_a_node():
     assert "LL128" in {c.protocol for c in candidates(lone, "all-reduce", 1 << 20)}
 
 
+def test_a_re_declared_catalog_entry_keeps_what_nccl_sees_of_it(write_scenario):
+    """Re-declaring nvlink4 with another efficiency (docs/scenario_schema.md: "add or override
+    catalog entries") kept no NVLink SHARP, so a 160 MB all-reduce over two DGX H100s lost
+    NVLS-tree; pcie4 re-declared stays PCIe, a new link is PCIe when its `type` says so, and a
+    re-declared h100-sxm keeps its compute capability."""
+    catalog = ("catalog:\n  links:\n    nvlink4: {bandwidth_gbyte_per_s: 450, latency_us: 3, "
+               "efficiency: 0.82}\n    pcie4: {bandwidth_gbyte_per_s: 32, latency_us: 5, "
+               "efficiency: 0.8}\n    my-link: {bandwidth_gbyte_per_s: 64, latency_us: 5, "
+               "efficiency: 0.8, type: pcie}\n  gpus:\n    h100-sxm: {peak_tflops: 989, "
+               "memory_gib: 80, memory_bandwidth_gbyte_per_s: 3350}\n")
+    prepared = prepare(write_scenario(catalog + _h100_scenario(2)))
+    cluster = prepared.cluster
+    link = cluster.nodes[0].intra_link
+    assert (link.efficiency, link.nvls_efficiency, link.pcie) == (0.82, 0.85, False)
+    assert cluster.nodes[0].gpu.compute_capability == 9
+    members = [[GpuRef(n.name, g)] for n in cluster.nodes for g in range(8)]
+    topo = ring_paths(cluster, best_shared_transport(cluster, [m[0] for m in members]), members,
+                      link_capacities(cluster)).topology
+    assert choose(topo, "all-reduce", 160e6).algorithm == "nvls-tree"
+    for text, name in ((catalog + _h100_scenario(1).replace("intra_node: nvlink4",
+                                                           "intra_node: pcie4"), "pcie4"),
+                       (catalog + _h100_scenario(1).replace("intra_node: nvlink4",
+                                                           "intra_node: my-link"), "my-link")):
+        node = prepare(write_scenario(text)).cluster.nodes[0]
+        assert node.intra_link.name == name and node.intra_link.pcie
+        assert node.intra_link.nvls_efficiency is None
+
+
 # ---- the reduction op ------------------------------------------------------------------------
 def test_an_averaging_reduction_has_no_nvls_and_no_pat_reduce_scatter():
     """AVG is NCCL's PreMulSum on float types: no NVLS kernels (device.h `ncclNvlsSupported`), no
