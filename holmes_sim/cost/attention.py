@@ -7,10 +7,12 @@ section 3.1). Under a causal mask the benchmarks of the FlashAttention papers co
 that half over the kernel's measured causal rate.
 
 Where the catalog holds the measured rates of the kernel the training stack runs
-(`GpuModel.attention_rates`: cuDNN on Hopper), the rate at the kernel's query length is read
-from them, piecewise linear in log2 of the length and held flat beyond the measured range, and
-scaled by the GPU's sustained-to-burst tensor rate (the benchmarks are short boost-clock runs,
-as MAMF is; a training run holds the power-limited clock, `hardware.catalog`). The papers
+(`kernel_rates`: `GpuModel.attention_rates`, cuDNN on Hopper, for the `auto` and `fused`
+attention backends; `GpuModel.flash_attention_rates`, FlashAttention-2, for `flash`), the rate
+at the kernel's query length is read from them, piecewise linear in log2 of the length and held
+flat beyond the measured range, and scaled by the GPU's sustained-to-burst tensor rate (the
+benchmarks are short boost-clock runs, as MAMF is; a training run holds the power-limited
+clock, `hardware.catalog`). The papers
 measure the backward without a mask only; its causal rate is taken as the full one times the
 forward's causal-to-full ratio at the same length (both passes skip the same tiles above the
 diagonal and pay the same diagonal tiles). Ring attention's steps over other ranks' chunks run
@@ -66,15 +68,22 @@ def measured_rate_flop_per_s(rates: AttentionRates, seq: int, causal: bool,
     return tflops * 1e12 * rates.sustained_ratio
 
 
+def kernel_rates(gpu: GpuModel, backend: str) -> AttentionRates | None:
+    """The measured rates of the fused kernel attention backend `backend` runs on `gpu`
+    (`TrainingSpec.attention_backend`): FlashAttention-2's for `flash`; for `auto` and `fused`
+    cuDNN's, which Transformer Engine prefers on Hopper; None where the catalog has none."""
+    return gpu.flash_attention_rates if backend == "flash" else gpu.attention_rates
+
+
 def fused_attention_s(gpu: GpuModel, full_flop: float, seq: int, keys: int, backward: bool,
-                      causal_share: float = 1.0) -> float:
+                      causal_share: float = 1.0, backend: str = "auto") -> float:
     """Seconds of a GPT's causal fused attention whose forward, unmasked, is `full_flop` FLOP,
-    in kernels of `seq` queries against at most `keys` keys; `causal_share` of its (halved)
-    work runs in masked kernels, the rest in unmasked ones (ring attention's off-diagonal
-    steps). Without measured rates every tile the mask leaves of the keys x keys square is
-    priced at `attention_efficiency`."""
+    in kernels of `seq` queries against at most `keys` keys, run by attention backend
+    `backend`; `causal_share` of its (halved) work runs in masked kernels, the rest in unmasked
+    ones (ring attention's off-diagonal steps). Without measured rates every tile the mask
+    leaves of the keys x keys square is priced at `attention_efficiency`."""
     work = full_flop * (BACKWARD_WORK if backward else 1.0)
-    rates = gpu.attention_rates
+    rates = kernel_rates(gpu, backend)
     if rates is not None:
         counted = 0.5 * work
         masked = measured_rate_flop_per_s(rates, seq, True, backward)

@@ -102,6 +102,8 @@ class LayerKernels:
     flash_causal_share: float = 1.0
     """Share of the fused attention's work done by kernels under the causal mask; the rest runs
     unmasked (the off-diagonal steps of ring attention, `cost.context_parallel`)."""
+    flash_backend: str = "auto"
+    """The attention backend that runs the fused kernel (`Workload.attention_backend`)."""
 
 
 @lru_cache(maxsize=4096)
@@ -119,7 +121,8 @@ def layer_kernels(w: Workload, tp: int) -> LayerKernels:
         flop = 4.0 * b * s * keys * h / tp if w.mla is None else \
             w.mla.core_forward_flop(b * s, keys) / tp
         return LayerKernels(dense, (), flop, seq, keys, 0.0, 0.0,
-                            other_fwd + permute, other_bwd + permute, causal_share)
+                            other_fwd + permute, other_bwd + permute, causal_share,
+                            w.attention_backend)
     batch = max(1, b * a // tp)
     attention = (Gemm(s, keys, hd, batch), Gemm(s, hd, keys, batch)) if w.mla is None else \
         tuple(Gemm(*shape, batch) for shape in w.mla.core_shapes(s, keys))
@@ -234,7 +237,7 @@ def attention_core_s(gpu: GpuModel, k: LayerKernels, d: int, backward: bool) -> 
     """Score and context GEMMs, softmax, attention dropout (or the fused kernel), seconds."""
     if k.flash_flop:
         return fused_attention_s(gpu, k.flash_flop, k.flash_seq, k.flash_keys, backward,
-                                 k.flash_causal_share)
+                                 k.flash_causal_share, k.flash_backend)
     nbytes = k.core_bytes_bwd if backward else k.core_bytes_fwd
     return _gemms_s(gpu, k.attention, d, backward) + _memory_s(gpu, nbytes)
 

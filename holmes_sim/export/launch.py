@@ -39,7 +39,7 @@ from holmes_sim.errors import FieldError, PlanError
 from holmes_sim.export.refusals import plan_launch_refusal
 from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
                                           USERBUFFER_CONFIG, USERBUFFER_ZERO_SMS,
-                                          architecture_args, expert_tensor_args,
+                                          architecture_args, attention_args, expert_tensor_args,
                                           fork_lacks_note, loss_args, overlap_args,
                                           pipeline_split_note,
                                           rope_factor_note, router_note, shared_gate_note,
@@ -131,6 +131,7 @@ def megatron_args(plan: Plan, workload: Workload, precision: str) -> list[str]:
         args.append("--sequence-parallel")
     if w.flash_attention:
         args.append("--use-flash-attn")
+    args += attention_args(w)
     args += _recompute_args(w.recompute)
     return (args + _optimizer_args(plan) + _bucket_args(plan, w) + _gradient_check_args(w)
             + _grad_dtype_args(w, precision))
@@ -495,6 +496,8 @@ def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Worklo
             "gradients in fp32)"
     if hargs and workload.cross_entropy != "unfused":
         hargs, why_not = [], "the Holmes fork has no --cross-entropy-loss-fusion"
+    if hargs and workload.attention_backend != "auto":
+        hargs, why_not = [], "the Holmes fork has no --attention-backend"
     if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags
         hargs, why_not = [], "the Holmes fork has no --moe-ffn-hidden-size (Megatron-Core's MoE)"
     if hargs and plan.cp > 1 and workload.cp_comm_type != "p2p":

@@ -29,7 +29,8 @@ unless told not to), `--defer-embedding-wgrad-compute`, `--decoder-first-pipelin
 `--account-for-loss-in-pipeline-split`. The 2022 asynchronous TP all-reduce has no flag in
 current Megatron-LM (always on), so nothing is written for it. The fused cross entropy
 (`loss_args`): `--cross-entropy-loss-fusion`, with `--cross-entropy-fusion-impl te` for
-Transformer Engine's kernels (native is the default).
+Transformer Engine's kernels (native is the default). The attention kernel (`attention_args`):
+`--attention-backend` (auto default; `type=AttnBackend[name]`, since fa0dcc4, 2024-12).
 """
 
 from __future__ import annotations
@@ -373,6 +374,16 @@ TE_CROSS_ENTROPY_REFUSED = (
     "`--cross-entropy-fusion-impl native`, which the simulation prices at about three times "
     "the HBM traffic (`training.cross_entropy_fusion_impl: native`).")
 """The export README's note on `--cross-entropy-fusion-impl te`."""
+
+
+def attention_args(w: Workload) -> list[str]:
+    """`--attention-backend` where the simulated backend is not Megatron-LM's default, auto
+    (`TrainingSpec.attention_backend`); Megatron-Core then sets Transformer Engine's
+    NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN to match (`_set_attention_backend`,
+    megatron/core/models/common/language_module/language_module.py)."""
+    if w.attention_backend == "auto":
+        return []
+    return ["--attention-backend", w.attention_backend]
 
 
 def split_args(split: PipelineSplit) -> list[str]:

@@ -58,8 +58,12 @@ class GpuModel:
     groups store each tile with the tensor cores idle (Hopper's cooperative kernels,
     `cost.gemm.tile_overhead_s`)."""
     attention_rates: AttentionRates | None = None
-    """Measured rates of the fused attention kernel the training stack runs on this GPU, by
-    sequence length; None: `attention_efficiency` at every length."""
+    """Measured rates of the fused attention kernel the training stack runs on this GPU by
+    default (`TrainingSpec.attention_backend` auto or fused), by sequence length; None:
+    `attention_efficiency` at every length."""
+    flash_attention_rates: AttentionRates | None = None
+    """Measured rates of FlashAttention-2, the kernel `attention_backend: flash` runs; None:
+    `attention_efficiency` at every length."""
     compute_capability: int | None = None
     """Major CUDA compute capability (8 Ampere, 9 Hopper, 10 Blackwell), which launch settings
     depend on; None: not known (GPUs declared in a scenario's catalog)."""
@@ -173,7 +177,9 @@ class LinkModel:
 # transformer_engine/pytorch attention backend selection, `get_attention_backend`). Its BF16
 # rates on H100 SXM5, head dimension 128, 16k tokens per batch, are those of Shah et al. 2024
 # (FlashAttention-3, arXiv 2407.08608, section 4.1, Figure 5 forward with and without the
-# causal mask, Figure 6 backward without it), read at 512 ... 16k tokens.
+# causal mask, Figure 6 backward without it), read at 512 ... 16k tokens. The same figures give
+# FlashAttention-2 (flash-attn 2.x, what Transformer Engine 1.x runs with NVTE_FUSED_ATTN=0 or
+# Megatron-Core's `--attention-backend flash`) at the same lengths.
 _HOPPER_SUSTAINED = 0.849
 _HOPPER_CUDNN_ATTENTION = AttentionRates(
     seq=(512, 1024, 2048, 4096, 8192, 16384),
@@ -183,6 +189,15 @@ _HOPPER_CUDNN_ATTENTION = AttentionRates(
     sustained_ratio=_HOPPER_SUSTAINED,
     source="cuDNN fused attention on H100 SXM5, BF16, head dim 128 (Shah et al. 2024, "
            "arXiv 2407.08608, Figures 5 and 6)")
+_HOPPER_FLASH_ATTENTION_2 = AttentionRates(
+    seq=(512, 1024, 2048, 4096, 8192, 16384),
+    forward_causal_tflops=(191, 260, 298, 319, 333, 335),
+    forward_full_tflops=(309, 350, 362, 368, 370, 370),
+    backward_full_tflops=(214, 260, 291, 310, 318, 322),
+    sustained_ratio=_HOPPER_SUSTAINED,
+    source="FlashAttention-2 on H100 SXM5, BF16, head dim 128 (Shah et al. 2024, "
+           "arXiv 2407.08608, Figures 5 and 6)")
+_HOPPER_ATTENTION = (_HOPPER_CUDNN_ATTENTION, _HOPPER_FLASH_ATTENTION_2)
 _BLACKWELL_SUSTAINED = 0.840
 _A100 = "NVIDIA A100 Tensor Core GPU data sheet (2021): 312 TFLOP/s dense BF16, 108 SMs"
 _H100 = ("NVIDIA H100 Tensor Core GPU data sheet (2023), SXM: 989 TFLOP/s dense BF16, 1,979 FP8, "
@@ -206,16 +221,19 @@ def _a100(name: str, memory_gb: float, bandwidth_gbyte_per_s: float, hbm: str) -
 def _modern(name: str, bf16: tuple[float, float, tuple[int, int, int]],
             fp8: tuple[float, float, tuple[int, int, int]], memory_gb: float,
             bandwidth_gbyte_per_s: float, sm_count: int, source: str,
-            attention: AttentionRates | None = None,
+            attention: tuple[AttentionRates, AttentionRates] | None = None,
             overlapped_epilogue: bool = True, compute_capability: int = 10) -> GpuModel:
     """A GPU with BF16 and FP8 tensor cores and persistent GEMM kernels: each rate as (peak
-    TFLOP/s, efficiency, shape)."""
+    TFLOP/s, efficiency, shape); `attention`: the default fused kernel's rates and
+    FlashAttention-2's."""
     return GpuModel(name, tflops_to_flop_per_s(bf16[0]), gib_to_bytes(memory_gb),
                     gbyte_per_s_to_bytes_per_s(bandwidth_gbyte_per_s), bf16[1], source,
                     sm_count=sm_count, benchmark_shape=bf16[2],
                     fp8_peak_flop_per_s=tflops_to_flop_per_s(fp8[0]), fp8_compute_efficiency=fp8[1],
                     fp8_benchmark_shape=fp8[2], persistent_gemm=True,
-                    overlapped_epilogue=overlapped_epilogue, attention_rates=attention,
+                    overlapped_epilogue=overlapped_epilogue,
+                    attention_rates=attention[0] if attention else None,
+                    flash_attention_rates=attention[1] if attention else None,
                     compute_capability=compute_capability,
                     nvlink="nvlink4" if compute_capability == 9 else "nvlink5")
 
@@ -225,11 +243,11 @@ GPUS: dict[str, GpuModel] = {
     "a100-80gb": _a100("a100-80gb", 80, 2039, "HBM2e"),
     "h100-sxm": _modern("h100-sxm", (989, 0.711, (2048, 2048, 13312)),
                         (1979, round(0.709 * _HOPPER_SUSTAINED, 3), (1024, 9216, 14336)),
-                        80, 3350, 132, _H100, _HOPPER_CUDNN_ATTENTION, overlapped_epilogue=False,
+                        80, 3350, 132, _H100, _HOPPER_ATTENTION, overlapped_epilogue=False,
                         compute_capability=9),
     "h200": _modern("h200", (989, 0.711, (2048, 2048, 13312)),
                     (1979, round(0.734 * _HOPPER_SUSTAINED, 3), (1280, 4096, 12032)),
-                    141, 4800, 132, _H200, _HOPPER_CUDNN_ATTENTION, overlapped_epilogue=False,
+                    141, 4800, 132, _H200, _HOPPER_ATTENTION, overlapped_epilogue=False,
                     compute_capability=9),
     "b200": _modern("b200", (2250, round(0.776 * _BLACKWELL_SUSTAINED, 3), (1792, 16128, 3072)),
                     (4500, round(0.763 * _BLACKWELL_SUSTAINED, 3), (15360, 4096, 3072)),

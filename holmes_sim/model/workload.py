@@ -66,6 +66,8 @@ class Workload:
     bucket_bytes: float
     flash_attention: bool = False
     """Fused attention (Dao et al. 2022/2023): no s x s score tensor in memory."""
+    attention_backend: str = "auto"
+    """`TrainingSpec.attention_backend`: with flash_attention, whose rates the fused kernel runs at."""
     tp_comm_overlap: bool = False
     """Transformer Engine userbuffer overlap of every TP collective with a GEMM (`TrainingSpec`)."""
     ub_rs_sms: int = 16
@@ -563,7 +565,7 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         recompute=training.recompute, sequence_parallel=training.sequence_parallel,
         bucket_bytes=160e6 if training.bucket_size_mb is None else training.bucket_size_mb * 1e6,
         bucket_size_given=training.bucket_size_mb is not None,
-        flash_attention=training.flash_attention,
+        flash_attention=training.flash_attention, attention_backend=training.attention_backend,
         tp_comm_overlap=training.tp_comm_overlap, ub_rs_sms=training.tp_comm_overlap_rs_sms,
         async_tp_allreduce=training.async_tensor_model_parallel_allreduce,
         overlap_p2p_comm=training.overlap_p2p_comm,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from holmes_sim.errors import FieldError
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
@@ -173,6 +175,15 @@ class TrainingSpec:
     TP; each TP all-reduce becomes a reduce-scatter plus an all-gather."""
     flash_attention: bool = False
     """Fused attention kernel (FlashAttention): no s x s scores in memory."""
+    attention_backend: Literal["auto", "flash", "fused", "unfused", "local"] = "auto"
+    """Megatron-LM `--attention-backend` (Megatron-Core `TransformerConfig.attention_backend`,
+    enum `AttnBackend`, default auto): which of Transformer Engine's attention kernels runs.
+    auto lets TE choose, which on Hopper is its cuDNN FusedAttention (priced at
+    `GpuModel.attention_rates`); fused forces cuDNN; flash forces FlashAttention-2 (flash-attn
+    2.x, `GpuModel.flash_attention_rates`), as TE 1.x ran with `NVTE_FUSED_ATTN=0` (NeMo 24.07's
+    launcher). flash and fused need flash_attention; unfused (TE's unfused kernels) needs it off.
+    local, Megatron-Core's own attention, runs only under a layer spec without TE (`--spec local`
+    in Megatron-LM's `validate_args`), which holmes-sim does not model: refused."""
     tp_comm_overlap: bool = False
     """Megatron-LM `--tp-comm-overlap` (Megatron-Core `ModelParallelConfig.tp_comm_overlap`,
     default off): Transformer Engine's userbuffer overlap of every TP all-gather and
@@ -261,6 +272,24 @@ class TrainingSpec:
     whatever the gradient dtype; a bucket closes at the first parameter boundary past it
     (`model.bucket_layout`). None (unset): the framework's default, Megatron-Core's
     max(40M, 1M x dp) elements, 40M (160 MB) for the others (`Plan.bucket_numel`)."""
+
+    def __post_init__(self) -> None:
+        _check_attention_backend(self.attention_backend, self.flash_attention)
+
+
+def _check_attention_backend(backend: str, flash_attention: bool) -> None:
+    """Raise FieldError where `attention_backend` cannot run with `flash_attention`."""
+    if backend == "local":
+        raise FieldError("attention_backend", "local is Megatron-Core's own attention, which "
+                         "Megatron-LM runs only with `--spec local` (layers without Transformer "
+                         "Engine), not modelled here; use unfused (TE's unfused kernels) or auto")
+    if backend in ("flash", "fused") and not flash_attention:
+        raise FieldError("attention_backend", f"{backend} runs a fused attention kernel; set "
+                         "training.flash_attention: true, or attention_backend: unfused")
+    if backend == "unfused" and flash_attention:
+        raise FieldError("attention_backend", "unfused computes the s x s scores, which "
+                         "flash_attention: true leaves out; set flash_attention: false or "
+                         "attention_backend auto, flash or fused")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

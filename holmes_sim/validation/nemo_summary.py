@@ -9,12 +9,13 @@ t = GBS x sequence / (tokens/s/GPU x GPUs) seconds. A row published as a step ti
 in its software's own FLOP count (the H100 BF16 sets) gets it from `reported_step`.
 
 Settings the table leaves out are the performance recipe's (`common.recipe`: sequence parallelism
-when TP > 1, distributed optimizer, fused attention, the overlaps); a recipe switch is written into
-the scenario when holmes-sim's TrainingSpec has a field of that name, context parallelism
-(`CONTEXT_FIELD`) when ParallelSpec has it, and a row's `pipeline_split` switches (Megatron-Core's
-uneven split) when either spec has them. Until then a row with CP > 1 is recorded, rendered and
-reported as "needs context parallelism", one whose layers do not divide into PP x VP chunks as
-"needs an uneven pipeline split", never simulated (`not_simulated`).
+when TP > 1, distributed optimizer, fused attention and its backend, the overlaps); a recipe
+switch is written into the scenario when holmes-sim's TrainingSpec has a field of that name,
+context parallelism (`CONTEXT_FIELD`) when ParallelSpec has it, and a row's `pipeline_split`
+switches (Megatron-Core's uneven split) when either spec has them. Until then a row with CP > 1
+is recorded, rendered and reported as "needs context parallelism", one whose layers do not
+divide into PP x VP chunks as "needs an uneven pipeline split", never simulated
+(`not_simulated`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ NO_ARCHITECTURE = "architecture not among holmes_sim's model presets"
 NEEDS_UNEVEN_SPLIT = "needs an uneven pipeline split"
 
 # The TrainingSpec fields a row's recipe may set (written sorted, besides sequence_parallel).
-_TRAINING_KEYS = ("distributed_optimizer", "flash_attention", "tp_comm_overlap",
-                  "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm",
+_TRAINING_KEYS = ("distributed_optimizer", "flash_attention", "attention_backend",
+                  "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
+                  "overlap_p2p_comm",
                   "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
                   "tp_comm_overlap_rs_sms", "ddp_average_in_collective",
                   "check_for_nan_in_loss_and_grad", "fp8_recipe")

@@ -123,6 +123,22 @@ def test_each_row_runs_the_cross_entropy_its_launch_configuration_sets(model, so
     assert w.cross_entropy == kernels
 
 
+@pytest.mark.parametrize("model, source, backend", [
+    ("LLAMA2-7B", "nemo-24.07", "flash"), ("Nemotron-8B", "nemo-24.07", "flash"),
+    ("GPT3-5B", "nemo-24.07", "flash"), ("GPT3-175B", "nemo-24.07", "fused"),
+    ("LLAMA3_70B", "megatron-bridge-25.11", "auto")])
+def test_each_row_runs_the_attention_kernel_its_launch_ran(model, source, backend):
+    """NeMo 24.07's launcher exports NVTE_FUSED_ATTN=0 into every job (FlashAttention-2) but
+    for GPT-3 175B, whose configurations turned cuDNN back on; Megatron-Bridge leaves Transformer
+    Engine's choice (cuDNN on Hopper). Each with its citation."""
+    data = _data()
+    for row in (r for r in data["rows"] if r["model"] == model and r["source"] == source):
+        cited = row.get("recipe_source", "") + data["sources"][source].get("recipe_source", "")
+        assert (backend == "auto") != ("NVTE_FUSED_ATTN" in cited)
+        training = load_scenario_text(scenario_text(data, row)).training
+        assert training.flash_attention and training.attention_backend == backend
+
+
 def test_a_recipe_key_the_renderer_does_not_write_is_refused():
     """A misspelt switch in a data file stops the rendering instead of vanishing from it."""
     data = _data()
