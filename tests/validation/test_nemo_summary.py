@@ -34,7 +34,7 @@ def _cases():
 def test_rows_parse_with_their_source_and_launch_settings():
     data = _data()
     assert nemo_summary.is_nemo_dataset(data)
-    assert "070a0bb168d405d653b9734c0017cf5078e77c0d" in data["sources"]["nemo-24.07"]["measurements"]
+    assert "4c73f77670624bc1fd97ce444dea4e22ef5eb9c5" in data["sources"]["nemo-24.07"]["measurements"]
     bridge = data["sources"]["megatron-bridge-25.11"]["measurements"]
     assert "00b7660be0254ac6f95f44164ddd0c3e9cc798ed" in bridge
     for row in data["rows"]:
@@ -43,6 +43,19 @@ def test_rows_parse_with_their_source_and_launch_settings():
         assert row["gpus"] % (row["tp"] * row["pp"] * row["cp"]) == 0, row
     assert min(r["gpus"] for r in data["rows"]) == 8 and max(r["gpus"] for r in data["rows"]) == 1024
     assert any(r["cp"] > 1 for r in data["rows"])
+
+
+def test_the_later_24_07_tables_are_listed_beside_the_first():
+    """NeMo's main replaced the 24.07 table (4c73f77670) twice, with vboost runs: the caveat
+    gives every row's later tokens/s/GPU, in row order, and why the rows keep the first."""
+    data = _data()
+    caveat = next(c for c in data["caveats"] if "3a8081fef6" in c)
+    assert "8e3d65dcfe" in caveat and "vboost" in caveat and "does not model" in caveat
+    rows = [r for r in data["rows"] if r["source"] == "nemo-24.07"]
+    first = ", ".join(str(r["tokens_per_s_per_gpu"]) for r in rows)
+    assert f"4c73f77670 {first};" in caveat
+    assert "3a8081fef6 23574, 5894, 745, 832, 16634, 8715, 1717, 12507, 4289, 328, 11883, 1549;" \
+        in caveat
 
 
 def test_every_row_is_simulated_or_carries_its_reason():
