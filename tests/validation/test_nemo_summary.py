@@ -152,6 +152,20 @@ def test_each_row_runs_the_attention_kernel_its_launch_ran(model, source, backen
         assert training.flash_attention and training.attention_backend == backend
 
 
+@pytest.mark.parametrize("model, fp32", [
+    ("Nemotron-8B", True), ("Nemotron-22B", True), ("GPT3-5B", False), ("LLAMA2-7B", False),
+    ("Nemotron-340B", False)])
+def test_gradients_are_reduced_in_the_dtype_the_launch_synchronised(model, fp32):
+    """NeMo 24.07's Nemotron 8B/22B H100 FP8 examples pass no grad_sync_dtype (the GPT-3 and
+    Llama ones pass bf16, the 340B config sets it): apex's DistributedFusedAdam then syncs in
+    the optimizer's fp32."""
+    data = _data()
+    row = next(r for r in data["rows"] if r["model"] == model)
+    training = load_scenario_text(scenario_text(data, row)).training
+    assert training.grad_reduce_in_fp32 == fp32
+    assert ("grad_sync_dtype" in row.get("recipe_source", "")) == fp32
+
+
 def test_a_recipe_key_the_renderer_does_not_write_is_refused():
     """A misspelt switch in a data file stops the rendering instead of vanishing from it."""
     data = _data()
