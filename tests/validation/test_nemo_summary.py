@@ -58,6 +58,21 @@ def test_the_later_24_07_tables_are_listed_beside_the_first():
         in caveat
 
 
+def test_the_rows_that_are_an_example_scripts_launch_are_named():
+    """The launcher's H100 FP8 examples override their configs' layout: four rows are exactly an
+    example's launch, and the data file and docs/cost_models.md name those four, not 'all'."""
+    from tests.conftest import REPO
+    caveat = next(c for c in _data()["caveats"] if "Exactly an example's launch" in c)
+    exact = caveat.split("Exactly an example's launch")[1].split("The others")[0]
+    assert [m for m in ("GPT3-5B", "GPT3-20B", "GPT3-175B", "LLAMA2-7B", "LLAMA2-13B",
+                        "LLAMA2-70B", "LLAMA3-8B", "LLAMA3-70B", "Nemotron-8B", "Nemotron-22B")
+            if f" {m} (" in exact] == ["GPT3-5B", "LLAMA2-7B", "LLAMA2-70B", "LLAMA3-8B"]
+    doc = " ".join((REPO / "docs" / "cost_models.md").read_text().split())
+    assert "load unchanged" not in doc
+    assert "only the GPT-3 5B, Llama 2 7B, Llama 2 70B and Llama 3 8B rows are exactly an " \
+           "example's launch" in doc
+
+
 def test_every_row_is_simulated_or_carries_its_reason():
     data, by_name = _data(), _cases()
     assert len(by_name) == len(data["rows"])
