@@ -569,15 +569,20 @@ def apply_link_profile(cluster: Cluster, profile: Profile) -> Cluster:
         nics = tuple(_profiled_nic(n, profile.fabrics.get(n.fabric)) for n in node.nics)
         link = node.intra_link if intra is None else _profiled_link(node.intra_link, intra)
         nodes.append(replace(node, nics=nics, intra_link=link))
-    # Uplinks are Ethernet too: on an emulated testbed they achieve the measured fraction of
-    # their shaped rate that the Ethernet NICs do (`line_rate_bytes_per_s`: the probe's rate).
+    # Uplinks are Ethernet too: they achieve the fraction of their shaped rate the NICs do.
     eth = profile.fabrics.get(ETHERNET) or {}
-    uplinks = cluster.uplinks
-    if eth.get("line_rate_bytes_per_s"):
-        ratio = eth["bandwidth_bytes_per_s"] / eth["line_rate_bytes_per_s"]
-        uplinks = tuple(replace(u, bandwidth_bytes_per_s=u.bandwidth_bytes_per_s * ratio)
-                        for u in uplinks)
+    uplinks = tuple(replace(u, bandwidth_bytes_per_s=_achieved(u.bandwidth_bytes_per_s, eth))
+                    for u in cluster.uplinks) if eth.get("line_rate_bytes_per_s") else cluster.uplinks
     return cluster.with_nodes(tuple(nodes), uplinks=uplinks)
+
+
+def _achieved(line_rate: float, measured: dict) -> float:
+    """What a link of `line_rate` (bytes/s) achieves on a measured fabric: the probe's rate
+    times line_rate / the probed pair's line rate (`line_rate_bytes_per_s`, an emulated
+    testbed's; every link is shaped by the same token bucket at its own rate), or the probe's
+    rate itself when the profile does not say what it ran against."""
+    rate, probed = measured["bandwidth_bytes_per_s"], measured.get("line_rate_bytes_per_s")
+    return rate * (line_rate / probed) if probed else rate
 
 
 def _profiled_link(link: LinkModel, measured: dict) -> LinkModel:
@@ -589,6 +594,6 @@ def _profiled_link(link: LinkModel, measured: dict) -> LinkModel:
 def _profiled_nic(nic: Nic, measured: dict | None) -> Nic:
     if measured is None:
         return nic
-    return replace(nic, bandwidth_bytes_per_s=measured["bandwidth_bytes_per_s"], efficiency=1.0,
-                   latency_s=measured["latency_s"],
+    return replace(nic, bandwidth_bytes_per_s=_achieved(nic.bandwidth_bytes_per_s, measured),
+                   efficiency=1.0, latency_s=measured["latency_s"],
                    collective_latency_s=measured.get("collective_step_s"))

@@ -211,7 +211,8 @@ def _probe_fabric(prepared: Prepared, tb, fabric: str, spec: TestbedSpec,
     if len(pairs) < 2:
         raise TestbedError(f"fabric '{fabric}' has fewer than two nodes; nothing to measure")
     got = _probe(tb, f"fabric '{fabric}'", pairs, spec, realtime_priority)
-    # The shaped rate it ran against: the measured fraction of it applies to uplinks too.
+    # The shaped rate it ran against: every NIC of the fabric, and the uplinks, achieve the
+    # measured fraction of their own (`prepare.apply_link_profile`).
     got["line_rate_bytes_per_s"] = min(
         nic.bandwidth_bytes_per_s for node, name in pairs
         for nic in prepared.cluster.node(node).nics if nic.name == name)

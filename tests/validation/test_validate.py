@@ -140,6 +140,40 @@ def test_a_measured_intra_node_link_replaces_the_catalogs():
     assert costs.tp_comm_s(node, 1, False) == pytest.approx(2 * min(simple, ll))
 
 
+def test_each_nic_gets_its_fabrics_measured_fraction_of_its_own_rate(tmp_path):
+    # One fabric, NICs of different rates: the probe between two of them measures the fraction
+    # of its pair's line rate the shaping achieves, and every NIC achieves that of its own.
+    from holmes_sim.validation.calibration import apply_profile
+    from tests.conftest import default_testbed_with
+
+    node = "{name: roce-b, count: 1, gpu: cpu-rank, gpus_per_node: 1, intra_node: pcie4, nics: "
+    path = default_testbed_with(
+        tmp_path, node + "[{type: roce, bandwidth_gbit_per_s: 2, fabric: roce}, "
+                         "{type: ethernet, bandwidth_gbit_per_s: 0.1}]}",
+        node + "[{type: roce, bandwidth_gbit_per_s: 0.5, fabric: roce}, "
+               "{type: ethernet, bandwidth_gbit_per_s: 0.025}]}")
+    fabric = {"latency_s": 5e-5, "collective_step_s": 6e-5}
+    raw = {"schema": "holmes-sim-profile/1", "compute": {"cpu-rank": {
+        "layer_forward_s": 0.007, "layer_backward_s": 0.014, "embedding_forward_s": 3e-4,
+        "embedding_backward_s": 4e-4, "head_forward_s": 0.0025, "head_backward_s": 0.004,
+        "optimizer_s_per_param": 4e-9, "op_overhead_s": 8e-4}},
+        "fabrics": {"ib": {**fabric, "bandwidth_bytes_per_s": 230e6, "line_rate_bytes_per_s": 250e6},
+                    "roce": {**fabric, "bandwidth_bytes_per_s": 57.5e6, "line_rate_bytes_per_s": 62.5e6},
+                    "ethernet": {**fabric, "bandwidth_bytes_per_s": 11.5e6,
+                                 "line_rate_bytes_per_s": 12.5e6}}}
+    rates = {(n.name, nic.name): nic.bandwidth_bytes_per_s
+             for n in apply_profile(prepare(path), raw).cluster.nodes for nic in n.nics}
+    assert rates[("roce-b-0", "roce0")] == pytest.approx(57.5e6)
+    assert rates[("roce-a-0", "roce0")] == pytest.approx(230e6)  # 0.92 of 2 Gbit/s, not of 0.5
+    assert rates[("roce-b-0", "eth0")] == pytest.approx(11.5e6 / 4)
+    assert rates[("ib-a-0", "eth0")] == pytest.approx(11.5e6)
+    # A profile that does not say what its probe ran against gives every NIC the probe's rate.
+    del raw["fabrics"]["roce"]["line_rate_bytes_per_s"]
+    rates = {(n.name, nic.name): nic.bandwidth_bytes_per_s
+             for n in apply_profile(prepare(path), raw).cluster.nodes for nic in n.nics}
+    assert rates[("roce-a-0", "roce0")] == rates[("roce-b-0", "roce0")] == 57.5e6
+
+
 def test_ranking_allows_ties_within_the_band_only():
     a = Case("a", 1.0, 1.00, (1.0,), ())
     b = Case("b", 2.0, 1.02, (1.02,), ())
