@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import signal
 import statistics
 import threading
@@ -25,6 +26,7 @@ from holmes_sim.backend.model import (
     synthetic_batch,
 )
 from holmes_sim.backend.optimizer import FlatOptimizer
+from holmes_sim.errors import TestbedError
 
 _WARMUP = 2
 _KEYS = ("embedding_forward_s", "embedding_backward_s", "block_forward_s", "block_backward_s",
@@ -32,16 +34,33 @@ _KEYS = ("embedding_forward_s", "embedding_backward_s", "block_forward_s", "bloc
 _OPTIMIZER_PARAMS = 1 << 18  # elements of the flat tensor the Adam step is timed on
 
 
+class CalibrationTooSlow(TestbedError):
+    """The timed repeats did not, or cannot, finish within the calibration's time limit:
+    `repeats` need about `need_s` seconds (from the warm-up's pace; None: the limit passed
+    first) of the `left_s` left then; `fits` repeats would fit (0: none, or unknown)."""
+
+    def __init__(self, message: str, repeats: int, need_s: float | None = None,
+                 left_s: float = 0.0, fits: int = 0) -> None:
+        super().__init__(message)
+        self.repeats, self.need_s, self.left_s, self.fits = repeats, need_s, left_s, fits
+
+
 def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: int = 1,
                         repeats: int = 10, torch_threads: int = 1,
                         timeout_s: float = 300.0, realtime_priority: int = 0) -> dict[str, float]:
     """Median forward and backward seconds of one micro-batch through each piece
     (`realtime_priority` > 0: the measuring processes run under SCHED_FIFO, so other processes
-    on the host do not preempt them).
+    on the host do not preempt them), all within `timeout_s` seconds.
 
     Returns keys embedding_forward_s, embedding_backward_s, block_forward_s, block_backward_s,
     head_forward_s, head_backward_s (median seconds per micro-batch), the same with _mean_s
     (means), plus concurrency and samples (measurements per key, over all processes).
+
+    Raises:
+        TestbedError: a process died or failed (the first one, with how it ended), or the
+            limit passed.
+        CalibrationTooSlow: the warm-up rounds show the repeats cannot finish in time (raised
+            then, not at the limit).
     """
     if concurrency < 1 or repeats < 1:
         raise ValueError(f"concurrency and repeats must be >= 1, got {concurrency}, {repeats}")
@@ -49,11 +68,11 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
     barrier, done, results = ctx.Barrier(concurrency), ctx.Value("i", 0), ctx.Queue()
     procs = [ctx.Process(target=_measure_one, args=(config, micro_batch_size, repeats,
                                                     torch_threads, barrier, done, results,
-                                                    os.getpid(), realtime_priority))
-             for _ in range(concurrency)]
+                                                    os.getpid(), realtime_priority, i, timeout_s))
+             for i in range(concurrency)]
     try:
         _start_without_sigint(procs)
-        samples = [results.get(timeout=timeout_s) for _ in procs]
+        samples = _collect(procs, results, repeats, timeout_s)
     except BaseException:  # Ctrl-C, say: the workers stop now, not after their repeats
         for p in procs:
             if p.is_alive():
@@ -67,9 +86,11 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
             if p.is_alive():
                 p.kill()
                 p.join()
-    for s in samples:
-        if isinstance(s, str):
-            raise RuntimeError(f"calibration process failed: {s}")
+    return _summarise(samples, concurrency, repeats)
+
+
+def _summarise(samples: list[dict], concurrency: int, repeats: int) -> dict[str, float]:
+    """`measure_layer_times`' result from every process's samples."""
     out = {k: statistics.median(v for s in samples for v in s[k]) for k in _KEYS}
     # Means too: with more processes than cores a few samples absorb whole scheduler slices.
     out.update({k.replace("_s", "_mean_s"): statistics.fmean(v for s in samples for v in s[k])
@@ -82,6 +103,56 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
     out["concurrency"] = float(concurrency)
     out["samples"] = float(concurrency * repeats)
     return out
+
+
+_POLL_S = 0.1
+_EXIT_GRACE_S = 2.0
+"""How long a process that exited 0 may take to deliver its samples (its queue flushes first)."""
+
+
+def _collect(procs: list, results, repeats: int, timeout_s: float) -> list[dict]:
+    """Every process's samples, in order. Watches the processes while waiting: the first that
+    ended without its samples, or reported an error, fails the calibration at once."""
+    from holmes_sim.backend.launch import how_it_ended
+
+    start = time.monotonic()
+    got: dict[int, dict] = {}
+    exited_at: dict[int, float] = {}
+    while len(got) < len(procs):
+        try:
+            kind, i, value = results.get(timeout=_POLL_S)
+        except queue.Empty:
+            now = time.monotonic()
+            for i, p in enumerate(procs):
+                code = p.exitcode
+                if i in got or code is None:
+                    continue
+                if code != 0 or now - exited_at.setdefault(i, now) > _EXIT_GRACE_S:
+                    raise TestbedError(f"calibration process {i} of {len(procs)} "
+                                       f"{how_it_ended(code)} before reporting its samples")
+            if now - start > timeout_s:
+                raise CalibrationTooSlow(f"{repeats} repeats did not finish within {timeout_s:g} s "
+                                         f"({len(got)} of {len(procs)} processes done)", repeats)
+            continue
+        if kind == "error":
+            raise TestbedError(f"calibration process {i} of {len(procs)} failed: {value}")
+        if kind == "warmup":
+            _check_pace(value, repeats, len(procs), timeout_s - (time.monotonic() - start))
+        else:
+            got[i] = value
+    return [got[i] for i in range(len(procs))]
+
+
+def _check_pace(round_s: float, repeats: int, concurrency: int, left_s: float) -> None:
+    """CalibrationTooSlow when `repeats` rounds of `round_s` (a process's faster warm-up round;
+    `concurrency` processes share the cores) cannot finish in the `left_s` seconds left."""
+    share = max(1.0, concurrency / len(os.sched_getaffinity(0)))
+    need = repeats * round_s * share
+    if need > left_s:
+        fits = int(max(0.0, left_s) / (round_s * share))
+        raise CalibrationTooSlow(f"{repeats} repeats of about {1e3 * round_s * share:.1f} ms each "
+                                 f"need about {need:.0f} s, more than the {max(0.0, left_s):.0f} s "
+                                 "left", repeats, need, left_s, fits)
 
 
 def _start_without_sigint(procs: list) -> None:
@@ -107,7 +178,10 @@ def _start_without_sigint(procs: list) -> None:
 
 
 def _measure_one(config: GPTConfig, micro_batch_size: int, repeats: int, torch_threads: int,
-                 barrier, done, results, parent: int, realtime_priority: int = 0) -> None:
+                 barrier, done, results, parent: int, realtime_priority: int = 0, index: int = 0,
+                 timeout_s: float = 300.0) -> None:
+    """One measuring process: its warm-up rounds' pace, then its samples (or its error) on
+    `results` as (kind, index, value)."""
     from holmes_sim.backend.netns import die_with_parent
     from holmes_sim.backend.worker import set_realtime
 
@@ -121,9 +195,13 @@ def _measure_one(config: GPTConfig, micro_batch_size: int, repeats: int, torch_t
         tokens, targets = synthetic_batch(config, 0, 0, micro_batch_size, 0, 1)
         x = torch.randn(micro_batch_size, config.block_size, config.n_embd)
         samples: dict[str, list[float]] = {k: [] for k in _KEYS}
+        paces = []
         for _ in range(_WARMUP):
+            t = time.perf_counter()
             _one_round(emb, block, head, tokens, targets, x)
-        barrier.wait()  # every process measures at the same time from here on
+            paces.append(time.perf_counter() - t)
+        results.put(("warmup", index, min(paces)))
+        barrier.wait(timeout=timeout_s)  # every process measures at the same time from here on
         for _ in range(repeats):
             for k, t in zip(_KEYS, _one_round(emb, block, head, tokens, targets, x), strict=True):
                 samples[k].append(t)
@@ -131,9 +209,9 @@ def _measure_one(config: GPTConfig, micro_batch_size: int, repeats: int, torch_t
             done.value += 1
         while done.value < barrier.parties:
             _one_round(emb, block, head, tokens, targets, x)  # keep the load on for the others
-        results.put(samples)
+        results.put(("samples", index, samples))
     except BaseException as e:  # reported by the parent
-        results.put(f"{type(e).__name__}: {e}")
+        results.put(("error", index, f"{type(e).__name__}: {e}"))
 
 
 def _one_round(emb, block, head, tokens, targets, x) -> tuple[float, ...]:

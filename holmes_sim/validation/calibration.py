@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import statistics
@@ -76,13 +77,9 @@ def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     piece times on this host (medians), times `host_share`, scaled per GPU model
     (`speed_factors`), and the framework time per op of an emulated one-rank run. No `host`
     section: waiting ranks share no CPU."""
-    from holmes_sim.backend.calibrate_compute import measure_layer_times
-
     config = model_config(prepared)
     # At the ranks' real-time priority: other processes on the host do not stretch the samples.
-    solo = measure_layer_times(config, prepared.workload.micro_batch, concurrency=1,
-                               repeats=spec.calibration_repeats,
-                               realtime_priority=REALTIME_PRIORITY)
+    solo = layer_times(prepared, config, spec, 1, realtime_priority=REALTIME_PRIORITY)
     # The median sample of each piece, as real compute takes it: the fastest samples would
     # understate each op by 20-40% and leave communication too large a share.
     base = _profile_entries(solo)
@@ -92,6 +89,34 @@ def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
             "compute": {g: {**{k: v * f * share for k, v in base.items()},
                             "op_overhead_s": overhead}
                         for g, f in speed_factors(prepared).items()}}
+
+
+def layer_times(prepared: Prepared, config, spec: TestbedSpec, concurrency: int,
+                realtime_priority: int = 0) -> dict:
+    """`measure_layer_times` with `testbed.calibration_repeats`, within `testbed.timeout_s`;
+    a TestbedError naming both fields when the repeats do not fit."""
+    from holmes_sim.backend.calibrate_compute import CalibrationTooSlow, measure_layer_times
+
+    try:
+        return measure_layer_times(config, prepared.workload.micro_batch, concurrency,
+                                   spec.calibration_repeats, timeout_s=spec.timeout_s,
+                                   realtime_priority=realtime_priority)
+    except CalibrationTooSlow as exc:
+        raise TestbedError(f"testbed.calibration_repeats: {exc}; "
+                           f"{repeats_advice(spec, exc)}") from None
+
+
+def repeats_advice(spec: TestbedSpec, exc) -> str:
+    """What to change when compute calibration's repeats do not fit in testbed.timeout_s
+    (`exc`: the CalibrationTooSlow)."""
+    text = f"compute calibration must finish within testbed.timeout_s ({spec.timeout_s:g} s)"
+    if exc.need_s is None:
+        return (f"{text}; lower testbed.calibration_repeats (now {spec.calibration_repeats}, "
+                f"default {TestbedSpec().calibration_repeats}) or raise testbed.timeout_s")
+    give = 10 * math.ceil(1.5 * (spec.timeout_s - exc.left_s + exc.need_s) / 10)
+    lower = (f"lower testbed.calibration_repeats to at most {exc.fits}" if exc.fits else
+             "lower testbed.calibration_repeats")
+    return f"{text}: {lower}, or raise testbed.timeout_s to at least {give} s"
 
 
 def _profile_entries(solo: dict) -> dict[str, float]:
@@ -118,14 +143,10 @@ def host_share(prepared: Prepared) -> float:
 def calibrate_compute(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     """Profile entries for compute: per-piece solo times, framework overhead per op, and the
     shared host (effective cores, spread) measured with as many processes as ranks."""
-    from holmes_sim.backend.calibrate_compute import measure_layer_times
-
     config = model_config(prepared)
     ranks = prepared.cluster.num_gpus
-    solo = measure_layer_times(config, prepared.workload.micro_batch, concurrency=1,
-                               repeats=spec.calibration_repeats)
-    busy = measure_layer_times(config, prepared.workload.micro_batch, concurrency=ranks,
-                               repeats=spec.calibration_repeats)
+    solo = layer_times(prepared, config, spec, 1)
+    busy = layer_times(prepared, config, spec, ranks)
     # The ranks are processes sharing this host's cores: the simulator runs compute on a shared
     # CPU of `effective_cores` (see EngineOptions), each op costing its solo time in core-seconds.
     # Effective cores: how much work `ranks` busy processes get done at once, relative to one.
