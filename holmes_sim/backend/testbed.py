@@ -22,8 +22,9 @@ Safety and ownership
 --------------------
 The description is validated (`preflight.py`) before anything is made; what a run creates is
 recorded and locked (`records.py`). Processes started here die with their parent. SIGTERM and
-SIGHUP unwind like SIGINT. Teardown kills the processes started with `Testbed.popen` (whole
-process group, SIGTERM then SIGKILL) and any other process still inside the namespaces, then
+SIGHUP unwind like SIGINT. Teardown kills the processes started with `Testbed.popen` that it
+has not reaped yet (whole process group, SIGTERM then SIGKILL; a reaped one's PID may be another
+process's) and any other process still inside the namespaces, then
 deletes the namespaces, which deletes the veths and bridges in them. It is idempotent and never
 raises on missing resources.
 """
@@ -313,16 +314,26 @@ class Testbed:
                 self._lock_fd = None
 
     def _kill_processes(self) -> None:
-        """SIGTERM each spawned process group, SIGKILL it after a grace period, reap."""
-        procs, self._procs = self._procs, []
+        """SIGTERM each spawned process group whose leader is not reaped yet, SIGKILL it after a
+        grace period, reap. A leader already reaped (`returncode` set) is skipped: its PID may
+        belong to another process by now. An unreaped one, running or a zombie, still holds its
+        PID, so the group is ours, members that outlived the leader included; leaders are only
+        reaped after the SIGKILL for that reason."""
+        procs, self._procs = [p for p in self._procs if p.returncode is None], []
         for proc in procs:
-            killpg(proc.pid, signal.SIGTERM)  # also when the leader is gone but its group lives
+            killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + KILL_GRACE_S
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        while not all(_exited(p) for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.02)
         for proc in procs:
             killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=KILL_GRACE_S)
 
+
+def _exited(proc: subprocess.Popen[Any]) -> bool:
+    """Whether `proc` has ended, without reaping it (a zombie keeps its PID until `wait`)."""
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True

@@ -488,3 +488,40 @@ def test_deleting_a_record_also_removes_a_temporary_file_a_signal_left() -> None
     record.delete()
     assert not (records.run_dir() / "t0d3l3.json").exists()
     assert not (records.run_dir() / "t0d3l3.json.tmp").exists()
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has ended (no such process, or a zombie no one reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2:][:1] in ("Z", "X")
+
+
+def test_teardown_signals_only_groups_whose_leader_it_has_not_reaped(monkeypatch) -> None:
+    # A reaped leader's PID may be another process's by now: teardown must not signal it. An
+    # unreaped one (running, or a zombie) holds its PID, and its group's members are killed,
+    # also when they outlived the leader.
+    reaped = subprocess.Popen(["true"], start_new_session=True)
+    reaped.wait()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                               start_new_session=True)
+    zombie = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!"], start_new_session=True,
+                              stdout=subprocess.PIPE, text=True)
+    member = int(zombie.stdout.readline())
+    zombie.stdout.close()
+    os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # the leader exits, unreaped
+    signalled: list[tuple[int, int]] = []
+    real = tbmod.killpg
+    monkeypatch.setattr(tbmod, "killpg", lambda pgid, sig: (signalled.append((pgid, sig)),
+                                                            real(pgid, sig)))
+    tb = Testbed([TestbedNode("n0", (TestbedNic("eth0", "eth", 1e8),))])
+    tb._procs = [reaped, running, zombie]
+    tb._kill_processes()
+    assert {pgid for pgid, _ in signalled} == {running.pid, zombie.pid}
+    assert running.returncode is not None and zombie.returncode == 0
+    deadline = time.monotonic() + 5
+    while not _gone(member) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(member)
