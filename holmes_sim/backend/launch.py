@@ -192,8 +192,8 @@ def failure(procs: dict[int, subprocess.Popen], codes: dict[int, int | None],
     failed rank, the ranks still running (a stopped or stuck one among them is what a peer
     timed out on), and the rank's log tail."""
     failed = [r for r, c in codes.items() if c not in (None, 0)]
-    r = _culprit(failed, codes, out_dir)
-    tail = _tail(out_dir, r)
+    r = culprit(failed, codes, lambda k: _log(out_dir, k))
+    tail = read_tail(_log(out_dir, r))
     peer_timeout = any(t in tail for t in _PEER_TIMEOUT)
     running = _running(procs, codes)
     text = f"rank {r} {how_it_ended(codes[r])} (ranks failed: {failed}"
@@ -202,17 +202,19 @@ def failure(procs: dict[int, subprocess.Popen], codes: dict[int, int | None],
         text += (f"; rank {r} timed out waiting on a peer"
                  + (" (a still-running rank is stuck: stopped, or starved of CPU)"
                     if running else ""))
-    return RankFailed(text + _tail_text(r, tail), peer_timeout)
+    return RankFailed(text + tail_text(f"rank {r}", tail), peer_timeout)
 
 
-def _culprit(failed: list[int], codes: dict[int, int | None], out_dir: Path) -> int:
-    """The failed rank that most likely caused the others to fail: one ended by a signal
-    (its peers then exit non-zero on broken sockets within the same poll), then the one whose
-    log was last written earliest (a Python rank writes its traceback as it exits), then the
-    lowest rank (also among ranks without a log, whose time is unknown)."""
+def culprit(failed: list[int], codes: dict[int, int | None],
+            log_of: Callable[[int], Path]) -> int:
+    """The failed process (rank) that most likely caused the others to fail: one ended by a
+    signal (its peers then exit non-zero on broken sockets within the same poll), then the one
+    whose log (`log_of(rank)`) was last written earliest (a Python process writes its traceback
+    as it exits), then the lowest rank (also among those without a log, whose time is
+    unknown)."""
     def key(r: int) -> tuple[bool, float, int]:
         try:
-            written = float((out_dir / f"rank_{r}.log").stat().st_mtime_ns)
+            written = float(log_of(r).stat().st_mtime_ns)
         except OSError:
             written = math.inf
         return (codes[r] >= 0, written, r)
@@ -226,7 +228,8 @@ def timed_out(procs: dict[int, subprocess.Popen], codes: dict[int, int | None], 
     waiting = [r for r, c in codes.items() if c is None]
     return RunTimedOut(f"run timed out after {timeout_s:g} s; ranks still running: "
                        f"[{', '.join(_running(procs, codes))}]"
-                       + _tail_text(waiting[0], _tail(out_dir, waiting[0])), timeout_s)
+                       + tail_text(f"rank {waiting[0]}", read_tail(_log(out_dir, waiting[0]))),
+                       timeout_s)
 
 
 def how_it_ended(code: int) -> str:
@@ -257,16 +260,21 @@ def _stopped(pid: int) -> bool:
     return stat[stat.rfind(")") + 2:][:1] in ("T", "t")
 
 
-def _tail_text(rank: int, tail: str) -> str:
-    """'; rank R log tail:' and the tail on the next lines, or '' when the log is empty."""
+def tail_text(who: str, tail: str) -> str:
+    """'; WHO log tail:' and the tail on the next lines, or that `who` wrote no log."""
     if not tail.strip():
-        return f"; rank {rank} wrote no log"
-    return f"; rank {rank} log tail:\n{tail}"
+        return f"; {who} wrote no log"
+    return f"; {who} log tail:\n{tail}"
 
 
-def _tail(out_dir: Path, rank: int) -> str:
+def _log(out_dir: Path, rank: int) -> Path:
+    return out_dir / f"rank_{rank}.log"
+
+
+def read_tail(path: Path, chars: int = _TAIL_CHARS) -> str:
+    """The last `chars` characters of the log at `path` ('' when it cannot be read)."""
     try:
-        return (out_dir / f"rank_{rank}.log").read_text(errors="replace")[-_TAIL_CHARS:]
+        return path.read_text(errors="replace")[-chars:]
     except OSError:
         return ""
 

@@ -26,7 +26,7 @@ from holmes_sim.prepare import Prepared, apply_link_profile
 from holmes_sim.schedule import ScheduleKind
 from holmes_sim.spec.scenario import TestbedSpec
 from holmes_sim.validation.host import REALTIME_PRIORITY
-from holmes_sim.validation.testbed_plan import model_config
+from holmes_sim.validation.testbed_plan import GLOO_TIMEOUT_S, model_config
 
 _OVERHEAD_ITERATIONS = 12
 """Measured iterations of `measure_op_overhead`'s one-rank run."""
@@ -247,6 +247,11 @@ def _probe(tb, what: str, pairs: list[tuple[str, str]], spec: TestbedSpec,
     return _probe_at_once(tb, what, [pairs], spec, realtime_priority, extra)[0]
 
 
+_PROBE_LIMIT_S = 120.0
+"""Wall-clock limit of one link probe, seconds."""
+_POLL_S = 0.05
+
+
 def _probe_at_once(tb, what: str, pairs: list[list[tuple[str, str]]], spec: TestbedSpec,
                    realtime_priority: int, extra: list[str] = ()) -> list[dict]:
     """`_probe` on every pair of `pairs` at the same time (links that share the host's CPU, as
@@ -262,15 +267,10 @@ def _probe_at_once(tb, what: str, pairs: list[list[tuple[str, str]]], spec: Test
                         sys.executable, "-m", "holmes_sim.backend.calibrate_links",
                         "--rank", str(r), "--store", str(tmp / f"store{k}"), "--interface", nic,
                         "--bytes", str(spec.link_probe_bytes), "--out", str(tmp / f"result{k}"),
+                        "--timeout", f"{min(GLOO_TIMEOUT_S, spec.timeout_s):g}",
                         "--realtime-priority", str(realtime_priority), *extra],
                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log))
-        deadline = time.monotonic() + 120
-        for i, p in enumerate(procs):
-            code = p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            if code != 0:
-                log = (tmp / f"probe{i // 2}-{i % 2}.log").read_text(errors="replace")[-1500:]
-                raise TestbedError(f"link probe on {what} failed: its rank {i % 2} "
-                                   f"{how_it_ended(code)}:\n{log}")
+        _wait_probes(procs, what, pairs, tmp)
         results = []
         for k in range(len(pairs)):
             sender, receiver = (json.loads(Path(f"{tmp / f'result{k}'}.{r}").read_text())
@@ -279,14 +279,43 @@ def _probe_at_once(tb, what: str, pairs: list[list[tuple[str, str]]], spec: Test
             sender["cpu_s_per_byte"] += receiver["cpu_s_per_byte"]
             results.append(sender)
         return results
-    except subprocess.TimeoutExpired:
-        raise TestbedError(f"link probe on {what} timed out after 120 s") from None
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait_probes(procs: list[subprocess.Popen], what: str, pairs: list, tmp: Path) -> None:
+    """Wait for every probe process at once (process i: rank i % 2 of pair i // 2, its log
+    probe{pair}-{rank}.log in `tmp`); a TestbedError as soon as one fails, naming the one that
+    most likely caused it (`launch.culprit`) with its log, or when the limit passes."""
+    from holmes_sim.backend.launch import culprit, read_tail, tail_text
+
+    def name(i: int) -> str:
+        return f"rank {i % 2}" + (f" on {pairs[i // 2][i % 2][0]}" if len(pairs) > 1 else "")
+
+    def log_of(i: int) -> Path:
+        return tmp / f"probe{i // 2}-{i % 2}.log"
+
+    deadline = time.monotonic() + _PROBE_LIMIT_S
+    while True:
+        codes = {i: p.poll() for i, p in enumerate(procs)}
+        failed = [i for i, c in codes.items() if c not in (None, 0)]
+        running = [name(i) for i, c in codes.items() if c is None]
+        still = f" ({', '.join(running)} still running)" if running else ""
+        if failed:
+            i = culprit(failed, codes, log_of)
+            raise TestbedError(f"link probe on {what} failed: its {name(i)} "
+                               f"{how_it_ended(codes[i])}{still}"
+                               + tail_text(name(i), read_tail(log_of(i), 1500)))
+        if not running:
+            return
+        if time.monotonic() > deadline:
+            raise TestbedError(f"link probe on {what} timed out after {_PROBE_LIMIT_S:g} s"
+                               f"{still}")
+        time.sleep(_POLL_S)
 
 
 def apply_profile(prepared: Prepared, raw: dict) -> Prepared:

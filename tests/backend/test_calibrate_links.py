@@ -3,7 +3,10 @@ that prices an unshaped intra-node link as the ranks use it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -73,5 +76,39 @@ def test_a_probe_killed_by_a_signal_says_so_and_cleans_up(tmp_path, signal_numbe
     with pytest.raises(TestbedError) as info:
         calibration._probe(_SelfKillingTestbed(tmp_path, signal_number), "fabric 'ib'",
                            [("n0", "eth0"), ("n1", "eth0")], spec, 0)
-    assert str(info.value) == f"link probe on fabric 'ib' failed: its rank 0 {words}:\nprobing\n"
+    text = str(info.value)
+    assert re.fullmatch(rf"link probe on fabric 'ib' failed: its rank (\d) {re.escape(words)}"
+                        r"( \(rank \d still running\))?; rank \1 log tail:\nprobing\n", text), text
     assert list(tmp_path.iterdir()) == []  # the probe's folder is removed
+
+
+class _OneRankCrashesTestbed(_SelfKillingTestbed):
+    """Rank 1 exits 3 at once saying why; rank 0 waits for it, as a probe waits for its peer
+    (here 20 s, then exits 1 as gloo's timeout would). Records every command line."""
+
+    def __init__(self, tmp_path) -> None:
+        super().__init__(tmp_path, 0)
+        self.argvs: list[list[str]] = []
+
+    def popen(self, node, argv, **kwargs):
+        self.argvs.append(list(argv))
+        rank = argv[argv.index("--rank") + 1]
+        code = ("import sys; print('bad interface eth7', file=sys.stderr); sys.exit(3)"
+                if rank == "1" else
+                "import sys, time; time.sleep(20); print('gloo timed out', file=sys.stderr); "
+                "sys.exit(1)")
+        return subprocess.Popen([sys.executable, "-c", code], **kwargs)
+
+
+def test_a_crashed_probe_rank_is_named_at_once_with_its_log_and_both_get_the_timeout(tmp_path):
+    tb = _OneRankCrashesTestbed(tmp_path)
+    t = time.monotonic()
+    with pytest.raises(TestbedError) as info:
+        calibration._probe(tb, "fabric 'ib'", [("n0", "eth0"), ("n1", "eth0")],
+                           TestbedSpec(timeout_s=25), 0)
+    assert time.monotonic() - t < 10  # not after rank 0's wait
+    assert str(info.value) == ("link probe on fabric 'ib' failed: its rank 1 exited with code 3 "
+                               "(rank 0 still running); rank 1 log tail:\nbad interface eth7\n")
+    # gloo's operation timeout, min(60 s, testbed.timeout_s), as the ranks get it.
+    assert all(argv[argv.index("--timeout") + 1] == "25" for argv in tb.argvs)
+    assert list(tmp_path.iterdir()) == []
