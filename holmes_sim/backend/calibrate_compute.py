@@ -47,14 +47,16 @@ class CalibrationTooSlow(TestbedError):
 
 def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: int = 1,
                         repeats: int = 10, torch_threads: int = 1,
-                        timeout_s: float = 300.0, realtime_priority: int = 0) -> dict[str, float]:
+                        timeout_s: float = 300.0, realtime_priority: int = 0) -> dict:
     """Median forward and backward seconds of one micro-batch through each piece
     (`realtime_priority` > 0: the measuring processes run under SCHED_FIFO, so other processes
     on the host do not preempt them), all within `timeout_s` seconds.
 
     Returns keys embedding_forward_s, embedding_backward_s, block_forward_s, block_backward_s,
     head_forward_s, head_backward_s (median seconds per micro-batch), the same with _mean_s
-    (means), plus concurrency and samples (measurements per key, over all processes).
+    (means), plus concurrency and samples (measurements per key, over all processes) and
+    scheduler (what the processes ran under, `worker.set_realtime`'s words, distinct ones
+    joined by ", ").
 
     Raises:
         TestbedError: a process died or failed (the first one, with how it ended), or the
@@ -89,7 +91,7 @@ def measure_layer_times(config: GPTConfig, micro_batch_size: int, concurrency: i
     return _summarise(samples, concurrency, repeats)
 
 
-def _summarise(samples: list[dict], concurrency: int, repeats: int) -> dict[str, float]:
+def _summarise(samples: list[dict], concurrency: int, repeats: int) -> dict:
     """`measure_layer_times`' result from every process's samples."""
     out = {k: statistics.median(v for s in samples for v in s[k]) for k in _KEYS}
     # Means too: with more processes than cores a few samples absorb whole scheduler slices.
@@ -102,6 +104,7 @@ def _summarise(samples: list[dict], concurrency: int, repeats: int) -> dict[str,
     out["block_cv"] = statistics.pstdev(block) / statistics.fmean(block)
     out["concurrency"] = float(concurrency)
     out["samples"] = float(concurrency * repeats)
+    out["scheduler"] = ", ".join(sorted({s["scheduler"] for s in samples}))
     return out
 
 
@@ -188,7 +191,7 @@ def _measure_one(config: GPTConfig, micro_batch_size: int, repeats: int, torch_t
     die_with_parent()  # however the calibrating process ends, this one does not outlive it
     if os.getppid() != parent:
         return
-    set_realtime(realtime_priority)
+    scheduler = set_realtime(realtime_priority)
     try:
         torch.set_num_threads(torch_threads)
         emb, block, head = make_embedding(config), make_block(config, 0), make_head(config)
@@ -209,7 +212,7 @@ def _measure_one(config: GPTConfig, micro_batch_size: int, repeats: int, torch_t
             done.value += 1
         while done.value < barrier.parties:
             _one_round(emb, block, head, tokens, targets, x)  # keep the load on for the others
-        results.put(("samples", index, samples))
+        results.put(("samples", index, {**samples, "scheduler": scheduler}))
     except BaseException as e:  # reported by the parent
         results.put(("error", index, f"{type(e).__name__}: {e}"))
 

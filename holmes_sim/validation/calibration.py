@@ -75,8 +75,9 @@ def speed_factors(prepared: Prepared) -> dict[str, float]:
 def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     """The compute profile emulated ranks wait and the simulator predicts with: one rank's solo
     piece times on this host (medians), times `host_share`, scaled per GPU model
-    (`speed_factors`), and the framework time per op of an emulated one-rank run. No `host`
-    section: waiting ranks share no CPU."""
+    (`speed_factors`), and the framework time per op of an emulated one-rank run, with the
+    scheduler the pieces were timed under (`scheduler`). No `host` section: waiting ranks share
+    no CPU."""
     config = model_config(prepared)
     # At the ranks' real-time priority: other processes on the host do not stretch the samples.
     solo = layer_times(prepared, config, spec, 1, realtime_priority=REALTIME_PRIORITY)
@@ -88,7 +89,8 @@ def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     return {"schema": PROFILE_SCHEMA,
             "compute": {g: {**{k: v * f * share for k, v in base.items()},
                             "op_overhead_s": overhead}
-                        for g, f in speed_factors(prepared).items()}}
+                        for g, f in speed_factors(prepared).items()},
+            "scheduler": solo["scheduler"]}
 
 
 def layer_times(prepared: Prepared, config, spec: TestbedSpec, concurrency: int,

@@ -49,6 +49,7 @@ from holmes_sim.validation.host import (
     REALTIME_PRIORITY,
     host_warnings,
     implausible,
+    realtime_scheduler,
     recent_load,
 )
 from holmes_sim.validation.testbed_plan import (
@@ -95,14 +96,26 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
     # any rank or probe runs.
     with measurement_lock(f"validate --real {testbed_path}"), Testbed(
             testbed_nodes(prepared), uplinks=testbed_uplinks(prepared)) as tb:
-        load = {"load_before": os.getloadavg()[0], "runnable_before": recent_load()}
+        load = {"load_before": os.getloadavg()[0], "runnable_before": recent_load(),
+                "scheduler": {"probe": realtime_scheduler() if spec.compute == "emulated"
+                              else "other"}}
         session = _Session(prepared, spec, config, tb, progress)
         links, warnings = _calibrate_links(session)
         runs, profiles = _run_rounds(session, names, links, rounds)
         cases = [_combine(name, runs[name]) for name in names]
     predictions = {name: [p for p, _, _, _ in runs[name]] for name in names}
     load["notes"] = memory_notes({name: [o for _, o, _, _ in runs[name]] for name in names})
+    load["scheduler"].update(_schedulers(runs, profiles))
     return _result(session, testbed_path, cases, profiles, warnings, load, started, predictions)
+
+
+def _schedulers(runs: dict[str, list], profiles: list[dict]) -> dict[str, list[str]]:
+    """What the compute calibration (emulated: its `scheduler`) and the ranks of every run ran
+    under (`worker.set_realtime`'s words), each distinct value once."""
+    ranks = {d.get("scheduler", "unknown") for got in runs.values() for _, _, run, _ in got
+             for d in run.ranks}
+    calibration = {p["scheduler"] for p in profiles if "scheduler" in p}
+    return {"compute_calibration": sorted(calibration), "ranks": sorted(ranks)}
 
 
 def memory_notes(outcomes: dict[str, list]) -> list[str]:
@@ -282,11 +295,14 @@ def _result(session: _Session, testbed_path: str | Path, cases: list[Case], prof
     """The run's result: its cases, the host's warnings (each also reported to `progress`) and
     the provenance, with the host's load before (`load`) and after the run."""
     spec = session.spec
+    sched = load["scheduler"]
+    schedulers = [sched["probe"], *sched.get("compute_calibration", ()), *sched.get("ranks", ())]
     warnings = warnings + host_warnings(load["runnable_before"], os.cpu_count() or 1, profiles,
                                         lags=[c.emulation_lag_pct for c in cases],
                                         max_load_per_core=MAX_LOAD_PER_CORE[spec.compute],
                                         predictions=predictions,
-                                        max_prediction_spread_pct=spec.tolerance_pct)
+                                        max_prediction_spread_pct=spec.tolerance_pct,
+                                        schedulers=schedulers if session.emulated else ())
     for w in warnings:
         session.progress(f"warning: {w}")
     prov = {**provenance(testbed_path, time.time() - started), **load,

@@ -223,6 +223,7 @@ def test_reduced_real_run_measures_compares_and_cleans_up(tmp_path):
     assert all(c["emulation_lag_pct"] >= 0 for c in doc["cases"])
     assert all(c["losses"] == [] for c in doc["cases"])
     assert doc["provenance"]["commit"] and doc["provenance"]["host"]
+    assert set(doc["provenance"]["scheduler"]) == {"probe", "compute_calibration", "ranks"}
     assert set(_namespaces()) <= before  # none of its own left
 
 
@@ -330,3 +331,35 @@ def test_report_of_a_run_without_verdict_says_so_as_the_exit_code_does(tmp_path,
     text = (tmp_path / "r" / "validation.md").read_text()
     assert "**No verdict**" in text and f"- Host: {warning}; no verdict." in text
     assert "policies are within" not in text and "| yes |" not in text
+
+
+def test_a_refused_real_time_scheduler_is_probed_recorded_and_warned_about():
+    from types import SimpleNamespace
+
+    from holmes_sim.validation.host import host_warnings, realtime_scheduler
+    from holmes_sim.validation.real_run import _schedulers
+
+    # The probe reports a refusal in the ranks' words (priority 1000 is out of SCHED_FIFO's range).
+    assert realtime_scheduler(1000) == "other (SCHED_FIFO refused: [Errno 22] Invalid argument)"
+    assert realtime_scheduler(1) in ("fifo:1", "other (SCHED_FIFO refused: [Errno 1] Operation "
+                                               "not permitted)")
+    refused = "other (SCHED_FIFO refused: [Errno 1] Operation not permitted)"
+    runs = {"holmes": [(0.3, None, SimpleNamespace(ranks=({"scheduler": refused},
+                                                          {"scheduler": refused})), {})],
+            "megatron": [(0.5, None, SimpleNamespace(ranks=({"scheduler": "fifo:1"},)), {})]}
+    got = _schedulers(runs, [{"scheduler": refused}, {"scheduler": refused}, {}])
+    assert got == {"compute_calibration": [refused], "ranks": ["fifo:1", refused]}
+    [warning] = host_warnings(0.0, 2, [], schedulers=["fifo:1", *got["ranks"]])
+    assert warning.startswith("ranks not real-time: emulated compute runs its ranks, calibration "
+                              f"and probes under SCHED_FIFO, but this host gave {refused}")
+    assert "CAP_SYS_NICE" in warning
+    assert host_warnings(0.0, 2, [], schedulers=["fifo:1", "fifo:1"]) == []
+
+
+def test_compute_calibration_reports_the_scheduler_it_got():
+    from holmes_sim.backend.calibrate_compute import measure_layer_times
+    from holmes_sim.backend.model import GPTConfig
+
+    tiny = GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, seed=1)
+    got = measure_layer_times(tiny, 1, repeats=2, timeout_s=120, realtime_priority=1000)
+    assert got["scheduler"] == "other (SCHED_FIFO refused: [Errno 22] Invalid argument)"
