@@ -42,6 +42,7 @@ from holmes_sim.validation.calibration import (
     emulated_durations,
     emulated_profile,
     measure_fabric,
+    speed_factors,
 )
 from holmes_sim.validation.comparison import Case, ValidationResult
 from holmes_sim.validation.host import (
@@ -77,7 +78,7 @@ def validate_real(testbed_path: str | Path, policies: list[str] | None = None,
 
     Raises:
         ScenarioError: the file cannot run on a testbed (not fp32, tied embeddings, TP > 1
-            under real compute, ...).
+            or GPU models of different speed under real compute, ...).
         TestbedError: no root / ip / tc / namespaces, or a rank failed or hung.
     """
     from holmes_sim.backend.records import measurement_lock
@@ -171,6 +172,16 @@ def _run_spec(prepared: Prepared, testbed_path: str | Path, iterations: int | No
         raise ScenarioError(f"{testbed_path}: parallel.tensor: real compute calibrates the "
                             "unsplit model, so it runs tensor: 1 only; drop --compute real (TP "
                             "testbeds use emulated compute)")
+    factors = speed_factors(prepared)
+    slower = {g: f for g, f in factors.items() if f != 1.0}
+    if spec.compute != "emulated" and slower:
+        fastest = min(factors, key=factors.get)
+        raise ScenarioError(f"{testbed_path}: peak_tflops: the testbed's GPU models differ in "
+                            "speed (" + ", ".join(f"{g} {f:g}x slower" for g, f in slower.items())
+                            + f" than {fastest}); real compute runs every rank on this host's "
+                            "CPU at one speed, so they would compute alike; drop --compute real "
+                            "(emulated compute waits each model's calibrated durations scaled by "
+                            "its peak_tflops) or give every node the same GPU model")
     return spec
 
 

@@ -113,6 +113,21 @@ def test_real_compute_refuses_tensor_parallel_testbeds():
         and "emulated compute" in result.output
 
 
+def test_real_compute_refuses_gpu_models_of_different_speed():
+    # Checked directly (no CLI run): code without the check would go on to build the testbed.
+    from holmes_sim.validation.real_run import _run_spec
+
+    path = REPO / "validation" / "testbeds" / "unequal_speed.yaml"
+    prepared = prepare(path)
+    assert _run_spec(prepared, path, None, None).compute == "emulated"
+    with pytest.raises(ScenarioError) as info:
+        _run_spec(prepared, path, None, "real")
+    text = str(info.value)
+    assert text.startswith(f"{path}: peak_tflops: the testbed's GPU models differ in speed "
+                           "(cpu-rank-half 2x slower than cpu-rank)")
+    assert "drop --compute real" in text
+
+
 def test_a_measured_intra_node_link_replaces_the_catalogs():
     from holmes_sim.validation.calibration import apply_profile
 
