@@ -228,12 +228,11 @@ def _run_rounds(session: _Session, names: list[str], links: dict,
     (predicted s, outcome, run, profile), and every profile in the order used."""
     s = session
     fixed = _predict_emulated(s, names, links)
-    per_round = -(-s.spec.iterations // rounds)
-    round_spec = dataclasses.replace(s.spec, iterations=per_round)
     runs: dict[str, list] = {name: [] for name in names}
     profiles = []
     started = time.monotonic()
-    for r in range(rounds):
+    for r, per_round in enumerate(round_iterations(s.spec.iterations, rounds)):
+        round_spec = dataclasses.replace(s.spec, iterations=per_round)
         for k, name in enumerate(names):
             left = _time_left(started, r * len(names) + k, rounds * len(names))
             label = f"round {r + 1}/{rounds}, {name}{left}"
@@ -250,6 +249,14 @@ def _run_rounds(session: _Session, names: list[str], links: dict,
                                 profile["compute"] if s.emulated else None)
             runs[name].append((predicted, outcome, run, profile))
     return runs, profiles
+
+
+def round_iterations(iterations: int, rounds: int) -> list[int]:
+    """The measured iterations of each of `rounds` rounds (at most `iterations`), summing to
+    `iterations`: as even as they go, the first rounds taking the remainder (5 in 2: 3, 2)."""
+    rounds = min(rounds, iterations)
+    base, extra = divmod(iterations, rounds)
+    return [base + (r < extra) for r in range(rounds)]
 
 
 STARTUP_S = 10.0

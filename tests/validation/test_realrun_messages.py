@@ -166,3 +166,26 @@ def test_the_immutable_attribute_is_detected(tmp_path):
         subprocess.run(["chattr", "-i", str(folder)], check=True)
     assert not files._immutable(folder)
 
+
+
+# ---- rounds: the measured iterations split over them ---------------------------------------------
+@pytest.mark.parametrize(("iterations", "rounds", "split"), [(5, 2, [3, 2]), (8, 2, [4, 4]),
+                                                              (7, 3, [3, 2, 2]), (1, 2, [1])])
+def test_rounds_measure_exactly_the_iterations_asked_for(iterations, rounds, split, monkeypatch):
+    from holmes_sim.validation import real_run
+
+    outcome = SimpleNamespace(plan=None)
+    monkeypatch.setattr(real_run, "_predict_emulated", lambda s, names, links: {
+        name: ({"compute": {}}, outcome, 0.1) for name in names})
+    measured = []
+
+    def run(plan, prepared, config, spec, tb, emulated):
+        measured.append(spec.iterations)
+        return SimpleNamespace(iteration_times_s=(0.1,) * spec.iterations)
+
+    monkeypatch.setattr(real_run, "_run_real", run)
+    spec = TestbedSpec(iterations=iterations)
+    session = real_run._Session(None, spec, None, None, lambda m: None)
+    runs, _ = real_run._run_rounds(session, ["holmes"], {}, min(rounds, iterations))
+    assert measured == split and sum(measured) == iterations
+    assert sum(len(r.iteration_times_s) for _, _, r, _ in runs["holmes"]) == iterations
