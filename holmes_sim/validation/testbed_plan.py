@@ -129,7 +129,8 @@ def testbed_uplinks(prepared: Prepared):
 def check_testbed(prepared: Prepared) -> None:
     """Everything the testbed would refuse, as a FieldError naming the scenario field, before
     anything is built: names and interface names the kernel takes, rates tc can shape, at most
-    254 nodes, two nodes on every fabric (link calibration measures between two)."""
+    254 nodes, one NIC per fabric on each node, two nodes on every fabric (link calibration
+    measures between two)."""
     from holmes_sim.backend import topology as tbmod
 
     check_backend(prepared)
@@ -165,6 +166,7 @@ def check_testbed(prepared: Prepared) -> None:
                                         f"cannot name a testbed node: it {problem}")
         if len(nic_paths) != len(node.nics):  # NICs split by `gpus`: name the group's list
             nic_paths = [name_path.rsplit(".", 1)[0] + ".nics"] * len(node.nics)
+        _check_one_nic_per_fabric(node, nic_paths)
         for nic, nic_path in zip(node.nics, nic_paths, strict=True):
             _check_testbed_nic(i, fabrics.index(nic.fabric), nic, nic_path, limits, slowest)
             on_fabric.setdefault(nic.fabric, []).append((node.name, nic_path))
@@ -173,6 +175,22 @@ def check_testbed(prepared: Prepared) -> None:
             raise FieldError(f"{members[0][1]}.fabric" if fabric != "ethernet" else members[0][1],
                              f"fabric '{fabric}' reaches only node '{members[0][0]}'; link "
                              "calibration measures between two nodes, so give it a second one")
+
+
+def _check_one_nic_per_fabric(node, nic_paths: list[str]) -> None:
+    """A FieldError naming the NIC when `node` has a second NIC on one fabric: the testbed gives
+    each fabric one subnet, so a node reaches it through one interface (`backend/topology.py`)."""
+    first: dict[str, str] = {}
+    for nic, path in zip(node.nics, nic_paths, strict=True):
+        if nic.fabric not in first:
+            first[nic.fabric] = path
+            continue
+        same = path == first[nic.fabric]  # one entry with count > 1
+        raise FieldError(f"{path}.count" if same else path,
+                         f"node '{node.name}' has two NICs on fabric '{nic.fabric}'; the testbed "
+                         "gives each fabric one subnet, so a node reaches it through one NIC: "
+                         + ("use count: 1" if same else
+                            f"remove it ({first[nic.fabric]} is on that fabric already)"))
 
 
 def _check_rank_count(ranks: int) -> None:

@@ -75,6 +75,26 @@ def test_testbed_uplinks_it_cannot_emulate_are_refused(tmp_path):
         prepare(path, check=check_testbed)
 
 
+@pytest.mark.parametrize(("old", "new", "field", "fix"), [
+    ("{type: ib, bandwidth_gbit_per_s: 2, fabric: ib}",
+     "{type: ib, bandwidth_gbit_per_s: 2, fabric: ib, count: 2}",
+     "clusters[0].nodes[0].nics[0].count", "use count: 1"),
+    ("{type: ib, bandwidth_gbit_per_s: 2, fabric: ib}, {type: ethernet, bandwidth_gbit_per_s: 0.1}",
+     "{type: ethernet, bandwidth_gbit_per_s: 0.1}, {type: ethernet, bandwidth_gbit_per_s: 0.1}",
+     "clusters[0].nodes[0].nics[1]", "remove it (clusters[0].nodes[0].nics[0] is on that fabric")])
+def test_two_nics_of_a_node_on_one_fabric_are_refused_naming_the_nic(tmp_path, old, new, field, fix):
+    # Refused with the scenario's field before anything is built (also by --dry-run), not by
+    # the testbed once the host's lock is taken.
+    from holmes_sim.validation.testbed_plan import check_testbed
+    from tests.conftest import default_testbed_with
+
+    path = default_testbed_with(tmp_path, old, new)
+    with pytest.raises(ScenarioError) as info:
+        prepare(path, check=check_testbed)
+    text = str(info.value)
+    assert f"{path}:20: {field}: node 'ib-a-0' has two NICs on fabric" in text and fix in text
+
+
 def test_emulated_durations_scale_with_the_gpu_models_peak():
     from holmes_sim.validation.calibration import speed_factors
 
