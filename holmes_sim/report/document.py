@@ -338,9 +338,31 @@ def validation_markdown(doc: dict) -> str:
                          f"{e['predicted_pct']:+.1f}% | {'yes' if e['beyond_noise'] else 'no'} "
                          f"({e['band_pct']:.1f}%) |")
     lines += ["", "![predicted vs measured](predicted_vs_measured.png)", "",
+              *_plan_lines(cases),
               "## Measured profile", "", _json_block(doc.get("profile", {})), "",
               "## Provenance", "", _json_block(doc.get("provenance", {})), ""]
     return "\n".join(lines)
+
+
+def _plan_lines(cases: list[dict]) -> list[str]:
+    """'## Plans': what each case ran, as the simulator planned it on the measured profile
+    (placement, layers per stage, each group's transport and NICs); [] for a document without
+    plans."""
+    if not any(c.get("plans") for c in cases):
+        return []
+    lines = ["## Plans", "", "Planned on the measured profile (`--dry-run` shows the plans on "
+             "the catalog's rates, which may differ).", ""]
+    for c in cases:
+        for k, plan in enumerate(c.get("plans") or ()):
+            groups = ", ".join(f"{g['kind']}({', '.join(map(str, g['ranks']))}) "
+                               f"{g['transport']} {'/'.join(n or 'local' for n in g['nics'])}"
+                               for g in plan["groups"])
+            which = f" (plan {k + 1} of {len(c['plans'])})" if len(c["plans"]) > 1 else ""
+            lines.append(f"- **{c['policy']}**{which}: {plan['schedule']}, layers per stage "
+                         f"{'/'.join(map(str, plan['layers_per_stage']))}; ranks "
+                         f"{', '.join(f'{r}: {g}' for r, g in enumerate(plan['ranks']))}; "
+                         f"groups {groups}")
+    return [*lines, ""]
 
 
 def _validation_notes(doc: dict) -> list[str]:

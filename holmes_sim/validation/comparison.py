@@ -33,6 +33,10 @@ class Case:
     emulation_lag_pct: float = 0.0
     """Emulated compute: how much longer the ranks' compute waits took than requested, in % of
     the requested (the host's wake-up lag; 0 under real compute)."""
+    plans: tuple[dict, ...] = ()
+    """The plans the simulator chose on the measured profile and the rounds ran (placement,
+    layers, groups with their NICs; `testbed_plan.plan_summary`), each distinct one once:
+    normally one, more where real compute's per-round calibrations moved the plan."""
 
     @property
     def error_pct(self) -> float:
@@ -98,6 +102,7 @@ class ValidationResult:
                        "predicted_breakdown_s": c.predicted_breakdown_s,
                        "measured_ops_s": c.measured_ops_s,
                        "emulation_lag_pct": c.emulation_lag_pct,
+                       "plans": list(c.plans),
                        "profile_compute": c.profile.get("compute", {}),
                        "profile_host": c.profile.get("host", {})} for c in self.cases],
             "ranking_agrees": self.ranking_agrees,

@@ -57,6 +57,7 @@ from holmes_sim.validation.testbed_plan import (
     GLOO_TIMEOUT_S as _GLOO_TIMEOUT_S,
     check_testbed,
     model_config,
+    plan_summary,
     runnable_policies,
     testbed_nodes,
     testbed_uplinks,
@@ -331,7 +332,8 @@ def _result(session: _Session, testbed_path: str | Path, cases: list[Case], prof
 
 def _combine(name: str, rounds: list) -> Case:
     """One policy's case from its rounds: the median prediction, every measured iteration (their
-    median and interval), the losses of the first round, the first round's profile."""
+    median and interval), the losses of the first round, the first round's profile, and the
+    plans the rounds ran."""
     predicted = statistics.median(p for p, _, _, _ in rounds)
     iterations = tuple(t for _, _, run, _ in rounds for t in run.iteration_times_s)
     _, outcome, first, profile = rounds[0]
@@ -343,8 +345,12 @@ def _combine(name: str, rounds: list) -> Case:
     requested = sum(e["requested_s"] for e in emulation)
     lag = 100.0 * (sum(e["actual_s"] for e in emulation) - requested) / requested \
         if requested > 0 else 0.0
+    plans = []
+    for _, o, _, _ in rounds:
+        if (summary := plan_summary(o.plan)) not in plans:
+            plans.append(summary)
     return Case(name, predicted, statistics.median(iterations), iterations, first.losses,
-                outcome.result.breakdown_s, ops, profile, lag)
+                outcome.result.breakdown_s, ops, profile, lag, tuple(plans))
 
 
 def _recheck_links(prepared: Prepared, tb, spec: TestbedSpec, fabrics: dict,

@@ -402,6 +402,18 @@ def _node_paths(prepared: Prepared) -> tuple[list[str], list[list[str]]]:
     return names, nics
 
 
+def plan_summary(plan: Plan) -> dict:
+    """What a validation case ran, for its JSON and report: the schedule, layers per virtual
+    stage, each rank's node and GPU (placement), and each group's kind, ranks, transport and
+    member NICs ("" for a node-local member)."""
+    return {"schedule": plan.schedule_kind.value, "optimizer": plan.optimizer.value,
+            "tp": plan.tp, "pp": plan.pp, "dp": plan.dp,
+            "layers_per_stage": list(plan.layers_per_stage),
+            "ranks": [str(g) for g in plan.rank_to_gpu],
+            "groups": [{"kind": g.kind.value, "ranks": list(g.ranks), "transport": str(g.transport),
+                        "nics": list(g.nics)} for g in plan.groups]}
+
+
 def transport_lines(plan: Plan) -> list[str]:
     """Each plan group's transport settings: the gloo interface per member on the testbed, and
     the NCCL variables a real cluster run sets while creating it (plan NIC names; a site maps

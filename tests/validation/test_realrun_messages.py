@@ -189,3 +189,34 @@ def test_rounds_measure_exactly_the_iterations_asked_for(iterations, rounds, spl
     runs, _ = real_run._run_rounds(session, ["holmes"], {}, min(rounds, iterations))
     assert measured == split and sum(measured) == iterations
     assert sum(len(r.iteration_times_s) for _, _, r, _ in runs["holmes"]) == iterations
+
+
+# ---- each case's plan: in the JSON and the report ------------------------------------------------
+def test_each_case_records_the_plans_its_rounds_ran_in_the_json_and_the_report():
+    from holmes_sim.report.document import validation_markdown
+    from holmes_sim.runner import plan_policy
+    from holmes_sim.validation.comparison import ValidationResult
+    from holmes_sim.validation.real_run import _combine
+
+    prepared = prepare(TESTBED)
+
+    def round_of(name):
+        outcome = SimpleNamespace(plan=plan_policy(prepared, name)[0],
+                                  result=SimpleNamespace(breakdown_s={}))
+        run = SimpleNamespace(iteration_times_s=(0.30, 0.31), op_times_s={}, ranks=(), losses=())
+        return (0.3, outcome, run, {})
+
+    cases = (_combine("holmes", [round_of("holmes"), round_of("holmes")]),
+             _combine("megatron", [round_of("megatron")]))
+    doc = ValidationResult(cases, 10.0, {}, {}).to_json()
+    [holmes] = doc["cases"][0]["plans"]  # both rounds ran the same plan: recorded once
+    assert holmes["layers_per_stage"] == [2, 2] and holmes["ranks"][0] == "ib-a-0/gpu0"
+    assert {"kind": "dp", "ranks": [0, 1], "transport": "rdma:ib", "nics": ["ib0", "ib0"]} \
+        in holmes["groups"]
+    [megatron] = doc["cases"][1]["plans"]
+    assert {"kind": "dp", "ranks": [0, 1], "transport": "tcp:ethernet",
+            "nics": ["eth0", "eth0"]} in megatron["groups"]
+    text = validation_markdown(doc)
+    assert "## Plans" in text and "`--dry-run` shows the plans on the catalog's rates" in text
+    assert "- **holmes**: 1f1b, layers per stage 2/2; ranks 0: ib-a-0/gpu0, 1: ib-b-0/gpu0" in text
+    assert "dp(0, 1) rdma:ib ib0/ib0" in text
