@@ -194,7 +194,7 @@ def failure(procs: dict[int, subprocess.Popen], codes: dict[int, int | None],
     failed = [r for r, c in codes.items() if c not in (None, 0)]
     r = culprit(failed, codes, lambda k: _log(out_dir, k))
     tail = read_tail(_log(out_dir, r))
-    peer_timeout = any(t in tail for t in _PEER_TIMEOUT)
+    peer_timeout = tail is not None and any(t in tail for t in _PEER_TIMEOUT)
     running = _running(procs, codes)
     text = f"rank {r} {how_it_ended(codes[r])} (ranks failed: {failed}"
     text += f"; still running: [{', '.join(running)}])" if running else ")"
@@ -260,10 +260,13 @@ def _stopped(pid: int) -> bool:
     return stat[stat.rfind(")") + 2:][:1] in ("T", "t")
 
 
-def tail_text(who: str, tail: str) -> str:
-    """'; WHO log tail:' and the tail on the next lines, or that `who` wrote no log."""
-    if not tail.strip():
+def tail_text(who: str, tail: str | None) -> str:
+    """'; WHO log tail:' and the tail on the next lines, or that `who`'s log is empty (it
+    started and wrote nothing; `tail` blank) or that it wrote none (None: no log to read)."""
+    if tail is None:
         return f"; {who} wrote no log"
+    if not tail.strip():
+        return f"; {who}'s log is empty"
     return f"; {who} log tail:\n{tail}"
 
 
@@ -271,12 +274,12 @@ def _log(out_dir: Path, rank: int) -> Path:
     return out_dir / f"rank_{rank}.log"
 
 
-def read_tail(path: Path, chars: int = _TAIL_CHARS) -> str:
-    """The last `chars` characters of the log at `path` ('' when it cannot be read)."""
+def read_tail(path: Path, chars: int = _TAIL_CHARS) -> str | None:
+    """The last `chars` characters of the log at `path` (None when there is none to read)."""
     try:
         return path.read_text(errors="replace")[-chars:]
     except OSError:
-        return ""
+        return None
 
 
 def _kill_all(procs: dict[int, subprocess.Popen]) -> None:

@@ -43,12 +43,15 @@ def test_a_failed_rank_names_the_ranks_still_running_and_the_peer_timeout(tmp_pa
 
 
 def test_a_rank_killed_by_signal_9_says_it_was_killed_and_skips_an_empty_tail(tmp_path):
-    (tmp_path / "rank_0.log").write_text("")
+    (tmp_path / "rank_0.log").write_text("\n")
     exc = launch.failure(_procs({0: 1, 1: 1}), {0: -9, 1: 0}, tmp_path)
     assert str(exc) == ("rank 0 was killed (signal 9; likely the host ran out of memory) "
-                        "(ranks failed: [0]); rank 0 wrote no log")
+                        "(ranks failed: [0]); rank 0's log is empty")
     assert not exc.peer_timeout
     assert "killed by SIGTERM" in str(launch.failure(_procs({0: 1}), {0: -15}, tmp_path))
+    # No log at all (it never got to open one): it wrote none.
+    (tmp_path / "rank_0.log").unlink()
+    assert str(launch.failure(_procs({0: 1}), {0: -9}, tmp_path)).endswith("; rank 0 wrote no log")
 
 
 def test_the_rank_a_signal_ended_is_blamed_over_peers_that_lost_their_connection(tmp_path):
