@@ -50,6 +50,7 @@ from holmes_sim.validation.host import (
     REALTIME_PRIORITY,
     host_warnings,
     implausible,
+    realtime_note,
     realtime_scheduler,
     recent_load,
 )
@@ -320,10 +321,13 @@ def _result(session: _Session, testbed_path: str | Path, cases: list[Case], prof
                                         lags=[c.emulation_lag_pct for c in cases],
                                         max_load_per_core=MAX_LOAD_PER_CORE[spec.compute],
                                         predictions=predictions,
-                                        max_prediction_spread_pct=spec.tolerance_pct,
-                                        schedulers=schedulers if session.emulated else ())
+                                        max_prediction_spread_pct=spec.tolerance_pct)
+    realtime = realtime_note(schedulers) if session.emulated else []
+    load = {**load, "notes": [*load.get("notes", ()), *realtime]}
     for w in warnings:
         session.progress(f"warning: {w}")
+    for n in realtime:
+        session.progress(f"note: {n}")
     prov = {**provenance(testbed_path, time.time() - started), **load,
             "load_after": os.getloadavg()[0], "compute": spec.compute}
     return ValidationResult(tuple(cases), spec.tolerance_pct, profiles[0], prov,

@@ -368,10 +368,10 @@ def test_report_of_a_run_without_verdict_says_so_as_the_exit_code_does(tmp_path,
     assert "policies are within" not in text and "| yes |" not in text
 
 
-def test_a_refused_real_time_scheduler_is_probed_recorded_and_warned_about():
+def test_a_refused_real_time_scheduler_is_probed_recorded_and_noted():
     from types import SimpleNamespace
 
-    from holmes_sim.validation.host import host_warnings, realtime_scheduler
+    from holmes_sim.validation.host import realtime_note, realtime_scheduler
     from holmes_sim.validation.real_run import _schedulers
 
     # The probe reports a refusal in the ranks' words (priority 1000 is out of SCHED_FIFO's range).
@@ -384,11 +384,11 @@ def test_a_refused_real_time_scheduler_is_probed_recorded_and_warned_about():
             "megatron": [(0.5, None, SimpleNamespace(ranks=({"scheduler": "fifo:1"},)), {})]}
     got = _schedulers(runs, [{"scheduler": refused}, {"scheduler": refused}, {}])
     assert got == {"compute_calibration": [refused], "ranks": ["fifo:1", refused]}
-    [warning] = host_warnings(0.0, 2, [], schedulers=["fifo:1", *got["ranks"]])
-    assert warning.startswith("ranks not real-time: emulated compute runs its ranks, calibration "
-                              f"and probes under SCHED_FIFO, but this host gave {refused}")
-    assert "CAP_SYS_NICE" in warning
-    assert host_warnings(0.0, 2, [], schedulers=["fifo:1", "fifo:1"]) == []
+    [note] = realtime_note(["fifo:1", *got["ranks"]])
+    assert note.startswith("ranks not real-time: emulated compute runs its ranks, calibration "
+                           f"and probes under SCHED_FIFO, but this host gave {refused}")
+    assert "CAP_SYS_NICE" in note
+    assert realtime_note(["fifo:1", "fifo:1"]) == []
 
 
 def test_compute_calibration_reports_the_scheduler_it_got():
