@@ -45,13 +45,16 @@ between PCIe GPUs of one node). The reduction's op matters too: `ReduceOp.AVG` (
 `hostToDevRedOp`), which the NVLS kernels do not implement (device.h `ncclNvlsSupported`: Sum
 and MinMax only) and PAT reduce-scatter skips (enqueue.cc `updateCollCostTable`: "Tree
 reduceScatter doesn't support scaling yet"); an all-gather reduces nothing and ignores it.
+`NCCL_NVLS_ENABLE=0` (`TrainingSpec.nccl_nvls_enable`, `with_nvls`) turns NVLS and NVLS-tree off
+(src/transport/nvls.cc `ncclNvlsInit`: no NVLS support, which enqueue.cc
+`updateCollCostTable` requires of both; NCCL's default, 2, enables them where supported).
 CollNet (IB SHARP) and multi-node NVLS need `NCCL_COLLNET_ENABLE=1` and the SHARP plugin
 (tuning.cc disables them when `collnetEnable` is 0, its default) and are not chosen.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from math import floor, inf, log2
 from operator import itemgetter
@@ -346,6 +349,17 @@ def gradient_op(average_in_collective: bool) -> str:
     ReduceOp.AVG` if `ddp_config.average_in_collective`, the gradients otherwise pre-scaled
     by 1/DP and summed)."""
     return "avg" if average_in_collective else "sum"
+
+
+@lru_cache(maxsize=1024)
+def with_nvls(topo: CollectiveTopology | None, enabled: bool) -> CollectiveTopology | None:
+    """`topo` as NCCL sees it under `NCCL_NVLS_ENABLE` (`Workload.nvls_enable`): itself when
+    enabled (NCCL's default, 2: wherever the NVSwitch has NVLink SHARP), without NVLink SHARP
+    when 0, so that no NVLS or NVLS-tree is a candidate. Kept: the same object for the same
+    topology, as the planner's identity caches want."""
+    if enabled or topo is None or topo.nvls_efficiency is None:
+        return topo
+    return replace(topo, nvls_efficiency=None)
 
 
 def intra_hw(links) -> str:

@@ -126,10 +126,12 @@ class OpCosts:
         return one * (4 if backward and w.full_recompute else 2)
 
     def tp_topology(self, node: Node) -> CollectiveTopology:
-        """The TP group as NCCL's algorithm choice sees it: `tp` GPUs on `node`'s GPU link."""
+        """The TP group as NCCL's algorithm choice sees it: `tp` GPUs on `node`'s GPU link, its
+        NVLink SHARP unless the job turns NVLS off (`Workload.nvls_enable`)."""
         link = node.intra_link
         hop = (False, link.bandwidth_bytes_per_s * link.efficiency, link.step_latency_s)
-        return topology_of([hop] * self.tp, 1, intra_hw([link]), link.nvls_efficiency, 1,
+        nvls = link.nvls_efficiency if self.workload.nvls_enable else None
+        return topology_of([hop] * self.tp, 1, intra_hw([link]), nvls, 1,
                            node.gpu.compute_capability)
 
     def _tp_collectives_layer_s(self, node: Node, backward: bool) -> float:

@@ -11,7 +11,7 @@ two sharing the link both rings leave each member by (`bucket_streams.merged_del
 from __future__ import annotations
 
 from holmes_sim.cost.collectives import ring_collective_time_s
-from holmes_sim.cost.nccl_algorithms import collective_time_s, gradient_op
+from holmes_sim.cost.nccl_algorithms import collective_time_s, gradient_op, with_nvls
 from holmes_sim.cost.ops import released_chunks, released_points, stage_bucket_layout
 from holmes_sim.cost.ops import released_at_s
 from holmes_sim.estimate.bucket_streams import (gather_floors, merged_delay_s, merged_gather_floors,
@@ -79,6 +79,7 @@ class DataParallelPricing:
         key = (id(topology), s, kind, what, d is None, chunk)
         got = self._bucket_cache.get(key)
         if got is None:
+            topology = with_nvls(topology, self.w.nvls_enable)
             layout = self._layout(s, d is not None, chunk)
             op = gradient_op(self.w.average_in_collective) if what == "grad" else "sum"
             got = self._bucket_cache[key] = _BUCKETS.get(

@@ -87,6 +87,8 @@ class Workload:
     """Megatron-LM's uneven pipeline split flags (used by the megatron policy)."""
     average_in_collective: bool = False
     """The DP reduction averages; no 1/DP scaling pass (`TrainingSpec.ddp_average_in_collective`)."""
+    nvls_enable: bool = True
+    """NCCL may run NVLS and NVLS-tree (`TrainingSpec.nccl_nvls_enable`, `nccl_algorithms.with_nvls`)."""
     check_for_nan_in_grad: bool = False
     """Each bucket's gradient norm is checked for NaN before its reduction
     (`TrainingSpec.check_for_nan_in_loss_and_grad`)."""
@@ -576,6 +578,7 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
         pipeline_split=PipelineSplit.of(training), fp8_gemms=training.precision == "fp8",
         fp8_current_scaling=training.precision == "fp8" and training.fp8_recipe == "tensorwise",
         average_in_collective=training.ddp_average_in_collective,
+        nvls_enable=training.nccl_nvls_enable,
         check_for_nan_in_grad=training.check_for_nan_in_loss_and_grad,
         query_groups=model.num_query_groups,
         swiglu=model.swiglu, squared_relu=model.squared_relu,

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 from holmes_sim.hardware.cluster import Node
 from holmes_sim.cost.collectives import ring_collective_time_s
-from holmes_sim.cost.nccl_algorithms import CollectiveTopology, collective_time_s, gradient_op
+from holmes_sim.cost.nccl_algorithms import (CollectiveTopology, collective_time_s, gradient_op,
+                                             with_nvls)
 from holmes_sim.cost.ops import chunk_times, op_costs
 from holmes_sim.errors import PlanError
 from holmes_sim.memo import IdentityMemo
@@ -74,8 +75,10 @@ class StageTimer:
         # Rings and alike replicas come from the placement's shared view (`netview`).
         self.net = netview(request.cluster, rank_to_gpu, groups, request.tp, request.pp,
                            request.dp, request.num_chunks)
+        nvls = request.workload.nvls_enable
         self.dp_ring, self.emb_ring, self.nodes, self._alike, self._ends = _TIMER_FACTS.get(
-            (self.net,), (), lambda: _placement_facts(self.net, request.pp, request.num_chunks))
+            (self.net,), (nvls,), lambda: _placement_facts(self.net, request.pp,
+                                                           request.num_chunks, nvls))
         # The optimizer's properties `_dp_exposed_s` reads on every trial, read once.
         self._flags = (optimizer.reduces_gradients, optimizer.gradient_collective,
                        optimizer.sharded, optimizer.gathers_before_forward, optimizer.overlapped,
@@ -230,11 +233,13 @@ _OVERLAPPED = (True, "reduce-scatter", True, True, True, False)
 """`StageTimer._flags` of the overlapped distributed optimizer."""
 
 
-def _placement_facts(net, pp: int, num_chunks: int) -> tuple:
+def _placement_facts(net, pp: int, num_chunks: int, nvls: bool) -> tuple:
     """What a `StageTimer` needs of its placement's view, the same for every candidate of it:
-    each stage's DP ring and the embedding ring, each stage's distinct nodes, which stages are
-    priced alike, and whether each of a stage's chunks is the first or the last virtual stage."""
-    dp_ring = [_ring(net.idle_ring(GroupKind.DATA, s), net.dp_topology(s)) for s in range(pp)]
+    each stage's DP ring (NVLS as `nvls`: `Workload.nvls_enable`) and the embedding ring, each
+    stage's distinct nodes, which stages are priced alike, and whether each of a stage's chunks
+    is the first or the last virtual stage."""
+    dp_ring = [_ring(net.idle_ring(GroupKind.DATA, s), with_nvls(net.dp_topology(s), nvls))
+               for s in range(pp)]
     # The embedding group pairs stage 0 with the last stage; it is keyed by its stage-0 rank.
     emb_ring = _ring(net.idle_ring(GroupKind.EMBEDDING, 0))
     # Replicas on identical hardware cost the same: keep one node per distinct (GPU, link).

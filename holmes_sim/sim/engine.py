@@ -43,7 +43,7 @@ from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.cost.compute import ComputeModel
 from holmes_sim.collector import quiet_collector
 from holmes_sim.cost.ops import OpCosts, released_share_s
-from holmes_sim.cost.nccl_algorithms import gradient_op, leaves_node
+from holmes_sim.cost.nccl_algorithms import gradient_op, leaves_node, with_nvls
 from holmes_sim.cost.paths import Path, group_path, link_capacities, ring_paths
 from holmes_sim.plan import Group, GroupKind, Plan
 from holmes_sim.schedule import Op, ScheduleKind
@@ -180,7 +180,7 @@ class _Simulation:
         return out
 
     def _build_streams(self) -> None:
-        p = self.plan
+        p, w = self.plan, self.costs.workload
         self.dp_stream: dict[int, Stream] = {}
         for s, (_, ring) in self._dp_rings.items():
             quotient = symmetry.quotient_hops(
@@ -189,9 +189,8 @@ class _Simulation:
             hops = tuple(self.net.resolve(h) for h in quotient)
             names = tuple(self.entity[(s, d)].name for d in self.classes.reps)
             self.dp_stream[s] = Stream(RingSpec(
-                names, hops, ring.step_latency_s, p.dp, ring.topology,
-                tuple(map(leaves_node, quotient)),
-                reduce_op=gradient_op(self.costs.workload.average_in_collective)))
+                names, hops, ring.step_latency_s, p.dp, with_nvls(ring.topology, w.nvls_enable),
+                tuple(map(leaves_node, quotient)), reduce_op=gradient_op(w.average_in_collective)))
         self.emb_stream: dict[int, Stream] = {}
         for d in self.classes.reps:
             g = self._embedding_group(d)

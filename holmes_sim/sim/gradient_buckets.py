@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from holmes_sim.cost.nccl_algorithms import gradient_op, leaves_node
+from holmes_sim.cost.nccl_algorithms import gradient_op, leaves_node, with_nvls
 from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import ring_paths
 from holmes_sim.plan import GroupKind, Plan, Transport
@@ -58,7 +58,8 @@ def expert_data_streams(engine) -> dict[tuple[int, int], Stream]:
     the ring is the whole group's), its collectives recorded on the members' "edp" trace
     stream beside the "dp" one."""
     plan: Plan = engine.plan
-    ep = engine.costs.workload.ep_replicas
+    w = engine.costs.workload
+    ep = w.ep_replicas
     out = {}
     for s in range(plan.pp):
         for r in range(min(ep, plan.dp)):
@@ -70,9 +71,10 @@ def expert_data_streams(engine) -> dict[tuple[int, int], Stream]:
                               [plan.entity_gpus(s, d) for d in members], engine.caps)
             names = tuple(engine.entity[(s, members[k])].name for k in ring.order)
             out[(s, r)] = Stream(RingSpec(names, tuple(engine.net.resolve(h.links) for h in ring.hops),
-                                          ring.step_latency_s, len(members), ring.topology,
+                                          ring.step_latency_s, len(members),
+                                          with_nvls(ring.topology, w.nvls_enable),
                                           tuple(leaves_node(h.links) for h in ring.hops), "edp",
-                                          gradient_op(engine.costs.workload.average_in_collective)))
+                                          gradient_op(w.average_in_collective)))
     return out
 
 

@@ -263,6 +263,12 @@ class TrainingSpec:
     Megatron-Bridge's recipes): the data-parallel reduction averages (NCCL `AVG`), so the
     gradient buffer is not scaled by 1/DP before it (one read and one write fewer per gradient
     and step)."""
+    nccl_nvls_enable: bool = True
+    """NCCL's `NCCL_NVLS_ENABLE` as the job sets it: true for NCCL's default (2: NVLink SHARP's
+    NVLS and NVLS-tree wherever the NVSwitch has it, H100 / H200 / B200 / GB200), false for 0,
+    which no collective then runs as (NVIDIA/nccl src/transport/nvls.cc `ncclNvlsInit`). NeMo
+    Framework Launcher (conf/config.yaml env_vars, since 2023-09) and Megatron-Bridge's
+    performance scripts (scripts/performance/utils/executors.py) set 0, "to save memory"."""
     check_for_nan_in_loss_and_grad: bool = True
     """Megatron-LM's NaN check (on unless `--no-check-for-nan-in-loss-and-grad`; Megatron-Core
     `DistributedDataParallelConfig.check_for_nan_in_grad`): each gradient bucket's norm is

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import simpy
 
-from holmes_sim.cost.nccl_algorithms import CollectiveTopology, candidates, choose
+from holmes_sim.cost.nccl_algorithms import (KINDS, CollectiveTopology, candidates, choose,
+                                              with_nvls)
+from holmes_sim.cost.ops import OpCosts
 from holmes_sim.cost.paths import link_capacities, ring_paths
 from holmes_sim.cost.transport import best_shared_transport
 from holmes_sim.estimate import analytic
@@ -50,7 +52,7 @@ def _roce_400g() -> str:
 
 
 def _h100_scenario(nodes: int, gpus_per_node: int = 8, tensor: int = 1,
-                   average: bool = False, fabric: str = "ib") -> str:
+                   average: bool = False, fabric: str = "ib", nvls: bool = True) -> str:
     nic = "connectx-7" if fabric == "ib" else "roce-400g"
     return (_roce_400g() if fabric == "roce" else "") + f"""name: h100
 fabrics: [{{name: {fabric}, type: {fabric}}}]
@@ -63,7 +65,8 @@ model: {{num_layers: 2, hidden_size: 1024, num_attention_heads: 16, seq_length: 
         tie_embeddings: false}}
 training: {{global_batch_size: {nodes * gpus_per_node // tensor}, micro_batch_size: 1,
            distributed_optimizer: false, bucket_size_mb: 1.0e9,
-           ddp_average_in_collective: {str(average).lower()}}}
+           ddp_average_in_collective: {str(average).lower()},
+           nccl_nvls_enable: {str(nvls).lower()}}}
 parallel: {{tensor: {tensor}, pipeline: 1}}
 policies: [megatron]
 """
@@ -258,28 +261,36 @@ def test_an_averaging_reduction_has_no_nvls_and_no_pat_reduce_scatter():
         candidates(one_node, "all-reduce", 1e6, "prod")
 
 
+def _dp_all_reduce_prices(write_scenario, text: str) -> tuple:
+    """The scenario's one DP all-reduce (megatron, TP 1, all-reduce optimizer) as the engine
+    runs it (s), the estimate's iteration (s), the partition's exposed DP time (s), its gradient
+    bytes, and the cluster."""
+    prepared = dataclasses.replace(prepare(write_scenario(text)), compute=UniformCompute())
+    out = run_policy(prepared, "megatron")
+    plan = out.plan
+    record = next(r for r in out.trace.records if r.kind is OpKind.DP_ALL_REDUCE)
+    estimate = analytic.estimate_iteration(plan, out.cluster, prepared.workload,
+                                           prepared.compute).iteration_s
+    timer = StageTimer(prepared.request(out.cluster), plan.rank_to_gpu, plan.groups, plan.optimizer)
+    w = prepared.workload
+    params = 2 * w.layer_params + w.embedding_params + w.head_params
+    return (record.duration_s, estimate, timer._dp_exposed_s(0, params, 0.0, 0.0),
+            w.grad_bytes_of(params), out.cluster)
+
+
+def _dp_topology(cluster) -> CollectiveTopology:
+    """The DP ring of every GPU of `cluster` (8 per node), as the cluster's links give it."""
+    members = [[GpuRef(n.name, g)] for n in cluster.nodes for g in range(8)]
+    return ring_paths(cluster, best_shared_transport(cluster, [m[0] for m in members]), members,
+                      link_capacities(cluster)).topology
+
+
 def test_ddp_average_in_collective_reduces_gradients_without_nvls_everywhere(write_scenario):
     """One DGX H100: with `ddp_average_in_collective` the DP all-reduce runs as the ring (NVLS
     cannot average), 1.5 times NVLS's time, in the engine, the estimate and the partition."""
-    runs = {}
-    for average in (False, True):
-        prepared = dataclasses.replace(prepare(write_scenario(_h100_scenario(1, average=average))),
-                                       compute=UniformCompute())
-        out = run_policy(prepared, "megatron")
-        plan = out.plan
-        record = next(r for r in out.trace.records if r.kind is OpKind.DP_ALL_REDUCE)
-        estimate = analytic.estimate_iteration(plan, out.cluster, prepared.workload,
-                                               prepared.compute).iteration_s
-        timer = StageTimer(prepared.request(out.cluster), plan.rank_to_gpu, plan.groups,
-                           plan.optimizer)
-        w = prepared.workload
-        params = 2 * w.layer_params + w.embedding_params + w.head_params
-        runs[average] = (record.duration_s, estimate, timer._dp_exposed_s(0, params, 0.0, 0.0),
-                         w.grad_bytes_of(params), out.cluster)
-    size, cluster = runs[True][3], runs[True][4]
-    members = [[GpuRef(n.name, g)] for n in cluster.nodes for g in range(8)]
-    topo = ring_paths(cluster, best_shared_transport(cluster, [m[0] for m in members]), members,
-                      link_capacities(cluster)).topology
+    runs = {average: _dp_all_reduce_prices(write_scenario, _h100_scenario(1, average=average))
+            for average in (False, True)}
+    size, topo = runs[True][3], _dp_topology(runs[True][4])
     summed, averaged = choose(topo, "all-reduce", size), choose(topo, "all-reduce", size, "avg")
     assert (summed.algorithm, averaged.algorithm) == ("nvls", "ring")
     assert averaged.time_s > 1.3 * summed.time_s
@@ -288,6 +299,29 @@ def test_ddp_average_in_collective_reduces_gradients_without_nvls_everywhere(wri
         assert runs[average][2] == pytest.approx(choice.time_s, rel=1e-9)
     assert runs[True][1] - runs[False][1] == pytest.approx(averaged.time_s - summed.time_s,
                                                            rel=1e-6)
+
+
+def test_nccl_nvls_enable_false_prices_no_collective_as_nvls(write_scenario):
+    """Two DGX H100s, TP 1: NCCL's default runs the DP all-reduce as NVLS-tree; with
+    `training.nccl_nvls_enable: false` (NCCL_NVLS_ENABLE=0, NeMo's and Megatron-Bridge's launch
+    setting) as the ring or tree NCCL picks without NVLink SHARP, in the engine, the estimate
+    and the partition alike. A TP 8 group on one node loses NVLS the same way."""
+    runs = {nvls: _dp_all_reduce_prices(write_scenario, _h100_scenario(2, nvls=nvls))
+            for nvls in (True, False)}
+    size, topo = runs[False][3], _dp_topology(runs[False][4])
+    on, off = choose(topo, "all-reduce", size), choose(with_nvls(topo, False), "all-reduce", size)
+    assert on.algorithm == "nvls-tree" and off.algorithm in ("ring", "tree")
+    assert off.time_s > 1.1 * on.time_s
+    for nvls, choice in ((True, on), (False, off)):
+        assert runs[nvls][0] == pytest.approx(choice.time_s, rel=1e-6)
+        assert runs[nvls][2] == pytest.approx(choice.time_s, rel=1e-9)
+    assert runs[False][1] - runs[True][1] == pytest.approx(off.time_s - on.time_s, rel=1e-6)
+    for nvls in (True, False):
+        prepared = prepare(write_scenario(_h100_scenario(1, tensor=8, nvls=nvls)))
+        tp = OpCosts(prepared.cluster, prepared.workload, prepared.compute, 8).tp_topology(
+            prepared.cluster.nodes[0])
+        picks = {choose(tp, kind, 32 << 20).algorithm for kind in KINDS}
+        assert ("nvls" in picks) is nvls and (tp.nvls_efficiency is None) is not nvls
 
 
 # ---- the oracle: a DP all-reduce over 1,024 H100s ---------------------------------------------
@@ -326,14 +360,15 @@ def test_dp_all_reduce_over_1024_h100s_equals_nccls_nvls_tree_formula(write_scen
 def _modelled_busbw(write_scenario, row: dict) -> float:
     """Bus bandwidth (GB/s) of the row's collective as the simulator prices it: NCCL's pick
     (or the row's forced algorithm with its Simple protocol) on the catalog's H100 node with the
-    row's rails (`fabric`: ConnectX-7 on InfiniBand NDR, or RoCE at 400 Gb/s)."""
-    prepared = prepare(write_scenario(_h100_scenario(row["nodes"], fabric=row["fabric"])))
+    row's rails (`fabric`: ConnectX-7 on InfiniBand NDR, or RoCE at 400 Gb/s) and its
+    NCCL_NVLS_ENABLE (`nvls_enable`: `training.nccl_nvls_enable`, as the engine applies it)."""
+    prepared = prepare(write_scenario(_h100_scenario(row["nodes"], fabric=row["fabric"],
+                                                     nvls=row.get("nvls_enable", True))))
     cluster = prepared.cluster
     members = [[GpuRef(n.name, g)] for n in cluster.nodes for g in range(row["gpus_per_node"])]
     transport = best_shared_transport(cluster, [m[0] for m in members])
-    topo = ring_paths(cluster, transport, members, link_capacities(cluster)).topology
-    if row.get("nvls_enable") is False:  # NCCL_NVLS_ENABLE=0
-        topo = dataclasses.replace(topo, nvls_efficiency=None)
+    topo = with_nvls(ring_paths(cluster, transport, members, link_capacities(cluster)).topology,
+                     prepared.workload.nvls_enable)
     kind, size, n = row["collective"], row["size_bytes"], len(members)
     if row["algorithm"] is None:
         t = choose(topo, kind, size).time_s
