@@ -39,7 +39,7 @@ _TRAINING_KEYS = ("distributed_optimizer", "flash_attention", "attention_backend
                   "overlap_p2p_comm",
                   "grad_reduce_in_fp32", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
                   "tp_comm_overlap_rs_sms", "ddp_average_in_collective",
-                  "check_for_nan_in_loss_and_grad", "fp8_recipe")
+                  "check_for_nan_in_loss_and_grad", "fp8_recipe", "nccl_nvls_enable")
 
 
 def is_nemo_dataset(dataset: dict) -> bool:
