@@ -1,5 +1,6 @@
 """A plan as something a launcher reads: node order, one `torchrun` line per node, the framework's
-arguments, the Holmes repository's arguments and the NCCL environment of every node.
+arguments, the Holmes repository's arguments (`export.fork`) and the NCCL environment of every
+node (`export.nccl_env`).
 
 Megatron-LM places global rank r = node_rank x G + local_rank (torchrun) and builds its groups in
 the "tp-cp-ep-dp-pp" order that `Plan` uses (`--context-parallel-size`, `--cp-comm-type`), so a
@@ -7,21 +8,8 @@ plan is launchable when its ranks fill nodes in order (every policy here does: t
 nodes). Argument names follow Megatron-LM's
 `arguments.py` (`--pipeline-model-parallel-layout` is parsed by Megatron-Core's
 `PipelineParallelLayerLayout`: stages separated by `|`, `E` embedding, `t` a decoder layer, `L` the
-loss) and the Holmes repository's scripts (`--hetero-mode pp
---hetero-device-types A B --hetero-current-device-type A --hetero-pipeline-stages n_A l.. n_B l..
---use-hetnet`: per device type, its number of pipeline stages and their layer counts). Plans of
-Megatron-LLaMA and Megatron-DeepSpeed, and GPipe plans, get none (`plan_launch_refusal`).
-
-NCCL settings (NCCL environment-variable documentation): RDMA groups name their HCAs with
-`NCCL_IB_HCA` (the NICs' `devices` from the scenario, else placeholders: `node_nccl_env`);
-RoCE also needs `NCCL_IB_GID_INDEX` (3: RoCE v2 over IPv4 on a
-default ConnectX set-up); TCP groups use `NCCL_NET=Socket` with `NCCL_SOCKET_IFNAME`; every
-process bootstraps over the Ethernet interface (`NCCL_SOCKET_IFNAME`). NCCL picks one network
-(`NCCL_NET`: IB or Socket) per communicator when it is created, from the process environment at
-that moment. Upstream Megatron-LM creates every group under one environment, so its export sets
-one network for the whole job (`upstream_net`); the Holmes fork sets the environment of each group
-from its `config.json` (one entry per device type, `heter` for groups that mix them) before
-creating it (`megatron/core/hetnet.py`), which `holmes_config` writes.
+loss). Plans of Megatron-LLaMA and Megatron-DeepSpeed, and GPipe plans, get none
+(`plan_launch_refusal`).
 """
 
 from __future__ import annotations
@@ -32,20 +20,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from holmes_sim.export.device_types import device_types
+from holmes_sim.export.fork import fork_args, holmes_config, shared_hca_notes
+from holmes_sim.export.nccl_env import (CUDA_CONNECTIONS_NOTE, device_notes, group_nccl_settings,
+                                        issues_collectives_ahead, node_nccl_env, process_env,
+                                        upstream_net, upstream_node_env)
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.report.staged import write_together
-from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
+from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.errors import FieldError, PlanError
 from holmes_sim.export.refusals import plan_launch_refusal
-from holmes_sim.export.model_args import (FORK_LACKS, TE_CROSS_ENTROPY_REFUSED,
+from holmes_sim.export.model_args import (TE_CROSS_ENTROPY_REFUSED,
                                           USERBUFFER_CONFIG, USERBUFFER_ZERO_SMS,
                                           architecture_args, attention_args, expert_tensor_args,
                                           fork_lacks_note, loss_args, overlap_args,
                                           pipeline_split_note,
                                           rope_factor_note, router_note, shared_gate_note,
                                           split_args, tokenizer_args, userbuffer_config,
-                                          vocab_args, vocabulary_section, without_flags)
-from holmes_sim.plan import GroupKind, Plan, TransportKind
+                                          vocab_args, vocabulary_section)
+from holmes_sim.plan import Plan
 from holmes_sim.model.pipeline_split import megatron_layers_per_stage
 from holmes_sim.model.workload import Workload
 
@@ -54,7 +46,6 @@ LAUNCH_FILE_NAMES = ("hostfile", "megatron_args.txt", "plan.json", "nccl.json", 
                      "holmes_config.json", USERBUFFER_CONFIG, "launch.sh", "launch_megatron.sh",
                      "launch_holmes.sh", "README.md")
 """Every file a launch folder may hold (`launch_files` writes a subset)."""
-ROCE_GID_INDEX = 3
 MASTER_PORT = 29500
 
 
@@ -221,195 +212,6 @@ def _optimizer_args(plan: Plan) -> list[str]:
     return args
 
 
-def holmes_args(plan: Plan, cluster: Cluster, nodes: list[Node]) -> tuple[list[str], str | None]:
-    """The Holmes repository's heterogeneous-pipeline arguments (without the per-node
-    `--hetero-current-device-type`), or ([], why not) when the plan cannot be expressed: Holmes
-    takes one device type per stage (`device_types`), one contiguous run of pipeline stages per
-    device type and no virtual stages."""
-    if plan.num_chunks > 1:
-        return [], "Holmes' --hetero-pipeline-stages has no virtual (interleaved) stages"
-    _, classes = device_types(plan, cluster)
-    if isinstance(classes, str):
-        return [], classes
-    runs: list[tuple[str, list[int]]] = []
-    for s, c in enumerate(classes):
-        if runs and runs[-1][0] == c:
-            runs[-1][1].append(plan.layers_per_stage[s])
-        elif any(r[0] == c for r in runs):
-            return [], f"device type {c} holds pipeline stages that are not contiguous"
-        else:
-            runs.append((c, [plan.layers_per_stage[s]]))
-    stages = [str(x) for c, layers in runs for x in (len(layers), *layers)]
-    return (["--hetero-mode", "pp", "--hetero-device-types", *[c for c, _ in runs],
-             "--hetero-pipeline-stages", *stages, "--use-hetnet"], None)
-
-
-SOCKET_EXCLUDE = "^docker,lo,virbr,ib"
-"""`NCCL_SOCKET_IFNAME` of a node whose Ethernet NICs name no devices: NCCL's own choice without
-its preference for IPoIB (`^`: every interface but those starting with these prefixes)."""
-
-
-def node_nccl_env(node: Node, fabric: str | None = None) -> dict[str, str]:
-    """The NCCL environment of one node: bootstrap on Ethernet, its HCAs for RDMA (with
-    `fabric`, an RDMA fabric or Ethernet, only those on it: a device type's, `holmes_config`).
-
-    NCCL's environment-variable documentation: `NCCL_SOCKET_IFNAME` and `NCCL_IB_HCA` are lists
-    of prefixes, `^` first excludes them, `=` first makes them exact names, `name:port` is an
-    HCA's port. The NICs' `device` names (a node group names all of a kind or none) are listed
-    exactly (`=ens1f0`, `=mlx5_0:1`). Without names, NCCL_SOCKET_IFNAME is no guess: unset,
-    NCCL takes `ib*` (IPoIB) interfaces first, then any but `docker`, `lo` and `virbr`
-    (`ncclFindInterfaces`, src/misc/socket.cc), and IPoIB does not reach the nodes without
-    InfiniBand that a mixed plan holds, so it is that second choice, `SOCKET_EXCLUDE`;
-    NCCL_IB_HCA is `mlx5_<k>` in the node's NIC order, the ConnectX default, as prefixes."""
-    env = {}
-    eth = node.nics_on(ETHERNET)
-    if eth:
-        env["NCCL_SOCKET_IFNAME"] = _exact([n.device for n in eth]) or SOCKET_EXCLUDE
-    # (k, NIC): its HCA's place among the node's RDMA NICs, which names it without devices
-    rdma = [(k, n) for k, n in enumerate(x for x in node.nics if x.type != ETHERNET)
-            if fabric is None or n.fabric == fabric]
-    if rdma:
-        env["NCCL_NET"] = "IB"
-        env["NCCL_IB_HCA"] = (_exact([n.device for _, n in rdma])
-                              or ",".join(f"mlx5_{k}" for k, _ in rdma))
-        if any(n.type == "roce" for _, n in rdma):
-            env["NCCL_IB_GID_INDEX"] = str(ROCE_GID_INDEX)
-    else:
-        env["NCCL_NET"] = "Socket"
-    return env
-
-
-def shared_hca_notes(nodes: list[Node], types: dict[str, str],
-                     config: list[dict[str, str]]) -> tuple[str, ...]:
-    """The export README's note on a node whose device type's `holmes_config` entry (the HCAs
-    of all that type's nodes) names HCAs that are, on this node, on another fabric."""
-    listed = {e["CLUSTER_NAME"]: _names(e.get("NCCL_IB_HCA", "")) for e in config}
-    notes: dict[str, None] = {}
-    for node in nodes:
-        kind = types[node.name]
-        own = _names(node_nccl_env(node, kind).get("NCCL_IB_HCA", ""))
-        other = [h for h in _names(node_nccl_env(node).get("NCCL_IB_HCA", ""))
-                 if h not in own and h in listed.get(kind, ())]
-        if other:
-            notes[f"Node group {node.group_path or node.name} runs as device type {kind} "
-                  f"(its HCAs there: {', '.join(own)}); the fork gives every {kind} node "
-                  f"the one `NCCL_IB_HCA` of that `holmes_config.json` entry, which also "
-                  f"names {', '.join(other)}, on this group another fabric's HCAs that NCCL "
-                  f"would take too. Rename them on its hosts (`rdma dev set <hca> name "
-                  f"<new>`), give the names in the scenario's `devices` and export "
-                  f"again."] = None
-    return tuple(notes)
-
-
-def _names(hcas: str) -> list[str]:
-    """The names of an NCCL interface list."""
-    return [h for h in hcas.lstrip("=^").split(",") if h]
-
-
-def _exact(devices: list[str | None]) -> str:
-    """NCCL's exact list (`=a,b`) of the named `devices`, or "" when none is named."""
-    named = [d for d in devices if d]
-    return "=" + ",".join(named) if named else ""
-
-
-def group_nccl_settings(plan: Plan) -> dict[str, dict[str, str]]:
-    """Per group class (tp, dp, pp, embedding): the transports its groups use and the NCCL
-    setting each needs; a group class on TCP must run with NCCL_NET=Socket for its communicator."""
-    out: dict[str, dict[str, str]] = {}
-    for kind in GroupKind:
-        transports = sorted({str(g.transport) for g in plan.groups_of(kind)})
-        if not transports:
-            continue
-        kinds = {g.transport.kind for g in plan.groups_of(kind)}
-        setting = "NCCL_NET=Socket" if kinds == {TransportKind.TCP} else \
-            "intra-node (NVLink/P2P)" if kinds == {TransportKind.LOCAL} else \
-            "NCCL_NET=IB on the fabric's HCAs" if TransportKind.TCP not in kinds else \
-            "per group: RDMA groups NCCL_NET=IB, TCP groups NCCL_NET=Socket"
-        out[kind.value] = {"transports": ", ".join(transports), "nccl": setting}
-    return out
-
-
-def upstream_net(plan: Plan) -> str:
-    """The one network upstream Megatron-LM can use for the whole job: "IB" when every group
-    that leaves a node runs over RDMA, else "Socket" (a TCP group and RDMA groups cannot have
-    different NCCL_NET in one process)."""
-    kinds = {g.transport.kind for kind in GroupKind for g in plan.groups_of(kind)}
-    return "Socket" if TransportKind.TCP in kinds else "IB"
-
-
-def upstream_node_env(node: Node, net: str) -> dict[str, str]:
-    """A node's NCCL environment under upstream Megatron-LM's one job-wide network."""
-    env = node_nccl_env(node)
-    if net == "Socket":
-        return {k: v for k, v in env.items() if k == "NCCL_SOCKET_IFNAME"} | {"NCCL_NET": "Socket"}
-    return env
-
-
-def _issues_collectives_ahead(plan: Plan) -> bool:
-    """Whether the plan's TP or CP collectives overlap GEMMs (TP or CP > 1), which is when
-    `process_env` sets the CUDA connections and the README explains them."""
-    return plan.tp > 1 or plan.cp > 1
-
-
-def process_env(plan: Plan, node: Node, target: str) -> dict[str, str]:
-    """The CUDA environment of `node`'s processes under `target` ("megatron" or "holmes").
-
-    With TP or CP > 1, `CUDA_DEVICE_MAX_CONNECTIONS=1`, which Megatron-LM's `validate_args`
-    asserts before Blackwell (since 7ef4f90, 2025-03) and the Holmes fork asserts on every GPU
-    with sequence parallelism (bdd9731, 2022-10), so that each TP or CP collective is issued
-    ahead of the GEMM that overlaps it. Upstream on a Blackwell node (compute capability 10) sets
-    32 instead, as Megatron-Bridge's performance scripts do on B200 and GB200
-    (`scripts/performance/utils/overrides.py`): the requirement is gone there and more hardware
-    queues let DP and PP transfers run beside compute."""
-    if not _issues_collectives_ahead(plan):
-        return {}
-    blackwell = node.gpu.compute_capability is not None and node.gpu.compute_capability >= 10
-    connections = "32" if target == "megatron" and blackwell else "1"
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": connections}
-
-
-CUDA_CONNECTIONS_NOTE = (
-    "`launch.sh` sets `CUDA_DEVICE_MAX_CONNECTIONS=1` on every node before Blackwell, and for "
-    "the Holmes fork on every node: Megatron-LM refuses to start tensor or context parallelism "
-    "without it there. On Blackwell GPUs upstream does not require it, and `launch.sh megatron` "
-    "sets 32, as NVIDIA's Megatron-Bridge performance scripts do.")
-"""The export README's note on `process_env`."""
-
-
-def holmes_config(nodes: list[Node], types: dict[str, str]) -> list[dict[str, str]]:
-    """The Holmes fork's config.json: per device type (`types`, `device_types`) the NCCL
-    environment of its groups, its nodes' NICs on that fabric, and `heter` (TCP) for groups
-    that mix device types. One entry serves many nodes: where their interface lists differ (node
-    groups that name other devices), it holds them all (`_merged`)."""
-    envs: dict[str, list[dict[str, str]]] = {}
-    for node in nodes:
-        kind = types[node.name]
-        envs.setdefault(kind, []).append(node_nccl_env(node, kind))
-    entries = [{"CLUSTER_NAME": c, **e[0], **{k: _merged([x[k] for x in e if k in x])
-                                              for k in _LISTS if k in e[0]}}
-               for c, e in envs.items()]
-    heter = {"CLUSTER_NAME": "heter", "NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1"}
-    eth = [x["NCCL_SOCKET_IFNAME"] for e in envs.values() for x in e if "NCCL_SOCKET_IFNAME" in x]
-    if eth:
-        heter["NCCL_SOCKET_IFNAME"] = _merged(eth)
-    return [*entries, heter]
-
-
-_LISTS = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA")
-
-
-def _merged(values: list[str]) -> str:
-    """One NCCL interface list for nodes whose own lists are `values`: all their names (NCCL on
-    a node matches those it has), exact if every list is; `SOCKET_EXCLUDE` if one excludes."""
-    distinct = list(dict.fromkeys(values))
-    if len(distinct) == 1:
-        return distinct[0]
-    if any(v.startswith("^") for v in distinct):
-        return SOCKET_EXCLUDE
-    names = dict.fromkeys(n for v in distinct for n in v.lstrip("=").split(","))
-    return ("=" if all(v.startswith("=") for v in distinct) else "") + ",".join(names)
-
-
 def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: str,
                  script: str = "pretrain_gpt.py", hosts: dict[str, str] | None = None
                  ) -> LaunchFiles:
@@ -431,7 +233,8 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     nodes = node_order(plan, cluster)
     names = [n.name for n in nodes] if hosts is None else _hosts_of(nodes, hosts)
     margs = megatron_args(plan, workload, precision)
-    fork, why_not = _fork_args(plan, cluster, nodes, workload, margs)
+    fork, why_not = fork_args(plan, cluster, nodes, workload, margs,
+                             _layout_args(plan, workload) + _cp_comm_args(workload, plan))
     net = upstream_net(plan)
     groups = group_nccl_settings(plan)
     ub = userbuffer_config(workload)
@@ -460,7 +263,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
     lacked = fork_lacks_note(margs) if fork else None
-    cuda = (CUDA_CONNECTIONS_NOTE,) if _issues_collectives_ahead(plan) else ()
+    cuda = (CUDA_CONNECTIONS_NOTE,) if issues_collectives_ahead(plan) else ()
     split = pipeline_split_note(workload, plan.tp, plan.pp)
     notes = (_notes(workload, ub) + ((split,) if split else ()) + cuda + device_notes(nodes)
              + (shared_hca_notes(nodes, types, config) if fork else ())
@@ -480,37 +283,6 @@ def _hosts_of(nodes: list[Node], hosts: dict[str, str]) -> list[str]:
     return [hosts[n.name] for n in nodes]
 
 
-def _fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Workload,
-               margs: list[str]) -> tuple[list[str], str | None]:
-    """The Holmes fork's arguments (upstream's without the flags its parser predates, and its
-    --hetero flags), or [] and why the fork cannot run the plan."""
-    hargs, why_not = holmes_args(plan, cluster, nodes)
-    if hargs and workload.defer_embedding_wgrad:
-        hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
-    if hargs and workload.fp8_current_scaling:
-        hargs, why_not = [], "the Holmes fork has no --fp8-recipe (FP8 current scaling)"
-    if hargs and workload.average_in_collective:
-        hargs, why_not = [], "the Holmes fork has no --ddp-average-in-collective"
-    if hargs and "--grad-reduce-in-bf16" in margs:
-        hargs, why_not = [], "the Holmes fork has no --grad-reduce-in-bf16 (it reduces bf16 " \
-            "gradients in fp32)"
-    if hargs and workload.cross_entropy != "unfused":
-        hargs, why_not = [], "the Holmes fork has no --cross-entropy-loss-fusion"
-    if hargs and workload.attention_backend != "auto":
-        hargs, why_not = [], "the Holmes fork has no --attention-backend"
-    if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags
-        hargs, why_not = [], "the Holmes fork has no --moe-ffn-hidden-size (Megatron-Core's MoE)"
-    if hargs and plan.cp > 1 and workload.cp_comm_type != "p2p":
-        # The fork takes --context-parallel-size but not --cp-comm-type: its ring (p2p) only.
-        hargs, why_not = [], f"the Holmes fork runs context parallelism as p2p only, not " \
-            f"{workload.cp_comm_type}"
-    if not hargs:
-        return [], why_not
-    upstream_only = _layout_args(plan, workload) + _cp_comm_args(workload, plan)
-    flags = [a for a in upstream_only if a.startswith("--")] + list(FORK_LACKS)
-    return without_flags(margs, flags) + hargs, why_not
-
-
 def _notes(workload: Workload, ub: str | None) -> tuple[str, ...]:
     """The export README's notes on exported arguments and files."""
     notes: list[str] = []
@@ -525,33 +297,6 @@ def _notes(workload: Workload, ub: str | None) -> tuple[str, ...]:
         notes.append(USERBUFFER_ZERO_SMS)
     return tuple(notes) + tuple(filter(None, [router_note(workload), shared_gate_note(workload),
                                               rope_factor_note(workload)]))
-
-
-def device_notes(nodes: list[Node]) -> tuple[str, ...]:
-    """The export README's note on the NCCL device names of `node_nccl_env`: the scenario's
-    `devices`, or which of them are placeholders, on which node groups, and how to set them."""
-    blanks: dict[str, dict[str, None]] = {}  # placeholder -> node groups it stands in on
-    for node in nodes:
-        for rdma, what in ((False, f"`NCCL_SOCKET_IFNAME={SOCKET_EXCLUDE}` (any interface but "
-                                   "docker, loopback, libvirt and IPoIB ones)"),
-                           (True, "`NCCL_IB_HCA=mlx5_0,...` (ConnectX's default HCA names, in "
-                                  "NIC order, as prefixes)")):
-            nics = [n for n in node.nics if (n.type != ETHERNET) == rdma]
-            if nics and not any(n.device for n in nics):
-                blanks.setdefault(what, {})[node.group_path or node.name] = None
-    if not blanks:
-        return (DEVICES_NAMED_NOTE,)
-    where = "; ".join(f"{what} on {', '.join(groups)}" for what, groups in blanks.items())
-    return (f"Placeholders, not your device names: {where}, whose NICs name no `devices` in the "
-            "scenario. NCCL stops at initialisation when a list matches none of a node's "
-            "devices. Give each NIC entry the names `ip link` (interfaces) and `ibv_devices` "
-            "(HCAs, optionally `:port`) show, one per NIC of its `count`, e.g. `devices: "
-            "[ens1f0]`, `devices: [mlx5_0, mlx5_1]`, and export again; or edit the `ENV_*` "
-            "lines of `launch.sh`, `nccl.json` and `holmes_config.json`.",)
-
-
-DEVICES_NAMED_NOTE = ("`NCCL_SOCKET_IFNAME` and `NCCL_IB_HCA` list the devices the scenario's "
-                      "NICs name (`devices`), as exact names (NCCL's `=` form).")
 
 
 def _wrapper(target: str) -> str:

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from holmes_sim.errors import PlanError
-from holmes_sim.export.launch import (SOCKET_EXCLUDE, holmes_args, launch_files, node_nccl_env,
-                                      pipeline_layout)
+from holmes_sim.export.fork import holmes_args
+from holmes_sim.export.launch import launch_files, pipeline_layout
+from holmes_sim.export.nccl_env import SOCKET_EXCLUDE, node_nccl_env
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
 from tests.conftest import SCENARIOS, small_scenario

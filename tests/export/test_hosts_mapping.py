@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from holmes_sim.cli import app
 from holmes_sim.errors import PlanError
+from holmes_sim.export.device_types import device_types
 from holmes_sim.export.hosts import _same_host, read_hosts
-from holmes_sim.export.launch import device_types, process_env, upstream_net, upstream_node_env
+from holmes_sim.export.nccl_env import process_env, upstream_net, upstream_node_env
 from holmes_sim.plan import Plan
 from holmes_sim.prepare import prepare
 from tests.conftest import SCENARIOS

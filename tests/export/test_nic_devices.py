@@ -15,8 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from holmes_sim.cli import app
-from holmes_sim.export.launch import (DEVICES_NAMED_NOTE, SOCKET_EXCLUDE, LaunchFiles, _merged,
-                                      launch_files)
+from holmes_sim.export.fork import _merged
+from holmes_sim.export.launch import LaunchFiles, launch_files
+from holmes_sim.export.nccl_env import DEVICES_NAMED_NOTE, SOCKET_EXCLUDE
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy, results_document, run_scenario
 

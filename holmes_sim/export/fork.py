@@ -1,0 +1,127 @@
+"""The Holmes fork's launch: its `--hetero` arguments, the upstream arguments its parser and
+`validate_args` take, and its `config.json`.
+
+The Holmes repository's scripts (`--hetero-mode pp --hetero-device-types A B
+--hetero-current-device-type A --hetero-pipeline-stages n_A l.. n_B l.. --use-hetnet`: per
+device type, its number of pipeline stages and their layer counts). The fork sets the NCCL
+environment of each group from its `config.json` (one entry per device type, `heter` for groups
+that mix them) before creating it (`megatron/core/hetnet.py`), which `holmes_config` writes.
+"""
+
+from __future__ import annotations
+
+from holmes_sim.export.device_types import device_types
+from holmes_sim.export.model_args import FORK_LACKS, without_flags
+from holmes_sim.export.nccl_env import SOCKET_EXCLUDE, list_names, node_nccl_env
+from holmes_sim.hardware.cluster import Cluster, Node
+from holmes_sim.model.workload import Workload
+from holmes_sim.plan import Plan
+
+
+def holmes_args(plan: Plan, cluster: Cluster, nodes: list[Node]) -> tuple[list[str], str | None]:
+    """The Holmes repository's heterogeneous-pipeline arguments (without the per-node
+    `--hetero-current-device-type`), or ([], why not) when the plan cannot be expressed: Holmes
+    takes one device type per stage (`device_types`), one contiguous run of pipeline stages per
+    device type and no virtual stages."""
+    if plan.num_chunks > 1:
+        return [], "Holmes' --hetero-pipeline-stages has no virtual (interleaved) stages"
+    _, classes = device_types(plan, cluster)
+    if isinstance(classes, str):
+        return [], classes
+    runs: list[tuple[str, list[int]]] = []
+    for s, c in enumerate(classes):
+        if runs and runs[-1][0] == c:
+            runs[-1][1].append(plan.layers_per_stage[s])
+        elif any(r[0] == c for r in runs):
+            return [], f"device type {c} holds pipeline stages that are not contiguous"
+        else:
+            runs.append((c, [plan.layers_per_stage[s]]))
+    stages = [str(x) for c, layers in runs for x in (len(layers), *layers)]
+    return (["--hetero-mode", "pp", "--hetero-device-types", *[c for c, _ in runs],
+             "--hetero-pipeline-stages", *stages, "--use-hetnet"], None)
+
+
+def shared_hca_notes(nodes: list[Node], types: dict[str, str],
+                     config: list[dict[str, str]]) -> tuple[str, ...]:
+    """The export README's note on a node whose device type's `holmes_config` entry (the HCAs
+    of all that type's nodes) names HCAs that are, on this node, on another fabric."""
+    listed = {e["CLUSTER_NAME"]: list_names(e.get("NCCL_IB_HCA", "")) for e in config}
+    notes: dict[str, None] = {}
+    for node in nodes:
+        kind = types[node.name]
+        own = list_names(node_nccl_env(node, kind).get("NCCL_IB_HCA", ""))
+        other = [h for h in list_names(node_nccl_env(node).get("NCCL_IB_HCA", ""))
+                 if h not in own and h in listed.get(kind, ())]
+        if other:
+            notes[f"Node group {node.group_path or node.name} runs as device type {kind} "
+                  f"(its HCAs there: {', '.join(own)}); the fork gives every {kind} node "
+                  f"the one `NCCL_IB_HCA` of that `holmes_config.json` entry, which also "
+                  f"names {', '.join(other)}, on this group another fabric's HCAs that NCCL "
+                  f"would take too. Rename them on its hosts (`rdma dev set <hca> name "
+                  f"<new>`), give the names in the scenario's `devices` and export "
+                  f"again."] = None
+    return tuple(notes)
+
+
+def holmes_config(nodes: list[Node], types: dict[str, str]) -> list[dict[str, str]]:
+    """The Holmes fork's config.json: per device type (`types`, `device_types`) the NCCL
+    environment of its groups, its nodes' NICs on that fabric, and `heter` (TCP) for groups
+    that mix device types. One entry serves many nodes: where their interface lists differ (node
+    groups that name other devices), it holds them all (`_merged`)."""
+    envs: dict[str, list[dict[str, str]]] = {}
+    for node in nodes:
+        kind = types[node.name]
+        envs.setdefault(kind, []).append(node_nccl_env(node, kind))
+    entries = [{"CLUSTER_NAME": c, **e[0], **{k: _merged([x[k] for x in e if k in x])
+                                              for k in _LISTS if k in e[0]}}
+               for c, e in envs.items()]
+    heter = {"CLUSTER_NAME": "heter", "NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1"}
+    eth = [x["NCCL_SOCKET_IFNAME"] for e in envs.values() for x in e if "NCCL_SOCKET_IFNAME" in x]
+    if eth:
+        heter["NCCL_SOCKET_IFNAME"] = _merged(eth)
+    return [*entries, heter]
+
+
+_LISTS = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA")
+
+
+def _merged(values: list[str]) -> str:
+    """One NCCL interface list for nodes whose own lists are `values`: all their names (NCCL on
+    a node matches those it has), exact if every list is; `SOCKET_EXCLUDE` if one excludes."""
+    distinct = list(dict.fromkeys(values))
+    if len(distinct) == 1:
+        return distinct[0]
+    if any(v.startswith("^") for v in distinct):
+        return SOCKET_EXCLUDE
+    names = dict.fromkeys(n for v in distinct for n in v.lstrip("=").split(","))
+    return ("=" if all(v.startswith("=") for v in distinct) else "") + ",".join(names)
+
+
+def fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Workload,
+              margs: list[str], upstream_only: list[str]) -> tuple[list[str], str | None]:
+    """The Holmes fork's arguments (upstream's without the flags its parser predates, and its
+    --hetero flags), or [] and why the fork cannot run the plan."""
+    hargs, why_not = holmes_args(plan, cluster, nodes)
+    if hargs and workload.defer_embedding_wgrad:
+        hargs, why_not = [], "the Holmes fork has no --defer-embedding-wgrad-compute"
+    if hargs and workload.fp8_current_scaling:
+        hargs, why_not = [], "the Holmes fork has no --fp8-recipe (FP8 current scaling)"
+    if hargs and workload.average_in_collective:
+        hargs, why_not = [], "the Holmes fork has no --ddp-average-in-collective"
+    if hargs and "--grad-reduce-in-bf16" in margs:
+        hargs, why_not = [], "the Holmes fork has no --grad-reduce-in-bf16 (it reduces bf16 " \
+            "gradients in fp32)"
+    if hargs and workload.cross_entropy != "unfused":
+        hargs, why_not = [], "the Holmes fork has no --cross-entropy-loss-fusion"
+    if hargs and workload.attention_backend != "auto":
+        hargs, why_not = [], "the Holmes fork has no --attention-backend"
+    if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags
+        hargs, why_not = [], "the Holmes fork has no --moe-ffn-hidden-size (Megatron-Core's MoE)"
+    if hargs and plan.cp > 1 and workload.cp_comm_type != "p2p":
+        # The fork takes --context-parallel-size but not --cp-comm-type: its ring (p2p) only.
+        hargs, why_not = [], f"the Holmes fork runs context parallelism as p2p only, not " \
+            f"{workload.cp_comm_type}"
+    if not hargs:
+        return [], why_not
+    flags = [a for a in upstream_only if a.startswith("--")] + list(FORK_LACKS)
+    return without_flags(margs, flags) + hargs, why_not

@@ -1,0 +1,153 @@
+"""The NCCL and CUDA environment of an export's nodes (NCCL environment-variable documentation).
+
+RDMA groups name their HCAs with `NCCL_IB_HCA` (the NICs' `devices` from the scenario, else
+placeholders: `node_nccl_env`); RoCE also needs `NCCL_IB_GID_INDEX` (3: RoCE v2 over IPv4 on a
+default ConnectX set-up); TCP groups use `NCCL_NET=Socket` with `NCCL_SOCKET_IFNAME`; every
+process bootstraps over the Ethernet interface (`NCCL_SOCKET_IFNAME`). NCCL picks one network
+(`NCCL_NET`: IB or Socket) per communicator when it is created, from the process environment at
+that moment. Upstream Megatron-LM creates every group under one environment, so its export sets
+one network for the whole job (`upstream_net`).
+"""
+
+from __future__ import annotations
+
+from holmes_sim.hardware.cluster import ETHERNET, Node
+from holmes_sim.plan import GroupKind, Plan, TransportKind
+
+ROCE_GID_INDEX = 3
+
+SOCKET_EXCLUDE = "^docker,lo,virbr,ib"
+"""`NCCL_SOCKET_IFNAME` of a node whose Ethernet NICs name no devices: NCCL's own choice without
+its preference for IPoIB (`^`: every interface but those starting with these prefixes)."""
+
+
+def node_nccl_env(node: Node, fabric: str | None = None) -> dict[str, str]:
+    """The NCCL environment of one node: bootstrap on Ethernet, its HCAs for RDMA (with
+    `fabric`, an RDMA fabric or Ethernet, only those on it: a device type's, `holmes_config`).
+
+    NCCL's environment-variable documentation: `NCCL_SOCKET_IFNAME` and `NCCL_IB_HCA` are lists
+    of prefixes, `^` first excludes them, `=` first makes them exact names, `name:port` is an
+    HCA's port. The NICs' `device` names (a node group names all of a kind or none) are listed
+    exactly (`=ens1f0`, `=mlx5_0:1`). Without names, NCCL_SOCKET_IFNAME is no guess: unset,
+    NCCL takes `ib*` (IPoIB) interfaces first, then any but `docker`, `lo` and `virbr`
+    (`ncclFindInterfaces`, src/misc/socket.cc), and IPoIB does not reach the nodes without
+    InfiniBand that a mixed plan holds, so it is that second choice, `SOCKET_EXCLUDE`;
+    NCCL_IB_HCA is `mlx5_<k>` in the node's NIC order, the ConnectX default, as prefixes."""
+    env = {}
+    eth = node.nics_on(ETHERNET)
+    if eth:
+        env["NCCL_SOCKET_IFNAME"] = _exact([n.device for n in eth]) or SOCKET_EXCLUDE
+    # (k, NIC): its HCA's place among the node's RDMA NICs, which names it without devices
+    rdma = [(k, n) for k, n in enumerate(x for x in node.nics if x.type != ETHERNET)
+            if fabric is None or n.fabric == fabric]
+    if rdma:
+        env["NCCL_NET"] = "IB"
+        env["NCCL_IB_HCA"] = (_exact([n.device for _, n in rdma])
+                              or ",".join(f"mlx5_{k}" for k, _ in rdma))
+        if any(n.type == "roce" for _, n in rdma):
+            env["NCCL_IB_GID_INDEX"] = str(ROCE_GID_INDEX)
+    else:
+        env["NCCL_NET"] = "Socket"
+    return env
+
+
+def list_names(hcas: str) -> list[str]:
+    """The names of an NCCL interface list."""
+    return [h for h in hcas.lstrip("=^").split(",") if h]
+
+
+def _exact(devices: list[str | None]) -> str:
+    """NCCL's exact list (`=a,b`) of the named `devices`, or "" when none is named."""
+    named = [d for d in devices if d]
+    return "=" + ",".join(named) if named else ""
+
+
+def group_nccl_settings(plan: Plan) -> dict[str, dict[str, str]]:
+    """Per group class (tp, dp, pp, embedding): the transports its groups use and the NCCL
+    setting each needs; a group class on TCP must run with NCCL_NET=Socket for its communicator."""
+    out: dict[str, dict[str, str]] = {}
+    for kind in GroupKind:
+        transports = sorted({str(g.transport) for g in plan.groups_of(kind)})
+        if not transports:
+            continue
+        kinds = {g.transport.kind for g in plan.groups_of(kind)}
+        setting = "NCCL_NET=Socket" if kinds == {TransportKind.TCP} else \
+            "intra-node (NVLink/P2P)" if kinds == {TransportKind.LOCAL} else \
+            "NCCL_NET=IB on the fabric's HCAs" if TransportKind.TCP not in kinds else \
+            "per group: RDMA groups NCCL_NET=IB, TCP groups NCCL_NET=Socket"
+        out[kind.value] = {"transports": ", ".join(transports), "nccl": setting}
+    return out
+
+
+def upstream_net(plan: Plan) -> str:
+    """The one network upstream Megatron-LM can use for the whole job: "IB" when every group
+    that leaves a node runs over RDMA, else "Socket" (a TCP group and RDMA groups cannot have
+    different NCCL_NET in one process)."""
+    kinds = {g.transport.kind for kind in GroupKind for g in plan.groups_of(kind)}
+    return "Socket" if TransportKind.TCP in kinds else "IB"
+
+
+def upstream_node_env(node: Node, net: str) -> dict[str, str]:
+    """A node's NCCL environment under upstream Megatron-LM's one job-wide network."""
+    env = node_nccl_env(node)
+    if net == "Socket":
+        return {k: v for k, v in env.items() if k == "NCCL_SOCKET_IFNAME"} | {"NCCL_NET": "Socket"}
+    return env
+
+
+def issues_collectives_ahead(plan: Plan) -> bool:
+    """Whether the plan's TP or CP collectives overlap GEMMs (TP or CP > 1), which is when
+    `process_env` sets the CUDA connections and the README explains them."""
+    return plan.tp > 1 or plan.cp > 1
+
+
+def process_env(plan: Plan, node: Node, target: str) -> dict[str, str]:
+    """The CUDA environment of `node`'s processes under `target` ("megatron" or "holmes").
+
+    With TP or CP > 1, `CUDA_DEVICE_MAX_CONNECTIONS=1`, which Megatron-LM's `validate_args`
+    asserts before Blackwell (since 7ef4f90, 2025-03) and the Holmes fork asserts on every GPU
+    with sequence parallelism (bdd9731, 2022-10), so that each TP or CP collective is issued
+    ahead of the GEMM that overlaps it. Upstream on a Blackwell node (compute capability 10) sets
+    32 instead, as Megatron-Bridge's performance scripts do on B200 and GB200
+    (`scripts/performance/utils/overrides.py`): the requirement is gone there and more hardware
+    queues let DP and PP transfers run beside compute."""
+    if not issues_collectives_ahead(plan):
+        return {}
+    blackwell = node.gpu.compute_capability is not None and node.gpu.compute_capability >= 10
+    connections = "32" if target == "megatron" and blackwell else "1"
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": connections}
+
+
+CUDA_CONNECTIONS_NOTE = (
+    "`launch.sh` sets `CUDA_DEVICE_MAX_CONNECTIONS=1` on every node before Blackwell, and for "
+    "the Holmes fork on every node: Megatron-LM refuses to start tensor or context parallelism "
+    "without it there. On Blackwell GPUs upstream does not require it, and `launch.sh megatron` "
+    "sets 32, as NVIDIA's Megatron-Bridge performance scripts do.")
+"""The export README's note on `process_env`."""
+
+
+def device_notes(nodes: list[Node]) -> tuple[str, ...]:
+    """The export README's note on the NCCL device names of `node_nccl_env`: the scenario's
+    `devices`, or which of them are placeholders, on which node groups, and how to set them."""
+    blanks: dict[str, dict[str, None]] = {}  # placeholder -> node groups it stands in on
+    for node in nodes:
+        for rdma, what in ((False, f"`NCCL_SOCKET_IFNAME={SOCKET_EXCLUDE}` (any interface but "
+                                   "docker, loopback, libvirt and IPoIB ones)"),
+                           (True, "`NCCL_IB_HCA=mlx5_0,...` (ConnectX's default HCA names, in "
+                                  "NIC order, as prefixes)")):
+            nics = [n for n in node.nics if (n.type != ETHERNET) == rdma]
+            if nics and not any(n.device for n in nics):
+                blanks.setdefault(what, {})[node.group_path or node.name] = None
+    if not blanks:
+        return (DEVICES_NAMED_NOTE,)
+    where = "; ".join(f"{what} on {', '.join(groups)}" for what, groups in blanks.items())
+    return (f"Placeholders, not your device names: {where}, whose NICs name no `devices` in the "
+            "scenario. NCCL stops at initialisation when a list matches none of a node's "
+            "devices. Give each NIC entry the names `ip link` (interfaces) and `ibv_devices` "
+            "(HCAs, optionally `:port`) show, one per NIC of its `count`, e.g. `devices: "
+            "[ens1f0]`, `devices: [mlx5_0, mlx5_1]`, and export again; or edit the `ENV_*` "
+            "lines of `launch.sh`, `nccl.json` and `holmes_config.json`.",)
+
+
+DEVICES_NAMED_NOTE = ("`NCCL_SOCKET_IFNAME` and `NCCL_IB_HCA` list the devices the scenario's "
+                      "NICs name (`devices`), as exact names (NCCL's `=` form).")
