@@ -11,7 +11,7 @@ that mix them) before creating it (`megatron/core/hetnet.py`), which `holmes_con
 from __future__ import annotations
 
 from holmes_sim.export.device_types import device_types
-from holmes_sim.export.model_args import FORK_LACKS, without_flags
+from holmes_sim.export.model_args import FORK_LACKS, fork_lacks_note, without_flags
 from holmes_sim.export.nccl_env import SOCKET_EXCLUDE, list_names, node_nccl_env
 from holmes_sim.hardware.cluster import Cluster, Node
 from holmes_sim.model.workload import Workload
@@ -123,5 +123,33 @@ def fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Workloa
             f"{workload.cp_comm_type}"
     if not hargs:
         return [], why_not
-    flags = [a for a in upstream_only if a.startswith("--")] + list(FORK_LACKS)
+    flags = [a for a in upstream_only if a.startswith("--")] + list(FORK_LACKS) + [LEGACY_REFUSES]
     return without_flags(margs, flags) + hargs, why_not
+
+
+LEGACY_REFUSES = "--overlap-param-gather"
+"""An upstream flag the fork parses but refuses with its legacy model, the one that reads
+`--hetero-pipeline-stages` (megatron/legacy/model/transformer.py): its `validate_args` asserts
+"--overlap-param-gather only supported with MCore models" (`use_mcore_models`)."""
+
+
+def fork_notes(nodes: list[Node], types: dict[str, str], config: list[dict[str, str]],
+               margs: list[str]) -> tuple[str, ...]:
+    """The export README's notes on a launch of the fork (`holmes_config` of `nodes` of device
+    types `types`, upstream's arguments `margs`): shared HCA names, the parameter gather it does
+    not overlap, upstream flags its parser lacks."""
+    return shared_hca_notes(nodes, types, config) + tuple(filter(None, [
+        param_gather_note(margs), fork_lacks_note(margs)]))
+
+
+def param_gather_note(margs: list[str]) -> str | None:
+    """The README's note on the parameter gather the fork's launch does not overlap, None when
+    the plan does not overlap it."""
+    if LEGACY_REFUSES not in margs:
+        return None
+    return (f"`holmes_args.txt` leaves out `{LEGACY_REFUSES}`, which `megatron_args.txt` sets: "
+            "the Holmes fork builds its heterogeneous pipeline (`--hetero-pipeline-stages`) only "
+            "in its legacy GPT model, and its `validate_args` stops the legacy model with "
+            "\"--overlap-param-gather only supported with MCore models\". So under the fork the "
+            "distributed optimizer gathers the updated parameters after the step instead of "
+            "during the next forward, and the fork runs slower than the plan simulated.")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from holmes_sim.export.device_types import device_types
-from holmes_sim.export.fork import fork_args, holmes_config, shared_hca_notes
+from holmes_sim.export.fork import fork_args, fork_notes, holmes_config
 from holmes_sim.export.nccl_env import (CUDA_CONNECTIONS_NOTE, device_notes, group_nccl_settings,
                                         issues_collectives_ahead, node_nccl_env, process_env,
                                         upstream_net, upstream_node_env)
@@ -32,7 +32,7 @@ from holmes_sim.export.refusals import plan_launch_refusal
 from holmes_sim.export.model_args import (TE_CROSS_ENTROPY_REFUSED,
                                           USERBUFFER_CONFIG, USERBUFFER_ZERO_SMS,
                                           architecture_args, attention_args, expert_tensor_args,
-                                          fork_lacks_note, loss_args, overlap_args,
+                                          loss_args, overlap_args,
                                           pipeline_split_note,
                                           rope_factor_note, router_note, shared_gate_note,
                                           split_args, tokenizer_args, userbuffer_config,
@@ -262,12 +262,10 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
                                        USERBUFFER_CONFIG if ub else None)
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
-    lacked = fork_lacks_note(margs) if fork else None
     cuda = (CUDA_CONNECTIONS_NOTE,) if issues_collectives_ahead(plan) else ()
     split = pipeline_split_note(workload, plan.tp, plan.pp)
     notes = (_notes(workload, ub) + ((split,) if split else ()) + cuda + device_notes(nodes)
-             + (shared_hca_notes(nodes, types, config) if fork else ())
-             + ((lacked,) if lacked else ()))
+             + (fork_notes(nodes, types, config, margs) if fork else ()))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes, tokenizer=tokenizer_args(workload)[0],
                                        vocabulary=vocabulary_section(workload, plan.tp))

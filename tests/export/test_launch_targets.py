@@ -89,6 +89,7 @@ def test_holmes_arguments_parse_with_the_fork(export):
     stages = [int(x) for x in parsed["--hetero-pipeline-stages"]]
     assert parsed["--hetero-mode"] == ["pp"] and len(types) == len(set(types))
     assert "--global-batch-size" in parsed
+    assert "--overlap-param-gather" not in parsed  # only with MCore models, not the legacy one
     counts, layers = hetero_stages(stages)
     assert len(counts) == len(types) and sum(counts) == plan.pp
     assert layers == list(plan.layers_per_stage)

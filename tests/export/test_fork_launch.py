@@ -1,0 +1,32 @@
+"""The Holmes fork's launch starts: what its `validate_args` (megatron/training/arguments.py at
+03d9522), its `HeteroContext` and `hetnet.set_nccl_envs` check at startup, beyond the argument
+table tests/export/test_launch_targets.py parses against (the rules of holmes_fork_flags.json)."""
+
+from __future__ import annotations
+
+import shlex
+
+from holmes_sim.export.launch import launch_files
+from holmes_sim.prepare import prepare
+from holmes_sim.runner import plan_policy
+from tests.conftest import SCENARIOS
+from tests.export.test_launch_targets import FORK, UPSTREAM, parse
+
+
+def _files(prepared, policy: str = "holmes") -> dict[str, str]:
+    plan, cluster = plan_policy(prepared, policy)
+    return launch_files(plan, cluster, prepared.workload,
+                        prepared.scenario.training.precision).files
+
+
+def test_the_fork_gets_no_overlapped_parameter_gather():
+    """The fork asserts `--overlap-param-gather` only with MCore models, and its heterogeneous
+    pipeline is built by its legacy model: the flag is left out of its arguments, kept in
+    upstream's, and the README says the fork runs slower than simulated."""
+    files = _files(prepare(SCENARIOS / "mixed_ib_roce.yaml"))
+    assert "--overlap-param-gather" in parse(shlex.split(files["megatron_args.txt"]), UPSTREAM)
+    fork = parse(shlex.split(files["holmes_args.txt"]), FORK)
+    assert "--overlap-param-gather" not in fork and "--use-distributed-optimizer" in fork
+    assert "--overlap-grad-reduce" in fork
+    assert "only supported with MCore models" in files["README.md"]
+    assert "runs slower than the plan simulated" in files["README.md"]
