@@ -21,9 +21,9 @@ from pathlib import Path
 
 from holmes_sim.export.device_types import device_types
 from holmes_sim.export.fork import fork_args, fork_notes, holmes_config
-from holmes_sim.export.nccl_env import (CUDA_CONNECTIONS_NOTE, device_notes, group_nccl_settings,
-                                        issues_collectives_ahead, node_nccl_env, process_env,
-                                        upstream_net, upstream_node_env)
+from holmes_sim.export.nccl_env import (cuda_connections_notes, device_notes, group_nccl_settings,
+                                        node_nccl_env, process_env, upstream_net,
+                                        upstream_node_env)
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.report.staged import write_together
 from holmes_sim.hardware.cluster import Cluster, Node
@@ -262,9 +262,9 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
                                        USERBUFFER_CONFIG if ub else None)
     files["launch_megatron.sh"] = _wrapper("megatron")
     files["launch_holmes.sh"] = _wrapper("holmes")
-    cuda = (CUDA_CONNECTIONS_NOTE,) if issues_collectives_ahead(plan) else ()
     split = pipeline_split_note(workload, plan.tp, plan.pp)
-    notes = (_notes(workload, ub) + ((split,) if split else ()) + cuda + device_notes(nodes)
+    notes = (_notes(workload, ub) + ((split,) if split else ())
+             + cuda_connections_notes(plan, bool(fork)) + device_notes(nodes)
              + (fork_notes(nodes, types, config, margs) if fork else ()))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes, tokenizer=tokenizer_args(workload)[0],

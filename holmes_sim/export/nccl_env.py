@@ -97,33 +97,46 @@ def upstream_node_env(node: Node, net: str) -> dict[str, str]:
 
 def issues_collectives_ahead(plan: Plan) -> bool:
     """Whether the plan's TP or CP collectives overlap GEMMs (TP or CP > 1), which is when
-    `process_env` sets the CUDA connections and the README explains them."""
+    upstream Megatron-LM needs one CUDA connection (`process_env`)."""
     return plan.tp > 1 or plan.cp > 1
 
 
 def process_env(plan: Plan, node: Node, target: str) -> dict[str, str]:
     """The CUDA environment of `node`'s processes under `target` ("megatron" or "holmes").
 
-    With TP or CP > 1, `CUDA_DEVICE_MAX_CONNECTIONS=1`, which Megatron-LM's `validate_args`
-    asserts before Blackwell (since 7ef4f90, 2025-03) and the Holmes fork asserts on every GPU
-    with sequence parallelism (bdd9731, 2022-10), so that each TP or CP collective is issued
-    ahead of the GEMM that overlaps it. Upstream on a Blackwell node (compute capability 10) sets
-    32 instead, as Megatron-Bridge's performance scripts do on B200 and GB200
+    `CUDA_DEVICE_MAX_CONNECTIONS=1`, so that each TP or CP collective is issued ahead of the GEMM
+    that overlaps it: upstream Megatron-LM's `validate_args` asserts it with TP or CP > 1 before
+    Blackwell (since 7ef4f90, 2025-03); the Holmes fork's (03d9522) raises without it whenever
+    sequence parallelism or the asynchronous TP all-reduce is on, and the latter is its default
+    (`--no-async-tensor-model-parallel-allreduce` turns it off) even at TP 1, so the fork gets it
+    on every plan. Upstream on a Blackwell node (compute capability 10) sets 32 instead, as
+    Megatron-Bridge's performance scripts do on B200 and GB200
     (`scripts/performance/utils/overrides.py`): the requirement is gone there and more hardware
     queues let DP and PP transfers run beside compute."""
+    if target == "holmes":
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     if not issues_collectives_ahead(plan):
         return {}
     blackwell = node.gpu.compute_capability is not None and node.gpu.compute_capability >= 10
-    connections = "32" if target == "megatron" and blackwell else "1"
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": connections}
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "32" if blackwell else "1"}
 
 
-CUDA_CONNECTIONS_NOTE = (
-    "`launch.sh` sets `CUDA_DEVICE_MAX_CONNECTIONS=1` on every node before Blackwell, and for "
-    "the Holmes fork on every node: Megatron-LM refuses to start tensor or context parallelism "
-    "without it there. On Blackwell GPUs upstream does not require it, and `launch.sh megatron` "
-    "sets 32, as NVIDIA's Megatron-Bridge performance scripts do.")
-"""The export README's note on `process_env`."""
+def cuda_connections_notes(plan: Plan, fork: bool) -> tuple[str, ...]:
+    """The export README's notes on `process_env` under upstream Megatron-LM and, when it runs
+    the plan (`fork`), the Holmes fork."""
+    notes = []
+    if issues_collectives_ahead(plan):
+        notes.append("`launch.sh megatron` sets `CUDA_DEVICE_MAX_CONNECTIONS=1` on every node "
+                     "before Blackwell: Megatron-LM refuses to start tensor or context "
+                     "parallelism without it there. On Blackwell GPUs upstream does not require "
+                     "it, and `launch.sh megatron` sets 32, as NVIDIA's Megatron-Bridge "
+                     "performance scripts do.")
+    if fork:
+        notes.append("`launch.sh holmes` sets `CUDA_DEVICE_MAX_CONNECTIONS=1` on every node: the "
+                     "Holmes fork's `validate_args` raises without it when sequence parallelism "
+                     "or the asynchronous tensor-parallel all-reduce is on, and the latter is its "
+                     "default, at TP 1 too.")
+    return tuple(notes)
 
 
 def device_notes(nodes: list[Node]) -> tuple[str, ...]:
