@@ -117,10 +117,10 @@ def fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Workloa
         hargs, why_not = [], "the Holmes fork has no --attention-backend"
     if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags
         hargs, why_not = [], "the Holmes fork has no --moe-ffn-hidden-size (Megatron-Core's MoE)"
-    if hargs and plan.cp > 1 and workload.cp_comm_type != "p2p":
-        # The fork takes --context-parallel-size but not --cp-comm-type: its ring (p2p) only.
-        hargs, why_not = [], f"the Holmes fork runs context parallelism as p2p only, not " \
-            f"{workload.cp_comm_type}"
+    if hargs and plan.cp > 1:  # megatron/training/hetero_context.py
+        hargs, why_not = [], "the Holmes fork has no context parallelism with its heterogeneous " \
+            "pipeline (its HeteroContext asserts \"Context parallel size must be 1 in hetero " \
+            "mode pp\")"
     if not hargs:
         return [], why_not
     flags = [a for a in upstream_only if a.startswith("--")] + list(FORK_LACKS) + [LEGACY_REFUSES]

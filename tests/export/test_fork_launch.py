@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import shlex
 
+import pytest
+
 from holmes_sim.export.launch import launch_files
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
-from tests.conftest import SCENARIOS
+from tests.conftest import SCENARIOS, small_scenario
 from tests.export.test_launch_targets import FORK, UPSTREAM, parse
 
 
@@ -30,3 +32,21 @@ def test_the_fork_gets_no_overlapped_parameter_gather():
     assert "--overlap-grad-reduce" in fork
     assert "only supported with MCore models" in files["README.md"]
     assert "runs slower than the plan simulated" in files["README.md"]
+
+
+def _scenario(write_scenario, text: str):
+    return prepare(write_scenario(text))
+
+
+@pytest.mark.parametrize("comm", ["p2p", "a2a"])
+def test_context_parallel_plans_get_no_fork_files(write_scenario, comm):
+    """The fork's `HeteroContext` asserts "Context parallel size must be 1 in hetero mode pp"
+    (megatron/training/hetero_context.py), whatever the communication type."""
+    text = small_scenario(tp=4, pp=2, seq=2048).replace(
+        "micro_batch_size: 1}", "micro_batch_size: 1, flash_attention: true}").replace(
+        "virtual_stages: 1}", f"virtual_stages: 1, context: 2, cp_comm_type: {comm}}}")
+    files = _files(_scenario(write_scenario, text))
+    assert "--context-parallel-size" in files["megatron_args.txt"]
+    assert files["holmes_args.txt"].startswith("# not expressible")
+    assert "Context parallel size must be 1 in hetero mode pp" in files["holmes_args.txt"]
+    assert "holmes_config.json" not in files
