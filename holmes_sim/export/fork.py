@@ -117,6 +117,12 @@ def fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Workloa
         hargs, why_not = [], "the Holmes fork has no --attention-backend"
     if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags
         hargs, why_not = [], "the Holmes fork has no --moe-ffn-hidden-size (Megatron-Core's MoE)"
+    if hargs and workload.mla is not None:
+        hargs, why_not = [], "the Holmes fork has no --multi-latent-attention (its parser " \
+            "predates Megatron-Core's multi-head latent attention)"
+    if hargs and workload.position_embedding == "none":
+        hargs, why_not = [], "the Holmes fork's --position-embedding-type takes " \
+            "learned_absolute or rope, not none"
     if hargs and plan.cp > 1:  # megatron/training/hetero_context.py
         hargs, why_not = [], "the Holmes fork has no context parallelism with its heterogeneous " \
             "pipeline (its HeteroContext asserts \"Context parallel size must be 1 in hetero " \

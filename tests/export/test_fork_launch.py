@@ -12,7 +12,7 @@ from holmes_sim.export.launch import launch_files
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
 from tests.conftest import SCENARIOS, small_scenario
-from tests.export.test_launch_targets import FORK, UPSTREAM, parse
+from tests.export.test_launch_targets import FORK, FORK_CHOICES, UPSTREAM, parse
 
 
 def _files(prepared, policy: str = "holmes") -> dict[str, str]:
@@ -49,4 +49,27 @@ def test_context_parallel_plans_get_no_fork_files(write_scenario, comm):
     assert "--context-parallel-size" in files["megatron_args.txt"]
     assert files["holmes_args.txt"].startswith("# not expressible")
     assert "Context parallel size must be 1 in hetero mode pp" in files["holmes_args.txt"]
+    assert "holmes_config.json" not in files
+
+
+@pytest.mark.parametrize("model, why", [
+    ("bias: false, multi_latent_attention: true, q_lora_rank: 256, kv_lora_rank: 128, "
+     "qk_head_dim: 64, qk_pos_emb_head_dim: 32, v_head_dim: 64, position_embedding: rope, "
+     "swiglu: true, normalization: rmsnorm", "no --multi-latent-attention"),
+    ("position_embedding: none", "learned_absolute or rope, not none")],
+    ids=["mla", "no-position-embedding"])
+def test_models_the_forks_parser_rejects_get_no_fork_files(write_scenario, model, why):
+    """The fork's parser has no `--multi-latent-attention` ("unrecognized arguments") and its
+    `--position-embedding-type` takes learned_absolute or rope ("invalid choice": the
+    `choices` of holmes_fork_flags.json): upstream gets the flags, the fork the reason."""
+    text = small_scenario(tp=2, pp=2).replace("tie_embeddings: true}",
+                                              f"tie_embeddings: true, {model}}}")
+    files = _files(_scenario(write_scenario, text))
+    upstream = parse(shlex.split(files["megatron_args.txt"]), UPSTREAM)
+    assert "--multi-latent-attention" in upstream or \
+        upstream["--position-embedding-type"] == ["none"]
+    assert "none" not in FORK_CHOICES["--position-embedding-type"]
+    assert "--multi-latent-attention" not in FORK
+    assert files["holmes_args.txt"].startswith("# not expressible") and why in \
+        files["holmes_args.txt"]
     assert "holmes_config.json" not in files

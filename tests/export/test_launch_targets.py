@@ -33,6 +33,8 @@ UPSTREAM = {**RELEASE, **{flag: "0" for flag in AFTER_RELEASE}}
 """The release's arguments and the newer switches the export writes with a note
 (tests/export/test_megatron_main_flags.py checks them against Megatron-LM main)."""
 FORK = json.loads((DATA / "holmes_fork_flags.json").read_text())["flags"]
+FORK_CHOICES = json.loads((DATA / "holmes_fork_flags.json").read_text())["choices"]
+"""The values the fork's parser accepts for each flag defined with `choices=`."""
 UPSTREAM_POLICIES = ("megatron", "holmes")
 """Policies whose framework is Megatron-LM itself (megatron-llama and megatron-deepspeed get no
 launch files: `export.refusals.framework_refusal`)."""
@@ -90,6 +92,8 @@ def test_holmes_arguments_parse_with_the_fork(export):
     assert parsed["--hetero-mode"] == ["pp"] and len(types) == len(set(types))
     assert "--global-batch-size" in parsed
     assert "--overlap-param-gather" not in parsed  # only with MCore models, not the legacy one
+    for flag, values in parsed.items():
+        assert set(values) <= set(FORK_CHOICES.get(flag, values)), (flag, values)
     counts, layers = hetero_stages(stages)
     assert len(counts) == len(types) and sum(counts) == plan.pp
     assert layers == list(plan.layers_per_stage)
