@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from holmes_sim.export.device_types import device_types
 from holmes_sim.export.model_args import FORK_LACKS, fork_lacks_note, without_flags
-from holmes_sim.export.nccl_env import SOCKET_EXCLUDE, list_names, node_nccl_env
-from holmes_sim.hardware.cluster import Cluster, Node
+from holmes_sim.export.nccl_env import SOCKET_EXCLUDE, list_names, node_nccl_env, upstream_node_env
+from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.model.workload import Workload
 from holmes_sim.plan import Plan
 
@@ -142,10 +142,35 @@ LEGACY_REFUSES = "--overlap-param-gather"
 def fork_notes(nodes: list[Node], types: dict[str, str], config: list[dict[str, str]],
                margs: list[str]) -> tuple[str, ...]:
     """The export README's notes on a launch of the fork (`holmes_config` of `nodes` of device
-    types `types`, upstream's arguments `margs`): shared HCA names, the parameter gather it does
-    not overlap, upstream flags its parser lacks."""
+    types `types`, upstream's arguments `margs`): shared HCA names, nodes without Ethernet, the
+    parameter gather it does not overlap, upstream flags its parser lacks."""
     return shared_hca_notes(nodes, types, config) + tuple(filter(None, [
-        param_gather_note(margs), fork_lacks_note(margs)]))
+        no_ethernet_note(nodes), param_gather_note(margs), fork_lacks_note(margs)]))
+
+
+SOCKET_ANY = "^docker,lo,virbr"
+"""`NCCL_SOCKET_IFNAME` of the fork on a node that declares no Ethernet NIC: any interface but
+docker, loopback and libvirt ones, NCCL's own fallback (`ncclFindInterfaces`), IPoIB included."""
+
+
+def fork_node_env(node: Node) -> dict[str, str]:
+    """A node's NCCL environment when the fork starts: the world group on TCP (`NCCL_NET=Socket`)
+    with `NCCL_SOCKET_IFNAME` always set, since `hetnet.set_nccl_envs` raises "NCCL_SOCKET_IFNAME
+    was not set" before it creates each group (`SOCKET_ANY` on a node without Ethernet)."""
+    return {"NCCL_SOCKET_IFNAME": SOCKET_ANY} | upstream_node_env(node, "Socket")
+
+
+def no_ethernet_note(nodes: list[Node]) -> str | None:
+    """The README's note on the nodes that get `SOCKET_ANY` under the fork, None if none."""
+    groups = list(dict.fromkeys(n.group_path or n.name for n in nodes if not n.nics_on(ETHERNET)))
+    if not groups:
+        return None
+    return (f"Node group {', '.join(groups)} declares no Ethernet NIC: `launch.sh holmes` sets "
+            f"`NCCL_SOCKET_IFNAME={SOCKET_ANY}` there (any interface but docker, loopback and "
+            "libvirt ones, IPoIB included), since the Holmes fork's `hetnet.set_nccl_envs` "
+            "raises \"NCCL_SOCKET_IFNAME was not set\" without it. Add the node's Ethernet NIC "
+            "with its `devices` to the scenario, or edit `ENV_HOLMES` in `launch.sh`, to name "
+            "the interface.")
 
 
 def param_gather_note(margs: list[str]) -> str | None:

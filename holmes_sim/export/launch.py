@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from holmes_sim.export.device_types import device_types
-from holmes_sim.export.fork import fork_args, fork_notes, holmes_config
+from holmes_sim.export.fork import fork_args, fork_node_env, fork_notes, holmes_config
 from holmes_sim.export.nccl_env import (cuda_connections_notes, device_notes, group_nccl_settings,
                                         node_nccl_env, process_env, upstream_net,
                                         upstream_node_env)
@@ -254,7 +254,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
         files["holmes_config.json"] = json.dumps(config, indent=2) + "\n"
     launches = [NodeLaunch(h, n.num_gpus, types[n.name],
                            upstream_node_env(n, net) | process_env(plan, n, "megatron"),
-                           upstream_node_env(n, "Socket") | process_env(plan, n, "holmes"))
+                           fork_node_env(n) | process_env(plan, n, "holmes"))
                 for h, n in zip(names, nodes)]
     if ub:
         files[USERBUFFER_CONFIG] = ub

@@ -4,11 +4,13 @@ table tests/export/test_launch_targets.py parses against (the rules of holmes_fo
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 
 import pytest
 
-from holmes_sim.export.launch import launch_files
+from holmes_sim.export.launch import LaunchFiles, launch_files
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
 from tests.conftest import SCENARIOS, small_scenario
@@ -73,3 +75,41 @@ def test_models_the_forks_parser_rejects_get_no_fork_files(write_scenario, model
     assert files["holmes_args.txt"].startswith("# not expressible") and why in \
         files["holmes_args.txt"]
     assert "holmes_config.json" not in files
+
+
+NO_ETHERNET = """name: noeth
+seed: 0
+fabrics:
+  - {name: ib, type: ib}
+clusters:
+  - name: c
+    nodes:
+      - {name: ib, count: 2, gpu: a100-80gb,
+         nics: [{type: ib, bandwidth_gbit_per_s: 200, count: 2, fabric: ib}]}
+model: {num_layers: 8, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024,
+        vocab_size: 51200}
+training: {global_batch_size: 16, micro_batch_size: 1}
+parallel: {tensor: 8, pipeline: 2}
+policies: [holmes]
+"""
+
+
+def _node_env(files: dict[str, str], tmp_path, target: str) -> dict[str, str]:
+    """Node 0's environment under `target` (`launch.sh` dry run)."""
+    LaunchFiles(files).write(tmp_path / target)
+    proc = subprocess.run(["bash", str(tmp_path / target / "launch.sh"), target], cwd="/",
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "NODE_RANK": "0", "DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    words = shlex.split(proc.stdout)
+    return dict(w.split("=", 1) for w in words[1:words.index("torchrun")])
+
+
+def test_the_fork_always_gets_a_socket_interface(write_scenario, tmp_path):
+    """`hetnet.set_nccl_envs` raises "NCCL_SOCKET_IFNAME was not set" before each group: on
+    nodes that declare no Ethernet NIC the fork still gets one (any but docker, lo, virbr),
+    and the README says so; upstream keeps NCCL's own choice there."""
+    files = _files(_scenario(write_scenario, NO_ETHERNET))
+    assert _node_env(files, tmp_path, "holmes")["NCCL_SOCKET_IFNAME"] == "^docker,lo,virbr"
+    assert "NCCL_SOCKET_IFNAME" not in _node_env(files, tmp_path, "megatron")
+    assert "declares no Ethernet NIC" in files["README.md"]
