@@ -102,7 +102,8 @@ def issues_collectives_ahead(plan: Plan) -> bool:
 
 
 def process_env(plan: Plan, node: Node, target: str) -> dict[str, str]:
-    """The CUDA environment of `node`'s processes under `target` ("megatron" or "holmes").
+    """The CUDA and Gloo environment of `node`'s processes under `target` ("megatron" or
+    "holmes"): `gloo_env`, and the CUDA connections.
 
     `CUDA_DEVICE_MAX_CONNECTIONS=1`, so that each TP or CP collective is issued ahead of the GEMM
     that overlaps it: upstream Megatron-LM's `validate_args` asserts it with TP or CP > 1 before
@@ -114,11 +115,21 @@ def process_env(plan: Plan, node: Node, target: str) -> dict[str, str]:
     (`scripts/performance/utils/overrides.py`): the requirement is gone there and more hardware
     queues let DP and PP transfers run beside compute."""
     if target == "holmes":
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        return gloo_env(node) | {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     if not issues_collectives_ahead(plan):
-        return {}
+        return gloo_env(node)
     blackwell = node.gpu.compute_capability is not None and node.gpu.compute_capability >= 10
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": "32" if blackwell else "1"}
+    return gloo_env(node) | {"CUDA_DEVICE_MAX_CONNECTIONS": "32" if blackwell else "1"}
+
+
+def gloo_env(node: Node) -> dict[str, str]:
+    """`GLOO_SOCKET_IFNAME`, the interfaces of the Gloo groups Megatron-LM and the fork create
+    beside the NCCL ones (the distributed optimizer's, the barriers'), where the scenario names
+    the node's Ethernet devices: PyTorch takes a comma-separated list of exact interface names
+    (`torch.distributed` documentation), no prefixes. Without names, none: Gloo takes the
+    interface of the address the host name resolves to."""
+    names = [n.device for n in node.nics_on(ETHERNET)]
+    return {"GLOO_SOCKET_IFNAME": ",".join(names)} if names and all(names) else {}
 
 
 def cuda_connections_notes(plan: Plan, fork: bool) -> tuple[str, ...]:

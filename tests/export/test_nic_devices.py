@@ -97,9 +97,10 @@ def test_named_devices_reach_each_nodes_torchrun_under_both_targets(write_scenar
     order = list(json.loads(files["nccl.json"])["nodes"])  # sorted names; rank order below
     ranks = {h.split()[0]: r for r, h in enumerate(files["hostfile"].splitlines())}
     assert set(ranks) == set(order)
-    for host, want in (("ib-0", "=ens1f0"), ("eth-1", "=bond0")):
+    for host, want in (("ib-0", "ens1f0"), ("eth-1", "bond0")):
         env = _dry_run(tmp_path, files, target, ranks[host])
-        assert env["NCCL_SOCKET_IFNAME"] == want
+        assert env["NCCL_SOCKET_IFNAME"] == f"={want}"
+        assert env["GLOO_SOCKET_IFNAME"] == want  # exact names, PyTorch's only form
         assert env["NCCL_NET"] == "Socket"  # IB and Ethernet-only nodes share only TCP
 
 
@@ -118,6 +119,7 @@ def test_without_names_no_guessed_interface_is_exported(write_scenario, tmp_path
     assert [name for name, text in files.items() if "eth0" in text] == ["plan.json"]
     nodes = json.loads(files["nccl.json"])["nodes"]
     assert {env["NCCL_SOCKET_IFNAME"] for env in nodes.values()} == {SOCKET_EXCLUDE}
+    assert "GLOO_SOCKET_IFNAME" not in files["launch.sh"]  # Gloo takes the host name's address
     assert nodes["ib-0"]["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"  # the ConnectX default, prefixes
     for target in ("megatron", "holmes"):
         assert _dry_run(tmp_path, files, target, 0)["NCCL_SOCKET_IFNAME"] == SOCKET_EXCLUDE
