@@ -2,7 +2,7 @@
 Megatron-LM or the Holmes fork, and what the user must still add.
 
 A node finds its rank by its host name in the plan's host list (`hostname -s`, `hostname -f` or
-`hostname`), or from `NODE_RANK` (a whole number below the node count); `MASTER_ADDR` defaults to
+`hostname`, in any case: DNS names are case-insensitive, RFC 4343), or from `NODE_RANK` (a whole number below the node count); `MASTER_ADDR` defaults to
 the first host (torchrun's rendezvous, PyTorch elastic documentation); `DRY_RUN` set to anything
 but empty or 0 prints the command instead of running it.
 """
@@ -40,7 +40,7 @@ else
   rank=""
   for name in "$(hostname -s)" "$(hostname -f 2>/dev/null || true)" "$(hostname)"; do
     for i in "${!HOSTS[@]}"; do
-      if [[ -z "$rank" && "${HOSTS[$i]}" == "$name" ]]; then rank=$i; fi
+      if [[ -z "$rank" && "${HOSTS[$i],,}" == "${name,,}" ]]; then rank=$i; fi
     done
   done
   if [[ -z "$rank" ]]; then

@@ -106,3 +106,20 @@ def test_the_launch_scripts_parse_and_pass_shellcheck(tmp_path):
         pytest.skip("shellcheck is not installed (bash -n passed)")
     proc = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_a_host_name_matches_whatever_its_case(folder, tmp_path):
+    """DNS names are case-insensitive (RFC 4343), as `--hosts` compares them
+    (`hosts._same_host`): a node whose `hostname` prints its name in capitals finds its rank."""
+    hosts = [line.split()[0] for line in (folder / "f" / "hostfile").read_text().splitlines()]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "hostname").write_text(f"#!/bin/sh\necho {hosts[3].upper()}\n")
+    (bin_dir / "hostname").chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k != "NODE_RANK"}
+    proc = subprocess.run(["bash", str(folder / "f" / "launch.sh"), "megatron"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**base, "DRY_RUN": "1", "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert hosts[3] != hosts[3].upper() and proc.returncode == 0, proc.stderr
+    words = shlex.split(proc.stdout)
+    assert words[words.index("--node-rank") + 1] == "3"
