@@ -22,8 +22,8 @@ from pathlib import Path
 from holmes_sim.export.device_types import device_types
 from holmes_sim.export.fork import fork_args, fork_node_env, fork_notes, holmes_config
 from holmes_sim.export.nccl_env import (cuda_connections_notes, device_notes, group_nccl_settings,
-                                        node_nccl_env, process_env, upstream_net,
-                                        upstream_node_env)
+                                        node_nccl_env, process_env, roce_gid_note,
+                                        upstream_net, upstream_node_env)
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.report.staged import write_together
 from holmes_sim.hardware.cluster import Cluster, Node
@@ -265,6 +265,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     split = pipeline_split_note(workload, plan.tp, plan.pp)
     notes = (_notes(workload, ub) + ((split,) if split else ())
              + cuda_connections_notes(plan, bool(fork)) + device_notes(nodes)
+             + tuple(filter(None, [roce_gid_note(plan, nodes)]))
              + (fork_notes(nodes, types, config, margs) if fork else ()))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes, tokenizer=tokenizer_args(workload)[0],

@@ -1,8 +1,8 @@
 """The NCCL and CUDA environment of an export's nodes (NCCL environment-variable documentation).
 
 RDMA groups name their HCAs with `NCCL_IB_HCA` (the NICs' `devices` from the scenario, else
-placeholders: `node_nccl_env`); RoCE also needs `NCCL_IB_GID_INDEX` (3: RoCE v2 over IPv4 on a
-default ConnectX set-up); TCP groups use `NCCL_NET=Socket` with `NCCL_SOCKET_IFNAME`; every
+placeholders: `node_nccl_env`); RoCE's `NCCL_IB_GID_INDEX` is left to NCCL (`roce_gid_note`);
+TCP groups use `NCCL_NET=Socket` with `NCCL_SOCKET_IFNAME`; every
 process bootstraps over the Ethernet interface (`NCCL_SOCKET_IFNAME`). NCCL picks one network
 (`NCCL_NET`: IB or Socket) per communicator when it is created, from the process environment at
 that moment. Upstream Megatron-LM creates every group under one environment, so its export sets
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from holmes_sim.hardware.cluster import ETHERNET, Node
 from holmes_sim.plan import GroupKind, Plan, TransportKind
-
-ROCE_GID_INDEX = 3
 
 SOCKET_EXCLUDE = "^docker,lo,virbr,ib"
 """`NCCL_SOCKET_IFNAME` of a node whose Ethernet NICs name no devices: NCCL's own choice without
@@ -44,11 +42,28 @@ def node_nccl_env(node: Node, fabric: str | None = None) -> dict[str, str]:
         env["NCCL_NET"] = "IB"
         env["NCCL_IB_HCA"] = (_exact([n.device for _, n in rdma])
                               or ",".join(f"mlx5_{k}" for k, _ in rdma))
-        if any(n.type == "roce" for _, n in rdma):
-            env["NCCL_IB_GID_INDEX"] = str(ROCE_GID_INDEX)
     else:
         env["NCCL_NET"] = "Socket"
     return env
+
+
+def roce_gid_note(plan: Plan, nodes: list[Node]) -> str | None:
+    """The README's note on `NCCL_IB_GID_INDEX`, which the export leaves unset, where the plan
+    runs groups over a RoCE fabric; None otherwise. Since 2.21.5 (2024-04) NCCL picks a RoCE
+    port's GID itself (`NCCL_IB_GID_INDEX` default -1, `ncclIbGetGidIndex`, src/transport/
+    net_ib: a configured, not link-local GID of IPv4, `NCCL_IB_ADDR_FAMILY`, and RoCE v2,
+    `NCCL_IB_ROCE_VERSION_NUM`); before, its default was index 0, RoCE v1 on a default
+    ConnectX set-up."""
+    roce = {n.fabric for node in nodes for n in node.nics if n.type == "roce"}
+    used = {g.transport.fabric for g in plan.groups if g.transport.kind is TransportKind.RDMA}
+    if not roce & used:
+        return None
+    return ("`NCCL_IB_GID_INDEX` is left unset on RoCE: NCCL 2.21 and later pick the RoCE v2 "
+            "IPv4 GID of each port themselves. An older NCCL takes GID index 0 (RoCE v1 on a "
+            "default ConnectX set-up): there, add `NCCL_IB_GID_INDEX=<index>` (`show_gids` "
+            "lists each port's; 3 is RoCE v2 over IPv4 on a default ConnectX set-up) to the "
+            "`ENV_MEGATRON` lines of `launch.sh` and to the RoCE entries of "
+            "`holmes_config.json`, which the Holmes fork applies per group.")
 
 
 def list_names(hcas: str) -> list[str]:
