@@ -49,7 +49,7 @@ def shared_hca_notes(nodes: list[Node], types: dict[str, str],
     notes: dict[str, None] = {}
     for node in nodes:
         kind = types[node.name]
-        own = list_names(node_nccl_env(node, kind).get("NCCL_IB_HCA", ""))
+        own = list_names(node_nccl_env(node, (kind,)).get("NCCL_IB_HCA", ""))
         other = [h for h in list_names(node_nccl_env(node).get("NCCL_IB_HCA", ""))
                  if h not in own and h in listed.get(kind, ())]
         if other:
@@ -71,7 +71,7 @@ def holmes_config(nodes: list[Node], types: dict[str, str]) -> list[dict[str, st
     envs: dict[str, list[dict[str, str]]] = {}
     for node in nodes:
         kind = types[node.name]
-        envs.setdefault(kind, []).append(node_nccl_env(node, kind))
+        envs.setdefault(kind, []).append(node_nccl_env(node, (kind,)))
     entries = [{"CLUSTER_NAME": c, **e[0], **{k: _merged([x[k] for x in e if k in x])
                                               for k in _LISTS if k in e[0]}}
                for c, e in envs.items()]

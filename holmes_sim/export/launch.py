@@ -21,9 +21,10 @@ from pathlib import Path
 
 from holmes_sim.export.device_types import device_types
 from holmes_sim.export.fork import fork_args, fork_node_env, fork_notes, holmes_config
-from holmes_sim.export.nccl_env import (cuda_connections_notes, device_notes, group_nccl_settings,
-                                        node_nccl_env, process_env, roce_gid_note,
-                                        upstream_net, upstream_node_env)
+from holmes_sim.export.nccl_env import (cuda_connections_notes, device_notes, fabric_splits,
+                                        group_nccl_settings, node_nccl_env, planned_fabrics,
+                                        process_env, roce_gid_note, upstream_net,
+                                        upstream_node_env)
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.report.staged import write_together
 from holmes_sim.hardware.cluster import Cluster, Node
@@ -235,14 +236,15 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     margs = megatron_args(plan, workload, precision)
     fork, why_not = fork_args(plan, cluster, nodes, workload, margs,
                              _layout_args(plan, workload) + _cp_comm_args(workload, plan))
-    net = upstream_net(plan)
+    net, fabrics = upstream_net(plan), planned_fabrics(plan)
     groups = group_nccl_settings(plan)
     ub = userbuffer_config(workload)
     ub_args = ["--tp-comm-overlap-cfg", USERBUFFER_CONFIG] if ub else []
     files = {"hostfile": "".join(f"{h} slots={n.num_gpus}\n" for h, n in zip(names, nodes)),
              "megatron_args.txt": shlex.join(margs + ub_args) + "\n",
              "plan.json": plan.to_json() + "\n",
-             "nccl.json": json.dumps({"nodes": {n.name: node_nccl_env(n) for n in nodes},
+             "nccl.json": json.dumps({"nodes": {n.name: node_nccl_env(n, fabrics.get(n.name))
+                                                for n in nodes},
                                       "groups": groups,
                                       "upstream_job_wide": {"NCCL_NET": net}},
                                      indent=2, sort_keys=True) + "\n"}
@@ -252,10 +254,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     config = holmes_config(nodes, types)
     if fork:
         files["holmes_config.json"] = json.dumps(config, indent=2) + "\n"
-    launches = [NodeLaunch(h, n.num_gpus, types[n.name],
-                           upstream_node_env(n, net) | process_env(plan, n, "megatron"),
-                           fork_node_env(n) | process_env(plan, n, "holmes"))
-                for h, n in zip(names, nodes)]
+    launches = _launches(plan, names, nodes, types, net, fabrics)
     if ub:
         files[USERBUFFER_CONFIG] = ub
     files["launch.sh"] = launch_script(launches, margs, fork, script, net, MASTER_PORT,
@@ -269,8 +268,21 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
              + (fork_notes(nodes, types, config, margs) if fork else ()))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes, tokenizer=tokenizer_args(workload)[0],
-                                       vocabulary=vocabulary_section(workload, plan.tp))
+                                       vocabulary=vocabulary_section(workload, plan.tp),
+                                       splits=fabric_splits(plan, fabrics, net))
     return LaunchFiles(files)
+
+
+def _launches(plan: Plan, hosts: list[str], nodes: list[Node], types: dict[str, str], net: str,
+              fabrics: dict[str, tuple[str, ...]]) -> list[NodeLaunch]:
+    """What `launch.sh` needs of each node (`hosts`, `nodes` in rank order) under both targets:
+    upstream's job-wide `net` on the HCAs of the node's planned `fabrics`, the fork's world
+    group on TCP."""
+    return [NodeLaunch(h, n.num_gpus, types[n.name],
+                       upstream_node_env(n, net, fabrics.get(n.name, ()))
+                       | process_env(plan, n, "megatron"),
+                       fork_node_env(n) | process_env(plan, n, "holmes"))
+            for h, n in zip(hosts, nodes)]
 
 
 def _hosts_of(nodes: list[Node], hosts: dict[str, str]) -> list[str]:

@@ -1,7 +1,8 @@
 """The NCCL and CUDA environment of an export's nodes (NCCL environment-variable documentation).
 
 RDMA groups name their HCAs with `NCCL_IB_HCA` (the NICs' `devices` from the scenario, else
-placeholders: `node_nccl_env`); RoCE's `NCCL_IB_GID_INDEX` is left to NCCL (`roce_gid_note`);
+placeholders: `node_nccl_env`), a node those of the fabrics its groups use (`planned_fabrics`:
+NCCL picks a GPU's HCA by locality, not by its peers' fabric); RoCE's `NCCL_IB_GID_INDEX` is left to NCCL (`roce_gid_note`);
 TCP groups use `NCCL_NET=Socket` with `NCCL_SOCKET_IFNAME`; every
 process bootstraps over the Ethernet interface (`NCCL_SOCKET_IFNAME`). NCCL picks one network
 (`NCCL_NET`: IB or Socket) per communicator when it is created, from the process environment at
@@ -11,6 +12,8 @@ one network for the whole job (`upstream_net`).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from holmes_sim.hardware.cluster import ETHERNET, Node
 from holmes_sim.plan import GroupKind, Plan, TransportKind
 
@@ -19,9 +22,10 @@ SOCKET_EXCLUDE = "^docker,lo,virbr,ib"
 its preference for IPoIB (`^`: every interface but those starting with these prefixes)."""
 
 
-def node_nccl_env(node: Node, fabric: str | None = None) -> dict[str, str]:
+def node_nccl_env(node: Node, fabrics: Collection[str] | None = None) -> dict[str, str]:
     """The NCCL environment of one node: bootstrap on Ethernet, its HCAs for RDMA (with
-    `fabric`, an RDMA fabric or Ethernet, only those on it: a device type's, `holmes_config`).
+    `fabrics`, only those on them: the fabrics its groups use, `planned_fabrics`, or a device
+    type's, an RDMA fabric or Ethernet, `holmes_config`).
 
     NCCL's environment-variable documentation: `NCCL_SOCKET_IFNAME` and `NCCL_IB_HCA` are lists
     of prefixes, `^` first excludes them, `=` first makes them exact names, `name:port` is an
@@ -37,7 +41,7 @@ def node_nccl_env(node: Node, fabric: str | None = None) -> dict[str, str]:
         env["NCCL_SOCKET_IFNAME"] = _exact([n.device for n in eth]) or SOCKET_EXCLUDE
     # (k, NIC): its HCA's place among the node's RDMA NICs, which names it without devices
     rdma = [(k, n) for k, n in enumerate(x for x in node.nics if x.type != ETHERNET)
-            if fabric is None or n.fabric == fabric]
+            if fabrics is None or n.fabric in fabrics]
     if rdma:
         env["NCCL_NET"] = "IB"
         env["NCCL_IB_HCA"] = (_exact([n.device for _, n in rdma])
@@ -102,9 +106,36 @@ def upstream_net(plan: Plan) -> str:
     return "Socket" if TransportKind.TCP in kinds else "IB"
 
 
-def upstream_node_env(node: Node, net: str) -> dict[str, str]:
-    """A node's NCCL environment under upstream Megatron-LM's one job-wide network."""
-    env = node_nccl_env(node)
+def planned_fabrics(plan: Plan) -> dict[str, tuple[str, ...]]:
+    """Per node (by name), the RDMA fabrics of the plan's groups that hold one of its ranks, by
+    name; a node without such a group is absent."""
+    out: dict[str, dict[str, None]] = {}
+    for g in plan.groups:
+        if g.transport.kind is TransportKind.RDMA:
+            for r in g.ranks:
+                out.setdefault(plan.rank_to_gpu[r].node, {})[str(g.transport.fabric)] = None
+    return {node: tuple(sorted(f)) for node, f in out.items()}
+
+
+def fabric_splits(plan: Plan, fabrics: dict[str, tuple[str, ...]], net: str) -> dict[str, str]:
+    """Per group class, the nodes its RDMA groups hold a rank on that the plan runs on two or
+    more RDMA fabrics (`fabrics`, `planned_fabrics`), as README text, where upstream runs
+    RDMA (`net` "IB"): one process environment gives NCCL both fabrics' HCAs there."""
+    split = {n for n, f in fabrics.items() if len(f) > 1}
+    out: dict[str, dict[str, None]] = {}
+    for g in plan.groups if net == "IB" and split else ():
+        if g.transport.kind is TransportKind.RDMA:
+            for node in dict.fromkeys(plan.rank_to_gpu[r].node for r in g.ranks):
+                if node in split:
+                    out.setdefault(g.kind.value, {})[node] = None
+    return {kind: ", ".join(f"{n} ({' and '.join(fabrics[n])})" for n in list(nodes)[:4])
+            + (", ..." if len(nodes) > 4 else "") for kind, nodes in out.items()}
+
+
+def upstream_node_env(node: Node, net: str, fabrics: tuple[str, ...] = ()) -> dict[str, str]:
+    """A node's NCCL environment under upstream Megatron-LM's one job-wide network: on RDMA the
+    HCAs of `fabrics`, those its groups use (`planned_fabrics`; all its HCAs without any)."""
+    env = node_nccl_env(node, fabrics or None)
     if net == "Socket":
         return {k: v for k, v in env.items() if k == "NCCL_SOCKET_IFNAME"} | {"NCCL_NET": "Socket"}
     return env

@@ -140,12 +140,15 @@ _USER_ARGS = """\
 
 def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | None,
                   groups: dict[str, dict[str, str]], notes: tuple[str, ...], *,
-                  tokenizer: list[str], vocabulary: str) -> str:
+                  tokenizer: list[str], vocabulary: str,
+                  splits: dict[str, str] | None = None) -> str:
     """README.md of an export: files, how to start, what to add (`tokenizer`: the tokenizer
     arguments of its example; `vocabulary`: the paragraph on the vocabulary simulated and the
     tokenizer to use), what upstream cannot express (`groups`: per group class its transports
-    and NCCL setting, as in nccl.json), and `notes` on exported arguments some Megatron-LM
-    releases refuse."""
+    and NCCL setting, as in nccl.json; `splits`: per group class, the nodes its RDMA groups
+    share that the plan runs on two fabrics, `nccl_env.fabric_splits`), and `notes` on
+    exported arguments some Megatron-LM releases refuse."""
+    splits = splits or {}
     fork = (f"The Holmes fork cannot run this plan: {holmes_why_not}." if holmes_why_not else
             "For the Holmes fork, copy `holmes_config.json` into the fork's checkout as "
             "`config.json` and run `launch_holmes.sh` from there: it creates every group under "
@@ -174,7 +177,7 @@ def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | 
         f"NCCL picks one network per communicator, from the environment when it is created. "
         f"Upstream Megatron-LM creates all groups under one environment, so the whole job uses "
         f"`NCCL_NET={net}` (`nccl.json`, `upstream_job_wide`). Per group class:", "",
-        *network_rows(groups, net), "", upstream_gap(groups, net), "",
+        *network_rows(groups, net, splits), "", upstream_gap(groups, net, splits), "",
         fork, "",
         "`nccl.json` lists each node's NCCL settings and the transport of every group; the "
         "device names in them are the scenario's `nics[].devices` where given (see the notes): "
@@ -184,36 +187,60 @@ def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | 
     ])
 
 
-def _under_upstream(transports: str, net: str) -> str:
+def _under_upstream(kind: str, transports: str, net: str, splits: dict[str, str]) -> str:
     """How a group class with the plan's `transports` runs under the job-wide `net`."""
     kinds = {t.split(":", 1)[0] for t in transports.split(", ")}
     if kinds <= {"local"}:
         return "as planned (inside a node: NVLink/P2P, whatever NCCL_NET says)"
     if net == "Socket" and "rdma" in kinds:
         return "TCP (NCCL_NET=Socket on NCCL_SOCKET_IFNAME): not as planned"
+    if kind in splits:
+        return "one NCCL_IB_HCA for two fabrics on some nodes: not as planned"
     return "as planned"
 
 
-def network_rows(groups: dict[str, dict[str, str]], net: str) -> list[str]:
+def network_rows(groups: dict[str, dict[str, str]], net: str,
+                 splits: dict[str, str] | None = None) -> list[str]:
     """A Markdown table: each group class, the plan's transports and NCCL setting, and how it
-    runs under upstream Megatron-LM's job-wide `NCCL_NET=net`."""
+    runs under upstream Megatron-LM's job-wide `NCCL_NET=net` (`splits`: `launch_readme`)."""
     rows = ["| groups | plan's transports | NCCL setting the plan needs | under upstream Megatron-LM |",
             "|---|---|---|---|"]
-    rows += [f"| {kind} | {g['transports']} | {g['nccl']} | {_under_upstream(g['transports'], net)} |"
+    rows += [f"| {kind} | {g['transports']} | {g['nccl']} | "
+             f"{_under_upstream(kind, g['transports'], net, splits or {})} |"
              for kind, g in groups.items()]
     return rows
 
 
-def upstream_gap(groups: dict[str, dict[str, str]], net: str) -> str:
-    """One sentence: exactly which of the plan's group transports upstream cannot express."""
+def upstream_gap(groups: dict[str, dict[str, str]], net: str,
+                 splits: dict[str, str] | None = None) -> str:
+    """Exactly which of the plan's group transports upstream cannot express (`splits`:
+    `launch_readme`)."""
+    splits = splits or {}
     lost = [f"the {kind} groups on "
             + ", ".join(t for t in g["transports"].split(", ") if t.startswith("rdma:"))
             for kind, g in groups.items()
-            if _under_upstream(g["transports"], net).endswith("not as planned")]
-    if not lost:
+            if _under_upstream(kind, g["transports"], net, {}).endswith("not as planned")]
+    if not lost and not splits:
         return ("Upstream Megatron-LM can express every group's transport of this plan; the "
                 "placement comes from the node order (`hostfile`) and the layout arguments.")
-    return (f"What upstream Megatron-LM cannot express: RDMA for {'; '.join(lost)}. It has one "
-            "NCCL_NET per job, and the plan's TCP groups (or nodes without a shared RDMA fabric) "
-            "force it to Socket, so these groups run over TCP and the job runs slower than "
-            "predicted for the plan; the Holmes fork sets each group's network.")
+    gap = [] if not lost else [
+        f"What upstream Megatron-LM cannot express: RDMA for {'; '.join(lost)}. It has one "
+        "NCCL_NET per job, and the plan's TCP groups (or nodes without a shared RDMA fabric) "
+        "force it to Socket, so these groups run over TCP and the job runs slower than "
+        "predicted for the plan; the Holmes fork sets each group's network."]
+    if splits:
+        by_nodes: dict[str, list[str]] = {}
+        for kind, nodes in splits.items():
+            by_nodes.setdefault(nodes, []).append(kind)
+        where = "; ".join(f"the {', '.join(kinds)} groups of {nodes}"
+                          for nodes, kinds in by_nodes.items())
+        gap.append(
+            f"Upstream Megatron-LM cannot run as planned {where}: the plan runs these nodes' "
+            "groups on two RDMA fabrics, and in one process environment their `NCCL_IB_HCA` "
+            "lists the HCAs of both. NCCL picks each GPU's HCA by locality, not by its peers' "
+            "fabric, so a group may pair HCAs of two fabrics, which cannot reach each other "
+            "(NCCL 2.26 and later stop with \"Attempted to connect incompatible devices\" "
+            "between InfiniBand and RoCE). The Holmes fork sets each group's HCAs; under "
+            "upstream, `NCCL_NET=Socket` in the `ENV_MEGATRON` lines of `launch.sh` runs every "
+            "group over TCP instead.")
+    return " ".join(gap)

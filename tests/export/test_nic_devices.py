@@ -197,3 +197,60 @@ def test_device_names_leave_every_simulated_result_unchanged(write_scenario):
         documents.append(json.dumps(document, indent=1, sort_keys=True))
     assert documents[0] == documents[1]
     assert '"results"' in documents[0] and len(documents[0]) > 1000
+
+
+def dual_fabric(ib_count: int, ib_gbit: int, roce_gbit: int) -> str:
+    """Two nodes with IB and RoCE HCAs (named), two with IB only."""
+    ib = "{type: ib, bandwidth_gbit_per_s: %d, count: %d, fabric: ib, devices: [%s]}"
+    roce = ("{type: roce, bandwidth_gbit_per_s: %d, count: 2, fabric: roce, "
+            "devices: [mlx5_8, mlx5_9]}" % roce_gbit)
+    eth = "{type: ethernet, bandwidth_gbit_per_s: 25, devices: [eth0]}"
+    dual_ib = ib % (ib_gbit, ib_count, ", ".join(f"mlx5_{k}" for k in range(ib_count)))
+    return f"""name: dual
+seed: 0
+fabrics:
+  - {{name: ib, type: ib}}
+  - {{name: roce, type: roce}}
+clusters:
+  - name: c
+    nodes:
+      - {{name: dual, count: 2, gpu: a100-80gb, nics: [{dual_ib}, {roce}, {eth}]}}
+      - {{name: ibonly, count: 2, gpu: a100-80gb,
+         nics: [{ib % (200, 2, "mlx5_0, mlx5_1")}, {eth}]}}
+model: {{num_layers: 8, hidden_size: 1024, num_attention_heads: 16, seq_length: 1024}}
+training: {{global_batch_size: 16, micro_batch_size: 1}}
+parallel: {{tensor: 8, pipeline: 2}}
+policies: [megatron, holmes]
+"""
+
+
+@pytest.mark.parametrize("policy", ["megatron", "holmes"])
+def test_a_node_on_two_fabrics_lists_only_the_hcas_its_groups_use(write_scenario, tmp_path,
+                                                                   policy):
+    """Every group of this plan runs on the IB fabric: the dual nodes' RoCE HCAs are not listed
+    (NCCL picks a GPU's HCA by locality, so a listed RoCE HCA could meet an IB peer)."""
+    files = _export(write_scenario, dual_fabric(2, 200, 100), policy)
+    groups = json.loads(files["nccl.json"])["groups"]
+    assert {g["transports"] for g in groups.values()} <= {"local", "rdma:ib"}
+    nodes = json.loads(files["nccl.json"])["nodes"]
+    assert {env["NCCL_IB_HCA"] for env in nodes.values()} == {"=mlx5_0,mlx5_1"}
+    ranks = [h.split()[0] for h in files["hostfile"].splitlines()]
+    env = _dry_run(tmp_path, files, "megatron", ranks.index("dual-0"))
+    assert env["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1" and "NCCL_IB_GID_INDEX" not in env
+    assert "not as planned" not in files["README.md"]
+
+
+def test_groups_of_a_node_that_needs_two_fabrics_are_not_as_planned_upstream(write_scenario):
+    """The holmes plan runs the dual nodes' DP groups on RoCE and their pipeline pairs with the
+    IB-only nodes on IB: under upstream's one environment those nodes list both fabrics' HCAs,
+    and the README marks their groups not as planned."""
+    files = _export(write_scenario, dual_fabric(1, 100, 200), "holmes")
+    groups = json.loads(files["nccl.json"])["groups"]
+    assert "rdma:roce" in groups["dp"]["transports"] and groups["pp"]["transports"] == "rdma:ib"
+    nodes = json.loads(files["nccl.json"])["nodes"]
+    assert nodes["dual-0"]["NCCL_IB_HCA"] == "=mlx5_0,mlx5_8,mlx5_9"
+    assert nodes["ibonly-0"]["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1"
+    rows = {line.split(" | ")[0].strip("| "): line for line in files["README.md"].splitlines()
+            if line.startswith("| ")}
+    assert rows["dp"].endswith("not as planned |") and rows["pp"].endswith("not as planned |")
+    assert "groups of dual-0 (ib and roce), dual-1 (ib and roce)" in files["README.md"]
