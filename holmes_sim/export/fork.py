@@ -1,11 +1,13 @@
-"""The Holmes fork's launch: its `--hetero` arguments, the upstream arguments its parser and
-`validate_args` take, and its `config.json`.
+"""The Holmes fork's launch (CodexDive/Holmes 03d9522): its `--hetero` arguments, the upstream
+arguments its parser and `validate_args` take, its `config.json`, and the groups it runs on
+other transports than the plan.
 
-The Holmes repository's scripts (`--hetero-mode pp --hetero-device-types A B
---hetero-current-device-type A --hetero-pipeline-stages n_A l.. n_B l.. --use-hetnet`: per
-device type, its number of pipeline stages and their layer counts). The fork sets the NCCL
-environment of each group from its `config.json` (one entry per device type, `heter` for groups
-that mix them) before creating it (`megatron/core/hetnet.py`), which `holmes_config` writes.
+Its `--hetero` arguments follow the Holmes repository's scripts (`--hetero-mode pp
+--hetero-device-types A B --hetero-current-device-type A --hetero-pipeline-stages n_A l.. n_B
+l.. --use-hetnet`: per device type, its number of pipeline stages and their layer counts). The
+fork sets the NCCL environment of each group from its `config.json` (one entry per device type,
+`heter` for groups that mix them) before creating it (`megatron/core/hetnet.py`), which
+`holmes_config` writes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from holmes_sim.export.model_args import FORK_LACKS, fork_lacks_note, without_fl
 from holmes_sim.export.nccl_env import SOCKET_EXCLUDE, list_names, node_nccl_env, upstream_node_env
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.model.workload import Workload
-from holmes_sim.plan import Plan
+from holmes_sim.plan import Plan, TransportKind
+from holmes_sim.policies import POLICIES
+from holmes_sim.policies.holmes import HolmesPolicy
 
 
 def holmes_args(plan: Plan, cluster: Cluster, nodes: list[Node]) -> tuple[list[str], str | None]:
@@ -127,6 +131,8 @@ def fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Workloa
         hargs, why_not = [], "the Holmes fork has no context parallelism with its heterogeneous " \
             "pipeline (its HeteroContext asserts \"Context parallel size must be 1 in hetero " \
             "mode pp\")"
+    if hargs and (why := ablation_refusal(plan, device_types(plan, cluster)[0])):
+        hargs, why_not = [], why
     if not hargs:
         return [], why_not
     flags = [a for a in upstream_only if a.startswith("--")] + list(FORK_LACKS) + [LEGACY_REFUSES]
@@ -139,13 +145,71 @@ LEGACY_REFUSES = "--overlap-param-gather"
 "--overlap-param-gather only supported with MCore models" (`use_mcore_models`)."""
 
 
-def fork_notes(nodes: list[Node], types: dict[str, str], config: list[dict[str, str]],
-               margs: list[str]) -> tuple[str, ...]:
+def fork_notes(plan: Plan, nodes: list[Node], types: dict[str, str],
+               config: list[dict[str, str]], margs: list[str]) -> tuple[str, ...]:
     """The export README's notes on a launch of the fork (`holmes_config` of `nodes` of device
-    types `types`, upstream's arguments `margs`): shared HCA names, nodes without Ethernet, the
-    parameter gather it does not overlap, upstream flags its parser lacks."""
+    types `types`, upstream's arguments `margs`): groups it runs on other transports than the
+    plan, shared HCA names, nodes without Ethernet, the parameter gather it does not overlap,
+    upstream flags its parser lacks."""
     return shared_hca_notes(nodes, types, config) + tuple(filter(None, [
-        no_ethernet_note(nodes), param_gather_note(margs), fork_lacks_note(margs)]))
+        transport_note(plan, types), no_ethernet_note(nodes), param_gather_note(margs),
+        fork_lacks_note(margs)]))
+
+
+def fork_transports(plan: Plan, types: dict[str, str]) -> dict[tuple[str, str, str], int]:
+    """The plan's groups that leave a node and that the fork runs on another transport than
+    planned, counted per (group class, the plan's transport, the fork's).
+
+    The fork creates each group under the `config.json` entry of its nodes' device type
+    (`hetnet.new_process_group`): RDMA on that fabric, TCP for the `ethernet` type and for
+    `heter`, a group of nodes of several types. A node has one type (`device_types`), so a group
+    planned on another fabric of the node, or on TCP between nodes of one RDMA type, changes."""
+    changed: dict[tuple[str, str, str], int] = {}
+    for g in plan.groups:
+        if g.transport.kind is TransportKind.LOCAL:
+            continue
+        held = {types[plan.rank_to_gpu[r].node] for r in g.ranks}
+        kind = held.pop() if len(held) == 1 else ETHERNET
+        fork = f"{TransportKind.TCP.value}:{ETHERNET}" if kind == ETHERNET else \
+            f"{TransportKind.RDMA.value}:{kind}"
+        planned = f"{TransportKind.TCP.value}:{ETHERNET}" \
+            if g.transport.kind is TransportKind.TCP else str(g.transport)
+        if fork != planned:
+            key = (g.kind.value, planned, fork)
+            changed[key] = changed.get(key, 0) + 1
+    return changed
+
+
+def _changes(changed: dict[tuple[str, str, str], int]) -> str:
+    return "; ".join(f"{n} {kind} group{'s run' if n > 1 else ' runs'} on {fork}, planned on "
+                     f"{planned}" for (kind, planned, fork), n in changed.items())
+
+
+def ablation_refusal(plan: Plan, types: dict[str, str]) -> str | None:
+    """Why the fork cannot run a plan of a Holmes ablation (a Holmes policy other than holmes)
+    whose groups it would run on other transports (`fork_transports`), None otherwise: its run
+    would not reproduce the ablation."""
+    policy = POLICIES.get(plan.policy)
+    if not isinstance(policy, HolmesPolicy) or policy.name == HolmesPolicy().name:
+        return None
+    changed = fork_transports(plan, types)
+    if not changed:
+        return None
+    return (f"the Holmes fork does not reproduce the {policy.name} ablation: it sets a group's "
+            f"network from its nodes' device type, so {_changes(changed)}")
+
+
+def transport_note(plan: Plan, types: dict[str, str]) -> str | None:
+    """The README's note on the groups the fork runs on other transports than the plan
+    (`fork_transports`), None if none."""
+    changed = fork_transports(plan, types)
+    if not changed:
+        return None
+    return (f"Under the Holmes fork, {_changes(changed)}: the fork gives each node one device "
+            "type (`TYPES` in `launch.sh`) and creates each group under the "
+            "`holmes_config.json` entry of its nodes' type (`heter`, TCP, where they differ), "
+            "so it cannot run one node's groups on two fabrics, nor on TCP between nodes of one "
+            "RDMA type. The fork's iteration time is not the simulated one.")
 
 
 SOCKET_ANY = "^docker,lo,virbr"

@@ -265,7 +265,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     notes = (_notes(workload, ub) + ((split,) if split else ())
              + cuda_connections_notes(plan, bool(fork)) + device_notes(nodes)
              + tuple(filter(None, [roce_gid_note(plan, nodes)]))
-             + (fork_notes(nodes, types, config, margs) if fork else ()))
+             + (fork_notes(plan, nodes, types, config, margs) if fork else ()))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes, tokenizer=tokenizer_args(workload)[0],
                                        vocabulary=vocabulary_section(workload, plan.tp),

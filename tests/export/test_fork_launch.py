@@ -15,6 +15,7 @@ from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
 from tests.conftest import SCENARIOS, small_scenario
 from tests.export.test_launch_targets import FORK, FORK_CHOICES, UPSTREAM, parse
+from tests.export.test_nic_devices import dual_fabric
 
 
 def _files(prepared, policy: str = "holmes") -> dict[str, str]:
@@ -113,3 +114,23 @@ def test_the_fork_always_gets_a_socket_interface(write_scenario, tmp_path):
     assert _node_env(files, tmp_path, "holmes")["NCCL_SOCKET_IFNAME"] == "^docker,lo,virbr"
     assert "NCCL_SOCKET_IFNAME" not in _node_env(files, tmp_path, "megatron")
     assert "declares no Ethernet NIC" in files["README.md"]
+
+
+def test_groups_the_fork_runs_on_another_fabric_are_named(write_scenario):
+    """The dual nodes (one IB, two RoCE HCAs) are of device type ib for the fork, whose groups
+    take the network of their nodes' type: the DP groups the plan runs on RoCE run on IB
+    there, and the README says so; a plan whose types match its transports gets no note."""
+    files = _files(_scenario(write_scenario, dual_fabric(1, 100, 200)))
+    assert "dp groups run on rdma:ib, planned on rdma:roce" in files["README.md"]
+    assert "Under the Holmes fork" not in _files(prepare(SCENARIOS / "mixed_ib_roce.yaml"))[
+        "README.md"]
+
+
+def test_an_ablation_the_fork_cannot_reproduce_gets_no_fork_files():
+    """holmes-no-nic-selection runs DP over TCP between nodes of one fabric; the fork would run
+    them over RDMA (one device type per node), so its files would not run the ablation."""
+    files = _files(prepare(SCENARIOS / "mixed_ib_roce.yaml"), "holmes-no-nic-selection")
+    text = files["holmes_args.txt"]
+    assert text.startswith("# not expressible") and "holmes_config.json" not in files
+    assert "does not reproduce the holmes-no-nic-selection ablation" in text
+    assert "dp group runs on rdma:ib, planned on tcp:ethernet" in text
