@@ -136,7 +136,9 @@ def fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Workloa
     if not hargs:
         return [], why_not
     flags = [a for a in upstream_only if a.startswith("--")] + list(FORK_LACKS) + [LEGACY_REFUSES]
-    return without_flags(margs, flags) + hargs, why_not
+    # Upstream's `--attention-backend unfused` (auto, no fused kernel) is the legacy model's
+    # attention without --use-flash-attn: the fork's parser predates the flag.
+    return without_flags(margs, [*flags, "--attention-backend"]) + hargs, why_not
 
 
 LEGACY_REFUSES = "--overlap-param-gather"

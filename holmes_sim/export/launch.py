@@ -254,7 +254,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     config = holmes_config(nodes, types)
     if fork:
         files["holmes_config.json"] = json.dumps(config, indent=2) + "\n"
-    launches = _launches(plan, names, nodes, types, net, fabrics)
+    launches = _launches(plan, names, nodes, types, net, fabrics, job_env(workload))
     if ub:
         files[USERBUFFER_CONFIG] = ub
     files["launch.sh"] = launch_script(launches, margs, fork, script, net, MASTER_PORT,
@@ -274,15 +274,22 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
 
 
 def _launches(plan: Plan, hosts: list[str], nodes: list[Node], types: dict[str, str], net: str,
-              fabrics: dict[str, tuple[str, ...]]) -> list[NodeLaunch]:
+              fabrics: dict[str, tuple[str, ...]], env: dict[str, str]) -> list[NodeLaunch]:
     """What `launch.sh` needs of each node (`hosts`, `nodes` in rank order) under both targets:
     upstream's job-wide `net` on the HCAs of the node's planned `fabrics`, the fork's world
-    group on TCP."""
+    group on TCP, and the job's own `env` on every node."""
     return [NodeLaunch(h, n.num_gpus, types[n.name],
                        upstream_node_env(n, net, fabrics.get(n.name, ()))
-                       | process_env(plan, n, "megatron"),
-                       fork_node_env(n) | process_env(plan, n, "holmes"))
+                       | process_env(plan, n, "megatron") | env,
+                       fork_node_env(n) | process_env(plan, n, "holmes") | env)
             for h, n in zip(hosts, nodes)]
+
+
+def job_env(workload: Workload) -> dict[str, str]:
+    """The NCCL settings the workload was simulated with that are not NCCL's defaults:
+    `NCCL_NVLS_ENABLE=0` where `training.nccl_nvls_enable` is false (NCCL's default, 2, enables
+    NVLink SHARP where the hardware has it; NCCL docs, Environment Variables)."""
+    return {} if workload.nvls_enable else {"NCCL_NVLS_ENABLE": "0"}
 
 
 def _hosts_of(nodes: list[Node], hosts: dict[str, str]) -> list[str]:

@@ -380,9 +380,10 @@ def attention_args(w: Workload) -> list[str]:
     """`--attention-backend` where the simulated backend is not Megatron-LM's default, auto
     (`TrainingSpec.attention_backend`); Megatron-Core then sets Transformer Engine's
     NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN to match (`_set_attention_backend`,
-    megatron/core/models/common/language_module/language_module.py)."""
+    megatron/core/models/common/language_module/language_module.py). A plan simulated without
+    a fused kernel (`training.flash_attention: false`) gets unfused: auto would run a fused one."""
     if w.attention_backend == "auto":
-        return []
+        return [] if w.flash_attention else ["--attention-backend", "unfused"]
     return ["--attention-backend", w.attention_backend]
 
 

@@ -24,6 +24,7 @@ def _files(write_scenario, fields: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("fields, expected", [
+    ("flash_attention: false", ["unfused"]),  # auto would launch a fused kernel
     ("flash_attention: true", None),
     ("flash_attention: true, attention_backend: auto", None),
     ("flash_attention: true, attention_backend: flash", ["flash"]),
@@ -35,10 +36,24 @@ def test_a_backend_other_than_auto_is_exported_as_megatrons_flag(write_scenario,
     files = _files(write_scenario, fields)
     parsed = parse(shlex.split(files["megatron_args.txt"]), UPSTREAM)
     assert parsed.get("--attention-backend") == expected
-    if expected is not None:
+    if "attention_backend" not in fields:
+        assert "--attention-backend" not in files["holmes_args.txt"]  # the fork has no flag
+        assert not files["holmes_args.txt"].startswith("# not expressible")
+    elif expected is not None:
         enums = pytest.importorskip("megatron.core.transformer.enums")
         assert enums.AttnBackend[expected[0]].name == expected[0]  # the parser's `type`
         assert files["holmes_args.txt"].startswith("# not expressible")
         assert "the Holmes fork has no --attention-backend" in files["holmes_args.txt"]
     else:
         assert not files["holmes_args.txt"].startswith("# not expressible")
+
+
+@pytest.mark.parametrize("nvls, expected", [(None, None), ("true", None), ("false", "0")])
+def test_nvls_off_reaches_every_node_of_both_targets(write_scenario, nvls, expected):
+    files = _files(write_scenario, "flash_attention: true" + (
+        f", nccl_nvls_enable: {nvls}" if nvls else ""))
+    script = files["launch.sh"]
+    if expected is None:
+        assert "NCCL_NVLS_ENABLE" not in script
+    else:
+        assert script.count(f"NCCL_NVLS_ENABLE={expected}") >= 2 * 2  # 2 nodes x 2 targets
