@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from holmes_sim.errors import FieldError
-from holmes_sim.spec.job import ModelSpec
+from holmes_sim.spec.job import ModelSpec, TrainingSpec
 from holmes_sim.spec.presets import PRESETS, overridden, preset_source
 
 
@@ -187,3 +187,22 @@ def _check_layer_pattern(freq: tuple[int, ...], layers: int, preset: str | None)
                "give one entry (0: dense, 1: MoE) per layer")
         raise FieldError("model.moe_layer_freq", f"lists {len(freq)} entries, but num_layers="
                          f"{layers}; {fix}")
+
+
+def check_attention_backend(training: TrainingSpec) -> None:
+    """Raise FieldError where `training.attention_backend` cannot run with
+    `training.flash_attention` (Megatron-Core `AttnBackend`)."""
+    backend, flash_attention = training.attention_backend, training.flash_attention
+    if backend == "local":
+        raise FieldError("training.attention_backend", "local is Megatron-Core's own attention, "
+                         "which Megatron-LM runs only with `--spec local` (layers without "
+                         "Transformer Engine), not modelled here; use unfused (TE's unfused "
+                         "kernels) or auto")
+    if backend in ("flash", "fused") and not flash_attention:
+        raise FieldError("training.attention_backend", f"{backend} runs a fused attention "
+                         "kernel; set training.flash_attention: true, or attention_backend: "
+                         "unfused")
+    if backend == "unfused" and flash_attention:
+        raise FieldError("training.attention_backend", "unfused computes the s x s scores, "
+                         "which flash_attention: true leaves out; set flash_attention: false "
+                         "or attention_backend auto, flash or fused")

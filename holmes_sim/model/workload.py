@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from holmes_sim.model.checks import check_model
+from holmes_sim.model.checks import check_attention_backend, check_model
 from holmes_sim.model.flops import megatron_core_flop, sc21_flop
 from holmes_sim.model.mla import MlaShape, check_mla, mla_shape
 from holmes_sim.model.moe import (AUX_LOSS_COEFF_START, MoeRouter, MoeShape, expert_params,
@@ -555,6 +555,7 @@ def build_workload(model: ModelSpec, training: TrainingSpec, tp: int = 1, cp: in
     degree `etp` (None: `tp`). GPT models report [N21]'s FLOPs, every other architecture
     [MLM]'s."""
     check_model(model)
+    check_attention_backend(training)
     check_mla(model, cp, training.precision)
     dtype = _DTYPE_BYTES[training.precision]
     return Workload(

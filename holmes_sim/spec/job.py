@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from holmes_sim.errors import FieldError
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
@@ -278,24 +276,6 @@ class TrainingSpec:
     whatever the gradient dtype; a bucket closes at the first parameter boundary past it
     (`model.bucket_layout`). None (unset): the framework's default, Megatron-Core's
     max(40M, 1M x dp) elements, 40M (160 MB) for the others (`Plan.bucket_numel`)."""
-
-    def __post_init__(self) -> None:
-        _check_attention_backend(self.attention_backend, self.flash_attention)
-
-
-def _check_attention_backend(backend: str, flash_attention: bool) -> None:
-    """Raise FieldError where `attention_backend` cannot run with `flash_attention`."""
-    if backend == "local":
-        raise FieldError("attention_backend", "local is Megatron-Core's own attention, which "
-                         "Megatron-LM runs only with `--spec local` (layers without Transformer "
-                         "Engine), not modelled here; use unfused (TE's unfused kernels) or auto")
-    if backend in ("flash", "fused") and not flash_attention:
-        raise FieldError("attention_backend", f"{backend} runs a fused attention kernel; set "
-                         "training.flash_attention: true, or attention_backend: unfused")
-    if backend == "unfused" and flash_attention:
-        raise FieldError("attention_backend", "unfused computes the s x s scores, which "
-                         "flash_attention: true leaves out; set flash_attention: false or "
-                         "attention_backend auto, flash or fused")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -57,11 +57,21 @@ def test_without_flash_rates_the_tile_model_stays():
     ("unfused", True, "unfused computes the s x s scores"),
     ("local", False, "local is Megatron-Core's own attention"),
 ])
-def test_backends_that_cannot_run_with_the_kernel_choice_are_refused(backend, flash, message):
+def test_backends_that_cannot_run_with_the_kernel_choice_are_refused(write_scenario, backend,
+                                                                     flash, message):
+    from holmes_sim.model.checks import check_attention_backend
+
+    training = TrainingSpec(global_batch_size=8, micro_batch_size=1, flash_attention=flash,
+                            attention_backend=backend)  # a frozen spec the planner may copy
     with pytest.raises(FieldError, match=message) as info:
-        TrainingSpec(global_batch_size=8, micro_batch_size=1, flash_attention=flash,
-                     attention_backend=backend)
-    assert info.value.path == "attention_backend"
+        check_attention_backend(training)
+    assert info.value.path == "training.attention_backend"
+    path = write_scenario(small_scenario().replace(
+        "micro_batch_size: 1}", f"micro_batch_size: 1, flash_attention: {str(flash).lower()}, "
+                                f"attention_backend: {backend}}}"))
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"training.attention_backend: {message}" in " ".join(result.output.split())
 
 
 def test_an_unknown_backend_names_the_field_and_the_choices(write_scenario):
