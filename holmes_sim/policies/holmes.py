@@ -76,65 +76,81 @@ class HolmesPolicy:
         sums' rounding: the first)."""
         orders = self.orders(request)
         if len(orders) == 1:
-            return self._plan(request, *orders[0])
+            return self._plan(request, *orders[0])[0]
         priced = (request.cluster, request.workload, request.compute)
         costs = op_costs(*priced, request.tp)
 
         def fits(plan: Plan) -> bool:
             return memory_report(plan, request.cluster, request.workload, costs).fits
+        firsts: list = [None] * len(orders)
         if len(orders) > _PARTITIONED:
-            orders = self._leading(request, orders, fits)
-        plans = [self._plan(request, *ranks) for ranks in orders]
-        plans = [p for p in plans if fits(p)] or plans
-        best, best_s = plans[0], estimate_iteration(plans[0], *priced).iteration_s
-        for plan in plans[1:]:
-            plan_s = estimate_iteration(plan, *priced).iteration_s
-            if plan_s < best_s * (1.0 - _MARGIN):
+            orders, firsts = self._leading(request, orders, fits)
+        planned = [self._plan(request, *ranks, first) for ranks, first in zip(orders, firsts)]
+        planned = [(p, s) for p, s in planned if fits(p)] or planned
+        best, best_s = None, 0.0
+        for plan, plan_s in planned:
+            if plan_s is None:
+                plan_s = estimate_iteration(plan, *priced).iteration_s
+            if best is None or plan_s < best_s * (1.0 - _MARGIN):
                 best, best_s = plan, plan_s
         return best
 
-    def _leading(self, request: PlanRequest, orders: list,
-                 fits: Callable[[Plan], bool]) -> list:
+    def _leading(self, request: PlanRequest, orders: list, fits: Callable[[Plan], bool]
+                 ) -> tuple[list, list[tuple[Plan, float | None]]]:
         """The `_PARTITIONED` of `orders` whose plans with the equal split lead: those that
         `fits` first, then by the analytic estimate (ties keep their order), so that only they
-        pay the partition search."""
+        pay the partition search; with each one's equal-split plan and its estimate (s; None
+        where the ranking needed none: a group of orders, fitting or not, kept whole)."""
         equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
-
-        def rank(ranks) -> tuple[bool, float]:
-            plan = self._layout(request, *ranks)(equal)
-            return (not fits(plan), estimate_iteration(
-                plan, request.cluster, request.workload, request.compute).iteration_s)
-        keys = [rank(ranks) for ranks in orders]
-        kept = sorted(range(len(orders)), key=lambda k: keys[k])[:_PARTITIONED]
-        return [orders[k] for k in sorted(kept)]
+        plans = [self._layout(request, *ranks)(equal) for ranks in orders]
+        fit = [fits(plan) for plan in plans]
+        estimates: list[float | None] = [None] * len(orders)
+        kept, slots = [], _PARTITIONED
+        for group in ([k for k in range(len(orders)) if fit[k]],
+                      [k for k in range(len(orders)) if not fit[k]]):
+            if len(group) <= slots:
+                kept, slots = kept + group, slots - len(group)
+                continue
+            if slots:  # only a group the cut splits is ranked by estimate
+                for k in group:
+                    estimates[k] = estimate_iteration(plans[k], request.cluster,
+                                                      request.workload, request.compute).iteration_s
+                kept += sorted(group, key=estimates.__getitem__)[:slots]
+            break
+        kept.sort()
+        return [orders[k] for k in kept], [(plans[k], estimates[k]) for k in kept]
 
     def _plan(self, request: PlanRequest, nodes: tuple[Node, ...],
-              rank_to_gpu: tuple[GpuRef, ...]) -> Plan:
-        """The plan of this rank order: its layer split searched (`adaptive_partition`) or
-        equal."""
+              rank_to_gpu: tuple[GpuRef, ...], first: tuple[Plan, float | None] | None = None
+              ) -> tuple[Plan, float | None]:
+        """The plan of this rank order, its layer split searched (`adaptive_partition`) or
+        equal, with its estimated iteration (s) where it was priced (else None). `first`: the
+        order's plan with the equal split and its estimate (None: not yet priced), when made."""
         plan_with = self._layout(request, nodes, rank_to_gpu)
         equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
-        first = plan_with(equal)
+        even, even_s = first if first is not None else (plan_with(equal), None)
         if not self.adaptive_partition:
-            return first
-        groups, optimizer = first.groups, first.optimizer
-        timer = StageTimer(request, rank_to_gpu, groups, optimizer)
-        adaptive = plan_with(tuple(adaptive_partition(timer)))
-        if adaptive.layers_per_stage == equal:
-            return adaptive
-        even = first
+            return even, even_s
+        timer = StageTimer(request, rank_to_gpu, even.groups, even.optimizer)
+        layers = tuple(adaptive_partition(timer))
+        if layers == equal:
+            return even, even_s
+        adaptive = plan_with(layers)
         priced = (request.cluster, request.workload, request.compute)
         best = estimate_iteration(adaptive, *priced).iteration_s
-        # The equal split loses when its iteration's lower bound reaches the adaptive split's
-        # iteration (ties keep the adaptive split); the margin covers the two sums' rounding.
-        reach = best / (1.0 - _MARGIN)
-        if iteration_floor_s(even, *priced, reach=reach) * (1.0 - _MARGIN) >= best:
-            return adaptive
-        if estimate_iteration(even, *priced).iteration_s >= best:
-            return adaptive
+        if even_s is None:
+            # The equal split loses when its iteration's lower bound reaches the adaptive
+            # split's iteration (ties keep the adaptive split); the margin covers the two sums'
+            # rounding.
+            reach = best / (1.0 - _MARGIN)
+            if iteration_floor_s(even, *priced, reach=reach) * (1.0 - _MARGIN) >= best:
+                return adaptive, best
+            even_s = estimate_iteration(even, *priced).iteration_s
+        if even_s >= best:
+            return adaptive, best
         # A faster equal split that does not fit loses to an adaptive split that does.
-        keep_even = timer.memory(equal).fits or not timer.memory(adaptive.layers_per_stage).fits
-        return even if keep_even else adaptive
+        keep_even = timer.memory(equal).fits or not timer.memory(layers).fits
+        return (even, even_s) if keep_even else (adaptive, best)
 
     def orders(self, request: PlanRequest) -> list[tuple[tuple[Node, ...], tuple[GpuRef, ...]]]:
         """The candidate rank orders (nodes and their GPUs): the listing's, or each of
