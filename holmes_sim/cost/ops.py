@@ -62,6 +62,9 @@ class OpCosts:
     _released: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     """`held_sm_loss_s`'s per-layer losses by GPU model and SMs held: a search's estimate asks
     for them for every stage of a candidate."""
+    _cp_exposed: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """`cp_exposed_s` by the GPU model (held, so its id stays its own), layers, direction, rate
+    and latency: the estimate asks for it at every op of every candidate, with a few rates."""
 
     def __post_init__(self) -> None:
         # `Workload.layer_params` once: `chunk_params` prices every chunk with it.
@@ -192,8 +195,16 @@ class OpCosts:
         """Seconds a chunk's CP exchanges add to its op when the TP group's transfer to its CP
         neighbour runs at `rate_bytes_per_s` (its t GPUs' bytes together, as a pipeline send's)
         with `latency_s` per step (`cost.context_parallel.op_exposed_s`)."""
-        return op_exposed_s(node.gpu, self.workload, self.tp, layers, backward,
-                            rate_bytes_per_s / self.tp, latency_s)
+        gpu = node.gpu
+        key = (id(gpu), layers, backward, rate_bytes_per_s, latency_s)
+        got = self._cp_exposed.get(key)
+        if got is None:
+            if len(self._cp_exposed) >= 4096:
+                self._cp_exposed.clear()
+            got = self._cp_exposed[key] = (gpu, op_exposed_s(
+                gpu, self.workload, self.tp, layers, backward, rate_bytes_per_s / self.tp,
+                latency_s))
+        return got[1]
 
     def ep_local_s(self, node: Node, layers: int) -> float:
         """Seconds a chunk's all-to-alls take to each GPU's EP peers inside its own TP group on

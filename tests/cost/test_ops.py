@@ -101,3 +101,24 @@ def test_tp_collectives_through_nccl_are_its_picks_and_userbuffers_stay_rings():
     over = OpCosts(p.cluster, overlap, p.compute, 8)
     assert over.tp_comm_s(node, 1, False) == pytest.approx(
         over.userbuffer_exposed_s(node, False, half), rel=1e-12)
+
+
+def test_an_ops_cp_exposure_is_priced_once_per_gpu_model_rate_and_latency(monkeypatch):
+    """`OpCosts.cp_exposed_s` keeps `context_parallel.op_exposed_s`'s seconds: the estimate
+    asks again at every op of every candidate, with the same few rates."""
+    from holmes_sim.cost import ops
+
+    p = prepare(bundled_scenario("llama3_70b_h100"))
+    w = dataclasses.replace(p.workload, cp=2)
+    costs = OpCosts(p.cluster, w, p.compute, 8)
+    calls = []
+    real = ops.op_exposed_s
+    monkeypatch.setattr(ops, "op_exposed_s", lambda *a: calls.append(a) or real(*a))
+    nodes = p.cluster.nodes
+    first = [costs.cp_exposed_s(n, 4, b, 2e10, 1e-5) for n in nodes for b in (False, True)]
+    assert len(calls) == 2  # one GPU model, both directions
+    again = [costs.cp_exposed_s(n, 4, b, 2e10, 1e-5) for n in nodes for b in (False, True)]
+    assert again == first == [real(n.gpu, w, 8, 4, b, 2e10 / 8, 1e-5)
+                              for n in nodes for b in (False, True)]
+    costs.cp_exposed_s(nodes[0], 4, False, 1e10, 1e-5)
+    assert len(calls) == 3
