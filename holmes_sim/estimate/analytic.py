@@ -50,22 +50,41 @@ class Estimate:
 
 
 def estimate_iteration(plan: Plan, cluster: Cluster, workload: Workload,
-                       compute: ComputeModel) -> Estimate:
+                       compute: ComputeModel, siblings: Siblings | None = None) -> Estimate:
     """Critical-path estimate of one iteration (see module docstring). Kept for these very
     objects: a policy that estimates its plans to pick one (`policies.holmes`) and the planner
-    that then estimates the pick share it."""
+    that then estimates the pick share it. `siblings`: prices shared with the estimates of
+    other placements of the same plan (`Siblings`)."""
     return _ESTIMATES.get((plan, cluster, workload, compute), (),
-                          lambda: _estimator(plan, cluster, workload, compute).run())
+                          lambda: _estimator(plan, cluster, workload, compute, siblings).run())
 
 
-def _estimator(plan: Plan, cluster: Cluster, workload: Workload,
-               compute: ComputeModel) -> _Estimator:
+class Siblings:
+    """What the estimates of plans that differ only in placement (rank order and groups: the
+    class orders Holmes weighs for one layout) share: a stage's op row, its work after its last
+    op and its reductions' jobs by the stage, what prices it on a replica (`_Estimator._alike`)
+    and its DP topology (with `_tail`'s embedding ring, `_stage`'s kinds), and the reductions'
+    tails by jobs and gaps. An estimate keeps its own caches first (by `_alike` alone), so it
+    gets what it gets alone. Dense models only: a stage's MoE layers also depend on where its
+    chunks start, which `_alike` leaves out."""
+
+    __slots__ = ("stage", "tail", "jobs", "gapped")
+
+    def __init__(self) -> None:
+        self.stage: dict[tuple, tuple] = {}
+        self.tail: dict[tuple, tuple] = {}
+        self.jobs: dict[tuple, tuple] = {}
+        self.gapped: dict[tuple, float] = {}
+
+
+def _estimator(plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
+               siblings: Siblings | None = None) -> _Estimator:
     """The estimator `iteration_floor_s` last made, when it was for these very objects (its
-    prices kept), else a new one."""
+    prices kept), else a new one (sharing `siblings`)."""
     objects = (plan, cluster, workload, compute)
     if _FLOORED and all(map(is_, _FLOORED[0][0], objects)):
         return _FLOORED.pop()[1]
-    return _Estimator(*objects)
+    return _Estimator(*objects, siblings)
 
 
 def iteration_floor_s(plan: Plan, cluster: Cluster, workload: Workload,
@@ -96,8 +115,10 @@ class _Estimator(DataParallelPricing):
     """One plan's estimate: each class of alike replicas walked once, its ops and sends priced
     here, each stage's data-parallel and optimizer work by `DataParallelPricing`."""
 
-    def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel):
+    def __init__(self, plan: Plan, cluster: Cluster, workload: Workload, compute: ComputeModel,
+                 siblings: Siblings | None = None):
         self.plan, self.cluster, self.w = plan, cluster, workload
+        self._siblings = siblings if workload.moe is None else None
         self.costs = op_costs(cluster, workload, compute, plan.tp)
         self.times = chunk_times(self.costs)
         self.net = netview(cluster, plan.rank_to_gpu, plan.groups, plan.tp, plan.pp, plan.dp,
@@ -128,6 +149,7 @@ class _Estimator(DataParallelPricing):
             (self.costs,), (plan.layers_per_stage, plan.pp), lambda: ({}, {}))
         self._send_cache: dict[tuple[int, int, int], float] = {}
         self._jobs_cache: dict[tuple, tuple] = {}
+        self._gapped_cache: dict[tuple, float] = {}
 
     def run(self) -> Estimate:
         """Each class of alike replicas is walked once (their pipelines are independent until
@@ -269,12 +291,17 @@ class _Estimator(DataParallelPricing):
         key = (self._alike(s, d), len(kinds))
         got = self._stage_cache.get(key)
         if got is None:
-            row, extras, nc = self._ops_s(s, d, kinds), self._released_row(d)[s], self.plan.num_chunks
-            if extras is not None:
-                row = [t + extras[j // self.plan.pp][0] if b and (k >= 2 * nc or len(kinds) == 2 * nc)
-                       else t for k, (t, (j, b)) in enumerate(zip(row, kinds))]
-            got = self._stage_cache[key] = (row, self._gather_floors(s, d))
+            got = self._stage_cache[key] = self._sibling("stage", s, d, kinds,
+                                                         lambda: self._new_stage(s, d, kinds))
         return got
+
+    def _new_stage(self, s: int, d: int, kinds) -> tuple[list[float], tuple[float, ...] | None]:
+        """`_stage` computed."""
+        row, extras, nc = self._ops_s(s, d, kinds), self._released_row(d)[s], self.plan.num_chunks
+        if extras is not None:
+            row = [t + extras[j // self.plan.pp][0] if b and (k >= 2 * nc or len(kinds) == 2 * nc)
+                   else t for k, (t, (j, b)) in enumerate(zip(row, kinds))]
+        return row, self._gather_floors(s, d)
 
     def _ops_s(self, s: int, d: int, kinds) -> list[float]:
         """`_op_s` of each (virtual stage, backward) of `kinds` on stage s of replica d; without

@@ -10,6 +10,9 @@ two sharing the link both rings leave each member by (`bucket_streams.merged_del
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from holmes_sim.cost.collectives import ring_collective_time_s
 from holmes_sim.cost.nccl_algorithms import collective_time_s, gradient_op, with_nvls
 from holmes_sim.cost.ops import released_chunks, released_points, stage_bucket_layout
@@ -20,6 +23,7 @@ from holmes_sim.memo import IdentityMemo
 from holmes_sim.model.bucket_layout import shape_token as bucket_shape_token
 from holmes_sim.schedule import ScheduleKind
 
+T = TypeVar("T")
 Layout = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]
 """A stage's DP buckets in release order as columns: gradient bytes, parameter bytes, ready
 point 0..1 of the stage's backward window (`DataParallelPricing._layout`)."""
@@ -33,8 +37,8 @@ stages (and rings) share them."""
 class DataParallelPricing:
     """The estimator's data-parallel and optimizer methods (`analytic._Estimator` derives from
     this class): they read its plan, workload (`w`), op costs, view (`net`), virtual stages
-    (`nv`), schedule shape and caches, all set in its `__init__`, and call its `_alike`, `_op_s`
-    and `_virtual`."""
+    (`nv`), schedule shape, caches and `_siblings` (`analytic.Siblings` or None), all set in its
+    `__init__`, and call its `_alike`, `_op_s` and `_virtual`."""
 
     def _params(self, s: int) -> tuple[int, ...]:
         """Parameters (whole TP group) of stage s's chunks, with the embedding or head."""
@@ -205,7 +209,8 @@ class DataParallelPricing:
         key = (self._alike(s, d), emb)  # alike stages with the same embedding ring (or none)
         got = self._tail_cache.get(key)
         if got is None:
-            got = self._tail_cache[key] = self._tail_s(s, d, emb)
+            got = self._tail_cache[key] = self._sibling("tail", s, d, emb,
+                                                        lambda: self._tail_s(s, d, emb))
         if gaps is None:
             return got[0]
         _, reduces, deferred, after = got
@@ -221,14 +226,18 @@ class DataParallelPricing:
         times them; each buffer's reductions run in release order on one stream
         (`bucket_streams.reduction_tail_s`). A stage runs its ops one after another, so its
         chunks' releases follow the order of their ends."""
-        jobs: tuple[list, list] = ([], [])
         templates = self._chunk_jobs(s, d)
-        for c in sorted((c for c, g in enumerate(gaps) if g is not None), key=lambda c: -gaps[c]):
-            length, chunk_jobs = templates[c]
-            begin = -gaps[c] - length
-            for stream, offsets in zip(jobs, chunk_jobs):
-                stream.extend((begin + offset, r) for offset, r in offsets)
-        return reduction_tail_s(*jobs)
+        key = (id(templates), gaps)  # the estimate (and `siblings`) hold the templates
+        got = self._gapped_cache.get(key)
+        if got is None:
+            shared = None if self._siblings is None else self._siblings.gapped
+            got = None if shared is None else shared.get(key)
+            if got is None:
+                got = _gapped_reduction_s(templates, gaps)
+                if shared is not None:
+                    shared[key] = got
+            self._gapped_cache[key] = got
+        return got
 
     def _chunk_jobs(self, s: int, d: int) -> tuple:
         """Per chunk of stage s on replica d: its releasing backward's seconds (its time alone
@@ -238,15 +247,34 @@ class DataParallelPricing:
         key = self._alike(s, d)
         got = self._jobs_cache.get(key)
         if got is None:
-            kind, extras = self.plan.optimizer.gradient_collective, self._released_row(d)[s]
-            got = []
-            for c in range(self.plan.num_chunks):
-                op = self._op_s(s, d, self._virtual(s, c), True)
-                extra, loss, first = extras[c] if extras is not None else (0.0, 0.0, 0.0)
-                got.append((op + extra, tuple(
-                    tuple((released_at_s(op, loss, first, point), r)
-                          for r, point in self._buckets(s, kind, "grad", e, c)) for e in (None, d))))
-            got = self._jobs_cache[key] = tuple(got)
+            got = self._jobs_cache[key] = self._sibling("jobs", s, d, None,
+                                                        lambda: self._new_chunk_jobs(s, d))
+        return got
+
+    def _new_chunk_jobs(self, s: int, d: int) -> tuple:
+        """`_chunk_jobs` computed."""
+        kind, extras = self.plan.optimizer.gradient_collective, self._released_row(d)[s]
+        got = []
+        for c in range(self.plan.num_chunks):
+            op = self._op_s(s, d, self._virtual(s, c), True)
+            extra, loss, first = extras[c] if extras is not None else (0.0, 0.0, 0.0)
+            got.append((op + extra, tuple(
+                tuple((released_at_s(op, loss, first, point), r)
+                      for r, point in self._buckets(s, kind, "grad", e, c)) for e in (None, d))))
+        return tuple(got)
+
+    def _sibling(self, which: str, s: int, d: int, extra, make: Callable[[], T]) -> T:
+        """`make()`, what stage s prices on replica d (the caller keeps it by `_alike`), or
+        with `_siblings` (`analytic.Siblings`) what an estimate of another placement of the
+        same plan priced for the same stage, `_alike`, DP topology and `extra`."""
+        siblings = self._siblings
+        if siblings is None:
+            return make()
+        shared = getattr(siblings, which)
+        key = (s, self._alike(s, d), self.net.dp_topology(s), extra)
+        got = shared.get(key)
+        if got is None:
+            got = shared[key] = make()
         return got
 
     def _tail_s(self, s: int, d: int, emb) -> tuple[float, bool, float, tuple[float, ...]]:
@@ -306,6 +334,18 @@ class DataParallelPricing:
         same link (its NIC, or its NVLink port inside a node), so their times add up as on one
         stream (`merged_delay_s` where their order matters)."""
         return self._buckets(s, kind, what) + self._buckets(s, kind, what, d)
+
+
+def _gapped_reduction_s(templates: tuple, gaps: tuple[float | None, ...]) -> float:
+    """`DataParallelPricing._gapped_reduction_s` of the chunks' jobs `templates`
+    (`DataParallelPricing._chunk_jobs`) and `gaps`."""
+    jobs: tuple[list, list] = ([], [])
+    for c in sorted((c for c, g in enumerate(gaps) if g is not None), key=lambda c: -gaps[c]):
+        length, chunk_jobs = templates[c]
+        begin = -gaps[c] - length
+        for stream, offsets in zip(jobs, chunk_jobs):
+            stream.extend((begin + offset, r) for offset, r in offsets)
+    return reduction_tail_s(*jobs)
 
 
 def _timed_buckets(layout: Layout, times: dict[float, float], topology, kind: str,

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import permutations
 
-from holmes_sim.estimate.analytic import estimate_iteration, iteration_floor_s
+from holmes_sim.estimate.analytic import Siblings, estimate_iteration, iteration_floor_s
 from holmes_sim.estimate.memory import memory_report
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.cost.ops import op_costs
@@ -112,9 +112,10 @@ class HolmesPolicy:
                 kept, slots = kept + group, slots - len(group)
                 continue
             if slots:  # only a group the cut splits is ranked by estimate
+                siblings = Siblings()  # the plans differ only in placement
                 for k in group:
-                    estimates[k] = estimate_iteration(plans[k], request.cluster,
-                                                      request.workload, request.compute).iteration_s
+                    estimates[k] = estimate_iteration(plans[k], request.cluster, request.workload,
+                                                      request.compute, siblings).iteration_s
                 kept += sorted(group, key=estimates.__getitem__)[:slots]
             break
         kept.sort()
