@@ -53,10 +53,11 @@ def test_orders_that_do_not_fit_are_not_estimated_when_enough_fit(request_, esti
     orders = policy.orders(request_)
     assert not estimated
     gpus = {orders[1][1], orders[3][1]}
-    kept, firsts = policy._leading(request_, orders, lambda plan: plan.rank_to_gpu in gpus)
+    kept, firsts = policy._leading(request_, orders, lambda plan: plan.rank_to_gpu in gpus, {})
     assert kept == [orders[1], orders[3]]
     assert not estimated and [s for _, s in firsts] == [None, None]
-    kept, firsts = policy._leading(request_, orders, lambda plan: plan.rank_to_gpu is orders[4][1])
+    kept, firsts = policy._leading(request_, orders, lambda plan: plan.rank_to_gpu is orders[4][1],
+                                    {})
     assert orders[4] in kept and len(kept) == _PARTITIONED
     assert {ranks for ranks, _ in estimated} == {o[1] for o in orders if o is not orders[4]}
     assert [s is None for _, s in firsts] == [o is orders[4] for o in kept]

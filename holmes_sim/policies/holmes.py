@@ -82,25 +82,32 @@ class HolmesPolicy:
 
         def fits(plan: Plan) -> bool:
             return memory_report(plan, request.cluster, request.workload, costs).fits
+        # The orders' plans of one split differ only in placement: their estimates share
+        # prices (`analytic.Siblings`).
+        siblings: dict[tuple[int, ...], Siblings] = {}
         firsts: list = [None] * len(orders)
         if len(orders) > _PARTITIONED:
-            orders, firsts = self._leading(request, orders, fits)
-        planned = [self._plan(request, *ranks, first) for ranks, first in zip(orders, firsts)]
+            orders, firsts = self._leading(request, orders, fits, siblings)
+        planned = [self._plan(request, *ranks, first, siblings)
+                   for ranks, first in zip(orders, firsts)]
         planned = [(p, s) for p, s in planned if fits(p)] or planned
         best, best_s = None, 0.0
         for plan, plan_s in planned:
             if plan_s is None:
-                plan_s = estimate_iteration(plan, *priced).iteration_s
+                plan_s = estimate_iteration(plan, *priced, siblings.setdefault(
+                    plan.layers_per_stage, Siblings())).iteration_s
             if best is None or plan_s < best_s * (1.0 - _MARGIN):
                 best, best_s = plan, plan_s
         return best
 
-    def _leading(self, request: PlanRequest, orders: list, fits: Callable[[Plan], bool]
+    def _leading(self, request: PlanRequest, orders: list, fits: Callable[[Plan], bool],
+                 siblings: dict[tuple[int, ...], Siblings]
                  ) -> tuple[list, list[tuple[Plan, float | None]]]:
         """The `_PARTITIONED` of `orders` whose plans with the equal split lead: those that
         `fits` first, then by the analytic estimate (ties keep their order), so that only they
         pay the partition search; with each one's equal-split plan and its estimate (s; None
-        where the ranking needed none: a group of orders, fitting or not, kept whole)."""
+        where the ranking needed none: a group of orders, fitting or not, kept whole).
+        `siblings`: the estimates' shared prices by split."""
         equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
         plans = [self._layout(request, *ranks)(equal) for ranks in orders]
         fit = [fits(plan) for plan in plans]
@@ -112,21 +119,23 @@ class HolmesPolicy:
                 kept, slots = kept + group, slots - len(group)
                 continue
             if slots:  # only a group the cut splits is ranked by estimate
-                siblings = Siblings()  # the plans differ only in placement
+                shared = siblings.setdefault(equal, Siblings())
                 for k in group:
                     estimates[k] = estimate_iteration(plans[k], request.cluster, request.workload,
-                                                      request.compute, siblings).iteration_s
+                                                      request.compute, shared).iteration_s
                 kept += sorted(group, key=estimates.__getitem__)[:slots]
             break
         kept.sort()
         return [orders[k] for k in kept], [(plans[k], estimates[k]) for k in kept]
 
     def _plan(self, request: PlanRequest, nodes: tuple[Node, ...],
-              rank_to_gpu: tuple[GpuRef, ...], first: tuple[Plan, float | None] | None = None
+              rank_to_gpu: tuple[GpuRef, ...], first: tuple[Plan, float | None] | None = None,
+              siblings: dict[tuple[int, ...], Siblings] | None = None
               ) -> tuple[Plan, float | None]:
         """The plan of this rank order, its layer split searched (`adaptive_partition`) or
         equal, with its estimated iteration (s) where it was priced (else None). `first`: the
-        order's plan with the equal split and its estimate (None: not yet priced), when made."""
+        order's plan with the equal split and its estimate (None: not yet priced), when made;
+        `siblings`: the prices its estimates share with other orders' plans, by split."""
         plan_with = self._layout(request, nodes, rank_to_gpu)
         equal = tuple(equal_partition(request.workload.num_layers, request.pp * request.num_chunks))
         even, even_s = first if first is not None else (plan_with(equal), None)
@@ -138,7 +147,9 @@ class HolmesPolicy:
             return even, even_s
         adaptive = plan_with(layers)
         priced = (request.cluster, request.workload, request.compute)
-        best = estimate_iteration(adaptive, *priced).iteration_s
+        shared = {} if siblings is None else siblings
+        best = estimate_iteration(adaptive, *priced,
+                                  shared.setdefault(layers, Siblings())).iteration_s
         if even_s is None:
             # The equal split loses when its iteration's lower bound reaches the adaptive
             # split's iteration (ties keep the adaptive split); the margin covers the two sums'
@@ -146,7 +157,8 @@ class HolmesPolicy:
             reach = best / (1.0 - _MARGIN)
             if iteration_floor_s(even, *priced, reach=reach) * (1.0 - _MARGIN) >= best:
                 return adaptive, best
-            even_s = estimate_iteration(even, *priced).iteration_s
+            even_s = estimate_iteration(even, *priced,
+                                        shared.setdefault(equal, Siblings())).iteration_s
         if even_s >= best:
             return adaptive, best
         # A faster equal split that does not fit loses to an adaptive split that does.

@@ -86,3 +86,22 @@ def test_moe_estimates_share_nothing():
     plan, cluster = plan_policy(p, "holmes")
     estimator = analytic._Estimator(plan, cluster, p.workload, p.compute, analytic.Siblings())
     assert estimator._siblings is None
+
+
+def test_holmes_shares_prices_among_the_plans_of_one_split(write_scenario, monkeypatch):
+    """Every estimate Holmes makes to choose among its class orders (their equal splits, the
+    leading ones' searched splits) shares one `Siblings` with the other plans of its split."""
+    from holmes_sim.policies import holmes
+
+    request = _request(write_scenario, "{tensor: 2, pipeline: 4, context: 2}")
+    calls = []
+    real = holmes.estimate_iteration
+    monkeypatch.setattr(holmes, "estimate_iteration", lambda plan, *a: calls.append(
+        (plan.layers_per_stage, plan.rank_to_gpu, a[3] if len(a) > 3 else None)) or real(plan, *a))
+    HolmesPolicy().plan(request)
+    assert None not in {shared for _, _, shared in calls}
+    by_split = {}
+    for layers, _, shared in calls:
+        assert by_split.setdefault(layers, shared) is shared
+    orders = {ranks for _, ranks, _ in calls}
+    assert len(orders) > 2 and len(calls) > len(orders)  # the leading orders' own splits
