@@ -4,18 +4,17 @@ table tests/export/test_launch_targets.py parses against (the rules of holmes_fo
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
 
 import pytest
 
-from holmes_sim.export.launch import LaunchFiles, launch_files
+from holmes_sim.export.launch import launch_files
 from holmes_sim.prepare import prepare
 from holmes_sim.runner import plan_policy
 from tests.conftest import SCENARIOS, small_scenario
 from tests.export.test_launch_targets import FORK, FORK_CHOICES, UPSTREAM, parse
 from tests.export.test_nic_devices import dual_fabric
+from tests.export.test_validate_args import _dry_run_env
 
 
 def _files(prepared, policy: str = "holmes") -> dict[str, str]:
@@ -97,13 +96,7 @@ policies: [holmes]
 
 def _node_env(files: dict[str, str], tmp_path, target: str) -> dict[str, str]:
     """Node 0's environment under `target` (`launch.sh` dry run)."""
-    LaunchFiles(files).write(tmp_path / target)
-    proc = subprocess.run(["bash", str(tmp_path / target / "launch.sh"), target], cwd="/",
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "NODE_RANK": "0", "DRY_RUN": "1"})
-    assert proc.returncode == 0, proc.stderr
-    words = shlex.split(proc.stdout)
-    return dict(w.split("=", 1) for w in words[1:words.index("torchrun")])
+    return dict(w.split("=", 1) for w in _dry_run_env(files, tmp_path, target)[1:])
 
 
 def test_the_fork_always_gets_a_socket_interface(write_scenario, tmp_path):
