@@ -22,9 +22,9 @@ from pathlib import Path
 from holmes_sim.export.device_types import device_types
 from holmes_sim.export.fork import fork_args, fork_node_env, fork_notes, holmes_config
 from holmes_sim.export.nccl_env import (cuda_connections_notes, device_notes, fabric_splits,
-                                        group_nccl_settings, node_nccl_env, planned_fabrics,
-                                        process_env, roce_gid_note, upstream_net,
-                                        upstream_node_env)
+                                        group_nccl_settings, job_env, node_nccl_env,
+                                        planned_fabrics, process_env, roce_gid_note,
+                                        upstream_net, upstream_node_env)
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.report.staged import write_together
 from holmes_sim.hardware.cluster import Cluster, Node
@@ -283,13 +283,6 @@ def _launches(plan: Plan, hosts: list[str], nodes: list[Node], types: dict[str, 
                        | process_env(plan, n, "megatron") | env,
                        fork_node_env(n) | process_env(plan, n, "holmes") | env)
             for h, n in zip(hosts, nodes)]
-
-
-def job_env(workload: Workload) -> dict[str, str]:
-    """The NCCL settings the workload was simulated with that are not NCCL's defaults:
-    `NCCL_NVLS_ENABLE=0` where `training.nccl_nvls_enable` is false (NCCL's default, 2, enables
-    NVLink SHARP where the hardware has it; NCCL docs, Environment Variables)."""
-    return {} if workload.nvls_enable else {"NCCL_NVLS_ENABLE": "0"}
 
 
 def _hosts_of(nodes: list[Node], hosts: dict[str, str]) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from holmes_sim.hardware.cluster import ETHERNET, Node
+from holmes_sim.model.workload import Workload
 from holmes_sim.plan import GroupKind, Plan, TransportKind
 
 SOCKET_EXCLUDE = "^docker,lo,virbr,ib"
@@ -221,3 +222,10 @@ def device_notes(nodes: list[Node]) -> tuple[str, ...]:
 
 DEVICES_NAMED_NOTE = ("`NCCL_SOCKET_IFNAME` and `NCCL_IB_HCA` list the devices the scenario's "
                       "NICs name (`devices`), as exact names (NCCL's `=` form).")
+
+
+def job_env(workload: Workload) -> dict[str, str]:
+    """The NCCL settings the workload was simulated with that are not NCCL's defaults:
+    `NCCL_NVLS_ENABLE=0` where `training.nccl_nvls_enable` is false (NCCL's default, 2, enables
+    NVLink SHARP where the hardware has it; NCCL docs, Environment Variables)."""
+    return {} if workload.nvls_enable else {"NCCL_NVLS_ENABLE": "0"}
