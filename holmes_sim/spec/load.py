@@ -109,6 +109,7 @@ FIELD_BOUNDS: dict[str, Bound] = {
     "iterations": Bound(1, 10_000),
     "warmup": Bound(0, 1000),
     "calibration_repeats": Bound(1, 10_000),
+    "emulated_layer_forward_ms": _positive(60_000),
     # Each probe rank holds a buffer this large; `MIN_LINK_PROBE_BYTES` says why the floor.
     "link_probe_bytes": Bound(MIN_LINK_PROBE_BYTES, 2**28, rule="the probe measures a fabric's throughput, so "
                               "it must take far longer than the link's latency and its shaper's "

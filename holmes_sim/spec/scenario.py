@@ -59,6 +59,10 @@ class TestbedSpec:
     testbed) while all communication is real, so the prediction, which uses the same
     durations, tests the network and schedule model, and a busy host changes little. real:
     the ranks compute (end-to-end training; the prediction models the shared host CPU)."""
+    emulated_layer_forward_ms: float | None = None
+    """Emulated compute only: how long one layer's forward waits, milliseconds; every other
+    piece keeps its measured ratio to it. Fixes the testbed's compute-to-communication ratio
+    whatever this host's speed (omit: the host's measured speed, `host_share`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

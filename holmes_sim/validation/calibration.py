@@ -74,7 +74,7 @@ def speed_factors(prepared: Prepared) -> dict[str, float]:
 
 def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     """The compute profile emulated ranks wait and the simulator predicts with: one rank's solo
-    piece times on this host (medians), times `host_share`, scaled per GPU model
+    piece times on this host (medians), times `emulated_scale`, scaled per GPU model
     (`speed_factors`), and the framework time per op of an emulated one-rank run, with the
     scheduler the pieces were timed under (`scheduler`). No `host` section: waiting ranks share
     no CPU."""
@@ -85,12 +85,22 @@ def emulated_profile(prepared: Prepared, spec: TestbedSpec, tb=None) -> dict:
     # understate each op by 20-40% and leave communication too large a share.
     base = _profile_entries(solo)
     overhead = measure_op_overhead(prepared, config, base, spec, tb, emulated=True)
-    share = host_share(prepared)
+    scale = emulated_scale(prepared, spec, base["layer_forward_s"])
     return {"schema": PROFILE_SCHEMA,
-            "compute": {g: {**{k: v * f * share for k, v in base.items()},
+            "compute": {g: {**{k: v * f * scale for k, v in base.items()},
                             "op_overhead_s": overhead}
                         for g, f in speed_factors(prepared).items()},
             "scheduler": solo["scheduler"]}
+
+
+def emulated_scale(prepared: Prepared, spec: TestbedSpec, layer_forward_s: float) -> float:
+    """What the solo piece times are multiplied by before emulated ranks wait them: with
+    `testbed.emulated_layer_forward_ms`, whatever brings the measured layer forward
+    (`layer_forward_s`, seconds) to it, so the testbed keeps the compute-to-communication ratio
+    its rates were chosen for on any host; without it, `host_share`."""
+    if spec.emulated_layer_forward_ms is None:
+        return host_share(prepared)
+    return spec.emulated_layer_forward_ms * 1e-3 / layer_forward_s
 
 
 def layer_times(prepared: Prepared, config, spec: TestbedSpec, concurrency: int,
@@ -135,10 +145,10 @@ def _profile_entries(solo: dict) -> dict[str, float]:
 
 def host_share(prepared: Prepared) -> float:
     """How much longer than alone a rank computes when every rank computes on this host's cores:
-    ranks / cores, at least 1 (4 ranks on 2 cores: 2). Emulated ranks wait their solo times
-    times this, so they run at the speed real-compute ranks get here and the testbed keeps the
-    compute-to-communication ratio its rates were chosen for; the solo times themselves are
-    measured without contention (SCHED_FIFO), so the product does not move with the load."""
+    ranks / cores, at least 1 (4 ranks on 2 cores: 2). Without `testbed.emulated_layer_forward_ms`
+    emulated ranks wait their solo times times this, the speed real-compute ranks get here. The
+    solo times are measured without contention (SCHED_FIFO), so the product does not move with
+    the load, but it does with the host's own speed."""
     return max(1.0, prepared.cluster.num_gpus / (os.cpu_count() or 1))
 
 

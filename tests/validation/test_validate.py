@@ -350,6 +350,51 @@ def test_emulated_ranks_compute_at_the_speed_a_rank_gets_on_this_host(monkeypatc
     assert v.host_share(prepared) == 1.0  # never faster than alone
 
 
+def _emulated_profile_on_a_host(monkeypatch, spec, solo_scale: float) -> dict:
+    """`emulated_profile` of the default testbed on a host whose pieces take `solo_scale` times
+    a reference host's, on 2 cores."""
+    import holmes_sim.validation.calibration as v
+
+    pieces = {"block_forward_s": 0.0035, "block_backward_s": 0.0066, "embedding_forward_s": 1e-4,
+              "embedding_backward_s": 1.5e-4, "head_forward_s": 0.0012, "head_backward_s": 0.0019,
+              "optimizer_per_param_s": 4e-9}
+    solo = {k: t * solo_scale for k, t in pieces.items()}
+    monkeypatch.setattr(v, "layer_times", lambda *a, **k: {**solo, "scheduler": "fifo:1"})
+    monkeypatch.setattr(v, "measure_op_overhead", lambda *a, **k: 0.001 * solo_scale)
+    monkeypatch.setattr(v.os, "cpu_count", lambda: 2)
+    return v.emulated_profile(prepare(TESTBED), spec)["compute"]["cpu-rank"]
+
+
+def test_a_declared_layer_forward_keeps_the_waits_whatever_the_hosts_speed(monkeypatch):
+    from holmes_sim.spec.scenario import TestbedSpec
+
+    spec = TestbedSpec(emulated_layer_forward_ms=7.0)
+    quick, slow = (_emulated_profile_on_a_host(monkeypatch, spec, s) for s in (1.0, 2.8))
+    waits = [k for k in quick if k != "op_overhead_s"]
+    assert quick["layer_forward_s"] == pytest.approx(0.007)
+    assert slow["layer_backward_s"] == pytest.approx(0.007 * 0.0066 / 0.0035)
+    assert all(slow[k] == pytest.approx(quick[k]) for k in waits)
+    # The framework's own time per op is real, not a wait: it stays as measured.
+    assert slow["op_overhead_s"] == pytest.approx(2.8 * quick["op_overhead_s"])
+    # Without the field the waits follow the host: solo times x ranks / cores.
+    free = [_emulated_profile_on_a_host(monkeypatch, TestbedSpec(), s) for s in (1.0, 2.8)]
+    assert free[0]["layer_forward_s"] == pytest.approx(0.007)
+    assert free[1]["layer_forward_s"] == pytest.approx(2.8 * 0.007)
+
+
+@pytest.mark.parametrize("value, reason", [("0", "greater than 0"), ("-3", "greater than 0"),
+                                           (".nan", "finite"), ("1e9", "at most")])
+def test_a_bad_emulated_layer_forward_is_refused_naming_the_field(tmp_path, value, reason):
+    from tests.conftest import default_testbed_with
+
+    path = default_testbed_with(tmp_path, "emulated_layer_forward_ms: 7 ",
+                                f"emulated_layer_forward_ms: {value} ")
+    with pytest.raises(ScenarioError) as info:
+        prepare(path)
+    assert "testbed.emulated_layer_forward_ms" in str(info.value)
+    assert reason in str(info.value)
+
+
 def test_report_of_a_run_without_verdict_says_so_as_the_exit_code_does(tmp_path, monkeypatch):
     from holmes_sim.validation import real_run
     from holmes_sim.validation.comparison import ValidationResult
