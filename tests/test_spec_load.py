@@ -133,6 +133,58 @@ def test_catalog_override_is_used(write_scenario):
     assert prepared.cluster.nodes[0].intra_link.name == "pcie4"  # the GPU's own default
 
 
+def _declared(write_scenario, gpu: str, fields: str):
+    """The GPU model the nodes of a small scenario on `gpu` get with `gpu` declared under
+    catalog.gpus with `fields` (YAML flow-mapping entries)."""
+    text = small_scenario().replace("a100-80gb", gpu) + f"catalog:\n  gpus:\n    {gpu}: {{{fields}}}\n"
+    return prepare(write_scenario(text)).cluster.nodes[0].gpu
+
+
+@pytest.mark.parametrize(("gpu", "sheet"), [("a100-80gb", (312, 80, 2039)),
+                                            ("h100-sxm", (989, 80, 3350)),
+                                            ("b200", (2250, 180, 8000))])
+def test_a_built_in_gpu_declared_with_its_data_sheet_is_the_built_in(write_scenario, gpu, sheet):
+    from dataclasses import replace
+
+    from holmes_sim.hardware.catalog import GPUS
+
+    peak, memory, bandwidth = sheet
+    got = _declared(write_scenario, gpu, f"peak_tflops: {peak}, memory_gib: {memory}, "
+                                         f"memory_bandwidth_gbyte_per_s: {bandwidth}")
+    # Everything but the source, down to the GEMM search shapes and the attention rates.
+    assert got == replace(GPUS[gpu], source="user")
+
+
+def test_a_built_in_gpus_measurements_go_with_the_field_they_belong_to(write_scenario):
+    from holmes_sim.hardware.catalog import GPUS
+
+    sheet = "peak_tflops: 989, memory_gib: 94, memory_bandwidth_gbyte_per_s: 3900"
+    h100 = GPUS["h100-sxm"]
+    own = _declared(write_scenario, "h100-sxm", sheet + ", compute_efficiency: 0.6, "
+                                                        "attention_efficiency: 0.5")
+    assert (own.compute_efficiency, own.benchmark_shape) == (0.6, None)
+    assert (own.attention_efficiency, own.attention_rates, own.flash_attention_rates) == \
+        (0.5, None, None)
+    # What the stated fields do not touch stays the built-in's: FP8, SMs, kernels, NVLink.
+    assert (own.fp8_compute_efficiency, own.fp8_benchmark_shape) == \
+        (h100.fp8_compute_efficiency, h100.fp8_benchmark_shape)
+    assert (own.sm_count, own.persistent_gemm, own.overlapped_epilogue, own.compute_capability,
+            own.nvlink) == (132, True, False, 9, "nvlink4")
+    kept = _declared(write_scenario, "h100-sxm", sheet + ", persistent_gemm: false")
+    assert kept.memory_bytes == 94 * 2**30 and kept.attention_rates == h100.attention_rates
+    assert kept.benchmark_shape == h100.benchmark_shape and kept.persistent_gemm is False
+
+
+def test_a_new_gpu_gets_the_documented_defaults(write_scenario):
+    got = _declared(write_scenario, "my-gpu", "peak_tflops: 100, memory_gib: 24, "
+                                              "memory_bandwidth_gbyte_per_s: 900, intra_node: pcie4")
+    assert (got.compute_efficiency, got.sm_count, got.memory_efficiency,
+            got.attention_efficiency, got.persistent_gemm, got.overlapped_epilogue) == \
+        (0.8, None, 0.9, 0.6, False, True)
+    assert (got.fp8_peak_flop_per_s, got.benchmark_shape, got.attention_rates,
+            got.compute_capability) == (None, None, None, None)
+
+
 @pytest.mark.parametrize(("gpu", "link"), [("a100-80gb", "nvlink3"), ("h100-sxm", "nvlink4"),
                                            ("h200", "nvlink4"), ("b200", "nvlink5"),
                                            ("gb200", "nvlink5")])

@@ -8,10 +8,10 @@ by a measured profile (`holmes-sim validate` writes one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from holmes_sim.errors import FieldError
-from holmes_sim.spec.hardware import CatalogSpec
+from holmes_sim.spec.hardware import CatalogSpec, GpuModelSpec
 from holmes_sim.units import (
     gbit_per_s_to_bytes_per_s,
     gbyte_per_s_to_bytes_per_s,
@@ -334,24 +334,12 @@ class Catalog:
 
 def build_catalog(spec: CatalogSpec) -> Catalog:
     """Merge the scenario's catalog entries over the built-in ones. An entry that re-declares a
-    built-in one keeps what its fields cannot say: a GPU's compute capability, a link's NVLink
-    SHARP and, unless its `type` says, whether it is PCIe (a new link: if its name starts with
-    "pcie")."""
+    built-in one keeps what its fields cannot say: a GPU's compute capability and what
+    `declared_gpu` keeps, a link's NVLink SHARP and, unless its `type` says, whether it is PCIe
+    (a new link: if its name starts with "pcie")."""
     gpus = dict(GPUS)
     for name, g in spec.gpus.items():
-        fp8_peak = None if g.fp8_peak_tflops is None else tflops_to_flop_per_s(g.fp8_peak_tflops)
-        fp8_efficiency = g.compute_efficiency if g.fp8_compute_efficiency is None \
-            else g.fp8_compute_efficiency
-        gpus[name] = GpuModel(name, tflops_to_flop_per_s(g.peak_tflops), gib_to_bytes(g.memory_gib),
-                              gbyte_per_s_to_bytes_per_s(g.memory_bandwidth_gbyte_per_s),
-                              g.compute_efficiency, g.source, g.sm_count, g.memory_efficiency,
-                              g.attention_efficiency, fp8_peak_flop_per_s=fp8_peak,
-                              fp8_compute_efficiency=fp8_efficiency,
-                              persistent_gemm=g.persistent_gemm,
-                              overlapped_epilogue=g.overlapped_epilogue,
-                              compute_capability=getattr(GPUS.get(name), "compute_capability",
-                                                         None),
-                              nvlink=g.intra_node or getattr(GPUS.get(name), "nvlink", None))
+        gpus[name] = declared_gpu(name, g)
     nics = dict(NICS)
     for name, n in spec.nics.items():
         nics[name] = NicModel(name, n.type, gbit_per_s_to_bytes_per_s(n.bandwidth_gbit_per_s),
@@ -370,6 +358,43 @@ def build_catalog(spec: CatalogSpec) -> Catalog:
             _lookup(links, g.intra_node, f"catalog.gpus.{name}.intra_node", "intra-node link",
                     "catalog.links")
     return Catalog(gpus, nics, links)
+
+
+_NEW_GPU = GpuModel("", 0.0, 0.0, 0.0, 0.8, "")
+"""What a GPU declared under a new name gets for each optional field left out."""
+
+
+def declared_gpu(name: str, g: GpuModelSpec) -> GpuModel:
+    """The catalog's model of a GPU declared in a scenario: its stated fields over the built-in
+    GPU of the same name (`_NEW_GPU`'s defaults for a new name). A built-in's GEMM search shape
+    goes with its measured efficiency and its fused attention rates with attention_efficiency:
+    each is kept unless that field is given."""
+    base = GPUS.get(name, _NEW_GPU)
+    efficiency = _given(g.compute_efficiency, base.compute_efficiency)
+    fp8_efficiency = _given(g.fp8_compute_efficiency, base.fp8_compute_efficiency, efficiency)
+    fp8_peak = base.fp8_peak_flop_per_s if g.fp8_peak_tflops is None \
+        else tflops_to_flop_per_s(g.fp8_peak_tflops)
+    measured = g.attention_efficiency is None  # else the stated efficiency at every length
+    return replace(
+        base, name=name, peak_flop_per_s=tflops_to_flop_per_s(g.peak_tflops),
+        memory_bytes=gib_to_bytes(g.memory_gib),
+        memory_bandwidth_bytes_per_s=gbyte_per_s_to_bytes_per_s(g.memory_bandwidth_gbyte_per_s),
+        compute_efficiency=efficiency, source=g.source, sm_count=_given(g.sm_count, base.sm_count),
+        memory_efficiency=_given(g.memory_efficiency, base.memory_efficiency),
+        attention_efficiency=_given(g.attention_efficiency, base.attention_efficiency),
+        benchmark_shape=base.benchmark_shape if g.compute_efficiency is None else None,
+        fp8_peak_flop_per_s=fp8_peak, fp8_compute_efficiency=fp8_efficiency if fp8_peak else None,
+        fp8_benchmark_shape=base.fp8_benchmark_shape if g.fp8_compute_efficiency is None else None,
+        persistent_gemm=_given(g.persistent_gemm, base.persistent_gemm),
+        overlapped_epilogue=_given(g.overlapped_epilogue, base.overlapped_epilogue),
+        nvlink=g.intra_node or base.nvlink,
+        attention_rates=base.attention_rates if measured else None,
+        flash_attention_rates=base.flash_attention_rates if measured else None)
+
+
+def _given(*values):
+    """The first value that is not None."""
+    return next((v for v in values if v is not None), None)
 
 
 def _lookup(table: dict, name: str, path: str, what: str, where: str):

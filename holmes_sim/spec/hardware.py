@@ -148,7 +148,10 @@ class InterClusterLinkSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GpuModelSpec:
-    """A GPU model for the catalog (adds to or overrides the built-in one of the same name)."""
+    """A GPU model for the catalog (adds to or overrides the built-in one of the same name). An
+    optional field left out takes the built-in GPU's value when the name is a built-in one
+    (with its measured GEMM search shape and fused attention rates, which no field states),
+    else the default given."""
 
     peak_tflops: float
     """Dense peak TFLOP/s at the training precision (bf16/fp16)."""
@@ -156,24 +159,26 @@ class GpuModelSpec:
     """HBM capacity in GiB."""
     memory_bandwidth_gbyte_per_s: float
     """HBM bandwidth in GB/s."""
-    compute_efficiency: float = 0.8
-    """Achievable fraction of peak for well-shaped GEMMs (a measured MAMF / peak)."""
+    compute_efficiency: float | None = None
+    """Achievable fraction of peak for well-shaped GEMMs (a measured MAMF / peak); default 0.8.
+    Given for a built-in GPU, it replaces the built-in's measurement and its search shape."""
     sm_count: int | None = None
-    """Streaming multiprocessors, for wave quantization (omit: none)."""
-    memory_efficiency: float = 0.9
-    """Achievable fraction of memory bandwidth for streaming kernels."""
-    attention_efficiency: float = 0.6
-    """Achieved fraction of peak of a fused (flash) attention kernel."""
+    """Streaming multiprocessors, for wave quantization (default: none, no quantization)."""
+    memory_efficiency: float | None = None
+    """Achievable fraction of memory bandwidth for streaming kernels; default 0.9."""
+    attention_efficiency: float | None = None
+    """Achieved fraction of peak of a fused (flash) attention kernel; default 0.6. Given for a
+    built-in GPU, it replaces the built-in's measured attention rates."""
     fp8_peak_tflops: float | None = None
-    """Dense FP8 tensor peak TFLOP/s (omit: no FP8; `precision: fp8` is then refused)."""
+    """Dense FP8 tensor peak TFLOP/s (default: none, no FP8; `precision: fp8` is then refused)."""
     fp8_compute_efficiency: float | None = None
-    """As compute_efficiency, for FP8 GEMMs (omit: compute_efficiency)."""
-    persistent_gemm: bool = False
+    """As compute_efficiency, for FP8 GEMMs (default: compute_efficiency)."""
+    persistent_gemm: bool | None = None
     """GEMMs run as persistent warp-specialized kernels that hide each tile's pipeline fill
-    (Hopper and later); false: each tile pays its fill and epilogue (Ampere)."""
-    overlapped_epilogue: bool = True
-    """With persistent_gemm: each tile's epilogue runs beside the next tile's math (Blackwell);
-    false: each tile pays it (Hopper's cooperative kernels)."""
+    (Hopper and later); false (the default): each tile pays its fill and epilogue (Ampere)."""
+    overlapped_epilogue: bool | None = None
+    """With persistent_gemm: each tile's epilogue runs beside the next tile's math (Blackwell;
+    the default); false: each tile pays it (Hopper's cooperative kernels)."""
     intra_node: str | None = None
     """The intra-node link of nodes with this GPU that name none (omit: the built-in GPU's of
     the same name; a new GPU's nodes must then name their `intra_node`)."""
