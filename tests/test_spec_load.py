@@ -175,6 +175,26 @@ def test_a_built_in_gpus_measurements_go_with_the_field_they_belong_to(write_sce
     assert kept.benchmark_shape == h100.benchmark_shape and kept.persistent_gemm is False
 
 
+def test_a_built_in_gpu_re_declared_with_one_field_keeps_every_other(write_scenario):
+    from dataclasses import replace
+
+    from holmes_sim.hardware.catalog import GPUS
+
+    got = _declared(write_scenario, "h100-sxm", "memory_gib: 94")
+    assert got == replace(GPUS["h100-sxm"], memory_bytes=94 * 2**30, source="user")
+
+
+@pytest.mark.parametrize("missing", ["peak_tflops", "memory_gib", "memory_bandwidth_gbyte_per_s"])
+def test_a_new_gpu_without_its_data_sheet_is_refused_naming_the_field(write_scenario, missing):
+    fields = {"peak_tflops": 100, "memory_gib": 24, "memory_bandwidth_gbyte_per_s": 900}
+    del fields[missing]
+    stated = ", ".join(f"{k}: {v}" for k, v in fields.items())
+    with pytest.raises(ScenarioError) as info:
+        _declared(write_scenario, "my-gpu", stated + ", intra_node: pcie4")
+    assert f"catalog.gpus.my-gpu.{missing}: required for a GPU that is not built in" in \
+        str(info.value)
+
+
 def test_a_new_gpu_gets_the_documented_defaults(write_scenario):
     got = _declared(write_scenario, "my-gpu", "peak_tflops: 100, memory_gib: 24, "
                                               "memory_bandwidth_gbyte_per_s: 900, intra_node: pcie4")

@@ -370,15 +370,18 @@ def declared_gpu(name: str, g: GpuModelSpec) -> GpuModel:
     goes with its measured efficiency and its fused attention rates with attention_efficiency:
     each is kept unless that field is given."""
     base = GPUS.get(name, _NEW_GPU)
+    _check_data_sheet(name, g, base)
     efficiency = _given(g.compute_efficiency, base.compute_efficiency)
     fp8_efficiency = _given(g.fp8_compute_efficiency, base.fp8_compute_efficiency, efficiency)
-    fp8_peak = base.fp8_peak_flop_per_s if g.fp8_peak_tflops is None \
-        else tflops_to_flop_per_s(g.fp8_peak_tflops)
+    fp8_peak = _given_as(g.fp8_peak_tflops, tflops_to_flop_per_s, base.fp8_peak_flop_per_s)
     measured = g.attention_efficiency is None  # else the stated efficiency at every length
     return replace(
-        base, name=name, peak_flop_per_s=tflops_to_flop_per_s(g.peak_tflops),
-        memory_bytes=gib_to_bytes(g.memory_gib),
-        memory_bandwidth_bytes_per_s=gbyte_per_s_to_bytes_per_s(g.memory_bandwidth_gbyte_per_s),
+        base, name=name, peak_flop_per_s=_given_as(g.peak_tflops, tflops_to_flop_per_s,
+                                                   base.peak_flop_per_s),
+        memory_bytes=_given_as(g.memory_gib, gib_to_bytes, base.memory_bytes),
+        memory_bandwidth_bytes_per_s=_given_as(g.memory_bandwidth_gbyte_per_s,
+                                               gbyte_per_s_to_bytes_per_s,
+                                               base.memory_bandwidth_bytes_per_s),
         compute_efficiency=efficiency, source=g.source, sm_count=_given(g.sm_count, base.sm_count),
         memory_efficiency=_given(g.memory_efficiency, base.memory_efficiency),
         attention_efficiency=_given(g.attention_efficiency, base.attention_efficiency),
@@ -390,6 +393,24 @@ def declared_gpu(name: str, g: GpuModelSpec) -> GpuModel:
         nvlink=g.intra_node or base.nvlink,
         attention_rates=base.attention_rates if measured else None,
         flash_attention_rates=base.flash_attention_rates if measured else None)
+
+
+def _check_data_sheet(name: str, g: GpuModelSpec, base: GpuModel) -> None:
+    """A GPU under a new name must state its data-sheet figures; a built-in one keeps its own."""
+    if base is not _NEW_GPU:
+        return
+    for field, what in (("peak_tflops", "its dense BF16/FP16 peak in TFLOP/s"),
+                        ("memory_gib", "its HBM capacity in GiB"),
+                        ("memory_bandwidth_gbyte_per_s", "its HBM bandwidth in GB/s")):
+        if getattr(g, field) is None:
+            raise FieldError(f"catalog.gpus.{name}.{field}",
+                             f"required for a GPU that is not built in: give {what} "
+                             f"(built-in GPUs, which may leave it out: {', '.join(GPUS)})")
+
+
+def _given_as(value, convert, inherited):
+    """`convert(value)`, or `inherited` when the value is not given."""
+    return inherited if value is None else convert(value)
 
 
 def _given(*values):

@@ -153,12 +153,12 @@ class GpuModelSpec:
     (with its measured GEMM search shape and fused attention rates, which no field states),
     else the default given."""
 
-    peak_tflops: float
-    """Dense peak TFLOP/s at the training precision (bf16/fp16)."""
-    memory_gib: float
-    """HBM capacity in GiB."""
-    memory_bandwidth_gbyte_per_s: float
-    """HBM bandwidth in GB/s."""
+    peak_tflops: float | None = None
+    """Dense peak TFLOP/s at the training precision (bf16/fp16); required for a new GPU."""
+    memory_gib: float | None = None
+    """HBM capacity in GiB; required for a new GPU."""
+    memory_bandwidth_gbyte_per_s: float | None = None
+    """HBM bandwidth in GB/s; required for a new GPU."""
     compute_efficiency: float | None = None
     """Achievable fraction of peak for well-shaped GEMMs (a measured MAMF / peak); default 0.8.
     Given for a built-in GPU, it replaces the built-in's measurement and its search shape."""
