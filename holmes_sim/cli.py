@@ -224,11 +224,10 @@ def _prepare(scenario: str):
 
 
 def _print_results(console: Console, prepared, outcomes, wide: bool) -> None:
-    from holmes_sim.report.tables import print_table, results_table
+    from holmes_sim.report.tables import layout_label, print_table, results_table
 
-    title = f"{prepared.scenario.name}: {prepared.cluster.num_gpus} GPUs, TP {prepared.tp} " \
-            f"PP {prepared.pp}{_cp_label(prepared)} DP {prepared.dp}, " \
-            f"{prepared.num_microbatches} micro-batches " \
+    title = f"{prepared.scenario.name}: {prepared.cluster.num_gpus} GPUs, " \
+            f"{layout_label(prepared)}, {prepared.num_microbatches} micro-batches " \
             f"({prepared.scenario.parallel.schedule})"
     print_table(console, results_table(title, outcomes, console.width, wide), wide)
     if prepared.nominal_cluster is not None:
@@ -274,9 +273,11 @@ def check(scenario: Annotated[str, typer.Argument(parser=_SCENARIO,
                             f"{'; '.join(too_big)}); {memory_fix(prepared)}")
     except HolmesError as exc:
         raise _fail(exc) from None
+    from holmes_sim.report.tables import layout_label
+
     out.print(f"[green]ok[/green]: {escape(prepared.source)}: {prepared.cluster.num_gpus} GPUs, "
-              f"TP {prepared.tp} x PP {prepared.pp}{_cp_label(prepared, ' x')} x DP {prepared.dp}, "
-              f"{prepared.num_microbatches} micro-batches", highlight=False, soft_wrap=True)
+              f"{layout_label(prepared, ' x ')}, {prepared.num_microbatches} micro-batches",
+              highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -593,8 +594,3 @@ def sweep(
 def main() -> None:  # pragma: no cover - console entry
     app(prog_name="holmes-sim")
     sys.exit(0)
-
-
-def _cp_label(prepared, joint: str = "") -> str:
-    """The text ' CP n' (after `joint`) for a context-parallel scenario, else ''."""
-    return f"{joint} CP {prepared.cp}" if prepared.cp > 1 else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -86,6 +87,20 @@ def test_check_reports_plans_without_simulating():
     result = runner.invoke(app, ["check", "two_clusters_39b"])
     assert result.exit_code == 0, result.output
     assert "ok:" in result.output and "TP 8 x PP 2 x DP 8" in result.output
+
+
+def test_check_and_run_name_the_expert_parallel_degrees():
+    result = runner.invoke(app, ["check", "moe_mixed_nics"])
+    assert result.exit_code == 0, result.output
+    assert "TP 8 x PP 2 x DP 4 x EP 4," in result.output
+    from holmes_sim.prepare import prepare
+    from holmes_sim.report.tables import layout_label
+    from tests.conftest import SCENARIOS
+
+    prepared = prepare(SCENARIOS / "moe_mixed_nics.yaml")
+    etp = replace(prepared.scenario.parallel, expert_tensor=1)
+    prepared = replace(prepared, scenario=replace(prepared.scenario, parallel=etp))
+    assert layout_label(prepared) == "TP 8 PP 2 DP 4 EP 4 ETP 1"
 
 
 def test_scenarios_lists_every_bundled_file():
