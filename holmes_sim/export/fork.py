@@ -117,7 +117,7 @@ def fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Workloa
             "gradients in fp32)"
     if hargs and workload.cross_entropy != "unfused":
         hargs, why_not = [], "the Holmes fork has no --cross-entropy-loss-fusion"
-    if hargs and workload.attention_backend != "auto":
+    if hargs and workload.attention_backend not in FORK_ATTENTION_BACKENDS:
         hargs, why_not = [], "the Holmes fork has no --attention-backend"
     if hargs and workload.moe is not None:  # its arguments.py predates Megatron-Core's MoE flags
         hargs, why_not = [], "the Holmes fork has no --moe-ffn-hidden-size (Megatron-Core's MoE)"
@@ -136,9 +136,33 @@ def fork_args(plan: Plan, cluster: Cluster, nodes: list[Node], workload: Workloa
     if not hargs:
         return [], why_not
     flags = [a for a in upstream_only if a.startswith("--")] + list(FORK_LACKS) + [LEGACY_REFUSES]
-    # Upstream's `--attention-backend unfused` (auto, no fused kernel) is the legacy model's
-    # attention without --use-flash-attn: the fork's parser predates the flag.
+    # The fork's parser predates `--attention-backend`; `fork_attention_env` sets the kernel.
     return without_flags(margs, [*flags, "--attention-backend"]) + hargs, why_not
+
+
+FORK_ATTENTION_BACKENDS = ("auto", "unfused")
+"""The attention backends (`TrainingSpec.attention_backend`) the fork's launch runs as
+simulated, through `fork_attention_env`."""
+
+
+def fork_attention_env(workload: Workload) -> dict[str, str]:
+    """Transformer Engine's attention switches for the fork's processes: NVTE_FLASH_ATTN=0 and
+    NVTE_FUSED_ATTN=0 where the plan was simulated with TE's unfused attention (`unfused`, or
+    auto without `training.flash_attention`, which upstream gets as `--attention-backend
+    unfused`: `model_args.attention_args`); none otherwise.
+
+    The fork's legacy GPT model, the one that reads `--hetero-pipeline-stages`, builds each
+    layer as `transformer_engine.pytorch.TransformerLayer` under its default `--transformer-impl
+    transformer_engine` (megatron/legacy/model/transformer.py; `--use-flash-attn` reaches only
+    its `local` layers), and TE picks that layer's attention kernel from these variables, each
+    1 (allowed) by default: both 0 leave its unfused attention (TE 1.8 to 2.x,
+    `DotProductAttention`; the fork's own T5 test script exports both for it). Upstream
+    Megatron-Core sets the same two for `--attention-backend unfused` (`_set_attention_backend`,
+    megatron/core/models/common/language_module/language_module.py)."""
+    if workload.attention_backend == "unfused" or (
+            workload.attention_backend == "auto" and not workload.flash_attention):
+        return {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "0"}
+    return {}
 
 
 LEGACY_REFUSES = "--overlap-param-gather"
@@ -250,3 +274,17 @@ def param_gather_note(margs: list[str]) -> str | None:
             "\"--overlap-param-gather only supported with MCore models\". So under the fork the "
             "distributed optimizer gathers the updated parameters after the step instead of "
             "during the next forward, and the fork runs slower than the plan simulated.")
+
+
+def attention_env_note(env: dict[str, str]) -> str | None:
+    """The README's note on the `fork_attention_env` that `launch.sh holmes` sets, None if
+    none."""
+    if not env:
+        return None
+    return (f"`launch.sh holmes` sets `{' '.join(f'{k}={v}' for k, v in sorted(env.items()))}` "
+            "on every node, where `megatron_args.txt` has `--attention-backend unfused`: the "
+            "Holmes fork's parser has no `--attention-backend`, and its legacy GPT model (the one "
+            "`--hetero-pipeline-stages` builds) runs Transformer Engine's `TransformerLayer`, "
+            "whose attention kernel TE picks from these variables. With both 0 it runs TE's "
+            "unfused attention, as simulated and as upstream Megatron-Core sets them for "
+            "`--attention-backend unfused`.")

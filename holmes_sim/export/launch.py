@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from holmes_sim.export.device_types import device_types
-from holmes_sim.export.fork import fork_args, fork_node_env, fork_notes, holmes_config
+from holmes_sim.export.fork import (attention_env_note, fork_args, fork_attention_env,
+                                    fork_node_env, fork_notes, holmes_config)
 from holmes_sim.export.nccl_env import (cuda_connections_notes, device_notes, fabric_splits,
                                         group_nccl_settings, job_env, node_nccl_env,
                                         planned_fabrics, process_env, roce_gid_note,
@@ -254,7 +255,8 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     config = holmes_config(nodes, types)
     if fork:
         files["holmes_config.json"] = json.dumps(config, indent=2) + "\n"
-    launches = _launches(plan, names, nodes, types, net, fabrics, job_env(workload))
+    fork_env = fork_attention_env(workload) if fork else {}
+    launches = _launches(plan, names, nodes, types, net, fabrics, job_env(workload), fork_env)
     if ub:
         files[USERBUFFER_CONFIG] = ub
     files["launch.sh"] = launch_script(launches, margs, fork, script, net, MASTER_PORT,
@@ -265,7 +267,8 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     notes = (_notes(workload, ub) + ((split,) if split else ())
              + cuda_connections_notes(plan, bool(fork)) + device_notes(nodes)
              + tuple(filter(None, [roce_gid_note(plan, nodes)]))
-             + (fork_notes(plan, nodes, types, config, margs) if fork else ()))
+             + (fork_notes(plan, nodes, types, config, margs) if fork else ())
+             + tuple(filter(None, [attention_env_note(fork_env)])))
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes, tokenizer=tokenizer_args(workload)[0],
                                        vocabulary=vocabulary_section(workload, plan.tp),
@@ -274,14 +277,16 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
 
 
 def _launches(plan: Plan, hosts: list[str], nodes: list[Node], types: dict[str, str], net: str,
-              fabrics: dict[str, tuple[str, ...]], env: dict[str, str]) -> list[NodeLaunch]:
+              fabrics: dict[str, tuple[str, ...]], env: dict[str, str],
+              fork_env: dict[str, str]) -> list[NodeLaunch]:
     """What `launch.sh` needs of each node (`hosts`, `nodes` in rank order) under both targets:
     upstream's job-wide `net` on the HCAs of the node's planned `fabrics`, the fork's world
-    group on TCP, and the job's own `env` on every node."""
+    group on TCP with `fork_env` (`fork_attention_env`), and the job's own `env` on every
+    node."""
     return [NodeLaunch(h, n.num_gpus, types[n.name],
                        upstream_node_env(n, net, fabrics.get(n.name, ()))
                        | process_env(plan, n, "megatron") | env,
-                       fork_node_env(n) | process_env(plan, n, "holmes") | env)
+                       fork_node_env(n) | process_env(plan, n, "holmes") | fork_env | env)
             for h, n in zip(hosts, nodes)]
 
 

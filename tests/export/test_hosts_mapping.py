@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from holmes_sim.cli import app
 from holmes_sim.errors import PlanError
 from holmes_sim.export.device_types import device_types
+from holmes_sim.export.fork import fork_attention_env
 from holmes_sim.export.hosts import _same_host, read_hosts
 from holmes_sim.export.nccl_env import process_env, upstream_net, upstream_node_env
 from holmes_sim.plan import Plan
@@ -49,13 +50,15 @@ def check_folder_maps_hosts(folder: Path, prepared, real: dict[str, str]) -> lis
     assert sorted(got["HOSTS"]) == sorted(real.values())
     net = upstream_net(plan)
     types = device_types(plan, prepared.cluster)[0]
+    fork = not (folder / "holmes_args.txt").read_text().startswith("# not expressible")
+    attention = fork_attention_env(prepared.workload) if fork else {}
     for i, host in enumerate(got["HOSTS"]):
         node = prepared.cluster.node(node_of[host])
         assert got["TYPES"][i] == types[node.name], (folder.name, host)
         assert got["ENV_MEGATRON"][i] == env_words(
             upstream_node_env(node, net) | process_env(plan, node, "megatron"))
         assert got["ENV_HOLMES"][i] == env_words(
-            upstream_node_env(node, "Socket") | process_env(plan, node, "holmes"))
+            upstream_node_env(node, "Socket") | process_env(plan, node, "holmes") | attention)
     # the plan's own rank order: the node of rank r x GPUs is the node at line r
     ranks = [g.node for g in plan.rank_to_gpu[::prepared.cluster.nodes[0].num_gpus]]
     assert [node_of[h] for h in got["HOSTS"]] == ranks
