@@ -23,9 +23,9 @@ from holmes_sim.export.device_types import device_types
 from holmes_sim.export.fork import (attention_env_note, fork_args, fork_attention_env,
                                     fork_node_env, fork_notes, holmes_config)
 from holmes_sim.export.nccl_env import (cuda_connections_notes, device_notes, fabric_splits,
-                                        group_nccl_settings, job_env, node_nccl_env,
-                                        planned_fabrics, process_env, roce_gid_note,
-                                        upstream_net, upstream_node_env)
+                                        group_nccl_settings, job_env, job_env_text,
+                                        node_nccl_env, planned_fabrics, process_env,
+                                        roce_gid_note, upstream_net, upstream_node_env)
 from holmes_sim.export.script import NodeLaunch, launch_readme, launch_script
 from holmes_sim.report.staged import write_together
 from holmes_sim.hardware.cluster import Cluster, Node
@@ -238,17 +238,13 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     fork, why_not = fork_args(plan, cluster, nodes, workload, margs,
                              _layout_args(plan, workload) + _cp_comm_args(workload, plan))
     net, fabrics = upstream_net(plan), planned_fabrics(plan)
-    groups = group_nccl_settings(plan)
+    groups, env = group_nccl_settings(plan), job_env(workload)
     ub = userbuffer_config(workload)
     ub_args = ["--tp-comm-overlap-cfg", USERBUFFER_CONFIG] if ub else []
     files = {"hostfile": "".join(f"{h} slots={n.num_gpus}\n" for h, n in zip(names, nodes)),
              "megatron_args.txt": shlex.join(margs + ub_args) + "\n",
              "plan.json": plan.to_json() + "\n",
-             "nccl.json": json.dumps({"nodes": {n.name: node_nccl_env(n, fabrics.get(n.name))
-                                                for n in nodes},
-                                      "groups": groups,
-                                      "upstream_job_wide": {"NCCL_NET": net}},
-                                     indent=2, sort_keys=True) + "\n"}
+             "nccl.json": _nccl_json(nodes, fabrics, groups, net, env)}
     files["holmes_args.txt"] = shlex.join(fork + ub_args) + "\n" if fork else \
         f"# not expressible: {why_not}\n"
     types = device_types(plan, cluster)[0]
@@ -256,7 +252,7 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     if fork:
         files["holmes_config.json"] = json.dumps(config, indent=2) + "\n"
     fork_env = fork_attention_env(workload) if fork else {}
-    launches = _launches(plan, names, nodes, types, net, fabrics, job_env(workload), fork_env)
+    launches = _launches(plan, names, nodes, types, net, fabrics, env, fork_env)
     if ub:
         files[USERBUFFER_CONFIG] = ub
     files["launch.sh"] = launch_script(launches, margs, fork, script, net, MASTER_PORT,
@@ -272,8 +268,20 @@ def launch_files(plan: Plan, cluster: Cluster, workload: Workload, precision: st
     files["README.md"] = launch_readme(plan, names, net, why_not if not fork else None, groups,
                                        notes, tokenizer=tokenizer_args(workload)[0],
                                        vocabulary=vocabulary_section(workload, plan.tp),
-                                       splits=fabric_splits(plan, fabrics, net))
+                                       splits=fabric_splits(plan, fabrics, net),
+                                       job_nccl=job_env_text(env))
     return LaunchFiles(files)
+
+
+def _nccl_json(nodes: list[Node], fabrics: dict[str, tuple[str, ...]],
+               groups: dict[str, dict[str, str]], net: str, env: dict[str, str]) -> str:
+    """`nccl.json`: per node its NCCL settings, those of its planned `fabrics`
+    (`node_nccl_env`) and the job's own `env` (`job_env`), which both targets set on every
+    node; per group class its transports (`groups`); upstream's job-wide `net`."""
+    return json.dumps({"nodes": {n.name: node_nccl_env(n, fabrics.get(n.name)) | env
+                                 for n in nodes},
+                       "groups": groups, "upstream_job_wide": {"NCCL_NET": net}},
+                      indent=2, sort_keys=True) + "\n"
 
 
 def _launches(plan: Plan, hosts: list[str], nodes: list[Node], types: dict[str, str], net: str,

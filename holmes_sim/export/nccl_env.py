@@ -229,3 +229,15 @@ def job_env(workload: Workload) -> dict[str, str]:
     `NCCL_NVLS_ENABLE=0` where `training.nccl_nvls_enable` is false (NCCL's default, 2, enables
     NVLink SHARP where the hardware has it; NCCL docs, Environment Variables)."""
     return {} if workload.nvls_enable else {"NCCL_NVLS_ENABLE": "0"}
+
+
+def job_env_text(env: dict[str, str]) -> str:
+    """The export README's sentence on `job_env`, "" when it is empty: both targets set it on
+    every node, and `nccl.json` lists it in each node's entry."""
+    if not env:
+        return ""
+    words = " ".join(f"`{k}={v}`" for k, v in sorted(env.items()))
+    nvls = (" (`training.nccl_nvls_enable: false`: no collective runs as NVLink SHARP)"
+            if "NCCL_NVLS_ENABLE" in env else "")
+    return (f"Every node runs with {words} under both targets, as the plan was simulated{nvls}; "
+            "each node's entry of `nccl.json` and the `ENV_*` lines of `launch.sh` hold it.")

@@ -141,12 +141,13 @@ _USER_ARGS = """\
 def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | None,
                   groups: dict[str, dict[str, str]], notes: tuple[str, ...], *,
                   tokenizer: list[str], vocabulary: str,
-                  splits: dict[str, str] | None = None) -> str:
+                  splits: dict[str, str] | None = None, job_nccl: str = "") -> str:
     """README.md of an export: files, how to start, what to add (`tokenizer`: the tokenizer
     arguments of its example; `vocabulary`: the paragraph on the vocabulary simulated and the
     tokenizer to use), what upstream cannot express (`groups`: per group class its transports
     and NCCL setting, as in nccl.json; `splits`: per group class, the nodes its RDMA groups
-    share that the plan runs on two fabrics, `nccl_env.fabric_splits`), and `notes` on
+    share that the plan runs on two fabrics, `nccl_env.fabric_splits`; `job_nccl`: the sentence
+    on the NCCL settings every node runs with, `nccl_env.job_env_text`), and `notes` on
     exported arguments some Megatron-LM releases refuse."""
     splits = splits or {}
     fork = (f"The Holmes fork cannot run this plan: {holmes_why_not}." if holmes_why_not else
@@ -182,7 +183,7 @@ def launch_readme(plan: Plan, hosts: list[str], net: str, holmes_why_not: str | 
         "`nccl.json` lists each node's NCCL settings and the transport of every group; the "
         "device names in them are the scenario's `nics[].devices` where given (see the notes): "
         "give them there and export again, or edit the `ENV_*` lines of `launch.sh` and "
-        "`holmes_config.json`.", "",
+        "`holmes_config.json`." + (f" {job_nccl}" if job_nccl else ""), "",
         *(["## Notes", "", *[f"- {note}" for note in notes], ""] if notes else []),
     ])
 

@@ -5,6 +5,7 @@ Engine's switches in its environment and gets no launch for flash or fused."""
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -89,3 +90,28 @@ def test_nvls_off_reaches_every_node_of_both_targets(write_scenario, nvls, expec
     else:
         assert script.count(f"NCCL_NVLS_ENABLE={expected}") >= 2 * 2  # 2 nodes x 2 targets
 
+
+NETWORK_CHOICE = ("NCCL_NET", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME")
+"""The variables that pick a node's network, which differ between the plan (`nccl.json`'s
+`nodes`), upstream's one job-wide network and the fork's world group on TCP."""
+
+
+@pytest.mark.parametrize("nvls", [None, "false"])
+def test_nccl_json_holds_every_other_nccl_variable_the_launch_sets(write_scenario, nvls):
+    """`nccl.json` lists each node's NCCL settings and the README tells users to edit them
+    there: every NCCL variable `launch.sh` sets on a node, beyond its network choice, is in
+    that node's entry with the same value, and the README's Networks section names it."""
+    files = _files(write_scenario, "flash_attention: true" + (
+        f", nccl_nvls_enable: {nvls}" if nvls else ""))
+    got, nodes = arrays(files["launch.sh"]), json.loads(files["nccl.json"])["nodes"]
+    seen = set()
+    for target in ("ENV_MEGATRON", "ENV_HOLMES"):
+        for host, env in zip(got["HOSTS"], got[target]):
+            for key, value in (w.split("=", 1) for w in env.split()):
+                if key.startswith("NCCL_") and key not in NETWORK_CHOICE:
+                    assert nodes[host].get(key) == value, (target, host, key)
+                    seen.add(f"`{key}={value}`")
+    networks = files["README.md"].split("## Networks")[1].split("\n## ")[0]
+    assert seen == ({"`NCCL_NVLS_ENABLE=0`"} if nvls else set())
+    assert all(word in networks for word in seen)
+    assert ("NCCL_NVLS_ENABLE" in networks) == bool(nvls)
