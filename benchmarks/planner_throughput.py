@@ -78,6 +78,7 @@ def _cold(models: bool = False) -> None:
     holmes._NOTES.clear()
     netview._VIEWS.clear()
     netview._FACTS.clear()
+    netview._BY_GPUS.clear()
     for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES, base._FABRICS):
         memo.clear()
     op_table.op_table.cache_clear()
@@ -240,6 +241,7 @@ def _estimate_cost(name: str = "large_175b_1024", repeat: int = 40) -> dict:
         analytic.estimate_iteration(plan, cluster, w, c)  # schedule tables only
         netview._VIEWS.clear()
         netview._FACTS.clear()
+        netview._BY_GPUS.clear()
         for memo in (base._ORDERS, base._TP_CHECKED, base._GROUPS, base._FAMILIES, base._FABRICS,
                      partition._PARTITIONS, partition._TIMER_FACTS, partition._RINGS):
             memo.clear()

@@ -14,7 +14,8 @@ and the number of model chunks; it fixes, independently of the model and batch:
 policy that builds its rank order and groups once (`policies.base`) then shares it across the
 micro-batch sizes, schedules of equal chunk count and recompute modes of a layout, and its views
 for other chunk counts share every fact above except which stage pairs send and which
-replicas are alike (`GroupBuilder.family`).
+replicas are alike (`GroupBuilder.family`). A stage's CP sends, a stage pair's sends and a ring
+are also kept by the GPUs and transports they run on, for every placement (`_BY_GPUS`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ def _one_node(place: tuple[tuple[str, ...], tuple[int, ...]]) -> tuple[str, tupl
     return (nodes[0], local) if len(nodes) == 1 else None
 
 
+def _idle_ring(cluster: Cluster, transport: Transport, members: Sequence[Sequence[GpuRef]],
+               tp: int) -> tuple[Ring, CollectiveTopology]:
+    """The ring over `members` (TP groups, in ring order) on an idle network and its topology:
+    `Ring.idle_rate_bytes_per_s` (bytes/s), `Ring.step_latency_s` (s) and `Ring.topology` of
+    `cost.paths.ring_paths`, from `link_uses.ring_hop_facts`."""
+    hops = ring_hop_facts(cluster, transport, members)
+    ring = (len(members), min(map(itemgetter(2), hops)), max(map(itemgetter(1), hops)))
+    return ring, ring_topology(cluster, list(dict.fromkeys(m[0].node for m in members)),
+                               [(leaves, rate, step) for leaves, step, rate in hops], tp)
+
+
 class _Facts:
     """What the views of one placement share whatever their chunk count (`NetView`): each TP
     group's GPUs and node (and node with local GPUs when it lies on one), the rings and their topologies, stage nodes and memory, the
@@ -66,6 +78,14 @@ class _Facts:
 
 
 _FACTS: IdentityMemo[_Facts] = IdentityMemo(64)
+
+_BY_GPUS: IdentityMemo[object] = IdentityMemo(4096)
+"""A stage's CP sends, a stage pair's pipeline send figures and a ring's figures and topology,
+by cluster, TP degree, the GPUs they run on (`NetView.gpus_key`) and their groups' transports:
+all they depend on. Holmes' tied class orders put the same nodes on other stages, and a
+search's layouts of one TP degree and replica count put them on the same ones, so most views
+find them here (1,750 rings, 1,312 stage pairs and 632 CP stages asked for by the views of a
+960-GPU six-kind search, 235, 320 and 191 made)."""
 
 
 def netview(cluster: Cluster, rank_to_gpu: Sequence[GpuRef], groups: Sequence[Group], tp: int,
@@ -114,6 +134,22 @@ class NetView:
             r = self.rank(s, d)
             got = self._entities[(s, d)] = tuple(self.rank_to_gpu[r:r + self.tp])
         return got
+
+    def gpus_key(self, firsts: Sequence[int]) -> tuple:
+        """The GPUs of the runs of tp ranks from each of `firsts`, in order, as a key: each
+        run's place (`plan.tp_group_places`: its node, its GPUs' local indices) where every run
+        is a TP group on one node, else the GPUs themselves (a place of several nodes does not
+        say which GPU is on which)."""
+        tp, places = self.tp, self._places
+        if all(f % tp == 0 for f in firsts):
+            got = tuple(places[f // tp] for f in firsts)
+            if all(len(nodes) == 1 for nodes, _ in got):
+                return got
+        return tuple(g for f in firsts for g in self.rank_to_gpu[f:f + tp])
+
+    def stage_gpus(self, s: int) -> tuple:
+        """`gpus_key` of stage s's TP groups in replica order."""
+        return self.gpus_key([self.rank(s, d) for d in range(self.dp)])
 
     def node(self, s: int, d: int) -> Node:
         """The node of the TP group at (stage s, replica d) (of its first GPU)."""
@@ -194,14 +230,17 @@ class NetView:
             transports = every(a, b) if every is not None else [
                 self._groups.pair_transport((self.rank(a, d), self.rank(b, d)))
                 for d in range(self.dp)]
-            if None in transports:
-                return self._new_send_rates(a, b, transports)
-            got = self._facts.sends[(a, b)] = self._new_send_rates(a, b, transports)
+            got = _BY_GPUS.get((self.cluster,), (
+                "send", self.tp, self.stage_gpus(a), self.stage_gpus(b), tuple(transports)),
+                lambda: self._new_send_rates(a, b, transports))
+            if None not in transports:
+                self._facts.sends[(a, b)] = got
         self._p2p[(a, b)] = got
         return got
 
     def _new_send_rates(self, a: int, b: int, transports: list) -> list[tuple[float, float]]:
-        """`_send_rates` with the pair's transport of every replica."""
+        """`_send_rates` with the pair's transport of every replica, from stages a's and b's
+        GPUs, the transports and the cluster alone (`_BY_GPUS`)."""
         dp, ones = self.dp, self._one_nodes()
         ends = list(zip(ones[a * dp:(a + 1) * dp], ones[b * dp:(b + 1) * dp]))
         placed = [e for pair in ends for e in pair]
@@ -220,9 +259,7 @@ class NetView:
             for lk, w in links:
                 load[lk] = get(lk, 0.0) + w
         caps = self.caps
-        got = self._p2p[(a, b)] = [(latency, min([caps[lk] / load[lk] for lk, _ in links]))
-                                   for links, latency in uses]
-        return got
+        return [(latency, min([caps[lk] / load[lk] for lk, _ in links])) for links, latency in uses]
 
     def _one_nodes(self) -> list[tuple[str, tuple[int, ...]] | None]:
         """`_one_node` of every TP group (kept with the placement's facts)."""
@@ -244,7 +281,6 @@ class NetView:
             if up is not None:
                 latency, rate = latency + up[1], min(rate, self.caps[up[0]] / crossing[up[0]])
             got.append((latency, rate))
-        self._p2p[(a, b)] = got
         return got
 
     # ---- context-parallel rings -------------------------------------------------------------
@@ -257,18 +293,26 @@ class NetView:
             return None
         got = self._cp_sends.get(s)
         if got is None:
-            uses = []
-            for d0 in range(0, self.dp, self.cp):
-                transport = self._groups.first(GroupKind.CONTEXT, self.rank(s, d0))[1]
-                uses += [send_uses(self.cluster, transport, self.entity(s, d0 + c),
-                                   self.entity(s, d0 + (c + 1) % self.cp)) for c in range(self.cp)]
-            load: dict = {}
-            for links, _ in uses:
-                for lk, w in links:
-                    load[lk] = load.get(lk, 0.0) + w
-            got = self._cp_sends[s] = [(latency, min(self.caps[lk] / load[lk] for lk, _ in links))
-                                       for links, latency in uses]
+            transports = tuple(self._groups.first(GroupKind.CONTEXT, self.rank(s, d0))[1]
+                               for d0 in range(0, self.dp, self.cp))
+            got = self._cp_sends[s] = _BY_GPUS.get(
+                (self.cluster,), ("cp", self.tp, self.cp, self.stage_gpus(s), transports),
+                lambda: self._new_cp_sends(s, transports))
         return got[d]
+
+    def _new_cp_sends(self, s: int, transports: tuple[Transport, ...]) -> list[tuple[float, float]]:
+        """`cp_send` of every replica of stage s, its CP groups' `transports` in order, from the
+        stage's GPUs, the transports and the cluster alone (`_BY_GPUS`)."""
+        uses = []
+        for d0, transport in zip(range(0, self.dp, self.cp), transports, strict=True):
+            uses += [send_uses(self.cluster, transport, self.entity(s, d0 + c),
+                               self.entity(s, d0 + (c + 1) % self.cp)) for c in range(self.cp)]
+        load: dict = {}
+        for links, _ in uses:
+            for lk, w in links:
+                load[lk] = load.get(lk, 0.0) + w
+        return [(latency, min(self.caps[lk] / load[lk] for lk, _ in links))
+                for links, latency in uses]
 
     # ---- expert-parallel all-to-alls -----------------------------------------------------------
     def ep_sends(self, s: int, d: int) -> tuple[tuple[float, float], ...]:
@@ -310,15 +354,10 @@ class NetView:
                 self._rings[key] = None
             else:
                 (ranks, transport), tp, gpus = group, self.tp, self.rank_to_gpu
-                members = [gpus[r:r + tp] for r in ranks]
-                hops = ring_hop_facts(self.cluster, transport, members)
-                # `Ring.idle_rate_bytes_per_s` and `Ring.step_latency_s` of `ring_paths`
-                self._rings[key] = (len(members), min(map(itemgetter(2), hops)),
-                                    max(map(itemgetter(1), hops)))
-                # `Ring.topology` of `ring_paths`
-                self._topologies[key] = ring_topology(
-                    self.cluster, list(dict.fromkeys(m[0].node for m in members)),
-                    [(leaves, rate, step) for leaves, step, rate in hops], tp)
+                self._rings[key], self._topologies[key] = _BY_GPUS.get(
+                    (self.cluster,), ("ring", tp, self.gpus_key(ranks), transport),
+                    lambda: _idle_ring(self.cluster, transport, [gpus[r:r + tp] for r in ranks],
+                                       tp))
         return self._rings[key]
 
     def dp_topology(self, s: int) -> CollectiveTopology | None:
