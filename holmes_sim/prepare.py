@@ -19,6 +19,7 @@ from holmes_sim.schedule import ScheduleKind, check_pipelined, check_schedule
 from holmes_sim.spec.load import FIELD_BOUNDS, load_scenario, load_scenario_text
 from holmes_sim.spec.scenario import Scenario
 from holmes_sim.model.bucket_layout import BUCKET_ELEMENT_BYTES
+from holmes_sim.model.checks import check_layout_settings
 from holmes_sim.model.pipeline_split import PipelineSplit, megatron_layers_per_stage
 from holmes_sim.model.mla import check_mla_context
 from holmes_sim.model.workload import Workload, build_workload, expert_ffn_width
@@ -131,8 +132,7 @@ def _resolve(s: Scenario, source: str, base_dir: Path, profile_override) -> Prep
         cluster = apply_link_profile(cluster, profile)
     nominal, cluster = cluster, apply_variability(cluster, s.variability, s.seed)
     workload = build_workload(s.model, s.training, s.parallel.tensor, s.parallel.context,
-                              s.parallel.cp_comm_type, s.parallel.expert,
-                              s.parallel.expert_tensor)
+                              s.parallel.cp_comm_type, s.parallel.expert, s.parallel.expert_tensor)
     _check_buckets(workload)
     _check_precision(s, cluster)
     tp, pp, dp, cp = _degrees(s, cluster)
@@ -314,6 +314,7 @@ def _degrees(s: Scenario, cluster: Cluster) -> tuple[int, int, int, int]:
     pp = check_pipeline(s, par.pipeline, n, tp)
     cp = check_context_in(s, par.context, tp, pp, n)
     check_sequence_split(s, tp, cp, s.training.sequence_parallel)
+    check_layout_settings(s, tp, cp)
     dp = n // (tp * pp * cp)
     if par.data is not None and par.data != dp:
         raise FieldError("parallel.data", f"tensor={tp} x pipeline={pp} x context={cp} x "

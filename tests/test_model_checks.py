@@ -114,3 +114,74 @@ def test_rope_fields_beside_a_presets_learned_embeddings_say_to_override_it(writ
     message = _error(write_scenario, "preset: gpt3-175b, num_layers: 2, rotary_base: 20000")
     assert "model.rotary_base: rotary_base shapes rotary position embeddings; " \
         "position_embedding comes from preset gpt3-175b" in message
+
+
+_FP8 = """name: f
+fabrics: [{{name: ib, type: ib}}]
+clusters:
+  - name: c
+    nodes:
+      - {{count: 2, gpu: h100-sxm, gpus_per_node: 8, nics: [{{type: ib, model: connectx-7, count: 8, fabric: ib}}]}}
+model: {{preset: llama3-8b, num_layers: 4, {model}}}
+training: {{global_batch_size: 64, micro_batch_size: {mb}, flash_attention: true, {training}}}
+parallel: {{pipeline: 1, {parallel}}}
+policies: [megatron]
+{extra}"""
+
+
+def _fp8(model: str = "seq_length: 4096", training: str = "precision: fp8", mb: int = 1,
+         parallel: str = "tensor: 1", extra: str = "") -> str:
+    return _FP8.format(model=model, training=training, mb=mb, parallel=parallel, extra=extra)
+
+
+def _fp8_error(write_scenario, **fields) -> str:
+    with pytest.raises(ScenarioError) as info:
+        prepare(write_scenario(_fp8(**fields)))
+    return str(info.value)
+
+
+def test_an_fp8_recipe_without_fp8_is_refused_saying_how_to_sweep_the_recipes(write_scenario):
+    """tensorwise under bf16 ran the bf16 numbers under another label; the error names the
+    field, both fixes and the sweep that compares the recipes. The default recipe, written or
+    not, passes under bf16, and tensorwise passes under fp8."""
+    message = _fp8_error(write_scenario, training="precision: bf16, fp8_recipe: tensorwise")
+    assert ":8: training.fp8_recipe: fp8_recipe=tensorwise sets how the FP8 GEMMs scale" in message
+    assert "training.precision is bf16" in message
+    assert "set precision: fp8, or remove fp8_recipe" in message
+    assert "--set training.precision=fp8 --set training.fp8_recipe=delayed,tensorwise" in message
+    for training in ("precision: bf16, fp8_recipe: delayed", "precision: bf16",
+                     "precision: fp8, fp8_recipe: tensorwise"):
+        prepare(write_scenario(_fp8(training=training)))
+
+
+def test_a_cp_comm_type_without_context_parallelism_is_refused(write_scenario):
+    """a2a at context 1 was taken and did nothing; refused, unless plan's search.context lists
+    a CP degree it applies to. p2p, the default, passes written."""
+    message = _fp8_error(write_scenario, training="precision: bf16",
+                         parallel="tensor: 1, context: 1, cp_comm_type: a2a")
+    assert ":9: parallel.cp_comm_type: cp_comm_type=a2a sets how a context-parallel group" \
+        in message
+    assert "set context to 2 or more, list a degree above 1 in search.context for plan, or " \
+        "remove cp_comm_type" in message
+    assert "--set parallel.cp_comm_type=p2p,a2a" in message
+    prepare(write_scenario(_fp8(training="precision: bf16", parallel="tensor: 1, context: 1, "
+                                "cp_comm_type: p2p")))
+    prepare(write_scenario(_fp8(training="precision: bf16", parallel="tensor: 1, cp_comm_type: "
+                                "a2a", extra="search: {context: [1, 2]}\n")))
+
+
+def test_a_sweep_of_precision_and_recipe_marks_the_bf16_point_labelled_tensorwise(
+        write_scenario):
+    """precision fp8,bf16 x fp8_recipe delayed,tensorwise: three points run, and the fourth, a
+    bf16 run labelled tensorwise, is an infeasible row saying why, not a duplicate of bf16."""
+    from holmes_sim.search.sweep import run_sweep
+
+    path = write_scenario(_fp8(training="precision: bf16"))
+    result = run_sweep(path, ["training.precision=fp8,bf16",
+                              "training.fp8_recipe=delayed,tensorwise"], jobs=1)
+    status = {(r["training.precision"], r["training.fp8_recipe"]): r["status"]
+              for r in result.rows}
+    assert status == {("fp8", "delayed"): "ok", ("fp8", "tensorwise"): "ok",
+                      ("bf16", "delayed"): "ok", ("bf16", "tensorwise"): "infeasible"}
+    assert result.rows[3]["reason"].startswith("training.fp8_recipe: fp8_recipe=tensorwise")
+

@@ -1,6 +1,7 @@
 """Architectures Megatron-Core refuses, found before anything is priced: query groups that do not
 divide the heads, two MLP activations, a hidden size the heads do not divide, and MoE settings
-`TransformerConfig` rejects. A value a preset set is named as the preset's, with the field to write
+`TransformerConfig` rejects; and training and parallel fields written although the run never
+reads them. A value a preset set is named as the preset's, with the field to write
 beside the preset to override it (`spec.presets.overridden`)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import dataclasses
 from holmes_sim.errors import FieldError
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
 from holmes_sim.spec.presets import PRESETS, overridden, preset_source
+from holmes_sim.spec.scenario import Scenario
 
 
 def check_model(model: ModelSpec) -> None:
@@ -206,3 +208,47 @@ def check_attention_backend(training: TrainingSpec) -> None:
         raise FieldError("training.attention_backend", "unfused computes the s x s scores, "
                          "which flash_attention: true leaves out; set flash_attention: false "
                          "or attention_backend auto, flash or fused")
+
+
+def check_layout_settings(s: Scenario, tp: int, cp: int) -> None:
+    """Raise FieldError for a training or parallel field written that the run never reads at
+    the scenario's own TP degree `tp` and CP degree `cp` (`check_unused_settings`)."""
+    check_unused_settings(s)
+
+
+def check_unused_settings(s: Scenario) -> None:
+    """Raise FieldError for a field written (not its default, which never trips this) that
+    changes nothing, so that a scenario, or a sweep point, does not run under a setting it
+    ignores: `training.fp8_recipe` without precision fp8 (Megatron-Core reads it only where
+    `config.fp8` is set, megatron/core/fp8_utils.py `get_fp8_context`), and
+    `parallel.cp_comm_type` without context parallelism (`TEDotProductAttention` hands it to
+    Transformer Engine only under `context_parallel_size > 1`,
+    megatron/core/extensions/transformer_engine.py), unless `search.context` lists a degree
+    above 1 for `plan` to search. A sweep point so refused is an infeasible row whose reason
+    says how to sweep the field instead."""
+    training, parallel = s.training, s.parallel
+    recipe = _written(training, "fp8_recipe")
+    if recipe is not None and training.precision != "fp8":
+        raise FieldError("training.fp8_recipe", f"fp8_recipe={recipe} sets how the FP8 GEMMs "
+                         f"scale their inputs, but training.precision is {training.precision}: "
+                         "no GEMM runs in FP8 and the run is the same as without it; set "
+                         "precision: fp8, or remove fp8_recipe (to compare the recipes in a "
+                         "sweep, sweep them at precision fp8 only: --set training.precision=fp8 "
+                         "--set training.fp8_recipe=delayed,tensorwise)")
+    comm = _written(parallel, "cp_comm_type")
+    if comm is not None and parallel.context == 1 and not any(
+            c > 1 for c in s.search.context or ()):
+        raise FieldError("parallel.cp_comm_type", f"cp_comm_type={comm} sets how a "
+                         "context-parallel group exchanges tokens for attention, but "
+                         "parallel.context is 1 (no such group): the run is the same as without "
+                         "it; set context to 2 or more, list a degree above 1 in search.context "
+                         "for plan, or remove cp_comm_type (a sweep over parallel.context finds "
+                         "its context 1 point with p2p, the default: --set "
+                         f"parallel.cp_comm_type=p2p,{comm})")
+
+
+def _written(spec, name: str):
+    """The value of `spec`'s field `name` where it is not the field's default, else None."""
+    value = getattr(spec, name)
+    default = next(f.default for f in dataclasses.fields(spec) if f.name == name)
+    return None if value == default else value
