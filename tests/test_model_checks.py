@@ -185,3 +185,100 @@ def test_a_sweep_of_precision_and_recipe_marks_the_bf16_point_labelled_tensorwis
                       ("bf16", "delayed"): "ok", ("bf16", "tensorwise"): "infeasible"}
     assert result.rows[3]["reason"].startswith("training.fp8_recipe: fp8_recipe=tensorwise")
 
+
+def test_fp8_token_rows_that_are_not_a_multiple_of_8_are_refused(write_scenario):
+    """seq_length 4100 at micro-batch 1: linear_qkv's FP8 input has 4100 rows, which Transformer
+    Engine's `assert_dim_for_fp8_exec` refuses; the nearest seq_length values and a micro-batch
+    that fix it are named. bf16 runs the same shape."""
+    message = _fp8_error(write_scenario, model="seq_length: 4100")
+    assert ":7: model.seq_length: under precision fp8 Transformer Engine refuses linear_qkv's " \
+        "input: its rows micro_batch_size=1 x seq_length=4100 = 4100 is not a multiple of 8" \
+        in message
+    assert "use seq_length 4096 or 4104 (" in message
+    assert "training.micro_batch_size a multiple of 2, or precision: bf16" in message
+    prepare(write_scenario(_fp8(model="seq_length: 4100", mb=2, training="precision: fp8")))
+    prepare(write_scenario(_fp8(model="seq_length: 4100", training="precision: bf16")))
+
+
+def test_fp8_hidden_size_not_a_multiple_of_16_is_refused(write_scenario):
+    """hidden_size 4104 (36 heads of 114): linear_qkv's input is 4104 wide; the nearest hidden
+    sizes offered are multiples of the heads every FP8 GEMM takes."""
+    model = "seq_length: 4096, hidden_size: {}, num_attention_heads: 36, num_query_groups: 12"
+    message = _fp8_error(write_scenario, model=model.format(4104))
+    assert "model.hidden_size: under precision fp8 Transformer Engine refuses linear_qkv's " \
+        "input: its last dimension hidden_size=4104 is not a multiple of 16" in message
+    assert "use hidden_size 4032 or 4176 (" in message
+    for hidden in (4032, 4176):
+        prepare(write_scenario(_fp8(model=model.format(hidden))))
+
+
+def test_fp8_rows_count_the_tokens_each_gpu_holds_under_sp_and_cp(write_scenario):
+    """seq_length 4104 passes alone; under sequence parallelism at TP 2 each GPU's QKV input has
+    2052 rows (refused; turning SP off is offered), and at CP 4 without SP 1026 rows."""
+    sp = "precision: fp8, sequence_parallel: true"
+    prepare(write_scenario(_fp8(model="seq_length: 4104", parallel="tensor: 2")))
+    message = _fp8_error(write_scenario, model="seq_length: 4104", training=sp,
+                         parallel="tensor: 2")
+    assert "seq_length=4104 / tensor=2 (sequence parallelism) = 2052 is not a multiple of 8" \
+        in message
+    assert "use seq_length 4096 or 4112 (" in message
+    assert "training.sequence_parallel: false" in message
+    message = _fp8_error(write_scenario, model="seq_length: 4104", parallel="tensor: 1, context: 4")
+    assert "linear_qkv's input: its rows micro_batch_size=1 x seq_length=4104 / context=4 = 1026" \
+        in message
+    assert "use seq_length 4096 or 4128 (" in message and "a multiple of 4" in message
+
+
+def test_fp8_widths_are_checked_as_tensor_parallelism_splits_them(write_scenario):
+    """ffn_hidden_size 14352 is a multiple of 16, but TP 2 leaves linear_fc2 7176 columns a GPU
+    (refused, offering TP 1 and the nearest widths TP 2 takes); 14344 fails at any degree."""
+    model = "seq_length: 4096, ffn_hidden_size: {}"
+    prepare(write_scenario(_fp8(model=model.format(14352))))
+    message = _fp8_error(write_scenario, model=model.format(14352), parallel="tensor: 2")
+    assert "model.ffn_hidden_size: under precision fp8 Transformer Engine refuses linear_fc2's " \
+        "input: its last dimension ffn_hidden_size=14352 / tensor=2 = 7176 is not a multiple " \
+        "of 16" in message
+    assert "use ffn_hidden_size 14336 or 14368 (" in message and "parallel.tensor: 1" in message
+    message = _fp8_error(write_scenario, model=model.format(14344))
+    assert "ffn_hidden_size=14344 is not a multiple of 16" in message
+    assert "parallel.tensor" not in message
+
+
+def test_fp8_operands_per_gpu_follow_transformer_engines_linear_layers():
+    """Llama 3 8B (h 4096, 32 heads, 8 groups, SwiGLU f 14336) at TP 2, SP, CP 2, micro-batch 2,
+    s 8192: token rows 2 x 8192 / 2 = 8192 a GPU, 4096 for the column-parallel inputs under SP;
+    weight shards [out / t, in] and [out, in / t]."""
+    from holmes_sim.model.fp8_shapes import fp8_operands
+    from holmes_sim.spec.job import ModelSpec, TrainingSpec
+
+    model = ModelSpec(num_layers=1, hidden_size=4096, num_attention_heads=32,
+                      num_query_groups=8, seq_length=8192, ffn_hidden_size=14336, swiglu=True)
+    training = TrainingSpec(global_batch_size=8, micro_batch_size=2, precision="fp8",
+                            sequence_parallel=True)
+    shapes = {(o.layer, o.tensor): (o.rows.size, o.cols.size)
+              for o in fp8_operands(model, training, tp=2, cp=2)}
+    assert shapes == {("linear_qkv", "input"): (4096, 4096),
+                      ("linear_qkv", "weight"): (3072, 4096),
+                      ("linear_proj", "input"): (8192, 2048),
+                      ("linear_proj", "weight"): (4096, 2048),
+                      ("linear_fc1", "input"): (4096, 4096),
+                      ("linear_fc1", "weight"): (14336, 4096),
+                      ("linear_fc2", "input"): (8192, 7168),
+                      ("linear_fc2", "weight"): (4096, 7168)}
+
+
+def test_plan_skips_the_layouts_whose_fp8_gemms_transformer_engine_refuses(write_scenario):
+    """seq_length 4100 at micro-batch 2 runs without SP; micro-batch 1 at any degree, and SP at
+    TP 2 or 4 (2 x 4100 / t rows), break TE's rule: the search keeps none of those."""
+    from holmes_sim.search.planner import layouts
+    from holmes_sim.search.rejections import Rejections
+
+    text = _fp8(model="seq_length: 4100", mb=2, extra="search: {micro_batch_size: [1, 2], "
+                "tensor: [1, 2, 4], recompute: [none], policies: [megatron]}\n")
+    prepared = prepare(write_scenario(text))
+    rejections = Rejections(prepared.scenario.search)
+    kept = {(lay.tp, lay.micro_batch_size, lay.sequence_parallel)
+            for lay in layouts(prepared, prepared.scenario.search, rejections)}
+    assert kept == {(1, 2, False), (2, 2, False), (4, 2, False)}
+    assert "model.seq_length: under precision fp8 Transformer Engine refuses" in \
+        rejections.summary()

@@ -1,7 +1,8 @@
 """Architectures Megatron-Core refuses, found before anything is priced: query groups that do not
 divide the heads, two MLP activations, a hidden size the heads do not divide, and MoE settings
-`TransformerConfig` rejects; and training and parallel fields written although the run never
-reads them. A value a preset set is named as the preset's, with the field to write
+`TransformerConfig` rejects; training and parallel fields written although the run never reads
+them; and, at the scenario's layout, FP8 GEMM shapes Transformer Engine refuses
+(`model.fp8_shapes`). A value a preset set is named as the preset's, with the field to write
 beside the preset to override it (`spec.presets.overridden`)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from holmes_sim.errors import FieldError
+from holmes_sim.model.fp8_shapes import check_fp8_shapes
 from holmes_sim.spec.job import ModelSpec, TrainingSpec
 from holmes_sim.spec.presets import PRESETS, overridden, preset_source
 from holmes_sim.spec.scenario import Scenario
@@ -211,9 +213,11 @@ def check_attention_backend(training: TrainingSpec) -> None:
 
 
 def check_layout_settings(s: Scenario, tp: int, cp: int) -> None:
-    """Raise FieldError for a training or parallel field written that the run never reads at
-    the scenario's own TP degree `tp` and CP degree `cp` (`check_unused_settings`)."""
+    """Raise FieldError for a training or parallel field written that the run never reads
+    (`check_unused_settings`), or for FP8 GEMM shapes Transformer Engine refuses at the
+    scenario's own TP degree `tp` and CP degree `cp` (`model.fp8_shapes.check_fp8_shapes`)."""
     check_unused_settings(s)
+    check_fp8_shapes(s.model, s.training, tp, cp)
 
 
 def check_unused_settings(s: Scenario) -> None:

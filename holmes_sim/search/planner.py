@@ -208,7 +208,7 @@ def _variants(prepared, search, tp, pp, dp, mb, m, cp=1, ep=1, etp=None,
                      ("schedule", schedule), ("virtual_stages", v))
             if not passes(reject, where, check_chunks, layers, schedule, pp, m, v):
                 continue
-            sps = sequence_parallel_values(scenario, search, tp, cp, where, reject)
+            sps = sequence_parallel_values(scenario, search, tp, cp, mb, where, reject)
             for rc in search.recompute:
                 for sp in sps:
                     yield Layout(tp, pp, dp, mb, schedule, v, rc, sp, cp=cp, ep=ep, etp=etp)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 from holmes_sim.errors import HolmesError, ScenarioError
+from holmes_sim.model.fp8_shapes import check_fp8_shapes
 from holmes_sim.prepare import MAX_MICROBATCHES, check_sequence_split
 from holmes_sim.schedule import check_schedule
 from holmes_sim.spec.scenario import Scenario, SearchSpec
@@ -23,7 +25,10 @@ _WIDEN = {"parallel.tensor": ("tensor",), "parallel.pipeline": ("pipeline", "ten
           "training.global_batch_size": ("micro_batch_size", "tensor", "pipeline", "context"),
           "model.num_layers": ("pipeline", "virtual_stages"),
           "parallel.schedule": ("schedule", "pipeline"),
-          "training.sequence_parallel": ("sequence_parallel", "tensor")}
+          "training.sequence_parallel": ("sequence_parallel", "tensor"),
+          "model.seq_length": ("micro_batch_size", "context", "tensor", "sequence_parallel"),
+          "model.hidden_size": ("tensor",), "model.ffn_hidden_size": ("tensor",),
+          "model.moe_shared_expert_intermediate_size": ("tensor",)}
 """The `search:` keys whose other values may pass a check, by the field its message names
 (a message without one, `schedule.check_schedule`'s: schedule, pipeline, micro-batch)."""
 _OTHER = ("schedule", "virtual_stages", "pipeline", "micro_batch_size")
@@ -114,17 +119,24 @@ _MOE_SP = ("training.sequence_parallel: an MoE model with tensor > 1 needs seque
            "(Megatron-Core's MoELayer refuses to train without it)")
 
 
-def sequence_parallel_values(scenario: Scenario, search: SearchSpec, tp: int, cp: int,
+def sequence_parallel_values(scenario: Scenario, search: SearchSpec, tp: int, cp: int, mb: int,
                              where: tuple, reject: Reject | None) -> tuple[bool, ...]:
-    """The `search.sequence_parallel` values a layout of these degrees runs with: none but
-    false at TP 1; true only where each rank's tokens split evenly over TP
-    (`check_sequence_split`); true only for an MoE model at TP > 1 (Megatron-Core's MoELayer)."""
-    if tp == 1:
-        return (False,)
-    values = tuple(sp for sp in search.sequence_parallel if not sp or passes(
-        reject, (*where, ("sequence_parallel", sp)), check_sequence_split, scenario, tp, cp, sp))
-    if scenario.model.num_experts is not None and False in values:
+    """The `search.sequence_parallel` values a layout of these degrees and micro-batch size `mb`
+    runs with: none but false at TP 1; true only where each rank's tokens split evenly over TP
+    (`check_sequence_split`); true only for an MoE model at TP > 1 (Megatron-Core's MoELayer);
+    under precision fp8, only those whose GEMM operands Transformer Engine takes
+    (`model.fp8_shapes.check_fp8_shapes`)."""
+    values: tuple[bool, ...] = (False,)
+    if tp > 1:
+        values = tuple(sp for sp in search.sequence_parallel if not sp or passes(
+            reject, (*where, ("sequence_parallel", sp)), check_sequence_split, scenario, tp, cp,
+            sp))
+    if tp > 1 and scenario.model.num_experts is not None and False in values:
         values = tuple(sp for sp in values if sp)
         if reject is not None:
             reject(_MOE_SP, (*where, ("sequence_parallel", False)))
-    return values
+    if scenario.training.precision != "fp8":
+        return values
+    return tuple(sp for sp in values if passes(
+        reject, (*where, ("sequence_parallel", sp)), check_fp8_shapes, scenario.model,
+        replace(scenario.training, micro_batch_size=mb, sequence_parallel=sp), tp, cp))
