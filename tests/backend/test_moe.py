@@ -318,8 +318,6 @@ def test_moe_edp_testbed_reduces_expert_gradients_on_the_plans_nics() -> None:
     # rank's expert-data-parallel group is bound to the NIC the plan chose, and its expert
     # buckets cross that NIC at its rate: on one 2 Gbit/s RDMA fabric under
     # holmes-no-nic-aware-order, on the 100 Mbit/s Ethernet (beside the DP ring) under holmes.
-    import statistics
-
     _, fabric_of, runs = _run_on_testbed(MOE_TESTBED.with_name("moe_edp.yaml"),
                                          ("holmes", "holmes-no-nic-aware-order"))
     reduce_s = {}
@@ -334,7 +332,10 @@ def test_moe_edp_testbed_reduces_expert_gradients_on_the_plans_nics() -> None:
         reduce_s[name] = [o["end"] - o["start"] for doc in run.ranks for o in doc["ops"]
                           if o["detail"].startswith("expert reduce-scatter bucket")]
     # A 0.53 MB bucket sends 0.26 MB: 22 ms at the Ethernet's rate (measured 20-52 ms, the
-    # DP ring sharing the NIC), 1.1 ms on RDMA (measured median 1.5 ms).
+    # DP ring sharing the NIC), 1.1 ms on RDMA (fastest measured 0.84 ms). Each time includes
+    # waiting for peers still computing, which a slow or busy host stretches (RDMA median
+    # 9.8 ms in one run), so the fastest bucket of each, whose rank waited for no peer,
+    # times the link.
     eth, rdma = reduce_s["holmes"], reduce_s["holmes-no-nic-aware-order"]
     assert min(eth) > 0.015, reduce_s
-    assert statistics.median(rdma) < statistics.median(eth) / 5, reduce_s
+    assert min(rdma) < min(eth) / 5, reduce_s
