@@ -13,7 +13,8 @@ fork sets the NCCL environment of each group from its `config.json` (one entry p
 from __future__ import annotations
 
 from holmes_sim.export.device_types import device_types
-from holmes_sim.export.model_args import FORK_LACKS, fork_lacks_note, without_flags
+from holmes_sim.export.model_args import (FORK_LACKS, fork_lacks_note, launched_attention_backend,
+                                         without_flags)
 from holmes_sim.export.nccl_env import SOCKET_EXCLUDE, list_names, node_nccl_env, upstream_node_env
 from holmes_sim.hardware.cluster import ETHERNET, Cluster, Node
 from holmes_sim.model.workload import Workload
@@ -147,9 +148,9 @@ simulated, through `fork_attention_env`."""
 
 def fork_attention_env(workload: Workload) -> dict[str, str]:
     """Transformer Engine's attention switches for the fork's processes: NVTE_FLASH_ATTN=0 and
-    NVTE_FUSED_ATTN=0 where the plan was simulated with TE's unfused attention (`unfused`, or
-    auto without `training.flash_attention`, which upstream gets as `--attention-backend
-    unfused`: `model_args.attention_args`); none otherwise.
+    NVTE_FUSED_ATTN=0 where the plan was simulated with TE's unfused attention (what upstream
+    gets as `--attention-backend unfused`: `model_args.launched_attention_backend`); none
+    otherwise.
 
     The fork's legacy GPT model, the one that reads `--hetero-pipeline-stages`, builds each
     layer as `transformer_engine.pytorch.TransformerLayer` under its default `--transformer-impl
@@ -159,8 +160,7 @@ def fork_attention_env(workload: Workload) -> dict[str, str]:
     `DotProductAttention`; the fork's own T5 test script exports both for it). Upstream
     Megatron-Core sets the same two for `--attention-backend unfused` (`_set_attention_backend`,
     megatron/core/models/common/language_module/language_module.py)."""
-    if workload.attention_backend == "unfused" or (
-            workload.attention_backend == "auto" and not workload.flash_attention):
+    if launched_attention_backend(workload) == "unfused":
         return {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "0"}
     return {}
 

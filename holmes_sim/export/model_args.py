@@ -376,15 +376,23 @@ TE_CROSS_ENTROPY_REFUSED = (
 """The export README's note on `--cross-entropy-fusion-impl te`."""
 
 
-def attention_args(w: Workload) -> list[str]:
-    """`--attention-backend` where the simulated backend is not Megatron-LM's default, auto
-    (`TrainingSpec.attention_backend`); Megatron-Core then sets Transformer Engine's
-    NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and NVTE_UNFUSED_ATTN to match (`_set_attention_backend`,
-    megatron/core/models/common/language_module/language_module.py). A plan simulated without
-    a fused kernel (`training.flash_attention: false`) gets unfused: auto would run a fused one."""
+def launched_attention_backend(w: Workload) -> str | None:
+    """The `--attention-backend` the launch needs to run the simulated kernel: the scenario's
+    backend where it is not Megatron-LM's default, auto (`TrainingSpec.attention_backend`);
+    unfused for a plan simulated without a fused kernel (`training.flash_attention: false`),
+    where auto would run a fused one; None where auto runs what was simulated."""
     if w.attention_backend == "auto":
-        return [] if w.flash_attention else ["--attention-backend", "unfused"]
-    return ["--attention-backend", w.attention_backend]
+        return None if w.flash_attention else "unfused"
+    return w.attention_backend
+
+
+def attention_args(w: Workload) -> list[str]:
+    """`--attention-backend` where the launch needs one (`launched_attention_backend`);
+    Megatron-Core then sets Transformer Engine's NVTE_FLASH_ATTN, NVTE_FUSED_ATTN and
+    NVTE_UNFUSED_ATTN to match (`_set_attention_backend`,
+    megatron/core/models/common/language_module/language_module.py)."""
+    backend = launched_attention_backend(w)
+    return [] if backend is None else ["--attention-backend", backend]
 
 
 def split_args(split: PipelineSplit) -> list[str]:

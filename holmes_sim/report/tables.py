@@ -19,17 +19,6 @@ from rich.text import Text
 from holmes_sim.runner import REFERENCES, Outcome, same_plans, speedups
 
 REFERENCE_MARK = " *"
-
-
-def layout_label(prepared, joint: str = " ") -> str:
-    """`TP 8 PP 2 CP 2 DP 4 EP 4` for a prepared scenario, the degrees joined by `joint`: CP
-    where above 1, EP where above 1 and the experts' TP where it differs from TP (`ETP n`)."""
-    par = prepared.scenario.parallel
-    etp = par.expert_tensor if par.expert > 1 and par.expert_tensor != prepared.tp else None
-    degrees = (("TP", prepared.tp), ("PP", prepared.pp), ("CP", prepared.cp),
-               ("DP", prepared.dp), ("EP", par.expert), ("ETP", etp))
-    return joint.join(f"{name} {d}" for name, d in degrees
-                      if d is not None and (d > 1 or name in ("TP", "PP", "DP", "ETP")))
 # (header, justify, cell) in display order; DROP_ORDER names the columns a narrow console loses.
 Cell = Callable[[Outcome, dict[str, float]], str]
 COLUMNS: tuple[tuple[str, str, Cell], ...] = (
@@ -81,6 +70,20 @@ def add_caption(table: Table, line: str) -> None:
         old if isinstance(old, Text) else Text(str(old)), "\n", line)
     table.caption = text
     table.caption_justify = "left"
+
+
+def layout_label(prepared, joint: str = " ") -> str:
+    """`TP 8 PP 2 CP 2 DP 4 EP 4` for a prepared scenario, the degrees joined by `joint`: CP
+    where above 1, EP where above 1 and the experts' TP where it differs from TP (`ETP n`)."""
+    par = prepared.scenario.parallel
+    parts = [f"TP {prepared.tp}", f"PP {prepared.pp}"]
+    parts += [f"CP {prepared.cp}"] if prepared.cp > 1 else []
+    parts.append(f"DP {prepared.dp}")
+    if par.expert > 1:
+        parts.append(f"EP {par.expert}")
+        if par.expert_tensor not in (None, prepared.tp):
+            parts.append(f"ETP {par.expert_tensor}")
+    return joint.join(parts)
 
 
 def print_table(console: Console, table: Table, wide: bool = False) -> None:
